@@ -1,0 +1,97 @@
+"""StageConfig: every option of the sample stages, with safe defaults, validated at once."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Optional, Tuple
+
+from .errors import ConfigError
+from .naming import REKEY_MODES
+from .specs import DEFAULT_CAPTION_KEY, DEFAULT_IMAGE_KEY, KeySpec
+
+TOKEN_MODES = ("auto", "normalise", "strip", "keep")
+OVERSIZE_MODES = ("skip", "reduce")
+# Image tokens of popular multimodal data formats; a caption carrying one that is not the
+# configured token was prepared for another model.
+KNOWN_IMAGE_TOKENS = ("<__dj__image>", "<image>", "<img>", "<|image|>", "<|image_pad|>", "<ImageHere>")
+
+
+@dataclass
+class StageConfig:
+    # Where the caption and the image live (see wdsfilter.specs for the syntax).
+    caption_key: str = DEFAULT_CAPTION_KEY
+    image_key: str = DEFAULT_IMAGE_KEY
+    # Member name -> key: "first-dot" (webdataset's rule) or "last-dot" (for dotted basenames).
+    rekey: str = "first-dot"
+    # How many open samples the grouper holds, so members of one key that are a few members
+    # apart in the tar are merged instead of becoming two half-samples.
+    group_window: int = 8
+    # Size guard: dimensions come from the header; larger images are never decoded.
+    max_pixels: int = 64_000_000
+    max_side: Optional[int] = None
+    oversize: str = "skip"  # or "reduce": decode JPEGs at 1/2..1/8 scale (draft mode) to fit
+    image_mode: str = "RGB"
+    # Special tokens: the image token the user's model expects, and what to do with others.
+    image_token: Optional[str] = None
+    token_mode: str = "auto"  # auto: normalise when image_token is set, else keep
+    extra_tokens: Tuple[str, ...] = ()
+    known_image_tokens: Tuple[str, ...] = KNOWN_IMAGE_TOKENS
+    # Safety: nothing that executes code unless asked.
+    allow_unsafe: bool = False
+    allow_pipe: bool = False
+    allow_remote: bool = False
+    # Watchdog: raise when this many samples (or seconds) produced no output at all. 0 = off.
+    starvation_samples: int = 500
+    starvation_seconds: float = 300.0
+    # Pass a {"__key__", "__url__", "__reject__": reason} marker downstream for each dropped
+    # sample instead of dropping it silently (the scoring engine gives every sample a row).
+    emit_rejects: bool = False
+    # Raise a ConfigError when no sample of the first shard has the caption or image key.
+    check_first_shard: bool = True
+
+    def __post_init__(self):
+        self.caption_spec = KeySpec.parse(self.caption_key, "caption key")
+        self.image_spec = KeySpec.parse(self.image_key, "image key")
+        if self.rekey not in REKEY_MODES:
+            raise ConfigError(f"rekey must be one of {REKEY_MODES}, got {self.rekey!r}")
+        if self.token_mode not in TOKEN_MODES:
+            raise ConfigError(f"token_mode must be one of {TOKEN_MODES}, got {self.token_mode!r}")
+        if self.oversize not in OVERSIZE_MODES:
+            raise ConfigError(f"oversize must be one of {OVERSIZE_MODES}, got {self.oversize!r}")
+        if self.token_mode == "normalise" and not self.image_token:
+            raise ConfigError("token_mode='normalise' needs image_token (e.g. image_token='<__dj__image>')")
+        if self.max_pixels is not None and self.max_pixels <= 0:
+            raise ConfigError(f"max_pixels must be positive, got {self.max_pixels}")
+        if self.group_window < 1:
+            raise ConfigError(f"group_window must be >= 1, got {self.group_window}")
+        self.extra_tokens = tuple(self.extra_tokens)
+        self.known_image_tokens = tuple(self.known_image_tokens)
+
+    @property
+    def effective_token_mode(self) -> str:
+        if self.token_mode == "auto":
+            return "normalise" if self.image_token else "keep"
+        return self.token_mode
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_file(cls, path: str, **overrides) -> "StageConfig":
+        """Read a JSON or YAML config file (keys are the field names above)."""
+        with open(path) as f:
+            text = f.read()
+        if path.endswith((".yaml", ".yml")):
+            try:
+                import yaml
+            except ImportError as e:
+                raise ConfigError(f"{path}: reading YAML needs PyYAML (pip install pyyaml), or use JSON") from e
+            data = yaml.safe_load(text) or {}
+        else:
+            data = json.loads(text)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"{path}: unknown option(s) {unknown}; known: {sorted(known)}")
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**data)

@@ -1,0 +1,89 @@
+"""Image size from the header, and decoding behind the size guard.
+
+A 30000x30000 PNG can be ~100 KB on disk: the size must be checked before any pixel is decoded.
+PIL's `Image.open` is lazy (it parses the header only), so the guard costs one header parse.
+"""
+from __future__ import annotations
+
+import io
+import warnings
+from typing import Optional, Tuple
+
+from PIL import Image
+
+from .errors import DataError
+
+# Our guard replaces PIL's global bomb check, which would raise before we can count the sample;
+# it is restored to a finite bound inside decode_image as a second line of defence.
+_PIL_BOMB_LIMIT = None
+
+
+class OversizedImage(DataError):
+    pass
+
+
+def image_size(data: bytes) -> Tuple[int, int]:
+    """(width, height) from the header only. Raises DataError('corrupt_image') if unreadable."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with _open(data) as img:
+                return img.size
+    except Image.DecompressionBombError:
+        raise
+    except Exception as e:
+        raise DataError("corrupt_image", f"image header unreadable: {e}") from None
+
+
+def _open(data: bytes) -> Image.Image:
+    saved = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = _PIL_BOMB_LIMIT  # we do the size check ourselves, from the header
+    try:
+        return Image.open(io.BytesIO(data))
+    finally:
+        Image.MAX_IMAGE_PIXELS = saved
+
+
+def check_size(size: Tuple[int, int], max_pixels: Optional[int], max_side: Optional[int]) -> Optional[str]:
+    """A reason string when the size is over the limits, else None."""
+    w, h = size
+    if max_pixels and w * h > max_pixels:
+        return f"{w}x{h} = {w * h / 1e6:.1f} MP is over max_pixels={max_pixels / 1e6:.1f} MP"
+    if max_side and max(w, h) > max_side:
+        return f"{w}x{h} has a side over max_side={max_side}"
+    return None
+
+
+def decode_image(data: bytes, max_pixels: Optional[int], max_side: Optional[int] = None,
+                 oversize: str = "skip", mode: str = "RGB") -> Image.Image:
+    """Decode behind the guard. Raises DataError('oversized_image' | 'corrupt_image')."""
+    try:
+        img = _open(data)
+    except Exception as e:
+        raise DataError("corrupt_image", f"image header unreadable: {e}") from None
+    problem = check_size(img.size, max_pixels, max_side)
+    if problem:
+        if oversize == "reduce" and img.format == "JPEG":
+            # JPEG draft mode decodes at 1/2, 1/4 or 1/8 scale straight from the DCT data.
+            target = _fit(img.size, max_pixels, max_side)
+            img.draft(mode, target)
+            if check_size(img.size, max_pixels, max_side):
+                raise OversizedImage("oversized_image", problem + " (even at 1/8 scale)")
+        else:
+            hint = "" if oversize == "reduce" else "; oversize='reduce' decodes JPEGs at reduced scale"
+            raise OversizedImage("oversized_image", problem + hint)
+    try:
+        img.load()
+        return img.convert(mode) if mode and img.mode != mode else img
+    except Exception as e:
+        raise DataError("corrupt_image", f"image does not decode: {type(e).__name__}: {e}") from None
+
+
+def _fit(size: Tuple[int, int], max_pixels: Optional[int], max_side: Optional[int]) -> Tuple[int, int]:
+    w, h = size
+    scale = 1.0
+    if max_pixels and w * h > max_pixels:
+        scale = min(scale, (max_pixels / (w * h)) ** 0.5)
+    if max_side and max(w, h) > max_side:
+        scale = min(scale, max_side / max(w, h))
+    return max(1, int(w * scale)), max(1, int(h * scale))

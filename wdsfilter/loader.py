@@ -1,0 +1,175 @@
+"""`wdsfilter.loader`: a drop-in DataLoader for training code that raises instead of hanging.
+
+    for images, texts in wdsfilter.loader("shards/", caption_key="json:description",
+                                          transform=preprocess, tokenizer=tokenizer,
+                                          batch_size=256, num_workers=8):
+        ...
+
+Each DataLoader worker carries its own copy of the stages (token config and size guard
+included, so spawn/forkserver workers behave like the parent) and reports its counts through a
+StatsSink; `loader.stats` merges them.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+from typing import Callable, Optional, Sequence
+
+from .config import StageConfig
+from .errors import ConfigError
+from .pipeline import sample_pipeline
+from .shards import expand_urls
+from .stages import map_dict
+from .tally import StatsSink, Tally
+
+log = logging.getLogger("wdsfilter")
+
+
+def _world_size() -> int:
+    if "WORLD_SIZE" in os.environ:
+        return int(os.environ["WORLD_SIZE"])
+    try:
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_world_size()
+    except ImportError:
+        pass
+    return 1
+
+
+class _Tokenize:
+    """Picklable wrapper (a closure would not survive spawn workers)."""
+
+    def __init__(self, tokenizer: Callable):
+        self.tokenizer = tokenizer
+
+    def __call__(self, text):
+        tokens = self.tokenizer(text)
+        shape = getattr(tokens, "shape", None)
+        return tokens[0] if shape is not None and len(shape) == 2 and shape[0] == 1 else tokens
+
+
+class _ToTuple:
+    def __init__(self, fields: Sequence[str]):
+        self.fields = tuple(fields)
+
+    def __call__(self, data):
+        for sample in data:
+            yield tuple(sample[f] for f in self.fields)
+
+
+class WdsLoader:
+    """Iterable of batches; wraps a torch DataLoader and exposes the pipeline's counts."""
+
+    def __init__(self, dataloader, pipeline, sink: StatsSink, num_batches: Optional[int]):
+        self.dataloader = dataloader
+        self.pipeline = pipeline
+        self.sink = sink
+        self.num_batches = num_batches
+
+    def __iter__(self):
+        yield from self.dataloader
+        stats = self.stats
+        if sum(stats.dropped.values()) or stats.notes:
+            log.warning("wdsfilter loader finished an epoch:\n%s", stats.summary())
+
+    def __len__(self):
+        if self.num_batches is None:
+            raise TypeError("this loader has no length: pass epoch_samples=N")
+        return self.num_batches
+
+    @property
+    def stats(self) -> Tally:
+        """Counts merged over every worker (and the main process) so far."""
+        return self.sink.read()
+
+    @property
+    def tally(self) -> Tally:
+        return self.stats
+
+
+def loader(urls, caption_key: Optional[str] = None, image_key: Optional[str] = None, *, batch_size: int = 32,
+           num_workers: int = 0, transform: Optional[Callable] = None, tokenizer: Optional[Callable] = None,
+           shuffle: int = 0, resampled: bool = False, epoch_samples: Optional[int] = None,
+           config: Optional[StageConfig] = None, drop_last: bool = False, seed: int = 0,
+           output: str = "tuple", multiprocessing_context: Optional[str] = None,
+           persistent_workers: bool = False, world_size: Optional[int] = None,
+           scores: Optional[str] = None, min_scores: Optional[dict] = None, **config_options) -> WdsLoader:
+    """Build a DataLoader over WebDataset shards; see the module docstring.
+
+    caption_key / image_key: specs (`txt`, `json:description`, `txt;json:caption`, `jpg;png`).
+    transform: image -> tensor (e.g. open_clip's preprocess); tokenizer: str -> tokens.
+    output: "tuple" yields (images, captions) batches, "dict" yields lists of sample dicts.
+    config_options: any StageConfig field (max_pixels, image_token, rekey, ...).
+    """
+    try:
+        import torch.utils.data
+    except ImportError as e:
+        raise ConfigError("wdsfilter.loader needs PyTorch: pip install 'wdsfilter[score]' (or torch)") from e
+    import webdataset as wds
+
+    if config is not None and (caption_key or image_key or config_options):
+        raise ConfigError("pass either config=StageConfig(...) or individual options, not both")
+    if config is None:
+        opts = dict(config_options)
+        if caption_key:
+            opts["caption_key"] = caption_key
+        if image_key:
+            opts["image_key"] = image_key
+        try:
+            config = StageConfig(**opts)
+        except TypeError as e:
+            raise ConfigError(f"unknown loader option: {e}") from None
+    if output not in ("tuple", "dict"):
+        raise ConfigError(f"output must be 'tuple' or 'dict', got {output!r}")
+    if batch_size < 1 or num_workers < 0:
+        raise ConfigError(f"batch_size must be >= 1 and num_workers >= 0, got {batch_size}, {num_workers}")
+
+    shard_urls = expand_urls(urls, config.allow_pipe, config.allow_remote)
+    world = world_size or _world_size()
+    consumers = world * max(num_workers, 1)
+    if not resampled and len(shard_urls) < consumers:
+        raise ConfigError(
+            f"{len(shard_urls)} shard(s) for {world} rank(s) x {max(num_workers, 1)} worker(s) = {consumers} "
+            f"readers: some would get no shard and distributed training would hang. Use fewer workers "
+            f"(num_workers={max(len(shard_urls) // world, 1) if len(shard_urls) >= world else 0}), "
+            f"more shards, or resampled=True.")
+
+    extra = []
+    fns = {}
+    if transform is not None:
+        fns["image"] = transform
+    if tokenizer is not None:
+        fns["caption"] = _Tokenize(tokenizer)
+    if scores is not None or min_scores:
+        from .scorefilter import score_filter  # noqa: F401  (filled in by the scoring engine)
+        extra.append(score_filter(scores, min_scores or {}))
+    if fns:
+        extra.append(map_dict(fns))
+    if output == "tuple":
+        extra.append(_ToTuple(("image", "caption")))
+
+    sink = StatsSink()
+    tally = Tally(config.starvation_samples, config.starvation_seconds, name="wdsfilter.loader")
+    pipeline = sample_pipeline(shard_urls, config, tally, resampled=resampled, shuffle=shuffle, seed=seed,
+                               extra=extra, sink=sink)
+    collate = wds.filters.default_collation_fn if output == "tuple" else _as_list
+    pipeline.append(wds.batched(batch_size, collation_fn=collate, partial=not drop_last))
+
+    num_batches = None
+    if epoch_samples is not None:
+        global_batches = math.ceil(epoch_samples / (batch_size * world))
+        per_worker = math.ceil(global_batches / max(num_workers, 1))
+        pipeline = pipeline.with_epoch(per_worker)
+        num_batches = per_worker * max(num_workers, 1)
+
+    dataloader = torch.utils.data.DataLoader(
+        pipeline, batch_size=None, shuffle=False, num_workers=num_workers,
+        persistent_workers=persistent_workers and num_workers > 0,
+        multiprocessing_context=multiprocessing_context if num_workers > 0 else None)
+    return WdsLoader(dataloader, pipeline, sink, num_batches)
+
+
+def _as_list(samples):
+    return list(samples)

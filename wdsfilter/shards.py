@@ -1,0 +1,88 @@
+"""Which shards to read, and opening them safely.
+
+Accepts folders (searched recursively), globs, brace patterns (`shards-{000..099}.tar`), `.tar`,
+`.tar.gz`/`.tgz`. `pipe:` URLs run shell commands and remote URLs reach the network: both are
+refused unless the user allows them explicitly.
+"""
+from __future__ import annotations
+
+import glob
+import os
+from typing import IO, Iterable, List, Sequence, Union
+
+import braceexpand
+
+from .errors import ConfigError, UnsafeInputError
+
+SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+REMOTE_SCHEMES = ("http://", "https://", "s3://", "gs://", "gcs://", "hf://", "ais://")
+
+
+def is_pipe(url: str) -> bool:
+    return url.startswith("pipe:")
+
+
+def is_remote(url: str) -> bool:
+    return url.startswith(REMOTE_SCHEMES)
+
+
+def _check_allowed(url: str, allow_pipe: bool, allow_remote: bool) -> None:
+    if is_pipe(url) and not allow_pipe:
+        raise UnsafeInputError(f"refusing {url!r}: pipe: URLs run shell commands. Pass allow_pipe=True "
+                               f"(--allow-pipe) if you trust this command.")
+    if is_remote(url) and not allow_remote:
+        raise UnsafeInputError(f"refusing {url!r}: remote URLs are off by default. Pass allow_remote=True "
+                               f"(--allow-remote) to read over the network.")
+
+
+def expand_urls(paths: Union[str, Sequence[str]], allow_pipe: bool = False, allow_remote: bool = False) -> List[str]:
+    """Turn user input into an ordered list of shard URLs; raises ConfigError when none is found."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [os.fspath(paths)]
+    urls: List[str] = []
+    for entry in paths:
+        entry = os.fspath(entry)
+        for item in braceexpand.braceexpand(entry) if "{" in entry else [entry]:
+            urls.extend(_expand_one(item, allow_pipe, allow_remote))
+    if not urls:
+        raise ConfigError(f"no shards found in {list(paths)!r}; expected folders, globs, brace patterns "
+                          f"or files ending in {', '.join(SHARD_SUFFIXES)}")
+    return urls
+
+
+def _expand_one(item: str, allow_pipe: bool, allow_remote: bool) -> List[str]:
+    if is_pipe(item) or is_remote(item):
+        _check_allowed(item, allow_pipe, allow_remote)
+        return [item]
+    if item.startswith("file:"):
+        item = item[len("file:"):]
+    if os.path.isdir(item):
+        found = []
+        for root, dirs, files in os.walk(item):
+            dirs.sort()
+            found.extend(os.path.join(root, f) for f in sorted(files) if f.endswith(SHARD_SUFFIXES))
+        return found
+    if any(c in item for c in "*?["):
+        return sorted(p for p in glob.glob(item, recursive=True) if os.path.isfile(p))
+    if not os.path.exists(item):
+        raise ConfigError(f"shard {item!r} does not exist")
+    return [item]
+
+
+def open_shard(url: str, allow_pipe: bool = False, allow_remote: bool = False) -> IO[bytes]:
+    """A binary stream of the shard. Local files are opened directly; the rest go through webdataset."""
+    _check_allowed(url, allow_pipe, allow_remote)
+    if is_pipe(url) or is_remote(url):
+        from webdataset import gopen
+        return gopen.gopen(url, "rb")
+    path = url[len("file:"):] if url.startswith("file:") else url
+    return open(path, "rb", buffering=1 << 20)
+
+
+def shard_name(url: str) -> str:
+    """The short name printed in messages: the path as the user gave it."""
+    return url
+
+
+def total_size(urls: Iterable[str]) -> int:
+    return sum(os.path.getsize(u) for u in urls if os.path.isfile(u))

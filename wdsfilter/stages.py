@@ -1,0 +1,274 @@
+"""The public sample stages, in pipeline order. Each is a webdataset stage (a generator curried by
+`pipelinefilter`): picklable, composable with webdataset's own stages, and every drop is counted.
+
+    read -> select -> rename -> clean_captions -> decode -> map_dict -> watch
+
+After `rename` a sample is {"__key__", "__url__", "caption": str, "image" or "video": bytes,
+"json": parsed metadata or None}; after `decode`, "image" is a PIL image.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Iterable, Iterator, Optional
+
+from webdataset.filters import pipelinefilter
+
+from .census import KeyCensus
+from .config import StageConfig
+from .errors import ConfigError, DataError
+from .images import decode_image
+from .naming import is_dotted
+from .reading import group_samples, tar_members
+from .specs import VIDEO_EXTS, decode_text_member, json_path_get, parse_json_member
+from .tally import Tally
+from .tokens import CaptionCleaner
+
+REJECT = "__reject__"
+
+
+def _reject(tally: Tally, sample: dict, reason: str, stage: str, member: str, message: str, emit: bool):
+    """Count a dropped sample; with emit_rejects, return a marker that flows on (scoring gives every
+    sample a row, its reason included)."""
+    tally.drop(reason, stage, sample.get("__url__", ""), member, message)
+    if emit:
+        return {"__key__": sample.get("__key__", ""), "__url__": sample.get("__url__", ""),
+                REJECT: reason, "__message__": message}
+    return None
+
+
+# Reasons meaning "the spec did not find the field" (a config problem when every sample has it),
+# as opposed to data errors (the field is there but broken).
+SPEC_MISSES = ("missing_caption", "missing_image", "dotted_basename")
+
+
+def _read(src, cfg: StageConfig, tally: Tally):
+    return group_samples(tar_members(src, cfg, tally), cfg, tally)
+
+
+def _find_caption(sample: dict, cfg: StageConfig):
+    """(caption, None) or (None, reason). Parses a .json member once and keeps it parsed."""
+    reason = "missing_caption"
+    for alt in cfg.caption_spec.alternatives:
+        if alt.ext not in sample:
+            continue
+        raw = sample[alt.ext]
+        try:
+            if alt.path:
+                cache = "__parsed_" + alt.ext
+                if cache not in sample:
+                    sample[cache] = parse_json_member(raw)
+                value = json_path_get(sample[cache], alt.path)
+            else:
+                value = decode_text_member(raw)
+        except UnicodeDecodeError:
+            reason = "invalid_utf8"
+            continue
+        except ValueError:
+            reason = "invalid_json"
+            continue
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            value = str(value)
+        if not value.strip():
+            reason = "empty_caption"
+            continue
+        return value, None
+    return None, reason
+
+
+def _dotted_match(sample: dict, exts) -> bool:
+    return any(is_dotted(e) and e.rsplit(".", 1)[-1] in exts for e in sample if not e.startswith("__"))
+
+
+class FirstShardCheck:
+    """Raises ConfigError when every sample of the first shard misses the caption or image key."""
+
+    def __init__(self, cfg: StageConfig):
+        self.cfg = cfg
+        self.active = cfg.check_first_shard
+        self.first_url = None
+        self.census = KeyCensus()
+        self.misses = {"caption": 0, "image": 0}
+
+    def observe(self, sample: dict, missing: Optional[str]) -> None:
+        if not self.active:
+            return
+        url = sample.get("__url__")
+        if self.first_url is None:
+            self.first_url = url
+        elif url != self.first_url:
+            self.finish()
+            return
+        if missing is None:
+            self.active = False  # one good sample: the config works
+            return
+        self.census.add(sample, sample.get("__parsed_json"))
+        if missing in ("caption", "image"):
+            self.misses[missing] += 1
+
+    def finish(self) -> None:
+        if not self.active:
+            return
+        self.active = False
+        n = self.census.samples
+        if not n:
+            return
+        cfg = self.cfg
+        for what, spec in (("caption", cfg.caption_spec), ("image", cfg.image_spec)):
+            if self.misses[what] == n:
+                hint = self.census.suggest(what, spec)
+                if self.census.dotted_share() > 0.5:
+                    hint = "member names have dots in their basenames (img.v2.0001.jpg); use rekey='last-dot' (--rekey last-dot)"
+                raise ConfigError(
+                    f"no sample of the first shard {self.first_url} has a {what} under {what} key "
+                    f"'{spec}': every sample would be filtered and the run would hang.\n"
+                    f"  {self.census.describe()}\n"
+                    f"  {hint or 'no ' + what + ' candidate found; check the shards with wdsfilter validate'}")
+
+
+def _select(data: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator[dict]:
+    """Keep samples that have a caption and an image per the specs; count the others by reason."""
+    check = FirstShardCheck(cfg)
+    image_exts = cfg.image_spec.exts
+    emit = cfg.emit_rejects
+    for sample in data:
+        url = sample.get("__url__", "")
+        key = sample.get("__key__", "")
+        caption, reason = _find_caption(sample, cfg)
+        image_alt = cfg.image_spec.first_present(sample)
+        if caption is None or image_alt is None:
+            missing = "caption" if caption is None else "image"
+            if caption is None and reason != "missing_caption":
+                missing = "data"  # the field is there but broken
+            elif _dotted_match(sample, image_exts + cfg.caption_spec.exts):
+                reason = "dotted_basename"
+            elif caption is not None:
+                reason = "missing_image"
+            check.observe(sample, missing)
+            marker = _reject(tally, sample, reason, "select", key, f"sample {key!r}: {reason}", emit)
+            if marker:
+                yield marker
+            continue
+        check.observe(sample, None)
+        sample["__caption__"] = caption
+        sample["__image_ext__"] = image_alt.ext
+        yield sample
+    check.finish()
+
+
+def _rename(data: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator[dict]:
+    """Reshape to the canonical fields; other members (and their bytes) are let go here."""
+    for sample in data:
+        if REJECT in sample:
+            yield sample
+            continue
+        ext = sample["__image_ext__"]
+        field = "video" if ext.rsplit(".", 1)[-1] in VIDEO_EXTS else "image"
+        meta = sample.get("__parsed_json")
+        if meta is None and "json" in sample:
+            try:
+                meta = parse_json_member(sample["json"])
+            except ValueError:
+                tally.note("invalid_json", "rename", sample["__url__"], sample["__key__"] + ".json",
+                           "metadata .json is not valid JSON; sample kept without it")
+        yield {"__key__": sample["__key__"], "__url__": sample["__url__"], "caption": sample["__caption__"],
+               field: sample[ext], "__media_ext__": ext, "json": meta}
+
+
+def _clean_captions(data: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator[dict]:
+    cleaner = CaptionCleaner.from_config(cfg)
+    for sample in data:
+        if REJECT in sample:
+            yield sample
+            continue
+        caption, foreign = cleaner.clean(sample["caption"])
+        if foreign:
+            tally.note("foreign_image_token", "clean_captions", sample["__url__"], sample["__key__"],
+                       f"caption has {', '.join(foreign)} but the configured image token is {cleaner.image_token!r}")
+        if not caption.strip():
+            marker = _reject(tally, sample, "empty_caption", "clean_captions", sample["__key__"],
+                             "caption is empty after removing special tokens", cfg.emit_rejects)
+            if marker:
+                yield marker
+            continue
+        sample["caption"] = caption
+        yield sample
+
+
+def _decode(data: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator[dict]:
+    """Decode "image" behind the size guard. Videos stay bytes (the scorers decode frames)."""
+    for sample in data:
+        if REJECT not in sample and "image" in sample:
+            try:
+                sample["image"] = decode_image(sample["image"], cfg.max_pixels, cfg.max_side,
+                                               cfg.oversize, cfg.image_mode)
+            except DataError as e:
+                member = f"{sample['__key__']}.{sample['__media_ext__']}"
+                marker = _reject(tally, sample, e.reason, "decode", member, str(e), cfg.emit_rejects)
+                if marker:
+                    yield marker
+                continue
+        yield sample
+
+
+def _map_dict(data: Iterable[dict], fns: Dict[str, Callable[[Any], Any]], tally: Optional[Tally] = None,
+              on_error: str = "raise") -> Iterator[dict]:
+    """Apply the user's transforms per field. Their exceptions are bugs, so they raise by default
+    (with the sample named); on_error='skip' counts them as `transform_error` instead."""
+    for sample in data:
+        if REJECT in sample:
+            yield sample
+            continue
+        try:
+            for field, fn in fns.items():
+                if field in sample:
+                    sample[field] = fn(sample[field])
+        except Exception as e:
+            where = f"sample {sample.get('__key__')!r} of shard {sample.get('__url__')}"
+            if on_error == "skip" and tally is not None:
+                tally.drop("transform_error", "map_dict", sample.get("__url__", ""), sample.get("__key__", ""),
+                           f"{type(e).__name__}: {e}")
+                continue
+            raise type(e)(f"{e} (in map_dict on field {field!r}, {where})") from e
+        yield sample
+
+
+def _watch(data: Iterable[dict], tally: Tally, sink=None, report_every: int = 256) -> Iterator[dict]:
+    """Count output; the starvation check itself runs wherever a sample is dropped or a shard opened.
+    With a sink, the tally is written for the parent process every `report_every` samples and at
+    the end."""
+    n = 0
+    try:
+        for sample in data:
+            if REJECT not in sample:
+                tally.sample_out()
+            n += 1
+            if sink is not None and n % report_every == 0:
+                sink.write(tally)
+            yield sample
+        tally.check_starvation()
+    finally:
+        if sink is not None:
+            sink.write(tally)
+
+
+def _drop_meta(data: Iterable[dict]) -> Iterator[dict]:
+    for sample in data:
+        yield {k: v for k, v in sample.items() if not k.startswith("__parsed_")}
+
+
+read = pipelinefilter(_read)
+select = pipelinefilter(_select)
+rename = pipelinefilter(_rename)
+clean_captions = pipelinefilter(_clean_captions)
+decode = pipelinefilter(_decode)
+map_dict = pipelinefilter(_map_dict)
+watch = pipelinefilter(_watch)
+
+
+def sample_stages(cfg: StageConfig, tally: Tally, decode_images: bool = True) -> list:
+    """The per-sample stages after the shard list, in order; callers append their own."""
+    stages = [read(cfg, tally), select(cfg, tally), rename(cfg, tally), clean_captions(cfg, tally)]
+    if decode_images:
+        stages.append(decode(cfg, tally))
+    return stages

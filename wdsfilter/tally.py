@@ -1,0 +1,206 @@
+"""Per-reason, per-shard counters shared by the stages of one pipeline, and the starvation watchdog.
+
+One Tally lives in each process that runs a pipeline (the main process or a DataLoader worker):
+every stage of that pipeline holds the same object, so pickling the pipeline into a worker keeps
+them sharing it. Workers report their tallies to the parent through a StatsSink folder.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+from .errors import StarvationError
+
+MAX_EXAMPLES = 3
+
+# Why a sample was dropped, in the users' words: the hint printed with the count.
+HINTS = {
+    "missing_caption": "no caption under the caption key spec; check --caption-key (wdsfilter validate suggests one)",
+    "missing_image": "no image under the image key spec; check --image-key",
+    "empty_caption": "caption is empty or whitespace",
+    "invalid_json": "the .json member is not valid JSON",
+    "invalid_utf8": "the text member is not UTF-8",
+    "corrupt_image": "the image does not decode",
+    "oversized_image": "image above max_pixels (read from its header, never decoded); raise max_pixels or use oversize='reduce'",
+    "empty_member": "zero-byte member",
+    "truncated_tar": "the tar ends early or is corrupt; samples before the break were kept",
+    "unreadable_shard": "the shard could not be opened",
+    "unsafe_member": "pickle/torch payload not loaded (safe by default; allow_unsafe=True to keep the bytes)",
+    "nonadjacent_key": "members of one key are not adjacent in the tar",
+    "dotted_basename": "file names with dots split at the first dot; use rekey='last-dot'",
+    "duplicate_member": "the same member name appears twice in one sample; the first was kept",
+    "no_extension": "member without an extension (or a dotfile) ignored",
+    "foreign_image_token": "caption carried another image token; normalised to the configured one",
+    "filtered_by_score": "dropped by a score threshold",
+    "no_score": "no score row for this key in the score files",
+    "transform_error": "the user's transform raised on this sample",
+}
+
+
+@dataclass
+class Example:
+    shard: str
+    member: str
+    message: str
+
+
+class Tally:
+    """Counts of dropped samples (by reason, by shard) and of notes that dropped nothing."""
+
+    def __init__(self, starvation_samples: int = 0, starvation_seconds: float = 0.0, name: str = "pipeline"):
+        self.starvation_samples = starvation_samples
+        self.starvation_seconds = starvation_seconds
+        self.name = name
+        self.reset()
+
+    def reset(self) -> None:
+        self.samples_read = 0
+        self.samples_out = 0
+        self.shards_read = 0
+        self.dropped: Counter = Counter()
+        self.notes: Counter = Counter()
+        self.stage_of: Dict[str, str] = {}
+        self.by_shard: Dict[str, Counter] = defaultdict(Counter)
+        self.examples: Dict[str, List[Example]] = defaultdict(list)
+        self._started: Optional[float] = None
+
+    # -- recording -------------------------------------------------------------------------
+    def _record(self, counter: Counter, reason: str, stage: str, shard: str, member: str, message: str) -> None:
+        counter[reason] += 1
+        self.stage_of.setdefault(reason, stage)
+        self.by_shard[shard][reason] += 1
+        examples = self.examples[reason]
+        if len(examples) < MAX_EXAMPLES:
+            examples.append(Example(shard, member, message))
+
+    def drop(self, reason: str, stage: str, shard: str = "", member: str = "", message: str = "") -> None:
+        """A sample was dropped. Checks the watchdog: dropping is where starvation shows."""
+        self._record(self.dropped, reason, stage, shard, member, message)
+        self.check_starvation()
+
+    def note(self, reason: str, stage: str, shard: str = "", member: str = "", message: str = "") -> None:
+        """Something worth counting that dropped no sample (a bad member, a normalised token)."""
+        self._record(self.notes, reason, stage, shard, member, message)
+
+    def sample_read(self) -> None:
+        if self._started is None:
+            self._started = time.monotonic()
+        self.samples_read += 1
+
+    def shard_opened(self) -> None:
+        if self._started is None:
+            self._started = time.monotonic()
+        self.shards_read += 1
+        self.check_starvation()
+
+    def sample_out(self) -> None:
+        self.samples_out += 1
+
+    # -- the watchdog ----------------------------------------------------------------------
+    def check_starvation(self) -> None:
+        """Raise instead of hanging when nothing has come out yet after many samples or seconds."""
+        if self.samples_out:
+            return
+        by_count = self.starvation_samples and self.samples_read >= self.starvation_samples
+        by_time = (self.starvation_seconds and self._started is not None
+                   and time.monotonic() - self._started >= self.starvation_seconds)
+        if by_count or by_time:
+            raise StarvationError(self.starvation_message())
+
+    def starvation_message(self) -> str:
+        elapsed = 0.0 if self._started is None else time.monotonic() - self._started
+        lines = [f"{self.name}: {self.samples_read} samples read from {self.shards_read} shard(s) in "
+                 f"{elapsed:.0f}s and none came out; the run would hang."]
+        if self.dropped:
+            reason, count = self.dropped.most_common(1)[0]
+            lines.append(f"Stage '{self.stage_of[reason]}' rejected {count} of them: {reason} "
+                         f"({HINTS.get(reason, '')}).")
+        lines.append(self.summary())
+        return "\n".join(lines)
+
+    # -- reporting -------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {
+            "samples_read": self.samples_read,
+            "samples_out": self.samples_out,
+            "shards_read": self.shards_read,
+            "dropped": dict(self.dropped),
+            "notes": dict(self.notes),
+            "stage_of": dict(self.stage_of),
+            "by_shard": {s: dict(c) for s, c in self.by_shard.items()},
+            "examples": {r: [e.__dict__ for e in ex] for r, ex in self.examples.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Tally":
+        t = cls()
+        t.merge_dict(d)
+        return t
+
+    def merge_dict(self, d: dict) -> None:
+        self.samples_read += d.get("samples_read", 0)
+        self.samples_out += d.get("samples_out", 0)
+        self.shards_read += d.get("shards_read", 0)
+        self.dropped.update(d.get("dropped", {}))
+        self.notes.update(d.get("notes", {}))
+        for r, s in d.get("stage_of", {}).items():
+            self.stage_of.setdefault(r, s)
+        for shard, c in d.get("by_shard", {}).items():
+            self.by_shard[shard].update(c)
+        for r, ex in d.get("examples", {}).items():
+            room = MAX_EXAMPLES - len(self.examples[r])
+            self.examples[r].extend(Example(**e) for e in ex[:max(room, 0)])
+
+    def merge(self, other: "Tally") -> None:
+        self.merge_dict(other.to_dict())
+
+    def summary(self) -> str:
+        lines = [f"samples read: {self.samples_read}, kept: {self.samples_out}, "
+                 f"dropped: {sum(self.dropped.values())}"]
+        for title, counter in (("dropped", self.dropped), ("noted", self.notes)):
+            for reason, count in counter.most_common():
+                ex = self.examples.get(reason) or []
+                where = f" e.g. {ex[0].shard} member {ex[0].member}" if ex and ex[0].member else (
+                    f" e.g. {ex[0].shard}" if ex else "")
+                lines.append(f"  {title} {count:>7} {reason}: {HINTS.get(reason, '')}{where}")
+        return "\n".join(lines)
+
+
+class StatsSink:
+    """A folder where each process writes its tally (atomically); the parent merges them.
+
+    Files rather than queues: a worker never blocks on a parent that stopped reading.
+    """
+
+    def __init__(self, folder: Optional[str] = None):
+        self.folder = folder or tempfile.mkdtemp(prefix="wdsfilter-stats-")
+
+    def write(self, tally: Tally, name: Optional[str] = None) -> None:
+        name = name or f"tally-{os.getpid()}"
+        tmp = os.path.join(self.folder, f".{name}.tmp")
+        with open(tmp, "w") as f:
+            json.dump(tally.to_dict(), f)
+        os.replace(tmp, os.path.join(self.folder, f"{name}.json"))
+
+    def read(self) -> Tally:
+        total = Tally()
+        for fname in sorted(os.listdir(self.folder)):
+            if fname.endswith(".json") and not fname.startswith("."):
+                try:
+                    with open(os.path.join(self.folder, fname)) as f:
+                        total.merge_dict(json.load(f))
+                except (OSError, ValueError):
+                    continue  # a worker is rewriting it; the next read gets it
+        return total
+
+    def clear(self) -> None:
+        for fname in os.listdir(self.folder):
+            try:
+                os.remove(os.path.join(self.folder, fname))
+            except OSError:
+                pass
