@@ -43,8 +43,10 @@ class StageConfig:
     # Watchdog: raise when this many samples (or seconds) produced no output at all. 0 = off.
     starvation_samples: int = 500
     starvation_seconds: float = 300.0
-    # Pass a {"__key__", "__url__", "__reject__": reason} marker downstream for each dropped
-    # sample instead of dropping it silently (the scoring engine gives every sample a row).
+    # Pass markers downstream instead of dropping silently: {"__marker__": "reject", "__key__",
+    # "__url__", "__reject__": reason, "__message__"} for each dropped sample, and
+    # {"__marker__": "shard_end", "__url__", "members", "error"} after each shard (the scoring
+    # engine gives every sample a row and completes score files shard by shard).
     emit_rejects: bool = False
     # Raise a ConfigError when no sample of the first shard has the caption or image key.
     check_first_shard: bool = True

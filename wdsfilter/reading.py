@@ -100,6 +100,9 @@ def group_samples(members: Iterable["dict | ShardEnd"], cfg: StageConfig, tally:
                 tally.drop("truncated_tar", STAGE, m.url, "",
                            f"{m.error}; {m.members} member(s) read before the break were kept. "
                            f"Re-create or re-download this shard")
+            if cfg.emit_rejects:
+                yield {"__marker__": "shard_end", "__url__": m.url, "__key__": "",
+                       "members": m.members, "error": m.error}
             continue
         fname, url = m["fname"], m["__url__"]
         key, ext = split_name(fname, rekey)

@@ -102,3 +102,38 @@ def json_path_get(obj: Any, path: Tuple[str, ...]) -> Any:
             return None
         obj = obj[name]
     return obj
+
+
+def find_caption(sample: dict, spec: KeySpec):
+    """(caption, None) or (None, reason) for a raw sample (extension -> bytes).
+
+    The reason is the most specific one seen: invalid_utf8, invalid_json, empty_caption, or
+    missing_caption. A parsed .json member is kept in sample["__parsed_json"] (parsed once)."""
+    reason = "missing_caption"
+    for alt in spec.alternatives:
+        if alt.ext not in sample:
+            continue
+        raw = sample[alt.ext]
+        try:
+            if alt.path:
+                cache = "__parsed_" + alt.ext
+                if cache not in sample:
+                    sample[cache] = parse_json_member(raw)
+                value = json_path_get(sample[cache], alt.path)
+            else:
+                value = decode_text_member(raw)
+        except UnicodeDecodeError:
+            reason = "invalid_utf8"
+            continue
+        except ValueError:
+            reason = "invalid_json"
+            continue
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            value = str(value)
+        if not value.strip():
+            reason = "empty_caption"
+            continue
+        return value, None
+    return None, reason

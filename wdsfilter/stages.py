@@ -18,10 +18,11 @@ from .errors import ConfigError, DataError
 from .images import decode_image
 from .naming import is_dotted
 from .reading import group_samples, tar_members
-from .specs import VIDEO_EXTS, decode_text_member, json_path_get, parse_json_member
+from .specs import VIDEO_EXTS, find_caption, parse_json_member
 from .tally import Tally
 from .tokens import CaptionCleaner
 
+MARKER = "__marker__"  # markers flow through every stage untouched: "reject" and "shard_end"
 REJECT = "__reject__"
 
 
@@ -31,7 +32,7 @@ def _reject(tally: Tally, sample: dict, reason: str, stage: str, member: str, me
     tally.drop(reason, stage, sample.get("__url__", ""), member, message)
     if emit:
         return {"__key__": sample.get("__key__", ""), "__url__": sample.get("__url__", ""),
-                REJECT: reason, "__message__": message}
+                MARKER: "reject", REJECT: reason, "__message__": message}
     return None
 
 
@@ -42,38 +43,6 @@ SPEC_MISSES = ("missing_caption", "missing_image", "dotted_basename")
 
 def _read(src, cfg: StageConfig, tally: Tally):
     return group_samples(tar_members(src, cfg, tally), cfg, tally)
-
-
-def _find_caption(sample: dict, cfg: StageConfig):
-    """(caption, None) or (None, reason). Parses a .json member once and keeps it parsed."""
-    reason = "missing_caption"
-    for alt in cfg.caption_spec.alternatives:
-        if alt.ext not in sample:
-            continue
-        raw = sample[alt.ext]
-        try:
-            if alt.path:
-                cache = "__parsed_" + alt.ext
-                if cache not in sample:
-                    sample[cache] = parse_json_member(raw)
-                value = json_path_get(sample[cache], alt.path)
-            else:
-                value = decode_text_member(raw)
-        except UnicodeDecodeError:
-            reason = "invalid_utf8"
-            continue
-        except ValueError:
-            reason = "invalid_json"
-            continue
-        if value is None:
-            continue
-        if not isinstance(value, str):
-            value = str(value)
-        if not value.strip():
-            reason = "empty_caption"
-            continue
-        return value, None
-    return None, reason
 
 
 def _dotted_match(sample: dict, exts) -> bool:
@@ -132,9 +101,12 @@ def _select(data: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator[di
     image_exts = cfg.image_spec.exts
     emit = cfg.emit_rejects
     for sample in data:
+        if MARKER in sample:
+            yield sample
+            continue
         url = sample.get("__url__", "")
         key = sample.get("__key__", "")
-        caption, reason = _find_caption(sample, cfg)
+        caption, reason = find_caption(sample, cfg.caption_spec)
         image_alt = cfg.image_spec.first_present(sample)
         if caption is None or image_alt is None:
             missing = "caption" if caption is None else "image"
@@ -159,7 +131,7 @@ def _select(data: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator[di
 def _rename(data: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator[dict]:
     """Reshape to the canonical fields; other members (and their bytes) are let go here."""
     for sample in data:
-        if REJECT in sample:
+        if MARKER in sample:
             yield sample
             continue
         ext = sample["__image_ext__"]
@@ -178,7 +150,7 @@ def _rename(data: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator[di
 def _clean_captions(data: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator[dict]:
     cleaner = CaptionCleaner.from_config(cfg)
     for sample in data:
-        if REJECT in sample:
+        if MARKER in sample:
             yield sample
             continue
         caption, foreign = cleaner.clean(sample["caption"])
@@ -198,7 +170,7 @@ def _clean_captions(data: Iterable[dict], cfg: StageConfig, tally: Tally) -> Ite
 def _decode(data: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator[dict]:
     """Decode "image" behind the size guard. Videos stay bytes (the scorers decode frames)."""
     for sample in data:
-        if REJECT not in sample and "image" in sample:
+        if MARKER not in sample and "image" in sample:
             try:
                 sample["image"] = decode_image(sample["image"], cfg.max_pixels, cfg.max_side,
                                                cfg.oversize, cfg.image_mode)
@@ -216,7 +188,7 @@ def _map_dict(data: Iterable[dict], fns: Dict[str, Callable[[Any], Any]], tally:
     """Apply the user's transforms per field. Their exceptions are bugs, so they raise by default
     (with the sample named); on_error='skip' counts them as `transform_error` instead."""
     for sample in data:
-        if REJECT in sample:
+        if MARKER in sample:
             yield sample
             continue
         try:
@@ -240,7 +212,7 @@ def _watch(data: Iterable[dict], tally: Tally, sink=None, report_every: int = 25
     n = 0
     try:
         for sample in data:
-            if REJECT not in sample:
+            if MARKER not in sample:
                 tally.sample_out()
             n += 1
             if sink is not None and n % report_every == 0:

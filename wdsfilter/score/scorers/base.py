@@ -1,0 +1,65 @@
+"""The interface every scorer implements. Adding a scorer is adding one file in this folder and
+one line in REGISTRY.
+
+A scorer is split the way the work is: `prepare` runs in DataLoader worker processes on CPU
+(decode-side work: preprocessing, frame sampling, tokenising), `load` and `score_batch` run in the
+model worker on its device. A scorer object is a small picklable config until `load` is called.
+"""
+from __future__ import annotations
+
+import abc
+import importlib
+from typing import Any, Dict, List, Sequence
+
+# name -> "module:Class", imported only when used (heavy dependencies stay optional).
+REGISTRY = {
+    "clip": "wdsfilter.score.scorers.clip:ClipScorer",
+    "ocr": "wdsfilter.score.scorers.ocr:OcrScorer",
+}
+
+
+class Scorer(abc.ABC):
+    #: short name used on the command line and as the prefix of its score columns
+    name: str = ""
+    #: sample fields this scorer reads after decoding: "image" (PIL) and/or "video" (bytes)
+    media: Sequence[str] = ("image",)
+
+    @abc.abstractmethod
+    def columns(self) -> List[str]:
+        """Names of the score columns this scorer writes, e.g. ["clip_score"]."""
+
+    @abc.abstractmethod
+    def prepare(self, sample: Dict[str, Any]) -> Any:
+        """CPU-side work for one decoded sample, in a DataLoader worker. Returns the model input
+        (picklable: tensors / numpy arrays). Raises wdsfilter.errors.DataError for a sample that
+        cannot be scored (its reason goes into the sample's row)."""
+
+    @abc.abstractmethod
+    def load(self, device: str) -> None:
+        """Load the model onto `device` ("cpu", "cuda:0", ...). Called once per model worker."""
+
+    @abc.abstractmethod
+    def score_batch(self, inputs: List[Any]) -> List[Dict[str, Any]]:
+        """Score prepared inputs; one dict {column: value} per input, in order. May raise
+        torch.cuda.OutOfMemoryError, which the engine's back-off handles (halve and retry)."""
+
+    def batch_key(self, prepared: Any) -> Any:
+        """Inputs with equal keys may share a batch (e.g. OCR frames of the same size)."""
+        return None
+
+    def unload(self) -> None:
+        """Free the model (the engine calls this before re-planning or at exit)."""
+
+    def describe(self) -> str:
+        """One line for plans and summaries: model name, weights source, device."""
+        return self.name
+
+
+def make_scorer(name: str, **options) -> Scorer:
+    try:
+        target = REGISTRY[name]
+    except KeyError:
+        from ...errors import ConfigError
+        raise ConfigError(f"unknown scorer {name!r}; available: {', '.join(sorted(REGISTRY))}") from None
+    module, cls = target.split(":")
+    return getattr(importlib.import_module(module), cls)(**options)
