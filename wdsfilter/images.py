@@ -65,8 +65,9 @@ def decode_image(data: bytes, max_pixels: Optional[int], max_side: Optional[int]
     if problem:
         if oversize == "reduce" and img.format == "JPEG":
             # JPEG draft mode decodes at 1/2, 1/4 or 1/8 scale straight from the DCT data.
-            target = _fit(img.size, max_pixels, max_side)
-            img.draft(mode, target)
+            target = _draft_target(img.size, max_pixels, max_side)
+            if target:
+                img.draft(mode, target)
             if check_size(img.size, max_pixels, max_side):
                 raise OversizedImage("oversized_image", problem + " (even at 1/8 scale)")
         else:
@@ -79,11 +80,12 @@ def decode_image(data: bytes, max_pixels: Optional[int], max_side: Optional[int]
         raise DataError("corrupt_image", f"image does not decode: {type(e).__name__}: {e}") from None
 
 
-def _fit(size: Tuple[int, int], max_pixels: Optional[int], max_side: Optional[int]) -> Tuple[int, int]:
+def _draft_target(size: Tuple[int, int], max_pixels: Optional[int], max_side: Optional[int]):
+    """The size to request from JPEG draft mode: the mildest of its 1/2, 1/4, 1/8 scales that fits.
+    (draft picks the largest scale whose result is still at least the requested size.)"""
     w, h = size
-    scale = 1.0
-    if max_pixels and w * h > max_pixels:
-        scale = min(scale, (max_pixels / (w * h)) ** 0.5)
-    if max_side and max(w, h) > max_side:
-        scale = min(scale, max_side / max(w, h))
-    return max(1, int(w * scale)), max(1, int(h * scale))
+    for scale in (2, 4, 8):
+        sw, sh = -(-w // scale), -(-h // scale)
+        if not check_size((sw, sh), max_pixels, max_side):
+            return sw, sh
+    return None

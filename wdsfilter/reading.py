@@ -37,12 +37,28 @@ class ShardEnd:
     error: Optional[str] = None
 
 
+class _EndAwareTarInfo(tarfile.TarInfo):
+    """Python's tarfile ends iteration silently when a shard is cut at or inside a header; this
+    records how the archive ended so a cut shard is reported instead of looking complete."""
+
+    @classmethod
+    def fromtarfile(cls, tar):
+        try:
+            return super().fromtarfile(tar)
+        except tarfile.EOFHeaderError:
+            tar.wds_end = "end-of-archive"
+            raise
+        except (tarfile.EmptyHeaderError, tarfile.TruncatedHeaderError) as e:
+            tar.wds_end = f"cut at a member header ({e})"
+            raise
+
+
 def iter_tar(stream, url: str) -> Iterator["dict | ShardEnd"]:
     """Yield {"fname", "data", "__url__"} for each regular member, then a ShardEnd."""
     count = 0
     current = ""
     try:
-        tar = tarfile.open(fileobj=stream, mode="r|*")
+        tar = tarfile.open(fileobj=stream, mode="r|*", tarinfo=_EndAwareTarInfo)
         for info in tar:
             current = info.name
             if not info.isreg():
@@ -52,6 +68,10 @@ def iter_tar(stream, url: str) -> Iterator["dict | ShardEnd"]:
             yield {"fname": info.name, "data": data, "__url__": url}
             tar.members = []  # streaming: don't keep every TarInfo of a huge shard
         current = ""
+        end = getattr(tar, "wds_end", "end-of-archive")
+        if end != "end-of-archive":
+            yield ShardEnd(url, count, f"ReadError: tar {end} after member {info.name if count else '(none)'}")
+            return
     except (tarfile.TarError, EOFError, OSError, zlib.error) as e:
         yield ShardEnd(url, count, f"{type(e).__name__}: {e} at member {current or '(header)'}")
         return

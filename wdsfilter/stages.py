@@ -89,7 +89,7 @@ class FirstShardCheck:
                 if self.census.dotted_share() > 0.5:
                     hint = "member names have dots in their basenames (img.v2.0001.jpg); use rekey='last-dot' (--rekey last-dot)"
                 raise ConfigError(
-                    f"no sample of the first shard {self.first_url} has a {what} under {what} key "
+                    f"no sample of the first shard {self.first_url} has {'an' if what == 'image' else 'a'} {what} under {what} key "
                     f"'{spec}': every sample would be filtered and the run would hang.\n"
                     f"  {self.census.describe()}\n"
                     f"  {hint or 'no ' + what + ' candidate found; check the shards with wdsfilter validate'}")
@@ -218,7 +218,7 @@ def _watch(data: Iterable[dict], tally: Tally, sink=None, report_every: int = 25
             if sink is not None and n % report_every == 0:
                 sink.write(tally)
             yield sample
-        tally.check_starvation()
+        tally.check_starvation(stream_ended=True)
     finally:
         if sink is not None:
             sink.write(tally)

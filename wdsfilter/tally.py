@@ -102,10 +102,14 @@ class Tally:
         self.samples_out += 1
 
     # -- the watchdog ----------------------------------------------------------------------
-    def check_starvation(self) -> None:
-        """Raise instead of hanging when nothing has come out yet after many samples or seconds."""
+    def check_starvation(self, stream_ended: bool = False) -> None:
+        """Raise instead of hanging when nothing has come out yet after many samples or seconds.
+        At the end of a finite stream, any samples read with none out is an error too."""
         if self.samples_out:
             return
+        enabled = self.starvation_samples or self.starvation_seconds
+        if stream_ended and enabled and self.samples_read:
+            raise StarvationError(self.starvation_message())
         by_count = self.starvation_samples and self.samples_read >= self.starvation_samples
         by_time = (self.starvation_seconds and self._started is not None
                    and time.monotonic() - self._started >= self.starvation_seconds)
