@@ -14,8 +14,8 @@ from .tally import Tally  # noqa: E402
 
 
 def loader(*args, **kwargs):
-    """See wdsfilter.loader.loader (imported lazily: it needs torch)."""
-    from .loader import loader as _loader
+    """See wdsfilter.dataloader.loader (imported lazily: it needs torch)."""
+    from .dataloader import loader as _loader
     return _loader(*args, **kwargs)
 
 

@@ -73,8 +73,8 @@ def open_shard(url: str, allow_pipe: bool = False, allow_remote: bool = False) -
     """A binary stream of the shard. Local files are opened directly; the rest go through webdataset."""
     _check_allowed(url, allow_pipe, allow_remote)
     if is_pipe(url) or is_remote(url):
-        from webdataset import gopen
-        return gopen.gopen(url, "rb")
+        from webdataset.gopen import gopen
+        return gopen(url, "rb")
     path = url[len("file:"):] if url.startswith("file:") else url
     return open(path, "rb", buffering=1 << 20)
 

@@ -1,0 +1,78 @@
+"""wdsfilter.loader: DataLoader batches, worker splitting, misconfiguration errors, worker stats."""
+import pytest
+import torch
+
+import wdsfilter
+from shardkit import image_bytes, image_text_members, write_shard
+from wdsfilter import ConfigError
+
+
+def to_tensor(img):
+    return torch.from_numpy(__import__("numpy").asarray(img.resize((16, 16)), dtype="float32")).permute(2, 0, 1)
+
+
+@pytest.fixture
+def shards(tmp_path):
+    return [write_shard(tmp_path / f"s{i}.tar", image_text_members(10, start=100 * i)) for i in range(4)]
+
+
+def test_batches_of_tensors_and_captions(shards):
+    loader = wdsfilter.loader(shards, batch_size=8, transform=to_tensor)
+    batches = list(loader)
+    assert sum(len(b[1]) for b in batches) == 40
+    images, captions = batches[0]
+    assert images.shape == (8, 3, 16, 16) and isinstance(captions[0], str)
+
+
+def test_tokenizer_rows_are_unbatched(shards):
+    def tokenizer(text):  # open_clip style: [1, context] for one string
+        return torch.tensor([[len(text), 1, 2]])
+    images, tokens = next(iter(wdsfilter.loader(shards, batch_size=4, transform=to_tensor, tokenizer=tokenizer)))
+    assert tokens.shape == (4, 3)
+
+
+def test_fewer_shards_than_readers_is_a_config_error(shards):
+    with pytest.raises(ConfigError, match="4 shard\\(s\\) for 2 rank\\(s\\) x 3 worker\\(s\\) = 6 readers"):
+        wdsfilter.loader(shards, num_workers=3, world_size=2)
+    wdsfilter.loader(shards, num_workers=3, world_size=2, resampled=True, epoch_samples=16)  # fine
+
+
+def test_worker_stats_are_merged_in_the_parent(tmp_path):
+    members = image_text_members(3) + [("bad.jpg", b"not an image"), ("bad.txt", "x"), ("nocap.jpg", image_bytes())]
+    a = write_shard(tmp_path / "a.tar", members)
+    b = write_shard(tmp_path / "b.tar", image_text_members(3, start=10) + [("z.jpg", b""), ("z.txt", "z")])
+    loader = wdsfilter.loader([a, b], batch_size=2, num_workers=2, transform=to_tensor)
+    assert sum(len(c) for _, c in loader) == 6
+    stats = loader.stats
+    assert stats.samples_out == 6 and stats.samples_read == 9
+    assert stats.dropped == {"corrupt_image": 1, "missing_caption": 1, "missing_image": 1}
+    assert stats.by_shard[a]["corrupt_image"] == 1 and stats.by_shard[b]["missing_image"] == 1
+    assert stats.notes["empty_member"] == 1
+
+
+def test_token_config_and_size_guard_survive_spawn_workers(tmp_path):
+    big = __import__("io").BytesIO()
+    __import__("PIL.Image").Image.new("1", (3000, 3000)).save(big, "PNG")
+    members = [("0.jpg", image_bytes()), ("0.txt", "<image> a red square"),
+               ("1.png", big.getvalue()), ("1.txt", "<image> huge")]
+    urls = [write_shard(tmp_path / f"t{i}.tar", members) for i in range(2)]
+    loader = wdsfilter.loader(urls, batch_size=4, num_workers=2, multiprocessing_context="spawn",
+                              image_token="<__dj__image>", max_pixels=1_000_000, output="dict")
+    samples = [s for batch in loader for s in batch]
+    assert [s["caption"] for s in samples] == ["<__dj__image> a red square"] * 2
+    assert loader.stats.dropped == {"oversized_image": 2}
+    assert loader.stats.notes["foreign_image_token"] == 4  # counted before the guard drops two
+
+
+def test_epoch_samples_sets_length(shards):
+    loader = wdsfilter.loader(shards, batch_size=4, num_workers=2, resampled=True, epoch_samples=20,
+                              transform=to_tensor)
+    assert len(loader) == 6  # ceil(20 / 4) = 5 batches, ceil(5 / 2) = 3 per worker
+    assert len(list(loader)) == 6
+
+
+def test_options_and_config_are_exclusive(shards):
+    with pytest.raises(ConfigError, match="either config"):
+        wdsfilter.loader(shards, config=wdsfilter.StageConfig(), caption_key="txt")
+    with pytest.raises(ConfigError, match="unknown loader option"):
+        wdsfilter.loader(shards, caption_keys="txt")
