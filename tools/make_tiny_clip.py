@@ -1,0 +1,226 @@
+"""Build a tiny CLIP model offline: an open_clip ViT trained for a bounded time on the sample shards.
+
+    python tools/make_tiny_clip.py                       # -> models/tiny-clip/ (about a minute on 2 cores)
+    python tools/make_tiny_clip.py --seconds 20 --out /tmp/tiny-clip
+    python tools/make_tiny_clip.py --steps 600           # a fixed number of steps: the same model every run
+
+The output folder is open_clip's `local-dir:` layout (open_clip_config.json + open_clip_model.safetensors):
+
+    model, _, preprocess = open_clip.create_model_and_transforms("local-dir:models/tiny-clip")
+    tokenizer = open_clip.get_tokenizer("local-dir:models/tiny-clip")
+
+or by model name + checkpoint, after registering the architecture that the folder also holds:
+
+    open_clip.add_model_config("models/tiny-clip")      # registers "wdsfilter-tiny-clip"
+    open_clip.create_model_and_transforms("wdsfilter-tiny-clip",
+                                          pretrained="models/tiny-clip/open_clip_model.safetensors")
+
+Why it exists: real CLIP weights need a download, and tests and the README's main job must run on a
+machine without network. The model learns colours and shapes from the shards' own captions and
+nothing else: its scores mean something on these shards only.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import hashlib
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import sys
+import time
+from typing import List, Optional, Sequence
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODEL_NAME = "wdsfilter-tiny-clip"
+DEFAULT_OUT = os.path.join(REPO, "models", "tiny-clip")
+# Captions are in .txt in the img2dataset-style shards and in json "description" in the other one.
+CAPTION_KEY = "txt;json:description"
+DEFAULT_SHARDS = ("sample_shards/images-*.tar", "sample_shards/json-captions-*.tar")
+WEIGHTS_FILE = "open_clip_model.safetensors"
+CONFIG_FILE = "open_clip_config.json"
+
+# A ViT small enough to train on a CPU in a minute; the text tower keeps open_clip's default BPE
+# tokenizer (vocabulary 49408), so open_clip.get_tokenizer works on the folder unchanged.
+MODEL_CFG = {
+    "embed_dim": 64,
+    "vision_cfg": {"image_size": 64, "patch_size": 16, "width": 64, "head_width": 32, "layers": 2, "mlp_ratio": 2.0},
+    "text_cfg": {"context_length": 32, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 2, "mlp_ratio": 2.0},
+}
+PREPROCESS_CFG = {
+    "size": 64, "mode": "RGB", "mean": [0.48145466, 0.4578275, 0.40821073],
+    "std": [0.26862954, 0.26130258, 0.27577711], "interpolation": "bicubic", "resize_mode": "shortest",
+}
+
+
+def source_hash() -> str:
+    """Hash of this file: a cached model is reused only if it was built by the same code."""
+    with open(os.path.abspath(__file__), "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()[:16]
+
+
+def find_shards(patterns: Sequence[str]) -> List[str]:
+    shards = []
+    for pattern in patterns:
+        pattern = pattern if os.path.isabs(pattern) else os.path.join(REPO, pattern)
+        shards.extend(sorted(glob.glob(pattern)) if any(c in pattern for c in "*?[") else [pattern])
+    shards = [s for s in shards if os.path.isfile(s)]
+    if not shards:
+        from wdsfilter.errors import ConfigError
+        raise ConfigError(f"no shards found for {list(patterns)}; generate the sample shards first "
+                          f"(python tools/make_sample_shards.py) or pass --shards")
+    return shards
+
+
+def write_config(folder: str, info: Optional[dict] = None) -> None:
+    """open_clip's local-dir config, plus a plain model config for open_clip.add_model_config.
+    The "wdsfilter" entry marks the model as the tiny one (open_clip ignores unknown keys)."""
+    os.makedirs(folder, exist_ok=True)
+    config = {"model_cfg": MODEL_CFG, "preprocess_cfg": PREPROCESS_CFG}
+    if info is not None:
+        config["wdsfilter"] = info
+    with open(os.path.join(folder, CONFIG_FILE), "w") as f:
+        json.dump(config, f, indent=2)
+    with open(os.path.join(folder, MODEL_NAME + ".json"), "w") as f:
+        json.dump(MODEL_CFG, f, indent=2)
+
+
+def load_samples(shards: Sequence[str], preprocess, tokenizer, batch_size: int = 64):
+    """Read every sample once through wdsfilter.loader; the tensors are kept in memory and reused
+    each epoch (decoding the same JPEGs again every epoch would take most of the time budget)."""
+    import torch
+    import wdsfilter
+
+    loader = wdsfilter.loader(list(shards), caption_key=CAPTION_KEY, transform=preprocess,
+                              tokenizer=tokenizer, batch_size=batch_size, num_workers=0)
+    images, tokens = [], []
+    for batch_images, batch_tokens in loader:
+        images.append(batch_images)
+        tokens.append(batch_tokens)
+    if not images:
+        from wdsfilter.errors import ConfigError
+        raise ConfigError(f"no sample came out of {list(shards)}:\n{loader.stats.summary()}")
+    return torch.cat(images), torch.cat(tokens), loader.stats
+
+
+def train(model, images, tokens, *, steps: Optional[int], seconds: float, batch_size: int, lr: float, seed: int,
+          log_every: int = 100):
+    """Contrastive training on in-memory tensors until `steps` (if given) or `seconds` run out.
+    Returns (steps done, mean loss of the last 20 steps, first loss)."""
+    import torch
+    from open_clip.loss import ClipLoss
+
+    generator = torch.Generator().manual_seed(seed)
+    loss_fn = ClipLoss()
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embedding" not in n]
+    no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embedding" not in n)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=lr, betas=(0.9, 0.98), eps=1e-6)
+    n = len(images)
+    batch_size = min(batch_size, n)
+    model.train()
+    start = time.monotonic()
+    step, order, pos, recent, first = 0, torch.randperm(n, generator=generator), 0, [], None
+    while True:
+        elapsed = time.monotonic() - start
+        progress = step / steps if steps else elapsed / seconds
+        if progress >= 1.0:
+            break
+        warmup = min(1.0, (step + 1) / 50)
+        for group in opt.param_groups:  # warm up, then cosine decay over the budget
+            group["lr"] = lr * warmup * 0.5 * (1 + math.cos(math.pi * progress))
+        if pos + batch_size > n:
+            order, pos = torch.randperm(n, generator=generator), 0
+        idx = order[pos:pos + batch_size]
+        pos += batch_size
+        image_features, text_features, logit_scale = model(images[idx], tokens[idx])
+        loss = loss_fn(image_features, text_features, logit_scale)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        with torch.no_grad():
+            model.logit_scale.clamp_(0, math.log(100))
+        value = loss.item()
+        first = value if first is None else first
+        recent = (recent + [value])[-20:]
+        step += 1
+        if log_every and step % log_every == 0:
+            print(f"step {step}: loss {sum(recent) / len(recent):.3f} ({time.monotonic() - start:.0f}s)", flush=True)
+    model.eval()
+    return step, sum(recent) / max(len(recent), 1), first
+
+
+def build(out: str = DEFAULT_OUT, shards: Sequence[str] = DEFAULT_SHARDS, *, seconds: float = 60.0,
+          steps: Optional[int] = None, seed: int = 0, batch_size: int = 64, lr: float = 2e-3,
+          threads: int = 2, quiet: bool = False) -> dict:
+    """Train the tiny model and save it to `out` (replaced atomically). Returns the training info."""
+    import torch
+    import open_clip
+    from safetensors.torch import save_file
+
+    torch.manual_seed(seed)
+    random.seed(seed)
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    shard_paths = find_shards(shards)
+    out = os.path.abspath(out)
+    staging = f"{out}.tmp-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        write_config(staging)  # config only: open_clip builds the architecture, randomly initialised
+        spec = "local-dir:" + staging
+        logging.disable(logging.WARNING)  # open_clip warns "no weights found": expected here
+        try:
+            model, _, preprocess = open_clip.create_model_and_transforms(spec)
+        finally:
+            logging.disable(logging.NOTSET)
+        tokenizer = open_clip.get_tokenizer(spec)
+        t0 = time.monotonic()
+        images, tokens, stats = load_samples(shard_paths, preprocess, tokenizer)
+        read_s = time.monotonic() - t0
+        if not quiet:
+            print(f"read {len(images)} samples from {len(shard_paths)} shard(s) in {read_s:.1f}s", flush=True)
+        done, loss, first = train(model, images, tokens, steps=steps, seconds=seconds, batch_size=batch_size,
+                                  lr=lr, seed=seed, log_every=0 if quiet else 100)
+        info = {"tiny": True, "trained_on": [os.path.relpath(s, REPO) if s.startswith(REPO) else s for s in shard_paths],
+                "caption_key": CAPTION_KEY, "samples": len(images), "steps": done, "seed": seed,
+                "first_loss": round(first, 4), "final_loss": round(loss, 4), "source_hash": source_hash(),
+                "train_seconds": round(time.monotonic() - t0 - read_s, 1)}
+        write_config(staging, info)
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, os.path.join(staging, WEIGHTS_FILE))
+        if os.path.isdir(out):
+            shutil.rmtree(out)
+        os.replace(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        torch.set_num_threads(previous_threads)
+    if not quiet:
+        shown = os.path.relpath(out) if out.startswith(os.getcwd() + os.sep) else out
+        print(f"saved {shown} ({done} steps, loss {info['first_loss']:.3f} -> {info['final_loss']:.3f}); "
+              f"load it with open_clip.create_model_and_transforms('local-dir:{shown}')")
+    return info
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default=DEFAULT_OUT, help="output folder (open_clip local-dir layout)")
+    parser.add_argument("--shards", nargs="+", default=list(DEFAULT_SHARDS),
+                        help="shards to train on (paths or globs, relative to the repository)")
+    parser.add_argument("--seconds", type=float, default=60.0, help="training time budget (ignored with --steps)")
+    parser.add_argument("--steps", type=int, default=None, help="train exactly this many steps (reproducible)")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    args = parser.parse_args(argv)
+    build(args.out, args.shards, seconds=args.seconds, steps=args.steps, seed=args.seed,
+          batch_size=args.batch_size, lr=args.lr, threads=args.threads)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, REPO)  # run as a script from anywhere: the repository's wdsfilter is importable
+    sys.exit(main())
