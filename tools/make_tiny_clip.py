@@ -155,8 +155,9 @@ def train(model, images, tokens, *, steps: Optional[int], seconds: float, batch_
 
 def build(out: str = DEFAULT_OUT, shards: Sequence[str] = DEFAULT_SHARDS, *, seconds: float = 60.0,
           steps: Optional[int] = None, seed: int = 0, batch_size: int = 64, lr: float = 2e-3,
-          threads: int = 2, quiet: bool = False) -> dict:
-    """Train the tiny model and save it to `out` (replaced atomically). Returns the training info."""
+          threads: int = 2, quiet: bool = False, replace: bool = True) -> dict:
+    """Train the tiny model and save it to `out`, atomically. With replace=False an `out` that
+    already exists (another process built the same model meanwhile) is kept. Returns the training info."""
     import torch
     import open_clip
     from safetensors.torch import save_file
@@ -191,9 +192,13 @@ def build(out: str = DEFAULT_OUT, shards: Sequence[str] = DEFAULT_SHARDS, *, sec
                 "train_seconds": round(time.monotonic() - t0 - read_s, 1)}
         write_config(staging, info)
         save_file({k: v.contiguous() for k, v in model.state_dict().items()}, os.path.join(staging, WEIGHTS_FILE))
-        if os.path.isdir(out):
+        if replace and os.path.isdir(out):
             shutil.rmtree(out)
-        os.replace(staging, out)
+        try:
+            os.replace(staging, out)
+        except OSError:
+            if replace or not os.path.isdir(out):
+                raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         torch.set_num_threads(previous_threads)

@@ -1,0 +1,46 @@
+"""Shared fixtures. `tiny_clip`: a tiny open_clip model trained on the sample shards, built once."""
+import hashlib
+import os
+import shutil
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:  # `tools` must import under plain `pytest` too, not only `python -m pytest`
+    sys.path.insert(0, REPO)
+
+# Enough steps that matched captions clearly outscore mismatched ones (tests/test_clip_scorer.py).
+TINY_CLIP_STEPS = 400
+
+
+def _digest(paths) -> str:
+    h = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            h.update(hashlib.sha256(f.read()).digest())
+    return h.hexdigest()[:12]
+
+
+@pytest.fixture(scope="session")
+def tiny_clip(tmp_path_factory) -> str:
+    """Folder of a tiny open_clip model in open_clip's local-dir layout (use "local-dir:" + path),
+    trained by tools/make_tiny_clip.py on the sample shards with a fixed number of steps and seed.
+    Training takes a while on a CPU, so the folder is cached in models/.cache/ (gitignored), keyed
+    by the tool's source and the shards' content: a run pays once, later runs reuse it."""
+    from tools import make_tiny_clip as tool
+
+    shards = tool.find_shards(tool.DEFAULT_SHARDS)
+    key = f"{tool.source_hash()}-{_digest(shards)}-{TINY_CLIP_STEPS}"
+    cache = os.path.join(REPO, "models", ".cache")
+    try:
+        os.makedirs(cache, exist_ok=True)
+    except OSError:
+        pass
+    if not os.access(cache, os.W_OK):
+        cache = str(tmp_path_factory.mktemp("tiny-clip"))
+    out = os.path.join(cache, "tiny-clip-" + key)
+    if not os.path.isfile(os.path.join(out, tool.WEIGHTS_FILE)):
+        shutil.rmtree(out, ignore_errors=True)  # a folder without weights is left from an older layout
+        tool.build(out, shards, steps=TINY_CLIP_STEPS, threads=2, quiet=True, replace=False)
+    return out
