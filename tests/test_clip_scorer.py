@@ -136,6 +136,16 @@ def test_pickle_round_trip_before_load(tiny_clip, samples):
     assert -1 <= clone.score_batch([again])[0]["clip_score"] <= 1
 
 
+def test_low_precision_autocast_stays_close_to_fp32(scorer, tiny_clip, samples):
+    prepared = [scorer.prepare(s) for s in samples[:32]]
+    fp32 = torch.tensor([r["clip_score"] for r in scorer.score_batch(prepared)])
+    bf16 = ClipScorer("local-dir:" + tiny_clip, precision="bf16")
+    bf16.load("cpu")  # CPU autocast supports bf16; on CUDA "auto" picks it where supported
+    diff = (torch.tensor([r["clip_score"] for r in bf16.score_batch(prepared)]) - fp32).abs().max().item()
+    assert 0 < diff < 2e-2  # autocast really ran, and the cosine stays usable
+    assert "precision=bf16" in bf16.describe()
+
+
 def test_describe_names_model_weights_device_and_tiny_caveat(scorer, tiny_clip):
     text = scorer.describe()
     assert "local-dir:" + tiny_clip in text and "open_clip_model.safetensors" in text

@@ -43,12 +43,12 @@ class ClipScorer(Scorer):
         cfg = config or StageConfig()
         self.cleaner = CaptionCleaner(cfg.image_token, "strip", cfg.known_image_tokens, cfg.extra_tokens)
         self.source = ClipSource.resolve(model, pretrained, cache_dir)  # raises ConfigError at once
-        self.source.tokenizer()  # a tokenizer that cannot be built fails here, not in every worker
         self.device: Optional[str] = None
         self.autocast_dtype = None
         self._model = None
         self._transform = None
-        self._tokenizer = None
+        # Built here so a tokenizer that cannot be built fails at once, not in every worker.
+        self._tokenizer = self.source.tokenizer()
 
     # Workers get the small config; transform, tokenizer and model are rebuilt where they are used.
     def __getstate__(self):
@@ -67,6 +67,7 @@ class ClipScorer(Scorer):
     def prepare(self, sample: Dict[str, Any]) -> Dict[str, Any]:
         if self._transform is None:
             self._transform = self.source.image_transform()
+        if self._tokenizer is None:
             self._tokenizer = self.source.tokenizer()
         image = sample.get("image")
         if image is None:
