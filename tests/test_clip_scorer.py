@@ -171,6 +171,9 @@ def test_missing_checkpoint_or_folder_is_a_config_error_with_advice(tiny_clip, t
         ClipScorer("local-dir:" + tiny_clip, pretrained="laion2b_s34b_b79k")
     with pytest.raises(ConfigError, match="is a folder"):
         ClipScorer("ViT-B-32", pretrained=tiny_clip)
+    with pytest.raises(ConfigError, match="is not a model folder") as e:  # forgot to build it
+        ClipScorer(str(tmp_path / "tiny-clip"))
+    assert all(a in str(e.value) for a in ADVICE)
 
 
 def test_unknown_model_or_tag_is_a_config_error():
@@ -178,6 +181,8 @@ def test_unknown_model_or_tag_is_a_config_error():
         ClipScorer("ViT-B-33")
     assert "unknown CLIP model 'ViT-B-33'" in str(e.value) and "open_clip.list_models()" in str(e.value)
     assert "did you mean" in str(e.value)
+    with pytest.raises(ConfigError, match="hf-hub:laion/CLIP-ViT-B-32-laion2B-s34B-b79K"):
+        ClipScorer("laion/CLIP-ViT-B-32-laion2B-s34B-b79K")
     with pytest.raises(ConfigError, match="neither a pretrained tag of ViT-B-32 nor a file.*laion2b_s34b_b79k"):
         ClipScorer("ViT-B-32", pretrained="laion9b")
     with pytest.raises(ConfigError, match="precision"):

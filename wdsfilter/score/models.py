@@ -136,9 +136,12 @@ class ClipSource:
         name = model.replace("/", "-")  # open_clip's own spelling rule (ViT-B/32 -> ViT-B-32)
         model_cfg = open_clip.get_model_config(name)
         if model_cfg is None:
+            if os.path.exists(model) or model.startswith((".", os.sep, "~")):
+                raise ConfigError(f"model {model!r} is not a model folder (no {CONFIG_FILE} in it). {OFFLINE_ADVICE}")
             close = difflib.get_close_matches(name, open_clip.list_models(), n=3)
+            hub = f" A Hugging Face Hub repo is passed as hf-hub:{model}." if model.count("/") == 1 else ""
             raise ConfigError(f"unknown CLIP model {model!r}" + (f" (did you mean {', '.join(close)}?)" if close else "")
-                              + f". {NAMES_ADVICE}. A model of your own: --model local-dir:PATH.")
+                              + f". {NAMES_ADVICE}. A model of your own: --model local-dir:PATH.{hub}")
         tags = open_clip.list_pretrained_tags_by_model(name)
         if pretrained in (None, ""):
             if not tags:
