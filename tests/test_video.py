@@ -1,0 +1,172 @@
+"""Frame sampling with PyAV (wdsfilter/score/video.py) on videos encoded here, in every container
+the scorers accept, and on broken ones. Frames carry their index as a grey level, so a test can
+tell which frame the sampler really returned."""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+av = pytest.importorskip("av")
+
+from wdsfilter.errors import DataError  # noqa: E402
+from wdsfilter.score.video import sample_frames  # noqa: E402
+
+# -- media builders (also used by the OCR tests) ---------------------------------------------------
+
+
+def text_frame(text="BIG SALE", width=320, height=240, size=36, xy=(15, 90), bg=(255, 255, 255), fg=(0, 0, 0)):
+    """An RGB frame with real rendered text (PIL's default font at a real size)."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    im = Image.new("RGB", (width, height), bg)
+    ImageDraw.Draw(im).text(xy, text, fill=fg, font=ImageFont.load_default(size=size))
+    return np.asarray(im)
+
+
+def grey_frame(level, width=160, height=120):
+    return np.full((height, width, 3), level, np.uint8)
+
+
+def make_video(frames, fps=8, codec="libx264", fmt="mp4", gop=None) -> bytes:
+    buf = io.BytesIO()
+    with av.open(buf, "w", format=fmt) as container:
+        # No scene-cut keyframes: keyframes come exactly every `gop` frames (a grey level that
+        # changes every frame would otherwise make x264 insert its own).
+        options = {"x264-params": "scenecut=0"} if codec == "libx264" else {}
+        stream = container.add_stream(codec, rate=fps, options=options)
+        stream.height, stream.width = frames[0].shape[:2]
+        stream.pix_fmt = "yuv420p"
+        if gop:
+            stream.codec_context.gop_size = gop
+        for f in frames:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(f), format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return buf.getvalue()
+
+
+def audio_only_mp4() -> bytes:
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="mp4") as container:
+        stream = container.add_stream("aac", rate=16000)
+        for i in range(8):
+            frame = av.AudioFrame.from_ndarray(np.zeros((1, 1024), np.float32), format="fltp", layout="mono")
+            frame.sample_rate, frame.pts = 16000, i * 1024
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return buf.getvalue()
+
+
+LEVEL_STEP, LEVELS = 12, 18
+
+
+def indexed_clip(n=16, fps=8, gop=None, codec="libx264", fmt="mp4") -> bytes:
+    """Frame i is uniformly grey at level 20 + 12 (i mod 18): the level read back names the frame."""
+    return make_video([grey_frame(20 + LEVEL_STEP * (i % LEVELS)) for i in range(n)], fps=fps, gop=gop,
+                      codec=codec, fmt=fmt)
+
+
+def frame_index(frame: np.ndarray) -> int:
+    """The frame's index modulo 18."""
+    return int(round((float(frame.mean()) - 20) / LEVEL_STEP))
+
+
+# -- tests -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("codec,fmt", [
+    ("libx264", "mp4"), ("libvpx", "webm"), ("libx264", "matroska"), ("mpeg4", "avi"), ("libx264", "mov"),
+    ("libx264", "avi"),     # B-frames in AVI: decode-order timestamps, timed by frame index instead
+    ("libx264", "mpegts"),  # byte-based seeking finds nothing: decoded from the start instead
+    ("libx264", "h264"),    # raw elementary stream: no duration, no timestamps
+])
+def test_uniform_frames_are_the_middles_of_equal_slices_in_every_container(codec, fmt):
+    clip = indexed_clip(codec=codec, fmt=fmt)  # 16 frames at 8 fps: 2 s
+    got = sample_frames(clip, 4)
+    assert got.frames.shape == (4, 120, 160, 3) and got.frames.dtype == np.uint8
+    # Targets 0.25, 0.75, 1.25, 1.75 s are exactly frames 2, 6, 10, 14.
+    assert [frame_index(f) for f in got.frames] == [2, 6, 10, 14]
+    if fmt not in ("mpegts", "h264"):  # (TS starts its clock late; raw H.264 guesses 25 fps)
+        assert got.times == pytest.approx([0.25, 0.75, 1.25, 1.75], abs=1e-3)
+
+
+def test_long_clip_seeks_instead_of_decoding_everything():
+    clip = indexed_clip(n=240, fps=8, gop=8)  # 30 s, a keyframe every second
+    seeked = sample_frames(clip, 4)
+    linear = sample_frames(clip, 4, seek=False)
+    # Same frames either way (targets 3.75, 11.25, 18.75, 26.25 s -> frames 30, 90, 150, 210) ...
+    assert [frame_index(f) for f in seeked.frames] == [i % LEVELS for i in (30, 90, 150, 210)]
+    assert np.array_equal(seeked.frames, linear.frames)
+    # ... but seeking decodes a few frames per target, not the 211 up to the last one.
+    assert seeked.seeks == 4 and linear.seeks == 0
+    assert seeked.decoded <= 4 * 8 < linear.decoded
+
+
+def test_close_targets_decode_on_instead_of_seeking_again():
+    got = sample_frames(indexed_clip(), 3, seek_gap=1.0)  # 2 s clip: targets 0.67 s apart
+    assert got.seeks == 1
+
+
+def test_keyframes_mode_decodes_only_keyframes():
+    clip = indexed_clip(n=240, fps=8, gop=8)
+    got = sample_frames(clip, 3, keyframes=True)
+    assert got.decoded == 3 and len(got.frames) == 3
+    # Keyframes are every 8th frame; 30 of them, picked at the middles of 3 slices: 5, 15, 25.
+    assert [t for t in got.times] == pytest.approx([5.0, 15.0, 25.0])
+    assert [frame_index(f) for f in got.frames] == [i % LEVELS for i in (40, 120, 200)]
+
+
+def test_keyframes_mode_with_fewer_keyframes_than_asked_returns_them_all():
+    got = sample_frames(indexed_clip(), 5, keyframes=True)  # one keyframe in a 2 s x264 clip
+    assert len(got.frames) == 1 and frame_index(got.frames[0]) == 0
+
+
+def test_frames_are_scaled_to_max_side_while_converting():
+    clip = make_video([text_frame(width=640, height=480)] * 4)
+    assert sample_frames(clip, 2, max_side=320).frames.shape == (2, 240, 320, 3)
+    assert sample_frames(clip, 2, max_side=None).frames.shape == (2, 480, 640, 3)
+
+
+def test_more_frames_than_the_clip_has_repeats_the_nearest():
+    got = sample_frames(indexed_clip(n=4), 8)
+    assert len(got.frames) == 8
+    assert sorted(set(frame_index(f) for f in got.frames)) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("name,data,reason", [
+    ("garbage", b"\x00\x01not a video" * 300, "corrupt_video"),
+    ("empty", b"", "corrupt_video"),
+    ("audio-only", None, "no_video_stream"),
+])
+def test_broken_videos_raise_data_errors_naming_the_sample(name, data, reason):
+    data = audio_only_mp4() if data is None else data
+    with pytest.raises(DataError) as e:
+        sample_frames(data, 3, what=f"sample {name}.mp4 of shard x.tar")
+    assert e.value.reason == reason
+    assert f"sample {name}.mp4 of shard x.tar" in str(e.value)
+
+
+def test_truncated_and_damaged_videos_are_corrupt_not_a_crash():
+    clip = indexed_clip()
+    for data in (clip[: len(clip) // 2], clip[:1500] + bytes(600) + clip[2100:]):
+        with pytest.raises(DataError) as e:
+            sample_frames(data, 3)
+        assert e.value.reason == "corrupt_video"
+
+
+def test_frames_over_max_pixels_are_refused_before_decoding():
+    clip = make_video([grey_frame(100, 640, 480)] * 2)
+    with pytest.raises(DataError) as e:
+        sample_frames(clip, 1, max_pixels=640 * 480 - 1)
+    assert e.value.reason == "video_too_large"
+    assert len(sample_frames(clip, 1, max_pixels=640 * 480).frames) == 1
+
+
+def test_rejects_zero_frames():
+    with pytest.raises(ValueError):
+        sample_frames(indexed_clip(), 0)

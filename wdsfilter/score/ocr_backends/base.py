@@ -1,0 +1,106 @@
+"""The interface of a text detector backend: boxes and polygons on a batch of frames, on a device.
+
+A backend object is a small picklable config until `load(device)`: the scorer carries it into
+DataLoader workers (where only `preprocess`-free work happens) and the model worker loads it.
+Recognition is never run: the OCR scorer only needs where text is, not what it says.
+"""
+from __future__ import annotations
+
+import abc
+import importlib
+import time
+from contextlib import contextmanager
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from ...errors import ConfigError
+
+# name -> "module:Class" (imported when used: each pulls its own heavy dependency)
+BACKENDS = {
+    "easyocr": "wdsfilter.score.ocr_backends.easyocr_backend:EasyOcrBackend",
+    "rapidocr": "wdsfilter.score.ocr_backends.rapidocr_backend:RapidOcrBackend",
+}
+
+# Polygons of one frame: a list of (K, 2) float arrays of x, y pixel coordinates of that frame.
+Polygons = List[np.ndarray]
+
+
+class DetectorBackend(abc.ABC):
+    """Subclasses are dataclasses of their options; see easyocr_backend.py and rapidocr_backend.py."""
+
+    name: str = ""
+
+    def __post_init__(self):
+        self.device: Optional[str] = None
+        self._model = None
+        self.timings: Dict[str, float] = {"preprocess": 0.0, "forward": 0.0, "postprocess": 0.0}
+
+    # -- what the memory planner reads before loading -------------------------------------------
+    @abc.abstractmethod
+    def weights_path(self) -> str:
+        """The detector's weights file (it may not exist yet where downloads are allowed)."""
+
+    @abc.abstractmethod
+    def footprint_bytes(self, frames: int, height: int, width: int, device: str = "cuda") -> int:
+        """An estimate of the device memory (weights + activations) one batch of `frames` frames
+        of height x width takes; 0 when the backend would not use that device's memory. The
+        planner measures the real footprint when it loads; this sizes the first plan."""
+
+    # -- model worker ---------------------------------------------------------------------------
+    @abc.abstractmethod
+    def load(self, device: str) -> None:
+        """Load the detector onto `device` ("cpu", "cuda:1", ...) and only that device."""
+
+    @abc.abstractmethod
+    def detect(self, frames: np.ndarray) -> List[Polygons]:
+        """frames: (B, H, W, 3) uint8 RGB of one size. Returns, per frame, its text polygons in
+        that frame's pixel coordinates. Adds its time to self.timings (preprocess = resizing and
+        normalising, forward = the network, postprocess = turning score maps into polygons)."""
+
+    def unload(self) -> None:
+        self._model = None
+        self.device = None
+
+    def describe(self) -> str:
+        return f"{self.name} ({self.weights_path()}) on {self.device or 'not loaded'}"
+
+    # -- helpers --------------------------------------------------------------------------------
+    def __getstate__(self):
+        # Pickle the options only: a loaded model never travels to DataLoader workers.
+        state = dict(self.__dict__)
+        state["_model"] = None
+        state["device"] = None
+        return state
+
+    @contextmanager
+    def _timed(self, stage: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[stage] += time.perf_counter() - t0
+
+    def reset_timings(self) -> Dict[str, float]:
+        out = dict(self.timings)
+        for k in self.timings:
+            self.timings[k] = 0.0
+        return out
+
+
+def parse_device(device: str) -> Tuple[str, int]:
+    """"cuda:1" -> ("cuda", 1); "cuda" -> ("cuda", 0); "cpu" -> ("cpu", 0)."""
+    kind, _, index = str(device).partition(":")
+    try:
+        return kind, int(index) if index else 0
+    except ValueError:
+        raise ConfigError(f"bad device {device!r}; expected e.g. 'cpu', 'cuda', 'cuda:1'") from None
+
+
+def make_backend(name: str, **options) -> DetectorBackend:
+    try:
+        target = BACKENDS[name]
+    except KeyError:
+        raise ConfigError(f"unknown OCR backend {name!r}; available: {', '.join(sorted(BACKENDS))}") from None
+    module, cls = target.split(":")
+    return getattr(importlib.import_module(module), cls)(**options)

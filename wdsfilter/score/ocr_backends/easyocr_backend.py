@@ -1,0 +1,165 @@
+"""EasyOCR's CRAFT text detector, detector only, on exactly one device.
+
+easyocr.Reader is not used: it always builds a recogniser unless told not to, moves the detector
+into torch.nn.DataParallel on CUDA (which spreads every batch over all visible GPUs, so a model
+worker meant for cuda:1 would also allocate on cuda:0 and the memory plan would be wrong), and
+cannot take a checkpoint whose MD5 differs from the release (a fine-tuned CRAFT). We load through
+easyocr's own code instead: `easyocr.detection.get_detector` with device="cpu" (easyocr's
+torch.load + copyStateDict, no DataParallel on that path), then move the bare CRAFT module to the
+worker's device ourselves. Pre- and post-processing are easyocr's own functions (resize_aspect_ratio,
+normalizeMeanVariance, getDetBoxes, adjustResultCoordinates), run on a whole batch of frames.
+
+Weights: craft_mlt_25k.pth in `model_dir` (default: easyocr's, $EASYOCR_MODULE_PATH/model or
+~/.EasyOCR/model). With download=True a missing or damaged file is fetched by easyocr's own
+downloader; with download=False it must be there (copy it from a machine that has it).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import List, Optional
+
+import numpy as np
+
+from ...errors import ConfigError
+from .base import DetectorBackend, Polygons, parse_device
+
+log = logging.getLogger("wdsfilter")
+
+NETWORK = "craft"
+_PARAMS = 20_770_000  # CRAFT (VGG16-BN backbone + U-net head): 83 MB in float32
+# Peak memory per input pixel of one frame in float32 (CRAFT keeps the VGG feature maps of every
+# stage alive for its U-net skips): about 750 measured as the peak resident-memory growth of a CPU
+# forward pass at 736x1280 and 2x384x640 (tools/bench_ocr.py --memory), rounded up; half in fp16.
+_BYTES_PER_PIXEL = 800
+_CUDA_WORKSPACE = 256 << 20  # cuDNN convolution workspace and allocator slack
+
+
+def _easyocr_config():
+    try:
+        from easyocr import config
+    except ImportError as e:
+        raise ConfigError("the easyocr OCR backend needs easyocr: pip install easyocr "
+                          "(or use --ocr-backend rapidocr, whose weights ship in its wheel)") from e
+    return config
+
+
+@dataclass
+class EasyOcrBackend(DetectorBackend):
+    model_dir: Optional[str] = None   # None: easyocr's default model directory
+    download: bool = True             # fetch craft_mlt_25k.pth (about 80 MB) when missing
+    verify_checksum: bool = True      # False: accept a CRAFT checkpoint of your own (fine-tuned)
+    canvas_size: int = 2560           # easyocr's defaults below
+    mag_ratio: float = 1.0
+    text_threshold: float = 0.7
+    link_threshold: float = 0.4
+    low_text: float = 0.4
+    fp16: bool = False                # half precision on CUDA: half the activation memory
+    quantize: bool = True             # easyocr's CPU default (dynamic int8 where it applies)
+
+    name = "easyocr"
+
+    def model_directory(self) -> str:
+        if self.model_dir:
+            return os.path.expanduser(self.model_dir)
+        return os.path.join(_easyocr_config().MODULE_PATH, "model")
+
+    def weights_path(self) -> str:
+        filename = _easyocr_config().detection_models[NETWORK]["filename"]
+        return os.path.join(self.model_directory(), filename)
+
+    def _net_size(self, height: int, width: int):
+        """CRAFT's input size for a frame: easyocr's resize_aspect_ratio rule, padded to 32."""
+        target = min(self.mag_ratio * max(height, width), self.canvas_size)
+        ratio = target / max(height, width)
+        h, w = int(height * ratio), int(width * ratio)
+        return h + (-h % 32), w + (-w % 32)
+
+    def footprint_bytes(self, frames: int, height: int, width: int, device: str = "cuda") -> int:
+        kind, _ = parse_device(device)
+        half = self.fp16 and kind == "cuda"
+        h, w = self._net_size(height, width)
+        weights = _PARAMS * (2 if half else 4)
+        activations = frames * h * w * _BYTES_PER_PIXEL // (2 if half else 1)
+        return weights + activations + (_CUDA_WORKSPACE if kind == "cuda" else 0)
+
+    def _ensure_weights(self) -> str:
+        from easyocr.utils import calculate_md5, download_and_unzip
+
+        model = _easyocr_config().detection_models[NETWORK]
+        path = self.weights_path()
+        directory = os.path.dirname(path)
+        present = os.path.isfile(path)
+        damaged = present and self.verify_checksum and calculate_md5(path) != model["md5sum"]
+        if present and not damaged:
+            return path
+        if not self.download:
+            if damaged:
+                raise ConfigError(f"easyocr detector weights at {path} do not match the release checksum and downloads "
+                                  f"are off: delete the file and allow downloads, or pass verify_checksum=False "
+                                  f"if it is a CRAFT checkpoint of your own")
+            raise ConfigError(f"easyocr detector weights not found at {path} and downloads are off: copy "
+                              f"{model['filename']} there (from {model['url']}), allow downloads, or use "
+                              f"--ocr-backend rapidocr (its weights ship in its wheel)")
+        log.warning("downloading the easyocr CRAFT detector (%s) into %s", model["filename"], directory)
+        os.makedirs(directory, exist_ok=True)
+        if damaged:
+            os.remove(path)
+        download_and_unzip(model["url"], model["filename"], directory, verbose=False)
+        if calculate_md5(path) != model["md5sum"]:
+            raise ConfigError(f"the downloaded {path} does not match easyocr's checksum; try again or copy it by hand")
+        return path
+
+    def load(self, device: str) -> None:
+        import torch
+        from easyocr.detection import get_detector
+
+        kind, _ = parse_device(device)
+        path = self._ensure_weights()
+        # device="cpu": easyocr's loader without its DataParallel wrapping (see the module docstring).
+        net = get_detector(path, device="cpu", quantize=self.quantize and kind == "cpu")
+        if isinstance(net, torch.nn.DataParallel):  # other easyocr versions: unwrap all the same
+            net = net.module
+        if kind != "cpu":
+            net = net.to(device)
+            if self.fp16 and kind == "cuda":
+                net = net.half()
+        net.eval()
+        self._model = net
+        self.device = device
+
+    def describe(self) -> str:
+        return f"easyocr CRAFT detector ({self.weights_path()}) on {self.device or 'not loaded'}"
+
+    def detect(self, frames: np.ndarray) -> List[Polygons]:
+        import cv2
+        import torch
+        from easyocr.craft_utils import adjustResultCoordinates, getDetBoxes
+        from easyocr.imgproc import normalizeMeanVariance, resize_aspect_ratio
+
+        if self._model is None:
+            raise RuntimeError("EasyOcrBackend.detect called before load()")
+        frames = np.asarray(frames)
+        if frames.ndim != 4 or frames.shape[-1] != 3:
+            raise ValueError(f"frames must be (B, H, W, 3), got {frames.shape}")
+        with self._timed("preprocess"):
+            batch, ratio = [], 1.0
+            for f in frames:  # same size in, same size (and ratio) out
+                resized, ratio, _ = resize_aspect_ratio(f, self.canvas_size, interpolation=cv2.INTER_LINEAR,
+                                                        mag_ratio=self.mag_ratio)
+                batch.append(normalizeMeanVariance(resized))
+            x = torch.from_numpy(np.stack(batch)).permute(0, 3, 1, 2)
+        with self._timed("forward"):
+            param = next(self._model.parameters())
+            with torch.inference_mode():
+                y, _ = self._model(x.to(param.device, param.dtype))
+                y = y.float().cpu().numpy()  # (B, H/2, W/2, 2): text and link score maps
+        out = []
+        with self._timed("postprocess"):
+            for maps in y:
+                boxes, _, _ = getDetBoxes(maps[:, :, 0], maps[:, :, 1], self.text_threshold, self.link_threshold,
+                                          self.low_text, poly=False)
+                boxes = adjustResultCoordinates(boxes, 1 / ratio, 1 / ratio)
+                out.append([np.asarray(b, dtype=np.float64).reshape(-1, 2) for b in boxes])
+        return out

@@ -1,0 +1,213 @@
+"""OCR text area: the share of an image, or of sampled video frames, covered by detected text.
+
+    scorer = OcrScorer(backend="rapidocr", frames=3, frame_reduce="mean", max_area=0.2)
+    prepared = [scorer.prepare(sample) for sample in samples]   # DataLoader workers, CPU
+    scorer.load("cuda:0")
+    rows = scorer.score_batch(prepared)
+    # [{"ocr_area": 0.31, "ocr_area_frames": [0.3, 0.33, 0.3], "ocr_frames": 3, "ocr_keep": False}, ...]
+
+Only text detection runs (no recognition): where text is, not what it says. Per frame, the area
+is the union of the detected boxes and polygons (overlaps counted once, clipped to the frame)
+over the frame's area (wdsfilter/score/geometry.py), so it is in [0, 1] and does not depend on
+the frame's resolution; that is why frames can be scaled down to `max_side` first, which bounds
+the detector's memory. A video's per-frame ratios are reduced by mean, max or min ("max": drop a
+clip if any sampled frame is text-heavy; "min": only if all are, e.g. burned-in subtitles).
+
+Columns: ocr_area (reduced), ocr_area_frames (list of per-frame ratios; one element for an
+image), ocr_frames (frames scored), and ocr_keep (ocr_area <= max_area) when max_area is set, so
+a minimum threshold ocr_keep >= 1 filters like a maximum on ocr_area.
+"""
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from ...config import StageConfig
+from ...errors import ConfigError, DataError
+from ..geometry import AREA_METHODS, area_ratio
+from ..ocr_backends.base import BACKENDS, DetectorBackend, make_backend, parse_device
+from .base import Scorer
+
+FRAME_REDUCE = ("mean", "max", "min")
+_REDUCE = {"mean": np.mean, "max": np.max, "min": np.min}
+
+
+@dataclass
+class OcrInput:
+    """What prepare() hands the model worker: the frames of one sample and what decoding took."""
+
+    frames: np.ndarray          # (N, H, W, 3) uint8 RGB, one size
+    media: str                  # "image" or "video"
+    times: Tuple[float, ...] = ()   # frame timestamps in seconds (videos)
+    decode_seconds: float = 0.0     # time spent in prepare (video demux/decode/convert, image resize)
+
+
+@dataclass
+class OcrScorer(Scorer):
+    backend: str = "rapidocr"          # --ocr-backend: rapidocr (weights in its wheel) or easyocr
+    max_area: Optional[float] = None   # --max-ocr-area: adds the ocr_keep column
+    frames: int = 3                    # --frames: frames sampled per video
+    frame_reduce: str = "mean"         # --frame-reduce: mean, max or min over a video's frames
+    keyframes: bool = False            # --keyframes: sample keyframes only (no decode between them)
+    max_side: Optional[int] = 1280     # frames are scaled so their long side is at most this
+    area_method: str = "shapely"       # union area: "shapely" (exact) or "raster" (cv2.fillPoly)
+    model_dir: Optional[str] = None    # easyocr: where craft_mlt_25k.pth lives; rapidocr: the .onnx folder
+    download: bool = True              # easyocr: fetch the weights when missing
+    backend_options: Dict[str, Any] = field(default_factory=dict)  # any other backend option
+    config: Optional[StageConfig] = None  # the run's stage config (its max_pixels guards video frames)
+
+    name = "ocr"
+    media = ("image", "video")
+
+    def __post_init__(self):
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"unknown OCR backend {self.backend!r}; available: {', '.join(sorted(BACKENDS))}")
+        if self.frame_reduce not in FRAME_REDUCE:
+            raise ConfigError(f"frame_reduce must be one of {FRAME_REDUCE}, got {self.frame_reduce!r}")
+        if not isinstance(self.frames, int) or self.frames < 1:
+            raise ConfigError(f"frames must be an integer >= 1, got {self.frames!r}")
+        if self.max_area is not None and not 0 <= float(self.max_area) <= 1:
+            raise ConfigError(f"max_area is a share of the frame, in [0, 1]; got {self.max_area!r}")
+        if self.max_side is not None and self.max_side < 32:
+            raise ConfigError(f"max_side must be >= 32 (or None for no limit), got {self.max_side}")
+        if self.area_method not in AREA_METHODS:
+            raise ConfigError(f"area_method must be one of {AREA_METHODS}, got {self.area_method!r}")
+        options = dict(self.backend_options)
+        if self.backend == "easyocr":
+            options.setdefault("model_dir", self.model_dir)
+            options.setdefault("download", self.download)
+        elif self.model_dir:
+            import os
+            from ..ocr_backends.rapidocr_backend import DET_MODEL
+            options.setdefault("model_path", os.path.join(self.model_dir, DET_MODEL))
+        try:
+            self.detector: DetectorBackend = make_backend(self.backend, **options)
+        except TypeError as e:  # an option the backend does not have
+            raise ConfigError(f"OCR backend {self.backend!r}: {e}") from None
+        self.max_pixels = (self.config or StageConfig()).max_pixels
+        self._area_seconds = 0.0
+
+    def columns(self) -> List[str]:
+        cols = ["ocr_area", "ocr_area_frames", "ocr_frames"]
+        return cols + ["ocr_keep"] if self.max_area is not None else cols
+
+    # -- CPU side (DataLoader workers) ---------------------------------------------------------
+    def prepare(self, sample: Dict[str, Any]) -> OcrInput:
+        t0 = time.perf_counter()
+        if sample.get("video") is not None:
+            from ..video import sample_frames
+            what = _where(sample)
+            sampled = sample_frames(sample["video"], self.frames, keyframes=self.keyframes, max_side=self.max_side,
+                                    max_pixels=self.max_pixels, what=what)
+            return OcrInput(sampled.frames, "video", tuple(sampled.times), time.perf_counter() - t0)
+        image = sample.get("image")
+        if image is None:
+            raise DataError("missing_image", "the OCR scorer needs an image or a video (this sample has neither)")
+        frame = self._image_array(image)
+        return OcrInput(frame[None], "image", (), time.perf_counter() - t0)
+
+    def _image_array(self, image) -> np.ndarray:
+        from PIL import Image
+
+        if isinstance(image, (bytes, bytearray, memoryview)):  # an undecoded member: same guard as the stages
+            from ...images import decode_image
+            cfg = self.config or StageConfig()
+            image = decode_image(bytes(image), cfg.max_pixels, cfg.max_side, cfg.oversize, "RGB")
+        if isinstance(image, np.ndarray):
+            image = Image.fromarray(image)
+        if not isinstance(image, Image.Image):
+            raise DataError("corrupt_image", f"the OCR scorer cannot read an image of type {type(image).__name__}")
+        if image.mode != "RGB":
+            image = image.convert("RGB")
+        w, h = image.size
+        if self.max_side and max(w, h) > self.max_side:
+            # The area ratio is scale-free, so detecting on a smaller copy only bounds memory and time.
+            scale = self.max_side / max(w, h)
+            image = image.resize((max(1, round(w * scale)), max(1, round(h * scale))), Image.Resampling.BILINEAR,
+                                 reducing_gap=2.0)
+        return np.asarray(image, dtype=np.uint8)
+
+    def batch_key(self, prepared: OcrInput) -> Any:
+        # Frames of one size share a detector batch (the network input is the same shape).
+        return tuple(prepared.frames.shape[1:3])
+
+    # -- model side ----------------------------------------------------------------------------
+    def load(self, device: str) -> None:
+        self.detector.load(device)
+
+    def unload(self) -> None:
+        device = self.detector.device
+        self.detector.unload()
+        if device and str(device).startswith("cuda"):
+            import torch
+            torch.cuda.empty_cache()
+
+    def score_batch(self, inputs: List[OcrInput]) -> List[Dict[str, Any]]:
+        if self.detector.device is None:
+            raise RuntimeError("OcrScorer.score_batch called before load(device)")
+        # Every frame of every input, grouped by size: one detector call per size.
+        groups: Dict[Tuple[int, int], List[Tuple[int, int]]] = defaultdict(list)
+        for i, x in enumerate(inputs):
+            for j in range(len(x.frames)):
+                groups[tuple(x.frames.shape[1:3])].append((i, j))
+        ratios: List[List[float]] = [[0.0] * len(x.frames) for x in inputs]
+        for (h, w), where in groups.items():
+            batch = np.stack([inputs[i].frames[j] for i, j in where])
+            polygons = self.detector.detect(batch)
+            t0 = time.perf_counter()
+            for (i, j), polys in zip(where, polygons):
+                ratios[i][j] = area_ratio(polys, w, h, self.area_method)
+            self._area_seconds += time.perf_counter() - t0
+        return [self._row(r) for r in ratios]
+
+    def _row(self, frame_ratios: List[float]) -> Dict[str, Any]:
+        area = float(_REDUCE[self.frame_reduce](frame_ratios))
+        row = {"ocr_area": area, "ocr_area_frames": [float(r) for r in frame_ratios], "ocr_frames": len(frame_ratios)}
+        if self.max_area is not None:
+            row["ocr_keep"] = area <= self.max_area
+        return row
+
+    # -- reporting and planning ----------------------------------------------------------------
+    def timings(self, reset: bool = False) -> Dict[str, float]:
+        """Seconds spent in the model worker so far: preprocess (resize + normalise), forward
+        (the network), postprocess (score maps to polygons) and area (polygon union)."""
+        out = dict(self.detector.timings, area=self._area_seconds)
+        if reset:
+            self.detector.reset_timings()
+            self._area_seconds = 0.0
+        return out
+
+    def weights_path(self) -> str:
+        return self.detector.weights_path()
+
+    def footprint(self, device: str = "cuda") -> Dict[str, Any]:
+        """Hints for the memory planner (which measures the real numbers when the model loads):
+        the weights file, and an estimate of the device bytes a batch takes, for the worst frame
+        size prepare() can produce (max_side x max_side) and `frames` frames per sample (video)."""
+        side = self.max_side or 1280
+        frames = self.frames
+        fixed = self.detector.footprint_bytes(0, side, side, device)
+        per_sample = self.detector.footprint_bytes(frames, side, side, device) - fixed
+        return {"weights_path": self.weights_path(), "fixed_bytes": fixed, "per_sample_bytes": per_sample,
+                "frames_per_sample": frames, "frame_shape": (side, side)}
+
+    def memory_estimate(self, batch_size: int, device: str = "cuda") -> int:
+        """Estimated device bytes for a batch of `batch_size` samples (0 where the backend would
+        not use that device, e.g. rapidocr without onnxruntime's CUDA provider)."""
+        parse_device(device)
+        hints = self.footprint(device)
+        return hints["fixed_bytes"] + batch_size * hints["per_sample_bytes"]
+
+    def describe(self) -> str:
+        frames = f"{self.frames} {'keyframes' if self.keyframes else 'frames'}/video, reduce={self.frame_reduce}"
+        limit = f", max_area={self.max_area}" if self.max_area is not None else ""
+        return f"ocr: {self.detector.describe()}, {frames}, max_side={self.max_side}, area={self.area_method}{limit}"
+
+
+def _where(sample: Dict[str, Any]) -> str:
+    key, url, ext = sample.get("__key__", "?"), sample.get("__url__", ""), sample.get("__media_ext__", "video")
+    return f"sample {key}.{ext}" + (f" of shard {url}" if url else "")
