@@ -1,0 +1,161 @@
+"""Real, simple scorers and shard builders for the scoring-engine tests (no tests in this module).
+
+BrightnessScorer computes the mean luminance of each image with torch on its model device. It
+can also behave like a model on a simulated GPU: `sim` names a SimulatedDevice where load()
+allocates `model_bytes` and score_batch() allocates `bytes_per_sample` per sample (raising a real
+torch.cuda.OutOfMemoryError when that does not fit), and `oom_above` raises that error for any
+batch larger than N. Every scored key is appended to `log` (a file), so tests can check that no
+sample was scored twice, across processes too.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import torch
+from PIL import Image, ImageStat
+
+from shardkit import image_bytes, write_shard
+from wdsfilter.errors import DataError
+from wdsfilter.score.memory import SimulatedDevice
+from wdsfilter.score.scorers.base import Scorer
+
+torch.set_num_threads(1)
+
+LUMA = (0.299, 0.587, 0.114)
+
+
+class BrightnessScorer(Scorer):
+    name = "bright"
+
+    def __init__(self, size: int = 8, sim: str = "", sim_total: int = 0, model_bytes: int = 0,
+                 bytes_per_sample: int = 0, oom_above: int = 0, delay: float = 0.0, log: str = "",
+                 fail_word: str = "", memory_error_above: int = 0):
+        self.size = size
+        self.sim = sim
+        self.sim_total = sim_total
+        self.model_bytes = model_bytes
+        self.bytes_per_sample = bytes_per_sample
+        self.oom_above = oom_above
+        self.memory_error_above = memory_error_above
+        self.delay = delay
+        self.log = log
+        self.fail_word = fail_word
+        self._weights = None
+
+    def columns(self):
+        return ["brightness", "bright_wide"]
+
+    def prepare(self, sample):
+        if self.fail_word and self.fail_word in sample["caption"]:
+            raise DataError("caption_refused", f"caption contains {self.fail_word!r}")
+        img = sample["image"].resize((self.size, self.size), Image.NEAREST)
+        pixels = torch.from_numpy(np.asarray(img, dtype=np.uint8).copy()).permute(2, 0, 1)
+        return {"pixels": pixels, "key": sample["__key__"], "wide": sample["image"].width > sample["image"].height}
+
+    def _device(self):
+        return SimulatedDevice.get(self.sim, self.sim_total) if self.sim else None
+
+    def load(self, device):
+        self.device = device
+        self._weights = torch.tensor(LUMA, device=device).view(1, 3, 1, 1)
+        if self.sim:
+            self._device().alloc(self.model_bytes)
+
+    def unload(self):
+        if self.sim and self._weights is not None:
+            self._device().release(self.model_bytes)
+        self._weights = None
+
+    def score_batch(self, inputs):
+        n = len(inputs)
+        if self.oom_above and n > self.oom_above:
+            raise torch.cuda.OutOfMemoryError(f"test: batch of {n} > {self.oom_above}")
+        if self.memory_error_above and n > self.memory_error_above:
+            raise MemoryError(f"test: batch of {n} > {self.memory_error_above}")
+        dev = self._device()
+        if dev is not None:
+            dev.alloc(self.bytes_per_sample * n)
+        try:
+            x = torch.stack([i["pixels"] for i in inputs]).to(self.device).float() / 255.0
+            luma = (x * self._weights).sum(1).mean((1, 2))
+            if self.delay:
+                time.sleep(self.delay)
+        finally:
+            if dev is not None:
+                dev.release(self.bytes_per_sample * n)
+        if self.log:
+            with open(self.log, "a") as f:
+                f.write("".join(f"{i['key']}\n" for i in inputs))
+        return [{"brightness": float(v), "bright_wide": bool(i["wide"])} for v, i in zip(luma, inputs)]
+
+
+class ByteLengthScorer(Scorer):
+    """A second scorer for one-pass multi-scorer runs: length of the caption in UTF-8 bytes."""
+
+    name = "caplen"
+
+    def columns(self):
+        return ["caption_bytes"]
+
+    def prepare(self, sample):
+        if "skip-caplen" in sample["caption"]:
+            raise DataError("caplen_skipped", "caption asks to be skipped")
+        return torch.tensor([len(sample["caption"].encode())])
+
+    def load(self, device):
+        self.device = device
+
+    def score_batch(self, inputs):
+        return [{"caption_bytes": int(t.item())} for t in torch.stack(inputs).to(self.device)]
+
+
+class BrokenScorer(BrightnessScorer):
+    """Fails on every batch with a non-memory error: a bug, which must stop the run."""
+
+    name = "broken"
+
+    def columns(self):
+        return ["broken_value"]
+
+    def score_batch(self, inputs):
+        raise ValueError("model weights are garbage")
+
+
+def expected_brightness(img_bytes: bytes, size: int = 8) -> float:
+    """The same luminance computed independently with PIL (ImageStat on the resized image)."""
+    img = Image.open(__import__("io").BytesIO(img_bytes)).convert("RGB").resize((size, size), Image.NEAREST)
+    means = ImageStat.Stat(img).mean
+    return sum(w * m for w, m in zip(LUMA, means)) / 255.0
+
+
+def colored_members(n, start=0, shard=0, bad=(), refused=(), no_caption=()):
+    """Image-text members with a different colour per sample; `bad` indices get corrupt JPEG
+    bytes, `refused` captions containing 'refuse-me', `no_caption` no .txt member."""
+    members, images = [], {}
+    for i in range(start, start + n):
+        key = f"s{shard}_{i:05d}"
+        if i in bad:
+            data = b"\xff\xd8\xff\xe0 definitely not a jpeg"
+        else:
+            color = ((37 * i + 11 * shard) % 256, (91 * i) % 256, (13 * i + 50) % 256)
+            size = (40, 24) if i % 3 else (24, 40)
+            data = image_bytes(size=size, color=color)
+        images[key] = data
+        members.append((f"{key}.jpg", data))
+        if i not in no_caption:
+            members.append((f"{key}.txt", f"sample {i} of shard {shard}" + (" refuse-me" if i in refused else "")))
+    return members, images
+
+
+def make_shards(folder, counts, **kwargs):
+    """Shards named shard-0000.tar... with counts[i] samples; returns (urls, {key: image bytes})."""
+    urls, images = [], {}
+    os.makedirs(folder, exist_ok=True)
+    for s, n in enumerate(counts):
+        members, imgs = colored_members(n, shard=s, **{k: v.get(s, ()) if isinstance(v, dict) else v
+                                                      for k, v in kwargs.items()})
+        urls.append(write_shard(os.path.join(folder, f"shard-{s:04d}.tar"), members))
+        images.update(imgs)
+    return urls, images

@@ -1,0 +1,127 @@
+"""Out-of-memory back-off: run one scorer over a list of prepared inputs in sub-batches; on CUDA
+out-of-memory, host MemoryError or host-memory pressure, halve the sub-batch, free the cache and
+retry the same inputs. An input's outcome is recorded only once its sub-batch returned, so no
+sample is lost or scored twice. Errors that are not about memory are isolated to the sample that
+causes them (its row gets the reason); a scorer that fails on everything stops the run.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, List, Optional, Tuple
+
+from ..errors import DataError, WdsFilterError
+from .memory import DeviceMemory, is_oom
+
+# Outcome of one input: ("ok", {column: value}) or ("error", reason, message).
+Outcome = Tuple
+
+
+class ScorerError(WdsFilterError, RuntimeError):
+    """A scorer is broken (wrong output shape, or it fails on every sample): not a data error."""
+
+
+@dataclass
+class BackoffEvent:
+    kind: str  # cuda_oom | host_oom | host_pressure
+    from_size: int
+    to_size: int
+    detail: str
+
+
+class Backoff:
+    def __init__(self, scorer, memory: DeviceMemory, batch_size: int, host: Optional[DeviceMemory] = None,
+                 min_free_host: Optional[int] = None, max_failures_before_success: int = 8):
+        self.scorer = scorer
+        self.memory = memory
+        self.planned = int(batch_size)
+        self.batch_size = int(batch_size)
+        self.host = host
+        self.min_free_host = min_free_host
+        self.max_failures_before_success = max_failures_before_success
+        self.events: List[BackoffEvent] = []
+        self.successes = 0
+        self.failures_without_success = 0
+        self.calls = 0
+
+    def _halve(self, failed_size: int, kind: str, detail: str) -> None:
+        new = max(1, failed_size // 2)
+        self.events.append(BackoffEvent(kind, failed_size, new, detail[:300]))
+        self.batch_size = min(self.batch_size, new)
+
+    def _host_pressure(self) -> Optional[str]:
+        if self.host is None or not self.min_free_host:
+            return None
+        free = self.host.free()
+        if free < self.min_free_host:
+            return f"free host RAM {free / 2**20:.0f} MiB is under {self.min_free_host / 2**20:.0f} MiB"
+        return None
+
+    def run(self, inputs: List[Any]) -> List[Outcome]:
+        results: List[Optional[Outcome]] = [None] * len(inputs)
+        i = 0
+        isolate_until = 0  # inputs before this index are retried one at a time
+        while i < len(inputs):
+            n = 1 if i < isolate_until else min(self.batch_size, len(inputs) - i)
+            if n > 1:
+                pressure = self._host_pressure()
+                if pressure:
+                    self.memory.empty_cache()
+                    self._halve(n, "host_pressure", pressure)
+                    if self.batch_size < n:
+                        continue
+            chunk = inputs[i:i + n]
+            failure = None
+            self.calls += 1
+            try:
+                out = self.scorer.score_batch(chunk)
+            except Exception as e:  # noqa: BLE001 - sorted below; the exception object is not kept
+                failure = self._classify(e, n)
+            if failure is not None:
+                kind, reason, message = failure
+                if kind == "oom":
+                    # The failed call's tensors are gone with its frames; give the cache back.
+                    self.memory.empty_cache()
+                    if n > 1:
+                        self._halve(n, reason, message)
+                        continue
+                    results[i] = ("error", "out_of_memory", message)
+                    i += 1
+                    continue
+                if n > 1:  # find the sample that fails; the others still get scores
+                    isolate_until = i + n
+                    continue
+                results[i] = ("error", reason, message)
+                i += 1
+                continue
+            if not isinstance(out, list) or len(out) != n or not all(isinstance(o, dict) for o in out):
+                raise ScorerError(f"scorer {self.scorer.name!r}: score_batch returned "
+                                  f"{type(out).__name__} of length {len(out) if hasattr(out, '__len__') else '?'}"
+                                  f" for {n} inputs; expected a list of {n} dicts")
+            for j, scores in enumerate(out):
+                results[i + j] = ("ok", scores)
+            self.successes += n
+            self.failures_without_success = 0
+            i += n
+        return results  # type: ignore[return-value]
+
+    def _classify(self, e: Exception, n: int):
+        """(kind, reason, message) for a failed call; raises when the scorer itself is broken."""
+        message = f"{type(e).__name__}: {e}"
+        if is_oom(e):
+            return "oom", ("host_oom" if isinstance(e, MemoryError) else "cuda_oom"), message
+        if isinstance(e, DataError):
+            return "data", e.reason, message
+        if isinstance(e, (ScorerError, WdsFilterError)) and not isinstance(e, DataError):
+            raise e
+        if n == 1 and not self.successes:
+            self.failures_without_success += 1
+            if self.failures_without_success >= self.max_failures_before_success:
+                raise ScorerError(f"scorer {self.scorer.name!r} failed on the first "
+                                  f"{self.failures_without_success} samples and scored none; "
+                                  f"this looks like a bug or a broken model, not bad data. Last error: "
+                                  f"{message}") from e
+        return "error", "score_error", message
+
+    def stats(self) -> dict:
+        return {"planned_batch_size": self.planned, "final_batch_size": self.batch_size,
+                "events": [asdict(e) for e in self.events], "calls": self.calls}

@@ -1,0 +1,83 @@
+"""`wdsfilter score`: a thin click layer over wdsfilter.score.score (see docs/score.md)."""
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+from ..errors import WdsFilterError
+
+
+def _echo(text: str) -> None:
+    click.echo(text)
+
+
+@click.command("score", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("shards", nargs=-1, required=True)
+@click.option("--out", "out", required=True, metavar="DIR", help="Folder for score files, markers and summary.")
+@click.option("--scorer", "scorers", multiple=True, default=("clip",), show_default=True, metavar="NAME",
+              help="clip, ocr, or module:Class; repeat to run several in one pass.")
+@click.option("--model", default=None, help="CLIP model name or local-dir:PATH (clip scorer).")
+@click.option("--pretrained", default=None, metavar="TAG_OR_PATH", help="CLIP weights tag or file (clip scorer).")
+@click.option("--scorer-opt", "scorer_opts", multiple=True, metavar="SCORER.KEY=VALUE",
+              help="Pass an option to a scorer, e.g. ocr.languages='[\"en\"]'. Repeatable.")
+@click.option("--min-clip", type=float, default=None, help="Keep samples with clip_score >= X.")
+@click.option("--min", "mins", multiple=True, metavar="COLUMN=X", help="Keep samples with COLUMN >= X. Repeatable.")
+@click.option("--write-shards", default=None, metavar="DIR", help="Write filtered shards (original bytes) here.")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option("--gpus", default=None, metavar="0,1", help="GPUs to use (one model worker each, or more: --replicas).")
+@click.option("--batch-size", default="auto", show_default=True, help="auto (memory planner) or N.")
+@click.option("--workers", default="auto", show_default=True, help="Decode worker processes: auto or N.")
+@click.option("--replicas", default="auto", show_default=True, help="Model processes per GPU: auto or N.")
+@click.option("--max-memory", default=None, metavar="SIZE", help="Most memory to plan for per device (8GB, 8GiB).")
+@click.option("--headroom", type=float, default=0.10, show_default=True, help="Share of memory kept free.")
+@click.option("--fit", type=click.Choice(["refuse", "clamp"]), default="refuse", show_default=True,
+              help="A setting that cannot fit: refuse it with the numbers, or clamp it with a warning.")
+@click.option("--format", "fmt", type=click.Choice(["parquet", "jsonl"]), default="parquet", show_default=True)
+@click.option("--resume", is_flag=True, help="Continue a run in --out: skip shards with a completion marker.")
+@click.option("--overwrite", is_flag=True, help="Start over in an --out that holds a previous run.")
+@click.option("--dry-run", is_flag=True, help="Load the models, measure, print the plan; score nothing.")
+@click.option("--caption-key", default=None, help="Caption spec, e.g. txt or json:description or 'txt;json:caption'.")
+@click.option("--image-key", default=None, help="Image spec, e.g. 'jpg;png;webp'.")
+@click.option("--config", "config_file", default=None, metavar="FILE", help="Stage options (JSON/YAML), as for validate.")
+@click.option("--allow-pipe", is_flag=True, default=None, help="Allow pipe: shard URLs (they run shell commands).")
+@click.option("--allow-remote", is_flag=True, default=None, help="Allow remote shard URLs.")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+@click.option("--no-histograms", is_flag=True, help="No histograms in the terminal summary.")
+def score(shards, out, scorers, model, pretrained, scorer_opts, min_clip, mins, write_shards, device, gpus,
+          batch_size, workers, replicas, max_memory, headroom, fit, fmt, resume, overwrite, dry_run, caption_key,
+          image_key, config_file, allow_pipe, allow_remote, no_progress, no_histograms):
+    """Score every sample of SHARDS (folders, globs, brace patterns, .tar files) with CLIP, OCR
+    or your own scorer; write per-shard score files, a summary and, optionally, filtered shards."""
+    from ..config import StageConfig
+    from . import build_config
+    from .config import parse_option, parse_threshold
+    from .engine import run_scoring
+
+    logging.basicConfig(format="wdsfilter: warning: %(message)s", level=logging.WARNING)
+    stage_overrides = {"caption_key": caption_key, "image_key": image_key, "allow_pipe": allow_pipe,
+                       "allow_remote": allow_remote}
+    if config_file:
+        stage = StageConfig.from_file(config_file, **stage_overrides)
+    else:
+        stage = StageConfig(**{k: v for k, v in stage_overrides.items() if v is not None})
+    scorer_options = {}
+    for text in scorer_opts:
+        name, key, value = parse_option(text)
+        scorer_options.setdefault(name, {})[key] = value
+    thresholds = dict(parse_threshold(t) for t in mins)
+    cfg = build_config(out, tuple(scorers), min_clip=min_clip, min_scores=thresholds, stage=stage,
+                       scorer_options=scorer_options, model=model, pretrained=pretrained,
+                       write_shards=write_shards, device=device, gpus=gpus, batch_size=batch_size,
+                       workers=workers, replicas=replicas, max_memory=max_memory, headroom=headroom, fit=fit,
+                       format=fmt, resume=resume, overwrite=overwrite, dry_run=dry_run, progress=not no_progress)
+    try:
+        summary = run_scoring(list(shards), cfg, echo=_echo)
+    except WdsFilterError as e:
+        from ..errors import ConfigError, UnsafeInputError
+        if isinstance(e, (ConfigError, UnsafeInputError)):
+            raise  # the group prints it and exits 2
+        click.secho(f"wdsfilter score: error: {e}", fg="red", err=True)
+        sys.exit(1)
+    click.echo(summary.format_text(histograms=not no_histograms))

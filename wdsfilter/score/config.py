@@ -1,0 +1,214 @@
+"""ScoreConfig: every option of a scoring run, validated when it is built (config errors raise at
+once, before any shard is read or any model is loaded)."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
+
+from ..config import StageConfig
+from ..errors import ConfigError
+
+FORMATS = ("parquet", "jsonl")
+FIT_POLICIES = ("refuse", "clamp")
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?)(b?)\s*$", re.IGNORECASE)
+_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
+
+
+def parse_size(value: Union[str, int, float, None], what: str = "size") -> Optional[int]:
+    """'8GB' -> 8e9 bytes, '8GiB' or '8G' -> 8 * 2**30, plain numbers are bytes.
+
+    KB/MB/GB/TB are decimal (as disks and cloud quotas count); KiB/GiB and the bare K/M/G/T
+    letters are binary (as nvidia-smi and PyTorch count)."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if value <= 0:
+            raise ConfigError(f"{what} must be positive, got {value}")
+        return int(value)
+    m = _SIZE.match(str(value))
+    if not m:
+        raise ConfigError(f"{what}: cannot read {value!r} as a size; expected e.g. 8GB, 8GiB, 512MiB or a byte count")
+    number, unit, binary, b = m.groups()
+    decimal = bool(b) and not binary and unit != ""
+    base = 1000 if decimal else 1024
+    size = int(float(number) * base ** _POWERS[unit.lower()])
+    if size <= 0:
+        raise ConfigError(f"{what} must be positive, got {value!r}")
+    return size
+
+
+def format_size(n: Optional[float]) -> str:
+    if n is None:
+        return "-"
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _auto_or_int(value, what: str, minimum: int) -> Union[str, int]:
+    if value is None or value == "auto":
+        return "auto"
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{what} must be 'auto' or an integer, got {value!r}") from None
+    if number < minimum or (not isinstance(value, int) and str(number) != str(value).strip()):
+        raise ConfigError(f"{what} must be 'auto' or an integer >= {minimum}, got {value!r}")
+    return number
+
+
+@dataclass
+class ScoreConfig:
+    # Where results go: DIR/scores/<shard>.parquet, DIR/done/<shard>.json, DIR/summary.json.
+    out: str = ""
+    # Scorer names from wdsfilter.score.scorers.base.REGISTRY ("clip", "ocr"), "module:Class"
+    # import paths, or Scorer instances (Python API). Several run in one pass over the data.
+    scorers: Tuple[Any, ...] = ("clip",)
+    # Constructor options per scorer name, e.g. {"clip": {"model": "ViT-B-32"}}.
+    scorer_options: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    # Minimum score per column; a sample is kept when it was scored and meets all of them.
+    thresholds: Dict[str, float] = field(default_factory=dict)
+    # Filtered copies of the shards (original member bytes of kept samples) go here.
+    write_shards: Optional[str] = None
+    # Model devices: "auto" (cuda when available, else cpu), "cpu", "cuda", "cuda:N".
+    device: str = "auto"
+    gpus: Optional[Tuple[int, ...]] = None
+    # Explicit model-worker devices, one process each, e.g. ("cpu", "cpu") or ("sim:gpu0",).
+    # Overrides device/gpus; "cpu" alone scores in the main process.
+    devices: Optional[Tuple[str, ...]] = None
+    batch_size: Union[str, int] = "auto"
+    workers: Union[str, int] = "auto"  # decode (DataLoader) worker processes
+    replicas: Union[str, int] = "auto"  # model processes per GPU
+    prefetch: Union[str, int] = "auto"  # chunks each decode worker keeps ready
+    # The most memory the run plans to use on each model device (GPU memory; host RAM on CPU).
+    max_memory: Optional[int] = None
+    # Share of the memory budget kept free for fragmentation and other processes.
+    headroom: float = 0.10
+    # A user setting that cannot fit: "refuse" (ConfigError with the numbers) or "clamp" (warn).
+    fit: str = "refuse"
+    # Ceilings for the automatic batch size (big CPU batches gain nothing and delay results).
+    max_batch: int = 512
+    cpu_max_batch: int = 32
+    # Back-off halves the batch when free host RAM falls under this (None: the planner decides).
+    min_free_host: Optional[int] = None
+    format: str = "parquet"
+    resume: bool = False
+    overwrite: bool = False
+    dry_run: bool = False
+    progress: bool = True
+    histogram_bins: int = 20
+    # Prepared samples used to measure activation memory and speed before planning.
+    probe_samples: int = 16
+    # How many samples the probe may read looking for scorable ones before giving up.
+    probe_scan: int = 2000
+    # Start method of the decode workers: None is torch's default (fork on Linux: fast start).
+    worker_start: Optional[str] = None
+    stage: StageConfig = field(default_factory=StageConfig)
+
+    def __post_init__(self):
+        if not self.out or not isinstance(self.out, str):
+            raise ConfigError("out: a folder for the score files is required (--out DIR)")
+        if isinstance(self.scorers, (str, bytes)) or not isinstance(self.scorers, Sequence):
+            self.scorers = (self.scorers,)
+        self.scorers = tuple(self.scorers)
+        if not self.scorers:
+            raise ConfigError("at least one scorer is required (--scorer clip)")
+        self.batch_size = _auto_or_int(self.batch_size, "batch_size", 1)
+        self.workers = _auto_or_int(self.workers, "workers", 0)
+        self.replicas = _auto_or_int(self.replicas, "replicas", 1)
+        self.prefetch = _auto_or_int(self.prefetch, "prefetch", 1)
+        self.max_memory = parse_size(self.max_memory, "max_memory")
+        self.min_free_host = parse_size(self.min_free_host, "min_free_host")
+        if not 0 <= self.headroom < 1:
+            raise ConfigError(f"headroom must be in [0, 1), got {self.headroom}")
+        if self.fit not in FIT_POLICIES:
+            raise ConfigError(f"fit must be one of {FIT_POLICIES}, got {self.fit!r}")
+        if self.format not in FORMATS:
+            raise ConfigError(f"format must be one of {FORMATS}, got {self.format!r}")
+        if self.resume and self.overwrite:
+            raise ConfigError("resume and overwrite exclude each other: resume continues a run, overwrite restarts it")
+        if self.max_batch < 1 or self.cpu_max_batch < 1:
+            raise ConfigError("max_batch and cpu_max_batch must be >= 1")
+        if self.probe_samples < 2:
+            raise ConfigError("probe_samples must be >= 2 (two probe batch sizes give the per-sample memory)")
+        if self.histogram_bins < 1:
+            raise ConfigError("histogram_bins must be >= 1")
+        self.device = str(self.device)
+        if not (self.device in ("auto", "cpu", "cuda") or re.match(r"^cuda:\d+$", self.device)):
+            raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        if self.gpus is not None:
+            self.gpus = parse_gpus(self.gpus)
+            if self.device == "cpu":
+                raise ConfigError("gpus were given with device=cpu; drop one of them")
+        if self.devices is not None:
+            if isinstance(self.devices, str):
+                self.devices = (self.devices,)
+            self.devices = tuple(str(d) for d in self.devices)
+            if not self.devices:
+                raise ConfigError("devices: empty list")
+            for d in self.devices:
+                if not (d == "cpu" or re.match(r"^cuda:\d+$", d) or re.match(r"^sim:\w+$", d)):
+                    raise ConfigError(f"devices: {d!r} is not cpu, cuda:N or sim:NAME")
+        thresholds = {}
+        for column, value in dict(self.thresholds).items():
+            try:
+                thresholds[str(column)] = float(value)
+            except (TypeError, ValueError):
+                raise ConfigError(f"threshold for {column!r} must be a number, got {value!r}") from None
+        self.thresholds = thresholds
+        self.scorer_options = {str(k): dict(v) for k, v in dict(self.scorer_options).items()}
+        if not isinstance(self.stage, StageConfig):
+            raise ConfigError("stage must be a StageConfig")
+
+    def scoring_stage_config(self) -> StageConfig:
+        """The stage config of the scoring pipeline: rejects flow on as markers (every sample
+        gets a row), and the starvation watchdog is off because markers keep the stream moving;
+        a run that scores nothing is reported by the engine with its counts instead."""
+        return replace(self.stage, emit_rejects=True, starvation_samples=0, starvation_seconds=0.0)
+
+
+def parse_gpus(value) -> Tuple[int, ...]:
+    """'0,1' or [0, 1] -> (0, 1)."""
+    if isinstance(value, str):
+        parts = [p for p in value.replace(" ", "").split(",") if p]
+    else:
+        parts = list(value)
+    try:
+        gpus = tuple(int(p) for p in parts)
+    except (TypeError, ValueError):
+        raise ConfigError(f"gpus must be a list of GPU indices like 0,1; got {value!r}") from None
+    if not gpus or any(g < 0 for g in gpus):
+        raise ConfigError(f"gpus must be a list of GPU indices like 0,1; got {value!r}")
+    if len(set(gpus)) != len(gpus):
+        raise ConfigError(f"gpus lists a GPU twice ({value!r}); use replicas=N for several model processes per GPU")
+    return gpus
+
+
+def parse_threshold(text: str) -> Tuple[str, float]:
+    """'clip_score=0.28' -> ("clip_score", 0.28) (the --min option)."""
+    column, sep, value = text.partition("=")
+    if not sep or not column.strip():
+        raise ConfigError(f"--min expects COLUMN=VALUE (e.g. clip_score=0.28), got {text!r}")
+    try:
+        return column.strip(), float(value)
+    except ValueError:
+        raise ConfigError(f"--min {text!r}: {value!r} is not a number") from None
+
+
+def parse_option(text: str) -> Tuple[str, str, Any]:
+    """'clip.model=ViT-B-32' -> ("clip", "model", "ViT-B-32"); values are read as JSON when they
+    parse (numbers, true/false, lists), else kept as strings."""
+    import json
+    name_key, sep, value = text.partition("=")
+    name, dot, key = name_key.partition(".")
+    if not sep or not dot or not name.strip() or not key.strip():
+        raise ConfigError(f"--scorer-opt expects SCORER.OPTION=VALUE (e.g. clip.model=ViT-B-32), got {text!r}")
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        parsed = value
+    return name.strip(), key.strip(), parsed

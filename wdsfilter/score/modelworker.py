@@ -1,0 +1,369 @@
+"""Model workers: the process side of scoring.
+
+A ModelRunner loads the scorers on one device, measures what they cost (memory_allocated before
+and after each load; peak memory of probe batches), and scores batches through the back-off.
+It runs in the main process (LocalPool: one CPU device) or in one spawned process per device
+replica (ProcessPool: GPUs, or several CPU/simulated devices so the path is testable without a
+GPU). Work flows through per-worker queues holding at most `depth` batches each, so memory stays
+bounded whatever the dataset size.
+"""
+from __future__ import annotations
+
+import queue
+import time
+import traceback
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from ..errors import ConfigError, WdsFilterError
+from .backoff import Backoff
+from .memory import HostMemory, device_memory, torch_device
+
+# One work item: (row reference, {scorer name: prepared input}).
+Item = Tuple[Any, Dict[str, Any]]
+
+
+class WorkerError(WdsFilterError, RuntimeError):
+    """A model worker process failed or died."""
+
+
+class ModelRunner:
+    def __init__(self, scorers: Sequence, device: str):
+        self.scorers = list(scorers)
+        self.device = device
+        self.memory = None
+        self.host = None
+        self.backoffs: Dict[str, Backoff] = {}
+        self.batches = 0
+        self.samples = 0
+        self.seconds = 0.0
+
+    # -- measuring --------------------------------------------------------------------------
+    def load(self) -> dict:
+        """Load every scorer; report the device's free memory before and each model's footprint."""
+        self.memory = device_memory(self.device)
+        self.host = self.memory if isinstance(self.memory, HostMemory) else HostMemory()
+        mem = self.memory
+        mem.empty_cache()
+        free_before = mem.free()
+        overhead = mem.process_overhead()
+        footprints = {}
+        for scorer in self.scorers:
+            before = mem.allocated()
+            scorer.load(torch_device(self.device))
+            footprints[scorer.name] = max(0, mem.allocated() - before)
+        return {"device": self.device, "kind": mem.kind, "total": mem.total(), "free_before": free_before,
+                "footprint": sum(footprints.values()), "footprints": footprints, "overhead": overhead,
+                "overhead_estimated": mem.overhead_estimated, "rss": self.host.allocated(),
+                "descriptions": [s.describe() for s in self.scorers]}
+
+    def probe(self, inputs: List[Dict[str, Any]]) -> dict:
+        """Activation memory and time of each scorer at two batch sizes (1 and len(inputs)).
+
+        The first call also warms the model up, so the timed second call is representative."""
+        import torch
+        mem = self.memory
+        sizes = (1, len(inputs))
+        peaks = {}
+        seconds = 0.0
+        oom_at = None
+        for scorer in self.scorers:
+            batch = [inp[scorer.name] for inp in inputs]
+            measured = []
+            for size in sizes:
+                mem.empty_cache()
+                base = mem.allocated()
+                mem.reset_peak()
+                start = time.perf_counter()
+                try:
+                    scorer.score_batch(batch[:size])
+                except Exception as e:  # noqa: BLE001
+                    from .memory import is_oom
+                    if not is_oom(e):
+                        raise
+                    oom_at = size
+                    break
+                elapsed = time.perf_counter() - start
+                measured.append(max(0, mem.peak() - base))
+                if size == sizes[-1]:
+                    seconds += elapsed / size
+            mem.empty_cache()
+            peaks[scorer.name] = measured
+        return {"sizes": list(sizes), "peaks": peaks, "seconds_per_sample": seconds,
+                "threads": torch.get_num_threads(), "oom_at": oom_at}
+
+    # -- scoring ------------------------------------------------------------------------------
+    def configure(self, batch_size: int, threads: Optional[int] = None, min_free_host: Optional[int] = None) -> None:
+        if threads:
+            import torch
+            torch.set_num_threads(threads)
+        self.backoffs = {s.name: Backoff(s, self.memory, batch_size, self.host, min_free_host) for s in self.scorers}
+
+    def score(self, items: List[Item]) -> List[Tuple[Any, dict, dict]]:
+        """(ref, {column: value}, {scorer: (reason, message)}) per item, in order."""
+        start = time.perf_counter()
+        scores: List[dict] = [{} for _ in items]
+        errors: List[dict] = [{} for _ in items]
+        for scorer in self.scorers:
+            groups: Dict[Any, List[int]] = {}
+            for k, (_, inputs) in enumerate(items):
+                if scorer.name in inputs:
+                    groups.setdefault(scorer.batch_key(inputs[scorer.name]), []).append(k)
+            columns = scorer.columns()
+            for members in groups.values():
+                outcomes = self.backoffs[scorer.name].run([items[k][1][scorer.name] for k in members])
+                for k, outcome in zip(members, outcomes):
+                    if outcome[0] == "ok":
+                        scores[k].update({c: outcome[1].get(c) for c in columns})
+                    else:
+                        errors[k][scorer.name] = (outcome[1], outcome[2])
+        self.batches += 1
+        self.samples += len(items)
+        self.seconds += time.perf_counter() - start
+        return [(item[0], s, e) for item, s, e in zip(items, scores, errors)]
+
+    def stats(self) -> dict:
+        return {"device": self.device, "batches": self.batches, "samples": self.samples,
+                "seconds": round(self.seconds, 3),
+                "backoff": {name: b.stats() for name, b in self.backoffs.items()}}
+
+    def unload(self) -> None:
+        for scorer in self.scorers:
+            scorer.unload()
+
+
+# -- pools ------------------------------------------------------------------------------------
+class LocalPool:
+    """The model in the main process: one CPU device, no extra process to start."""
+
+    in_process = True
+
+    def __init__(self, device: str, scorers: Sequence):
+        self.devices = [device]
+        self.runner = ModelRunner(scorers, device)
+        self.done: List[tuple] = []
+        self.busy = False
+
+    def start(self) -> List[dict]:
+        report = self.runner.load()
+        report["worker"] = 0
+        return [report]
+
+    def probe(self, inputs) -> dict:
+        return self.runner.probe(inputs)
+
+    def add_replica(self, device: str) -> dict:
+        raise ConfigError("the in-process model runs one replica; use devices=['cpu', 'cpu'] for more")
+
+    def configure(self, worker: int, **settings) -> None:
+        self.runner.configure(**settings)
+
+    @property
+    def workers(self) -> List[int]:
+        return [0]
+
+    def device_of(self, worker: int) -> str:
+        return self.devices[0]
+
+    def idle_worker(self) -> Optional[int]:
+        return 0
+
+    def in_flight(self) -> int:
+        return 0
+
+    def submit(self, worker: int, batch_id: int, items: List[Item]) -> None:
+        self.done.append((batch_id, 0, self.runner.score(items)))
+
+    def poll(self, timeout: float = 0.0) -> List[tuple]:
+        done, self.done = self.done, []
+        return done
+
+    def close(self) -> List[dict]:
+        stats = self.runner.stats()
+        stats["worker"] = 0
+        self.runner.unload()
+        return [stats]
+
+
+def _worker_main(worker: int, device: str, scorers, inbox, outbox, threads: Optional[int]) -> None:
+    """A model worker process: load, then serve probe/configure/batch messages until stop."""
+    try:
+        import torch
+        if threads:
+            torch.set_num_threads(threads)
+        runner = ModelRunner(scorers, device)
+        outbox.put(("loaded", worker, runner.load()))
+        while True:
+            msg = inbox.get()
+            if msg[0] == "batch":
+                outbox.put(("result", worker, (msg[1], runner.score(msg[2]))))
+            elif msg[0] == "probe":
+                outbox.put(("probe", worker, runner.probe(msg[1])))
+            elif msg[0] == "configure":
+                runner.configure(**msg[1])
+                outbox.put(("configured", worker, None))
+            elif msg[0] == "stop":
+                stats = runner.stats()
+                runner.unload()
+                outbox.put(("stopped", worker, stats))
+                return
+    except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises it
+        outbox.put(("error", worker, {"type": type(e).__name__, "message": str(e),
+                                      "config": isinstance(e, ConfigError), "traceback": traceback.format_exc()}))
+
+
+class ProcessPool:
+    """One spawned process per model replica (spawn: CUDA cannot live in forked children)."""
+
+    in_process = False
+
+    def __init__(self, devices: Sequence[str], scorers: Sequence, depth: int = 2, threads: Optional[int] = None):
+        import torch.multiprocessing as tmp
+        self.ctx = tmp.get_context("spawn")
+        self.scorers = list(scorers)
+        self.depth = depth
+        self.threads = threads
+        self.outbox = self.ctx.Queue()
+        self.procs: Dict[int, Any] = {}
+        self.inboxes: Dict[int, Any] = {}
+        self.device_by_worker: Dict[int, str] = {}
+        self.inflight: Dict[int, int] = {}
+        self.first_devices = list(devices)
+        self.waiting: Dict[Tuple[str, int], Any] = {}
+        self.results: List[tuple] = []
+        self.final_stats: Dict[int, dict] = {}
+
+    @property
+    def devices(self) -> List[str]:
+        return list(self.first_devices)
+
+    @property
+    def workers(self) -> List[int]:
+        return sorted(self.procs)
+
+    def device_of(self, worker: int) -> str:
+        return self.device_by_worker[worker]
+
+    def _spawn(self, device: str) -> int:
+        worker = len(self.procs)
+        inbox = self.ctx.Queue()
+        proc = self.ctx.Process(target=_worker_main, name=f"wdsfilter-model-{worker}",
+                                args=(worker, device, self.scorers, inbox, self.outbox, self.threads), daemon=True)
+        proc.start()
+        self.procs[worker], self.inboxes[worker] = proc, inbox
+        self.device_by_worker[worker] = device
+        self.inflight[worker] = 0
+        return worker
+
+    def _receive(self, timeout: float) -> bool:
+        """Take one message off the shared outbox; False when none came in `timeout` seconds."""
+        try:
+            kind, worker, payload = self.outbox.get(timeout=timeout)
+        except queue.Empty:
+            self._check_alive()
+            return False
+        if kind == "error":
+            self.terminate()
+            device = self.device_by_worker.get(worker, "?")
+            if payload["config"]:
+                raise ConfigError(payload["message"])
+            raise WorkerError(f"model worker {worker} on {device} failed: {payload['type']}: {payload['message']}\n"
+                              f"{payload['traceback']}")
+        if kind == "result":
+            batch_id, results = payload
+            self.inflight[worker] -= 1
+            self.results.append((batch_id, worker, results))
+        elif kind == "stopped":
+            self.final_stats[worker] = payload
+        else:
+            self.waiting[(kind, worker)] = payload
+        return True
+
+    def _check_alive(self) -> None:
+        for worker, proc in self.procs.items():
+            if worker in self.final_stats:
+                continue
+            if not proc.is_alive():
+                code = proc.exitcode
+                self.terminate()
+                raise WorkerError(f"model worker {worker} on {self.device_by_worker[worker]} died with exit code "
+                                  f"{code}{' (killed by a signal: out of host memory?)' if code and code < 0 else ''}")
+
+    def _await(self, kind: str, worker: int, timeout: float = 3600.0) -> Any:
+        deadline = time.monotonic() + timeout
+        while (kind, worker) not in self.waiting:
+            if time.monotonic() > deadline:
+                self.terminate()
+                raise WorkerError(f"model worker {worker} sent no {kind!r} in {timeout:.0f}s")
+            self._receive(0.5)
+        return self.waiting.pop((kind, worker))
+
+    def start(self) -> List[dict]:
+        workers = [self._spawn(d) for d in self.first_devices]
+        reports = []
+        for w in workers:
+            report = self._await("loaded", w)
+            report["worker"] = w
+            reports.append(report)
+        return reports
+
+    def add_replica(self, device: str) -> dict:
+        w = self._spawn(device)
+        report = self._await("loaded", w)
+        report["worker"] = w
+        return report
+
+    def probe(self, inputs) -> dict:
+        self.inboxes[0].put(("probe", inputs))
+        return self._await("probe", 0)
+
+    def configure(self, worker: int, **settings) -> None:
+        self.inboxes[worker].put(("configure", settings))
+        self._await("configured", worker)
+
+    def idle_worker(self) -> Optional[int]:
+        """The worker with the fewest batches in flight, if it has room for one more."""
+        worker = min(self.inflight, key=lambda w: (self.inflight[w], w))
+        return worker if self.inflight[worker] < self.depth else None
+
+    def in_flight(self) -> int:
+        return sum(self.inflight.values())
+
+    def submit(self, worker: int, batch_id: int, items: List[Item]) -> None:
+        self.inflight[worker] += 1
+        self.inboxes[worker].put(("batch", batch_id, items))
+
+    def poll(self, timeout: float = 0.0) -> List[tuple]:
+        """Results that arrived; waits up to `timeout` for the first one."""
+        if not self.results and timeout > 0:
+            self._receive(timeout)
+        while self._receive(0.0):
+            pass
+        results, self.results = self.results, []
+        return results
+
+    def close(self) -> List[dict]:
+        for w, inbox in self.inboxes.items():
+            if self.procs[w].is_alive():
+                inbox.put(("stop",))
+        deadline = time.monotonic() + 60
+        while len(self.final_stats) < len(self.procs) and time.monotonic() < deadline:
+            try:
+                self._receive(0.5)
+            except WorkerError:
+                break
+        self.terminate()
+        stats = []
+        for w in self.workers:
+            s = dict(self.final_stats.get(w, {"device": self.device_by_worker[w]}))
+            s["worker"] = w
+            stats.append(s)
+        return stats
+
+    def terminate(self) -> None:
+        for proc in self.procs.values():
+            if proc.is_alive():
+                proc.join(timeout=0.05)
+            if proc.is_alive():
+                proc.terminate()
+        for proc in self.procs.values():
+            proc.join(timeout=5)

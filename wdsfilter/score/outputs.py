@@ -1,0 +1,295 @@
+"""What a scoring run writes and reports: per-shard score tables (Parquet, or JSONL on request),
+the run summary (summary.json, score histograms as a PNG and in the terminal).
+
+Every sample has a row: key, shard, index (order in the shard), status, reason, message, kept,
+then one column per score. status is "scored", "partial" (some scorers failed), "failed" (no
+scorer could score it: reason says why) or "rejected" (dropped by the stages: reason says why).
+The summary is computed from the score files themselves, so a resumed run reports the whole
+dataset, not just the part it scored.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, Iterable, List, Optional, Sequence
+
+BASE_FIELDS = ("key", "shard", "index", "status", "reason", "message", "kept")
+STATUSES = ("scored", "partial", "failed", "rejected")
+EXTENSIONS = {"parquet": ".parquet", "jsonl": ".jsonl"}
+
+
+# -- tables -------------------------------------------------------------------------------------
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _column_type(values: Sequence[Any]):
+    import pyarrow as pa
+    present = [v for v in values if v is not None]
+    if not present:
+        return pa.float64()
+    if all(isinstance(v, bool) for v in present):
+        return pa.bool_()
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in present):
+        return pa.int64()
+    if all(_is_number(v) for v in present):
+        return pa.float64()
+    if all(isinstance(v, str) for v in present):
+        return pa.string()
+    return None  # let pyarrow infer (lists, nested values)
+
+
+def write_table(rows: List[dict], columns: Sequence[str], path: str, fmt: str) -> None:
+    """Write rows atomically: a temporary file in the same folder, then rename over `path`."""
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    names = list(BASE_FIELDS) + list(columns)
+    try:
+        if fmt == "jsonl":
+            with open(tmp, "w") as f:
+                for row in rows:
+                    clean = {k: (None if isinstance(row.get(k), float) and math.isnan(row[k]) else row.get(k))
+                             for k in names}
+                    f.write(json.dumps(clean, ensure_ascii=False) + "\n")
+        else:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+            base_types = {"key": pa.string(), "shard": pa.string(), "index": pa.int64(), "status": pa.string(),
+                          "reason": pa.string(), "message": pa.string(), "kept": pa.bool_()}
+            arrays, fields = [], []
+            for name in names:
+                values = [row.get(name) for row in rows]
+                typ = base_types.get(name) or _column_type(values)
+                arr = pa.array(values, type=typ) if typ is not None else pa.array(values)
+                arrays.append(arr)
+                fields.append(pa.field(name, arr.type))
+            pq.write_table(pa.Table.from_arrays(arrays, schema=pa.schema(fields)), tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def read_table(path: str, columns: Optional[Sequence[str]] = None) -> Dict[str, list]:
+    """Column name -> values of one score file (either format)."""
+    if path.endswith(".jsonl"):
+        out: Dict[str, list] = {}
+        with open(path) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        names = columns or (list(rows[0]) if rows else list(BASE_FIELDS))
+        for name in names:
+            out[name] = [r.get(name) for r in rows]
+        return out
+    import pyarrow.parquet as pq
+    if columns is not None:
+        present = set(pq.read_schema(path).names)
+        columns = [c for c in columns if c in present]
+    return pq.read_table(path, columns=columns).to_pydict()
+
+
+def read_rows(path: str) -> List[dict]:
+    cols = read_table(path)
+    names = list(cols)
+    n = len(cols[names[0]]) if names else 0
+    return [{k: cols[k][i] for k in names} for i in range(n)]
+
+
+# -- summary over score files -------------------------------------------------------------------
+def _numeric(values: Iterable[Any]) -> List[float]:
+    return [float(v) for v in values if _is_number(v) and not math.isnan(float(v))]
+
+
+def summarize_files(paths: Sequence[str], columns: Sequence[str], thresholds: Dict[str, float],
+                    bins: int = 20) -> dict:
+    """Counts, kept/dropped per threshold and per-column statistics with histograms, read back
+    from the score files (two passes over the score columns: range, then histogram)."""
+    rows = 0
+    status = Counter()
+    reasons = Counter()
+    kept = 0
+    per_threshold = {c: {"min": t, "kept": 0, "dropped": 0, "no_score": 0} for c, t in thresholds.items()}
+    stats: Dict[str, dict] = {}
+    for path in paths:
+        t = read_table(path, ["status", "reason", "kept"] + list(columns))
+        n = len(t["status"])
+        rows += n
+        status.update(t["status"])
+        for s, r in zip(t["status"], t["reason"]):
+            if r:
+                for part in str(r).split(";"):
+                    reasons[part] += 1
+        kept += sum(1 for k in t["kept"] if k)
+        for col, th in per_threshold.items():
+            for v in t.get(col, [None] * n):
+                if v is None or (isinstance(v, float) and math.isnan(v)):
+                    th["no_score"] += 1
+                elif v >= th["min"]:
+                    th["kept"] += 1
+                else:
+                    th["dropped"] += 1
+        for col in columns:
+            values = t.get(col, [])
+            st = stats.setdefault(col, {"count": 0, "min": None, "max": None, "sum": 0.0, "true": 0, "false": 0,
+                                        "kind": None})
+            for v in values:
+                if v is None:
+                    continue
+                if isinstance(v, bool):
+                    st["kind"] = st["kind"] or "bool"
+                    st["true" if v else "false"] += 1
+                    st["count"] += 1
+                elif _is_number(v) and not math.isnan(float(v)):
+                    st["kind"] = "number"
+                    st["count"] += 1
+                    st["sum"] += float(v)
+                    st["min"] = v if st["min"] is None else min(st["min"], v)
+                    st["max"] = v if st["max"] is None else max(st["max"], v)
+    for col, st in stats.items():
+        if st["kind"] == "number" and st["count"]:
+            st["mean"] = st["sum"] / st["count"]
+            lo, hi = float(st["min"]), float(st["max"])
+            if hi == lo:
+                hi = lo + 1e-9
+            edges = [lo + (hi - lo) * i / bins for i in range(bins + 1)]
+            counts = [0] * bins
+            for path in paths:
+                for v in _numeric(read_table(path, [col]).get(col, [])):
+                    counts[min(bins - 1, int((v - lo) / (hi - lo) * bins))] += 1
+            st["histogram"] = {"edges": edges, "counts": counts}
+        st.pop("sum", None)
+    return {"rows": rows, "status": dict(status), "reasons": dict(reasons.most_common()), "kept": kept,
+            "dropped": rows - kept, "thresholds": per_threshold, "columns": stats}
+
+
+def text_histogram(hist: dict, width: int = 40) -> List[str]:
+    counts, edges = hist["counts"], hist["edges"]
+    top = max(counts) or 1
+    lines = []
+    for i, c in enumerate(counts):
+        bar = "#" * max(1 if c else 0, round(c / top * width))
+        lines.append(f"    {edges[i]:>9.4g} .. {edges[i + 1]:<9.4g} {c:>8}  {bar}")
+    return lines
+
+
+def plot_histograms(stats: Dict[str, dict], thresholds: Dict[str, float], path: str) -> Optional[str]:
+    """One panel per numeric score column, threshold lines drawn; None when there is nothing to plot."""
+    numeric = [(c, s) for c, s in stats.items() if s.get("histogram")]
+    if not numeric:
+        return None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(len(numeric), 1, figsize=(7, 2.8 * len(numeric)), squeeze=False)
+    for ax, (col, st) in zip(axes[:, 0], numeric):
+        edges, counts = st["histogram"]["edges"], st["histogram"]["counts"]
+        ax.stairs(counts, edges, fill=True, alpha=0.7)
+        if col in thresholds:
+            ax.axvline(thresholds[col], color="red", linestyle="--", label=f"min {thresholds[col]:g}")
+            ax.legend()
+        ax.set_title(f"{col} (n={st['count']}, mean={st['mean']:.4g})")
+        ax.set_ylabel("samples")
+    fig.tight_layout()
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp-{os.getpid()}.png")
+    fig.savefig(tmp, dpi=80)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path
+
+
+# -- the run summary ------------------------------------------------------------------------------
+@dataclass
+class RunSummary:
+    out: str
+    shards: int = 0  # shards in the input
+    shards_scored: int = 0  # completed by this run
+    shards_resumed: int = 0  # already complete (skipped with resume)
+    shards_failed: List[dict] = field(default_factory=list)  # could not be read at all
+    rows: int = 0
+    status: Dict[str, int] = field(default_factory=dict)
+    reasons: Dict[str, int] = field(default_factory=dict)
+    kept: int = 0
+    dropped: int = 0
+    thresholds: Dict[str, dict] = field(default_factory=dict)
+    columns: Dict[str, dict] = field(default_factory=dict)
+    scorers: List[str] = field(default_factory=list)
+    plan: Dict[str, Any] = field(default_factory=dict)
+    plan_text: str = ""
+    workers: List[dict] = field(default_factory=list)
+    stage_counts: Dict[str, Any] = field(default_factory=dict)
+    samples_this_run: int = 0
+    seconds: float = 0.0
+    dry_run: bool = False
+    files: Dict[str, Optional[str]] = field(default_factory=dict)
+
+    @property
+    def scored(self) -> int:
+        return self.status.get("scored", 0) + self.status.get("partial", 0)
+
+    @property
+    def samples_per_second(self) -> float:
+        return self.samples_this_run / self.seconds if self.seconds else 0.0
+
+    def batch_sizes(self) -> List[dict]:
+        """Planned and finally used batch size per model worker and scorer."""
+        out = []
+        for w in self.workers:
+            for name, b in (w.get("backoff") or {}).items():
+                out.append({"worker": w.get("worker"), "device": w.get("device"), "scorer": name,
+                            "planned": b["planned_batch_size"], "final": b["final_batch_size"],
+                            "halvings": len(b["events"]), "causes": sorted({e["kind"] for e in b["events"]})})
+        return out
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["scored"] = self.scored
+        d["samples_per_second"] = round(self.samples_per_second, 2)
+        d["batch_sizes"] = self.batch_sizes()
+        return d
+
+    def format_text(self, histograms: bool = True) -> str:
+        if self.dry_run:
+            return "\n".join(["dry run: nothing was scored"] + [f"scorer: {s}" for s in self.scorers]
+                             + [self.plan_text] + ([f"shards: {self.shards} ({self.shards_resumed} already done)"]))
+        lines = [f"scored {self.scored} of {self.rows} samples in {self.shards} shard(s)"
+                 + (f" ({self.shards_resumed} shard(s) were already done)" if self.shards_resumed else "")]
+        for s in self.scorers:
+            lines.append(f"  scorer: {s}")
+        if self.samples_this_run:
+            lines.append(f"  this run: {self.samples_this_run} samples in {self.seconds:.1f}s = "
+                         f"{self.samples_per_second:.1f} samples/s")
+        for b in self.batch_sizes():
+            extra = f", halved {b['halvings']}x ({', '.join(b['causes'])})" if b["halvings"] else ""
+            lines.append(f"  batch size on {b['device']} (worker {b['worker']}, {b['scorer']}): "
+                         f"planned {b['planned']}, final {b['final']}{extra}")
+        lines.append("  status: " + ", ".join(f"{k} {self.status.get(k, 0)}" for k in STATUSES))
+        if self.reasons:
+            lines.append("  not scored / partly scored, by reason:")
+            for reason, n in self.reasons.items():
+                lines.append(f"    {n:>8}  {reason}")
+        for col, th in self.thresholds.items():
+            lines.append(f"  {col} >= {th['min']:g}: kept {th['kept']}, dropped {th['dropped']}"
+                         + (f", no score {th['no_score']}" if th["no_score"] else ""))
+        if self.thresholds:
+            lines.append(f"  kept {self.kept} of {self.rows} (all thresholds met)")
+        for f in self.shards_failed:
+            lines.append(f"  shard not read: {f['url']}: {f['reason']}")
+        for col, st in self.columns.items():
+            if st.get("kind") == "number" and st.get("count"):
+                lines.append(f"  {col}: n={st['count']} min={st['min']:.4g} mean={st['mean']:.4g} max={st['max']:.4g}")
+                if histograms and st.get("histogram"):
+                    lines.extend(text_histogram(st["histogram"]))
+            elif st.get("kind") == "bool":
+                lines.append(f"  {col}: true {st['true']}, false {st['false']}")
+        for name, path in self.files.items():
+            if path:
+                lines.append(f"  {name}: {path}")
+        return "\n".join(lines)
+
+
+def write_summary(summary: RunSummary, path: str) -> None:
+    tmp = path + f".tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(summary.to_dict(), f, indent=2, default=str)
+    os.replace(tmp, path)

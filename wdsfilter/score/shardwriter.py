@@ -1,0 +1,109 @@
+"""Filtered shards: the kept samples of a shard, copied byte for byte from the source tar.
+
+Nothing is re-encoded or re-serialised: once a shard's scores are complete, the source tar is
+indexed (tarfile gives each member's header offset, long-name and pax headers included, and its
+data offset) and the byte ranges of the members of kept keys are copied, headers included, into a
+temporary file that is renamed into place. Bytes before the first member (a pax global header)
+are kept too. Compressed shards (.tar.gz/.tgz) are written compressed.
+"""
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import tarfile
+import tempfile
+from typing import Iterable, List, Tuple
+
+from ..naming import split_name
+from ..shards import is_pipe, is_remote, open_shard
+
+BLOCK = 512
+RECORD = 20 * BLOCK  # tar's record size: archives are padded to a multiple of it
+
+
+def _is_gzip(path: str) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == b"\x1f\x8b"
+
+
+def member_ranges(path: str, rekey: str) -> Tuple[int, List[Tuple[int, int, str]]]:
+    """(offset of the first member, [(start, end, key)] of each regular member), in tar order.
+    start is the first header byte (long-name/pax headers included), end the padded data end.
+    A shard cut short yields the members read before the break."""
+    ranges: List[Tuple[int, int, str]] = []
+    first = None
+    try:
+        with tarfile.open(path, "r:*") as tar:
+            for info in tar:
+                if first is None:
+                    first = info.offset
+                if not info.isreg():
+                    continue
+                key, _ = split_name(info.name, rekey)
+                if key is None:
+                    continue
+                end = info.offset_data + -(-info.size // BLOCK) * BLOCK
+                ranges.append((info.offset, end, key))
+    except (tarfile.TarError, EOFError, OSError):
+        pass  # a cut shard: keep what was indexed; the copy checks each range is complete
+    return (first or 0), ranges
+
+
+def _local_copy(url: str, allow_pipe: bool, allow_remote: bool, folder: str) -> str:
+    fd, tmp = tempfile.mkstemp(prefix=".source-", suffix=".tar", dir=folder)
+    with os.fdopen(fd, "wb") as out, open_shard(url, allow_pipe, allow_remote) as src:
+        shutil.copyfileobj(src, out, 1 << 20)
+    return tmp
+
+
+def write_filtered(url: str, keep: Iterable[str], dest: str, rekey: str = "first-dot",
+                   allow_pipe: bool = False, allow_remote: bool = False) -> dict:
+    """Write the members of kept keys of shard `url` to `dest` atomically; returns counts."""
+    keep = set(keep)
+    folder = os.path.dirname(os.path.abspath(dest))
+    source = url[len("file:"):] if url.startswith("file:") else url
+    fetched = None
+    if is_pipe(url) or is_remote(url):
+        fetched = source = _local_copy(url, allow_pipe, allow_remote, folder)
+    tmp = os.path.join(folder, f".{os.path.basename(dest)}.tmp-{os.getpid()}")
+    try:
+        compressed = _is_gzip(source)
+        preamble_end, ranges = member_ranges(source, rekey)
+        members = samples = 0
+        seen_keys = set()
+        opener = gzip.open if compressed else open
+        with opener(source, "rb") as src, opener(tmp, "wb") as out:
+            pos = 0
+            written = 0
+            if preamble_end:
+                head = src.read(preamble_end)
+                pos += len(head)
+                if len(head) == preamble_end:
+                    out.write(head)
+                    written += len(head)
+            for start, end, key in ranges:
+                if key not in keep:
+                    continue
+                if start > pos:  # skip what is not kept (gzip decompresses through it)
+                    src.seek(start)
+                    pos = start
+                data = src.read(end - start)
+                pos += len(data)
+                if len(data) < end - start:
+                    break  # the shard ends inside this member: it was not kept by the reader either
+                out.write(data)
+                written += len(data)
+                members += 1
+                if key not in seen_keys:
+                    seen_keys.add(key)
+                    samples += 1
+            end_blocks = 2 * BLOCK
+            pad = (-(written + end_blocks)) % RECORD
+            out.write(b"\0" * (end_blocks + pad))
+        os.replace(tmp, dest)
+        return {"members": members, "samples": samples, "bytes": os.path.getsize(dest)}
+    finally:
+        for path in (tmp, fetched):
+            if path and os.path.exists(path):
+                os.remove(path)
