@@ -95,13 +95,16 @@ def loader(urls, caption_key: Optional[str] = None, image_key: Optional[str] = N
            config: Optional[StageConfig] = None, drop_last: bool = False, seed: int = 0,
            output: str = "tuple", multiprocessing_context: Optional[str] = None,
            persistent_workers: bool = False, world_size: Optional[int] = None,
-           scores: Optional[str] = None, min_scores: Optional[dict] = None, **config_options) -> WdsLoader:
+           scores: Optional[str] = None, min_scores: Optional[dict] = None, min_clip: Optional[float] = None,
+           **config_options) -> WdsLoader:
     """Build a DataLoader over WebDataset shards; see the module docstring.
 
     caption_key / image_key: specs (`txt`, `json:description`, `txt;json:caption`, `jpg;png`).
     transform: image -> tensor (e.g. open_clip's preprocess); tokenizer: str -> tokens.
     output: "tuple" yields (images, captions) batches, "dict" yields lists of sample dicts.
     config_options: any StageConfig field (max_pixels, image_token, rekey, ...).
+    scores / min_scores / min_clip: drop samples by the score files of a `wdsfilter score` run
+    (scores=its --out folder; min_clip=X is min_scores={"clip_score": X}); see wdsfilter.scorefilter.
     """
     try:
         import torch.utils.data
@@ -136,22 +139,24 @@ def loader(urls, caption_key: Optional[str] = None, image_key: Optional[str] = N
             f"(num_workers={max(len(shard_urls) // world, 1) if len(shard_urls) >= world else 0}), "
             f"more shards, or resampled=True.")
 
+    sink = StatsSink()
+    tally = Tally(config.starvation_samples, config.starvation_seconds, name="wdsfilter.loader")
     extra = []
     fns = {}
     if transform is not None:
         fns["image"] = transform
     if tokenizer is not None:
         fns["caption"] = _Tokenize(tokenizer)
+    if min_clip is not None:  # shortcut for min_scores={"clip_score": min_clip}
+        min_scores = dict(min_scores or {}, clip_score=min_clip)
     if scores is not None or min_scores:
-        from .scorefilter import score_filter  # noqa: F401  (filled in by the scoring engine)
-        extra.append(score_filter(scores, min_scores or {}))
+        from .scorefilter import score_filter
+        extra.append(score_filter(scores, min_scores or {}, tally))  # its drops count in the loader's tally
     if fns:
         extra.append(map_dict(fns))
     if output == "tuple":
         extra.append(_ToTuple(("image", "caption")))
 
-    sink = StatsSink()
-    tally = Tally(config.starvation_samples, config.starvation_seconds, name="wdsfilter.loader")
     pipeline = sample_pipeline(shard_urls, config, tally, resampled=resampled, shuffle=shuffle, seed=seed,
                                extra=extra, sink=sink)
     collate = wds.filters.default_collation_fn if output == "tuple" else _as_list

@@ -1,0 +1,153 @@
+"""Training-time filtering by score files, without rewriting shards.
+
+    loader = wdsfilter.loader("shards/", scores="scores/", min_scores={"clip_score": 0.28})
+    loader = wdsfilter.loader("shards/", scores="scores/", min_clip=0.28)          # the same
+
+The stage joins each sample with the score files of a `wdsfilter score` run by key. A shard's
+table is read lazily, when the shard's first sample arrives (one shard at a time per worker, so
+memory does not grow with the dataset). Samples with no score row, or whose row has no value for
+a threshold column (the scorer could not score them), are dropped and counted `no_score`; samples
+under a threshold are dropped and counted `filtered_by_score`. Both counts land in the loader's
+Tally like every other drop, so `loader.stats` shows them and the starvation watchdog sees them.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+from typing import Dict, Iterable, Iterator, Optional, Tuple
+
+from .errors import ConfigError
+from .stages import MARKER
+from .tally import Tally
+
+STAGE = "score_filter"
+
+
+def _stem(path: str) -> str:
+    base = os.path.basename(path.rstrip("/"))
+    for suffix in (".tar.gz", ".tgz", ".tar", ".parquet", ".jsonl"):
+        if base.endswith(suffix):
+            return base[: -len(suffix)]
+    return base
+
+
+class ScoreFilter:
+    """Picklable webdataset stage (see the module docstring)."""
+
+    def __init__(self, scores_dir: str, min_scores: Dict[str, float], tally: Optional[Tally] = None):
+        if not scores_dir:
+            raise ConfigError("score filtering needs scores=DIR (the --out folder of `wdsfilter score`)")
+        self.scores_dir = scores_dir
+        try:
+            self.min_scores = {str(k): float(v) for k, v in dict(min_scores or {}).items()}
+        except (TypeError, ValueError):
+            raise ConfigError(f"min_scores must map score columns to numbers, got {min_scores!r}") from None
+        self.tally = tally if tally is not None else Tally(name="score_filter")
+        self.by_url, self.by_stem = self._index()
+        self._check_columns()
+        self._url: Optional[str] = None
+        self._table: Optional[Dict[str, Tuple]] = None
+
+    # -- index of score files -----------------------------------------------------------------
+    def _index(self):
+        done = os.path.join(self.scores_dir, "done")
+        if not os.path.isdir(done):
+            raise ConfigError(f"{self.scores_dir} holds no completed score files (no done/ folder); pass the "
+                              f"--out folder of a `wdsfilter score` run")
+        by_url: Dict[str, str] = {}
+        by_stem: Dict[str, Optional[str]] = {}
+        for marker in sorted(glob.glob(os.path.join(done, "*.json"))):
+            with open(marker) as f:
+                info = json.load(f)
+            path = info.get("score_file") or ""
+            if not os.path.isabs(path) and not os.path.exists(path):
+                path = os.path.join(self.scores_dir, "scores", os.path.basename(path))
+            if not os.path.exists(path):  # the folder was moved: look beside the marker
+                path = os.path.join(self.scores_dir, "scores", os.path.basename(path))
+            if not os.path.exists(path):
+                continue
+            url = info.get("url", "")
+            by_url[url] = path
+            if not url.startswith(("pipe:", "http://", "https://")):
+                by_url[os.path.abspath(url)] = path
+            stem = _stem(url)
+            by_stem[stem] = None if stem in by_stem and by_stem[stem] != path else path  # None: ambiguous
+        if not by_url:
+            raise ConfigError(f"{self.scores_dir} holds no completed score files (done/ is empty); "
+                              f"finish or --resume the scoring run first")
+        return by_url, by_stem
+
+    def _check_columns(self) -> None:
+        from .score.outputs import read_table
+        path = next(iter(self.by_url.values()))
+        if path.endswith(".parquet"):
+            import pyarrow.parquet as pq
+            columns = set(pq.read_schema(path).names)
+        else:
+            columns = set(read_table(path).keys()) or None
+        if columns is None:
+            return  # an empty JSONL table names no columns
+        missing = [c for c in self.min_scores if c not in columns]
+        if missing:
+            raise ConfigError(f"min_scores on {missing}, which the score files in {self.scores_dir} do not have; "
+                              f"their columns: {', '.join(sorted(columns))}")
+
+    def score_file(self, url: str) -> Optional[str]:
+        if url in self.by_url:
+            return self.by_url[url]
+        if not url.startswith(("pipe:", "http://", "https://")) and os.path.abspath(url) in self.by_url:
+            return self.by_url[os.path.abspath(url)]
+        return self.by_stem.get(_stem(url))
+
+    def _load(self, url: str) -> None:
+        from .score.outputs import read_table
+        self._url = url
+        path = self.score_file(url)
+        if path is None:
+            self._table = None
+            return
+        columns = list(self.min_scores)
+        t = read_table(path, ["key"] + columns)
+        table: Dict[str, Tuple] = {}
+        for i, key in enumerate(t["key"]):
+            if key not in table:  # a key repeated in one shard (a half-sample): its first row
+                table[key] = tuple(t[c][i] if c in t else None for c in columns)
+        self._table = table
+
+    # -- the stage ---------------------------------------------------------------------------------
+    def __call__(self, data: Iterable[dict]) -> Iterator[dict]:
+        thresholds = list(self.min_scores.items())
+        for sample in data:
+            if MARKER in sample:
+                yield sample
+                continue
+            url, key = sample.get("__url__", ""), sample.get("__key__", "")
+            if url != self._url:
+                self._load(url)
+            values = None if self._table is None else self._table.get(key)
+            if values is None:
+                why = "no score file for this shard" if self._table is None else "no row for this key"
+                self.tally.drop("no_score", STAGE, url, key, f"{why} in {self.scores_dir}")
+                continue
+            if any(v is None or (isinstance(v, float) and math.isnan(v)) for v in values):
+                self.tally.drop("no_score", STAGE, url, key, "the scoring run could not score this sample")
+                continue
+            below = [(c, v, t) for (c, t), v in zip(thresholds, values) if v < t]
+            if below:
+                c, v, t = below[0]
+                self.tally.drop("filtered_by_score", STAGE, url, key, f"{c}={v:.4g} < {t:g}")
+                continue
+            yield sample
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state.update(_url=None, _table=None)  # each worker reads the tables it needs
+        return state
+
+
+def score_filter(scores_dir: str, min_scores: Dict[str, float], tally: Optional[Tally] = None) -> ScoreFilter:
+    """A stage dropping samples without scores or under `min_scores` (column -> minimum); drops
+    are counted in `tally` (pass the pipeline's, as wdsfilter.loader does)."""
+    return ScoreFilter(scores_dir, min_scores, tally)
