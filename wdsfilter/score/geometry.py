@@ -10,9 +10,10 @@ Two methods, the same interface:
   frame rectangle. Cost grows with the number of polygons, not with the frame size: tens of
   microseconds for the handful of boxes a frame usually has (tools/bench_ocr.py --area-method
   prints both).
-* "raster": cv2.fillPoly onto a mask of the frame, then count pixels. Cost grows with the frame
-  size; it counts every pixel the polygon touches, so it over-counts by up to one pixel along each
-  edge (a 10x10 box fills 11x11 pixels): fine for large text, a few percent high for tiny boxes.
+* "raster": cv2.fillPoly onto a mask of the frame, one polygon at a time, then count pixels. Cost
+  grows with the frame size; fillPoly also fills the pixels the outline passes through, so it
+  over-counts by about a pixel along the perimeter (a 10x10 box fills 11x11 pixels): within 0.02
+  of the exact ratio for text-sized boxes on a 320x240 frame, more for many tiny boxes.
 """
 from __future__ import annotations
 
@@ -59,8 +60,11 @@ def _union_area_raster(polys: Sequence[np.ndarray], width: int, height: int) -> 
     if not polys:
         return 0.0
     mask = np.zeros((height, width), dtype=np.uint8)
-    pts = [np.round(p * (1 << _SHIFT)).astype(np.int32) for p in polys]
-    cv2.fillPoly(mask, pts, 1, lineType=cv2.LINE_8, shift=_SHIFT)  # drawing clips to the mask
+    # Pixel i covers [i, i + 1) and fillPoly fills pixels by their index: shift by half a pixel so
+    # a pixel is filled when its centre is inside (without it, a 10x10 box fills 11x11 pixels).
+    pts = [np.round((p - 0.5) * (1 << _SHIFT)).astype(np.int32) for p in polys]
+    for p in pts:  # one call per polygon: a single fillPoly call would cancel overlaps (even-odd rule)
+        cv2.fillPoly(mask, [p], 1, lineType=cv2.LINE_8, shift=_SHIFT)  # drawing clips to the mask
     return float(cv2.countNonZero(mask))
 
 

@@ -49,10 +49,13 @@ _SESSION_OVERHEAD = 64 << 20  # onnxruntime CUDA provider workspace and the mode
 class RapidOcrBackend(DetectorBackend):
     # None: the model bundled in the rapidocr-onnxruntime wheel.
     model_path: Optional[str] = None
-    # rapidocr's defaults: the short side is scaled up to at least 736 px ("min"), which finds
-    # small text; "max" with e.g. 960 caps the long side instead (faster on large frames).
-    limit_side_len: int = 736
-    limit_type: str = "min"
+    # How frames are scaled for the network. "max" (ours): the long side is capped at 960 and
+    # small frames are never enlarged. rapidocr's own OCR default, "min" with 736, enlarges the
+    # short side to 736 for small print in documents; on 320x240 frames that is 10x the pixels
+    # and it makes filled shapes look like letters (a gradient with circles scored 0.08, as high
+    # as a frame with a subtitle; see docs/ocr.md). Text of 10 px on a 320x240 frame is still found.
+    limit_side_len: int = 960
+    limit_type: str = "max"
     thresh: float = 0.3        # probability threshold of a text pixel
     box_thresh: float = 0.5    # minimum mean probability inside a box
     unclip_ratio: float = 1.6  # how far boxes are grown around the text kernel
@@ -89,8 +92,8 @@ class RapidOcrBackend(DetectorBackend):
 
     def footprint_bytes(self, frames: int, height: int, width: int, device: str = "cuda") -> int:
         kind, _ = parse_device(device)
-        if kind != "cuda" or not self._has_cuda_provider():
-            return 0
+        if kind == "cuda" and not self._has_cuda_provider():
+            return 0  # it will run on CPU: nothing on the GPU (host RAM is planned under "cpu")
         h, w = self._resized_size(height, width)
         return _SESSION_OVERHEAD + frames * h * w * _BYTES_PER_PIXEL
 
