@@ -56,7 +56,6 @@ class EasyOcrBackend(DetectorBackend):
     link_threshold: float = 0.4
     low_text: float = 0.4
     fp16: bool = False                # half precision on CUDA: half the activation memory
-    quantize: bool = True             # easyocr's CPU default (dynamic int8 where it applies)
 
     name = "easyocr"
 
@@ -118,7 +117,9 @@ class EasyOcrBackend(DetectorBackend):
         kind, _ = parse_device(device)
         path = self._ensure_weights()
         # device="cpu": easyocr's loader without its DataParallel wrapping (see the module docstring).
-        net = get_detector(path, device="cpu", quantize=self.quantize and kind == "cpu")
+        # quantize=False: easyocr's CPU default quantizes Linear/LSTM layers dynamically, and CRAFT
+        # has none (all convolutions), so it changes nothing but warns about a deprecated API.
+        net = get_detector(path, device="cpu", quantize=False)
         if isinstance(net, torch.nn.DataParallel):  # other easyocr versions: unwrap all the same
             net = net.module
         if kind != "cpu":

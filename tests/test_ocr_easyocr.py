@@ -1,0 +1,125 @@
+"""The easyocr backend with CRAFT checkpoints built here (no network): loaded through easyocr's own
+loading code (easyocr.detection.get_detector: torch.load + copyStateDict), kept off DataParallel
+and on the requested device. Random weights say nothing about quality, so the random checkpoint
+only has to run through the real code and give ratios in [0, 1]; two checkpoints whose last layer
+is a constant (every pixel "text", or none) check the post-processing end to end."""
+from __future__ import annotations
+
+import functools
+import os
+import pickle
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+easyocr = pytest.importorskip("easyocr")
+
+from easyocr.craft import CRAFT  # noqa: E402
+from PIL import Image  # noqa: E402
+from test_video import make_video, text_frame  # noqa: E402
+from wdsfilter.errors import ConfigError  # noqa: E402
+from wdsfilter.score.scorers.ocr import OcrScorer  # noqa: E402
+
+FILENAME = "craft_mlt_25k.pth"  # the name easyocr looks for (easyocr.config.detection_models)
+
+
+@functools.lru_cache(maxsize=1)
+def craft_state():
+    torch.manual_seed(0)
+    return CRAFT().state_dict()  # building CRAFT takes a second or two: once per module
+
+
+def save_craft(directory, last_bias=None, prefix=""):
+    """A CRAFT state dict from easyocr's own class. last_bias: zero the last conv and set its bias,
+    so both score maps are that constant everywhere. prefix="module.": as DataParallel saves it."""
+    state = {k: v.clone() for k, v in craft_state().items()}
+    if last_bias is not None:
+        state["conv_cls.8.weight"].zero_()
+        state["conv_cls.8.bias"].fill_(last_bias)
+    os.makedirs(directory, exist_ok=True)
+    torch.save({prefix + k: v for k, v in state.items()}, os.path.join(directory, FILENAME))
+    return str(directory)
+
+
+@pytest.fixture(scope="module")
+def random_dir(tmp_path_factory):
+    return save_craft(tmp_path_factory.mktemp("craft-random"))
+
+
+def easy(directory, **backend_options):
+    return OcrScorer(backend="easyocr", model_dir=directory, download=False,
+                     backend_options={"verify_checksum": False, **backend_options})
+
+
+def image(array):
+    return {"image": Image.fromarray(array)}
+
+
+def test_random_checkpoint_runs_through_easyocr_on_the_given_device(random_dir):
+    s = easy(random_dir)
+    assert s.weights_path() == os.path.join(random_dir, FILENAME)
+    s.load("cpu")
+    net = s.detector._model
+    assert type(net) is CRAFT  # the bare module, never torch.nn.DataParallel
+    assert {p.device.type for p in net.parameters()} == {"cpu"}
+    inputs = [s.prepare(image(text_frame("SALE"))), s.prepare(image(text_frame("OPEN", width=200, height=150))),
+              s.prepare({"video": make_video([text_frame("NEWS")] * 8), "__media_ext__": "mp4"})]
+    rows = s.score_batch(inputs)
+    assert [r["ocr_frames"] for r in rows] == [1, 1, 3]
+    for r in rows:
+        assert all(0.0 <= v <= 1.0 for v in r["ocr_area_frames"]) and 0.0 <= r["ocr_area"] <= 1.0
+    t = s.timings()
+    assert t["forward"] > 0 and t["preprocess"] > 0
+
+
+def test_non_cpu_devices_get_the_bare_module_moved_there(random_dir):
+    # The GPU path without a GPU: "meta" takes the same branch as "cuda:N" (load on CPU through
+    # easyocr, then .to(device)); a DataParallel wrapper would have spread it over every GPU.
+    s = easy(random_dir)
+    s.load("meta")
+    assert type(s.detector._model) is CRAFT
+    assert {p.device.type for p in s.detector._model.parameters()} == {"meta"}
+
+
+def test_constant_checkpoints_cover_all_or_nothing(tmp_path):
+    # Saved with DataParallel's "module." prefix: easyocr's copyStateDict strips it, so this also
+    # shows the weights went through easyocr's loader.
+    everything = easy(save_craft(tmp_path / "all", last_bias=1.0, prefix="module."))
+    nothing = easy(save_craft(tmp_path / "none", last_bias=-1.0))
+    frames = [image(text_frame("A", width=160, height=120, size=20)), image(np.zeros((45, 100, 3), np.uint8))]
+    for s in (everything, nothing):
+        s.load("cpu")
+    full = everything.score_batch([everything.prepare(f) for f in frames])
+    empty = nothing.score_batch([nothing.prepare(f) for f in frames])
+    # One box over the whole score map, scaled back to frame pixels (CRAFT's maps are half size)
+    # and clipped to the frame: all of it, less the map's 1-pixel border.
+    assert [r["ocr_area"] for r in full] == [pytest.approx(1.0, abs=0.03)] * 2
+    assert [r["ocr_area"] for r in empty] == [0.0, 0.0]
+
+
+def test_release_checksum_is_enforced_unless_turned_off(random_dir):
+    s = OcrScorer(backend="easyocr", model_dir=random_dir, download=False)  # verify_checksum on
+    with pytest.raises(ConfigError, match="checksum"):
+        s.load("cpu")
+
+
+def test_missing_weights_without_downloads_name_the_fix(tmp_path):
+    s = OcrScorer(backend="easyocr", model_dir=str(tmp_path / "empty"), download=False)
+    with pytest.raises(ConfigError) as e:
+        s.load("cpu")
+    assert FILENAME in str(e.value) and "rapidocr" in str(e.value)
+
+
+def test_pickles_without_the_model_and_plans_memory(random_dir):
+    s = easy(random_dir)
+    s.load("cpu")
+    copy = pickle.loads(pickle.dumps(s))
+    assert copy.detector._model is None and copy.detector.model_dir == random_dir
+    hints = s.footprint("cuda:0")
+    assert hints["weights_path"] == os.path.join(random_dir, FILENAME)
+    # Weights (about 83 MB) plus activations of 3 frames of up to 1280x1280 per sample.
+    assert hints["fixed_bytes"] > 80e6
+    assert hints["per_sample_bytes"] > 3 * 1280 * 1280 * 100
+    half = easy(random_dir, fp16=True).footprint("cuda:0")
+    assert half["per_sample_bytes"] == hints["per_sample_bytes"] // 2
