@@ -35,6 +35,9 @@ class ShardEnd:
     url: str
     members: int
     error: Optional[str] = None
+    # Where it broke: the member being read, or the last member read before a cut header ("" when
+    # no member header could be read). The validator names it in its truncated_tar finding.
+    member: str = ""
 
 
 class _EndAwareTarInfo(tarfile.TarInfo):
@@ -70,10 +73,11 @@ def iter_tar(stream, url: str) -> Iterator["dict | ShardEnd"]:
         current = ""
         end = getattr(tar, "wds_end", "end-of-archive")
         if end != "end-of-archive":
-            yield ShardEnd(url, count, f"ReadError: tar {end} after member {info.name if count else '(none)'}")
+            last = info.name if count else ""
+            yield ShardEnd(url, count, f"ReadError: tar {end} after member {last or '(none)'}", last)
             return
     except (tarfile.TarError, EOFError, OSError, zlib.error) as e:
-        yield ShardEnd(url, count, f"{type(e).__name__}: {e} at member {current or '(header)'}")
+        yield ShardEnd(url, count, f"{type(e).__name__}: {e} at member {current or '(header)'}", current)
         return
     yield ShardEnd(url, count)
 
