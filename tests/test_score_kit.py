@@ -30,13 +30,17 @@ class BrightnessScorer(Scorer):
     name = "bright"
 
     def __init__(self, size: int = 8, sim: str = "", sim_total: int = 0, model_bytes: int = 0,
-                 bytes_per_sample: int = 0, oom_above: int = 0, delay: float = 0.0, log: str = "",
-                 fail_word: str = "", memory_error_above: int = 0):
+                 bytes_per_sample: int = 0, quadratic_bytes: int = 0, oom_above: int = 0, delay: float = 0.0,
+                 log: str = "", fail_word: str = "", memory_error_above: int = 0, huge_word: str = "",
+                 error_word: str = ""):
         self.size = size
         self.sim = sim
         self.sim_total = sim_total
         self.model_bytes = model_bytes
         self.bytes_per_sample = bytes_per_sample
+        self.quadratic_bytes = quadratic_bytes  # activation memory growing with n^2 (attention-like)
+        self.huge_word = huge_word  # captions with it need more memory than the device has
+        self.error_word = error_word  # captions with it make score_batch raise a ValueError
         self.oom_above = oom_above
         self.memory_error_above = memory_error_above
         self.delay = delay
@@ -52,7 +56,9 @@ class BrightnessScorer(Scorer):
             raise DataError("caption_refused", f"caption contains {self.fail_word!r}")
         img = sample["image"].resize((self.size, self.size), Image.NEAREST)
         pixels = torch.from_numpy(np.asarray(img, dtype=np.uint8).copy()).permute(2, 0, 1)
-        return {"pixels": pixels, "key": sample["__key__"], "wide": sample["image"].width > sample["image"].height}
+        return {"pixels": pixels, "key": sample["__key__"], "wide": sample["image"].width > sample["image"].height,
+                "huge": bool(self.huge_word) and self.huge_word in sample["caption"],
+                "bad": bool(self.error_word) and self.error_word in sample["caption"]}
 
     def _device(self):
         return SimulatedDevice.get(self.sim, self.sim_total) if self.sim else None
@@ -74,9 +80,14 @@ class BrightnessScorer(Scorer):
             raise torch.cuda.OutOfMemoryError(f"test: batch of {n} > {self.oom_above}")
         if self.memory_error_above and n > self.memory_error_above:
             raise MemoryError(f"test: batch of {n} > {self.memory_error_above}")
+        if any(i["bad"] for i in inputs):
+            raise ValueError("test: this input breaks the model")
         dev = self._device()
+        need = self.bytes_per_sample * n + self.quadratic_bytes * n * n
         if dev is not None:
-            dev.alloc(self.bytes_per_sample * n)
+            if any(i["huge"] for i in inputs):
+                dev.alloc(dev.total() + 1)
+            dev.alloc(need)
         try:
             x = torch.stack([i["pixels"] for i in inputs]).to(self.device).float() / 255.0
             luma = (x * self._weights).sum(1).mean((1, 2))
@@ -84,7 +95,7 @@ class BrightnessScorer(Scorer):
                 time.sleep(self.delay)
         finally:
             if dev is not None:
-                dev.release(self.bytes_per_sample * n)
+                dev.release(need)
         if self.log:
             with open(self.log, "a") as f:
                 f.write("".join(f"{i['key']}\n" for i in inputs))

@@ -124,4 +124,4 @@ class Backoff:
 
     def stats(self) -> dict:
         return {"planned_batch_size": self.planned, "final_batch_size": self.batch_size,
-                "events": [asdict(e) for e in self.events], "calls": self.calls}
+                "events": [asdict(e) for e in self.events], "calls": self.calls, "scored": self.successes}

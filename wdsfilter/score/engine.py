@@ -222,6 +222,7 @@ class Engine:
             report.seconds_per_sample = measured["seconds_per_sample"]
             report.threads = measured["threads"]
             report.oom_at = measured["oom_at"]
+            report.errors = measured.get("errors", {})
         return report
 
     def _apply(self, pool, plan: Plan, reports: List[dict]) -> None:

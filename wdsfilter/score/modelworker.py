@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import ConfigError, WdsFilterError
 from .backoff import Backoff
-from .memory import HostMemory, device_memory, torch_device
+from .memory import HostMemory, device_memory, is_oom, torch_device
 
 # One work item: (row reference, {scorer name: prepared input}).
 Item = Tuple[Any, Dict[str, Any]]
@@ -57,39 +57,41 @@ class ModelRunner:
                 "descriptions": [s.describe() for s in self.scorers]}
 
     def probe(self, inputs: List[Dict[str, Any]]) -> dict:
-        """Activation memory and time of each scorer at two batch sizes (1 and len(inputs)).
-
-        The first call also warms the model up, so the timed second call is representative."""
+        """Activation memory and time of each scorer at two batch sizes (1 and len(inputs)), after
+        one warm-up call, so lazy initialisation (cuDNN/cuBLAS workspaces) is not counted as
+        activations and the timed call is representative."""
         import torch
         mem = self.memory
         sizes = (1, len(inputs))
-        peaks = {}
+        peaks: Dict[str, List[int]] = {}
+        errors: Dict[str, str] = {}
         seconds = 0.0
         oom_at = None
         for scorer in self.scorers:
             batch = [inp[scorer.name] for inp in inputs]
-            measured = []
-            for size in sizes:
-                mem.empty_cache()
-                base = mem.allocated()
-                mem.reset_peak()
-                start = time.perf_counter()
-                try:
+            measured: List[int] = []
+            size = 1
+            try:
+                scorer.score_batch(batch[:1])  # warm-up: lazy initialisation is not activation memory
+                for size in sizes:
+                    mem.empty_cache()
+                    base = mem.allocated()
+                    mem.reset_peak()
+                    start = time.perf_counter()
                     scorer.score_batch(batch[:size])
-                except Exception as e:  # noqa: BLE001
-                    from .memory import is_oom
-                    if not is_oom(e):
-                        raise
+                    elapsed = time.perf_counter() - start
+                    measured.append(max(0, mem.peak() - base))
+                    if size == sizes[-1]:
+                        seconds += elapsed / size
+            except Exception as e:  # noqa: BLE001 - the plan reports it; scoring handles it per sample
+                if is_oom(e):
                     oom_at = size
-                    break
-                elapsed = time.perf_counter() - start
-                measured.append(max(0, mem.peak() - base))
-                if size == sizes[-1]:
-                    seconds += elapsed / size
+                else:
+                    errors[scorer.name] = f"{type(e).__name__}: {e}"[:300]
             mem.empty_cache()
             peaks[scorer.name] = measured
         return {"sizes": list(sizes), "peaks": peaks, "seconds_per_sample": seconds,
-                "threads": torch.get_num_threads(), "oom_at": oom_at}
+                "threads": torch.get_num_threads(), "oom_at": oom_at, "errors": errors}
 
     # -- scoring ------------------------------------------------------------------------------
     def configure(self, batch_size: int, threads: Optional[int] = None, min_free_host: Optional[int] = None) -> None:

@@ -43,6 +43,7 @@ class ProbeReport:
     prepared_bytes: int = 0  # host bytes of one prepared sample (all scorers)
     prepare_seconds: float = 0.0  # read + decode + prepare per sample, one process
     oom_at: Optional[int] = None
+    errors: Dict[str, str] = field(default_factory=dict)  # scorer -> error raised on probe samples
 
     def activation(self) -> Tuple[int, int]:
         """(fixed bytes, bytes per sample): the line through the two probe points of each scorer;
@@ -149,6 +150,9 @@ class _Planner:
             self.lines.append(("decode speed", f"{p.prepare_seconds * 1000:.2f} ms/sample",
                                f"read + decode + prepare in one process, over {p.scanned} samples"))
             self.lines.append(("prepared sample", fs(p.prepared_bytes), "host memory of one prepared model input"))
+            for name, error in p.errors.items():
+                self.warnings.append(f"the {name} probe failed ({error}); its activation memory is not measured "
+                                     f"and the back-off will handle what does not fit")
         else:
             self.warnings.append(f"none of the first {p.scanned} samples could be prepared, so activation memory "
                                  f"was not measured; the batch size is not memory-checked and the back-off "

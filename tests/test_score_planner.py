@@ -1,0 +1,172 @@
+"""The memory planner: its rules on exact numbers, the measurements on a simulated GPU and on the
+real host, and the refusals/clamps of settings that cannot fit."""
+import math
+import os
+import re
+
+import pytest
+
+from test_score_kit import BrightnessScorer, make_shards
+from wdsfilter import ConfigError
+from wdsfilter.score import ScoreConfig, score
+from wdsfilter.score.config import parse_size
+from wdsfilter.score.memory import HostMemory, SimulatedDevice
+from wdsfilter.score.planner import WORKER_BASE_BYTES, ProbeReport, make_plan
+
+MiB, GiB = 2**20, 2**30
+
+
+def cuda_report(free=24 * GiB, footprint=2 * GiB, overhead=600 * MiB, device="cuda:0"):
+    return {"device": device, "kind": "cuda", "total": 24 * GiB, "free_before": free, "footprint": footprint,
+            "footprints": {"clip": footprint}, "overhead": overhead, "overhead_estimated": True,
+            "rss": 3 * GiB, "descriptions": ["clip"]}
+
+
+def probe(fixed=100 * MiB, per=50 * MiB, prepared=600_000):
+    return ProbeReport(samples=16, scanned=16, sizes=(1, 16), peaks={"clip": [fixed + per, fixed + 16 * per]},
+                       seconds_per_sample=0.001, threads=2, prepared_bytes=prepared, prepare_seconds=0.004)
+
+
+HOST = {"total": 128 * GiB, "available": 100 * GiB, "cpus": 16}
+
+
+def plan(cfg_options=None, reports=None, probe_report=None, host=HOST, n_shards=100):
+    cfg = ScoreConfig(out="unused", **(cfg_options or {}))
+    return make_plan(cfg, reports or [cuda_report()], probe_report or probe(), host, n_shards)
+
+
+def test_activation_is_the_line_through_the_two_probe_points():
+    assert probe(fixed=123 * MiB, per=7 * MiB).activation() == (123 * MiB, 7 * MiB)
+    two = ProbeReport(samples=8, sizes=(1, 8), peaks={"a": [10, 80], "b": [500, 507]})
+    assert two.activation() == (499, 10)  # the largest fixed part and the largest slope
+
+
+def test_auto_batch_is_the_largest_multiple_of_8_that_fits():
+    p = plan({"max_batch": 100_000, "replicas": 1})
+    (dp,) = p.devices
+    usable = 24 * GiB - int(24 * GiB * 0.10)
+    assert dp.budget == usable
+    need = lambda b: 2 * GiB + 100 * MiB + 50 * MiB * b  # noqa: E731
+    assert need(dp.batch_size) <= usable < need(dp.batch_size + 8) and dp.batch_size % 8 == 0
+    assert dp.need == need(dp.batch_size)
+    capped = plan({"max_batch": 64, "replicas": 1}).devices[0]
+    assert capped.batch_size == 64
+    assert any("capped at max_batch=64" in why for _, _, why in plan({"max_batch": 64}).lines)
+
+
+def test_max_memory_and_headroom_bound_the_budget():
+    dp = plan({"max_memory": "8GiB", "headroom": 0.25, "replicas": 1, "max_batch": 100_000}).devices[0]
+    assert dp.budget == 8 * GiB - 2 * GiB
+    assert 2 * GiB + 100 * MiB + 50 * MiB * dp.batch_size <= 6 * GiB
+
+
+def test_a_second_replica_only_when_both_fit_at_full_batch():
+    small = probe(fixed=10 * MiB, per=1 * MiB)
+    both = 2 * (2 * GiB + 10 * MiB + 256 * MiB) + 600 * MiB  # two replicas at batch 256, one extra process
+    roomy = plan({"max_batch": 256}, reports=[cuda_report(free=int(both / 0.9) + MiB)], probe_report=small)
+    assert roomy.devices[0].replicas == 2 and roomy.devices[0].batch_size == 256
+    tight = plan({"max_batch": 256}, reports=[cuda_report(free=int(both / 0.9) - MiB)], probe_report=small)
+    assert tight.devices[0].replicas == 1 and tight.devices[0].batch_size == 256
+
+
+def test_forty_processes_of_a_2gb_model_on_one_gpu_are_refused_with_the_numbers():
+    with pytest.raises(ConfigError) as err:
+        plan({"replicas": 40})
+    msg = str(err.value)
+    assert "replicas=40 on cuda:0: 40 x (2.0 GiB model + 100.0 MiB + 50.0 MiB x 1 samples)" in msg
+    assert "39 x 600.0 MiB per extra process (estimated)" in msg and "> 21.6 GiB usable" in msg
+    assert "--fit clamp" in msg
+    clamped = plan({"replicas": 40, "fit": "clamp"})
+    dp = clamped.devices[0]
+    usable = 24 * GiB - int(24 * GiB * 0.10)
+    need = lambda r, b: r * (2 * GiB + 100 * MiB + 50 * MiB * b) + (r - 1) * 600 * MiB  # noqa: E731
+    assert need(dp.replicas, 1) <= usable < need(dp.replicas + 1, 1)
+    assert need(dp.replicas, dp.batch_size) <= usable
+    assert any(f"clamped to {dp.replicas}" in w for w in clamped.warnings)
+
+
+def test_a_batch_size_that_cannot_fit_is_refused_or_clamped():
+    with pytest.raises(ConfigError, match=r"batch_size=1000 on cuda:0: 1 x \(2.0 GiB model .*> 21.6 GiB usable"):
+        plan({"batch_size": 1000, "replicas": 1})
+    clamped = plan({"batch_size": 1000, "replicas": 1, "fit": "clamp"})
+    b = clamped.devices[0].batch_size
+    assert 2 * GiB + 100 * MiB + 50 * MiB * b <= 24 * GiB - int(24 * GiB * 0.1) and b < 1000
+    assert plan({"batch_size": 100, "replicas": 1}).devices[0].batch_size == 100
+
+
+def test_a_model_larger_than_the_gpu_is_refused_even_with_clamp():
+    with pytest.raises(ConfigError, match=r"one sample on cuda:0 needs 1 x \(30.0 GiB model"):
+        plan({"fit": "clamp"}, reports=[cuda_report(footprint=30 * GiB)])
+
+
+def test_decode_workers_follow_cores_shards_and_host_ram():
+    p = plan({"replicas": 1})
+    assert p.workers == 16 - 1 - 1  # cores minus the model process minus the dispatcher
+    assert plan({"replicas": 1}, n_shards=3).workers == 3
+    tight = {"total": 8 * GiB, "available": 2 * GiB, "cpus": 16}
+    t = plan({"replicas": 1, "headroom": 0.0}, host=tight)
+    per_worker = WORKER_BASE_BYTES + t.prefetch * t.chunk * 600_000
+    queued = 2 * t.devices[0].batch_size * 600_000
+    assert t.workers == (2 * GiB - queued) // per_worker < 14
+    with pytest.raises(ConfigError, match=r"workers=40: 40 x .* > .* of host RAM left"):
+        plan({"replicas": 1, "workers": 40, "headroom": 0.0}, host=tight)
+
+
+def test_planner_measures_model_and_activations_on_a_simulated_gpu(tmp_path):
+    urls, images = make_shards(tmp_path / "shards", [12, 12])
+    SimulatedDevice.create("plan0", total=1000 * MiB)
+    scorer = BrightnessScorer(sim="plan0", model_bytes=300 * MiB, bytes_per_sample=5 * MiB)
+    lines = []
+    dry = score(urls, out=str(tmp_path / "dry"), scorers=[scorer], devices=["sim:plan0"], max_batch=4096,
+                dry_run=True, progress=False, echo=lines.append)
+    text = "\n".join(lines)
+    assert re.search(r"model on sim:plan0 +300.0 MiB +\(measured", text)
+    assert re.search(r"activations +5.0 MiB/sample \+ 0 B +\(peak memory", text)
+    usable = 1000 * MiB - int(1000 * MiB * 0.10)
+    expected = (usable - 300 * MiB) // (5 * MiB)
+    expected -= expected % 8
+    assert dry.plan["devices"][0]["batch_size"] == expected
+    assert not os.path.exists(tmp_path / "dry" / "scores")  # a dry run writes nothing
+    assert "dry run: nothing was scored" in dry.format_text()
+    # The planned batch really fits: the run scores everything without halving.
+    real = score(urls, out=str(tmp_path / "real"), scorers=[scorer], devices=["sim:plan0"], max_batch=4096,
+                 progress=False, workers=0)
+    assert real.scored == len(images)
+    (b,) = real.batch_sizes()
+    assert b["planned"] == b["final"] == expected and b["halvings"] == 0
+
+
+def test_host_memory_is_measured_for_real():
+    import psutil
+    host = HostMemory()
+    assert abs(host.total() - psutil.virtual_memory().total) < 1 * MiB
+    assert abs(host.free() - psutil.virtual_memory().available) < 256 * MiB
+    host.reset_peak()
+    base = host.allocated()
+    block = bytearray(200 * MiB)
+    block[::4096] = b"\1" * len(block[::4096])  # touch every page so it is resident
+    assert host.peak() - base >= 190 * MiB
+    del block
+    host.empty_cache()
+    host.reset_peak()
+    assert host.peak() - host.allocated() < 50 * MiB
+
+
+def test_host_ram_bounds_workers_in_a_real_cpu_run(tmp_path):
+    urls, _ = make_shards(tmp_path / "shards", [4, 4])
+    with pytest.raises(ConfigError, match=r"workers=2: 2 x .* of host RAM left"):
+        score(urls, out=str(tmp_path / "o"), scorers=[BrightnessScorer()], device="cpu", workers=2,
+              max_memory=HostMemory().allocated() + 300 * MiB, progress=False)
+
+
+@pytest.mark.parametrize("text,size", [("8GB", 8 * 10**9), ("8GiB", 8 * GiB), ("8G", 8 * GiB),
+                                       ("512MiB", 512 * MiB), ("1.5GB", 1_500_000_000), (1024, 1024)])
+def test_sizes(text, size):
+    assert parse_size(text) == size
+
+
+def test_bad_sizes_raise():
+    for bad in ("lots", "-1GB", "8 parsecs"):
+        with pytest.raises(ConfigError):
+            parse_size(bad)
+    assert math.isclose(parse_size("0.5KiB"), 512)
