@@ -186,8 +186,9 @@ class LocalPool:
         return [stats]
 
 
-def _worker_main(worker: int, device: str, scorers, inbox, outbox, threads: Optional[int]) -> None:
-    """A model worker process: load, then serve probe/configure/batch messages until stop."""
+def _worker_main(worker: int, device: str, scorers, inbox, outbox, threads: Optional[int], sim=None) -> None:
+    """A model worker process: load, then serve probe/configure/batch messages until stop.
+    `sim`: the SimulatedDevice of a "sim:NAME" device; unpickling it registers it in this process."""
     try:
         import torch
         if threads:
@@ -248,8 +249,12 @@ class ProcessPool:
     def _spawn(self, device: str) -> int:
         worker = len(self.procs)
         inbox = self.ctx.Queue()
+        sim = None
+        if device.startswith("sim:"):
+            from .memory import SimulatedDevice
+            sim = SimulatedDevice.get(device[4:])
         proc = self.ctx.Process(target=_worker_main, name=f"wdsfilter-model-{worker}",
-                                args=(worker, device, self.scorers, inbox, self.outbox, self.threads), daemon=True)
+                                args=(worker, device, self.scorers, inbox, self.outbox, self.threads, sim), daemon=True)
         proc.start()
         self.procs[worker], self.inboxes[worker] = proc, inbox
         self.device_by_worker[worker] = device
