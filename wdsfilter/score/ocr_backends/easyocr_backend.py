@@ -30,9 +30,10 @@ log = logging.getLogger("wdsfilter")
 NETWORK = "craft"
 _PARAMS = 20_770_000  # CRAFT (VGG16-BN backbone + U-net head): 83 MB in float32
 # Peak memory per input pixel of one frame in float32 (CRAFT keeps the VGG feature maps of every
-# stage alive for its U-net skips): about 750 measured as the peak resident-memory growth of a CPU
-# forward pass at 736x1280 and 2x384x640 (tools/bench_ocr.py --memory), rounded up; half in fp16.
-_BYTES_PER_PIXEL = 800
+# stage alive for its U-net skips): 750 to 980 measured as the peak resident-memory growth of a
+# CPU forward pass at 1280x736 and 2x640x384 (tools/bench_ocr.py --backend easyocr --memory),
+# rounded up; half that in fp16. The planner measures the real number on the GPU when it loads.
+_BYTES_PER_PIXEL = 1000
 _CUDA_WORKSPACE = 256 << 20  # cuDNN convolution workspace and allocator slack
 
 
@@ -45,7 +46,7 @@ def _easyocr_config():
     return config
 
 
-@dataclass
+@dataclass(eq=False)
 class EasyOcrBackend(DetectorBackend):
     model_dir: Optional[str] = None   # None: easyocr's default model directory
     download: bool = True             # fetch craft_mlt_25k.pth (about 80 MB) when missing

@@ -38,14 +38,14 @@ def bundled_model_path() -> str:
     return os.path.join(list(spec.submodule_search_locations)[0], "models", DET_MODEL)
 
 
-# Peak memory per input pixel of one frame (after the detector's own resize): about 360 measured as
-# the peak resident-memory growth of a CPU forward pass at 736x1312 and 2x736x992
+# Peak memory per input pixel of one frame (after the detector's own resize): 260 to 360 measured
+# as the peak resident-memory growth of a CPU forward pass at 1280x736 and 2x640x384
 # (tools/bench_ocr.py --memory), rounded up. An estimate for the first plan only.
 _BYTES_PER_PIXEL = 400
 _SESSION_OVERHEAD = 64 << 20  # onnxruntime CUDA provider workspace and the model's weights (4.7 MB)
 
 
-@dataclass
+@dataclass(eq=False)
 class RapidOcrBackend(DetectorBackend):
     # None: the model bundled in the rapidocr-onnxruntime wheel.
     model_path: Optional[str] = None

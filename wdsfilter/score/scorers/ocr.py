@@ -46,7 +46,7 @@ class OcrInput:
     decode_seconds: float = 0.0     # time spent in prepare (video demux/decode/convert, image resize)
 
 
-@dataclass
+@dataclass(eq=False)  # identity equality keeps it hashable, like every other Scorer
 class OcrScorer(Scorer):
     backend: str = "rapidocr"          # --ocr-backend: rapidocr (weights in its wheel) or easyocr
     max_area: Optional[float] = None   # --max-ocr-area: adds the ocr_keep column
