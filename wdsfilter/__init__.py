@@ -25,5 +25,13 @@ def sample_pipeline(*args, **kwargs):
     return _sample_pipeline(*args, **kwargs)
 
 
-__all__ = ["StageConfig", "KeySpec", "Tally", "ConfigError", "DataError", "StarvationError",
+def __getattr__(name):
+    # `wdsfilter.validate(...)`: the validator package is callable and imported on first use.
+    if name == "validate":
+        import importlib
+        return importlib.import_module(".validate", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["validate", "StageConfig", "KeySpec", "Tally", "ConfigError", "DataError", "StarvationError",
            "UnsafeInputError", "WdsFilterError", "loader", "sample_pipeline", "__version__"]

@@ -39,11 +39,8 @@ def _not_yet(name: str, issue: str):
 
 
 def _attach():
-    try:
-        from .validate.cli import validate
-        main.add_command(validate)
-    except ImportError:
-        _not_yet("validate", "the validator")
+    from .validate.cli import validate  # the validator is part of the light core: import errors surface
+    main.add_command(validate)
     try:
         from .score.cli import score
         main.add_command(score)

@@ -1,0 +1,109 @@
+"""wdsfilter validate: find what would silently break training on a set of WebDataset shards.
+
+    from wdsfilter.validate import validate
+    report = validate("shards/", caption_key="json:description", ranks=8, loader_workers=4)
+    report.passed, report.counts, report.kept_share, report.findings, report.to_dict()
+
+`wdsfilter.validate(...)` works too (this module is callable). Light: no torch, no webdataset.
+See docs/validate.md.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+import types
+from typing import Optional, Sequence, Union
+
+from ..config import StageConfig
+from ..errors import ConfigError
+from ..shards import expand_urls
+from .findings import ERROR, KINDS, WARNING, Finding
+from .options import ValidateOptions
+from .report import SCHEMA_VERSION, Report
+from .runner import run_checks
+from .shard_check import ShardResult, check_shard
+
+_STAGE_FIELDS = {f.name for f in dataclasses.fields(StageConfig)}
+
+
+def stage_config(config: Union[None, str, dict, StageConfig] = None, **overrides) -> StageConfig:
+    """The StageConfig to validate against: a config file (JSON/YAML), a dict or a StageConfig, with
+    the options that are not None on top."""
+    unknown = sorted(set(overrides) - _STAGE_FIELDS)
+    if unknown:
+        raise ConfigError(f"unknown stage option(s) {unknown}")
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    if config is None:
+        return StageConfig(**overrides)
+    if isinstance(config, str):
+        return StageConfig.from_file(config, **overrides)
+    if isinstance(config, dict):
+        return StageConfig(**{**config, **overrides})
+    if isinstance(config, StageConfig):
+        return dataclasses.replace(config, **overrides)
+    raise ConfigError(f"config must be a path, a dict or a StageConfig, got {type(config).__name__}")
+
+
+def validate(paths: Union[str, Sequence[str]], *, config: Union[None, str, dict, StageConfig] = None,
+             caption_key: Optional[str] = None, image_key: Optional[str] = None, rekey: Optional[str] = None,
+             max_pixels: Optional[int] = None, max_side: Optional[int] = None, image_token: Optional[str] = None,
+             allow_pipe: Optional[bool] = None, allow_remote: Optional[bool] = None, deep: bool = False,
+             min_side: Optional[int] = None, max_aspect: Optional[float] = None, ranks: Optional[int] = None,
+             loader_workers: Optional[int] = None, fail_on: str = "error", jobs: Optional[int] = None,
+             uneven_ratio: float = 2.0, max_findings: int = 100, stats_dir: Optional[str] = None,
+             progress: bool = False) -> Report:
+    """Check shards (folders, globs, brace patterns, .tar/.tar.gz/.tgz files) and return a Report.
+
+    Configuration errors (a malformed key spec, no shard found, a refused pipe:/remote URL) raise at
+    once; everything wrong with the data is a finding of the report."""
+    stage = stage_config(config, caption_key=caption_key, image_key=image_key, rekey=rekey,
+                         max_pixels=max_pixels, max_side=max_side, image_token=image_token,
+                         allow_pipe=allow_pipe, allow_remote=allow_remote)
+    options = ValidateOptions(stage=stage, deep=deep, min_side=min_side, max_aspect=max_aspect, ranks=ranks,
+                              loader_workers=loader_workers, uneven_ratio=uneven_ratio, max_findings=max_findings,
+                              fail_on=fail_on, jobs=jobs)
+    urls = expand_urls(paths, stage.allow_pipe, stage.allow_remote)
+    report = validate_urls(urls, options, progress=progress)
+    if stats_dir:
+        from .formats import write_stats
+        write_stats(report, stats_dir)
+    return report
+
+
+def validate_urls(urls: Sequence[str], options: ValidateOptions, progress: bool = False) -> Report:
+    """The engine under validate(): shards in parallel, cross-shard checks in this process."""
+    started = time.perf_counter()
+    results = [None] * len(urls)
+    bar = _progress_bar(len(urls)) if progress else None
+    done_bytes = done_samples = 0
+    for i, result in run_checks(urls, options):
+        results[i] = result
+        if bar is not None:
+            done_bytes += result.bytes
+            done_samples += result.samples
+            elapsed = max(time.perf_counter() - started, 1e-9)
+            bar.set_postfix_str(f"{done_bytes / elapsed / 1e6:.1f} MB/s, {done_samples / elapsed:.0f} samples/s",
+                                refresh=False)
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    return Report.build(results, options, time.perf_counter() - started)
+
+
+def _progress_bar(total: int):
+    from tqdm import tqdm
+    return tqdm(total=total, unit="shard", file=sys.stderr, dynamic_ncols=True, desc="validate")
+
+
+class _CallableModule(types.ModuleType):
+    """`wdsfilter.validate(...)` calls validate(): the package and the function share one name."""
+
+    def __call__(self, *args, **kwargs) -> Report:
+        return validate(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
+
+__all__ = ["validate", "validate_urls", "stage_config", "Report", "ShardResult", "Finding", "ValidateOptions",
+           "check_shard", "KINDS", "ERROR", "WARNING", "SCHEMA_VERSION"]

@@ -1,0 +1,64 @@
+"""Member names of one shard, as webdataset turns them into (key, extension).
+
+Checks every name once, in tar order, exactly (no window): the stages merge members of one key
+that are a few members apart, but plain webdataset and most other readers make half-samples.
+Holds the keys of the shard (names only, never bytes) to tell duplicates and returning keys apart.
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional, Set, Tuple
+
+from ...naming import is_dotted, split_name
+from ..findings import FindingLog
+
+
+class KeyTracker:
+    def __init__(self, rekey: str, log: FindingLog):
+        self.rekey = rekey
+        self.log = log
+        self.seen: Dict[str, Set[str]] = {}
+        self.last_key: Optional[str] = None
+        self.first: Optional[Tuple[str, str]] = None  # (member, key) of the first keyed member
+        self.last: Optional[Tuple[str, str]] = None
+        self._names: Dict[Tuple[str, str], str] = {}  # (key, ext) -> name, only where the case differs
+
+    def member(self, name: str) -> Tuple[Optional[str], Optional[str]]:
+        """(key, lower-cased extension), or (None, None) for a member webdataset ignores."""
+        key, ext = split_name(name, self.rekey)
+        log = self.log
+        if key is None:
+            base = name.rsplit("/", 1)[-1]
+            if base.startswith("."):
+                log.add("dotfile", name, "", f"hidden file {base!r} is not part of any sample")
+            else:
+                log.add("no_extension", name, name, f"{base!r} has no extension, so it is not part of any sample")
+            return None, None
+        lext = ext.lower()
+        if lext != ext:
+            self._names[(key, lext)] = name
+            log.add("mixed_case_extension", name, key,
+                    f"extension '.{ext}' is not lower case; to_tuple('{lext}') and webdataset's decoders miss it")
+        if self.rekey == "first-dot" and is_dotted(ext):
+            intended = name.rsplit(".", 1)[0]
+            log.add("dotted_basename", name, intended,
+                    f"webdataset splits at the first dot: key {key!r}, extension {ext!r}, so every "
+                    f"'{key}.*' file lands in one sample; --rekey last-dot gives key {intended!r}")
+        exts = self.seen.get(key)
+        if exts is None:
+            self.seen[key] = {lext}
+        elif lext in exts:
+            log.add("duplicate_key", name, key, f"member {name!r} appears again in this shard; the first one is used")
+        else:
+            if key != self.last_key:
+                log.add("nonadjacent_key", name, key,
+                        f"key {key!r} comes back after other keys; plain webdataset makes a half-sample of it")
+            exts.add(lext)
+        self.last_key = key
+        if self.first is None:
+            self.first = (name, key)
+        self.last = (name, key)
+        return key, lext
+
+    def name(self, key: str, ext: str) -> str:
+        """The member name as written in the tar for a sample's (key, lower-cased extension)."""
+        return self._names.get((key, ext)) or f"{key}.{ext}"

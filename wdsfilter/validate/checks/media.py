@@ -1,0 +1,204 @@
+"""Images and videos, member by member.
+
+Images: the size comes from the header (images.image_size: nothing is decoded) and goes through
+the stages' own size guard (images.check_size). By default a cheap end-of-data check then catches
+files that were cut short (a JPEG without its end-of-image marker after the last scan, a PNG
+without IEND, a WebP shorter than its RIFF size): the usual way images break in transfer. --deep
+decodes every image instead, through images.decode_image exactly as the decode stage does.
+Videos: PyAV opens the container (and with --deep decodes every frame).
+
+A MediaInfo replaces the member's bytes before samples are grouped, so no image or video bytes
+outlive this module.
+"""
+from __future__ import annotations
+
+import io
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+from ...errors import DataError
+from ...images import OversizedImage, check_size, decode_image, image_size
+from ..findings import FindingLog
+
+_BYTESIO = re.compile(r"<_io\.BytesIO object at 0x[0-9a-f]+>")
+
+
+@dataclass
+class MediaInfo:
+    """What the checks learnt about one image or video member. Truthy, so the grouping step treats
+    it like the non-empty member it stands for."""
+
+    kind: str  # "image" or "video"
+    drop: Optional[str] = None  # why the decode stage would drop the sample, or None
+    width: int = 0
+    height: int = 0
+
+
+class ImageStats:
+    def __init__(self):
+        self.count = 0
+        self.formats: dict = {}
+        self.min_side = None
+        self.max_side = 0
+        self.pixels = 0
+
+    def add(self, fmt: str, w: int, h: int) -> None:
+        self.count += 1
+        self.formats[fmt] = self.formats.get(fmt, 0) + 1
+        lo, hi = min(w, h), max(w, h)
+        self.min_side = lo if self.min_side is None else min(self.min_side, lo)
+        self.max_side = max(self.max_side, hi)
+        self.pixels += w * h
+
+    def to_dict(self) -> dict:
+        return {"count": self.count, "formats": dict(sorted(self.formats.items())), "min_side": self.min_side,
+                "max_side": self.max_side, "mean_megapixels": round(self.pixels / self.count / 1e6, 4) if self.count else None}
+
+
+class VideoStats:
+    def __init__(self):
+        self.count = 0
+        self.frames = 0
+        self.duration = 0.0
+        self.min_duration = None
+        self.max_duration = 0.0
+        self.sizes: dict = {}
+
+    def add(self, frames: int, duration: Optional[float], w: int, h: int) -> None:
+        self.count += 1
+        self.frames += frames
+        size = f"{w}x{h}"
+        self.sizes[size] = self.sizes.get(size, 0) + 1
+        if duration is not None:
+            self.duration += duration
+            self.min_duration = duration if self.min_duration is None else min(self.min_duration, duration)
+            self.max_duration = max(self.max_duration, duration)
+
+    def to_dict(self) -> dict:
+        return {"count": self.count, "frames": self.frames, "duration_s": round(self.duration, 3),
+                "min_duration_s": self.min_duration, "max_duration_s": self.max_duration,
+                "sizes": dict(sorted(self.sizes.items(), key=lambda kv: -kv[1])[:10])}
+
+
+def sniff(data: bytes) -> str:
+    if data[:3] == b"\xff\xd8\xff":
+        return "JPEG"
+    if data[:8] == b"\x89PNG\r\n\x1a\n":
+        return "PNG"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "WEBP"
+    if data[:4] in (b"GIF8",):
+        return "GIF"
+    return "other"
+
+
+def cut_short(data: bytes, fmt: str) -> Optional[str]:
+    """Why the image's data ends early, or None. Looks at markers only, decodes nothing."""
+    if fmt == "JPEG":
+        # Entropy-coded data escapes 0xFF, so an end-of-image marker after the last start-of-scan
+        # can only be the real one.
+        sos = data.rfind(b"\xff\xda")
+        if sos < 0:
+            return "JPEG has no image data (no start-of-scan marker)"
+        if data.find(b"\xff\xd9", sos) < 0:
+            return "JPEG data is cut short (no end-of-image marker after the scan data)"
+    elif fmt == "PNG":
+        if data.rfind(b"IEND", max(0, len(data) - 4096)) < 0:
+            return "PNG data is cut short (no IEND chunk at the end)"
+    elif fmt == "WEBP":
+        if 8 + int.from_bytes(data[4:8], "little") > len(data):
+            return f"WebP data is cut short ({len(data)} bytes, its header says {8 + int.from_bytes(data[4:8], 'little')})"
+    elif fmt == "GIF":
+        if not data.rstrip(b"\0").endswith(b";"):
+            return "GIF data is cut short (no trailer byte)"
+    return None
+
+
+def check_image(name: str, key: str, data: bytes, options, log: FindingLog, stats: ImageStats) -> MediaInfo:
+    stage = options.stage
+    try:
+        w, h = image_size(data)
+    except DataError as e:
+        log.add("corrupt_image", name, key, _reason(e))
+        return MediaInfo("image", "corrupt_image")
+    except Exception as e:  # PIL's own bomb check or anything hostile bytes can raise
+        log.add("corrupt_image", name, key, f"image header unreadable: {type(e).__name__}: {e}")
+        return MediaInfo("image", "corrupt_image")
+    fmt = sniff(data)
+    stats.add(fmt, w, h)
+    info = MediaInfo("image", None, w, h)
+    problem = check_size((w, h), stage.max_pixels, stage.max_side)
+    if problem and not _reduce_fits(stage, fmt, w, h):
+        log.add("oversized_image", name, key, f"{problem} (from the header; never decoded)")
+        info.drop = "oversized_image"
+        return info
+    if options.min_side and min(w, h) < options.min_side:
+        log.add("undersized_image", name, key, f"{w}x{h} has a side under min_side={options.min_side}")
+    if options.max_aspect and max(w, h) / max(min(w, h), 1) > options.max_aspect:
+        log.add("extreme_aspect", name, key, f"{w}x{h} has aspect ratio {max(w, h) / max(min(w, h), 1):.1f} "
+                                             f"> max_aspect={options.max_aspect}")
+    if options.deep:
+        try:  # exactly what the decode stage does, size guard included
+            decode_image(data, stage.max_pixels, stage.max_side, stage.oversize, stage.image_mode)
+        except OversizedImage as e:
+            log.add("oversized_image", name, key, _reason(e))
+            info.drop = "oversized_image"
+        except DataError as e:
+            log.add("corrupt_image", name, key, _reason(e))
+            info.drop = "corrupt_image"
+        except Exception as e:
+            log.add("corrupt_image", name, key, f"image does not decode: {type(e).__name__}: {e}")
+            info.drop = "corrupt_image"
+        return info
+    reason = cut_short(data, fmt)
+    if reason:
+        log.add("corrupt_image", name, key, f"{reason}; it would fail to decode")
+        info.drop = "corrupt_image"
+    return info
+
+
+def _reason(e: DataError) -> str:
+    """The DataError's message without its reason prefix and PIL's in-memory file repr."""
+    text = str(e)
+    if text.startswith(e.reason + ": "):
+        text = text[len(e.reason) + 2:]
+    return _BYTESIO.sub("", text).replace("  ", " ").strip()
+
+
+def _reduce_fits(stage, fmt: str, w: int, h: int) -> bool:
+    """With oversize='reduce' the decode stage decodes JPEGs at down to 1/8 scale: no drop if that fits."""
+    if stage.oversize != "reduce" or fmt != "JPEG":
+        return False
+    return check_size((-(-w // 8), -(-h // 8)), stage.max_pixels, stage.max_side) is None
+
+
+def check_video(name: str, key: str, data: bytes, options, log: FindingLog, stats: VideoStats) -> MediaInfo:
+    """The decode stage keeps videos as bytes (the scorers decode frames), so nothing here changes
+    what the stages keep; the findings say which videos will fail later."""
+    import av  # only when a shard has videos
+
+    info = MediaInfo("video")
+    try:
+        with av.open(io.BytesIO(data), "r") as container:
+            streams = container.streams.video
+            if not streams:
+                found = ", ".join(f"{len(s)} {t}" for t, s in (("audio", container.streams.audio),
+                                                                ("subtitle", container.streams.subtitles)) if s)
+                log.add("no_video_stream", name, key, f"no video stream ({found or 'no streams'})")
+                return info
+            stream = streams[0]
+            info.width, info.height = stream.codec_context.width, stream.codec_context.height
+            duration = None
+            if stream.duration is not None and stream.time_base is not None:
+                duration = float(stream.duration * stream.time_base)
+            elif container.duration is not None:
+                duration = container.duration / 1_000_000
+            frames = stream.frames
+            if options.deep:
+                frames = sum(1 for _ in container.decode(stream))
+    except Exception as e:  # PyAV raises many types on hostile bytes
+        log.add("corrupt_video", name, key, f"PyAV cannot read it: {type(e).__name__}: {e}")
+        return info
+    stats.add(frames, duration, info.width, info.height)
+    return info

@@ -1,0 +1,66 @@
+"""`wdsfilter validate`: a thin click layer over wdsfilter.validate.validate()."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ..naming import REKEY_MODES
+from . import validate as run_validate
+from .formats import FORMATS, render
+
+
+@click.command("validate", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("paths", nargs=-1, required=True)
+@click.option("--caption-key", help="Caption key spec, e.g. txt, json:description, 'txt;json:caption' [default: txt].")
+@click.option("--image-key", help="Image key spec, e.g. 'jpg;png;webp' or mp4 [default: jpg;png;jpeg;webp].")
+@click.option("--rekey", type=click.Choice(REKEY_MODES), help="Member name -> key split [default: first-dot].")
+@click.option("--image-token", help="The image token your model expects, e.g. '<__dj__image>'; others are reported.")
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
+              help="StageConfig file (JSON or YAML); the options above override it.")
+@click.option("--max-pixels", type=click.IntRange(min=1), help="Size guard, from headers [default: 64000000].")
+@click.option("--max-side", type=click.IntRange(min=1), help="Largest allowed image side.")
+@click.option("--min-side", type=click.IntRange(min=1), help="Warn on images with a side below this.")
+@click.option("--max-aspect", type=click.FloatRange(min=1), help="Warn on images with long/short side above this.")
+@click.option("--deep", is_flag=True, help="Decode every image and video frame instead of headers + end-of-data check.")
+@click.option("--ranks", type=click.IntRange(min=1), help="Training ranks (for the too_few_shards check).")
+@click.option("--loader-workers", type=click.IntRange(min=1), help="DataLoader workers per rank.")
+@click.option("--allow-pipe", is_flag=True, help="Accept pipe: URLs (they run shell commands).")
+@click.option("--allow-remote", is_flag=True, help="Accept http(s)/s3/gs/hf URLs.")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True)
+@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True),
+              help="Write the report here; the text summary still goes to stdout.")
+@click.option("--fail-on", type=click.Choice(["error", "warning"]), default="error", show_default=True,
+              help="Exit 1 when findings of this severity (or worse) are found.")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), help="Shards checked in parallel [default: CPU cores].")
+@click.option("--stats-dir", type=click.Path(file_okay=False), help="Write {shard}_stats.json files and sizes.json here.")
+@click.option("--progress/--no-progress", default=None, help="Progress bar on stderr [default: when stderr is a terminal].")
+@click.option("--quiet", "-q", is_flag=True, help="No text summary when the report goes to --output.")
+def validate_command(paths, caption_key, image_key, rekey, image_token, config_file, max_pixels, max_side, min_side,
+                     max_aspect, deep, ranks, loader_workers, allow_pipe, allow_remote, fmt, output, fail_on, jobs,
+                     stats_dir, progress, quiet):
+    """Check WebDataset shards for what would silently break training.
+
+    PATHS: folders (searched recursively), globs, brace patterns (shards-{000..099}.tar), .tar,
+    .tar.gz/.tgz files. Exit code 0: clean, 1: findings at the --fail-on level, 2: usage or
+    configuration error. See docs/validate.md.
+    """
+    if progress is None:
+        progress = sys.stderr.isatty()
+    report = run_validate(
+        list(paths), config=config_file, caption_key=caption_key, image_key=image_key, rekey=rekey,
+        max_pixels=max_pixels, max_side=max_side, image_token=image_token,
+        allow_pipe=allow_pipe or None, allow_remote=allow_remote or None,  # None: the config file decides
+        deep=deep, min_side=min_side, max_aspect=max_aspect, ranks=ranks, loader_workers=loader_workers, fail_on=fail_on, jobs=jobs, stats_dir=stats_dir, progress=progress)
+    text = render(report, fmt)
+    if output:
+        with open(output, "w", encoding="utf-8") as f:
+            f.write(text)
+        if not quiet:
+            click.echo(render(report, "text") if fmt != "text" else text, nl=False)
+    else:
+        click.echo(text, nl=False)
+    sys.exit(report.exit_code)
+
+
+validate = validate_command  # the name wdsfilter.cli attaches

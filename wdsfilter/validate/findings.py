@@ -1,0 +1,111 @@
+"""What the validator can find: the kinds, their severity, and the Finding record.
+
+The one table below is the contract: docs/validate.md prints it, the JSON schema uses these names,
+and sample_shards/broken/MANIFEST.json expects them.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass
+from typing import Dict, Iterable, List
+
+ERROR = "error"
+WARNING = "warning"
+SEVERITIES = (ERROR, WARNING)
+
+# kind -> (severity, what to do). Errors break training (a crash, a hang, code execution, an OOM,
+# or nothing left to train on); warnings lose or mislabel some samples and deserve a look.
+KINDS: Dict[str, tuple] = {
+    # 1. all filtered
+    "all_filtered": (ERROR, "no sample of the shard would reach training; fix --caption-key/--image-key (see the suggestion)"),
+    # 2. keys
+    "dotted_basename": (WARNING, "dots in file basenames make compound extensions (key 'img', ext 'v2.0001.jpg'); use --rekey last-dot"),
+    "no_extension": (WARNING, "member without an extension; ignored by webdataset, remove it when writing shards"),
+    "dotfile": (WARNING, "hidden file (.DS_Store, ._foo); ignored, remove it when writing shards"),
+    "mixed_case_extension": (WARNING, "upper-case extension (.JPG); webdataset's decoders and to_tuple('jpg') match lower case only"),
+    "nonadjacent_key": (WARNING, "members of one key are not next to each other; plain webdataset makes two half-samples. Write each sample's members together"),
+    "key_across_shards": (ERROR, "a sample's members are split between two shards; both halves are lost. Write each sample inside one shard"),
+    "duplicate_key": (WARNING, "the same member name appears twice; only the first is used. Deduplicate keys when writing"),
+    "missing_image": (WARNING, "sample has no member under the image key; check --image-key"),
+    "missing_caption": (WARNING, "sample has no caption under the caption key; check --caption-key"),
+    # 3. image sizes
+    "oversized_image": (ERROR, "image above --max-pixels/--max-side (read from its header): decoding it risks an OOM"),
+    "undersized_image": (WARNING, "image smaller than --min-side"),
+    "extreme_aspect": (WARNING, "image aspect ratio above --max-aspect"),
+    # 4. corrupt content
+    "truncated_tar": (ERROR, "the tar breaks off; the samples before the break are readable. Re-create or re-download the shard"),
+    "unreadable_tar": (ERROR, "the shard cannot be opened or is not a tar at all"),
+    "corrupt_image": (ERROR, "the image does not decode (bad header, or its data is cut short)"),
+    "empty_member": (WARNING, "zero-byte member; ignored"),
+    "invalid_json": (WARNING, "the .json member is not valid JSON"),
+    "invalid_utf8": (WARNING, "the text member is not UTF-8"),
+    "empty_caption": (WARNING, "the caption is empty or only whitespace (or only special tokens)"),
+    "corrupt_video": (ERROR, "PyAV cannot open the video"),
+    "no_video_stream": (WARNING, "the video file has no video stream (audio only?)"),
+    # 5. safety
+    "unsafe_member": (ERROR, "pickle/torch payload that a default webdataset decoder would execute; the validator never loads it. Remove it or store tensors as .npy"),
+    # 6. special tokens
+    "foreign_image_token": (WARNING, "caption carries an image token other than the configured one; set --image-token (the stages normalise it)"),
+    # 7. layout
+    "too_few_shards": (ERROR, "fewer shards than ranks x loader workers: some readers get no shard and DDP hangs. Reshard, or use fewer workers"),
+    "uneven_shards": (WARNING, "shard sample count far from the median; ranks get uneven work"),
+}
+
+
+def severity(kind: str) -> str:
+    return KINDS[kind][0]
+
+
+def hint(kind: str) -> str:
+    return KINDS[kind][1]
+
+
+def at_level(kind: str, fail_on: str) -> bool:
+    """True when a finding of this kind fails a run with --fail-on fail_on."""
+    return fail_on == WARNING or severity(kind) == ERROR
+
+
+@dataclass
+class Finding:
+    kind: str
+    shard: str
+    member: str = ""
+    key: str = ""
+    message: str = ""
+
+    def __post_init__(self):
+        if self.kind not in KINDS:  # a typo here would silently vanish from every count
+            raise ValueError(f"unknown finding kind {self.kind!r}")
+
+    @property
+    def severity(self) -> str:
+        return KINDS[self.kind][0]
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["severity"] = self.severity
+        return d
+
+
+class FindingLog:
+    """Findings of one shard: every one counted, the first `limit` of each kind kept in full, so a
+    shard of a million bad members still makes a small result."""
+
+    def __init__(self, shard: str, limit: int = 100):
+        self.shard = shard
+        self.limit = limit
+        self.counts: Counter = Counter()
+        self.items: List[Finding] = []
+
+    def add(self, kind: str, member: str = "", key: str = "", message: str = "") -> None:
+        self.counts[kind] += 1
+        if self.counts[kind] <= self.limit:
+            self.items.append(Finding(kind, self.shard, member, key or "", message))
+
+    def extend(self, findings: Iterable[Finding]) -> None:
+        for f in findings:
+            self.add(f.kind, f.member, f.key, f.message)
+
+    @property
+    def omitted(self) -> Dict[str, int]:
+        return {k: n - self.limit for k, n in self.counts.items() if n > self.limit}

@@ -1,0 +1,184 @@
+"""Report -> text (the terminal summary), JSON (schema in docs/validate.md), JUnit XML (for CI),
+and the --stats-dir files ({shard}_stats.json per shard, and sizes.json for open_clip/DataComp)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import xml.etree.ElementTree as ET
+from collections import defaultdict
+from typing import Dict, List
+
+from ..shards import SHARD_SUFFIXES
+from .findings import ERROR, KINDS, at_level
+from .report import SCHEMA_VERSION, Report
+
+FORMATS = ("text", "json", "junit")
+TEXT_EXAMPLES = 3     # findings shown per kind in the text summary
+TEXT_SHARDS = 20      # shards listed in the text summary
+
+
+def render(report: Report, fmt: str) -> str:
+    return {"text": to_text, "json": to_json, "junit": to_junit}[fmt](report)
+
+
+# -- text ----------------------------------------------------------------------------------------
+def _pct(share) -> str:
+    return "-" if share is None else f"{share:.1%}"
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f}"
+
+
+def _common_folder(shards: List[str]) -> str:
+    """The folder all (local) shards are in, to print shorter names; "" when there is none."""
+    if not shards or any(":" in s.split("/", 1)[0] for s in shards):  # URLs
+        return ""
+    try:
+        return os.path.commonpath([os.path.dirname(s) or "." for s in shards])
+    except ValueError:  # mixed absolute and relative paths
+        return ""
+
+
+def to_text(report: Report) -> str:
+    o = report.options
+    stage = o.stage
+    rate = f", {report.bytes / report.seconds / 1e6:.1f} MB/s" if report.seconds > 0 else ""
+    lines = [f"wdsfilter validate: {len(report.shards)} shard(s), {_mb(report.bytes)} MB, {report.samples} samples, "
+             f"{report.kept} kept ({_pct(report.kept_share)}) in {report.seconds:.1f}s{rate}",
+             f"caption key '{stage.caption_spec}', image key '{stage.image_spec}', rekey {stage.rekey}, "
+             f"max pixels {stage.max_pixels / 1e6:g} MP" + (f", max side {stage.max_side}" if stage.max_side else "")
+             + (", full decode (--deep)" if o.deep else ", headers + end-of-data check (--deep decodes)")]
+    counts = report.counts
+    if counts:
+        lines += ["", "Findings by kind", f"  {'kind':<22} {'severity':<8} {'count':>7}"]
+        order = sorted(counts, key=lambda k: (KINDS[k][0] != ERROR, k))
+        lines += [f"  {k:<22} {KINDS[k][0]:<8} {counts[k]:>7}" for k in order]
+        lines += ["", "Details"]
+        by_kind: Dict[str, list] = defaultdict(list)
+        for f in report.findings:
+            by_kind[f.kind].append(f)
+        for k in order:
+            lines.append(f"  {k} ({KINDS[k][0]}, {counts[k]}): {KINDS[k][1]}")
+            for f in by_kind[k][:TEXT_EXAMPLES]:
+                where = " ".join(p for p in (f.shard, f"member {f.member}" if f.member else "",
+                                             f"key {f.key!r}" if f.key and f.key != f.member else "") if p)
+                lines.append(f"    {where or '(all shards)'}: {f.message}")
+            if counts[k] > TEXT_EXAMPLES:
+                lines.append(f"    ... {counts[k] - TEXT_EXAMPLES} more (--format json lists them)")
+    flagged = [r for r in report.shards if r.counts or r.kept_share != 1]
+    if flagged:
+        base = _common_folder([r.shard for r in report.shards])
+        names = [os.path.relpath(r.shard, base) if base else r.shard for r in flagged[:TEXT_SHARDS]]
+        width = max(20, min(60, max(len(n) for n in names)))
+        lines += ["", "Shards with findings or drops" + (f" (in {base}{os.sep})" if base else ""),
+                  f"  {'shard':<{width}} {'samples':>7} {'kept':>7} {'MB':>7} {'errors':>6} {'warnings':>8}"]
+        for r, name in zip(flagged, names):
+            errors = sum(n for k, n in r.counts.items() if KINDS[k][0] == ERROR)
+            warnings = sum(r.counts.values()) - errors
+            name = name if len(name) <= width else "..." + name[-width + 3:]
+            lines.append(f"  {name:<{width}} {r.samples:>7} {_pct(r.kept_share):>7} {_mb(r.bytes):>7} "
+                         f"{errors:>6} {warnings:>8}")
+        if len(flagged) > TEXT_SHARDS:
+            lines.append(f"  ... and {len(flagged) - TEXT_SHARDS} more shard(s) (--format json or --stats-dir list them all)")
+    suggestions = report.suggestions()
+    if suggestions:
+        lines += ["", "Suggestions"] + [f"  - {s}" for s in suggestions]
+    failing = report.failing
+    level = "errors" if o.fail_on == ERROR else "warnings"
+    verdict = (f"FAIL: {sum(failing.values())} finding(s) at the failing level ({', '.join(failing)})"
+               if failing else "PASS")
+    lines += ["", f"{verdict}; {report.errors} error(s), {report.warnings} warning(s); failing on {level} "
+                  f"(--fail-on); exit code {report.exit_code}"]
+    return "\n".join(lines) + "\n"
+
+
+# -- json ----------------------------------------------------------------------------------------
+def to_json(report: Report) -> str:
+    return json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n"
+
+
+# -- junit ---------------------------------------------------------------------------------------
+_XML_BAD = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+
+
+def _x(text) -> str:
+    return _XML_BAD.sub("?", str(text))
+
+
+def to_junit(report: Report) -> str:
+    """One testcase per shard (and one for the layout checks); findings at the failing level are a
+    <failure>, the others go to <system-out>."""
+    fail_on = report.options.fail_on
+    cases = [(r.shard, r.findings, r.counts, r.seconds) for r in report.shards]
+    layout_counts: Dict[str, int] = defaultdict(int)
+    for f in report.layout:
+        layout_counts[f.kind] += 1
+    cases.append(("layout (shard count vs ranks x loader workers)", report.layout, layout_counts, 0.0))
+    failures = sum(1 for _, _, counts, _ in cases if any(at_level(k, fail_on) for k in counts))
+    suites = ET.Element("testsuites", name="wdsfilter validate", tests=str(len(cases)), failures=str(failures),
+                        errors="0", time=f"{report.seconds:.3f}")
+    suite = ET.SubElement(suites, "testsuite", name="wdsfilter validate", tests=str(len(cases)),
+                          failures=str(failures), errors="0", skipped="0", time=f"{report.seconds:.3f}")
+    props = ET.SubElement(suite, "properties")
+    for name, value in report.options.to_dict().items():
+        ET.SubElement(props, "property", name=name, value=_x(value))
+    for name, findings, counts, seconds in cases:
+        case = ET.SubElement(suite, "testcase", classname="wdsfilter.validate", name=_x(name), time=f"{seconds:.3f}")
+        failing = [f for f in findings if at_level(f.kind, fail_on)]
+        other = [f for f in findings if not at_level(f.kind, fail_on)]
+        failing_counts = {k: n for k, n in sorted(counts.items()) if at_level(k, fail_on)}
+        if failing_counts:
+            summary = ", ".join(f"{k} x{n}" for k, n in failing_counts.items())
+            failure = ET.SubElement(case, "failure", type=next(iter(failing_counts)), message=_x(summary))
+            failure.text = _x(_lines(failing))
+        if other:
+            ET.SubElement(case, "system-out").text = _x(_lines(other))
+    ET.indent(suites)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
+
+
+def _lines(findings) -> str:
+    return "\n".join(f"{f.severity} {f.kind} member={f.member!r} key={f.key!r}: {f.message}" for f in findings)
+
+
+# -- stats files ---------------------------------------------------------------------------------
+def shard_basename(url: str) -> str:
+    return url.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _stem(url: str) -> str:
+    base = shard_basename(url)
+    for suffix in sorted(SHARD_SUFFIXES, key=len, reverse=True):
+        if base.endswith(suffix):
+            return base[:-len(suffix)]
+    return base
+
+
+def write_stats(report: Report, folder: str) -> List[str]:
+    """{shard}_stats.json for each shard, and sizes.json ({shard basename: sample count}, what
+    open_clip's training script reads). Returns the paths written."""
+    os.makedirs(folder, exist_ok=True)
+    written, used = [], set()
+    for r in report.shards:
+        stem, n = _stem(r.shard), 1
+        while stem in used:  # shards of the same name in different folders
+            n += 1
+            stem = f"{_stem(r.shard)}-{n}"
+        used.add(stem)
+        data = dict(r.stats(), schema_version=SCHEMA_VERSION,
+                    listed_findings=[f.to_dict() for f in r.findings])
+        written.append(_write_json(os.path.join(folder, f"{stem}_stats.json"), data))
+    sizes = {shard_basename(r.shard): r.samples for r in report.shards}
+    written.append(_write_json(os.path.join(folder, "sizes.json"), sizes))
+    return written
+
+
+def _write_json(path: str, data) -> str:
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, ensure_ascii=False)
+        f.write("\n")
+    os.replace(tmp, path)
+    return path

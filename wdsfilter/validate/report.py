@@ -1,0 +1,141 @@
+"""The Report: per-shard results put together, the cross-shard checks, and the verdict."""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+from .. import __version__
+from ..census import KeyCensus
+from .checks import layout
+from .findings import ERROR, KINDS, WARNING, Finding, at_level
+from .options import ValidateOptions
+from .shard_check import ShardResult
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class Report:
+    options: ValidateOptions
+    shards: List[ShardResult]
+    layout: List[Finding] = field(default_factory=list)  # findings of no single shard
+    seconds: float = 0.0
+
+    @classmethod
+    def build(cls, results: List[ShardResult], options: ValidateOptions, seconds: float = 0.0) -> "Report":
+        """results in shard order; runs the cross-shard checks (they need every shard's summary)."""
+        layout.key_across_shards(results)
+        layout.uneven_shards(results, options.uneven_ratio)
+        found = layout.too_few_shards(len(results), options.ranks, options.loader_workers)
+        return cls(options, results, found, seconds)
+
+    # -- totals ----------------------------------------------------------------------------------
+    @property
+    def samples(self) -> int:
+        return sum(r.samples for r in self.shards)
+
+    @property
+    def kept(self) -> int:
+        return sum(r.kept for r in self.shards)
+
+    @property
+    def kept_share(self) -> Optional[float]:
+        return self.kept / self.samples if self.samples else None
+
+    @property
+    def bytes(self) -> int:
+        return sum(r.bytes for r in self.shards)
+
+    @property
+    def dropped(self) -> Counter:
+        total: Counter = Counter()
+        for r in self.shards:
+            total.update(r.dropped)
+        return total
+
+    @property
+    def findings(self) -> List[Finding]:
+        """Every listed finding, shard by shard (the first max_findings of each kind per shard)."""
+        return [f for r in self.shards for f in r.findings] + list(self.layout)
+
+    @property
+    def counts(self) -> Counter:
+        """Findings per kind, all of them (listed or not)."""
+        total: Counter = Counter()
+        for r in self.shards:
+            total.update(r.counts)
+        total.update(f.kind for f in self.layout)
+        return total
+
+    def count(self, severity: str) -> int:
+        return sum(n for kind, n in self.counts.items() if KINDS[kind][0] == severity)
+
+    @property
+    def errors(self) -> int:
+        return self.count(ERROR)
+
+    @property
+    def warnings(self) -> int:
+        return self.count(WARNING)
+
+    @property
+    def failing(self) -> Dict[str, int]:
+        """Kinds at the failing level (--fail-on) with their counts."""
+        return {k: n for k, n in sorted(self.counts.items()) if at_level(k, self.options.fail_on)}
+
+    @property
+    def passed(self) -> bool:
+        return not self.failing
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.passed else 1
+
+    @property
+    def omitted(self) -> Dict[str, int]:
+        listed = Counter(f.kind for f in self.findings)
+        return {k: n - listed[k] for k, n in sorted(self.counts.items()) if n > listed[k]}
+
+    def suggestions(self) -> List[str]:
+        """The all-filtered shards' suggestions, then one per spec over every sample that missed it."""
+        found = list(dict.fromkeys(r.suggestion for r in self.shards if r.suggestion))
+        stage = self.options.stage
+        for what, spec in (("caption", stage.caption_spec), ("image", stage.image_spec)):
+            census = KeyCensus()
+            for r in self.shards:
+                part = r.census.get(what)
+                if part is not None:
+                    census.samples += part.samples
+                    census.exts.update(part.exts)
+                    census.json_fields.update(part.json_fields)
+            hint = census.suggest(what, spec) if census.samples else None
+            advice = hint and hint.rsplit("; ", 1)[-1]  # "use --caption-key json:description"
+            if hint and not any(s.endswith(advice) for s in found):
+                found.append(f"{census.samples} of {self.samples} samples have no {what} under '{spec}'; "
+                             f"among them, {hint}")
+        return found
+
+    def to_dict(self) -> dict:
+        """The JSON report (schema documented in docs/validate.md; bump SCHEMA_VERSION on any
+        change that is not a new field)."""
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "tool": "wdsfilter validate",
+            "wdsfilter_version": __version__,
+            "status": "pass" if self.passed else "fail",
+            "exit_code": self.exit_code,
+            "options": self.options.to_dict(),
+            "summary": {"shards": len(self.shards), "bytes": self.bytes, "members": sum(r.members for r in self.shards),
+                        "samples": self.samples, "kept": self.kept,
+                        "kept_share": None if self.kept_share is None else round(self.kept_share, 6),
+                        "errors": self.errors, "warnings": self.warnings, "seconds": round(self.seconds, 3)},
+            "counts": dict(sorted(self.counts.items())),
+            "dropped": dict(sorted(self.dropped.items())),
+            "severities": {k: v[0] for k, v in KINDS.items()},
+            "suggestions": self.suggestions(),
+            "layout": layout.layout_stats(self.shards, self.options.ranks, self.options.loader_workers),
+            "shards": [r.stats() for r in self.shards],
+            "findings": [f.to_dict() for f in self.findings],
+            "omitted": self.omitted,
+        }

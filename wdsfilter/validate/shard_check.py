@@ -1,0 +1,307 @@
+"""One sequential pass over one shard -> ShardResult.
+
+Members come from reading.iter_tar; each is checked once (names, safety, media, text), media bytes
+are replaced by a small MediaInfo, and the members are grouped into samples by the stages' own
+reading.group_samples (same window, same rekey), so the kept share is the one the pipeline gets.
+The result holds counts, the first findings of each kind and stats, never sample bytes: it is
+what travels from a worker process to the parent.
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, Iterator, List, Optional
+
+from ..census import KeyCensus
+from ..naming import is_dotted, split_name
+from ..reading import ShardEnd, group_samples, iter_tar
+from ..shards import open_shard
+from ..specs import IMAGE_EXTS, VIDEO_EXTS, find_caption
+from ..tally import Tally
+from ..tokens import CaptionCleaner
+from .checks import safety
+from .checks.keys import KeyTracker
+from .checks.media import ImageStats, MediaInfo, VideoStats, check_image, check_video
+from .checks.text import TEXT_EXTS, caption_source, check_json, check_text
+from .findings import Finding, FindingLog
+from .options import ValidateOptions
+
+_IMAGE = frozenset(IMAGE_EXTS)
+_VIDEO = frozenset(VIDEO_EXTS)
+_MISSING = ("missing_caption", "missing_image")
+
+
+@dataclass
+class ShardResult:
+    shard: str
+    bytes: int = 0
+    members: int = 0
+    samples: int = 0
+    kept: int = 0
+    dropped: Dict[str, int] = field(default_factory=dict)  # the stages' drop reasons
+    counts: Dict[str, int] = field(default_factory=dict)   # findings per kind, all of them
+    findings: List[Finding] = field(default_factory=list)  # the first max_findings of each kind
+    # missing_caption/missing_image findings of the first and last sample, held back until the
+    # parent knows whether their key continues in the neighbouring shard (then key_across_shards
+    # explains them instead).
+    head: List[Finding] = field(default_factory=list)
+    tail: List[Finding] = field(default_factory=list)
+    first_key: Optional[str] = None
+    first_member: Optional[str] = None
+    last_key: Optional[str] = None
+    last_member: Optional[str] = None
+    error: Optional[str] = None
+    images: dict = field(default_factory=dict)
+    videos: dict = field(default_factory=dict)
+    # What the samples without a caption ("caption") or without an image ("image") carry instead.
+    census: Dict[str, KeyCensus] = field(default_factory=dict)
+    suggestion: Optional[str] = None
+    seconds: float = 0.0
+    limit: int = 100
+
+    @property
+    def kept_share(self) -> Optional[float]:
+        return self.kept / self.samples if self.samples else None
+
+    def add(self, findings: Iterable[Finding]) -> None:
+        for f in findings:
+            self.counts[f.kind] = self.counts.get(f.kind, 0) + 1
+            if self.counts[f.kind] <= self.limit:
+                self.findings.append(f)
+
+    def release(self, head: bool = True, tail: bool = True) -> None:
+        """Move the held-back findings into the shard's findings (those not explained otherwise)."""
+        if head:
+            self.add(self.head)
+        if tail:
+            self.add(self.tail)
+        self.head, self.tail = [], []
+
+    def stats(self) -> dict:
+        """The per-shard stats (the --stats-dir files and the "shards" list of the JSON report)."""
+        return {"shard": self.shard, "bytes": self.bytes, "members": self.members, "samples": self.samples,
+                "kept": self.kept, "kept_share": None if self.kept_share is None else round(self.kept_share, 6),
+                "dropped": dict(sorted(self.dropped.items())), "findings": dict(sorted(self.counts.items())),
+                "error": self.error, "images": self.images, "videos": self.videos,
+                "suggestion": self.suggestion, "seconds": round(self.seconds, 4)}
+
+
+def check_shard(url: str, options: ValidateOptions) -> ShardResult:
+    """Never raises on bad data: every problem becomes a finding of the result."""
+    return _ShardCheck(url, options).run()
+
+
+class _ShardCheck:
+    def __init__(self, url: str, options: ValidateOptions):
+        self.url = url
+        self.options = options
+        stage = self.stage = options.stage
+        self.log = FindingLog(url, options.max_findings)
+        self.keys = KeyTracker(stage.rekey, self.log)
+        self.images, self.videos = ImageStats(), VideoStats()
+        self.cleaner = CaptionCleaner.from_config(stage)
+        self.census = {"caption": KeyCensus(), "image": KeyCensus()}
+        caption_alts = stage.caption_spec.alternatives
+        self.text_exts = TEXT_EXTS | {a.ext for a in caption_alts if not a.path}
+        self.json_exts = {"json"} | {a.ext for a in caption_alts if a.path}
+        self.spec_exts = set(stage.image_spec.exts) | set(stage.caption_spec.exts)
+        self.consumed: Dict[str, set] = {}  # key -> extensions of its empty or unsafe members
+        self.end: Optional[ShardEnd] = None
+        self.members = self.samples = self.kept = 0
+        self.dropped: Counter = Counter()
+        self.head: List[Finding] = []
+        self.tail: List[Finding] = []
+        self.tail_key: Optional[str] = None
+        self.suggestion: Optional[str] = None
+
+    def run(self) -> ShardResult:
+        started = time.perf_counter()
+        url, stage = self.url, self.stage
+        try:
+            stream = open_shard(url, stage.allow_pipe, stage.allow_remote)
+        except OSError as e:
+            self.log.add("unreadable_tar", "", "", f"cannot open the shard: {e}; check the path and permissions")
+            return self._result(started, str(e))
+        with stream:
+            # A fresh Tally: the grouping step counts into it, and the findings say it better.
+            for sample in group_samples(self._members(iter_tar(stream, url)), stage, Tally()):
+                if "__marker__" not in sample:  # StageConfig(emit_rejects=True) adds shard-end markers
+                    self._sample(sample)
+        error = self._shard_end()
+        return self._result(started, error)
+
+    # -- members -------------------------------------------------------------------------------
+    def _members(self, items: Iterable) -> Iterator:
+        keys, log, options = self.keys, self.log, self.options
+        for m in items:
+            if isinstance(m, ShardEnd):
+                self.end = m
+                yield m
+                continue
+            self.members += 1
+            name, data = m["fname"], m["data"]
+            key, ext = keys.member(name)
+            if key is None:
+                continue
+            if not data:
+                log.add("empty_member", name, key, "zero-byte member; ignored")
+                self.consumed.setdefault(key, set()).add(ext)
+                continue
+            if safety.check_member(name, key, ext, log):
+                self.consumed.setdefault(key, set()).add(ext)
+                continue
+            last = ext.rsplit(".", 1)[-1]
+            if last in _IMAGE:
+                m["data"] = check_image(name, key, data, options, log, self.images)
+            elif last in _VIDEO:
+                m["data"] = check_video(name, key, data, options, log, self.videos)
+            elif ext in self.json_exts:
+                check_json(name, key, data, log)
+            elif ext in self.text_exts:
+                check_text(name, key, data, log)
+            yield m
+
+    # -- samples -------------------------------------------------------------------------------
+    def _sample(self, sample: dict) -> None:
+        """Would the stages keep this sample? Mirrors select -> clean_captions -> decode."""
+        self.samples += 1
+        stage = self.stage
+        key = sample["__key__"]
+        caption, reason = find_caption(sample, stage.caption_spec)
+        image = stage.image_spec.first_present(sample)
+        held: List[Finding] = []
+        drop = None
+        if caption is None or image is None:
+            drop = self._select_reason(sample, caption, reason)
+            if drop == "empty_caption":
+                alt = caption_source(sample, stage.caption_spec, "empty_caption")
+                self.log.add("empty_caption", self._name(sample, alt.ext), key, f"caption under '{alt}' is empty")
+            if drop != "dotted_basename":  # explained by the member names, not by the specs
+                no_caption, no_image = caption is None and reason == "missing_caption", image is None
+                for what, missing in (("caption", no_caption), ("image", no_image)):
+                    if missing:
+                        self.census[what].add(sample, sample.get("__parsed_json"))
+                held = self._missing(sample, no_caption, no_image)
+        else:
+            cleaned, foreign = self.cleaner.clean(caption)
+            if foreign or not cleaned.strip():
+                name = self._name(sample, caption_source(sample, stage.caption_spec, None).ext)
+                if foreign:
+                    token = self.cleaner.image_token
+                    self.log.add("foreign_image_token", name, key,
+                                 f"caption has {', '.join(foreign)}; " + (f"the configured image token is {token!r}"
+                                 if token else "no image token is configured (--image-token)"))
+                if not cleaned.strip():
+                    drop = "empty_caption"
+                    self.log.add("empty_caption", name, key, "caption is empty once special tokens are removed")
+            if drop is None:
+                media = sample[image.ext]
+                if isinstance(media, MediaInfo) and media.drop:
+                    drop = media.drop  # reported with the member
+        if drop:
+            self.dropped[drop] += 1
+        else:
+            self.kept += 1
+        self._hold(key, held)
+
+    def _select_reason(self, sample: dict, caption: Optional[str], reason: Optional[str]) -> str:
+        """The select stage's reason for a sample without caption or image (stages._select)."""
+        if caption is None and reason != "missing_caption":
+            return reason  # the caption member is there but broken (reported with the member)
+        if self._dotted(sample):
+            return "dotted_basename"
+        return "missing_image" if caption is not None else "missing_caption"
+
+    def _missing(self, sample: dict, no_caption: bool, no_image: bool) -> List[Finding]:
+        key = sample["__key__"]
+        consumed = self.consumed.get(key, ())
+        first = self._name(sample, next((e for e in sample if not e.startswith("__")), ""))
+        found = []
+        stage = self.stage
+        if no_caption and not any(e in consumed for e in stage.caption_spec.exts):
+            found.append(Finding("missing_caption", self.url, first, key,
+                                 f"sample {key!r} has no caption under '{stage.caption_spec}' "
+                                 f"(members: {self._exts(sample)})"))
+        if no_image and not any(e in consumed for e in stage.image_spec.exts):
+            found.append(Finding("missing_image", self.url, first, key,
+                                 f"sample {key!r} has no image under '{stage.image_spec}' "
+                                 f"(members: {self._exts(sample)})"))
+        return found
+
+    def _hold(self, key: str, found: List[Finding]) -> None:
+        """The first sample's and the latest sample's missing_* findings wait for the end of shard."""
+        if key == self.keys.first[1]:
+            self.head += found
+            return
+        for f in self.tail:
+            self.log.add(f.kind, f.member, f.key, f.message)
+        self.tail, self.tail_key = found, key
+
+    def _dotted(self, sample: dict) -> bool:
+        # The select stage's test: a dotted extension that ends in an extension the specs look for.
+        return any(is_dotted(e) and e.rsplit(".", 1)[-1] in self.spec_exts for e in sample if not e.startswith("__"))
+
+    def _name(self, sample: dict, ext: str) -> str:
+        return self.keys.name(sample["__key__"], ext)
+
+    @staticmethod
+    def _exts(sample: dict) -> str:
+        return ", ".join(e for e in sample if not e.startswith("__")) or "none"
+
+    # -- end of shard ----------------------------------------------------------------------------
+    def _shard_end(self) -> Optional[str]:
+        end, log = self.end, self.log
+        error = end.error if end else None
+        if error:
+            if end.members == 0:
+                key = split_name(end.member, self.stage.rekey)[0] if end.member else None
+                log.add("unreadable_tar", end.member, key or "",
+                        f"{error}; no member could be read. Is it a tar? Re-create or re-download it")
+            else:
+                key = split_name(end.member, self.stage.rekey)[0] or ""
+                partial = 1 if key and key in self.keys.seen else 0
+                log.add("truncated_tar", end.member, key,
+                        f"{error}; {self.samples - partial} complete sample(s) ({end.members} members) are "
+                        f"readable before the break. Re-create or re-download this shard")
+        if self.tail_key is not None and self.keys.last and self.tail_key != self.keys.last[1]:
+            for f in self.tail:  # the last member's key is not the last sample's: nothing to hold
+                log.add(f.kind, f.member, f.key, f.message)
+            self.tail = []
+        if self.kept == 0 and not (error and self.samples == 0):
+            log.add("all_filtered", "", "", self._all_filtered_message())
+        return error
+
+    def _all_filtered_message(self) -> str:
+        if not self.samples:
+            return "the shard holds no samples"
+        reasons = ", ".join(f"{r} {n}" for r, n in self.dropped.most_common())
+        text = f"0 of {self.samples} samples would be kept (dropped: {reasons})"
+        self.suggestion = self._suggest()
+        return text + (f"; {self.suggestion}" if self.suggestion else "")
+
+    def _suggest(self) -> Optional[str]:
+        """The select stage's first-shard hint: another spec (census.KeyCensus) or --rekey last-dot."""
+        top = self.dropped.most_common(1)[0][0]
+        if top == "dotted_basename":
+            return "member names have dots in their basenames (img.v2.0001.jpg); use --rekey last-dot"
+        what = {"missing_caption": "caption", "missing_image": "image"}.get(top)
+        if what is None:
+            return None
+        spec = self.stage.caption_spec if what == "caption" else self.stage.image_spec
+        return self.census[what].suggest(what, spec)
+
+    def _result(self, started: float, error: Optional[str]) -> ShardResult:
+        log = self.log
+        first, last = self.keys.first, self.keys.last
+        size = os.path.getsize(self.url) if os.path.isfile(self.url) else 0
+        return ShardResult(
+            shard=self.url, bytes=size, members=self.members, samples=self.samples, kept=self.kept,
+            dropped=dict(self.dropped), counts=dict(log.counts), findings=list(log.items),
+            head=self.head, tail=self.tail,
+            first_member=first and first[0], first_key=first and first[1],
+            last_member=last and last[0], last_key=last and last[1], error=error,
+            images=self.images.to_dict(), videos=self.videos.to_dict(),
+            census={w: c for w, c in self.census.items() if c.samples}, suggestion=self.suggestion,
+            seconds=time.perf_counter() - started, limit=log.limit)
