@@ -242,3 +242,18 @@ def test_rapidocr_on_a_gpu_without_onnxruntime_cuda_runs_on_cpu_and_plans_no_gpu
 def test_ocr_input_is_plain_data():
     x = OcrInput(np.zeros((2, 8, 8, 3), np.uint8), "video", (0.5, 1.5), 0.01)
     assert pickle.loads(pickle.dumps(x)).times == (0.5, 1.5)
+
+
+def test_benchmark_reports_frames_per_second_and_where_the_time_goes(shards):
+    if shards != os.path.join(REPO, "sample_shards"):
+        pytest.skip("tools/bench_ocr.py reads the committed sample_shards/")
+    from tools import bench_ocr
+    out = bench_ocr.main(["--copies", "1", "--threads", "1", "--batch", "8"])
+    assert out["images"]["frames"] == 16 and out["videos"]["frames"] == 8 * 3
+    for kind in ("images", "videos"):
+        r = out[kind]
+        assert r["frames_per_s"] > 0
+        assert sum(r["share"].values()) == pytest.approx(1.0, abs=1e-6)
+        assert r["share"]["detection"] > 0 and r["share"]["post"] > 0
+        assert set(r["area_methods"]) >= {"shapely", "raster", "max_abs_diff"}
+    assert out["videos"]["seconds_by_stage"]["decode"] > 0

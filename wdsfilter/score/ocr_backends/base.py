@@ -1,8 +1,8 @@
 """The interface of a text detector backend: boxes and polygons on a batch of frames, on a device.
 
 A backend object is a small picklable config until `load(device)`: the scorer carries it into
-DataLoader workers (where only `preprocess`-free work happens) and the model worker loads it.
-Recognition is never run: the OCR scorer only needs where text is, not what it says.
+DataLoader workers (which never touch it: frame decoding needs no model) and the model worker
+loads it. Recognition is never run: the OCR scorer needs where text is, not what it says.
 """
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ def _easyocr_config():
         from easyocr import config
     except ImportError as e:
         raise ConfigError("the easyocr OCR backend needs easyocr: pip install easyocr "
-                          "(or use --ocr-backend rapidocr, whose weights ship in its wheel)") from e
+                          "(or use the rapidocr backend, backend='rapidocr', whose weights ship in its wheel)") from e
     return config
 
 
@@ -101,7 +101,7 @@ class EasyOcrBackend(DetectorBackend):
                                   f"if it is a CRAFT checkpoint of your own")
             raise ConfigError(f"easyocr detector weights not found at {path} and downloads are off: copy "
                               f"{model['filename']} there (from {model['url']}), allow downloads, or use "
-                              f"--ocr-backend rapidocr (its weights ship in its wheel)")
+                              f"the rapidocr backend (backend='rapidocr'; its weights ship in its wheel)")
         log.warning("downloading the easyocr CRAFT detector (%s) into %s", model["filename"], directory)
         os.makedirs(directory, exist_ok=True)
         if damaged:

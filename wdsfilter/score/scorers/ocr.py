@@ -48,11 +48,11 @@ class OcrInput:
 
 @dataclass(eq=False)  # identity equality keeps it hashable, like every other Scorer
 class OcrScorer(Scorer):
-    backend: str = "rapidocr"          # --ocr-backend: rapidocr (weights in its wheel) or easyocr
-    max_area: Optional[float] = None   # --max-ocr-area: adds the ocr_keep column
-    frames: int = 3                    # --frames: frames sampled per video
-    frame_reduce: str = "mean"         # --frame-reduce: mean, max or min over a video's frames
-    keyframes: bool = False            # --keyframes: sample keyframes only (no decode between them)
+    backend: str = "rapidocr"          # rapidocr (weights in its wheel) or easyocr
+    max_area: Optional[float] = None   # adds the ocr_keep column (ocr_area <= max_area)
+    frames: int = 3                    # frames sampled per video
+    frame_reduce: str = "mean"         # mean, max or min over a video's frames
+    keyframes: bool = False            # sample keyframes only (no decoding between them)
     max_side: Optional[int] = 1280     # frames are scaled so their long side is at most this
     area_method: str = "shapely"       # union area: "shapely" (exact) or "raster" (cv2.fillPoly)
     model_dir: Optional[str] = None    # easyocr: where craft_mlt_25k.pth lives; rapidocr: the .onnx folder
