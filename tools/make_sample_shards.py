@@ -40,7 +40,8 @@ lists every case and one expected finding per offending member, kinds in FINDING
   corrupt-video         an .mp4 of random bytes, an audio-only .mp4 (1 s of AAC silence), a valid clip
 
 Determinism notes: RGB->YUV conversion for video is done here in integer numpy (not swscale), x264
-runs with one thread (its SEI string records the thread count), the audio-only clip is silence,
+runs with one thread (its SEI string records the thread count) and without its assembly (asm=0:
+the SIMD paths round differently from one CPU to the next), the audio-only clip is silence,
 .webp files are lossless, and the bomb PNG does not depend on the system zlib.
 """
 from __future__ import annotations
@@ -246,7 +247,9 @@ def encode_video(frames, fps=8) -> bytes:
     h, w = frames[0].shape[:2]
     buf = io.BytesIO()
     with av.open(buf, "w", format="mp4") as container:
-        stream = container.add_stream("libx264", rate=fps, options={"crf": "23", "preset": "medium"})
+        # asm=0: x264's SIMD kernels (FMA, AVX-512) are not bit-exact with each other.
+        stream = container.add_stream("libx264", rate=fps,
+                                      options={"crf": "23", "preset": "medium", "x264-params": "asm=0"})
         stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
         stream.codec_context.thread_count = 1
         for i, rgb in enumerate(frames):
