@@ -107,6 +107,18 @@ def test_long_clip_seeks_instead_of_decoding_everything():
     assert seeked.decoded <= 4 * 8 < linear.decoded
 
 
+@pytest.mark.parametrize("codec,fmt", [("libx264", "mp4"), ("libvpx", "webm"), ("libx264", "matroska"),
+                                       ("mpeg4", "avi"), ("libx264", "avi"), ("libx264", "mov"),
+                                       ("libx264", "mpegts"), ("libx264", "h264")])
+def test_seeking_returns_the_frames_decoding_everything_would(codec, fmt):
+    # 30 s clips with a keyframe every second. MPEG-TS seeks land a keyframe late, AVI with
+    # B-frames has decode-order timestamps: both must fall back rather than return other frames.
+    clip = indexed_clip(n=240, fps=8, gop=8, codec=codec, fmt=fmt)
+    seeked, linear = sample_frames(clip, 5), sample_frames(clip, 5, seek=False)
+    assert [frame_index(f) for f in seeked.frames] == [i % LEVELS for i in (24, 72, 120, 168, 216)]
+    assert np.array_equal(seeked.frames, linear.frames)
+
+
 def test_close_targets_decode_on_instead_of_seeking_again():
     got = sample_frames(indexed_clip(), 3, seek_gap=1.0)  # 2 s clip: targets 0.67 s apart
     assert got.seeks == 1
@@ -119,6 +131,15 @@ def test_keyframes_mode_decodes_only_keyframes():
     # Keyframes are every 8th frame; 30 of them, picked at the middles of 3 slices: 5, 15, 25.
     assert [t for t in got.times] == pytest.approx([5.0, 15.0, 25.0])
     assert [frame_index(f) for f in got.frames] == [i % LEVELS for i in (40, 120, 200)]
+
+
+@pytest.mark.parametrize("fmt", ["mp4", "matroska", "mov", "avi", "mpegts", "h264"])
+def test_keyframes_mode_picks_the_same_keyframes_in_every_container(fmt):
+    # 10 s, a keyframe every 8 frames: keyframes 0, 8, ..., 72; the middles of 4 slices of those
+    # 10 are the 2nd, 4th, 7th and 9th: frames 8, 24, 48, 64. MPEG-TS cannot seek to them and a
+    # raw .h264 stream cannot seek at all: keyframes are then decoded from the start.
+    got = sample_frames(indexed_clip(n=80, gop=8, fmt=fmt), 4, keyframes=True)
+    assert [frame_index(f) for f in got.frames] == [i % LEVELS for i in (8, 24, 48, 64)]
 
 
 def test_keyframes_mode_with_fewer_keyframes_than_asked_returns_them_all():

@@ -189,6 +189,7 @@ def _decode_at(reader: _Reader, targets: List[float], max_side: Optional[int], s
     cur = cur_t = None      # the last decoded frame and its time
     before = before_t = None  # the frame decoded before it (since the last seek)
     exhausted = seeked = False
+    tolerance = 0.5 / reader.rate if reader.rate else 0.02  # half a frame
     for target in targets:
         if seek and (cur_t is None or target - cur_t > seek_gap):
             try:
@@ -202,9 +203,10 @@ def _decode_at(reader: _Reader, targets: List[float], max_side: Optional[int], s
             frame_iter = reader.decode(index_times)
         while not exhausted and (cur is None or (cur_t is not None and cur_t < target)):
             decoded = next(frame_iter, None)
-            if seeked and (decoded is None or (decoded[1] is not None and decoded[1] > target + seek_gap)):
-                # The seek found nothing or overshot (byte-based seeking in MPEG-TS, broken
-                # indexes): decode this clip from the start instead, without seeking.
+            if seeked and (decoded is None or (decoded[1] is not None and decoded[1] > target + tolerance)):
+                # A backward seek lands at or before the target; this one found nothing or landed
+                # after it (byte-based seeking in MPEG-TS lands a keyframe late, broken indexes):
+                # decode this clip from the start instead, without seeking.
                 reader.reopen()
                 result.notes.append("seeking failed: decoded from the start")
                 seek = seeked = False
@@ -282,20 +284,46 @@ def _sample_keyframes(reader: _Reader, n: int, max_side: Optional[int], result: 
     _, keys = reader.scan_packets()
     if not keys:
         raise DataError("corrupt_video", f"{reader.what}: no keyframe in the video stream; {_FIX}")
-    if len(keys) > n:  # n keyframes spread evenly, the middles of n slices of the keyframe list
-        keys = [keys[int((i + 0.5) * len(keys) / n)] for i in range(n)]
+    # n keyframes spread evenly: the middles of n slices of the keyframe list (all when fewer).
+    chosen = sorted({int((i + 0.5) * len(keys) / n) for i in range(n)}) if len(keys) > n else list(range(len(keys)))
     reader.reopen()
     # Only keyframes come out of the decoder: seeking to one and taking the first frame is exact.
     reader.stream.codec_context.skip_frame = "NONKEY"
     frames, times = [], []
-    for t in keys:
-        reader.seek(t)
-        result.seeks += 1
-        for frame, frame_t in reader.decode():
+    tolerance = 0.5 / reader.rate if reader.rate else 0.02  # half a frame
+    try:
+        for k in chosen:
+            reader.seek(keys[k])
+            result.seeks += 1
+            decoded = next(reader.decode(index_times=True), None)
+            landed = _frame_seconds(reader, decoded[0], keys[k]) if decoded is not None else None
+            if landed is None or abs(landed - keys[k]) > tolerance:
+                raise _BadTimestamps()  # the seek found nothing or another keyframe: see below
+            frames.append(_to_rgb(decoded[0], max_side))
+            times.append(round(landed, 4))
+        return frames, times
+    except (reader.av.error.FFmpegError, _BadTimestamps):
+        pass
+    # Not seekable (raw .h264), or seeking found nothing or the wrong keyframe (byte-based seeking
+    # in MPEG-TS): decode keyframes from the start and take the chosen ones by their order.
+    result.notes.append("seeking failed: keyframes decoded from the start")
+    reader.reopen()
+    reader.stream.codec_context.skip_frame = "NONKEY"
+    frames, times = [], []
+    wanted = set(chosen)
+    for ordinal, (frame, _) in enumerate(reader.decode(index_times=True)):
+        if ordinal in wanted:
             frames.append(_to_rgb(frame, max_side))
-            times.append(round(frame_t if frame_t is not None else t, 4))
-            break
+            times.append(round(_frame_seconds(reader, frame, keys[min(ordinal, len(keys) - 1)]), 4))
+            if len(frames) == len(chosen):
+                break
     return frames, times
+
+
+def _frame_seconds(reader: _Reader, frame, fallback: float) -> float:
+    if frame.pts is not None:
+        return frame.pts * reader.time_base
+    return frame.time if frame.time is not None else fallback
 
 
 def _same_size(frames: List[np.ndarray]) -> np.ndarray:
