@@ -93,15 +93,34 @@ def sniff(data: bytes) -> str:
     return "other"
 
 
+def _jpeg_scan_start(data: bytes) -> int:
+    """Offset of the first start-of-scan marker, walking the header segments (a search could hit
+    the scan of an EXIF thumbnail inside APP1); -1 if there is none."""
+    i, n = 2, len(data)
+    while i + 4 <= n:
+        if data[i] != 0xFF:
+            return -1
+        marker = data[i + 1]
+        if marker == 0xDA:
+            return i
+        if marker == 0xFF:  # fill byte
+            i += 1
+        elif 0xD0 <= marker <= 0xD7 or marker == 0x01:  # markers without a length
+            i += 2
+        else:
+            i += 2 + int.from_bytes(data[i + 2:i + 4], "big")
+    return -1
+
+
 def cut_short(data: bytes, fmt: str) -> Optional[str]:
     """Why the image's data ends early, or None. Looks at markers only, decodes nothing."""
     if fmt == "JPEG":
-        # Entropy-coded data escapes 0xFF, so an end-of-image marker after the last start-of-scan
-        # can only be the real one.
-        sos = data.rfind(b"\xff\xda")
+        # Entropy-coded data escapes 0xFF, so an end-of-image marker after the first scan can only
+        # be the real one; searched from the end, it is found at once in a complete file.
+        sos = _jpeg_scan_start(data)
         if sos < 0:
             return "JPEG has no image data (no start-of-scan marker)"
-        if data.find(b"\xff\xd9", sos) < 0:
+        if data.rfind(b"\xff\xd9", sos) < 0:
             return "JPEG data is cut short (no end-of-image marker after the scan data)"
     elif fmt == "PNG":
         if data.rfind(b"IEND", max(0, len(data) - 4096)) < 0:
