@@ -1,0 +1,182 @@
+"""Benchmark: is the scoring engine as fast as the slower of its two halves?
+
+    python tools/bench_score.py [--scorer clip|ocr] [--model local-dir:models/tiny-clip] [--device cpu]
+                                [--shards 4] [--copies 4] [--batch-size auto] [--workers auto] [--runs 2]
+
+In one run, on the same shards (sample_shards/ replicated with fresh keys), the same model and the
+same batch size, it measures side by side:
+
+  decode only   the engine's decode side alone: the DataLoader with the planned workers and
+                prefetch running read + decode + the scorer's prepare(), no model
+  model only    score_batch() on pre-decoded, pre-prepared inputs held in memory, batches of the
+                planned size, with the planned model threads (CPU) on the same device
+  end to end    wdsfilter.score.score() on the shards: its scoring loop (decode workers and model
+                concurrently; the wall time with start-up, model load and probe is printed too)
+
+and prints the ratio of end to end to the lower of the other two (goal >= 0.8). The plan (batch
+size, workers, threads) comes from a dry run of the engine first, so all three use the same one.
+Runs alternate and the best of --runs is kept for each.
+
+Scorers are entries of BENCH_SCORERS: a function returning the scorer, the stage options and the
+source shards; add one there to benchmark another scorer.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import io
+import os
+import shutil
+import sys
+import tarfile
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+def _clip(args):
+    from wdsfilter.score.scorers.clip import ClipScorer
+    model = args.model
+    if model is None:
+        folder = os.path.join(ROOT, "models", "tiny-clip")
+        if not os.path.isfile(os.path.join(folder, "open_clip_model.safetensors")):
+            print(f"building the tiny CLIP model into {folder} (tools/make_tiny_clip.py, about a minute)")
+            from tools import make_tiny_clip
+            make_tiny_clip.build(folder, make_tiny_clip.find_shards(make_tiny_clip.DEFAULT_SHARDS), quiet=True)
+        model = "local-dir:" + folder
+    return (lambda: ClipScorer(model, args.pretrained)), {"caption_key": "txt;json:description"}, \
+        ["images-*.tar", "json-captions-*.tar"]
+
+
+def _ocr(args):
+    from wdsfilter.score.scorers.ocr import OcrScorer
+    return (lambda: OcrScorer()), {"caption_key": "txt", "image_key": "png"}, ["ocr-images-*.tar"]
+
+
+BENCH_SCORERS = {"clip": _clip, "ocr": _ocr}
+
+
+def make_shards(folder: str, patterns, shards: int, copies: int) -> list:
+    """Replicate the members of the matching sample shards `copies` times per output shard, with
+    fresh keys (the same replication as tools/bench_stages.py)."""
+    sources = sorted(p for pat in patterns for p in glob.glob(os.path.join(ROOT, "sample_shards", pat)))
+    if not sources:
+        sys.exit(f"no sample_shards/{patterns}: run tools/make_sample_shards.py first")
+    members = []
+    for path in sources:
+        with tarfile.open(path) as tar:
+            members += [(i.name, tar.extractfile(i).read()) for i in tar if i.isreg()]
+    os.makedirs(folder, exist_ok=True)
+    urls = []
+    for s in range(shards):
+        url = os.path.join(folder, f"bench-{s:06d}.tar")
+        with tarfile.open(url, "w") as tar:
+            for c in range(copies):
+                for name, data in members:
+                    info = tarfile.TarInfo(f"s{s}c{c}_{name}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+        urls.append(url)
+    return urls
+
+
+def decode_only(urls, stage, factory, plan) -> int:
+    """The engine's decode side alone (same stages, workers, prefetch, chunks)."""
+    import torch.utils.data
+    from wdsfilter.pipeline import sample_pipeline
+    from wdsfilter.score.prepare import Chunk, Prepare, keep_as_is
+    from wdsfilter.tally import Tally
+    pipeline = sample_pipeline(urls, stage, Tally(), extra=[Prepare([factory()])])
+    pipeline.append(Chunk(plan["chunk"]))
+    workers = plan["workers"]
+    loader = torch.utils.data.DataLoader(pipeline, batch_size=None, num_workers=workers, collate_fn=keep_as_is,
+                                         prefetch_factor=plan["prefetch"] if workers else None)
+    return sum(1 for chunk in loader for item in chunk if "inputs" in item and item["inputs"])
+
+
+def prepared_inputs(urls, stage, factory) -> list:
+    from wdsfilter.pipeline import sample_pipeline
+    from wdsfilter.score.prepare import Prepare
+    from wdsfilter.tally import Tally
+    scorer = factory()
+    items = sample_pipeline(urls, stage, Tally(), extra=[Prepare([scorer])])
+    return [item["inputs"][scorer.name] for item in items if "inputs" in item and scorer.name in item["inputs"]]
+
+
+def model_only(scorer, inputs, batch: int) -> int:
+    for i in range(0, len(inputs), batch):
+        scorer.score_batch(inputs[i:i + batch])
+    return len(inputs)
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scorer", choices=sorted(BENCH_SCORERS), default="clip")
+    ap.add_argument("--model", default=None, help="clip: model (default: the tiny local model, built if missing)")
+    ap.add_argument("--pretrained", default=None)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--shards", type=int, default=4)
+    ap.add_argument("--copies", type=int, default=4)
+    ap.add_argument("--batch-size", default="auto")
+    ap.add_argument("--workers", default="auto")
+    ap.add_argument("--runs", type=int, default=2)
+    args = ap.parse_args(argv)
+
+    import torch
+    from wdsfilter import StageConfig
+    from wdsfilter.score import score
+
+    factory, stage_options, patterns = BENCH_SCORERS[args.scorer](args)
+    stage = StageConfig(**stage_options)
+    tmp = tempfile.mkdtemp(prefix="bench-score-")
+    try:
+        urls = make_shards(os.path.join(tmp, "shards"), patterns, args.shards, args.copies)
+        common = dict(scorers=[factory()], stage=stage, device=args.device, batch_size=args.batch_size,
+                      workers=args.workers, progress=False)
+        dry = score(urls, out=os.path.join(tmp, "dry"), dry_run=True, **common)
+        plan = dry.plan
+        batch = min(d["batch_size"] for d in plan["devices"])
+        threads = plan["devices"][0]["threads"]
+        device = plan["devices"][0]["device"]
+        inputs = prepared_inputs(urls, stage, factory)
+        model = factory()
+        model.load(device)
+        if device == "cpu" and threads:
+            torch.set_num_threads(threads)
+        model_only(model, inputs[:batch], batch)  # warm-up
+        best = {"decode": float("inf"), "model": float("inf"), "e2e": float("inf"), "wall": float("inf")}
+        counts = {}
+        for run in range(args.runs):
+            t = time.perf_counter()
+            counts["decode"] = decode_only(urls, stage, factory, plan)
+            best["decode"] = min(best["decode"], time.perf_counter() - t)
+            t = time.perf_counter()
+            counts["model"] = model_only(model, inputs, batch)
+            best["model"] = min(best["model"], time.perf_counter() - t)
+            t = time.perf_counter()
+            summary = score(urls, out=os.path.join(tmp, f"e2e-{run}"), **common)
+            best["wall"] = min(best["wall"], time.perf_counter() - t)
+            best["e2e"] = min(best["e2e"], summary.scoring_seconds)
+            counts["e2e"] = summary.scored
+        model.unload()
+        if len(set(counts.values())) != 1:
+            sys.exit(f"sample counts differ: {counts}")
+        n = counts["e2e"]
+        rates = {k: n / v for k, v in best.items()}
+        print(f"bench_score: scorer {args.scorer} ({dry.scorers[0] if dry.scorers else ''})")
+        print(f"  {n} samples in {len(urls)} shards; batch {batch}, {plan['workers']} decode worker(s), "
+              f"prefetch {plan['prefetch']}, model threads {threads}, device {device}; best of {args.runs}")
+        print(f"  decode only: {rates['decode']:8.1f} samples/s  (decode workers: read + decode + prepare, no model)")
+        print(f"  model only:  {rates['model']:8.1f} samples/s  (score_batch on pre-decoded inputs, batch {batch})")
+        print(f"  end to end:  {rates['e2e']:8.1f} samples/s  (scoring loop; {rates['wall']:.1f} samples/s wall "
+              f"with start-up, model load and probe)")
+        ratio = rates["e2e"] / min(rates["decode"], rates["model"])
+        print(f"  ratio end to end / min(decode, model) = {ratio:.2f} (goal >= 0.8)")
+        return {"samples": n, "rates": rates, "ratio": ratio, "plan": plan}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
