@@ -343,6 +343,7 @@ class Engine:
             self.progress.set_postfix_str(f"shards 0/{len(todo)}")
         self.batch_id = 0
         pending: List[tuple] = []
+        started = time.perf_counter()
         try:
             for chunk in loader:
                 for item in chunk:
@@ -354,6 +355,7 @@ class Engine:
                 self._collect(pool, 0.5)
             self._collect(pool, 0.0)
         finally:
+            self.scoring_seconds = time.perf_counter() - started
             if self.progress is not None:
                 self.progress.close()
         stage_tally = sink.read()
@@ -413,6 +415,7 @@ class Engine:
         summary.shards_scored = self.completed
         summary.samples_this_run = self.rows_done
         summary.seconds = time.perf_counter() - start
+        summary.scoring_seconds = getattr(self, "scoring_seconds", 0.0)
         if stage_tally is not None:
             summary.stage_counts = {"dropped": dict(stage_tally.dropped), "notes": dict(stage_tally.notes)}
         self._finish_summary()

@@ -219,7 +219,8 @@ class RunSummary:
     workers: List[dict] = field(default_factory=list)
     stage_counts: Dict[str, Any] = field(default_factory=dict)
     samples_this_run: int = 0
-    seconds: float = 0.0
+    seconds: float = 0.0  # the whole run: start-up, model load, probe, scoring, summary
+    scoring_seconds: float = 0.0  # the scoring loop alone (decode workers and models running)
     dry_run: bool = False
     files: Dict[str, Optional[str]] = field(default_factory=dict)
 
@@ -257,8 +258,10 @@ class RunSummary:
         for s in self.scorers:
             lines.append(f"  scorer: {s}")
         if self.samples_this_run:
+            rate = self.samples_this_run / self.scoring_seconds if self.scoring_seconds else 0.0
             lines.append(f"  this run: {self.samples_this_run} samples in {self.seconds:.1f}s = "
-                         f"{self.samples_per_second:.1f} samples/s")
+                         f"{self.samples_per_second:.1f} samples/s ({rate:.1f} samples/s while scoring, "
+                         f"after start-up, model load and probe)")
         for b in self.batch_sizes():
             extra = f", halved {b['halvings']}x ({', '.join(b['causes'])})" if b["halvings"] else ""
             lines.append(f"  batch size on {b['device']} (worker {b['worker']}, {b['scorer']}): "
