@@ -23,7 +23,8 @@ from ..tally import Tally
 from ..tokens import CaptionCleaner
 from .checks import safety
 from .checks.keys import KeyTracker
-from .checks.media import ImageStats, MediaInfo, VideoStats, check_image, check_video
+from .checks.media import ImageStats, MediaInfo, check_image
+from .checks.video import VideoStats, check_video
 from .checks.text import TEXT_EXTS, caption_source, check_json, check_text
 from .findings import Finding, FindingLog
 from .options import ValidateOptions

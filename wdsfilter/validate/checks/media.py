@@ -1,18 +1,16 @@
-"""Images and videos, member by member.
+"""Images, member by member (videos: video.py).
 
 Images: the size comes from the header (images.image_size: nothing is decoded) and goes through
 the stages' own size guard (images.check_size). By default a cheap end-of-data check then catches
 files that were cut short (a JPEG without its end-of-image marker after the last scan, a PNG
 without IEND, a WebP shorter than its RIFF size): the usual way images break in transfer. --deep
 decodes every image instead, through images.decode_image exactly as the decode stage does.
-Videos: PyAV opens the container (and with --deep decodes every frame).
 
 A MediaInfo replaces the member's bytes before samples are grouped, so no image or video bytes
-outlive this module.
+outlive the member checks.
 """
 from __future__ import annotations
 
-import io
 import re
 from dataclasses import dataclass
 from typing import Optional
@@ -54,31 +52,6 @@ class ImageStats:
     def to_dict(self) -> dict:
         return {"count": self.count, "formats": dict(sorted(self.formats.items())), "min_side": self.min_side,
                 "max_side": self.max_side, "mean_megapixels": round(self.pixels / self.count / 1e6, 4) if self.count else None}
-
-
-class VideoStats:
-    def __init__(self):
-        self.count = 0
-        self.frames = 0
-        self.duration = 0.0
-        self.min_duration = None
-        self.max_duration = 0.0
-        self.sizes: dict = {}
-
-    def add(self, frames: int, duration: Optional[float], w: int, h: int) -> None:
-        self.count += 1
-        self.frames += frames
-        size = f"{w}x{h}"
-        self.sizes[size] = self.sizes.get(size, 0) + 1
-        if duration is not None:
-            self.duration += duration
-            self.min_duration = duration if self.min_duration is None else min(self.min_duration, duration)
-            self.max_duration = max(self.max_duration, duration)
-
-    def to_dict(self) -> dict:
-        return {"count": self.count, "frames": self.frames, "duration_s": round(self.duration, 3),
-                "min_duration_s": self.min_duration, "max_duration_s": self.max_duration,
-                "sizes": dict(sorted(self.sizes.items(), key=lambda kv: -kv[1])[:10])}
 
 
 def sniff(data: bytes) -> str:
@@ -190,34 +163,3 @@ def _reduce_fits(stage, fmt: str, w: int, h: int) -> bool:
     if stage.oversize != "reduce" or fmt != "JPEG":
         return False
     return check_size((-(-w // 8), -(-h // 8)), stage.max_pixels, stage.max_side) is None
-
-
-def check_video(name: str, key: str, data: bytes, options, log: FindingLog, stats: VideoStats) -> MediaInfo:
-    """The decode stage keeps videos as bytes (the scorers decode frames), so nothing here changes
-    what the stages keep; the findings say which videos will fail later."""
-    import av  # only when a shard has videos
-
-    info = MediaInfo("video")
-    try:
-        with av.open(io.BytesIO(data), "r") as container:
-            streams = container.streams.video
-            if not streams:
-                found = ", ".join(f"{len(s)} {t}" for t, s in (("audio", container.streams.audio),
-                                                                ("subtitle", container.streams.subtitles)) if s)
-                log.add("no_video_stream", name, key, f"no video stream ({found or 'no streams'})")
-                return info
-            stream = streams[0]
-            info.width, info.height = stream.codec_context.width, stream.codec_context.height
-            duration = None
-            if stream.duration is not None and stream.time_base is not None:
-                duration = float(stream.duration * stream.time_base)
-            elif container.duration is not None:
-                duration = container.duration / 1_000_000
-            frames = stream.frames
-            if options.deep:
-                frames = sum(1 for _ in container.decode(stream))
-    except Exception as e:  # PyAV raises many types on hostile bytes
-        log.add("corrupt_video", name, key, f"PyAV cannot read it: {type(e).__name__}: {e}")
-        return info
-    stats.add(frames, duration, info.width, info.height)
-    return info
