@@ -60,12 +60,20 @@ def test_config_file_errors_exit_2(tmp_path):
 
 
 def test_text_summary_names_kinds_shards_and_suggestion():
-    result = run(os.path.join(SHARDS, "json-captions-000000.tar"), os.path.join(BROKEN, "bomb-000000.tar"))
+    result = run(os.path.join(SHARDS, "json-captions-000000.tar"), os.path.join(BROKEN, "bomb-000000.tar"),
+                 os.path.join(SHARDS, "images-000000.tar"))
     out = result.output
+    assert out.startswith("wdsfilter validate: 3 shard(s), ") and "69 samples, 36 kept (52.2%)" in out.splitlines()[0]
     assert "Findings by kind" in out and "oversized_image" in out and "all_filtered" in out
     assert "member 001002.png" in out and "25000x25000" in out
-    assert "use --caption-key json:description" in out
-    assert "json-captions-000000.tar" in out.split("Shards with findings or drops")[1]
+    # The one shard with no caption under txt: the fix for it alone, and the fix for the whole set.
+    assert "use --caption-key json:description" in out and "use --caption-key 'txt;json:description'" in out
+    # Per-shard stats, every shard, those with findings or drops first.
+    table = out.split("Shards: 2 with findings or drops, 1 clean (in ")[1].split("\n\n")[0].splitlines()[2:]
+    rows = [line.split() for line in table]
+    assert [r[0] for r in rows] == ["json-captions-000000.tar", "broken/bomb-000000.tar", "images-000000.tar"]
+    assert [r[1:3] for r in rows] == [["32", "0.0%"], ["5", "80.0%"], ["32", "100.0%"]]
+    assert [r[4:] for r in rows] == [["1", "32"], ["1", "0"], ["0", "0"]]  # errors, warnings
 
 
 def test_json_report_schema(tmp_path):
@@ -124,13 +132,45 @@ def test_stats_dir_writes_shard_stats_and_sizes_json(tmp_path):
     one = json.loads((stats / "ocr-images-000000_stats.json").read_text())
     assert one["samples"] == one["kept"] == 16 and one["images"]["count"] == 16
     assert one["images"]["min_side"] == 240 and one["images"]["formats"] == {"PNG": 16}
+    assert one["successes"] == 16 and one["schema_version"] == 1  # DataComp's resharder reads "successes"
+
+
+def test_stats_dir_sizes_json_is_what_open_clip_and_datacomp_read(tmp_path):
+    """open_clip's get_dataset_size, as it reads sizes.json from the folder of the shards (copied
+    here from open_clip_train/data.py so the test needs no open_clip), and DataComp's resharder's
+    load_shard_size ({shard}_stats.json -> "successes")."""
+    import shutil
+
+    for sub, names in (("a", ["images-000000.tar", "images-000001.tar"]), ("b/c", ["images-000000.tar"])):
+        os.makedirs(tmp_path / "shards" / sub)
+        for name in names:
+            shutil.copy(os.path.join(SHARDS, name), tmp_path / "shards" / sub / name)
+    truncated = shutil.copy(os.path.join(BROKEN, "truncated-000000.tar"), tmp_path / "shards" / "b" / "c")
+    stats = tmp_path / "stats"
+    assert run(str(tmp_path / "shards"), "--stats-dir", str(stats)).exit_code == 1  # the truncated shard
+    files = sorted(os.path.relpath(os.path.join(d, f), stats) for d, _, fs in os.walk(stats) for f in fs)
+    assert files == ["a/images-000000_stats.json", "a/images-000001_stats.json", "a/sizes.json",
+                     "b/c/images-000000_stats.json", "b/c/sizes.json", "b/c/truncated-000000_stats.json"]
+
+    def get_dataset_size(shards_list):  # open_clip_train.data.get_dataset_size, sizes.json branch
+        dir_path = os.path.dirname(shards_list[0])
+        sizes = json.load(open(os.path.join(dir_path, "sizes.json"), "r"))
+        return sum(int(sizes[os.path.basename(shard)]) for shard in shards_list)
+
+    for sub in ("a", "b/c"):
+        shutil.copy(stats / sub / "sizes.json", tmp_path / "shards" / sub / "sizes.json")
+    assert get_dataset_size([str(tmp_path / "shards" / "a" / f"images-00000{i}.tar") for i in (0, 1)]) == 64
+    assert get_dataset_size([str(tmp_path / "shards" / "b" / "c" / "images-000000.tar"), truncated]) == 32 + 3
+    stats_file = json.loads((stats / "b" / "c" / "truncated-000000_stats.json").read_text())
+    assert int(stats_file["successes"]) == 3 and stats_file["findings"] == {"truncated_tar": 1}
 
 
 def test_progress_bar_only_when_asked():
     quiet = run(CLEAN)
     assert "shard/s" not in quiet.stderr
     shown = run(CLEAN, "--progress")
-    assert "2/2" in shown.stderr and "MB/s" in shown.stderr and "samples/s" in shown.stderr
+    last = shown.stderr.replace("\r", "\n").strip().splitlines()[-1]
+    assert "2/2" in last and " shards/s, " in last and " MB/s, " in last and " samples/s" in last
 
 
 def test_real_subprocess():

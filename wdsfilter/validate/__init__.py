@@ -20,6 +20,7 @@ from ..errors import ConfigError
 from ..shards import expand_urls
 from .findings import ERROR, KINDS, WARNING, Finding
 from .options import ValidateOptions
+from .progress import Progress
 from .report import SCHEMA_VERSION, Report
 from .runner import run_checks
 from .shard_check import ShardResult, check_shard
@@ -66,7 +67,7 @@ def validate(paths: Union[str, Sequence[str]], *, config: Union[None, str, dict,
     urls = expand_urls(paths, stage.allow_pipe, stage.allow_remote)
     report = validate_urls(urls, options, progress=progress)
     if stats_dir:
-        from .formats import write_stats
+        from .stats_files import write_stats
         write_stats(report, stats_dir)
     return report
 
@@ -75,25 +76,14 @@ def validate_urls(urls: Sequence[str], options: ValidateOptions, progress: bool 
     """The engine under validate(): shards in parallel, cross-shard checks in this process."""
     started = time.perf_counter()
     results = [None] * len(urls)
-    bar = _progress_bar(len(urls)) if progress else None
-    done_bytes = done_samples = 0
+    bar = Progress(len(urls)) if progress else None
     for i, result in run_checks(urls, options):
         results[i] = result
         if bar is not None:
-            done_bytes += result.bytes
-            done_samples += result.samples
-            elapsed = max(time.perf_counter() - started, 1e-9)
-            bar.set_postfix_str(f"{done_bytes / elapsed / 1e6:.1f} MB/s, {done_samples / elapsed:.0f} samples/s",
-                                refresh=False)
-            bar.update(1)
+            bar.update(result)
     if bar is not None:
         bar.close()
     return Report.build(results, options, time.perf_counter() - started)
-
-
-def _progress_bar(total: int):
-    from tqdm import tqdm
-    return tqdm(total=total, unit="shard", file=sys.stderr, dynamic_ncols=True, desc="validate")
 
 
 class _CallableModule(types.ModuleType):

@@ -1,5 +1,5 @@
-"""Report -> text (the terminal summary), JSON (schema in docs/validate.md), JUnit XML (for CI),
-and the --stats-dir files ({shard}_stats.json per shard, and sizes.json for open_clip/DataComp)."""
+"""Report -> text (the terminal summary), JSON (schema in docs/validate.md), JUnit XML (for CI).
+The --stats-dir files are written by stats_files.py."""
 from __future__ import annotations
 
 import json
@@ -9,9 +9,8 @@ import xml.etree.ElementTree as ET
 from collections import defaultdict
 from typing import Dict, List
 
-from ..shards import SHARD_SUFFIXES
 from .findings import ERROR, KINDS, at_level
-from .report import SCHEMA_VERSION, Report
+from .report import Report
 
 FORMATS = ("text", "json", "junit")
 TEXT_EXAMPLES = 3     # findings shown per kind in the text summary
@@ -67,21 +66,7 @@ def to_text(report: Report) -> str:
                 lines.append(f"    {where or '(all shards)'}: {f.message}")
             if counts[k] > TEXT_EXAMPLES:
                 lines.append(f"    ... {counts[k] - TEXT_EXAMPLES} more (--format json lists them)")
-    flagged = [r for r in report.shards if r.counts or r.kept_share != 1]
-    if flagged:
-        base = _common_folder([r.shard for r in report.shards])
-        names = [os.path.relpath(r.shard, base) if base else r.shard for r in flagged[:TEXT_SHARDS]]
-        width = max(20, min(60, max(len(n) for n in names)))
-        lines += ["", "Shards with findings or drops" + (f" (in {base}{os.sep})" if base else ""),
-                  f"  {'shard':<{width}} {'samples':>7} {'kept':>7} {'MB':>7} {'errors':>6} {'warnings':>8}"]
-        for r, name in zip(flagged, names):
-            errors = sum(n for k, n in r.counts.items() if KINDS[k][0] == ERROR)
-            warnings = sum(r.counts.values()) - errors
-            name = name if len(name) <= width else "..." + name[-width + 3:]
-            lines.append(f"  {name:<{width}} {r.samples:>7} {_pct(r.kept_share):>7} {_mb(r.bytes):>7} "
-                         f"{errors:>6} {warnings:>8}")
-        if len(flagged) > TEXT_SHARDS:
-            lines.append(f"  ... and {len(flagged) - TEXT_SHARDS} more shard(s) (--format json or --stats-dir list them all)")
+    lines += _shard_table(report)
     suggestions = report.suggestions()
     if suggestions:
         lines += ["", "Suggestions"] + [f"  - {s}" for s in suggestions]
@@ -92,6 +77,26 @@ def to_text(report: Report) -> str:
     lines += ["", f"{verdict}; {report.errors} error(s), {report.warnings} warning(s); failing on {level} "
                   f"(--fail-on); exit code {report.exit_code}"]
     return "\n".join(lines) + "\n"
+
+
+def _shard_table(report: Report) -> List[str]:
+    """Per-shard stats, shards with findings or drops first (the JSON report lists every shard)."""
+    flagged = [r for r in report.shards if r.counts or r.kept_share != 1]
+    clean = [r for r in report.shards if not (r.counts or r.kept_share != 1)]
+    shown = (flagged + clean)[:TEXT_SHARDS]
+    base = _common_folder([r.shard for r in report.shards])
+    names = [os.path.relpath(r.shard, base) if base else r.shard for r in shown]
+    width = max(20, min(60, max(len(n) for n in names)))
+    lines = ["", f"Shards: {len(flagged)} with findings or drops, {len(clean)} clean" + (f" (in {base}{os.sep})" if base else ""),
+             f"  {'shard':<{width}} {'samples':>7} {'kept':>7} {'MB':>7} {'errors':>6} {'warnings':>8}"]
+    for r, name in zip(shown, names):
+        errors = sum(n for k, n in r.counts.items() if KINDS[k][0] == ERROR)
+        warnings = sum(r.counts.values()) - errors
+        name = name if len(name) <= width else "..." + name[-width + 3:]
+        lines.append(f"  {name:<{width}} {r.samples:>7} {_pct(r.kept_share):>7} {_mb(r.bytes):>7} {errors:>6} {warnings:>8}")
+    if len(report.shards) > len(shown):
+        lines.append(f"  ... and {len(report.shards) - len(shown)} more shard(s) (--format json or --stats-dir list them all)")
+    return lines
 
 
 # -- json ----------------------------------------------------------------------------------------
@@ -141,44 +146,3 @@ def to_junit(report: Report) -> str:
 
 def _lines(findings) -> str:
     return "\n".join(f"{f.severity} {f.kind} member={f.member!r} key={f.key!r}: {f.message}" for f in findings)
-
-
-# -- stats files ---------------------------------------------------------------------------------
-def shard_basename(url: str) -> str:
-    return url.rstrip("/").rsplit("/", 1)[-1]
-
-
-def _stem(url: str) -> str:
-    base = shard_basename(url)
-    for suffix in sorted(SHARD_SUFFIXES, key=len, reverse=True):
-        if base.endswith(suffix):
-            return base[:-len(suffix)]
-    return base
-
-
-def write_stats(report: Report, folder: str) -> List[str]:
-    """{shard}_stats.json for each shard, and sizes.json ({shard basename: sample count}, what
-    open_clip's training script reads). Returns the paths written."""
-    os.makedirs(folder, exist_ok=True)
-    written, used = [], set()
-    for r in report.shards:
-        stem, n = _stem(r.shard), 1
-        while stem in used:  # shards of the same name in different folders
-            n += 1
-            stem = f"{_stem(r.shard)}-{n}"
-        used.add(stem)
-        data = dict(r.stats(), schema_version=SCHEMA_VERSION,
-                    listed_findings=[f.to_dict() for f in r.findings])
-        written.append(_write_json(os.path.join(folder, f"{stem}_stats.json"), data))
-    sizes = {shard_basename(r.shard): r.samples for r in report.shards}
-    written.append(_write_json(os.path.join(folder, "sizes.json"), sizes))
-    return written
-
-
-def _write_json(path: str, data) -> str:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, ensure_ascii=False)
-        f.write("\n")
-    os.replace(tmp, path)
-    return path

@@ -98,7 +98,10 @@ class Report:
         return {k: n - listed[k] for k, n in sorted(self.counts.items()) if n > listed[k]}
 
     def suggestions(self) -> List[str]:
-        """The all-filtered shards' suggestions, then one per spec over every sample that missed it."""
+        """The all-filtered shards' suggestions, then one per spec over every sample that missed it.
+
+        When the current spec finds the caption (image) in some samples, the advice keeps it and
+        adds the alternative ('txt;json:description'): replacing it would lose those samples."""
         found = list(dict.fromkeys(r.suggestion for r in self.shards if r.suggestion))
         stage = self.options.stage
         for what, spec in (("caption", stage.caption_spec), ("image", stage.image_spec)):
@@ -110,10 +113,17 @@ class Report:
                     census.exts.update(part.exts)
                     census.json_fields.update(part.json_fields)
             hint = census.suggest(what, spec) if census.samples else None
-            advice = hint and hint.rsplit("; ", 1)[-1]  # "use --caption-key json:description"
-            if hint and not any(s.endswith(advice) for s in found):
-                found.append(f"{census.samples} of {self.samples} samples have no {what} under '{spec}'; "
-                             f"among them, {hint}")
+            if not hint:
+                continue
+            flag = f"--{what}-key "
+            head, best = hint.rsplit(flag, 1)  # "... use --caption-key json:description"
+            if census.samples == self.samples:
+                if not any(s.endswith(flag + best) for s in found):
+                    found.append(f"no sample has a {what} under '{spec}'; {hint}")
+                continue
+            found = [s for s in found if flag not in s]  # shard-level advice that the combined spec replaces
+            found.append(f"{census.samples} of {self.samples} samples have no {what} under '{spec}'; among "
+                         f"them, {head}{flag}'{spec};{best}'")
         return found
 
     def to_dict(self) -> dict:
