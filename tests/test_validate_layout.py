@@ -134,3 +134,36 @@ def test_a_crashing_worker_loses_only_its_shard(tmp_path, monkeypatch):
     assert [r.samples for r in report.shards] == [3, 3, 3, 0]
     (finding,) = report.findings
     assert finding.kind == "unreadable_tar" and finding.shard == bad and "killed the checking process" in finding.message
+
+
+def test_folders_are_searched_recursively_in_order(tmp_path):
+    shards(str(tmp_path / "b"), [2], prefix="x")
+    shards(str(tmp_path / "a" / "deep"), [2, 2], prefix="y")
+    (tmp_path / "a" / "notes.txt").write_text("not a shard")
+    report = validate(str(tmp_path), jobs=1)
+    assert [os.path.relpath(r.shard, tmp_path) for r in report.shards] == [
+        os.path.join("a", "deep", "y-000000.tar"), os.path.join("a", "deep", "y-000001.tar"),
+        os.path.join("b", "x-000000.tar")]
+
+
+def test_pipe_urls_run_only_when_allowed(tmp_path):
+    (url,) = shards(str(tmp_path), [3])
+    with pytest.raises(UnsafeInputError, match="allow_pipe"):
+        validate(f"pipe:cat {url}", jobs=1)
+    report = validate(f"pipe:cat {url}", jobs=1, allow_pipe=True)
+    assert report.shards[0].shard == f"pipe:cat {url}" and report.shards[0].samples == 3 and report.passed
+
+
+def _pid_check(url, options):
+    result = check_shard(url, options)
+    result.suggestion = str(os.getpid())  # a field that travels back: which process checked it
+    return result
+
+
+@pytest.mark.skipif(multiprocessing.get_start_method() != "fork", reason="patching the worker needs fork")
+def test_jobs_check_shards_in_worker_processes(tmp_path, monkeypatch):
+    urls = shards(str(tmp_path), [2] * 6)
+    monkeypatch.setattr(runner, "check_shard", _pid_check)
+    pids = {r.suggestion for r in validate(urls, jobs=2).shards}
+    assert str(os.getpid()) not in pids and 1 <= len(pids) <= 2
+    assert {r.suggestion for r in validate(urls, jobs=1).shards} == {str(os.getpid())}
