@@ -1,6 +1,6 @@
 """One sequential pass over one shard -> ShardResult.
 
-Members come from reading.iter_tar; each is checked once (names, safety, media, text), media bytes
+Members come from tar_reader (or reading.iter_tar); each is checked once (names, safety, media, text), media bytes
 are replaced by a small MediaInfo, and the members are grouped into samples by the stages' own
 reading.group_samples (same window, same rekey), so the kept share is the one the pipeline gets.
 The result holds counts, the first findings of each kind and stats, never sample bytes: it is
@@ -12,15 +12,16 @@ import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, Iterator, List, Optional
+from typing import Callable, Dict, Iterable, Iterator, List, Optional
 
 from ..census import KeyCensus
 from ..naming import is_dotted, split_name
 from ..reading import ShardEnd, group_samples, iter_tar
-from ..shards import open_shard
+from ..shards import is_pipe, is_remote, open_shard
 from ..specs import IMAGE_EXTS, VIDEO_EXTS, find_caption
 from ..tally import Tally
 from ..tokens import CaptionCleaner
+from . import tar_reader
 from .checks import safety
 from .checks.keys import KeyTracker
 from .checks.media import ImageStats, MediaInfo, check_image
@@ -90,13 +91,22 @@ class ShardResult:
 
 
 def check_shard(url: str, options: ValidateOptions) -> ShardResult:
-    """Never raises on bad data: every problem becomes a finding of the result."""
-    return _ShardCheck(url, options).run()
+    """Never raises on bad data: every problem becomes a finding of the result.
+
+    Local shards are read by the fast tar_reader; one it finds unusual is read again through
+    reading.iter_tar, the stages' own reader (see tar_reader.py)."""
+    if not (is_pipe(url) or is_remote(url)):
+        try:
+            return _ShardCheck(url, options, tar_reader.iter_members).run()
+        except tar_reader.Unusual:
+            pass
+    return _ShardCheck(url, options, iter_tar).run()
 
 
 class _ShardCheck:
-    def __init__(self, url: str, options: ValidateOptions):
+    def __init__(self, url: str, options: ValidateOptions, reader: Callable = iter_tar):
         self.url = url
+        self.reader = reader
         self.options = options
         stage = self.stage = options.stage
         self.log = FindingLog(url, options.max_findings)
@@ -127,7 +137,7 @@ class _ShardCheck:
             return self._result(started, str(e))
         with stream:
             # A fresh Tally: the grouping step counts into it, and the findings say it better.
-            for sample in group_samples(self._members(iter_tar(stream, url)), stage, Tally()):
+            for sample in group_samples(self._members(self.reader(stream, url)), stage, Tally()):
                 if "__marker__" not in sample:  # StageConfig(emit_rejects=True) adds shard-end markers
                     self._sample(sample)
         error = self._shard_end()
@@ -262,10 +272,15 @@ class _ShardCheck:
                         f"{error}; no member could be read. Is it a tar? Re-create or re-download it")
             else:
                 key = split_name(end.member, self.stage.rekey)[0] or ""
-                partial = 1 if key and key in self.keys.seen else 0
-                log.add("truncated_tar", end.member, key,
-                        f"{error}; {self.samples - partial} complete sample(s) ({end.members} members) are "
-                        f"readable before the break. Re-create or re-download this shard")
+                if self.keys.last and end.member == self.keys.last[0]:
+                    # Broke at a member boundary: the last sample may have had more members.
+                    readable = (f"{self.samples} sample(s) ({end.members} members) are readable before the "
+                                f"break, the last one perhaps incomplete")
+                else:  # broke inside end.member: its sample is incomplete if it had members before
+                    partial = 1 if key and key in self.keys.seen else 0
+                    readable = (f"{self.samples - partial} complete sample(s) ({end.members} members) are "
+                                f"readable before the break")
+                log.add("truncated_tar", end.member, key, f"{error}; {readable}. Re-create or re-download this shard")
         if self.tail_key is not None and self.keys.last and self.tail_key != self.keys.last[1]:
             for f in self.tail:  # the last member's key is not the last sample's: nothing to hold
                 log.add(f.kind, f.member, f.key, f.message)

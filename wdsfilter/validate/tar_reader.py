@@ -1,0 +1,194 @@
+"""The validator's fast path over a local shard's members (plain or gzip-compressed tar).
+
+Python's tarfile (behind reading.iter_tar, which the stages use) spends more time per member on
+header parsing than the validator's checks take; here an ordinary header is parsed with a few
+slices. Only the ordinary is handled: regular files, directories and links, GNU long names and
+pax path/size records. Anything else (a sparse member, a base-256 size, a shard cut short, bz2 or
+xz compression, ...) raises Unusual, and check_shard reads the shard again through
+reading.iter_tar, so what is reported on an unusual shard is exactly what the stages see.
+
+One thing is reported here that tarfile passes over in silence: a shard whose archive ends early
+(a corrupt member header, or an end-of-archive block followed by more data: a hole of zeros from a
+failed copy, or two tars concatenated). tarfile stops there as if the shard were complete; the
+members after it are lost to training, so the validator says so.
+
+Yields the same items as reading.iter_tar: {"fname", "data", "__url__"} per regular member, then
+a reading.ShardEnd.
+"""
+from __future__ import annotations
+
+import zlib
+from typing import IO, Iterator
+
+from ..reading import ShardEnd
+
+BLOCK = 512
+_ZERO = bytes(BLOCK)
+_REGULAR = (b"0", b"\0", b"7")
+_NO_DATA = (b"1", b"2", b"3", b"4", b"5", b"6")  # links, devices, directories, fifos: tarfile skips no data
+_PAX_IGNORED = {"mtime", "atime", "ctime", "uid", "gid", "uname", "gname", "linkpath", "comment", "mode"}
+_GZIP = b"\x1f\x8b"
+_OTHER_COMPRESSION = (b"BZh", b"\xfd7zXZ\x00")
+
+
+class Unusual(Exception):
+    """The shard needs tarfile's full treatment (reading.iter_tar)."""
+
+
+def _name(raw: bytes) -> str:
+    return raw.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+
+
+def _number(field: bytes) -> int:
+    if field[:1] in (b"\x80", b"\xff"):  # base-256 (sizes over 8 GiB)
+        raise Unusual("base-256 number")
+    try:
+        return int(field.split(b"\0", 1)[0].strip() or b"0", 8)
+    except ValueError:
+        raise Unusual("malformed number") from None
+
+
+def _checksum_ok(buf: bytes) -> bool:
+    try:
+        stored = int(buf[148:156].split(b"\0", 1)[0].strip() or b"0", 8)
+    except ValueError:
+        return False
+    unsigned = 256 + sum(buf) - sum(buf[148:156])
+    if stored == unsigned:
+        return True
+    signed = 256 + sum(b - 256 if b > 127 else b for b in buf[:148] + buf[156:])  # rare: old writers
+    return stored == signed
+
+
+def _pax(data: bytes) -> dict:
+    """pax records ("%d %s=%s\\n") -> {keyword: value} for the keywords that change a member's
+    name or size; Unusual for those this reader does not follow."""
+    found, pos = {}, 0
+    while pos < len(data) and data[pos:pos + 1] != b"\0":
+        space = data.index(b" ", pos)
+        length = int(data[pos:space])
+        keyword, _, value = data[space + 1:pos + length - 1].partition(b"=")
+        key = keyword.decode("utf-8", "surrogateescape")
+        if key in ("path", "size"):
+            found[key] = value.decode("utf-8", "surrogateescape")
+        elif key not in _PAX_IGNORED and not key.startswith(("SCHILY.", "LIBARCHIVE.")):
+            raise Unusual(f"pax keyword {key}")
+        pos += length
+    return found
+
+
+def _open(stream: IO[bytes]) -> IO[bytes]:
+    head = stream.peek(6)[:6] if hasattr(stream, "peek") else b""
+    if head[:2] == _GZIP:
+        import gzip
+        return gzip.GzipFile(fileobj=stream, mode="rb")
+    if head.startswith(_OTHER_COMPRESSION):
+        raise Unusual("bz2/xz compression")
+    return stream
+
+
+def iter_members(stream: IO[bytes], url: str) -> Iterator["dict | ShardEnd"]:
+    try:
+        yield from _members(_open(stream), url)
+    except (OSError, EOFError, zlib.error) as e:  # gzip data cut or corrupt: iter_tar words it
+        raise Unusual(str(e)) from None
+
+
+def _members(f: IO[bytes], url: str) -> Iterator["dict | ShardEnd"]:
+    read = f.read
+    count, offset, last = 0, 0, ""
+    long_name = pax = None
+    while True:
+        buf = read(BLOCK)
+        if len(buf) < BLOCK:
+            raise Unusual("cut at a member header")  # iter_tar says it in the stages' words
+        if buf == _ZERO:
+            if long_name is not None or pax is not None:
+                raise Unusual("end of archive after an extended header")
+            yield _end(f, url, count, offset, last)
+            return
+        if not _checksum_ok(buf):
+            if offset == 0:
+                raise Unusual("not a tar")  # tarfile: ReadError, the shard is unreadable
+            yield ShardEnd(url, count, f"ReadError: the member header at byte {offset} (after member {last or '(none)'}) "
+                                       f"is corrupt (bad checksum); tar readers stop there as if the shard "
+                                       f"ended and lose every member after it", last)
+            return
+        kind = buf[156:157]
+        size = _number(buf[124:136])
+        blocks = -(-size // BLOCK) * BLOCK
+        offset += BLOCK
+        if kind in (b"L", b"x", b"g"):
+            data = read(blocks)
+            if len(data) < blocks:
+                raise Unusual("cut in an extended header")
+            offset += blocks
+            data = data[:size]
+            if kind == b"L":
+                if long_name is not None or pax is not None:
+                    raise Unusual("stacked extended headers")
+                long_name = _name(data)
+            elif kind == b"x":
+                if pax is not None or long_name is not None:
+                    raise Unusual("stacked extended headers")
+                pax = _pax(data)
+            elif _pax(data):
+                raise Unusual("global pax path/size")
+            continue
+        if kind == b"K":
+            raise Unusual("GNU long link")
+        name = _name(buf[0:100])
+        if buf[345:346] != b"\0":  # a ustar prefix (tarfile reads one in any header: keep to its rules)
+            if buf[257:263] != b"ustar\x00":
+                raise Unusual("prefix field outside a ustar header")
+            name = _name(buf[345:500]) + "/" + name
+        if long_name is not None:
+            name, long_name = long_name, None
+        if pax is not None:
+            if "path" in pax:
+                name = pax["path"].rstrip("/")
+            if "size" in pax:
+                try:
+                    size = int(pax["size"])
+                except ValueError:
+                    raise Unusual("pax size") from None
+                blocks = -(-size // BLOCK) * BLOCK
+            pax = None
+        if kind == b"\0" and name.endswith("/"):
+            kind = b"5"  # old V7 directories
+        if kind in _REGULAR:
+            data = read(size)
+            pad = blocks - size
+            if len(data) < size or (pad and len(read(pad)) < pad):
+                raise Unusual("cut in member data")  # iter_tar names the member in the stages' words
+            offset += blocks
+            count += 1
+            last = name
+            yield {"fname": name, "data": data, "__url__": url}
+        elif kind in _NO_DATA:
+            last = name
+        else:
+            raise Unusual(f"member type {kind!r}")
+
+
+def _end(f: IO[bytes], url: str, count: int, offset: int, last: str) -> ShardEnd:
+    """At the first end-of-archive block: the rest must be zeros (the second block, then padding
+    to the record size), or readers lose what follows."""
+    rest = 0
+    first = None
+    while True:
+        try:
+            chunk = f.read(1 << 20)
+        except (OSError, EOFError):
+            break  # what follows the archive is unreadable: readers never look at it
+        if not chunk:
+            break
+        if first is None and chunk.count(0) != len(chunk):
+            first = rest + len(chunk) - len(chunk.lstrip(b"\0"))
+        rest += len(chunk)
+    if first is None:
+        return ShardEnd(url, count, None, "")
+    return ShardEnd(url, count, f"ReadError: the tar ends at byte {offset} (after member {last or '(none)'}) but "
+                                f"{rest - first} more byte(s) of data follow from byte {offset + BLOCK + first}: tar "
+                                f"readers stop at the end-of-archive block and lose them (a hole of zeros from a "
+                                f"failed copy, or tars concatenated?)", last)
