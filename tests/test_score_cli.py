@@ -121,6 +121,123 @@ def test_cli_configuration_errors_exit_2_with_the_reason(tiny_clip, tmp_path):
     r = runner.invoke(main, base + ["--model", "local-dir:" + tiny_clip, "--min", "ocr_area=0.1"])
     assert r.exit_code == 2 and "threshold(s) on ['ocr_area'], which no scorer of this run writes" in r.output
     r = runner.invoke(main, base + ["--scorer", "ocr", "--model", "ViT-B-32"])
-    assert r.exit_code == 2 and "model, pretrained apply to the clip scorer" in r.output
+    assert r.exit_code == 2 and "model (--model) applies to the clip scorer, which is not in this run (ocr)" in r.output
+    r = runner.invoke(main, base + ["--model", "local-dir:" + tiny_clip, "--frames", "5", "--keyframes"])
+    assert r.exit_code == 2 and "frames (--frames), keyframes (--keyframes) apply to the ocr scorer" in r.output
+    r = runner.invoke(main, base + ["--scorer", "ocr", "--frames", "5", "--scorer-opt", "ocr.frames=4"])
+    assert r.exit_code == 2 and "disagree" in r.output
+    r = runner.invoke(main, base + ["--scorer", "ocr", "--max", "ocr_area"])
+    assert r.exit_code == 2 and "--max expects COLUMN=VALUE (e.g. ocr_area=0.2)" in r.output
+    r = runner.invoke(main, base + ["--scorer", "ocr", "--min", "ocr_area=0.5", "--max-ocr-area", "0.2"])
+    assert r.exit_code == 2 and "the minimum 0.5 of ocr_area is above its maximum 0.2" in r.output
+    r = runner.invoke(main, base + ["--scorer", "ocr", "--frames", "0"])
+    assert r.exit_code == 2 and "frames must be an integer >= 1" in r.output
     r = runner.invoke(main, base + ["--model", "local-dir:" + tiny_clip, "--batch-size", "0"])
     assert r.exit_code == 2 and "batch_size must be 'auto' or an integer >= 1" in r.output
+
+
+# -- clip + ocr in one pass ------------------------------------------------------------------------
+MIXED = [os.path.join(SS, p) for p in ("images-000000.tar", "ocr-images-000000.tar", "videos-000000.tar",
+                                       "broken/corrupt-video-000000.tar")]
+MIXED_KEYS = ["--caption-key", CAPTION_KEY, "--image-key", "jpg;png;webp;mp4"]
+
+
+def sample_json(path):
+    import json
+    with tarfile.open(path) as tar:
+        return {info.name[:-5]: json.load(tar.extractfile(info)) for info in tar if info.name.endswith(".json")}
+
+
+def test_clip_and_ocr_in_one_pass_over_images_text_images_and_videos(tiny_clip, tmp_path):
+    """The issue's combined run through the CLI with the rapidocr backend (weights in its wheel):
+    every sample gets a row, text scores clearly above blank and noise, videos keep per-frame
+    ratios, broken videos get reasons, both thresholds filter the shards and the summary counts
+    each; then the loader filters the same way from the score files (min and max)."""
+    pytest.importorskip("rapidocr_onnxruntime")
+    out, filtered = str(tmp_path / "out"), str(tmp_path / "filtered")
+    min_clip, max_area = 0.3, 0.05
+    result = CliRunner().invoke(main, ["score", *MIXED, *MIXED_KEYS, "--scorer", "clip", "--scorer", "ocr",
+                                       "--model", "local-dir:" + tiny_clip, "--ocr-backend", "rapidocr",
+                                       "--frames", "3", "--frame-reduce", "mean", "--min-clip", str(min_clip),
+                                       "--max-ocr-area", str(max_area), "--write-shards", filtered,
+                                       "--device", "cpu", "--out", out, "--no-progress"])
+    assert result.exit_code == 0, result.output
+    text = result.output
+    assert "scorer: ocr: rapidocr PP-OCRv4 detector" in text and "3 frames/video, reduce=mean" in text
+    rows = rows_of(out)
+    expected = {(os.path.basename(p), k) for p in MIXED for k in keys_in_tar(p)}
+    assert set(rows) == expected  # every sample has a row
+    for r in rows.values():
+        scored = r["clip_score"] is not None or r["ocr_area"] is not None
+        assert scored or r["reason"], r  # its scores, or the reason it has none
+
+    # Text images: clearly more text area than the gradients and noise of the same shard.
+    meta = sample_json(MIXED[1])
+    ocr = {k: rows[("ocr-images-000000.tar", k)] for k in meta}
+    text_areas = [r["ocr_area"] for k, r in ocr.items() if meta[k]["has_text"]]
+    other_areas = [r["ocr_area"] for k, r in ocr.items() if not meta[k]["has_text"]]
+    assert len(text_areas) == len(other_areas) == 8
+    assert min(text_areas) > 0.05 and max(other_areas) < 0.01
+    assert all(r["status"] == "scored" and r["ocr_frames"] == 1 and r["ocr_area_frames"] == [r["ocr_area"]]
+               for r in ocr.values())
+
+    # Videos: three ratios each, their mean is ocr_area; CLIP scores images only and says so.
+    meta = sample_json(MIXED[2])
+    videos = {k: rows[("videos-000000.tar", k)] for k in meta}
+    for k, r in videos.items():
+        assert r["ocr_frames"] == 3 and len(r["ocr_area_frames"]) == 3
+        assert r["ocr_area"] == pytest.approx(sum(r["ocr_area_frames"]) / 3)
+        assert r["status"] == "partial" and r["reason"] == "missing_image" and "is a video" in r["message"]
+        if meta[k]["has_text"]:
+            assert min(r["ocr_area_frames"]) > 0.04
+        else:
+            assert max(r["ocr_area_frames"]) < 0.01
+
+    # Broken videos: a reason in their rows, the valid clip of that shard is scored.
+    broken = {k: r for (shard, k), r in rows.items() if shard == "corrupt-video-000000.tar"}
+    reasons = sorted(r["reason"] for r in broken.values() if r["status"] == "failed")
+    assert reasons == ["missing_image;corrupt_video", "missing_image;no_video_stream"]
+    assert sum(1 for r in broken.values() if r["ocr_frames"] == 3) == 1
+
+    # kept = both thresholds met; a sample without one of the two scores is not kept.
+    def passes(r):
+        return (r["clip_score"] is not None and r["clip_score"] >= min_clip
+                and r["ocr_area"] is not None and r["ocr_area"] <= max_area)
+    assert all(r["kept"] == passes(r) for r in rows.values())
+    kept = {i for i, r in rows.items() if r["kept"]}
+    clip_rows = [r for r in rows.values() if r["clip_score"] is not None]
+    assert 0 < len(kept) < len(clip_rows)
+    assert not any(rows[i]["ocr_area"] > max_area for i in kept)
+    for path in MIXED:
+        name = os.path.basename(path)
+        assert keys_in_tar(os.path.join(filtered, name)) == [k for k in keys_in_tar(path) if (name, k) in kept]
+
+    # The summary counts each threshold and the combination.
+    def count(col, ok):
+        values = [r[col] for r in rows.values()]
+        return (sum(1 for v in values if v is not None and ok(v)), sum(1 for v in values if v is not None and not ok(v)),
+                sum(1 for v in values if v is None))
+    k, d, n = count("clip_score", lambda v: v >= min_clip)
+    assert f"clip_score >= {min_clip:g}: kept {k}, dropped {d}, no score {n}" in text
+    k, d, n = count("ocr_area", lambda v: v <= max_area)
+    assert f"ocr_area <= {max_area:g}: kept {k}, dropped {d}, no score {n}" in text
+    assert f"kept {len(kept)} of {len(rows)} (all thresholds met)" in text
+    import json
+    summary = json.load(open(os.path.join(out, "summary.json")))
+    assert summary["max_thresholds"]["ocr_area"] == {"max": max_area, "kept": k, "dropped": d, "no_score": n}
+    assert summary["kept"] == len(kept)
+    assert open(os.path.join(out, "histograms.png"), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    assert "ocr_area: n=" in text and "ocr_frames: n=" in text
+
+    # Training-time filtering by the same files: both bounds, and the maximum alone.
+    import wdsfilter
+    common = dict(caption_key=CAPTION_KEY, image_key="jpg;png;webp;mp4", scores=out, output="dict", batch_size=16)
+    loader = wdsfilter.loader(MIXED, min_clip=min_clip, max_ocr_area=max_area, **common)
+    got = {(os.path.basename(s["__url__"]), s["__key__"]) for batch in loader for s in batch}
+    assert got == kept
+    loader = wdsfilter.loader(MIXED, max_scores={"ocr_area": max_area}, **common)
+    got = {(os.path.basename(s["__url__"]), s["__key__"]) for batch in loader for s in batch}
+    low_text = {i for i, r in rows.items() if r["ocr_area"] is not None and r["ocr_area"] <= max_area}
+    assert got == low_text and any(shard == "videos-000000.tar" for shard, _ in got)
+    assert loader.stats.dropped["filtered_by_score"] == sum(
+        1 for r in rows.values() if r["ocr_area"] is not None and r["ocr_area"] > max_area)

@@ -170,3 +170,36 @@ def make_shards(folder, counts, **kwargs):
         urls.append(write_shard(os.path.join(folder, f"shard-{s:04d}.tar"), members))
         images.update(imgs)
     return urls, images
+
+
+class ArenaScorer(BrightnessScorer):
+    """Memory the way onnxruntime holds it on a GPU (rapidocr with onnxruntime-gpu): weights and an
+    arena outside PyTorch's allocator, so memory_allocated never sees them and only the device's
+    free memory (mem_get_info; here the SimulatedDevice's) does. The arena grows to the largest
+    batch so far and never shrinks; growing past the free memory is an out-of-memory error."""
+
+    name = "arena"
+
+    def columns(self):
+        return ["arena_luma"]
+
+    def load(self, device):
+        self.device = device
+        self._weights = torch.tensor(LUMA, device=device).view(1, 3, 1, 1)
+        self.arena = 0
+        self._device().occupy(self.model_bytes)
+
+    def unload(self):
+        if self._weights is not None:
+            self._device().occupied -= self.model_bytes + self.arena
+        self._weights = None
+
+    def score_batch(self, inputs):
+        dev, need = self._device(), self.bytes_per_sample * len(inputs)
+        if need > self.arena:
+            if need - self.arena > dev.free():
+                raise torch.cuda.OutOfMemoryError(f"test arena: {need - self.arena} more bytes, {dev.free()} free")
+            dev.occupy(need - self.arena)
+            self.arena = need
+        x = torch.stack([i["pixels"] for i in inputs]).to(self.device).float() / 255.0
+        return [{"arena_luma": float(v)} for v in (x * self._weights).sum(1).mean((1, 2))]

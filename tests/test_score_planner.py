@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from test_score_kit import BrightnessScorer, make_shards
+from test_score_kit import ArenaScorer, BrightnessScorer, make_shards
 from wdsfilter import ConfigError
 from wdsfilter.score import ScoreConfig, score
 from wdsfilter.score.config import parse_size
@@ -130,6 +130,32 @@ def test_planner_measures_model_and_activations_on_a_simulated_gpu(tmp_path):
     assert "dry run: nothing was scored" in dry.format_text()
     # The planned batch really fits: the run scores everything without halving.
     real = score(urls, out=str(tmp_path / "real"), scorers=[scorer], devices=["sim:plan0"], max_batch=4096,
+                 progress=False, workers=0)
+    assert real.scored == len(images)
+    (b,) = real.batch_sizes()
+    assert b["planned"] == b["final"] == expected and b["halvings"] == 0
+
+
+def test_memory_outside_pytorchs_allocator_is_measured_on_the_device(tmp_path):
+    """onnxruntime (rapidocr on a GPU) allocates outside PyTorch: memory_allocated sees nothing, so
+    the model and its arena are measured as the device's used memory (mem_get_info), and what the
+    first batch leaves behind is counted with the model."""
+    urls, images = make_shards(tmp_path / "shards", [12, 12])
+    SimulatedDevice.create("arena0", total=1000 * MiB)
+    scorer = ArenaScorer(sim="arena0", model_bytes=300 * MiB, bytes_per_sample=5 * MiB)
+    lines = []
+    dry = score(urls, out=str(tmp_path / "dry"), scorers=[scorer], devices=["sim:arena0"], max_batch=4096,
+                dry_run=True, progress=False, echo=lines.append)
+    text = "\n".join(lines)
+    assert re.search(r"model on sim:arena0 +300.0 MiB +\(measured", text)
+    assert re.search(r"warm-up memory +5.0 MiB +\(left on the device by the first batch \(arena 5.0 MiB", text)
+    assert re.search(r"activations +5.0 MiB/sample \+ 0 B", text)
+    usable = 1000 * MiB - int(1000 * MiB * 0.10)
+    expected = (usable - 305 * MiB) // (5 * MiB)
+    expected -= expected % 8
+    assert dry.plan["devices"][0]["batch_size"] == expected
+    assert SimulatedDevice.get("arena0").occupied == 0  # unloaded: weights and arena given back
+    real = score(urls, out=str(tmp_path / "real"), scorers=[scorer], devices=["sim:arena0"], max_batch=4096,
                  progress=False, workers=0)
     assert real.scored == len(images)
     (b,) = real.batch_sizes()

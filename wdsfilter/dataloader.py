@@ -96,6 +96,7 @@ def loader(urls, caption_key: Optional[str] = None, image_key: Optional[str] = N
            output: str = "tuple", multiprocessing_context: Optional[str] = None,
            persistent_workers: bool = False, world_size: Optional[int] = None,
            scores: Optional[str] = None, min_scores: Optional[dict] = None, min_clip: Optional[float] = None,
+           max_scores: Optional[dict] = None, max_ocr_area: Optional[float] = None,
            **config_options) -> WdsLoader:
     """Build a DataLoader over WebDataset shards; see the module docstring.
 
@@ -103,8 +104,9 @@ def loader(urls, caption_key: Optional[str] = None, image_key: Optional[str] = N
     transform: image -> tensor (e.g. open_clip's preprocess); tokenizer: str -> tokens.
     output: "tuple" yields (images, captions) batches, "dict" yields lists of sample dicts.
     config_options: any StageConfig field (max_pixels, image_token, rekey, ...).
-    scores / min_scores / min_clip: drop samples by the score files of a `wdsfilter score` run
-    (scores=its --out folder; min_clip=X is min_scores={"clip_score": X}); see wdsfilter.scorefilter.
+    scores / min_scores / min_clip / max_scores / max_ocr_area: drop samples by the score files of a
+    `wdsfilter score` run (scores=its --out folder; min_clip=X is min_scores={"clip_score": X},
+    max_ocr_area=X is max_scores={"ocr_area": X}); see wdsfilter.scorefilter.
     """
     try:
         import torch.utils.data
@@ -149,9 +151,11 @@ def loader(urls, caption_key: Optional[str] = None, image_key: Optional[str] = N
         fns["caption"] = _Tokenize(tokenizer)
     if min_clip is not None:  # shortcut for min_scores={"clip_score": min_clip}
         min_scores = dict(min_scores or {}, clip_score=min_clip)
-    if scores is not None or min_scores:
+    if max_ocr_area is not None:  # shortcut for max_scores={"ocr_area": max_ocr_area}
+        max_scores = dict(max_scores or {}, ocr_area=max_ocr_area)
+    if scores is not None or min_scores or max_scores:
         from .scorefilter import score_filter
-        extra.append(score_filter(scores, min_scores or {}, tally))  # its drops count in the loader's tally
+        extra.append(score_filter(scores, min_scores or {}, tally, max_scores))  # its drops count in the loader's tally
     if fns:
         extra.append(map_dict(fns))
     if output == "tuple":

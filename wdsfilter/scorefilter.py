@@ -2,12 +2,14 @@
 
     loader = wdsfilter.loader("shards/", scores="scores/", min_scores={"clip_score": 0.28})
     loader = wdsfilter.loader("shards/", scores="scores/", min_clip=0.28)          # the same
+    loader = wdsfilter.loader("shards/", scores="scores/", min_clip=0.28, max_ocr_area=0.2)
+    loader = wdsfilter.loader("shards/", scores="scores/", max_scores={"ocr_area": 0.2})
 
 The stage joins each sample with the score files of a `wdsfilter score` run by key. A shard's
 table is read lazily, when the shard's first sample arrives (one shard at a time per worker, so
 memory does not grow with the dataset). Samples with no score row, or whose row has no value for
 a threshold column (the scorer could not score them), are dropped and counted `no_score`; samples
-under a threshold are dropped and counted `filtered_by_score`. Both counts land in the loader's
+under a minimum or over a maximum are dropped and counted `filtered_by_score`. Both counts land in the loader's
 Tally like every other drop, so `loader.stats` shows them and the starvation watchdog sees them.
 """
 from __future__ import annotations
@@ -36,14 +38,13 @@ def _stem(path: str) -> str:
 class ScoreFilter:
     """Picklable webdataset stage (see the module docstring)."""
 
-    def __init__(self, scores_dir: str, min_scores: Dict[str, float], tally: Optional[Tally] = None):
+    def __init__(self, scores_dir: str, min_scores: Dict[str, float], tally: Optional[Tally] = None,
+                 max_scores: Optional[Dict[str, float]] = None):
         if not scores_dir:
             raise ConfigError("score filtering needs scores=DIR (the --out folder of `wdsfilter score`)")
         self.scores_dir = scores_dir
-        try:
-            self.min_scores = {str(k): float(v) for k, v in dict(min_scores or {}).items()}
-        except (TypeError, ValueError):
-            raise ConfigError(f"min_scores must map score columns to numbers, got {min_scores!r}") from None
+        self.min_scores = _numbers(min_scores, "min_scores")
+        self.max_scores = _numbers(max_scores, "max_scores")
         self.tally = tally if tally is not None else Tally(name="score_filter")
         self.by_url, self.by_stem = self._index()
         self._check_columns()
@@ -89,10 +90,11 @@ class ScoreFilter:
             columns = set(read_table(path).keys()) or None
         if columns is None:
             return  # an empty JSONL table names no columns
-        missing = [c for c in self.min_scores if c not in columns]
-        if missing:
-            raise ConfigError(f"min_scores on {missing}, which the score files in {self.scores_dir} do not have; "
-                              f"their columns: {', '.join(sorted(columns))}")
+        for name, bounds in (("min_scores", self.min_scores), ("max_scores", self.max_scores)):
+            missing = [c for c in bounds if c not in columns]
+            if missing:
+                raise ConfigError(f"{name} on {missing}, which the score files in {self.scores_dir} do not have; "
+                                  f"their columns: {', '.join(sorted(columns))}")
 
     def score_file(self, url: str) -> Optional[str]:
         if url in self.by_url:
@@ -108,7 +110,7 @@ class ScoreFilter:
         if path is None:
             self._table = None
             return
-        columns = list(self.min_scores)
+        columns = list(dict.fromkeys([*self.min_scores, *self.max_scores]))
         t = read_table(path, ["key"] + columns)
         table: Dict[str, Tuple] = {}
         for i, key in enumerate(t["key"]):
@@ -118,7 +120,10 @@ class ScoreFilter:
 
     # -- the stage ---------------------------------------------------------------------------------
     def __call__(self, data: Iterable[dict]) -> Iterator[dict]:
-        thresholds = list(self.min_scores.items())
+        columns = list(dict.fromkeys([*self.min_scores, *self.max_scores]))
+        # (index in the row's values, bound, is a minimum) per threshold, in a fixed order
+        bounds = [(columns.index(c), t, True) for c, t in self.min_scores.items()]
+        bounds += [(columns.index(c), t, False) for c, t in self.max_scores.items()]
         for sample in data:
             if MARKER in sample:
                 yield sample
@@ -134,10 +139,11 @@ class ScoreFilter:
             if any(v is None or (isinstance(v, float) and math.isnan(v)) for v in values):
                 self.tally.drop("no_score", STAGE, url, key, "the scoring run could not score this sample")
                 continue
-            below = [(c, v, t) for (c, t), v in zip(thresholds, values) if v < t]
-            if below:
-                c, v, t = below[0]
-                self.tally.drop("filtered_by_score", STAGE, url, key, f"{c}={v:.4g} < {t:g}")
+            outside = [(i, t, is_min) for i, t, is_min in bounds if (values[i] < t if is_min else values[i] > t)]
+            if outside:
+                i, t, is_min = outside[0]
+                self.tally.drop("filtered_by_score", STAGE, url, key,
+                                f"{columns[i]}={values[i]:.4g} {'<' if is_min else '>'} {t:g}")
                 continue
             yield sample
 
@@ -147,7 +153,15 @@ class ScoreFilter:
         return state
 
 
-def score_filter(scores_dir: str, min_scores: Dict[str, float], tally: Optional[Tally] = None) -> ScoreFilter:
-    """A stage dropping samples without scores or under `min_scores` (column -> minimum); drops
-    are counted in `tally` (pass the pipeline's, as wdsfilter.loader does)."""
-    return ScoreFilter(scores_dir, min_scores, tally)
+def _numbers(bounds, name: str) -> Dict[str, float]:
+    try:
+        return {str(k): float(v) for k, v in dict(bounds or {}).items()}
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must map score columns to numbers, got {bounds!r}") from None
+
+
+def score_filter(scores_dir: str, min_scores: Dict[str, float], tally: Optional[Tally] = None,
+                 max_scores: Optional[Dict[str, float]] = None) -> ScoreFilter:
+    """A stage dropping samples without scores, under `min_scores` or over `max_scores` (column ->
+    bound); drops are counted in `tally` (pass the pipeline's, as wdsfilter.loader does)."""
+    return ScoreFilter(scores_dir, min_scores, tally, max_scores)

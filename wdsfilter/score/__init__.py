@@ -1,7 +1,7 @@
 """Scoring: `wdsfilter score` and `wdsfilter.score.score(...)`.
 
     from wdsfilter.score import score
-    summary = score("shards/", out="scores/", scorers=["clip"], min_clip=0.28,
+    summary = score("shards/", out="scores/", scorers=["clip", "ocr"], min_clip=0.28, max_ocr_area=0.2,
                     model="ViT-B-32", pretrained="openai", write_shards="filtered/")
     print(summary.format_text())
 
@@ -22,17 +22,35 @@ from .outputs import RunSummary
 
 __all__ = ["score", "ScoreConfig", "RunSummary", "build_config"]
 
-# Scorer option shortcuts (the CLI's --model/--pretrained): option -> scorer it belongs to.
-SHORTCUTS = {"model": "clip", "pretrained": "clip"}
+# Scorer option shortcuts (first-class CLI flags): option -> (scorer, that scorer's option).
+SHORTCUTS = {
+    "model": ("clip", "model"),
+    "pretrained": ("clip", "pretrained"),
+    "frames": ("ocr", "frames"),
+    "frame_reduce": ("ocr", "frame_reduce"),
+    "keyframes": ("ocr", "keyframes"),
+    "ocr_backend": ("ocr", "backend"),
+    "ocr_model_dir": ("ocr", "model_dir"),
+    "ocr_download": ("ocr", "download"),
+}
+
+
+def _flag(option: str) -> str:
+    return "--" + option.replace("_", "-")
 
 
 def build_config(out: Optional[str] = None, scorers: Sequence = ("clip",), *, min_clip: Optional[float] = None,
-                 min_scores: Optional[Dict[str, float]] = None, config: Optional[ScoreConfig] = None,
+                 min_scores: Optional[Dict[str, float]] = None, max_scores: Optional[Dict[str, float]] = None,
+                 max_ocr_area: Optional[float] = None, config: Optional[ScoreConfig] = None,
                  stage: Optional[StageConfig] = None, **options) -> ScoreConfig:
     """A ScoreConfig from keyword options: ScoreConfig fields, StageConfig fields (caption_key,
-    image_key, max_pixels, ...) and the scorer shortcuts model= and pretrained= (for clip)."""
+    image_key, max_pixels, ...), the scorer shortcuts of SHORTCUTS (model=, pretrained= for clip;
+    frames=, frame_reduce=, keyframes=, ocr_backend=, ocr_model_dir=, ocr_download= for ocr) and
+    the thresholds: min_clip (clip_score >= X), max_ocr_area (ocr_area <= X), min_scores and
+    max_scores ({column: X})."""
     if config is not None:
-        if options or out or min_clip is not None or min_scores or stage is not None:
+        if (options or out or min_clip is not None or min_scores or max_scores or max_ocr_area is not None
+                or stage is not None):
             raise ConfigError("pass either config=ScoreConfig(...) or individual options, not both")
         return config
     score_fields = {f.name for f in fields(ScoreConfig)}
@@ -40,35 +58,50 @@ def build_config(out: Optional[str] = None, scorers: Sequence = ("clip",), *, mi
     score_opts: Dict = {}
     stage_opts: Dict = {}
     scorer_options: Dict[str, Dict] = {k: dict(v) for k, v in dict(options.pop("scorer_options", {}) or {}).items()}
+    shortcuts_used: Dict[str, list] = {}
     for key, value in options.items():
         if key in SHORTCUTS:
-            if value is not None:
-                scorer_options.setdefault(SHORTCUTS[key], {})[key] = value
+            if value is None:
+                continue
+            name, option = SHORTCUTS[key]
+            given = scorer_options.setdefault(name, {})
+            if option in given and given[option] != value:
+                raise ConfigError(f"{key} ({_flag(key)}) = {value!r} and the scorer option {name}.{option} = "
+                                  f"{given[option]!r} disagree; pass one of them")
+            given[option] = value
+            shortcuts_used.setdefault(name, []).append(key)
         elif key in score_fields:
             score_opts[key] = value
         elif key in stage_fields:
             if value is not None:
                 stage_opts[key] = value
         else:
-            raise ConfigError(f"unknown scoring option {key!r}; known: "
-                              f"{', '.join(sorted((score_fields | stage_fields | set(SHORTCUTS)) - {'stage'}))}")
+            known = (score_fields | stage_fields | set(SHORTCUTS)) - {"stage", "thresholds", "max_thresholds"}
+            raise ConfigError(f"unknown scoring option {key!r}; known: {', '.join(sorted(known))}, "
+                              f"min_clip, max_ocr_area, min_scores, max_scores")
     if stage is not None and stage_opts:
         raise ConfigError("pass either stage=StageConfig(...) or stage options (caption_key=...), not both")
     thresholds = dict(min_scores or {})
     thresholds.update(score_opts.pop("thresholds", {}) or {})
     if min_clip is not None:
         thresholds["clip_score"] = min_clip
+    maxima = dict(max_scores or {})
+    maxima.update(score_opts.pop("max_thresholds", {}) or {})
+    if max_ocr_area is not None:
+        maxima["ocr_area"] = max_ocr_area
     names = [s if isinstance(s, str) else getattr(s, "name", "") for s in (scorers if not isinstance(scorers, str) else [scorers])]
-    for name in scorer_options:
-        if name in SHORTCUTS.values() and name not in names:
-            raise ConfigError(f"{', '.join(k for k, v in SHORTCUTS.items() if v == name)} apply to the {name} "
-                              f"scorer, which is not in this run ({', '.join(names)})")
+    for name, keys in shortcuts_used.items():
+        if name not in names:
+            given = ", ".join(f"{k} ({_flag(k)})" for k in keys)
+            raise ConfigError(f"{given} {'applies' if len(keys) == 1 else 'apply'} to the {name} scorer, which is not "
+                              f"in this run ({', '.join(names)}); add --scorer {name}")
     return ScoreConfig(out=out or "", scorers=scorers, scorer_options=scorer_options, thresholds=thresholds,
-                       stage=stage or StageConfig(**stage_opts), **score_opts)
+                       max_thresholds=maxima, stage=stage or StageConfig(**stage_opts), **score_opts)
 
 
 def score(shards, out: Optional[str] = None, scorers: Sequence = ("clip",), *, min_clip: Optional[float] = None,
-          min_scores: Optional[Dict[str, float]] = None, config: Optional[ScoreConfig] = None,
+          min_scores: Optional[Dict[str, float]] = None, max_scores: Optional[Dict[str, float]] = None,
+          max_ocr_area: Optional[float] = None, config: Optional[ScoreConfig] = None,
           echo: Optional[Callable[[str], None]] = None, **options) -> RunSummary:
     """Score every sample of `shards` (folders, globs, brace patterns, files) and write the
     results under `out`; returns the RunSummary (also in out/summary.json). See docs/score.md.
@@ -77,5 +110,6 @@ def score(shards, out: Optional[str] = None, scorers: Sequence = ("clip",), *, m
     counts) when the run finished without scoring a single sample. `echo` receives the lines the
     command line prints (plan, scorer descriptions)."""
     from .engine import run_scoring
-    cfg = build_config(out, scorers, min_clip=min_clip, min_scores=min_scores, config=config, **options)
+    cfg = build_config(out, scorers, min_clip=min_clip, min_scores=min_scores, max_scores=max_scores,
+                       max_ocr_area=max_ocr_area, config=config, **options)
     return run_scoring(shards, cfg, echo)

@@ -21,9 +21,21 @@ def _echo(text: str) -> None:
 @click.option("--model", default=None, help="CLIP model name or local-dir:PATH (clip scorer).")
 @click.option("--pretrained", default=None, metavar="TAG_OR_PATH", help="CLIP weights tag or file (clip scorer).")
 @click.option("--scorer-opt", "scorer_opts", multiple=True, metavar="SCORER.KEY=VALUE",
-              help="Pass an option to a scorer, e.g. ocr.languages='[\"en\"]'. Repeatable.")
+              help="Pass any option to a scorer, e.g. ocr.max_side=960 or clip.precision=fp16. Repeatable.")
+@click.option("--frames", type=int, default=None, help="ocr: frames sampled per video, uniformly over its duration [3].")
+@click.option("--frame-reduce", type=click.Choice(["mean", "max", "min"]), default=None,
+              help="ocr: how a video's per-frame text areas become its ocr_area [mean].")
+@click.option("--keyframes", is_flag=True, default=None, help="ocr: sample keyframes only (cheapest on long clips).")
+@click.option("--ocr-backend", type=click.Choice(["rapidocr", "easyocr"]), default=None,
+              help="ocr: text detector; rapidocr's weights ship in its wheel (offline) [rapidocr].")
+@click.option("--ocr-model-dir", default=None, metavar="DIR",
+              help="ocr: folder of the detector weights (easyocr: craft_mlt_25k.pth).")
+@click.option("--ocr-download/--no-ocr-download", default=None,
+              help="ocr (easyocr): download missing detector weights [download].")
 @click.option("--min-clip", type=float, default=None, help="Keep samples with clip_score >= X.")
+@click.option("--max-ocr-area", type=float, default=None, help="Keep samples with ocr_area <= X (share of the frame).")
 @click.option("--min", "mins", multiple=True, metavar="COLUMN=X", help="Keep samples with COLUMN >= X. Repeatable.")
+@click.option("--max", "maxes", multiple=True, metavar="COLUMN=X", help="Keep samples with COLUMN <= X. Repeatable.")
 @click.option("--write-shards", default=None, metavar="DIR", help="Write filtered shards (original bytes) here.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--gpus", default=None, metavar="0,1", help="GPUs to use (one model worker each, or more: --replicas).")
@@ -45,7 +57,8 @@ def _echo(text: str) -> None:
 @click.option("--allow-remote", is_flag=True, default=None, help="Allow remote shard URLs.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @click.option("--no-histograms", is_flag=True, help="No histograms in the terminal summary.")
-def score(shards, out, scorers, model, pretrained, scorer_opts, min_clip, mins, write_shards, device, gpus,
+def score(shards, out, scorers, model, pretrained, scorer_opts, frames, frame_reduce, keyframes, ocr_backend,
+          ocr_model_dir, ocr_download, min_clip, max_ocr_area, mins, maxes, write_shards, device, gpus,
           batch_size, workers, replicas, max_memory, headroom, fit, fmt, resume, overwrite, dry_run, caption_key,
           image_key, config_file, allow_pipe, allow_remote, no_progress, no_histograms):
     """Score every sample of SHARDS (folders, globs, brace patterns, .tar files) with CLIP, OCR
@@ -66,9 +79,12 @@ def score(shards, out, scorers, model, pretrained, scorer_opts, min_clip, mins, 
     for text in scorer_opts:
         name, key, value = parse_option(text)
         scorer_options.setdefault(name, {})[key] = value
-    thresholds = dict(parse_threshold(t) for t in mins)
-    cfg = build_config(out, tuple(scorers), min_clip=min_clip, min_scores=thresholds, stage=stage,
-                       scorer_options=scorer_options, model=model, pretrained=pretrained,
+    minima = dict(parse_threshold(t, "--min") for t in mins)
+    maxima = dict(parse_threshold(t, "--max") for t in maxes)
+    cfg = build_config(out, tuple(scorers), min_clip=min_clip, min_scores=minima, max_ocr_area=max_ocr_area,
+                       max_scores=maxima, stage=stage, scorer_options=scorer_options, model=model,
+                       pretrained=pretrained, frames=frames, frame_reduce=frame_reduce, keyframes=keyframes,
+                       ocr_backend=ocr_backend, ocr_model_dir=ocr_model_dir, ocr_download=ocr_download,
                        write_shards=write_shards, device=device, gpus=gpus, batch_size=batch_size,
                        workers=workers, replicas=replicas, max_memory=max_memory, headroom=headroom, fit=fit,
                        format=fmt, resume=resume, overwrite=overwrite, dry_run=dry_run, progress=not no_progress)

@@ -70,8 +70,10 @@ class ScoreConfig:
     scorers: Tuple[Any, ...] = ("clip",)
     # Constructor options per scorer name, e.g. {"clip": {"model": "ViT-B-32"}}.
     scorer_options: Dict[str, Dict[str, Any]] = field(default_factory=dict)
-    # Minimum score per column; a sample is kept when it was scored and meets all of them.
+    # Minimum and maximum score per column (--min, --max). A sample is kept when some scorer
+    # scored it and every threshold column has a value within its bounds.
     thresholds: Dict[str, float] = field(default_factory=dict)
+    max_thresholds: Dict[str, float] = field(default_factory=dict)
     # Filtered copies of the shards (original member bytes of kept samples) go here.
     write_shards: Optional[str] = None
     # Model devices: "auto" (cuda when available, else cpu), "cpu", "cuda", "cuda:N".
@@ -153,13 +155,13 @@ class ScoreConfig:
             for d in self.devices:
                 if not (d == "cpu" or re.match(r"^cuda:\d+$", d) or re.match(r"^sim:\w+$", d)):
                     raise ConfigError(f"devices: {d!r} is not cpu, cuda:N or sim:NAME")
-        thresholds = {}
-        for column, value in dict(self.thresholds).items():
-            try:
-                thresholds[str(column)] = float(value)
-            except (TypeError, ValueError):
-                raise ConfigError(f"threshold for {column!r} must be a number, got {value!r}") from None
-        self.thresholds = thresholds
+        self.thresholds = _numbers(self.thresholds, "minimum")
+        self.max_thresholds = _numbers(self.max_thresholds, "maximum")
+        empty = [c for c, lo in self.thresholds.items() if c in self.max_thresholds and lo > self.max_thresholds[c]]
+        if empty:
+            c = empty[0]
+            raise ConfigError(f"no sample can be kept: the minimum {self.thresholds[c]:g} of {c} is above its "
+                              f"maximum {self.max_thresholds[c]:g}")
         self.scorer_options = {str(k): dict(v) for k, v in dict(self.scorer_options).items()}
         if not isinstance(self.stage, StageConfig):
             raise ConfigError("stage must be a StageConfig")
@@ -188,15 +190,29 @@ def parse_gpus(value) -> Tuple[int, ...]:
     return gpus
 
 
-def parse_threshold(text: str) -> Tuple[str, float]:
-    """'clip_score=0.28' -> ("clip_score", 0.28) (the --min option)."""
+def _numbers(thresholds, what: str) -> Dict[str, float]:
+    out = {}
+    for column, value in dict(thresholds or {}).items():
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{what} threshold for {column!r} must be a number, got {value!r}") from None
+        if number != number:
+            raise ConfigError(f"{what} threshold for {column!r} is NaN")
+        out[str(column)] = number
+    return out
+
+
+def parse_threshold(text: str, option: str = "--min") -> Tuple[str, float]:
+    """'clip_score=0.28' -> ("clip_score", 0.28) (the --min and --max options)."""
     column, sep, value = text.partition("=")
     if not sep or not column.strip():
-        raise ConfigError(f"--min expects COLUMN=VALUE (e.g. clip_score=0.28), got {text!r}")
+        example = "ocr_area=0.2" if option == "--max" else "clip_score=0.28"
+        raise ConfigError(f"{option} expects COLUMN=VALUE (e.g. {example}), got {text!r}")
     try:
         return column.strip(), float(value)
     except ValueError:
-        raise ConfigError(f"--min {text!r}: {value!r} is not a number") from None
+        raise ConfigError(f"{option} {text!r}: {value!r} is not a number") from None
 
 
 def parse_option(text: str) -> Tuple[str, str, Any]:

@@ -16,6 +16,7 @@ import copy
 import importlib
 import inspect
 import logging
+import math
 import os
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -63,6 +64,9 @@ def resolve_scorers(cfg: ScoreConfig) -> List[Scorer]:
         if not isinstance(spec, str):
             if not all(hasattr(spec, a) for a in ("prepare", "load", "score_batch", "columns")):
                 raise ConfigError(f"{spec!r} is not a Scorer (it needs prepare, load, score_batch, columns)")
+            if cfg.scorer_options.get(getattr(spec, "name", "")):
+                raise ConfigError(f"options {sorted(cfg.scorer_options[spec.name])} were given for the {spec.name} "
+                                  f"scorer, which was passed as an object: set them on the object instead")
             scorers.append(spec)
             continue
         cls = _scorer_class(spec)
@@ -83,7 +87,7 @@ def resolve_scorers(cfg: ScoreConfig) -> List[Scorer]:
     if len(set(names)) != len(names) or not all(names):
         raise ConfigError(f"scorers need distinct, non-empty names; got {names}")
     columns = score_columns(scorers)
-    missing = [c for c in cfg.thresholds if c not in columns]
+    missing = list(dict.fromkeys(c for c in [*cfg.thresholds, *cfg.max_thresholds] if c not in columns))
     if missing:
         raise ConfigError(f"threshold(s) on {missing}, which no scorer of this run writes; "
                           f"score columns: {', '.join(columns)}")
@@ -139,8 +143,11 @@ def _identity(cfg: ScoreConfig, scorers: Sequence[Scorer]) -> dict:
                           "options": {k: v for k, v in sorted(vars(s).items()) if not k.startswith("_") and simple(v)}})
     stage = {k: v for k, v in cfg.stage.to_dict().items()
              if k not in ("emit_rejects", "starvation_samples", "starvation_seconds")}
-    return {"scorers": described, "thresholds": cfg.thresholds, "stage": stage, "format": cfg.format,
-            "write_shards": os.path.abspath(cfg.write_shards) if cfg.write_shards else None}
+    identity = {"scorers": described, "thresholds": cfg.thresholds, "stage": stage, "format": cfg.format,
+                "write_shards": os.path.abspath(cfg.write_shards) if cfg.write_shards else None}
+    if cfg.max_thresholds:  # only when set, so runs without maxima keep the identity they had
+        identity["max_thresholds"] = cfg.max_thresholds
+    return identity
 
 
 def make_pool(devices: List[str], scorers: Sequence[Scorer]):
@@ -170,9 +177,23 @@ class ShardRows:
         return index
 
 
+def within(row: dict, minima: Dict[str, float], maxima: Dict[str, float]) -> bool:
+    """Every threshold column has a value within its bounds (a missing value never passes)."""
+    def ok(c):
+        v = row.get(c)
+        return v is not None and not (isinstance(v, float) and math.isnan(v))
+    return (all(ok(c) and row[c] >= t for c, t in minima.items())
+            and all(ok(c) and row[c] <= t for c, t in maxima.items()))
+
+
 def complete_row(row: dict, scorers: Sequence[Scorer], scores: dict, errors: dict,
-                 thresholds: Dict[str, float]) -> None:
-    """Fill a sample's row from its scores and its per-scorer errors (prepare or scoring)."""
+                 thresholds: Dict[str, float], max_thresholds: Optional[Dict[str, float]] = None) -> None:
+    """Fill a sample's row from its scores and its per-scorer errors (prepare or scoring).
+
+    kept: some scorer scored it and every threshold column is within bounds. A partial row (say a
+    video, which OCR scores and CLIP cannot) is kept when the thresholds only involve the scorers
+    that succeeded, so filtering agrees with wdsfilter.loader(scores=...), which judges by the
+    threshold columns alone; without thresholds, kept means every scorer succeeded."""
     row.update(scores)
     failed = [s.name for s in scorers if s.name in errors]
     if not failed:
@@ -185,8 +206,11 @@ def complete_row(row: dict, scorers: Sequence[Scorer], scores: dict, errors: dic
                 reasons.append(errors[name][0])
         row["reason"] = ";".join(reasons)
         row["message"] = "; ".join(f"{name}: {errors[name][1]}" for name in failed)
-    row["kept"] = row["status"] == "scored" and all(
-        row.get(c) is not None and row[c] >= t for c, t in thresholds.items())
+    max_thresholds = max_thresholds or {}
+    if thresholds or max_thresholds:
+        row["kept"] = row["status"] in ("scored", "partial") and within(row, thresholds, max_thresholds)
+    else:
+        row["kept"] = row["status"] == "scored"
 
 
 # -- the run ----------------------------------------------------------------------------------------
@@ -219,6 +243,7 @@ class Engine:
             measured = pool.probe(inputs)
             report.sizes = tuple(measured["sizes"])
             report.peaks = measured["peaks"]
+            report.retained = measured.get("retained", {})
             report.seconds_per_sample = measured["seconds_per_sample"]
             report.threads = measured["threads"]
             report.oom_at = measured["oom_at"]
@@ -268,7 +293,8 @@ class Engine:
                 s.pending += 1
                 pending.append(((url, index), item["inputs"]))
             else:
-                complete_row(s.rows[index], self.scorers, {}, item["errors"], self.cfg.thresholds)
+                complete_row(s.rows[index], self.scorers, {}, item["errors"], self.cfg.thresholds,
+                             self.cfg.max_thresholds)
                 self._row_done()
 
     def _collect(self, pool, timeout: float) -> None:
@@ -277,7 +303,8 @@ class Engine:
             for (url, index), scores, errors in results:
                 s = self.shards[url]
                 errors = {**s.prep_errors.pop(index, {}), **errors}
-                complete_row(s.rows[index], self.scorers, scores, errors, self.cfg.thresholds)
+                complete_row(s.rows[index], self.scorers, scores, errors, self.cfg.thresholds,
+                             self.cfg.max_thresholds)
                 s.pending -= 1
                 touched.add(url)
             self._row_done(len(results))
@@ -424,12 +451,12 @@ class Engine:
     def _finish_summary(self) -> None:
         cfg, summary = self.cfg, self.summary
         files = self.state.done_score_files()
-        agg = summarize_files(files, self.columns, cfg.thresholds, cfg.histogram_bins)
+        agg = summarize_files(files, self.columns, cfg.thresholds, cfg.histogram_bins, cfg.max_thresholds)
         for k, v in agg.items():
             setattr(summary, k, v)
         summary.files = {"scores": self.state.scores_dir, "summary": os.path.join(cfg.out, "summary.json"),
                          "histograms": plot_histograms(summary.columns, cfg.thresholds,
-                                                       os.path.join(cfg.out, "histograms.png")),
+                                                       os.path.join(cfg.out, "histograms.png"), cfg.max_thresholds),
                          "filtered shards": cfg.write_shards}
         write_summary(summary, summary.files["summary"])
         if summary.scored == 0:

@@ -52,6 +52,12 @@ class DeviceMemory(abc.ABC):
         """What another model process costs on this device before loading anything."""
         return 0
 
+    def device_used(self) -> Optional[int]:
+        """Bytes in use on the whole device (total - free), or None where that is not meaningful.
+        It sees what PyTorch's allocator does not: onnxruntime's CUDA arena (rapidocr on a GPU),
+        cuDNN/cuBLAS workspaces; so the model worker measures both and keeps the larger."""
+        return None
+
 
 class CudaMemory(DeviceMemory):
     kind = "cuda"
@@ -87,6 +93,11 @@ class CudaMemory(DeviceMemory):
 
     def process_overhead(self) -> int:
         return CUDA_CONTEXT_BYTES
+
+    def device_used(self) -> Optional[int]:
+        import torch
+        free, total = torch.cuda.mem_get_info(self.index)
+        return int(total - free)
 
 
 class HostMemory(DeviceMemory):
@@ -226,7 +237,8 @@ class SimulatedDevice(DeviceMemory):
         self.cached += nbytes
 
     def occupy(self, nbytes: int) -> None:
-        """Another process takes memory (what makes a planned batch OOM later)."""
+        """Memory taken outside this process's PyTorch allocator: another process (what makes a
+        planned batch OOM later), or a library with its own allocator (onnxruntime's arena)."""
         self.occupied += int(nbytes)
 
     # -- DeviceMemory -------------------------------------------------------------------------
@@ -250,6 +262,9 @@ class SimulatedDevice(DeviceMemory):
 
     def process_overhead(self) -> int:
         return self._overhead
+
+    def device_used(self) -> Optional[int]:
+        return self._total - self.free()
 
 
 def device_memory(device: str) -> DeviceMemory:

@@ -48,9 +48,9 @@ class ModelRunner:
         overhead = mem.process_overhead()
         footprints = {}
         for scorer in self.scorers:
-            before = mem.allocated()
+            before, used_before = mem.allocated(), mem.device_used()
             scorer.load(torch_device(self.device))
-            footprints[scorer.name] = max(0, mem.allocated() - before)
+            footprints[scorer.name] = _grown(mem, before, used_before)
         return {"device": self.device, "kind": mem.kind, "total": mem.total(), "free_before": free_before,
                 "footprint": sum(footprints.values()), "footprints": footprints, "overhead": overhead,
                 "overhead_estimated": mem.overhead_estimated, "rss": self.host.allocated(),
@@ -58,12 +58,14 @@ class ModelRunner:
 
     def probe(self, inputs: List[Dict[str, Any]]) -> dict:
         """Activation memory and time of each scorer at two batch sizes (1 and len(inputs)), after
-        one warm-up call, so lazy initialisation (cuDNN/cuBLAS workspaces) is not counted as
-        activations and the timed call is representative."""
+        one warm-up call, so the timed call is representative and lazy initialisation is not
+        counted as activations. What the warm-up leaves allocated (cuDNN/cuBLAS workspaces,
+        onnxruntime's arena) is reported as `retained`: the planner adds it to the model."""
         import torch
         mem = self.memory
         sizes = (1, len(inputs))
         peaks: Dict[str, List[int]] = {}
+        retained: Dict[str, int] = {}
         errors: Dict[str, str] = {}
         seconds = 0.0
         oom_at = None
@@ -72,15 +74,20 @@ class ModelRunner:
             measured: List[int] = []
             size = 1
             try:
-                scorer.score_batch(batch[:1])  # warm-up: lazy initialisation is not activation memory
+                before, used_before = mem.allocated(), mem.device_used()
+                scorer.score_batch(batch[:1])  # warm-up
+                mem.empty_cache()
+                retained[scorer.name] = _grown(mem, before, used_before) if mem.kind != "host" else 0
                 for size in sizes:
                     mem.empty_cache()
-                    base = mem.allocated()
+                    base, used_base = mem.allocated(), mem.device_used()
                     mem.reset_peak()
                     start = time.perf_counter()
                     scorer.score_batch(batch[:size])
                     elapsed = time.perf_counter() - start
-                    measured.append(max(0, mem.peak() - base))
+                    # The allocator's peak, or the device-level growth where a library allocates
+                    # outside PyTorch (an arena keeps its peak, so growth shows it).
+                    measured.append(max(0, mem.peak() - base, _grown(mem, base, used_base)))
                     if size == sizes[-1]:
                         seconds += elapsed / size
             except Exception as e:  # noqa: BLE001 - the plan reports it; scoring handles it per sample
@@ -90,7 +97,7 @@ class ModelRunner:
                     errors[scorer.name] = f"{type(e).__name__}: {e}"[:300]
             mem.empty_cache()
             peaks[scorer.name] = measured
-        return {"sizes": list(sizes), "peaks": peaks, "seconds_per_sample": seconds,
+        return {"sizes": list(sizes), "peaks": peaks, "retained": retained, "seconds_per_sample": seconds,
                 "threads": torch.get_num_threads(), "oom_at": oom_at, "errors": errors}
 
     # -- scoring ------------------------------------------------------------------------------
@@ -131,6 +138,16 @@ class ModelRunner:
     def unload(self) -> None:
         for scorer in self.scorers:
             scorer.unload()
+
+
+def _grown(mem, allocated_before: int, used_before: Optional[int]) -> int:
+    """Bytes this process added since the readings: PyTorch's allocator, or the whole device
+    where it can be read (libraries with their own allocators), whichever grew more."""
+    grown = mem.allocated() - allocated_before
+    used = mem.device_used()
+    if used is not None and used_before is not None:
+        grown = max(grown, used - used_before)
+    return max(0, grown)
 
 
 # -- pools ------------------------------------------------------------------------------------

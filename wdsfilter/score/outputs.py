@@ -102,14 +102,16 @@ def _numeric(values: Iterable[Any]) -> List[float]:
 
 
 def summarize_files(paths: Sequence[str], columns: Sequence[str], thresholds: Dict[str, float],
-                    bins: int = 20) -> dict:
-    """Counts, kept/dropped per threshold and per-column statistics with histograms, read back
-    from the score files (two passes over the score columns: range, then histogram)."""
+                    bins: int = 20, max_thresholds: Optional[Dict[str, float]] = None) -> dict:
+    """Counts, kept/dropped per threshold (minimum and maximum) and per-column statistics with
+    histograms, read back from the score files (two passes over the score columns: range, then
+    histogram). Integer columns with few values get one bin per value."""
     rows = 0
     status = Counter()
     reasons = Counter()
     kept = 0
     per_threshold = {c: {"min": t, "kept": 0, "dropped": 0, "no_score": 0} for c, t in thresholds.items()}
+    per_max = {c: {"max": t, "kept": 0, "dropped": 0, "no_score": 0} for c, t in (max_thresholds or {}).items()}
     stats: Dict[str, dict] = {}
     for path in paths:
         t = read_table(path, ["status", "reason", "kept"] + list(columns))
@@ -121,18 +123,18 @@ def summarize_files(paths: Sequence[str], columns: Sequence[str], thresholds: Di
                 for part in str(r).split(";"):
                     reasons[part] += 1
         kept += sum(1 for k in t["kept"] if k)
-        for col, th in per_threshold.items():
+        for col, th in [*per_threshold.items(), *per_max.items()]:
             for v in t.get(col, [None] * n):
                 if v is None or (isinstance(v, float) and math.isnan(v)):
                     th["no_score"] += 1
-                elif v >= th["min"]:
+                elif (v >= th["min"]) if "min" in th else (v <= th["max"]):
                     th["kept"] += 1
                 else:
                     th["dropped"] += 1
         for col in columns:
             values = t.get(col, [])
             st = stats.setdefault(col, {"count": 0, "min": None, "max": None, "sum": 0.0, "true": 0, "false": 0,
-                                        "kind": None})
+                                        "kind": None, "integer": True})
             for v in values:
                 if v is None:
                     continue
@@ -142,6 +144,7 @@ def summarize_files(paths: Sequence[str], columns: Sequence[str], thresholds: Di
                     st["count"] += 1
                 elif _is_number(v) and not math.isnan(float(v)):
                     st["kind"] = "number"
+                    st["integer"] = st["integer"] and isinstance(v, int)
                     st["count"] += 1
                     st["sum"] += float(v)
                     st["min"] = v if st["min"] is None else min(st["min"], v)
@@ -150,17 +153,24 @@ def summarize_files(paths: Sequence[str], columns: Sequence[str], thresholds: Di
         if st["kind"] == "number" and st["count"]:
             st["mean"] = st["sum"] / st["count"]
             lo, hi = float(st["min"]), float(st["max"])
+            n_bins = bins
+            per_value = st["integer"] and hi - lo + 1 <= bins
+            if per_value:  # counts such as ocr_frames: a bin per value
+                n_bins, lo, hi = int(hi - lo) + 1, lo - 0.5, hi + 0.5
             if hi == lo:
                 hi = lo + 1e-9
-            edges = [lo + (hi - lo) * i / bins for i in range(bins + 1)]
-            counts = [0] * bins
+            edges = [lo + (hi - lo) * i / n_bins for i in range(n_bins + 1)]
+            counts = [0] * n_bins
             for path in paths:
                 for v in _numeric(read_table(path, [col]).get(col, [])):
-                    counts[min(bins - 1, int((v - lo) / (hi - lo) * bins))] += 1
+                    counts[min(n_bins - 1, int((v - lo) / (hi - lo) * n_bins))] += 1
             st["histogram"] = {"edges": edges, "counts": counts}
+            if per_value:
+                st["histogram"]["per_value"] = True
         st.pop("sum", None)
+        st.pop("integer", None)
     return {"rows": rows, "status": dict(status), "reasons": dict(reasons.most_common()), "kept": kept,
-            "dropped": rows - kept, "thresholds": per_threshold, "columns": stats}
+            "dropped": rows - kept, "thresholds": per_threshold, "max_thresholds": per_max, "columns": stats}
 
 
 def text_histogram(hist: dict, width: int = 40) -> List[str]:
@@ -169,12 +179,16 @@ def text_histogram(hist: dict, width: int = 40) -> List[str]:
     lines = []
     for i, c in enumerate(counts):
         bar = "#" * max(1 if c else 0, round(c / top * width))
-        lines.append(f"    {edges[i]:>9.4g} .. {edges[i + 1]:<9.4g} {c:>8}  {bar}")
+        label = (f"{edges[i] + 0.5:>9.4g}{'':13}" if hist.get("per_value")
+                 else f"{edges[i]:>9.4g} .. {edges[i + 1]:<9.4g}")
+        lines.append(f"    {label} {c:>8}  {bar}")
     return lines
 
 
-def plot_histograms(stats: Dict[str, dict], thresholds: Dict[str, float], path: str) -> Optional[str]:
+def plot_histograms(stats: Dict[str, dict], thresholds: Dict[str, float], path: str,
+                    max_thresholds: Optional[Dict[str, float]] = None) -> Optional[str]:
     """One panel per numeric score column, threshold lines drawn; None when there is nothing to plot."""
+    max_thresholds = max_thresholds or {}
     numeric = [(c, s) for c, s in stats.items() if s.get("histogram")]
     if not numeric:
         return None
@@ -187,6 +201,9 @@ def plot_histograms(stats: Dict[str, dict], thresholds: Dict[str, float], path: 
         ax.stairs(counts, edges, fill=True, alpha=0.7)
         if col in thresholds:
             ax.axvline(thresholds[col], color="red", linestyle="--", label=f"min {thresholds[col]:g}")
+        if col in max_thresholds:
+            ax.axvline(max_thresholds[col], color="purple", linestyle=":", label=f"max {max_thresholds[col]:g}")
+        if col in thresholds or col in max_thresholds:
             ax.legend()
         ax.set_title(f"{col} (n={st['count']}, mean={st['mean']:.4g})")
         ax.set_ylabel("samples")
@@ -211,7 +228,8 @@ class RunSummary:
     reasons: Dict[str, int] = field(default_factory=dict)
     kept: int = 0
     dropped: int = 0
-    thresholds: Dict[str, dict] = field(default_factory=dict)
+    thresholds: Dict[str, dict] = field(default_factory=dict)  # minimum per column: kept/dropped/no_score
+    max_thresholds: Dict[str, dict] = field(default_factory=dict)  # maximum per column: the same counts
     columns: Dict[str, dict] = field(default_factory=dict)
     scorers: List[str] = field(default_factory=list)
     plan: Dict[str, Any] = field(default_factory=dict)
@@ -271,10 +289,11 @@ class RunSummary:
             lines.append("  not scored / partly scored, by reason:")
             for reason, n in self.reasons.items():
                 lines.append(f"    {n:>8}  {reason}")
-        for col, th in self.thresholds.items():
-            lines.append(f"  {col} >= {th['min']:g}: kept {th['kept']}, dropped {th['dropped']}"
+        for col, th in [*self.thresholds.items(), *self.max_thresholds.items()]:
+            bound = f">= {th['min']:g}" if "min" in th else f"<= {th['max']:g}"
+            lines.append(f"  {col} {bound}: kept {th['kept']}, dropped {th['dropped']}"
                          + (f", no score {th['no_score']}" if th["no_score"] else ""))
-        if self.thresholds:
+        if self.thresholds or self.max_thresholds:
             lines.append(f"  kept {self.kept} of {self.rows} (all thresholds met)")
         for f in self.shards_failed:
             lines.append(f"  shard not read: {f['url']}: {f['reason']}")

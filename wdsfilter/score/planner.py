@@ -38,6 +38,8 @@ class ProbeReport:
     scanned: int = 0  # samples read to find them
     sizes: Tuple[int, int] = (0, 0)
     peaks: Dict[str, List[int]] = field(default_factory=dict)  # scorer -> bytes above the model at each size
+    # scorer -> bytes its first batch left allocated on the device (workspaces, arenas): model memory
+    retained: Dict[str, int] = field(default_factory=dict)
     seconds_per_sample: float = 0.0  # model time at the larger size, all scorers
     threads: int = 1  # torch threads during that measurement
     prepared_bytes: int = 0  # host bytes of one prepared sample (all scorers)
@@ -150,6 +152,12 @@ class _Planner:
             self.lines.append(("decode speed", f"{p.prepare_seconds * 1000:.2f} ms/sample",
                                f"read + decode + prepare in one process, over {p.scanned} samples"))
             self.lines.append(("prepared sample", fs(p.prepared_bytes), "host memory of one prepared model input"))
+            retained = {n: b for n, b in p.retained.items() if b}
+            if retained and any(r["kind"] != "host" for r in self.reports):
+                self.lines.append(("warm-up memory", fs(sum(retained.values())),
+                                   "left on the device by the first batch (" + ", ".join(
+                                       f"{n} {fs(b)}" for n, b in retained.items()) + "; workspaces, arenas): "
+                                   "counted with the model"))
             for name, error in p.errors.items():
                 self.warnings.append(f"the {name} probe failed ({error}); its activation memory is not measured "
                                      f"and the back-off will handle what does not fit")
@@ -166,7 +174,8 @@ class _Planner:
             budget, why = cfg.max_memory, why + f", capped by max_memory={fs(cfg.max_memory)}"
         keep = int(budget * cfg.headroom)
         usable = budget - keep
-        F, O, fixed, per = r["footprint"], r["overhead"], self.fixed, self.per
+        retained = sum(self.probe.retained.values())
+        F, O, fixed, per = r["footprint"] + retained, r["overhead"], self.fixed, self.per
         self.lines.append((f"{dev} budget", fs(usable), f"{why}; {fs(keep)} ({cfg.headroom:.0%}) kept as headroom"))
 
         def need(R: int, B: int) -> int:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import zipfile
 from dataclasses import dataclass
 from typing import List, Optional
 
@@ -100,13 +101,24 @@ class EasyOcrBackend(DetectorBackend):
                                   f"are off: delete the file and allow downloads, or pass verify_checksum=False "
                                   f"if it is a CRAFT checkpoint of your own")
             raise ConfigError(f"easyocr detector weights not found at {path} and downloads are off: copy "
-                              f"{model['filename']} there (from {model['url']}), allow downloads, or use "
-                              f"the rapidocr backend (backend='rapidocr'; its weights ship in its wheel)")
+                              f"{model['filename']} there (from {model['url']}) or point --ocr-model-dir at its "
+                              f"folder, allow downloads (--ocr-download), or use the rapidocr backend "
+                              f"(--ocr-backend rapidocr; its weights ship in its wheel)")
         log.warning("downloading the easyocr CRAFT detector (%s) into %s", model["filename"], directory)
         os.makedirs(directory, exist_ok=True)
         if damaged:
             os.remove(path)
-        download_and_unzip(model["url"], model["filename"], directory, verbose=False)
+        try:
+            download_and_unzip(model["url"], model["filename"], directory, verbose=False)
+        except (OSError, zipfile.BadZipFile, KeyError) as e:  # no network, a proxy page, a partial file
+            partial = os.path.join(directory, "temp.zip")  # easyocr's download name
+            if os.path.exists(partial):
+                os.remove(partial)
+            raise ConfigError(f"could not download the easyocr detector weights {model['filename']} from "
+                              f"{model['url']} ({type(e).__name__}: {e}). Pass a local copy instead: put "
+                              f"{model['filename']} in a folder and use --ocr-model-dir FOLDER --no-ocr-download "
+                              f"(Python: model_dir=..., download=False), or use --ocr-backend rapidocr, whose "
+                              f"weights ship in its wheel and need no network") from None
         if calculate_md5(path) != model["md5sum"]:
             raise ConfigError(f"the downloaded {path} does not match easyocr's checksum; try again or copy it by hand")
         return path

@@ -71,6 +71,9 @@ class ClipScorer(Scorer):
             self._tokenizer = self.source.tokenizer()
         image = sample.get("image")
         if image is None:
+            if sample.get("video") is not None:  # the OCR scorer of the same run may still score it
+                raise DataError("missing_image", f"the CLIP scorer scores images; this sample is a video "
+                                f"(.{sample.get('__media_ext__', 'video')}), which it leaves unscored")
             raise DataError("missing_image", "the CLIP scorer needs a decoded image (this sample has none)")
         caption = sample.get("caption")
         if caption is None:
