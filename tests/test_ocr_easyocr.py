@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import os
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -22,6 +23,7 @@ from wdsfilter.errors import ConfigError  # noqa: E402
 from wdsfilter.score.scorers.ocr import OcrScorer  # noqa: E402
 
 FILENAME = "craft_mlt_25k.pth"  # the name easyocr looks for (easyocr.config.detection_models)
+NETWORK = "craft"
 
 
 @functools.lru_cache(maxsize=1)
@@ -123,3 +125,52 @@ def test_pickles_without_the_model_and_plans_memory(random_dir):
     assert hints["per_sample_bytes"] > 3 * 1280 * 1280 * 100
     half = easy(random_dir, fp16=True).footprint("cuda:0")
     assert half["per_sample_bytes"] == hints["per_sample_bytes"] // 2
+
+
+def test_a_failed_download_is_a_config_error_telling_to_pass_local_weights(tmp_path, monkeypatch):
+    """The real download code (easyocr's urlretrieve) against a port where nothing listens: what a
+    machine without network gets, at once and without the network."""
+    from easyocr import config
+    monkeypatch.setitem(config.detection_models[NETWORK], "url", "http://127.0.0.1:9/craft_mlt_25k.zip")
+    folder = tmp_path / "models"
+    s = OcrScorer(backend="easyocr", model_dir=str(folder), download=True)
+    with pytest.raises(ConfigError) as e:
+        s.load("cpu")
+    message = str(e.value)
+    assert "could not download the easyocr detector weights craft_mlt_25k.pth" in message
+    assert "--ocr-model-dir FOLDER --no-ocr-download" in message and "--ocr-backend rapidocr" in message
+    assert not os.path.exists(folder / "temp.zip")  # no partial download left behind
+
+
+def test_easyocr_through_the_score_command_with_a_local_checkpoint(random_dir, tmp_path):
+    """--ocr-backend easyocr with --ocr-model-dir and --no-ocr-download: loaded through easyocr's
+    own code in the run's model worker, its memory measured for the plan, every sample scored."""
+    from click.testing import CliRunner
+    from shardkit import write_shard
+    from wdsfilter.cli import main
+    from wdsfilter.score.outputs import read_rows
+    buf = []
+    for i, words in enumerate(["SALE", None, "OPEN", None]):
+        frame = text_frame(words, width=160, height=120, size=24, xy=(10, 40)) if words else \
+            np.full((120, 160, 3), 200, np.uint8)
+        data = __import__("io").BytesIO()
+        Image.fromarray(frame).save(data, "PNG")
+        buf += [(f"{i:04d}.png", data.getvalue()), (f"{i:04d}.txt", f"sample {i}")]
+    url = write_shard(tmp_path / "text-000000.tar", buf)
+    out = str(tmp_path / "out")
+    result = CliRunner().invoke(main, ["score", url, "--scorer", "ocr", "--ocr-backend", "easyocr",
+                                       "--ocr-model-dir", random_dir, "--no-ocr-download", "--scorer-opt",
+                                       'ocr.backend_options={"verify_checksum": false}', "--image-key", "png",
+                                       "--device", "cpu", "--out", out, "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert "scorer: ocr: easyocr CRAFT detector" in result.output and random_dir in result.output
+    footprint = re.search(r"model on cpu +\S+ \S+ +\(measured: .*ocr (\d+\.\d) MiB", result.output)
+    assert footprint and float(footprint.group(1)) > 40  # CRAFT's 83 MB of weights, as RSS growth
+    rows = read_rows(os.path.join(out, "scores", "text-000000.parquet"))
+    assert [r["status"] for r in rows] == ["scored"] * 4
+    assert all(0.0 <= r["ocr_area"] <= 1.0 and r["ocr_frames"] == 1 for r in rows)
+    # The same flags without the checkpoint: the error names the file and the offline backend.
+    result = CliRunner().invoke(main, ["score", url, "--scorer", "ocr", "--ocr-backend", "easyocr",
+                                       "--ocr-model-dir", str(tmp_path / "none"), "--no-ocr-download",
+                                       "--image-key", "png", "--device", "cpu", "--out", str(tmp_path / "o2")])
+    assert result.exit_code == 2 and FILENAME in result.output and "--ocr-backend rapidocr" in result.output
