@@ -122,3 +122,70 @@ def test_unsafe_members_in_any_case_and_compound_extension(tmp_path):
     assert kinds(report) == Counter({("unsafe_member", "0000.PTH"): 1, ("unsafe_member", "0001.seg.pyd"): 1,
                                      ("mixed_case_extension", "0000.PTH"): 1})
     assert report.kept == 3 and report.exit_code == 1
+
+
+def _jpegs():
+    """JPEGs as encoders write them: modes, progressive, EXIF, ICC, JFIF dpi, restart markers."""
+    import io
+
+    from PIL import Image, ImageCms
+
+    rng = np.random.default_rng(11)
+    base = Image.fromarray(rng.integers(0, 255, (37, 53, 3), dtype=np.uint8))
+    exif = Image.Exif()
+    exif[0x0112], exif[0x011A], exif[0x0128] = 6, 300.0, 2  # orientation, x resolution, unit
+    icc = ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB")).tobytes()
+    variants = [("RGB", {}), ("RGB", {"progressive": True}), ("RGB", {"optimize": True, "quality": 50}),
+                ("L", {}), ("CMYK", {}), ("RGB", {"exif": exif.tobytes()}), ("RGB", {"icc_profile": icc}),
+                ("RGB", {"dpi": (300, 300)}), ("RGB", {"subsampling": 0}), ("RGB", {"restart_marker_blocks": 1})]
+    out = []
+    for mode, opts in variants:
+        buf = io.BytesIO()
+        base.convert(mode).save(buf, "JPEG", **opts)
+        out.append(buf.getvalue())
+    return out
+
+
+def test_jpeg_header_sizes_match_pil():
+    """The fast JPEG header walk gives PIL's size on what encoders write (and skips nothing PIL
+    would reject)."""
+    from wdsfilter.images import image_size
+    from wdsfilter.validate.checks.jpeg_header import jpeg_size
+
+    jpegs = _jpegs()
+    for path in ("images-000000.tar", "images-000001.tar", "json-captions-000000.tar"):
+        import tarfile
+        with tarfile.open(os.path.join(SHARDS, path)) as tar:
+            jpegs += [tar.extractfile(m).read() for m in tar if m.name.endswith(".jpg")]
+    for data in jpegs:
+        assert jpeg_size(data) == image_size(data) != None  # noqa: E711
+
+
+def test_jpeg_header_walk_never_accepts_what_pil_rejects():
+    """Damaged headers (bytes flipped before the first scan, cut headers, 12-bit or 2-component
+    frames): the walk gives PIL's size or leaves the image to PIL."""
+    from wdsfilter.images import image_size
+    from wdsfilter.validate.checks.jpeg_header import jpeg_size
+
+    rng = np.random.default_rng(12)
+    accepted = rejected = 0
+    for data in _jpegs():
+        scan = data.index(b"\xff\xda")
+        mutants = [data[:cut] for cut in range(4, scan + 4, 7)]
+        for _ in range(150):
+            m = bytearray(data)
+            for pos in rng.integers(2, scan + 2, rng.integers(1, 4)):
+                m[pos] = rng.integers(0, 256)
+            mutants.append(bytes(m))
+        for m in mutants:
+            fast = jpeg_size(m)
+            try:
+                slow = image_size(m)
+            except Exception:
+                slow = None
+            if fast is not None:
+                assert fast == slow
+                accepted += 1
+            else:
+                rejected += 1
+    assert accepted > 100 and rejected > 100  # both branches really exercised
