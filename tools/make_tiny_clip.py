@@ -16,8 +16,11 @@ or by model name + checkpoint, after registering the architecture that the folde
                                           pretrained="models/tiny-clip/open_clip_model.safetensors")
 
 Why it exists: real CLIP weights need a download, and tests and the README's main job must run on a
-machine without network. The model learns colours and shapes from the shards' own captions and
-nothing else: its scores mean something on these shards only.
+machine without network. The model learns colours and shapes from the shards' own samples plus
+--scenes fresh scenes drawn by the same generator (tools/make_sample_shards.py), and nothing else:
+its scores mean something on these shards only. The fresh scenes matter: about a fifth of the
+shards' captions describe another scene on purpose, and a model fit on 96 pairs alone memorises
+those wrong pairs too, so how well it told them apart depended on the seed and the CPU.
 """
 from __future__ import annotations
 
@@ -106,15 +109,76 @@ def load_samples(shards: Sequence[str], preprocess, tokenizer, batch_size: int =
     return torch.cat(images), torch.cat(tokens), loader.stats
 
 
-def train(model, images, tokens, *, steps: Optional[int], seconds: float, batch_size: int, lr: float, seed: int,
-          log_every: int = 100):
-    """Contrastive training on in-memory tensors until `steps` (if given) or `seconds` run out.
-    Returns (steps done, mean loss of the last 20 steps, first loss)."""
+def _sample_shard_generator():
+    """tools/make_sample_shards.py as a module, loaded by path (works as a script and as tools.*)."""
+    import importlib.util
+
+    path = os.path.join(REPO, "tools", "make_sample_shards.py")
+    spec = importlib.util.spec_from_file_location("_wdsfilter_make_sample_shards", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def render_scenes(n: int, seed: int, preprocess, tokenizer):
+    """n fresh (image, caption) pairs from the sample-shard generator's scene model, every caption
+    right, sizes and JPEG encoding as in the image shards. Returns (images, tokens) tensors."""
+    import io
+    import numpy as np
     import torch
-    from open_clip.loss import ClipLoss
+    from PIL import Image
+
+    gen = _sample_shard_generator()
+    rng = np.random.default_rng([seed, 2024])
+    images, captions = [], []
+    for _ in range(n):
+        scene = gen.random_scene(rng)
+        w, h = (int(v) for v in rng.integers(128, 257, size=2))
+        data = gen.encode_image(gen.draw_scene(scene, (w, h), rng), "jpg")
+        images.append(preprocess(Image.open(io.BytesIO(data)).convert("RGB")))
+        captions.append(gen.describe(scene))
+    return torch.stack(images), tokenizer(captions)
+
+
+def augment(images, generator):
+    """Random flips and crops (resized back): the same scene never looks exactly the same twice,
+    which keeps a model this size from memorising individual images. Colours are left alone."""
+    import torch
+    import torch.nn.functional as F
+
+    n, _, h, w = images.shape
+    flip = torch.rand(n, generator=generator) < 0.5
+    images = torch.where(flip[:, None, None, None], images.flip(-1), images)
+    scale = 0.75 + 0.25 * torch.rand(n, generator=generator)
+    shift = (1 - scale)[:, None] * (2 * torch.rand(n, 2, generator=generator) - 1)
+    theta = torch.zeros(n, 2, 3)
+    theta[:, 0, 0], theta[:, 1, 1], theta[:, :, 2] = scale, scale, shift
+    grid = F.affine_grid(theta, list(images.shape), align_corners=False)
+    return F.grid_sample(images, grid, mode="bilinear", padding_mode="border", align_corners=False)
+
+
+def pair_losses(image_features, text_features, logit_scale):
+    """CLIP's symmetric contrastive loss, one value per pair (open_clip's ClipLoss is their mean)."""
+    import torch
+    import torch.nn.functional as F
+
+    logits = logit_scale * image_features @ text_features.T
+    labels = torch.arange(len(logits))
+    return (F.cross_entropy(logits, labels, reduction="none") + F.cross_entropy(logits.T, labels, reduction="none")) / 2
+
+
+def train(model, images, tokens, *, steps: Optional[int], seconds: float, batch_size: int, lr: float, seed: int,
+          keep: float = 0.8, log_every: int = 100):
+    """Contrastive training on in-memory tensors until `steps` (if given) or `seconds` run out.
+
+    Some captions of the shards describe another scene on purpose (caption_matches false). Fit
+    with every pair, a model this size memorises those too and then scores them as high as the
+    right ones. So each batch learns only from the `keep` share of pairs the model already agrees
+    with most (small-loss selection, as in co-teaching; ramped in over the first third), without
+    ever looking at caption_matches. Returns (steps done, mean loss of the last 20 steps, first loss)."""
+    import torch
 
     generator = torch.Generator().manual_seed(seed)
-    loss_fn = ClipLoss()
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embedding" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embedding" not in n)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}],
@@ -136,14 +200,15 @@ def train(model, images, tokens, *, steps: Optional[int], seconds: float, batch_
             order, pos = torch.randperm(n, generator=generator), 0
         idx = order[pos:pos + batch_size]
         pos += batch_size
-        image_features, text_features, logit_scale = model(images[idx], tokens[idx])
-        loss = loss_fn(image_features, text_features, logit_scale)
+        losses = pair_losses(*model(augment(images[idx], generator), tokens[idx]))
+        kept = max(1, math.ceil(len(losses) * (1 - (1 - keep) * min(1.0, 3 * progress))))
+        loss = losses.topk(kept, largest=False).values.mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         with torch.no_grad():
             model.logit_scale.clamp_(0, math.log(100))
-        value = loss.item()
+        value = losses.mean().item()
         first = value if first is None else first
         recent = (recent + [value])[-20:]
         step += 1
@@ -155,7 +220,8 @@ def train(model, images, tokens, *, steps: Optional[int], seconds: float, batch_
 
 def build(out: str = DEFAULT_OUT, shards: Sequence[str] = DEFAULT_SHARDS, *, seconds: float = 60.0,
           steps: Optional[int] = None, seed: int = 0, batch_size: int = 64, lr: float = 2e-3,
-          threads: int = 2, quiet: bool = False, replace: bool = True) -> dict:
+          keep: float = 0.8, scenes: int = 2048, threads: int = 2, quiet: bool = False,
+          replace: bool = True) -> dict:
     """Train the tiny model and save it to `out`, atomically. With replace=False an `out` that
     already exists (another process built the same model meanwhile) is kept. Returns the training info."""
     import torch
@@ -181,13 +247,18 @@ def build(out: str = DEFAULT_OUT, shards: Sequence[str] = DEFAULT_SHARDS, *, sec
         tokenizer = open_clip.get_tokenizer(spec)
         t0 = time.monotonic()
         images, tokens, stats = load_samples(shard_paths, preprocess, tokenizer)
+        from_shards = len(images)
+        if scenes:
+            extra_images, extra_tokens = render_scenes(scenes, seed, preprocess, tokenizer)
+            images, tokens = torch.cat([images, extra_images]), torch.cat([tokens, extra_tokens])
         read_s = time.monotonic() - t0
         if not quiet:
-            print(f"read {len(images)} samples from {len(shard_paths)} shard(s) in {read_s:.1f}s", flush=True)
+            print(f"read {from_shards} samples from {len(shard_paths)} shard(s) and drew {scenes} fresh scenes "
+                  f"in {read_s:.1f}s", flush=True)
         done, loss, first = train(model, images, tokens, steps=steps, seconds=seconds, batch_size=batch_size,
-                                  lr=lr, seed=seed, log_every=0 if quiet else 100)
+                                  lr=lr, seed=seed, keep=keep, log_every=0 if quiet else 100)
         info = {"tiny": True, "trained_on": [os.path.relpath(s, REPO) if s.startswith(REPO) else s for s in shard_paths],
-                "caption_key": CAPTION_KEY, "samples": len(images), "steps": done, "seed": seed,
+                "caption_key": CAPTION_KEY, "samples": from_shards, "fresh_scenes": scenes, "steps": done, "seed": seed, "keep": keep,
                 "first_loss": round(first, 4), "final_loss": round(loss, 4), "source_hash": source_hash(),
                 "train_seconds": round(time.monotonic() - t0 - read_s, 1)}
         write_config(staging, info)
@@ -219,10 +290,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--keep", type=float, default=0.8,
+                        help="share of pairs per batch to learn from, those with the lowest loss (noisy captions)")
+    parser.add_argument("--scenes", type=int, default=2048,
+                        help="fresh scenes drawn by the sample-shard generator, added to the shards' samples")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     args = parser.parse_args(argv)
     build(args.out, args.shards, seconds=args.seconds, steps=args.steps, seed=args.seed,
-          batch_size=args.batch_size, lr=args.lr, threads=args.threads)
+          batch_size=args.batch_size, lr=args.lr, keep=args.keep, scenes=args.scenes, threads=args.threads)
     return 0
 
 
