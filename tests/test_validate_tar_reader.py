@@ -159,3 +159,10 @@ def test_shard_cut_at_a_member_boundary(tmp_path):
     (finding,) = report.findings
     assert finding.kind == "truncated_tar" and finding.member == "000002.txt"
     assert "3 sample(s) (6 members) are readable before the break, the last one perhaps incomplete" in finding.message
+
+
+def test_block_byte_sum_is_exact():
+    import random
+    rng = random.Random(5)
+    for block in [bytes(512), b"\xff" * 512, b"\x80" * 512] + [rng.randbytes(512) for _ in range(200)]:
+        assert tar_reader._byte_sum(block) == sum(block)

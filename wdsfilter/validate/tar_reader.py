@@ -18,6 +18,7 @@ a reading.ShardEnd.
 from __future__ import annotations
 
 import zlib
+from zlib import adler32
 from typing import IO, Iterator
 
 from ..reading import ShardEnd
@@ -48,12 +49,18 @@ def _number(field: bytes) -> int:
         raise Unusual("malformed number") from None
 
 
+def _byte_sum(buf: bytes) -> int:
+    """sum(buf) for a 512-byte block at C speed: adler32's low half is 1 + the byte sum mod 65521,
+    exact for 256 bytes (at most 65280)."""
+    return (adler32(buf[:256]) & 0xFFFF) + (adler32(buf[256:]) & 0xFFFF) - 2
+
+
 def _checksum_ok(buf: bytes) -> bool:
     try:
         stored = int(buf[148:156].split(b"\0", 1)[0].strip() or b"0", 8)
     except ValueError:
         return False
-    unsigned = 256 + sum(buf) - sum(buf[148:156])
+    unsigned = 256 + _byte_sum(buf) - sum(buf[148:156])
     if stored == unsigned:
         return True
     signed = 256 + sum(b - 256 if b > 127 else b for b in buf[:148] + buf[156:])  # rare: old writers
