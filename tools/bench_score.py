@@ -1,10 +1,14 @@
-"""Benchmark: is the scoring engine as fast as the slower of its two halves?
+"""Benchmark: is the scoring engine as fast as the slower of its two halves, and where does OCR
+spend its time?
 
-    python tools/bench_score.py [--scorer clip|ocr] [--model local-dir:models/tiny-clip] [--device cpu]
+    python tools/bench_score.py [--scorer all|clip|ocr] [--model local-dir:models/tiny-clip] [--device cpu]
                                 [--shards 4] [--copies 4] [--batch-size auto] [--workers auto] [--runs 2]
+                                [--ocr-backend rapidocr] [--frames 3] [--ocr-copies 4] [--json out.json]
+    python tools/bench_score.py --quick      # 2 shards x 1 copy, 1 run: under a minute on 2 cores
 
-In one run, on the same shards (sample_shards/ replicated with fresh keys), the same model and the
-same batch size, it measures side by side:
+For each scorer (clip; ocr on the OCR images and the videos together), in one run, on the same
+shards (sample_shards/ replicated with fresh keys), the same model and the same batch size, it
+measures side by side:
 
   decode only   the engine's decode side alone: the DataLoader with the planned workers and
                 prefetch running read + decode + the scorer's prepare(), no model
@@ -16,6 +20,10 @@ same batch size, it measures side by side:
 and prints the ratio of end to end to the lower of the other two (goal >= 0.8). The plan (batch
 size, workers, threads) comes from a dry run of the engine first, so all three use the same one.
 Runs alternate and the best of --runs is kept for each.
+
+For OCR it then prints, for images and for video separately, frames/s and the share of time spent
+in video decode, in detection and in post-processing: tools/bench_ocr.py's measurement (one
+process, prepare() then score_batch(), so the shares add up), called with --ocr-copies.
 
 Scorers are entries of BENCH_SCORERS: a function returning the scorer, the stage options and the
 source shards; add one there to benchmark another scorer.
@@ -51,7 +59,8 @@ def _clip(args):
 
 def _ocr(args):
     from wdsfilter.score.scorers.ocr import OcrScorer
-    return (lambda: OcrScorer()), {"caption_key": "txt", "image_key": "png"}, ["ocr-images-*.tar"]
+    return (lambda: OcrScorer(backend=args.ocr_backend, frames=args.frames)), \
+        {"caption_key": "txt", "image_key": "png;mp4"}, ["ocr-images-*.tar", "videos-*.tar"]
 
 
 BENCH_SCORERS = {"clip": _clip, "ocr": _ocr}
@@ -92,7 +101,8 @@ def decode_only(urls, stage, factory, plan) -> int:
     workers = plan["workers"]
     loader = torch.utils.data.DataLoader(pipeline, batch_size=None, num_workers=workers, collate_fn=keep_as_is,
                                          prefetch_factor=plan["prefetch"] if workers else None)
-    return sum(1 for chunk in loader for item in chunk if "inputs" in item and item["inputs"])
+    from wdsfilter.score.transport import unpack
+    return sum(1 for chunk in loader for item in unpack(chunk) if "inputs" in item and item["inputs"])
 
 
 def prepared_inputs(urls, stage, factory) -> list:
@@ -110,24 +120,19 @@ def model_only(scorer, inputs, batch: int) -> int:
     return len(inputs)
 
 
-def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--scorer", choices=sorted(BENCH_SCORERS), default="clip")
-    ap.add_argument("--model", default=None, help="clip: model (default: the tiny local model, built if missing)")
-    ap.add_argument("--pretrained", default=None)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--shards", type=int, default=4)
-    ap.add_argument("--copies", type=int, default=4)
-    ap.add_argument("--batch-size", default="auto")
-    ap.add_argument("--workers", default="auto")
-    ap.add_argument("--runs", type=int, default=2)
-    args = ap.parse_args(argv)
+def frames_of(inputs) -> int:
+    """Frames in prepared OCR inputs (None for scorers without frames)."""
+    frames = [len(x.frames) for x in inputs if hasattr(x, "frames")]
+    return sum(frames) if frames else None
 
+
+def compare(args, name: str) -> dict:
+    """decode only / model only / end to end for one scorer; prints and returns the rates."""
     import torch
     from wdsfilter import StageConfig
     from wdsfilter.score import score
 
-    factory, stage_options, patterns = BENCH_SCORERS[args.scorer](args)
+    factory, stage_options, patterns = BENCH_SCORERS[name](args)
     stage = StageConfig(**stage_options)
     tmp = tempfile.mkdtemp(prefix="bench-score-")
     try:
@@ -140,6 +145,7 @@ def main(argv=None) -> dict:
         threads = plan["devices"][0]["threads"]
         device = plan["devices"][0]["device"]
         inputs = prepared_inputs(urls, stage, factory)
+        frames = frames_of(inputs)
         model = factory()
         model.load(device)
         if device == "cpu" and threads:
@@ -164,18 +170,72 @@ def main(argv=None) -> dict:
             sys.exit(f"sample counts differ: {counts}")
         n = counts["e2e"]
         rates = {k: n / v for k, v in best.items()}
-        print(f"bench_score: scorer {args.scorer} ({dry.scorers[0] if dry.scorers else ''})")
-        print(f"  {n} samples in {len(urls)} shards; batch {batch}, {plan['workers']} decode worker(s), "
-              f"prefetch {plan['prefetch']}, model threads {threads}, device {device}; best of {args.runs}")
-        print(f"  decode only: {rates['decode']:8.1f} samples/s  (decode workers: read + decode + prepare, no model)")
-        print(f"  model only:  {rates['model']:8.1f} samples/s  (score_batch on pre-decoded inputs, batch {batch})")
-        print(f"  end to end:  {rates['e2e']:8.1f} samples/s  (scoring loop; {rates['wall']:.1f} samples/s wall "
-              f"with start-up, model load and probe)")
+        per_frame = (lambda k: f", {frames / best[k]:.1f} frames/s") if frames else (lambda k: "")
+        print(f"bench_score: scorer {name} ({dry.scorers[0] if dry.scorers else ''})")
+        print(f"  {n} samples{f' ({frames} frames)' if frames else ''} in {len(urls)} shards; batch {batch}, "
+              f"{plan['workers']} decode worker(s), prefetch {plan['prefetch']}, model threads {threads}, "
+              f"device {device}; best of {args.runs}")
+        print(f"  decode only: {rates['decode']:8.1f} samples/s{per_frame('decode')}  "
+              f"(decode workers: read + decode + prepare, no model)")
+        print(f"  model only:  {rates['model']:8.1f} samples/s{per_frame('model')}  "
+              f"(score_batch on pre-decoded inputs, batch {batch})")
+        print(f"  end to end:  {rates['e2e']:8.1f} samples/s{per_frame('e2e')}  (scoring loop; "
+              f"{rates['wall']:.1f} samples/s wall with start-up, model load and probe)")
         ratio = rates["e2e"] / min(rates["decode"], rates["model"])
         print(f"  ratio end to end / min(decode, model) = {ratio:.2f} (goal >= 0.8)")
-        return {"samples": n, "rates": rates, "ratio": ratio, "plan": plan}
+        return {"samples": n, "frames": frames, "rates": rates, "ratio": ratio, "plan": plan}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def ocr_breakdown(args) -> dict:
+    """Frames/s and decode/detection/post-processing shares for images and videos (bench_ocr)."""
+    from tools import bench_ocr
+    print(f"bench_score: ocr time shares (tools/bench_ocr.py, {args.ocr_copies} copies, one process)")
+    argv = ["--backend", args.ocr_backend, "--device", args.device, "--copies", str(args.ocr_copies),
+            "--frames", str(args.frames)]
+    if args.ocr_threads:
+        argv += ["--threads", str(args.ocr_threads)]
+    if args.ocr_backend == "easyocr":
+        argv += ["--random-weights"]  # no downloaded weights: time a random CRAFT (said in its output)
+    return bench_ocr.main(argv)
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scorer", choices=["all", *sorted(BENCH_SCORERS)], default="all")
+    ap.add_argument("--model", default=None, help="clip: model (default: the tiny local model, built if missing)")
+    ap.add_argument("--pretrained", default=None)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--shards", type=int, default=4)
+    ap.add_argument("--copies", type=int, default=4)
+    ap.add_argument("--batch-size", default="auto")
+    ap.add_argument("--workers", default="auto")
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--ocr-backend", default="rapidocr", choices=("rapidocr", "easyocr"))
+    ap.add_argument("--frames", type=int, default=3, help="ocr: frames sampled per video")
+    ap.add_argument("--ocr-copies", type=int, default=4, help="ocr time shares: repeat the OCR shards this often")
+    ap.add_argument("--ocr-threads", type=int, default=0, help="ocr time shares: detector CPU threads (0: default)")
+    ap.add_argument("--quick", action="store_true", help="short settings: 2 shards x 1 copy, 1 run, 1 OCR copy")
+    ap.add_argument("--json", default=None, help="write the results here")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.shards, args.copies, args.runs, args.ocr_copies = 2, 1, 1, 1
+
+    results = {}
+    names = sorted(BENCH_SCORERS) if args.scorer == "all" else [args.scorer]
+    for name in names:
+        results[name] = compare(args, name)
+    if "ocr" in names:
+        breakdown = ocr_breakdown(args)
+        results["ocr"]["breakdown"] = {k: {m: v for m, v in breakdown[k].items() if m in (
+            "samples", "frames", "seconds", "frames_per_s", "share", "seconds_by_stage")}
+            for k in ("images", "videos") if k in breakdown}
+    if args.json:
+        import json
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2, default=str)
+    return results if args.scorer == "all" else results[args.scorer]
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from .prepare import SHARD_END, Chunk, Prepare, collect_probe, keep_as_is, nbyte
 from .resume import RunState
 from .scorers.base import REGISTRY, Scorer, make_scorer
 from .shardwriter import write_filtered
+from .transport import unpack
 
 log = logging.getLogger("wdsfilter")
 
@@ -373,7 +374,7 @@ class Engine:
         started = time.perf_counter()
         try:
             for chunk in loader:
-                for item in chunk:
+                for item in unpack(chunk):
                     self._take(item, pending)
                 pending = self._dispatch(pool, pending)
                 self._collect(pool, 0.0)

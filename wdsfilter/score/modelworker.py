@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..errors import ConfigError, WdsFilterError
 from .backoff import Backoff
 from .memory import HostMemory, device_memory, is_oom, torch_device
+from .transport import pack, unpack
 
 # One work item: (row reference, {scorer name: prepared input}).
 Item = Tuple[Any, Dict[str, Any]]
@@ -215,9 +216,9 @@ def _worker_main(worker: int, device: str, scorers, inbox, outbox, threads: Opti
         while True:
             msg = inbox.get()
             if msg[0] == "batch":
-                outbox.put(("result", worker, (msg[1], runner.score(msg[2]))))
+                outbox.put(("result", worker, (msg[1], runner.score(unpack(msg[2])))))
             elif msg[0] == "probe":
-                outbox.put(("probe", worker, runner.probe(msg[1])))
+                outbox.put(("probe", worker, runner.probe(unpack(msg[1]))))
             elif msg[0] == "configure":
                 runner.configure(**msg[1])
                 outbox.put(("configured", worker, None))
@@ -337,7 +338,7 @@ class ProcessPool:
         return report
 
     def probe(self, inputs) -> dict:
-        self.inboxes[0].put(("probe", inputs))
+        self.inboxes[0].put(("probe", pack(inputs)))
         return self._await("probe", 0)
 
     def configure(self, worker: int, **settings) -> None:
@@ -354,7 +355,7 @@ class ProcessPool:
 
     def submit(self, worker: int, batch_id: int, items: List[Item]) -> None:
         self.inflight[worker] += 1
-        self.inboxes[worker].put(("batch", batch_id, items))
+        self.inboxes[worker].put(("batch", batch_id, pack(items)))  # one shared buffer, not one per tensor
 
     def poll(self, timeout: float = 0.0) -> List[tuple]:
         """Results that arrived; waits up to `timeout` for the first one."""

@@ -5,7 +5,8 @@ DataLoader workers.
 
 Prepare calls each scorer's prepare() on the decoded sample and keeps only what the model worker
 needs (the PIL image and raw bytes stop here). Chunk groups items into lists so one inter-process
-transfer carries many samples, and flushes at each shard end so a finished shard is not held back.
+transfer carries many samples (their tensors in one buffer: transport.py), and flushes at each
+shard end so a finished shard is not held back.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Sequence, Tuple
 
 from ..errors import DataError
 from ..stages import MARKER
+from .transport import pack
 
 SHARD_END = "shard_end"
 
@@ -46,20 +48,21 @@ class Prepare:
 
 
 class Chunk:
-    """Picklable stage: items -> lists of up to `size` items, cut after every shard end."""
+    """Picklable stage: items -> lists of up to `size` items, cut after every shard end, their
+    tensors packed into one buffer for the trip to the main process (transport.unpack there)."""
 
     def __init__(self, size: int):
         self.size = max(1, int(size))
 
-    def __call__(self, data: Iterable[dict]) -> Iterator[List[dict]]:
+    def __call__(self, data: Iterable[dict]) -> Iterator[Any]:
         buf: List[dict] = []
         for item in data:
             buf.append(item)
             if len(buf) >= self.size or item.get(MARKER) == SHARD_END:
-                yield buf
+                yield pack(buf)
                 buf = []
         if buf:
-            yield buf
+            yield pack(buf)
 
 
 def keep_as_is(item):
