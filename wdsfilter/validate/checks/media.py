@@ -52,7 +52,7 @@ class ImageStats:
 
     def to_dict(self) -> dict:
         return {"count": self.count, "formats": dict(sorted(self.formats.items())), "min_side": self.min_side,
-                "max_side": self.max_side, "mean_megapixels": round(self.pixels / self.count / 1e6, 4) if self.count else None}
+                "max_side": self.max_side if self.count else None, "mean_megapixels": round(self.pixels / self.count / 1e6, 4) if self.count else None}
 
 
 def sniff(data: bytes) -> str:

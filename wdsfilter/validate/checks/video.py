@@ -24,8 +24,8 @@ class VideoStats:
         self.count = 0
         self.frames = 0
         self.duration = 0.0
-        self.min_duration = None
-        self.max_duration = 0.0
+        self.min_duration = None  # None until a video with a known duration is seen
+        self.max_duration = None
         self.sizes: dict = {}
 
     def add(self, frames: int, duration: Optional[float], w: int, h: int) -> None:
@@ -36,12 +36,16 @@ class VideoStats:
         if duration is not None:
             self.duration += duration
             self.min_duration = duration if self.min_duration is None else min(self.min_duration, duration)
-            self.max_duration = max(self.max_duration, duration)
+            self.max_duration = duration if self.max_duration is None else max(self.max_duration, duration)
 
     def to_dict(self) -> dict:
         return {"count": self.count, "frames": self.frames, "duration_s": round(self.duration, 3),
-                "min_duration_s": self.min_duration, "max_duration_s": self.max_duration,
+                "min_duration_s": _round(self.min_duration), "max_duration_s": _round(self.max_duration),
                 "sizes": dict(sorted(self.sizes.items(), key=lambda kv: -kv[1])[:10])}
+
+
+def _round(seconds: Optional[float]) -> Optional[float]:
+    return None if seconds is None else round(seconds, 3)
 
 
 def _declared_duration(container, stream) -> Optional[float]:
