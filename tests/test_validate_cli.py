@@ -114,6 +114,8 @@ def test_junit_has_one_testcase_per_shard_and_fails_at_the_level(tmp_path):
     assert int(suite.get("failures")) == len(failed) and int(suite.get("tests")) == len(cases)
     failure = cases[os.path.join(BROKEN, "bomb-000000.tar")].find("failure")
     assert failure.get("type") == "oversized_image" and "001002.png" in failure.text
+    props = {p.get("name"): p.get("value") for p in suite.find("properties")}
+    assert props["caption_key"] == "txt;json:caption" and props["max_side"] == "null" and props["deep"] == "false"
     upper = cases[os.path.join(BROKEN, "uppercase-ext-000000.tar")]
     assert upper.find("failure") is None and "mixed_case_extension" in upper.find("system-out").text
     # --fail-on warning: warnings fail their testcase too.

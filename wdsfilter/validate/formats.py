@@ -128,7 +128,7 @@ def to_junit(report: Report) -> str:
                           failures=str(failures), errors="0", skipped="0", time=f"{report.seconds:.3f}")
     props = ET.SubElement(suite, "properties")
     for name, value in report.options.to_dict().items():
-        ET.SubElement(props, "property", name=name, value=_x(value))
+        ET.SubElement(props, "property", name=name, value=_x(value if isinstance(value, str) else json.dumps(value)))
     for name, findings, counts, seconds in cases:
         case = ET.SubElement(suite, "testcase", classname="wdsfilter.validate", name=_x(name), time=f"{seconds:.3f}")
         failing = [f for f in findings if at_level(f.kind, fail_on)]
