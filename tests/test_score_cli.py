@@ -1,6 +1,7 @@
 """`wdsfilter score` and `wdsfilter.score.score` end to end on sample_shards/ on CPU with the tiny
 CLIP model (tests/conftest.py's tiny_clip fixture), then training-time filtering by the scores."""
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -241,3 +242,34 @@ def test_clip_and_ocr_in_one_pass_over_images_text_images_and_videos(tiny_clip, 
     assert got == low_text and any(shard == "videos-000000.tar" for shard, _ in got)
     assert loader.stats.dropped["filtered_by_score"] == sum(
         1 for r in rows.values() if r["ocr_area"] is not None and r["ocr_area"] > max_area)
+
+
+def test_ocr_video_flags_generic_max_jsonl_and_the_progress_bar(tmp_path):
+    """--keyframes, --frames, --frame-reduce max and --max COLUMN=X on the sample videos, JSONL
+    score files (per-frame lists included), and the progress bar's samples/s on stderr."""
+    pytest.importorskip("rapidocr_onnxruntime")
+    path = os.path.join(SS, "videos-000000.tar")
+    out = str(tmp_path / "out")
+    args = ["score", path, "--image-key", "mp4", "--caption-key", "txt", "--scorer", "ocr", "--frames", "2",
+            "--frame-reduce", "max", "--device", "cpu"]
+    result = CliRunner().invoke(main, args + ["--max", "ocr_area=0.05", "--format", "jsonl", "--out", out])
+    assert result.exit_code == 0, result.output
+    assert "2 frames/video, reduce=max" in result.stdout
+    assert re.search(r"scoring: .*8 samples.* samples/s", result.stderr), result.stderr  # tqdm's final line
+    meta = sample_json(path)
+    rows = {r["key"]: r for r in read_rows(os.path.join(out, "scores", "videos-000000.jsonl"))}
+    assert set(rows) == set(meta)
+    for key, r in rows.items():
+        assert r["status"] == "scored" and r["ocr_frames"] == 2 and len(r["ocr_area_frames"]) == 2
+        assert r["ocr_area"] == max(r["ocr_area_frames"])
+        assert r["kept"] == (not meta[key]["has_text"])  # subtitles cover more than 5 % of the frame
+    assert "ocr_area <= 0.05: kept 4, dropped 4" in result.stdout
+    # Terminal histograms: the count column gets one bin per value (every clip has 2 frames).
+    assert re.search(r"ocr_frames: n=8 min=2 mean=2 max=2\n +2 +8  #+\n", result.stdout), result.stdout
+    # --keyframes: these 2 s clips have one keyframe each (x264's keyframe interval is longer), so
+    # one frame per clip however many are asked for.
+    result = CliRunner().invoke(main, args + ["--keyframes", "--out", str(tmp_path / "key"), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert "2 keyframes/video, reduce=max" in result.stdout
+    rows = read_rows(os.path.join(str(tmp_path / "key"), "scores", "videos-000000.parquet"))
+    assert len(rows) == 8 and all(r["ocr_frames"] == 1 and r["ocr_area_frames"] == [r["ocr_area"]] for r in rows)
