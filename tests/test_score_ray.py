@@ -1,0 +1,83 @@
+"""Scoring on Ray Data (wdsfilter/score/ray_runner.py), on a local Ray cluster: the same rows,
+scores, filtered shards and output folder as the single-machine engine, resumable the same way."""
+import os
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="the Ray engine is tested where wdsfilter[ray] is installed")
+
+import wdsfilter  # noqa: E402
+from wdsfilter.errors import ConfigError  # noqa: E402
+from wdsfilter.score import score  # noqa: E402
+from wdsfilter.score.outputs import read_rows  # noqa: E402
+from wdsfilter.score.ray_runner import score_on_ray  # noqa: E402
+from wdsfilter.scorefilter import score_filter  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SS = os.path.join(REPO, "sample_shards")
+SHARDS = [os.path.join(SS, p) for p in ("images-000000.tar", "json-captions-000000.tar",
+                                        "broken/truncated-000000.tar", "broken/corrupt-jpeg-000000.tar",
+                                        "broken/text-only-image-only-000000.tar")]
+OPTIONS = dict(caption_key="txt;json:description", min_clip=0.5, progress=False)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+def rows_by_shard(out):
+    folder = os.path.join(out, "scores")
+    return {f: read_rows(os.path.join(folder, f)) for f in sorted(os.listdir(folder))}
+
+
+def test_ray_gives_the_engine_rows_scores_and_filtered_shards(local_ray, tiny_clip, tmp_path):
+    model = "local-dir:" + tiny_clip
+    local = score(SHARDS, out=str(tmp_path / "local"), model=model, device="cpu",
+                  write_shards=str(tmp_path / "local-kept"), **OPTIONS)
+    on_ray = score_on_ray(SHARDS, out=str(tmp_path / "ray"), model=model,
+                          write_shards=str(tmp_path / "ray-kept"), batch_size=8, **OPTIONS)
+    expected, got = rows_by_shard(str(tmp_path / "local")), rows_by_shard(str(tmp_path / "ray"))
+    assert sorted(got) == sorted(expected) and len(got) == len(SHARDS)
+    for name, rows in expected.items():
+        assert [(r["key"], r["status"], r["reason"], r["kept"]) for r in got[name]] == \
+               [(r["key"], r["status"], r["reason"], r["kept"]) for r in rows], name
+        for a, b in zip(got[name], rows):
+            assert (a["clip_score"] is None) == (b["clip_score"] is None)
+            if b["clip_score"] is not None:
+                assert abs(a["clip_score"] - b["clip_score"]) < 1e-4, (name, a["key"])
+    # Rejected and unscorable samples keep their rows and reasons on Ray too.
+    statuses = {r["status"] for rows in got.values() for r in rows}
+    assert {"scored", "rejected"} <= statuses
+    assert on_ray.rows == local.rows and on_ray.kept == local.kept and 0 < on_ray.kept < on_ray.rows
+    for name in sorted(os.listdir(tmp_path / "local-kept")):
+        assert (tmp_path / "ray-kept" / name).read_bytes() == (tmp_path / "local-kept" / name).read_bytes()
+    # The folder is the engine's: the loader filters by it.
+    kept_keys = {r["key"] for r in got["images-000000.parquet"] if r["kept"]}
+    stream = wdsfilter.sample_pipeline(SHARDS[0], wdsfilter.StageConfig(caption_key="txt"),
+                                       extra=[score_filter(str(tmp_path / "ray"), {"clip_score": 0.5})])
+    streamed = {s["__key__"] for s in stream}
+    assert streamed == kept_keys
+
+
+def test_ray_resume_scores_only_the_unfinished_shards(local_ray, tiny_clip, tmp_path):
+    model, out = "local-dir:" + tiny_clip, str(tmp_path / "ray")
+    first = score_on_ray(SHARDS[:2], out=out, model=model, **OPTIONS)
+    assert first.shards_scored == 2
+    before = rows_by_shard(out)
+    second = score_on_ray(SHARDS, out=out, model=model, resume=True, **OPTIONS)
+    assert second.shards_resumed == 2 and second.shards_scored == len(SHARDS) - 2
+    after = rows_by_shard(out)
+    assert all(after[name] == rows for name, rows in before.items())
+    full = score_on_ray(SHARDS, out=str(tmp_path / "full"), model=model, **OPTIONS)
+    assert after.keys() == rows_by_shard(str(tmp_path / "full")).keys() and full.rows == second.rows
+
+
+def test_ray_refuses_gpu_actors_on_a_cluster_without_gpus(local_ray, tiny_clip, tmp_path):
+    with pytest.raises(ConfigError, match="no GPU"):
+        score_on_ray(SHARDS[:1], out=str(tmp_path / "x"), model="local-dir:" + tiny_clip, gpus_per_actor=1,
+                     **OPTIONS)

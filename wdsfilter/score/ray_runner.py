@@ -1,0 +1,248 @@
+"""Scoring on a Ray cluster with Ray Data: the same stages, scorers, rows and output folder as the
+single-machine engine; Ray schedules the work across nodes and GPUs, streams it with bounded
+memory (its backpressure) and retries failed tasks.
+
+    shard URLs ─ read_shard: a Ray task per shard, sample_pipeline + Prepare (the decode side)
+               ─ ScoreActor: map_batches, one actor per GPU (or CPU slot), OOM back-off
+               ─ groupby(shard) ─ finish_shard: scores/<shard>.parquet, filtered shard, done marker
+
+The output folder is the engine's own (engine.Engine builds the run state), so `--resume`,
+`wdsfilter.loader(scores=...)` and the summary work on it unchanged. The shards and the output
+folder must be reachable from every node (a shared filesystem); Ray moves only the rows.
+
+    from wdsfilter.score.ray_runner import score_on_ray
+    summary = score_on_ray("s3-mounted/shards/", out="/shared/scores", scorers=["clip"],
+                           min_clip=0.28, actors=8, gpus_per_actor=1, address="auto")
+"""
+from __future__ import annotations
+
+import functools
+import json
+import pickle
+import time
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+
+from ..errors import ConfigError
+from .outputs import RunSummary
+
+PENDING = "__pending__"  # a row whose inputs still need the model
+SHARD_END = "__shard_end__"  # one per shard: carries the reader's error and member count
+ROW_FIELDS = ("key", "shard", "index", "status", "reason", "message", "kept")
+
+
+def _ray():
+    try:
+        import ray
+        import ray.data  # noqa: F401 - Ray Data is the part we use
+    except ImportError as e:
+        raise ConfigError("the Ray engine needs Ray Data: pip install 'wdsfilter[ray]'") from e
+    return ray
+
+
+# -- decode side: one task per shard --------------------------------------------------------------
+def read_shard(batch, cfg, scorers, rows_per_block: int = 64) -> Iterator[Dict[str, list]]:
+    """Ray map_batches generator over shard URLs: every sample's row, with its prepared inputs
+    pickled into `payload` where a model still has to score it. Yields column batches of up to
+    rows_per_block rows, so a big shard never sits in memory whole."""
+    from ..pipeline import sample_pipeline
+    from ..stages import MARKER, REJECT
+    from ..tally import Tally
+    from .engine import complete_row
+    from .prepare import SHARD_END as END_MARKER, Prepare
+
+    for url in list(batch["shard"]):
+        pipeline = sample_pipeline([url], cfg.scoring_stage_config(), Tally(0, 0, name="wdsfilter score (ray)"),
+                                   extra=[Prepare(scorers)])
+        rows: List[dict] = []
+        index = 0
+        ended = False
+        for item in pipeline:
+            marker = item.get(MARKER)
+            if marker == END_MARKER:
+                info = {"error": item.get("error"), "members": item.get("members", 0)}
+                rows.append(_row(item.get("__key__", ""), url, -1, SHARD_END, message=json.dumps(info)))
+                ended = True
+            elif marker:
+                rows.append(_row(item.get("__key__", ""), url, index, "rejected", item.get(REJECT),
+                                 item.get("__message__")))
+                index += 1
+            else:
+                row = _row(item["__key__"], url, index, PENDING)
+                if item["inputs"]:
+                    row["payload"] = pickle.dumps((item["inputs"], item["errors"]), protocol=pickle.HIGHEST_PROTOCOL)
+                else:  # no scorer could prepare it: its row is final already
+                    complete_row(row, scorers, {}, item["errors"], cfg.thresholds, cfg.max_thresholds)
+                rows.append(row)
+                index += 1
+            if len(rows) >= rows_per_block:
+                yield _columns(rows)
+                rows = []
+        if not ended:  # the reader always ends a shard with a marker; keep the group even if not
+            rows.append(_row("", url, -1, SHARD_END, message=json.dumps({"error": "shard did not end", "members": 0})))
+        if rows:
+            yield _columns(rows)
+
+
+def _row(key, url, index, status, reason=None, message=None) -> dict:
+    return {"key": key, "shard": url, "index": index, "status": status, "reason": reason, "message": message,
+            "kept": False, "payload": b""}
+
+
+def _columns(rows: List[dict]) -> Dict[str, list]:
+    names = list(rows[0])
+    for r in rows[1:]:
+        names += [n for n in r if n not in names]
+    return {n: [r.get(n) for r in rows] for n in names}
+
+
+# -- model side: one actor per GPU or CPU slot -----------------------------------------------------
+class ScoreActor:
+    """Loads the scorers once on its device, scores the pending rows of each batch with the
+    engine's back-off (halve and retry on out-of-memory; no row lost or scored twice) and
+    returns the rows complete, without their payload."""
+
+    def __init__(self, cfg, scorers, columns: Sequence[str], batch_size: int, device: str):
+        from .backoff import Backoff
+        from .memory import device_memory, host_status
+        self.cfg, self.columns = cfg, list(columns)
+        self.scorers = scorers
+        for s in self.scorers:
+            s.load(device)
+        memory = device_memory(device)
+        host = device_memory("cpu")
+        min_free = cfg.min_free_host or int(0.03 * host_status()["total"])
+        self.backoffs = {s.name: Backoff(s, memory, batch_size, host, min_free) for s in self.scorers}
+
+    def __call__(self, batch):
+        from .engine import complete_row
+        n = len(batch["key"])
+        rows = [{f: _plain(batch[f][i]) for f in ROW_FIELDS} for i in range(n)]
+        pending = [i for i in range(n) if rows[i]["status"] == PENDING]
+        loaded = {i: pickle.loads(batch["payload"][i]) for i in pending}
+        scores: Dict[int, dict] = {i: {} for i in pending}
+        errors: Dict[int, dict] = {i: dict(loaded[i][1]) for i in pending}
+        for scorer in self.scorers:
+            groups: Dict[Any, List[int]] = {}
+            for i in pending:
+                inputs = loaded[i][0]
+                if scorer.name in inputs:
+                    groups.setdefault(scorer.batch_key(inputs[scorer.name]), []).append(i)
+            for members in groups.values():
+                outcomes = self.backoffs[scorer.name].run([loaded[i][0][scorer.name] for i in members])
+                for i, outcome in zip(members, outcomes):
+                    if outcome[0] == "ok":
+                        scores[i].update({c: outcome[1].get(c) for c in scorer.columns()})
+                    else:
+                        errors[i][scorer.name] = (outcome[1], outcome[2])
+        for i in pending:
+            rows[i]["status"] = None
+            complete_row(rows[i], self.scorers, scores[i], errors[i], self.cfg.thresholds, self.cfg.max_thresholds)
+        out = {f: [r[f] for r in rows] for f in ROW_FIELDS}
+        for c in self.columns:  # every batch has every column, so Ray's blocks share one schema
+            out[c] = [json.dumps(r.get(c)) for r in rows]
+        return out
+
+
+def _plain(v):
+    """numpy scalars from Ray's batches -> Python values; the NaN that a missing text becomes
+    on its way through Arrow and numpy -> None."""
+    v = v.item() if hasattr(v, "item") and not isinstance(v, (bytes, str)) else v
+    return None if isinstance(v, float) and v != v else v
+
+
+# -- per shard: score file, filtered shard, marker --------------------------------------------------
+def finish_shard(group, cfg, state, columns: Sequence[str]) -> Dict[str, list]:
+    """Ray map_groups function: write one shard's outputs the way the engine does."""
+    from .outputs import write_table
+    from .shardwriter import write_filtered
+    n = len(group["key"])
+    rows, end = [], {"error": "shard did not end", "members": 0}
+    for i in range(n):
+        row = {f: _plain(group[f][i]) for f in ROW_FIELDS}
+        if row["status"] == SHARD_END:
+            end = json.loads(row["message"])
+            continue
+        for c in columns:
+            row[c] = json.loads(group[c][i])
+        rows.append(row)
+    rows.sort(key=lambda r: r["index"])
+    url = _plain(group["shard"][0])
+    write_table(rows, columns, state.score_path(url), cfg.format)
+    filtered = None
+    if cfg.write_shards:
+        keep = {r["key"] for r in rows if r["kept"]}
+        filtered = write_filtered(url, keep, state.filtered_path(url), cfg.stage.rekey,
+                                  cfg.stage.allow_pipe, cfg.stage.allow_remote)
+    counts: Dict[str, int] = {}
+    for r in rows:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    state.mark_done(url, {"rows": len(rows), "status": counts, "kept": sum(bool(r["kept"]) for r in rows),
+                          "members": end.get("members", 0), "error": end.get("error"), "filtered": filtered,
+                          "engine": "ray"})
+    return {"shard": [url], "rows": [len(rows)]}
+
+
+# -- the run ---------------------------------------------------------------------------------------
+def score_on_ray(shards, out: Optional[str] = None, scorers: Sequence = ("clip",), *, actors: Optional[int] = None,
+                 gpus_per_actor: Optional[float] = None, cpus_per_actor: float = 1.0, batch_size: Optional[int] = None,
+                 address: Optional[str] = None, ray_init: Optional[dict] = None,
+                 echo: Optional[Callable[[str], None]] = None, **options) -> RunSummary:
+    """Score `shards` on Ray; the options are those of wdsfilter.score.score (thresholds, model,
+    caption_key, write_shards, resume, ...). actors: model actors (default: one per GPU of the
+    cluster, else 1); gpus_per_actor: default 1 when the cluster has GPUs, else 0 (CPU);
+    batch_size: rows per model call (default 64 on GPU, 32 on CPU; halved on out-of-memory).
+    address: a running cluster ("auto"), else Ray starts a local one (ray_init: its options)."""
+    from . import build_config
+    from .engine import Engine
+
+    cfg = build_config(out, scorers, **options)
+    if cfg.dry_run:
+        raise ConfigError("dry_run plans the single-machine engine; Ray plans its own cluster (ray status)")
+    engine = Engine(shards, cfg, echo)  # the same URLs, scorers, columns, run state and summary
+    echo = engine.echo
+    ray = _ray()
+    started_here = not ray.is_initialized()
+    if started_here:
+        ray.init(address=address, **dict({"include_dashboard": False, "log_to_driver": False}, **(ray_init or {})))
+    try:
+        cluster_gpus = int(ray.cluster_resources().get("GPU", 0))
+        if gpus_per_actor is None:
+            gpus_per_actor = 1.0 if cluster_gpus else 0.0
+        if gpus_per_actor and not cluster_gpus:
+            raise ConfigError(f"gpus_per_actor={gpus_per_actor} but the Ray cluster has no GPU")
+        if actors is None:
+            actors = max(1, int(cluster_gpus / gpus_per_actor)) if gpus_per_actor else 1
+        device = "cuda" if gpus_per_actor else "cpu"
+        batch_size = int(batch_size or (64 if gpus_per_actor else 32))
+        start = time.perf_counter()
+        todo = engine.state.pending()
+        engine.summary.shards_resumed = engine.state.resumed_from_markers
+        engine.summary.scorers = [s.describe() for s in engine.scorers]
+        echo(f"ray: {len(todo)} of {len(engine.urls)} shard(s) to score with {actors} model actor(s) on {device} "
+             f"({gpus_per_actor:g} GPU each), batch {batch_size}")
+        done = []
+        if todo:
+            ds = ray.data.from_items([{"shard": u} for u in todo], override_num_blocks=len(todo))
+            ds = ds.map_batches(functools.partial(read_shard, cfg=cfg, scorers=engine.scorers),
+                                batch_size=1, batch_format="numpy")
+            ds = ds.map_batches(ScoreActor, batch_size=batch_size, batch_format="numpy", concurrency=actors,
+                                num_gpus=gpus_per_actor, num_cpus=cpus_per_actor,
+                                fn_constructor_kwargs={"cfg": cfg, "scorers": engine.model_scorers,
+                                                       "columns": engine.columns, "batch_size": batch_size,
+                                                       "device": device})
+            ds = ds.groupby("shard").map_groups(
+                functools.partial(finish_shard, cfg=cfg, state=engine.state, columns=engine.columns),
+                batch_format="numpy")
+            done = ds.take_all()
+        engine.completed = len(done)
+        engine.summary.shards_scored = len(done)
+        engine.summary.samples_this_run = sum(int(r["rows"]) for r in done)
+        engine.summary.seconds = engine.summary.scoring_seconds = time.perf_counter() - start
+        finished = {r["shard"] for r in done}
+        engine.summary.shards_failed = [{"url": u, "reason": "not finished by the Ray run"}
+                                        for u in todo if u not in finished]
+        engine._finish_summary()  # the engine's own summary, histograms and nothing-scored check
+        return engine.summary
+    finally:
+        if started_here:
+            ray.shutdown()
