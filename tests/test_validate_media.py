@@ -157,10 +157,13 @@ def test_jpeg_header_sizes_match_pil():
         import tarfile
         with tarfile.open(os.path.join(SHARDS, path)) as tar:
             jpegs += [tar.extractfile(m).read() for m in tar if m.name.endswith(".jpg")]
+    from wdsfilter.validate.checks.media import _jpeg_scan_start
     for data in jpegs:
-        assert jpeg_size(data) == image_size(data) != None  # noqa: E711
+        w, h, scan = jpeg_size(data)
+        assert (w, h) == image_size(data) and scan == _jpeg_scan_start(data) > 0
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")  # PIL on the damaged EXIF of the mutants
 def test_jpeg_header_walk_never_accepts_what_pil_rejects():
     """Damaged headers (bytes flipped before the first scan, cut headers, 12-bit or 2-component
     frames): the walk gives PIL's size or leaves the image to PIL."""
@@ -179,6 +182,7 @@ def test_jpeg_header_walk_never_accepts_what_pil_rejects():
             mutants.append(bytes(m))
         for m in mutants:
             fast = jpeg_size(m)
+            fast = fast and fast[:2]
             try:
                 slow = image_size(m)
             except Exception:

@@ -87,15 +87,18 @@ def _shard_table(report: Report) -> List[str]:
     base = _common_folder([r.shard for r in report.shards])
     names = [os.path.relpath(r.shard, base) if base else r.shard for r in shown]
     width = max(20, min(60, max(len(n) for n in names)))
-    lines = ["", f"Shards: {len(flagged)} with findings or drops, {len(clean)} clean" + (f" (in {base}{os.sep})" if base else ""),
+    where = f" (in {base}{os.sep})" if base else ""
+    lines = ["", f"Shards: {len(flagged)} with findings or drops, {len(clean)} clean{where}",
              f"  {'shard':<{width}} {'samples':>7} {'kept':>7} {'MB':>7} {'errors':>6} {'warnings':>8}"]
     for r, name in zip(shown, names):
         errors = sum(n for k, n in r.counts.items() if KINDS[k][0] == ERROR)
         warnings = sum(r.counts.values()) - errors
         name = name if len(name) <= width else "..." + name[-width + 3:]
-        lines.append(f"  {name:<{width}} {r.samples:>7} {_pct(r.kept_share):>7} {_mb(r.bytes):>7} {errors:>6} {warnings:>8}")
+        lines.append(f"  {name:<{width}} {r.samples:>7} {_pct(r.kept_share):>7} {_mb(r.bytes):>7} "
+                     f"{errors:>6} {warnings:>8}")
     if len(report.shards) > len(shown):
-        lines.append(f"  ... and {len(report.shards) - len(shown)} more shard(s) (--format json or --stats-dir list them all)")
+        lines.append(f"  ... and {len(report.shards) - len(shown)} more shard(s) "
+                     f"(--format json or --stats-dir list them all)")
     return lines
 
 
@@ -128,7 +131,8 @@ def to_junit(report: Report) -> str:
                           failures=str(failures), errors="0", skipped="0", time=f"{report.seconds:.3f}")
     props = ET.SubElement(suite, "properties")
     for name, value in report.options.to_dict().items():
-        ET.SubElement(props, "property", name=name, value=_x(value if isinstance(value, str) else json.dumps(value)))
+        text = value if isinstance(value, str) else json.dumps(value)  # null, false: not Python's None, False
+        ET.SubElement(props, "property", name=name, value=_x(text))
     for name, findings, counts, seconds in cases:
         case = ET.SubElement(suite, "testcase", classname="wdsfilter.validate", name=_x(name), time=f"{seconds:.3f}")
         failing = [f for f in findings if at_level(f.kind, fail_on)]

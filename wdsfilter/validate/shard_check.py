@@ -1,8 +1,9 @@
 """One sequential pass over one shard -> ShardResult.
 
-Members come from tar_reader (or reading.iter_tar); each is checked once (names, safety, media, text), media bytes
-are replaced by a small MediaInfo, and the members are grouped into samples by the stages' own
-reading.group_samples (same window, same rekey), so the kept share is the one the pipeline gets.
+Members come from tar_reader (or reading.iter_tar); each is checked once (names, safety, media,
+text), media bytes are replaced by a small MediaInfo, and the members are grouped into samples by
+the stages' own reading.group_samples (same window, same rekey), so the kept share is the one the
+pipeline gets.
 The result holds counts, the first findings of each kind and stats, never sample bytes: it is
 what travels from a worker process to the parent.
 """

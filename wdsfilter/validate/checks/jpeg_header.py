@@ -24,8 +24,8 @@ def _tables_ok(body: bytes) -> bool:
     return j == n
 
 
-def jpeg_size(data: bytes) -> Optional[Tuple[int, int]]:
-    """(width, height), or None when PIL must look."""
+def jpeg_size(data: bytes) -> Optional[Tuple[int, int, int]]:
+    """(width, height, offset of the start-of-scan marker), or None when PIL must look."""
     if data[:3] != b"\xff\xd8\xff":
         return None
     size = None
@@ -35,7 +35,7 @@ def jpeg_size(data: bytes) -> Optional[Tuple[int, int]]:
             return None
         marker = data[i + 1]
         if marker == 0xDA:
-            return size
+            return size and (size[0], size[1], i)
         end = i + 2 + ((data[i + 2] << 8) | data[i + 3])
         if end > n or end < i + 4:
             return None

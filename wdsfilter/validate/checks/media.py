@@ -86,12 +86,13 @@ def _jpeg_scan_start(data: bytes) -> int:
     return -1
 
 
-def cut_short(data: bytes, fmt: str) -> Optional[str]:
-    """Why the image's data ends early, or None. Looks at markers only, decodes nothing."""
+def cut_short(data: bytes, fmt: str, scan: Optional[int] = None) -> Optional[str]:
+    """Why the image's data ends early, or None. Looks at markers only, decodes nothing. `scan`:
+    the JPEG's start-of-scan offset when the caller has walked its header already."""
     if fmt == "JPEG":
         # Entropy-coded data escapes 0xFF, so an end-of-image marker after the first scan can only
         # be the real one; searched from the end, it is found at once in a complete file.
-        sos = _jpeg_scan_start(data)
+        sos = _jpeg_scan_start(data) if scan is None else scan
         if sos < 0:
             return "JPEG has no image data (no start-of-scan marker)"
         if data.rfind(b"\xff\xd9", sos) < 0:
@@ -110,7 +111,9 @@ def cut_short(data: bytes, fmt: str) -> Optional[str]:
 
 def check_image(name: str, key: str, data: bytes, options, log: FindingLog, stats: ImageStats) -> MediaInfo:
     stage = options.stage
-    size = jpeg_size(data)  # most images: the same size as PIL gives, for a fraction of the time
+    header = jpeg_size(data)  # most images: the same size as PIL gives, for a fraction of the time
+    scan = header[2] if header else None
+    size = header and header[:2]
     if size is None:
         try:
             size = image_size(data)
@@ -147,7 +150,7 @@ def check_image(name: str, key: str, data: bytes, options, log: FindingLog, stat
             log.add("corrupt_image", name, key, f"image does not decode: {type(e).__name__}: {e}")
             info.drop = "corrupt_image"
         return info
-    reason = cut_short(data, fmt)
+    reason = cut_short(data, fmt, scan)
     if reason:
         log.add("corrupt_image", name, key, f"{reason}; it would fail to decode")
         info.drop = "corrupt_image"
