@@ -166,3 +166,17 @@ def test_block_byte_sum_is_exact():
     rng = random.Random(5)
     for block in [bytes(512), b"\xff" * 512, b"\x80" * 512] + [rng.randbytes(512) for _ in range(200)]:
         assert tar_reader._byte_sum(block) == sum(block)
+
+
+def test_malformed_pax_header_goes_through_tarfile(tmp_path):
+    """A pax record that does not parse: the shard is read as the stages read it (tarfile ignores
+    the record), and validate does not raise."""
+    path = archive(tmp_path / "pax-000000.tar", tarfile.PAX_FORMAT)
+    data = bytearray(open(path, "rb").read())
+    record = data.index(b" path=")  # the long name's pax record: "NNN path=..."
+    data[record - 3:record] = b"x9z"
+    (tmp_path / "pax-000000.tar").write_bytes(bytes(data))
+    with pytest.raises(tar_reader.Unusual):
+        read_all(tar_reader.iter_members, path)
+    report = validate(path, jobs=1)
+    assert report.shards[0].members == len(read_all(iter_tar, path)) - 1 == 7

@@ -72,8 +72,13 @@ def _pax(data: bytes) -> dict:
     name or size; Unusual for those this reader does not follow."""
     found, pos = {}, 0
     while pos < len(data) and data[pos:pos + 1] != b"\0":
-        space = data.index(b" ", pos)
-        length = int(data[pos:space])
+        try:
+            space = data.index(b" ", pos)
+            length = int(data[pos:space])
+        except ValueError:
+            raise Unusual("malformed pax record") from None
+        if length <= space - pos:
+            raise Unusual("malformed pax record")
         keyword, _, value = data[space + 1:pos + length - 1].partition(b"=")
         key = keyword.decode("utf-8", "surrogateescape")
         if key in ("path", "size"):
@@ -117,9 +122,9 @@ def _members(f: IO[bytes], url: str) -> Iterator["dict | ShardEnd"]:
         if not _checksum_ok(buf):
             if offset == 0:
                 raise Unusual("not a tar")  # tarfile: ReadError, the shard is unreadable
-            yield ShardEnd(url, count, f"ReadError: the member header at byte {offset} (after member {last or '(none)'}) "
-                                       f"is corrupt (bad checksum); tar readers stop there as if the shard "
-                                       f"ended and lose every member after it", last)
+            yield ShardEnd(url, count, f"ReadError: the member header at byte {offset} (after member "
+                                       f"{last or '(none)'}) is corrupt (bad checksum); tar readers stop there "
+                                       f"as if the shard ended and lose every member after it", last)
             return
         kind = buf[156:157]
         size = _number(buf[124:136])
