@@ -96,4 +96,4 @@ def score(shards, out, scorers, model, pretrained, scorer_opts, frames, frame_re
             raise  # the group prints it and exits 2
         click.secho(f"wdsfilter score: error: {e}", fg="red", err=True)
         sys.exit(1)
-    click.echo(summary.format_text(histograms=not no_histograms))
+    click.echo(summary.format_text(histograms=not no_histograms, plan=False))

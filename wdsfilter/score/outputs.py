@@ -267,10 +267,13 @@ class RunSummary:
         d["batch_sizes"] = self.batch_sizes()
         return d
 
-    def format_text(self, histograms: bool = True) -> str:
+    def format_text(self, histograms: bool = True, plan: bool = True) -> str:
+        """The terminal summary. plan=False leaves out the scorers and the plan of a dry run (the
+        command line has printed them already, as the run went)."""
         if self.dry_run:
-            return "\n".join(["dry run: nothing was scored"] + [f"scorer: {s}" for s in self.scorers]
-                             + [self.plan_text] + ([f"shards: {self.shards} ({self.shards_resumed} already done)"]))
+            return "\n".join((([f"scorer: {s}" for s in self.scorers] + [self.plan_text]) if plan else [])
+                             + ["dry run: nothing was scored",
+                                f"shards: {self.shards} ({self.shards_resumed} already done)"])
         lines = [f"scored {self.scored} of {self.rows} samples in {self.shards} shard(s)"
                  + (f" ({self.shards_resumed} shard(s) were already done)" if self.shards_resumed else "")]
         for s in self.scorers:
