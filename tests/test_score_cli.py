@@ -114,6 +114,7 @@ def test_dry_run_prints_the_plan_and_scores_nothing(tiny_clip, tmp_path):
                  "decode workers", "host RAM budget", "capped by max_memory=4.0 GiB", "dry run: nothing was scored"):
         assert line in result.output
     assert not os.path.exists(os.path.join(out, "scores"))
+    assert result.output.count("plan:") == 1  # printed as the run went, not again in the summary
 
 
 def test_cli_configuration_errors_exit_2_with_the_reason(tiny_clip, tmp_path):
@@ -273,3 +274,21 @@ def test_ocr_video_flags_generic_max_jsonl_and_the_progress_bar(tmp_path):
     assert "2 keyframes/video, reduce=max" in result.stdout
     rows = read_rows(os.path.join(str(tmp_path / "key"), "scores", "videos-000000.parquet"))
     assert len(rows) == 8 and all(r["ocr_frames"] == 1 and r["ocr_area_frames"] == [r["ocr_area"]] for r in rows)
+
+
+def test_long_captions_are_truncated_and_counted_in_the_summary(tiny_clip, tmp_path):
+    from shardkit import image_bytes, write_shard
+    long = "a red circle " + " ".join(["and a blue square"] * 40)  # far over the tiny model's 32 tokens
+    members = []
+    for i, caption in enumerate(["a red circle", long, "a blue square", long + " again"]):
+        members += [(f"{i:04d}.jpg", image_bytes(size=(64, 64))), (f"{i:04d}.txt", caption)]
+    url = write_shard(tmp_path / "long-000000.tar", members)
+    out = str(tmp_path / "out")
+    result = CliRunner().invoke(main, ["score", url, "--scorer", "clip", "--model", "local-dir:" + tiny_clip,
+                                       "--caption-key", "txt", "--device", "cpu", "--out", out, "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert "clip_truncated: true 2, false 2" in result.output
+    rows = read_rows(os.path.join(out, "scores", "long-000000.parquet"))
+    assert [r["clip_truncated"] for r in rows] == [False, True, False, True]
+    assert all(r["status"] == "scored" for r in rows)
+
