@@ -118,6 +118,30 @@ def test_truncated_tar_keeps_the_samples_before_the_break(tmp_path):
     assert "cut.tar" in tally.examples["truncated_tar"][0].shard
 
 
+@pytest.mark.parametrize("damage, words, samples", [
+    (lambda d, o: d.__setitem__(slice(o, o + 1024), bytes(1024)), "followed by more data", 3),  # zeroed hole
+    (lambda d, o: d.__setitem__(o + 10, d[o + 10] ^ 0xFF), "corrupt member header", 3),  # bad checksum
+    (lambda d, o: d.extend(d[:o]), "followed by more data", 6),  # a second tar appended
+    (lambda d, o: d.extend(bytes(64 * 1024)), None, 6),  # only more zero padding: a complete shard
+])
+def test_shards_that_tarfile_ends_early_are_counted_as_truncated(tmp_path, damage, words, samples):
+    # Python's tarfile stops at a zero block or a corrupt header as if the archive ended there.
+    import tarfile
+    url = write_shard(tmp_path / "t.tar", image_text_members(6))
+    data = bytearray(open(url, "rb").read())
+    with tarfile.open(url) as tar:
+        offset = tar.getmember("000003.jpg").offset
+    damage(data, offset)
+    (tmp_path / "t.tar").write_bytes(bytes(data))
+    ok = write_shard(tmp_path / "ok.tar", image_text_members(2, start=50))
+    found, tally = run([url, ok])
+    assert [s["__key__"] for s in found] == [f"{i:06d}" for i in range(samples)] + ["000050", "000051"]
+    if words is None:
+        assert "truncated_tar" not in tally.dropped
+    else:
+        assert tally.dropped["truncated_tar"] == 1 and words in tally.examples["truncated_tar"][0].message
+
+
 def test_unsafe_members_are_never_unpickled(tmp_path):
     class Boom:
         def __reduce__(self):

@@ -124,12 +124,12 @@ def _ends_early(tmp_path, name, damage):
     ("concat-000000.tar", lambda d, o: d.extend(d[:o]), "follow from byte", 6),  # a second tar appended
 ])
 def test_shards_that_end_early_are_truncated(tmp_path, name, damage, words, samples):
-    """tarfile stops at a zeroed block or a corrupt header as if the shard ended there: the stages
-    read the samples before it and say nothing. The validator reports it."""
+    """tarfile stops at a zeroed block or a corrupt header as if the shard ended there; the stages'
+    reader (reading.iter_tar) and the validator both report it."""
     path, offset = _ends_early(tmp_path, name, damage)
     with open(path, "rb") as f:
         items = list(iter_tar(f, path))
-    assert len(items) == 2 * samples + 1 and items[-1].error is None  # tarfile: a complete shard
+    assert len(items) == 2 * samples + 1 and items[-1].error  # members before the break, then the error
     report = validate(path, jobs=1)
     (finding,) = report.findings
     last = f"{samples - 1:06d}"

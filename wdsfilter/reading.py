@@ -54,6 +54,22 @@ class _EndAwareTarInfo(tarfile.TarInfo):
         except (tarfile.EmptyHeaderError, tarfile.TruncatedHeaderError) as e:
             tar.wds_end = f"cut at a member header ({e})"
             raise
+        except tarfile.InvalidHeaderError as e:  # tarfile ends there too, as if the shard were complete
+            tar.wds_end = f"corrupt member header at byte {tar.offset} ({e})"
+            raise
+
+
+def _data_after_end(tar) -> Optional[int]:
+    """Byte offset of the end-of-archive block if non-zero data follows it, else None. A zeroed
+    block inside a shard, or a second tar appended to it, reads to tarfile as the end of the
+    archive; only the rest of the stream tells (usually a few KB of zero padding)."""
+    end = tar.offset
+    while True:
+        chunk = tar.fileobj.read(1 << 20)
+        if not chunk:
+            return None
+        if chunk.count(0) != len(chunk):
+            return end
 
 
 def iter_tar(stream, url: str) -> Iterator["dict | ShardEnd"]:
@@ -72,6 +88,11 @@ def iter_tar(stream, url: str) -> Iterator["dict | ShardEnd"]:
             tar.members = []  # streaming: don't keep every TarInfo of a huge shard
         current = ""
         end = getattr(tar, "wds_end", "end-of-archive")
+        if end == "end-of-archive":
+            at = _data_after_end(tar)
+            if at is not None:
+                end = (f"end-of-archive block at byte {at} is followed by more data (a zeroed block inside the "
+                       f"shard, or a second tar appended to it: re-create the shard; members after it are not read)")
         if end != "end-of-archive":
             last = info.name if count else ""
             yield ShardEnd(url, count, f"ReadError: tar {end} after member {last or '(none)'}", last)
