@@ -246,6 +246,7 @@ class Engine:
             report.peaks = measured["peaks"]
             report.retained = measured.get("retained", {})
             report.seconds_per_sample = measured["seconds_per_sample"]
+            report.timings = measured.get("timings", {})
             report.threads = measured["threads"]
             report.oom_at = measured["oom_at"]
             report.errors = measured.get("errors", {})
@@ -262,7 +263,8 @@ class Engine:
         self.batch_size_of = {}
         for w in pool.workers:
             dp = batch_of[pool.device_of(w)]
-            pool.configure(w, batch_size=dp.batch_size, threads=dp.threads, min_free_host=plan.min_free_host)
+            pool.configure(w, batch_size=dp.batch_size, threads=dp.threads, min_free_host=plan.min_free_host,
+                           scorer_batch=dp.scorer_batch)
             self.batch_size_of[w] = dp.batch_size
 
     # -- dispatching ----------------------------------------------------------------------------

@@ -66,6 +66,7 @@ class ModelRunner:
         mem = self.memory
         sizes = (1, len(inputs))
         peaks: Dict[str, List[int]] = {}
+        timings: Dict[str, List[float]] = {}  # seconds per sample at each size
         retained: Dict[str, int] = {}
         errors: Dict[str, str] = {}
         seconds = 0.0
@@ -91,6 +92,12 @@ class ModelRunner:
                     measured.append(max(0, mem.peak() - base, _grown(mem, base, used_base)))
                     if size == sizes[-1]:
                         seconds += elapsed / size
+                if mem.kind == "host" and sizes[-1] > 1:
+                    # The same inputs one at a time: on a CPU, batching does not always pay.
+                    start = time.perf_counter()
+                    for one in batch[:sizes[-1]]:
+                        scorer.score_batch([one])
+                    timings[scorer.name] = [(time.perf_counter() - start) / sizes[-1], elapsed / sizes[-1]]
             except Exception as e:  # noqa: BLE001 - the plan reports it; scoring handles it per sample
                 if is_oom(e):
                     oom_at = size
@@ -98,15 +105,21 @@ class ModelRunner:
                     errors[scorer.name] = f"{type(e).__name__}: {e}"[:300]
             mem.empty_cache()
             peaks[scorer.name] = measured
-        return {"sizes": list(sizes), "peaks": peaks, "retained": retained, "seconds_per_sample": seconds,
+        return {"sizes": list(sizes), "peaks": peaks, "retained": retained, "timings": timings,
+                "seconds_per_sample": seconds,
                 "threads": torch.get_num_threads(), "oom_at": oom_at, "errors": errors}
 
     # -- scoring ------------------------------------------------------------------------------
-    def configure(self, batch_size: int, threads: Optional[int] = None, min_free_host: Optional[int] = None) -> None:
+    def configure(self, batch_size: int, threads: Optional[int] = None, min_free_host: Optional[int] = None,
+                  scorer_batch: Optional[Dict[str, int]] = None) -> None:
+        """scorer_batch: a smaller batch for some scorers (the planner's, where the probe found
+        small batches faster); each runs the dispatched batch in sub-batches of its size."""
         if threads:
             import torch
             torch.set_num_threads(threads)
-        self.backoffs = {s.name: Backoff(s, self.memory, batch_size, self.host, min_free_host) for s in self.scorers}
+        sizes = scorer_batch or {}
+        self.backoffs = {s.name: Backoff(s, self.memory, min(batch_size, sizes.get(s.name, batch_size)), self.host,
+                                         min_free_host) for s in self.scorers}
 
     def score(self, items: List[Item]) -> List[Tuple[Any, dict, dict]]:
         """(ref, {column: value}, {scorer: (reason, message)}) per item, in order."""
