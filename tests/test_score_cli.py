@@ -292,3 +292,20 @@ def test_long_captions_are_truncated_and_counted_in_the_summary(tiny_clip, tmp_p
     assert [r["clip_truncated"] for r in rows] == [False, True, False, True]
     assert all(r["status"] == "scored" for r in rows)
 
+
+
+def test_bench_score_compares_the_engine_and_reports_ocr_time_shares(capsys):
+    """tools/bench_score.py --quick for OCR: the three rates on images and videos, then frames/s
+    and the decode/detection/post-processing shares of images and of videos (bench_ocr)."""
+    pytest.importorskip("rapidocr_onnxruntime")
+    from tools import bench_score
+    out = bench_score.main(["--quick", "--scorer", "ocr"])
+    assert out["samples"] == 2 * (16 + 8) and out["frames"] == 2 * (16 + 8 * 3)
+    assert set(out["rates"]) == {"decode", "model", "e2e", "wall"} and out["ratio"] > 0
+    for kind, frames in (("images", 16), ("videos", 24)):
+        r = out["breakdown"][kind]
+        assert r["frames"] == frames and r["frames_per_s"] > 0
+        assert set(r["share"]) == {"decode", "detection", "post", "other"}
+    assert out["breakdown"]["videos"]["share"]["decode"] > 0
+    printed = capsys.readouterr().out
+    assert "ratio end to end / min(decode, model)" in printed and "frames/s | decode" in printed

@@ -142,6 +142,8 @@ def compare(args, name: str) -> dict:
         dry = score(urls, out=os.path.join(tmp, "dry"), dry_run=True, **common)
         plan = dry.plan
         batch = min(d["batch_size"] for d in plan["devices"])
+        # The planner may have a scorer score one by one within a batch (CPU, where that is faster).
+        batch = min([batch] + [d["scorer_batch"].get(name, batch) for d in plan["devices"]])
         threads = plan["devices"][0]["threads"]
         device = plan["devices"][0]["device"]
         inputs = prepared_inputs(urls, stage, factory)
@@ -183,17 +185,18 @@ def compare(args, name: str) -> dict:
               f"{rates['wall']:.1f} samples/s wall with start-up, model load and probe)")
         ratio = rates["e2e"] / min(rates["decode"], rates["model"])
         print(f"  ratio end to end / min(decode, model) = {ratio:.2f} (goal >= 0.8)")
-        return {"samples": n, "frames": frames, "rates": rates, "ratio": ratio, "plan": plan}
+        return {"samples": n, "frames": frames, "batch": batch, "rates": rates, "ratio": ratio, "plan": plan}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def ocr_breakdown(args) -> dict:
-    """Frames/s and decode/detection/post-processing shares for images and videos (bench_ocr)."""
+def ocr_breakdown(args, batch: int) -> dict:
+    """Frames/s and decode/detection/post-processing shares for images and videos (bench_ocr),
+    at the batch size the engine's plan chose for OCR."""
     from tools import bench_ocr
-    print(f"bench_score: ocr time shares (tools/bench_ocr.py, {args.ocr_copies} copies, one process)")
+    print(f"bench_score: ocr time shares (tools/bench_ocr.py, {args.ocr_copies} copies, batch {batch}, one process)")
     argv = ["--backend", args.ocr_backend, "--device", args.device, "--copies", str(args.ocr_copies),
-            "--frames", str(args.frames)]
+            "--frames", str(args.frames), "--batch", str(batch)]
     if args.ocr_threads:
         argv += ["--threads", str(args.ocr_threads)]
     if args.ocr_backend == "easyocr":
@@ -227,7 +230,7 @@ def main(argv=None) -> dict:
     for name in names:
         results[name] = compare(args, name)
     if "ocr" in names:
-        breakdown = ocr_breakdown(args)
+        breakdown = ocr_breakdown(args, results["ocr"]["batch"])
         results["ocr"]["breakdown"] = {k: {m: v for m, v in breakdown[k].items() if m in (
             "samples", "frames", "seconds", "frames_per_s", "share", "seconds_by_stage")}
             for k in ("images", "videos") if k in breakdown}
