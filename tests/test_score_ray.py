@@ -81,3 +81,28 @@ def test_ray_refuses_gpu_actors_on_a_cluster_without_gpus(local_ray, tiny_clip, 
     with pytest.raises(ConfigError, match="no GPU"):
         score_on_ray(SHARDS[:1], out=str(tmp_path / "x"), model="local-dir:" + tiny_clip, gpus_per_actor=1,
                      **OPTIONS)
+
+
+def test_cli_engine_ray_writes_what_the_api_writes(local_ray, tiny_clip, tmp_path):
+    from click.testing import CliRunner
+    from wdsfilter.cli import main
+    model = "local-dir:" + tiny_clip
+    args = ["score", *SHARDS[:3], "--model", model, "--caption-key", OPTIONS["caption_key"], "--min-clip", "0.5",
+            "--no-progress", "--no-histograms", "--engine", "ray", "--ray-actors", "1", "--batch-size", "4"]
+    result = CliRunner().invoke(main, args + ["--out", str(tmp_path / "cli")])
+    assert result.exit_code == 0, result.output
+    assert "ray: 3 of 3 shard(s) to score with 1 model actor(s) on cpu" in result.output
+    assert "batch 4" in result.output and "clip_score >= 0.5: kept" in result.output
+    score_on_ray(SHARDS[:3], out=str(tmp_path / "api"), model=model, **OPTIONS)
+    cli, api = rows_by_shard(str(tmp_path / "cli")), rows_by_shard(str(tmp_path / "api"))
+    assert cli.keys() == api.keys()
+    for name in api:  # batches of 4 vs 32: the same rows, scores equal up to float rounding
+        assert [dict(r, clip_score=None) for r in cli[name]] == [dict(r, clip_score=None) for r in api[name]]
+        assert all(abs((a["clip_score"] or 0) - (b["clip_score"] or 0)) < 1e-5 for a, b in zip(cli[name], api[name]))
+
+
+def test_cli_ray_options_need_engine_ray(tmp_path):
+    from click.testing import CliRunner
+    from wdsfilter.cli import main
+    result = CliRunner().invoke(main, ["score", SHARDS[0], "--out", str(tmp_path / "x"), "--ray-actors", "2"])
+    assert result.exit_code == 2 and "only apply with --engine ray" in result.output

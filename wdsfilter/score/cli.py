@@ -55,12 +55,22 @@ def _echo(text: str) -> None:
 @click.option("--config", "config_file", default=None, metavar="FILE", help="Stage options (JSON/YAML), as for validate.")
 @click.option("--allow-pipe", is_flag=True, default=None, help="Allow pipe: shard URLs (they run shell commands).")
 @click.option("--allow-remote", is_flag=True, default=None, help="Allow remote shard URLs.")
+@click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="local: this machine's engine (memory planner); ray: Ray Data across a cluster "
+                   "(pip install 'wdsfilter[ray]'; shards and --out on a shared filesystem).")
+@click.option("--ray-address", default=None, metavar="ADDRESS",
+              help="ray: a running cluster (auto, ray://host:10001); default: start a local one.")
+@click.option("--ray-actors", type=click.IntRange(min=1), default=None,
+              help="ray: model actors [one per GPU of the cluster, else 1].")
+@click.option("--ray-gpus-per-actor", type=click.FloatRange(min=0), default=None,
+              help="ray: GPUs per model actor (0.5 puts two on a GPU) [1 when the cluster has GPUs, else 0].")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @click.option("--no-histograms", is_flag=True, help="No histograms in the terminal summary.")
 def score(shards, out, scorers, model, pretrained, scorer_opts, frames, frame_reduce, keyframes, ocr_backend,
           ocr_model_dir, ocr_download, min_clip, max_ocr_area, mins, maxes, write_shards, device, gpus,
           batch_size, workers, replicas, max_memory, headroom, fit, fmt, resume, overwrite, dry_run, caption_key,
-          image_key, config_file, allow_pipe, allow_remote, no_progress, no_histograms):
+          image_key, config_file, allow_pipe, allow_remote, engine, ray_address, ray_actors, ray_gpus_per_actor,
+          no_progress, no_histograms):
     """Score every sample of SHARDS (folders, globs, brace patterns, .tar files) with CLIP, OCR
     or your own scorer; write per-shard score files, a summary and, optionally, filtered shards."""
     from ..config import StageConfig
@@ -88,8 +98,17 @@ def score(shards, out, scorers, model, pretrained, scorer_opts, frames, frame_re
                        write_shards=write_shards, device=device, gpus=gpus, batch_size=batch_size,
                        workers=workers, replicas=replicas, max_memory=max_memory, headroom=headroom, fit=fit,
                        format=fmt, resume=resume, overwrite=overwrite, dry_run=dry_run, progress=not no_progress)
+    ray_given = [f for f, v in (("--ray-address", ray_address), ("--ray-actors", ray_actors),
+                                ("--ray-gpus-per-actor", ray_gpus_per_actor)) if v is not None]
+    if ray_given and engine != "ray":
+        raise click.UsageError(f"{', '.join(ray_given)} only apply with --engine ray")
     try:
-        summary = run_scoring(list(shards), cfg, echo=_echo)
+        if engine == "ray":
+            from .ray_runner import run_on_ray
+            summary = run_on_ray(list(shards), cfg, actors=ray_actors, gpus_per_actor=ray_gpus_per_actor,
+                                 address=ray_address, echo=_echo)
+        else:
+            summary = run_scoring(list(shards), cfg, echo=_echo)
     except WdsFilterError as e:
         from ..errors import ConfigError, UnsafeInputError
         if isinstance(e, (ConfigError, UnsafeInputError)):

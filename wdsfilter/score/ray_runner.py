@@ -193,9 +193,17 @@ def score_on_ray(shards, out: Optional[str] = None, scorers: Sequence = ("clip",
     batch_size: rows per model call (default 64 on GPU, 32 on CPU; halved on out-of-memory).
     address: a running cluster ("auto"), else Ray starts a local one (ray_init: its options)."""
     from . import build_config
+    cfg = build_config(out, scorers, **options)
+    return run_on_ray(shards, cfg, actors=actors, gpus_per_actor=gpus_per_actor, cpus_per_actor=cpus_per_actor,
+                      batch_size=batch_size, address=address, ray_init=ray_init, echo=echo)
+
+
+def run_on_ray(shards, cfg, *, actors: Optional[int] = None, gpus_per_actor: Optional[float] = None,
+               cpus_per_actor: float = 1.0, batch_size: Optional[int] = None, address: Optional[str] = None,
+               ray_init: Optional[dict] = None, echo: Optional[Callable[[str], None]] = None) -> RunSummary:
+    """score_on_ray with a ScoreConfig (what `wdsfilter score --engine ray` builds)."""
     from .engine import Engine
 
-    cfg = build_config(out, scorers, **options)
     if cfg.dry_run:
         raise ConfigError("dry_run plans the single-machine engine; Ray plans its own cluster (ray status)")
     engine = Engine(shards, cfg, echo)  # the same URLs, scorers, columns, run state and summary
@@ -203,6 +211,9 @@ def score_on_ray(shards, out: Optional[str] = None, scorers: Sequence = ("clip",
     ray = _ray()
     started_here = not ray.is_initialized()
     if started_here:
+        if not cfg.progress:  # Ray Data logs its own progress on the driver
+            import logging
+            logging.getLogger("ray.data").setLevel(logging.WARNING)
         ray.init(address=address, **dict({"include_dashboard": False, "log_to_driver": False}, **(ray_init or {})))
     try:
         cluster_gpus = int(ray.cluster_resources().get("GPU", 0))
@@ -213,6 +224,8 @@ def score_on_ray(shards, out: Optional[str] = None, scorers: Sequence = ("clip",
         if actors is None:
             actors = max(1, int(cluster_gpus / gpus_per_actor)) if gpus_per_actor else 1
         device = "cuda" if gpus_per_actor else "cpu"
+        if batch_size is None and isinstance(cfg.batch_size, int):
+            batch_size = cfg.batch_size
         batch_size = int(batch_size or (64 if gpus_per_actor else 32))
         start = time.perf_counter()
         todo = engine.state.pending()
