@@ -73,5 +73,5 @@ def test_docs_describe_every_field_kind_and_broken_case():
         assert re.search(rf"\| `{kind}` \| {severity} \|", text), kind
     with open(os.path.join(BROKEN, "MANIFEST.json"), encoding="utf-8") as f:
         cases = [c["case"] for c in json.load(f)["cases"]]
-    assert all(f"`{case}`" in text for case in cases), [c for c in cases if f"`{case}`" not in text]
+    assert all(f"`{case}`" in text for case in cases), [c for c in cases if f"`{c}`" not in text]
     assert f"schema_version` is {schema.SCHEMA_VERSION}" in text

@@ -31,17 +31,16 @@ source shards; add one there to benchmark another scorer.
 from __future__ import annotations
 
 import argparse
-import glob
-import io
 import os
 import shutil
 import sys
-import tarfile
 import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from tools.benchkit import replicate, sample_members  # noqa: E402
 
 def _clip(args):
     from wdsfilter.score.scorers.clip import ClipScorer
@@ -69,25 +68,7 @@ BENCH_SCORERS = {"clip": _clip, "ocr": _ocr}
 def make_shards(folder: str, patterns, shards: int, copies: int) -> list:
     """Replicate the members of the matching sample shards `copies` times per output shard, with
     fresh keys (the same replication as tools/bench_stages.py)."""
-    sources = sorted(p for pat in patterns for p in glob.glob(os.path.join(ROOT, "sample_shards", pat)))
-    if not sources:
-        sys.exit(f"no sample_shards/{patterns}: run tools/make_sample_shards.py first")
-    members = []
-    for path in sources:
-        with tarfile.open(path) as tar:
-            members += [(i.name, tar.extractfile(i).read()) for i in tar if i.isreg()]
-    os.makedirs(folder, exist_ok=True)
-    urls = []
-    for s in range(shards):
-        url = os.path.join(folder, f"bench-{s:06d}.tar")
-        with tarfile.open(url, "w") as tar:
-            for c in range(copies):
-                for name, data in members:
-                    info = tarfile.TarInfo(f"s{s}c{c}_{name}")
-                    info.size = len(data)
-                    tar.addfile(info, io.BytesIO(data))
-        urls.append(url)
-    return urls
+    return replicate(folder, sample_members(patterns), shards, copies)
 
 
 def decode_only(urls, stage, factory, plan) -> int:

@@ -11,39 +11,20 @@ Goal (issue 2): wdsfilter at most 1.05x plain webdataset.
 from __future__ import annotations
 
 import argparse
-import glob
-import io
 import os
 import sys
-import tarfile
 import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from tools.benchkit import replicate, sample_members  # noqa: E402
+
 
 def make_shards(folder: str, shards: int, copies: int) -> list:
     """Replicate the committed image shards `copies` times per output shard with unique keys."""
-    members = []
-    for path in sorted(glob.glob(os.path.join(ROOT, "sample_shards", "images-*.tar"))):
-        with tarfile.open(path) as tar:
-            for info in tar:
-                if info.isreg():
-                    members.append((info.name, tar.extractfile(info).read()))
-    if not members:
-        sys.exit("no sample_shards/images-*.tar: run tools/make_sample_shards.py first")
-    urls = []
-    for s in range(shards):
-        url = os.path.join(folder, f"bench-{s:06d}.tar")
-        with tarfile.open(url, "w") as tar:
-            for c in range(copies):
-                for name, data in members:
-                    info = tarfile.TarInfo(f"s{s}c{c}_{name}")
-                    info.size = len(data)
-                    tar.addfile(info, io.BytesIO(data))
-        urls.append(url)
-    return urls
+    return replicate(folder, sample_members(["images-*.tar"]), shards, copies)
 
 
 def run_webdataset(urls) -> int:

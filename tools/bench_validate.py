@@ -37,6 +37,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from tools.benchkit import replicate  # noqa: E402
+
 
 
 def sample_members(upscale: int = 1) -> List[tuple]:
@@ -69,21 +71,8 @@ def sample_members(upscale: int = 1) -> List[tuple]:
 
 
 def make_shards(folder: str, shards: int, copies: int, members: List[tuple]) -> List[str]:
-    """`copies` copies of the members per shard, with fresh keys (as tools/bench_stages.py does)."""
-    import io
-
-    os.makedirs(folder, exist_ok=True)
-    urls = []
-    for s in range(shards):
-        url = os.path.join(folder, f"bench-{s:06d}.tar")
-        with tarfile.open(url, "w") as tar:
-            for c in range(copies):
-                for name, data in members:
-                    info = tarfile.TarInfo(f"s{s}c{c}_{name}")
-                    info.size = len(data)
-                    tar.addfile(info, io.BytesIO(data))
-        urls.append(url)
-    return urls
+    """`copies` copies of the members per shard, with fresh keys (as the other benchmarks do)."""
+    return replicate(folder, members, shards, copies)
 
 
 def raw_file_read(urls: List[str]) -> int:

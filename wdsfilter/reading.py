@@ -11,7 +11,7 @@ import tarfile
 import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Dict, Iterable, Iterator, Optional
+from typing import Iterable, Iterator, Optional
 
 from .config import StageConfig
 from .errors import UnsafeInputError

@@ -104,7 +104,6 @@ def _select(data: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator[di
         if MARKER in sample:
             yield sample
             continue
-        url = sample.get("__url__", "")
         key = sample.get("__key__", "")
         caption, reason = find_caption(sample, cfg.caption_spec)
         image_alt = cfg.image_spec.first_present(sample)

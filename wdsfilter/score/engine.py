@@ -19,7 +19,7 @@ import logging
 import math
 import os
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence
 
 from ..errors import ConfigError, WdsFilterError
 from ..shards import expand_urls

@@ -150,7 +150,7 @@ class _Planner:
         if p.samples:
             self.lines.append(("activations", f"{fs(self.per)}/sample + {fs(self.fixed)}",
                                f"peak memory above the loaded model for probe batches of {p.sizes[0]} and "
-                               f"{p.sizes[1]} samples" + (f"; the larger ran out of memory" if p.oom_at else "")))
+                               f"{p.sizes[1]} samples" + ("; the larger ran out of memory" if p.oom_at else "")))
             self.lines.append(("model speed", f"{p.seconds_per_sample * 1000:.2f} ms/sample",
                                f"probe batch of {p.sizes[1]} with {p.threads} thread(s)"))
             self.lines.append(("decode speed", f"{p.prepare_seconds * 1000:.2f} ms/sample",

@@ -2,7 +2,7 @@
 CaptionCleaner of the stages, with the same StageConfig)."""
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional
 
 from ...specs import FieldRef, KeySpec, find_caption, parse_json_member
 from ..findings import FindingLog
