@@ -121,8 +121,11 @@ def test_image_tokens_are_stripped_from_captions(tiny_clip, samples):
         scorer.prepare({"image": image, "caption": "<image>"})
     assert e.value.reason == "empty_caption"
     with pytest.raises(DataError) as e:
-        scorer.prepare({"video": b"...", "caption": "a clip"})
+        scorer.prepare({"caption": "no media"})
     assert e.value.reason == "missing_image"
+    with pytest.raises(DataError) as e:
+        scorer.prepare({"video": b"not a video", "caption": "a clip", "__key__": "k1", "__url__": "s.tar"})
+    assert e.value.reason == "corrupt_video" and "k1" in str(e.value) and "s.tar" in str(e.value)
 
 
 def test_pickle_round_trip_before_load(tiny_clip, samples):
@@ -202,3 +205,52 @@ def test_failed_download_is_a_config_error_and_prepare_needs_no_weights(monkeypa
     with pytest.raises(ConfigError, match="could not fetch open_clip_config.json of hf-hub:") as e:
         ClipScorer("hf-hub:laion/CLIP-ViT-B-32-laion2B-s34B-b79K", cache_dir=str(tmp_path))
     assert all(a in str(e.value) for a in ADVICE)
+
+
+VIDEO_SHARD = os.path.join(REPO, "sample_shards", "videos-000000.tar")
+
+
+def test_videos_are_scored_on_sampled_frames_each_against_the_caption(tiny_clip, samples):
+    from PIL import Image
+    from wdsfilter.score.video import sample_frames
+
+    videos = list(wdsfilter.sample_pipeline(VIDEO_SHARD, StageConfig(caption_key="txt", image_key="mp4")))
+    assert len(videos) == 8 and all(v["video"] is not None for v in videos)
+    model = open_clip.create_model("local-dir:" + tiny_clip).eval()
+    _, _, preprocess = open_clip.create_model_and_transforms("local-dir:" + tiny_clip)
+    tokenizer = open_clip.get_tokenizer("local-dir:" + tiny_clip)
+    by_reduce = {}
+    for reduce in ("mean", "max", "min"):
+        scorer = ClipScorer("local-dir:" + tiny_clip, frames=4, frame_reduce=reduce)
+        scorer.load("cpu")
+        # Videos and images mixed in one batch: each gets its own frames and caption.
+        prepared = [scorer.prepare(s) for s in videos[:3]] + [scorer.prepare(samples[0])]
+        rows = scorer.score_batch(prepared)
+        assert [r["clip_frames"] for r in rows] == [4, 4, 4, 1]
+        by_reduce[reduce] = rows
+        # Batching changes nothing.
+        assert all(abs(a - b) < 1e-4 for r, p in zip(rows, prepared)
+                   for a, b in zip(r["clip_score_frames"], scorer.score_batch([p])[0]["clip_score_frames"]))
+    # The per-frame scores are the cosines of each sampled frame (independently decoded and
+    # preprocessed here) with the caption; the reductions are taken over them.
+    for video, row in zip(videos[:3], by_reduce["mean"]):
+        frames = sample_frames(video["video"], 4, max_side=512).frames
+        with torch.no_grad():
+            image = F.normalize(model.encode_image(torch.stack([preprocess(Image.fromarray(f)) for f in frames])), dim=-1)
+            text = F.normalize(model.encode_text(tokenizer([video["caption"]])), dim=-1)
+        expected = (image @ text.T).squeeze(1).tolist()
+        assert max(abs(a - b) for a, b in zip(row["clip_score_frames"], expected)) < 1e-4
+        assert row["clip_score"] == pytest.approx(sum(expected) / 4, abs=1e-4)
+    for i in range(3):
+        frames = by_reduce["mean"][i]["clip_score_frames"]
+        assert by_reduce["max"][i]["clip_score"] == pytest.approx(max(frames), abs=1e-5)
+        assert by_reduce["min"][i]["clip_score"] == pytest.approx(min(frames), abs=1e-5)
+    image_row = by_reduce["mean"][3]
+    assert image_row["clip_score_frames"] == [image_row["clip_score"]]
+
+
+def test_video_options_are_checked_at_once(tiny_clip):
+    with pytest.raises(ConfigError, match="frames"):
+        ClipScorer("local-dir:" + tiny_clip, frames=0)
+    with pytest.raises(ConfigError, match="frame_reduce"):
+        ClipScorer("local-dir:" + tiny_clip, frame_reduce="median")

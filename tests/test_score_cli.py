@@ -117,6 +117,15 @@ def test_dry_run_prints_the_plan_and_scores_nothing(tiny_clip, tmp_path):
     assert result.output.count("plan:") == 1  # printed as the run went, not again in the summary
 
 
+def test_video_flags_go_to_every_scorer_that_samples_frames():
+    from wdsfilter.score import build_config
+    both = build_config("o", ["clip", "ocr"], frames=5, frame_reduce="max", keyframes=True)
+    assert both.scorer_options == {s: {"frames": 5, "frame_reduce": "max", "keyframes": True} for s in ("clip", "ocr")}
+    assert build_config("o", ["clip"], frames=2).scorer_options == {"clip": {"frames": 2}}
+    with pytest.raises(wdsfilter.ConfigError, match="frames .--frames. applies to the ocr scorer"):
+        build_config("o", ["tests.test_score_kit:BrightnessScorer"], frames=2)
+
+
 def test_cli_configuration_errors_exit_2_with_the_reason(tiny_clip, tmp_path):
     runner = CliRunner()
     base = ["score", SHARDS[0], "--device", "cpu", "--out", str(tmp_path / "o")]
@@ -124,8 +133,9 @@ def test_cli_configuration_errors_exit_2_with_the_reason(tiny_clip, tmp_path):
     assert r.exit_code == 2 and "threshold(s) on ['ocr_area'], which no scorer of this run writes" in r.output
     r = runner.invoke(main, base + ["--scorer", "ocr", "--model", "ViT-B-32"])
     assert r.exit_code == 2 and "model (--model) applies to the clip scorer, which is not in this run (ocr)" in r.output
-    r = runner.invoke(main, base + ["--model", "local-dir:" + tiny_clip, "--frames", "5", "--keyframes"])
-    assert r.exit_code == 2 and "frames (--frames), keyframes (--keyframes) apply to the ocr scorer" in r.output
+    r = runner.invoke(main, base + ["--model", "local-dir:" + tiny_clip, "--ocr-backend", "easyocr", "--no-ocr-download"])
+    assert r.exit_code == 2 and "ocr_backend (--ocr-backend), ocr_download (--ocr-download) apply to the ocr scorer" \
+        in r.output
     r = runner.invoke(main, base + ["--scorer", "ocr", "--frames", "5", "--scorer-opt", "ocr.frames=4"])
     assert r.exit_code == 2 and "disagree" in r.output
     r = runner.invoke(main, base + ["--scorer", "ocr", "--max", "ocr_area"])
@@ -183,13 +193,14 @@ def test_clip_and_ocr_in_one_pass_over_images_text_images_and_videos(tiny_clip, 
     assert all(r["status"] == "scored" and r["ocr_frames"] == 1 and r["ocr_area_frames"] == [r["ocr_area"]]
                for r in ocr.values())
 
-    # Videos: three ratios each, their mean is ocr_area; CLIP scores images only and says so.
+    # Videos: three ratios each, their mean is ocr_area; CLIP scores the same three frames.
     meta = sample_json(MIXED[2])
     videos = {k: rows[("videos-000000.tar", k)] for k in meta}
     for k, r in videos.items():
         assert r["ocr_frames"] == 3 and len(r["ocr_area_frames"]) == 3
         assert r["ocr_area"] == pytest.approx(sum(r["ocr_area_frames"]) / 3)
-        assert r["status"] == "partial" and r["reason"] == "missing_image" and "is a video" in r["message"]
+        assert r["status"] == "scored" and r["clip_frames"] == 3 and len(r["clip_score_frames"]) == 3
+        assert r["clip_score"] == pytest.approx(sum(r["clip_score_frames"]) / 3)
         if meta[k]["has_text"]:
             assert min(r["ocr_area_frames"]) > 0.04
         else:
@@ -198,7 +209,7 @@ def test_clip_and_ocr_in_one_pass_over_images_text_images_and_videos(tiny_clip, 
     # Broken videos: a reason in their rows, the valid clip of that shard is scored.
     broken = {k: r for (shard, k), r in rows.items() if shard == "corrupt-video-000000.tar"}
     reasons = sorted(r["reason"] for r in broken.values() if r["status"] == "failed")
-    assert reasons == ["missing_image;corrupt_video", "missing_image;no_video_stream"]
+    assert reasons == ["corrupt_video", "no_video_stream"]  # one reason, though both scorers failed
     assert sum(1 for r in broken.values() if r["ocr_frames"] == 3) == 1
 
     # kept = both thresholds met; a sample without one of the two scores is not kept.

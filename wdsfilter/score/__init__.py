@@ -22,16 +22,17 @@ from .outputs import RunSummary
 
 __all__ = ["score", "ScoreConfig", "RunSummary", "build_config"]
 
-# Scorer option shortcuts (first-class CLI flags): option -> (scorer, that scorer's option).
+# Scorer option shortcuts (first-class CLI flags): option -> [(scorer, that scorer's option)]. The
+# video options go to every scorer of the run that samples frames (clip and ocr).
 SHORTCUTS = {
-    "model": ("clip", "model"),
-    "pretrained": ("clip", "pretrained"),
-    "frames": ("ocr", "frames"),
-    "frame_reduce": ("ocr", "frame_reduce"),
-    "keyframes": ("ocr", "keyframes"),
-    "ocr_backend": ("ocr", "backend"),
-    "ocr_model_dir": ("ocr", "model_dir"),
-    "ocr_download": ("ocr", "download"),
+    "model": [("clip", "model")],
+    "pretrained": [("clip", "pretrained")],
+    "frames": [("clip", "frames"), ("ocr", "frames")],
+    "frame_reduce": [("clip", "frame_reduce"), ("ocr", "frame_reduce")],
+    "keyframes": [("clip", "keyframes"), ("ocr", "keyframes")],
+    "ocr_backend": [("ocr", "backend")],
+    "ocr_model_dir": [("ocr", "model_dir")],
+    "ocr_download": [("ocr", "download")],
 }
 
 
@@ -45,7 +46,8 @@ def build_config(out: Optional[str] = None, scorers: Sequence = ("clip",), *, mi
                  stage: Optional[StageConfig] = None, **options) -> ScoreConfig:
     """A ScoreConfig from keyword options: ScoreConfig fields, StageConfig fields (caption_key,
     image_key, max_pixels, ...), the scorer shortcuts of SHORTCUTS (model=, pretrained= for clip;
-    frames=, frame_reduce=, keyframes=, ocr_backend=, ocr_model_dir=, ocr_download= for ocr) and
+    frames=, frame_reduce=, keyframes= for clip and ocr, whichever run; ocr_backend=, ocr_model_dir=,
+    ocr_download= for ocr) and
     the thresholds: min_clip (clip_score >= X), max_ocr_area (ocr_area <= X), min_scores and
     max_scores ({column: X})."""
     if config is not None:
@@ -58,18 +60,22 @@ def build_config(out: Optional[str] = None, scorers: Sequence = ("clip",), *, mi
     score_opts: Dict = {}
     stage_opts: Dict = {}
     scorer_options: Dict[str, Dict] = {k: dict(v) for k, v in dict(options.pop("scorer_options", {}) or {}).items()}
+    names = [s if isinstance(s, str) else getattr(s, "name", "") for s in (scorers if not isinstance(scorers, str) else [scorers])]
     shortcuts_used: Dict[str, list] = {}
     for key, value in options.items():
         if key in SHORTCUTS:
             if value is None:
                 continue
-            name, option = SHORTCUTS[key]
-            given = scorer_options.setdefault(name, {})
-            if option in given and given[option] != value:
-                raise ConfigError(f"{key} ({_flag(key)}) = {value!r} and the scorer option {name}.{option} = "
-                                  f"{given[option]!r} disagree; pass one of them")
-            given[option] = value
-            shortcuts_used.setdefault(name, []).append(key)
+            targets = [(name, option) for name, option in SHORTCUTS[key] if name in names]
+            if not targets:  # reported below, naming the scorer to add
+                shortcuts_used.setdefault(SHORTCUTS[key][-1][0], []).append(key)
+            for name, option in targets:
+                given = scorer_options.setdefault(name, {})
+                if option in given and given[option] != value:
+                    raise ConfigError(f"{key} ({_flag(key)}) = {value!r} and the scorer option {name}.{option} = "
+                                      f"{given[option]!r} disagree; pass one of them")
+                given[option] = value
+                shortcuts_used.setdefault(name, []).append(key)
         elif key in score_fields:
             score_opts[key] = value
         elif key in stage_fields:
@@ -89,7 +95,6 @@ def build_config(out: Optional[str] = None, scorers: Sequence = ("clip",), *, mi
     maxima.update(score_opts.pop("max_thresholds", {}) or {})
     if max_ocr_area is not None:
         maxima["ocr_area"] = max_ocr_area
-    names = [s if isinstance(s, str) else getattr(s, "name", "") for s in (scorers if not isinstance(scorers, str) else [scorers])]
     for name, keys in shortcuts_used.items():
         if name not in names:
             given = ", ".join(f"{k} ({_flag(k)})" for k in keys)

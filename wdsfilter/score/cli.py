@@ -22,10 +22,10 @@ def _echo(text: str) -> None:
 @click.option("--pretrained", default=None, metavar="TAG_OR_PATH", help="CLIP weights tag or file (clip scorer).")
 @click.option("--scorer-opt", "scorer_opts", multiple=True, metavar="SCORER.KEY=VALUE",
               help="Pass any option to a scorer, e.g. ocr.max_side=960 or clip.precision=fp16. Repeatable.")
-@click.option("--frames", type=int, default=None, help="ocr: frames sampled per video, uniformly over its duration [3].")
+@click.option("--frames", type=int, default=None, help="clip, ocr: frames sampled per video, uniformly over its duration [3].")
 @click.option("--frame-reduce", type=click.Choice(["mean", "max", "min"]), default=None,
-              help="ocr: how a video's per-frame text areas become its ocr_area [mean].")
-@click.option("--keyframes", is_flag=True, default=None, help="ocr: sample keyframes only (cheapest on long clips).")
+              help="clip, ocr: how a video's per-frame scores become its score [mean].")
+@click.option("--keyframes", is_flag=True, default=None, help="clip, ocr: sample keyframes only (cheapest on long clips).")
 @click.option("--ocr-backend", type=click.Choice(["rapidocr", "easyocr"]), default=None,
               help="ocr: text detector; rapidocr's weights ship in its wheel (offline) [rapidocr].")
 @click.option("--ocr-model-dir", default=None, metavar="DIR",

@@ -3,7 +3,11 @@
     scorer = ClipScorer("local-dir:models/tiny-clip")           # or ("ViT-B-32", "laion2b_s34b_b79k")
     prepared = [scorer.prepare(sample) for sample in samples]    # DataLoader workers, CPU, no weights
     scorer.load("cuda:0")
-    rows = scorer.score_batch(prepared)   # [{"clip_score": 0.31, "clip_truncated": False}, ...]
+    rows = scorer.score_batch(prepared)   # [{"clip_score": 0.31, "clip_truncated": False, ...}, ...]
+
+A video sample is scored on `frames` frames sampled uniformly over its duration (PyAV, as the OCR
+scorer samples them; keyframes=True takes keyframes only): each frame against the caption, the
+per-frame scores kept in `clip_score_frames` and reduced to `clip_score` by mean, max or min.
 
 The score is the cosine of the L2-normalised embeddings, in [-1, 1] (not CLIP's logits, which are
 the cosine times the learnt logit scale, usually 100). Captions longer than the model's context
@@ -21,26 +25,39 @@ from ..models import ClipSource, load_model, token_count
 from .base import Scorer
 
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")
+REDUCERS = ("mean", "max", "min")
+# Video frames are scaled to this long side while they are decoded; the model's own transform
+# then resizes them to its input size (224 for most CLIPs), so larger frames would only cost time.
+VIDEO_MAX_SIDE = 512
 
 
 class ClipScorer(Scorer):
     name = "clip"
-    media = ("image",)
+    media = ("image", "video")
 
     def __init__(self, model: str = "ViT-B-32", pretrained: Optional[str] = None, precision: str = "auto",
-                 config: Optional[StageConfig] = None, cache_dir: Optional[str] = None):
+                 config: Optional[StageConfig] = None, cache_dir: Optional[str] = None, frames: int = 3,
+                 frame_reduce: str = "mean", keyframes: bool = False):
         """model: an open_clip name ("ViT-B-32"), local-dir:PATH or hf-hub:ORG/REPO.
         pretrained: for a name, a tag ("laion2b_s34b_b79k"), a local checkpoint file, "random", or
         None for the name's usual weights. precision: "auto" (bf16 autocast on CUDA where supported,
         else fp16; fp32 on CPU), "fp32", "fp16" or "bf16". config: the StageConfig of the run, for
-        its image token and extra tokens, which are stripped from captions (CLIP sees the pixels)."""
+        its image token and extra tokens, which are stripped from captions (CLIP sees the pixels),
+        and its max_pixels, which guards video frames. frames, frame_reduce, keyframes: how a video
+        sample is scored (see the module docstring)."""
         if precision not in PRECISIONS:
             raise ConfigError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        if not isinstance(frames, int) or isinstance(frames, bool) or frames < 1:
+            raise ConfigError(f"clip frames must be an integer >= 1, got {frames!r}")
+        if frame_reduce not in REDUCERS:
+            raise ConfigError(f"clip frame_reduce must be one of {REDUCERS}, got {frame_reduce!r}")
+        self.frames, self.frame_reduce, self.keyframes = frames, frame_reduce, bool(keyframes)
         self.model = model
         self.pretrained = pretrained
         self.precision = precision
         self.cache_dir = cache_dir
         cfg = config or StageConfig()
+        self.max_pixels = cfg.max_pixels
         self.cleaner = CaptionCleaner(cfg.image_token, "strip", cfg.known_image_tokens, cfg.extra_tokens)
         self.source = ClipSource.resolve(model, pretrained, cache_dir)  # raises ConfigError at once
         self.device: Optional[str] = None
@@ -57,7 +74,7 @@ class ClipScorer(Scorer):
         return state
 
     def columns(self) -> List[str]:
-        return ["clip_score", "clip_truncated"]
+        return ["clip_score", "clip_score_frames", "clip_frames", "clip_truncated"]
 
     @property
     def context_length(self) -> int:
@@ -70,11 +87,8 @@ class ClipScorer(Scorer):
         if self._tokenizer is None:
             self._tokenizer = self.source.tokenizer()
         image = sample.get("image")
-        if image is None:
-            if sample.get("video") is not None:  # the OCR scorer of the same run may still score it
-                raise DataError("missing_image", f"the CLIP scorer scores images; this sample is a video "
-                                f"(.{sample.get('__media_ext__', 'video')}), which it leaves unscored")
-            raise DataError("missing_image", "the CLIP scorer needs a decoded image (this sample has none)")
+        if image is None and sample.get("video") is None:
+            raise DataError("missing_image", "the CLIP scorer needs an image or a video (this sample has neither)")
         caption = sample.get("caption")
         if caption is None:
             raise DataError("missing_caption", "no caption to score")
@@ -83,7 +97,22 @@ class ClipScorer(Scorer):
             raise DataError("empty_caption", "caption is empty after removing image tokens")
         tokens = self._tokenizer(caption)[0]
         truncated = token_count(self._tokenizer, caption) > self.context_length
-        return {"image": self._transform(image), "tokens": tokens, "truncated": truncated}
+        if image is not None:
+            pixels = self._transform(image)  # (3, H, W)
+        else:
+            pixels = self._video_frames(sample)  # (frames, 3, H, W)
+        return {"image": pixels, "tokens": tokens, "truncated": truncated}
+
+    def _video_frames(self, sample: Dict[str, Any]):
+        import torch
+        from PIL import Image
+        from ..video import sample_frames
+
+        key, url = sample.get("__key__", "?"), sample.get("__url__", "")
+        what = f"sample {key}.{sample.get('__media_ext__', 'video')}" + (f" of shard {url}" if url else "")
+        sampled = sample_frames(sample["video"], self.frames, keyframes=self.keyframes, max_side=VIDEO_MAX_SIDE,
+                                max_pixels=self.max_pixels, what=what)  # DataError for a broken video
+        return torch.stack([self._transform(Image.fromarray(frame)) for frame in sampled.frames])
 
     # -- model side ----------------------------------------------------------------------------
     def load(self, device: str) -> None:
@@ -110,7 +139,11 @@ class ClipScorer(Scorer):
         import torch
         import torch.nn.functional as F
 
-        images = torch.stack([x["image"] for x in inputs]).to(self.device, non_blocking=True)
+        # Images are one frame, videos several: all frames go through the image tower together,
+        # each caption once, and every frame is compared with its own sample's caption.
+        pixels = [x["image"] if x["image"].ndim == 4 else x["image"][None] for x in inputs]
+        counts = [len(p) for p in pixels]
+        images = torch.cat(pixels).to(self.device, non_blocking=True)
         tokens = torch.stack([x["tokens"] for x in inputs]).to(self.device, non_blocking=True)
         with torch.inference_mode(), self._autocast():
             image_features = self._model.encode_image(images)
@@ -118,8 +151,15 @@ class ClipScorer(Scorer):
         # Normalise in fp32: the cosine of half-precision embeddings is off by ~1e-3.
         image_features = F.normalize(image_features.float(), dim=-1)
         text_features = F.normalize(text_features.float(), dim=-1)
-        scores = (image_features * text_features).sum(dim=-1).clamp(-1.0, 1.0).cpu().tolist()
-        return [{"clip_score": s, "clip_truncated": bool(x["truncated"])} for s, x in zip(scores, inputs)]
+        text_features = text_features.repeat_interleave(torch.tensor(counts, device=text_features.device), dim=0)
+        per_frame = (image_features * text_features).sum(dim=-1).clamp(-1.0, 1.0).cpu().tolist()
+        rows, start = [], 0
+        for n, x in zip(counts, inputs):
+            frames = per_frame[start:start + n]
+            start += n
+            rows.append({"clip_score": _reduce(frames, self.frame_reduce), "clip_score_frames": frames,
+                         "clip_frames": n, "clip_truncated": bool(x["truncated"])})
+        return rows
 
     def unload(self) -> None:
         device, self._model = self.device, None
@@ -143,7 +183,16 @@ class ClipScorer(Scorer):
     def describe(self) -> str:
         where = f"device={self.device}, precision={getattr(self, 'resolved_precision', self.precision)}" \
             if self._model is not None else f"not loaded, precision={self.precision}"
-        return f"clip: model={self.source.spec}, weights={self.source.weights_text()}, {where}"
+        videos = f"videos: {self.frames} {'keyframes' if self.keyframes else 'frames'}, reduce={self.frame_reduce}"
+        return f"clip: model={self.source.spec}, weights={self.source.weights_text()}, {where}, {videos}"
+
+
+def _reduce(values: List[float], how: str) -> float:
+    if how == "max":
+        return max(values)
+    if how == "min":
+        return min(values)
+    return sum(values) / len(values)
 
 
 def _param_bytes_without_weights(source: ClipSource) -> Optional[int]:
