@@ -209,3 +209,16 @@ def test_loader_filters_by_the_score_files(shards, tmp_path):
         wdsfilter.loader(urls, scores=str(out), min_clip=0.3)
     with pytest.raises(ConfigError, match="no done/ folder"):
         wdsfilter.loader(urls, scores=str(tmp_path), min_scores={"brightness": 0.4})
+
+
+def test_a_shard_given_twice_is_scored_once(shards, tmp_path, caplog):
+    # As a file, again under another spelling, and inside its folder: two readers of one shard
+    # would write its rows twice or overwrite them with an empty table.
+    urls, images = shards
+    again = os.path.join(os.path.dirname(urls[0]), ".", os.path.basename(urls[0]))
+    out = tmp_path / "out"
+    with caplog.at_level("WARNING", logger="wdsfilter"):
+        summary = run([urls[0], again, os.path.dirname(urls[0])], out, batch_size=1, workers=2)
+    assert set(rows_by_key(out)) == set(images) and summary.rows == len(images)
+    assert summary.shards == len(urls)
+    assert "2 shard(s) given more than once are scored once" in caplog.text

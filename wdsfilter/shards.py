@@ -50,6 +50,22 @@ def expand_urls(paths: Union[str, Sequence[str]], allow_pipe: bool = False, allo
     return urls
 
 
+def unique_urls(urls: Sequence[str]):
+    """(urls without repeats, in order; the repeats). Local paths are compared by their real path,
+    so `x.tar`, `./x.tar`, `file:x.tar` and a folder that holds it are one shard. Training may list
+    a shard twice on purpose (to upsample it); scoring must not: two readers of one shard would
+    write its outputs twice."""
+    seen, unique, repeats = set(), [], []
+    for url in urls:
+        ident = url if is_pipe(url) or is_remote(url) else os.path.realpath(url[5:] if url.startswith("file:") else url)
+        if ident in seen:
+            repeats.append(url)
+        else:
+            seen.add(ident)
+            unique.append(url)
+    return unique, repeats
+
+
 def _expand_one(item: str, allow_pipe: bool, allow_remote: bool) -> List[str]:
     if is_pipe(item) or is_remote(item):
         _check_allowed(item, allow_pipe, allow_remote)

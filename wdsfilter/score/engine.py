@@ -22,7 +22,7 @@ import time
 from typing import Callable, Dict, List, Optional, Sequence
 
 from ..errors import ConfigError, WdsFilterError
-from ..shards import expand_urls
+from ..shards import expand_urls, unique_urls
 from ..stages import MARKER, REJECT
 from .config import ScoreConfig
 from .memory import host_status
@@ -219,7 +219,10 @@ class Engine:
     def __init__(self, shards, cfg: ScoreConfig, echo: Optional[Callable[[str], None]] = None):
         self.cfg = cfg
         self.echo = echo or (lambda text: None)
-        self.urls = expand_urls(shards, cfg.stage.allow_pipe, cfg.stage.allow_remote)
+        self.urls, repeats = unique_urls(expand_urls(shards, cfg.stage.allow_pipe, cfg.stage.allow_remote))
+        if repeats:
+            log.warning(f"{len(repeats)} shard(s) given more than once are scored once: "
+                        f"{', '.join(repeats[:3])}{' ...' if len(repeats) > 3 else ''}")
         self.scorers = resolve_scorers(cfg)
         self.columns = score_columns(self.scorers)
         # The model side gets its own copies: a loaded model must never be pickled into a
