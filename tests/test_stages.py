@@ -199,3 +199,14 @@ def test_oversize_reduce_decodes_jpegs_at_reduced_scale(tmp_path):
     w, h = samples[0]["image"].size
     assert w * h <= 1_000_000 and (w, h) == (1000, 750)
     assert not tally.dropped
+
+
+def test_a_failing_pipe_command_loses_only_its_shard(tmp_path):
+    # webdataset's pipe raises from close() when the command exits non-zero; that must not end
+    # the stream: the next shard is read, the failure counted.
+    good = write_shard(tmp_path / "good.tar", image_text_members(3))
+    missing = f"pipe:cat {tmp_path / 'missing.tar'}"
+    samples, tally = run([missing, good, f"pipe:cat {good}"], allow_pipe=True)
+    assert [s["__key__"] for s in samples] == [f"{i:06d}" for i in range(3)] * 2
+    assert tally.notes["shard_command_failed"] == 1
+    assert "missing.tar" in tally.examples["shard_command_failed"][0].shard

@@ -116,8 +116,13 @@ def tar_members(src: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator
             tally.drop("unreadable_shard", STAGE, url, "", f"{e}; check the path and permissions")
             continue
         tally.shard_opened()
-        with stream:
+        try:
             yield from iter_tar(stream, url)
+        finally:
+            try:
+                stream.close()
+            except OSError as e:  # a pipe: command or download that failed: its read error is counted already
+                tally.note("shard_command_failed", STAGE, url, "", f"{e}; check the command or URL")
 
 
 def group_samples(members: Iterable["dict | ShardEnd"], cfg: StageConfig, tally: Tally) -> Iterator[dict]:
