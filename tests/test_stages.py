@@ -210,3 +210,14 @@ def test_a_failing_pipe_command_loses_only_its_shard(tmp_path):
     assert [s["__key__"] for s in samples] == [f"{i:06d}" for i in range(3)] * 2
     assert tally.notes["shard_command_failed"] == 1
     assert "missing.tar" in tally.examples["shard_command_failed"][0].shard
+
+
+def test_json_captions_that_are_not_text_are_dropped_not_stringified(tmp_path):
+    import json
+    members = []
+    for i, caption in enumerate(["a red square", ["a cat", "a mat"], {"en": "a cat"}, 3, True]):
+        members += [(f"{i:06d}.jpg", image_bytes()), (f"{i:06d}.json", json.dumps({"caption": caption}))]
+    url = write_shard(tmp_path / "j.tar", members)
+    samples, tally = run([url], caption_key="json:caption")
+    assert [s["caption"] for s in samples] == ["a red square"]
+    assert tally.dropped["caption_not_text"] == 4

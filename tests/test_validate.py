@@ -206,3 +206,15 @@ def test_wdsfilter_validate_is_callable():
     import wdsfilter
     report = wdsfilter.validate(os.path.join(SHARDS, "images-000000.tar"), jobs=1)
     assert report.passed and report.samples == 32
+
+
+def test_json_captions_that_are_not_text_are_reported(tmp_path):
+    rng = np.random.default_rng(5)
+    members = []
+    for key, caption in (("000000", "a red square"), ("000001", ["a cat", "a mat"]), ("000002", 7)):
+        members += [(f"{key}.jpg", mss.make_image(rng, (40, 30))), (f"{key}.json", {"caption": caption})]
+    url = mss.write_tar(str(tmp_path / "captions-000000.tar"), members)
+    report = validate(url, jobs=1, caption_key="json:caption")
+    assert found(report) == Counter({("caption_not_text", "captions-000000.tar", "000001.json", "000001"): 1,
+                                     ("caption_not_text", "captions-000000.tar", "000002.json", "000002"): 1})
+    assert "is a JSON list" in report.findings[0].message and report.kept == 1

@@ -107,8 +107,9 @@ def json_path_get(obj: Any, path: Tuple[str, ...]) -> Any:
 def find_caption(sample: dict, spec: KeySpec):
     """(caption, None) or (None, reason) for a raw sample (extension -> bytes).
 
-    The reason is the most specific one seen: invalid_utf8, invalid_json, empty_caption, or
-    missing_caption. A parsed .json member is kept in sample["__parsed_json"] (parsed once)."""
+    The reason is the most specific one seen: invalid_utf8, invalid_json, caption_not_text (a JSON
+    number, list or object where text was expected: str() of it would be trained on), empty_caption,
+    or missing_caption. A parsed .json member is kept in sample["__parsed_json"] (parsed once)."""
     reason = "missing_caption"
     for alt in spec.alternatives:
         if alt.ext not in sample:
@@ -131,7 +132,8 @@ def find_caption(sample: dict, spec: KeySpec):
         if value is None:
             continue
         if not isinstance(value, str):
-            value = str(value)
+            reason = "caption_not_text"
+            continue
         if not value.strip():
             reason = "empty_caption"
             continue

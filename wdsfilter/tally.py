@@ -23,6 +23,7 @@ HINTS = {
     "missing_caption": "no caption under the caption key spec; check --caption-key (wdsfilter validate suggests one)",
     "missing_image": "no image under the image key spec; check --image-key",
     "empty_caption": "caption is empty or whitespace",
+    "caption_not_text": "the caption field holds a JSON number, list or object, not text; point --caption-key at a text field",
     "invalid_json": "the .json member is not valid JSON",
     "invalid_utf8": "the text member is not UTF-8",
     "corrupt_image": "the image does not decode",

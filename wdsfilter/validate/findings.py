@@ -40,6 +40,7 @@ KINDS: Dict[str, tuple] = {
     "invalid_json": (WARNING, "the .json member is not valid JSON"),
     "invalid_utf8": (WARNING, "the text member is not UTF-8"),
     "empty_caption": (WARNING, "the caption is empty or only whitespace (or only special tokens)"),
+    "caption_not_text": (WARNING, "the caption field holds a JSON number, list or object, not text; point --caption-key at a text field"),
     "corrupt_video": (ERROR, "PyAV cannot open the video"),
     "no_video_stream": (WARNING, "the video file has no video stream (audio only?)"),
     # 5. safety

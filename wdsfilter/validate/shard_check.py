@@ -19,7 +19,7 @@ from ..census import KeyCensus
 from ..naming import is_dotted, split_name
 from ..reading import ShardEnd, group_samples, iter_tar
 from ..shards import is_pipe, is_remote, open_shard
-from ..specs import IMAGE_EXTS, VIDEO_EXTS, find_caption
+from ..specs import IMAGE_EXTS, VIDEO_EXTS, find_caption, json_path_get
 from ..tally import Tally
 from ..tokens import CaptionCleaner
 from . import tar_reader
@@ -190,6 +190,11 @@ class _ShardCheck:
             if drop == "empty_caption":
                 alt = caption_source(sample, stage.caption_spec, "empty_caption")
                 self.log.add("empty_caption", self._name(sample, alt.ext), key, f"caption under '{alt}' is empty")
+            elif drop == "caption_not_text":
+                alt = caption_source(sample, stage.caption_spec, "caption_not_text")
+                value = json_path_get(sample.get("__parsed_" + alt.ext), alt.path)
+                self.log.add("caption_not_text", self._name(sample, alt.ext), key,
+                             f"caption under '{alt}' is a JSON {type(value).__name__} ({str(value)[:60]}), not text")
             if drop != "dotted_basename":  # explained by the member names, not by the specs
                 no_caption, no_image = caption is None and reason == "missing_caption", image is None
                 for what, missing in (("caption", no_caption), ("image", no_image)):
