@@ -222,3 +222,13 @@ def test_a_shard_given_twice_is_scored_once(shards, tmp_path, caplog):
     assert set(rows_by_key(out)) == set(images) and summary.rows == len(images)
     assert summary.shards == len(urls)
     assert "2 shard(s) given more than once are scored once" in caplog.text
+
+
+def test_scorers_get_the_runs_stage_config(tiny_clip):
+    from wdsfilter.score import build_config
+    from wdsfilter.score.engine import resolve_scorers
+    cfg = build_config("o", ["clip", "ocr"], model="local-dir:" + tiny_clip, max_pixels=1_000_000,
+                       image_token="<img>")
+    clip, ocr = resolve_scorers(cfg)
+    assert ocr.max_pixels == clip.max_pixels == 1_000_000 and ocr.config is cfg.stage
+    assert clip.cleaner.clean("<img> a red <image> square")[0].split() == ["a", "red", "square"]

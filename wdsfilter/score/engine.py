@@ -72,8 +72,11 @@ def resolve_scorers(cfg: ScoreConfig) -> List[Scorer]:
             continue
         cls = _scorer_class(spec)
         name = spec if spec in REGISTRY else (getattr(cls, "name", "") or spec)
-        options = cfg.scorer_options.get(name, {})
+        options = dict(cfg.scorer_options.get(name, {}))
         used_options.add(name)
+        if "config" not in options and "config" in inspect.signature(cls).parameters:
+            # The run's stage config: its image token and size guard apply inside the scorer too.
+            options["config"] = cfg.stage
         try:
             scorer = make_scorer(spec, **options) if spec in REGISTRY else cls(**options)
         except TypeError as e:
