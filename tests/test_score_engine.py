@@ -203,8 +203,10 @@ def test_loader_filters_by_the_score_files(shards, tmp_path):
         assert keys == expect
         stats = loader.stats
         assert stats.dropped["filtered_by_score"] == below
-        # The refused sample has a row without a score, and shard 2 was never scored.
-        assert stats.dropped["no_score"] == 1 + sum(1 for k in images if k.startswith("s2_"))
+        # The refused and the corrupt sample have rows without a score, and shard 2 was never
+        # scored. The filter runs before decoding: the corrupt image is never decoded.
+        assert stats.dropped["no_score"] == 2 + sum(1 for k in images if k.startswith("s2_"))
+        assert "corrupt_image" not in stats.dropped
     with pytest.raises(ConfigError, match=r"min_scores on \['clip_score'\].*brightness"):
         wdsfilter.loader(urls, scores=str(out), min_clip=0.3)
     with pytest.raises(ConfigError, match="no done/ folder"):

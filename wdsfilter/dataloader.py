@@ -143,7 +143,7 @@ def loader(urls, caption_key: Optional[str] = None, image_key: Optional[str] = N
 
     sink = StatsSink()
     tally = Tally(config.starvation_samples, config.starvation_seconds, name="wdsfilter.loader")
-    extra = []
+    extra, before_decode = [], []
     fns = {}
     if transform is not None:
         fns["image"] = transform
@@ -155,14 +155,16 @@ def loader(urls, caption_key: Optional[str] = None, image_key: Optional[str] = N
         max_scores = dict(max_scores or {}, ocr_area=max_ocr_area)
     if scores is not None or min_scores or max_scores:
         from .scorefilter import score_filter
-        extra.append(score_filter(scores, min_scores or {}, tally, max_scores))  # its drops count in the loader's tally
+        # Before decoding and shuffling: dropped samples are never decoded, and score tables are read
+        # one shard at a time. Its drops count in the loader's tally.
+        before_decode.append(score_filter(scores, min_scores or {}, tally, max_scores))
     if fns:
         extra.append(map_dict(fns))
     if output == "tuple":
         extra.append(_ToTuple(("image", "caption")))
 
     pipeline = sample_pipeline(shard_urls, config, tally, resampled=resampled, shuffle=shuffle, seed=seed,
-                               extra=extra, sink=sink)
+                               extra=extra, sink=sink, before_decode=before_decode)
     collate = wds.filters.default_collation_fn if output == "tuple" else _as_list
     pipeline.append(wds.batched(batch_size, collation_fn=collate, partial=not drop_last))
 

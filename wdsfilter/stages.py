@@ -8,7 +8,7 @@ After `rename` a sample is {"__key__", "__url__", "caption": str, "image" or "vi
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterable, Iterator, Optional
+from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Sequence
 
 from webdataset.filters import pipelinefilter
 
@@ -237,9 +237,12 @@ map_dict = pipelinefilter(_map_dict)
 watch = pipelinefilter(_watch)
 
 
-def sample_stages(cfg: StageConfig, tally: Tally, decode_images: bool = True) -> list:
-    """The per-sample stages after the shard list, in order; callers append their own."""
+def sample_stages(cfg: StageConfig, tally: Tally, decode_images: bool = True, before_decode: Sequence = ()) -> list:
+    """The per-sample stages after the shard list, in order; callers append their own.
+    before_decode: stages that need only keys and captions (a score filter), so what they drop
+    is never decoded."""
     stages = [read(cfg, tally), select(cfg, tally), rename(cfg, tally), clean_captions(cfg, tally)]
+    stages += list(before_decode)
     if decode_images:
         stages.append(decode(cfg, tally))
     return stages
