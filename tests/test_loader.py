@@ -76,3 +76,15 @@ def test_options_and_config_are_exclusive(shards):
         wdsfilter.loader(shards, config=wdsfilter.StageConfig(), caption_key="txt")
     with pytest.raises(ConfigError, match="unknown loader option"):
         wdsfilter.loader(shards, caption_keys="txt")
+
+
+def test_one_shard_without_captions_is_a_data_error_unless_it_is_the_first(tmp_path):
+    # Worker 1's first shard lacks every caption (a captioning job failed for it): counted and
+    # skipped. The dataset's first shard in the same state is a configuration error.
+    good = [write_shard(tmp_path / f"g{i}.tar", image_text_members(6, start=100 * i)) for i in range(3)]
+    bad = write_shard(tmp_path / "bad.tar", [(f"{i:06d}.jpg", image_bytes()) for i in range(500, 506)])
+    loader = wdsfilter.loader([good[0], bad, good[1], good[2]], batch_size=4, num_workers=2, output="dict")
+    keys = [s["__key__"] for batch in loader for s in batch]
+    assert len(keys) == 18 and loader.stats.dropped["missing_caption"] == 6
+    with pytest.raises(ConfigError, match="no sample of the first shard .*bad.tar has a caption"):
+        list(wdsfilter.loader([bad, *good], batch_size=4, num_workers=2))

@@ -8,6 +8,8 @@ After `rename` a sample is {"__key__", "__url__", "caption": str, "image" or "vi
 """
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Sequence
 
 from webdataset.filters import pipelinefilter
@@ -49,17 +51,37 @@ def _dotted_match(sample: dict, exts) -> bool:
     return any(is_dotted(e) and e.rsplit(".", 1)[-1] in exts for e in sample if not e.startswith("__"))
 
 
+def _is_first_reader() -> bool:
+    """Rank 0 and DataLoader worker 0 (or no DataLoader): exactly one stream of a run. Reads torch's
+    state only where torch is already imported (the light core never imports it)."""
+    rank = int(os.environ["RANK"]) if "RANK" in os.environ and "WORLD_SIZE" in os.environ else 0
+    dist = sys.modules.get("torch.distributed")
+    if "RANK" not in os.environ and dist is not None and dist.is_available() and dist.is_initialized():
+        rank = dist.get_rank()
+    data = sys.modules.get("torch.utils.data")
+    info = data.get_worker_info() if data is not None else None
+    return rank == 0 and (info is None or info.id == 0)
+
+
 class FirstShardCheck:
-    """Raises ConfigError when every sample of the first shard misses the caption or image key."""
+    """Raises ConfigError when every sample of the first shard misses the caption or image key.
+
+    Only one stream checks: rank 0, DataLoader worker 0, whose first shard is the dataset's first
+    (in shard-list order). Other workers' first shards are ordinary shards: a single shard whose
+    captions are missing is a data error, counted and skipped, not a reason to stop training."""
 
     def __init__(self, cfg: StageConfig):
         self.cfg = cfg
         self.active = cfg.check_first_shard
+        self.started = False
         self.first_url = None
         self.census = KeyCensus()
         self.misses = {"caption": 0, "image": 0}
 
     def observe(self, sample: dict, missing: Optional[str]) -> None:
+        if not self.started:
+            self.started = True
+            self.active = self.active and _is_first_reader()
         if not self.active:
             return
         url = sample.get("__url__")
