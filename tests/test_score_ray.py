@@ -77,6 +77,38 @@ def test_ray_resume_scores_only_the_unfinished_shards(local_ray, tiny_clip, tmp_
     assert after.keys() == rows_by_shard(str(tmp_path / "full")).keys() and full.rows == second.rows
 
 
+def test_a_shard_that_cannot_be_opened_is_failed_not_done_and_the_stage_counts_arrive(local_ray, tiny_clip,
+                                                                                      tmp_path):
+    import socket
+    sock_path = str(tmp_path / "socket-000000.tar")  # exists, but open() fails (ENXIO), even for root
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(sock_path)
+    try:
+        model, out = "local-dir:" + tiny_clip, str(tmp_path / "ray")
+        summary = score_on_ray([SHARDS[2], sock_path], out=out, model=model, **OPTIONS)
+        assert summary.shards_scored == 1
+        assert [f["url"] for f in summary.shards_failed] == [sock_path]
+        assert summary.shards_failed[0]["reason"].startswith("unreadable:")
+        assert sorted(os.listdir(os.path.join(out, "done"))) == ["truncated-000000.json"]
+        # The truncated shard's stage count comes back from its Ray task.
+        assert summary.stage_counts["dropped"].get("truncated_tar") == 1
+        again = score_on_ray([SHARDS[2], sock_path], out=out, model=model, resume=True, **OPTIONS)
+        assert again.shards_resumed == 1 and [f["url"] for f in again.shards_failed] == [sock_path]
+    finally:
+        server.close()
+
+
+def test_a_shard_without_captions_after_the_first_is_scored_as_data(local_ray, tiny_clip, tmp_path):
+    # Every Ray task reads one shard: none of them may treat its shard as the dataset's first.
+    no_captions = os.path.join(SS, "videos-000000.tar")  # no .jpg: every sample misses the image
+    summary = score_on_ray([SHARDS[0], no_captions], out=str(tmp_path / "ray"), model="local-dir:" + tiny_clip,
+                           **OPTIONS)
+    rows = rows_by_shard(str(tmp_path / "ray"))["videos-000000.parquet"]
+    assert summary.shards_scored == 2 and {r["status"] for r in rows} == {"rejected"}
+    with pytest.raises(ConfigError, match="first shard"):
+        score_on_ray([no_captions, SHARDS[0]], out=str(tmp_path / "bad"), model="local-dir:" + tiny_clip, **OPTIONS)
+
+
 def test_ray_refuses_gpu_actors_on_a_cluster_without_gpus(local_ray, tiny_clip, tmp_path):
     with pytest.raises(ConfigError, match="no GPU"):
         score_on_ray(SHARDS[:1], out=str(tmp_path / "x"), model="local-dir:" + tiny_clip, gpus_per_actor=1,
@@ -97,7 +129,8 @@ def test_cli_engine_ray_writes_what_the_api_writes(local_ray, tiny_clip, tmp_pat
     cli, api = rows_by_shard(str(tmp_path / "cli")), rows_by_shard(str(tmp_path / "api"))
     assert cli.keys() == api.keys()
     for name in api:  # batches of 4 vs 32: the same rows, scores equal up to float rounding
-        assert [dict(r, clip_score=None) for r in cli[name]] == [dict(r, clip_score=None) for r in api[name]]
+        assert [dict(r, clip_score=None, clip_score_frames=None) for r in cli[name]] == \
+               [dict(r, clip_score=None, clip_score_frames=None) for r in api[name]]
         assert all(abs((a["clip_score"] or 0) - (b["clip_score"] or 0)) < 1e-5 for a, b in zip(cli[name], api[name]))
 
 

@@ -4,7 +4,9 @@ memory (its backpressure) and retries failed tasks.
 
     shard URLs ─ read_shard: a Ray task per shard, sample_pipeline + Prepare (the decode side)
                ─ ScoreActor: map_batches, one actor per GPU (or CPU slot), OOM back-off
-               ─ groupby(shard) ─ finish_shard: scores/<shard>.parquet, filtered shard, done marker
+               ─ the driver streams the scored rows (iter_batches) and, as soon as all rows of a
+                 shard are in, a finish_shard task writes scores/<shard>.parquet, the filtered
+                 shard and the done marker: a run killed half-way leaves its finished shards done.
 
 The output folder is the engine's own (engine.Engine builds the run state), so `--resume`,
 `wdsfilter.loader(scores=...)` and the summary work on it unchanged. The shards and the output
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections import Counter
 import pickle
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
@@ -42,26 +45,31 @@ def _ray():
 # -- decode side: one task per shard --------------------------------------------------------------
 def read_shard(batch, cfg, scorers, rows_per_block: int = 64) -> Iterator[Dict[str, list]]:
     """Ray map_batches generator over shard URLs: every sample's row, with its prepared inputs
-    pickled into `payload` where a model still has to score it. Yields column batches of up to
-    rows_per_block rows, so a big shard never sits in memory whole."""
+    pickled into `payload` where a model still has to score it, then one SHARD_END row whose
+    message tells the driver how many rows the shard has, how the reader ended and the shard's
+    stage counts. Yields column batches of up to rows_per_block rows, so a big shard never sits
+    in memory whole."""
+    from dataclasses import replace
+
     from ..pipeline import sample_pipeline
     from ..stages import MARKER, REJECT
     from ..tally import Tally
     from .engine import complete_row
     from .prepare import SHARD_END as END_MARKER, Prepare
 
+    # The driver checked the caption/image keys on the first shard; here every task would
+    # think its shard is the first one.
+    stage = replace(cfg.scoring_stage_config(), check_first_shard=False)
     for url in list(batch["shard"]):
-        pipeline = sample_pipeline([url], cfg.scoring_stage_config(), Tally(0, 0, name="wdsfilter score (ray)"),
-                                   extra=[Prepare(scorers)])
+        tally = Tally(0, 0, name="wdsfilter score (ray)")
+        pipeline = sample_pipeline([url], stage, tally, extra=[Prepare(scorers)])
         rows: List[dict] = []
         index = 0
-        ended = False
+        end = None
         for item in pipeline:
             marker = item.get(MARKER)
             if marker == END_MARKER:
-                info = {"error": item.get("error"), "members": item.get("members", 0)}
-                rows.append(_row(item.get("__key__", ""), url, -1, SHARD_END, message=json.dumps(info)))
-                ended = True
+                end = {"error": item.get("error"), "members": item.get("members", 0)}
             elif marker:
                 rows.append(_row(item.get("__key__", ""), url, index, "rejected", item.get(REJECT),
                                  item.get("__message__")))
@@ -77,10 +85,13 @@ def read_shard(batch, cfg, scorers, rows_per_block: int = 64) -> Iterator[Dict[s
             if len(rows) >= rows_per_block:
                 yield _columns(rows)
                 rows = []
-        if not ended:  # the reader always ends a shard with a marker; keep the group even if not
-            rows.append(_row("", url, -1, SHARD_END, message=json.dumps({"error": "shard did not end", "members": 0})))
-        if rows:
-            yield _columns(rows)
+        if end is None:  # no end marker: the shard could not be opened (counted as unreadable_shard)
+            examples = tally.examples.get("unreadable_shard", [])
+            end = {"error": examples[0].message if examples else "could not be opened", "members": 0,
+                   "unopened": True}
+        end.update(rows=index, dropped=dict(tally.dropped), notes=dict(tally.notes))
+        rows.append(_row("", url, -1, SHARD_END, message=json.dumps(end)))
+        yield _columns(rows)
 
 
 def _row(key, url, index, status, reason=None, message=None) -> dict:
@@ -151,22 +162,15 @@ def _plain(v):
 
 
 # -- per shard: score file, filtered shard, marker --------------------------------------------------
-def finish_shard(group, cfg, state, columns: Sequence[str]) -> Dict[str, list]:
-    """Ray map_groups function: write one shard's outputs the way the engine does."""
+def finish_shard(url: str, rows: List[dict], end: dict, cfg, state, columns: Sequence[str]) -> dict:
+    """A Ray task: write one shard's outputs the way the engine does (score file, filtered
+    shard, then the completion marker)."""
     from .outputs import write_table
     from .shardwriter import write_filtered
-    n = len(group["key"])
-    rows, end = [], {"error": "shard did not end", "members": 0}
-    for i in range(n):
-        row = {f: _plain(group[f][i]) for f in ROW_FIELDS}
-        if row["status"] == SHARD_END:
-            end = json.loads(row["message"])
-            continue
+    for row in rows:
         for c in columns:
-            row[c] = json.loads(group[c][i])
-        rows.append(row)
+            row[c] = json.loads(row[c])
     rows.sort(key=lambda r: r["index"])
-    url = _plain(group["shard"][0])
     write_table(rows, columns, state.score_path(url), cfg.format)
     filtered = None
     if cfg.write_shards:
@@ -179,7 +183,33 @@ def finish_shard(group, cfg, state, columns: Sequence[str]) -> Dict[str, list]:
     state.mark_done(url, {"rows": len(rows), "status": counts, "kept": sum(bool(r["kept"]) for r in rows),
                           "members": end.get("members", 0), "error": end.get("error"), "filtered": filtered,
                           "engine": "ray"})
-    return {"shard": [url], "rows": [len(rows)]}
+    return {"shard": url, "rows": len(rows)}
+
+
+class _Collector:
+    """Driver side: rows arrive from the actors in any order; a shard is complete when its
+    SHARD_END row has come and as many rows as it announced."""
+
+    def __init__(self, columns: Sequence[str]):
+        self.columns = list(columns)
+        self.rows: Dict[str, List[dict]] = {}
+        self.ends: Dict[str, dict] = {}
+
+    def add(self, batch) -> List[tuple]:
+        """Rows of one batch in; (url, rows, end) of every shard this batch completed out."""
+        complete = []
+        for i in range(len(batch["key"])):
+            row = {f: _plain(batch[f][i]) for f in ROW_FIELDS}
+            url = row["shard"]
+            if row["status"] == SHARD_END:
+                self.ends[url] = json.loads(row["message"])
+            else:
+                row.update({c: _plain(batch[c][i]) for c in self.columns})
+                self.rows.setdefault(url, []).append(row)
+            end = self.ends.get(url)
+            if end is not None and len(self.rows.get(url, ())) == end["rows"]:
+                complete.append((url, self.rows.pop(url, []), self.ends.pop(url)))
+        return complete
 
 
 # -- the run ---------------------------------------------------------------------------------------
@@ -203,6 +233,7 @@ def run_on_ray(shards, cfg, *, actors: Optional[int] = None, gpus_per_actor: Opt
                ray_init: Optional[dict] = None, echo: Optional[Callable[[str], None]] = None) -> RunSummary:
     """score_on_ray with a ScoreConfig (what `wdsfilter score --engine ray` builds)."""
     from .engine import Engine
+    from .prepare import collect_probe
 
     if cfg.dry_run:
         raise ConfigError("dry_run plans the single-machine engine; Ray plans its own cluster (ray status)")
@@ -233,8 +264,12 @@ def run_on_ray(shards, cfg, *, actors: Optional[int] = None, gpus_per_actor: Opt
         engine.summary.scorers = [s.describe() for s in engine.scorers]
         echo(f"ray: {len(todo)} of {len(engine.urls)} shard(s) to score with {actors} model actor(s) on {device} "
              f"({gpus_per_actor:g} GPU each), batch {batch_size}")
-        done = []
+        done: List[dict] = []
+        failed: List[dict] = []
+        dropped, notes = Counter(), Counter()
         if todo:
+            # Configuration errors (a caption key no sample has) at once, from the driver.
+            collect_probe(todo[:1], cfg.scoring_stage_config(), engine.scorers, 1, cfg.probe_scan)
             ds = ray.data.from_items([{"shard": u} for u in todo], override_num_blocks=len(todo))
             ds = ds.map_batches(functools.partial(read_shard, cfg=cfg, scorers=engine.scorers),
                                 batch_size=1, batch_format="numpy")
@@ -243,17 +278,27 @@ def run_on_ray(shards, cfg, *, actors: Optional[int] = None, gpus_per_actor: Opt
                                 fn_constructor_kwargs={"cfg": cfg, "scorers": engine.model_scorers,
                                                        "columns": engine.columns, "batch_size": batch_size,
                                                        "device": device})
-            ds = ds.groupby("shard").map_groups(
-                functools.partial(finish_shard, cfg=cfg, state=engine.state, columns=engine.columns),
-                batch_format="numpy")
-            done = ds.take_all()
+            finish = ray.remote(num_cpus=1)(finish_shard)
+            collector, writing = _Collector(engine.columns), []
+            for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
+                for url, rows, end in collector.add(batch):
+                    dropped.update(end.get("dropped", {}))
+                    notes.update(end.get("notes", {}))
+                    if end.get("unopened"):  # no outputs and no marker: --resume tries it again
+                        failed.append({"url": url, "reason": f"unreadable: {end['error']}"})
+                    else:
+                        writing.append(finish.remote(url, rows, end, cfg, engine.state, engine.columns))
+                ready, writing = ray.wait(writing, num_returns=len(writing), timeout=0) if writing else ([], [])
+                done += ray.get(ready)
+            done += ray.get(writing)
         engine.completed = len(done)
         engine.summary.shards_scored = len(done)
         engine.summary.samples_this_run = sum(int(r["rows"]) for r in done)
         engine.summary.seconds = engine.summary.scoring_seconds = time.perf_counter() - start
-        finished = {r["shard"] for r in done}
-        engine.summary.shards_failed = [{"url": u, "reason": "not finished by the Ray run"}
-                                        for u in todo if u not in finished]
+        finished = {r["shard"] for r in done} | {f["url"] for f in failed}
+        engine.summary.shards_failed = failed + [{"url": u, "reason": "not finished by the Ray run"}
+                                                 for u in todo if u not in finished]
+        engine.summary.stage_counts = {"dropped": dict(dropped), "notes": dict(notes)}
         engine._finish_summary()  # the engine's own summary, histograms and nothing-scored check
         return engine.summary
     finally:
