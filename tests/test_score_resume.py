@@ -118,3 +118,15 @@ def test_resume_redoes_shards_whose_outputs_are_incomplete(tmp_path):
     assert not leftovers(os.path.join(out, "scores"))
     summary = score(urls, out=out, overwrite=True, **opts)
     assert summary.shards_scored == 3 and summary.rows == len(images)
+
+
+def test_a_killed_runs_copy_of_a_pipe_shard_is_removed_by_the_next_run(tmp_path):
+    from wdsfilter.score.shardwriter import _local_copy
+    urls, _ = make_shards(tmp_path / "shards", [3])
+    out, kept = str(tmp_path / "out"), tmp_path / "kept"
+    opts = dict(scorers=[BrightnessScorer()], device="cpu", workers=0, progress=False, write_shards=str(kept))
+    score(urls, out=out, **opts)
+    copy = _local_copy(f"pipe:cat {urls[0]}", True, False, str(kept))  # what a run killed mid-copy leaves
+    assert open(copy, "rb").read() == open(urls[0], "rb").read()
+    score(urls, out=out, resume=True, **opts)
+    assert not os.path.exists(copy) and sorted(os.listdir(kept)) == ["shard-0000.tar"]
