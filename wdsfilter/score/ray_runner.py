@@ -23,7 +23,7 @@ import json
 from collections import Counter
 import pickle
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 from ..errors import ConfigError
 from .outputs import RunSummary
@@ -108,46 +108,29 @@ def _columns(rows: List[dict]) -> Dict[str, list]:
 
 # -- model side: one actor per GPU or CPU slot -----------------------------------------------------
 class ScoreActor:
-    """Loads the scorers once on its device, scores the pending rows of each batch with the
-    engine's back-off (halve and retry on out-of-memory; no row lost or scored twice) and
-    returns the rows complete, without their payload."""
+    """The engine's ModelRunner in a Ray actor: loads the scorers once on its device, scores the
+    pending rows of each batch with the engine's back-off (halve and retry on out-of-memory; no
+    row lost or scored twice) and returns the rows complete, without their payload."""
 
     def __init__(self, cfg, scorers, columns: Sequence[str], batch_size: int, device: str):
-        from .backoff import Backoff
-        from .memory import device_memory, host_status
-        self.cfg, self.columns = cfg, list(columns)
-        self.scorers = scorers
-        for s in self.scorers:
-            s.load(device)
-        memory = device_memory(device)
-        host = device_memory("cpu")
+        from .memory import host_status
+        from .modelworker import ModelRunner
+        self.cfg, self.columns, self.scorers = cfg, list(columns), scorers
+        self.runner = ModelRunner(scorers, device)
+        self.runner.load()
         min_free = cfg.min_free_host or int(0.03 * host_status()["total"])
-        self.backoffs = {s.name: Backoff(s, memory, batch_size, host, min_free) for s in self.scorers}
+        self.runner.configure(batch_size, min_free_host=min_free)
 
     def __call__(self, batch):
         from .engine import complete_row
         n = len(batch["key"])
         rows = [{f: _plain(batch[f][i]) for f in ROW_FIELDS} for i in range(n)]
         pending = [i for i in range(n) if rows[i]["status"] == PENDING]
-        loaded = {i: pickle.loads(batch["payload"][i]) for i in pending}
-        scores: Dict[int, dict] = {i: {} for i in pending}
-        errors: Dict[int, dict] = {i: dict(loaded[i][1]) for i in pending}
-        for scorer in self.scorers:
-            groups: Dict[Any, List[int]] = {}
-            for i in pending:
-                inputs = loaded[i][0]
-                if scorer.name in inputs:
-                    groups.setdefault(scorer.batch_key(inputs[scorer.name]), []).append(i)
-            for members in groups.values():
-                outcomes = self.backoffs[scorer.name].run([loaded[i][0][scorer.name] for i in members])
-                for i, outcome in zip(members, outcomes):
-                    if outcome[0] == "ok":
-                        scores[i].update({c: outcome[1].get(c) for c in scorer.columns()})
-                    else:
-                        errors[i][scorer.name] = (outcome[1], outcome[2])
-        for i in pending:
+        loaded = {i: pickle.loads(batch["payload"][i]) for i in pending}  # (inputs, prepare errors)
+        for i, scores, errors in self.runner.score([(i, loaded[i][0]) for i in pending]):
             rows[i]["status"] = None
-            complete_row(rows[i], self.scorers, scores[i], errors[i], self.cfg.thresholds, self.cfg.max_thresholds)
+            complete_row(rows[i], self.scorers, scores, {**loaded[i][1], **errors}, self.cfg.thresholds,
+                         self.cfg.max_thresholds)
         out = {f: [r[f] for r in rows] for f in ROW_FIELDS}
         for c in self.columns:  # every batch has every column, so Ray's blocks share one schema
             out[c] = [json.dumps(r.get(c)) for r in rows]
@@ -254,7 +237,7 @@ def run_on_ray(shards, cfg, *, actors: Optional[int] = None, gpus_per_actor: Opt
             raise ConfigError(f"gpus_per_actor={gpus_per_actor} but the Ray cluster has no GPU")
         if actors is None:
             actors = max(1, int(cluster_gpus / gpus_per_actor)) if gpus_per_actor else 1
-        device = "cuda" if gpus_per_actor else "cpu"
+        device = "cuda:0" if gpus_per_actor else "cpu"  # Ray sets CUDA_VISIBLE_DEVICES per actor
         if batch_size is None and isinstance(cfg.batch_size, int):
             batch_size = cfg.batch_size
         batch_size = int(batch_size or (64 if gpus_per_actor else 32))
