@@ -153,6 +153,7 @@ def test_describe_names_model_weights_device_and_tiny_caveat(scorer, tiny_clip):
     text = scorer.describe()
     assert "local-dir:" + tiny_clip in text and "open_clip_model.safetensors" in text
     assert "tiny local model trained on sample shards" in text and "only meaningful on these shards" in text
+    assert "plus 2048 fresh scenes from their generator" in text
     assert "device=cpu" in text and "precision=fp32" in text  # auto is fp32 on CPU
     hints = scorer.footprint()
     assert hints["param_bytes"] == sum(p.numel() * 4 for p in scorer._model.parameters())

@@ -68,8 +68,10 @@ class ClipSource:
         if self.quick_gelu:
             text += ", QuickGELU as the weights were trained"
         if self.is_tiny:
+            scenes = self.info.get("fresh_scenes")
             text += ("; tiny local model trained on sample shards — scores are only meaningful on these shards"
-                     f" ({', '.join(self.info.get('trained_on', []))})")
+                     f" ({', '.join(self.info.get('trained_on', []))}"
+                     + (f", plus {scenes} fresh scenes from their generator" if scenes else "") + ")")
         return text
 
     # -- resolving ----------------------------------------------------------------------------
