@@ -221,3 +221,13 @@ def test_json_captions_that_are_not_text_are_dropped_not_stringified(tmp_path):
     samples, tally = run([url], caption_key="json:caption")
     assert [s["caption"] for s in samples] == ["a red square"]
     assert tally.dropped["caption_not_text"] == 4
+
+
+def test_a_first_shard_whose_captions_are_all_lists_is_a_config_error(tmp_path):
+    import json
+    members = []
+    for i in range(4):
+        members += [(f"{i:06d}.jpg", image_bytes()), (f"{i:06d}.json", json.dumps({"caption": ["a", "b"]}))]
+    url = write_shard(tmp_path / "lists.tar", members)
+    with pytest.raises(ConfigError, match="in 4 of 4 samples the caption field is a JSON list"):
+        run([url], caption_key="json:caption")

@@ -52,23 +52,34 @@ def _dotted_match(sample: dict, exts) -> bool:
 
 
 def _is_first_reader() -> bool:
-    """Rank 0 and DataLoader worker 0 (or no DataLoader): exactly one stream of a run. Reads torch's
+    """Rank 0 and DataLoader worker 0 (or no DataLoader): exactly one stream of a run, decided as
+    webdataset's pytorch_worker_info decides it (which splits the shards), but reading torch's
     state only where torch is already imported (the light core never imports it)."""
-    rank = int(os.environ["RANK"]) if "RANK" in os.environ and "WORLD_SIZE" in os.environ else 0
-    dist = sys.modules.get("torch.distributed")
-    if "RANK" not in os.environ and dist is not None and dist.is_available() and dist.is_initialized():
-        rank = dist.get_rank()
-    data = sys.modules.get("torch.utils.data")
-    info = data.get_worker_info() if data is not None else None
-    return rank == 0 and (info is None or info.id == 0)
+    env = os.environ
+    rank = worker = 0
+    if "RANK" in env and "WORLD_SIZE" in env:
+        rank = int(env["RANK"])
+    else:
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            rank = dist.get_rank()
+    if "WORKER" in env and "NUM_WORKERS" in env:
+        worker = int(env["WORKER"])
+    else:
+        data = sys.modules.get("torch.utils.data")
+        info = data.get_worker_info() if data is not None else None
+        worker = info.id if info is not None else 0
+    return rank == 0 and worker == 0
 
 
 class FirstShardCheck:
     """Raises ConfigError when every sample of the first shard misses the caption or image key.
 
-    Only one stream checks: rank 0, DataLoader worker 0, whose first shard is the dataset's first
-    (in shard-list order). Other workers' first shards are ordinary shards: a single shard whose
-    captions are missing is a data error, counted and skipped, not a reason to stop training."""
+    Only one stream checks: rank 0, DataLoader worker 0, whose first shard is the first of its
+    shard list (the dataset's first, unless shards are shuffled or resampled). Other workers'
+    first shards are ordinary shards: a single shard whose captions are missing is a data error,
+    counted and skipped, not a reason to stop training. A caption field that is there but not
+    text in every sample (caption_not_text: a list of captions) counts as a miss too."""
 
     def __init__(self, cfg: StageConfig):
         self.cfg = cfg
@@ -77,8 +88,9 @@ class FirstShardCheck:
         self.first_url = None
         self.census = KeyCensus()
         self.misses = {"caption": 0, "image": 0}
+        self.not_text = 0
 
-    def observe(self, sample: dict, missing: Optional[str]) -> None:
+    def observe(self, sample: dict, missing: Optional[str], reason: Optional[str] = None) -> None:
         if not self.started:
             self.started = True
             self.active = self.active and _is_first_reader()
@@ -96,6 +108,7 @@ class FirstShardCheck:
         self.census.add(sample, sample.get("__parsed_json"))
         if missing in ("caption", "image"):
             self.misses[missing] += 1
+        self.not_text += reason == "caption_not_text"
 
     def finish(self) -> None:
         if not self.active:
@@ -108,6 +121,9 @@ class FirstShardCheck:
         for what, spec in (("caption", cfg.caption_spec), ("image", cfg.image_spec)):
             if self.misses[what] == n:
                 hint = self.census.suggest(what, spec)
+                if what == "caption" and self.not_text:
+                    hint = (f"in {self.not_text} of {n} samples the caption field is a JSON list, number or object, "
+                            f"not text; point the caption key at a text field") + (f"; {hint}" if hint else "")
                 if self.census.dotted_share() > 0.5:
                     hint = "member names have dots in their basenames (img.v2.0001.jpg); use rekey='last-dot' (--rekey last-dot)"
                 raise ConfigError(
@@ -131,13 +147,13 @@ def _select(data: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator[di
         image_alt = cfg.image_spec.first_present(sample)
         if caption is None or image_alt is None:
             missing = "caption" if caption is None else "image"
-            if caption is None and reason != "missing_caption":
+            if caption is None and reason not in ("missing_caption", "caption_not_text"):
                 missing = "data"  # the field is there but broken
             elif _dotted_match(sample, image_exts + cfg.caption_spec.exts):
                 reason = "dotted_basename"
             elif caption is not None:
                 reason = "missing_image"
-            check.observe(sample, missing)
+            check.observe(sample, missing, reason)
             marker = _reject(tally, sample, reason, "select", key, f"sample {key!r}: {reason}", emit)
             if marker:
                 yield marker
