@@ -234,3 +234,24 @@ def test_scorers_get_the_runs_stage_config(tiny_clip):
     clip, ocr = resolve_scorers(cfg)
     assert ocr.max_pixels == clip.max_pixels == 1_000_000 and ocr.config is cfg.stage
     assert clip.cleaner.clean("<img> a red <image> square")[0].split() == ["a", "red", "square"]
+
+
+def test_a_first_shard_longer_than_the_probe_with_no_captions_raises_before_scoring(tmp_path):
+    # The probe reads at most probe_scan samples; the key check reads the first shard to the end.
+    urls, _ = make_shards(tmp_path / "shards", [30, 5], no_caption={0: tuple(range(30))})
+    with pytest.raises(ConfigError, match="no sample of the first shard .* has a caption"):
+        run(urls, tmp_path / "out", probe_scan=5, workers=1)
+    assert not os.path.exists(tmp_path / "out" / "done") or not os.listdir(tmp_path / "out" / "done")
+
+
+def test_a_pipe_shard_that_fails_with_write_shards_is_failed_not_fatal(shards, tmp_path):
+    # Its command prints the shard, then exits 1: reading keeps the samples and counts the failure;
+    # writing the filtered shard runs the command again and fails: that shard gets no marker.
+    urls, images = shards
+    broken = f"pipe:cat {urls[0]}; exit 1"
+    out, kept = tmp_path / "out", tmp_path / "kept"
+    summary = run([broken, urls[1]], out, write_shards=str(kept), allow_pipe=True, batch_size=4)
+    assert [f["url"] for f in summary.shards_failed] == [broken]
+    assert "filtered shard not written" in summary.shards_failed[0]["reason"]
+    assert summary.shards_scored == 1 and os.listdir(kept) == [os.path.basename(urls[1])]
+    assert sorted(os.listdir(out / "done")) == [os.path.basename(urls[1])[:-4] + ".json"]

@@ -109,6 +109,16 @@ def test_a_shard_without_captions_after_the_first_is_scored_as_data(local_ray, t
         score_on_ray([no_captions, SHARDS[0]], out=str(tmp_path / "bad"), model="local-dir:" + tiny_clip, **OPTIONS)
 
 
+def test_a_pipe_shard_that_fails_when_written_again_is_failed_not_fatal(local_ray, tiny_clip, tmp_path):
+    broken = f"pipe:cat {SHARDS[0]}; exit 1"
+    summary = score_on_ray([broken, SHARDS[1]], out=str(tmp_path / "ray"), model="local-dir:" + tiny_clip,
+                           write_shards=str(tmp_path / "kept"), allow_pipe=True, **OPTIONS)
+    assert [f["url"] for f in summary.shards_failed] == [broken] and summary.shards_scored == 1
+    assert "filtered shard not written" in summary.shards_failed[0]["reason"]
+    assert os.listdir(tmp_path / "kept") == ["json-captions-000000.tar"]
+    assert summary.stage_counts["notes"].get("shard_command_failed") == 1
+
+
 def test_ray_refuses_gpu_actors_on_a_cluster_without_gpus(local_ray, tiny_clip, tmp_path):
     with pytest.raises(ConfigError, match="no GPU"):
         score_on_ray(SHARDS[:1], out=str(tmp_path / "x"), model="local-dir:" + tiny_clip, gpus_per_actor=1,

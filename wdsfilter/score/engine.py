@@ -22,6 +22,7 @@ import time
 from typing import Callable, Dict, List, Optional, Sequence
 
 from ..errors import ConfigError, WdsFilterError
+from ..pipeline import check_keys
 from ..shards import expand_urls, unique_urls
 from ..stages import MARKER, REJECT
 from .config import ScoreConfig
@@ -74,8 +75,10 @@ def resolve_scorers(cfg: ScoreConfig) -> List[Scorer]:
         name = spec if spec in REGISTRY else (getattr(cls, "name", "") or spec)
         options = dict(cfg.scorer_options.get(name, {}))
         used_options.add(name)
-        if "config" not in options and "config" in inspect.signature(cls).parameters:
-            # The run's stage config: its image token and size guard apply inside the scorer too.
+        param = inspect.signature(cls).parameters.get("config")
+        if "config" not in options and param is not None and "StageConfig" in str(param.annotation):
+            # The run's stage config (a `config: StageConfig` parameter): its image token and size
+            # guard apply inside the scorer too.
             options["config"] = cfg.stage
         try:
             scorer = make_scorer(spec, **options) if spec in REGISTRY else cls(**options)
@@ -348,8 +351,13 @@ class Engine:
         filtered = None
         if cfg.write_shards:
             keep = {r["key"] for r in s.rows if r["kept"]}
-            filtered = write_filtered(s.url, keep, state.filtered_path(s.url), cfg.stage.rekey,
-                                      cfg.stage.allow_pipe, cfg.stage.allow_remote)
+            try:
+                filtered = write_filtered(s.url, keep, state.filtered_path(s.url), cfg.stage.rekey,
+                                          cfg.stage.allow_pipe, cfg.stage.allow_remote)
+            except OSError as e:  # the shard cannot be read again (a pipe: command failed): no marker
+                self.summary.shards_failed.append({"url": s.url, "reason": f"filtered shard not written: {e}"})
+                del self.shards[s.url]
+                return
         counts: Dict[str, int] = {}
         for r in s.rows:
             counts[r["status"]] = counts.get(r["status"], 0) + 1
@@ -407,6 +415,8 @@ class Engine:
         cfg, state, summary = self.cfg, self.state, self.summary
         start = time.perf_counter()
         todo = state.pending()
+        if todo:  # a caption/image key no sample of the first shard has: raise before loading models
+            check_keys(todo[0], cfg.scoring_stage_config())
         summary.shards_resumed = state.resumed_from_markers
         self.n_todo = len(todo)
         if state.resumed_from_markers:
@@ -440,7 +450,7 @@ class Engine:
             self.echo(f"all {len(self.urls)} shard(s) are already scored; summarising")
         for url, s in self.shards.items():
             summary.shards_failed.append({"url": url, "reason": s.error or "shard did not finish"})
-        ended = set(self.shards)
+        ended = set(self.shards) | {f["url"] for f in summary.shards_failed}
         for url in todo:
             if not state.is_done(url) and url not in ended:
                 reason = "could not be opened"

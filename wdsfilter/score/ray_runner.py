@@ -158,8 +158,11 @@ def finish_shard(url: str, rows: List[dict], end: dict, cfg, state, columns: Seq
     filtered = None
     if cfg.write_shards:
         keep = {r["key"] for r in rows if r["kept"]}
-        filtered = write_filtered(url, keep, state.filtered_path(url), cfg.stage.rekey,
-                                  cfg.stage.allow_pipe, cfg.stage.allow_remote)
+        try:
+            filtered = write_filtered(url, keep, state.filtered_path(url), cfg.stage.rekey,
+                                      cfg.stage.allow_pipe, cfg.stage.allow_remote)
+        except OSError as e:  # the shard cannot be read again (a pipe: command failed): no marker
+            return {"shard": url, "rows": len(rows), "failed": f"filtered shard not written: {e}"}
     counts: Dict[str, int] = {}
     for r in rows:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
@@ -216,12 +219,15 @@ def run_on_ray(shards, cfg, *, actors: Optional[int] = None, gpus_per_actor: Opt
                ray_init: Optional[dict] = None, echo: Optional[Callable[[str], None]] = None) -> RunSummary:
     """score_on_ray with a ScoreConfig (what `wdsfilter score --engine ray` builds)."""
     from .engine import Engine
-    from .prepare import collect_probe
+    from ..pipeline import check_keys
 
     if cfg.dry_run:
         raise ConfigError("dry_run plans the single-machine engine; Ray plans its own cluster (ray status)")
     engine = Engine(shards, cfg, echo)  # the same URLs, scorers, columns, run state and summary
     echo = engine.echo
+    todo = engine.state.pending()
+    if todo:  # configuration errors (a caption key no sample has) at once, before Ray starts
+        check_keys(todo[0], cfg.scoring_stage_config())
     ray = _ray()
     started_here = not ray.is_initialized()
     if started_here:
@@ -242,7 +248,6 @@ def run_on_ray(shards, cfg, *, actors: Optional[int] = None, gpus_per_actor: Opt
             batch_size = cfg.batch_size
         batch_size = int(batch_size or (64 if gpus_per_actor else 32))
         start = time.perf_counter()
-        todo = engine.state.pending()
         engine.summary.shards_resumed = engine.state.resumed_from_markers
         engine.summary.scorers = [s.describe() for s in engine.scorers]
         echo(f"ray: {len(todo)} of {len(engine.urls)} shard(s) to score with {actors} model actor(s) on {device} "
@@ -251,8 +256,6 @@ def run_on_ray(shards, cfg, *, actors: Optional[int] = None, gpus_per_actor: Opt
         failed: List[dict] = []
         dropped, notes = Counter(), Counter()
         if todo:
-            # Configuration errors (a caption key no sample has) at once, from the driver.
-            collect_probe(todo[:1], cfg.scoring_stage_config(), engine.scorers, 1, cfg.probe_scan)
             ds = ray.data.from_items([{"shard": u} for u in todo], override_num_blocks=len(todo))
             ds = ds.map_batches(functools.partial(read_shard, cfg=cfg, scorers=engine.scorers),
                                 batch_size=1, batch_format="numpy")
@@ -263,17 +266,22 @@ def run_on_ray(shards, cfg, *, actors: Optional[int] = None, gpus_per_actor: Opt
                                                        "device": device})
             finish = ray.remote(num_cpus=1)(finish_shard)
             collector, writing = _Collector(engine.columns), []
-            for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
-                for url, rows, end in collector.add(batch):
-                    dropped.update(end.get("dropped", {}))
-                    notes.update(end.get("notes", {}))
-                    if end.get("unopened"):  # no outputs and no marker: --resume tries it again
-                        failed.append({"url": url, "reason": f"unreadable: {end['error']}"})
-                    else:
-                        writing.append(finish.remote(url, rows, end, cfg, engine.state, engine.columns))
-                ready, writing = ray.wait(writing, num_returns=len(writing), timeout=0) if writing else ([], [])
-                done += ray.get(ready)
-            done += ray.get(writing)
+            try:
+                for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
+                    for url, rows, end in collector.add(batch):
+                        dropped.update(end.get("dropped", {}))
+                        notes.update(end.get("notes", {}))
+                        if end.get("unopened"):  # no outputs and no marker: --resume tries it again
+                            failed.append({"url": url, "reason": f"unreadable: {end['error']}"})
+                        else:
+                            writing.append(finish.remote(url, rows, end, cfg, engine.state, engine.columns))
+                    ready, writing = ray.wait(writing, num_returns=len(writing), timeout=0) if writing else ([], [])
+                    done += ray.get(ready)
+            finally:
+                # Shards whose rows all arrived are written even when the stream fails: --resume keeps them.
+                done += ray.get(writing)
+            failed += [{"url": r["shard"], "reason": r["failed"]} for r in done if r.get("failed")]
+            done = [r for r in done if not r.get("failed")]
         engine.completed = len(done)
         engine.summary.shards_scored = len(done)
         engine.summary.samples_this_run = sum(int(r["rows"]) for r in done)

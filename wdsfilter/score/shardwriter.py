@@ -53,8 +53,12 @@ def member_ranges(path: str, rekey: str) -> Tuple[int, List[Tuple[int, int, str]
 def _local_copy(url: str, allow_pipe: bool, allow_remote: bool, folder: str) -> str:
     # ".<...>.tmp-" like every temporary: a killed run's leftovers are removed by the next run.
     fd, tmp = tempfile.mkstemp(prefix=".source.tmp-", suffix=".tar", dir=folder)
-    with os.fdopen(fd, "wb") as out, open_shard(url, allow_pipe, allow_remote) as src:
-        shutil.copyfileobj(src, out, 1 << 20)
+    try:
+        with os.fdopen(fd, "wb") as out, open_shard(url, allow_pipe, allow_remote) as src:
+            shutil.copyfileobj(src, out, 1 << 20)
+    except BaseException:
+        os.remove(tmp)
+        raise
     return tmp
 
 
