@@ -174,11 +174,12 @@ def finish_shard(url: str, rows: List[dict], end: dict, cfg, state, columns: Seq
 
 class _Collector:
     """Driver side: rows arrive from the actors in any order; a shard is complete when its
-    SHARD_END row has come and as many rows as it announced."""
+    SHARD_END row has come and every row index it announced. Rows are kept by index, so a row
+    that a retried Ray task sends twice is counted once."""
 
     def __init__(self, columns: Sequence[str]):
         self.columns = list(columns)
-        self.rows: Dict[str, List[dict]] = {}
+        self.rows: Dict[str, Dict[int, dict]] = {}
         self.ends: Dict[str, dict] = {}
 
     def add(self, batch) -> List[tuple]:
@@ -191,10 +192,10 @@ class _Collector:
                 self.ends[url] = json.loads(row["message"])
             else:
                 row.update({c: _plain(batch[c][i]) for c in self.columns})
-                self.rows.setdefault(url, []).append(row)
+                self.rows.setdefault(url, {})[row["index"]] = row
             end = self.ends.get(url)
             if end is not None and len(self.rows.get(url, ())) == end["rows"]:
-                complete.append((url, self.rows.pop(url, []), self.ends.pop(url)))
+                complete.append((url, list(self.rows.pop(url, {}).values()), self.ends.pop(url)))
         return complete
 
 
