@@ -169,8 +169,11 @@ class ScoreConfig:
     def scoring_stage_config(self) -> StageConfig:
         """The stage config of the scoring pipeline: rejects flow on as markers (every sample
         gets a row), and the starvation watchdog is off because markers keep the stream moving;
-        a run that scores nothing is reported by the engine with its counts instead."""
-        return replace(self.stage, emit_rejects=True, starvation_samples=0, starvation_seconds=0.0)
+        a run that scores nothing is reported by the engine with its counts instead. The keys
+        are checked once on the whole first shard before scoring (pipeline.check_keys), so the
+        readers do not check again."""
+        return replace(self.stage, emit_rejects=True, starvation_samples=0, starvation_seconds=0.0,
+                       check_first_shard=False)
 
 
 def parse_gpus(value) -> Tuple[int, ...]:

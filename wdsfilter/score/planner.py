@@ -372,10 +372,15 @@ class _Planner:
         else:
             for d in devices:
                 d.threads = 2  # host-side work of a GPU model process: transfers, Python
-        min_free_host = cfg.min_free_host or max(256 * 2**20, int(0.03 * host["total"]))
+        min_free_host = default_min_free_host(cfg, host["total"])
         self.lines.append(("back-off", f"halve the batch under {fs(min_free_host)} free host RAM",
                            "and on every out-of-memory error"))
         return Plan(devices, int(workers), prefetch, chunk, QUEUE_DEPTH, min_free_host, self.lines, self.warnings)
+
+
+def default_min_free_host(cfg, host_total: int) -> int:
+    """Free host RAM under which the back-off halves batches: the user's, else 3% (>= 256 MiB)."""
+    return cfg.min_free_host or max(256 * 2**20, int(0.03 * host_total))
 
 
 def make_plan(cfg: ScoreConfig, reports: List[dict], probe: ProbeReport, host: dict, n_shards: int) -> Plan:

@@ -49,17 +49,13 @@ def read_shard(batch, cfg, scorers, rows_per_block: int = 64) -> Iterator[Dict[s
     message tells the driver how many rows the shard has, how the reader ended and the shard's
     stage counts. Yields column batches of up to rows_per_block rows, so a big shard never sits
     in memory whole."""
-    from dataclasses import replace
-
     from ..pipeline import sample_pipeline
     from ..stages import MARKER, REJECT
     from ..tally import Tally
     from .engine import complete_row
     from .prepare import SHARD_END as END_MARKER, Prepare
 
-    # The driver checked the caption/image keys on the first shard; here every task would
-    # think its shard is the first one.
-    stage = replace(cfg.scoring_stage_config(), check_first_shard=False)
+    stage = cfg.scoring_stage_config()
     for url in list(batch["shard"]):
         tally = Tally(0, 0, name="wdsfilter score (ray)")
         pipeline = sample_pipeline([url], stage, tally, extra=[Prepare(scorers)])
@@ -115,11 +111,11 @@ class ScoreActor:
     def __init__(self, cfg, scorers, columns: Sequence[str], batch_size: int, device: str):
         from .memory import host_status
         from .modelworker import ModelRunner
+        from .planner import default_min_free_host
         self.cfg, self.columns, self.scorers = cfg, list(columns), scorers
         self.runner = ModelRunner(scorers, device)
         self.runner.load()
-        min_free = cfg.min_free_host or int(0.03 * host_status()["total"])
-        self.runner.configure(batch_size, min_free_host=min_free)
+        self.runner.configure(batch_size, min_free_host=default_min_free_host(cfg, host_status()["total"]))
 
     def __call__(self, batch):
         from .engine import complete_row

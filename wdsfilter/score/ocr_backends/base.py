@@ -7,7 +7,6 @@ loads it. Recognition is never run: the OCR scorer needs where text is, not what
 from __future__ import annotations
 
 import abc
-import importlib
 import time
 from contextlib import contextmanager
 from typing import Dict, List, Optional, Tuple
@@ -15,6 +14,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from ...errors import ConfigError
+from ..registry import build
 
 # name -> "module:Class" (imported when used: each pulls its own heavy dependency)
 BACKENDS = {
@@ -51,6 +51,16 @@ class DetectorBackend(abc.ABC):
     @abc.abstractmethod
     def load(self, device: str) -> None:
         """Load the detector onto `device` ("cpu", "cuda:1", ...) and only that device."""
+
+    def _frames(self, frames) -> np.ndarray:
+        """The (B, H, W, 3) array detect() takes; raises if it is called before load() or with
+        anything else."""
+        if self._model is None:
+            raise RuntimeError(f"{type(self).__name__}.detect called before load()")
+        frames = np.asarray(frames)
+        if frames.ndim != 4 or frames.shape[-1] != 3:
+            raise ValueError(f"frames must be (B, H, W, 3), got {frames.shape}")
+        return frames
 
     @abc.abstractmethod
     def detect(self, frames: np.ndarray) -> List[Polygons]:
@@ -98,9 +108,4 @@ def parse_device(device: str) -> Tuple[str, int]:
 
 
 def make_backend(name: str, **options) -> DetectorBackend:
-    try:
-        target = BACKENDS[name]
-    except KeyError:
-        raise ConfigError(f"unknown OCR backend {name!r}; available: {', '.join(sorted(BACKENDS))}") from None
-    module, cls = target.split(":")
-    return getattr(importlib.import_module(module), cls)(**options)
+    return build(BACKENDS, name, "OCR backend", **options)

@@ -152,11 +152,7 @@ class EasyOcrBackend(DetectorBackend):
         from easyocr.craft_utils import adjustResultCoordinates, getDetBoxes
         from easyocr.imgproc import normalizeMeanVariance, resize_aspect_ratio
 
-        if self._model is None:
-            raise RuntimeError("EasyOcrBackend.detect called before load()")
-        frames = np.asarray(frames)
-        if frames.ndim != 4 or frames.shape[-1] != 3:
-            raise ValueError(f"frames must be (B, H, W, 3), got {frames.shape}")
+        frames = self._frames(frames)
         with self._timed("preprocess"):
             batch, ratio = [], 1.0
             for f in frames:  # same size in, same size (and ratio) out

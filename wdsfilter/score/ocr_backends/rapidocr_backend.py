@@ -143,11 +143,7 @@ class RapidOcrBackend(DetectorBackend):
     def detect(self, frames: np.ndarray) -> List[Polygons]:
         import cv2
 
-        if self._model is None:
-            raise RuntimeError("RapidOcrBackend.detect called before load()")
-        frames = np.asarray(frames)
-        if frames.ndim != 4 or frames.shape[-1] != 3:
-            raise ValueError(f"frames must be (B, H, W, 3), got {frames.shape}")
+        frames = self._frames(frames)
         height, width = frames.shape[1:3]
         with self._timed("preprocess"):
             # Frames share a size, so the resized inputs do too and stack into one batch. The

@@ -8,8 +8,9 @@ model worker on its device. A scorer object is a small picklable config until `l
 from __future__ import annotations
 
 import abc
-import importlib
 from typing import Any, Dict, List, Sequence
+
+from ..registry import build
 
 # name -> "module:Class", imported only when used (heavy dependencies stay optional).
 REGISTRY = {
@@ -56,10 +57,4 @@ class Scorer(abc.ABC):
 
 
 def make_scorer(name: str, **options) -> Scorer:
-    try:
-        target = REGISTRY[name]
-    except KeyError:
-        from ...errors import ConfigError
-        raise ConfigError(f"unknown scorer {name!r}; available: {', '.join(sorted(REGISTRY))}") from None
-    module, cls = target.split(":")
-    return getattr(importlib.import_module(module), cls)(**options)
+    return build(REGISTRY, name, "scorer", **options)
