@@ -32,7 +32,8 @@ def tiny_clip(tmp_path_factory) -> str:
 
     shards = tool.find_shards(tool.DEFAULT_SHARDS)
     key = f"{tool.source_hash()}-{_digest(shards)}-{TINY_CLIP_STEPS}"
-    cache = os.path.join(REPO, "models", ".cache")
+    # WDSFILTER_TEST_CACHE lets several checkouts (worktrees) share one build.
+    cache = os.environ.get("WDSFILTER_TEST_CACHE") or os.path.join(REPO, "models", ".cache")
     try:
         os.makedirs(cache, exist_ok=True)
     except OSError:
