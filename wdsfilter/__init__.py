@@ -1,8 +1,9 @@
 """wdsfilter: safe, loud, memory-aware filtering and scoring of WebDataset shards.
 
 Where a sample flows: shards.py (which shards) -> reading.py (tar -> samples) -> stages.py
-(select, rename, clean_captions, decode, map_dict, watch) -> pipeline.py / loader.py.
-The validator lives in wdsfilter/validate/, scoring in wdsfilter/score/.
+(select, rename, clean_captions, decode, map_dict, watch) -> pipeline.py / dataloader.py.
+The validator lives in wdsfilter/validate/, scoring in wdsfilter/score/; ARCHITECTURE.md (top
+level) maps every module.
 """
 
 __version__ = "0.1.0"

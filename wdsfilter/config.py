@@ -43,10 +43,9 @@ class StageConfig:
     # Watchdog: raise when this many samples (or seconds) produced no output at all. 0 = off.
     starvation_samples: int = 500
     starvation_seconds: float = 300.0
-    # Pass markers downstream instead of dropping silently: {"__marker__": "reject", "__key__",
-    # "__url__", "__reject__": reason, "__message__"} for each dropped sample, and
-    # {"__marker__": "shard_end", "__url__", "members", "error"} after each shard (the scoring
-    # engine gives every sample a row and completes score files shard by shard).
+    # Pass markers downstream instead of dropping silently: a reject marker for each dropped sample
+    # and a shard_end marker after each shard (markers.py; the scoring engine gives every sample
+    # a row and completes score files shard by shard).
     emit_rejects: bool = False
     # Raise a ConfigError when no sample of the first shard has the caption or image key.
     check_first_shard: bool = True
@@ -97,3 +96,12 @@ class StageConfig:
             raise ConfigError(f"{path}: unknown option(s) {unknown}; known: {sorted(known)}")
         data.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**data)
+
+
+def config_or_options(config, options: dict, name: str = "config", kind: str = "StageConfig") -> None:
+    """The front door of every API that takes either a config object or its options one by one:
+    both at once is a ConfigError naming the options given (None and empty values do not count)."""
+    given = [k for k, v in options.items() if v is not None and not (isinstance(v, (str, dict, list, tuple)) and not v)]
+    if config is not None and given:
+        raise ConfigError(f"pass either {name}={kind}(...) or individual options, not both "
+                          f"(got {name}= and {', '.join(sorted(given))})")

@@ -16,7 +16,7 @@ import math
 import os
 from typing import Callable, Optional, Sequence
 
-from .config import StageConfig
+from .config import StageConfig, config_or_options
 from .errors import ConfigError
 from .pipeline import sample_pipeline
 from .shards import expand_urls
@@ -114,8 +114,7 @@ def loader(urls, caption_key: Optional[str] = None, image_key: Optional[str] = N
         raise ConfigError("wdsfilter.loader needs PyTorch: pip install 'wdsfilter[score]' (or torch)") from e
     import webdataset as wds
 
-    if config is not None and (caption_key or image_key or config_options):
-        raise ConfigError("pass either config=StageConfig(...) or individual options, not both")
+    config_or_options(config, dict(config_options, caption_key=caption_key, image_key=image_key))
     if config is None:
         opts = dict(config_options)
         if caption_key:

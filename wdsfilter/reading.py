@@ -15,6 +15,7 @@ from typing import Iterable, Iterator, Optional
 
 from .config import StageConfig
 from .errors import UnsafeInputError
+from .markers import shard_end_marker
 from .naming import split_name
 from .shards import open_shard
 from .tally import Tally
@@ -151,8 +152,7 @@ def group_samples(members: Iterable["dict | ShardEnd"], cfg: StageConfig, tally:
                            f"{m.error}; {m.members} member(s) read before the break were kept. "
                            f"Re-create or re-download this shard")
             if cfg.emit_rejects:
-                yield {"__marker__": "shard_end", "__url__": m.url, "__key__": "",
-                       "members": m.members, "error": m.error}
+                yield shard_end_marker(m.url, m.members, m.error)
             continue
         fname, url = m["fname"], m["__url__"]
         key, ext = split_name(fname, rekey)

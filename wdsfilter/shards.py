@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import glob
 import os
-from typing import IO, Iterable, List, Sequence, Union
+from typing import IO, List, Sequence, Tuple, Union
 
 import braceexpand
 
@@ -24,6 +24,11 @@ def is_pipe(url: str) -> bool:
 
 def is_remote(url: str) -> bool:
     return url.startswith(REMOTE_SCHEMES)
+
+
+def is_local(url: str) -> bool:
+    """A path on this machine (or file:PATH), not a pipe: command or a remote URL."""
+    return not (is_pipe(url) or is_remote(url))
 
 
 def _check_allowed(url: str, allow_pipe: bool, allow_remote: bool) -> None:
@@ -57,7 +62,7 @@ def unique_urls(urls: Sequence[str]):
     write its outputs twice."""
     seen, unique, repeats = set(), [], []
     for url in urls:
-        ident = url if is_pipe(url) or is_remote(url) else os.path.realpath(url[5:] if url.startswith("file:") else url)
+        ident = os.path.realpath(local_path(url)) if is_local(url) else url
         if ident in seen:
             repeats.append(url)
         else:
@@ -70,8 +75,7 @@ def _expand_one(item: str, allow_pipe: bool, allow_remote: bool) -> List[str]:
     if is_pipe(item) or is_remote(item):
         _check_allowed(item, allow_pipe, allow_remote)
         return [item]
-    if item.startswith("file:"):
-        item = item[len("file:"):]
+    item = local_path(item)
     if os.path.isdir(item):
         found = []
         for root, dirs, files in os.walk(item):
@@ -91,14 +95,24 @@ def open_shard(url: str, allow_pipe: bool = False, allow_remote: bool = False) -
     if is_pipe(url) or is_remote(url):
         from webdataset.gopen import gopen
         return gopen(url, "rb")
-    path = url[len("file:"):] if url.startswith("file:") else url
-    return open(path, "rb", buffering=1 << 20)
+    return open(local_path(url), "rb", buffering=1 << 20)
 
 
-def shard_name(url: str) -> str:
-    """The short name printed in messages: the path as the user gave it."""
-    return url
+def split_suffix(url: str) -> Tuple[str, str]:
+    """'a/b/00.tar.gz' -> ('00', '.tar.gz'): the shard's file name and its shard suffix ('.tar'
+    when it has none of SHARD_SUFFIXES). The stem names a shard's outputs (score file, marker,
+    stats file, filtered copy)."""
+    base = os.path.basename(url.rstrip("/"))
+    for suffix in sorted(SHARD_SUFFIXES, key=len, reverse=True):
+        if base.endswith(suffix):
+            return base[: -len(suffix)], suffix
+    return base, ".tar"
 
 
-def total_size(urls: Iterable[str]) -> int:
-    return sum(os.path.getsize(u) for u in urls if os.path.isfile(u))
+def shard_stem(url: str) -> str:
+    return split_suffix(url)[0]
+
+
+def local_path(url: str) -> str:
+    """A local shard's path (without a `file:` prefix); pipe: and remote URLs are returned as is."""
+    return url[len("file:"):] if url.startswith("file:") else url

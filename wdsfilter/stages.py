@@ -12,20 +12,18 @@ import os
 import sys
 from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Sequence
 
-from webdataset.filters import pipelinefilter
-
 from .census import KeyCensus
 from .config import StageConfig
+from .curry import pipelinefilter  # webdataset's, without importing webdataset (and torch)
 from .errors import ConfigError, DataError
 from .images import decode_image
+from .markers import MARKER, reject_marker  # markers flow through every stage untouched (markers.py)
 from .naming import is_dotted
 from .reading import group_samples, tar_members
 from .specs import VIDEO_EXTS, find_caption, parse_json_member
 from .tally import Tally
 from .tokens import CaptionCleaner
 
-MARKER = "__marker__"  # markers flow through every stage untouched: "reject" and "shard_end"
-REJECT = "__reject__"
 
 
 def _reject(tally: Tally, sample: dict, reason: str, stage: str, member: str, message: str, emit: bool):
@@ -33,8 +31,7 @@ def _reject(tally: Tally, sample: dict, reason: str, stage: str, member: str, me
     sample a row, its reason included)."""
     tally.drop(reason, stage, sample.get("__url__", ""), member, message)
     if emit:
-        return {"__key__": sample.get("__key__", ""), "__url__": sample.get("__url__", ""),
-                MARKER: "reject", REJECT: reason, "__message__": message}
+        return reject_marker(sample.get("__key__", ""), sample.get("__url__", ""), reason, message)
     return None
 
 

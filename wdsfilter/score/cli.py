@@ -75,7 +75,8 @@ def score(shards, out, scorers, model, pretrained, scorer_opts, frames, frame_re
     or your own scorer; write per-shard score files, a summary and, optionally, filtered shards."""
     from ..config import StageConfig
     from . import build_config
-    from .config import parse_option, parse_threshold
+    from ..thresholds import parse_threshold
+    from .config import parse_option
     from .engine import run_scoring
 
     logging.basicConfig(format="wdsfilter: warning: %(message)s", level=logging.WARNING)

@@ -8,6 +8,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 from ..config import StageConfig
 from ..errors import ConfigError
+from ..thresholds import Thresholds
 
 FORMATS = ("parquet", "jsonl")
 FIT_POLICIES = ("refuse", "clamp")
@@ -155,22 +156,22 @@ class ScoreConfig:
             for d in self.devices:
                 if not (d == "cpu" or re.match(r"^cuda:\d+$", d) or re.match(r"^sim:\w+$", d)):
                     raise ConfigError(f"devices: {d!r} is not cpu, cuda:N or sim:NAME")
-        self.thresholds = _numbers(self.thresholds, "minimum")
-        self.max_thresholds = _numbers(self.max_thresholds, "maximum")
-        empty = [c for c, lo in self.thresholds.items() if c in self.max_thresholds and lo > self.max_thresholds[c]]
-        if empty:
-            c = empty[0]
-            raise ConfigError(f"no sample can be kept: the minimum {self.thresholds[c]:g} of {c} is above its "
-                              f"maximum {self.max_thresholds[c]:g}")
+        bounds = Thresholds.build(self.thresholds, self.max_thresholds)
+        self.thresholds, self.max_thresholds = dict(bounds.minima), dict(bounds.maxima)
         self.scorer_options = {str(k): dict(v) for k, v in dict(self.scorer_options).items()}
         if not isinstance(self.stage, StageConfig):
             raise ConfigError("stage must be a StageConfig")
+
+    @property
+    def bounds(self) -> Thresholds:
+        """thresholds and max_thresholds as one Thresholds (the keep test of a row)."""
+        return Thresholds(dict(self.thresholds), dict(self.max_thresholds))
 
     def scoring_stage_config(self) -> StageConfig:
         """The stage config of the scoring pipeline: rejects flow on as markers (every sample
         gets a row), and the starvation watchdog is off because markers keep the stream moving;
         a run that scores nothing is reported by the engine with its counts instead. The keys
-        are checked once on the whole first shard before scoring (pipeline.check_keys), so the
+        are checked once on the whole first shard before scoring (keycheck.check_keys), so the
         readers do not check again."""
         return replace(self.stage, emit_rejects=True, starvation_samples=0, starvation_seconds=0.0,
                        check_first_shard=False)
@@ -191,31 +192,6 @@ def parse_gpus(value) -> Tuple[int, ...]:
     if len(set(gpus)) != len(gpus):
         raise ConfigError(f"gpus lists a GPU twice ({value!r}); use replicas=N for several model processes per GPU")
     return gpus
-
-
-def _numbers(thresholds, what: str) -> Dict[str, float]:
-    out = {}
-    for column, value in dict(thresholds or {}).items():
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{what} threshold for {column!r} must be a number, got {value!r}") from None
-        if number != number:
-            raise ConfigError(f"{what} threshold for {column!r} is NaN")
-        out[str(column)] = number
-    return out
-
-
-def parse_threshold(text: str, option: str = "--min") -> Tuple[str, float]:
-    """'clip_score=0.28' -> ("clip_score", 0.28) (the --min and --max options)."""
-    column, sep, value = text.partition("=")
-    if not sep or not column.strip():
-        example = "ocr_area=0.2" if option == "--max" else "clip_score=0.28"
-        raise ConfigError(f"{option} expects COLUMN=VALUE (e.g. {example}), got {text!r}")
-    try:
-        return column.strip(), float(value)
-    except ValueError:
-        raise ConfigError(f"{option} {text!r}: {value!r} is not a number") from None
 
 
 def parse_option(text: str) -> Tuple[str, str, Any]:

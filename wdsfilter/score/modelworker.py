@@ -265,6 +265,7 @@ class ProcessPool:
         self.waiting: Dict[Tuple[str, int], Any] = {}
         self.results: List[tuple] = []
         self.final_stats: Dict[int, dict] = {}
+        self.reported: set = set()  # workers that loaded their scorers
 
     @property
     def devices(self) -> List[str]:
@@ -322,9 +323,16 @@ class ProcessPool:
                 continue
             if not proc.is_alive():
                 code = proc.exitcode
+                loading = ("loaded", worker) not in self.waiting and worker not in self.reported
                 self.terminate()
+                hint = " (killed by a signal: out of host memory?)" if code and code < 0 else ""
+                if loading and code and code > 0:
+                    # The usual cause: a script that starts scoring at import time, without the main
+                    # guard; the spawned worker imports it again (its own error is printed above).
+                    hint += (". It died while starting: if your script calls wdsfilter at import time, put the "
+                             "call under `if __name__ == \"__main__\":` (model workers import the script again)")
                 raise WorkerError(f"model worker {worker} on {self.device_by_worker[worker]} died with exit code "
-                                  f"{code}{' (killed by a signal: out of host memory?)' if code and code < 0 else ''}")
+                                  f"{code}{hint}")
 
     def _await(self, kind: str, worker: int, timeout: float = 3600.0) -> Any:
         deadline = time.monotonic() + timeout
@@ -340,6 +348,7 @@ class ProcessPool:
         reports = []
         for w in workers:
             report = self._await("loaded", w)
+            self.reported.add(w)
             report["worker"] = w
             reports.append(report)
         return reports
@@ -347,6 +356,7 @@ class ProcessPool:
     def add_replica(self, device: str) -> dict:
         w = self._spawn(device)
         report = self._await("loaded", w)
+        self.reported.add(w)
         report["worker"] = w
         return report
 

@@ -1,9 +1,10 @@
 """The memory planner: from measured numbers to batch size, model replicas per GPU, decode workers.
 
 Inputs, all measured before planning:
-  * per device (DeviceReport, from the model worker that loaded the scorers there): its free
-    memory before loading (torch.cuda.mem_get_info on GPUs, psutil on the host), each model's
-    footprint (memory_allocated after load minus before) and what another process costs there;
+  * per device (the report dict of modelworker.ModelRunner.load, from the model worker that
+    loaded the scorers there): its free memory before loading (torch.cuda.mem_get_info on GPUs,
+    psutil on the host), each model's footprint (memory_allocated after load minus before) and
+    what another process costs there;
   * the activation probe (ProbeReport): peak memory above the loaded model for probe batches of
     two sizes (max_memory_allocated), giving bytes per sample and a fixed part, plus the model's
     and the decode side's seconds per sample and the size of one prepared sample;

@@ -15,10 +15,8 @@ import time
 from typing import Any, Dict, Iterable, Iterator, List, Sequence, Tuple
 
 from ..errors import DataError
-from ..stages import MARKER
+from ..markers import MARKER, SHARD_END
 from .transport import pack
-
-SHARD_END = "shard_end"
 
 
 class Prepare:

@@ -17,20 +17,12 @@ import re
 from collections import defaultdict
 from typing import Dict, List
 
-from ..shards import SHARD_SUFFIXES, is_pipe, is_remote
+from ..shards import is_pipe, is_remote, shard_stem
 from .report import SCHEMA_VERSION, Report
 
 
 def shard_basename(url: str) -> str:
     return url.rstrip("/").rsplit("/", 1)[-1]
-
-
-def shard_stem(url: str) -> str:
-    base = shard_basename(url)
-    for suffix in sorted(SHARD_SUFFIXES, key=len, reverse=True):
-        if base.endswith(suffix):
-            return base[:-len(suffix)]
-    return base
 
 
 def _subfolders(folders: List[str]) -> Dict[str, str]:

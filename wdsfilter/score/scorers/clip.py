@@ -168,18 +168,6 @@ class ClipScorer(Scorer):
             torch.cuda.empty_cache()
 
     # -- reporting -----------------------------------------------------------------------------
-    def footprint(self) -> Dict[str, Any]:
-        """Hints for the memory planner (which measures the real numbers once the model loads):
-        parameter bytes (fp32 weights; autocast keeps them fp32) and the shape of one input."""
-        size = self.source.preprocess_cfg["size"]
-        h, w = (size, size) if isinstance(size, int) else tuple(size)
-        hints = {"input_image": (3, h, w), "context_length": self.context_length}
-        if self._model is not None:
-            hints["param_bytes"] = sum(p.numel() * p.element_size() for p in self._model.parameters())
-        else:
-            hints["param_bytes"] = _param_bytes_without_weights(self.source)
-        return hints
-
     def describe(self) -> str:
         where = f"device={self.device}, precision={getattr(self, 'resolved_precision', self.precision)}" \
             if self._model is not None else f"not loaded, precision={self.precision}"
@@ -193,23 +181,3 @@ def _reduce(values: List[float], how: str) -> float:
     if how == "min":
         return min(values)
     return sum(values) / len(values)
-
-
-def _param_bytes_without_weights(source: ClipSource) -> Optional[int]:
-    """Build the architecture on the meta device (no memory, no init cost) and count."""
-    import logging
-    logging.disable(logging.WARNING)  # open_clip warns "initialized randomly": true, and meant here
-    try:
-        import open_clip
-        import torch
-        from ..models import _ensure_registered
-        if not source.spec.startswith(("local-dir:", "hf-hub:")):
-            _ensure_registered(source.spec, source.model_cfg)
-        with torch.device("meta"):
-            model = open_clip.create_model(source.spec, load_weights=False, device="meta",
-                                           pretrained_text=False)
-        return sum(p.numel() * 4 for p in model.parameters())
-    except Exception:  # a hint only: the planner measures anyway
-        return None
-    finally:
-        logging.disable(logging.NOTSET)
