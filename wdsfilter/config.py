@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, fields
-from typing import Optional, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 from .errors import ConfigError
 from .naming import REKEY_MODES
@@ -14,6 +14,25 @@ OVERSIZE_MODES = ("skip", "reduce")
 # Image tokens of popular multimodal data formats; a caption carrying one that is not the
 # configured token was prepared for another model.
 KNOWN_IMAGE_TOKENS = ("<__dj__image>", "<image>", "<img>", "<|image|>", "<|image_pad|>", "<ImageHere>")
+
+# The CLIs' --max-bytes KIND=SIZE -> the StageConfig field it sets.
+BYTE_CAPS = {"text": "max_text_bytes", "json": "max_json_bytes", "image": "max_image_bytes",
+             "video": "max_video_bytes", "other": "max_other_bytes", "decompressed": "max_decompressed_bytes"}
+
+
+def parse_byte_caps(items: Sequence[str]) -> Dict[str, int]:
+    """['image=128MiB', 'text=1MB'] -> {"max_image_bytes": ..., "max_text_bytes": ...}."""
+    from .score.config import parse_size  # the one size parser (8GB, 8GiB, 512MiB; light import)
+
+    caps = {}
+    for item in items:
+        kind, sep, size = item.partition("=")
+        field = BYTE_CAPS.get(kind.strip().lower())
+        if not sep or field is None:
+            raise ConfigError(f"--max-bytes {item!r}: expected KIND=SIZE with KIND one of {', '.join(BYTE_CAPS)} "
+                              f"(e.g. --max-bytes image=128MiB)")
+        caps[field] = parse_size(size, f"--max-bytes {kind}")
+    return caps
 
 
 @dataclass
