@@ -65,6 +65,7 @@ def sort_shard(src: str, dst: str, rekey: str = "first-dot") -> SortResult:
     if os.path.exists(dst) and os.path.samefile(src, dst):
         raise OutputError(f"OUT {dst!r} is the input shard; write the sorted shard to another file")
     folder = os.path.dirname(os.path.abspath(dst))
+    os.makedirs(folder, exist_ok=True)
     plain, temporary = _plain_tar(src, folder)
     try:
         return _rewrite(plain, dst, rekey, src)
