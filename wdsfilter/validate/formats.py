@@ -29,14 +29,18 @@ def write_report(report: Report, fmt: str, path: str) -> str:
 
 
 # -- names that are not UTF-8 ----------------------------------------------------------------------
+_REPR_ESCAPED = re.compile(r"\\udc([89a-f][0-9a-f])")
+
+
 def escape_names(text: str) -> str:
     """Member names that are not UTF-8 are read with surrogateescape (their bytes kept as lone
-    surrogates); here each such byte becomes a visible \\xNN, the rest of the text unchanged."""
+    surrogates); here each such byte becomes a visible \\xNN, the rest of the text unchanged.
+    Messages that quote a name with repr() show the byte as \\udcNN: written \\xNN too."""
     try:
         text.encode("utf-8")
-        return text
     except UnicodeEncodeError:
-        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return _REPR_ESCAPED.sub(r"\\x\1", text) if "\\udc" in text else text
 
 
 def escape_data(obj):
