@@ -302,3 +302,22 @@ def test_byte_caps_are_checked_and_read_from_the_cli_syntax():
         parse_byte_caps(["pictures=1MB"])
     with pytest.raises(ConfigError, match="max_json_bytes"):
         StageConfig(max_json_bytes=0)
+
+
+def test_score_gives_deep_json_a_row_and_reads_gzipped_captions(tmp_path):
+    """The scoring run reads through the same stages: the deep JSON is a rejected row
+    (invalid_json), the .txt.gz caption is scored, and the run completes."""
+    from test_score_kit import BrightnessScorer
+    from wdsfilter.score import score
+    from wdsfilter.score.outputs import read_rows
+    url = write_shard(tmp_path / "shard-0000.tar", [
+        ("a.jpg", image_bytes()), ("a.json", {"caption": "plain"}),
+        ("b.jpg", image_bytes()), ("b.json", DEEP),
+        ("c.jpg", image_bytes()), ("c.json.gz", gzip.compress(json.dumps({"caption": "gzipped"}).encode()))])
+    out = tmp_path / "out"
+    score([url], out=str(out), scorers=[BrightnessScorer()], caption_key="json:caption", device="cpu",
+          progress=False, workers=0)
+    folder = out / "scores"
+    rows = {r["key"]: r for f in sorted(os.listdir(folder)) for r in read_rows(str(folder / f))}
+    assert rows["a"]["status"] == rows["c"]["status"] == "scored"
+    assert rows["b"]["status"] == "rejected" and rows["b"]["reason"] == "invalid_json"
