@@ -275,7 +275,8 @@ class RunSummary:
                              + ["dry run: nothing was scored",
                                 f"shards: {self.shards} ({self.shards_resumed} already done)"])
         lines = [f"scored {self.scored} of {self.rows} samples in {self.shards} shard(s)"
-                 + (f" ({self.shards_resumed} shard(s) were already done)" if self.shards_resumed else "")]
+                 + (f" ({self.shards_resumed} shard(s) were already done)" if self.shards_resumed else "")
+                 + (f"; {len(self.shards_failed)} shard(s) FAILED" if self.shards_failed else "")]
         for s in self.scorers:
             lines.append(f"  scorer: {s}")
         if self.samples_this_run:
@@ -299,7 +300,7 @@ class RunSummary:
         if self.thresholds or self.max_thresholds:
             lines.append(f"  kept {self.kept} of {self.rows} (all thresholds met)")
         for f in self.shards_failed:
-            lines.append(f"  shard not read: {f['url']}: {f['reason']}")
+            lines.append(f"  shard FAILED (no marker; --resume retries it): {f['url']}: {f['reason']}")
         for col, st in self.columns.items():
             if st.get("kind") == "number" and st.get("count"):
                 lines.append(f"  {col}: n={st['count']} min={st['min']:.4g} mean={st['mean']:.4g} max={st['max']:.4g}")
