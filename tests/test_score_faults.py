@@ -209,3 +209,83 @@ def test_the_lock_refuses_a_second_holder_in_the_same_process_and_frees_on_relea
         with pytest.raises(OutputLockedError):
             score(make_shards(tmp_path / "shards", [2])[0], out=out, scorers=[SCORER], device="cpu", progress=False)
     OutputLock(out).acquire().release()
+
+
+# -- item 13: a full disk ---------------------------------------------------------------------------------
+@pytest.fixture
+def small_fs(tmp_path):
+    """A real 2 MiB filesystem (tmpfs; needs root, as in CI containers), grown by `grow(size)`."""
+    import subprocess
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("mounting a small tmpfs needs root")
+
+    def grow(size):
+        subprocess.run(["mount", "-o", f"remount,size={size}", str(mnt)], check=True)
+    try:
+        yield mnt, grow
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def big_shards(folder, n_shards, samples=6, blob=120_000):
+    """Shards of image-text samples that carry an incompressible 120 KB .bin member each."""
+    from shardkit import image_bytes, write_shard
+    os.makedirs(folder, exist_ok=True)
+    urls = []
+    rng = __import__("random").Random(0)
+    for s in range(n_shards):
+        members = []
+        for i in range(samples):
+            key = f"s{s}_{i:05d}"
+            members += [(f"{key}.jpg", image_bytes(color=(40 * i % 256, 90, 30 * s % 256))),
+                        (f"{key}.txt", f"sample {i}"), (f"{key}.bin", rng.randbytes(blob))]
+        urls.append(write_shard(os.path.join(folder, f"big-{s:04d}.tar"), members))
+    return urls
+
+
+def temporaries(*folders):
+    return [os.path.join(root, f) for folder in folders for root, _, files in os.walk(folder) for f in files
+            if ".tmp-" in f]
+
+
+def test_a_full_disk_while_writing_filtered_shards_stops_the_run_and_resume_completes_it(small_fs, tmp_path):
+    mnt, grow = small_fs
+    urls = big_shards(tmp_path / "shards", 4)  # ~730 KB each: two filtered shards fit in 2 MiB, not three
+    out, kept = str(tmp_path / "out"), str(mnt / "kept")
+    result = cli(*urls, "--scorer", SCORER, "--out", out, "--write-shards", kept)
+    assert result.exit_code == 3, result.output
+    assert "no space left on the device" in result.output and "--resume" in result.output
+    assert "Traceback" not in result.output
+    assert done_names(out) == ["big-0000.json", "big-0001.json"]  # only what was written whole
+    assert temporaries(out, kept) == []
+    assert sorted(os.listdir(kept)) == ["big-0000.tar", "big-0001.tar"]
+
+    grow("8m")  # space freed
+    again = cli(*urls, "--scorer", SCORER, "--out", out, "--write-shards", kept, "--resume")
+    assert again.exit_code == 0, again.output
+    assert done_names(out) == [f"big-{s:04d}.json" for s in range(4)]
+    for url in urls:  # every filtered shard is whole: all samples kept, byte for byte
+        assert open(os.path.join(kept, os.path.basename(url)), "rb").read()[:-10240].rstrip(b"\0") == \
+            open(url, "rb").read()[:-10240].rstrip(b"\0")
+    assert json.load(open(os.path.join(out, "summary.json")))["status"] == {"scored": 24}
+
+
+def test_a_full_disk_under_the_output_folder_stops_the_run_without_half_files(small_fs, tmp_path):
+    mnt, grow = small_fs
+    urls = make_shards(tmp_path / "shards", [4] * 6)[0]
+    out = str(mnt / "out")
+    with open(mnt / "filler", "wb") as f:  # leave a few pages: run.json and a score file or two
+        f.write(b"\1" * (2 * 2**20 - 40 * 1024))
+    result = cli(*urls, "--scorer", SCORER, "--out", out)
+    assert result.exit_code == 3, result.output
+    assert "no space left on the device" in result.output and "Traceback" not in result.output
+    assert temporaries(out) == []
+    done = done_names(out)
+    assert len(done) < 6
+    os.remove(mnt / "filler")
+    again = cli(*urls, "--scorer", SCORER, "--out", out, "--resume")
+    assert again.exit_code == 0, again.output
+    assert len(done_names(out)) == 6
+    assert json.load(open(os.path.join(out, "summary.json")))["status"] == {"scored": 24}

@@ -26,7 +26,7 @@ from ..pipeline import check_keys
 from ..shards import expand_urls, unique_urls
 from ..stages import MARKER, REJECT
 from .config import ScoreConfig
-from .faults import read_failed_reason
+from .faults import disk_full, is_disk_full, read_failed_reason
 from .memory import host_status
 from .modelworker import LocalPool, ProcessPool
 from .outlock import OutputLock
@@ -241,8 +241,10 @@ class Engine:
         self.lock = None if cfg.dry_run else OutputLock(cfg.out).acquire()
         try:
             self.state = RunState(cfg, self.urls, _identity(cfg, self.scorers))
-        except BaseException:
+        except BaseException as e:
             self.release_lock()
+            if is_disk_full(e):
+                raise disk_full(e, "the run state") from None
             raise
         self.summary = RunSummary(out=cfg.out, shards=len(self.urls), dry_run=cfg.dry_run)
         self.shards: Dict[str, ShardRows] = {}
@@ -369,6 +371,8 @@ class Engine:
                 filtered = write_filtered(s.url, keep, state.filtered_path(s.url), cfg.stage.rekey,
                                           cfg.stage.allow_pipe, cfg.stage.allow_remote)
             except OSError as e:  # the shard cannot be read again (a pipe: command failed): no marker
+                if is_disk_full(e):
+                    raise
                 self.summary.shards_failed.append({"url": s.url, "reason": f"filtered shard not written: {e}"})
                 del self.shards[s.url]
                 return
@@ -432,6 +436,10 @@ class Engine:
     def run(self) -> RunSummary:
         try:
             return self._run()
+        except OSError as e:
+            if is_disk_full(e):  # stop at once, with one clear line (faults.py)
+                raise disk_full(e, "the run's outputs") from None
+            raise
         finally:
             self.release_lock()
 

@@ -71,13 +71,17 @@ def device_failed(device: str, message: str) -> DeviceFailedError:
 
 
 def is_disk_full(exc: BaseException) -> bool:
-    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    if not isinstance(exc, OSError):
+        return False
+    # pyarrow's write errors carry the errno in their text only
+    return exc.errno in (errno.ENOSPC, errno.EDQUOT) or "No space left on device" in str(exc) \
+        or "Disk quota exceeded" in str(exc)
 
 
 def disk_full(exc: OSError, what: str) -> DiskFullError:
-    where = exc.filename or what
-    return DiskFullError(f"no space left writing {what} ({where}): {exc.strerror}. Nothing incomplete was "
-                         f"marked done; free space, then run again with --resume")
+    where = f" ({exc.filename})" if exc.filename else ""
+    return DiskFullError(f"no space left on the device writing {what}{where}. Nothing incomplete was marked "
+                         f"done and no temporary file is left; free space, then run again with --resume")
 
 
 def read_failed_reason(message: str) -> str:

@@ -209,9 +209,13 @@ def plot_histograms(stats: Dict[str, dict], thresholds: Dict[str, float], path: 
         ax.set_ylabel("samples")
     fig.tight_layout()
     tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp-{os.getpid()}.png")
-    fig.savefig(tmp, dpi=80)
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        fig.savefig(tmp, dpi=80)
+        os.replace(tmp, path)
+    finally:  # a full disk: no half picture left behind
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.remove(tmp)
     return path
 
 
@@ -316,6 +320,10 @@ class RunSummary:
 
 def write_summary(summary: RunSummary, path: str) -> None:
     tmp = path + f".tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(summary.to_dict(), f, indent=2, default=str)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(summary.to_dict(), f, indent=2, default=str)
+        os.replace(tmp, path)
+    finally:  # a full disk: no half summary left behind
+        if os.path.exists(tmp):
+            os.remove(tmp)
