@@ -41,6 +41,8 @@ def _not_yet(name: str, issue: str):
 def _attach():
     from .validate.cli import validate  # the validator is part of the light core: import errors surface
     main.add_command(validate)
+    from .filtering.cli import filter_command  # light: reads score files, loads no model
+    main.add_command(filter_command)
     try:
         from .score.cli import score
         main.add_command(score)
