@@ -106,6 +106,8 @@ def _card(e: dict, column: Optional[str]) -> str:
            else f'<div class="note">{_e(e.get("media_note") or "no preview")}</div>')
     value = e["values"].get(column) if column else None
     head = f"{column} = {value:.5g}" if value is not None else (e.get("reason") or "")
+    if column is None and e["values"]:
+        head += " (" + ", ".join(f"{c}={v:.4g}" for c, v in e["values"].items()) + ")"
     caption = e.get("caption")
     return (f'<div class="card {state}" title="{_e(e.get("message") or "")}">{img}<div><b>{_e(head)}</b> '
             f'({state})</div><div class="cap">{_e(caption if caption is not None else "(no caption)")}</div>'

@@ -13,9 +13,7 @@ the loader judge it (a row without a value in a threshold column is never kept).
 """
 from __future__ import annotations
 
-import json
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -23,7 +21,6 @@ from ..errors import ConfigError
 from ..score.config import parse_threshold
 
 KEPT_STATUSES = ("scored", "partial")  # rejected and failed rows are never kept
-THRESHOLDS_FILE = "thresholds.json"
 
 
 def parse_share(text: str, option: str = "--top") -> Tuple[str, float]:
@@ -90,6 +87,11 @@ def resolve(spec: FilterSpec, run) -> List[Threshold]:
     from . import quantile
     from .scoredir import read_numbers
     run.check_columns(spec.columns(), "thresholds")
+    numeric = run.numeric_columns()
+    flags = [c for c in spec.columns() if c not in numeric]
+    if flags:
+        raise ConfigError(f"thresholds on {', '.join(flags)}, which {'does' if len(flags) == 1 else 'do'} not hold "
+                          f"numbers; numeric score columns: {', '.join(numeric) or 'none'}")
     out = [Threshold(c, True, v, f"--min {c}={v:g}") for c, v in spec.mins.items()]
     out += [Threshold(c, False, v, f"--max {c}={v:g}") for c, v in spec.maxes.items()]
     for shares, top in ((spec.tops, True), (spec.bottoms, False)):
@@ -162,13 +164,3 @@ def write_thresholds(path: str, thresholds: Sequence[Threshold]) -> str:
     mins, maxes = bounds(thresholds)
     _atomic_json(path, {"min_scores": mins, "max_scores": maxes})
     return path
-
-
-def read_thresholds(path: str) -> Tuple[Dict[str, float], Dict[str, float]]:
-    with open(path) as f:
-        data = json.load(f)
-    return dict(data.get("min_scores") or {}), dict(data.get("max_scores") or {})
-
-
-def default_thresholds_path(scores_dir: str) -> str:
-    return os.path.join(scores_dir, THRESHOLDS_FILE)

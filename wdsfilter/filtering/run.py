@@ -95,9 +95,11 @@ def kept_keys(shard: ScoredShard, thresholds: Sequence[Threshold]) -> List[str]:
 def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str] = (), tops: Sequence[str] = (),
                   bottoms: Sequence[str] = (), write_shards: Optional[str] = None, samples_per_shard: int = 1000,
                   prefix: str = "shard", dry_run: bool = False, report: Optional[str] = "",
-                  overwrite: bool = False, echo: Optional[Callable[[str], None]] = None) -> FilterResult:
+                  overwrite: bool = False, echo: Optional[Callable[[str], None]] = None,
+                  save_thresholds: bool = True) -> FilterResult:
     """Judge, count and write (see the module docstring). report: a path, "" for report.html in
-    the score folder, None for no report."""
+    the score folder, None for no report. save_thresholds: write SCORES_DIR/thresholds.json (the
+    resolved thresholds as wdsfilter.loader's keyword arguments)."""
     from .reshard import Resharder, Source
     echo = echo or (lambda line: None)
     spec = FilterSpec.parse(mins, maxes, tops, bottoms)  # usage errors before any file is read
@@ -129,7 +131,7 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
     result.reasons = dict(reasons.most_common())
     if dry_run:
         return result
-    if thresholds:
+    if thresholds and save_thresholds:
         result.files["thresholds (loader keyword arguments)"] = write_thresholds(
             os.path.join(scores_dir, "thresholds.json"), thresholds)
     if write_shards is not None:
@@ -150,3 +152,16 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
         path = report or os.path.join(scores_dir, "report.html")
         result.files["report"] = write_report(collector.finish(result), path)
     return result
+
+
+def score_report(scores_dir: str, thresholds: Dict[str, float], max_thresholds: Dict[str, float]) -> Optional[str]:
+    """report.html for a finished `wdsfilter score` run, with the run's own thresholds; None
+    (and a warning) when it cannot be written: the scores are what matters."""
+    import logging
+    try:
+        result = filter_scores(scores_dir, mins=[f"{c}={v!r}" for c, v in thresholds.items()],
+                               maxes=[f"{c}={v!r}" for c, v in max_thresholds.items()], save_thresholds=False)
+        return result.files.get("report")
+    except Exception as e:  # noqa: BLE001 - never fail a scoring run for its report
+        logging.getLogger("wdsfilter").warning(f"report.html not written: {type(e).__name__}: {e}")
+        return None

@@ -22,6 +22,7 @@ import time
 from typing import Callable, Dict, List, Optional, Sequence
 
 from ..errors import ConfigError, WdsFilterError
+from ..filtering.run import score_report
 from ..pipeline import check_keys
 from ..shards import expand_urls, unique_urls
 from ..stages import MARKER, REJECT
@@ -477,6 +478,7 @@ class Engine:
                          "histograms": plot_histograms(summary.columns, cfg.thresholds,
                                                        os.path.join(cfg.out, "histograms.png"), cfg.max_thresholds),
                          "filtered shards": cfg.write_shards}
+        summary.files["report"] = score_report(cfg.out, cfg.thresholds, cfg.max_thresholds)
         write_summary(summary, summary.files["summary"])
         if summary.scored == 0:
             lines = [f"no sample was scored: {summary.rows} row(s) in {len(files)} finished shard(s) of "
