@@ -34,6 +34,7 @@ from .planner import Plan, ProbeReport, make_plan
 from .prepare import SHARD_END, Chunk, Prepare, collect_probe, keep_as_is, nbytes
 from .resume import RunState
 from .scorers.base import REGISTRY, Scorer, make_scorer
+from .embeddings import write_embeddings
 from .shardwriter import write_filtered
 from .transport import unpack
 
@@ -349,6 +350,7 @@ class Engine:
             return
         cfg, state = self.cfg, self.state
         write_table(s.rows, self.columns, state.score_path(s.url), cfg.format)
+        write_embeddings(cfg.out, state.names[s.url], s.rows)
         filtered = None
         if cfg.write_shards:
             keep = {r["key"] for r in s.rows if r["kept"]}
