@@ -102,7 +102,7 @@ class ReportCollector:
 
 def _attach_media(examples: List[dict], stage: dict) -> None:
     """Each example gets `thumb` (a data: URI or None), `caption` and `media_note`."""
-    from ..shards import open_shard
+    from ..shards import is_pipe, is_remote, open_shard
     caption_spec = KeySpec.parse(stage.get("caption_key") or "txt")
     image_spec = KeySpec.parse(stage.get("image_key") or "jpg;png;jpeg;webp")
     rekey = stage.get("rekey") or "first-dot"
@@ -112,16 +112,25 @@ def _attach_media(examples: List[dict], stage: dict) -> None:
     wanted_exts = set(caption_spec.exts) | set(image_spec.exts)
     for url, wanted in by_url.items():
         found: Dict[str, Dict[str, bytes]] = {}
+        # A local file is opened seekable, so tarfile reads the headers and skips over the data of
+        # the members not shown (a big shard costs a header walk, not a full read); URLs stream.
+        local = not (is_pipe(url) or is_remote(url))
         try:
-            with open_shard(url, bool(stage.get("allow_pipe")), bool(stage.get("allow_remote"))) as f, \
-                    tarfile.open(fileobj=f, mode="r|*") as tar:
+            with (open(url[5:] if url.startswith("file:") else url, "rb") if local else
+                  open_shard(url, bool(stage.get("allow_pipe")), bool(stage.get("allow_remote")))) as f, \
+                    tarfile.open(fileobj=f, mode="r:*" if local else "r|*") as tar:
                 for info in tar:
                     key, ext = split_name(info.name, rekey)
-                    if key not in wanted or not info.isreg() or ext is None:
+                    if key not in wanted:
+                        if len(found) == len(wanted):
+                            break  # every shown sample of this shard is read
+                        continue
+                    if not info.isreg() or ext is None:
                         continue
                     ext = ext.lower()
                     if ext in wanted_exts and info.size <= MAX_MEMBER and ext not in found.get(key, {}):
                         found.setdefault(key, {})[ext] = tar.extractfile(info).read()
+                    found.setdefault(key, {})
         except Exception as e:  # a report is best effort: say why the pictures are missing
             note = f"shard not readable for the report: {type(e).__name__}: {e}"
             for es in wanted.values():
