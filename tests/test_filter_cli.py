@@ -248,3 +248,29 @@ def test_kill_9_then_again_gives_the_same_bytes(tmp_path):
     assert sorted(os.listdir(dest)) == sorted(os.listdir(clean))  # no temporaries left
     for name in os.listdir(clean):
         assert (dest / name).read_bytes() == (clean / name).read_bytes(), name
+
+
+def test_gzip_sources_and_jsonl_score_files(tmp_path):
+    """A .tar.gz source (made by GNU gzip) and JSONL score files: the same rows, the same bytes."""
+    plain = gnu_tar_shards(str(tmp_path), [9, 8])
+    subprocess.run(["gzip", "-k", "-n", plain[1]], check=True)
+    shards = [plain[0], plain[1] + ".gz"]
+    out = score_folder(shards, tmp_path / "scores", format="jsonl")
+    assert sorted(os.listdir(os.path.join(out, "scores"))) == ["shard-0000.jsonl", "shard-0001.jsonl"]
+    rows = all_rows(out)
+    v = values(rows)
+    cut = float(np.sort(v)[len(v) // 2])
+    r = run_cli("filter", out, "--min", f"brightness={cut!r}", "--write-shards", str(tmp_path / "k"), "--no-report")
+    assert r.returncode == 0, r.stderr
+    assert kept_line(r.stdout, "all thresholds") == (int((v >= cut).sum()), len(rows))
+    source = {}
+    for shard in plain:
+        for key, raw in raw_members(shard):
+            source.setdefault(key, []).append(raw)
+    got = {}
+    for name in sorted(json.load(open(tmp_path / "k" / "sizes.json"))):
+        for key, raw in raw_members(str(tmp_path / "k" / name)):
+            got.setdefault(key, []).append(raw)
+    expected = [r_["key"] for r_ in rows if r_["brightness"] is not None and r_["brightness"] >= cut]
+    assert list(got) == expected and any(k.startswith("s1_") for k in got)
+    assert all(got[k] == source[k] for k in got)

@@ -21,7 +21,7 @@ import gzip
 import json
 import os
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 from ..errors import ConfigError, WdsFilterError
 from ..score.resume import _atomic_json
