@@ -1,8 +1,6 @@
 """`wdsfilter filter`: a thin click layer over wdsfilter.filtering.filter_scores (docs/filter.md)."""
 from __future__ import annotations
 
-import sys
-
 import click
 
 
@@ -29,15 +27,10 @@ def filter_command(scores_dir, mins, maxes, tops, bottoms, write_shards, samples
     """Choose thresholds after scoring: count what --min/--max/--top/--bottom keep in the score
     folder of a `wdsfilter score` run (SCORES_DIR, either engine), write an HTML report and,
     with --write-shards, reshard the kept samples. No model is loaded."""
-    from ..errors import ConfigError, UnsafeInputError, WdsFilterError
     from .run import filter_scores
-    try:
-        result = filter_scores(scores_dir, mins, maxes, tops, bottoms, write_shards=write_shards,
-                               samples_per_shard=samples_per_shard, prefix=prefix, dry_run=dry_run,
-                               report=None if no_report else report, overwrite=overwrite, echo=click.echo)
-    except (ConfigError, UnsafeInputError):
-        raise  # the group prints it and exits 2
-    except (WdsFilterError, OSError) as e:
-        click.secho(f"wdsfilter filter: error: {e}", fg="red", err=True)
-        sys.exit(3)
+    # Errors go to the group (wdsfilter/cli.py): one line, exit 2 for usage/configuration, 3 when
+    # the run failed (a source shard missing or changed, an I/O error).
+    result = filter_scores(scores_dir, mins, maxes, tops, bottoms, write_shards=write_shards,
+                           samples_per_shard=samples_per_shard, prefix=prefix, dry_run=dry_run,
+                           report=None if no_report else report, overwrite=overwrite, echo=click.echo)
     click.echo(result.format_text())

@@ -23,7 +23,7 @@ import os
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from ..errors import ConfigError, WdsFilterError
+from ..errors import ConfigError, RunError
 from ..score.resume import _atomic_json
 from ..score.shardwriter import BLOCK, RECORD, _is_gzip, _local_copy, member_ranges
 from ..shards import is_pipe, is_remote
@@ -32,7 +32,7 @@ RUN_FILE = "filter_run.json"
 COPY_CHUNK = 1 << 20
 
 
-class ReshardError(WdsFilterError, RuntimeError):
+class ReshardError(RunError):
     """A source shard does not match its score file any more: the run cannot go on."""
 
 

@@ -55,6 +55,8 @@ def _echo(text: str) -> None:
 @click.option("--caption-key", default=None, help="Caption spec, e.g. txt or json:description or 'txt;json:caption'.")
 @click.option("--image-key", default=None, help="Image spec, e.g. 'jpg;png;webp'.")
 @click.option("--config", "config_file", default=None, metavar="FILE", help="Stage options (JSON/YAML), as for validate.")
+@click.option("--max-bytes", "max_bytes", multiple=True, metavar="KIND=SIZE",
+              help="Byte cap of one member (text, json, image, video, other; decompressed: a .tar.gz shard), as for validate.")
 @click.option("--allow-pipe", is_flag=True, default=None, help="Allow pipe: shard URLs (they run shell commands).")
 @click.option("--allow-remote", is_flag=True, default=None, help="Allow remote shard URLs.")
 @click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
@@ -71,18 +73,19 @@ def _echo(text: str) -> None:
 def score(shards, out, scorers, model, pretrained, scorer_opts, frames, frame_reduce, keyframes, ocr_backend,
           ocr_model_dir, ocr_download, min_clip, max_ocr_area, mins, maxes, write_shards, save_embeddings, device,
           gpus, batch_size, workers, replicas, max_memory, headroom, fit, fmt, resume, overwrite, dry_run, caption_key,
-          image_key, config_file, allow_pipe, allow_remote, engine, ray_address, ray_actors, ray_gpus_per_actor,
+          image_key, config_file, max_bytes, allow_pipe, allow_remote, engine, ray_address, ray_actors,
+          ray_gpus_per_actor,
           no_progress, no_histograms):
     """Score every sample of SHARDS (folders, globs, brace patterns, .tar files) with CLIP, OCR
     or your own scorer; write per-shard score files, a summary and, optionally, filtered shards."""
-    from ..config import StageConfig
+    from ..config import StageConfig, parse_byte_caps
     from . import build_config
     from .config import parse_option, parse_threshold
     from .engine import run_scoring
 
     logging.basicConfig(format="wdsfilter: warning: %(message)s", level=logging.WARNING)
     stage_overrides = {"caption_key": caption_key, "image_key": image_key, "allow_pipe": allow_pipe,
-                       "allow_remote": allow_remote}
+                       "allow_remote": allow_remote, **parse_byte_caps(max_bytes)}
     if config_file:
         stage = StageConfig.from_file(config_file, **stage_overrides)
     else:
