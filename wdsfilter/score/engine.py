@@ -22,6 +22,7 @@ import time
 from typing import Callable, Dict, List, Optional, Sequence
 
 from ..errors import ConfigError, WdsFilterError
+from ..filtering.run import score_report
 from ..pipeline import check_keys
 from ..shards import expand_urls, unique_urls
 from ..stages import MARKER, REJECT
@@ -35,6 +36,7 @@ from .planner import Plan, ProbeReport, make_plan
 from .prepare import SHARD_END, Chunk, Prepare, collect_probe, keep_as_is, nbytes
 from .resume import RunState
 from .scorers.base import REGISTRY, Scorer, make_scorer
+from .embeddings import write_embeddings
 from .shardwriter import write_filtered
 from .transport import unpack
 
@@ -364,6 +366,7 @@ class Engine:
             del self.shards[s.url]
             return
         write_table(s.rows, self.columns, state.score_path(s.url), cfg.format)
+        write_embeddings(cfg.out, state.names[s.url], s.rows)
         filtered = None
         if cfg.write_shards:
             keep = {r["key"] for r in s.rows if r["kept"]}
@@ -509,6 +512,7 @@ class Engine:
                          "histograms": plot_histograms(summary.columns, cfg.thresholds,
                                                        os.path.join(cfg.out, "histograms.png"), cfg.max_thresholds),
                          "filtered shards": cfg.write_shards}
+        summary.files["report"] = score_report(cfg.out, cfg.thresholds, cfg.max_thresholds)
         write_summary(summary, summary.files["summary"])
         if summary.scored == 0:
             lines = [f"no sample was scored: {summary.rows} row(s) in {len(files)} finished shard(s) of "

@@ -26,6 +26,7 @@ import time
 from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 from ..errors import ConfigError
+from .embeddings import FIELD as EMBEDDINGS
 from .faults import read_failed_reason
 from .outputs import RunSummary
 
@@ -129,6 +130,7 @@ class ScoreActor:
             complete_row(rows[i], self.scorers, scores, {**loaded[i][1], **errors}, self.cfg.thresholds,
                          self.cfg.max_thresholds)
         out = {f: [r[f] for r in rows] for f in ROW_FIELDS}
+        out[EMBEDDINGS] = [pickle.dumps(r.get(EMBEDDINGS)) for r in rows]  # --save-embeddings (else None)
         for c in self.columns:  # every batch has every column, so Ray's blocks share one schema
             out[c] = [json.dumps(r.get(c)) for r in rows]
         return out
@@ -145,6 +147,7 @@ def _plain(v):
 def finish_shard(url: str, rows: List[dict], end: dict, cfg, state, columns: Sequence[str]) -> dict:
     """A Ray task: write one shard's outputs the way the engine does (score file, filtered
     shard, then the completion marker)."""
+    from .embeddings import write_embeddings
     from .outputs import write_table
     from .shardwriter import write_filtered
     for row in rows:
@@ -152,6 +155,7 @@ def finish_shard(url: str, rows: List[dict], end: dict, cfg, state, columns: Seq
             row[c] = json.loads(row[c])
     rows.sort(key=lambda r: r["index"])
     write_table(rows, columns, state.score_path(url), cfg.format)
+    write_embeddings(cfg.out, state.names[url], rows)
     filtered = None
     if cfg.write_shards:
         keep = {r["key"] for r in rows if r["kept"]}
@@ -189,6 +193,7 @@ class _Collector:
                 self.ends[url] = json.loads(row["message"])
             else:
                 row.update({c: _plain(batch[c][i]) for c in self.columns})
+                row[EMBEDDINGS] = pickle.loads(batch[EMBEDDINGS][i])
                 self.rows.setdefault(url, {})[row["index"]] = row
             end = self.ends.get(url)
             if end is not None and len(self.rows.get(url, ())) == end["rows"]:
