@@ -19,6 +19,7 @@ from typing import Callable, List, Optional
 from .config import ScoreConfig
 from .devices import make_pool, resolve_devices
 from .dispatch import Dispatcher, open_progress
+from .faults import disk_full, is_disk_full
 from .memory import host_status
 from .outputs import RunSummary
 from .planner import Plan, ProbeReport, make_plan
@@ -101,6 +102,16 @@ class Engine(Run):
 
     # -- the whole run ---------------------------------------------------------------------------
     def run(self) -> RunSummary:
+        try:
+            return self._run()
+        except OSError as e:
+            if is_disk_full(e):  # stop at once, with one clear line (faults.py)
+                raise disk_full(e, "the run's outputs") from None
+            raise
+        finally:
+            self.release_lock()
+
+    def _run(self) -> RunSummary:
         cfg, state, summary = self.cfg, self.state, self.summary
         start = time.perf_counter()
         todo = self.pending()  # keys on the first of them were checked when the run was set up

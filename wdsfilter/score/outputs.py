@@ -98,7 +98,8 @@ def _numeric(values: Iterable[Any]) -> List[float]:
     return [float(v) for v in values if _is_number(v) and not math.isnan(float(v))]
 
 
-def summarize_files(paths: Sequence[str], columns: Sequence[str], thresholds: Thresholds, bins: int = 20) -> dict:
+def summarize_files(paths: Sequence[str], columns: Sequence[str], thresholds: Optional[Thresholds] = None,
+                    bins: int = 20) -> dict:
     """Counts, kept/dropped per threshold (minimum and maximum) and per-column statistics with
     histograms, read back from the score files (two passes over the score columns: range, then
     histogram). Integer columns with few values get one bin per value."""
@@ -106,6 +107,7 @@ def summarize_files(paths: Sequence[str], columns: Sequence[str], thresholds: Th
     status = Counter()
     reasons = Counter()
     kept = 0
+    thresholds = thresholds or Thresholds()
     per_bound = [(b, {"min" if b.minimum else "max": b.value, "kept": 0, "dropped": 0, "no_score": 0})
                  for b in thresholds.bounds()]
     stats: Dict[str, dict] = {}
@@ -267,7 +269,8 @@ class RunSummary:
                              + ["dry run: nothing was scored",
                                 f"shards: {self.shards} ({self.shards_resumed} already done)"])
         lines = [f"scored {self.scored} of {self.rows} samples in {self.shards} shard(s)"
-                 + (f" ({self.shards_resumed} shard(s) were already done)" if self.shards_resumed else "")]
+                 + (f" ({self.shards_resumed} shard(s) were already done)" if self.shards_resumed else "")
+                 + (f"; {len(self.shards_failed)} shard(s) FAILED" if self.shards_failed else "")]
         for s in self.scorers:
             lines.append(f"  scorer: {s}")
         if self.samples_this_run:
@@ -291,7 +294,7 @@ class RunSummary:
         if self.thresholds or self.max_thresholds:
             lines.append(f"  kept {self.kept} of {self.rows} (all thresholds met)")
         for f in self.shards_failed:
-            lines.append(f"  shard not read: {f['url']}: {f['reason']}")
+            lines.append(f"  shard FAILED (no marker; --resume retries it): {f['url']}: {f['reason']}")
         for col, st in self.columns.items():
             if st.get("kind") == "number" and st.get("count"):
                 lines.append(f"  {col}: n={st['count']} min={st['min']:.4g} mean={st['mean']:.4g} max={st['max']:.4g}")

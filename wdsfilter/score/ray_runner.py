@@ -26,6 +26,8 @@ import time
 from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 from ..errors import ConfigError
+from .embeddings import FIELD as EMBEDDINGS
+from .faults import read_failed_reason
 from .outputs import RunSummary
 from .rows import BASE_FIELDS, complete_row, item_row, new_row, write_shard
 
@@ -64,7 +66,7 @@ def read_shard(batch, cfg, scorers, rows_per_block: int = 64) -> Iterator[Dict[s
         end = None
         for item in pipeline:
             if item.get(MARKER) == SHARD_END:
-                end = {"error": item.get("error"), "members": item.get("members", 0)}
+                end = {"error": item.get("error"), "members": item.get("members", 0), "failed": item.get("failed")}
                 continue
             row = item_row(item, index, scorers, cfg.bounds)
             row["payload"] = b""
@@ -116,6 +118,7 @@ class ScoreActor:
             rows[i]["status"] = None
             complete_row(rows[i], self.scorers, scores, {**loaded[i][1], **errors}, self.cfg.bounds)
         out = {f: [r[f] for r in rows] for f in BASE_FIELDS}
+        out[EMBEDDINGS] = [pickle.dumps(r.get(EMBEDDINGS)) for r in rows]  # --save-embeddings (else None)
         for c in self.columns:  # every batch has every column, so Ray's blocks share one schema
             out[c] = [json.dumps(r.get(c)) for r in rows]
         return out
@@ -160,6 +163,7 @@ class _Collector:
                 self.ends[url] = json.loads(row["message"])
             else:
                 row.update({c: _plain(batch[c][i]) for c in self.columns})
+                row[EMBEDDINGS] = pickle.loads(batch[EMBEDDINGS][i])
                 self.rows.setdefault(url, {})[row["index"]] = row
             end = self.ends.get(url)
             if end is not None and len(self.rows.get(url, ())) == end["rows"]:
@@ -191,9 +195,18 @@ def run_on_ray(shards, cfg, *, actors: Optional[int] = None, gpus_per_actor: Opt
 
     if cfg.dry_run:
         raise ConfigError("dry_run plans the single-machine engine; Ray plans its own cluster (ray status)")
-    run = Run(shards, cfg, echo)  # the local engine's URLs, scorers, columns, run state and summary
+    # The local engine's URLs, scorers, columns, run state, summary and lock; the keys on the
+    # first shard to score were checked already, so configuration errors come before Ray starts.
+    run = Run(shards, cfg, echo)
+    try:
+        return _run_on_ray(run, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, address, ray_init)
+    finally:
+        run.release_lock()
+
+
+def _run_on_ray(run, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, address, ray_init) -> RunSummary:
     echo = run.echo
-    todo = run.pending()  # keys on the first of them checked already: configuration errors come before Ray starts
+    todo = run.pending()
     ray = _ray()
     started_here = not ray.is_initialized()
     if started_here:
@@ -238,6 +251,8 @@ def run_on_ray(shards, cfg, *, actors: Optional[int] = None, gpus_per_actor: Opt
                         notes.update(end.get("notes", {}))
                         if end.get("unopened"):  # no outputs and no marker: --resume tries it again
                             failed.append({"url": url, "reason": f"unreadable: {end['error']}"})
+                        elif end.get("failed"):  # not read to its end: no outputs, no marker either
+                            failed.append({"url": url, "reason": read_failed_reason(end["failed"])})
                         else:
                             writing.append(finish.remote(url, rows, end, cfg, run.state, run.columns))
                     ready, writing = ray.wait(writing, num_returns=len(writing), timeout=0) if writing else ([], [])

@@ -137,14 +137,15 @@ class RunState:
         return [f for f in os.listdir(self.scores_dir) if not f.startswith(".")]
 
     def _clear(self) -> None:
-        for folder in (self.done_dir, self.scores_dir):
+        for folder in (self.done_dir, self.scores_dir, os.path.join(self.out, "embeddings")):
             if os.path.isdir(folder):
                 for f in os.listdir(folder):
                     os.remove(os.path.join(folder, f))
 
     def _remove_temporaries(self) -> None:
         """Temporaries of a killed run (atomic.temporary_path) are never complete: delete them."""
-        for folder in (self.scores_dir, self.done_dir, self.out, self.cfg.write_shards):
+        for folder in (self.scores_dir, self.done_dir, self.out, self.cfg.write_shards,
+                       os.path.join(self.out, "embeddings")):
             remove_temporaries(folder)
 
     # -- markers ----------------------------------------------------------------------------------

@@ -18,6 +18,8 @@ from typing import Dict, List, Optional, Sequence
 from ..errors import WdsFilterError
 from ..markers import MARKER, REJECT
 from ..thresholds import Thresholds
+from .embeddings import write_embeddings
+from .faults import is_disk_full, read_failed_reason
 from .outputs import BASE_FIELDS, STATUSES, write_table  # noqa: F401 - the fields are the score file's schema
 from .shardwriter import write_filtered
 
@@ -79,6 +81,7 @@ class ShardRows:
         self.pending = 0
         self.ended = False
         self.error: Optional[str] = None
+        self.failed: Optional[str] = None  # the stream failed: not read to its end
         self.members = 0
 
     def add(self, item: dict, scorers: Sequence, thresholds: Thresholds) -> Optional[int]:
@@ -94,6 +97,7 @@ class ShardRows:
 
     def end(self, marker: dict) -> None:
         self.ended, self.error, self.members = True, marker.get("error"), marker.get("members", 0)
+        self.failed = marker.get("failed")
 
     @property
     def complete(self) -> bool:
@@ -109,10 +113,14 @@ def status_counts(rows: Sequence[dict]) -> Dict[str, int]:
 
 def write_shard(url: str, rows: List[dict], end: dict, cfg, state, columns: Sequence[str],
                 **marker_extra) -> Optional[str]:
-    """Write one complete shard's outputs in order (score file, filtered shard, completion marker).
-    `end` is its shard_end marker (members, error). Returns None when done, else why the shard
-    failed; a failed shard gets no marker, so --resume scores it again."""
+    """Write one complete shard's outputs in order (score file, embeddings, filtered shard,
+    completion marker). `end` is its shard_end marker (members, error, failed). Returns None when
+    done, else why the shard failed; a failed shard gets no marker, so --resume scores it again.
+    A full disk raises (faults.py): the run stops."""
+    if end.get("failed"):  # the stream failed, the shard was not read to its end: no outputs
+        return read_failed_reason(end["failed"])
     write_table(rows, columns, state.score_path(url), cfg.format)
+    write_embeddings(cfg.out, state.names[url], rows)
     filtered = None
     if cfg.write_shards:
         keep = {r["key"] for r in rows if r["kept"]}
@@ -120,6 +128,8 @@ def write_shard(url: str, rows: List[dict], end: dict, cfg, state, columns: Sequ
             filtered = write_filtered(url, keep, state.filtered_path(url), cfg.stage.rekey,
                                       cfg.stage.allow_pipe, cfg.stage.allow_remote)
         except OSError as e:  # the shard cannot be read again (a pipe: command failed): no marker
+            if is_disk_full(e):
+                raise
             return f"filtered shard not written: {e}"
     state.mark_done(url, {"rows": len(rows), "status": status_counts(rows), "kept": sum(bool(r["kept"]) for r in rows),
                           "members": end.get("members", 0), "error": end.get("error"), "filtered": filtered,

@@ -13,7 +13,10 @@ from typing import Callable, List, Optional
 from ..errors import ConfigError
 from ..keycheck import check_keys
 from ..shards import expand_urls, unique_urls
+from ..filtering.run import score_report
 from .config import ScoreConfig
+from .faults import disk_full, is_disk_full
+from .outlock import OutputLock
 from .outputs import RunSummary, plot_histograms, summarize_files, write_summary
 from .resume import RunState
 from .rows import NothingScoredError
@@ -36,18 +39,30 @@ class Run:
         # The checks that need no model come first: a wrong scorer name, output folder or caption
         # key answers before torch is imported (resolving a CLIP scorer imports open_clip).
         check_scorer_names(cfg)
-        self.state = RunState(cfg, self.urls)
-        self.todo = self.state.pending()
-        if self.todo:  # a caption/image key no sample of the first shard has
-            check_keys(self.todo[0], cfg.scoring_stage_config())
-        self.scorers = resolve_scorers(cfg)
-        self.columns = score_columns(self.scorers)
-        # The model side gets its own copies: a loaded model must never be pickled into a
-        # decode worker (spawn would copy the weights into every one of them).
-        self.model_scorers = [copy.deepcopy(s) for s in self.scorers]
-        self.state.open(run_identity(cfg, self.scorers))
+        # One run per --out (outlock.py): taken before the run state, which deletes temporaries.
+        self.lock = None if cfg.dry_run else OutputLock(cfg.out).acquire()
+        try:
+            self.state = RunState(cfg, self.urls)
+            self.todo = self.state.pending()
+            if self.todo:  # a caption/image key no sample of the first shard has
+                check_keys(self.todo[0], cfg.scoring_stage_config())
+            self.scorers = resolve_scorers(cfg)
+            self.columns = score_columns(self.scorers)
+            # The model side gets its own copies: a loaded model must never be pickled into a
+            # decode worker (spawn would copy the weights into every one of them).
+            self.model_scorers = [copy.deepcopy(s) for s in self.scorers]
+            self.state.open(run_identity(cfg, self.scorers))
+        except BaseException as e:
+            self.release_lock()
+            if is_disk_full(e):
+                raise disk_full(e, "the run state") from None
+            raise
         self.summary = RunSummary(out=cfg.out, shards=len(self.urls), dry_run=cfg.dry_run,
                                   shards_resumed=self.state.resumed_from_markers)
+
+    def release_lock(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
 
     def pending(self) -> List[str]:
         """The shards to score (all, or those without a completion marker with --resume)."""
@@ -65,6 +80,7 @@ class Run:
                          "histograms": plot_histograms(summary.columns, cfg.bounds,
                                                        os.path.join(cfg.out, "histograms.png")),
                          "filtered shards": cfg.write_shards}
+        summary.files["report"] = score_report(cfg.out, cfg.thresholds, cfg.max_thresholds)
         write_summary(summary, summary.files["summary"])
         if summary.scored == 0:
             raise NothingScoredError(nothing_scored_text(summary, len(files), self.state.scores_dir))
