@@ -90,3 +90,34 @@ def test_a_script_without_the_main_guard_gets_a_clear_error(tmp_path):
     assert proc.returncode != 0
     assert "wdsfilter scoring was started while a worker process was importing your script" in proc.stderr
     assert "died while starting" in proc.stderr and 'if __name__ == "__main__":' in proc.stderr
+
+
+def test_the_rekey_hint_names_a_flag_score_has(tmp_path):
+    """Dotted basenames (img.v2.0001.jpg): the first-shard check tells to use --rekey last-dot, and
+    `wdsfilter score --rekey last-dot` takes it (the run then scores every sample)."""
+    import io
+    import os
+    import tarfile
+
+    from click.testing import CliRunner
+    from PIL import Image
+
+    from wdsfilter.cli import main
+    root = os.path.normpath(os.path.join(os.path.dirname(__file__), ".."))
+    shard = tmp_path / "dotted.tar"
+    with tarfile.open(shard, "w") as tar:
+        for i in range(4):
+            buf = io.BytesIO()
+            Image.new("RGB", (16, 16), (60 * i, 0, 0)).save(buf, "PNG")
+            for ext, data in (("png", buf.getvalue()), ("txt", f"red {i}".encode())):
+                info = tarfile.TarInfo(f"img.v2.{i:04d}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    args = ["score", str(shard), "--scorer", "tools.trace_modules:LumaScorer", "--device", "cpu", "--workers", "0",
+            "--no-progress"]
+    sys.path.insert(0, root)
+    first = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "a")])
+    assert first.exit_code == 2 and "--rekey last-dot" in first.output
+    second = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "b"), "--rekey", "last-dot"])
+    assert second.exit_code == 0, second.output
+    assert "scored 4 of 4 samples" in second.output

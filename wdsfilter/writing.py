@@ -12,6 +12,7 @@ import contextlib
 import os
 from typing import Iterator
 
+from .atomic import atomic_path
 from .errors import OutputError
 
 
@@ -57,15 +58,9 @@ def check_output_dir(path: str, option: str) -> None:
 def temporary_beside(path: str) -> Iterator[str]:
     """Yields a temporary path in path's folder; renamed to path when the block succeeds,
     removed when it raises."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    try:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with atomic_path(path) as tmp:  # the one tmp-then-rename write (atomic.py)
         yield tmp
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def write_text_atomic(path: str, text: str) -> str:

@@ -7,6 +7,7 @@ import sys
 import click
 
 from ..errors import WdsFilterError
+from ..naming import REKEY_MODES
 
 
 def _echo(text: str) -> None:
@@ -52,6 +53,8 @@ def _echo(text: str) -> None:
 @click.option("--resume", is_flag=True, help="Continue a run in --out: skip shards with a completion marker.")
 @click.option("--overwrite", is_flag=True, help="Start over in an --out that holds a previous run.")
 @click.option("--dry-run", is_flag=True, help="Load the models, measure, print the plan; score nothing.")
+@click.option("--rekey", type=click.Choice(REKEY_MODES), default=None,
+              help="Member name -> key split: first-dot (webdataset's) or last-dot (dotted basenames) [first-dot].")
 @click.option("--caption-key", default=None, help="Caption spec, e.g. txt or json:description or 'txt;json:caption'.")
 @click.option("--image-key", default=None, help="Image spec, e.g. 'jpg;png;webp'.")
 @click.option("--config", "config_file", default=None, metavar="FILE", help="Stage options (JSON/YAML), as for validate.")
@@ -73,7 +76,7 @@ def _echo(text: str) -> None:
 def score(shards, out, scorers, model, pretrained, scorer_opts, frames, frame_reduce, keyframes, ocr_backend,
           ocr_model_dir, ocr_download, min_clip, max_ocr_area, mins, maxes, write_shards, save_embeddings, device,
           gpus, batch_size, workers, replicas, max_memory, headroom, fit, fmt, resume, overwrite, dry_run, caption_key,
-          image_key, config_file, max_bytes, allow_pipe, allow_remote, engine, ray_address, ray_actors,
+          image_key, rekey, config_file, max_bytes, allow_pipe, allow_remote, engine, ray_address, ray_actors,
           ray_gpus_per_actor,
           no_progress, no_histograms):
     """Score every sample of SHARDS (folders, globs, brace patterns, .tar files) with CLIP, OCR
@@ -85,7 +88,7 @@ def score(shards, out, scorers, model, pretrained, scorer_opts, frames, frame_re
     from .engine import run_scoring
 
     logging.basicConfig(format="wdsfilter: warning: %(message)s", level=logging.WARNING)
-    stage_overrides = {"caption_key": caption_key, "image_key": image_key, "allow_pipe": allow_pipe,
+    stage_overrides = {"caption_key": caption_key, "image_key": image_key, "rekey": rekey, "allow_pipe": allow_pipe,
                        "allow_remote": allow_remote, **parse_byte_caps(max_bytes)}
     if config_file:
         stage = StageConfig.from_file(config_file, **stage_overrides)

@@ -55,6 +55,7 @@ class Engine(Run):
 
     def _apply(self, pool, plan: Plan) -> dict:
         """Start the planned replicas and configure every model worker; returns worker -> batch size."""
+        pool.set_queue_depth(plan.queue_depth)
         for dp in plan.devices:
             for _ in range(dp.replicas - 1):
                 pool.add_replica(dp.device)

@@ -196,6 +196,9 @@ class LocalPool:
     def add_replica(self, device: str) -> dict:
         raise ConfigError("the in-process model runs one replica; use devices=['cpu', 'cpu'] for more")
 
+    def set_queue_depth(self, depth: int) -> None:
+        """In-process: one batch at a time, nothing queues."""
+
     def configure(self, worker: int, **settings) -> None:
         self.runner.configure(**settings)
 
@@ -364,6 +367,10 @@ class ProcessPool:
             report["worker"] = w
             reports.append(report)
         return reports
+
+    def set_queue_depth(self, depth: int) -> None:
+        """Batches each model worker may hold (the plan's queue depth): one scored, others waiting."""
+        self.depth = max(1, int(depth))
 
     def add_replica(self, device: str) -> dict:
         w = self._spawn(device)

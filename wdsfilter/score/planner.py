@@ -79,25 +79,17 @@ class DevicePlan:
     # Scorers that run the batch in smaller sub-batches (on the CPU, where the probe found those faster)
     scorer_batch: Dict[str, int] = field(default_factory=dict)
 
-    @property
-    def workers(self) -> int:
-        return self.replicas
-
 
 @dataclass
 class Plan:
-    devices: List[DevicePlan]
-    workers: int
+    devices: List[DevicePlan]  # model workers: replicas and batch size per device
+    workers: int  # decode workers (DataLoader processes)
     prefetch: int
     chunk: int
     queue_depth: int
     min_free_host: int
     lines: List[Tuple[str, str, str]] = field(default_factory=list)
     warnings: List[str] = field(default_factory=list)
-
-    @property
-    def batch_size(self) -> int:
-        return min(d.batch_size for d in self.devices)
 
     def describe(self) -> str:
         width = max((len(w) for w, _, _ in self.lines), default=10)
