@@ -180,32 +180,43 @@ def text_histogram(hist: dict, width: int = 40) -> List[str]:
 
 
 def plot_histograms(stats: Dict[str, dict], thresholds: Thresholds, path: str) -> Optional[str]:
-    """One panel per numeric score column, threshold lines drawn; None when there is nothing to plot."""
+    """One panel per numeric score column, threshold lines drawn (red: minimum, purple: maximum);
+    None when there is nothing to plot. Drawn with PIL, which the core already needs: a few
+    milliseconds, where importing matplotlib alone took seconds at start-up of every summary."""
+    from PIL import Image, ImageDraw
     minima, maxima = thresholds.minima, thresholds.maxima
     numeric = [(c, s) for c, s in stats.items() if s.get("histogram")]
     if not numeric:
         return None
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(len(numeric), 1, figsize=(7, 2.8 * len(numeric)), squeeze=False)
-    for ax, (col, st) in zip(axes[:, 0], numeric):
+    width, panel, margin, top = 560, 180, 40, 24
+    img = Image.new("RGB", (width, panel * len(numeric)), "white")
+    draw = ImageDraw.Draw(img)
+    for k, (col, st) in enumerate(numeric):
+        y0 = k * panel
         edges, counts = st["histogram"]["edges"], st["histogram"]["counts"]
-        ax.stairs(counts, edges, fill=True, alpha=0.7)
-        if col in minima:
-            ax.axvline(minima[col], color="red", linestyle="--", label=f"min {minima[col]:g}")
-        if col in maxima:
-            ax.axvline(maxima[col], color="purple", linestyle=":", label=f"max {maxima[col]:g}")
-        if col in minima or col in maxima:
-            ax.legend()
-        ax.set_title(f"{col} (n={st['count']}, mean={st['mean']:.4g})")
-        ax.set_ylabel("samples")
-    fig.tight_layout()
-    try:
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, dpi=80, format="png")
-    finally:
-        plt.close(fig)
+        lo, hi = edges[0], edges[-1]
+        left, right, bottom = margin, width - 10, y0 + panel - 20
+        peak = max(counts) or 1
+
+        def x_of(v: float) -> float:
+            return left + (right - left) * ((v - lo) / (hi - lo) if hi > lo else 0.5)
+
+        for c, a, b in zip(counts, edges, edges[1:]):
+            if c:
+                draw.rectangle([x_of(a), bottom - (bottom - y0 - top) * c / peak, max(x_of(a), x_of(b) - 1), bottom],
+                               fill=(90, 130, 200))
+        draw.line([left, bottom, right, bottom], fill="black")
+        for v, colour in ((minima.get(col), (220, 30, 30)), (maxima.get(col), (140, 40, 160))):
+            if v is not None and lo <= v <= hi:
+                draw.line([x_of(v), y0 + top, x_of(v), bottom], fill=colour, width=2)
+        bounds = ", ".join(b for b in (f"min {minima[col]:g}" if col in minima else "",
+                                       f"max {maxima[col]:g}" if col in maxima else "") if b)
+        draw.text((left, y0 + 6), f"{col} (n={st['count']}, mean={st['mean']:.4g})" + (f"  [{bounds}]" if bounds else ""),
+                  fill="black")
+        draw.text((left, bottom + 4), f"{lo:.4g}", fill="black")
+        draw.text((right - 40, bottom + 4), f"{hi:.4g}", fill="black")
+    with atomic_path(path) as tmp:
+        img.save(tmp, format="PNG")
     return path
 
 
