@@ -108,6 +108,8 @@ class ScoreConfig:
     probe_samples: int = 16
     # How many samples the probe may read looking for scorable ones before giving up.
     probe_scan: int = 2000
+    # ... and for how long (seconds): the probe never holds up a small job.
+    probe_seconds: float = 30.0
     # Start method of the decode workers: None is torch's default (fork on Linux: fast start).
     worker_start: Optional[str] = None
     stage: StageConfig = field(default_factory=StageConfig)
@@ -136,6 +138,8 @@ class ScoreConfig:
             raise ConfigError("resume and overwrite exclude each other: resume continues a run, overwrite restarts it")
         if self.max_batch < 1 or self.cpu_max_batch < 1:
             raise ConfigError("max_batch and cpu_max_batch must be >= 1")
+        if not self.probe_seconds > 0:
+            raise ConfigError(f"probe_seconds must be > 0, got {self.probe_seconds}")
         if self.probe_samples < 2:
             raise ConfigError("probe_samples must be >= 2 (two probe batch sizes give the per-sample memory)")
         if self.histogram_bins < 1:

@@ -37,7 +37,7 @@ class Engine(Run):
     def _probe(self, pool, todo: List[str]) -> ProbeReport:
         cfg = self.cfg
         inputs, prep_seconds, scanned = collect_probe(todo, cfg.scoring_stage_config(), self.scorers,
-                                                      cfg.probe_samples, cfg.probe_scan)
+                                                      cfg.probe_samples, cfg.probe_scan, cfg.probe_seconds)
         report = ProbeReport(samples=len(inputs), scanned=scanned, prepare_seconds=prep_seconds)
         if inputs:
             report.prepared_bytes = int(sum(nbytes(x) for x in inputs) / len(inputs))
