@@ -82,7 +82,8 @@ class ModelRunner:
                 mem.empty_cache()
                 retained[scorer.name] = _grown(mem, before, used_before) if mem.kind != "host" else 0
                 for size in sizes:
-                    mem.empty_cache()
+                    if size != sizes[0]:  # the warm-up's clean-up above already did it for the first
+                        mem.empty_cache()
                     base, used_base = mem.allocated(), mem.device_used()
                     mem.reset_peak()
                     start = time.perf_counter()
