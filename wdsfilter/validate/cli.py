@@ -58,7 +58,7 @@ def validate_command(paths, caption_key, image_key, rekey, image_token, config_f
         byte_caps=parse_byte_caps(max_bytes), deep=deep, min_side=min_side, max_aspect=max_aspect, ranks=ranks, loader_workers=loader_workers, fail_on=fail_on, jobs=jobs, stats_dir=stats_dir, progress=progress)
     text = render(report, fmt)
     if output:
-        with open(output, "w", encoding="utf-8") as f:
+        with open(output, "w", encoding="utf-8", errors="backslashreplace") as f:  # names need not be UTF-8
             f.write(text)
         if not quiet:
             click.echo(render(report, "text") if fmt != "text" else text, nl=False)
