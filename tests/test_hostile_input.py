@@ -143,9 +143,13 @@ def test_peak_memory_of_one_worker_on_a_hostile_shard_stays_bounded(tmp_path, ca
     # then validate in one process: its peak RSS bounds both.
     out = _child(f"""
         import json, sys
-        # This process's own peak (VmHWM): getrusage's ru_maxrss keeps the forking parent's peak.
-        peak_mb = lambda: int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) / 1024
         sys.modules["torch"] = None
+
+        def peak_mb():
+            # VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec, so a child of a big pytest
+            # process would start with the parent's peak.
+            with open("/proc/self/status") as f:
+                return next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) / 1024
         from wdsfilter import StageConfig
         from wdsfilter.pipeline import sample_pipeline
         from wdsfilter.tally import Tally

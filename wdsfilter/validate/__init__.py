@@ -65,6 +65,9 @@ def validate(paths: Union[str, Sequence[str]], *, config: Union[None, str, dict,
     options = ValidateOptions(stage=stage, deep=deep, min_side=min_side, max_aspect=max_aspect, ranks=ranks,
                               loader_workers=loader_workers, uneven_ratio=uneven_ratio, max_findings=max_findings,
                               fail_on=fail_on, jobs=jobs)
+    if stats_dir:
+        from ..writing import check_output_dir
+        check_output_dir(stats_dir, "--stats-dir")  # before any shard is read
     urls = expand_urls(paths, stage.allow_pipe, stage.allow_remote)
     report = validate_urls(urls, options, progress=progress)
     if stats_dir:

@@ -6,12 +6,14 @@ import sys
 import click
 
 from ..config import parse_byte_caps
+from ..errors import EXIT_CODES_HELP
 from ..naming import REKEY_MODES
+from ..writing import check_output_file
 from . import validate as run_validate
-from .formats import FORMATS, render
+from .formats import FORMATS, render, write_report
 
 
-@click.command("validate", context_settings={"help_option_names": ["-h", "--help"]})
+@click.command("validate", context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES_HELP)
 @click.argument("paths", nargs=-1, required=True)
 @click.option("--caption-key", help="Caption key spec, e.g. txt, json:description, 'txt;json:caption' [default: txt].")
 @click.option("--image-key", help="Image key spec, e.g. 'jpg;png;webp' or mp4 [default: jpg;png;jpeg;webp].")
@@ -47,8 +49,11 @@ def validate_command(paths, caption_key, image_key, rekey, image_token, config_f
 
     PATHS: folders (searched recursively), globs, brace patterns (shards-{000..099}.tar), .tar,
     .tar.gz/.tgz files. Exit code 0: clean, 1: findings at the --fail-on level, 2: usage or
-    configuration error. See docs/validate.md.
+    configuration error (an --output or --stats-dir that cannot be written included, found before
+    any shard is read), 3: the run failed. See docs/validate.md.
     """
+    if output:
+        check_output_file(output, "--output")
     if progress is None:
         progress = sys.stderr.isatty()
     report = run_validate(
@@ -56,14 +61,12 @@ def validate_command(paths, caption_key, image_key, rekey, image_token, config_f
         max_pixels=max_pixels, max_side=max_side, image_token=image_token,
         allow_pipe=allow_pipe or None, allow_remote=allow_remote or None,  # None: the config file decides
         byte_caps=parse_byte_caps(max_bytes), deep=deep, min_side=min_side, max_aspect=max_aspect, ranks=ranks, loader_workers=loader_workers, fail_on=fail_on, jobs=jobs, stats_dir=stats_dir, progress=progress)
-    text = render(report, fmt)
     if output:
-        with open(output, "w", encoding="utf-8", errors="backslashreplace") as f:  # names need not be UTF-8
-            f.write(text)
+        write_report(report, fmt, output)  # whole or not at all
         if not quiet:
-            click.echo(render(report, "text") if fmt != "text" else text, nl=False)
+            click.echo(render(report, "text"), nl=False)
     else:
-        click.echo(text, nl=False)
+        click.echo(render(report, fmt), nl=False)
     sys.exit(report.exit_code)
 
 
