@@ -98,8 +98,9 @@ def _data_after_end(tar) -> Optional[int]:
             return end
 
 
-class DecompressionCapError(OSError):
-    """A compressed shard decompresses past max_decompressed_bytes (a zip bomb, or a mistake)."""
+class DecompressionCapError(tarfile.ReadError):
+    """A compressed shard decompresses past max_decompressed_bytes (a zip bomb, or a mistake).
+    Bad data in a file that was read, not a failed stream: a ReadError, never an OSError."""
 
 
 class _Capped:
