@@ -57,12 +57,15 @@ class Tally:
         self.starvation_samples = starvation_samples
         self.starvation_seconds = starvation_seconds
         self.name = name
+        # () -> what is wrong with the keys, or None: set by the select stage (FirstShardCheck).
+        self.explain = None
         self.reset()
 
     def reset(self) -> None:
         self.samples_read = 0
         self.samples_out = 0
         self.shards_read = 0
+        self.shard_urls: set = set()  # distinct shards opened (resampling opens one many times)
         self.dropped: Counter = Counter()
         self.notes: Counter = Counter()
         self.stage_of: Dict[str, str] = {}
@@ -93,10 +96,12 @@ class Tally:
             self._started = time.monotonic()
         self.samples_read += 1
 
-    def shard_opened(self) -> None:
+    def shard_opened(self, url: Optional[str] = None) -> None:
         if self._started is None:
             self._started = time.monotonic()
         self.shards_read += 1
+        if url is not None and len(self.shard_urls) < 100_000:
+            self.shard_urls.add(url)
         self.check_starvation()
 
     def sample_out(self) -> None:
@@ -119,12 +124,17 @@ class Tally:
 
     def starvation_message(self) -> str:
         elapsed = 0.0 if self._started is None else time.monotonic() - self._started
-        lines = [f"{self.name}: {self.samples_read} samples read from {self.shards_read} shard(s) in "
+        distinct = len(self.shard_urls) or self.shards_read
+        opened = f" (opened {self.shards_read} times: resampled)" if self.shards_read > distinct else ""
+        lines = [f"{self.name}: {self.samples_read} samples read from {distinct} shard(s){opened} in "
                  f"{elapsed:.0f}s and none came out; the run would hang."]
         if self.dropped:
             reason, count = self.dropped.most_common(1)[0]
             lines.append(f"Stage '{self.stage_of[reason]}' rejected {count} of them: {reason} "
                          f"({HINTS.get(reason, '')}).")
+        problem = self.explain() if self.explain is not None else None
+        if problem:
+            lines.append(problem)
         lines.append(self.summary())
         return "\n".join(lines)
 
