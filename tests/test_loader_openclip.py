@@ -1,7 +1,11 @@
 """wdsfilter.loader as a drop-in for OpenCLIP's training loop: open_clip_train's own
 train_one_epoch, its own argument parser, loss and scheduler, runs one epoch of the tiny model on
 json-caption shards through wdsfilter.loader, sized by the sizes.json that `wdsfilter validate
---stats-dir` writes beside them (as open_clip's get_dataset_size reads it)."""
+--stats-dir` writes beside them (as open_clip's get_dataset_size reads it).
+
+The model is the tiny architecture of tools/make_tiny_clip.py (the `tiny_clip` fixture's) with
+fresh weights: the loop and the loader are under test, not what the weights learnt, and the
+trained fixture costs minutes of CPU on a machine where it is not cached yet."""
 import inspect
 import json
 import logging
@@ -19,6 +23,7 @@ from open_clip_train.scheduler import cosine_lr  # noqa: E402
 
 import wdsfilter  # noqa: E402
 from wdsfilter.errors import StarvationError  # noqa: E402
+from tools import make_tiny_clip  # noqa: E402
 from wdsfilter.validate import validate  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -36,13 +41,18 @@ def json_shards(tmp_path):
     return str(folder)
 
 
-def test_open_clip_train_one_epoch_through_wdsfilter_loader(tiny_clip, json_shards, caplog):
+def test_open_clip_train_one_epoch_through_wdsfilter_loader(json_shards, tmp_path, caplog):
+    tiny = str(tmp_path / "tiny-clip")
+    make_tiny_clip.write_config(tiny)  # the tiny architecture, no weights
     torch.manual_seed(0)
-    model, preprocess, _ = open_clip.create_model_and_transforms("local-dir:" + tiny_clip)
-    tokenizer = open_clip.get_tokenizer("local-dir:" + tiny_clip)
+    # As open_clip_train.main creates it (output_dict=True: the loss reads a dict).
+    model, preprocess, _ = open_clip.create_model_and_transforms("local-dir:" + tiny, output_dict=True)
+    tokenizer = open_clip.get_tokenizer("local-dir:" + tiny)
     args = parse_args(["--batch-size", "8", "--workers", "2", "--lr", "1e-3", "--epochs", "1", "--warmup", "1",
                        "--log-every-n-steps", "1", "--precision", "fp32"])
+    # What open_clip_train.main sets after parsing (init_distributed_device, report_to).
     args.device, args.rank, args.local_rank, args.world_size, args.distill = "cpu", 0, 0, 1, False
+    args.wandb = False
 
     loader = wdsfilter.loader(json_shards, caption_key="json:description", transform=preprocess,
                               tokenizer=tokenizer, batch_size=args.batch_size, num_workers=args.workers,

@@ -74,6 +74,8 @@ def _attach():
     from .validate.cli import validate  # the validator is part of the light core: import errors surface
     main.add_command(validate)
     main.add_command(sort_shard)
+    from .filtering.cli import filter_command  # light: reads score files, loads no model
+    main.add_command(filter_command)
     try:
         from .score.cli import score
     except ImportError:

@@ -101,6 +101,7 @@ def loader(urls, caption_key: Optional[str] = None, image_key: Optional[str] = N
            persistent_workers: bool = False, world_size: Optional[int] = None,
            scores: Optional[str] = None, min_scores: Optional[dict] = None, min_clip: Optional[float] = None,
            max_scores: Optional[dict] = None, max_ocr_area: Optional[float] = None,
+           top_scores: Optional[dict] = None, bottom_scores: Optional[dict] = None,
            pin_memory: bool = False, prefetch_factor: Optional[int] = None, collate_fn: Optional[Callable] = None,
            **config_options) -> WdsLoader:
     """Build a DataLoader over WebDataset shards; see the module docstring.
@@ -119,6 +120,8 @@ def loader(urls, caption_key: Optional[str] = None, image_key: Optional[str] = N
     scores / min_scores / min_clip / max_scores / max_ocr_area: drop samples by the score files of a
     `wdsfilter score` run (scores=its --out folder; min_clip=X is min_scores={"clip_score": X},
     max_ocr_area=X is max_scores={"ocr_area": X}); see wdsfilter.scorefilter.
+    top_scores / bottom_scores: {column: percent}, the share of the run to keep by the highest (lowest)
+    values, resolved over the score files exactly as `wdsfilter filter --top/--bottom` does.
     """
     try:
         import torch.utils.data
@@ -171,6 +174,11 @@ def loader(urls, caption_key: Optional[str] = None, image_key: Optional[str] = N
         min_scores = dict(min_scores or {}, clip_score=min_clip)
     if max_ocr_area is not None:  # shortcut for max_scores={"ocr_area": max_ocr_area}
         max_scores = dict(max_scores or {}, ocr_area=max_ocr_area)
+    if top_scores or bottom_scores:  # resolved to a minimum/maximum as `wdsfilter filter` resolves them
+        from .filtering.rules import resolve_for_loader
+        if scores is None:
+            raise ConfigError("top_scores/bottom_scores need scores=DIR (the --out folder of `wdsfilter score`)")
+        min_scores, max_scores = resolve_for_loader(scores, min_scores, max_scores, top_scores, bottom_scores)
     if scores is not None or min_scores or max_scores:
         from .scorefilter import score_filter
         # Before decoding and shuffling: dropped samples are never decoded, and score tables are read

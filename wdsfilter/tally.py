@@ -17,6 +17,8 @@ from typing import Dict, List, Optional
 from .errors import StarvationError
 
 MAX_EXAMPLES = 3
+# Reasons counted per shard, not per sample: they are not part of the "dropped" sample total.
+SHARD_REASONS = ("truncated_tar", "unreadable_shard")
 
 # Why a sample was dropped, in the users' words: the hint printed with the count.
 HINTS = {
@@ -31,6 +33,10 @@ HINTS = {
     "empty_member": "zero-byte member",
     "truncated_tar": "the tar ends early or is corrupt; samples before the break were kept",
     "unreadable_shard": "the shard could not be opened",
+    "shard_command_failed": "the pipe: command or download of the shard failed",
+    "oversized_member": "a member over its kind's byte cap (max_text_bytes, max_image_bytes, ...); streamed past unread",
+    "special_member": "a symbolic link, hard link, device or FIFO member; tar readers do not follow it",
+    "corrupt_member": "a compressed member (.gz) does not decompress",
     "unsafe_member": "pickle/torch payload not loaded (safe by default; allow_unsafe=True to keep the bytes)",
     "nonadjacent_key": "members of one key are not adjacent in the tar",
     "dotted_basename": "file names with dots split at the first dot; use rekey='last-dot'",
@@ -72,6 +78,8 @@ class Tally:
         self.by_shard: Dict[str, Counter] = defaultdict(Counter)
         self.examples: Dict[str, List[Example]] = defaultdict(list)
         self._started: Optional[float] = None
+        self._waiting: Optional[float] = None  # since when the consumer waits for the next sample
+        self.position = ("", "")  # (shard, member) the reader is at
 
     # -- recording -------------------------------------------------------------------------
     def _record(self, counter: Counter, reason: str, stage: str, shard: str, member: str, message: str) -> None:
@@ -107,20 +115,48 @@ class Tally:
     def sample_out(self) -> None:
         self.samples_out += 1
 
+    def waiting(self) -> None:
+        """The consumer asks for the next sample (called by the watch stage): the time the stages
+        take to produce it is what the starvation_seconds limit bounds. Time spent in the
+        consumer (a training step, a checkpoint) does not count."""
+        self._waiting = time.monotonic()
+
+    def ticker(self, shard: str):
+        """A callable(member) for a shard's reader: records where reading is and checks the
+        watchdog, so a stage that produces nothing is noticed even when nothing is dropped."""
+        def tick(member: str) -> None:
+            self.position = (shard, member)
+            if self.starvation_seconds:
+                self.check_starvation()
+        return tick
+
     # -- the watchdog ----------------------------------------------------------------------
     def check_starvation(self, stream_ended: bool = False) -> None:
         """Raise instead of hanging when nothing has come out yet after many samples or seconds.
         At the end of a finite stream, any samples read with none out is an error too."""
+        seconds = self.starvation_seconds
+        if seconds:
+            since = self._waiting if self._waiting is not None else (None if self.samples_out else self._started)
+            if since is not None and time.monotonic() - since >= seconds:
+                raise StarvationError(self.stall_message(time.monotonic() - since))
         if self.samples_out:
             return
         enabled = self.starvation_samples or self.starvation_seconds
         if stream_ended and enabled and self.samples_read:
             raise StarvationError(self.starvation_message())
         by_count = self.starvation_samples and self.samples_read >= self.starvation_samples
-        by_time = (self.starvation_seconds and self._started is not None
-                   and time.monotonic() - self._started >= self.starvation_seconds)
-        if by_count or by_time:
+        if by_count:
             raise StarvationError(self.starvation_message())
+
+    def stall_message(self, seconds: float) -> str:
+        shard, member = self.position
+        where = (f"reading shard {shard} at member {member}" if member else f"reading shard {shard}") if shard \
+            else "before any shard was opened"
+        head = (f"{self.name}: no sample came out for {seconds:.0f}s (starvation_seconds="
+                f"{self.starvation_seconds:g}); the stages are stuck {where}.")
+        if not self.samples_out:  # nothing came out at all: say why the samples read were dropped
+            return head + "\n" + self.starvation_message()
+        return head + "\n" + self.summary()
 
     def starvation_message(self) -> str:
         elapsed = 0.0 if self._started is None else time.monotonic() - self._started
@@ -128,8 +164,9 @@ class Tally:
         opened = f" (opened {self.shards_read} times: resampled)" if self.shards_read > distinct else ""
         lines = [f"{self.name}: {self.samples_read} samples read from {distinct} shard(s){opened} in "
                  f"{elapsed:.0f}s and none came out; the run would hang."]
-        if self.dropped:
-            reason, count = self.dropped.most_common(1)[0]
+        per_sample = Counter({r: n for r, n in self.dropped.items() if r not in SHARD_REASONS})
+        if per_sample:
+            reason, count = per_sample.most_common(1)[0]
             lines.append(f"Stage '{self.stage_of[reason]}' rejected {count} of them: {reason} "
                          f"({HINTS.get(reason, '')}).")
         problem = self.explain() if self.explain is not None else None
@@ -175,9 +212,11 @@ class Tally:
         self.merge_dict(other.to_dict())
 
     def summary(self) -> str:
-        lines = [f"samples read: {self.samples_read}, kept: {self.samples_out}, "
-                 f"dropped: {sum(self.dropped.values())}"]
-        for title, counter in (("dropped", self.dropped), ("noted", self.notes)):
+        dropped = sum(n for r, n in self.dropped.items() if r not in SHARD_REASONS)
+        lines = [f"samples read: {self.samples_read}, kept: {self.samples_out}, dropped: {dropped}"]
+        shards = Counter({r: n for r, n in self.dropped.items() if r in SHARD_REASONS})
+        samples = Counter({r: n for r, n in self.dropped.items() if r not in SHARD_REASONS})
+        for title, counter in (("shards", shards), ("dropped", samples), ("noted", self.notes)):
             for reason, count in counter.most_common():
                 ex = self.examples.get(reason) or []
                 where = f" e.g. {ex[0].shard} member {ex[0].member}" if ex and ex[0].member else (

@@ -26,6 +26,8 @@ import time
 from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 from ..errors import ConfigError
+from .embeddings import FIELD as EMBEDDINGS
+from .faults import read_failed_reason
 from .outputs import RunSummary
 
 PENDING = "__pending__"  # a row whose inputs still need the model
@@ -65,7 +67,7 @@ def read_shard(batch, cfg, scorers, rows_per_block: int = 64) -> Iterator[Dict[s
         for item in pipeline:
             marker = item.get(MARKER)
             if marker == END_MARKER:
-                end = {"error": item.get("error"), "members": item.get("members", 0)}
+                end = {"error": item.get("error"), "members": item.get("members", 0), "failed": item.get("failed")}
             elif marker:
                 rows.append(_row(item.get("__key__", ""), url, index, "rejected", item.get(REJECT),
                                  item.get("__message__")))
@@ -128,6 +130,7 @@ class ScoreActor:
             complete_row(rows[i], self.scorers, scores, {**loaded[i][1], **errors}, self.cfg.thresholds,
                          self.cfg.max_thresholds)
         out = {f: [r[f] for r in rows] for f in ROW_FIELDS}
+        out[EMBEDDINGS] = [pickle.dumps(r.get(EMBEDDINGS)) for r in rows]  # --save-embeddings (else None)
         for c in self.columns:  # every batch has every column, so Ray's blocks share one schema
             out[c] = [json.dumps(r.get(c)) for r in rows]
         return out
@@ -144,6 +147,7 @@ def _plain(v):
 def finish_shard(url: str, rows: List[dict], end: dict, cfg, state, columns: Sequence[str]) -> dict:
     """A Ray task: write one shard's outputs the way the engine does (score file, filtered
     shard, then the completion marker)."""
+    from .embeddings import write_embeddings
     from .outputs import write_table
     from .shardwriter import write_filtered
     for row in rows:
@@ -151,6 +155,7 @@ def finish_shard(url: str, rows: List[dict], end: dict, cfg, state, columns: Seq
             row[c] = json.loads(row[c])
     rows.sort(key=lambda r: r["index"])
     write_table(rows, columns, state.score_path(url), cfg.format)
+    write_embeddings(cfg.out, state.names[url], rows)
     filtered = None
     if cfg.write_shards:
         keep = {r["key"] for r in rows if r["kept"]}
@@ -188,6 +193,7 @@ class _Collector:
                 self.ends[url] = json.loads(row["message"])
             else:
                 row.update({c: _plain(batch[c][i]) for c in self.columns})
+                row[EMBEDDINGS] = pickle.loads(batch[EMBEDDINGS][i])
                 self.rows.setdefault(url, {})[row["index"]] = row
             end = self.ends.get(url)
             if end is not None and len(self.rows.get(url, ())) == end["rows"]:
@@ -216,11 +222,18 @@ def run_on_ray(shards, cfg, *, actors: Optional[int] = None, gpus_per_actor: Opt
                ray_init: Optional[dict] = None, echo: Optional[Callable[[str], None]] = None) -> RunSummary:
     """score_on_ray with a ScoreConfig (what `wdsfilter score --engine ray` builds)."""
     from .engine import Engine
-    from ..pipeline import check_keys
 
     if cfg.dry_run:
         raise ConfigError("dry_run plans the single-machine engine; Ray plans its own cluster (ray status)")
-    engine = Engine(shards, cfg, echo)  # the same URLs, scorers, columns, run state and summary
+    engine = Engine(shards, cfg, echo)  # the same URLs, scorers, columns, run state, summary and lock
+    try:
+        return _run_on_ray(engine, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, address, ray_init)
+    finally:
+        engine.release_lock()
+
+
+def _run_on_ray(engine, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, address, ray_init) -> RunSummary:
+    from ..pipeline import check_keys
     echo = engine.echo
     todo = engine.state.pending()
     if todo:  # configuration errors (a caption key no sample has) at once, before Ray starts
@@ -270,6 +283,8 @@ def run_on_ray(shards, cfg, *, actors: Optional[int] = None, gpus_per_actor: Opt
                         notes.update(end.get("notes", {}))
                         if end.get("unopened"):  # no outputs and no marker: --resume tries it again
                             failed.append({"url": url, "reason": f"unreadable: {end['error']}"})
+                        elif end.get("failed"):  # not read to its end: no outputs, no marker either
+                            failed.append({"url": url, "reason": read_failed_reason(end["failed"])})
                         else:
                             writing.append(finish.remote(url, rows, end, cfg, engine.state, engine.columns))
                     ready, writing = ray.wait(writing, num_returns=len(writing), timeout=0) if writing else ([], [])

@@ -44,7 +44,10 @@ KINDS: Dict[str, tuple] = {
     "invalid_utf8": (WARNING, "the text member is not UTF-8"),
     "empty_caption": (WARNING, "the caption is empty or only whitespace (or only special tokens)"),
     "caption_not_text": (WARNING, "the caption field holds a JSON number, list or object, not text; point --caption-key at a text field"),
-    "corrupt_video": (ERROR, "PyAV cannot open the video"),
+    "corrupt_video": (ERROR, "PyAV cannot open the video, or its data is cut short"),
+    "oversized_member": (ERROR, "a member over its kind's byte cap (--max-text-bytes, --max-image-bytes, ...): the stages stream past it unread and drop a sample that needed it"),
+    "special_member": (WARNING, "a symbolic link, hard link, device or FIFO member: tar readers do not follow it, so its sample has no bytes for it. Store the file itself"),
+    "corrupt_member": (WARNING, "a compressed member (.gz) does not decompress; its sample is read without it"),
     "no_video_stream": (WARNING, "the video file has no video stream (audio only?)"),
     # 5. safety
     "unsafe_member": (ERROR, "pickle/torch payload that a default webdataset decoder would execute; the validator never loads it. Remove it or store tensors as .npy"),

@@ -16,10 +16,12 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, Iterator, List, Optional
 
 from ..census import KeyCensus
-from ..naming import is_dotted, split_name
-from ..reading import ShardEnd, group_samples, iter_tar
+from ..naming import split_name
+from ..members import MemberCaps
+from ..reading import ShardEnd, group_samples, iter_tar, screen_member
 from ..shards import is_pipe, is_remote, open_shard
-from ..specs import IMAGE_EXTS, VIDEO_EXTS, find_caption, json_path_get
+from ..specs import IMAGE_EXTS, VIDEO_EXTS, json_path_get
+from ..selection import select_sample
 from ..tally import Tally
 from ..tokens import CaptionCleaner
 from . import tar_reader
@@ -133,7 +135,7 @@ class _ShardCheck:
         caption_alts = stage.caption_spec.alternatives
         self.text_exts = TEXT_EXTS | {a.ext for a in caption_alts if not a.path}
         self.json_exts = {"json"} | {a.ext for a in caption_alts if a.path}
-        self.spec_exts = set(stage.image_spec.exts) | set(stage.caption_spec.exts)
+        self.caps = MemberCaps(stage)
         self.consumed: Dict[str, set] = {}  # key -> extensions of its empty or unsafe members
         self.end: Optional[ShardEnd] = None
         self.members = 0
@@ -160,7 +162,7 @@ class _ShardCheck:
             return self._result(started, str(e))
         try:
             # A fresh Tally: the grouping step counts into it, and the findings say it better.
-            for sample in group_samples(self._members(self.reader(stream, url)), stage, Tally()):
+            for sample in group_samples(self._members(self.reader(stream, url, self.caps)), stage, Tally()):
                 if "__marker__" not in sample:  # StageConfig(emit_rejects=True) adds shard-end markers
                     self._sample(sample)
         finally:
@@ -182,18 +184,27 @@ class _ShardCheck:
                 self.end = m
                 yield m
                 continue
-            self.members += 1
-            name, data = m["fname"], m["data"]
+            name, skip = m["fname"], m.get("__skip__")
+            if skip is None or skip[0] != "special_member":  # files only, as the readers count them
+                self.members += 1
             key, ext = keys.member(name)
             if key is None:
                 continue
-            if not data:
-                log.add("empty_member", name, key, "zero-byte member; ignored")
+            # The stages' own screening (allow_unsafe aside: an unsafe member is always reported).
+            ext, skip = screen_member(m, ext, self.caps, False)
+            m["__screened__"] = (ext, skip)
+            if skip is not None:
+                reason, message = skip
+                if reason == "empty_member":
+                    log.add("empty_member", name, key, "zero-byte member; ignored")
+                elif reason == "unsafe_member":
+                    safety.check_member(name, key, ext, log)
+                else:
+                    log.add(reason, name, key, message)
                 self.consumed.setdefault(key, set()).add(ext)
+                yield m  # the grouping step lists it in the sample's "__skipped__"
                 continue
-            if safety.check_member(name, key, ext, log):
-                self.consumed.setdefault(key, set()).add(ext)
-                continue
+            data = m["data"]
             last = ext.rsplit(".", 1)[-1]
             if last in _IMAGE:
                 m["data"] = check_image(name, key, data, options, log, self.images)
@@ -211,12 +222,9 @@ class _ShardCheck:
         self.fragments += 1
         stage = self.stage
         key = sample["__key__"]
-        caption, reason = find_caption(sample, stage.caption_spec)
-        image = stage.image_spec.first_present(sample)
+        caption, image, drop, _ = select_sample(sample, stage)
         held: List[Finding] = []
-        drop = None
-        if caption is None or image is None:
-            drop = self._select_reason(sample, caption, reason)
+        if drop is not None:
             if drop == "empty_caption":
                 alt = caption_source(sample, stage.caption_spec, "empty_caption")
                 self.log.add("empty_caption", self._name(sample, alt.ext), key, f"caption under '{alt}' is empty")
@@ -226,7 +234,7 @@ class _ShardCheck:
                 self.log.add("caption_not_text", self._name(sample, alt.ext), key,
                              f"caption under '{alt}' is a JSON {type(value).__name__} ({str(value)[:60]}), not text")
             if drop != "dotted_basename":  # explained by the member names, not by the specs
-                no_caption, no_image = caption is None and reason == "missing_caption", image is None
+                no_caption, no_image = caption is None and drop == "missing_caption", image is None
                 for what, missing in (("caption", no_caption), ("image", no_image)):
                     if missing:
                         self.census[what].add(sample, sample.get("__parsed_json"))
@@ -254,14 +262,6 @@ class _ShardCheck:
             if drop is None:
                 self.outcome[key] = None
         self._hold(key, held)
-
-    def _select_reason(self, sample: dict, caption: Optional[str], reason: Optional[str]) -> str:
-        """The select stage's reason for a sample without caption or image (stages._select)."""
-        if caption is None and reason != "missing_caption":
-            return reason  # the caption member is there but broken (reported with the member)
-        if self._dotted(sample):
-            return "dotted_basename"
-        return "missing_image" if caption is not None else "missing_caption"
 
     def _missing(self, sample: dict, no_caption: bool, no_image: bool) -> List[Finding]:
         key = sample["__key__"]
@@ -301,10 +301,6 @@ class _ShardCheck:
             return False
         spec = self.stage.caption_spec if kind == "missing_caption" else self.stage.image_spec
         return bool(self.keys.seen.get(key, set()) & set(spec.exts))
-
-    def _dotted(self, sample: dict) -> bool:
-        # The select stage's test: a dotted extension that ends in an extension the specs look for.
-        return any(is_dotted(e) and e.rsplit(".", 1)[-1] in self.spec_exts for e in sample if not e.startswith("__"))
 
     def _name(self, sample: dict, ext: str) -> str:
         return self.keys.name(sample["__key__"], ext)
