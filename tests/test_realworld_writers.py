@@ -229,7 +229,11 @@ def test_ray_write_webdataset_output_passes_and_is_sized(tmp_path):
     out = tmp_path / "ray"
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
-        rows = [{"__key__": f"r{i:04d}", "jpg": image_bytes(), "txt": f"caption {i}",
+        import numpy as np
+        from PIL import Image
+        # Ray's default encoder turns an image array (what read_images gives) into JPEG bytes.
+        pixels = np.asarray(Image.new("RGB", (32, 24), (200, 30, 30)))
+        rows = [{"__key__": f"r{i:04d}", "jpg": pixels, "txt": f"caption {i}",
                  "json": {"description": f"caption {i}", "id": i}} for i in range(12)]
         ray.data.from_items(rows).repartition(2).write_webdataset(str(out))
     finally:
