@@ -22,7 +22,7 @@ SHARD_REASONS = ("truncated_tar", "unreadable_shard")
 
 # Why a sample was dropped, in the users' words: the hint printed with the count.
 HINTS = {
-    "missing_caption": "no caption under the caption key spec; check --caption-key (wdsfilter validate suggests one)",
+    "missing_caption": "no caption under the caption key spec; check --caption-key (wdsfilter validate names one when the shards hold a candidate)",
     "missing_image": "no image under the image key spec; check --image-key",
     "empty_caption": "caption is empty or whitespace",
     "caption_not_text": "the caption field holds a JSON number, list or object, not text; point --caption-key at a text field",

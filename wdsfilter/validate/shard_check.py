@@ -116,6 +116,10 @@ def _close(stream) -> Optional[str]:
     except OSError as e:
         proc = getattr(stream, "proc", None)
         if proc is not None and proc.returncode is not None:
+            # webdataset runs remote URLs through curl (an argument list), pipe: URLs through a shell.
+            if isinstance(proc.args, (list, tuple)) and proc.args:
+                program = os.path.basename(str(proc.args[0]))
+                return f"the download ({program}) failed with exit status {proc.returncode}"
             return f"the shard's command exited with status {proc.returncode}"
         return f"{type(e).__name__}: {e}"
     return None
