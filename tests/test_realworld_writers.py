@@ -64,6 +64,12 @@ def test_gnu_tar_by_extension_glob_is_a_scattered_error_not_a_caption_key_proble
     assert not {"missing_caption", "missing_image", "nonadjacent_key"} & set(report.counts)
     all_filtered = next(f for f in report.findings if f.kind == "all_filtered")
     assert "0 of 20 samples" in all_filtered.message and "sort-shard" in all_filtered.message
+    # The training stages on the same shard: the starvation error names the scattering, not a key.
+    from wdsfilter import StageConfig, StarvationError, sample_pipeline
+    with pytest.raises(StarvationError, match="scattered_key") as info:
+        for _ in sample_pipeline(shard, StageConfig(), decode_images=False):
+            pass
+    assert "wdsfilter sort-shard IN OUT" in str(info.value)
     # The same with the json caption the user asked for.
     report = validate(shard, jobs=1, caption_key="json:description")
     assert report.samples == 20 and all("--caption-key" not in s for s in report.suggestions())

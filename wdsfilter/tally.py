@@ -172,6 +172,13 @@ class Tally:
         problem = self.explain() if self.explain is not None else None
         if problem:
             lines.append(problem)
+        if self.notes.get("nonadjacent_key"):
+            # Fragments, not wrong keys: the caption may well be there, under the asked key.
+            lines.append(f"{self.notes['nonadjacent_key']} member(s) came apart from their key's other members "
+                         f"(nonadjacent_key): if a shard's members of one key are scattered (written with `tar -cf "
+                         f"x.tar *.txt *.jpg`, or in directory order), its samples arrive as fragments and no other "
+                         f"key would help. `wdsfilter validate` says so (scattered_key); `wdsfilter sort-shard IN OUT` "
+                         f"rewrites the shard.")
         lines.append(self.summary())
         return "\n".join(lines)
 
