@@ -251,3 +251,12 @@ def test_ray_write_webdataset_output_passes_and_is_sized(tmp_path):
         report = validate(str(out), caption_key=caption_key, jobs=1, stats_dir=str(stats))
         assert report.passed and (report.samples, report.kept) == (12, 12) and not report.counts
     assert sum(json.loads((stats / "sizes.json").read_text()).values()) == 12
+
+
+def test_a_sample_written_twice_far_apart_is_duplicated_not_scattered(tmp_path):
+    from tests.shardkit import image_text_members, write_shard
+    members = image_text_members(12)
+    shard = write_shard(tmp_path / "dup.tar", members + members[:2])  # sample 000000 again at the end
+    report = validate(shard, jobs=1)
+    assert "scattered_key" not in report.counts and report.counts["duplicate_key"] == 2
+    assert report.samples == 12 and report.kept == 12

@@ -351,6 +351,10 @@ class _ShardCheck:
         if self.tail_key is not None and self.keys.last and self.tail_key != self.keys.last[1]:
             self._pend(self.tail)  # the last member's key is not the last sample's: nothing to hold
             self.tail = []
+        # A key whose later fragment only repeats member names is duplicated, not scattered
+        # (duplicate_key says so); scattered keys brought a new member after other keys.
+        returned = {key for _, key in self.keys.returns}
+        self.scattered = {k: m for k, m in self.scattered.items() if k in returned}
         self.keys.finish(self.scattered)
         if self.scattered:
             self._scattered_finding()
