@@ -278,10 +278,10 @@ def tar_members(src: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator
         except UnsafeInputError:
             raise
         except OSError as e:
-            tally.shard_opened()
+            tally.shard_opened(url)
             tally.drop("unreadable_shard", STAGE, url, "", f"{e}; check the path and permissions")
             continue
-        tally.shard_opened()
+        tally.shard_opened(url)
         tick = tally.ticker(url)
         end = None
         try:
