@@ -38,15 +38,18 @@ def test_a_batch_that_kills_its_actor_twice_fails_its_shard_and_resume_completes
     scorer = ExitScorer(kill_key="s1_00003", trip_file=str(trip))  # every batch holding it kills the actor
     summary = score_on_ray(urls, out="out", scorers=[scorer], actors=1, batch_size=3, progress=False,
                            write_shards="kept")
-    assert [f["url"] for f in summary.shards_failed] == [urls[1]]
-    assert "3 of 6 row(s) lost: a batch failed twice" in summary.shards_failed[0]["reason"]
-    assert sorted(os.listdir(tmp_path / "out" / "done")) == ["shard-0000.json", "shard-0002.json"]
-    assert sorted(os.listdir(tmp_path / "kept")) == ["shard-0000.tar", "shard-0002.tar"]
-    assert summary.status == {"scored": 12}
+    # The run ended (no endless retry). The shard of the killing batch failed, without a marker;
+    # a shard whose batch was in flight on the same actor when it died may have failed with it.
+    failed = {f["url"]: f["reason"] for f in summary.shards_failed}
+    assert urls[1] in failed and "a batch failed twice (its model actor died" in failed[urls[1]]
+    done = sorted(os.listdir(tmp_path / "out" / "done"))
+    assert "shard-0001.json" not in done
+    assert len(done) + len(failed) == 3 and summary.status.get("scored", 0) == 6 * len(done)
+    assert sorted(os.listdir(tmp_path / "kept")) == [d[:-5] + ".tar" for d in done]
 
     trip.unlink()  # the host has memory again
     again = score_on_ray(urls, out="out", scorers=[scorer], actors=1, batch_size=3, progress=False,
                          write_shards="kept", resume=True)
-    assert again.shards_failed == [] and again.shards_resumed == 2 and again.status == {"scored": 18}
+    assert again.shards_failed == [] and again.shards_resumed == len(done) and again.status == {"scored": 18}
     marker = json.load(open(tmp_path / "out" / "done" / "shard-0001.json"))
     assert marker["url"] == urls[1] and marker["engine"] == "ray"

@@ -28,7 +28,7 @@ import time
 from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 from ..errors import ConfigError
-from .faults import read_failed_reason
+from .faults import disk_full, is_disk_full, read_failed_reason
 from .outputs import RunSummary
 
 PENDING = "__pending__"  # a row whose inputs still need the model
@@ -145,7 +145,8 @@ def _plain(v):
 
 
 # -- per shard: score file, filtered shard, marker --------------------------------------------------
-def finish_shard(url: str, rows: List[dict], end: dict, cfg, state, columns: Sequence[str]) -> dict:
+def finish_shard(url: str, rows: List[dict], end: dict, cfg, state, columns: Sequence[str],
+                 path: Optional[str] = None) -> dict:
     """A Ray task: write one shard's outputs the way the engine does (score file, filtered
     shard, then the completion marker)."""
     from .outputs import write_table
@@ -159,9 +160,11 @@ def finish_shard(url: str, rows: List[dict], end: dict, cfg, state, columns: Seq
     if cfg.write_shards:
         keep = {r["key"] for r in rows if r["kept"]}
         try:
-            filtered = write_filtered(url, keep, state.filtered_path(url), cfg.stage.rekey,
+            filtered = write_filtered(path or url, keep, state.filtered_path(url), cfg.stage.rekey,
                                       cfg.stage.allow_pipe, cfg.stage.allow_remote)
         except OSError as e:  # the shard cannot be read again (a pipe: command failed): no marker
+            if is_disk_full(e):
+                raise
             return {"shard": url, "rows": len(rows), "failed": f"filtered shard not written: {e}"}
     counts: Dict[str, int] = {}
     for r in rows:
@@ -201,8 +204,11 @@ class _Collector:
 
 # -- the run ---------------------------------------------------------------------------------------
 # Ray Data restarts a dead actor and retries its tasks forever by default: a batch that kills its
-# actor (a host OOM kill) would loop. One restart and one retry; a batch that fails twice is lost
-# and its shard is failed (no marker), so --resume scores it again.
+# actor (a host OOM kill) loops. A task (a batch, or a shard's read) is retried once; a batch that
+# fails again is lost and its shard is failed (no marker), so --resume scores it again. Actor
+# restarts stay unbounded on purpose: an actor whose restarts ran out is dropped from Ray Data's
+# pool without a replacement, which would stall the run, and the bounded retries already end
+# every batch after two attempts. Batches in flight on an actor when it dies use up a retry too.
 RETRIES = 1
 
 
@@ -219,7 +225,8 @@ def _unfinished(url: str, collector: "_Collector") -> str:
     if end is not None:
         return (f"{end['rows'] - len(rows)} of {end['rows']} row(s) lost: a batch failed twice (its model actor "
                 f"died, e.g. killed for host memory, or raised); no marker: --resume scores it again")
-    return "not finished by the Ray run (a batch of it failed twice, or the run stopped); --resume scores it again"
+    return ("its rows did not all come back: a batch failed twice (its model actor died, e.g. killed for host "
+            "memory, or raised), or the run stopped; no marker: --resume scores it again")
 
 
 def score_on_ray(shards, out: Optional[str] = None, scorers: Sequence = ("clip",), *, actors: Optional[int] = None,
@@ -251,6 +258,11 @@ def run_on_ray(shards, cfg, *, actors: Optional[int] = None, gpus_per_actor: Opt
     engine = Engine(shards, cfg, echo)  # the same URLs, scorers, columns, run state, summary and lock
     try:
         return _run_on_ray(engine, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, address, ray_init)
+    except Exception as e:
+        cause = getattr(e, "cause", e)  # a Ray task's error carries the original as .cause
+        if is_disk_full(cause):
+            raise disk_full(cause, "the run's outputs") from None
+        raise
     finally:
         engine.release_lock()
 
@@ -297,7 +309,7 @@ def _run_on_ray(engine, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size,
                                 batch_size=1, batch_format="numpy", max_retries=RETRIES)
             ds = ds.map_batches(ScoreActor, batch_size=batch_size, batch_format="numpy", concurrency=actors,
                                 num_gpus=gpus_per_actor, num_cpus=cpus_per_actor,
-                                max_restarts=RETRIES, max_task_retries=RETRIES,
+                                max_restarts=-1, max_task_retries=RETRIES,
                                 fn_constructor_kwargs={"cfg": cfg, "scorers": engine.model_scorers,
                                                        "columns": engine.columns, "batch_size": batch_size,
                                                        "device": device})
@@ -316,7 +328,8 @@ def _run_on_ray(engine, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size,
                         elif end.get("failed"):  # not read to its end: no outputs, no marker either
                             failed.append({"url": url, "reason": read_failed_reason(end["failed"])})
                         else:
-                            writing.append(finish.remote(url, rows, end, cfg, engine.state, engine.columns))
+                            writing.append(finish.remote(url, rows, end, cfg, engine.state, engine.columns,
+                                                         absolute_url(url)))
                     ready, writing = ray.wait(writing, num_returns=len(writing), timeout=0) if writing else ([], [])
                     done += ray.get(ready)
             finally:
