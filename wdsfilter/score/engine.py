@@ -460,6 +460,8 @@ class Engine:
         stage_tally = None
         if todo or cfg.dry_run:
             devices = resolve_devices(cfg)
+            for scorer in self.scorers:  # downloads once, here, not in every model worker at once
+                getattr(scorer, "fetch", lambda: None)()
             pool = make_pool(devices, self.model_scorers)
             worker_stats: List[dict] = []
             try:
