@@ -172,10 +172,5 @@ def render(data: Dict) -> str:
 
 
 def write_report(data: Dict, path: str) -> str:
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(render(data))
-    os.replace(tmp, path)
-    return path
+    from ..writing import write_text_atomic
+    return write_text_atomic(path, render(data))
