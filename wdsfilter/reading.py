@@ -41,6 +41,10 @@ class ShardEnd:
     # Where it broke: the member being read, or the last member read before a cut header ("" when
     # no member header could be read). The validator names it in its truncated_tar finding.
     member: str = ""
+    # Set when the stream itself failed (a read error, a pipe: command or download that exited
+    # with an error, even after sending a whole tar): the shard was not read to its end, so a run
+    # must not mark it done. A tar cut inside a file that was read to its end is `error` only.
+    failed: Optional[str] = None
 
 
 class _EndAwareTarInfo(tarfile.TarInfo):
@@ -247,7 +251,10 @@ def iter_tar(stream, url: str, caps: Optional[MemberCaps] = None,
             yield ShardEnd(url, count, f"ReadError: tar {end} after member {last or '(none)'}", last)
             return
     except (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError) as e:
-        yield ShardEnd(url, count, f"{type(e).__name__}: {e} at member {current or '(header)'}", current)
+        message = f"{type(e).__name__}: {e} at member {current or '(header)'}"
+        # An OSError is the stream's (gzip's BadGzipFile is bad bytes in a file read to its end).
+        stream_failed = isinstance(e, OSError) and not isinstance(e, gzip.BadGzipFile)
+        yield ShardEnd(url, count, message, current, failed=message if stream_failed else None)
         return
     yield ShardEnd(url, count)
 
@@ -275,13 +282,22 @@ def tar_members(src: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator
             continue
         tally.shard_opened()
         tick = tally.ticker(url)
+        end = None
         try:
-            yield from iter_tar(stream, url, caps, tick)
+            for item in iter_tar(stream, url, caps, tick):
+                if isinstance(item, ShardEnd):
+                    end = item  # held until the stream is closed: closing reports a failed command
+                else:
+                    yield item
         finally:
             try:
                 stream.close()
-            except OSError as e:  # a pipe: command or download that failed: its read error is counted already
+            except OSError as e:  # a pipe: command or download that failed (after sending a whole tar, too)
                 tally.note("shard_command_failed", STAGE, url, "", _close_failure(url, stream, e))
+                if end is not None and not end.failed:
+                    end.failed = f"{type(e).__name__}: {e}"
+        if end is not None:
+            yield end
 
 
 def screen_member(m: dict, lext: str, caps: MemberCaps, allow_unsafe: bool) -> Tuple[str, Optional[Tuple[str, str]]]:
@@ -346,7 +362,7 @@ def group_samples(members: Iterable["dict | ShardEnd"], cfg: StageConfig, tally:
                            f"Re-create or re-download this shard")
             if cfg.emit_rejects:
                 yield {"__marker__": "shard_end", "__url__": m.url, "__key__": "",
-                       "members": m.members, "error": m.error}
+                       "members": m.members, "error": m.error, "failed": m.failed}
             continue
         fname, url = m["fname"], m["__url__"]
         key, ext = split_name(fname, rekey)

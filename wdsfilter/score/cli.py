@@ -117,8 +117,13 @@ def score(shards, out, scorers, model, pretrained, scorer_opts, frames, frame_re
             summary = run_scoring(list(shards), cfg, echo=_echo)
     except WdsFilterError as e:
         from ..errors import ConfigError, UnsafeInputError
+        from .faults import RunFailedError
         if isinstance(e, (ConfigError, UnsafeInputError)):
             raise  # the group prints it and exits 2
         click.secho(f"wdsfilter score: error: {e}", fg="red", err=True)
-        sys.exit(1)
+        sys.exit(3 if isinstance(e, RunFailedError) else 1)
     click.echo(summary.format_text(histograms=not no_histograms, plan=False))
+    if summary.shards_failed:  # a failure of the run: those shards have no marker
+        click.secho(f"wdsfilter score: error: {len(summary.shards_failed)} shard(s) failed (listed above and in "
+                    f"summary.json); run again with --resume to retry them", fg="red", err=True)
+        sys.exit(3)

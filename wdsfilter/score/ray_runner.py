@@ -27,6 +27,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 from ..errors import ConfigError
 from .embeddings import FIELD as EMBEDDINGS
+from .faults import read_failed_reason
 from .outputs import RunSummary
 
 PENDING = "__pending__"  # a row whose inputs still need the model
@@ -66,7 +67,7 @@ def read_shard(batch, cfg, scorers, rows_per_block: int = 64) -> Iterator[Dict[s
         for item in pipeline:
             marker = item.get(MARKER)
             if marker == END_MARKER:
-                end = {"error": item.get("error"), "members": item.get("members", 0)}
+                end = {"error": item.get("error"), "members": item.get("members", 0), "failed": item.get("failed")}
             elif marker:
                 rows.append(_row(item.get("__key__", ""), url, index, "rejected", item.get(REJECT),
                                  item.get("__message__")))
@@ -221,11 +222,18 @@ def run_on_ray(shards, cfg, *, actors: Optional[int] = None, gpus_per_actor: Opt
                ray_init: Optional[dict] = None, echo: Optional[Callable[[str], None]] = None) -> RunSummary:
     """score_on_ray with a ScoreConfig (what `wdsfilter score --engine ray` builds)."""
     from .engine import Engine
-    from ..pipeline import check_keys
 
     if cfg.dry_run:
         raise ConfigError("dry_run plans the single-machine engine; Ray plans its own cluster (ray status)")
-    engine = Engine(shards, cfg, echo)  # the same URLs, scorers, columns, run state and summary
+    engine = Engine(shards, cfg, echo)  # the same URLs, scorers, columns, run state, summary and lock
+    try:
+        return _run_on_ray(engine, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, address, ray_init)
+    finally:
+        engine.release_lock()
+
+
+def _run_on_ray(engine, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, address, ray_init) -> RunSummary:
+    from ..pipeline import check_keys
     echo = engine.echo
     todo = engine.state.pending()
     if todo:  # configuration errors (a caption key no sample has) at once, before Ray starts
@@ -275,6 +283,8 @@ def run_on_ray(shards, cfg, *, actors: Optional[int] = None, gpus_per_actor: Opt
                         notes.update(end.get("notes", {}))
                         if end.get("unopened"):  # no outputs and no marker: --resume tries it again
                             failed.append({"url": url, "reason": f"unreadable: {end['error']}"})
+                        elif end.get("failed"):  # not read to its end: no outputs, no marker either
+                            failed.append({"url": url, "reason": read_failed_reason(end["failed"])})
                         else:
                             writing.append(finish.remote(url, rows, end, cfg, engine.state, engine.columns))
                     ready, writing = ray.wait(writing, num_returns=len(writing), timeout=0) if writing else ([], [])

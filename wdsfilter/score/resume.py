@@ -50,11 +50,15 @@ def shard_names(urls: Sequence[str]) -> Dict[str, str]:
 
 def _atomic_json(path: str, data) -> None:
     tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1, default=str)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=1, default=str)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:  # a full disk: no half marker left behind
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def _normalise(obj):
