@@ -157,7 +157,7 @@ def render(data: Dict) -> str:
             if s["cut"] is None:
                 out.append("<p>highest:</p>" + _grid(s["above"], column) + "<p>lowest:</p>" + _grid(s["below"], column))
             else:
-                out.append(f"<p>just above {s['cut']:.6g}:</p>" + _grid(s["above"], column)
+                out.append(f"<p>at or just above {s['cut']:.6g}:</p>" + _grid(s["above"], column)
                            + f"<p>just below {s['cut']:.6g}:</p>" + _grid(s["below"], column))
     out.append("<h2>Dropped, by reason</h2>")
     if not result.reasons:
