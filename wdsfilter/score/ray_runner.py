@@ -55,7 +55,7 @@ def read_shard(batch, cfg, scorers, rows_per_block: int = 64) -> Iterator[Dict[s
     from .engine import complete_row
     from .prepare import SHARD_END as END_MARKER, Prepare
 
-    stage = cfg.scoring_stage_config()
+    stage = cfg.scoring_stage_config(scorers)
     for url in list(batch["shard"]):
         tally = Tally(0, 0, name="wdsfilter score (ray)")
         pipeline = sample_pipeline([url], stage, tally, extra=[Prepare(scorers)])
