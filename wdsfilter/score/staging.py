@@ -18,9 +18,12 @@ from typing import Dict, List
 
 
 class Staging:
-    def __init__(self, pin: bool, non_blocking: bool):
+    def __init__(self, pin: bool, non_blocking: bool, reuse: bool = None):
+        """reuse (default: pin): gather batches into the kept buffer; without pinning that is only
+        useful to test this path on a machine without a GPU."""
         self.pin = pin
         self.non_blocking = non_blocking
+        self.reuse = pin if reuse is None else reuse
         self._buffers: Dict[object, object] = {}  # dtype -> flat tensor
         self._copied: Dict[object, object] = {}   # dtype -> CUDA event recorded after its last copy
 
@@ -49,7 +52,7 @@ class Staging:
         """torch.cat(tensors, dim) on `device`: on CUDA through the pinned buffer, copied with
         non_blocking; on a CPU the plain concatenation (no extra copy)."""
         import torch
-        if not self.pin:
+        if not self.reuse:
             return torch.cat(tensors, dim).to(device)
         shape = list(tensors[0].shape)
         shape[dim] = sum(t.shape[dim] for t in tensors)
