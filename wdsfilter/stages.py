@@ -216,7 +216,7 @@ def _decode(data: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator[di
         if MARKER not in sample and "image" in sample:
             try:
                 sample["image"] = decode_image(sample["image"], cfg.max_pixels, cfg.max_side,
-                                               cfg.oversize, cfg.image_mode)
+                                               cfg.oversize, cfg.image_mode, cfg.decode_floor)
             except DataError as e:
                 member = f"{sample['__key__']}.{sample['__media_ext__']}"
                 marker = _reject(tally, sample, e.reason, "decode", member, str(e), cfg.emit_rejects)

@@ -27,7 +27,7 @@ from ..errors import ConfigError, RunError
 from ..score.resume import _atomic_json
 from ..score.shardwriter import BLOCK, RECORD, _is_gzip, _local_copy, member_ranges
 from ..shards import is_pipe, is_remote
-from ..writing import temporary_beside
+from ..writing import atomic_path
 
 RUN_FILE = "filter_run.json"
 COPY_CHUNK = 1 << 20
@@ -190,7 +190,7 @@ class _OpenShard:
     def __init__(self, folder: str, prefix: str, index: int):
         self.folder, self.prefix, self.index = folder, prefix, index
         self.path = os.path.join(folder, shard_name(prefix, index))
-        self._temporary = temporary_beside(self.path)  # renamed into place by close()
+        self._temporary = atomic_path(self.path)  # renamed into place by close()
         self.file = open(self._temporary.__enter__(), "wb")
         self.samples = self.members = self.bytes = 0
         self.sources: Dict[str, int] = {}

@@ -166,14 +166,17 @@ class ScoreConfig:
         if not isinstance(self.stage, StageConfig):
             raise ConfigError("stage must be a StageConfig")
 
-    def scoring_stage_config(self) -> StageConfig:
+    def scoring_stage_config(self, scorers: Sequence = ()) -> StageConfig:
         """The stage config of the scoring pipeline: rejects flow on as markers (every sample
         gets a row), and the starvation watchdog is off because markers keep the stream moving;
         a run that scores nothing is reported by the engine with its counts instead. The keys
         are checked once on the whole first shard before scoring (pipeline.check_keys), so the
-        readers do not check again."""
+        readers do not check again. With the run's `scorers`, JPEGs are decoded at the reduced
+        scale they all can use (Scorer.decode_floor)."""
+        from .fastdecode import combine_floors
+        floor = combine_floors([s.decode_floor() for s in scorers]) if scorers else None
         return replace(self.stage, emit_rejects=True, starvation_samples=0, starvation_seconds=0.0,
-                       check_first_shard=False)
+                       check_first_shard=False, decode_floor=floor)
 
 
 def parse_gpus(value) -> Tuple[int, ...]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Optional
 
-from ..writing import temporary_beside
+from ..writing import atomic_path
 
 FIELD = "__embeddings__"
 FOLDER = "embeddings"
@@ -40,7 +40,7 @@ def write_embeddings(out: str, name: str, rows: List[dict]) -> Optional[Dict[str
             if emb is not None:
                 table[row["index"]] = emb[part]
         path = os.path.join(folder, f"{name}.{part}.npy")
-        with temporary_beside(path) as tmp, open(tmp, "wb") as f:
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
             np.save(f, table)
         paths[part] = path
     return paths

@@ -257,7 +257,7 @@ class Engine:
     # -- planning ---------------------------------------------------------------------------
     def _probe(self, pool, todo: List[str]) -> ProbeReport:
         cfg = self.cfg
-        inputs, prep_seconds, scanned = collect_probe(todo, cfg.scoring_stage_config(), self.scorers,
+        inputs, prep_seconds, scanned = collect_probe(todo, cfg.scoring_stage_config(self.scorers), self.scorers,
                                                       cfg.probe_samples, cfg.probe_scan)
         report = ProbeReport(samples=len(inputs), scanned=scanned, prepare_seconds=prep_seconds)
         if inputs:
@@ -396,7 +396,8 @@ class Engine:
         cfg = self.cfg
         sink = StatsSink()
         tally = Tally(0, 0, name="wdsfilter score")
-        pipeline = sample_pipeline(todo, cfg.scoring_stage_config(), tally, extra=[Prepare(self.scorers)], sink=sink)
+        pipeline = sample_pipeline(todo, cfg.scoring_stage_config(self.scorers), tally, extra=[Prepare(self.scorers)],
+                                   sink=sink)
         pipeline.append(Chunk(plan.chunk))
         loader = torch.utils.data.DataLoader(
             pipeline, batch_size=None, shuffle=False, num_workers=plan.workers, collate_fn=keep_as_is,

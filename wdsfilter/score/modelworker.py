@@ -233,6 +233,10 @@ def _worker_main(worker: int, device: str, scorers, inbox, outbox, threads: Opti
         import torch
         if threads:
             torch.set_num_threads(threads)
+        if device.startswith("cuda"):
+            # This worker's GPU becomes the current one: libraries that allocate on "cuda" (the
+            # current device) and current-device checks then see it, not GPU 0.
+            torch.cuda.set_device(torch.device(device))
         runner = ModelRunner(scorers, device)
         outbox.put(("loaded", worker, runner.load()))
         while True:

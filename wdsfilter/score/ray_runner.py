@@ -59,7 +59,7 @@ def read_shard(batch, cfg, scorers, rows_per_block: int = 64) -> Iterator[Dict[s
     from .engine import complete_row
     from .prepare import SHARD_END as END_MARKER, Prepare
 
-    stage = cfg.scoring_stage_config()
+    stage = cfg.scoring_stage_config(scorers)
     paths = batch["path"] if "path" in batch else batch["shard"]
     for url, path in zip(list(batch["shard"]), list(paths)):  # rows carry the URL; the worker opens `path`
         tally = Tally(0, 0, name="wdsfilter score (ray)")
