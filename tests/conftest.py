@@ -1,4 +1,5 @@
 """Shared fixtures. `tiny_clip`: a tiny open_clip model trained on the sample shards, built once."""
+import fcntl
 import hashlib
 import os
 import shutil
@@ -47,7 +48,11 @@ def tiny_clip(tmp_path_factory) -> str:
     if not os.access(cache, os.W_OK):
         cache = str(tmp_path_factory.mktemp("tiny-clip"))
     out = os.path.join(cache, "tiny-clip-" + key)
-    if not os.path.isfile(os.path.join(out, tool.WEIGHTS_FILE)):
-        shutil.rmtree(out, ignore_errors=True)  # a folder without weights is left from an older layout
-        tool.build(out, shards, steps=TINY_CLIP_STEPS, threads=TINY_CLIP_THREADS, quiet=True, replace=False)
+    # One build at a time per key: pytest runs started together (several checkouts, xdist) wait
+    # for the first builder instead of each training its own copy on the same cores.
+    with open(out + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.isfile(os.path.join(out, tool.WEIGHTS_FILE)):
+            shutil.rmtree(out, ignore_errors=True)  # a folder without weights is left from an older layout
+            tool.build(out, shards, steps=TINY_CLIP_STEPS, threads=TINY_CLIP_THREADS, quiet=True, replace=False)
     return out
