@@ -56,3 +56,16 @@ def tiny_clip(tmp_path_factory) -> str:
             shutil.rmtree(out, ignore_errors=True)  # a folder without weights is left from an older layout
             tool.build(out, shards, steps=TINY_CLIP_STEPS, threads=TINY_CLIP_THREADS, quiet=True, replace=False)
     return out
+
+
+# `slow` means: the test trains or runs a real model (the tiny CLIP model, the OCR detectors,
+# training steps) or starts Ray. `pytest -m "not slow"` is the quick subset: stages, loader
+# plumbing, validator, engine with toy scorers, CLI errors. Tests that use the tiny CLIP model
+# are marked here, so a new one cannot forget it; the other slow files mark themselves.
+SLOW_FIXTURES = ("tiny_clip",)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if any(name in SLOW_FIXTURES for name in getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
