@@ -53,3 +53,23 @@ def test_a_batch_that_kills_its_actor_twice_fails_its_shard_and_resume_completes
     assert again.shards_failed == [] and again.shards_resumed == len(done) and again.status == {"scored": 18}
     marker = json.load(open(tmp_path / "out" / "done" / "shard-0001.json"))
     assert marker["url"] == urls[1] and marker["engine"] == "ray"
+
+
+def test_a_full_disk_stops_a_ray_run_with_a_clear_error(local_ray, tmp_path):
+    import subprocess
+    from test_score_faults import big_shards, temporaries
+    from wdsfilter.score.faults import DiskFullError
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("mounting a small tmpfs needs root")
+    try:
+        urls = big_shards(tmp_path / "shards", 4)  # two filtered shards fit, not four
+        with pytest.raises(DiskFullError, match="no space left on the device"):
+            score_on_ray(urls, out=str(tmp_path / "out"), scorers=["test_score_kit:BrightnessScorer"], actors=1,
+                         batch_size=6, progress=False, write_shards=str(mnt / "kept"))
+        done = sorted(os.listdir(tmp_path / "out" / "done"))
+        assert len(done) < 4 and temporaries(str(tmp_path / "out"), str(mnt / "kept")) == []
+        assert sorted(os.listdir(mnt / "kept")) == [d[:-5] + ".tar" for d in done]
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)

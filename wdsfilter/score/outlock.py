@@ -15,7 +15,7 @@ import os
 import socket
 import time
 from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import Iterator
 
 from ..errors import ConfigError
 

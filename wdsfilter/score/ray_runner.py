@@ -278,6 +278,8 @@ def _run_on_ray(engine, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size,
     todo = engine.state.pending()
     if todo:  # configuration errors (a caption key no sample has) at once, before Ray starts
         check_keys(todo[0], cfg.scoring_stage_config())
+        for scorer in engine.scorers:  # downloads once, on the driver (a shared filesystem), not per actor
+            getattr(scorer, "fetch", lambda: None)()
     ray = _ray()
     started_here = not ray.is_initialized()
     if started_here:
