@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import ConfigError, WdsFilterError
 from .backoff import Backoff
+from .embeddings import FIELD as EMBEDDINGS
 from .faults import DeviceFailedError, device_failed, sticky_device_error
 from .memory import HostMemory, device_memory, is_oom, torch_device
 from .transport import pack, unpack
@@ -146,6 +147,8 @@ class ModelRunner:
                 for k, outcome in zip(members, outcomes):
                     if outcome[0] == "ok":
                         scores[k].update({c: outcome[1].get(c) for c in columns})
+                        if EMBEDDINGS in outcome[1]:  # --save-embeddings: written beside the score file
+                            scores[k][EMBEDDINGS] = outcome[1][EMBEDDINGS]
                     else:
                         errors[k][scorer.name] = (outcome[1], outcome[2])
         self.batches += 1
