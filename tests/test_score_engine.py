@@ -245,10 +245,11 @@ def test_a_first_shard_longer_than_the_probe_with_no_captions_raises_before_scor
 
 
 def test_a_pipe_shard_that_fails_with_write_shards_is_failed_not_fatal(shards, tmp_path):
-    # Its command prints the shard, then exits 1: reading keeps the samples and counts the failure;
+    # Its command prints the shard the first time and fails the second: reading scores the samples;
     # writing the filtered shard runs the command again and fails: that shard gets no marker.
     urls, images = shards
-    broken = f"pipe:cat {urls[0]}; exit 1"
+    ran = tmp_path / "ran-once"
+    broken = f"pipe:if test -e {ran}; then exit 1; else touch {ran}; cat {urls[0]}; fi"
     out, kept = tmp_path / "out", tmp_path / "kept"
     summary = run([broken, urls[1]], out, write_shards=str(kept), allow_pipe=True, batch_size=4)
     assert [f["url"] for f in summary.shards_failed] == [broken]

@@ -110,12 +110,23 @@ def test_a_shard_without_captions_after_the_first_is_scored_as_data(local_ray, t
 
 
 def test_a_pipe_shard_that_fails_when_written_again_is_failed_not_fatal(local_ray, tiny_clip, tmp_path):
-    broken = f"pipe:cat {SHARDS[0]}; exit 1"
+    # The command prints the shard the first time and fails the second (when the filtered shard is written).
+    ran = tmp_path / "ran-once"
+    broken = f"pipe:if test -e {ran}; then exit 1; else touch {ran}; cat {SHARDS[0]}; fi"
     summary = score_on_ray([broken, SHARDS[1]], out=str(tmp_path / "ray"), model="local-dir:" + tiny_clip,
                            write_shards=str(tmp_path / "kept"), allow_pipe=True, **OPTIONS)
     assert [f["url"] for f in summary.shards_failed] == [broken] and summary.shards_scored == 1
     assert "filtered shard not written" in summary.shards_failed[0]["reason"]
     assert os.listdir(tmp_path / "kept") == ["json-captions-000000.tar"]
+
+
+def test_a_pipe_shard_whose_command_fails_is_failed_without_a_marker(local_ray, tiny_clip, tmp_path):
+    broken = f"pipe:cat {SHARDS[0]}; exit 1"  # the whole tar, then an error: not read to its end
+    summary = score_on_ray([broken, SHARDS[1]], out=str(tmp_path / "ray"), model="local-dir:" + tiny_clip,
+                           allow_pipe=True, **OPTIONS)
+    assert [f["url"] for f in summary.shards_failed] == [broken] and summary.shards_scored == 1
+    assert "not read to its end" in summary.shards_failed[0]["reason"]
+    assert os.listdir(tmp_path / "ray" / "done") == ["json-captions-000000.json"]
     assert summary.stage_counts["notes"].get("shard_command_failed") == 1
 
 

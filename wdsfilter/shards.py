@@ -15,6 +15,9 @@ import braceexpand
 from .errors import ConfigError, UnsafeInputError
 
 SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+# A brace pattern naming more shards than this is a mistake (x-{0..99999999}.tar): refused before
+# it is expanded, since braceexpand materialises every range it multiplies.
+MAX_BRACE_URLS = 1_000_000
 REMOTE_SCHEMES = ("http://", "https://", "s3://", "gs://", "gcs://", "hf://", "ais://")
 
 
@@ -42,6 +45,8 @@ def expand_urls(paths: Union[str, Sequence[str]], allow_pipe: bool = False, allo
     urls: List[str] = []
     for entry in paths:
         entry = os.fspath(entry)
+        if "{" in entry:
+            _check_brace_count(entry)
         for item in braceexpand.braceexpand(entry) if "{" in entry else [entry]:
             urls.extend(_expand_one(item, allow_pipe, allow_remote))
     if not urls:
@@ -66,6 +71,79 @@ def unique_urls(urls: Sequence[str]):
     return unique, repeats
 
 
+def _check_brace_count(pattern: str) -> None:
+    try:
+        n = brace_count(pattern)
+    except braceexpand.UnbalancedBracesError as e:
+        raise ConfigError(f"{pattern!r}: {e}") from None
+    if n > MAX_BRACE_URLS:
+        raise ConfigError(f"brace pattern {pattern!r} names {n:,} shards (more than {MAX_BRACE_URLS:,}); "
+                          f"check the range, e.g. shards-{{000000..000099}}.tar")
+
+
+def brace_count(pattern: str) -> int:
+    """How many names braceexpand would make of `pattern`, counted without making them (its own
+    grammar: ranges {a..b..step}, sequences {x,y}, nesting, backslash escapes)."""
+    total, start, pos, depth = 1, 0, 0, 0
+    while pos < len(pattern):
+        c = pattern[pos]
+        if c == "\\":
+            pos += 2
+            continue
+        if c == "{":
+            if depth == 0:
+                start = pos
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                expr = pattern[start + 1:pos]
+                n = _expression_count(expr)
+                total *= brace_count(expr) if n is None else n
+        pos += 1
+    if depth != 0:
+        raise braceexpand.UnbalancedBracesError(f"Unbalanced braces: '{pattern}'")
+    return total
+
+
+def _expression_count(expr: str):
+    m = braceexpand.int_range_re.match(expr)
+    if m:
+        a, b, step = int(m.group(1)), int(m.group(2)), abs(int(m.group(3) or 1)) or 1
+        return abs(b - a) // step + 1
+    m = braceexpand.char_range_re.match(expr)
+    if m:
+        alphabet = braceexpand.alphabet
+        a, b, step = alphabet.index(m.group(1)), alphabet.index(m.group(2)), abs(int(m.group(3) or 1)) or 1
+        return abs(b - a) // step + 1
+    parts, start, pos, depth = [], 0, 0, 0
+    while pos < len(expr):
+        c = expr[pos]
+        if c == "\\":
+            pos += 2
+            continue
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+        elif c == "," and depth == 0:
+            parts.append(expr[start:pos])
+            start = pos + 1
+        pos += 1
+    if depth != 0 or not parts:
+        return None  # not a sequence: braceexpand keeps the braces and expands inside
+    parts.append(expr[start:])
+    return sum(brace_count(p) for p in parts)
+
+
+def _on_disk(path: str) -> str:
+    """A path found on disk, written so that it can never read as a URL: a file named
+    `pipe:touch x;.tar` is a file, not a shell command."""
+    if path.startswith(("pipe:", "file:")) or is_remote(path):
+        return os.path.join(".", path)
+    return path
+
+
 def _expand_one(item: str, allow_pipe: bool, allow_remote: bool) -> List[str]:
     if is_pipe(item) or is_remote(item):
         _check_allowed(item, allow_pipe, allow_remote)
@@ -76,10 +154,10 @@ def _expand_one(item: str, allow_pipe: bool, allow_remote: bool) -> List[str]:
         found = []
         for root, dirs, files in os.walk(item):
             dirs.sort()
-            found.extend(os.path.join(root, f) for f in sorted(files) if f.endswith(SHARD_SUFFIXES))
+            found.extend(_on_disk(os.path.join(root, f)) for f in sorted(files) if f.endswith(SHARD_SUFFIXES))
         return found
     if any(c in item for c in "*?["):
-        return sorted(p for p in glob.glob(item, recursive=True) if os.path.isfile(p))
+        return sorted(_on_disk(p) for p in glob.glob(item, recursive=True) if os.path.isfile(p))
     if not os.path.exists(item):
         raise ConfigError(f"shard {item!r} does not exist")
     return [item]

@@ -34,6 +34,7 @@ SHORTCUTS = {
     "ocr_backend": [("ocr", "backend")],
     "ocr_model_dir": [("ocr", "model_dir")],
     "ocr_download": [("ocr", "download")],
+    "save_embeddings": [("clip", "save_embeddings")],
 }
 
 

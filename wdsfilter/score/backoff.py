@@ -1,8 +1,10 @@
 """Out-of-memory back-off: run one scorer over a list of prepared inputs in sub-batches; on CUDA
-out-of-memory, host MemoryError or host-memory pressure, halve the sub-batch, free the cache and
+out-of-memory (cuBLAS/cuDNN allocation failures included), host MemoryError or host-memory
+pressure, halve the sub-batch, free the cache and
 retry the same inputs. An input's outcome is recorded only once its sub-batch returned, so no
 sample is lost or scored twice. Errors that are not about memory are isolated to the sample that
-causes them (its row gets the reason); a scorer that fails on everything stops the run.
+causes them (its row gets the reason); a scorer that fails on everything stops the run, and so
+does a sticky device error (illegal memory access, device-side assert: see faults.py).
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, List, Optional, Tuple
 
 from ..errors import DataError, WdsFilterError
+from .faults import DeviceFailedError, sticky_device_error
 from .memory import DeviceMemory, is_oom
 
 # Outcome of one input: ("ok", {column: value}) or ("error", reason, message).
@@ -107,6 +110,9 @@ class Backoff:
     def _classify(self, e: Exception, n: int):
         """(kind, reason, message) for a failed call; raises when the scorer itself is broken."""
         message = f"{type(e).__name__}: {e}"
+        sticky = sticky_device_error(e)
+        if sticky:  # the device is unusable: scoring on would fail every later sample (faults.py)
+            raise DeviceFailedError(sticky) from e
         if is_oom(e):
             return "oom", ("host_oom" if isinstance(e, MemoryError) else "cuda_oom"), message
         if isinstance(e, DataError):

@@ -39,6 +39,8 @@ def _echo(text: str) -> None:
 @click.option("--min", "mins", multiple=True, metavar="COLUMN=X", help="Keep samples with COLUMN >= X. Repeatable.")
 @click.option("--max", "maxes", multiple=True, metavar="COLUMN=X", help="Keep samples with COLUMN <= X. Repeatable.")
 @click.option("--write-shards", default=None, metavar="DIR", help="Write filtered shards (original bytes) here.")
+@click.option("--save-embeddings", is_flag=True, default=None,
+              help="clip: also write float16 image/caption embeddings, OUT/embeddings/<shard>.img.npy and .txt.npy.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--gpus", default=None, metavar="0,1", help="GPUs to use (one model worker each, or more: --replicas).")
 @click.option("--batch-size", default="auto", show_default=True, help="auto (memory planner) or N.")
@@ -55,6 +57,8 @@ def _echo(text: str) -> None:
 @click.option("--caption-key", default=None, help="Caption spec, e.g. txt or json:description or 'txt;json:caption'.")
 @click.option("--image-key", default=None, help="Image spec, e.g. 'jpg;png;webp'.")
 @click.option("--config", "config_file", default=None, metavar="FILE", help="Stage options (JSON/YAML), as for validate.")
+@click.option("--max-bytes", "max_bytes", multiple=True, metavar="KIND=SIZE",
+              help="Byte cap of one member (text, json, image, video, other; decompressed: a .tar.gz shard), as for validate.")
 @click.option("--allow-pipe", is_flag=True, default=None, help="Allow pipe: shard URLs (they run shell commands).")
 @click.option("--allow-remote", is_flag=True, default=None, help="Allow remote shard URLs.")
 @click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
@@ -69,21 +73,21 @@ def _echo(text: str) -> None:
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @click.option("--no-histograms", is_flag=True, help="No histograms in the terminal summary.")
 def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frames, frame_reduce, keyframes,
-          ocr_backend,
-          ocr_model_dir, ocr_download, min_clip, max_ocr_area, mins, maxes, write_shards, device, gpus,
-          batch_size, workers, replicas, max_memory, headroom, fit, fmt, resume, overwrite, dry_run, caption_key,
-          image_key, config_file, allow_pipe, allow_remote, engine, ray_address, ray_actors, ray_gpus_per_actor,
+          ocr_backend, ocr_model_dir, ocr_download, min_clip, max_ocr_area, mins, maxes, write_shards,
+          save_embeddings, device, gpus, batch_size, workers, replicas, max_memory, headroom, fit, fmt, resume,
+          overwrite, dry_run, caption_key, image_key, config_file, max_bytes, allow_pipe, allow_remote, engine,
+          ray_address, ray_actors, ray_gpus_per_actor,
           no_progress, no_histograms):
     """Score every sample of SHARDS (folders, globs, brace patterns, .tar files) with CLIP, OCR
     or your own scorer; write per-shard score files, a summary and, optionally, filtered shards."""
-    from ..config import StageConfig
+    from ..config import StageConfig, parse_byte_caps
     from . import build_config
     from .config import parse_option, parse_threshold
     from .engine import run_scoring
 
     logging.basicConfig(format="wdsfilter: warning: %(message)s", level=logging.WARNING)
     stage_overrides = {"caption_key": caption_key, "image_key": image_key, "allow_pipe": allow_pipe,
-                       "allow_remote": allow_remote}
+                       "allow_remote": allow_remote, **parse_byte_caps(max_bytes)}
     if config_file:
         stage = StageConfig.from_file(config_file, **stage_overrides)
     else:
@@ -99,7 +103,8 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
                        pretrained=pretrained, precision=precision, frames=frames, frame_reduce=frame_reduce,
                        keyframes=keyframes,
                        ocr_backend=ocr_backend, ocr_model_dir=ocr_model_dir, ocr_download=ocr_download,
-                       write_shards=write_shards, device=device, gpus=gpus, batch_size=batch_size,
+                       write_shards=write_shards, save_embeddings=save_embeddings, device=device, gpus=gpus,
+                       batch_size=batch_size,
                        workers=workers, replicas=replicas, max_memory=max_memory, headroom=headroom, fit=fit,
                        format=fmt, resume=resume, overwrite=overwrite, dry_run=dry_run, progress=not no_progress)
     ray_given = [f for f, v in (("--ray-address", ray_address), ("--ray-actors", ray_actors),
@@ -115,8 +120,15 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
             summary = run_scoring(list(shards), cfg, echo=_echo)
     except WdsFilterError as e:
         from ..errors import ConfigError, UnsafeInputError
+        from .backoff import ScorerError
+        from .faults import RunFailedError
+        from .modelworker import WorkerError
         if isinstance(e, (ConfigError, UnsafeInputError)):
             raise  # the group prints it and exits 2
         click.secho(f"wdsfilter score: error: {e}", fg="red", err=True)
-        sys.exit(1)
+        sys.exit(3 if isinstance(e, (RunFailedError, WorkerError, ScorerError)) else 1)  # 3: the run failed
     click.echo(summary.format_text(histograms=not no_histograms, plan=False))
+    if summary.shards_failed:  # a failure of the run: those shards have no marker
+        click.secho(f"wdsfilter score: error: {len(summary.shards_failed)} shard(s) failed (listed above and in "
+                    f"summary.json); run again with --resume to retry them", fg="red", err=True)
+        sys.exit(3)

@@ -22,17 +22,21 @@ import time
 from typing import Callable, Dict, List, Optional, Sequence
 
 from ..errors import ConfigError, WdsFilterError
+from ..filtering.run import score_report
 from ..pipeline import check_keys
 from ..shards import expand_urls, unique_urls
 from ..stages import MARKER, REJECT
 from .config import ScoreConfig
+from .faults import disk_full, is_disk_full, read_failed_reason
 from .memory import host_status
 from .modelworker import LocalPool, ProcessPool
+from .outlock import OutputLock
 from .outputs import BASE_FIELDS, RunSummary, plot_histograms, summarize_files, write_summary, write_table
 from .planner import Plan, ProbeReport, make_plan
 from .prepare import SHARD_END, Chunk, Prepare, collect_probe, keep_as_is, nbytes
 from .resume import RunState
 from .scorers.base import REGISTRY, Scorer, make_scorer
+from .embeddings import write_embeddings
 from .shardwriter import write_filtered
 from .transport import unpack
 
@@ -174,6 +178,7 @@ class ShardRows:
         self.pending = 0
         self.ended = False
         self.error: Optional[str] = None
+        self.failed: Optional[str] = None  # the stream failed: not read to its end
         self.members = 0
 
     def add(self, key: str, status: Optional[str] = None, reason: Optional[str] = None,
@@ -234,7 +239,15 @@ class Engine:
         # The model side gets its own copies: a loaded model must never be pickled into a
         # decode worker (spawn would copy the weights into every one of them).
         self.model_scorers = [copy.deepcopy(s) for s in self.scorers]
-        self.state = RunState(cfg, self.urls, _identity(cfg, self.scorers))
+        # One run per --out (outlock.py): taken before the run state, which deletes temporaries.
+        self.lock = None if cfg.dry_run else OutputLock(cfg.out).acquire()
+        try:
+            self.state = RunState(cfg, self.urls, _identity(cfg, self.scorers))
+        except BaseException as e:
+            self.release_lock()
+            if is_disk_full(e):
+                raise disk_full(e, "the run state") from None
+            raise
         self.summary = RunSummary(out=cfg.out, shards=len(self.urls), dry_run=cfg.dry_run)
         self.shards: Dict[str, ShardRows] = {}
         self.completed = 0
@@ -294,6 +307,7 @@ class Engine:
         s = self._shard(url)
         if marker == SHARD_END:
             s.ended, s.error, s.members = True, item.get("error"), item.get("members", 0)
+            s.failed = item.get("failed")
             self._maybe_finish(s)
         elif marker:
             s.add(item.get("__key__", ""), "rejected", item.get(REJECT), item.get("__message__"))
@@ -347,7 +361,12 @@ class Engine:
         if not (s.ended and s.pending == 0):
             return
         cfg, state = self.cfg, self.state
+        if s.failed:  # not read to its end: no outputs, no marker
+            self.summary.shards_failed.append({"url": s.url, "reason": read_failed_reason(s.failed)})
+            del self.shards[s.url]
+            return
         write_table(s.rows, self.columns, state.score_path(s.url), cfg.format)
+        write_embeddings(cfg.out, state.names[s.url], s.rows)
         filtered = None
         if cfg.write_shards:
             keep = {r["key"] for r in s.rows if r["kept"]}
@@ -355,6 +374,8 @@ class Engine:
                 filtered = write_filtered(s.url, keep, state.filtered_path(s.url), cfg.stage.rekey,
                                           cfg.stage.allow_pipe, cfg.stage.allow_remote)
             except OSError as e:  # the shard cannot be read again (a pipe: command failed): no marker
+                if is_disk_full(e):
+                    raise
                 self.summary.shards_failed.append({"url": s.url, "reason": f"filtered shard not written: {e}"})
                 del self.shards[s.url]
                 return
@@ -412,7 +433,21 @@ class Engine:
         return stage_tally
 
     # -- the whole run ---------------------------------------------------------------------------
+    def release_lock(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+
     def run(self) -> RunSummary:
+        try:
+            return self._run()
+        except OSError as e:
+            if is_disk_full(e):  # stop at once, with one clear line (faults.py)
+                raise disk_full(e, "the run's outputs") from None
+            raise
+        finally:
+            self.release_lock()
+
+    def _run(self) -> RunSummary:
         cfg, state, summary = self.cfg, self.state, self.summary
         start = time.perf_counter()
         todo = state.pending()
@@ -426,6 +461,8 @@ class Engine:
         stage_tally = None
         if todo or cfg.dry_run:
             devices = resolve_devices(cfg)
+            for scorer in self.scorers:  # downloads once, here, not in every model worker at once
+                getattr(scorer, "fetch", lambda: None)()
             pool = make_pool(devices, self.model_scorers)
             worker_stats: List[dict] = []
             try:
@@ -478,6 +515,7 @@ class Engine:
                          "histograms": plot_histograms(summary.columns, cfg.thresholds,
                                                        os.path.join(cfg.out, "histograms.png"), cfg.max_thresholds),
                          "filtered shards": cfg.write_shards}
+        summary.files["report"] = score_report(cfg.out, cfg.thresholds, cfg.max_thresholds)
         write_summary(summary, summary.files["summary"])
         if summary.scored == 0:
             lines = [f"no sample was scored: {summary.rows} row(s) in {len(files)} finished shard(s) of "

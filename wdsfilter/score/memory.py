@@ -284,8 +284,9 @@ def torch_device(device: str) -> str:
 
 
 def is_oom(exc: BaseException) -> bool:
-    """CUDA out-of-memory (any torch version) or host MemoryError."""
-    if isinstance(exc, MemoryError):
+    """CUDA out-of-memory (any torch version), a cuBLAS/cuDNN allocation failure, or host MemoryError."""
+    from .faults import is_alloc_failure
+    if isinstance(exc, MemoryError) or is_alloc_failure(exc):
         return True
     try:
         import torch

@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import ConfigError, WdsFilterError
 from .backoff import Backoff
+from .faults import DeviceFailedError, device_failed, sticky_device_error
 from .memory import HostMemory, device_memory, is_oom, torch_device
 from .transport import pack, unpack
 
@@ -99,6 +100,8 @@ class ModelRunner:
                         scorer.score_batch([one])
                     timings[scorer.name] = [(time.perf_counter() - start) / sizes[-1], elapsed / sizes[-1]]
             except Exception as e:  # noqa: BLE001 - the plan reports it; scoring handles it per sample
+                if sticky_device_error(e):
+                    raise device_failed(self.device, sticky_device_error(e)) from e
                 if is_oom(e):
                     oom_at = size
                 else:
@@ -123,6 +126,12 @@ class ModelRunner:
 
     def score(self, items: List[Item]) -> List[Tuple[Any, dict, dict]]:
         """(ref, {column: value}, {scorer: (reason, message)}) per item, in order."""
+        try:
+            return self._score(items)
+        except DeviceFailedError as e:  # name the device; the pool stops this worker
+            raise device_failed(self.device, str(e)) from e
+
+    def _score(self, items: List[Item]) -> List[Tuple[Any, dict, dict]]:
         start = time.perf_counter()
         scores: List[dict] = [{} for _ in items]
         errors: List[dict] = [{} for _ in items]
@@ -246,7 +255,8 @@ def _worker_main(worker: int, device: str, scorers, inbox, outbox, threads: Opti
                 return
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises it
         outbox.put(("error", worker, {"type": type(e).__name__, "message": str(e),
-                                      "config": isinstance(e, ConfigError), "traceback": traceback.format_exc()}))
+                                      "config": isinstance(e, ConfigError), "traceback": traceback.format_exc(),
+                                      "device_failed": isinstance(e, DeviceFailedError)}))
 
 
 class ProcessPool:
@@ -308,6 +318,8 @@ class ProcessPool:
             device = self.device_by_worker.get(worker, "?")
             if payload["config"]:
                 raise ConfigError(payload["message"])
+            if payload.get("device_failed"):  # a clear line, no traceback: the message says it all
+                raise DeviceFailedError(payload["message"])
             raise WorkerError(f"model worker {worker} on {device} failed: {payload['type']}: {payload['message']}\n"
                               f"{payload['traceback']}")
         if kind == "result":

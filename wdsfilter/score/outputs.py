@@ -209,9 +209,13 @@ def plot_histograms(stats: Dict[str, dict], thresholds: Dict[str, float], path: 
         ax.set_ylabel("samples")
     fig.tight_layout()
     tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp-{os.getpid()}.png")
-    fig.savefig(tmp, dpi=80)
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        fig.savefig(tmp, dpi=80)
+        os.replace(tmp, path)
+    finally:  # a full disk: no half picture left behind
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.remove(tmp)
     return path
 
 
@@ -275,7 +279,8 @@ class RunSummary:
                              + ["dry run: nothing was scored",
                                 f"shards: {self.shards} ({self.shards_resumed} already done)"])
         lines = [f"scored {self.scored} of {self.rows} samples in {self.shards} shard(s)"
-                 + (f" ({self.shards_resumed} shard(s) were already done)" if self.shards_resumed else "")]
+                 + (f" ({self.shards_resumed} shard(s) were already done)" if self.shards_resumed else "")
+                 + (f"; {len(self.shards_failed)} shard(s) FAILED" if self.shards_failed else "")]
         for s in self.scorers:
             lines.append(f"  scorer: {s}")
         if self.samples_this_run:
@@ -299,7 +304,7 @@ class RunSummary:
         if self.thresholds or self.max_thresholds:
             lines.append(f"  kept {self.kept} of {self.rows} (all thresholds met)")
         for f in self.shards_failed:
-            lines.append(f"  shard not read: {f['url']}: {f['reason']}")
+            lines.append(f"  shard FAILED (no marker; --resume retries it): {f['url']}: {f['reason']}")
         for col, st in self.columns.items():
             if st.get("kind") == "number" and st.get("count"):
                 lines.append(f"  {col}: n={st['count']} min={st['min']:.4g} mean={st['mean']:.4g} max={st['max']:.4g}")
@@ -315,6 +320,10 @@ class RunSummary:
 
 def write_summary(summary: RunSummary, path: str) -> None:
     tmp = path + f".tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(summary.to_dict(), f, indent=2, default=str)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(summary.to_dict(), f, indent=2, default=str)
+        os.replace(tmp, path)
+    finally:  # a full disk: no half summary left behind
+        if os.path.exists(tmp):
+            os.remove(tmp)

@@ -18,14 +18,18 @@ folder must be reachable from every node (a shared filesystem); Ray moves only t
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
+import os
 from collections import Counter
 import pickle
 import time
 from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 from ..errors import ConfigError
+from .embeddings import FIELD as EMBEDDINGS
+from .faults import disk_full, is_disk_full, read_failed_reason
 from .outputs import RunSummary
 
 PENDING = "__pending__"  # a row whose inputs still need the model
@@ -56,16 +60,17 @@ def read_shard(batch, cfg, scorers, rows_per_block: int = 64) -> Iterator[Dict[s
     from .prepare import SHARD_END as END_MARKER, Prepare
 
     stage = cfg.scoring_stage_config(scorers)
-    for url in list(batch["shard"]):
+    paths = batch["path"] if "path" in batch else batch["shard"]
+    for url, path in zip(list(batch["shard"]), list(paths)):  # rows carry the URL; the worker opens `path`
         tally = Tally(0, 0, name="wdsfilter score (ray)")
-        pipeline = sample_pipeline([url], stage, tally, extra=[Prepare(scorers)])
+        pipeline = sample_pipeline([path], stage, tally, extra=[Prepare(scorers)])
         rows: List[dict] = []
         index = 0
         end = None
         for item in pipeline:
             marker = item.get(MARKER)
             if marker == END_MARKER:
-                end = {"error": item.get("error"), "members": item.get("members", 0)}
+                end = {"error": item.get("error"), "members": item.get("members", 0), "failed": item.get("failed")}
             elif marker:
                 rows.append(_row(item.get("__key__", ""), url, index, "rejected", item.get(REJECT),
                                  item.get("__message__")))
@@ -128,6 +133,7 @@ class ScoreActor:
             complete_row(rows[i], self.scorers, scores, {**loaded[i][1], **errors}, self.cfg.thresholds,
                          self.cfg.max_thresholds)
         out = {f: [r[f] for r in rows] for f in ROW_FIELDS}
+        out[EMBEDDINGS] = [pickle.dumps(r.get(EMBEDDINGS)) for r in rows]  # --save-embeddings (else None)
         for c in self.columns:  # every batch has every column, so Ray's blocks share one schema
             out[c] = [json.dumps(r.get(c)) for r in rows]
         return out
@@ -141,9 +147,11 @@ def _plain(v):
 
 
 # -- per shard: score file, filtered shard, marker --------------------------------------------------
-def finish_shard(url: str, rows: List[dict], end: dict, cfg, state, columns: Sequence[str]) -> dict:
+def finish_shard(url: str, rows: List[dict], end: dict, cfg, state, columns: Sequence[str],
+                 path: Optional[str] = None) -> dict:
     """A Ray task: write one shard's outputs the way the engine does (score file, filtered
     shard, then the completion marker)."""
+    from .embeddings import write_embeddings
     from .outputs import write_table
     from .shardwriter import write_filtered
     for row in rows:
@@ -151,13 +159,16 @@ def finish_shard(url: str, rows: List[dict], end: dict, cfg, state, columns: Seq
             row[c] = json.loads(row[c])
     rows.sort(key=lambda r: r["index"])
     write_table(rows, columns, state.score_path(url), cfg.format)
+    write_embeddings(cfg.out, state.names[url], rows)
     filtered = None
     if cfg.write_shards:
         keep = {r["key"] for r in rows if r["kept"]}
         try:
-            filtered = write_filtered(url, keep, state.filtered_path(url), cfg.stage.rekey,
+            filtered = write_filtered(path or url, keep, state.filtered_path(url), cfg.stage.rekey,
                                       cfg.stage.allow_pipe, cfg.stage.allow_remote)
         except OSError as e:  # the shard cannot be read again (a pipe: command failed): no marker
+            if is_disk_full(e):
+                raise
             return {"shard": url, "rows": len(rows), "failed": f"filtered shard not written: {e}"}
     counts: Dict[str, int] = {}
     for r in rows:
@@ -188,6 +199,7 @@ class _Collector:
                 self.ends[url] = json.loads(row["message"])
             else:
                 row.update({c: _plain(batch[c][i]) for c in self.columns})
+                row[EMBEDDINGS] = pickle.loads(batch[EMBEDDINGS][i])
                 self.rows.setdefault(url, {})[row["index"]] = row
             end = self.ends.get(url)
             if end is not None and len(self.rows.get(url, ())) == end["rows"]:
@@ -196,6 +208,32 @@ class _Collector:
 
 
 # -- the run ---------------------------------------------------------------------------------------
+# Ray Data restarts a dead actor and retries its tasks forever by default: a batch that kills its
+# actor (a host OOM kill) loops. A task (a batch, or a shard's read) is retried once; a batch that
+# fails again is lost and its shard is failed (no marker), so --resume scores it again. Actor
+# restarts stay unbounded on purpose: an actor whose restarts ran out is dropped from Ray Data's
+# pool without a replacement, which would stall the run, and the bounded retries already end
+# every batch after two attempts. Batches in flight on an actor when it dies use up a retry too.
+RETRIES = 1
+
+
+def absolute_url(url: str) -> str:
+    """A local shard as an absolute path (what a Ray worker elsewhere can open); URLs unchanged."""
+    from ..shards import is_pipe, is_remote
+    if is_pipe(url) or is_remote(url):
+        return url
+    return os.path.abspath(url[len("file:"):] if url.startswith("file:") else url)
+
+
+def _unfinished(url: str, collector: "_Collector") -> str:
+    end, rows = collector.ends.get(url), collector.rows.get(url, {})
+    if end is not None:
+        return (f"{end['rows'] - len(rows)} of {end['rows']} row(s) lost: a batch failed twice (its model actor "
+                f"died, e.g. killed for host memory, or raised); no marker: --resume scores it again")
+    return ("its rows did not all come back: a batch failed twice (its model actor died, e.g. killed for host "
+            "memory, or raised), or the run stopped; no marker: --resume scores it again")
+
+
 def score_on_ray(shards, out: Optional[str] = None, scorers: Sequence = ("clip",), *, actors: Optional[int] = None,
                  gpus_per_actor: Optional[float] = None, cpus_per_actor: float = 1.0, batch_size: Optional[int] = None,
                  address: Optional[str] = None, ray_init: Optional[dict] = None,
@@ -216,11 +254,26 @@ def run_on_ray(shards, cfg, *, actors: Optional[int] = None, gpus_per_actor: Opt
                ray_init: Optional[dict] = None, echo: Optional[Callable[[str], None]] = None) -> RunSummary:
     """score_on_ray with a ScoreConfig (what `wdsfilter score --engine ray` builds)."""
     from .engine import Engine
-    from ..pipeline import check_keys
 
     if cfg.dry_run:
         raise ConfigError("dry_run plans the single-machine engine; Ray plans its own cluster (ray status)")
-    engine = Engine(shards, cfg, echo)  # the same URLs, scorers, columns, run state and summary
+    # Ray workers may run in another folder (or on another node of the shared filesystem).
+    cfg = dataclasses.replace(cfg, out=os.path.abspath(cfg.out),
+                              write_shards=os.path.abspath(cfg.write_shards) if cfg.write_shards else None)
+    engine = Engine(shards, cfg, echo)  # the same URLs, scorers, columns, run state, summary and lock
+    try:
+        return _run_on_ray(engine, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, address, ray_init)
+    except Exception as e:
+        cause = getattr(e, "cause", e)  # a Ray task's error carries the original as .cause
+        if is_disk_full(cause):
+            raise disk_full(cause, "the run's outputs") from None
+        raise
+    finally:
+        engine.release_lock()
+
+
+def _run_on_ray(engine, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, address, ray_init) -> RunSummary:
+    from ..pipeline import check_keys
     echo = engine.echo
     todo = engine.state.pending()
     if todo:  # configuration errors (a caption key no sample has) at once, before Ray starts
@@ -251,18 +304,25 @@ def run_on_ray(shards, cfg, *, actors: Optional[int] = None, gpus_per_actor: Opt
              f"({gpus_per_actor:g} GPU each), batch {batch_size}")
         done: List[dict] = []
         failed: List[dict] = []
+        collector = _Collector(engine.columns)
         dropped, notes = Counter(), Counter()
         if todo:
-            ds = ray.data.from_items([{"shard": u} for u in todo], override_num_blocks=len(todo))
+            # Workers open absolute paths: their working folder is not the driver's.
+            ds = ray.data.from_items([{"shard": u, "path": absolute_url(u)} for u in todo],
+                                     override_num_blocks=len(todo))
             ds = ds.map_batches(functools.partial(read_shard, cfg=cfg, scorers=engine.scorers),
-                                batch_size=1, batch_format="numpy")
+                                batch_size=1, batch_format="numpy", max_retries=RETRIES)
             ds = ds.map_batches(ScoreActor, batch_size=batch_size, batch_format="numpy", concurrency=actors,
                                 num_gpus=gpus_per_actor, num_cpus=cpus_per_actor,
+                                max_restarts=-1, max_task_retries=RETRIES,
                                 fn_constructor_kwargs={"cfg": cfg, "scorers": engine.model_scorers,
                                                        "columns": engine.columns, "batch_size": batch_size,
                                                        "device": device})
+            # A batch that failed after its retries (its actor died twice, or it raised) is dropped
+            # by Ray Data instead of ending the run: its shard never completes, so it gets no marker.
+            ds.context.max_errored_blocks = -1
             finish = ray.remote(num_cpus=1)(finish_shard)
-            collector, writing = _Collector(engine.columns), []
+            writing = []
             try:
                 for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
                     for url, rows, end in collector.add(batch):
@@ -270,8 +330,11 @@ def run_on_ray(shards, cfg, *, actors: Optional[int] = None, gpus_per_actor: Opt
                         notes.update(end.get("notes", {}))
                         if end.get("unopened"):  # no outputs and no marker: --resume tries it again
                             failed.append({"url": url, "reason": f"unreadable: {end['error']}"})
+                        elif end.get("failed"):  # not read to its end: no outputs, no marker either
+                            failed.append({"url": url, "reason": read_failed_reason(end["failed"])})
                         else:
-                            writing.append(finish.remote(url, rows, end, cfg, engine.state, engine.columns))
+                            writing.append(finish.remote(url, rows, end, cfg, engine.state, engine.columns,
+                                                         absolute_url(url)))
                     ready, writing = ray.wait(writing, num_returns=len(writing), timeout=0) if writing else ([], [])
                     done += ray.get(ready)
             finally:
@@ -284,7 +347,7 @@ def run_on_ray(shards, cfg, *, actors: Optional[int] = None, gpus_per_actor: Opt
         engine.summary.samples_this_run = sum(int(r["rows"]) for r in done)
         engine.summary.seconds = engine.summary.scoring_seconds = time.perf_counter() - start
         finished = {r["shard"] for r in done} | {f["url"] for f in failed}
-        engine.summary.shards_failed = failed + [{"url": u, "reason": "not finished by the Ray run"}
+        engine.summary.shards_failed = failed + [{"url": u, "reason": _unfinished(u, collector)}
                                                  for u in todo if u not in finished]
         engine.summary.stage_counts = {"dropped": dict(dropped), "notes": dict(notes)}
         engine._finish_summary()  # the engine's own summary, histograms and nothing-scored check

@@ -50,11 +50,15 @@ def shard_names(urls: Sequence[str]) -> Dict[str, str]:
 
 def _atomic_json(path: str, data) -> None:
     tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1, default=str)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=1, default=str)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:  # a full disk: no half marker left behind
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def _normalise(obj):
@@ -130,14 +134,15 @@ class RunState:
         return [f for f in os.listdir(self.scores_dir) if not f.startswith(".")]
 
     def _clear(self) -> None:
-        for folder in (self.done_dir, self.scores_dir):
+        for folder in (self.done_dir, self.scores_dir, os.path.join(self.out, "embeddings")):
             if os.path.isdir(folder):
                 for f in os.listdir(folder):
                     os.remove(os.path.join(folder, f))
 
     def _remove_temporaries(self) -> None:
         """Temporaries of a killed run (`.<name>.tmp-<pid>`) are never complete: delete them."""
-        for folder in (self.scores_dir, self.done_dir, self.out, self.cfg.write_shards):
+        for folder in (self.scores_dir, self.done_dir, self.out, self.cfg.write_shards,
+                       os.path.join(self.out, "embeddings")):
             if folder and os.path.isdir(folder):
                 for f in os.listdir(folder):
                     if f.startswith(".") and ".tmp-" in f:

@@ -47,6 +47,10 @@ class DetectorBackend(abc.ABC):
         of height x width takes; 0 when the backend would not use that device's memory. The
         planner measures the real footprint when it loads; this sizes the first plan."""
 
+    def fetch(self) -> Optional[str]:
+        """Download what load() needs (called once, in the parent, before model workers start)."""
+        return None
+
     # -- model worker ---------------------------------------------------------------------------
     @abc.abstractmethod
     def load(self, device: str) -> None:

@@ -35,6 +35,10 @@ class Scorer(abc.ABC):
         (picklable: tensors / numpy arrays). Raises wdsfilter.errors.DataError for a sample that
         cannot be scored (its reason goes into the sample's row)."""
 
+    def fetch(self) -> None:
+        """Download what load() needs. The engine calls it once, in its own process, before model
+        workers start, so several workers never download into one folder at once."""
+
     @abc.abstractmethod
     def load(self, device: str) -> None:
         """Load the model onto `device` ("cpu", "cuda:0", ...). Called once per model worker."""

@@ -38,7 +38,7 @@ class ClipScorer(Scorer):
 
     def __init__(self, model: str = "ViT-B-32", pretrained: Optional[str] = None, precision: str = "auto",
                  config: Optional[StageConfig] = None, cache_dir: Optional[str] = None, frames: int = 3,
-                 frame_reduce: str = "mean", keyframes: bool = False,
+                 frame_reduce: str = "mean", keyframes: bool = False, save_embeddings: bool = False,
                  reducing_gap: Optional[float] = REDUCING_GAP):
         """model: an open_clip name ("ViT-B-32"), local-dir:PATH or hf-hub:ORG/REPO.
         pretrained: for a name, a tag ("laion2b_s34b_b79k"), a local checkpoint file, "random", or
@@ -47,9 +47,10 @@ class ClipScorer(Scorer):
         StageConfig of the run, for
         its image token and extra tokens, which are stripped from captions (CLIP sees the pixels),
         and its max_pixels, which guards video frames. frames, frame_reduce, keyframes: how a video
-        sample is scored (see the module docstring). reducing_gap: JPEGs are decoded at reduced
-        scale down to this many times the model input (docs/clip.md; None: full decode, pixels
-        within 1/255 of open_clip's own transform)."""
+        sample is scored (see the module docstring). save_embeddings: hand each row's image and
+        caption embeddings to the engine (wdsfilter/score/embeddings.py). reducing_gap: JPEGs are
+        decoded at reduced scale down to this many times the model input (docs/clip.md; None: full
+        decode, pixels within 1/255 of open_clip's own transform)."""
         if precision not in PRECISIONS:
             raise ConfigError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         if not isinstance(frames, int) or isinstance(frames, bool) or frames < 1:
@@ -57,6 +58,7 @@ class ClipScorer(Scorer):
         if frame_reduce not in REDUCERS:
             raise ConfigError(f"clip frame_reduce must be one of {REDUCERS}, got {frame_reduce!r}")
         self.frames, self.frame_reduce, self.keyframes = frames, frame_reduce, bool(keyframes)
+        self.save_embeddings = bool(save_embeddings)
         self.model = model
         self.pretrained = pretrained
         self.precision = precision
@@ -180,6 +182,8 @@ class ClipScorer(Scorer):
             start += n
             rows.append({"clip_score": _reduce(frames, self.frame_reduce), "clip_score_frames": frames,
                          "clip_frames": n, "clip_truncated": bool(x["truncated"])})
+        if self.save_embeddings:
+            _attach_embeddings(rows, image_features, text_features, counts, self.frame_reduce)
         return rows
 
     def unload(self) -> None:
@@ -209,6 +213,19 @@ class ClipScorer(Scorer):
             if self._model is not None else f"not loaded, precision={self.precision}"
         videos = f"videos: {self.frames} {'keyframes' if self.keyframes else 'frames'}, reduce={self.frame_reduce}"
         return f"clip: model={self.source.spec}, weights={self.source.weights_text()}, {where}, {videos}"
+
+
+def _attach_embeddings(rows, image_features, text_features, counts, how: str) -> None:
+    """Each row's float16 embeddings (wdsfilter/score/embeddings.py); a video's image embedding
+    is reduced like its score (mean of the frames, or the max/min frame), so img . txt = clip_score."""
+    from ..embeddings import FIELD
+    start = 0
+    for row, n in zip(rows, counts):
+        frames, scores = image_features[start:start + n], row["clip_score_frames"]
+        pick = scores.index(max(scores) if how == "max" else min(scores)) if how in ("max", "min") else None
+        image = frames.mean(0) if pick is None else frames[pick]
+        row[FIELD] = {"img": image.half().cpu().numpy(), "txt": text_features[start].half().cpu().numpy()}
+        start += n
 
 
 def _reduce(values: List[float], how: str) -> float:

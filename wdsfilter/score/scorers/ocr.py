@@ -140,6 +140,9 @@ class OcrScorer(Scorer):
         return tuple(prepared.frames.shape[1:3])
 
     # -- model side ----------------------------------------------------------------------------
+    def fetch(self) -> None:
+        self.detector.fetch()
+
     def load(self, device: str) -> None:
         self.detector.load(device)
 

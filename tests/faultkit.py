@@ -1,0 +1,167 @@
+"""Fault injection for the scoring tests (no tests in this module): scorers that fail the way a
+broken GPU, a host OOM kill or a cuBLAS allocation failure does, and a web server that breaks off
+a download half-way.
+
+A scorer's failure is switched on by a file (`trip_file`) rather than by an option, so a run can
+fail and then be resumed with exactly the same settings (the resume check compares options).
+"""
+from __future__ import annotations
+
+import http.server
+import os
+import threading
+from contextlib import contextmanager
+
+import torch
+
+from test_score_kit import BrightnessScorer
+
+# What PyTorch raises after a kernel fault; the context is unusable afterwards.
+STICKY_MESSAGES = {
+    "illegal": "CUDA error: an illegal memory access was encountered\nCUDA kernel errors might be asynchronously "
+               "reported at some other API call, so the stacktrace below might be incorrect.",
+    "assert": "CUDA error: device-side assert triggered\nCompile with `TORCH_USE_CUDA_DSA` to enable device-side "
+              "assertions.",
+    "bus": "CUDA error: GPU has fallen off the bus",
+    "cublas": "CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasSgemm( handle, opa, opb, m, n, k, "
+              "&alpha, a, lda, b, ldb, &beta, c, ldc)`",
+    "cudnn": "cuDNN error: CUDNN_STATUS_MAPPING_ERROR",
+}
+ALLOC_MESSAGES = {
+    "cublas": "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+    "cudnn": "cuDNN error: CUDNN_STATUS_ALLOC_FAILED",
+    "workspace": "cuDNN error: CUDNN_STATUS_NOT_ENOUGH_WORKSPACE",
+}
+
+
+class StickyScorer(BrightnessScorer):
+    """Scores like BrightnessScorer until, while `trip_file` exists, a batch holds a sample whose
+    key starts with `trip_key`; from then on every call in this process fails with the sticky
+    error `kind`, as a real broken CUDA context does."""
+
+    name = "bright"
+
+    def __init__(self, trip_file: str = "", trip_key: str = "", kind: str = "illegal", **kw):
+        super().__init__(**kw)
+        self.trip_file, self.trip_key, self.kind = trip_file, trip_key, kind
+        self._broken = False
+
+    def score_batch(self, inputs):
+        if not self._broken and self.trip_file and os.path.exists(self.trip_file):
+            self._broken = any(i["key"].startswith(self.trip_key) for i in inputs)
+        if self._broken:
+            raise RuntimeError(STICKY_MESSAGES[self.kind])
+        return super().score_batch(inputs)
+
+
+class AllocFailScorer(BrightnessScorer):
+    """A cuBLAS/cuDNN allocation failure for any batch larger than `alloc_above`."""
+
+    name = "bright"
+
+    def __init__(self, alloc_above: int = 2, kind: str = "cublas", **kw):
+        super().__init__(**kw)
+        self.alloc_above, self.kind = alloc_above, kind
+
+    def score_batch(self, inputs):
+        if len(inputs) > self.alloc_above:
+            raise RuntimeError(ALLOC_MESSAGES[self.kind])
+        return super().score_batch(inputs)
+
+
+class ExitScorer(BrightnessScorer):
+    """Kills its own process (os._exit, as the kernel's OOM killer would) on any batch holding a
+    sample whose key ends with `kill_key`, while `trip_file` exists."""
+
+    name = "bright"
+
+    def __init__(self, kill_key: str = "", trip_file: str = "", **kw):
+        super().__init__(**kw)
+        self.kill_key, self.trip_file = kill_key, trip_file
+
+    def prepare(self, sample):
+        out = super().prepare(sample)
+        out["kill"] = bool(self.kill_key) and sample["__key__"].endswith(self.kill_key)
+        return out
+
+    def score_batch(self, inputs):
+        if any(i["kill"] for i in inputs) and os.path.exists(self.trip_file):
+            os._exit(137)
+        return super().score_batch(inputs)
+
+
+@contextmanager
+def broken_download(path: str, send_fraction: float = 0.5):
+    """An HTTP server on 127.0.0.1 that announces `path`'s full length and sends only part of it,
+    then closes the connection: curl (webdataset's http reader) ends with an error mid-read.
+    Yields (URL, control): set control["fraction"] = 1.0 to serve it whole from then on."""
+    data = open(path, "rb").read()
+    control = {"fraction": send_fraction}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the http.server API
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data[:int(len(data) * control["fraction"])])
+            self.wfile.flush()
+            self.close_connection = True
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/{os.path.basename(path)}", control
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+torch.set_num_threads(1)
+
+
+@contextmanager
+def weights_server(filename: str, payload: bytes, delay: float = 0.0):
+    """easyocr's download source, served locally: a zip holding `filename`. Yields (URL, hits);
+    hits counts the downloads. `delay` holds every answer back, so racing downloads overlap."""
+    import io
+    import time
+    import zipfile
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+        z.writestr(filename, payload)
+    data = buf.getvalue()
+    hits = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the http.server API
+            hits.append(self.path)
+            time.sleep(delay)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/craft_mlt_25k.zip", hits
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def fetch_easyocr_weights(model_dir: str, url: str, md5: str) -> str:
+    """In a fresh process, what a model worker does: point easyocr's table at `url` and fetch."""
+    from easyocr import config
+    from wdsfilter.score.ocr_backends.easyocr_backend import EasyOcrBackend
+    config.detection_models["craft"]["url"] = url
+    config.detection_models["craft"]["md5sum"] = md5
+    backend = EasyOcrBackend(model_dir=model_dir, download=True)
+    return backend.fetch()

@@ -1,0 +1,291 @@
+"""Faults during `wdsfilter score` on real shards and real processes: a shard whose pipe: command
+or download fails (issue 8 item 6), sticky device errors and cuBLAS/cuDNN allocation failures
+(item 7), two runs on one --out (item 12) and a full disk (item 13). Each ends with a non-zero
+exit, no marker for what was not fully done, and a --resume that completes the run."""
+import json
+import os
+
+import pytest
+from click.testing import CliRunner
+
+from faultkit import broken_download
+from test_score_kit import make_shards
+from wdsfilter.cli import main
+from wdsfilter.score import score
+
+SCORER = "test_score_kit:BrightnessScorer"
+
+
+def cli(*args):
+    return CliRunner().invoke(main, ["score", *args, "--device", "cpu", "--workers", "0", "--no-progress",
+                                     "--no-histograms", "--batch-size", "4"])
+
+
+def done_names(out):
+    folder = os.path.join(out, "done")
+    return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+
+
+@pytest.fixture
+def shards(tmp_path):
+    return make_shards(tmp_path / "shards", [6, 5])[0]
+
+
+# -- item 6: a shard not read to its end ------------------------------------------------------------
+@pytest.mark.parametrize("command", ["cat {shard}; test ! -e {flag}",  # the whole tar, then an error
+                                     # part of it, then an error
+                                     "if test -e {flag}; then head -c 3000 {shard}; exit 1; else cat {shard}; fi"])
+def test_a_failing_pipe_command_fails_its_shard_and_resume_retries_it(shards, tmp_path, command):
+    flag = tmp_path / "broken"
+    flag.touch()
+    url = "pipe:" + command.format(shard=shards[0], flag=flag)
+    out = str(tmp_path / "out")
+    result = cli(url, shards[1], "--allow-pipe", "--scorer", SCORER, "--out", out)
+    assert result.exit_code == 3, result.output
+    assert "1 shard(s) failed" in result.output and "--resume" in result.output
+    assert f"shard FAILED (no marker; --resume retries it): {url}: not read to its end" in result.output
+    assert done_names(out) == ["shard-0001.json"]
+    summary = json.load(open(os.path.join(out, "summary.json")))
+    assert [f["url"] for f in summary["shards_failed"]] == [url]
+    assert summary["rows"] == 5 and summary["status"] == {"scored": 5}  # only the shard read to its end
+    assert os.listdir(os.path.join(out, "scores")) == ["shard-0001.parquet"]
+
+    flag.unlink()  # the command works now
+    again = cli(url, shards[1], "--allow-pipe", "--scorer", SCORER, "--out", out, "--resume")
+    assert again.exit_code == 0, again.output
+    assert len(done_names(out)) == 2 and "shard-0001.json" in done_names(out)
+    assert json.load(open(os.path.join(out, "summary.json")))["status"] == {"scored": 11}
+
+
+def test_a_download_that_breaks_off_fails_its_shard(shards, tmp_path):
+    out = str(tmp_path / "out")
+    with broken_download(shards[0], send_fraction=0.6) as (url, control):
+        result = cli(url, shards[1], "--allow-remote", "--scorer", SCORER, "--out", out)
+        assert result.exit_code == 3, result.output
+        assert f"{url}: not read to its end" in result.output
+        assert done_names(out) == ["shard-0001.json"]
+        control["fraction"] = 1.0  # served whole, the same URL completes on --resume
+        again = cli(url, shards[1], "--allow-remote", "--scorer", SCORER, "--out", out, "--resume")
+    assert again.exit_code == 0, again.output
+    assert done_names(out) == ["shard-0000.json", "shard-0001.json"]
+    assert json.load(open(os.path.join(out, "summary.json")))["rows"] == 11
+
+
+def test_a_failing_pipe_shard_fails_on_the_api_too_with_decode_workers(shards, tmp_path):
+    url = f"pipe:cat {shards[0]}; exit 1"
+    summary = score([url, shards[1]], out=str(tmp_path / "out"), scorers=[SCORER], device="cpu", workers=1,
+                    progress=False, allow_pipe=True, batch_size=4)
+    assert [f["url"] for f in summary.shards_failed] == [url]
+    assert summary.shards_scored == 1 and summary.rows == 5
+    assert done_names(str(tmp_path / "out")) == ["shard-0001.json"]
+
+
+# -- item 7: sticky device errors and library allocation failures -----------------------------------
+STICKY = "faultkit:StickyScorer"
+
+
+@pytest.mark.parametrize("kind", ["illegal", "cublas"])
+def test_a_sticky_device_error_stops_the_run_and_resume_redoes_the_unfinished_shards(tmp_path, kind):
+    urls = make_shards(tmp_path / "shards", [8, 8, 8])[0]
+    trip, out = tmp_path / "trip", str(tmp_path / "out")
+    trip.touch()
+    opts = ["--scorer", STICKY, "--scorer-opt", f"bright.trip_file={trip}", "--scorer-opt", "bright.trip_key=s2_",
+            "--scorer-opt", f"bright.kind={kind}", "--out", out]
+    result = cli(*urls, *opts)
+    assert result.exit_code == 3, result.output
+    assert "failed with a sticky error" in result.output and "--resume" in result.output
+    assert "Traceback" not in result.output
+    # The shards finished before the fault are done; the one it hit has no marker and no score file.
+    assert done_names(out) == ["shard-0000.json", "shard-0001.json"]
+    assert sorted(os.listdir(os.path.join(out, "scores"))) == ["shard-0000.parquet", "shard-0001.parquet"]
+
+    trip.unlink()  # a healthy device
+    again = cli(*urls, *opts, "--resume")
+    assert again.exit_code == 0, again.output
+    summary = json.load(open(os.path.join(out, "summary.json")))
+    assert summary["status"] == {"scored": 24} and summary["shards_resumed"] == 2
+
+
+def test_a_sticky_error_in_a_model_worker_process_is_fatal_for_the_run(tmp_path):
+    from faultkit import StickyScorer
+    from wdsfilter.score.faults import DeviceFailedError
+    urls = make_shards(tmp_path / "shards", [8, 8, 8])[0]
+    trip, out = tmp_path / "trip", str(tmp_path / "out")
+    trip.touch()
+    scorer = StickyScorer(trip_file=str(trip), trip_key="s2_", kind="bus")
+    with pytest.raises(DeviceFailedError, match="device cpu failed with a sticky error .*fallen off the bus"):
+        score(urls, out=out, scorers=[scorer], devices=["cpu", "cpu"], workers=1, progress=False, batch_size=4)
+    assert "shard-0002.json" not in done_names(out)
+    trip.unlink()
+    again = score(urls, out=out, scorers=[scorer], devices=["cpu", "cpu"], workers=1, progress=False,
+                  batch_size=4, resume=True)
+    assert again.status == {"scored": 24} and again.shards_failed == []
+
+
+@pytest.mark.parametrize("kind", ["cublas", "cudnn", "workspace"])
+def test_cublas_and_cudnn_allocation_failures_halve_the_batch_like_out_of_memory(tmp_path, kind):
+    from faultkit import AllocFailScorer
+    urls = make_shards(tmp_path / "shards", [9])[0]
+    summary = score(urls, out=str(tmp_path / "out"), scorers=[AllocFailScorer(alloc_above=2, kind=kind)],
+                    device="cpu", workers=0, progress=False, batch_size=8)
+    assert summary.status == {"scored": 9}  # no sample lost to the failures
+    (b,) = summary.batch_sizes()
+    assert b["planned"] == 8 and b["final"] == 2 and b["causes"] == ["cuda_oom"]
+
+
+def test_the_fault_classes_of_real_cuda_messages():
+    from faultkit import ALLOC_MESSAGES, STICKY_MESSAGES
+    from wdsfilter.score.faults import sticky_device_error
+    from wdsfilter.score.memory import is_oom
+    for text in STICKY_MESSAGES.values():
+        assert sticky_device_error(RuntimeError(text)) and not is_oom(RuntimeError(text)), text
+    for text in ALLOC_MESSAGES.values():
+        assert is_oom(RuntimeError(text)) and not sticky_device_error(RuntimeError(text)), text
+    for text in ("CUDA out of memory. Tried to allocate 2.00 GiB", "shape mismatch: [4, 3] vs [4, 5]",
+                 "Expected all tensors to be on the same device"):
+        assert not sticky_device_error(RuntimeError(text)), text
+    assert not sticky_device_error(ValueError("CUDA error: an illegal memory access was encountered"))
+
+
+# -- item 12: one run per --out -----------------------------------------------------------------------
+def _start_score(urls, out, *extra):
+    """`wdsfilter score` in its own process (the test scorers importable there too)."""
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([here, os.path.dirname(here), os.environ.get("PYTHONPATH", "")]))
+    cmd = [sys.executable, "-m", "wdsfilter", "score", *urls, "--out", out, "--scorer", SCORER, "--device", "cpu",
+           "--workers", "0", "--no-progress", "--batch-size", "2", *extra]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _wait_for_lock(proc, out, timeout=120):
+    import time
+    lock = os.path.join(out, ".lock")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if os.path.exists(lock) and f'"pid": {proc.pid}' in open(lock).read():
+            return
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.1)
+    raise AssertionError("the first run never took the lock")
+
+
+def test_a_second_run_on_the_same_out_refuses_while_the_first_lives_and_takes_over_after_a_kill(tmp_path):
+    import signal
+    urls = make_shards(tmp_path / "shards", [6, 6])[0]
+    out = str(tmp_path / "out")
+    first = _start_score(urls, out, "--scorer-opt", "bright.delay=2")  # slow: 2 s per batch
+    try:
+        _wait_for_lock(first, out)
+        second = _start_score(urls, out, "--resume")
+        text = second.communicate(timeout=300)[0]
+        assert second.returncode == 2, text
+        assert f"is in use by another wdsfilter score run (pid {first.pid}" in text and "Traceback" not in text
+        assert first.poll() is None  # the refused run touched nothing of the first one's
+        first.send_signal(signal.SIGKILL)  # a killed run holds no lock
+        first.wait(timeout=30)
+        third = _start_score(urls, out, "--resume", "--scorer-opt", "bright.delay=2")
+        text = third.communicate(timeout=600)[0]
+        assert third.returncode == 0, text
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert done_names(out) == ["shard-0000.json", "shard-0001.json"]
+    assert json.load(open(os.path.join(out, "summary.json")))["status"] == {"scored": 12}
+    # The lock is free again once a run ended.
+    from wdsfilter.score.outlock import OutputLock
+    with OutputLock(out):
+        pass
+
+
+def test_the_lock_refuses_a_second_holder_in_the_same_process_and_frees_on_release(tmp_path):
+    from wdsfilter.score.outlock import OutputLock, OutputLockedError
+    out = str(tmp_path / "out")
+    with OutputLock(out):
+        with pytest.raises(OutputLockedError, match=f"pid {os.getpid()}"):
+            OutputLock(out).acquire()
+        with pytest.raises(OutputLockedError):
+            score(make_shards(tmp_path / "shards", [2])[0], out=out, scorers=[SCORER], device="cpu", progress=False)
+    OutputLock(out).acquire().release()
+
+
+# -- item 13: a full disk ---------------------------------------------------------------------------------
+@pytest.fixture
+def small_fs(tmp_path):
+    """A real 2 MiB filesystem (tmpfs; needs root, as in CI containers), grown by `grow(size)`."""
+    import subprocess
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("mounting a small tmpfs needs root")
+
+    def grow(size):
+        subprocess.run(["mount", "-o", f"remount,size={size}", str(mnt)], check=True)
+    try:
+        yield mnt, grow
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def big_shards(folder, n_shards, samples=6, blob=120_000):
+    """Shards of image-text samples that carry an incompressible 120 KB .bin member each."""
+    from shardkit import image_bytes, write_shard
+    os.makedirs(folder, exist_ok=True)
+    urls = []
+    rng = __import__("random").Random(0)
+    for s in range(n_shards):
+        members = []
+        for i in range(samples):
+            key = f"s{s}_{i:05d}"
+            members += [(f"{key}.jpg", image_bytes(color=(40 * i % 256, 90, 30 * s % 256))),
+                        (f"{key}.txt", f"sample {i}"), (f"{key}.bin", rng.randbytes(blob))]
+        urls.append(write_shard(os.path.join(folder, f"big-{s:04d}.tar"), members))
+    return urls
+
+
+def temporaries(*folders):
+    return [os.path.join(root, f) for folder in folders for root, _, files in os.walk(folder) for f in files
+            if ".tmp-" in f]
+
+
+def test_a_full_disk_while_writing_filtered_shards_stops_the_run_and_resume_completes_it(small_fs, tmp_path):
+    mnt, grow = small_fs
+    urls = big_shards(tmp_path / "shards", 4)  # ~730 KB each: two filtered shards fit in 2 MiB, not three
+    out, kept = str(tmp_path / "out"), str(mnt / "kept")
+    result = cli(*urls, "--scorer", SCORER, "--out", out, "--write-shards", kept)
+    assert result.exit_code == 3, result.output
+    assert "no space left on the device" in result.output and "--resume" in result.output
+    assert "Traceback" not in result.output
+    assert done_names(out) == ["big-0000.json", "big-0001.json"]  # only what was written whole
+    assert temporaries(out, kept) == []
+    assert sorted(os.listdir(kept)) == ["big-0000.tar", "big-0001.tar"]
+
+    grow("8m")  # space freed
+    again = cli(*urls, "--scorer", SCORER, "--out", out, "--write-shards", kept, "--resume")
+    assert again.exit_code == 0, again.output
+    assert done_names(out) == [f"big-{s:04d}.json" for s in range(4)]
+    for url in urls:  # every filtered shard is whole: all samples kept, byte for byte
+        assert open(os.path.join(kept, os.path.basename(url)), "rb").read()[:-10240].rstrip(b"\0") == \
+            open(url, "rb").read()[:-10240].rstrip(b"\0")
+    assert json.load(open(os.path.join(out, "summary.json")))["status"] == {"scored": 24}
+
+
+def test_a_full_disk_under_the_output_folder_stops_the_run_without_half_files(small_fs, tmp_path):
+    mnt, grow = small_fs
+    urls = make_shards(tmp_path / "shards", [4] * 6)[0]
+    out = str(mnt / "out")
+    with open(mnt / "filler", "wb") as f:  # leave a few pages: run.json and a score file or two
+        f.write(b"\1" * (2 * 2**20 - 40 * 1024))
+    result = cli(*urls, "--scorer", SCORER, "--out", out)
+    assert result.exit_code == 3, result.output
+    assert "no space left on the device" in result.output and "Traceback" not in result.output
+    assert temporaries(out) == []
+    done = done_names(out)
+    assert len(done) < 6
+    os.remove(mnt / "filler")
+    again = cli(*urls, "--scorer", SCORER, "--out", out, "--resume")
+    assert again.exit_code == 0, again.output
+    assert len(done_names(out)) == 6
+    assert json.load(open(os.path.join(out, "summary.json")))["status"] == {"scored": 24}
