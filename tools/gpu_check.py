@@ -171,7 +171,9 @@ def _scores(out: str) -> Dict[str, float]:
 
 
 def _batches(summary: dict, scorer: str = "clip") -> List[dict]:
-    return [dict(b, worker=w.get("worker")) for w in summary.get("workers", [])
+    """Planned and final batch and back-off events of `scorer`, per model worker."""
+    return [{"worker": w.get("worker"), "planned": b["planned_batch_size"], "final": b["final_batch_size"],
+             "events": b["events"]} for w in summary.get("workers", [])
             for name, b in (w.get("backoff") or {}).items() if name == scorer]
 
 
