@@ -103,7 +103,7 @@ class Sampler(threading.Thread):
         self.main_cpu: List[float] = []
         self.spawned: set = set()             # model workers (multiprocessing spawn)
         self.forked: set = set()              # DataLoader workers and others
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def run(self):
         import psutil
@@ -111,7 +111,7 @@ class Sampler(threading.Thread):
             self.proc.cpu_percent(None)
         except psutil.Error:
             return
-        while not self._stop.wait(1.0):
+        while not self._halt.wait(1.0):
             try:
                 self.main_cpu.append(self.proc.cpu_percent(None))
                 for child in self.proc.children(recursive=True):
@@ -126,7 +126,7 @@ class Sampler(threading.Thread):
                 self.util += [float(x) for x in _smi("--query-gpu=utilization.gpu", "--format=csv,noheader,nounits")]
 
     def stop(self):
-        self._stop.set()
+        self._halt.set()
         self.join(timeout=5)
 
 
@@ -164,15 +164,16 @@ def _scores(out: str) -> Dict[str, float]:
     scores = {}
     for name in sorted(os.listdir(os.path.join(out, "scores"))):
         table = pq.read_table(os.path.join(out, "scores", name)).to_pydict()
-        for url, key, value in zip(table.get("__url__", [name] * len(table["__key__"])), table["__key__"],
-                                   table.get("clip_score", [])):
+        for url, key, value in zip(table["shard"], table["key"], table.get("clip_score", [])):
             if value is not None:
                 scores[f"{os.path.basename(str(url))}/{key}"] = value
     return scores
 
 
 def _batches(summary: dict, scorer: str = "clip") -> List[dict]:
-    return [dict(b, worker=w.get("worker")) for w in summary.get("workers", [])
+    """Planned and final batch and back-off events of `scorer`, per model worker."""
+    return [{"worker": w.get("worker"), "planned": b["planned_batch_size"], "final": b["final_batch_size"],
+             "events": b["events"]} for w in summary.get("workers", [])
             for name, b in (w.get("backoff") or {}).items() if name == scorer]
 
 
@@ -364,6 +365,7 @@ def main(argv=None) -> List[Row]:
             new = STEPS[n](ctx)
             for row in new:
                 row.measured += f" ({time.perf_counter() - start:.0f} s)"
+                print(f"gpu_check: {row.step}: {row.verdict()}: {row.measured}", flush=True)
             rows += new
         if gpu:
             print(f"GPU: {torch.cuda.get_device_name(0)}; driver {(_smi('--query-gpu=driver_version', '--format=csv,noheader') or ['?'])[0]}"

@@ -174,7 +174,8 @@ class ScoreConfig:
         readers do not check again. With the run's `scorers`, JPEGs are decoded at the reduced
         scale they all can use (Scorer.decode_floor)."""
         from .fastdecode import combine_floors
-        floor = combine_floors([s.decode_floor() for s in scorers]) if scorers else None
+        # A duck-typed scorer without decode_floor needs the full image.
+        floor = combine_floors([getattr(s, "decode_floor", lambda: None)() for s in scorers]) if scorers else None
         return replace(self.stage, emit_rejects=True, starvation_samples=0, starvation_seconds=0.0,
                        check_first_shard=False, decode_floor=floor)
 
