@@ -121,3 +121,47 @@ def broken_download(path: str, send_fraction: float = 0.5):
 
 
 torch.set_num_threads(1)
+
+
+@contextmanager
+def weights_server(filename: str, payload: bytes, delay: float = 0.0):
+    """easyocr's download source, served locally: a zip holding `filename`. Yields (URL, hits);
+    hits counts the downloads. `delay` holds every answer back, so racing downloads overlap."""
+    import io
+    import time
+    import zipfile
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+        z.writestr(filename, payload)
+    data = buf.getvalue()
+    hits = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the http.server API
+            hits.append(self.path)
+            time.sleep(delay)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/craft_mlt_25k.zip", hits
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def fetch_easyocr_weights(model_dir: str, url: str, md5: str) -> str:
+    """In a fresh process, what a model worker does: point easyocr's table at `url` and fetch."""
+    from easyocr import config
+    from wdsfilter.score.ocr_backends.easyocr_backend import EasyOcrBackend
+    config.detection_models["craft"]["url"] = url
+    config.detection_models["craft"]["md5sum"] = md5
+    backend = EasyOcrBackend(model_dir=model_dir, download=True)
+    return backend.fetch()

@@ -36,7 +36,7 @@ def test_error_classes_map_to_exit_codes():
 
 
 def test_help_documents_exit_codes():
-    for command in ([], ["validate"], ["sort-shard"], ["score"]):
+    for command in ([], *([name] for name in main.commands)):
         result = CliRunner().invoke(main, [*command, "--help"])
         assert result.exit_code == 0
         text = " ".join(result.output.split())
@@ -170,3 +170,53 @@ def test_failing_pipe_commands_are_findings_and_other_shards_are_kept(tmp_path, 
         assert not report.passed
     result = CliRunner().invoke(main, ["validate", clean, "pipe:exit 7", "--allow-pipe", "-j", "1"])
     assert result.exit_code == 1 and "shard_command_failed" in result.output and "Traceback" not in result.output
+
+
+class _CutHandler:
+    """A loopback HTTP server: /cut.tar announces the whole shard and sends half of it, then
+    closes (a download that fails mid-read); /missing.tar is a 404; /whole.tar is served whole."""
+
+    @staticmethod
+    def serve(shard_bytes):
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                if self.path == "/missing.tar":
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(shard_bytes)))
+                self.end_headers()
+                body = shard_bytes if self.path == "/whole.tar" else shard_bytes[:len(shard_bytes) // 2]
+                self.wfile.write(body)
+                self.wfile.flush()
+                self.close_connection = True
+
+            def log_message(self, *args):
+                pass
+
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        return server
+
+
+def test_remote_shards_that_fail_mid_read_are_findings(tmp_path):
+    import shutil
+    if shutil.which("curl") is None:
+        pytest.skip("webdataset reads http:// shards with curl, which is not installed")
+    shard = write_shard(tmp_path / "remote.tar", image_text_members(40))
+    server = _CutHandler.serve(open(shard, "rb").read())
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        urls = [f"{base}/whole.tar", f"{base}/cut.tar", f"{base}/missing.tar"]
+        report = validate(urls, allow_remote=True, jobs=1)
+    finally:
+        server.shutdown()
+    whole, cut, missing = report.shards
+    assert whole.counts == {} and whole.kept == 40
+    for r, status in ((cut, 18), (missing, 22)):  # curl: partial file; HTTP error with -f
+        failed = [f for f in r.findings if f.kind == "shard_command_failed"]
+        assert failed and f"the download (curl) failed with exit status {status}" in failed[0].message, r.findings
+    assert cut.kept < 40 and not report.passed

@@ -160,6 +160,14 @@ def test_usage_errors_exit_2_with_one_line(run, args, message):
     assert message in r.stderr and "Traceback" not in r.stderr
 
 
+def test_outputs_that_cannot_be_written_exit_2_before_any_work(run):
+    out = run[1]
+    r = run_cli("filter", out, "--write-shards", os.path.join(out, "run.json"))
+    assert r.returncode == 2 and "is a file, not a folder" in r.stderr
+    r = run_cli("filter", out, "--report", os.path.join(out, "scores"))
+    assert r.returncode == 2 and "is a folder; give a file name" in r.stderr
+
+
 def test_not_a_score_folder_exits_2(tmp_path):
     r = run_cli("filter", str(tmp_path))
     assert r.returncode == 2 and "no done/ folder" in r.stderr

@@ -58,12 +58,12 @@ def test_report_is_self_contained_with_the_samples_beside_each_threshold(run, tm
     cut = scored[math.ceil(len(scored) * 0.3) - 1][0]
     above = sorted((v, k) for v, k in scored if v >= cut)[:6]
     below = sorted(((v, k) for v, k in scored if v < cut), reverse=True)[:6]
-    assert keys_in(section(page, f"just above {cut:.6g}:")) == [k for _, k in above]
+    assert keys_in(section(page, f"at or just above {cut:.6g}:")) == [k for _, k in above]
     assert keys_in(section(page, f"just below {cut:.6g}:")) == [k for _, k in below]
     # Captions come from the source shards (gnu_tar_shards writes "caption I of shard S").
     for _, key in above:
         shard, index = key[1:].split("_")
-        assert f">caption {int(index)} of shard {shard}</div>" in section(page, f"just above {cut:.6g}:")
+        assert f">caption {int(index)} of shard {shard}</div>" in section(page, f"at or just above {cut:.6g}:")
     # Histogram and kept-share chart per column, the threshold drawn (line title and label) on both.
     assert page.count("<svg") == 2 and page.count(f"min {cut:.4g}<") == 4
     # Dropped rows per reason, with the rows that could not be scored.

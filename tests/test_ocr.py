@@ -19,6 +19,8 @@ from wdsfilter.errors import ConfigError, DataError  # noqa: E402
 from wdsfilter.score.scorers.base import make_scorer  # noqa: E402
 from wdsfilter.score.scorers.ocr import OcrInput, OcrScorer  # noqa: E402
 
+pytestmark = pytest.mark.slow  # runs the rapidocr detector (tests/conftest.py says what slow means)
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

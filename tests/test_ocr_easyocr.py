@@ -24,6 +24,7 @@ from wdsfilter.score.scorers.ocr import OcrScorer  # noqa: E402
 
 FILENAME = "craft_mlt_25k.pth"  # the name easyocr looks for (easyocr.config.detection_models)
 NETWORK = "craft"
+pytestmark = pytest.mark.slow  # runs easyocr's CRAFT detector (tests/conftest.py says what slow means)
 
 
 @functools.lru_cache(maxsize=1)

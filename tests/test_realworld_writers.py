@@ -64,6 +64,12 @@ def test_gnu_tar_by_extension_glob_is_a_scattered_error_not_a_caption_key_proble
     assert not {"missing_caption", "missing_image", "nonadjacent_key"} & set(report.counts)
     all_filtered = next(f for f in report.findings if f.kind == "all_filtered")
     assert "0 of 20 samples" in all_filtered.message and "sort-shard" in all_filtered.message
+    # The training stages on the same shard: the starvation error names the scattering, not a key.
+    from wdsfilter import StageConfig, StarvationError, sample_pipeline
+    with pytest.raises(StarvationError, match="scattered_key") as info:
+        for _ in sample_pipeline(shard, StageConfig(), decode_images=False):
+            pass
+    assert "wdsfilter sort-shard IN OUT" in str(info.value)
     # The same with the json caption the user asked for.
     report = validate(shard, jobs=1, caption_key="json:description")
     assert report.samples == 20 and all("--caption-key" not in s for s in report.suggestions())
@@ -178,7 +184,11 @@ def test_img2dataset_folder_empty_shard_warning_and_stats_never_overwritten(tmp_
                         "json": json.dumps({"caption": f"caption {i}", "status": "success"}).encode()})
     with wds.TarWriter(str(folder / "00001.tar")):
         pass  # every URL of the shard failed: img2dataset still writes the (empty) tar
-    theirs = {"00000": _img2dataset_stats(0, 4, 0), "00001": _img2dataset_stats(1, 0, 4)}
+    with wds.TarWriter(str(folder / "00002.tar")) as sink:
+        for i in range(4):
+            sink.write({"__key__": f"00002{i:04d}", "jpg": image_bytes(), "txt": f"caption {i}"})
+    theirs = {"00000": _img2dataset_stats(0, 4, 0), "00001": _img2dataset_stats(1, 0, 4),
+              "00002": _img2dataset_stats(2, 4, 0)}
     for stem, data in theirs.items():
         (folder / f"{stem}_stats.json").write_text(json.dumps(data))
 
@@ -186,13 +196,14 @@ def test_img2dataset_folder_empty_shard_warning_and_stats_never_overwritten(tmp_
     # An empty shard is a warning of its own kind (exit 0), not all_filtered pointing to no suggestion.
     assert result.exit_code == 0, result.output
     assert "empty_shard" in result.output and "all_filtered" not in result.output
+    assert "uneven_shards" not in result.output  # the empty shard has its own warning
     assert "see the suggestion" not in result.output and "Suggestions" not in result.output
     # img2dataset's files are untouched; ours are beside them; sizes.json is ours.
     for stem, data in theirs.items():
         assert json.loads((folder / f"{stem}_stats.json").read_text()) == data
         ours = json.loads((folder / f"{stem}_validate.json").read_text())
         assert ours["tool"] == "wdsfilter validate" and ours["shard"].endswith(f"{stem}.tar")
-    assert json.loads((folder / "sizes.json").read_text()) == {"00000.tar": 4, "00001.tar": 0}
+    assert json.loads((folder / "sizes.json").read_text()) == {"00000.tar": 4, "00001.tar": 0, "00002.tar": 4}
     # A second run replaces its own files only.
     assert CliRunner().invoke(main, ["validate", str(folder), "-j", "1", "--stats-dir", str(folder)]).exit_code == 0
     assert json.loads((folder / "00000_stats.json").read_text()) == theirs["00000"]
@@ -217,3 +228,35 @@ def test_sizes_json_merge_keeps_entries_of_other_shards(tmp_path):
     (stats / "sizes.json").write_text(json.dumps({"a.tar": 99, "b.tar": 7}))
     validate(shard, jobs=1, stats_dir=str(stats))
     assert json.loads((stats / "sizes.json").read_text()) == {"a.tar": 1, "b.tar": 7}
+
+
+def test_ray_write_webdataset_output_passes_and_is_sized(tmp_path):
+    ray = pytest.importorskip("ray")
+    out = tmp_path / "ray"
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        import numpy as np
+        from PIL import Image
+        # Ray's default encoder turns an image array (what read_images gives) into JPEG bytes.
+        pixels = np.asarray(Image.new("RGB", (32, 24), (200, 30, 30)))
+        rows = [{"__key__": f"r{i:04d}", "jpg": pixels, "txt": f"caption {i}",
+                 "json": {"description": f"caption {i}", "id": i}} for i in range(12)]
+        ray.data.from_items(rows).repartition(2).write_webdataset(str(out))
+    finally:
+        ray.shutdown()
+    shards = sorted(os.listdir(out))
+    assert len(shards) == 2 and all(s.endswith(".tar") for s in shards)
+    stats = tmp_path / "stats"
+    for caption_key in ("txt", "json:description"):
+        report = validate(str(out), caption_key=caption_key, jobs=1, stats_dir=str(stats))
+        assert report.passed and (report.samples, report.kept) == (12, 12) and not report.counts
+    assert sum(json.loads((stats / "sizes.json").read_text()).values()) == 12
+
+
+def test_a_sample_written_twice_far_apart_is_duplicated_not_scattered(tmp_path):
+    from tests.shardkit import image_text_members, write_shard
+    members = image_text_members(12)
+    shard = write_shard(tmp_path / "dup.tar", members + members[:2])  # sample 000000 again at the end
+    report = validate(shard, jobs=1)
+    assert "scattered_key" not in report.counts and report.counts["duplicate_key"] == 2
+    assert report.samples == 12 and report.kept == 12

@@ -78,12 +78,12 @@ def _attach():
     main.add_command(filter_command)
     try:
         from .score.cli import score
+        main.add_command(score)
     except ImportError:
         _not_yet("score", "the scoring engine")
-        return
-    if not score.epilog:
-        score.epilog = EXIT_CODES_HELP
-    main.add_command(score)
+    for command in main.commands.values():  # every command's --help states the exit codes
+        if not command.epilog:
+            command.epilog = EXIT_CODES_HELP
 
 
 _attach()

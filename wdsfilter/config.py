@@ -63,6 +63,10 @@ class StageConfig:
     max_side: Optional[int] = None
     oversize: str = "skip"  # or "reduce": decode JPEGs at 1/2..1/8 scale (draft mode) to fit
     image_mode: str = "RGB"
+    # (short side, long side) the consumer of the images needs: larger JPEGs are decoded at a
+    # reduced DCT scale (1/2, 1/4, 1/8) that keeps both. The scoring engine sets it from its
+    # scorers (a 224 px CLIP needs far fewer pixels than a 1024 px photo); None: full size.
+    decode_floor: Optional[Tuple[int, int]] = None
     # Special tokens: the image token the user's model expects, and what to do with others.
     image_token: Optional[str] = None
     token_mode: str = "auto"  # auto: normalise when image_token is set, else keep
@@ -103,6 +107,11 @@ class StageConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive number of bytes, got {value!r}")
+        if self.decode_floor is not None:
+            floor = tuple(self.decode_floor)
+            if len(floor) != 2 or not all(isinstance(v, int) and v >= 0 for v in floor):
+                raise ConfigError(f"decode_floor must be (short side, long side) in pixels, got {self.decode_floor!r}")
+            self.decode_floor = floor
         self.extra_tokens = tuple(self.extra_tokens)
         self.known_image_tokens = tuple(self.known_image_tokens)
 

@@ -99,8 +99,9 @@ def _data_after_end(tar) -> Optional[int]:
             return end
 
 
-class DecompressionCapError(OSError):
-    """A compressed shard decompresses past max_decompressed_bytes (a zip bomb, or a mistake)."""
+class DecompressionCapError(tarfile.ReadError):
+    """A compressed shard decompresses past max_decompressed_bytes (a zip bomb, or a mistake).
+    Bad data in a file that was read, not a failed stream: a ReadError, never an OSError."""
 
 
 class _Capped:
@@ -178,7 +179,7 @@ def oversized_member(fname: str, why: str, url: str) -> dict:
 def _read_data(tar, info, tick) -> bytes:
     """A member's bytes. Large ones are read in chunks into one buffer: tarfile's own read joins
     copies of the data and would hold it three times at its peak."""
-    if info.size <= _CHUNK or info.issparse():
+    if info.issparse():
         return tar.extractfile(info).read()
     src, buf, left = tar.fileobj, io.BytesIO(), info.size
     while left:
@@ -231,10 +232,13 @@ def iter_tar(stream, url: str, caps: Optional[MemberCaps] = None,
                     yield special_member(info.name, what, url)
                 tar.members = []
                 continue
-            why = caps.over(info.name, info.size) if caps is not None else None
+            size = info.size
+            why = caps.over(info.name, size) if caps is not None and size > caps.floor else None
             if why:
                 _stream_past(tar, info, tick)
                 data = None
+            elif size <= _CHUNK:  # the common case, inline: it runs for every member
+                data = tar.extractfile(info).read()
             else:
                 data = _read_data(tar, info, tick)
             count += 1
@@ -278,10 +282,10 @@ def tar_members(src: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator
         except UnsafeInputError:
             raise
         except OSError as e:
-            tally.shard_opened()
+            tally.shard_opened(url)
             tally.drop("unreadable_shard", STAGE, url, "", f"{e}; check the path and permissions")
             continue
-        tally.shard_opened()
+        tally.shard_opened(url)
         tick = tally.ticker(url)
         end = None
         try:

@@ -24,7 +24,7 @@ import click
 
 from .errors import ConfigError, EXIT_CODES_HELP, OutputError
 from .naming import REKEY_MODES, split_name
-from .writing import check_output_file, temporary_beside
+from .writing import check_output_file, atomic_path
 
 
 @dataclass
@@ -93,7 +93,7 @@ def _rewrite(plain: str, dst: str, rekey: str, src: str) -> SortResult:
     order = sorted(range(len(entries)), key=lambda j: entries[j][0])
     moved = sum(1 for pos, j in enumerate(order) if pos != j)
     mode = "w:gz" if dst.endswith((".tar.gz", ".tgz")) else "w"
-    with temporary_beside(dst) as tmp, open(plain, "rb") as source:
+    with atomic_path(dst) as tmp, open(plain, "rb") as source:
         with tarfile.open(tmp, mode, format=tarfile.PAX_FORMAT) as out:
             for j in order:
                 info = entries[j][1]

@@ -25,7 +25,9 @@ _FIELD = re.compile(r"^[^.\s;:]+$")
 DEFAULT_CAPTION_KEY = "txt"
 DEFAULT_IMAGE_KEY = "jpg;png;jpeg;webp"
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm")
-VIDEO_EXTS = ("mp4", "webm", "mkv", "avi", "mov")
+# Containers checked and scored as video (an audio-only .m4a under the image key is then named for
+# what it is, no_video_stream, by both validate and scoring).
+VIDEO_EXTS = ("mp4", "webm", "mkv", "avi", "mov", "m4v", "m4a", "mpg", "mpeg", "flv", "3gp", "ogv", "wmv")
 # Compression suffixes of a member name (`x.txt.gz`). webdataset's default decoder opens .gz
 # (gzfilter) and so do the stages; all of them are stripped before judging what a member is.
 COMPRESSION_EXTS = ("gz", "xz", "bz2", "zst", "lz4")

@@ -81,11 +81,14 @@ class FirstShardCheck:
         self.census = KeyCensus()
         self.misses = {"caption": 0, "image": 0}
         self.not_text = 0
+        self.first = False
 
     def observe(self, sample: dict, missing: Optional[str], reason: Optional[str] = None) -> None:
+        # Every reader takes the census of its first shard (the starvation message quotes its hint);
+        # only the first reader raises.
         if not self.started:
             self.started = True
-            self.active = self.active and _is_first_reader()
+            self.first = _is_first_reader()
         if not self.active:
             return
         url = sample.get("__url__")
@@ -106,9 +109,15 @@ class FirstShardCheck:
         if not self.active:
             return
         self.active = False
+        problem = self.problem()
+        if problem and self.first:
+            raise ConfigError(problem)
+
+    def problem(self) -> Optional[str]:
+        """What is wrong with the keys when every sample of the first shard missed one, else None."""
         n = self.census.samples
         if not n:
-            return
+            return None
         cfg = self.cfg
         for what, spec in (("caption", cfg.caption_spec), ("image", cfg.image_spec)):
             if self.misses[what] == n:
@@ -118,16 +127,18 @@ class FirstShardCheck:
                             f"not text; point the caption key at a text field") + (f"; {hint}" if hint else "")
                 if self.census.dotted_share() > 0.5:
                     hint = "member names have dots in their basenames (img.v2.0001.jpg); use rekey='last-dot' (--rekey last-dot)"
-                raise ConfigError(
+                return (
                     f"no sample of the first shard {self.first_url} has {'an' if what == 'image' else 'a'} {what} under {what} key "
                     f"'{spec}': every sample would be filtered and the run would hang.\n"
                     f"  {self.census.describe()}\n"
                     f"  {hint or 'no ' + what + ' candidate found; check the shards with wdsfilter validate'}")
+        return None
 
 
 def _select(data: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator[dict]:
     """Keep samples that have a caption and an image per the specs; count the others by reason."""
     check = FirstShardCheck(cfg)
+    tally.explain = check.problem  # a starving resampled stream never ends its first shard: say it there
     emit = cfg.emit_rejects
     for sample in data:
         if MARKER in sample:
@@ -201,7 +212,7 @@ def _decode(data: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator[di
         if MARKER not in sample and "image" in sample:
             try:
                 sample["image"] = decode_image(sample["image"], cfg.max_pixels, cfg.max_side,
-                                               cfg.oversize, cfg.image_mode)
+                                               cfg.oversize, cfg.image_mode, cfg.decode_floor)
             except DataError as e:
                 member = f"{sample['__key__']}.{sample['__media_ext__']}"
                 marker = _reject(tally, sample, e.reason, "decode", member, str(e), cfg.emit_rejects)

@@ -22,7 +22,7 @@ SHARD_REASONS = ("truncated_tar", "unreadable_shard")
 
 # Why a sample was dropped, in the users' words: the hint printed with the count.
 HINTS = {
-    "missing_caption": "no caption under the caption key spec; check --caption-key (wdsfilter validate suggests one)",
+    "missing_caption": "no caption under the caption key spec; check --caption-key (wdsfilter validate names one when the shards hold a candidate)",
     "missing_image": "no image under the image key spec; check --image-key",
     "empty_caption": "caption is empty or whitespace",
     "caption_not_text": "the caption field holds a JSON number, list or object, not text; point --caption-key at a text field",
@@ -63,12 +63,15 @@ class Tally:
         self.starvation_samples = starvation_samples
         self.starvation_seconds = starvation_seconds
         self.name = name
+        # () -> what is wrong with the keys, or None: set by the select stage (FirstShardCheck).
+        self.explain = None
         self.reset()
 
     def reset(self) -> None:
         self.samples_read = 0
         self.samples_out = 0
         self.shards_read = 0
+        self.shard_urls: set = set()  # distinct shards opened (resampling opens one many times)
         self.dropped: Counter = Counter()
         self.notes: Counter = Counter()
         self.stage_of: Dict[str, str] = {}
@@ -101,10 +104,12 @@ class Tally:
             self._started = time.monotonic()
         self.samples_read += 1
 
-    def shard_opened(self) -> None:
+    def shard_opened(self, url: Optional[str] = None) -> None:
         if self._started is None:
             self._started = time.monotonic()
         self.shards_read += 1
+        if url is not None and len(self.shard_urls) < 100_000:
+            self.shard_urls.add(url)
         self.check_starvation()
 
     def sample_out(self) -> None:
@@ -155,13 +160,25 @@ class Tally:
 
     def starvation_message(self) -> str:
         elapsed = 0.0 if self._started is None else time.monotonic() - self._started
-        lines = [f"{self.name}: {self.samples_read} samples read from {self.shards_read} shard(s) in "
+        distinct = len(self.shard_urls) or self.shards_read
+        opened = f" (opened {self.shards_read} times: resampled)" if self.shards_read > distinct else ""
+        lines = [f"{self.name}: {self.samples_read} samples read from {distinct} shard(s){opened} in "
                  f"{elapsed:.0f}s and none came out; the run would hang."]
         per_sample = Counter({r: n for r, n in self.dropped.items() if r not in SHARD_REASONS})
         if per_sample:
             reason, count = per_sample.most_common(1)[0]
             lines.append(f"Stage '{self.stage_of[reason]}' rejected {count} of them: {reason} "
                          f"({HINTS.get(reason, '')}).")
+        problem = self.explain() if self.explain is not None else None
+        if problem:
+            lines.append(problem)
+        if self.notes.get("nonadjacent_key"):
+            # Fragments, not wrong keys: the caption may well be there, under the asked key.
+            lines.append(f"{self.notes['nonadjacent_key']} member(s) came apart from their key's other members "
+                         f"(nonadjacent_key): if a shard's members of one key are scattered (written with `tar -cf "
+                         f"x.tar *.txt *.jpg`, or in directory order), its samples arrive as fragments and no other "
+                         f"key would help. `wdsfilter validate` says so (scattered_key); `wdsfilter sort-shard IN OUT` "
+                         f"rewrites the shard.")
         lines.append(self.summary())
         return "\n".join(lines)
 

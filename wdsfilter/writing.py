@@ -2,7 +2,7 @@
 
 check_output_file / check_output_dir raise OutputError (a usage error, exit 2) for an output that
 cannot be written, so a long run never fails at its very end for a typo in --output.
-temporary_beside / write_text_atomic write a temporary file in the output's folder (named like
+atomic_path / write_text_atomic write a temporary file in the output's folder (named like
 every temporary, `.<name>.tmp-<pid>`) and rename it over the output: a reader never sees half a
 file, and a failed write leaves the previous file as it was.
 """
@@ -12,7 +12,7 @@ import contextlib
 import os
 from typing import Iterator
 
-from .atomic import atomic_path
+from . import atomic
 from .errors import OutputError
 
 
@@ -55,11 +55,11 @@ def check_output_dir(path: str, option: str) -> None:
 
 
 @contextlib.contextmanager
-def temporary_beside(path: str) -> Iterator[str]:
+def atomic_path(path: str) -> Iterator[str]:
     """Yields a temporary path in path's folder; renamed to path when the block succeeds,
     removed when it raises."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with atomic_path(path) as tmp:  # the one tmp-then-rename write (atomic.py)
+    with atomic.atomic_path(path) as tmp:  # the one tmp-then-rename write (atomic.py)
         yield tmp
 
 
@@ -67,7 +67,7 @@ def write_text_atomic(path: str, text: str) -> str:
     """Write UTF-8 text whole or not at all. Text that holds lone surrogates (member names that
     are not UTF-8, decoded with surrogateescape) must be escaped before it gets here."""
     data = text.encode("utf-8")  # fails before the temporary exists, never half-way through it
-    with temporary_beside(path) as tmp:
+    with atomic_path(path) as tmp:
         with open(tmp, "wb") as f:
             f.write(data)
     return path

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import click
 
+from ..errors import EXIT_CODES_HELP
 
-@click.command("filter", context_settings={"help_option_names": ["-h", "--help"]})
+
+@click.command("filter", context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES_HELP)
 @click.argument("scores_dir", metavar="SCORES_DIR")
 @click.option("--min", "mins", multiple=True, metavar="COL=X", help="Keep rows with COL >= X. Repeatable.")
 @click.option("--max", "maxes", multiple=True, metavar="COL=X", help="Keep rows with COL <= X. Repeatable.")

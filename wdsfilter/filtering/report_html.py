@@ -157,7 +157,7 @@ def render(data: Dict) -> str:
             if s["cut"] is None:
                 out.append("<p>highest:</p>" + _grid(s["above"], column) + "<p>lowest:</p>" + _grid(s["below"], column))
             else:
-                out.append(f"<p>just above {s['cut']:.6g}:</p>" + _grid(s["above"], column)
+                out.append(f"<p>at or just above {s['cut']:.6g}:</p>" + _grid(s["above"], column)
                            + f"<p>just below {s['cut']:.6g}:</p>" + _grid(s["below"], column))
     out.append("<h2>Dropped, by reason</h2>")
     if not result.reasons:
@@ -172,10 +172,5 @@ def render(data: Dict) -> str:
 
 
 def write_report(data: Dict, path: str) -> str:
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(render(data))
-    os.replace(tmp, path)
-    return path
+    from ..writing import write_text_atomic
+    return write_text_atomic(path, render(data))

@@ -27,6 +27,7 @@ from ..errors import ConfigError, RunError
 from ..atomic import write_json as _atomic_json
 from ..score.shardwriter import BLOCK, RECORD, _is_gzip, _local_copy, member_ranges
 from ..shards import is_pipe, is_remote
+from ..writing import atomic_path
 
 RUN_FILE = "filter_run.json"
 COPY_CHUNK = 1 << 20
@@ -189,8 +190,8 @@ class _OpenShard:
     def __init__(self, folder: str, prefix: str, index: int):
         self.folder, self.prefix, self.index = folder, prefix, index
         self.path = os.path.join(folder, shard_name(prefix, index))
-        self.tmp = os.path.join(folder, f".{os.path.basename(self.path)}.tmp-{os.getpid()}")
-        self.file = open(self.tmp, "wb")
+        self._temporary = atomic_path(self.path)  # renamed into place by close()
+        self.file = open(self._temporary.__enter__(), "wb")
         self.samples = self.members = self.bytes = 0
         self.sources: Dict[str, int] = {}
 
@@ -207,7 +208,7 @@ class _OpenShard:
         self.file.flush()
         os.fsync(self.file.fileno())  # whole on disk before the stats file says so
         self.file.close()
-        os.replace(self.tmp, self.path)
+        self._temporary.__exit__(None, None, None)
         _atomic_json(os.path.join(self.folder, _stats_name(self.prefix, self.index)),
                      {"successes": self.samples, "members": self.members, "bytes": os.path.getsize(self.path),
                       "sources": self.sources})

@@ -106,6 +106,12 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
     if write_shards is not None and samples_per_shard < 1:
         from ..errors import ConfigError
         raise ConfigError(f"--samples-per-shard must be >= 1, got {samples_per_shard}")
+    if not dry_run:  # an output that cannot be written is a usage error, found before any work
+        from ..writing import check_output_dir, check_output_file
+        if write_shards is not None:
+            check_output_dir(write_shards, "--write-shards")
+        if report is not None:
+            check_output_file(report or os.path.join(scores_dir, "report.html"), "--report")
     run = ScoreRun.open(scores_dir)
     thresholds = resolve(spec, run)
     result = FilterResult(scores_dir=scores_dir, thresholds=thresholds, shards=len(run.shards),
@@ -138,7 +144,7 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
         stage = run.stage
         writer = Resharder(write_shards, samples_per_shard, prefix, stage.get("rekey", "first-dot"),
                            bool(stage.get("allow_pipe")), bool(stage.get("allow_remote")))
-        identity = {"scores": os.path.abspath(scores_dir), "thresholds": [t.describe() for t in thresholds],
+        identity = {"scores": os.path.abspath(scores_dir), "thresholds": [[t.column, t.minimum, t.value] for t in thresholds],
                     "samples_per_shard": samples_per_shard, "prefix": prefix,
                     "sources": [s.url for s in run.shards]}
         whole = writer.prepare(identity, overwrite)

@@ -46,6 +46,7 @@ def __getattr__(name):
 SHORTCUTS = {
     "model": [("clip", "model")],
     "pretrained": [("clip", "pretrained")],
+    "precision": [("clip", "precision")],
     "frames": [("clip", "frames"), ("ocr", "frames")],
     "frame_reduce": [("clip", "frame_reduce"), ("ocr", "frame_reduce")],
     "keyframes": [("clip", "keyframes"), ("ocr", "keyframes")],
@@ -66,7 +67,7 @@ def build_config(out: Optional[str] = None, scorers: Sequence = ("clip",), *, mi
                  stage: Optional[StageConfig] = None, **options) -> ScoreConfig:
     """A ScoreConfig from keyword options: ScoreConfig fields, StageConfig fields (caption_key,
     image_key, max_pixels, ...), the scorer shortcuts of SHORTCUTS (model=, pretrained= for clip;
-    frames=, frame_reduce=, keyframes= for clip and ocr, whichever run; ocr_backend=, ocr_model_dir=,
+    precision= for clip; frames=, frame_reduce=, keyframes= for clip and ocr, whichever run; ocr_backend=, ocr_model_dir=,
     ocr_download= for ocr) and
     the thresholds: min_clip (clip_score >= X), max_ocr_area (ocr_area <= X), min_scores and
     max_scores ({column: X})."""

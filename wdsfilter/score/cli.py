@@ -21,6 +21,8 @@ def _echo(text: str) -> None:
               help="clip, ocr, or module:Class; repeat to run several in one pass.")
 @click.option("--model", default=None, help="CLIP model name or local-dir:PATH (clip scorer).")
 @click.option("--pretrained", default=None, metavar="TAG_OR_PATH", help="CLIP weights tag or file (clip scorer).")
+@click.option("--precision", type=click.Choice(["auto", "fp32", "fp16", "bf16"]), default=None,
+              help="clip: auto (fp16 weights on CUDA, fp32 on CPU), or fp32 to keep full precision [auto].")
 @click.option("--scorer-opt", "scorer_opts", multiple=True, metavar="SCORER.KEY=VALUE",
               help="Pass any option to a scorer, e.g. ocr.max_side=960 or clip.precision=fp16. Repeatable.")
 @click.option("--frames", type=int, default=None, help="clip, ocr: frames sampled per video, uniformly over its duration [3].")
@@ -73,11 +75,11 @@ def _echo(text: str) -> None:
               help="ray: GPUs per model actor (0.5 puts two on a GPU) [1 when the cluster has GPUs, else 0].")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @click.option("--no-histograms", is_flag=True, help="No histograms in the terminal summary.")
-def score(shards, out, scorers, model, pretrained, scorer_opts, frames, frame_reduce, keyframes, ocr_backend,
-          ocr_model_dir, ocr_download, min_clip, max_ocr_area, mins, maxes, write_shards, save_embeddings, device,
-          gpus, batch_size, workers, replicas, max_memory, headroom, fit, fmt, resume, overwrite, dry_run, caption_key,
-          image_key, rekey, config_file, max_bytes, allow_pipe, allow_remote, engine, ray_address, ray_actors,
-          ray_gpus_per_actor,
+def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frames, frame_reduce, keyframes,
+          ocr_backend, ocr_model_dir, ocr_download, min_clip, max_ocr_area, mins, maxes, write_shards,
+          save_embeddings, device, gpus, batch_size, workers, replicas, max_memory, headroom, fit, fmt, resume,
+          overwrite, dry_run, caption_key, image_key, rekey, config_file, max_bytes, allow_pipe, allow_remote, engine,
+          ray_address, ray_actors, ray_gpus_per_actor,
           no_progress, no_histograms):
     """Score every sample of SHARDS (folders, globs, brace patterns, .tar files) with CLIP, OCR
     or your own scorer; write per-shard score files, a summary and, optionally, filtered shards."""
@@ -102,7 +104,8 @@ def score(shards, out, scorers, model, pretrained, scorer_opts, frames, frame_re
     maxima = dict(parse_threshold(t, "--max") for t in maxes)
     cfg = build_config(out, tuple(scorers), min_clip=min_clip, min_scores=minima, max_ocr_area=max_ocr_area,
                        max_scores=maxima, stage=stage, scorer_options=scorer_options, model=model,
-                       pretrained=pretrained, frames=frames, frame_reduce=frame_reduce, keyframes=keyframes,
+                       pretrained=pretrained, precision=precision, frames=frames, frame_reduce=frame_reduce,
+                       keyframes=keyframes,
                        ocr_backend=ocr_backend, ocr_model_dir=ocr_model_dir, ocr_download=ocr_download,
                        write_shards=write_shards, save_embeddings=save_embeddings, device=device, gpus=gpus,
                        batch_size=batch_size,
@@ -121,11 +124,13 @@ def score(shards, out, scorers, model, pretrained, scorer_opts, frames, frame_re
             summary = run_scoring(list(shards), cfg, echo=_echo)
     except WdsFilterError as e:
         from ..errors import ConfigError, UnsafeInputError
+        from .backoff import ScorerError
         from .faults import RunFailedError
+        from .modelworker import WorkerError
         if isinstance(e, (ConfigError, UnsafeInputError)):
             raise  # the group prints it and exits 2
         click.secho(f"wdsfilter score: error: {e}", fg="red", err=True)
-        sys.exit(3 if isinstance(e, RunFailedError) else 1)
+        sys.exit(3 if isinstance(e, (RunFailedError, WorkerError, ScorerError)) else 1)  # 3: the run failed
     click.echo(summary.format_text(histograms=not no_histograms, plan=False))
     if summary.shards_failed:  # a failure of the run: those shards have no marker
         click.secho(f"wdsfilter score: error: {len(summary.shards_failed)} shard(s) failed (listed above and in "

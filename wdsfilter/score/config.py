@@ -171,14 +171,18 @@ class ScoreConfig:
         """thresholds and max_thresholds as one Thresholds (the keep test of a row)."""
         return Thresholds(dict(self.thresholds), dict(self.max_thresholds))
 
-    def scoring_stage_config(self) -> StageConfig:
+    def scoring_stage_config(self, scorers: Sequence = ()) -> StageConfig:
         """The stage config of the scoring pipeline: rejects flow on as markers (every sample
         gets a row), and the starvation watchdog is off because markers keep the stream moving;
         a run that scores nothing is reported by the engine with its counts instead. The keys
         are checked once on the whole first shard before scoring (keycheck.check_keys), so the
-        readers do not check again."""
+        readers do not check again. With the run's `scorers`, JPEGs are decoded at the reduced
+        scale they all can use (Scorer.decode_floor)."""
+        from .fastdecode import combine_floors
+        # A duck-typed scorer without decode_floor needs the full image.
+        floor = combine_floors([getattr(s, "decode_floor", lambda: None)() for s in scorers]) if scorers else None
         return replace(self.stage, emit_rejects=True, starvation_samples=0, starvation_seconds=0.0,
-                       check_first_shard=False)
+                       check_first_shard=False, decode_floor=floor)
 
 
 def parse_gpus(value) -> Tuple[int, ...]:

@@ -18,6 +18,8 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Optional
 
+from ..writing import atomic_path
+
 FIELD = "__embeddings__"
 FOLDER = "embeddings"
 
@@ -38,9 +40,7 @@ def write_embeddings(out: str, name: str, rows: List[dict]) -> Optional[Dict[str
             if emb is not None:
                 table[row["index"]] = emb[part]
         path = os.path.join(folder, f"{name}.{part}.npy")
-        tmp = os.path.join(folder, f".{name}.{part}.npy.tmp-{os.getpid()}")
-        with open(tmp, "wb") as f:
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
             np.save(f, table)
-        os.replace(tmp, path)
         paths[part] = path
     return paths

@@ -36,7 +36,7 @@ class Engine(Run):
     # -- planning ---------------------------------------------------------------------------
     def _probe(self, pool, todo: List[str]) -> ProbeReport:
         cfg = self.cfg
-        inputs, prep_seconds, scanned = collect_probe(todo, cfg.scoring_stage_config(), self.scorers,
+        inputs, prep_seconds, scanned = collect_probe(todo, cfg.scoring_stage_config(self.scorers), self.scorers,
                                                       cfg.probe_samples, cfg.probe_scan, cfg.probe_seconds)
         report = ProbeReport(samples=len(inputs), scanned=scanned, prepare_seconds=prep_seconds)
         if inputs:
@@ -75,7 +75,8 @@ class Engine(Run):
         from ..tally import Tally
         cfg = self.cfg
         tally = Tally(0, 0, name="wdsfilter score")
-        pipeline = sample_pipeline(todo, cfg.scoring_stage_config(), tally, extra=[Prepare(self.scorers)], sink=sink)
+        pipeline = sample_pipeline(todo, cfg.scoring_stage_config(self.scorers), tally, extra=[Prepare(self.scorers)],
+                                   sink=sink)
         pipeline.append(Chunk(plan.chunk))
         return torch.utils.data.DataLoader(
             pipeline, batch_size=None, shuffle=False, num_workers=plan.workers, collate_fn=keep_as_is,
@@ -121,7 +122,10 @@ class Engine(Run):
                       f"{len(todo)} to score")
         dispatcher = stage_tally = None
         if todo or cfg.dry_run:
-            pool = make_pool(resolve_devices(cfg), self.model_scorers)
+            devices = resolve_devices(cfg)
+            for scorer in self.scorers:  # downloads once, here, not in every model worker at once
+                getattr(scorer, "fetch", lambda: None)()
+            pool = make_pool(devices, self.model_scorers)
             workers: List[dict] = []
             try:
                 reports = pool.start()

@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import ConfigError, WdsFilterError
 from .backoff import Backoff
+from .embeddings import FIELD as EMBEDDINGS
 from .faults import DeviceFailedError, device_failed, sticky_device_error
 from .memory import HostMemory, device_memory, is_oom, torch_device
 from .transport import pack, unpack
@@ -147,6 +148,8 @@ class ModelRunner:
                 for k, outcome in zip(members, outcomes):
                     if outcome[0] == "ok":
                         scores[k].update({c: outcome[1].get(c) for c in columns})
+                        if EMBEDDINGS in outcome[1]:  # --save-embeddings: written beside the score file
+                            scores[k][EMBEDDINGS] = outcome[1][EMBEDDINGS]
                     else:
                         errors[k][scorer.name] = (outcome[1], outcome[2])
         self.batches += 1
@@ -237,6 +240,10 @@ def _worker_main(worker: int, device: str, scorers, inbox, outbox, threads: Opti
         import torch
         if threads:
             torch.set_num_threads(threads)
+        if device.startswith("cuda"):
+            # This worker's GPU becomes the current one: libraries that allocate on "cuda" (the
+            # current device) and current-device checks then see it, not GPU 0.
+            torch.cuda.set_device(torch.device(device))
         runner = ModelRunner(scorers, device)
         outbox.put(("loaded", worker, runner.load()))
         while True:

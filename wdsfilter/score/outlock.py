@@ -1,4 +1,6 @@
-"""One scoring run per output folder: an exclusive lock on `<out>/.lock`, held for the whole run.
+"""Lock files. One scoring run per output folder: an exclusive lock on `<out>/.lock`, held for
+the whole run; and `file_lock`, which makes processes that share a folder take turns (a model
+download into one folder).
 
 The lock is `fcntl.flock` on an open file: the kernel drops it when the process ends in any way
 (SIGKILL and out-of-memory kills included), so a lock left by a killed run is no lock at all and
@@ -12,7 +14,8 @@ import json
 import os
 import socket
 import time
-from typing import Optional
+from contextlib import contextmanager
+from typing import Iterator
 
 from ..errors import ConfigError
 
@@ -68,3 +71,13 @@ def _read_holder(fd: int) -> str:
         return f" (pid {info['pid']} on {info['host']}, started {info['started']})"
     except (OSError, ValueError, KeyError, TypeError):
         return ""
+
+
+@contextmanager
+def file_lock(path: str) -> Iterator[None]:
+    """Hold an exclusive flock on `path` (created if missing), waiting for any other holder."""
+    import fcntl
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "a+b") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)  # released when the file closes, or its process dies
+        yield

@@ -18,8 +18,10 @@ folder must be reachable from every node (a shared filesystem); Ray moves only t
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
+import os
 from collections import Counter
 import pickle
 import time
@@ -27,11 +29,10 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 from ..errors import ConfigError
 from .embeddings import FIELD as EMBEDDINGS
-from .faults import read_failed_reason
+from .faults import disk_full, is_disk_full, read_failed_reason
 from .outputs import RunSummary
 from .rows import BASE_FIELDS, complete_row, item_row, new_row, write_shard
 
-# Row statuses that exist only on their way through Ray (rows.py has the final ones).
 PENDING = "__pending__"  # a row whose inputs still need the model
 SHARD_END_ROW = "__shard_end__"  # one per shard: carries the reader's error and member count
 
@@ -47,20 +48,21 @@ def _ray():
 
 # -- decode side: one task per shard --------------------------------------------------------------
 def read_shard(batch, cfg, scorers, rows_per_block: int = 64) -> Iterator[Dict[str, list]]:
-    """Ray map_batches generator over shard URLs: every sample's row (rows.item_row), with its
-    prepared inputs pickled into `payload` where a model still has to score it, then one
-    SHARD_END_ROW row whose message tells the driver how many rows the shard has, how the reader
-    ended and the shard's stage counts. Yields column batches of up to rows_per_block rows, so a
-    big shard never sits in memory whole."""
+    """Ray map_batches generator over shard URLs: every sample's row, with its prepared inputs
+    pickled into `payload` where a model still has to score it, then one SHARD_END_ROW row whose
+    message tells the driver how many rows the shard has, how the reader ended and the shard's
+    stage counts. Yields column batches of up to rows_per_block rows, so a big shard never sits
+    in memory whole."""
     from ..markers import MARKER, SHARD_END
     from ..pipeline import sample_pipeline
     from ..tally import Tally
     from .prepare import Prepare
 
-    stage = cfg.scoring_stage_config()
-    for url in list(batch["shard"]):
+    stage = cfg.scoring_stage_config(scorers)
+    paths = batch["path"] if "path" in batch else batch["shard"]
+    for url, path in zip(list(batch["shard"]), list(paths)):  # rows carry the URL; the worker opens `path`
         tally = Tally(0, 0, name="wdsfilter score (ray)")
-        pipeline = sample_pipeline([url], stage, tally, extra=[Prepare(scorers)])
+        pipeline = sample_pipeline([path], stage, tally, extra=[Prepare(scorers)])
         rows: List[dict] = []
         index = 0
         end = None
@@ -132,14 +134,15 @@ def _plain(v):
 
 
 # -- per shard: score file, filtered shard, marker --------------------------------------------------
-def finish_shard(url: str, rows: List[dict], end: dict, cfg, state, columns: Sequence[str]) -> dict:
+def finish_shard(url: str, rows: List[dict], end: dict, cfg, state, columns: Sequence[str],
+                 path: Optional[str] = None) -> dict:
     """A Ray task: the score values back from JSON, rows in shard order, then rows.write_shard
-    (score file, filtered shard, completion marker) as the local engine does."""
+    (score file, embeddings, filtered shard from `path`, completion marker) as the local engine does."""
     for row in rows:
         for c in columns:
             row[c] = json.loads(row[c])
     rows.sort(key=lambda r: r["index"])
-    failed = write_shard(url, rows, end, cfg, state, columns, engine="ray")
+    failed = write_shard(url, rows, end, cfg, state, columns, source=path, engine="ray")
     return {"shard": url, "rows": len(rows), **({"failed": failed} if failed else {})}
 
 
@@ -172,6 +175,32 @@ class _Collector:
 
 
 # -- the run ---------------------------------------------------------------------------------------
+# Ray Data restarts a dead actor and retries its tasks forever by default: a batch that kills its
+# actor (a host OOM kill) loops. A task (a batch, or a shard's read) is retried once; a batch that
+# fails again is lost and its shard is failed (no marker), so --resume scores it again. Actor
+# restarts stay unbounded on purpose: an actor whose restarts ran out is dropped from Ray Data's
+# pool without a replacement, which would stall the run, and the bounded retries already end
+# every batch after two attempts. Batches in flight on an actor when it dies use up a retry too.
+RETRIES = 1
+
+
+def absolute_url(url: str) -> str:
+    """A local shard as an absolute path (what a Ray worker elsewhere can open); URLs unchanged."""
+    from ..shards import is_pipe, is_remote
+    if is_pipe(url) or is_remote(url):
+        return url
+    return os.path.abspath(url[len("file:"):] if url.startswith("file:") else url)
+
+
+def _unfinished(url: str, collector: "_Collector") -> str:
+    end, rows = collector.ends.get(url), collector.rows.get(url, {})
+    if end is not None:
+        return (f"{end['rows'] - len(rows)} of {end['rows']} row(s) lost: a batch failed twice (its model actor "
+                f"died, e.g. killed for host memory, or raised); no marker: --resume scores it again")
+    return ("its rows did not all come back: a batch failed twice (its model actor died, e.g. killed for host "
+            "memory, or raised), or the run stopped; no marker: --resume scores it again")
+
+
 def score_on_ray(shards, out: Optional[str] = None, scorers: Sequence = ("clip",), *, actors: Optional[int] = None,
                  gpus_per_actor: Optional[float] = None, cpus_per_actor: float = 1.0, batch_size: Optional[int] = None,
                  address: Optional[str] = None, ray_init: Optional[dict] = None,
@@ -195,11 +224,19 @@ def run_on_ray(shards, cfg, *, actors: Optional[int] = None, gpus_per_actor: Opt
 
     if cfg.dry_run:
         raise ConfigError("dry_run plans the single-machine engine; Ray plans its own cluster (ray status)")
-    # The local engine's URLs, scorers, columns, run state, summary and lock; the keys on the
-    # first shard to score were checked already, so configuration errors come before Ray starts.
+    # Ray workers may run in another folder (or on another node of the shared filesystem).
+    cfg = dataclasses.replace(cfg, out=os.path.abspath(cfg.out),
+                              write_shards=os.path.abspath(cfg.write_shards) if cfg.write_shards else None)
+    # The local engine's URLs, scorers, columns, run state, summary and lock; the keys on the first
+    # shard to score are checked there, so configuration errors come before Ray starts.
     run = Run(shards, cfg, echo)
     try:
         return _run_on_ray(run, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, address, ray_init)
+    except Exception as e:
+        cause = getattr(e, "cause", e)  # a Ray task's error carries the original as .cause
+        if is_disk_full(cause):
+            raise disk_full(cause, "the run's outputs") from None
+        raise
     finally:
         run.release_lock()
 
@@ -207,6 +244,9 @@ def run_on_ray(shards, cfg, *, actors: Optional[int] = None, gpus_per_actor: Opt
 def _run_on_ray(run, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, address, ray_init) -> RunSummary:
     echo = run.echo
     todo = run.pending()
+    if todo:  # the keys were checked by Run
+        for scorer in run.scorers:  # downloads once, on the driver (a shared filesystem), not per actor
+            getattr(scorer, "fetch", lambda: None)()
     ray = _ray()
     started_here = not ray.is_initialized()
     if started_here:
@@ -232,18 +272,25 @@ def _run_on_ray(run, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, ad
              f"({gpus_per_actor:g} GPU each), batch {batch_size}")
         done: List[dict] = []
         failed: List[dict] = []
+        collector = _Collector(run.columns)
         dropped, notes = Counter(), Counter()
         if todo:
-            ds = ray.data.from_items([{"shard": u} for u in todo], override_num_blocks=len(todo))
+            # Workers open absolute paths: their working folder is not the driver's.
+            ds = ray.data.from_items([{"shard": u, "path": absolute_url(u)} for u in todo],
+                                     override_num_blocks=len(todo))
             ds = ds.map_batches(functools.partial(read_shard, cfg=cfg, scorers=run.scorers),
-                                batch_size=1, batch_format="numpy")
+                                batch_size=1, batch_format="numpy", max_retries=RETRIES)
             ds = ds.map_batches(ScoreActor, batch_size=batch_size, batch_format="numpy", concurrency=actors,
                                 num_gpus=gpus_per_actor, num_cpus=cpus_per_actor,
+                                max_restarts=-1, max_task_retries=RETRIES,
                                 fn_constructor_kwargs={"cfg": cfg, "scorers": run.model_scorers,
                                                        "columns": run.columns, "batch_size": batch_size,
                                                        "device": device})
+            # A batch that failed after its retries (its actor died twice, or it raised) is dropped
+            # by Ray Data instead of ending the run: its shard never completes, so it gets no marker.
+            ds.context.max_errored_blocks = -1
             finish = ray.remote(num_cpus=1)(finish_shard)
-            collector, writing = _Collector(run.columns), []
+            writing = []
             try:
                 for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
                     for url, rows, end in collector.add(batch):
@@ -254,7 +301,8 @@ def _run_on_ray(run, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, ad
                         elif end.get("failed"):  # not read to its end: no outputs, no marker either
                             failed.append({"url": url, "reason": read_failed_reason(end["failed"])})
                         else:
-                            writing.append(finish.remote(url, rows, end, cfg, run.state, run.columns))
+                            writing.append(finish.remote(url, rows, end, cfg, run.state, run.columns,
+                                                         absolute_url(url)))
                     ready, writing = ray.wait(writing, num_returns=len(writing), timeout=0) if writing else ([], [])
                     done += ray.get(ready)
             finally:
@@ -266,7 +314,7 @@ def _run_on_ray(run, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, ad
         run.summary.samples_this_run = sum(int(r["rows"]) for r in done)
         run.summary.seconds = run.summary.scoring_seconds = time.perf_counter() - start
         finished = {r["shard"] for r in done} | {f["url"] for f in failed}
-        run.summary.shards_failed = failed + [{"url": u, "reason": "not finished by the Ray run"}
+        run.summary.shards_failed = failed + [{"url": u, "reason": _unfinished(u, collector)}
                                                  for u in todo if u not in finished]
         run.summary.stage_counts = {"dropped": dict(dropped), "notes": dict(notes)}
         return run.finish()  # the local engine's summary, histograms and nothing-scored check

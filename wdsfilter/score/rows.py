@@ -112,7 +112,7 @@ def status_counts(rows: Sequence[dict]) -> Dict[str, int]:
 
 
 def write_shard(url: str, rows: List[dict], end: dict, cfg, state, columns: Sequence[str],
-                **marker_extra) -> Optional[str]:
+                source: Optional[str] = None, **marker_extra) -> Optional[str]:
     """Write one complete shard's outputs in order (score file, embeddings, filtered shard,
     completion marker). `end` is its shard_end marker (members, error, failed). Returns None when
     done, else why the shard failed; a failed shard gets no marker, so --resume scores it again.
@@ -125,7 +125,7 @@ def write_shard(url: str, rows: List[dict], end: dict, cfg, state, columns: Sequ
     if cfg.write_shards:
         keep = {r["key"] for r in rows if r["kept"]}
         try:
-            filtered = write_filtered(url, keep, state.filtered_path(url), cfg.stage.rekey,
+            filtered = write_filtered(source or url, keep, state.filtered_path(url), cfg.stage.rekey,
                                       cfg.stage.allow_pipe, cfg.stage.allow_remote)
         except OSError as e:  # the shard cannot be read again (a pipe: command failed): no marker
             if is_disk_full(e):

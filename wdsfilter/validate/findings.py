@@ -48,6 +48,7 @@ KINDS: Dict[str, tuple] = {
     "oversized_member": (ERROR, "a member over its kind's byte cap (--max-text-bytes, --max-image-bytes, ...): the stages stream past it unread and drop a sample that needed it"),
     "special_member": (WARNING, "a symbolic link, hard link, device or FIFO member: tar readers do not follow it, so its sample has no bytes for it. Store the file itself"),
     "corrupt_member": (WARNING, "a compressed member (.gz) does not decompress; its sample is read without it"),
+    "oversized_video": (ERROR, "video frames above --max-pixels (from the header, or refused by FFmpeg's decoder when the header understates them): scoring refuses it as video_too_large"),
     "no_video_stream": (WARNING, "the video file has no video stream (audio only?)"),
     # 5. safety
     "unsafe_member": (ERROR, "pickle/torch payload that a default webdataset decoder would execute; the validator never loads it. Remove it or store tensors as .npy"),

@@ -116,6 +116,10 @@ def _close(stream) -> Optional[str]:
     except OSError as e:
         proc = getattr(stream, "proc", None)
         if proc is not None and proc.returncode is not None:
+            # webdataset runs remote URLs through curl (an argument list), pipe: URLs through a shell.
+            if isinstance(proc.args, (list, tuple)) and proc.args:
+                program = os.path.basename(str(proc.args[0]))
+                return f"the download ({program}) failed with exit status {proc.returncode}"
             return f"the shard's command exited with status {proc.returncode}"
         return f"{type(e).__name__}: {e}"
     return None
@@ -347,6 +351,10 @@ class _ShardCheck:
         if self.tail_key is not None and self.keys.last and self.tail_key != self.keys.last[1]:
             self._pend(self.tail)  # the last member's key is not the last sample's: nothing to hold
             self.tail = []
+        # A key whose later fragment only repeats member names is duplicated, not scattered
+        # (duplicate_key says so); scattered keys brought a new member after other keys.
+        returned = {key for _, key in self.keys.returns}
+        self.scattered = {k: m for k, m in self.scattered.items() if k in returned}
         self.keys.finish(self.scattered)
         if self.scattered:
             self._scattered_finding()

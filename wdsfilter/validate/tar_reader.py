@@ -25,7 +25,8 @@ from zlib import adler32
 from typing import IO, Iterator, Optional
 
 from ..members import MemberCaps
-from ..reading import MAX_EXTENDED_HEADER, ShardEnd, open_layers, oversized_member, special_member
+from ..reading import (MAX_EXTENDED_HEADER, DecompressionCapError, ShardEnd, open_layers, oversized_member,
+                       special_member)
 
 BLOCK = 512
 _ZERO = bytes(BLOCK)
@@ -107,7 +108,7 @@ def iter_members(stream: IO[bytes], url: str, caps: Optional[MemberCaps] = None)
         opened = open_layers(stream, caps.decompressed if caps else 1 << 62)
         size = _file_size(stream) if opened is stream else None  # known for a plain local file only
         yield from _members(opened, url, caps, size)
-    except (OSError, EOFError, zlib.error, lzma.LZMAError) as e:  # data cut or corrupt: iter_tar words it
+    except (OSError, EOFError, zlib.error, lzma.LZMAError, DecompressionCapError) as e:  # iter_tar words it
         raise Unusual(str(e)) from None
 
 

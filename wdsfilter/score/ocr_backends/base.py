@@ -41,6 +41,10 @@ class DetectorBackend(abc.ABC):
     def weights_path(self) -> str:
         """The detector's weights file (it may not exist yet where downloads are allowed)."""
 
+    def fetch(self) -> Optional[str]:
+        """Download what load() needs (called once, in the parent, before model workers start)."""
+        return None
+
     # -- model worker ---------------------------------------------------------------------------
     @abc.abstractmethod
     def load(self, device: str) -> None:

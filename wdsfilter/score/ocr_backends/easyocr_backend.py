@@ -40,6 +40,21 @@ def _easyocr_config():
     return config
 
 
+def _download(url: str, filename: str, directory: str) -> None:
+    """easyocr's downloader into a private temporary folder, then one rename: easyocr writes a fixed
+    `temp.zip` in the folder it is given, which two processes would write at once."""
+    import shutil
+    import tempfile
+
+    from easyocr.utils import download_and_unzip
+    private = tempfile.mkdtemp(prefix=".download.tmp-", dir=directory)
+    try:
+        download_and_unzip(url, filename, private, verbose=False)
+        os.replace(os.path.join(private, filename), os.path.join(directory, filename))
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+
+
 @dataclass(eq=False)
 class EasyOcrBackend(DetectorBackend):
     model_dir: Optional[str] = None   # None: easyocr's default model directory
@@ -70,8 +85,20 @@ class EasyOcrBackend(DetectorBackend):
         h, w = int(height * ratio), int(width * ratio)
         return h + (-h % 32), w + (-w % 32)
 
+    def fetch(self) -> str:
+        """The weights, downloaded when missing: once, whoever asks. The engine calls this in the
+        parent before model workers start; workers that still find them missing (a Ray actor on
+        another node) take turns under a lock in the model folder and find them there after the
+        first download."""
+        from ..outlock import file_lock
+        path = self.weights_path()
+        if os.path.isfile(path) and not self.verify_checksum:
+            return path
+        with file_lock(os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.lock")):
+            return self._ensure_weights()
+
     def _ensure_weights(self) -> str:
-        from easyocr.utils import calculate_md5, download_and_unzip
+        from easyocr.utils import calculate_md5
 
         model = _easyocr_config().detection_models[NETWORK]
         path = self.weights_path()
@@ -94,11 +121,8 @@ class EasyOcrBackend(DetectorBackend):
         if damaged:
             os.remove(path)
         try:
-            download_and_unzip(model["url"], model["filename"], directory, verbose=False)
+            _download(model["url"], model["filename"], directory)
         except (OSError, zipfile.BadZipFile, KeyError) as e:  # no network, a proxy page, a partial file
-            partial = os.path.join(directory, "temp.zip")  # easyocr's download name
-            if os.path.exists(partial):
-                os.remove(partial)
             raise ConfigError(f"could not download the easyocr detector weights {model['filename']} from "
                               f"{model['url']} ({type(e).__name__}: {e}). Pass a local copy instead: put "
                               f"{model['filename']} in a folder and use --ocr-model-dir FOLDER --no-ocr-download "
@@ -113,7 +137,7 @@ class EasyOcrBackend(DetectorBackend):
         from easyocr.detection import get_detector
 
         kind, _ = parse_device(device)
-        path = self._ensure_weights()
+        path = self.fetch()
         # device="cpu": easyocr's loader without its DataParallel wrapping (see the module docstring).
         # quantize=False: easyocr's CPU default quantizes Linear/LSTM layers dynamically, and CRAFT
         # has none (all convolutions), so it changes nothing but warns about a deprecated API.

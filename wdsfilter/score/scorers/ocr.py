@@ -131,11 +131,18 @@ class OcrScorer(Scorer):
                                  reducing_gap=2.0)
         return np.asarray(image, dtype=np.uint8)
 
+    def decode_floor(self) -> Optional[Tuple[int, int]]:
+        # Frames are scaled to max_side anyway; a JPEG twice that size can be decoded at 1/2.
+        return (0, self.max_side) if self.max_side else None
+
     def batch_key(self, prepared: OcrInput) -> Any:
         # Frames of one size share a detector batch (the network input is the same shape).
         return tuple(prepared.frames.shape[1:3])
 
     # -- model side ----------------------------------------------------------------------------
+    def fetch(self) -> None:
+        self.detector.fetch()
+
     def load(self, device: str) -> None:
         self.detector.load(device)
 

@@ -1,0 +1,75 @@
+"""Faults on `--engine ray` (issue 8 item 14), on a local Ray cluster: a batch that kills its model
+actor is retried once, not forever; when it kills the actor again its rows are lost, its shard is
+failed without a marker, the other shards finish, and --resume completes the run. Shard and output
+paths reach the Ray workers absolute."""
+import json
+import os
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="the Ray engine is tested where wdsfilter[ray] is installed")
+
+from test_score_kit import make_shards  # noqa: E402
+from wdsfilter.score.ray_runner import score_on_ray  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    # The test scorers live in tests/: the workers import them from there.
+    path = os.pathsep.join([HERE, os.path.dirname(HERE)])
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+             runtime_env={"env_vars": {"PYTHONPATH": path}})
+    yield
+    ray.shutdown()
+
+
+def test_a_batch_that_kills_its_actor_twice_fails_its_shard_and_resume_completes_it(local_ray, tmp_path,
+                                                                                    monkeypatch):
+    from faultkit import ExitScorer
+    monkeypatch.chdir(tmp_path)  # relative shard and output paths: the workers get them absolute
+    make_shards(tmp_path / "shards", [6, 6, 6])
+    urls = [os.path.join("shards", f"shard-{s:04d}.tar") for s in range(3)]
+    trip = tmp_path / "trip"
+    trip.touch()
+    scorer = ExitScorer(kill_key="s1_00003", trip_file=str(trip))  # every batch holding it kills the actor
+    summary = score_on_ray(urls, out="out", scorers=[scorer], actors=1, batch_size=3, progress=False,
+                           write_shards="kept")
+    # The run ended (no endless retry). The shard of the killing batch failed, without a marker;
+    # a shard whose batch was in flight on the same actor when it died may have failed with it.
+    failed = {f["url"]: f["reason"] for f in summary.shards_failed}
+    assert urls[1] in failed and "a batch failed twice (its model actor died" in failed[urls[1]]
+    done = sorted(os.listdir(tmp_path / "out" / "done"))
+    assert "shard-0001.json" not in done
+    assert len(done) + len(failed) == 3 and summary.status.get("scored", 0) == 6 * len(done)
+    assert sorted(os.listdir(tmp_path / "kept")) == [d[:-5] + ".tar" for d in done]
+
+    trip.unlink()  # the host has memory again
+    again = score_on_ray(urls, out="out", scorers=[scorer], actors=1, batch_size=3, progress=False,
+                         write_shards="kept", resume=True)
+    assert again.shards_failed == [] and again.shards_resumed == len(done) and again.status == {"scored": 18}
+    marker = json.load(open(tmp_path / "out" / "done" / "shard-0001.json"))
+    assert marker["url"] == urls[1] and marker["engine"] == "ray"
+
+
+def test_a_full_disk_stops_a_ray_run_with_a_clear_error(local_ray, tmp_path):
+    import subprocess
+    from test_score_faults import big_shards, temporaries
+    from wdsfilter.score.faults import DiskFullError
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("mounting a small tmpfs needs root")
+    try:
+        urls = big_shards(tmp_path / "shards", 4)  # two filtered shards fit, not four
+        with pytest.raises(DiskFullError, match="no space left on the device"):
+            score_on_ray(urls, out=str(tmp_path / "out"), scorers=["test_score_kit:BrightnessScorer"], actors=1,
+                         batch_size=6, progress=False, write_shards=str(mnt / "kept"))
+        done = sorted(os.listdir(tmp_path / "out" / "done"))
+        assert len(done) < 4 and temporaries(str(tmp_path / "out"), str(mnt / "kept")) == []
+        assert sorted(os.listdir(mnt / "kept")) == [d[:-5] + ".tar" for d in done]
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
