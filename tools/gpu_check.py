@@ -197,7 +197,9 @@ def step_plan(ctx) -> List[Row]:
         args = [a for a in ctx.clip_args(ctx.big) if a != "--scorer" and a != "clip"] + scorers
         dry = run_score(ctx.urls, ctx.out(f"plan-dry-{label[0]}"), args + ["--dry-run"], ctx.gpu, ctx.size["timeout"])
         real = run_score(ctx.urls, ctx.out(f"plan-{label[0]}"), args, ctx.gpu, ctx.size["timeout"])
-        plan = dry["summary"].get("plan", {})
+        # A dry run prints its plan and writes no summary; the real run's summary holds the same
+        # planner's plan, which is what its workers were configured with.
+        plan = real["summary"].get("plan", {})
         need = {d["device"]: d["need"] / max(1, d["replicas"]) for d in plan.get("devices", [])}
         peaks = {pid: mib * 2**20 for pid, mib in real["sampler"].memory.items()}
         worst = max((p / max(need.values()) for p in peaks.values()), default=0.0) if need else 0.0

@@ -181,7 +181,7 @@ def _members(f: IO[bytes], url: str, caps: Optional[MemberCaps], file_size: Opti
         if kind in _REGULAR:
             if file_size is not None and offset + size > file_size:
                 raise Unusual("declared size past the end of the file")  # never allocated; iter_tar words it
-            why = caps.over(name, size) if caps is not None else None
+            why = caps.over(name, size) if caps is not None and size > caps.floor else None
             if why:
                 _skip(f, blocks)
                 item = oversized_member(name, why, url)

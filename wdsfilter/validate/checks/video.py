@@ -32,7 +32,6 @@ _STREAMS = 64
 def open_video(data: bytes, max_pixels):
     """A PyAV container over the bytes, with FFmpeg's max_pixels limit on every stream's decoder
     (probing decodes frames when the header leaves the size open). Raises PyAV's errors."""
-    import io
 
     import av
 
