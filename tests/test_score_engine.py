@@ -245,12 +245,12 @@ def test_a_first_shard_longer_than_the_probe_with_no_captions_raises_before_scor
 
 
 def test_a_pipe_shard_that_fails_with_write_shards_is_failed_not_fatal(shards, tmp_path):
-    # Its command prints the shard the first time and fails the second: reading scores the samples;
-    # writing the filtered shard runs the command again and fails: that shard gets no marker.
+    # Its command prints the shard whenever it is read (key check, probe, scoring) and fails only
+    # while the filtered shard is written (the writer's local copy `.source.tmp-*` exists then):
+    # that shard gets no marker.
     urls, images = shards
-    ran = tmp_path / "ran-once"
-    broken = f"pipe:if test -e {ran}; then exit 1; else touch {ran}; cat {urls[0]}; fi"
     out, kept = tmp_path / "out", tmp_path / "kept"
+    broken = f"pipe:if ls {kept}/.source.tmp-* >/dev/null 2>&1; then exit 1; else cat {urls[0]}; fi"
     summary = run([broken, urls[1]], out, write_shards=str(kept), allow_pipe=True, batch_size=4)
     assert [f["url"] for f in summary.shards_failed] == [broken]
     assert "filtered shard not written" in summary.shards_failed[0]["reason"]

@@ -110,9 +110,10 @@ def test_a_shard_without_captions_after_the_first_is_scored_as_data(local_ray, t
 
 
 def test_a_pipe_shard_that_fails_when_written_again_is_failed_not_fatal(local_ray, tiny_clip, tmp_path):
-    # The command prints the shard the first time and fails the second (when the filtered shard is written).
-    ran = tmp_path / "ran-once"
-    broken = f"pipe:if test -e {ran}; then exit 1; else touch {ran}; cat {SHARDS[0]}; fi"
+    # The command prints the shard whenever it is read (key check, reading) and fails only while the
+    # filtered shard is written (the writer's local copy `.source.tmp-*` exists then).
+    kept = tmp_path / "kept"
+    broken = f"pipe:if ls {kept}/.source.tmp-* >/dev/null 2>&1; then exit 1; else cat {SHARDS[0]}; fi"
     summary = score_on_ray([broken, SHARDS[1]], out=str(tmp_path / "ray"), model="local-dir:" + tiny_clip,
                            write_shards=str(tmp_path / "kept"), allow_pipe=True, **OPTIONS)
     assert [f["url"] for f in summary.shards_failed] == [broken] and summary.shards_scored == 1
