@@ -251,7 +251,8 @@ def test_a_pipe_shard_that_fails_with_write_shards_is_failed_not_fatal(shards, t
     ran = tmp_path / "ran-once"
     broken = f"pipe:if test -e {ran}; then exit 1; else touch {ran}; cat {urls[0]}; fi"
     out, kept = tmp_path / "out", tmp_path / "kept"
-    summary = run([broken, urls[1]], out, write_shards=str(kept), allow_pipe=True, batch_size=4)
+    # Second, and a small probe: the key check and the probe read only the first shard.
+    summary = run([urls[1], broken], out, write_shards=str(kept), allow_pipe=True, batch_size=4, probe_samples=2)
     assert [f["url"] for f in summary.shards_failed] == [broken]
     assert "filtered shard not written" in summary.shards_failed[0]["reason"]
     assert summary.shards_scored == 1 and os.listdir(kept) == [os.path.basename(urls[1])]

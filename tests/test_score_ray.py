@@ -113,8 +113,8 @@ def test_a_pipe_shard_that_fails_when_written_again_is_failed_not_fatal(local_ra
     # The command prints the shard the first time and fails the second (when the filtered shard is written).
     ran = tmp_path / "ran-once"
     broken = f"pipe:if test -e {ran}; then exit 1; else touch {ran}; cat {SHARDS[0]}; fi"
-    summary = score_on_ray([broken, SHARDS[1]], out=str(tmp_path / "ray"), model="local-dir:" + tiny_clip,
-                           write_shards=str(tmp_path / "kept"), allow_pipe=True, **OPTIONS)
+    summary = score_on_ray([SHARDS[1], broken], out=str(tmp_path / "ray"), model="local-dir:" + tiny_clip,
+                           write_shards=str(tmp_path / "kept"), allow_pipe=True, **OPTIONS)  # second: not key-checked
     assert [f["url"] for f in summary.shards_failed] == [broken] and summary.shards_scored == 1
     assert "filtered shard not written" in summary.shards_failed[0]["reason"]
     assert os.listdir(tmp_path / "kept") == ["json-captions-000000.tar"]
