@@ -45,9 +45,13 @@ def test_prepare_matches_open_clip_own_transform_and_tokenizer(tiny_clip, sample
     scorer = ClipScorer("local-dir:" + tiny_clip)
     _, _, preprocess = open_clip.create_model_and_transforms("local-dir:" + tiny_clip)
     tokenizer = open_clip.get_tokenizer("local-dir:" + tiny_clip)
+    std = torch.tensor(scorer.transform.std).view(3, 1, 1)
     for sample in samples[:5]:
         prepared = scorer.prepare(dict(sample))
-        assert torch.equal(prepared["image"], preprocess(sample["image"]))
+        # uint8 pixels, within one level of open_clip's (torch's resize kernel vs PIL's).
+        assert prepared["image"].dtype == torch.uint8
+        pixels = scorer.transform.normalize(prepared["image"])
+        assert ((pixels - preprocess(sample["image"])).abs() * std * 255).max() <= 1.0 + 1e-3
         assert torch.equal(prepared["tokens"], tokenizer(sample["caption"])[0])
         assert prepared["image"].shape == (3, 64, 64) and prepared["tokens"].shape == (32,)
 
@@ -57,7 +61,7 @@ def test_scores_are_cosines_of_normalised_embeddings(scorer, tiny_clip, samples)
     prepared = [scorer.prepare(s) for s in samples[:16]]
     rows = scorer.score_batch(prepared)
     with torch.no_grad():
-        image = model.encode_image(torch.stack([p["image"] for p in prepared]))
+        image = model.encode_image(scorer.transform.normalize(torch.stack([p["image"] for p in prepared])))
         text = model.encode_text(torch.stack([p["tokens"] for p in prepared]))
     manual = (F.normalize(image, dim=-1) * F.normalize(text, dim=-1)).sum(-1)
     scores = torch.tensor([r["clip_score"] for r in rows])
@@ -143,7 +147,7 @@ def test_low_precision_autocast_stays_close_to_fp32(scorer, tiny_clip, samples):
     prepared = [scorer.prepare(s) for s in samples[:32]]
     fp32 = torch.tensor([r["clip_score"] for r in scorer.score_batch(prepared)])
     bf16 = ClipScorer("local-dir:" + tiny_clip, precision="bf16")
-    bf16.load("cpu")  # CPU autocast supports bf16; on CUDA "auto" picks it where supported
+    bf16.load("cpu")  # CPU autocast supports bf16; on CUDA bf16 is checked on the worker's device
     diff = (torch.tensor([r["clip_score"] for r in bf16.score_batch(prepared)]) - fp32).abs().max().item()
     assert 0 < diff < 2e-2  # autocast really ran, and the cosine stays usable
     assert "precision=bf16" in bf16.describe()
@@ -155,9 +159,6 @@ def test_describe_names_model_weights_device_and_tiny_caveat(scorer, tiny_clip):
     assert "tiny local model trained on sample shards" in text and "only meaningful on these shards" in text
     assert "plus 2048 fresh scenes from their generator" in text
     assert "device=cpu" in text and "precision=fp32" in text  # auto is fp32 on CPU
-    hints = scorer.footprint()
-    assert hints["param_bytes"] == sum(p.numel() * 4 for p in scorer._model.parameters())
-    assert ClipScorer("local-dir:" + tiny_clip).footprint()["param_bytes"] == hints["param_bytes"]
 
 
 def test_missing_checkpoint_or_folder_is_a_config_error_with_advice(tiny_clip, tmp_path):
@@ -240,8 +241,9 @@ def test_videos_are_scored_on_sampled_frames_each_against_the_caption(tiny_clip,
             image = F.normalize(model.encode_image(torch.stack([preprocess(Image.fromarray(f)) for f in frames])), dim=-1)
             text = F.normalize(model.encode_text(tokenizer([video["caption"]])), dim=-1)
         expected = (image @ text.T).squeeze(1).tolist()
-        assert max(abs(a - b) for a, b in zip(row["clip_score_frames"], expected)) < 1e-4
-        assert row["clip_score"] == pytest.approx(sum(expected) / 4, abs=1e-4)
+        # open_clip's PIL resize here, torch's uint8 resize in the scorer: within one grey level.
+        assert max(abs(a - b) for a, b in zip(row["clip_score_frames"], expected)) < 1e-3
+        assert row["clip_score"] == pytest.approx(sum(expected) / 4, abs=1e-3)
     for i in range(3):
         frames = by_reduce["mean"][i]["clip_score_frames"]
         assert by_reduce["max"][i]["clip_score"] == pytest.approx(max(frames), abs=1e-5)

@@ -13,6 +13,8 @@ import wdsfilter
 from tools import make_tiny_clip
 from wdsfilter import ConfigError
 
+pytestmark = pytest.mark.slow  # trains a model on loader batches (tests/conftest.py says what slow means)
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARD = os.path.join(REPO, "sample_shards", "json-captions-000000.tar")
 

@@ -24,6 +24,7 @@ from wdsfilter.score.scorers.ocr import OcrScorer  # noqa: E402
 
 FILENAME = "craft_mlt_25k.pth"  # the name easyocr looks for (easyocr.config.detection_models)
 NETWORK = "craft"
+pytestmark = pytest.mark.slow  # runs easyocr's CRAFT detector (tests/conftest.py says what slow means)
 
 
 @functools.lru_cache(maxsize=1)
@@ -113,18 +114,12 @@ def test_missing_weights_without_downloads_name_the_fix(tmp_path):
     assert FILENAME in str(e.value) and "rapidocr" in str(e.value)
 
 
-def test_pickles_without_the_model_and_plans_memory(random_dir):
+def test_pickles_without_the_model(random_dir):
     s = easy(random_dir)
     s.load("cpu")
     copy = pickle.loads(pickle.dumps(s))
     assert copy.detector._model is None and copy.detector.model_dir == random_dir
-    hints = s.footprint("cuda:0")
-    assert hints["weights_path"] == os.path.join(random_dir, FILENAME)
-    # Weights (about 83 MB) plus activations of 3 frames of up to 1280x1280 per sample.
-    assert hints["fixed_bytes"] > 80e6
-    assert hints["per_sample_bytes"] > 3 * 1280 * 1280 * 100
-    half = easy(random_dir, fp16=True).footprint("cuda:0")
-    assert half["per_sample_bytes"] == hints["per_sample_bytes"] // 2
+    assert s.weights_path() == os.path.join(random_dir, FILENAME)
 
 
 def test_a_failed_download_is_a_config_error_telling_to_pass_local_weights(tmp_path, monkeypatch):

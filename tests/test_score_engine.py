@@ -228,7 +228,7 @@ def test_a_shard_given_twice_is_scored_once(shards, tmp_path, caplog):
 
 def test_scorers_get_the_runs_stage_config(tiny_clip):
     from wdsfilter.score import build_config
-    from wdsfilter.score.engine import resolve_scorers
+    from wdsfilter.score.scorerset import resolve_scorers
     cfg = build_config("o", ["clip", "ocr"], model="local-dir:" + tiny_clip, max_pixels=1_000_000,
                        image_token="<img>")
     clip, ocr = resolve_scorers(cfg)

@@ -13,8 +13,8 @@ samples that share a batch_key. In one process, so the shares add up:
   post          score maps -> polygons (the backend's post-processing) and the polygon union
 
 and frames/s end to end. It also times both area methods (shapely, raster) on the polygons the
-detector found, and with --memory measures the detector's peak memory per input pixel (the
-_BYTES_PER_PIXEL estimates in wdsfilter/score/ocr_backends/*). easyocr without downloaded
+detector found, and with --memory measures the detector's peak memory per input pixel.
+easyocr without downloaded
 weights: --random-weights builds a random CRAFT checkpoint (speed only, scores meaningless).
 
 tools/bench_score.py calls main(argv), which returns the results as a dict.

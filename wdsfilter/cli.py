@@ -1,31 +1,62 @@
 """The `wdsfilter` command: a thin click layer over the Python API.
 
 Each command lives beside the code it drives (wdsfilter/validate/cli.py, wdsfilter/score/cli.py)
-and is attached here.
+and is attached here. Errors are turned into exit codes here, once, for every command: a command
+raises (wdsfilter.errors), the group prints one line and exits with the error's code. The
+traceback is printed only with --debug (anywhere on the command line) or WDSFILTER_DEBUG=1.
 """
 from __future__ import annotations
 
+import os
 import sys
+import traceback
 
 import click
 
 from . import __version__
-from .errors import ConfigError, UnsafeInputError
+from .errors import EXIT_CODES_HELP, describe, exit_code_for
+
+DEBUG_FLAG = "--debug"
+
+
+def _debug_wanted(ctx: click.Context) -> bool:
+    return bool(ctx.meta.get("wdsfilter.debug")) or os.environ.get("WDSFILTER_DEBUG", "") not in ("", "0")
 
 
 class _Group(click.Group):
-    """Turns configuration errors into a clear message and exit code 2 (usage error)."""
+    """Maps every error a command raises to one clear line and its exit code."""
+
+    def parse_args(self, ctx, args):
+        # --debug is accepted after the command name too (`wdsfilter validate x --debug`), for
+        # every command, without each command declaring it.
+        end = args.index("--") if "--" in args else len(args)
+        if DEBUG_FLAG in args[:end]:
+            ctx.meta["wdsfilter.debug"] = True
+            args = [a for a in args[:end] if a != DEBUG_FLAG] + args[end:]
+        return super().parse_args(ctx, args)
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
-        except (ConfigError, UnsafeInputError) as e:
-            click.secho(f"wdsfilter: error: {e}", fg="red", err=True)
-            sys.exit(2)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort, SystemExit):
+            raise  # click's own usage errors exit 2; commands that exit chose their code
+        except BaseException as e:  # noqa: B036 -- Ctrl-C and bugs get a line and a code too
+            if _debug_wanted(ctx):
+                traceback.print_exc(file=sys.stderr)
+            command = f"wdsfilter {ctx.invoked_subcommand}" if ctx.invoked_subcommand else "wdsfilter"
+            click.secho(f"{command}: error: {describe(e)}", fg="red", err=True)
+            sys.exit(exit_code_for(e))
 
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+def _set_debug(ctx, _param, value):
+    if value:
+        ctx.meta["wdsfilter.debug"] = True
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES_HELP)
 @click.version_option(__version__, prog_name="wdsfilter")
+@click.option(DEBUG_FLAG, is_flag=True, expose_value=False, callback=_set_debug, is_eager=True,
+              help="Print the traceback of an error (also accepted after the command name; or WDSFILTER_DEBUG=1).")
 def main():
     """Validate, filter and score WebDataset shards for image-text and video-text training."""
 
@@ -39,13 +70,20 @@ def _not_yet(name: str, issue: str):
 
 
 def _attach():
+    from .sortshard import sort_shard_cli as sort_shard
     from .validate.cli import validate  # the validator is part of the light core: import errors surface
     main.add_command(validate)
+    main.add_command(sort_shard)
+    from .filtering.cli import filter_command  # light: reads score files, loads no model
+    main.add_command(filter_command)
     try:
         from .score.cli import score
         main.add_command(score)
     except ImportError:
         _not_yet("score", "the scoring engine")
+    for command in main.commands.values():  # every command's --help states the exit codes
+        if not command.epilog:
+            command.epilog = EXIT_CODES_HELP
 
 
 _attach()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, fields
-from typing import Optional, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 from .errors import ConfigError
 from .naming import REKEY_MODES
@@ -14,6 +14,25 @@ OVERSIZE_MODES = ("skip", "reduce")
 # Image tokens of popular multimodal data formats; a caption carrying one that is not the
 # configured token was prepared for another model.
 KNOWN_IMAGE_TOKENS = ("<__dj__image>", "<image>", "<img>", "<|image|>", "<|image_pad|>", "<ImageHere>")
+
+# The CLIs' --max-bytes KIND=SIZE -> the StageConfig field it sets.
+BYTE_CAPS = {"text": "max_text_bytes", "json": "max_json_bytes", "image": "max_image_bytes",
+             "video": "max_video_bytes", "other": "max_other_bytes", "decompressed": "max_decompressed_bytes"}
+
+
+def parse_byte_caps(items: Sequence[str]) -> Dict[str, int]:
+    """['image=128MiB', 'text=1MB'] -> {"max_image_bytes": ..., "max_text_bytes": ...}."""
+    from .score.config import parse_size  # the one size parser (8GB, 8GiB, 512MiB; light import)
+
+    caps = {}
+    for item in items:
+        kind, sep, size = item.partition("=")
+        field = BYTE_CAPS.get(kind.strip().lower())
+        if not sep or field is None:
+            raise ConfigError(f"--max-bytes {item!r}: expected KIND=SIZE with KIND one of {', '.join(BYTE_CAPS)} "
+                              f"(e.g. --max-bytes image=128MiB)")
+        caps[field] = parse_size(size, f"--max-bytes {kind}")
+    return caps
 
 
 @dataclass
@@ -26,11 +45,28 @@ class StageConfig:
     # How many open samples the grouper holds, so members of one key that are a few members
     # apart in the tar are merged instead of becoming two half-samples.
     group_window: int = 8
+    # Byte caps per kind of member (the kinds: wdsfilter.members). A member over its cap is streamed
+    # past without being read into memory and counted as oversized_member; the caps bound a
+    # worker's memory on any shard. No real LAION, DataComp or WebVid sample comes near them.
+    max_text_bytes: int = 4 << 20
+    max_json_bytes: int = 16 << 20
+    max_image_bytes: int = 64 << 20
+    max_video_bytes: int = 256 << 20
+    max_other_bytes: int = 64 << 20
+    # Decompressed bytes of one compressed shard (.tar.gz: a zip bomb ends here, counted as a
+    # truncated shard); a compressed member (.txt.gz) is held to its kind's cap instead.
+    max_decompressed_bytes: int = 16 << 30
+    # Bytes the grouping window may hold: past this, its oldest samples move on early.
+    group_bytes: int = 128 << 20
     # Size guard: dimensions come from the header; larger images are never decoded.
     max_pixels: int = 64_000_000
     max_side: Optional[int] = None
     oversize: str = "skip"  # or "reduce": decode JPEGs at 1/2..1/8 scale (draft mode) to fit
     image_mode: str = "RGB"
+    # (short side, long side) the consumer of the images needs: larger JPEGs are decoded at a
+    # reduced DCT scale (1/2, 1/4, 1/8) that keeps both. The scoring engine sets it from its
+    # scorers (a 224 px CLIP needs far fewer pixels than a 1024 px photo); None: full size.
+    decode_floor: Optional[Tuple[int, int]] = None
     # Special tokens: the image token the user's model expects, and what to do with others.
     image_token: Optional[str] = None
     token_mode: str = "auto"  # auto: normalise when image_token is set, else keep
@@ -40,13 +76,13 @@ class StageConfig:
     allow_unsafe: bool = False
     allow_pipe: bool = False
     allow_remote: bool = False
-    # Watchdog: raise when this many samples (or seconds) produced no output at all. 0 = off.
+    # Watchdog: raise when this many samples were read with no output at all, or when the stages
+    # spent this many seconds producing the next sample (named: the shard and member). 0 = off.
     starvation_samples: int = 500
     starvation_seconds: float = 300.0
-    # Pass markers downstream instead of dropping silently: {"__marker__": "reject", "__key__",
-    # "__url__", "__reject__": reason, "__message__"} for each dropped sample, and
-    # {"__marker__": "shard_end", "__url__", "members", "error"} after each shard (the scoring
-    # engine gives every sample a row and completes score files shard by shard).
+    # Pass markers downstream instead of dropping silently: a reject marker for each dropped sample
+    # and a shard_end marker after each shard (markers.py; the scoring engine gives every sample
+    # a row and completes score files shard by shard).
     emit_rejects: bool = False
     # Raise a ConfigError when no sample of the first shard has the caption or image key.
     check_first_shard: bool = True
@@ -66,6 +102,16 @@ class StageConfig:
             raise ConfigError(f"max_pixels must be positive, got {self.max_pixels}")
         if self.group_window < 1:
             raise ConfigError(f"group_window must be >= 1, got {self.group_window}")
+        for name in ("max_text_bytes", "max_json_bytes", "max_image_bytes", "max_video_bytes",
+                     "max_other_bytes", "max_decompressed_bytes", "group_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive number of bytes, got {value!r}")
+        if self.decode_floor is not None:
+            floor = tuple(self.decode_floor)
+            if len(floor) != 2 or not all(isinstance(v, int) and v >= 0 for v in floor):
+                raise ConfigError(f"decode_floor must be (short side, long side) in pixels, got {self.decode_floor!r}")
+            self.decode_floor = floor
         self.extra_tokens = tuple(self.extra_tokens)
         self.known_image_tokens = tuple(self.known_image_tokens)
 
@@ -97,3 +143,12 @@ class StageConfig:
             raise ConfigError(f"{path}: unknown option(s) {unknown}; known: {sorted(known)}")
         data.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**data)
+
+
+def config_or_options(config, options: dict, name: str = "config", kind: str = "StageConfig") -> None:
+    """The front door of every API that takes either a config object or its options one by one:
+    both at once is a ConfigError naming the options given (None and empty values do not count)."""
+    given = [k for k, v in options.items() if v is not None and not (isinstance(v, (str, dict, list, tuple)) and not v)]
+    if config is not None and given:
+        raise ConfigError(f"pass either {name}={kind}(...) or individual options, not both "
+                          f"(got {name}= and {', '.join(sorted(given))})")

@@ -16,7 +16,7 @@ import math
 import os
 from typing import Callable, Optional, Sequence
 
-from .config import StageConfig
+from .config import StageConfig, config_or_options
 from .errors import ConfigError
 from .pipeline import sample_pipeline
 from .shards import expand_urls
@@ -62,11 +62,15 @@ class _ToTuple:
 class WdsLoader:
     """Iterable of batches; wraps a torch DataLoader and exposes the pipeline's counts."""
 
-    def __init__(self, dataloader, pipeline, sink: StatsSink, num_batches: Optional[int]):
+    def __init__(self, dataloader, pipeline, sink: StatsSink, num_batches: Optional[int],
+                 num_samples: Optional[int] = None):
         self.dataloader = dataloader
         self.pipeline = pipeline
         self.sink = sink
+        # What open_clip's training loop reads (open_clip_train.train.train_one_epoch): batches per
+        # epoch on this rank, and samples per epoch over all ranks. None when the epoch is unsized.
         self.num_batches = num_batches
+        self.num_samples = num_samples
 
     def __iter__(self):
         yield from self.dataloader
@@ -76,7 +80,7 @@ class WdsLoader:
 
     def __len__(self):
         if self.num_batches is None:
-            raise TypeError("this loader has no length: pass epoch_samples=N")
+            raise TypeError("this loader has no length: pass epoch_samples=N, or put a sizes.json beside the shards")
         return self.num_batches
 
     @property
@@ -97,16 +101,27 @@ def loader(urls, caption_key: Optional[str] = None, image_key: Optional[str] = N
            persistent_workers: bool = False, world_size: Optional[int] = None,
            scores: Optional[str] = None, min_scores: Optional[dict] = None, min_clip: Optional[float] = None,
            max_scores: Optional[dict] = None, max_ocr_area: Optional[float] = None,
+           top_scores: Optional[dict] = None, bottom_scores: Optional[dict] = None,
+           pin_memory: bool = False, prefetch_factor: Optional[int] = None, collate_fn: Optional[Callable] = None,
            **config_options) -> WdsLoader:
     """Build a DataLoader over WebDataset shards; see the module docstring.
 
     caption_key / image_key: specs (`txt`, `json:description`, `txt;json:caption`, `jpg;png`).
     transform: image -> tensor (e.g. open_clip's preprocess); tokenizer: str -> tokens.
     output: "tuple" yields (images, captions) batches, "dict" yields lists of sample dicts.
+    epoch_samples: samples per epoch over all ranks; without it, the sample counts of a sizes.json
+    in the shards' folder (what `wdsfilter validate --stats-dir` and open_clip's get_dataset_size
+    use) give it. Either way the loader gets `num_samples` and `num_batches` (and a length), as
+    open_clip's own loader does, and each worker stops after its share of batches.
+    pin_memory, prefetch_factor: passed to the torch DataLoader (prefetch_factor only with workers).
+    collate_fn: a list of samples -> a batch (default: stack tensors per field for "tuple", a list
+    of dicts for "dict").
     config_options: any StageConfig field (max_pixels, image_token, rekey, ...).
     scores / min_scores / min_clip / max_scores / max_ocr_area: drop samples by the score files of a
     `wdsfilter score` run (scores=its --out folder; min_clip=X is min_scores={"clip_score": X},
     max_ocr_area=X is max_scores={"ocr_area": X}); see wdsfilter.scorefilter.
+    top_scores / bottom_scores: {column: percent}, the share of the run to keep by the highest (lowest)
+    values, resolved over the score files exactly as `wdsfilter filter --top/--bottom` does.
     """
     try:
         import torch.utils.data
@@ -114,8 +129,7 @@ def loader(urls, caption_key: Optional[str] = None, image_key: Optional[str] = N
         raise ConfigError("wdsfilter.loader needs PyTorch: pip install 'wdsfilter[score]' (or torch)") from e
     import webdataset as wds
 
-    if config is not None and (caption_key or image_key or config_options):
-        raise ConfigError("pass either config=StageConfig(...) or individual options, not both")
+    config_or_options(config, dict(config_options, caption_key=caption_key, image_key=image_key))
     if config is None:
         opts = dict(config_options)
         if caption_key:
@@ -130,6 +144,12 @@ def loader(urls, caption_key: Optional[str] = None, image_key: Optional[str] = N
         raise ConfigError(f"output must be 'tuple' or 'dict', got {output!r}")
     if batch_size < 1 or num_workers < 0:
         raise ConfigError(f"batch_size must be >= 1 and num_workers >= 0, got {batch_size}, {num_workers}")
+    if prefetch_factor is not None and (not isinstance(prefetch_factor, int) or prefetch_factor < 1):
+        raise ConfigError(f"prefetch_factor must be an integer >= 1, got {prefetch_factor!r}")
+    if collate_fn is not None and not callable(collate_fn):
+        raise ConfigError(f"collate_fn must be callable, got {type(collate_fn).__name__}")
+    if epoch_samples is not None and (not isinstance(epoch_samples, int) or epoch_samples < 1):
+        raise ConfigError(f"epoch_samples must be an integer >= 1, got {epoch_samples!r}")
 
     shard_urls = expand_urls(urls, config.allow_pipe, config.allow_remote)
     world = world_size or _world_size()
@@ -153,6 +173,11 @@ def loader(urls, caption_key: Optional[str] = None, image_key: Optional[str] = N
         min_scores = dict(min_scores or {}, clip_score=min_clip)
     if max_ocr_area is not None:  # shortcut for max_scores={"ocr_area": max_ocr_area}
         max_scores = dict(max_scores or {}, ocr_area=max_ocr_area)
+    if top_scores or bottom_scores:  # resolved to a minimum/maximum as `wdsfilter filter` resolves them
+        from .filtering.rules import resolve_for_loader
+        if scores is None:
+            raise ConfigError("top_scores/bottom_scores need scores=DIR (the --out folder of `wdsfilter score`)")
+        min_scores, max_scores = resolve_for_loader(scores, min_scores, max_scores, top_scores, bottom_scores)
     if scores is not None or min_scores or max_scores:
         from .scorefilter import score_filter
         # Before decoding and shuffling: dropped samples are never decoded, and score tables are read
@@ -165,21 +190,49 @@ def loader(urls, caption_key: Optional[str] = None, image_key: Optional[str] = N
 
     pipeline = sample_pipeline(shard_urls, config, tally, resampled=resampled, shuffle=shuffle, seed=seed,
                                extra=extra, sink=sink, before_decode=before_decode)
-    collate = wds.filters.default_collation_fn if output == "tuple" else _as_list
+    collate = collate_fn or (wds.filters.default_collation_fn if output == "tuple" else _as_list)
     pipeline.append(wds.batched(batch_size, collation_fn=collate, partial=not drop_last))
 
-    num_batches = None
+    if epoch_samples is None:
+        epoch_samples = sizes_json_samples(shard_urls)
+    num_batches = num_samples = None
     if epoch_samples is not None:
+        # open_clip's rule (get_wds_dataset): batches per worker rounded up, the epoch is that many
+        # batches on every worker, and num_samples is what the ranks see together.
         global_batches = math.ceil(epoch_samples / (batch_size * world))
         per_worker = math.ceil(global_batches / max(num_workers, 1))
         pipeline = pipeline.with_epoch(per_worker)
         num_batches = per_worker * max(num_workers, 1)
+        num_samples = num_batches * batch_size * world
 
+    extra_args = {"prefetch_factor": prefetch_factor} if num_workers > 0 and prefetch_factor is not None else {}
     dataloader = torch.utils.data.DataLoader(
-        pipeline, batch_size=None, shuffle=False, num_workers=num_workers,
+        pipeline, batch_size=None, shuffle=False, num_workers=num_workers, pin_memory=pin_memory,
         persistent_workers=persistent_workers and num_workers > 0,
-        multiprocessing_context=multiprocessing_context if num_workers > 0 else None)
-    return WdsLoader(dataloader, pipeline, sink, num_batches)
+        multiprocessing_context=multiprocessing_context if num_workers > 0 else None, **extra_args)
+    return WdsLoader(dataloader, pipeline, sink, num_batches, num_samples)
+
+
+def sizes_json_samples(urls: Sequence[str]) -> Optional[int]:
+    """The sample count of `urls` from the sizes.json in their folder(s) ({shard file name: count},
+    as open_clip's get_dataset_size reads it), or None when a folder has none or a shard is not in it."""
+    import json
+
+    by_folder: dict = {}
+    for url in urls:
+        if "://" in url or url.startswith("pipe:"):
+            return None
+        path = url[len("file:"):] if url.startswith("file:") else url
+        by_folder.setdefault(os.path.dirname(path), []).append(os.path.basename(path))
+    total = 0
+    for folder, names in by_folder.items():
+        try:
+            with open(os.path.join(folder, "sizes.json")) as f:
+                sizes = json.load(f)
+            total += sum(int(sizes[name]) for name in names)
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+    return total or None
 
 
 def _as_list(samples):

@@ -1,8 +1,30 @@
-"""Exception types. Configuration errors raise at once; data errors are counted and skipped."""
+"""Exception types and the exit code each one means. Configuration errors raise at once; data
+errors are counted and skipped.
+
+Exit codes of every `wdsfilter` command (wdsfilter/cli.py maps exceptions to them, once):
+
+    0  clean
+    1  findings (validate: findings at the --fail-on level)
+    2  usage or configuration error (a bad option, a spec no sample has, an output that cannot be
+       written), found before any work starts
+    3  the run failed (I/O error, shards that could not be read to their end where every sample
+       counts, an internal error)
+"""
+
+EXIT_CLEAN = 0
+EXIT_FINDINGS = 1
+EXIT_USAGE = 2
+EXIT_RUN_FAILED = 3
+EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report it
+
+EXIT_CODES_HELP = ("Exit codes: 0 clean, 1 findings, 2 usage or configuration error, 3 the run failed "
+                   "(I/O, unreadable shards, internal error); --debug shows the traceback.")
 
 
 class WdsFilterError(Exception):
     """Base class of every error wdsfilter raises on purpose."""
+
+    exit_code = EXIT_RUN_FAILED
 
 
 class ConfigError(WdsFilterError, ValueError):
@@ -12,6 +34,12 @@ class ConfigError(WdsFilterError, ValueError):
     silently filter every sample.
     """
 
+    exit_code = EXIT_USAGE
+
+
+class OutputError(ConfigError):
+    """An output (--output, --stats-dir, --out) that cannot be written; checked before any work."""
+
 
 class StarvationError(WdsFilterError, RuntimeError):
     """The pipeline read many samples (or waited long) and yielded none: it would hang."""
@@ -19,6 +47,13 @@ class StarvationError(WdsFilterError, RuntimeError):
 
 class UnsafeInputError(WdsFilterError, PermissionError):
     """An input that would execute code (pipe: URL, pickle) was refused."""
+
+    exit_code = EXIT_USAGE
+
+
+class RunError(WdsFilterError, RuntimeError):
+    """The run could not be completed (an I/O error, shards that could not be read to their end
+    where every sample must be accounted for). What was done is kept; a rerun can resume."""
 
 
 class DataError(WdsFilterError):
@@ -31,3 +66,26 @@ class DataError(WdsFilterError):
         self.key = key
         where = " ".join(p for p in (f"shard={shard}" if shard else "", f"member={member}" if member else "") if p)
         super().__init__(f"{reason}: {message}" + (f" ({where})" if where else ""))
+
+
+def exit_code_for(error: BaseException) -> int:
+    """The exit code a command ends with when `error` escapes it."""
+    if isinstance(error, KeyboardInterrupt):
+        return EXIT_INTERRUPTED
+    if isinstance(error, WdsFilterError):
+        return error.exit_code
+    return EXIT_RUN_FAILED  # OSError, MemoryError, a bug: the run failed
+
+
+def describe(error: BaseException) -> str:
+    """The one line printed for an error: ours speak for themselves; others get their type, and a
+    bug says so."""
+    text = " ".join(str(error).split("\n", 1)[0].split()) if not isinstance(error, WdsFilterError) else str(error)
+    if isinstance(error, KeyboardInterrupt):
+        return "interrupted"
+    if isinstance(error, WdsFilterError):
+        return text
+    if isinstance(error, (OSError, MemoryError)):
+        return f"the run failed: {type(error).__name__}: {text}"
+    return (f"internal error: {type(error).__name__}: {text} (a bug in wdsfilter; rerun with --debug for the "
+            f"traceback and report it)")

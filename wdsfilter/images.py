@@ -54,25 +54,39 @@ def check_size(size: Tuple[int, int], max_pixels: Optional[int], max_side: Optio
     return None
 
 
+# Key in a decoded image's `info` holding its (width, height) before a reduced-scale decode.
+FULL_SIZE = "wdsfilter_full_size"
+
+
 def decode_image(data: bytes, max_pixels: Optional[int], max_side: Optional[int] = None,
-                 oversize: str = "skip", mode: str = "RGB") -> Image.Image:
-    """Decode behind the guard. Raises DataError('oversized_image' | 'corrupt_image')."""
+                 oversize: str = "skip", mode: str = "RGB", floor: Optional[Tuple[int, int]] = None) -> Image.Image:
+    """Decode behind the guard. Raises DataError('oversized_image' | 'corrupt_image').
+    floor: (short side, long side) the consumer needs (a scorer whose model input is smaller than
+    the image); a larger JPEG is decoded at the smallest DCT scale that keeps both, and its full
+    size is kept in img.info[FULL_SIZE]."""
     try:
         img = _open(data)
     except Exception as e:
         raise DataError("corrupt_image", f"image header unreadable: {e}") from None
-    problem = check_size(img.size, max_pixels, max_side)
+    full = img.size
+    problem = check_size(full, max_pixels, max_side)
     if problem:
         if oversize == "reduce" and img.format == "JPEG":
             # JPEG draft mode decodes at 1/2, 1/4 or 1/8 scale straight from the DCT data.
             target = _draft_target(img.size, max_pixels, max_side)
             if target:
                 img.draft(mode, target)
+                img.info[FULL_SIZE] = full
             if check_size(img.size, max_pixels, max_side):
                 raise OversizedImage("oversized_image", problem + " (even at 1/8 scale)")
         else:
             hint = "" if oversize == "reduce" else "; oversize='reduce' decodes JPEGs at reduced scale"
             raise OversizedImage("oversized_image", problem + hint)
+    elif floor and img.format == "JPEG":
+        scale = draft_scale(full, floor)
+        if scale > 1:
+            img.draft(mode, (full[0] // scale, full[1] // scale))
+            img.info[FULL_SIZE] = full
     try:
         img.load()
         return img.convert(mode) if mode and img.mode != mode else img
@@ -89,3 +103,15 @@ def _draft_target(size: Tuple[int, int], max_pixels: Optional[int], max_side: Op
         if not check_size((sw, sh), max_pixels, max_side):
             return sw, sh
     return None
+
+
+def draft_scale(size: Tuple[int, int], floor: Optional[Tuple[int, int]]) -> int:
+    """The largest JPEG DCT scale denominator (8, 4, 2, or 1: none) whose decoded image keeps its
+    short side >= floor[0] and its long side >= floor[1] (libjpeg rounds scaled sizes up)."""
+    if not floor:
+        return 1
+    short, long = min(size), max(size)
+    for scale in (8, 4, 2):
+        if -(-short // scale) >= floor[0] and -(-long // scale) >= floor[1]:
+            return scale
+    return 1

@@ -45,14 +45,3 @@ def sample_pipeline(urls, cfg: Optional[StageConfig] = None, tally: Optional[Tal
     pipeline = wds.DataPipeline(*stages)
     pipeline.tally = tally
     return pipeline
-
-
-def check_keys(url: str, cfg: StageConfig) -> None:
-    """Read shard `url` until one sample passes the caption/image selection, or to its end; raises
-    the first-shard ConfigError (keys present, a spec that would work) when none does. Nothing is
-    decoded and there is no scan limit, so a 10k-sample shard that is all misses is caught too.
-    For runners whose workers cannot tell which shard is the dataset's first (Ray tasks)."""
-    from dataclasses import replace
-    stage = replace(cfg, emit_rejects=False, starvation_samples=0, starvation_seconds=0.0, check_first_shard=True)
-    for _ in sample_pipeline([url], stage, Tally(0, 0), decode_images=False):
-        return

@@ -7,26 +7,29 @@ few members apart are merged instead of becoming two half-samples.
 """
 from __future__ import annotations
 
+import bz2
 import gzip
+import io
+import lzma
 import tarfile
 import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Optional
+from typing import Callable, Iterable, Iterator, Optional, Tuple
 
 from .config import StageConfig
-from .errors import UnsafeInputError
+from .errors import DataError, UnsafeInputError
+from .markers import shard_end_marker
+from .members import MemberCaps, gunzip_member, is_unsafe_ext
 from .naming import split_name
-from .shards import open_shard
+from .shards import is_pipe, open_shard
 from .tally import Tally
 
-# Extensions whose default webdataset decoders execute code (pickle, torch.load).
-UNSAFE_EXTS = frozenset({"pyd", "pickle", "pkl", "pth", "pt", "ckpt", "mp", "msgpack", "ten", "joblib", "npz"})
 STAGE = "read"
-
-
-def is_unsafe_ext(ext: str) -> bool:
-    return ext.rsplit(".", 1)[-1] in UNSAFE_EXTS
+# Skipped members whose absence explains a sample's drop (the select decision names them); an
+# empty or unsafe member is reported with the member and leaves the sample's usual reason.
+EXPLAINING_SKIPS = frozenset({"oversized_member", "special_member", "corrupt_member"})
+_CHUNK = 1 << 20  # members past this are read (or streamed past) in chunks of this size
 
 
 @dataclass
@@ -63,6 +66,25 @@ class _EndAwareTarInfo(tarfile.TarInfo):
             tar.wds_end = f"corrupt member header at byte {tar.offset} ({e})"
             raise
 
+    # tarfile reads a long-name or pax header whole, whatever size it declares: a hostile one
+    # (a few KB declaring gigabytes) would be read into memory. Real ones are a few hundred bytes.
+    def _proc_gnulong(self, tar):
+        _check_extended(self)
+        return super()._proc_gnulong(tar)
+
+    def _proc_pax(self, tar):
+        _check_extended(self)
+        return super()._proc_pax(tar)
+
+
+MAX_EXTENDED_HEADER = 1 << 20
+
+
+def _check_extended(info: tarfile.TarInfo) -> None:
+    if info.size > MAX_EXTENDED_HEADER:
+        raise tarfile.SubsequentHeaderError(f"an extended (long name or pax) header declares {info.size:,} bytes; "
+                                            f"the tar is damaged")
+
 
 def _data_after_end(tar) -> Optional[int]:
     """Byte offset of the end-of-archive block if non-zero data follows it, else None. A zeroed
@@ -77,19 +99,150 @@ def _data_after_end(tar) -> Optional[int]:
             return end
 
 
-def iter_tar(stream, url: str) -> Iterator["dict | ShardEnd"]:
-    """Yield {"fname", "data", "__url__"} for each regular member, then a ShardEnd."""
+class DecompressionCapError(tarfile.ReadError):
+    """A compressed shard decompresses past max_decompressed_bytes (a zip bomb, or a mistake).
+    Bad data in a file that was read, not a failed stream: a ReadError, never an OSError."""
+
+
+class _Capped:
+    """The decompressed stream of a compressed shard, counting what it gives."""
+
+    def __init__(self, f, cap: int, kind: str):
+        self.f, self.cap, self.kind, self.n = f, cap, kind, 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.f.read(size if size >= 0 else _CHUNK)
+        self.n += len(data)
+        if self.n > self.cap:
+            raise DecompressionCapError(f"the {self.kind} shard decompresses past max_decompressed_bytes="
+                                        f"{self.cap:,}; members after that point are not read")
+        return data
+
+
+class _Replay:
+    """A stream whose first bytes were read to sniff its compression, given back first."""
+
+    def __init__(self, head: bytes, f):
+        self.head, self.f = head, f
+
+    def read(self, size: int = -1) -> bytes:
+        if self.head:
+            data = self.head if size < 0 or size >= len(self.head) else self.head[:size]
+            self.head = self.head[len(data):]
+            return data
+        return self.f.read(size)
+
+
+_LAYERS = ((b"\x1f\x8b", "gzip", lambda f: gzip.GzipFile(fileobj=f, mode="rb")),
+           (b"BZh", "bz2", lambda f: bz2.BZ2File(f, "rb")), (b"\xfd7zXZ\x00", "xz", lambda f: lzma.LZMAFile(f, "rb")))
+
+
+def open_layers(stream, cap: int):
+    """The tar stream inside `stream`: a compressed shard (.tar.gz, bz2, xz) is decompressed here,
+    behind the cap on decompressed bytes; a plain one is passed through untouched."""
+    if hasattr(stream, "peek"):
+        head = stream.peek(6)[:6]
+    else:
+        head = stream.read(6)
+        stream = _Replay(head, stream)
+    for magic, kind, opener in _LAYERS:
+        if head.startswith(magic):
+            return _Capped(opener(stream), cap, kind)
+    return stream
+
+
+def _special(info: tarfile.TarInfo) -> Optional[str]:
+    """What a member that is neither a file nor a directory is, in words (None for directories)."""
+    if info.issym():
+        return f"a symbolic link to {info.linkname!r}"
+    if info.islnk():
+        return f"a hard link to {info.linkname!r}"
+    if info.ischr() or info.isblk():
+        return "a device file"
+    if info.isfifo():
+        return "a FIFO (named pipe)"
+    return None
+
+
+def special_member(fname: str, what: str, url: str) -> dict:
+    """The item a reader yields for a link, device or FIFO member: named, with no bytes."""
+    return {"fname": fname, "data": b"", "__url__": url,
+            "__skip__": ("special_member", f"member is {what}, not a file: tar readers (webdataset too) do not "
+                                           f"follow it, so the sample has no bytes for it. Store the file itself")}
+
+
+def oversized_member(fname: str, why: str, url: str) -> dict:
+    """The item a reader yields for a member over its byte cap (streamed past, never read)."""
+    return {"fname": fname, "data": b"", "__url__": url, "__skip__": ("oversized_member", why)}
+
+
+def _read_data(tar, info, tick) -> bytes:
+    """A member's bytes. Large ones are read in chunks into one buffer: tarfile's own read joins
+    copies of the data and would hold it three times at its peak."""
+    if info.issparse():
+        return tar.extractfile(info).read()
+    src, buf, left = tar.fileobj, io.BytesIO(), info.size
+    while left:
+        chunk = src.read(min(left, _CHUNK))
+        if not chunk:
+            raise tarfile.ReadError(_cut(info, left))
+        buf.write(chunk)
+        left -= len(chunk)
+        if tick is not None:
+            tick(info.name)
+    return buf.getvalue()
+
+
+def _cut(info, left: int) -> str:
+    return (f"unexpected end of data: the member declares {info.size:,} bytes and the data ends after "
+            f"{info.size - left:,} (the tar is cut short, or its size field is corrupt)")
+
+
+def _stream_past(tar, info, tick) -> None:
+    """Read past a member's data without keeping it (an over-cap member)."""
+    src, left = tar.fileobj, info.size
+    while left:
+        chunk = src.read(min(left, _CHUNK))
+        if not chunk:
+            raise tarfile.ReadError(_cut(info, left))
+        left -= len(chunk)
+        if tick is not None:
+            tick(info.name)
+
+
+def iter_tar(stream, url: str, caps: Optional[MemberCaps] = None,
+             tick: Optional[Callable[[str], None]] = None) -> Iterator["dict | ShardEnd"]:
+    """Yield {"fname", "data", "__url__"} for each regular member, then a ShardEnd. A member over
+    its cap in `caps`, and a link, device or FIFO member, comes with no bytes and a "__skip__"
+    (reason, message). `tick(member)` is called as reading goes on (the stages' watchdog)."""
     count = 0
     current = ""
     try:
-        tar = tarfile.open(fileobj=stream, mode="r|*", tarinfo=_EndAwareTarInfo)
+        mode = "r|*"
+        if caps is not None:  # decompressed here, behind the cap: the tar inside must be plain
+            stream, mode = open_layers(stream, caps.decompressed), "r|"
+        tar = tarfile.open(fileobj=stream, mode=mode, tarinfo=_EndAwareTarInfo)
         for info in tar:
             current = info.name
+            if tick is not None:
+                tick(current)
             if not info.isreg():
+                what = _special(info)
+                if what:
+                    yield special_member(info.name, what, url)
+                tar.members = []
                 continue
-            data = tar.extractfile(info).read()
+            size = info.size
+            why = caps.over(info.name, size) if caps is not None and size > caps.floor else None
+            if why:
+                _stream_past(tar, info, tick)
+                data = None
+            elif size <= _CHUNK:  # the common case, inline: it runs for every member
+                data = tar.extractfile(info).read()
+            else:
+                data = _read_data(tar, info, tick)
             count += 1
-            yield {"fname": info.name, "data": data, "__url__": url}
+            yield oversized_member(info.name, why, url) if why else {"fname": info.name, "data": data, "__url__": url}
             tar.members = []  # streaming: don't keep every TarInfo of a huge shard
         current = ""
         end = getattr(tar, "wds_end", "end-of-archive")
@@ -102,7 +255,7 @@ def iter_tar(stream, url: str) -> Iterator["dict | ShardEnd"]:
             last = info.name if count else ""
             yield ShardEnd(url, count, f"ReadError: tar {end} after member {last or '(none)'}", last)
             return
-    except (tarfile.TarError, EOFError, OSError, zlib.error) as e:
+    except (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError) as e:
         message = f"{type(e).__name__}: {e} at member {current or '(header)'}"
         # An OSError is the stream's (gzip's BadGzipFile is bad bytes in a file read to its end).
         stream_failed = isinstance(e, OSError) and not isinstance(e, gzip.BadGzipFile)
@@ -111,8 +264,17 @@ def iter_tar(stream, url: str) -> Iterator["dict | ShardEnd"]:
     yield ShardEnd(url, count)
 
 
+def _close_failure(url: str, stream, e: OSError) -> str:
+    """A real message for a shard stream that fails when closed (a pipe: command's exit status)."""
+    status = getattr(stream, "status", None)
+    if is_pipe(url) and status is not None:
+        return f"the command {url[5:]!r} exited with status {status}; check the command"
+    return f"{type(e).__name__}: {e or 'closing the stream failed'}; check the command or URL"
+
+
 def tar_members(src: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator["dict | ShardEnd"]:
     """dict(url=...) -> members of each shard, ending each shard with a ShardEnd marker."""
+    caps = MemberCaps(cfg)
     for item in src:
         url = item["url"]
         try:
@@ -120,13 +282,14 @@ def tar_members(src: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator
         except UnsafeInputError:
             raise
         except OSError as e:
-            tally.shard_opened()
+            tally.shard_opened(url)
             tally.drop("unreadable_shard", STAGE, url, "", f"{e}; check the path and permissions")
             continue
-        tally.shard_opened()
+        tally.shard_opened(url)
+        tick = tally.ticker(url)
         end = None
         try:
-            for item in iter_tar(stream, url):
+            for item in iter_tar(stream, url, caps, tick):
                 if isinstance(item, ShardEnd):
                     end = item  # held until the stream is closed: closing reports a failed command
                 else:
@@ -135,24 +298,57 @@ def tar_members(src: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator
             try:
                 stream.close()
             except OSError as e:  # a pipe: command or download that failed (after sending a whole tar, too)
-                tally.note("shard_command_failed", STAGE, url, "", f"{e}; check the command or URL")
+                tally.note("shard_command_failed", STAGE, url, "", _close_failure(url, stream, e))
                 if end is not None and not end.failed:
                     end.failed = f"{type(e).__name__}: {e}"
         if end is not None:
             yield end
 
 
+def screen_member(m: dict, lext: str, caps: MemberCaps, allow_unsafe: bool) -> Tuple[str, Optional[Tuple[str, str]]]:
+    """(extension the sample keeps the member under, None), or (extension, (reason, message)) for
+    a member that is not used: empty, unsafe, over its cap, a link, or a .gz that does not open.
+    A .gz member is opened here, as webdataset's decoder opens it, within its kind's cap: its
+    content replaces m["data"] and it is kept under its plain extension (`txt.gz` -> `txt`)."""
+    skip = m.get("__skip__")
+    if skip is not None:
+        return lext, skip
+    data = m["data"]
+    if not data:
+        return lext, ("empty_member", "zero-byte member ignored")
+    if not allow_unsafe and is_unsafe_ext(lext):
+        return lext, ("unsafe_member", "pickle/torch payload not loaded")
+    if lext.endswith(".gz"):
+        plain = lext[:-3]
+        try:
+            data = m["data"] = gunzip_member(data, caps.limit(caps.kind(plain)), m["fname"])
+        except DataError as e:
+            return plain, (e.reason, str(e)[len(e.reason) + 2:])
+        if not data:
+            return plain, ("empty_member", "the .gz member decompresses to zero bytes; ignored")
+        return plain, None
+    return lext, None
+
+
 def group_samples(members: Iterable["dict | ShardEnd"], cfg: StageConfig, tally: Tally) -> Iterator[dict]:
     """Members -> samples {"__key__", "__url__", ext: bytes, ...}, extensions lower-cased.
 
-    Holds up to cfg.group_window open samples so that non-adjacent members of one key are merged
-    (counted as `nonadjacent_key`); a key that comes back after its sample left the window is a
-    half-sample, counted the same way, and the select stage drops it with the reason it lacks.
+    Holds up to cfg.group_window open samples (and cfg.group_bytes of their members) so that
+    non-adjacent members of one key are merged (counted as `nonadjacent_key`); a key that comes
+    back after its sample left the window is a half-sample, counted the same way, and the select
+    stage drops it with the reason it lacks. A member that is not used (screen_member) is counted
+    with its reason; an over-cap, link or broken .gz member is listed in the sample's
+    "__skipped__" {extension: reason}, so the select stage gives that reason when it was needed.
+    Members a caller has screened already carry "__screened__" (the validator's checks do).
     """
     window = cfg.group_window
+    budget = cfg.group_bytes
     rekey = cfg.rekey
     allow_unsafe = cfg.allow_unsafe
+    caps = MemberCaps(cfg)
     open_samples: "OrderedDict[str, dict]" = OrderedDict()
+    held: dict = {}  # key -> bytes its open sample holds
+    held_total = 0
     emitted: set = set()
     last_key = None
     for m in members:
@@ -161,15 +357,16 @@ def group_samples(members: Iterable["dict | ShardEnd"], cfg: StageConfig, tally:
                 tally.sample_read()
                 yield sample
             open_samples.clear()
+            held.clear()
+            held_total = 0
             emitted.clear()
             last_key = None
             if m.error:
-                tally.drop("truncated_tar", STAGE, m.url, "",
+                tally.drop("truncated_tar", STAGE, m.url, m.member,
                            f"{m.error}; {m.members} member(s) read before the break were kept. "
                            f"Re-create or re-download this shard")
             if cfg.emit_rejects:
-                yield {"__marker__": "shard_end", "__url__": m.url, "__key__": "",
-                       "members": m.members, "error": m.error, "failed": m.failed}
+                yield shard_end_marker(m.url, m.members, m.error, m.failed)
             continue
         fname, url = m["fname"], m["__url__"]
         key, ext = split_name(fname, rekey)
@@ -185,23 +382,36 @@ def group_samples(members: Iterable["dict | ShardEnd"], cfg: StageConfig, tally:
             sample = {"__key__": key, "__url__": url}
             open_samples[key] = sample
             if len(open_samples) > window:
-                _, done = open_samples.popitem(last=False)
-                emitted.add(done["__key__"])
+                done_key, done = open_samples.popitem(last=False)
+                held_total -= held.pop(done_key, 0)
+                emitted.add(done_key)
                 tally.sample_read()
                 yield done
         elif key != last_key:
             tally.note("nonadjacent_key", STAGE, url, fname, f"members of key {key!r} are not adjacent; merged")
         last_key = key
+        screened = m.get("__screened__")
+        lext, skip = screened if screened is not None else screen_member(m, lext, caps, allow_unsafe)
+        if skip is not None:
+            if screened is None:
+                tally.note(skip[0], STAGE, url, fname, skip[1])
+            if skip[0] in EXPLAINING_SKIPS:
+                sample.setdefault("__skipped__", {})[lext] = skip[0]
+            continue
         if lext in sample:
             tally.note("duplicate_member", STAGE, url, fname, "duplicate member name; the first was kept")
             continue
-        if not m["data"]:
-            tally.note("empty_member", STAGE, url, fname, "zero-byte member ignored")
-            continue
-        if not allow_unsafe and lext.rsplit(".", 1)[-1] in UNSAFE_EXTS:
-            tally.note("unsafe_member", STAGE, url, fname, "pickle/torch payload not loaded")
-            continue
-        sample[lext] = m["data"]
+        data = sample[lext] = m["data"]
+        size = len(data) if isinstance(data, (bytes, bytearray)) else 0
+        if size:
+            held[key] = held.get(key, 0) + size
+            held_total += size
+            while held_total > budget and next(iter(open_samples)) != key:  # never the one being filled
+                done_key, done = open_samples.popitem(last=False)
+                held_total -= held.pop(done_key, 0)
+                emitted.add(done_key)
+                tally.sample_read()
+                yield done
     for sample in open_samples.values():
         tally.sample_read()
         yield sample

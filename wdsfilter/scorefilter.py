@@ -16,23 +16,16 @@ from __future__ import annotations
 
 import glob
 import json
-import math
 import os
 from typing import Dict, Iterable, Iterator, Optional, Tuple
 
 from .errors import ConfigError
-from .stages import MARKER
+from .shards import is_local, shard_stem
+from .markers import MARKER
 from .tally import Tally
+from .thresholds import Thresholds, is_missing
 
 STAGE = "score_filter"
-
-
-def _stem(path: str) -> str:
-    base = os.path.basename(path.rstrip("/"))
-    for suffix in (".tar.gz", ".tgz", ".tar", ".parquet", ".jsonl"):
-        if base.endswith(suffix):
-            return base[: -len(suffix)]
-    return base
 
 
 class ScoreFilter:
@@ -43,8 +36,7 @@ class ScoreFilter:
         if not scores_dir:
             raise ConfigError("score filtering needs scores=DIR (the --out folder of `wdsfilter score`)")
         self.scores_dir = scores_dir
-        self.min_scores = _numbers(min_scores, "min_scores")
-        self.max_scores = _numbers(max_scores, "max_scores")
+        self.thresholds = Thresholds.build(min_scores, max_scores)
         self.tally = tally if tally is not None else Tally(name="score_filter")
         self.by_url, self.by_stem = self._index()
         self._check_columns()
@@ -71,9 +63,9 @@ class ScoreFilter:
                 continue
             url = info.get("url", "")
             by_url[url] = path
-            if not url.startswith(("pipe:", "http://", "https://")):
+            if is_local(url):
                 by_url[os.path.abspath(url)] = path
-            stem = _stem(url)
+            stem = shard_stem(url)
             by_stem[stem] = None if stem in by_stem and by_stem[stem] != path else path  # None: ambiguous
         if not by_url:
             raise ConfigError(f"{self.scores_dir} holds no completed score files (done/ is empty); "
@@ -90,7 +82,7 @@ class ScoreFilter:
             columns = set(read_table(path).keys()) or None
         if columns is None:
             return  # an empty JSONL table names no columns
-        for name, bounds in (("min_scores", self.min_scores), ("max_scores", self.max_scores)):
+        for name, bounds in (("min_scores", self.thresholds.minima), ("max_scores", self.thresholds.maxima)):
             missing = [c for c in bounds if c not in columns]
             if missing:
                 raise ConfigError(f"{name} on {missing}, which the score files in {self.scores_dir} do not have; "
@@ -99,9 +91,9 @@ class ScoreFilter:
     def score_file(self, url: str) -> Optional[str]:
         if url in self.by_url:
             return self.by_url[url]
-        if not url.startswith(("pipe:", "http://", "https://")) and os.path.abspath(url) in self.by_url:
+        if is_local(url) and os.path.abspath(url) in self.by_url:
             return self.by_url[os.path.abspath(url)]
-        return self.by_stem.get(_stem(url))
+        return self.by_stem.get(shard_stem(url))
 
     def _load(self, url: str) -> None:
         from .score.outputs import read_table
@@ -110,7 +102,7 @@ class ScoreFilter:
         if path is None:
             self._table = None
             return
-        columns = list(dict.fromkeys([*self.min_scores, *self.max_scores]))
+        columns = self.thresholds.columns()
         t = read_table(path, ["key"] + columns)
         table: Dict[str, Tuple] = {}
         for i, key in enumerate(t["key"]):
@@ -120,10 +112,7 @@ class ScoreFilter:
 
     # -- the stage ---------------------------------------------------------------------------------
     def __call__(self, data: Iterable[dict]) -> Iterator[dict]:
-        columns = list(dict.fromkeys([*self.min_scores, *self.max_scores]))
-        # (index in the row's values, bound, is a minimum) per threshold, in a fixed order
-        bounds = [(columns.index(c), t, True) for c, t in self.min_scores.items()]
-        bounds += [(columns.index(c), t, False) for c, t in self.max_scores.items()]
+        columns = self.thresholds.columns()
         for sample in data:
             if MARKER in sample:
                 yield sample
@@ -136,14 +125,13 @@ class ScoreFilter:
                 why = "no score file for this shard" if self._table is None else "no row for this key"
                 self.tally.drop("no_score", STAGE, url, key, f"{why} in {self.scores_dir}")
                 continue
-            if any(v is None or (isinstance(v, float) and math.isnan(v)) for v in values):
+            if any(is_missing(v) for v in values):
                 self.tally.drop("no_score", STAGE, url, key, "the scoring run could not score this sample")
                 continue
-            outside = [(i, t, is_min) for i, t, is_min in bounds if (values[i] < t if is_min else values[i] > t)]
-            if outside:
-                i, t, is_min = outside[0]
-                self.tally.drop("filtered_by_score", STAGE, url, key,
-                                f"{columns[i]}={values[i]:.4g} {'<' if is_min else '>'} {t:g}")
+            row = dict(zip(columns, values))
+            outside = self.thresholds.first_failure(row)
+            if outside is not None:
+                self.tally.drop("filtered_by_score", STAGE, url, key, outside.explain(row[outside.column]))
                 continue
             yield sample
 
@@ -151,13 +139,6 @@ class ScoreFilter:
         state = dict(self.__dict__)
         state.update(_url=None, _table=None)  # each worker reads the tables it needs
         return state
-
-
-def _numbers(bounds, name: str) -> Dict[str, float]:
-    try:
-        return {str(k): float(v) for k, v in dict(bounds or {}).items()}
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name} must map score columns to numbers, got {bounds!r}") from None
 
 
 def score_filter(scores_dir: str, min_scores: Dict[str, float], tally: Optional[Tally] = None,

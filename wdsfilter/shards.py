@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import glob
 import os
-from typing import IO, Iterable, List, Sequence, Union
+from typing import IO, List, Sequence, Tuple, Union
 
 import braceexpand
 
 from .errors import ConfigError, UnsafeInputError
 
 SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+# A brace pattern naming more shards than this is a mistake (x-{0..99999999}.tar): refused before
+# it is expanded, since braceexpand materialises every range it multiplies.
+MAX_BRACE_URLS = 1_000_000
 REMOTE_SCHEMES = ("http://", "https://", "s3://", "gs://", "gcs://", "hf://", "ais://")
 
 
@@ -24,6 +27,11 @@ def is_pipe(url: str) -> bool:
 
 def is_remote(url: str) -> bool:
     return url.startswith(REMOTE_SCHEMES)
+
+
+def is_local(url: str) -> bool:
+    """A path on this machine (or file:PATH), not a pipe: command or a remote URL."""
+    return not (is_pipe(url) or is_remote(url))
 
 
 def _check_allowed(url: str, allow_pipe: bool, allow_remote: bool) -> None:
@@ -42,6 +50,8 @@ def expand_urls(paths: Union[str, Sequence[str]], allow_pipe: bool = False, allo
     urls: List[str] = []
     for entry in paths:
         entry = os.fspath(entry)
+        if "{" in entry:
+            _check_brace_count(entry)
         for item in braceexpand.braceexpand(entry) if "{" in entry else [entry]:
             urls.extend(_expand_one(item, allow_pipe, allow_remote))
     if not urls:
@@ -57,7 +67,7 @@ def unique_urls(urls: Sequence[str]):
     write its outputs twice."""
     seen, unique, repeats = set(), [], []
     for url in urls:
-        ident = url if is_pipe(url) or is_remote(url) else os.path.realpath(url[5:] if url.startswith("file:") else url)
+        ident = os.path.realpath(local_path(url)) if is_local(url) else url
         if ident in seen:
             repeats.append(url)
         else:
@@ -66,20 +76,92 @@ def unique_urls(urls: Sequence[str]):
     return unique, repeats
 
 
+def _check_brace_count(pattern: str) -> None:
+    try:
+        n = brace_count(pattern)
+    except braceexpand.UnbalancedBracesError as e:
+        raise ConfigError(f"{pattern!r}: {e}") from None
+    if n > MAX_BRACE_URLS:
+        raise ConfigError(f"brace pattern {pattern!r} names {n:,} shards (more than {MAX_BRACE_URLS:,}); "
+                          f"check the range, e.g. shards-{{000000..000099}}.tar")
+
+
+def brace_count(pattern: str) -> int:
+    """How many names braceexpand would make of `pattern`, counted without making them (its own
+    grammar: ranges {a..b..step}, sequences {x,y}, nesting, backslash escapes)."""
+    total, start, pos, depth = 1, 0, 0, 0
+    while pos < len(pattern):
+        c = pattern[pos]
+        if c == "\\":
+            pos += 2
+            continue
+        if c == "{":
+            if depth == 0:
+                start = pos
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                expr = pattern[start + 1:pos]
+                n = _expression_count(expr)
+                total *= brace_count(expr) if n is None else n
+        pos += 1
+    if depth != 0:
+        raise braceexpand.UnbalancedBracesError(f"Unbalanced braces: '{pattern}'")
+    return total
+
+
+def _expression_count(expr: str):
+    m = braceexpand.int_range_re.match(expr)
+    if m:
+        a, b, step = int(m.group(1)), int(m.group(2)), abs(int(m.group(3) or 1)) or 1
+        return abs(b - a) // step + 1
+    m = braceexpand.char_range_re.match(expr)
+    if m:
+        alphabet = braceexpand.alphabet
+        a, b, step = alphabet.index(m.group(1)), alphabet.index(m.group(2)), abs(int(m.group(3) or 1)) or 1
+        return abs(b - a) // step + 1
+    parts, start, pos, depth = [], 0, 0, 0
+    while pos < len(expr):
+        c = expr[pos]
+        if c == "\\":
+            pos += 2
+            continue
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+        elif c == "," and depth == 0:
+            parts.append(expr[start:pos])
+            start = pos + 1
+        pos += 1
+    if depth != 0 or not parts:
+        return None  # not a sequence: braceexpand keeps the braces and expands inside
+    parts.append(expr[start:])
+    return sum(brace_count(p) for p in parts)
+
+
+def _on_disk(path: str) -> str:
+    """A path found on disk, written so that it can never read as a URL: a file named
+    `pipe:touch x;.tar` is a file, not a shell command."""
+    if path.startswith(("pipe:", "file:")) or is_remote(path):
+        return os.path.join(".", path)
+    return path
+
+
 def _expand_one(item: str, allow_pipe: bool, allow_remote: bool) -> List[str]:
     if is_pipe(item) or is_remote(item):
         _check_allowed(item, allow_pipe, allow_remote)
         return [item]
-    if item.startswith("file:"):
-        item = item[len("file:"):]
+    item = local_path(item)
     if os.path.isdir(item):
         found = []
         for root, dirs, files in os.walk(item):
             dirs.sort()
-            found.extend(os.path.join(root, f) for f in sorted(files) if f.endswith(SHARD_SUFFIXES))
+            found.extend(_on_disk(os.path.join(root, f)) for f in sorted(files) if f.endswith(SHARD_SUFFIXES))
         return found
     if any(c in item for c in "*?["):
-        return sorted(p for p in glob.glob(item, recursive=True) if os.path.isfile(p))
+        return sorted(_on_disk(p) for p in glob.glob(item, recursive=True) if os.path.isfile(p))
     if not os.path.exists(item):
         raise ConfigError(f"shard {item!r} does not exist")
     return [item]
@@ -91,14 +173,24 @@ def open_shard(url: str, allow_pipe: bool = False, allow_remote: bool = False) -
     if is_pipe(url) or is_remote(url):
         from webdataset.gopen import gopen
         return gopen(url, "rb")
-    path = url[len("file:"):] if url.startswith("file:") else url
-    return open(path, "rb", buffering=1 << 20)
+    return open(local_path(url), "rb", buffering=1 << 20)
 
 
-def shard_name(url: str) -> str:
-    """The short name printed in messages: the path as the user gave it."""
-    return url
+def split_suffix(url: str) -> Tuple[str, str]:
+    """'a/b/00.tar.gz' -> ('00', '.tar.gz'): the shard's file name and its shard suffix ('.tar'
+    when it has none of SHARD_SUFFIXES). The stem names a shard's outputs (score file, marker,
+    stats file, filtered copy)."""
+    base = os.path.basename(url.rstrip("/"))
+    for suffix in sorted(SHARD_SUFFIXES, key=len, reverse=True):
+        if base.endswith(suffix):
+            return base[: -len(suffix)], suffix
+    return base, ".tar"
 
 
-def total_size(urls: Iterable[str]) -> int:
-    return sum(os.path.getsize(u) for u in urls if os.path.isfile(u))
+def shard_stem(url: str) -> str:
+    return split_suffix(url)[0]
+
+
+def local_path(url: str) -> str:
+    """A local shard's path (without a `file:` prefix); pipe: and remote URLs are returned as is."""
+    return url[len("file:"):] if url.startswith("file:") else url

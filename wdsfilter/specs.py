@@ -25,7 +25,14 @@ _FIELD = re.compile(r"^[^.\s;:]+$")
 DEFAULT_CAPTION_KEY = "txt"
 DEFAULT_IMAGE_KEY = "jpg;png;jpeg;webp"
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm")
-VIDEO_EXTS = ("mp4", "webm", "mkv", "avi", "mov")
+# Containers checked and scored as video (an audio-only .m4a under the image key is then named for
+# what it is, no_video_stream, by both validate and scoring).
+VIDEO_EXTS = ("mp4", "webm", "mkv", "avi", "mov", "m4v", "m4a", "mpg", "mpeg", "flv", "3gp", "ogv", "wmv")
+# Compression suffixes of a member name (`x.txt.gz`). webdataset's default decoder opens .gz
+# (gzfilter) and so do the stages; all of them are stripped before judging what a member is.
+COMPRESSION_EXTS = ("gz", "xz", "bz2", "zst", "lz4")
+# Deeper JSON is not metadata; json.loads would recurse into it until RecursionError.
+MAX_JSON_DEPTH = 64
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,8 @@ class KeySpec:
             part = part.strip()
             ext, sep, path = part.partition(":")
             ext = ext.strip().lower().lstrip(".")
+            if ext.endswith(".gz"):  # compressed members are read under their plain extension
+                ext = ext[:-3]
             if not ext or not _EXT.match(ext):
                 raise ConfigError(f"malformed {what} spec {spec!r}: bad extension {part!r}; "
                                   f"expected e.g. 'txt', 'json:description', 'jpg;png'")
@@ -81,13 +90,40 @@ class KeySpec:
         return None
 
 
+def base_ext(ext: str) -> str:
+    """The extension without its compression suffixes: `txt.gz` -> `txt`, `pth.xz` -> `pth`."""
+    while True:
+        head, dot, last = ext.rpartition(".")
+        if not dot or last not in COMPRESSION_EXTS:
+            return ext
+        ext = head
+
+
 def parse_json_member(data: "bytes | str | Mapping") -> Any:
-    """Parse a .json member once; raises ValueError (json or unicode) on bad content."""
+    """Parse a .json member once; raises ValueError (json or unicode) on bad content, including
+    documents nested deeper than MAX_JSON_DEPTH (which json.loads would meet with RecursionError)."""
     if isinstance(data, (bytes, bytearray, memoryview)):
         data = bytes(data).decode("utf-8")
     if isinstance(data, str):
-        return json.loads(data)
+        try:
+            value = json.loads(data)
+        except RecursionError:
+            raise ValueError(f"JSON nested deeper than Python can parse (over {MAX_JSON_DEPTH} levels)") from None
+        if isinstance(value, (dict, list)) and (data.count("[") + data.count("{")) > MAX_JSON_DEPTH:
+            _check_depth(value)  # only documents with many containers can be that deep
+        return value
     return data
+
+
+def _check_depth(value: Any) -> None:
+    """ValueError when containers nest deeper than MAX_JSON_DEPTH (iterative: no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        obj, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+        children = obj.values() if isinstance(obj, dict) else obj
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
 
 
 def decode_text_member(data: "bytes | str") -> str:

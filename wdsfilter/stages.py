@@ -12,20 +12,17 @@ import os
 import sys
 from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Sequence
 
-from webdataset.filters import pipelinefilter
-
 from .census import KeyCensus
 from .config import StageConfig
+from .curry import pipelinefilter  # webdataset's, without importing webdataset (and torch)
 from .errors import ConfigError, DataError
 from .images import decode_image
-from .naming import is_dotted
+from .markers import MARKER, reject_marker  # markers flow through every stage untouched (markers.py)
 from .reading import group_samples, tar_members
-from .specs import VIDEO_EXTS, find_caption, parse_json_member
+from .selection import select_sample
+from .specs import VIDEO_EXTS, parse_json_member
 from .tally import Tally
 from .tokens import CaptionCleaner
-
-MARKER = "__marker__"  # markers flow through every stage untouched: "reject" and "shard_end"
-REJECT = "__reject__"
 
 
 def _reject(tally: Tally, sample: dict, reason: str, stage: str, member: str, message: str, emit: bool):
@@ -33,8 +30,7 @@ def _reject(tally: Tally, sample: dict, reason: str, stage: str, member: str, me
     sample a row, its reason included)."""
     tally.drop(reason, stage, sample.get("__url__", ""), member, message)
     if emit:
-        return {"__key__": sample.get("__key__", ""), "__url__": sample.get("__url__", ""),
-                MARKER: "reject", REJECT: reason, "__message__": message}
+        return reject_marker(sample.get("__key__", ""), sample.get("__url__", ""), reason, message)
     return None
 
 
@@ -45,10 +41,6 @@ SPEC_MISSES = ("missing_caption", "missing_image", "dotted_basename")
 
 def _read(src, cfg: StageConfig, tally: Tally):
     return group_samples(tar_members(src, cfg, tally), cfg, tally)
-
-
-def _dotted_match(sample: dict, exts) -> bool:
-    return any(is_dotted(e) and e.rsplit(".", 1)[-1] in exts for e in sample if not e.startswith("__"))
 
 
 def _is_first_reader() -> bool:
@@ -89,11 +81,14 @@ class FirstShardCheck:
         self.census = KeyCensus()
         self.misses = {"caption": 0, "image": 0}
         self.not_text = 0
+        self.first = False
 
     def observe(self, sample: dict, missing: Optional[str], reason: Optional[str] = None) -> None:
+        # Every reader takes the census of its first shard (the starvation message quotes its hint);
+        # only the first reader raises.
         if not self.started:
             self.started = True
-            self.active = self.active and _is_first_reader()
+            self.first = _is_first_reader()
         if not self.active:
             return
         url = sample.get("__url__")
@@ -114,9 +109,15 @@ class FirstShardCheck:
         if not self.active:
             return
         self.active = False
+        problem = self.problem()
+        if problem and self.first:
+            raise ConfigError(problem)
+
+    def problem(self) -> Optional[str]:
+        """What is wrong with the keys when every sample of the first shard missed one, else None."""
         n = self.census.samples
         if not n:
-            return
+            return None
         cfg = self.cfg
         for what, spec in (("caption", cfg.caption_spec), ("image", cfg.image_spec)):
             if self.misses[what] == n:
@@ -126,35 +127,28 @@ class FirstShardCheck:
                             f"not text; point the caption key at a text field") + (f"; {hint}" if hint else "")
                 if self.census.dotted_share() > 0.5:
                     hint = "member names have dots in their basenames (img.v2.0001.jpg); use rekey='last-dot' (--rekey last-dot)"
-                raise ConfigError(
+                return (
                     f"no sample of the first shard {self.first_url} has {'an' if what == 'image' else 'a'} {what} under {what} key "
                     f"'{spec}': every sample would be filtered and the run would hang.\n"
                     f"  {self.census.describe()}\n"
                     f"  {hint or 'no ' + what + ' candidate found; check the shards with wdsfilter validate'}")
+        return None
 
 
 def _select(data: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator[dict]:
     """Keep samples that have a caption and an image per the specs; count the others by reason."""
     check = FirstShardCheck(cfg)
-    image_exts = cfg.image_spec.exts
+    tally.explain = check.problem  # a starving resampled stream never ends its first shard: say it there
     emit = cfg.emit_rejects
     for sample in data:
         if MARKER in sample:
             yield sample
             continue
-        key = sample.get("__key__", "")
-        caption, reason = find_caption(sample, cfg.caption_spec)
-        image_alt = cfg.image_spec.first_present(sample)
-        if caption is None or image_alt is None:
-            missing = "caption" if caption is None else "image"
-            if caption is None and reason not in ("missing_caption", "caption_not_text"):
-                missing = "data"  # the field is there but broken
-            elif _dotted_match(sample, image_exts + cfg.caption_spec.exts):
-                reason = "dotted_basename"
-            elif caption is not None:
-                reason = "missing_image"
+        caption, image_alt, reason, missing = select_sample(sample, cfg)
+        if reason is not None:
+            key = sample.get("__key__", "")
             check.observe(sample, missing, reason)
-            marker = _reject(tally, sample, reason, "select", key, f"sample {key!r}: {reason}", emit)
+            marker = _reject(tally, sample, reason, "select", key, _why(sample, reason), emit)
             if marker:
                 yield marker
             continue
@@ -163,6 +157,14 @@ def _select(data: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator[di
         sample["__image_ext__"] = image_alt.ext
         yield sample
     check.finish()
+
+
+def _why(sample: dict, reason: str) -> str:
+    skipped = sample.get("__skipped__")
+    if skipped and reason in skipped.values():
+        exts = ", ".join(e for e, r in skipped.items() if r == reason)
+        return f"sample {sample.get('__key__', '')!r}: {reason} (its {exts} member was not read)"
+    return f"sample {sample.get('__key__', '')!r}: {reason}"
 
 
 def _rename(data: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator[dict]:
@@ -210,7 +212,7 @@ def _decode(data: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator[di
         if MARKER not in sample and "image" in sample:
             try:
                 sample["image"] = decode_image(sample["image"], cfg.max_pixels, cfg.max_side,
-                                               cfg.oversize, cfg.image_mode)
+                                               cfg.oversize, cfg.image_mode, cfg.decode_floor)
             except DataError as e:
                 member = f"{sample['__key__']}.{sample['__media_ext__']}"
                 marker = _reject(tally, sample, e.reason, "decode", member, str(e), cfg.emit_rejects)
@@ -243,11 +245,13 @@ def _map_dict(data: Iterable[dict], fns: Dict[str, Callable[[Any], Any]], tally:
 
 
 def _watch(data: Iterable[dict], tally: Tally, sink=None, report_every: int = 256) -> Iterator[dict]:
-    """Count output; the starvation check itself runs wherever a sample is dropped or a shard opened.
+    """Count output; the starvation check itself runs as members are read, samples dropped and
+    shards opened.
     With a sink, the tally is written for the parent process every `report_every` samples and at
     the end."""
     n = 0
     try:
+        tally.waiting()
         for sample in data:
             if MARKER not in sample:
                 tally.sample_out()
@@ -255,6 +259,7 @@ def _watch(data: Iterable[dict], tally: Tally, sink=None, report_every: int = 25
             if sink is not None and n % report_every == 0:
                 sink.write(tally)
             yield sample
+            tally.waiting()  # the clock of starvation_seconds runs only while the stages work
         tally.check_starvation(stream_ended=True)
     finally:
         if sink is not None:

@@ -17,10 +17,12 @@ from typing import Dict, List, Optional
 from .errors import StarvationError
 
 MAX_EXAMPLES = 3
+# Reasons counted per shard, not per sample: they are not part of the "dropped" sample total.
+SHARD_REASONS = ("truncated_tar", "unreadable_shard")
 
 # Why a sample was dropped, in the users' words: the hint printed with the count.
 HINTS = {
-    "missing_caption": "no caption under the caption key spec; check --caption-key (wdsfilter validate suggests one)",
+    "missing_caption": "no caption under the caption key spec; check --caption-key (wdsfilter validate names one when the shards hold a candidate)",
     "missing_image": "no image under the image key spec; check --image-key",
     "empty_caption": "caption is empty or whitespace",
     "caption_not_text": "the caption field holds a JSON number, list or object, not text; point --caption-key at a text field",
@@ -31,6 +33,10 @@ HINTS = {
     "empty_member": "zero-byte member",
     "truncated_tar": "the tar ends early or is corrupt; samples before the break were kept",
     "unreadable_shard": "the shard could not be opened",
+    "shard_command_failed": "the pipe: command or download of the shard failed",
+    "oversized_member": "a member over its kind's byte cap (max_text_bytes, max_image_bytes, ...); streamed past unread",
+    "special_member": "a symbolic link, hard link, device or FIFO member; tar readers do not follow it",
+    "corrupt_member": "a compressed member (.gz) does not decompress",
     "unsafe_member": "pickle/torch payload not loaded (safe by default; allow_unsafe=True to keep the bytes)",
     "nonadjacent_key": "members of one key are not adjacent in the tar",
     "dotted_basename": "file names with dots split at the first dot; use rekey='last-dot'",
@@ -57,18 +63,23 @@ class Tally:
         self.starvation_samples = starvation_samples
         self.starvation_seconds = starvation_seconds
         self.name = name
+        # () -> what is wrong with the keys, or None: set by the select stage (FirstShardCheck).
+        self.explain = None
         self.reset()
 
     def reset(self) -> None:
         self.samples_read = 0
         self.samples_out = 0
         self.shards_read = 0
+        self.shard_urls: set = set()  # distinct shards opened (resampling opens one many times)
         self.dropped: Counter = Counter()
         self.notes: Counter = Counter()
         self.stage_of: Dict[str, str] = {}
         self.by_shard: Dict[str, Counter] = defaultdict(Counter)
         self.examples: Dict[str, List[Example]] = defaultdict(list)
         self._started: Optional[float] = None
+        self._waiting: Optional[float] = None  # since when the consumer waits for the next sample
+        self.position = ("", "")  # (shard, member) the reader is at
 
     # -- recording -------------------------------------------------------------------------
     def _record(self, counter: Counter, reason: str, stage: str, shard: str, member: str, message: str) -> None:
@@ -93,38 +104,81 @@ class Tally:
             self._started = time.monotonic()
         self.samples_read += 1
 
-    def shard_opened(self) -> None:
+    def shard_opened(self, url: Optional[str] = None) -> None:
         if self._started is None:
             self._started = time.monotonic()
         self.shards_read += 1
+        if url is not None and len(self.shard_urls) < 100_000:
+            self.shard_urls.add(url)
         self.check_starvation()
 
     def sample_out(self) -> None:
         self.samples_out += 1
 
+    def waiting(self) -> None:
+        """The consumer asks for the next sample (called by the watch stage): the time the stages
+        take to produce it is what the starvation_seconds limit bounds. Time spent in the
+        consumer (a training step, a checkpoint) does not count."""
+        self._waiting = time.monotonic()
+
+    def ticker(self, shard: str):
+        """A callable(member) for a shard's reader: records where reading is and checks the
+        watchdog, so a stage that produces nothing is noticed even when nothing is dropped."""
+        def tick(member: str) -> None:
+            self.position = (shard, member)
+            if self.starvation_seconds:
+                self.check_starvation()
+        return tick
+
     # -- the watchdog ----------------------------------------------------------------------
     def check_starvation(self, stream_ended: bool = False) -> None:
         """Raise instead of hanging when nothing has come out yet after many samples or seconds.
         At the end of a finite stream, any samples read with none out is an error too."""
+        seconds = self.starvation_seconds
+        if seconds:
+            since = self._waiting if self._waiting is not None else (None if self.samples_out else self._started)
+            if since is not None and time.monotonic() - since >= seconds:
+                raise StarvationError(self.stall_message(time.monotonic() - since))
         if self.samples_out:
             return
         enabled = self.starvation_samples or self.starvation_seconds
         if stream_ended and enabled and self.samples_read:
             raise StarvationError(self.starvation_message())
         by_count = self.starvation_samples and self.samples_read >= self.starvation_samples
-        by_time = (self.starvation_seconds and self._started is not None
-                   and time.monotonic() - self._started >= self.starvation_seconds)
-        if by_count or by_time:
+        if by_count:
             raise StarvationError(self.starvation_message())
+
+    def stall_message(self, seconds: float) -> str:
+        shard, member = self.position
+        where = (f"reading shard {shard} at member {member}" if member else f"reading shard {shard}") if shard \
+            else "before any shard was opened"
+        head = (f"{self.name}: no sample came out for {seconds:.0f}s (starvation_seconds="
+                f"{self.starvation_seconds:g}); the stages are stuck {where}.")
+        if not self.samples_out:  # nothing came out at all: say why the samples read were dropped
+            return head + "\n" + self.starvation_message()
+        return head + "\n" + self.summary()
 
     def starvation_message(self) -> str:
         elapsed = 0.0 if self._started is None else time.monotonic() - self._started
-        lines = [f"{self.name}: {self.samples_read} samples read from {self.shards_read} shard(s) in "
+        distinct = len(self.shard_urls) or self.shards_read
+        opened = f" (opened {self.shards_read} times: resampled)" if self.shards_read > distinct else ""
+        lines = [f"{self.name}: {self.samples_read} samples read from {distinct} shard(s){opened} in "
                  f"{elapsed:.0f}s and none came out; the run would hang."]
-        if self.dropped:
-            reason, count = self.dropped.most_common(1)[0]
+        per_sample = Counter({r: n for r, n in self.dropped.items() if r not in SHARD_REASONS})
+        if per_sample:
+            reason, count = per_sample.most_common(1)[0]
             lines.append(f"Stage '{self.stage_of[reason]}' rejected {count} of them: {reason} "
                          f"({HINTS.get(reason, '')}).")
+        problem = self.explain() if self.explain is not None else None
+        if problem:
+            lines.append(problem)
+        if self.notes.get("nonadjacent_key"):
+            # Fragments, not wrong keys: the caption may well be there, under the asked key.
+            lines.append(f"{self.notes['nonadjacent_key']} member(s) came apart from their key's other members "
+                         f"(nonadjacent_key): if a shard's members of one key are scattered (written with `tar -cf "
+                         f"x.tar *.txt *.jpg`, or in directory order), its samples arrive as fragments and no other "
+                         f"key would help. `wdsfilter validate` says so (scattered_key); `wdsfilter sort-shard IN OUT` "
+                         f"rewrites the shard.")
         lines.append(self.summary())
         return "\n".join(lines)
 
@@ -165,9 +219,11 @@ class Tally:
         self.merge_dict(other.to_dict())
 
     def summary(self) -> str:
-        lines = [f"samples read: {self.samples_read}, kept: {self.samples_out}, "
-                 f"dropped: {sum(self.dropped.values())}"]
-        for title, counter in (("dropped", self.dropped), ("noted", self.notes)):
+        dropped = sum(n for r, n in self.dropped.items() if r not in SHARD_REASONS)
+        lines = [f"samples read: {self.samples_read}, kept: {self.samples_out}, dropped: {dropped}"]
+        shards = Counter({r: n for r, n in self.dropped.items() if r in SHARD_REASONS})
+        samples = Counter({r: n for r, n in self.dropped.items() if r not in SHARD_REASONS})
+        for title, counter in (("shards", shards), ("dropped", samples), ("noted", self.notes)):
             for reason, count in counter.most_common():
                 ex = self.examples.get(reason) or []
                 where = f" e.g. {ex[0].shard} member {ex[0].member}" if ex and ex[0].member else (

@@ -1,38 +1,59 @@
 """Scoring: `wdsfilter score` and `wdsfilter.score.score(...)`.
 
     from wdsfilter.score import score
-    summary = score("shards/", out="scores/", scorers=["clip", "ocr"], min_clip=0.28, max_ocr_area=0.2,
-                    model="ViT-B-32", pretrained="openai", write_shards="filtered/")
-    print(summary.format_text())
+    if __name__ == "__main__":  # model workers are spawned processes: they re-import this script
+        summary = score("shards/", out="scores/", scorers=["clip", "ocr"], min_clip=0.28, max_ocr_area=0.2,
+                        model="ViT-B-32", pretrained="openai", write_shards="filtered/")
+        print(summary.format_text())
 
-Modules, one job each: config (ScoreConfig), engine (the run), prepare (decode-side stages),
-modelworker (model processes), planner (batch size, replicas, workers), memory (DeviceMemory),
-backoff (OOM halving), outputs (score files, summary, histograms), resume (markers),
-shardwriter (filtered shards). Scorers live in scorers/.
+The extension API is exported here too: Scorer (the interface of a scorer), ClipScorer,
+OcrScorer, DetectorBackend (an OCR text detector) and score_on_ray (the same run on Ray); the
+ones that need torch, open_clip or Ray are imported on first use. ARCHITECTURE.md (top level)
+maps the modules.
 """
 from __future__ import annotations
 
 from dataclasses import fields
 from typing import Callable, Dict, Optional, Sequence
 
-from ..config import StageConfig
+from ..config import StageConfig, config_or_options
 from ..errors import ConfigError
 from .config import ScoreConfig
 from .outputs import RunSummary
 
-__all__ = ["score", "ScoreConfig", "RunSummary", "build_config"]
+__all__ = ["score", "ScoreConfig", "RunSummary", "build_config", "NothingScoredError", "Scorer", "ClipScorer",
+           "OcrScorer", "DetectorBackend", "score_on_ray"]
+
+# Exported names whose modules are imported on first use (torch, open_clip, Ray stay optional).
+_LAZY = {
+    "Scorer": "wdsfilter.score.scorers.base",
+    "ClipScorer": "wdsfilter.score.scorers.clip",
+    "OcrScorer": "wdsfilter.score.scorers.ocr",
+    "DetectorBackend": "wdsfilter.score.ocr_backends.base",
+    "score_on_ray": "wdsfilter.score.ray_runner",
+    "NothingScoredError": "wdsfilter.score.rows",
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # Scorer option shortcuts (first-class CLI flags): option -> [(scorer, that scorer's option)]. The
 # video options go to every scorer of the run that samples frames (clip and ocr).
 SHORTCUTS = {
     "model": [("clip", "model")],
     "pretrained": [("clip", "pretrained")],
+    "precision": [("clip", "precision")],
     "frames": [("clip", "frames"), ("ocr", "frames")],
     "frame_reduce": [("clip", "frame_reduce"), ("ocr", "frame_reduce")],
     "keyframes": [("clip", "keyframes"), ("ocr", "keyframes")],
     "ocr_backend": [("ocr", "backend")],
     "ocr_model_dir": [("ocr", "model_dir")],
     "ocr_download": [("ocr", "download")],
+    "save_embeddings": [("clip", "save_embeddings")],
 }
 
 
@@ -46,14 +67,13 @@ def build_config(out: Optional[str] = None, scorers: Sequence = ("clip",), *, mi
                  stage: Optional[StageConfig] = None, **options) -> ScoreConfig:
     """A ScoreConfig from keyword options: ScoreConfig fields, StageConfig fields (caption_key,
     image_key, max_pixels, ...), the scorer shortcuts of SHORTCUTS (model=, pretrained= for clip;
-    frames=, frame_reduce=, keyframes= for clip and ocr, whichever run; ocr_backend=, ocr_model_dir=,
+    precision= for clip; frames=, frame_reduce=, keyframes= for clip and ocr, whichever run; ocr_backend=, ocr_model_dir=,
     ocr_download= for ocr) and
     the thresholds: min_clip (clip_score >= X), max_ocr_area (ocr_area <= X), min_scores and
     max_scores ({column: X})."""
+    config_or_options(config, dict(options, out=out, min_clip=min_clip, min_scores=min_scores, max_scores=max_scores,
+                                   max_ocr_area=max_ocr_area, stage=stage), "config", "ScoreConfig")
     if config is not None:
-        if (options or out or min_clip is not None or min_scores or max_scores or max_ocr_area is not None
-                or stage is not None):
-            raise ConfigError("pass either config=ScoreConfig(...) or individual options, not both")
         return config
     score_fields = {f.name for f in fields(ScoreConfig)}
     stage_fields = {f.name for f in fields(StageConfig)}
@@ -85,8 +105,7 @@ def build_config(out: Optional[str] = None, scorers: Sequence = ("clip",), *, mi
             known = (score_fields | stage_fields | set(SHORTCUTS)) - {"stage", "thresholds", "max_thresholds"}
             raise ConfigError(f"unknown scoring option {key!r}; known: {', '.join(sorted(known))}, "
                               f"min_clip, max_ocr_area, min_scores, max_scores")
-    if stage is not None and stage_opts:
-        raise ConfigError("pass either stage=StageConfig(...) or stage options (caption_key=...), not both")
+    config_or_options(stage, stage_opts, "stage")
     thresholds = dict(min_scores or {})
     thresholds.update(score_opts.pop("thresholds", {}) or {})
     if min_clip is not None:

@@ -7,6 +7,7 @@ import sys
 import click
 
 from ..errors import WdsFilterError
+from ..naming import REKEY_MODES
 
 
 def _echo(text: str) -> None:
@@ -20,6 +21,8 @@ def _echo(text: str) -> None:
               help="clip, ocr, or module:Class; repeat to run several in one pass.")
 @click.option("--model", default=None, help="CLIP model name or local-dir:PATH (clip scorer).")
 @click.option("--pretrained", default=None, metavar="TAG_OR_PATH", help="CLIP weights tag or file (clip scorer).")
+@click.option("--precision", type=click.Choice(["auto", "fp32", "fp16", "bf16"]), default=None,
+              help="clip: auto (fp16 weights on CUDA, fp32 on CPU), or fp32 to keep full precision [auto].")
 @click.option("--scorer-opt", "scorer_opts", multiple=True, metavar="SCORER.KEY=VALUE",
               help="Pass any option to a scorer, e.g. ocr.max_side=960 or clip.precision=fp16. Repeatable.")
 @click.option("--frames", type=int, default=None, help="clip, ocr: frames sampled per video, uniformly over its duration [3].")
@@ -37,6 +40,8 @@ def _echo(text: str) -> None:
 @click.option("--min", "mins", multiple=True, metavar="COLUMN=X", help="Keep samples with COLUMN >= X. Repeatable.")
 @click.option("--max", "maxes", multiple=True, metavar="COLUMN=X", help="Keep samples with COLUMN <= X. Repeatable.")
 @click.option("--write-shards", default=None, metavar="DIR", help="Write filtered shards (original bytes) here.")
+@click.option("--save-embeddings", is_flag=True, default=None,
+              help="clip: also write float16 image/caption embeddings, OUT/embeddings/<shard>.img.npy and .txt.npy.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--gpus", default=None, metavar="0,1", help="GPUs to use (one model worker each, or more: --replicas).")
 @click.option("--batch-size", default="auto", show_default=True, help="auto (memory planner) or N.")
@@ -50,9 +55,13 @@ def _echo(text: str) -> None:
 @click.option("--resume", is_flag=True, help="Continue a run in --out: skip shards with a completion marker.")
 @click.option("--overwrite", is_flag=True, help="Start over in an --out that holds a previous run.")
 @click.option("--dry-run", is_flag=True, help="Load the models, measure, print the plan; score nothing.")
+@click.option("--rekey", type=click.Choice(REKEY_MODES), default=None,
+              help="Member name -> key split: first-dot (webdataset's) or last-dot (dotted basenames) [first-dot].")
 @click.option("--caption-key", default=None, help="Caption spec, e.g. txt or json:description or 'txt;json:caption'.")
 @click.option("--image-key", default=None, help="Image spec, e.g. 'jpg;png;webp'.")
 @click.option("--config", "config_file", default=None, metavar="FILE", help="Stage options (JSON/YAML), as for validate.")
+@click.option("--max-bytes", "max_bytes", multiple=True, metavar="KIND=SIZE",
+              help="Byte cap of one member (text, json, image, video, other; decompressed: a .tar.gz shard), as for validate.")
 @click.option("--allow-pipe", is_flag=True, default=None, help="Allow pipe: shard URLs (they run shell commands).")
 @click.option("--allow-remote", is_flag=True, default=None, help="Allow remote shard URLs.")
 @click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
@@ -66,21 +75,23 @@ def _echo(text: str) -> None:
               help="ray: GPUs per model actor (0.5 puts two on a GPU) [1 when the cluster has GPUs, else 0].")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @click.option("--no-histograms", is_flag=True, help="No histograms in the terminal summary.")
-def score(shards, out, scorers, model, pretrained, scorer_opts, frames, frame_reduce, keyframes, ocr_backend,
-          ocr_model_dir, ocr_download, min_clip, max_ocr_area, mins, maxes, write_shards, device, gpus,
-          batch_size, workers, replicas, max_memory, headroom, fit, fmt, resume, overwrite, dry_run, caption_key,
-          image_key, config_file, allow_pipe, allow_remote, engine, ray_address, ray_actors, ray_gpus_per_actor,
+def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frames, frame_reduce, keyframes,
+          ocr_backend, ocr_model_dir, ocr_download, min_clip, max_ocr_area, mins, maxes, write_shards,
+          save_embeddings, device, gpus, batch_size, workers, replicas, max_memory, headroom, fit, fmt, resume,
+          overwrite, dry_run, caption_key, image_key, rekey, config_file, max_bytes, allow_pipe, allow_remote, engine,
+          ray_address, ray_actors, ray_gpus_per_actor,
           no_progress, no_histograms):
     """Score every sample of SHARDS (folders, globs, brace patterns, .tar files) with CLIP, OCR
     or your own scorer; write per-shard score files, a summary and, optionally, filtered shards."""
-    from ..config import StageConfig
+    from ..config import StageConfig, parse_byte_caps
     from . import build_config
-    from .config import parse_option, parse_threshold
+    from ..thresholds import parse_threshold
+    from .config import parse_option
     from .engine import run_scoring
 
     logging.basicConfig(format="wdsfilter: warning: %(message)s", level=logging.WARNING)
-    stage_overrides = {"caption_key": caption_key, "image_key": image_key, "allow_pipe": allow_pipe,
-                       "allow_remote": allow_remote}
+    stage_overrides = {"caption_key": caption_key, "image_key": image_key, "rekey": rekey, "allow_pipe": allow_pipe,
+                       "allow_remote": allow_remote, **parse_byte_caps(max_bytes)}
     if config_file:
         stage = StageConfig.from_file(config_file, **stage_overrides)
     else:
@@ -93,9 +104,11 @@ def score(shards, out, scorers, model, pretrained, scorer_opts, frames, frame_re
     maxima = dict(parse_threshold(t, "--max") for t in maxes)
     cfg = build_config(out, tuple(scorers), min_clip=min_clip, min_scores=minima, max_ocr_area=max_ocr_area,
                        max_scores=maxima, stage=stage, scorer_options=scorer_options, model=model,
-                       pretrained=pretrained, frames=frames, frame_reduce=frame_reduce, keyframes=keyframes,
+                       pretrained=pretrained, precision=precision, frames=frames, frame_reduce=frame_reduce,
+                       keyframes=keyframes,
                        ocr_backend=ocr_backend, ocr_model_dir=ocr_model_dir, ocr_download=ocr_download,
-                       write_shards=write_shards, device=device, gpus=gpus, batch_size=batch_size,
+                       write_shards=write_shards, save_embeddings=save_embeddings, device=device, gpus=gpus,
+                       batch_size=batch_size,
                        workers=workers, replicas=replicas, max_memory=max_memory, headroom=headroom, fit=fit,
                        format=fmt, resume=resume, overwrite=overwrite, dry_run=dry_run, progress=not no_progress)
     ray_given = [f for f, v in (("--ray-address", ray_address), ("--ray-actors", ray_actors),

@@ -8,6 +8,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 from ..config import StageConfig
 from ..errors import ConfigError
+from ..thresholds import Thresholds
 
 FORMATS = ("parquet", "jsonl")
 FIT_POLICIES = ("refuse", "clamp")
@@ -107,6 +108,8 @@ class ScoreConfig:
     probe_samples: int = 16
     # How many samples the probe may read looking for scorable ones before giving up.
     probe_scan: int = 2000
+    # ... and for how long (seconds): the probe never holds up a small job.
+    probe_seconds: float = 30.0
     # Start method of the decode workers: None is torch's default (fork on Linux: fast start).
     worker_start: Optional[str] = None
     stage: StageConfig = field(default_factory=StageConfig)
@@ -135,6 +138,8 @@ class ScoreConfig:
             raise ConfigError("resume and overwrite exclude each other: resume continues a run, overwrite restarts it")
         if self.max_batch < 1 or self.cpu_max_batch < 1:
             raise ConfigError("max_batch and cpu_max_batch must be >= 1")
+        if not self.probe_seconds > 0:
+            raise ConfigError(f"probe_seconds must be > 0, got {self.probe_seconds}")
         if self.probe_samples < 2:
             raise ConfigError("probe_samples must be >= 2 (two probe batch sizes give the per-sample memory)")
         if self.histogram_bins < 1:
@@ -155,25 +160,29 @@ class ScoreConfig:
             for d in self.devices:
                 if not (d == "cpu" or re.match(r"^cuda:\d+$", d) or re.match(r"^sim:\w+$", d)):
                     raise ConfigError(f"devices: {d!r} is not cpu, cuda:N or sim:NAME")
-        self.thresholds = _numbers(self.thresholds, "minimum")
-        self.max_thresholds = _numbers(self.max_thresholds, "maximum")
-        empty = [c for c, lo in self.thresholds.items() if c in self.max_thresholds and lo > self.max_thresholds[c]]
-        if empty:
-            c = empty[0]
-            raise ConfigError(f"no sample can be kept: the minimum {self.thresholds[c]:g} of {c} is above its "
-                              f"maximum {self.max_thresholds[c]:g}")
+        bounds = Thresholds.build(self.thresholds, self.max_thresholds)
+        self.thresholds, self.max_thresholds = dict(bounds.minima), dict(bounds.maxima)
         self.scorer_options = {str(k): dict(v) for k, v in dict(self.scorer_options).items()}
         if not isinstance(self.stage, StageConfig):
             raise ConfigError("stage must be a StageConfig")
 
-    def scoring_stage_config(self) -> StageConfig:
+    @property
+    def bounds(self) -> Thresholds:
+        """thresholds and max_thresholds as one Thresholds (the keep test of a row)."""
+        return Thresholds(dict(self.thresholds), dict(self.max_thresholds))
+
+    def scoring_stage_config(self, scorers: Sequence = ()) -> StageConfig:
         """The stage config of the scoring pipeline: rejects flow on as markers (every sample
         gets a row), and the starvation watchdog is off because markers keep the stream moving;
         a run that scores nothing is reported by the engine with its counts instead. The keys
-        are checked once on the whole first shard before scoring (pipeline.check_keys), so the
-        readers do not check again."""
+        are checked once on the whole first shard before scoring (keycheck.check_keys), so the
+        readers do not check again. With the run's `scorers`, JPEGs are decoded at the reduced
+        scale they all can use (Scorer.decode_floor)."""
+        from .fastdecode import combine_floors
+        # A duck-typed scorer without decode_floor needs the full image.
+        floor = combine_floors([getattr(s, "decode_floor", lambda: None)() for s in scorers]) if scorers else None
         return replace(self.stage, emit_rejects=True, starvation_samples=0, starvation_seconds=0.0,
-                       check_first_shard=False)
+                       check_first_shard=False, decode_floor=floor)
 
 
 def parse_gpus(value) -> Tuple[int, ...]:
@@ -191,31 +200,6 @@ def parse_gpus(value) -> Tuple[int, ...]:
     if len(set(gpus)) != len(gpus):
         raise ConfigError(f"gpus lists a GPU twice ({value!r}); use replicas=N for several model processes per GPU")
     return gpus
-
-
-def _numbers(thresholds, what: str) -> Dict[str, float]:
-    out = {}
-    for column, value in dict(thresholds or {}).items():
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{what} threshold for {column!r} must be a number, got {value!r}") from None
-        if number != number:
-            raise ConfigError(f"{what} threshold for {column!r} is NaN")
-        out[str(column)] = number
-    return out
-
-
-def parse_threshold(text: str, option: str = "--min") -> Tuple[str, float]:
-    """'clip_score=0.28' -> ("clip_score", 0.28) (the --min and --max options)."""
-    column, sep, value = text.partition("=")
-    if not sep or not column.strip():
-        example = "ocr_area=0.2" if option == "--max" else "clip_score=0.28"
-        raise ConfigError(f"{option} expects COLUMN=VALUE (e.g. {example}), got {text!r}")
-    try:
-        return column.strip(), float(value)
-    except ValueError:
-        raise ConfigError(f"{option} {text!r}: {value!r} is not a number") from None
 
 
 def parse_option(text: str) -> Tuple[str, str, Any]:

@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import ConfigError, WdsFilterError
 from .backoff import Backoff
+from .embeddings import FIELD as EMBEDDINGS
 from .faults import DeviceFailedError, device_failed, sticky_device_error
 from .memory import HostMemory, device_memory, is_oom, torch_device
 from .transport import pack, unpack
@@ -82,7 +83,8 @@ class ModelRunner:
                 mem.empty_cache()
                 retained[scorer.name] = _grown(mem, before, used_before) if mem.kind != "host" else 0
                 for size in sizes:
-                    mem.empty_cache()
+                    if size != sizes[0]:  # the warm-up's clean-up above already did it for the first
+                        mem.empty_cache()
                     base, used_base = mem.allocated(), mem.device_used()
                     mem.reset_peak()
                     start = time.perf_counter()
@@ -146,6 +148,8 @@ class ModelRunner:
                 for k, outcome in zip(members, outcomes):
                     if outcome[0] == "ok":
                         scores[k].update({c: outcome[1].get(c) for c in columns})
+                        if EMBEDDINGS in outcome[1]:  # --save-embeddings: written beside the score file
+                            scores[k][EMBEDDINGS] = outcome[1][EMBEDDINGS]
                     else:
                         errors[k][scorer.name] = (outcome[1], outcome[2])
         self.batches += 1
@@ -196,6 +200,9 @@ class LocalPool:
     def add_replica(self, device: str) -> dict:
         raise ConfigError("the in-process model runs one replica; use devices=['cpu', 'cpu'] for more")
 
+    def set_queue_depth(self, depth: int) -> None:
+        """In-process: one batch at a time, nothing queues."""
+
     def configure(self, worker: int, **settings) -> None:
         self.runner.configure(**settings)
 
@@ -233,6 +240,10 @@ def _worker_main(worker: int, device: str, scorers, inbox, outbox, threads: Opti
         import torch
         if threads:
             torch.set_num_threads(threads)
+        if device.startswith("cuda"):
+            # This worker's GPU becomes the current one: libraries that allocate on "cuda" (the
+            # current device) and current-device checks then see it, not GPU 0.
+            torch.cuda.set_device(torch.device(device))
         runner = ModelRunner(scorers, device)
         outbox.put(("loaded", worker, runner.load()))
         while True:
@@ -275,6 +286,7 @@ class ProcessPool:
         self.waiting: Dict[Tuple[str, int], Any] = {}
         self.results: List[tuple] = []
         self.final_stats: Dict[int, dict] = {}
+        self.reported: set = set()  # workers that loaded their scorers
 
     @property
     def devices(self) -> List[str]:
@@ -334,9 +346,16 @@ class ProcessPool:
                 continue
             if not proc.is_alive():
                 code = proc.exitcode
+                loading = ("loaded", worker) not in self.waiting and worker not in self.reported
                 self.terminate()
+                hint = " (killed by a signal: out of host memory?)" if code and code < 0 else ""
+                if loading and code and code > 0:
+                    # The usual cause: a script that starts scoring at import time, without the main
+                    # guard; the spawned worker imports it again (its own error is printed above).
+                    hint += (". It died while starting: if your script calls wdsfilter at import time, put the "
+                             "call under `if __name__ == \"__main__\":` (model workers import the script again)")
                 raise WorkerError(f"model worker {worker} on {self.device_by_worker[worker]} died with exit code "
-                                  f"{code}{' (killed by a signal: out of host memory?)' if code and code < 0 else ''}")
+                                  f"{code}{hint}")
 
     def _await(self, kind: str, worker: int, timeout: float = 3600.0) -> Any:
         deadline = time.monotonic() + timeout
@@ -352,13 +371,19 @@ class ProcessPool:
         reports = []
         for w in workers:
             report = self._await("loaded", w)
+            self.reported.add(w)
             report["worker"] = w
             reports.append(report)
         return reports
 
+    def set_queue_depth(self, depth: int) -> None:
+        """Batches each model worker may hold (the plan's queue depth): one scored, others waiting."""
+        self.depth = max(1, int(depth))
+
     def add_replica(self, device: str) -> dict:
         w = self._spawn(device)
         report = self._await("loaded", w)
+        self.reported.add(w)
         report["worker"] = w
         return report
 

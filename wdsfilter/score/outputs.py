@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Sequence
+
+from ..atomic import atomic_path, write_json
+from ..thresholds import Thresholds, is_missing
 
 BASE_FIELDS = ("key", "shard", "index", "status", "reason", "message", "kept")
 STATUSES = ("scored", "partial", "failed", "rejected")
@@ -44,9 +46,8 @@ def _column_type(values: Sequence[Any]):
 
 def write_table(rows: List[dict], columns: Sequence[str], path: str, fmt: str) -> None:
     """Write rows atomically: a temporary file in the same folder, then rename over `path`."""
-    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp-{os.getpid()}")
     names = list(BASE_FIELDS) + list(columns)
-    try:
+    with atomic_path(path) as tmp:
         if fmt == "jsonl":
             with open(tmp, "w") as f:
                 for row in rows:
@@ -66,10 +67,6 @@ def write_table(rows: List[dict], columns: Sequence[str], path: str, fmt: str) -
                 arrays.append(arr)
                 fields.append(pa.field(name, arr.type))
             pq.write_table(pa.Table.from_arrays(arrays, schema=pa.schema(fields)), tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def read_table(path: str, columns: Optional[Sequence[str]] = None) -> Dict[str, list]:
@@ -101,8 +98,8 @@ def _numeric(values: Iterable[Any]) -> List[float]:
     return [float(v) for v in values if _is_number(v) and not math.isnan(float(v))]
 
 
-def summarize_files(paths: Sequence[str], columns: Sequence[str], thresholds: Dict[str, float],
-                    bins: int = 20, max_thresholds: Optional[Dict[str, float]] = None) -> dict:
+def summarize_files(paths: Sequence[str], columns: Sequence[str], thresholds: Optional[Thresholds] = None,
+                    bins: int = 20) -> dict:
     """Counts, kept/dropped per threshold (minimum and maximum) and per-column statistics with
     histograms, read back from the score files (two passes over the score columns: range, then
     histogram). Integer columns with few values get one bin per value."""
@@ -110,8 +107,9 @@ def summarize_files(paths: Sequence[str], columns: Sequence[str], thresholds: Di
     status = Counter()
     reasons = Counter()
     kept = 0
-    per_threshold = {c: {"min": t, "kept": 0, "dropped": 0, "no_score": 0} for c, t in thresholds.items()}
-    per_max = {c: {"max": t, "kept": 0, "dropped": 0, "no_score": 0} for c, t in (max_thresholds or {}).items()}
+    thresholds = thresholds or Thresholds()
+    per_bound = [(b, {"min" if b.minimum else "max": b.value, "kept": 0, "dropped": 0, "no_score": 0})
+                 for b in thresholds.bounds()]
     stats: Dict[str, dict] = {}
     for path in paths:
         t = read_table(path, ["status", "reason", "kept"] + list(columns))
@@ -123,14 +121,9 @@ def summarize_files(paths: Sequence[str], columns: Sequence[str], thresholds: Di
                 for part in str(r).split(";"):
                     reasons[part] += 1
         kept += sum(1 for k in t["kept"] if k)
-        for col, th in [*per_threshold.items(), *per_max.items()]:
-            for v in t.get(col, [None] * n):
-                if v is None or (isinstance(v, float) and math.isnan(v)):
-                    th["no_score"] += 1
-                elif (v >= th["min"]) if "min" in th else (v <= th["max"]):
-                    th["kept"] += 1
-                else:
-                    th["dropped"] += 1
+        for bound, th in per_bound:
+            for v in t.get(bound.column, [None] * n):
+                th["no_score" if is_missing(v) else "kept" if bound.passes(v) else "dropped"] += 1
         for col in columns:
             values = t.get(col, [])
             st = stats.setdefault(col, {"count": 0, "min": None, "max": None, "sum": 0.0, "true": 0, "false": 0,
@@ -170,7 +163,8 @@ def summarize_files(paths: Sequence[str], columns: Sequence[str], thresholds: Di
         st.pop("sum", None)
         st.pop("integer", None)
     return {"rows": rows, "status": dict(status), "reasons": dict(reasons.most_common()), "kept": kept,
-            "dropped": rows - kept, "thresholds": per_threshold, "max_thresholds": per_max, "columns": stats}
+            "dropped": rows - kept, "thresholds": {b.column: th for b, th in per_bound if b.minimum},
+            "max_thresholds": {b.column: th for b, th in per_bound if not b.minimum}, "columns": stats}
 
 
 def text_histogram(hist: dict, width: int = 40) -> List[str]:
@@ -185,37 +179,44 @@ def text_histogram(hist: dict, width: int = 40) -> List[str]:
     return lines
 
 
-def plot_histograms(stats: Dict[str, dict], thresholds: Dict[str, float], path: str,
-                    max_thresholds: Optional[Dict[str, float]] = None) -> Optional[str]:
-    """One panel per numeric score column, threshold lines drawn; None when there is nothing to plot."""
-    max_thresholds = max_thresholds or {}
+def plot_histograms(stats: Dict[str, dict], thresholds: Thresholds, path: str) -> Optional[str]:
+    """One panel per numeric score column, threshold lines drawn (red: minimum, purple: maximum);
+    None when there is nothing to plot. Drawn with PIL, which the core already needs: a few
+    milliseconds, where importing matplotlib alone took seconds at start-up of every summary."""
+    from PIL import Image, ImageDraw
+    minima, maxima = thresholds.minima, thresholds.maxima
     numeric = [(c, s) for c, s in stats.items() if s.get("histogram")]
     if not numeric:
         return None
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(len(numeric), 1, figsize=(7, 2.8 * len(numeric)), squeeze=False)
-    for ax, (col, st) in zip(axes[:, 0], numeric):
+    width, panel, margin, top = 560, 180, 40, 24
+    img = Image.new("RGB", (width, panel * len(numeric)), "white")
+    draw = ImageDraw.Draw(img)
+    for k, (col, st) in enumerate(numeric):
+        y0 = k * panel
         edges, counts = st["histogram"]["edges"], st["histogram"]["counts"]
-        ax.stairs(counts, edges, fill=True, alpha=0.7)
-        if col in thresholds:
-            ax.axvline(thresholds[col], color="red", linestyle="--", label=f"min {thresholds[col]:g}")
-        if col in max_thresholds:
-            ax.axvline(max_thresholds[col], color="purple", linestyle=":", label=f"max {max_thresholds[col]:g}")
-        if col in thresholds or col in max_thresholds:
-            ax.legend()
-        ax.set_title(f"{col} (n={st['count']}, mean={st['mean']:.4g})")
-        ax.set_ylabel("samples")
-    fig.tight_layout()
-    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp-{os.getpid()}.png")
-    try:
-        fig.savefig(tmp, dpi=80)
-        os.replace(tmp, path)
-    finally:  # a full disk: no half picture left behind
-        plt.close(fig)
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        lo, hi = edges[0], edges[-1]
+        left, right, bottom = margin, width - 10, y0 + panel - 20
+        peak = max(counts) or 1
+
+        def x_of(v: float) -> float:
+            return left + (right - left) * ((v - lo) / (hi - lo) if hi > lo else 0.5)
+
+        for c, a, b in zip(counts, edges, edges[1:]):
+            if c:
+                draw.rectangle([x_of(a), bottom - (bottom - y0 - top) * c / peak, max(x_of(a), x_of(b) - 1), bottom],
+                               fill=(90, 130, 200))
+        draw.line([left, bottom, right, bottom], fill="black")
+        for v, colour in ((minima.get(col), (220, 30, 30)), (maxima.get(col), (140, 40, 160))):
+            if v is not None and lo <= v <= hi:
+                draw.line([x_of(v), y0 + top, x_of(v), bottom], fill=colour, width=2)
+        bounds = ", ".join(b for b in (f"min {minima[col]:g}" if col in minima else "",
+                                       f"max {maxima[col]:g}" if col in maxima else "") if b)
+        draw.text((left, y0 + 6), f"{col} (n={st['count']}, mean={st['mean']:.4g})" + (f"  [{bounds}]" if bounds else ""),
+                  fill="black")
+        draw.text((left, bottom + 4), f"{lo:.4g}", fill="black")
+        draw.text((right - 40, bottom + 4), f"{hi:.4g}", fill="black")
+    with atomic_path(path) as tmp:
+        img.save(tmp, format="PNG")
     return path
 
 
@@ -319,11 +320,4 @@ class RunSummary:
 
 
 def write_summary(summary: RunSummary, path: str) -> None:
-    tmp = path + f".tmp-{os.getpid()}"
-    try:
-        with open(tmp, "w") as f:
-            json.dump(summary.to_dict(), f, indent=2, default=str)
-        os.replace(tmp, path)
-    finally:  # a full disk: no half summary left behind
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    write_json(path, summary.to_dict(), indent=2)

@@ -1,9 +1,10 @@
 """The memory planner: from measured numbers to batch size, model replicas per GPU, decode workers.
 
 Inputs, all measured before planning:
-  * per device (DeviceReport, from the model worker that loaded the scorers there): its free
-    memory before loading (torch.cuda.mem_get_info on GPUs, psutil on the host), each model's
-    footprint (memory_allocated after load minus before) and what another process costs there;
+  * per device (the report dict of modelworker.ModelRunner.load, from the model worker that
+    loaded the scorers there): its free memory before loading (torch.cuda.mem_get_info on GPUs,
+    psutil on the host), each model's footprint (memory_allocated after load minus before) and
+    what another process costs there;
   * the activation probe (ProbeReport): peak memory above the loaded model for probe batches of
     two sizes (max_memory_allocated), giving bytes per sample and a fixed part, plus the model's
     and the decode side's seconds per sample and the size of one prepared sample;
@@ -78,25 +79,17 @@ class DevicePlan:
     # Scorers that run the batch in smaller sub-batches (on the CPU, where the probe found those faster)
     scorer_batch: Dict[str, int] = field(default_factory=dict)
 
-    @property
-    def workers(self) -> int:
-        return self.replicas
-
 
 @dataclass
 class Plan:
-    devices: List[DevicePlan]
-    workers: int
+    devices: List[DevicePlan]  # model workers: replicas and batch size per device
+    workers: int  # decode workers (DataLoader processes)
     prefetch: int
     chunk: int
     queue_depth: int
     min_free_host: int
     lines: List[Tuple[str, str, str]] = field(default_factory=list)
     warnings: List[str] = field(default_factory=list)
-
-    @property
-    def batch_size(self) -> int:
-        return min(d.batch_size for d in self.devices)
 
     def describe(self) -> str:
         width = max((len(w) for w, _, _ in self.lines), default=10)
@@ -252,81 +245,67 @@ class _Planner:
         return small
 
     # -- the host -------------------------------------------------------------------------------
-    def plan(self) -> Plan:
-        cfg, probe, host = self.cfg, self.probe, self.host
-        self.describe_inputs()
-        gpu_reports = [r for r in self.reports if r["kind"] != "host"]
-        cpu_reports = [r for r in self.reports if r["kind"] == "host"]
-        devices = [self.plan_gpu(r) for r in gpu_reports]
-
+    def host_budget(self, cpu_reports: List[dict]) -> int:
+        """Host RAM the run may use: available minus headroom, capped by max_memory on the CPU."""
+        cfg, host = self.cfg, self.host
         available = host["available"]
-        host_budget = int(available * (1 - cfg.headroom))
-        host_why = f"psutil: {fs(available)} available of {fs(host['total'])}, {cfg.headroom:.0%} kept as headroom"
+        budget = int(available * (1 - cfg.headroom))
+        why = f"psutil: {fs(available)} available of {fs(host['total'])}, {cfg.headroom:.0%} kept as headroom"
         if cpu_reports and cfg.max_memory:
             loaded = sum(r["rss"] for r in cpu_reports)
-            if cfg.max_memory - loaded < host_budget:
-                host_budget = max(0, cfg.max_memory - loaded)
-                host_why += f", capped by max_memory={fs(cfg.max_memory)} minus {fs(loaded)} already loaded"
-        self.lines.append(("host RAM budget", fs(host_budget), host_why))
-        spent = 0
-        # Extra GPU replicas are new processes: each costs what the first one's RSS shows.
-        for d, r in zip(devices, gpu_reports):
-            if d.replicas > 1:
-                spent += (d.replicas - 1) * r["rss"]
-        small: Dict[str, int] = {}
-        if cpu_reports:
-            R = len(cpu_reports)
-            room = host_budget - WORKER_BASE_BYTES  # leave room for one decode worker
-            limit = math.inf if self.per == 0 else max(0, (room / R - self.fixed) // self.per)
-            cap = cfg.cpu_max_batch
-            if cfg.batch_size == "auto":
-                B = max(1, _round_batch(int(min(limit, cap))))
-                reason = (f"capped at cpu_max_batch={cap} (bigger CPU batches are not faster)" if limit >= cap
-                          else f"host RAM: {R} x ({fs(self.fixed)} + {fs(self.per)} x {B}) fits {fs(room)}")
-                if limit < 1:
-                    self.too_big(f"one sample needs {fs(self.fixed + self.per)} of activations on the CPU but "
-                                 f"{fs(room)} of host RAM is left", None)
-            else:
-                B, reason = cfg.batch_size, "set by the user"
-                if B > limit:
-                    clamp = max(1, _round_batch(int(limit)))
-                    self.too_big(f"batch_size={B} on the CPU: {R} x ({fs(self.fixed)} + {fs(self.per)} x {B}) = "
-                                 f"{fs(R * (self.fixed + self.per * B))} > {fs(room)} of host RAM", str(clamp))
-                    B, reason = clamp, "clamped to the host RAM"
-            self.lines.append(("cpu batch size", str(B), reason))
-            small = self.small_batches(B) if cfg.batch_size == "auto" else {}
-            need = R * (self.fixed + self.per * B)
-            spent += need
-            for r in cpu_reports:
-                devices.append(DevicePlan(r["device"], "host", 1, B, None, host_budget, need, dict(small)))
+            if cfg.max_memory - loaded < budget:
+                budget = max(0, cfg.max_memory - loaded)
+                why += f", capped by max_memory={fs(cfg.max_memory)} minus {fs(loaded)} already loaded"
+        self.lines.append(("host RAM budget", fs(budget), why))
+        return budget
 
-        model_procs = sum(d.replicas for d in devices)
-        B_max = max(d.batch_size for d in devices)
-        chunk = max(1, min(B_max, MAX_CHUNK))
-        queued = QUEUE_DEPTH * sum(d.replicas * d.batch_size for d in devices) * probe.prepared_bytes
-        spent += queued
-        self.lines.append(("model queues", f"{QUEUE_DEPTH} batches per model process",
-                           f"{fs(queued)} of prepared samples at most"))
-
-        # Decode workers: cores, shards, then RAM x prefetch.
-        cpus = host["cpus"]
-        if cpu_reports:
-            # Model cost per sample at the batch sizes chosen (a scorer scoring one by one is faster).
-            saved = sum(probe.timings[n][1] - probe.timings[n][0] for n in small)
-            p, m1 = probe.prepare_seconds, max(0.0, probe.seconds_per_sample - saved) * max(1, probe.threads)
-            if cpus <= 1:
-                w_cpu, cpu_why = 0, "one core: decode in the main process"
-            elif p > 0 and m1 > 0:
-                share = p / (p + m1)
-                w_cpu = min(max(1, round(cpus * share)), max(1, cpus - model_procs))
-                cpu_why = (f"{cpus} cores split by cost: decode {p * 1000:.1f} ms vs model {m1 * 1000:.1f} "
-                           f"core-ms per sample")
-            else:
-                w_cpu, cpu_why = max(1, cpus - model_procs), f"{cpus} cores minus {model_procs} model process(es)"
+    def plan_cpu(self, cpu_reports: List[dict], host_budget: int) -> List[DevicePlan]:
+        """One DevicePlan per CPU model worker: the batch that fits host RAM (or the user's)."""
+        cfg = self.cfg
+        R = len(cpu_reports)
+        room = host_budget - WORKER_BASE_BYTES  # leave room for one decode worker
+        limit = math.inf if self.per == 0 else max(0, (room / R - self.fixed) // self.per)
+        cap = cfg.cpu_max_batch
+        if cfg.batch_size == "auto":
+            B = max(1, _round_batch(int(min(limit, cap))))
+            reason = (f"capped at cpu_max_batch={cap} (bigger CPU batches are not faster)" if limit >= cap
+                      else f"host RAM: {R} x ({fs(self.fixed)} + {fs(self.per)} x {B}) fits {fs(room)}")
+            if limit < 1:
+                self.too_big(f"one sample needs {fs(self.fixed + self.per)} of activations on the CPU but "
+                             f"{fs(room)} of host RAM is left", None)
         else:
-            w_cpu = max(1, cpus - model_procs - 1)
-            cpu_why = f"{cpus} cores minus {model_procs} model process(es) minus the dispatcher"
-        left = host_budget - spent
+            B, reason = cfg.batch_size, "set by the user"
+            if B > limit:
+                clamp = max(1, _round_batch(int(limit)))
+                self.too_big(f"batch_size={B} on the CPU: {R} x ({fs(self.fixed)} + {fs(self.per)} x {B}) = "
+                             f"{fs(R * (self.fixed + self.per * B))} > {fs(room)} of host RAM", str(clamp))
+                B, reason = clamp, "clamped to the host RAM"
+        self.lines.append(("cpu batch size", str(B), reason))
+        small = self.small_batches(B) if cfg.batch_size == "auto" else {}
+        need = R * (self.fixed + self.per * B)
+        return [DevicePlan(r["device"], "host", 1, B, None, host_budget, need, dict(small)) for r in cpu_reports]
+
+    def decode_cores(self, cpu_reports: List[dict], small: Dict[str, int], model_procs: int) -> Tuple[int, str]:
+        """Decode workers the cores allow, and why: on the CPU the cores are split between decode
+        and model by their measured costs; with GPUs, the cores the model processes leave."""
+        probe, cpus = self.probe, self.host["cpus"]
+        if not cpu_reports:
+            return (max(1, cpus - model_procs - 1),
+                    f"{cpus} cores minus {model_procs} model process(es) minus the dispatcher")
+        # Model cost per sample at the batch sizes chosen (a scorer scoring one by one is faster).
+        saved = sum(probe.timings[n][1] - probe.timings[n][0] for n in small)
+        p, m1 = probe.prepare_seconds, max(0.0, probe.seconds_per_sample - saved) * max(1, probe.threads)
+        if cpus <= 1:
+            return 0, "one core: decode in the main process"
+        if p > 0 and m1 > 0:
+            share = p / (p + m1)
+            return (min(max(1, round(cpus * share)), max(1, cpus - model_procs)),
+                    f"{cpus} cores split by cost: decode {p * 1000:.1f} ms vs model {m1 * 1000:.1f} core-ms per sample")
+        return max(1, cpus - model_procs), f"{cpus} cores minus {model_procs} model process(es)"
+
+    def decode_workers(self, w_cpu: int, cpu_why: str, left: int, chunk: int) -> Tuple[int, int]:
+        """(decode workers, prefetch): cores, shards, then host RAM x prefetch."""
+        cfg, probe = self.cfg, self.probe
 
         def per_worker(prefetch: int) -> int:
             return WORKER_BASE_BYTES + prefetch * chunk * probe.prepared_bytes
@@ -360,19 +339,49 @@ class _Planner:
         self.lines.append(("prefetch", f"{prefetch} x {chunk} samples per worker",
                            f"{fs(per_worker(prefetch))} per worker ({fs(WORKER_BASE_BYTES)} estimated base); "
                            f"{fs(workers * per_worker(prefetch))} of {fs(left)} left in the host budget"))
+        return workers, prefetch
 
-        # Threads: on the CPU the model gets the cores the decode workers leave.
-        if cpu_reports:
-            threads = max(1, (cpus - workers) // max(1, len(cpu_reports)))
+    def model_threads(self, devices: List[DevicePlan], n_cpu_models: int, workers: int) -> None:
+        """On the CPU the model gets the cores the decode workers leave; a GPU model process 2."""
+        cpus = self.host["cpus"]
+        if n_cpu_models:
+            threads = max(1, (cpus - workers) // n_cpu_models)
             for d in devices:
                 if d.kind == "host":
                     d.threads = threads
             self.lines.append(("model threads", str(threads), f"{cpus} cores minus {workers} decode worker(s)"
-                               + (f", split over {len(cpu_reports)} model processes" if len(cpu_reports) > 1 else "")))
+                               + (f", split over {n_cpu_models} model processes" if n_cpu_models > 1 else "")))
         else:
             for d in devices:
                 d.threads = 2  # host-side work of a GPU model process: transfers, Python
-        min_free_host = default_min_free_host(cfg, host["total"])
+
+    def plan(self) -> Plan:
+        """Models and activations, GPUs, host RAM, CPU batch, queues, decode workers, threads,
+        back-off: each step appends its decision and reason to self.lines."""
+        probe = self.probe
+        self.describe_inputs()
+        gpu_reports = [r for r in self.reports if r["kind"] != "host"]
+        cpu_reports = [r for r in self.reports if r["kind"] == "host"]
+        devices = [self.plan_gpu(r) for r in gpu_reports]
+        host_budget = self.host_budget(cpu_reports)
+        # Extra GPU replicas are new processes: each costs what the first one's RSS shows.
+        spent = sum((d.replicas - 1) * r["rss"] for d, r in zip(devices, gpu_reports) if d.replicas > 1)
+        small: Dict[str, int] = {}
+        if cpu_reports:
+            cpu_devices = self.plan_cpu(cpu_reports, host_budget)
+            small = cpu_devices[0].scorer_batch
+            spent += cpu_devices[0].need
+            devices += cpu_devices
+        model_procs = sum(d.replicas for d in devices)
+        chunk = max(1, min(max(d.batch_size for d in devices), MAX_CHUNK))
+        queued = QUEUE_DEPTH * sum(d.replicas * d.batch_size for d in devices) * probe.prepared_bytes
+        spent += queued
+        self.lines.append(("model queues", f"{QUEUE_DEPTH} batches per model process",
+                           f"{fs(queued)} of prepared samples at most"))
+        w_cpu, cpu_why = self.decode_cores(cpu_reports, small, model_procs)
+        workers, prefetch = self.decode_workers(w_cpu, cpu_why, host_budget - spent, chunk)
+        self.model_threads(devices, len(cpu_reports), workers)
+        min_free_host = default_min_free_host(self.cfg, self.host["total"])
         self.lines.append(("back-off", f"halve the batch under {fs(min_free_host)} free host RAM",
                            "and on every out-of-memory error"))
         return Plan(devices, int(workers), prefetch, chunk, QUEUE_DEPTH, min_free_host, self.lines, self.warnings)

@@ -15,10 +15,8 @@ import time
 from typing import Any, Dict, Iterable, Iterator, List, Sequence, Tuple
 
 from ..errors import DataError
-from ..stages import MARKER
+from ..markers import MARKER, SHARD_END
 from .transport import pack
-
-SHARD_END = "shard_end"
 
 
 class Prepare:
@@ -88,12 +86,11 @@ def nbytes(obj: Any) -> int:
         return 0
 
 
-def collect_probe(urls: Sequence[str], stage_cfg, scorers: Sequence, want: int, scan: int):
+def collect_probe(urls: Sequence[str], stage_cfg, scorers: Sequence, want: int, scan: int,
+                  max_seconds: float = 30.0):
     """Read, decode and prepare samples in this process until `want` of them were prepared by
-    every scorer (or `scan` samples were read). Returns (inputs, seconds per sample, samples read).
-
-    This also surfaces configuration errors (a caption key no sample has) before any process or
-    model is started."""
+    every scorer (or `scan` samples were read, or `max_seconds` passed). Returns (inputs, seconds
+    per sample, samples read)."""
     from ..pipeline import sample_pipeline
     from ..tally import Tally
     pipe = sample_pipeline(list(urls), stage_cfg, Tally(), extra=[Prepare(scorers)])
@@ -108,7 +105,7 @@ def collect_probe(urls: Sequence[str], stage_cfg, scorers: Sequence, want: int, 
             seen += 1
             if MARKER not in item and not item["errors"]:
                 found.append(item["inputs"])
-            if len(found) >= want or seen >= scan:
+            if len(found) >= want or seen >= scan or time.perf_counter() - start > max_seconds:
                 break
     finally:
         close = getattr(iterator, "close", None)

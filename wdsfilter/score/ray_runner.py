@@ -8,7 +8,7 @@ memory (its backpressure) and retries failed tasks.
                  shard are in, a finish_shard task writes scores/<shard>.parquet, the filtered
                  shard and the done marker: a run killed half-way leaves its finished shards done.
 
-The output folder is the engine's own (engine.Engine builds the run state), so `--resume`,
+Rows, shard completion and the run state are the local engine's own (rows.py, run.Run), so `--resume`,
 `wdsfilter.loader(scores=...)` and the summary work on it unchanged. The shards and the output
 folder must be reachable from every node (a shared filesystem); Ray moves only the rows.
 
@@ -28,12 +28,13 @@ import time
 from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 from ..errors import ConfigError
+from .embeddings import FIELD as EMBEDDINGS
 from .faults import disk_full, is_disk_full, read_failed_reason
 from .outputs import RunSummary
+from .rows import BASE_FIELDS, complete_row, item_row, new_row, write_shard
 
 PENDING = "__pending__"  # a row whose inputs still need the model
-SHARD_END = "__shard_end__"  # one per shard: carries the reader's error and member count
-ROW_FIELDS = ("key", "shard", "index", "status", "reason", "message", "kept")
+SHARD_END_ROW = "__shard_end__"  # one per shard: carries the reader's error and member count
 
 
 def _ray():
@@ -48,17 +49,16 @@ def _ray():
 # -- decode side: one task per shard --------------------------------------------------------------
 def read_shard(batch, cfg, scorers, rows_per_block: int = 64) -> Iterator[Dict[str, list]]:
     """Ray map_batches generator over shard URLs: every sample's row, with its prepared inputs
-    pickled into `payload` where a model still has to score it, then one SHARD_END row whose
+    pickled into `payload` where a model still has to score it, then one SHARD_END_ROW row whose
     message tells the driver how many rows the shard has, how the reader ended and the shard's
     stage counts. Yields column batches of up to rows_per_block rows, so a big shard never sits
     in memory whole."""
+    from ..markers import MARKER, SHARD_END
     from ..pipeline import sample_pipeline
-    from ..stages import MARKER, REJECT
     from ..tally import Tally
-    from .engine import complete_row
-    from .prepare import SHARD_END as END_MARKER, Prepare
+    from .prepare import Prepare
 
-    stage = cfg.scoring_stage_config()
+    stage = cfg.scoring_stage_config(scorers)
     paths = batch["path"] if "path" in batch else batch["shard"]
     for url, path in zip(list(batch["shard"]), list(paths)):  # rows carry the URL; the worker opens `path`
         tally = Tally(0, 0, name="wdsfilter score (ray)")
@@ -67,21 +67,16 @@ def read_shard(batch, cfg, scorers, rows_per_block: int = 64) -> Iterator[Dict[s
         index = 0
         end = None
         for item in pipeline:
-            marker = item.get(MARKER)
-            if marker == END_MARKER:
+            if item.get(MARKER) == SHARD_END:
                 end = {"error": item.get("error"), "members": item.get("members", 0), "failed": item.get("failed")}
-            elif marker:
-                rows.append(_row(item.get("__key__", ""), url, index, "rejected", item.get(REJECT),
-                                 item.get("__message__")))
-                index += 1
-            else:
-                row = _row(item["__key__"], url, index, PENDING)
-                if item["inputs"]:
-                    row["payload"] = pickle.dumps((item["inputs"], item["errors"]), protocol=pickle.HIGHEST_PROTOCOL)
-                else:  # no scorer could prepare it: its row is final already
-                    complete_row(row, scorers, {}, item["errors"], cfg.thresholds, cfg.max_thresholds)
-                rows.append(row)
-                index += 1
+                continue
+            row = item_row(item, index, scorers, cfg.bounds)
+            row["payload"] = b""
+            if row["status"] is None:
+                row["status"] = PENDING
+                row["payload"] = pickle.dumps((item["inputs"], item["errors"]), protocol=pickle.HIGHEST_PROTOCOL)
+            rows.append(row)
+            index += 1
             if len(rows) >= rows_per_block:
                 yield _columns(rows)
                 rows = []
@@ -90,13 +85,8 @@ def read_shard(batch, cfg, scorers, rows_per_block: int = 64) -> Iterator[Dict[s
             end = {"error": examples[0].message if examples else "could not be opened", "members": 0,
                    "unopened": True}
         end.update(rows=index, dropped=dict(tally.dropped), notes=dict(tally.notes))
-        rows.append(_row("", url, -1, SHARD_END, message=json.dumps(end)))
+        rows.append(dict(new_row("", url, -1, SHARD_END_ROW, message=json.dumps(end)), payload=b""))
         yield _columns(rows)
-
-
-def _row(key, url, index, status, reason=None, message=None) -> dict:
-    return {"key": key, "shard": url, "index": index, "status": status, "reason": reason, "message": message,
-            "kept": False, "payload": b""}
 
 
 def _columns(rows: List[dict]) -> Dict[str, list]:
@@ -122,16 +112,15 @@ class ScoreActor:
         self.runner.configure(batch_size, min_free_host=default_min_free_host(cfg, host_status()["total"]))
 
     def __call__(self, batch):
-        from .engine import complete_row
         n = len(batch["key"])
-        rows = [{f: _plain(batch[f][i]) for f in ROW_FIELDS} for i in range(n)]
+        rows = [{f: _plain(batch[f][i]) for f in BASE_FIELDS} for i in range(n)]
         pending = [i for i in range(n) if rows[i]["status"] == PENDING]
         loaded = {i: pickle.loads(batch["payload"][i]) for i in pending}  # (inputs, prepare errors)
         for i, scores, errors in self.runner.score([(i, loaded[i][0]) for i in pending]):
             rows[i]["status"] = None
-            complete_row(rows[i], self.scorers, scores, {**loaded[i][1], **errors}, self.cfg.thresholds,
-                         self.cfg.max_thresholds)
-        out = {f: [r[f] for r in rows] for f in ROW_FIELDS}
+            complete_row(rows[i], self.scorers, scores, {**loaded[i][1], **errors}, self.cfg.bounds)
+        out = {f: [r[f] for r in rows] for f in BASE_FIELDS}
+        out[EMBEDDINGS] = [pickle.dumps(r.get(EMBEDDINGS)) for r in rows]  # --save-embeddings (else None)
         for c in self.columns:  # every batch has every column, so Ray's blocks share one schema
             out[c] = [json.dumps(r.get(c)) for r in rows]
         return out
@@ -147,37 +136,19 @@ def _plain(v):
 # -- per shard: score file, filtered shard, marker --------------------------------------------------
 def finish_shard(url: str, rows: List[dict], end: dict, cfg, state, columns: Sequence[str],
                  path: Optional[str] = None) -> dict:
-    """A Ray task: write one shard's outputs the way the engine does (score file, filtered
-    shard, then the completion marker)."""
-    from .outputs import write_table
-    from .shardwriter import write_filtered
+    """A Ray task: the score values back from JSON, rows in shard order, then rows.write_shard
+    (score file, embeddings, filtered shard from `path`, completion marker) as the local engine does."""
     for row in rows:
         for c in columns:
             row[c] = json.loads(row[c])
     rows.sort(key=lambda r: r["index"])
-    write_table(rows, columns, state.score_path(url), cfg.format)
-    filtered = None
-    if cfg.write_shards:
-        keep = {r["key"] for r in rows if r["kept"]}
-        try:
-            filtered = write_filtered(path or url, keep, state.filtered_path(url), cfg.stage.rekey,
-                                      cfg.stage.allow_pipe, cfg.stage.allow_remote)
-        except OSError as e:  # the shard cannot be read again (a pipe: command failed): no marker
-            if is_disk_full(e):
-                raise
-            return {"shard": url, "rows": len(rows), "failed": f"filtered shard not written: {e}"}
-    counts: Dict[str, int] = {}
-    for r in rows:
-        counts[r["status"]] = counts.get(r["status"], 0) + 1
-    state.mark_done(url, {"rows": len(rows), "status": counts, "kept": sum(bool(r["kept"]) for r in rows),
-                          "members": end.get("members", 0), "error": end.get("error"), "filtered": filtered,
-                          "engine": "ray"})
-    return {"shard": url, "rows": len(rows)}
+    failed = write_shard(url, rows, end, cfg, state, columns, source=path, engine="ray")
+    return {"shard": url, "rows": len(rows), **({"failed": failed} if failed else {})}
 
 
 class _Collector:
     """Driver side: rows arrive from the actors in any order; a shard is complete when its
-    SHARD_END row has come and every row index it announced. Rows are kept by index, so a row
+    SHARD_END_ROW row has come and every row index it announced. Rows are kept by index, so a row
     that a retried Ray task sends twice is counted once."""
 
     def __init__(self, columns: Sequence[str]):
@@ -189,12 +160,13 @@ class _Collector:
         """Rows of one batch in; (url, rows, end) of every shard this batch completed out."""
         complete = []
         for i in range(len(batch["key"])):
-            row = {f: _plain(batch[f][i]) for f in ROW_FIELDS}
+            row = {f: _plain(batch[f][i]) for f in BASE_FIELDS}
             url = row["shard"]
-            if row["status"] == SHARD_END:
+            if row["status"] == SHARD_END_ROW:
                 self.ends[url] = json.loads(row["message"])
             else:
                 row.update({c: _plain(batch[c][i]) for c in self.columns})
+                row[EMBEDDINGS] = pickle.loads(batch[EMBEDDINGS][i])
                 self.rows.setdefault(url, {})[row["index"]] = row
             end = self.ends.get(url)
             if end is not None and len(self.rows.get(url, ())) == end["rows"]:
@@ -248,32 +220,32 @@ def run_on_ray(shards, cfg, *, actors: Optional[int] = None, gpus_per_actor: Opt
                cpus_per_actor: float = 1.0, batch_size: Optional[int] = None, address: Optional[str] = None,
                ray_init: Optional[dict] = None, echo: Optional[Callable[[str], None]] = None) -> RunSummary:
     """score_on_ray with a ScoreConfig (what `wdsfilter score --engine ray` builds)."""
-    from .engine import Engine
+    from .run import Run
 
     if cfg.dry_run:
         raise ConfigError("dry_run plans the single-machine engine; Ray plans its own cluster (ray status)")
     # Ray workers may run in another folder (or on another node of the shared filesystem).
     cfg = dataclasses.replace(cfg, out=os.path.abspath(cfg.out),
                               write_shards=os.path.abspath(cfg.write_shards) if cfg.write_shards else None)
-    engine = Engine(shards, cfg, echo)  # the same URLs, scorers, columns, run state, summary and lock
+    # The local engine's URLs, scorers, columns, run state, summary and lock; the keys on the first
+    # shard to score are checked there, so configuration errors come before Ray starts.
+    run = Run(shards, cfg, echo)
     try:
-        return _run_on_ray(engine, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, address, ray_init)
+        return _run_on_ray(run, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, address, ray_init)
     except Exception as e:
         cause = getattr(e, "cause", e)  # a Ray task's error carries the original as .cause
         if is_disk_full(cause):
             raise disk_full(cause, "the run's outputs") from None
         raise
     finally:
-        engine.release_lock()
+        run.release_lock()
 
 
-def _run_on_ray(engine, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, address, ray_init) -> RunSummary:
-    from ..pipeline import check_keys
-    echo = engine.echo
-    todo = engine.state.pending()
-    if todo:  # configuration errors (a caption key no sample has) at once, before Ray starts
-        check_keys(todo[0], cfg.scoring_stage_config())
-        for scorer in engine.scorers:  # downloads once, on the driver (a shared filesystem), not per actor
+def _run_on_ray(run, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, address, ray_init) -> RunSummary:
+    echo = run.echo
+    todo = run.pending()
+    if todo:  # the keys were checked by Run
+        for scorer in run.scorers:  # downloads once, on the driver (a shared filesystem), not per actor
             getattr(scorer, "fetch", lambda: None)()
     ray = _ray()
     started_here = not ray.is_initialized()
@@ -295,25 +267,24 @@ def _run_on_ray(engine, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size,
             batch_size = cfg.batch_size
         batch_size = int(batch_size or (64 if gpus_per_actor else 32))
         start = time.perf_counter()
-        engine.summary.shards_resumed = engine.state.resumed_from_markers
-        engine.summary.scorers = [s.describe() for s in engine.scorers]
-        echo(f"ray: {len(todo)} of {len(engine.urls)} shard(s) to score with {actors} model actor(s) on {device} "
+        run.summary.scorers = [s.describe() for s in run.scorers]
+        echo(f"ray: {len(todo)} of {len(run.urls)} shard(s) to score with {actors} model actor(s) on {device} "
              f"({gpus_per_actor:g} GPU each), batch {batch_size}")
         done: List[dict] = []
         failed: List[dict] = []
-        collector = _Collector(engine.columns)
+        collector = _Collector(run.columns)
         dropped, notes = Counter(), Counter()
         if todo:
             # Workers open absolute paths: their working folder is not the driver's.
             ds = ray.data.from_items([{"shard": u, "path": absolute_url(u)} for u in todo],
                                      override_num_blocks=len(todo))
-            ds = ds.map_batches(functools.partial(read_shard, cfg=cfg, scorers=engine.scorers),
+            ds = ds.map_batches(functools.partial(read_shard, cfg=cfg, scorers=run.scorers),
                                 batch_size=1, batch_format="numpy", max_retries=RETRIES)
             ds = ds.map_batches(ScoreActor, batch_size=batch_size, batch_format="numpy", concurrency=actors,
                                 num_gpus=gpus_per_actor, num_cpus=cpus_per_actor,
                                 max_restarts=-1, max_task_retries=RETRIES,
-                                fn_constructor_kwargs={"cfg": cfg, "scorers": engine.model_scorers,
-                                                       "columns": engine.columns, "batch_size": batch_size,
+                                fn_constructor_kwargs={"cfg": cfg, "scorers": run.model_scorers,
+                                                       "columns": run.columns, "batch_size": batch_size,
                                                        "device": device})
             # A batch that failed after its retries (its actor died twice, or it raised) is dropped
             # by Ray Data instead of ending the run: its shard never completes, so it gets no marker.
@@ -330,7 +301,7 @@ def _run_on_ray(engine, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size,
                         elif end.get("failed"):  # not read to its end: no outputs, no marker either
                             failed.append({"url": url, "reason": read_failed_reason(end["failed"])})
                         else:
-                            writing.append(finish.remote(url, rows, end, cfg, engine.state, engine.columns,
+                            writing.append(finish.remote(url, rows, end, cfg, run.state, run.columns,
                                                          absolute_url(url)))
                     ready, writing = ray.wait(writing, num_returns=len(writing), timeout=0) if writing else ([], [])
                     done += ray.get(ready)
@@ -339,16 +310,14 @@ def _run_on_ray(engine, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size,
                 done += ray.get(writing)
             failed += [{"url": r["shard"], "reason": r["failed"]} for r in done if r.get("failed")]
             done = [r for r in done if not r.get("failed")]
-        engine.completed = len(done)
-        engine.summary.shards_scored = len(done)
-        engine.summary.samples_this_run = sum(int(r["rows"]) for r in done)
-        engine.summary.seconds = engine.summary.scoring_seconds = time.perf_counter() - start
+        run.summary.shards_scored = len(done)
+        run.summary.samples_this_run = sum(int(r["rows"]) for r in done)
+        run.summary.seconds = run.summary.scoring_seconds = time.perf_counter() - start
         finished = {r["shard"] for r in done} | {f["url"] for f in failed}
-        engine.summary.shards_failed = failed + [{"url": u, "reason": _unfinished(u, collector)}
+        run.summary.shards_failed = failed + [{"url": u, "reason": _unfinished(u, collector)}
                                                  for u in todo if u not in finished]
-        engine.summary.stage_counts = {"dropped": dict(dropped), "notes": dict(notes)}
-        engine._finish_summary()  # the engine's own summary, histograms and nothing-scored check
-        return engine.summary
+        run.summary.stage_counts = {"dropped": dict(dropped), "notes": dict(notes)}
+        return run.finish()  # the local engine's summary, histograms and nothing-scored check
     finally:
         if started_here:
             ray.shutdown()

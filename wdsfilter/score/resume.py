@@ -18,19 +18,11 @@ import json
 import os
 from typing import Dict, List, Optional, Sequence
 
+from ..atomic import remove_temporaries, write_json
 from ..errors import ConfigError
+from ..shards import split_suffix
 from .config import ScoreConfig
 from .outputs import EXTENSIONS
-
-SUFFIXES = (".tar.gz", ".tgz", ".tar")
-
-
-def split_suffix(url: str):
-    base = os.path.basename(url.rstrip("/"))
-    for suffix in SUFFIXES:
-        if base.endswith(suffix):
-            return base[: -len(suffix)], suffix
-    return base, ".tar"
 
 
 def shard_names(urls: Sequence[str]) -> Dict[str, str]:
@@ -48,25 +40,15 @@ def shard_names(urls: Sequence[str]) -> Dict[str, str]:
     return names
 
 
-def _atomic_json(path: str, data) -> None:
-    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w") as f:
-            json.dump(data, f, indent=1, default=str)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:  # a full disk: no half marker left behind
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
 def _normalise(obj):
     return json.loads(json.dumps(obj, default=str, sort_keys=True))
 
 
 class RunState:
-    def __init__(self, cfg: ScoreConfig, urls: Sequence[str], identity: dict):
+    def __init__(self, cfg: ScoreConfig, urls: Sequence[str], identity: Optional[dict] = None):
+        """Paths and markers at once; with `identity`, also open() the folder. Without it, the
+        folder is only checked (check_folder), so that happens before any model is resolved,
+        and open(identity) follows once the scorers are known."""
         self.cfg = cfg
         self.urls = list(urls)
         self.names = shard_names(self.urls)
@@ -74,9 +56,18 @@ class RunState:
         self.scores_dir = os.path.join(cfg.out, "scores")
         self.done_dir = os.path.join(cfg.out, "done")
         self.ext = EXTENSIONS[cfg.format]
-        self.identity = _normalise(identity)
+        self.identity: Optional[dict] = None
         self.writable = not cfg.dry_run
         self.resumed_from_markers = 0
+        if identity is None:
+            self.check_folder()
+        else:
+            self.open(identity)
+
+    def open(self, identity: dict) -> None:
+        """Check the folder against `identity` (--resume), clear it (--overwrite), create it and
+        write run.json."""
+        self.identity = _normalise(identity)
         self._prepare()
 
     # -- paths ----------------------------------------------------------------------------------
@@ -97,6 +88,19 @@ class RunState:
             return []
         return [f for f in os.listdir(self.done_dir) if f.endswith(".json") and not f.startswith(".")]
 
+    def check_folder(self) -> None:
+        """The checks that need no scorer: a previous run here needs --resume or --overwrite."""
+        markers = self._existing_markers()
+        if os.path.exists(os.path.join(self.out, "run.json")):
+            if not self.cfg.resume and (markers or self._score_files()) and not self.cfg.overwrite:
+                raise self._taken(len(markers))
+        elif markers and not self.cfg.overwrite:
+            raise ConfigError(f"{self.out} holds completion markers but no run.json; use another --out or --overwrite")
+
+    def _taken(self, n_markers: int) -> ConfigError:
+        return ConfigError(f"{self.out} already holds a scoring run ({n_markers} shard(s) done). "
+                           f"Pass --resume to continue it, --overwrite to start over, or another --out")
+
     def _prepare(self) -> None:
         run_json = os.path.join(self.out, "run.json")
         markers = self._existing_markers()
@@ -111,8 +115,7 @@ class RunState:
                                       f"Resume with the same settings, or use another --out")
             elif markers or self._score_files():
                 if not self.cfg.overwrite:
-                    raise ConfigError(f"{self.out} already holds a scoring run ({len(markers)} shard(s) done). "
-                                      f"Pass --resume to continue it, --overwrite to start over, or another --out")
+                    raise self._taken(len(markers))
                 if self.writable:
                     self._clear()
         elif markers and not self.cfg.overwrite:
@@ -126,7 +129,7 @@ class RunState:
         if self.cfg.write_shards:
             os.makedirs(self.cfg.write_shards, exist_ok=True)
         self._remove_temporaries()
-        _atomic_json(run_json, self.identity)
+        write_json(run_json, self.identity, fsync=True)
 
     def _score_files(self) -> List[str]:
         if not os.path.isdir(self.scores_dir):
@@ -134,18 +137,16 @@ class RunState:
         return [f for f in os.listdir(self.scores_dir) if not f.startswith(".")]
 
     def _clear(self) -> None:
-        for folder in (self.done_dir, self.scores_dir):
+        for folder in (self.done_dir, self.scores_dir, os.path.join(self.out, "embeddings")):
             if os.path.isdir(folder):
                 for f in os.listdir(folder):
                     os.remove(os.path.join(folder, f))
 
     def _remove_temporaries(self) -> None:
-        """Temporaries of a killed run (`.<name>.tmp-<pid>`) are never complete: delete them."""
-        for folder in (self.scores_dir, self.done_dir, self.out, self.cfg.write_shards):
-            if folder and os.path.isdir(folder):
-                for f in os.listdir(folder):
-                    if f.startswith(".") and ".tmp-" in f:
-                        os.remove(os.path.join(folder, f))
+        """Temporaries of a killed run (atomic.temporary_path) are never complete: delete them."""
+        for folder in (self.scores_dir, self.done_dir, self.out, self.cfg.write_shards,
+                       os.path.join(self.out, "embeddings")):
+            remove_temporaries(folder)
 
     # -- markers ----------------------------------------------------------------------------------
     def is_done(self, url: str) -> bool:
@@ -170,7 +171,7 @@ class RunState:
     def mark_done(self, url: str, info: dict) -> None:
         data = dict(info, url=url, name=self.names[url], score_file=self.score_path(url),
                     filtered_shard=self.filtered_path(url))
-        _atomic_json(self.marker_path(url), data)
+        write_json(self.marker_path(url), data, fsync=True)
 
     def done_score_files(self) -> List[str]:
         return [self.score_path(u) for u in self.urls if self.is_done(u)]

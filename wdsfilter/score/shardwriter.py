@@ -15,8 +15,9 @@ import tarfile
 import tempfile
 from typing import Iterable, List, Tuple
 
+from ..atomic import atomic_path
 from ..naming import split_name
-from ..shards import is_pipe, is_remote, open_shard
+from ..shards import is_local, local_path, open_shard
 
 BLOCK = 512
 RECORD = 20 * BLOCK  # tar's record size: archives are padded to a multiple of it
@@ -66,49 +67,52 @@ def write_filtered(url: str, keep: Iterable[str], dest: str, rekey: str = "first
                    allow_pipe: bool = False, allow_remote: bool = False) -> dict:
     """Write the members of kept keys of shard `url` to `dest` atomically; returns counts."""
     keep = set(keep)
-    folder = os.path.dirname(os.path.abspath(dest))
-    source = url[len("file:"):] if url.startswith("file:") else url
-    fetched = None
-    if is_pipe(url) or is_remote(url):
+    source, fetched = local_path(url), None
+    if not is_local(url):
+        folder = os.path.dirname(os.path.abspath(dest))
         fetched = source = _local_copy(url, allow_pipe, allow_remote, folder)
-    tmp = os.path.join(folder, f".{os.path.basename(dest)}.tmp-{os.getpid()}")
     try:
-        compressed = _is_gzip(source)
-        preamble_end, ranges = member_ranges(source, rekey)
-        members = samples = 0
-        seen_keys = set()
-        opener = gzip.open if compressed else open
-        with opener(source, "rb") as src, opener(tmp, "wb") as out:
-            pos = 0
-            written = 0
-            if preamble_end:
-                head = src.read(preamble_end)
-                pos += len(head)
-                if len(head) == preamble_end:
-                    out.write(head)
-                    written += len(head)
-            for start, end, key in ranges:
-                if key not in keep:
-                    continue
-                if start > pos:  # skip what is not kept (gzip decompresses through it)
-                    src.seek(start)
-                    pos = start
-                data = src.read(end - start)
-                pos += len(data)
-                if len(data) < end - start:
-                    break  # the shard ends inside this member: it was not kept by the reader either
-                out.write(data)
-                written += len(data)
-                members += 1
-                if key not in seen_keys:
-                    seen_keys.add(key)
-                    samples += 1
-            end_blocks = 2 * BLOCK
-            pad = (-(written + end_blocks)) % RECORD
-            out.write(b"\0" * (end_blocks + pad))
-        os.replace(tmp, dest)
+        with atomic_path(dest) as tmp:
+            members, samples = _copy_kept(source, tmp, keep, rekey)
         return {"members": members, "samples": samples, "bytes": os.path.getsize(dest)}
     finally:
-        for path in (tmp, fetched):
-            if path and os.path.exists(path):
-                os.remove(path)
+        if fetched and os.path.exists(fetched):
+            os.remove(fetched)
+
+
+def _copy_kept(source: str, dest: str, keep: set, rekey: str) -> Tuple[int, int]:
+    """Copy the preamble and the members of kept keys; returns (members, samples) written."""
+    compressed = _is_gzip(source)
+    preamble_end, ranges = member_ranges(source, rekey)
+    members = samples = 0
+    seen_keys = set()
+    opener = gzip.open if compressed else open
+    with opener(source, "rb") as src, opener(dest, "wb") as out:
+        pos = 0
+        written = 0
+        if preamble_end:
+            head = src.read(preamble_end)
+            pos += len(head)
+            if len(head) == preamble_end:
+                out.write(head)
+                written += len(head)
+        for start, end, key in ranges:
+            if key not in keep:
+                continue
+            if start > pos:  # skip what is not kept (gzip decompresses through it)
+                src.seek(start)
+                pos = start
+            data = src.read(end - start)
+            pos += len(data)
+            if len(data) < end - start:
+                break  # the shard ends inside this member: it was not kept by the reader either
+            out.write(data)
+            written += len(data)
+            members += 1
+            if key not in seen_keys:
+                seen_keys.add(key)
+                samples += 1
+        end_blocks = 2 * BLOCK
+        pad = (-(written + end_blocks)) % RECORD
+        out.write(b"\0" * (end_blocks + pad))
+    return members, samples

@@ -14,10 +14,14 @@ A video that cannot be opened or decoded raises DataError("corrupt_video"), one 
 stream DataError("no_video_stream"), one whose codec this FFmpeg build lacks
 DataError("unsupported_video"), one with frames over `max_pixels` DataError("video_too_large"):
 the scoring engine writes the reason into the sample's row and goes on.
+
+The header is not trusted: FFmpeg's own max_pixels check refuses a frame larger than the limit
+before it is decoded (also while probing), packets scanned and frames decoded per clip are capped,
+and a clip whose data ends before its header says is sampled from what is there, with
+SampledFrames.partial saying why (the rules of validate's video check: validate/checks/video.py).
 """
 from __future__ import annotations
 
-import io
 import time
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
@@ -25,6 +29,8 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 from ..errors import DataError
+from ..validate.checks.video import (MAX_PACKETS, cut_short, declared_duration, limit_decoder, open_video, packets,
+                                     too_large)
 
 _FIX = ("drop the sample, or re-encode it (ffmpeg -i in.mp4 -c:v libx264 out.mp4) and rewrite the shard; "
         "`wdsfilter validate` lists every such member")
@@ -40,6 +46,9 @@ class SampledFrames:
     seeks: int = 0
     seconds: float = 0.0    # wall time of open + demux + decode + colour conversion
     notes: List[str] = field(default_factory=list)
+    # Why the clip is incomplete ("its header declares 75 frames, the data holds 32: cut short"),
+    # or None: the frames were sampled from the part that is there.
+    partial: Optional[str] = None
 
 
 def _target_size(width: int, height: int, max_side: Optional[int]) -> Tuple[int, int]:
@@ -53,6 +62,11 @@ class _BadTimestamps(Exception):
     pass
 
 
+# Frames decoded per clip: seeking keeps real clips far below (a 13 MB file of a million tiny
+# frames that cannot seek would otherwise be decoded whole).
+MAX_DECODED = 30_000
+
+
 class _Reader:
     """One open container and its first video stream; every PyAV failure becomes a DataError."""
 
@@ -62,12 +76,14 @@ class _Reader:
         self.av = av
         self.data = data
         self.what = what
+        self.max_pixels = max_pixels
+        self.broken: Optional[str] = None  # why decoding ended early, if it did
         self.container = None
         self.stream = None
         self.decoded = 0
         self._open()
         ctx = self.stream.codec_context
-        if max_pixels and ctx.width and ctx.height and ctx.width * ctx.height > max_pixels:
+        if too_large(ctx.width, ctx.height, max_pixels):
             self.close()
             raise DataError("video_too_large", f"{what}: {ctx.width}x{ctx.height} frames are over max_pixels="
                                                f"{max_pixels}; raise the limit or drop the sample")
@@ -75,7 +91,7 @@ class _Reader:
     def _open(self):
         av = self.av
         try:
-            self.container = av.open(io.BytesIO(self.data), mode="r", metadata_errors="ignore")
+            self.container = open_video(self.data, self.max_pixels)
         except av.error.FFmpegError as e:
             raise DataError("corrupt_video", f"{self.what}: PyAV cannot open it ({e}); {_FIX}") from None
         if not self.container.streams.video:
@@ -84,6 +100,8 @@ class _Reader:
             raise DataError("no_video_stream", f"{self.what}: the container has no video stream ({kinds}); "
                                                f"it is not a video clip: drop it or point --image-key at the video member")
         self.stream = self.container.streams.video[0]
+        if self.stream.codec_context is not None:
+            limit_decoder(self.stream, self.max_pixels)
         tb = self.stream.time_base
         self.start = self.stream.start_time * float(tb) if self.stream.start_time is not None and tb else 0.0
         if self.stream.codec_context is None or not getattr(self.stream.codec_context, "name", None):
@@ -102,6 +120,12 @@ class _Reader:
 
     def fail(self, e: Exception) -> DataError:
         av = self.av
+        if isinstance(e, av.error.ArgumentError) and self.max_pixels:  # FFmpeg's max_pixels check (EINVAL)
+            ctx = self.stream.codec_context if self.stream is not None else None
+            said = f"{ctx.width}x{ctx.height}" if ctx is not None and ctx.width else "no size"
+            return DataError("video_too_large", f"{self.what}: the decoder refused a frame over max_pixels="
+                                                f"{self.max_pixels} (its header says {said}; or the frame is invalid: "
+                                                f"{e}); drop the sample")
         if isinstance(e, av.error.DecoderNotFoundError):
             return DataError("unsupported_video", f"{self.what}: no decoder for its codec ({e}); re-encode it (e.g. to H.264)")
         return DataError("corrupt_video", f"{self.what}: decoding failed ({type(e).__name__}: {e}); {_FIX}")
@@ -137,6 +161,8 @@ class _Reader:
         for packet in self.container.demux(self.stream):
             if packet.size == 0:  # the demuxer's empty flush packet
                 continue
+            if n >= MAX_PACKETS:
+                break  # enough to place the samples: the rest of an absurdly long clip is not read
             stamp = packet.pts if packet.pts is not None else packet.dts
             t = stamp * tb if stamp is not None else (n / rate if rate else None)
             n += 1
@@ -153,8 +179,11 @@ class _Reader:
         when decoding from the start). Raises _BadTimestamps when times go backwards: AVI cannot
         store B-frame timestamps, so H.264 in AVI comes out with decode-order times."""
         index, rate, last = 0, self.rate, None
-        for frame in self.container.decode(self.stream):
+        for frame in self._frames():
             self.decoded += 1
+            if self.decoded > MAX_DECODED:
+                raise DataError("corrupt_video", f"{self.what}: more than {MAX_DECODED} frames decoded to reach the "
+                                                 f"sampled times (a clip of countless tiny frames?); {_FIX}")
             if frame.pts is not None and not index_times:
                 t = frame.pts * self.time_base
             elif frame.time is not None and not index_times:
@@ -166,6 +195,22 @@ class _Reader:
             last = t if t is not None else last
             index += 1
             yield frame, t
+
+    def _frames(self):
+        """The decoder's frames; data that breaks off after some frames ends the stream there
+        (a clip cut short in transfer), noted in self.broken, instead of failing the clip."""
+        frames = self.container.decode(self.stream)
+        while True:
+            try:
+                frame = next(frames)
+            except StopIteration:
+                return
+            except self.av.error.InvalidDataError as e:
+                if not self.decoded:
+                    raise
+                self.broken = f"the data breaks off after {self.decoded} decoded frames ({e}): cut short"
+                return
+            yield frame
 
     def seek(self, t: float) -> None:
         # backward=True: land on the keyframe at or before t, then decode forward to t.
@@ -215,6 +260,7 @@ def _decode_at(reader: _Reader, targets: List[float], max_side: Optional[int], s
             seeked = False
             if decoded is None:
                 exhausted = True  # the header duration overshot the stream: the last frame is the nearest
+                result.notes.append("the frames ended before the sampled time")
                 break
             before, before_t = cur, cur_t
             cur, cur_t = decoded
@@ -271,6 +317,7 @@ def sample_frames(data: bytes, n: int = 3, *, keyframes: bool = False, max_side:
             raise reader.fail(e) from None
         if not frames:
             raise DataError("corrupt_video", f"{what}: no frame could be decoded; {_FIX}")
+        result.partial = _partial(data, max_pixels) or reader.broken
         result.frames = np.stack(frames) if len({f.shape for f in frames}) == 1 else _same_size(frames)
         result.times = times
         result.decoded = reader.decoded
@@ -318,6 +365,18 @@ def _sample_keyframes(reader: _Reader, n: int, max_side: Optional[int], result: 
             if len(frames) == len(chosen):
                 break
     return frames, times
+
+
+def _partial(data: bytes, max_pixels: Optional[int]) -> Optional[str]:
+    """Why the clip's data ends before its header says (validate's corrupt_video rule), from its
+    packets (demuxed, not decoded: a few ms for a real clip), or None."""
+    try:
+        with open_video(data, max_pixels) as container:
+            stream = container.streams.video[0]
+            count, span, _ = packets(container, stream)
+            return cut_short(stream.frames, declared_duration(container, stream), count, span)
+    except Exception:  # the frames were sampled already; a second look that fails says nothing
+        return None
 
 
 def _frame_seconds(reader: _Reader, frame, fallback: float) -> float:

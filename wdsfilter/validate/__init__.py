@@ -53,17 +53,21 @@ def validate(paths: Union[str, Sequence[str]], *, config: Union[None, str, dict,
              min_side: Optional[int] = None, max_aspect: Optional[float] = None, ranks: Optional[int] = None,
              loader_workers: Optional[int] = None, fail_on: str = "error", jobs: Optional[int] = None,
              uneven_ratio: float = 2.0, max_findings: int = 100, stats_dir: Optional[str] = None,
-             progress: bool = False) -> Report:
+             progress: bool = False, byte_caps: Optional[dict] = None) -> Report:
     """Check shards (folders, globs, brace patterns, .tar/.tar.gz/.tgz files) and return a Report.
 
+    byte_caps: StageConfig byte caps, e.g. {"max_image_bytes": 128 << 20} (config.parse_byte_caps).
     Configuration errors (a malformed key spec, no shard found, a refused pipe:/remote URL) raise at
     once; everything wrong with the data is a finding of the report."""
     stage = stage_config(config, caption_key=caption_key, image_key=image_key, rekey=rekey,
                          max_pixels=max_pixels, max_side=max_side, image_token=image_token,
-                         allow_pipe=allow_pipe, allow_remote=allow_remote)
+                         allow_pipe=allow_pipe, allow_remote=allow_remote, **(byte_caps or {}))
     options = ValidateOptions(stage=stage, deep=deep, min_side=min_side, max_aspect=max_aspect, ranks=ranks,
                               loader_workers=loader_workers, uneven_ratio=uneven_ratio, max_findings=max_findings,
                               fail_on=fail_on, jobs=jobs)
+    if stats_dir:
+        from ..writing import check_output_dir
+        check_output_dir(stats_dir, "--stats-dir")  # before any shard is read
     urls = expand_urls(paths, stage.allow_pipe, stage.allow_remote)
     report = validate_urls(urls, options, progress=progress)
     if stats_dir:

@@ -5,12 +5,15 @@ import sys
 
 import click
 
+from ..config import parse_byte_caps
+from ..errors import EXIT_CODES_HELP
 from ..naming import REKEY_MODES
+from ..writing import check_output_file
 from . import validate as run_validate
-from .formats import FORMATS, render
+from .formats import FORMATS, render, write_report
 
 
-@click.command("validate", context_settings={"help_option_names": ["-h", "--help"]})
+@click.command("validate", context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES_HELP)
 @click.argument("paths", nargs=-1, required=True)
 @click.option("--caption-key", help="Caption key spec, e.g. txt, json:description, 'txt;json:caption' [default: txt].")
 @click.option("--image-key", help="Image key spec, e.g. 'jpg;png;webp' or mp4 [default: jpg;png;jpeg;webp].")
@@ -22,6 +25,9 @@ from .formats import FORMATS, render
 @click.option("--max-side", type=click.IntRange(min=1), help="Largest allowed image side.")
 @click.option("--min-side", type=click.IntRange(min=1), help="Warn on images with a side below this.")
 @click.option("--max-aspect", type=click.FloatRange(min=1), help="Warn on images with long/short side above this.")
+@click.option("--max-bytes", "max_bytes", multiple=True, metavar="KIND=SIZE",
+              help="Byte cap of one member, KIND text, json, image, video, other, or decompressed (a .tar.gz shard); "
+                   "over it a member is skipped unread. Repeatable [defaults: docs/stages.md].")
 @click.option("--deep", is_flag=True, help="Decode every image and video frame instead of headers + end-of-data check.")
 @click.option("--ranks", type=click.IntRange(min=1), help="Training ranks (for the too_few_shards check).")
 @click.option("--loader-workers", type=click.IntRange(min=1), help="DataLoader workers per rank.")
@@ -37,29 +43,30 @@ from .formats import FORMATS, render
 @click.option("--progress/--no-progress", default=None, help="Progress bar on stderr [default: when stderr is a terminal].")
 @click.option("--quiet", "-q", is_flag=True, help="No text summary when the report goes to --output.")
 def validate_command(paths, caption_key, image_key, rekey, image_token, config_file, max_pixels, max_side, min_side,
-                     max_aspect, deep, ranks, loader_workers, allow_pipe, allow_remote, fmt, output, fail_on, jobs,
+                     max_aspect, max_bytes, deep, ranks, loader_workers, allow_pipe, allow_remote, fmt, output, fail_on, jobs,
                      stats_dir, progress, quiet):
     """Check WebDataset shards for what would silently break training.
 
     PATHS: folders (searched recursively), globs, brace patterns (shards-{000..099}.tar), .tar,
     .tar.gz/.tgz files. Exit code 0: clean, 1: findings at the --fail-on level, 2: usage or
-    configuration error. See docs/validate.md.
+    configuration error (an --output or --stats-dir that cannot be written included, found before
+    any shard is read), 3: the run failed. See docs/validate.md.
     """
+    if output:
+        check_output_file(output, "--output")
     if progress is None:
         progress = sys.stderr.isatty()
     report = run_validate(
         list(paths), config=config_file, caption_key=caption_key, image_key=image_key, rekey=rekey,
         max_pixels=max_pixels, max_side=max_side, image_token=image_token,
         allow_pipe=allow_pipe or None, allow_remote=allow_remote or None,  # None: the config file decides
-        deep=deep, min_side=min_side, max_aspect=max_aspect, ranks=ranks, loader_workers=loader_workers, fail_on=fail_on, jobs=jobs, stats_dir=stats_dir, progress=progress)
-    text = render(report, fmt)
+        byte_caps=parse_byte_caps(max_bytes), deep=deep, min_side=min_side, max_aspect=max_aspect, ranks=ranks, loader_workers=loader_workers, fail_on=fail_on, jobs=jobs, stats_dir=stats_dir, progress=progress)
     if output:
-        with open(output, "w", encoding="utf-8") as f:
-            f.write(text)
+        write_report(report, fmt, output)  # whole or not at all
         if not quiet:
-            click.echo(render(report, "text") if fmt != "text" else text, nl=False)
+            click.echo(render(report, "text"), nl=False)
     else:
-        click.echo(text, nl=False)
+        click.echo(render(report, fmt), nl=False)
     sys.exit(report.exit_code)
 
 

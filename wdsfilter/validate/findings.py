@@ -17,13 +17,15 @@ SEVERITIES = (ERROR, WARNING)
 # or nothing left to train on); warnings lose or mislabel some samples and deserve a look.
 KINDS: Dict[str, tuple] = {
     # 1. all filtered
-    "all_filtered": (ERROR, "no sample of the shard would reach training; fix --caption-key/--image-key (see the suggestion)"),
+    "all_filtered": (ERROR, "the shard has samples but none would reach training; the message gives the drop reasons and the fix when one is known"),
+    "empty_shard": (WARNING, "the shard holds no sample (img2dataset writes one when every URL of a shard fails); readers skip it. Remove it or leave it"),
     # 2. keys
     "dotted_basename": (WARNING, "dots in file basenames make compound extensions (key 'img', ext 'v2.0001.jpg'); use --rekey last-dot"),
     "no_extension": (WARNING, "member without an extension; ignored by webdataset, remove it when writing shards"),
     "dotfile": (WARNING, "hidden file (.DS_Store, ._foo); ignored, remove it when writing shards"),
-    "mixed_case_extension": (WARNING, "upper-case extension (.JPG); webdataset's decoders and to_tuple('jpg') match lower case only"),
-    "nonadjacent_key": (WARNING, "members of one key are not next to each other; plain webdataset makes two half-samples. Write each sample's members together"),
+    "mixed_case_extension": (WARNING, "upper-case extension (.JPG); webdataset (and open_clip, wdsfilter) lower-case extensions, but HF datasets' webdataset loader keeps the case (a 'JPG' column of raw bytes, never decoded as an image) and DALI's readers.webdataset is case sensitive by default (case_sensitive_extensions=True). Write lower-case extensions"),
+    "nonadjacent_key": (WARNING, "members of one key are not next to each other; plain webdataset makes two half-samples (wdsfilter's stages merge them). Write each sample's members together"),
+    "scattered_key": (ERROR, "members of one key are too far apart in the tar to be put together (tar *.txt *.json *.jpg, directory order); readers see fragments and lose the samples. Rewrite with wdsfilter sort-shard or tar --sort=name"),
     "key_across_shards": (ERROR, "a sample's members are split between two shards; both halves are lost. Write each sample inside one shard"),
     "duplicate_key": (WARNING, "the same member name appears twice; only the first is used. Deduplicate keys when writing"),
     "missing_image": (WARNING, "sample has no member under the image key; check --image-key"),
@@ -35,13 +37,18 @@ KINDS: Dict[str, tuple] = {
     # 4. corrupt content
     "truncated_tar": (ERROR, "the tar breaks off; the samples before the break are readable. Re-create or re-download the shard"),
     "unreadable_tar": (ERROR, "the shard cannot be opened or is not a tar at all"),
+    "shard_command_failed": (ERROR, "the shard's pipe: command or download failed (non-zero exit); the shard may be incomplete. Check the command or URL"),
     "corrupt_image": (ERROR, "the image does not decode (bad header, or its data is cut short)"),
     "empty_member": (WARNING, "zero-byte member; ignored"),
     "invalid_json": (WARNING, "the .json member is not valid JSON"),
     "invalid_utf8": (WARNING, "the text member is not UTF-8"),
     "empty_caption": (WARNING, "the caption is empty or only whitespace (or only special tokens)"),
     "caption_not_text": (WARNING, "the caption field holds a JSON number, list or object, not text; point --caption-key at a text field"),
-    "corrupt_video": (ERROR, "PyAV cannot open the video"),
+    "corrupt_video": (ERROR, "PyAV cannot open the video, or its data is cut short"),
+    "oversized_member": (ERROR, "a member over its kind's byte cap (--max-text-bytes, --max-image-bytes, ...): the stages stream past it unread and drop a sample that needed it"),
+    "special_member": (WARNING, "a symbolic link, hard link, device or FIFO member: tar readers do not follow it, so its sample has no bytes for it. Store the file itself"),
+    "corrupt_member": (WARNING, "a compressed member (.gz) does not decompress; its sample is read without it"),
+    "oversized_video": (ERROR, "video frames above --max-pixels (from the header, or refused by FFmpeg's decoder when the header understates them): scoring refuses it as video_too_large"),
     "no_video_stream": (WARNING, "the video file has no video stream (audio only?)"),
     # 5. safety
     "unsafe_member": (ERROR, "pickle/torch payload that a default webdataset decoder would execute; the validator never loads it. Remove it or store tensors as .npy"),

@@ -18,7 +18,40 @@ TEXT_SHARDS = 20      # shards listed in the text summary
 
 
 def render(report: Report, fmt: str) -> str:
+    """The report in one format, as text that always encodes to UTF-8 (see escape_names)."""
     return {"text": to_text, "json": to_json, "junit": to_junit}[fmt](report)
+
+
+def write_report(report: Report, fmt: str, path: str) -> str:
+    """Write the report to `path` whole or not at all (a temporary file, then rename)."""
+    from ..writing import write_text_atomic
+    return write_text_atomic(path, render(report, fmt))
+
+
+# -- names that are not UTF-8 ----------------------------------------------------------------------
+_REPR_ESCAPED = re.compile(r"\\udc([89a-f][0-9a-f])")
+
+
+def escape_names(text: str) -> str:
+    """Member names that are not UTF-8 are read with surrogateescape (their bytes kept as lone
+    surrogates); here each such byte becomes a visible \\xNN, the rest of the text unchanged.
+    Messages that quote a name with repr() show the byte as \\udcNN: written \\xNN too."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return _REPR_ESCAPED.sub(r"\\x\1", text) if "\\udc" in text else text
+
+
+def escape_data(obj):
+    """escape_names over every string of a JSON-able structure (keys included)."""
+    if isinstance(obj, str):
+        return escape_names(obj)
+    if isinstance(obj, dict):
+        return {escape_data(k): escape_data(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [escape_data(v) for v in obj]
+    return obj
 
 
 # -- text ----------------------------------------------------------------------------------------
@@ -76,7 +109,7 @@ def to_text(report: Report) -> str:
                if failing else "PASS")
     lines += ["", f"{verdict}; {report.errors} error(s), {report.warnings} warning(s); failing on {level} "
                   f"(--fail-on); exit code {report.exit_code}"]
-    return "\n".join(lines) + "\n"
+    return escape_names("\n".join(lines) + "\n")
 
 
 def _shard_table(report: Report) -> List[str]:
@@ -104,7 +137,7 @@ def _shard_table(report: Report) -> List[str]:
 
 # -- json ----------------------------------------------------------------------------------------
 def to_json(report: Report) -> str:
-    return json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n"
+    return json.dumps(escape_data(report.to_dict()), indent=2, ensure_ascii=False) + "\n"
 
 
 # -- junit ---------------------------------------------------------------------------------------
@@ -112,7 +145,7 @@ _XML_BAD = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
 
 
 def _x(text) -> str:
-    return _XML_BAD.sub("?", str(text))
+    return _XML_BAD.sub("?", escape_names(str(text)))
 
 
 def to_junit(report: Report) -> str:

@@ -77,7 +77,7 @@ REPORT = dict(_object({
     "tool": {"const": "wdsfilter validate"},
     "wdsfilter_version": {"type": "string"},
     "status": {"enum": ["pass", "fail"]},
-    "exit_code": {"enum": [0, 1]},
+    "exit_code": {"enum": [0, 1]},  # of the report: 0 pass, 1 findings at the --fail-on level
     "options": _object({
         "caption_key": {"type": "string"},
         "image_key": {"type": "string"},
@@ -115,6 +115,7 @@ REPORT = dict(_object({
 STATS_FILE = dict(_object(dict(SHARD_PROPERTIES, **{
     "successes": _INT,  # = samples; the field DataComp's resharder reads
     "schema_version": {"const": SCHEMA_VERSION},
+    "tool": {"const": "wdsfilter validate"},  # tells our files from another tool's {shard}_stats.json
     "listed_findings": {"type": "array", "items": FINDING},
 })), **{"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "wdsfilter validate shard stats"})
 

@@ -16,10 +16,12 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, Iterator, List, Optional
 
 from ..census import KeyCensus
-from ..naming import is_dotted, split_name
-from ..reading import ShardEnd, group_samples, iter_tar
+from ..naming import split_name
+from ..members import MemberCaps
+from ..reading import ShardEnd, group_samples, iter_tar, screen_member
 from ..shards import is_pipe, is_remote, open_shard
-from ..specs import IMAGE_EXTS, VIDEO_EXTS, find_caption, json_path_get
+from ..specs import IMAGE_EXTS, VIDEO_EXTS, json_path_get
+from ..selection import select_sample
 from ..tally import Tally
 from ..tokens import CaptionCleaner
 from . import tar_reader
@@ -34,6 +36,8 @@ from .options import ValidateOptions
 _IMAGE = frozenset(IMAGE_EXTS)
 _VIDEO = frozenset(VIDEO_EXTS)
 _MISSING = ("missing_caption", "missing_image")
+SORT_SUGGESTION = ("members of one key are scattered through the shard (scattered_key): rewrite it with "
+                   "`wdsfilter sort-shard SHARD SORTED.tar`, or re-create it with GNU tar --sort=name")
 
 
 @dataclass
@@ -104,6 +108,23 @@ def check_shard(url: str, options: ValidateOptions) -> ShardResult:
     return _ShardCheck(url, options, iter_tar).run()
 
 
+def _close(stream) -> Optional[str]:
+    """Close the shard's stream; a pipe: command or download that failed says so here (webdataset's
+    Pipe raises its exit status on close). Returns that error, or None."""
+    try:
+        stream.close()
+    except OSError as e:
+        proc = getattr(stream, "proc", None)
+        if proc is not None and proc.returncode is not None:
+            # webdataset runs remote URLs through curl (an argument list), pipe: URLs through a shell.
+            if isinstance(proc.args, (list, tuple)) and proc.args:
+                program = os.path.basename(str(proc.args[0]))
+                return f"the download ({program}) failed with exit status {proc.returncode}"
+            return f"the shard's command exited with status {proc.returncode}"
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
 class _ShardCheck:
     def __init__(self, url: str, options: ValidateOptions, reader: Callable = iter_tar):
         self.url = url
@@ -118,11 +139,18 @@ class _ShardCheck:
         caption_alts = stage.caption_spec.alternatives
         self.text_exts = TEXT_EXTS | {a.ext for a in caption_alts if not a.path}
         self.json_exts = {"json"} | {a.ext for a in caption_alts if a.path}
-        self.spec_exts = set(stage.image_spec.exts) | set(stage.caption_spec.exts)
+        self.caps = MemberCaps(stage)
         self.consumed: Dict[str, set] = {}  # key -> extensions of its empty or unsafe members
         self.end: Optional[ShardEnd] = None
-        self.members = self.samples = self.kept = 0
-        self.dropped: Counter = Counter()
+        self.members = 0
+        # key -> None when a sample of the key would be kept, else the drop reason of its first
+        # sample. Samples are counted as distinct keys: a key whose members are too far apart for
+        # the grouping window reaches the stages as several fragments (a scattered key).
+        self.outcome: Dict[str, Optional[str]] = {}
+        self.scattered: Dict[str, str] = {}  # scattered key -> its first member that came back
+        self.fragments = 0
+        self.pending: List[tuple] = []  # (kind, key, Finding or None) of missing_* findings
+        self.pend_counts: Counter = Counter()
         self.head: List[Finding] = []
         self.tail: List[Finding] = []
         self.tail_key: Optional[str] = None
@@ -136,12 +164,20 @@ class _ShardCheck:
         except OSError as e:
             self.log.add("unreadable_tar", "", "", f"cannot open the shard: {e}; check the path and permissions")
             return self._result(started, str(e))
-        with stream:
+        try:
             # A fresh Tally: the grouping step counts into it, and the findings say it better.
-            for sample in group_samples(self._members(self.reader(stream, url)), stage, Tally()):
+            for sample in group_samples(self._members(self.reader(stream, url, self.caps)), stage, Tally()):
                 if "__marker__" not in sample:  # StageConfig(emit_rejects=True) adds shard-end markers
                     self._sample(sample)
+        finally:
+            failed = _close(stream)
         error = self._shard_end()
+        if failed:
+            # A pipe: command that exits non-zero, or a download that fails: what was read may be
+            # all of the shard or part of it, so the shard is not clean.
+            self.log.add("shard_command_failed", "", "",
+                         f"{failed}; {self.members} member(s) were read before it. Check the command or URL")
+            error = error or failed
         return self._result(started, error)
 
     # -- members -------------------------------------------------------------------------------
@@ -152,18 +188,27 @@ class _ShardCheck:
                 self.end = m
                 yield m
                 continue
-            self.members += 1
-            name, data = m["fname"], m["data"]
+            name, skip = m["fname"], m.get("__skip__")
+            if skip is None or skip[0] != "special_member":  # files only, as the readers count them
+                self.members += 1
             key, ext = keys.member(name)
             if key is None:
                 continue
-            if not data:
-                log.add("empty_member", name, key, "zero-byte member; ignored")
+            # The stages' own screening (allow_unsafe aside: an unsafe member is always reported).
+            ext, skip = screen_member(m, ext, self.caps, False)
+            m["__screened__"] = (ext, skip)
+            if skip is not None:
+                reason, message = skip
+                if reason == "empty_member":
+                    log.add("empty_member", name, key, "zero-byte member; ignored")
+                elif reason == "unsafe_member":
+                    safety.check_member(name, key, ext, log)
+                else:
+                    log.add(reason, name, key, message)
                 self.consumed.setdefault(key, set()).add(ext)
+                yield m  # the grouping step lists it in the sample's "__skipped__"
                 continue
-            if safety.check_member(name, key, ext, log):
-                self.consumed.setdefault(key, set()).add(ext)
-                continue
+            data = m["data"]
             last = ext.rsplit(".", 1)[-1]
             if last in _IMAGE:
                 m["data"] = check_image(name, key, data, options, log, self.images)
@@ -178,15 +223,12 @@ class _ShardCheck:
     # -- samples -------------------------------------------------------------------------------
     def _sample(self, sample: dict) -> None:
         """Would the stages keep this sample? Mirrors select -> clean_captions -> decode."""
-        self.samples += 1
+        self.fragments += 1
         stage = self.stage
         key = sample["__key__"]
-        caption, reason = find_caption(sample, stage.caption_spec)
-        image = stage.image_spec.first_present(sample)
+        caption, image, drop, _ = select_sample(sample, stage)
         held: List[Finding] = []
-        drop = None
-        if caption is None or image is None:
-            drop = self._select_reason(sample, caption, reason)
+        if drop is not None:
             if drop == "empty_caption":
                 alt = caption_source(sample, stage.caption_spec, "empty_caption")
                 self.log.add("empty_caption", self._name(sample, alt.ext), key, f"caption under '{alt}' is empty")
@@ -196,7 +238,7 @@ class _ShardCheck:
                 self.log.add("caption_not_text", self._name(sample, alt.ext), key,
                              f"caption under '{alt}' is a JSON {type(value).__name__} ({str(value)[:60]}), not text")
             if drop != "dotted_basename":  # explained by the member names, not by the specs
-                no_caption, no_image = caption is None and reason == "missing_caption", image is None
+                no_caption, no_image = caption is None and drop == "missing_caption", image is None
                 for what, missing in (("caption", no_caption), ("image", no_image)):
                     if missing:
                         self.census[what].add(sample, sample.get("__parsed_json"))
@@ -217,19 +259,13 @@ class _ShardCheck:
                 media = sample[image.ext]
                 if isinstance(media, MediaInfo) and media.drop:
                     drop = media.drop  # reported with the member
-        if drop:
-            self.dropped[drop] += 1
-        else:
-            self.kept += 1
+        if key not in self.outcome:
+            self.outcome[key] = drop
+        else:  # a fragment of a key already seen: the window did not reach its other members
+            self.scattered.setdefault(key, self._name(sample, next((e for e in sample if not e.startswith("__")), "")))
+            if drop is None:
+                self.outcome[key] = None
         self._hold(key, held)
-
-    def _select_reason(self, sample: dict, caption: Optional[str], reason: Optional[str]) -> str:
-        """The select stage's reason for a sample without caption or image (stages._select)."""
-        if caption is None and reason != "missing_caption":
-            return reason  # the caption member is there but broken (reported with the member)
-        if self._dotted(sample):
-            return "dotted_basename"
-        return "missing_image" if caption is not None else "missing_caption"
 
     def _missing(self, sample: dict, no_caption: bool, no_image: bool) -> List[Finding]:
         key = sample["__key__"]
@@ -248,17 +284,27 @@ class _ShardCheck:
         return found
 
     def _hold(self, key: str, found: List[Finding]) -> None:
-        """The first sample's and the latest sample's missing_* findings wait for the end of shard."""
+        """The first sample's and the latest sample's missing_* findings wait for the end of shard
+        (key_across_shards may explain them); the others wait in `pending` (scattered_key may)."""
         if key == self.keys.first[1]:
             self.head += found
             return
-        for f in self.tail:
-            self.log.add(f.kind, f.member, f.key, f.message)
+        self._pend(self.tail)
         self.tail, self.tail_key = found, key
 
-    def _dotted(self, sample: dict) -> bool:
-        # The select stage's test: a dotted extension that ends in an extension the specs look for.
-        return any(is_dotted(e) and e.rsplit(".", 1)[-1] in self.spec_exts for e in sample if not e.startswith("__"))
+    def _pend(self, found: List[Finding]) -> None:
+        # Kept in full only as many as the log would list; the rest are (kind, key) for the counts.
+        for f in found:
+            self.pend_counts[f.kind] += 1
+            self.pending.append((f.kind, f.key, f if self.pend_counts[f.kind] <= 2 * self.log.limit else None))
+
+    def _explained(self, kind: str, key: str) -> bool:
+        """A missing_* finding of a fragment whose key has the member elsewhere in the shard: the
+        member is there, under the asked key, only too far away (scattered_key says so)."""
+        if key not in self.scattered:
+            return False
+        spec = self.stage.caption_spec if kind == "missing_caption" else self.stage.image_spec
+        return bool(self.keys.seen.get(key, set()) & set(spec.exts))
 
     def _name(self, sample: dict, ext: str) -> str:
         return self.keys.name(sample["__key__"], ext)
@@ -268,6 +314,21 @@ class _ShardCheck:
         return ", ".join(e for e in sample if not e.startswith("__")) or "none"
 
     # -- end of shard ----------------------------------------------------------------------------
+    @property
+    def samples(self) -> int:
+        return len(self.outcome)
+
+    @property
+    def kept(self) -> int:
+        return sum(1 for reason in self.outcome.values() if reason is None)
+
+    @property
+    def dropped(self) -> Counter:
+        """Drop reasons per key; a scattered key that no fragment of would be kept is lost to the
+        scattering, whatever its fragments lack (the stages count those as missing_caption/_image)."""
+        return Counter("scattered_key" if key in self.scattered else reason
+                       for key, reason in self.outcome.items() if reason is not None)
+
     def _shard_end(self) -> Optional[str]:
         end, log = self.end, self.log
         error = end.error if end else None
@@ -288,24 +349,70 @@ class _ShardCheck:
                                 f"readable before the break")
                 log.add("truncated_tar", end.member, key, f"{error}; {readable}. Re-create or re-download this shard")
         if self.tail_key is not None and self.keys.last and self.tail_key != self.keys.last[1]:
-            for f in self.tail:  # the last member's key is not the last sample's: nothing to hold
-                log.add(f.kind, f.member, f.key, f.message)
+            self._pend(self.tail)  # the last member's key is not the last sample's: nothing to hold
             self.tail = []
-        if self.kept == 0 and not (error and self.samples == 0):
+        # A key whose later fragment only repeats member names is duplicated, not scattered
+        # (duplicate_key says so); scattered keys brought a new member after other keys.
+        returned = {key for _, key in self.keys.returns}
+        self.scattered = {k: m for k, m in self.scattered.items() if k in returned}
+        self.keys.finish(self.scattered)
+        if self.scattered:
+            self._scattered_finding()
+        self._release_pending()
+        if not self.samples:
+            if not error:
+                log.add("empty_shard", "", "", "the shard holds no samples" + (
+                    f" ({self.members} member(s), none part of a sample)" if self.members else " (no member at all)")
+                        + "; readers skip it. img2dataset writes such a shard when every URL of it failed")
+        elif self.kept == 0:
             log.add("all_filtered", "", "", self._all_filtered_message())
         return error
 
+    def _scattered_finding(self) -> None:
+        n, total = len(self.scattered), self.samples
+        lost = sum(1 for key in self.scattered if self.outcome[key] is not None)
+        key, member = next(iter(self.scattered.items()))
+        self.suggestion = SORT_SUGGESTION
+        self.log.add("scattered_key", member, key,
+                     f"{n} of {total} keys ({n / total:.0%}) have members too far apart in the tar for readers to "
+                     f"put together (e.g. member {member} comes back after other keys): readers see "
+                     f"{self.fragments} half-samples and fragments instead of {total} samples, and {lost} sample(s) "
+                     f"are lost. `tar -cf x.tar *.txt *.json *.jpg` and archiving a folder in directory order write "
+                     f"shards like this. Rewrite it: wdsfilter sort-shard {self.url} SORTED.tar, or re-create it "
+                     f"with GNU tar --sort=name")
+        # What the fragments lack is in the shard under the asked keys: no other key would help.
+        for what, spec in (("caption", self.stage.caption_spec), ("image", self.stage.image_spec)):
+            if any(self.keys.seen.get(k, set()) & set(spec.exts) for k in self.scattered):
+                self.census[what] = KeyCensus()
+
+    def _release_pending(self) -> None:
+        """Log the held missing_* findings that scattering does not explain (once per scattered key)."""
+        said = set()
+        for kind, key, finding in self.pending:
+            if key in self.scattered:
+                if self._explained(kind, key) or (kind, key) in said:
+                    continue
+                said.add((kind, key))
+            if finding is None:
+                self.log.counts[kind] += 1  # counted; beyond what the report lists
+            else:
+                self.log.add(finding.kind, finding.member, finding.key, finding.message)
+        self.pending = []
+        self.head = [f for f in self.head if not self._explained(f.kind, f.key)]
+        self.tail = [f for f in self.tail if not self._explained(f.kind, f.key)]
+
     def _all_filtered_message(self) -> str:
-        if not self.samples:
-            return "the shard holds no samples"
-        reasons = ", ".join(f"{r} {n}" for r, n in self.dropped.most_common())
+        dropped = self.dropped
+        reasons = ", ".join(f"{r} {n}" for r, n in dropped.most_common())
         text = f"0 of {self.samples} samples would be kept (dropped: {reasons})"
-        self.suggestion = self._suggest()
+        self.suggestion = self._suggest(dropped.most_common(1)[0][0])
         return text + (f"; {self.suggestion}" if self.suggestion else "")
 
-    def _suggest(self) -> Optional[str]:
-        """The select stage's first-shard hint: another spec (census.KeyCensus) or --rekey last-dot."""
-        top = self.dropped.most_common(1)[0][0]
+    def _suggest(self, top: str) -> Optional[str]:
+        """The select stage's first-shard hint: another spec (census.KeyCensus) or --rekey last-dot;
+        for a scattered shard, the rewrite. None when no fix is known (then none is promised)."""
+        if top == "scattered_key":
+            return SORT_SUGGESTION
         if top == "dotted_basename":
             return "member names have dots in their basenames (img.v2.0001.jpg); use --rekey last-dot"
         what = {"missing_caption": "caption", "missing_image": "image"}.get(top)

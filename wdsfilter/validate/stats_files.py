@@ -8,6 +8,12 @@ Both are in the form the usual tools read, so the folder can be copied next to t
 
 Shards from several folders go to one subfolder per folder (its path relative to the folders'
 common parent), so two images-000000.tar never share a sizes.json.
+
+A file we did not write is never destroyed. The stats dir may be the shards' own folder, where
+img2dataset keeps its {shard}_stats.json (count, successes, failed_to_download, status_dict, ...):
+such a file is left as it is and ours goes beside it as {shard}_validate.json (a name that
+`*_stats.json` globs do not pick up). An existing sizes.json is merged: the entries of the shards
+validated are set, the others kept.
 """
 from __future__ import annotations
 
@@ -15,22 +21,19 @@ import json
 import os
 import re
 from collections import defaultdict
-from typing import Dict, List
+from typing import Dict, List, Optional
 
-from ..shards import SHARD_SUFFIXES, is_pipe, is_remote
+from ..shards import is_pipe, is_remote, shard_stem
+from ..writing import write_text_atomic
+from .formats import escape_data
 from .report import SCHEMA_VERSION, Report
+
+TOOL = "wdsfilter validate"
+BESIDE = "_validate.json"  # our stats file's suffix where another tool's {shard}_stats.json is
 
 
 def shard_basename(url: str) -> str:
     return url.rstrip("/").rsplit("/", 1)[-1]
-
-
-def shard_stem(url: str) -> str:
-    base = shard_basename(url)
-    for suffix in sorted(SHARD_SUFFIXES, key=len, reverse=True):
-        if base.endswith(suffix):
-            return base[:-len(suffix)]
-    return base
 
 
 def _subfolders(folders: List[str]) -> Dict[str, str]:
@@ -64,18 +67,38 @@ def write_stats(report: Report, folder: str) -> List[str]:
                 n += 1
                 stem = f"{shard_stem(r.shard)}-{n}"
             used.add(stem)
-            data = dict(successes=r.samples, **r.stats(), schema_version=SCHEMA_VERSION,
+            data = dict(successes=r.samples, **r.stats(), schema_version=SCHEMA_VERSION, tool=TOOL,
                         listed_findings=[f.to_dict() for f in r.findings])
-            written.append(_write_json(os.path.join(out, f"{stem}_stats.json"), data))
+            path = os.path.join(out, f"{stem}_stats.json")
+            if _foreign(path):
+                path = os.path.join(out, stem + BESIDE)
+            written.append(_write_json(path, data))
             sizes[shard_basename(r.shard)] = r.samples
-        written.append(_write_json(os.path.join(out, "sizes.json"), sizes))
+        sizes_path = os.path.join(out, "sizes.json")
+        written.append(_write_json(sizes_path, {**_read_dict(sizes_path), **sizes}))
     return written
 
 
+def _read_dict(path: str) -> dict:
+    """The JSON object in `path`; {} when there is none."""
+    try:
+        with open(path, "rb") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _foreign(path: str) -> bool:
+    """True when `path` exists and was not written by this validator (img2dataset's stats, or
+    anything that is not our JSON): we must not overwrite it."""
+    if not os.path.lexists(path):
+        return False
+    data: Optional[dict] = _read_dict(path)
+    ours = data.get("tool") == TOOL or ("listed_findings" in data and "schema_version" in data)
+    return not ours
+
+
 def _write_json(path: str, data) -> str:
-    tmp = path + ".tmp"  # a reader never sees half a file
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, ensure_ascii=False)
-        f.write("\n")
-    os.replace(tmp, path)
-    return path
+    # escape_data: member names that are not UTF-8 appear as \\xNN instead of failing the write.
+    return write_text_atomic(path, json.dumps(escape_data(data), indent=2, ensure_ascii=False) + "\n")

@@ -3,8 +3,8 @@
 Python's tarfile (behind reading.iter_tar, which the stages use) spends more time per member on
 header parsing than the validator's checks take; here an ordinary header is parsed with a few
 slices. Only the ordinary is handled: regular files, directories and links, GNU long names and
-pax path/size records. Anything else (a sparse member, a base-256 size, a shard cut short, bz2 or
-xz compression, ...) raises Unusual, and check_shard reads the shard again through
+pax path/size records. Anything else (a sparse member, a base-256 size, a shard cut short, ...)
+raises Unusual, and check_shard reads the shard again through
 reading.iter_tar, so what is reported on an unusual shard is exactly what the stages see.
 
 One thing is reported here that tarfile passes over in silence: a shard whose archive ends early
@@ -13,23 +13,29 @@ failed copy, or two tars concatenated). tarfile stops there as if the shard were
 members after it are lost to training, so the validator says so.
 
 Yields the same items as reading.iter_tar: {"fname", "data", "__url__"} per regular member, then
-a reading.ShardEnd.
+a reading.ShardEnd. Members over their byte cap (members.MemberCaps) and link, device and FIFO
+members come as the stages' reader gives them: no bytes, a "__skip__" reason. A member whose
+declared size runs past the end of the file is never allocated (Unusual: iter_tar reports it).
 """
 from __future__ import annotations
 
+import os
 import zlib
 from zlib import adler32
-from typing import IO, Iterator
+from typing import IO, Iterator, Optional
 
-from ..reading import ShardEnd
+from ..members import MemberCaps
+from ..reading import (MAX_EXTENDED_HEADER, DecompressionCapError, ShardEnd, open_layers, oversized_member,
+                       special_member)
 
 BLOCK = 512
 _ZERO = bytes(BLOCK)
 _REGULAR = (b"0", b"\0", b"7")
 _NO_DATA = (b"1", b"2", b"3", b"4", b"5", b"6")  # links, devices, directories, fifos: tarfile skips no data
-_PAX_IGNORED = {"mtime", "atime", "ctime", "uid", "gid", "uname", "gname", "linkpath", "comment", "mode"}
-_GZIP = b"\x1f\x8b"
-_OTHER_COMPRESSION = (b"BZh", b"\xfd7zXZ\x00")
+_SPECIAL = {b"1": "a hard link", b"2": "a symbolic link", b"3": "a device file", b"4": "a device file",
+            b"6": "a FIFO (named pipe)"}
+_SKIP_CHUNK = 1 << 20
+_PAX_IGNORED = {"mtime", "atime", "ctime", "uid", "gid", "uname", "gname", "comment", "mode"}
 
 
 class Unusual(Exception):
@@ -81,7 +87,7 @@ def _pax(data: bytes) -> dict:
             raise Unusual("malformed pax record")
         keyword, _, value = data[space + 1:pos + length - 1].partition(b"=")
         key = keyword.decode("utf-8", "surrogateescape")
-        if key in ("path", "size"):
+        if key in ("path", "size", "linkpath"):
             found[key] = value.decode("utf-8", "surrogateescape")
         elif key not in _PAX_IGNORED and not key.startswith(("SCHILY.", "LIBARCHIVE.")):
             raise Unusual(f"pax keyword {key}")
@@ -89,24 +95,24 @@ def _pax(data: bytes) -> dict:
     return found
 
 
-def _open(stream: IO[bytes]) -> IO[bytes]:
-    head = stream.peek(6)[:6] if hasattr(stream, "peek") else b""
-    if head[:2] == _GZIP:
-        import gzip
-        return gzip.GzipFile(fileobj=stream, mode="rb")
-    if head.startswith(_OTHER_COMPRESSION):
-        raise Unusual("bz2/xz compression")
-    return stream
-
-
-def iter_members(stream: IO[bytes], url: str) -> Iterator["dict | ShardEnd"]:
+def _file_size(stream: IO[bytes]) -> Optional[int]:
     try:
-        yield from _members(_open(stream), url)
-    except (OSError, EOFError, zlib.error) as e:  # gzip data cut or corrupt: iter_tar words it
+        return os.fstat(stream.fileno()).st_size
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def iter_members(stream: IO[bytes], url: str, caps: Optional[MemberCaps] = None) -> Iterator["dict | ShardEnd"]:
+    try:
+        import lzma
+        opened = open_layers(stream, caps.decompressed if caps else 1 << 62)
+        size = _file_size(stream) if opened is stream else None  # known for a plain local file only
+        yield from _members(opened, url, caps, size)
+    except (OSError, EOFError, zlib.error, lzma.LZMAError, DecompressionCapError) as e:  # iter_tar words it
         raise Unusual(str(e)) from None
 
 
-def _members(f: IO[bytes], url: str) -> Iterator["dict | ShardEnd"]:
+def _members(f: IO[bytes], url: str, caps: Optional[MemberCaps], file_size: Optional[int]) -> Iterator["dict | ShardEnd"]:
     read = f.read
     count, offset, last = 0, 0, ""
     long_name = pax = None
@@ -131,6 +137,8 @@ def _members(f: IO[bytes], url: str) -> Iterator["dict | ShardEnd"]:
         blocks = -(-size // BLOCK) * BLOCK
         offset += BLOCK
         if kind in (b"L", b"x", b"g"):
+            if size > MAX_EXTENDED_HEADER:
+                raise Unusual("huge extended header")  # iter_tar reports the damage
             data = read(blocks)
             if len(data) < blocks:
                 raise Unusual("cut in an extended header")
@@ -156,7 +164,9 @@ def _members(f: IO[bytes], url: str) -> Iterator["dict | ShardEnd"]:
             name = _name(buf[345:500]) + "/" + name
         if long_name is not None:
             name, long_name = long_name, None
+        link = _name(buf[157:257])
         if pax is not None:
+            link = pax.get("linkpath", link)
             if "path" in pax:
                 name = pax["path"].rstrip("/")
             if "size" in pax:
@@ -169,18 +179,41 @@ def _members(f: IO[bytes], url: str) -> Iterator["dict | ShardEnd"]:
         if kind == b"\0" and name.endswith("/"):
             kind = b"5"  # old V7 directories
         if kind in _REGULAR:
-            data = read(size)
-            pad = blocks - size
-            if len(data) < size or (pad and len(read(pad)) < pad):
-                raise Unusual("cut in member data")  # iter_tar names the member in the stages' words
+            if file_size is not None and offset + size > file_size:
+                raise Unusual("declared size past the end of the file")  # never allocated; iter_tar words it
+            why = caps.over(name, size) if caps is not None and size > caps.floor else None
+            if why:
+                _skip(f, blocks)
+                item = oversized_member(name, why, url)
+            else:
+                data = read(size)
+                pad = blocks - size
+                if len(data) < size or (pad and len(read(pad)) < pad):
+                    raise Unusual("cut in member data")  # iter_tar names the member in the stages' words
+                item = {"fname": name, "data": data, "__url__": url}
             offset += blocks
             count += 1
             last = name
-            yield {"fname": name, "data": data, "__url__": url}
+            yield item
         elif kind in _NO_DATA:
             last = name
+            if kind in _SPECIAL:
+                what = _SPECIAL[kind] + (f" to {link!r}" if kind in (b"1", b"2") else "")
+                yield special_member(name, what, url)
         else:
             raise Unusual(f"member type {kind!r}")
+
+
+def _skip(f: IO[bytes], n: int) -> None:
+    """Move past n bytes of member data without keeping them (an over-cap member)."""
+    if hasattr(f, "seekable") and f.seekable():
+        f.seek(n, 1)  # the caller checked the file holds them
+        return
+    while n:
+        chunk = f.read(min(n, _SKIP_CHUNK))
+        if not chunk:
+            raise Unusual("cut in member data")
+        n -= len(chunk)
 
 
 def _end(f: IO[bytes], url: str, count: int, offset: int, last: str) -> ShardEnd:

@@ -41,12 +41,6 @@ class DetectorBackend(abc.ABC):
     def weights_path(self) -> str:
         """The detector's weights file (it may not exist yet where downloads are allowed)."""
 
-    @abc.abstractmethod
-    def footprint_bytes(self, frames: int, height: int, width: int, device: str = "cuda") -> int:
-        """An estimate of the device memory (weights + activations) one batch of `frames` frames
-        of height x width takes; 0 when the backend would not use that device's memory. The
-        planner measures the real footprint when it loads; this sizes the first plan."""
-
     def fetch(self) -> Optional[str]:
         """Download what load() needs (called once, in the parent, before model workers start)."""
         return None

@@ -29,13 +29,6 @@ from .base import DetectorBackend, Polygons, parse_device
 log = logging.getLogger("wdsfilter")
 
 NETWORK = "craft"
-_PARAMS = 20_770_000  # CRAFT (VGG16-BN backbone + U-net head): 83 MB in float32
-# Peak memory per input pixel of one frame in float32 (CRAFT keeps the VGG feature maps of every
-# stage alive for its U-net skips): 750 to 980 measured as the peak resident-memory growth of a
-# CPU forward pass at 1280x736 and 2x640x384 (tools/bench_ocr.py --backend easyocr --memory),
-# rounded up; half that in fp16. The planner measures the real number on the GPU when it loads.
-_BYTES_PER_PIXEL = 1000
-_CUDA_WORKSPACE = 256 << 20  # cuDNN convolution workspace and allocator slack
 
 
 def _easyocr_config():
@@ -91,14 +84,6 @@ class EasyOcrBackend(DetectorBackend):
         ratio = target / max(height, width)
         h, w = int(height * ratio), int(width * ratio)
         return h + (-h % 32), w + (-w % 32)
-
-    def footprint_bytes(self, frames: int, height: int, width: int, device: str = "cuda") -> int:
-        kind, _ = parse_device(device)
-        half = self.fp16 and kind == "cuda"
-        h, w = self._net_size(height, width)
-        weights = _PARAMS * (2 if half else 4)
-        activations = frames * h * w * _BYTES_PER_PIXEL // (2 if half else 1)
-        return weights + activations + (_CUDA_WORKSPACE if kind == "cuda" else 0)
 
     def fetch(self) -> str:
         """The weights, downloaded when missing: once, whoever asks. The engine calls this in the

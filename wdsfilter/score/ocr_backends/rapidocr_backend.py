@@ -9,7 +9,7 @@ probability map, find contours, expand them by the unclip ratio).
 
 On "cuda:N" the session uses onnxruntime's CUDA provider on GPU N when the installed onnxruntime
 has one (pip install onnxruntime-gpu); otherwise it runs on CPU, says so in describe() and uses no
-GPU memory (footprint 0 on that device).
+GPU memory.
 """
 from __future__ import annotations
 
@@ -36,13 +36,6 @@ def bundled_model_path() -> str:
     if spec is None or not spec.submodule_search_locations:
         raise ConfigError("the rapidocr OCR backend needs rapidocr-onnxruntime: pip install rapidocr-onnxruntime")
     return os.path.join(list(spec.submodule_search_locations)[0], "models", DET_MODEL)
-
-
-# Peak memory per input pixel of one frame (after the detector's own resize): 260 to 360 measured
-# as the peak resident-memory growth of a CPU forward pass at 1280x736 and 2x640x384
-# (tools/bench_ocr.py --memory), rounded up. An estimate for the first plan only.
-_BYTES_PER_PIXEL = 400
-_SESSION_OVERHEAD = 64 << 20  # onnxruntime CUDA provider workspace and the model's weights (4.7 MB)
 
 
 @dataclass(eq=False)
@@ -89,13 +82,6 @@ class RapidOcrBackend(DetectorBackend):
         ratio = min(ratio, self.max_input_side / max(height, width))
         h, w = int(height * ratio), int(width * ratio)
         return max(32, int(round(h / 32) * 32)), max(32, int(round(w / 32) * 32))
-
-    def footprint_bytes(self, frames: int, height: int, width: int, device: str = "cuda") -> int:
-        kind, _ = parse_device(device)
-        if kind == "cuda" and not self._has_cuda_provider():
-            return 0  # it will run on CPU: nothing on the GPU (host RAM is planned under "cpu")
-        h, w = self._resized_size(height, width)
-        return _SESSION_OVERHEAD + frames * h * w * _BYTES_PER_PIXEL
 
     @staticmethod
     def _has_cuda_provider() -> bool:

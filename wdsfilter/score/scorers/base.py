@@ -8,7 +8,7 @@ model worker on its device. A scorer object is a small picklable config until `l
 from __future__ import annotations
 
 import abc
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..registry import build
 
@@ -47,6 +47,12 @@ class Scorer(abc.ABC):
     def score_batch(self, inputs: List[Any]) -> List[Dict[str, Any]]:
         """Score prepared inputs; one dict {column: value} per input, in order. May raise
         torch.cuda.OutOfMemoryError, which the engine's back-off handles (halve and retry)."""
+
+    def decode_floor(self) -> Optional[Tuple[int, int]]:
+        """(short side, long side) of the smallest decoded image prepare() works from: the engine
+        decodes larger JPEGs at the reduced DCT scale (1/2, 1/4, 1/8) that keeps both for every
+        scorer of the run. None (the default): the full image."""
+        return None
 
     def batch_key(self, prepared: Any) -> Any:
         """Inputs with equal keys may share a batch (e.g. OCR frames of the same size)."""

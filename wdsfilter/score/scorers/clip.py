@@ -20,11 +20,12 @@ from typing import Any, Dict, List, Optional
 
 from ...config import StageConfig
 from ...errors import ConfigError, DataError
+from ...images import FULL_SIZE
 from ...tokens import CaptionCleaner
-from ..models import ClipSource, load_model, token_count
+from ..fastdecode import REDUCING_GAP, ImageTransform
+from ..models import PRECISIONS, ClipSource, load_model, resolve_precision, tokenize
 from .base import Scorer
 
-PRECISIONS = ("auto", "fp32", "fp16", "bf16")
 REDUCERS = ("mean", "max", "min")
 # Video frames are scaled to this long side while they are decoded; the model's own transform
 # then resizes them to its input size (224 for most CLIPs), so larger frames would only cost time.
@@ -37,14 +38,19 @@ class ClipScorer(Scorer):
 
     def __init__(self, model: str = "ViT-B-32", pretrained: Optional[str] = None, precision: str = "auto",
                  config: Optional[StageConfig] = None, cache_dir: Optional[str] = None, frames: int = 3,
-                 frame_reduce: str = "mean", keyframes: bool = False):
+                 frame_reduce: str = "mean", keyframes: bool = False, save_embeddings: bool = False,
+                 reducing_gap: Optional[float] = REDUCING_GAP):
         """model: an open_clip name ("ViT-B-32"), local-dir:PATH or hf-hub:ORG/REPO.
         pretrained: for a name, a tag ("laion2b_s34b_b79k"), a local checkpoint file, "random", or
-        None for the name's usual weights. precision: "auto" (bf16 autocast on CUDA where supported,
-        else fp16; fp32 on CPU), "fp32", "fp16" or "bf16". config: the StageConfig of the run, for
+        None for the name's usual weights. precision: "auto" (fp16 weights and autocast on CUDA, fp32
+        on CPU), "fp32", "fp16" or "bf16" (checked on the device it loads on). config: the
+        StageConfig of the run, for
         its image token and extra tokens, which are stripped from captions (CLIP sees the pixels),
         and its max_pixels, which guards video frames. frames, frame_reduce, keyframes: how a video
-        sample is scored (see the module docstring)."""
+        sample is scored (see the module docstring). save_embeddings: hand each row's image and
+        caption embeddings to the engine (wdsfilter/score/embeddings.py). reducing_gap: JPEGs are
+        decoded at reduced scale down to this many times the model input (docs/clip.md; None: full
+        decode, pixels within 1/255 of open_clip's own transform)."""
         if precision not in PRECISIONS:
             raise ConfigError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         if not isinstance(frames, int) or isinstance(frames, bool) or frames < 1:
@@ -52,6 +58,7 @@ class ClipScorer(Scorer):
         if frame_reduce not in REDUCERS:
             raise ConfigError(f"clip frame_reduce must be one of {REDUCERS}, got {frame_reduce!r}")
         self.frames, self.frame_reduce, self.keyframes = frames, frame_reduce, bool(keyframes)
+        self.save_embeddings = bool(save_embeddings)
         self.model = model
         self.pretrained = pretrained
         self.precision = precision
@@ -60,17 +67,21 @@ class ClipScorer(Scorer):
         self.max_pixels = cfg.max_pixels
         self.cleaner = CaptionCleaner(cfg.image_token, "strip", cfg.known_image_tokens, cfg.extra_tokens)
         self.source = ClipSource.resolve(model, pretrained, cache_dir)  # raises ConfigError at once
+        self.reducing_gap = reducing_gap
+        # uint8 pixels from the decode workers; normalised on the model's device (score_batch).
+        self.transform = ImageTransform(self.source.preprocess_cfg, reducing_gap)
         self.device: Optional[str] = None
         self.autocast_dtype = None
+        self.input_dtype = None
         self._model = None
-        self._transform = None
+        self._staging = None
         # Built here so a tokenizer that cannot be built fails at once, not in every worker.
         self._tokenizer = self.source.tokenizer()
 
-    # Workers get the small config; transform, tokenizer and model are rebuilt where they are used.
+    # Workers get the small config; tokenizer and model are rebuilt where they are used.
     def __getstate__(self):
         state = dict(self.__dict__)
-        state.update(_model=None, _transform=None, _tokenizer=None)
+        state.update(_model=None, _tokenizer=None, _staging=None)
         return state
 
     def columns(self) -> List[str]:
@@ -80,10 +91,12 @@ class ClipScorer(Scorer):
     def context_length(self) -> int:
         return self.source.context_length
 
+    def decode_floor(self):
+        """The smallest decoded image the transform needs (reduced-scale JPEG decoding)."""
+        return self.transform.decode_floor()
+
     # -- CPU side ------------------------------------------------------------------------------
     def prepare(self, sample: Dict[str, Any]) -> Dict[str, Any]:
-        if self._transform is None:
-            self._transform = self.source.image_transform()
         if self._tokenizer is None:
             self._tokenizer = self.source.tokenizer()
         image = sample.get("image")
@@ -95,37 +108,41 @@ class ClipScorer(Scorer):
         caption, _ = self.cleaner.clean(caption)
         if not caption:
             raise DataError("empty_caption", "caption is empty after removing image tokens")
-        tokens = self._tokenizer(caption)[0]
-        truncated = token_count(self._tokenizer, caption) > self.context_length
-        if image is not None:
-            pixels = self._transform(image)  # (3, H, W)
+        tokens, truncated = tokenize(self._tokenizer, caption, self.context_length)
+        if image is not None:  # (3, H, W) uint8; the full size places the crop after a reduced decode
+            pixels = self.transform(image, getattr(image, "info", {}).get(FULL_SIZE))
         else:
-            pixels = self._video_frames(sample)  # (frames, 3, H, W)
+            pixels = self._video_frames(sample)  # (frames, 3, H, W) uint8
         return {"image": pixels, "tokens": tokens, "truncated": truncated}
 
     def _video_frames(self, sample: Dict[str, Any]):
         import torch
-        from PIL import Image
         from ..video import sample_frames
 
         key, url = sample.get("__key__", "?"), sample.get("__url__", "")
         what = f"sample {key}.{sample.get('__media_ext__', 'video')}" + (f" of shard {url}" if url else "")
         sampled = sample_frames(sample["video"], self.frames, keyframes=self.keyframes, max_side=VIDEO_MAX_SIDE,
                                 max_pixels=self.max_pixels, what=what)  # DataError for a broken video
-        return torch.stack([self._transform(Image.fromarray(frame)) for frame in sampled.frames])
+        return torch.stack([self.transform(frame) for frame in sampled.frames])
 
     # -- model side ----------------------------------------------------------------------------
     def load(self, device: str) -> None:
         import torch
 
-        self._model = load_model(self.source, device, self.cache_dir)
+        from ..staging import Staging
+
+        where = torch.device(device)
+        precision = resolve_precision(self.precision, where)  # bf16 support checked on this device
+        dtype = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
+        # Half-precision weights on CUDA (half the memory, no per-batch casts); on a CPU the weights
+        # stay fp32 and a requested fp16/bf16 is autocast only, as before.
+        weights = precision if where.type == "cuda" else "fp32"
+        self._model = load_model(self.source, device, self.cache_dir, precision=weights)
         self.device = str(device)
-        cuda = torch.device(device).type == "cuda"
-        precision = self.precision
-        if precision == "auto":
-            precision = ("bf16" if torch.cuda.is_bf16_supported() else "fp16") if cuda else "fp32"
-        self.autocast_dtype = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
+        self.autocast_dtype = dtype
+        self.input_dtype = dtype if weights != "fp32" else None
         self.resolved_precision = precision
+        self._staging = Staging.for_device(where)
 
     def _autocast(self):
         import torch
@@ -143,14 +160,20 @@ class ClipScorer(Scorer):
         # each caption once, and every frame is compared with its own sample's caption.
         pixels = [x["image"] if x["image"].ndim == 4 else x["image"][None] for x in inputs]
         counts = [len(p) for p in pixels]
-        images = torch.cat(pixels).to(self.device, non_blocking=True)
-        tokens = torch.stack([x["tokens"] for x in inputs]).to(self.device, non_blocking=True)
+        # uint8 crosses to the device (a quarter of float32's bytes) and is normalised there.
+        images = self.transform.normalize(self._staging.to_device(pixels, self.device), self.input_dtype)
+        tokens = self._staging.to_device([x["tokens"][None] for x in inputs], self.device)
         with torch.inference_mode(), self._autocast():
             image_features = self._model.encode_image(images)
             text_features = self._model.encode_text(tokens)
         # Normalise in fp32: the cosine of half-precision embeddings is off by ~1e-3.
         image_features = F.normalize(image_features.float(), dim=-1)
         text_features = F.normalize(text_features.float(), dim=-1)
+        if self.autocast_dtype is not None and not (bool(image_features.isfinite().all())
+                                                    and bool(text_features.isfinite().all())):
+            # fp16 overflow (a model trained in bf16 with very large activations): say what to do.
+            raise DataError("non_finite_score", f"the embeddings overflowed in {self.resolved_precision}; "
+                            f"score with --precision bf16 or fp32")
         text_features = text_features.repeat_interleave(torch.tensor(counts, device=text_features.device), dim=0)
         per_frame = (image_features * text_features).sum(dim=-1).clamp(-1.0, 1.0).cpu().tolist()
         rows, start = [], 0
@@ -159,32 +182,37 @@ class ClipScorer(Scorer):
             start += n
             rows.append({"clip_score": _reduce(frames, self.frame_reduce), "clip_score_frames": frames,
                          "clip_frames": n, "clip_truncated": bool(x["truncated"])})
+        if self.save_embeddings:
+            _attach_embeddings(rows, image_features, text_features, counts, self.frame_reduce)
         return rows
 
     def unload(self) -> None:
         device, self._model = self.device, None
+        if self._staging is not None:
+            self._staging.release()
         if device and device.startswith("cuda"):
             import torch
             torch.cuda.empty_cache()
 
     # -- reporting -----------------------------------------------------------------------------
-    def footprint(self) -> Dict[str, Any]:
-        """Hints for the memory planner (which measures the real numbers once the model loads):
-        parameter bytes (fp32 weights; autocast keeps them fp32) and the shape of one input."""
-        size = self.source.preprocess_cfg["size"]
-        h, w = (size, size) if isinstance(size, int) else tuple(size)
-        hints = {"input_image": (3, h, w), "context_length": self.context_length}
-        if self._model is not None:
-            hints["param_bytes"] = sum(p.numel() * p.element_size() for p in self._model.parameters())
-        else:
-            hints["param_bytes"] = _param_bytes_without_weights(self.source)
-        return hints
-
     def describe(self) -> str:
         where = f"device={self.device}, precision={getattr(self, 'resolved_precision', self.precision)}" \
             if self._model is not None else f"not loaded, precision={self.precision}"
         videos = f"videos: {self.frames} {'keyframes' if self.keyframes else 'frames'}, reduce={self.frame_reduce}"
         return f"clip: model={self.source.spec}, weights={self.source.weights_text()}, {where}, {videos}"
+
+
+def _attach_embeddings(rows, image_features, text_features, counts, how: str) -> None:
+    """Each row's float16 embeddings (wdsfilter/score/embeddings.py); a video's image embedding
+    is reduced like its score (mean of the frames, or the max/min frame), so img . txt = clip_score."""
+    from ..embeddings import FIELD
+    start = 0
+    for row, n in zip(rows, counts):
+        frames, scores = image_features[start:start + n], row["clip_score_frames"]
+        pick = scores.index(max(scores) if how == "max" else min(scores)) if how in ("max", "min") else None
+        image = frames.mean(0) if pick is None else frames[pick]
+        row[FIELD] = {"img": image.half().cpu().numpy(), "txt": text_features[start].half().cpu().numpy()}
+        start += n
 
 
 def _reduce(values: List[float], how: str) -> float:
@@ -193,23 +221,3 @@ def _reduce(values: List[float], how: str) -> float:
     if how == "min":
         return min(values)
     return sum(values) / len(values)
-
-
-def _param_bytes_without_weights(source: ClipSource) -> Optional[int]:
-    """Build the architecture on the meta device (no memory, no init cost) and count."""
-    import logging
-    logging.disable(logging.WARNING)  # open_clip warns "initialized randomly": true, and meant here
-    try:
-        import open_clip
-        import torch
-        from ..models import _ensure_registered
-        if not source.spec.startswith(("local-dir:", "hf-hub:")):
-            _ensure_registered(source.spec, source.model_cfg)
-        with torch.device("meta"):
-            model = open_clip.create_model(source.spec, load_weights=False, device="meta",
-                                           pretrained_text=False)
-        return sum(p.numel() * 4 for p in model.parameters())
-    except Exception:  # a hint only: the planner measures anyway
-        return None
-    finally:
-        logging.disable(logging.NOTSET)

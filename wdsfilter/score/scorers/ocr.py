@@ -29,7 +29,7 @@ import numpy as np
 from ...config import StageConfig
 from ...errors import ConfigError, DataError
 from ..geometry import AREA_METHODS, area_ratio
-from ..ocr_backends.base import BACKENDS, DetectorBackend, make_backend, parse_device
+from ..ocr_backends.base import BACKENDS, DetectorBackend, make_backend
 from .base import Scorer
 
 FRAME_REDUCE = ("mean", "max", "min")
@@ -131,6 +131,10 @@ class OcrScorer(Scorer):
                                  reducing_gap=2.0)
         return np.asarray(image, dtype=np.uint8)
 
+    def decode_floor(self) -> Optional[Tuple[int, int]]:
+        # Frames are scaled to max_side anyway; a JPEG twice that size can be decoded at 1/2.
+        return (0, self.max_side) if self.max_side else None
+
     def batch_key(self, prepared: OcrInput) -> Any:
         # Frames of one size share a detector batch (the network input is the same shape).
         return tuple(prepared.frames.shape[1:3])
@@ -186,24 +190,6 @@ class OcrScorer(Scorer):
 
     def weights_path(self) -> str:
         return self.detector.weights_path()
-
-    def footprint(self, device: str = "cuda") -> Dict[str, Any]:
-        """Hints for the memory planner (which measures the real numbers when the model loads):
-        the weights file, and an estimate of the device bytes a batch takes, for the worst frame
-        size prepare() can produce (max_side x max_side) and `frames` frames per sample (video)."""
-        side = self.max_side or 1280
-        frames = self.frames
-        fixed = self.detector.footprint_bytes(0, side, side, device)
-        per_sample = self.detector.footprint_bytes(frames, side, side, device) - fixed
-        return {"weights_path": self.weights_path(), "fixed_bytes": fixed, "per_sample_bytes": per_sample,
-                "frames_per_sample": frames, "frame_shape": (side, side)}
-
-    def memory_estimate(self, batch_size: int, device: str = "cuda") -> int:
-        """Estimated device bytes for a batch of `batch_size` samples (0 where the backend would
-        not use that device, e.g. rapidocr without onnxruntime's CUDA provider)."""
-        parse_device(device)
-        hints = self.footprint(device)
-        return hints["fixed_bytes"] + batch_size * hints["per_sample_bytes"]
 
     def describe(self) -> str:
         frames = f"{self.frames} {'keyframes' if self.keyframes else 'frames'}/video, reduce={self.frame_reduce}"

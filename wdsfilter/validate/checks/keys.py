@@ -6,7 +6,7 @@ Holds the keys of the shard (names only, never bytes) to tell duplicates and ret
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from ...naming import is_dotted, split_name
 from ..findings import FindingLog
@@ -21,6 +21,7 @@ class KeyTracker:
         self.first: Optional[Tuple[str, str]] = None  # (member, key) of the first keyed member
         self.last: Optional[Tuple[str, str]] = None
         self._names: Dict[Tuple[str, str], str] = {}  # (key, ext) -> name, only where the case differs
+        self.returns: List[Tuple[str, str]] = []  # (member, key) of members whose key came back
 
     def member(self, name: str) -> Tuple[Optional[str], Optional[str]]:
         """(key, lower-cased extension), or (None, None) for a member webdataset ignores."""
@@ -37,7 +38,8 @@ class KeyTracker:
         if lext != ext:
             self._names[(key, lext)] = name
             log.add("mixed_case_extension", name, key,
-                    f"extension '.{ext}' is not lower case; to_tuple('{lext}') and webdataset's decoders miss it")
+                    f"extension '.{ext}' is not lower case: webdataset and wdsfilter read it as '{lext}', but HF "
+                    f"datasets keeps '{ext}' (not decoded) and DALI matches it only with case_sensitive_extensions=False")
         if self.rekey == "first-dot" and is_dotted(ext):
             intended = name.rsplit(".", 1)[0]
             log.add("dotted_basename", name, intended,
@@ -50,14 +52,23 @@ class KeyTracker:
             log.add("duplicate_key", name, key, f"member {name!r} appears again in this shard; the first one is used")
         else:
             if key != self.last_key:
-                log.add("nonadjacent_key", name, key,
-                        f"key {key!r} comes back after other keys; plain webdataset makes a half-sample of it")
+                self.returns.append((name, key))  # reported by finish(), unless the key is scattered
             exts.add(lext)
         self.last_key = key
         if self.first is None:
             self.first = (name, key)
         self.last = (name, key)
         return key, lext
+
+    def finish(self, scattered) -> None:
+        """At the end of the shard: a key that came back is a nonadjacent_key warning when the
+        stages' window still puts it together; `scattered` keys (fragments) have their own error."""
+        for name, key in self.returns:
+            if key not in scattered:
+                self.log.add("nonadjacent_key", name, key,
+                             f"key {key!r} comes back after other keys; plain webdataset makes a half-sample of it "
+                             f"(wdsfilter's stages merge it)")
+        self.returns = []
 
     def name(self, key: str, ext: str) -> str:
         """The member name as written in the tar for a sample's (key, lower-cased extension)."""

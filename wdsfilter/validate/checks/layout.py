@@ -4,7 +4,8 @@ key_across_shards  the last key of a shard is the first key of the next shard in
 too_few_shards     fewer shards than readers (ranks x loader workers): webdataset splits shards by
                    rank then by worker, so a reader with no shard yields nothing and DDP hangs
 uneven_shards      a shard whose sample count is far from the median (the last shard of a folder
-                   is allowed to be smaller: it is usually the remainder)
+                   is allowed to be smaller: it is usually the remainder; empty shards are
+                   empty_shard warnings of their own and left out)
 """
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def too_few_shards(shards: int, ranks: Optional[int], workers: Optional[int]) ->
 
 def uneven_shards(results: Sequence, ratio: float) -> None:
     """Adds uneven_shards findings to the shards concerned."""
-    readable = [r for r in results if not r.error]
+    readable = [r for r in results if not r.error and r.samples]  # empty shards have their own warning
     if len(readable) < 2:
         return
     median = statistics.median(r.samples for r in readable)

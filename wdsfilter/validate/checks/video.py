@@ -5,6 +5,11 @@ what the stages keep; the findings say which videos will fail later. Without --d
 decoded: the container is opened and the video stream's packets are read (demuxed), which finds
 files cut short in transfer that open cleanly (a Matroska/WebM header keeps the full duration, an
 MP4/MOV moov atom the full frame count) and counts frames where the header has no count.
+
+The container header is not trusted: PyAV opens every video with FFmpeg's own `max_pixels` limit
+(stream_options), so a header declaring 64x64 over 16000x16000 frames is refused while probing
+instead of decoded, and at most MAX_PACKETS packets are read per video. The rules here (open,
+cut short, too large) are the ones the scorers' frame sampler (score/video.py) applies too.
 """
 from __future__ import annotations
 
@@ -17,6 +22,31 @@ from .media import MediaInfo
 # Data that ends this much before the declared duration is cut short (a little slack for rounding
 # and for a last frame without a duration).
 _SLACK_SHARE, _SLACK_SECONDS = 0.1, 0.05
+# Packets read per video: a real clip has far fewer (10 minutes at 30 fps is 18,000); a 13 MB file
+# of a million tiny frames would otherwise take minutes to demux.
+MAX_PACKETS = 30_000
+# Streams the max_pixels option is handed to (FFmpeg takes one option set per stream).
+_STREAMS = 64
+
+
+def open_video(data: bytes, max_pixels):
+    """A PyAV container over the bytes, with FFmpeg's max_pixels limit on every stream's decoder
+    (probing decodes frames when the header leaves the size open). Raises PyAV's errors."""
+
+    import av
+
+    options = [{"max_pixels": str(int(max_pixels))}] * _STREAMS if max_pixels else None
+    return av.open(io.BytesIO(data), "r", metadata_errors="ignore", stream_options=options)
+
+
+def too_large(width: int, height: int, max_pixels) -> bool:
+    return bool(max_pixels and width and height and width * height > max_pixels)
+
+
+def limit_decoder(stream, max_pixels) -> None:
+    """FFmpeg's own check of each decoded frame's real size, before any pixel is converted."""
+    if max_pixels:
+        stream.codec_context.options = {"max_pixels": str(int(max_pixels))}
 
 
 class VideoStats:
@@ -48,7 +78,7 @@ def _round(seconds: Optional[float]) -> Optional[float]:
     return None if seconds is None else round(seconds, 3)
 
 
-def _declared_duration(container, stream) -> Optional[float]:
+def declared_duration(container, stream) -> Optional[float]:
     """The video stream's duration as its header says; the container's only when it has no other
     stream (a longer audio track must not make the video look cut)."""
     if stream.duration is not None and stream.time_base is not None:
@@ -58,11 +88,14 @@ def _declared_duration(container, stream) -> Optional[float]:
     return None
 
 
-def _packets(container, stream, decode: bool):
+def packets(container, stream, decode: bool = False):
     """(packets with data, seconds from the first to the end of the last, frames decoded) of the
-    video stream; frames are decoded only when asked (--deep)."""
+    video stream, at most MAX_PACKETS of them (count is then MAX_PACKETS + 1); frames are decoded
+    only when asked (--deep)."""
     count, first, end, decoded = 0, None, None, 0
     for packet in container.demux(stream):
+        if count >= MAX_PACKETS:
+            return count + 1, (end - first if end is not None else None), decoded
         if decode:  # the flush packet too: it returns the frames the decoder still holds
             decoded += len(packet.decode())
         if not packet.size:
@@ -76,7 +109,11 @@ def _packets(container, stream, decode: bool):
     return count, (end - first if end is not None else None), decoded
 
 
-def _cut_short(declared_frames: int, declared: Optional[float], packets: int, span: Optional[float]) -> Optional[str]:
+def cut_short(declared_frames: int, declared: Optional[float], packets: int, span: Optional[float]) -> Optional[str]:
+    """Why the video's data ends before its header says it does, or None (the one rule: validate's
+    corrupt_video, the scorers' `partial`)."""
+    if packets > MAX_PACKETS:
+        return None  # not read to its end; nothing to say
     if packets == 0:
         return "no video frame can be read (the data is cut short or empty)"
     if declared_frames and packets < declared_frames:
@@ -90,24 +127,42 @@ def check_video(name: str, key: str, data: bytes, options, log: FindingLog, stat
     import av  # only when a shard has videos
 
     info = MediaInfo("video")
+    max_pixels = options.stage.max_pixels
     try:
-        with av.open(io.BytesIO(data), "r") as container:
+        with open_video(data, max_pixels) as container:
             streams = container.streams.video
             if not streams:
                 found = ", ".join(f"{len(s)} {t}" for t, s in (("audio", container.streams.audio),
                                                                 ("subtitle", container.streams.subtitles)) if s)
-                log.add("no_video_stream", name, key, f"no video stream ({found or 'no streams'})")
+                log.add("no_video_stream", name, key, f"no video stream ({found or 'no streams'}): not a video clip; "
+                                                      f"scoring gives it no_video_stream")
                 return info
             stream = streams[0]
             if stream.codec_context is None:  # PyAV found the stream but no codec parameters
                 log.add("corrupt_video", name, key, "the video stream has no codec parameters (cut short?)")
                 return info
             info.width, info.height = stream.codec_context.width, stream.codec_context.height
-            duration = _declared_duration(container, stream)
+            if too_large(info.width, info.height, max_pixels):
+                log.add("oversized_video", name, key, f"{info.width}x{info.height} frames are over max_pixels="
+                                                      f"{max_pixels} (from the header); scoring refuses it as video_too_large")
+                return info
+            limit_decoder(stream, max_pixels)
+            if not (info.width and info.height):
+                # The probe could not size the frames within max_pixels: decode one, as scoring will.
+                with open_video(data, max_pixels) as probe:
+                    first = probe.streams.video[0]
+                    limit_decoder(first, max_pixels)
+                    next(probe.decode(first), None)
+            duration = declared_duration(container, stream)
             declared_frames = stream.frames
-            packets, span, decoded = _packets(container, stream, options.deep)
-            frames = decoded if options.deep else declared_frames or packets
-            problem = _cut_short(declared_frames, duration, packets, span)
+            count, span, decoded = packets(container, stream, options.deep)
+            frames = decoded if options.deep else declared_frames or count
+            problem = cut_short(declared_frames, duration, count, span)
+    except av.error.ArgumentError as e:  # EINVAL: what FFmpeg's max_pixels check raises
+        log.add("oversized_video", name, key, f"a frame is over max_pixels={max_pixels} though the header says "
+                                              f"{info.width}x{info.height} (or the frame is invalid): {e}; "
+                                              f"scoring refuses it as video_too_large")
+        return info
     except Exception as e:  # PyAV raises many types on hostile bytes
         log.add("corrupt_video", name, key, f"PyAV cannot read it: {type(e).__name__}: {e}")
         return info

@@ -1,0 +1,39 @@
+"""tools/gpu_check.py's CPU dry mode: every selected step really runs `wdsfilter score` in a
+subprocess on tiny generated shards with a tiny random CLIP, is watched (child processes, CPU%),
+and is judged against its pass line; the table names each step with PASS/FAIL."""
+import os
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from tools import gpu_check  # noqa: E402
+
+
+@pytest.mark.slow
+def test_dry_run_on_cpu_passes_placement_backoff_and_equality(capsys):
+    rows = gpu_check.main(["--dry-run-cpu", "--only", "1,3,7"])
+    out = capsys.readouterr().out
+    assert [r.step for r in rows] == ["1 placement", "3 out-of-memory back-off", "7 score equality"]
+    assert all(r.ok is True for r in rows), out
+    assert out.count("PASS") == 3 and "pass line" in out
+    assert "max |cpu - cpu|" in rows[2].measured
+
+
+def test_table_marks_failures_and_skips(capsys):
+    rows = [gpu_check.Row("1 placement", "x", "only model workers", False),
+            gpu_check.Row("6 ray on GPU", "no ray", "one row per sample", None),
+            gpu_check.Row("7 score equality", "2e-4", "<= 2e-3", True)]
+    gpu_check.print_table(rows)
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].split()[2] == "FAIL"
+    assert "SKIP" in out[2] and "PASS" in out[3]
+
+
+def test_no_cuda_without_dry_run_exits_with_advice(monkeypatch):
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="--dry-run-cpu"):
+        gpu_check.main([])

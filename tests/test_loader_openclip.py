@@ -1,0 +1,119 @@
+"""wdsfilter.loader as a drop-in for OpenCLIP's training loop: open_clip_train's own
+train_one_epoch, its own argument parser, loss and scheduler, runs one epoch of the tiny model on
+json-caption shards through wdsfilter.loader, sized by the sizes.json that `wdsfilter validate
+--stats-dir` writes beside them (as open_clip's get_dataset_size reads it).
+
+The model is the tiny architecture of tools/make_tiny_clip.py (the `tiny_clip` fixture's) with
+fresh weights: the loop and the loader are under test, not what the weights learnt, and the
+trained fixture costs minutes of CPU on a machine where it is not cached yet."""
+import inspect
+import json
+import logging
+import os
+import shutil
+
+import pytest
+
+torch = pytest.importorskip("torch")
+open_clip = pytest.importorskip("open_clip")
+train_mod = pytest.importorskip("open_clip_train.train")
+from open_clip_train.data import DataInfo  # noqa: E402
+from open_clip_train.params import parse_args  # noqa: E402
+from open_clip_train.scheduler import cosine_lr  # noqa: E402
+
+import wdsfilter  # noqa: E402
+from wdsfilter.errors import StarvationError  # noqa: E402
+from tools import make_tiny_clip  # noqa: E402
+from wdsfilter.validate import validate  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARD = os.path.join(REPO, "sample_shards", "json-captions-000000.tar")  # 32 samples, caption in json "description"
+
+
+@pytest.fixture()
+def json_shards(tmp_path):
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    for i in range(2):
+        shutil.copy(SHARD, folder / f"part-{i:06d}.tar")
+    report = validate(str(folder), caption_key="json:description", jobs=1, stats_dir=str(folder))
+    assert report.passed and report.samples == 64
+    return str(folder)
+
+
+def test_open_clip_train_one_epoch_through_wdsfilter_loader(json_shards, tmp_path, caplog):
+    tiny = str(tmp_path / "tiny-clip")
+    make_tiny_clip.write_config(tiny)  # the tiny architecture, no weights
+    torch.manual_seed(0)
+    # As open_clip_train.main creates it (output_dict=True: the loss reads a dict).
+    model, preprocess, _ = open_clip.create_model_and_transforms("local-dir:" + tiny, output_dict=True)
+    tokenizer = open_clip.get_tokenizer("local-dir:" + tiny)
+    args = parse_args(["--batch-size", "8", "--workers", "2", "--lr", "1e-3", "--epochs", "1", "--warmup", "1",
+                       "--log-every-n-steps", "1", "--precision", "fp32"])
+    # What open_clip_train.main sets after parsing (init_distributed_device, report_to).
+    args.device, args.rank, args.local_rank, args.world_size, args.distill = "cpu", 0, 0, 1, False
+    args.wandb = False
+
+    loader = wdsfilter.loader(json_shards, caption_key="json:description", transform=preprocess,
+                              tokenizer=tokenizer, batch_size=args.batch_size, num_workers=args.workers,
+                              pin_memory=False, prefetch_factor=2)
+    # From sizes.json: 64 samples, 8 global batches, 4 per worker (open_clip's own rule).
+    assert (loader.num_samples, loader.num_batches, len(loader)) == (64, 8, 8)
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=args.lr)
+    scheduler = cosine_lr(optimizer, args.lr, args.warmup, loader.num_batches * args.epochs)
+    loss = open_clip.create_loss(args)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    steps = []
+    caplog.set_level(logging.INFO)
+    train_mod.train_one_epoch(model, {"train": DataInfo(loader)}, loss, 0, optimizer, None,
+                              lambda step: (steps.append(step), scheduler(step)), None, args)
+    assert steps == list(range(8))  # every batch of the epoch, as num_batches promised
+    assert any("Train Epoch: 0 [64/64 (100%)]" in r.getMessage() for r in caplog.records), caplog.text
+    assert any(not torch.equal(before[n], p) for n, p in model.named_parameters())
+    assert loader.stats.samples_out == 64 and not loader.stats.dropped
+
+
+def test_loader_options_and_signatures(json_shards, tmp_path):
+    sig = inspect.signature(wdsfilter.loader)
+    for name in ("urls", "caption_key", "batch_size", "num_workers", "pin_memory", "prefetch_factor", "collate_fn",
+                 "epoch_samples", "resampled"):
+        assert name in sig.parameters, name
+    assert "cfg" in inspect.signature(wdsfilter.sample_pipeline).parameters
+    assert "batch_size" in wdsfilter.loader.__doc__ or "num_samples" in wdsfilter.loader.__doc__
+
+    # collate_fn gets the list of samples of a batch; epoch_samples beats sizes.json.
+    seen = []
+
+    def collate(samples):
+        seen.append(len(samples))
+        return [caption for _, caption in samples]
+    loader = wdsfilter.loader(json_shards, caption_key="json:description", batch_size=5, collate_fn=collate,
+                              epoch_samples=20, num_workers=0)
+    batches = list(loader)
+    assert (loader.num_samples, loader.num_batches) == (20, 4) and len(batches) == 4
+    assert seen == [5, 5, 5, 5] and all(isinstance(c, str) for b in batches for c in b)
+    # No sizes.json and no epoch_samples: unsized, as before.
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(SHARD, bare / "x.tar")
+    unsized = wdsfilter.loader(str(bare), caption_key="json:description", batch_size=8)
+    assert unsized.num_samples is None and unsized.num_batches is None
+    with pytest.raises(TypeError, match="sizes.json"):
+        len(unsized)
+    with pytest.raises(wdsfilter.ConfigError, match="prefetch_factor"):
+        wdsfilter.loader(json_shards, prefetch_factor=0)
+
+
+def test_resampled_starving_counts_distinct_shards_and_keeps_the_key_hint(tmp_path):
+    one = tmp_path / "one"
+    one.mkdir()
+    shutil.copy(SHARD, one / "x.tar")
+    loader = wdsfilter.loader(str(one), batch_size=4, resampled=True, epoch_samples=64, starvation_samples=100,
+                              starvation_seconds=0)  # caption key left at txt: every sample misses it
+    with pytest.raises(StarvationError) as info:
+        list(loader)
+    message = str(info.value)
+    assert "from 1 shard(s) (opened" in message and "times: resampled)" in message
+    assert "use --caption-key json:description" in message

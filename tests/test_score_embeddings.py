@@ -1,0 +1,110 @@
+"""`wdsfilter score --save-embeddings`: per-shard float16 image and caption embeddings of the CLIP
+scorer, rows in the score file's index order, whose row-wise dot product is clip_score."""
+import os
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from wdsfilter.cli import main
+from wdsfilter.score.outputs import read_rows
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SS = os.path.join(REPO, "sample_shards")
+SHARDS = [os.path.join(SS, f) for f in ("images-000000.tar", "videos-000000.tar", "json-captions-000000.tar",
+                                        "broken/corrupt-jpeg-000000.tar")]
+KEYS = ["--caption-key", "txt;json:description", "--image-key", "jpg;png;jpeg;webp;mp4"]
+FP16 = 3e-3  # two unit vectors rounded to float16: their dot product moves by about 1e-3
+
+pytestmark = pytest.mark.slow
+
+
+def score(tiny_clip, out, *args, shards=SHARDS):
+    r = CliRunner().invoke(main, ["score", *shards, "--out", str(out), "--model", "local-dir:" + tiny_clip,
+                                  "--device", "cpu", "--no-progress", "--workers", "0", *KEYS, *args])
+    return r
+
+
+def tables(out):
+    got = {}
+    for f in sorted(os.listdir(os.path.join(out, "scores"))):
+        name = f[:-len(".parquet")]
+        emb = os.path.join(out, "embeddings", name)
+        got[name] = (read_rows(os.path.join(out, "scores", f)), np.load(emb + ".img.npy"), np.load(emb + ".txt.npy"))
+    return got
+
+
+def check_consistent(rows, img, txt, unit_images=True):
+    assert img.dtype == txt.dtype == np.float16 and img.shape == txt.shape and img.shape[0] == len(rows)
+    assert [r["index"] for r in rows] == list(range(len(rows)))
+    dots = (img.astype(np.float32) * txt.astype(np.float32)).sum(1)
+    scored = 0
+    for r, dot, i, t in zip(rows, dots, img, txt):
+        if r["clip_score"] is None:
+            assert not i.any() and not t.any()  # no score: all zeros
+            continue
+        scored += 1
+        assert abs(dot - r["clip_score"]) < FP16, (r["key"], dot, r["clip_score"])
+        assert abs(np.linalg.norm(t.astype(np.float32)) - 1) < FP16
+        norm = np.linalg.norm(i.astype(np.float32))
+        if unit_images or r["clip_frames"] == 1:
+            assert abs(norm - 1) < FP16, (r["key"], norm)
+        else:  # a video's mean embedding
+            assert norm < 1 + FP16
+    return scored
+
+
+def test_embeddings_dot_product_is_the_clip_score(tiny_clip, tmp_path):
+    out = tmp_path / "out"
+    r = score(tiny_clip, out, "--save-embeddings")
+    assert r.exit_code == 0, r.output
+    got = tables(str(out))
+    assert sorted(got) == sorted(os.path.basename(s)[:-4] for s in SHARDS)
+    total = 0
+    videos = 0
+    for name, (rows, img, txt) in got.items():
+        total += check_consistent(rows, img, txt, unit_images=False)
+        videos += sum(1 for r in rows if r["clip_frames"] and r["clip_frames"] > 1)
+    assert total > 20 and videos > 0
+    # The corrupt JPEG's row has no score, and zeros.
+    rows, img, _ = got["corrupt-jpeg-000000"]
+    assert any(r["clip_score"] is None for r in rows)
+
+
+def test_video_max_reduce_takes_the_best_frame(tiny_clip, tmp_path):
+    out = tmp_path / "out"
+    r = score(tiny_clip, out, "--save-embeddings", "--frame-reduce", "max", shards=[SHARDS[1]])
+    assert r.exit_code == 0, r.output
+    (rows, img, txt), = tables(str(out)).values()
+    assert check_consistent(rows, img, txt, unit_images=True) > 0
+    assert any(r["clip_frames"] > 1 for r in rows)
+
+
+def test_resume_rewrites_an_unfinished_shard_consistently(tiny_clip, tmp_path):
+    out = tmp_path / "out"
+    assert score(tiny_clip, out, "--save-embeddings").exit_code == 0
+    emb = out / "embeddings"
+    before = {f: (emb / f).read_bytes() for f in os.listdir(emb)}
+    stamps = {f: (emb / f).stat().st_mtime_ns for f in os.listdir(emb)}
+    # The images shard did not finish: no marker, and its embeddings are stale.
+    os.remove(out / "done" / "images-000000.json")
+    np.save(emb / "images-000000.img.npy", np.zeros((3, 4), dtype=np.float16))
+    r = score(tiny_clip, out, "--save-embeddings", "--resume")
+    assert r.exit_code == 0, r.output
+    rows, img, txt = tables(str(out))["images-000000"]
+    check_consistent(rows, img, txt)
+    for f in before:
+        if not f.startswith("images-000000."):
+            assert (emb / f).stat().st_mtime_ns == stamps[f]  # finished shards untouched
+    assert (emb / "images-000000.img.npy").read_bytes() == before["images-000000.img.npy"]
+    # Resume refuses a run without embeddings into this folder (the settings differ).
+    r = score(tiny_clip, out, "--resume")
+    assert r.exit_code == 2 and "save_embeddings" in r.output
+
+
+def test_without_the_flag_no_embeddings_and_only_with_clip(tiny_clip, tmp_path):
+    assert score(tiny_clip, tmp_path / "a", shards=[SHARDS[0]]).exit_code == 0
+    assert not os.path.exists(tmp_path / "a" / "embeddings")
+    r = CliRunner().invoke(main, ["score", SHARDS[0], "--out", str(tmp_path / "b"), "--scorer", "ocr",
+                                  "--save-embeddings", *KEYS])
+    assert r.exit_code == 2 and "clip scorer" in r.output

@@ -1,0 +1,75 @@
+"""The one threshold test (wdsfilter.thresholds) and the one atomic write (wdsfilter.atomic)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from wdsfilter.atomic import atomic_path, is_temporary, remove_temporaries, temporary_path, write_json
+from wdsfilter.errors import ConfigError
+from wdsfilter.thresholds import Thresholds, parse_threshold
+
+
+def test_bounds_pass_fail_and_missing_values():
+    th = Thresholds.build({"clip_score": 0.28}, {"ocr_area": "0.2"})
+    assert th.maxima == {"ocr_area": 0.2}
+    assert th.passes({"clip_score": 0.28, "ocr_area": 0.2})  # bounds are inclusive
+    assert not th.passes({"clip_score": 0.279, "ocr_area": 0.1})
+    assert not th.passes({"clip_score": 0.5, "ocr_area": 0.21})
+    for missing in (None, float("nan")):
+        assert not th.passes({"clip_score": missing, "ocr_area": 0.1})
+    assert not th.passes({"ocr_area": 0.1})  # no column at all: no score
+    failure = th.first_failure({"clip_score": 0.1, "ocr_area": 0.9})
+    assert (failure.column, failure.minimum) == ("clip_score", True)
+    assert failure.explain(0.1) == "clip_score=0.1 < 0.28"
+    assert th.first_failure({"clip_score": 0.3, "ocr_area": 0.9}).explain(0.9) == "ocr_area=0.9 > 0.2"
+    assert th.describe() == "clip_score >= 0.28, ocr_area <= 0.2"
+    assert th.columns() == ["clip_score", "ocr_area"]
+    assert not Thresholds.build() and Thresholds.build().passes({})
+
+
+@pytest.mark.parametrize("minima, maxima, message", [
+    ({"clip_score": "high"}, None, "minimum threshold for 'clip_score' must be a number"),
+    (None, {"ocr_area": float("nan")}, "maximum threshold for 'ocr_area' is NaN"),
+    ({"x": 0.5}, {"x": 0.4}, "no sample can be kept: the minimum 0.5 of x is above its maximum 0.4"),
+    ("not a mapping", None, "must map score columns to numbers"),
+])
+def test_bad_thresholds_are_config_errors(minima, maxima, message):
+    with pytest.raises(ConfigError, match=message):
+        Thresholds.build(minima, maxima)
+
+
+def test_parse_threshold():
+    assert parse_threshold(" clip_score = 0.28") == ("clip_score", 0.28)
+    with pytest.raises(ConfigError, match=r"--max expects COLUMN=VALUE \(e.g. ocr_area=0.2\)"):
+        parse_threshold("ocr_area", "--max")
+    with pytest.raises(ConfigError, match="'x' is not a number"):
+        parse_threshold("clip_score=x")
+
+
+def test_atomic_write_leaves_no_temporary_on_error(tmp_path):
+    dest = tmp_path / "table.json"
+    with pytest.raises(RuntimeError):
+        with atomic_path(str(dest)) as tmp:
+            with open(tmp, "w") as f:
+                f.write("half")
+            raise RuntimeError("writer failed")
+    assert os.listdir(tmp_path) == []  # neither the destination nor the temporary
+    write_json(str(dest), {"a": 1}, fsync=True)
+    assert json.loads(dest.read_text()) == {"a": 1} and os.listdir(tmp_path) == ["table.json"]
+
+
+def test_a_killed_writers_temporary_is_recognised_and_removed(tmp_path):
+    """A process killed between write and rename leaves `.<name>.tmp-<pid>`: the next run's
+    cleanup finds it by name, for every kind of output (summary.json included)."""
+    script = ("import os, sys; from wdsfilter.atomic import atomic_path\n"
+              "cm = atomic_path(sys.argv[1]); tmp = cm.__enter__(); open(tmp, 'w').write('x'); os._exit(0)")
+    for name in ("summary.json", "00.parquet", "histograms.png"):
+        subprocess.run([sys.executable, "-c", script, str(tmp_path / name)], check=True)
+    left = sorted(os.listdir(tmp_path))
+    assert len(left) == 3 and all(is_temporary(n) for n in left)
+    assert not is_temporary("summary.json") and is_temporary(os.path.basename(temporary_path("x/summary.json")))
+    (tmp_path / "keep.json").write_text("{}")
+    assert remove_temporaries(str(tmp_path)) == 3
+    assert os.listdir(tmp_path) == ["keep.json"]

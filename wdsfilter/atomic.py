@@ -1,0 +1,70 @@
+"""Atomic file writes: write a temporary in the destination's folder, then rename it over the
+destination, so a reader (or a run resumed after SIGKILL) sees the whole file or none of it.
+
+Every temporary is named `.<name>.tmp-<pid>`: hidden, and recognisable by is_temporary(), so the
+next run can delete what a killed run left behind (remove_temporaries).
+
+    with atomic_path("out/scores/00.parquet") as tmp:
+        pq.write_table(table, tmp)
+    write_json("out/done/00.json", {"url": ...}, fsync=True)
+"""
+from __future__ import annotations
+
+import json
+import os
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional
+
+TMP_TAG = ".tmp-"
+
+
+def temporary_path(path: str) -> str:
+    """The temporary name for `path` in this process: `.<name>.tmp-<pid>` in the same folder (same
+    filesystem, so the rename is atomic)."""
+    folder, name = os.path.split(path)
+    return os.path.join(folder, f".{name}{TMP_TAG}{os.getpid()}")
+
+
+def is_temporary(name: str) -> bool:
+    """A file name written by temporary_path (in any process)."""
+    return name.startswith(".") and TMP_TAG in name
+
+
+@contextmanager
+def atomic_path(path: str) -> Iterator[str]:
+    """Yields a temporary path to write; on success it is renamed to `path`, on any error (or
+    KeyboardInterrupt) it is removed."""
+    tmp = temporary_path(path)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def write_json(path: str, data: Any, *, fsync: bool = False, indent: Optional[int] = 1, **dump_options) -> str:
+    """json.dump `data` to `path` atomically; fsync=True flushes it to disk before the rename (a
+    completion marker must not outlive a power cut that loses the data it vouches for)."""
+    dump_options.setdefault("default", str)
+    with atomic_path(path) as tmp:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=indent, **dump_options)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+    return path
+
+
+def remove_temporaries(folder: Optional[str]) -> int:
+    """Delete the temporaries a killed run left in `folder` (never complete); returns how many."""
+    removed = 0
+    if folder and os.path.isdir(folder):
+        for name in os.listdir(folder):
+            if is_temporary(name):
+                try:
+                    os.remove(os.path.join(folder, name))
+                    removed += 1
+                except OSError:
+                    pass  # another run's cleanup got there first
+    return removed

@@ -1,0 +1,10 @@
+"""Choosing thresholds after scoring (`wdsfilter filter`), without loading a model.
+
+Modules, one job each: scoredir (a score folder read back), rules (the --min/--max/--top/--bottom
+thresholds, resolved), quantile (exact streaming order statistics), run (judge, count, write),
+reshard (new shards of N samples), report_data and report_html (the HTML report), cli.
+"""
+from .rules import FilterSpec, Threshold, resolve_for_loader
+from .run import FilterResult, filter_scores
+
+__all__ = ["filter_scores", "FilterResult", "FilterSpec", "Threshold", "resolve_for_loader"]

@@ -1,0 +1,38 @@
+"""`wdsfilter filter`: a thin click layer over wdsfilter.filtering.filter_scores (docs/filter.md)."""
+from __future__ import annotations
+
+import click
+
+from ..errors import EXIT_CODES_HELP
+
+
+@click.command("filter", context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES_HELP)
+@click.argument("scores_dir", metavar="SCORES_DIR")
+@click.option("--min", "mins", multiple=True, metavar="COL=X", help="Keep rows with COL >= X. Repeatable.")
+@click.option("--max", "maxes", multiple=True, metavar="COL=X", help="Keep rows with COL <= X. Repeatable.")
+@click.option("--top", "tops", multiple=True, metavar="COL=P%",
+              help="Keep the P% of scored rows with the highest COL (ties with the cut value kept too). Repeatable.")
+@click.option("--bottom", "bottoms", multiple=True, metavar="COL=P%",
+              help="Keep the P% of scored rows with the lowest COL (ties kept too). Repeatable.")
+@click.option("--write-shards", default=None, metavar="OUT",
+              help="Write the kept samples (original members and bytes) into new shards here.")
+@click.option("--samples-per-shard", type=int, default=1000, show_default=True,
+              help="Samples per written shard (the last may be short).")
+@click.option("--prefix", default="shard", show_default=True, help="Written shards are PREFIX-000000.tar, ...")
+@click.option("--overwrite", is_flag=True, help="Replace shards in OUT written with other settings.")
+@click.option("--dry-run", is_flag=True, help="Count only: write no shard, report or thresholds file.")
+@click.option("--report", "report", default="", metavar="PATH",
+              help="Where the HTML report goes [SCORES_DIR/report.html].")
+@click.option("--no-report", is_flag=True, help="Write no HTML report.")
+def filter_command(scores_dir, mins, maxes, tops, bottoms, write_shards, samples_per_shard, prefix, overwrite,
+                   dry_run, report, no_report):
+    """Choose thresholds after scoring: count what --min/--max/--top/--bottom keep in the score
+    folder of a `wdsfilter score` run (SCORES_DIR, either engine), write an HTML report and,
+    with --write-shards, reshard the kept samples. No model is loaded."""
+    from .run import filter_scores
+    # Errors go to the group (wdsfilter/cli.py): one line, exit 2 for usage/configuration, 3 when
+    # the run failed (a source shard missing or changed, an I/O error).
+    result = filter_scores(scores_dir, mins, maxes, tops, bottoms, write_shards=write_shards,
+                           samples_per_shard=samples_per_shard, prefix=prefix, dry_run=dry_run,
+                           report=None if no_report else report, overwrite=overwrite, echo=click.echo)
+    click.echo(result.format_text())

@@ -1,0 +1,88 @@
+"""Exact order statistics of a score column over a whole run, streaming over the score files.
+
+`--top clip_score=30%` needs the value v such that 30% of the scored rows are >= v. Sorting all
+rows would hold the column in memory; instead each pass over the files narrows the value range
+that holds the wanted rank (a histogram of BINS bins, with each bin's own minimum and maximum),
+until the range holds at most COLLECT values, which the last pass collects and sorts. Memory is
+one read batch plus the histogram, whatever the number of rows; a few passes suffice (4096 bins
+shrink the candidates 4096-fold per pass for spread-out values).
+
+The rank is exact: the value returned is the k-th smallest value read, no interpolation.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Iterable, Tuple
+
+BINS = 4096
+COLLECT = 1 << 16
+
+Source = Callable[[], Iterable["object"]]  # a fresh iterator of float64 numpy arrays per pass
+
+
+def _region(values, lo: float, hi: float):
+    return values[(values >= lo) & (values <= hi)]
+
+
+def count_range(source: Source) -> Tuple[int, float, float]:
+    """(count, min, max) of the values (min and max are nan when there are none)."""
+    n, lo, hi = 0, math.inf, -math.inf
+    for values in source():
+        if len(values):
+            n += len(values)
+            lo, hi = min(lo, float(values.min())), max(hi, float(values.max()))
+    return (n, lo, hi) if n else (0, math.nan, math.nan)
+
+
+def kth_smallest(source: Source, k: int, stats: Tuple[int, float, float] = None) -> float:
+    """The k-th smallest value (1-based) of everything `source` yields."""
+    import numpy as np
+    n, lo, hi = stats or count_range(source)
+    if not 1 <= k <= n:
+        raise ValueError(f"rank {k} is outside 1..{n}")
+    below, count = 0, n  # values under the region [lo, hi], and inside it
+    while True:
+        if lo == hi:
+            return lo
+        if count <= COLLECT:
+            inside = np.concatenate([_region(v, lo, hi) for v in source()] or [np.empty(0)])
+            return float(np.partition(inside, k - below - 1)[k - below - 1])
+        edges = np.linspace(lo, hi, BINS + 1)
+        counts = np.zeros(BINS, dtype=np.int64)
+        mins = np.full(BINS, np.inf)
+        maxs = np.full(BINS, -np.inf)
+        for values in source():
+            inside = _region(values, lo, hi)
+            bins = np.clip(np.searchsorted(edges, inside, side="right") - 1, 0, BINS - 1)
+            counts += np.bincount(bins, minlength=BINS)
+            np.minimum.at(mins, bins, inside)
+            np.maximum.at(maxs, bins, inside)
+        cumulative = np.cumsum(counts)
+        b = int(np.searchsorted(cumulative, k - below))  # first bin whose cumulative count reaches the rank
+        new_below = below + (int(cumulative[b - 1]) if b else 0)
+        new = (float(mins[b]), float(maxs[b]), int(counts[b]))
+        if new == (lo, hi, count):  # a range too narrow to split (adjacent floats): peel off its minimum
+            at_lo = sum(int((v == lo).sum()) for v in source())
+            if k - below <= at_lo:
+                return lo
+            below += at_lo
+            count -= at_lo
+            lo = min((float(v[(v > lo) & (v <= hi)].min()) for v in source() if ((v > lo) & (v <= hi)).any()))
+            continue
+        below = new_below
+        lo, hi, count = new
+
+
+def top_share_value(source: Source, percent: float, stats: Tuple[int, float, float] = None) -> Tuple[float, int]:
+    """(v, k): v is the k-th largest value, k = ceil(percent% of the values); keeping values >= v
+    keeps at least percent% of them (more when values tie with v)."""
+    n = (stats or count_range(source))[0]
+    k = max(1, math.ceil(n * percent / 100.0 - 1e-9))
+    return kth_smallest(source, n - k + 1, stats), k
+
+
+def bottom_share_value(source: Source, percent: float, stats: Tuple[int, float, float] = None) -> Tuple[float, int]:
+    """(v, k): v is the k-th smallest value; keeping values <= v keeps at least percent% of them."""
+    n = (stats or count_range(source))[0]
+    k = max(1, math.ceil(n * percent / 100.0 - 1e-9))
+    return kth_smallest(source, k, stats), k

@@ -1,0 +1,168 @@
+"""What the HTML report shows, gathered while `filter` judges the rows (one pass, bounded memory):
+per threshold the K rows nearest to its value on either side, per drop reason its first K rows,
+per score column a histogram; then one streaming read of each source shard that holds one of
+these rows, for its thumbnail and caption (nothing else of the shard is kept)."""
+from __future__ import annotations
+
+import base64
+import heapq
+import io
+import itertools
+import math
+import tarfile
+from collections import OrderedDict
+from typing import Dict, List, Optional, Sequence
+
+from ..naming import split_name
+from ..specs import VIDEO_EXTS, KeySpec, find_caption
+
+PER_SIDE = 6  # thumbnails on each side of a threshold
+PER_REASON = 6  # examples per drop reason
+MAX_REASONS = 24
+MAX_MEMBER = 64 << 20  # members larger than this are not read for a thumbnail
+THUMB = 160  # thumbnail long side, pixels
+BINS = 40
+
+
+class _Nearest:
+    """The K examples with the highest closeness among those pushed (a bounded heap); closeness
+    is -|value - cut| beside a threshold, the value itself for "highest", -value for "lowest"."""
+
+    def __init__(self, k: int):
+        self.k, self.heap, self.order = k, [], itertools.count()
+
+    def push(self, closeness: float, example: dict) -> None:
+        item = (closeness, -next(self.order), example)  # earlier rows win ties
+        if len(self.heap) < self.k:
+            heapq.heappush(self.heap, item)
+        elif item[:2] > self.heap[0][:2]:
+            heapq.heapreplace(self.heap, item)
+
+    def examples(self) -> List[dict]:
+        return [e for _, _, e in sorted(self.heap, key=lambda x: (x[0], x[1]), reverse=True)]
+
+
+def _number(v) -> Optional[float]:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
+        return None
+    return float(v)
+
+
+class ReportCollector:
+    def __init__(self, run, thresholds: Sequence):
+        self.run, self.thresholds = run, list(thresholds)
+        self.numeric = run.numeric_columns()
+        self.columns = self.numeric  # read beside the threshold columns while judging
+        self.sides: List[tuple] = []  # (column, label, cut, above: _Nearest, below: _Nearest)
+        for t in self.thresholds:
+            self.sides.append((t.column, f"{t.describe()} ({t.given})", t.value, _Nearest(PER_SIDE),
+                               _Nearest(PER_SIDE)))
+        for c in self.numeric:  # no threshold: the highest and the lowest rows show the range
+            if not any(t.column == c for t in self.thresholds):
+                self.sides.append((c, f"{c}: highest and lowest", None, _Nearest(PER_SIDE), _Nearest(PER_SIDE)))
+        self.dropped: Dict[str, List[dict]] = OrderedDict()
+
+    def observe(self, shard, row: dict, reason: Optional[str]) -> None:
+        example = None
+        for column, _, cut, above, below in self.sides:
+            v = _number(row.get(column))
+            if v is None:
+                continue
+            example = example or self._example(shard, row, reason)
+            if cut is None:
+                above.push(v, example)
+                below.push(-v, example)
+            else:
+                (above if v >= cut else below).push(-abs(v - cut), example)
+        if reason is not None:
+            examples = self.dropped.get(reason)
+            if examples is None and len(self.dropped) < MAX_REASONS:
+                examples = self.dropped[reason] = []
+            if examples is not None and len(examples) < PER_REASON:
+                examples.append(example or self._example(shard, row, reason))
+
+    def _example(self, shard, row: dict, reason: Optional[str]) -> dict:
+        values = {c: row.get(c) for c in self.numeric if _number(row.get(c)) is not None}
+        return {"url": shard.url, "key": row["key"], "values": values, "kept": reason is None,
+                "reason": reason, "message": row.get("message")}
+
+    def finish(self, result) -> dict:
+        from ..score.outputs import summarize_files
+        stats = summarize_files([s.score_file for s in self.run.shards], self.numeric, {}, BINS)["columns"]
+        sections = []
+        for column, label, cut, above, below in self.sides:
+            sections.append({"column": column, "label": label, "cut": cut,
+                             "above": above.examples(), "below": below.examples()})
+        everything = [e for s in sections for e in s["above"] + s["below"]]
+        everything += [e for ex in self.dropped.values() for e in ex]
+        _attach_media(everything, self.run.stage)
+        return {"result": result, "columns": {c: stats.get(c, {}) for c in self.numeric}, "sections": sections,
+                "dropped": self.dropped}
+
+
+def _attach_media(examples: List[dict], stage: dict) -> None:
+    """Each example gets `thumb` (a data: URI or None), `caption` and `media_note`."""
+    from ..shards import is_pipe, is_remote, open_shard
+    caption_spec = KeySpec.parse(stage.get("caption_key") or "txt")
+    image_spec = KeySpec.parse(stage.get("image_key") or "jpg;png;jpeg;webp")
+    rekey = stage.get("rekey") or "first-dot"
+    by_url: Dict[str, Dict[str, List[dict]]] = OrderedDict()
+    for e in examples:
+        by_url.setdefault(e["url"], {}).setdefault(e["key"], []).append(e)
+    wanted_exts = set(caption_spec.exts) | set(image_spec.exts)
+    for url, wanted in by_url.items():
+        found: Dict[str, Dict[str, bytes]] = {}
+        # A local file is opened seekable, so tarfile reads the headers and skips over the data of
+        # the members not shown (a big shard costs a header walk, not a full read); URLs stream.
+        local = not (is_pipe(url) or is_remote(url))
+        try:
+            with (open(url[5:] if url.startswith("file:") else url, "rb") if local else
+                  open_shard(url, bool(stage.get("allow_pipe")), bool(stage.get("allow_remote")))) as f, \
+                    tarfile.open(fileobj=f, mode="r:*" if local else "r|*") as tar:
+                for info in tar:
+                    key, ext = split_name(info.name, rekey)
+                    if key not in wanted:
+                        if len(found) == len(wanted):
+                            break  # every shown sample of this shard is read
+                        continue
+                    if not info.isreg() or ext is None:
+                        continue
+                    ext = ext.lower()
+                    if ext in wanted_exts and info.size <= MAX_MEMBER and ext not in found.get(key, {}):
+                        found.setdefault(key, {})[ext] = tar.extractfile(info).read()
+                    found.setdefault(key, {})
+        except Exception as e:  # a report is best effort: say why the pictures are missing
+            note = f"shard not readable for the report: {type(e).__name__}: {e}"
+            for es in wanted.values():
+                for ex in es:
+                    ex.setdefault("media_note", note)
+        for key, es in wanted.items():
+            sample = found.get(key, {})
+            caption, _ = find_caption(dict(sample), caption_spec) if sample else (None, None)
+            ref = image_spec.first_present(sample)
+            thumb, note = (None, "no image member") if ref is None else _thumbnail(sample[ref.ext], ref.ext)
+            for ex in es:
+                ex.update(caption=caption, thumb=thumb)
+                ex.setdefault("media_note", note)
+
+
+def _thumbnail(data: bytes, ext: str):
+    """(data URI, None) or (None, why there is none)."""
+    from PIL import Image
+    try:
+        if ext in VIDEO_EXTS:
+            from ..score.video import sample_frames
+            image = Image.fromarray(sample_frames(data, 1, max_side=THUMB * 2).frames[0])
+        else:
+            image = Image.open(io.BytesIO(data))
+            w, h = image.size
+            if w * h > 64_000_000:  # never decode a decompression bomb for a thumbnail
+                return None, f"image of {w}x{h} pixels: too large to preview"
+            image.draft("RGB", (THUMB * 2, THUMB * 2))
+            image = image.convert("RGB")
+        image.thumbnail((THUMB, THUMB))
+        buf = io.BytesIO()
+        image.save(buf, "JPEG", quality=80)
+        return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii"), None
+    except Exception as e:
+        return None, f"no preview: {type(e).__name__}: {e}"

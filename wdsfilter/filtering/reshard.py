@@ -1,0 +1,214 @@
+"""New shards of exactly N kept samples each, members copied byte for byte from the sources.
+
+    OUT/shard-000000.tar, shard-000001.tar, ...   N samples each, the last may be short
+    OUT/shard-000000_stats.json                   per shard: successes (samples), members, bytes, sources
+    OUT/sizes.json                                {shard file: samples}, written last
+    OUT/filter_run.json                           what the shards were made from (for resuming)
+
+Each member is copied with its own tar headers (long-name and pax headers included), so names,
+bytes, modes, times and member order within a sample are the source's. A pax global header
+before a source's first member is not carried over (it would apply to other sources' members).
+
+Kept sample j goes to shard j // N, decided from the score files alone; a shard is written to a
+temporary, fsynced, renamed, then its _stats.json is written. A run killed at any point leaves
+whole shards (with their stats) and temporaries; running again deletes the temporaries, skips
+whole shards (and the sources only they need) and writes the rest: the same bytes, nothing lost
+or doubled.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Optional, Tuple
+
+from ..errors import ConfigError, RunError
+from ..atomic import write_json as _atomic_json
+from ..score.shardwriter import BLOCK, RECORD, _is_gzip, _local_copy, member_ranges
+from ..shards import is_pipe, is_remote
+from ..writing import atomic_path
+
+RUN_FILE = "filter_run.json"
+COPY_CHUNK = 1 << 20
+
+
+class ReshardError(RunError):
+    """A source shard does not match its score file any more: the run cannot go on."""
+
+
+@dataclass
+class Source:
+    url: str
+    keys: List[str]  # kept keys, in the shard's order, each once
+
+
+def shard_name(prefix: str, index: int) -> str:
+    return f"{prefix}-{index:06d}.tar"
+
+
+def _stats_name(prefix: str, index: int) -> str:
+    return f"{prefix}-{index:06d}_stats.json"
+
+
+class Resharder:
+    def __init__(self, out: str, per_shard: int, prefix: str = "shard", rekey: str = "first-dot",
+                 allow_pipe: bool = False, allow_remote: bool = False):
+        if per_shard < 1:
+            raise ConfigError(f"--samples-per-shard must be >= 1, got {per_shard}")
+        self.out, self.per_shard, self.prefix, self.rekey = out, per_shard, prefix, rekey
+        self.allow_pipe, self.allow_remote = allow_pipe, allow_remote
+
+    # -- run state --------------------------------------------------------------------------------
+    def prepare(self, identity: dict, overwrite: bool) -> int:
+        """Create OUT or check that it holds this same run; returns the shards already whole."""
+        os.makedirs(self.out, exist_ok=True)
+        run_file = os.path.join(self.out, RUN_FILE)
+        identity = json.loads(json.dumps(identity, sort_keys=True))
+        ours = [f for f in os.listdir(self.out) if f.startswith(self.prefix + "-") or f == "sizes.json"]
+        if os.path.exists(run_file):
+            with open(run_file) as f:
+                previous = json.load(f)
+            if previous != identity and not overwrite:
+                diff = sorted(k for k in set(previous) | set(identity) if previous.get(k) != identity.get(k))
+                raise ConfigError(f"{self.out} holds shards filtered with other settings ({', '.join(diff)} differ); "
+                                  f"pass --overwrite to replace them, or another folder")
+            if previous != identity:
+                self._clear(ours)
+        elif ours and not overwrite:
+            raise ConfigError(f"{self.out} already holds {self.prefix}-* shards or sizes.json not written by "
+                              f"`wdsfilter filter`; pass --overwrite to replace them, or another folder")
+        elif ours:
+            self._clear(ours)
+        for f in os.listdir(self.out):  # a killed run's temporaries are never whole
+            if f.startswith(".") and ".tmp-" in f:
+                os.remove(os.path.join(self.out, f))
+        _atomic_json(run_file, identity)
+        return len(self._whole())
+
+    def _clear(self, names: Iterable[str]) -> None:
+        for f in names:
+            os.remove(os.path.join(self.out, f))
+
+    def _whole(self) -> set:
+        whole = set()
+        for f in os.listdir(self.out):
+            if f.startswith(self.prefix + "-") and f.endswith("_stats.json"):
+                index = int(f[len(self.prefix) + 1:-len("_stats.json")])
+                if os.path.exists(os.path.join(self.out, shard_name(self.prefix, index))):
+                    whole.add(index)
+        return whole
+
+    # -- writing ----------------------------------------------------------------------------------
+    def write(self, sources: Iterable[Source]) -> Dict[str, int]:
+        """Write every shard not yet whole; returns sizes.json's table."""
+        whole = self._whole()
+        n = self.per_shard
+        pos = 0
+        current: Optional[_OpenShard] = None
+        for source in sources:
+            count = len(source.keys)
+            touched = range(pos // n, (pos + count - 1) // n + 1) if count else range(0)
+            if any(t not in whole for t in touched):
+                for j, members in zip(range(pos, pos + count), self._samples(source)):
+                    t = j // n
+                    if t in whole:
+                        continue
+                    if current is None or current.index != t:
+                        if current is not None:
+                            current.close()
+                        current = _OpenShard(self.out, self.prefix, t)
+                    current.add(source.url, members)
+            pos += count
+        if current is not None:
+            current.close()
+        sizes = {shard_name(self.prefix, t): min(n, pos - t * n) for t in range(-(-pos // n))}
+        _atomic_json(os.path.join(self.out, "sizes.json"), sizes)
+        return sizes
+
+    def _samples(self, source: Source):
+        """Per kept key, in order: a reader of its members' byte ranges [(start, end)]."""
+        url = source.url
+        path = url[len("file:"):] if url.startswith("file:") else url
+        fetched = None
+        if is_pipe(url) or is_remote(url):
+            fetched = path = _local_copy(url, self.allow_pipe, self.allow_remote, self.out)
+        elif not os.path.exists(path):
+            raise ReshardError(f"source shard {url} is missing: it was scored but can no longer be read; "
+                               f"restore it or score again without it")
+        try:
+            _, ranges = member_ranges(path, self.rekey)
+            # A key's first run of adjacent members is its sample (the loader judges the key by it);
+            # a later run of the same key is not copied.
+            groups: Dict[str, List[Tuple[int, int]]] = {}
+            last, first_run = None, False
+            for start, end, key in ranges:
+                if key != last:
+                    first_run = key not in groups
+                    if first_run:
+                        groups[key] = []
+                if first_run:
+                    groups[key].append((start, end))
+                last = key
+            missing = [k for k in source.keys if k not in groups]
+            if missing:
+                raise ReshardError(f"source shard {url} has no member with key {missing[0]!r} although its score "
+                                   f"file keeps it ({len(missing)} such key(s)): the shard changed after scoring; "
+                                   f"score it again")
+            opener = gzip.open if _is_gzip(path) else open
+            with opener(path, "rb") as src:
+                for key in sorted(source.keys, key=lambda k: groups[k][0][0]):
+                    yield _Member(src, groups[key])
+        finally:
+            if fetched and os.path.exists(fetched):
+                os.remove(fetched)
+
+
+class _Member:
+    """The byte ranges of one sample's members in an open source."""
+
+    def __init__(self, src, ranges: List[Tuple[int, int]]):
+        self.src, self.ranges = src, ranges
+
+    def copy_to(self, out) -> Tuple[int, int]:
+        written = 0
+        for start, end in self.ranges:
+            if self.src.tell() != start:
+                self.src.seek(start)
+            left = end - start
+            while left:
+                data = self.src.read(min(left, COPY_CHUNK))
+                if not data:
+                    raise ReshardError("a source shard ended inside a member it held when it was scored")
+                out.write(data)
+                left -= len(data)
+                written += len(data)
+        return len(self.ranges), written
+
+
+class _OpenShard:
+    def __init__(self, folder: str, prefix: str, index: int):
+        self.folder, self.prefix, self.index = folder, prefix, index
+        self.path = os.path.join(folder, shard_name(prefix, index))
+        self._temporary = atomic_path(self.path)  # renamed into place by close()
+        self.file = open(self._temporary.__enter__(), "wb")
+        self.samples = self.members = self.bytes = 0
+        self.sources: Dict[str, int] = {}
+
+    def add(self, url: str, sample: _Member) -> None:
+        members, written = sample.copy_to(self.file)
+        self.samples += 1
+        self.members += members
+        self.bytes += written
+        self.sources[url] = self.sources.get(url, 0) + 1
+
+    def close(self) -> None:
+        end = 2 * BLOCK + (-(self.bytes + 2 * BLOCK)) % RECORD  # end-of-archive blocks, padded to a record
+        self.file.write(b"\0" * end)
+        self.file.flush()
+        os.fsync(self.file.fileno())  # whole on disk before the stats file says so
+        self.file.close()
+        self._temporary.__exit__(None, None, None)
+        _atomic_json(os.path.join(self.folder, _stats_name(self.prefix, self.index)),
+                     {"successes": self.samples, "members": self.members, "bytes": os.path.getsize(self.path),
+                      "sources": self.sources})

@@ -1,0 +1,166 @@
+"""Thresholds chosen after scoring: what `wdsfilter filter` and `wdsfilter.loader(scores=...)` take.
+
+    --min COL=X      keep rows with COL >= X
+    --max COL=X      keep rows with COL <= X
+    --top COL=P%     keep the P% of scored rows with the highest COL: resolved to --min COL=v
+    --bottom COL=P%  keep the P% of scored rows with the lowest COL: resolved to --max COL=v
+
+A share is resolved over the whole run (every finished shard of the score folder) to the exact
+value v of rank k = ceil(P% of the rows that have a value in COL) (see quantile.py). Rows equal
+to v are all kept, so with ties the kept share can exceed P%: the output says by how much.
+Resolved, every threshold is a minimum or a maximum on a column, judged as the scoring run and
+the loader judge it (a row without a value in a threshold column is never kept).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from ..errors import ConfigError
+from ..thresholds import parse_threshold
+
+KEPT_STATUSES = ("scored", "partial")  # rejected and failed rows are never kept
+
+
+def parse_share(text: str, option: str = "--top") -> Tuple[str, float]:
+    """'clip_score=30%' -> ("clip_score", 30.0)."""
+    column, sep, value = text.partition("=")
+    value = value.strip()
+    if not sep or not column.strip() or not value.endswith("%"):
+        raise ConfigError(f"{option} expects COLUMN=P% (e.g. clip_score=30%), got {text!r}")
+    try:
+        percent = float(value[:-1])
+    except ValueError:
+        raise ConfigError(f"{option} {text!r}: {value!r} is not a percentage") from None
+    if not 0 < percent <= 100:
+        raise ConfigError(f"{option} {text!r}: the share must be in (0, 100]%")
+    return column.strip(), percent
+
+
+@dataclass
+class FilterSpec:
+    """The thresholds as given: column -> bound (min, max) or -> percent (top, bottom)."""
+    mins: Dict[str, float] = field(default_factory=dict)
+    maxes: Dict[str, float] = field(default_factory=dict)
+    tops: Dict[str, float] = field(default_factory=dict)
+    bottoms: Dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, mins: Sequence[str] = (), maxes: Sequence[str] = (), tops: Sequence[str] = (),
+              bottoms: Sequence[str] = ()) -> "FilterSpec":
+        return cls(mins=dict(parse_threshold(t, "--min") for t in mins),
+                   maxes=dict(parse_threshold(t, "--max") for t in maxes),
+                   tops=dict(parse_share(t, "--top") for t in tops),
+                   bottoms=dict(parse_share(t, "--bottom") for t in bottoms))
+
+    def columns(self) -> List[str]:
+        return list(dict.fromkeys([*self.mins, *self.maxes, *self.tops, *self.bottoms]))
+
+    def __bool__(self) -> bool:
+        return bool(self.mins or self.maxes or self.tops or self.bottoms)
+
+
+@dataclass
+class Threshold:
+    """One resolved threshold: COL >= value (minimum) or COL <= value (maximum)."""
+    column: str
+    minimum: bool
+    value: float
+    given: str  # as the user wrote it: "--top clip_score=30%"
+    share: Optional[float] = None  # top/bottom: the percent asked for
+    rank: Optional[int] = None  # top/bottom: rows the share asks for (k)
+    scored: Optional[int] = None  # top/bottom: rows with a value in the column (the share's base)
+
+    def passes(self, v) -> Optional[bool]:
+        """True/False, or None when the row has no value in the column."""
+        if v is None or isinstance(v, bool) or (isinstance(v, float) and math.isnan(v)):
+            return None
+        return v >= self.value if self.minimum else v <= self.value
+
+    def describe(self) -> str:
+        return f"{self.column} {'>=' if self.minimum else '<='} {self.value:.6g}"
+
+
+def resolve(spec: FilterSpec, run) -> List[Threshold]:
+    """Thresholds with every share resolved to its value over `run` (a scoredir.ScoreRun)."""
+    from . import quantile
+    from .scoredir import read_numbers
+    run.check_columns(spec.columns(), "thresholds")
+    numeric = run.numeric_columns()
+    flags = [c for c in spec.columns() if c not in numeric]
+    if flags:
+        raise ConfigError(f"thresholds on {', '.join(flags)}, which {'does' if len(flags) == 1 else 'do'} not hold "
+                          f"numbers; numeric score columns: {', '.join(numeric) or 'none'}")
+    out = [Threshold(c, True, v, f"--min {c}={v:g}") for c, v in spec.mins.items()]
+    out += [Threshold(c, False, v, f"--max {c}={v:g}") for c, v in spec.maxes.items()]
+    for shares, top in ((spec.tops, True), (spec.bottoms, False)):
+        for column, percent in shares.items():
+            def source(column=column):
+                return (v for s in run.shards for v in read_numbers(s.score_file, column))
+            stats = quantile.count_range(source)
+            given = f"--{'top' if top else 'bottom'} {column}={percent:g}%"
+            if not stats[0]:
+                raise ConfigError(f"{given}: no row of {run.folder} has a value in {column}")
+            pick = quantile.top_share_value if top else quantile.bottom_share_value
+            value, k = pick(source, percent, stats)
+            out.append(Threshold(column, top, value, given, share=percent, rank=k, scored=stats[0]))
+    return out
+
+
+def bounds(thresholds: Sequence[Threshold]) -> Tuple[Dict[str, float], Dict[str, float]]:
+    """(min_scores, max_scores) as wdsfilter.loader takes them: the strictest bound per column."""
+    mins: Dict[str, float] = {}
+    maxes: Dict[str, float] = {}
+    for t in thresholds:
+        if t.minimum:
+            mins[t.column] = max(mins.get(t.column, -math.inf), t.value)
+        else:
+            maxes[t.column] = min(maxes.get(t.column, math.inf), t.value)
+    return mins, maxes
+
+
+def drop_reason(row: dict, thresholds: Sequence[Threshold]) -> Optional[str]:
+    """Why a score row is not kept (None: kept). The first reason only, in a fixed order."""
+    status = row.get("status")
+    if status not in KEPT_STATUSES:
+        what = "rejected" if status == "rejected" else "not scored"
+        return f"{what}: {row.get('reason') or status}"
+    for t in thresholds:
+        ok = t.passes(row.get(t.column))
+        if ok is None:
+            return f"no {t.column}"
+        if not ok:
+            return f"{t.column} {'<' if t.minimum else '>'} {t.value:.4g}"
+    return None
+
+
+def resolve_for_loader(scores_dir: str, min_scores: Optional[Dict[str, float]] = None,
+                       max_scores: Optional[Dict[str, float]] = None, top_scores: Optional[Dict[str, float]] = None,
+                       bottom_scores: Optional[Dict[str, float]] = None) -> Tuple[Dict[str, float], Dict[str, float]]:
+    """wdsfilter.loader's shares (top_scores={"clip_score": 30}) resolved as `wdsfilter filter`
+    resolves them, merged with its minima and maxima."""
+    from .scoredir import ScoreRun
+    spec = FilterSpec(mins=dict(min_scores or {}), maxes=dict(max_scores or {}),
+                      tops={c: _percent(p, "top_scores") for c, p in dict(top_scores or {}).items()},
+                      bottoms={c: _percent(p, "bottom_scores") for c, p in dict(bottom_scores or {}).items()})
+    return bounds(resolve(spec, ScoreRun.open(scores_dir)))
+
+
+def _percent(value, name: str) -> float:
+    try:
+        percent = float(str(value).rstrip("%"))
+    except ValueError:
+        raise ConfigError(f"{name}: {value!r} is not a percentage") from None
+    if not 0 < percent <= 100:
+        raise ConfigError(f"{name}: {value!r} must be in (0, 100]")
+    return percent
+
+
+def write_thresholds(path: str, thresholds: Sequence[Threshold]) -> str:
+    """The resolved thresholds as wdsfilter.loader's keyword arguments:
+    wdsfilter.loader(shards, scores=DIR, **json.load(open(path)))."""
+    from ..atomic import write_json as _atomic_json
+    mins, maxes = bounds(thresholds)
+    _atomic_json(path, {"min_scores": mins, "max_scores": maxes})
+    return path

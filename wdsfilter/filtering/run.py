@@ -1,0 +1,173 @@
+"""`wdsfilter filter`: judge every score row against thresholds chosen after scoring, count,
+and optionally write the kept samples into new shards (reshard.py) and a report (report_html.py).
+
+    from wdsfilter.filtering import filter_scores
+    result = filter_scores("scores/", tops=["clip_score=30%"], maxes=["ocr_area=0.2"],
+                           write_shards="train/", samples_per_shard=1000)
+    print(result.format_text())
+
+No model is loaded and torch is never imported: only the score files (and, to copy samples or
+draw thumbnails, the source shards) are read, shard by shard, so memory does not grow with the
+number of rows.
+"""
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Iterator, List, Optional, Sequence
+
+from .rules import FilterSpec, Threshold, bounds, drop_reason, resolve, write_thresholds
+from .scoredir import ScoredShard, ScoreRun
+
+DUPLICATE = "duplicate key in shard"
+
+
+@dataclass
+class FilterResult:
+    scores_dir: str
+    rows: int = 0
+    kept: int = 0
+    thresholds: List[Threshold] = field(default_factory=list)
+    counts: List[Dict[str, int]] = field(default_factory=list)  # per threshold: kept, dropped, no_score
+    reasons: Dict[str, int] = field(default_factory=dict)  # dropped rows by their first reason
+    shards: int = 0  # score files read
+    unfinished: int = 0
+    sizes: Optional[Dict[str, int]] = None  # written shards -> samples
+    files: Dict[str, str] = field(default_factory=dict)
+    dry_run: bool = False
+
+    def format_text(self) -> str:
+        m = self.rows
+        lines = [f"{m} rows in {self.shards} finished shard(s) of {self.scores_dir}"]
+        if self.unfinished:
+            lines.append(f"  note: {self.unfinished} shard(s) have a marker but no score file: not included")
+        for t, c in zip(self.thresholds, self.counts):
+            extra = f" ({c['no_score']} of them without a {t.column})" if c["no_score"] else ""
+            lines.append(f"  {t.describe()} ({t.given}): {c['kept']} of {m} kept, {m - c['kept']} dropped{extra}")
+            if t.share is not None:
+                ties = c["kept"] - t.rank
+                share = 100.0 * c["kept"] / t.scored
+                lines.append(f"    {t.share:g}% of the {t.scored} rows with a {t.column} is {t.rank} rows; "
+                             + (f"{ties} more tie with the cut value {t.value:.6g} and are kept too "
+                                f"(kept share {share:.2f}%)" if ties else "no ties at the cut value"))
+        lines.append(f"  all thresholds: {self.kept} of {m} kept, {m - self.kept} dropped"
+                     if self.thresholds else f"  no thresholds: {self.kept} of {m} kept (every scored row), "
+                                             f"{m - self.kept} dropped")
+        if self.reasons:
+            lines.append("  dropped, by first reason:")
+            lines += [f"    {n:>8}  {r}" for r, n in self.reasons.items()]
+        if self.sizes is not None:
+            lines.append(f"  wrote {sum(self.sizes.values())} samples into {len(self.sizes)} shard(s)")
+        if self.dry_run:
+            lines.append("  dry run: nothing written")
+        for name, path in self.files.items():
+            lines.append(f"  {name}: {path}")
+        mins, maxes = bounds(self.thresholds)
+        if self.thresholds:
+            lines.append(f"  in training: wdsfilter.loader(shards, scores={self.scores_dir!r}, "
+                         f"min_scores={mins!r}, max_scores={maxes!r})")
+        return "\n".join(lines)
+
+
+def judge_shard(shard: ScoredShard, thresholds: Sequence[Threshold], extra: Sequence[str] = ()) -> Iterator[tuple]:
+    """(row, reason) per row of one score file, in order; reason None means kept. A key repeated
+    in a shard is judged once (its first row), as the loader does."""
+    from .scoredir import read_batches
+    columns = ["key", "index", "status", "reason", "message", *[t.column for t in thresholds], *extra]
+    seen = set()
+    for batch in read_batches(shard.score_file, columns):
+        names = list(batch)
+        for i in range(len(batch["key"])):
+            row = {c: batch[c][i] for c in names}
+            key = row["key"]
+            if key in seen:
+                yield row, DUPLICATE
+                continue
+            seen.add(key)
+            yield row, drop_reason(row, thresholds)
+
+
+def kept_keys(shard: ScoredShard, thresholds: Sequence[Threshold]) -> List[str]:
+    return [row["key"] for row, reason in judge_shard(shard, thresholds) if reason is None]
+
+
+def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str] = (), tops: Sequence[str] = (),
+                  bottoms: Sequence[str] = (), write_shards: Optional[str] = None, samples_per_shard: int = 1000,
+                  prefix: str = "shard", dry_run: bool = False, report: Optional[str] = "",
+                  overwrite: bool = False, echo: Optional[Callable[[str], None]] = None,
+                  save_thresholds: bool = True) -> FilterResult:
+    """Judge, count and write (see the module docstring). report: a path, "" for report.html in
+    the score folder, None for no report. save_thresholds: write SCORES_DIR/thresholds.json (the
+    resolved thresholds as wdsfilter.loader's keyword arguments)."""
+    from .reshard import Resharder, Source
+    echo = echo or (lambda line: None)
+    spec = FilterSpec.parse(mins, maxes, tops, bottoms)  # usage errors before any file is read
+    if write_shards is not None and samples_per_shard < 1:
+        from ..errors import ConfigError
+        raise ConfigError(f"--samples-per-shard must be >= 1, got {samples_per_shard}")
+    if not dry_run:  # an output that cannot be written is a usage error, found before any work
+        from ..writing import check_output_dir, check_output_file
+        if write_shards is not None:
+            check_output_dir(write_shards, "--write-shards")
+        if report is not None:
+            check_output_file(report or os.path.join(scores_dir, "report.html"), "--report")
+    run = ScoreRun.open(scores_dir)
+    thresholds = resolve(spec, run)
+    result = FilterResult(scores_dir=scores_dir, thresholds=thresholds, shards=len(run.shards),
+                          unfinished=run.unfinished, dry_run=dry_run)
+    result.counts = [{"kept": 0, "dropped": 0, "no_score": 0} for _ in thresholds]
+    collector = None
+    if report is not None and not dry_run:
+        from .report_data import ReportCollector
+        collector = ReportCollector(run, thresholds)
+    reasons: Counter = Counter()
+    for shard in run.shards:
+        for row, reason in judge_shard(shard, thresholds, collector.columns if collector else ()):
+            result.rows += 1
+            if reason is None:
+                result.kept += 1
+            else:
+                reasons[reason] += 1
+            for t, c in zip(thresholds, result.counts):
+                ok = t.passes(row.get(t.column))
+                c["no_score" if ok is None else "kept" if ok else "dropped"] += 1
+            if collector is not None:
+                collector.observe(shard, row, reason)
+    result.reasons = dict(reasons.most_common())
+    if dry_run:
+        return result
+    if thresholds and save_thresholds:
+        result.files["thresholds (loader keyword arguments)"] = write_thresholds(
+            os.path.join(scores_dir, "thresholds.json"), thresholds)
+    if write_shards is not None:
+        stage = run.stage
+        writer = Resharder(write_shards, samples_per_shard, prefix, stage.get("rekey", "first-dot"),
+                           bool(stage.get("allow_pipe")), bool(stage.get("allow_remote")))
+        identity = {"scores": os.path.abspath(scores_dir), "thresholds": [[t.column, t.minimum, t.value] for t in thresholds],
+                    "samples_per_shard": samples_per_shard, "prefix": prefix,
+                    "sources": [s.url for s in run.shards]}
+        whole = writer.prepare(identity, overwrite)
+        if whole:
+            echo(f"resume: {whole} shard(s) in {write_shards} are already whole")
+        sources = (Source(s.url, kept_keys(s, thresholds)) for s in run.shards)
+        result.sizes = writer.write(sources)
+        result.files["shards"] = write_shards
+    if collector is not None:
+        from .report_html import write_report
+        path = report or os.path.join(scores_dir, "report.html")
+        result.files["report"] = write_report(collector.finish(result), path)
+    return result
+
+
+def score_report(scores_dir: str, thresholds: Dict[str, float], max_thresholds: Dict[str, float]) -> Optional[str]:
+    """report.html for a finished `wdsfilter score` run, with the run's own thresholds; None
+    (and a warning) when it cannot be written: the scores are what matters."""
+    import logging
+    try:
+        result = filter_scores(scores_dir, mins=[f"{c}={v!r}" for c, v in thresholds.items()],
+                               maxes=[f"{c}={v!r}" for c, v in max_thresholds.items()], save_thresholds=False)
+        return result.files.get("report")
+    except Exception as e:  # noqa: BLE001 - never fail a scoring run for its report
+        logging.getLogger("wdsfilter").warning(f"report.html not written: {type(e).__name__}: {e}")
+        return None

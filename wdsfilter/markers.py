@@ -1,0 +1,32 @@
+"""The stream protocol: markers that flow beside samples through every stage.
+
+With StageConfig.emit_rejects (the scoring run sets it) the pipeline drops nothing silently:
+
+    {"__marker__": "reject", "__key__", "__url__", "__reject__": reason, "__message__": message}
+        where a stage dropped a sample (the sample gets a row with status "rejected"), and
+    {"__marker__": "shard_end", "__key__": "", "__url__", "members": n, "error": str or None,
+     "failed": bool}
+        after the last sample of each shard (reading.group_samples): the shard's rows are all
+        announced, so its outputs can be written as soon as the models are done with it.
+
+Every stage passes an item with MARKER through untouched. A shard that cannot be opened at all
+gets no shard_end (its reader counts it as unreadable_shard).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+MARKER = "__marker__"
+REJECT = "__reject__"  # the reason of a reject marker
+REJECTED = "reject"
+SHARD_END = "shard_end"
+
+
+def reject_marker(key: str, url: str, reason: str, message: str) -> dict:
+    return {"__key__": key, "__url__": url, MARKER: REJECTED, REJECT: reason, "__message__": message}
+
+
+def shard_end_marker(url: str, members: int, error: Optional[str], failed: bool = False) -> dict:
+    """failed: the shard's stream failed (a pipe: command, a cut download): it is not done."""
+    return {MARKER: SHARD_END, "__url__": url, "__key__": "", "members": members, "error": error, "failed": failed}
+

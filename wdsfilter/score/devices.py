@@ -1,0 +1,43 @@
+"""Model devices of a local run: which devices get a model worker (cuda:N, cpu, or a simulated
+device for tests), and the pool of model workers on them (modelworker.LocalPool or ProcessPool)."""
+from __future__ import annotations
+
+from typing import List, Sequence
+
+from ..errors import ConfigError
+from .config import ScoreConfig
+from .modelworker import LocalPool, ProcessPool
+
+
+def resolve_devices(cfg: ScoreConfig) -> List[str]:
+    """Model worker devices, one entry per process started before planning."""
+    if cfg.devices:
+        return list(cfg.devices)
+    if cfg.device == "cpu":
+        return ["cpu"] * (cfg.replicas if isinstance(cfg.replicas, int) else 1)
+    try:
+        import torch
+        has_cuda = torch.cuda.is_available()
+    except ImportError as e:
+        raise ConfigError("scoring needs PyTorch: pip install 'wdsfilter[score]'") from e
+    if not has_cuda:
+        if cfg.device == "auto" and cfg.gpus is None:
+            return ["cpu"] * (cfg.replicas if isinstance(cfg.replicas, int) else 1)
+        raise ConfigError(f"device={cfg.device!r}{f' gpus={list(cfg.gpus)}' if cfg.gpus else ''} but no CUDA device "
+                          f"is available (torch.cuda.is_available() is False); use --device cpu")
+    count = torch.cuda.device_count()
+    if cfg.device.startswith("cuda:"):
+        gpus = [int(cfg.device.split(":")[1])]
+    else:
+        gpus = list(cfg.gpus) if cfg.gpus is not None else list(range(count))
+    bad = [g for g in gpus if g >= count]
+    if bad:
+        raise ConfigError(f"GPU(s) {bad} requested but only {count} visible (0..{count - 1})")
+    return [f"cuda:{g}" for g in gpus]
+
+
+def make_pool(devices: List[str], scorers: Sequence, depth: int = 2):
+    """In this process for one CPU (or simulated) device, else one process per device."""
+    if len(devices) == 1 and (devices[0] == "cpu" or devices[0].startswith("sim:")):
+        return LocalPool(devices[0], scorers)
+    return ProcessPool(devices, scorers, depth=depth)

@@ -1,0 +1,140 @@
+"""The main process of a local run: it gives every stream item its row, forms batches for the
+model workers, completes rows as results come back and writes each shard's outputs as soon as
+the shard is complete (rows.write_shard).
+
+    chunks from the DataLoader ─ Dispatcher.take ─ pending (key, inputs) ─ pool.submit
+    pool.poll ─ Dispatcher.collect ─ rows.complete_row ─ shard complete? ─ rows.write_shard
+
+Memory is bounded: at most two batches of pending samples wait here (take blocks on collect when
+every model worker is busy), each worker queue holds at most its planned depth of batches, and
+only the rows of shards still open are held.
+"""
+from __future__ import annotations
+
+import time
+from typing import Dict, Iterable, List
+
+from ..markers import MARKER, SHARD_END
+from .rows import ShardRows, complete_row, write_shard
+from .run import Run
+from .transport import unpack
+
+
+class Dispatcher:
+    def __init__(self, run: Run, pool, batch_size_of: Dict[int, int], n_todo: int, progress=None):
+        self.run, self.pool = run, pool
+        self.cfg, self.scorers, self.bounds = run.cfg, run.scorers, run.cfg.bounds
+        self.batch_size_of = batch_size_of  # model worker -> its planned batch size
+        self.n_todo = n_todo
+        self.progress = progress
+        self.shards: Dict[str, ShardRows] = {}
+        self.pending: List[tuple] = []  # ((url, index), inputs) not yet sent to a model worker
+        self.batch_id = 0
+        self.completed = 0
+        self.rows_done = 0
+        self.failed: List[dict] = []  # complete shards whose outputs could not be written
+        self.seconds = 0.0
+
+    def run_loader(self, loader: Iterable) -> None:
+        """Score everything the loader yields; returns when every row is complete."""
+        started = time.perf_counter()
+        try:
+            for chunk in loader:
+                for item in unpack(chunk):
+                    self.take(item)
+                self.dispatch()
+                self.collect(0.0)
+            self.dispatch(final=True)
+            while self.pool.in_flight():
+                self.collect(0.5)
+            self.collect(0.0)
+        finally:
+            self.seconds = time.perf_counter() - started
+
+    # -- rows in ------------------------------------------------------------------------------------
+    def _shard(self, url: str) -> ShardRows:
+        s = self.shards.get(url)
+        if s is None:
+            s = self.shards[url] = ShardRows(url)
+        return s
+
+    def _row_done(self, n: int = 1) -> None:
+        self.rows_done += n
+        if self.progress is not None:
+            self.progress.update(n)
+
+    def take(self, item: dict) -> None:
+        """One stream item: a shard end, or a row (final, or pending for the models)."""
+        url = item.get("__url__", "")
+        s = self._shard(url)
+        if item.get(MARKER) == SHARD_END:
+            s.end(item)
+            self._maybe_finish(s)
+            return
+        index = s.add(item, self.scorers, self.bounds)
+        if index is None:
+            self._row_done()
+        else:
+            self.pending.append(((url, index), item["inputs"]))
+
+    # -- batches out and results back ------------------------------------------------------------
+    def collect(self, timeout: float) -> None:
+        for _batch_id, _worker, results in self.pool.poll(timeout):
+            touched = set()
+            for (url, index), scores, errors in results:
+                s = self.shards[url]
+                errors = {**s.prep_errors.pop(index, {}), **errors}
+                complete_row(s.rows[index], self.scorers, scores, errors, self.bounds)
+                s.pending -= 1
+                touched.add(url)
+            self._row_done(len(results))
+            for url in touched:
+                self._maybe_finish(self.shards[url])
+
+    def dispatch(self, final: bool = False) -> None:
+        """Send full batches to free workers; block while too much is pending; with final, send
+        the rest."""
+        pool = self.pool
+        while self.pending:
+            worker = pool.idle_worker()
+            if worker is None:
+                if len(self.pending) < 2 * max(self.batch_size_of.values()) and not final:
+                    return
+                self.collect(0.5)  # bounded memory: wait for a model worker
+                continue
+            size = self.batch_size_of[worker]
+            idle_model = not pool.in_process and pool.in_flight() == 0
+            if len(self.pending) < size and not final and not idle_model:
+                return
+            batch, self.pending = self.pending[:size], self.pending[size:]
+            self.batch_id += 1
+            pool.submit(worker, self.batch_id, batch)
+            self.collect(0.0)
+
+    # -- shards out -----------------------------------------------------------------------------------
+    def _maybe_finish(self, s: ShardRows) -> None:
+        if not s.complete:
+            return
+        failed = write_shard(s.url, s.rows, {"members": s.members, "error": s.error, "failed": s.failed}, self.cfg,
+                             self.run.state, self.run.columns)
+        del self.shards[s.url]
+        if failed:
+            self.failed.append({"url": s.url, "reason": failed})
+            return
+        self.completed += 1
+        if self.progress is not None:
+            self.progress.set_postfix_str(f"shards {self.completed}/{self.n_todo}", refresh=False)
+
+    def unfinished(self) -> List[dict]:
+        """Shards still open when the stream ended (a shard end never came, or rows are missing)."""
+        return [{"url": url, "reason": s.error or "shard did not finish"} for url, s in self.shards.items()]
+
+
+def open_progress(enabled: bool, n_shards: int):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+    bar = tqdm(unit=" samples", desc="scoring", dynamic_ncols=True, smoothing=0.1)
+    bar.set_postfix_str(f"shards 0/{n_shards}")
+    return bar
+

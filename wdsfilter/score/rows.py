@@ -1,0 +1,137 @@
+"""A sample's row and a shard's completion: the row model that both runners share (the local
+engine, engine.py, and the Ray runner, ray_runner.py).
+
+Every sample gets one row: key, shard, index (order in the shard), status, reason, message,
+kept, then one column per score. status:
+    "rejected"  a stage dropped it (reason: the stage's reason), from a reject marker
+    "failed"    no scorer could score it (reason: each scorer's reason, ";"-joined)
+    "partial"   some scorers did, some did not
+    "scored"    every scorer did
+A shard is complete when its shard_end marker came and every row announced before it has its
+final status; then write_shard() writes its score file, its filtered shard and, last, its
+completion marker (so --resume never trusts a shard whose outputs are not all in place).
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence
+
+from ..errors import WdsFilterError
+from ..markers import MARKER, REJECT
+from ..thresholds import Thresholds
+from .embeddings import write_embeddings
+from .faults import is_disk_full, read_failed_reason
+from .outputs import BASE_FIELDS, STATUSES, write_table  # noqa: F401 - the fields are the score file's schema
+from .shardwriter import write_filtered
+
+
+class NothingScoredError(WdsFilterError, RuntimeError):
+    """The run finished and no sample got a score: the counts say why."""
+
+
+# -- one row -----------------------------------------------------------------------------------------
+def new_row(key: str, url: str, index: int, status: Optional[str] = None, reason: Optional[str] = None,
+            message: Optional[str] = None) -> dict:
+    """A row; status None means the models still have to score the sample."""
+    return {"key": key, "shard": url, "index": index, "status": status, "reason": reason, "message": message,
+            "kept": False}
+
+
+def item_row(item: dict, index: int, scorers: Sequence, thresholds: Thresholds) -> dict:
+    """The row of one stream item that is not a shard end: a reject marker's row is final, so is
+    the row of a sample no scorer could prepare; any other row waits for item["inputs"] to be
+    scored (status None)."""
+    url = item.get("__url__", "")
+    if MARKER in item:
+        return new_row(item.get("__key__", ""), url, index, "rejected", item.get(REJECT), item.get("__message__"))
+    row = new_row(item["__key__"], url, index)
+    if not item["inputs"]:
+        complete_row(row, scorers, {}, item["errors"], thresholds)
+    return row
+
+
+def complete_row(row: dict, scorers: Sequence, scores: dict, errors: dict, thresholds: Thresholds) -> None:
+    """Fill a sample's row from its scores and its per-scorer errors (prepare or scoring).
+
+    kept: some scorer scored it and every threshold column is within bounds. A partial row (say a
+    video, which OCR scores and CLIP cannot) is kept when the thresholds only involve the scorers
+    that succeeded, so filtering agrees with wdsfilter.loader(scores=...), which judges by the
+    threshold columns alone; without thresholds, kept means every scorer succeeded."""
+    row.update(scores)
+    failed = [s.name for s in scorers if s.name in errors]
+    if not failed:
+        row["status"] = "scored"
+    else:
+        row["status"] = "partial" if len(failed) < len(scorers) else "failed"
+        row["reason"] = ";".join(dict.fromkeys(errors[name][0] for name in failed))
+        row["message"] = "; ".join(f"{name}: {errors[name][1]}" for name in failed)
+    if thresholds:
+        row["kept"] = row["status"] in ("scored", "partial") and thresholds.passes(row)
+    else:
+        row["kept"] = row["status"] == "scored"
+
+
+# -- one shard ---------------------------------------------------------------------------------------
+class ShardRows:
+    """The rows of one shard while it is being scored (local engine)."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.rows: List[dict] = []
+        self.prep_errors: Dict[int, dict] = {}  # index -> prepare errors of rows the models still score
+        self.pending = 0
+        self.ended = False
+        self.error: Optional[str] = None
+        self.failed: Optional[str] = None  # the stream failed: not read to its end
+        self.members = 0
+
+    def add(self, item: dict, scorers: Sequence, thresholds: Thresholds) -> Optional[int]:
+        """Give a stream item its row; returns its index when the models still have to score it."""
+        index = len(self.rows)
+        row = item_row(item, index, scorers, thresholds)
+        self.rows.append(row)
+        if row["status"] is not None:
+            return None
+        self.prep_errors[index] = item["errors"]
+        self.pending += 1
+        return index
+
+    def end(self, marker: dict) -> None:
+        self.ended, self.error, self.members = True, marker.get("error"), marker.get("members", 0)
+        self.failed = marker.get("failed")
+
+    @property
+    def complete(self) -> bool:
+        return self.ended and self.pending == 0
+
+
+def status_counts(rows: Sequence[dict]) -> Dict[str, int]:
+    counts: Dict[str, int] = {}
+    for r in rows:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    return counts
+
+
+def write_shard(url: str, rows: List[dict], end: dict, cfg, state, columns: Sequence[str],
+                source: Optional[str] = None, **marker_extra) -> Optional[str]:
+    """Write one complete shard's outputs in order (score file, embeddings, filtered shard,
+    completion marker). `end` is its shard_end marker (members, error, failed). Returns None when
+    done, else why the shard failed; a failed shard gets no marker, so --resume scores it again.
+    A full disk raises (faults.py): the run stops."""
+    if end.get("failed"):  # the stream failed, the shard was not read to its end: no outputs
+        return read_failed_reason(end["failed"])
+    write_table(rows, columns, state.score_path(url), cfg.format)
+    write_embeddings(cfg.out, state.names[url], rows)
+    filtered = None
+    if cfg.write_shards:
+        keep = {r["key"] for r in rows if r["kept"]}
+        try:
+            filtered = write_filtered(source or url, keep, state.filtered_path(url), cfg.stage.rekey,
+                                      cfg.stage.allow_pipe, cfg.stage.allow_remote)
+        except OSError as e:  # the shard cannot be read again (a pipe: command failed): no marker
+            if is_disk_full(e):
+                raise
+            return f"filtered shard not written: {e}"
+    state.mark_done(url, {"rows": len(rows), "status": status_counts(rows), "kept": sum(bool(r["kept"]) for r in rows),
+                          "members": end.get("members", 0), "error": end.get("error"), "filtered": filtered,
+                          **marker_extra})
+    return None

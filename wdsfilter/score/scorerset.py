@@ -1,0 +1,105 @@
+"""The scorers of a run: from names ("clip", "ocr", "module:Class") or objects to checked Scorer
+instances (options, distinct names and columns, threshold columns), and the run's identity (what
+its outputs depend on: --resume refuses to mix outputs of different settings).
+
+Nothing here loads a model: a scorer is a small picklable config until its load() is called.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+from typing import List, Sequence
+
+from ..errors import ConfigError
+from .config import ScoreConfig
+from .outputs import BASE_FIELDS
+from .registry import check_name, resolve
+from .scorers.base import REGISTRY, Scorer, make_scorer
+
+
+OWN = "module:Class for your own Scorer"
+
+
+def check_scorer_names(cfg: ScoreConfig) -> None:
+    """Unknown scorer names are ConfigErrors, found without importing any scorer."""
+    for spec in cfg.scorers:
+        if isinstance(spec, str):
+            check_name(REGISTRY, spec, "scorer", OWN)
+
+
+def _scorer_class(spec: str):
+    return resolve(REGISTRY, spec, "scorer", own=OWN)
+
+
+def resolve_scorers(cfg: ScoreConfig) -> List[Scorer]:
+    """Scorer instances (unloaded) for cfg.scorers; options and threshold columns checked."""
+    scorers = []
+    used_options = set()
+    for spec in cfg.scorers:
+        if not isinstance(spec, str):
+            if not all(hasattr(spec, a) for a in ("prepare", "load", "score_batch", "columns")):
+                raise ConfigError(f"{spec!r} is not a Scorer (it needs prepare, load, score_batch, columns)")
+            if cfg.scorer_options.get(getattr(spec, "name", "")):
+                raise ConfigError(f"options {sorted(cfg.scorer_options[spec.name])} were given for the {spec.name} "
+                                  f"scorer, which was passed as an object: set them on the object instead")
+            scorers.append(spec)
+            continue
+        cls = _scorer_class(spec)
+        name = spec if spec in REGISTRY else (getattr(cls, "name", "") or spec)
+        options = dict(cfg.scorer_options.get(name, {}))
+        used_options.add(name)
+        param = inspect.signature(cls).parameters.get("config")
+        if "config" not in options and param is not None and "StageConfig" in str(param.annotation):
+            # The run's stage config (a `config: StageConfig` parameter): its image token and size
+            # guard apply inside the scorer too.
+            options["config"] = cfg.stage
+        try:
+            scorer = make_scorer(spec, **options) if spec in REGISTRY else cls(**options)
+        except TypeError as e:
+            accepted = ", ".join(p for p in inspect.signature(cls).parameters if p not in ("self", "kwargs"))
+            raise ConfigError(f"scorer {name!r}: {e}; its options are: {accepted}") from None
+        scorers.append(scorer)
+    unknown = set(cfg.scorer_options) - used_options - {s.name for s in scorers}
+    if unknown:
+        raise ConfigError(f"options given for scorer(s) {sorted(unknown)} that are not in this run "
+                          f"({', '.join(s.name for s in scorers)})")
+    names = [s.name for s in scorers]
+    if len(set(names)) != len(names) or not all(names):
+        raise ConfigError(f"scorers need distinct, non-empty names; got {names}")
+    columns = score_columns(scorers)
+    missing = [c for c in cfg.bounds.columns() if c not in columns]
+    if missing:
+        raise ConfigError(f"threshold(s) on {missing}, which no scorer of this run writes; "
+                          f"score columns: {', '.join(columns)}")
+    return scorers
+
+
+def score_columns(scorers: Sequence[Scorer]) -> List[str]:
+    columns: List[str] = []
+    for s in scorers:
+        for c in s.columns():
+            if c in columns or c in BASE_FIELDS:
+                raise ConfigError(f"scorer {s.name!r} writes column {c!r}, which is taken; rename it")
+            columns.append(c)
+    return columns
+
+
+def run_identity(cfg: ScoreConfig, scorers: Sequence[Scorer]) -> dict:
+    """What the outputs depend on; --resume refuses to mix outputs of different settings."""
+    def simple(v):
+        return isinstance(v, (str, int, float, bool, type(None))) or (
+            isinstance(v, (list, tuple)) and all(simple(x) for x in v))
+    described = []
+    for s in scorers:
+        cls = type(s)
+        described.append({"name": s.name, "class": f"{cls.__module__}:{cls.__qualname__}", "columns": s.columns(),
+                          "options": {k: v for k, v in sorted(vars(s).items()) if not k.startswith("_") and simple(v)}})
+    stage = {k: v for k, v in cfg.stage.to_dict().items()
+             if k not in ("emit_rejects", "starvation_samples", "starvation_seconds")}
+    identity = {"scorers": described, "thresholds": cfg.thresholds, "stage": stage, "format": cfg.format,
+                "write_shards": os.path.abspath(cfg.write_shards) if cfg.write_shards else None}
+    if cfg.max_thresholds:  # only when set, so runs without maxima keep the identity they had
+        identity["max_thresholds"] = cfg.max_thresholds
+    return identity
+
+

@@ -1,0 +1,122 @@
+"""Score thresholds: the one implementation of "is this row within its minima and maxima".
+
+Used by the scoring run (a row's `kept`), its summary (kept/dropped per bound), the training-time
+score filter (wdsfilter.loader(scores=...)) and the command line (--min/--max COLUMN=X).
+
+    th = Thresholds.build({"clip_score": 0.28}, {"ocr_area": 0.2})
+    th.passes({"clip_score": 0.3, "ocr_area": 0.1})   -> True
+    th.first_failure({"clip_score": 0.1, ...})          -> Bound("clip_score", 0.28, minimum=True)
+    th.describe()                                        -> "clip_score >= 0.28, ocr_area <= 0.2"
+
+A missing value (None or NaN: the scorer could not score the sample) never passes a bound.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+
+from .errors import ConfigError
+
+
+def is_missing(value: Any) -> bool:
+    """None or NaN: no score."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+@dataclass(frozen=True)
+class Bound:
+    column: str
+    value: float
+    minimum: bool  # True: column >= value; False: column <= value
+
+    def passes(self, v: Any) -> bool:
+        """v is within this bound (a missing v never is)."""
+        if is_missing(v):
+            return False
+        return v >= self.value if self.minimum else v <= self.value
+
+    def describe(self) -> str:
+        return f"{self.column} {'>=' if self.minimum else '<='} {self.value:g}"
+
+    def explain(self, v: Any) -> str:
+        """Why v fails this bound, e.g. 'clip_score=0.1 < 0.28'."""
+        if is_missing(v):
+            return f"{self.column} has no score"
+        return f"{self.column}={v:.4g} {'<' if self.minimum else '>'} {self.value:g}"
+
+
+def numbers(bounds: Optional[Mapping], what: str) -> Dict[str, float]:
+    """{column: number}; a value that is not a number (or is NaN) is a ConfigError naming `what`
+    ("minimum", "maximum") and the column."""
+    out: Dict[str, float] = {}
+    try:
+        items = dict(bounds or {}).items()
+    except (TypeError, ValueError):
+        raise ConfigError(f"{what} thresholds must map score columns to numbers, got {bounds!r}") from None
+    for column, value in items:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{what} threshold for {column!r} must be a number, got {value!r}") from None
+        if number != number:
+            raise ConfigError(f"{what} threshold for {column!r} is NaN")
+        out[str(column)] = number
+    return out
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Minimum and maximum per score column (build() checks them)."""
+    minima: Dict[str, float] = field(default_factory=dict)
+    maxima: Dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, minima: Optional[Mapping] = None, maxima: Optional[Mapping] = None) -> "Thresholds":
+        """Checked thresholds: numbers, and no column whose minimum is above its maximum."""
+        lo, hi = numbers(minima, "minimum"), numbers(maxima, "maximum")
+        empty = [c for c, v in lo.items() if c in hi and v > hi[c]]
+        if empty:
+            c = empty[0]
+            raise ConfigError(f"no sample can be kept: the minimum {lo[c]:g} of {c} is above its maximum {hi[c]:g}")
+        return cls(lo, hi)
+
+    def __bool__(self) -> bool:
+        return bool(self.minima or self.maxima)
+
+    def bounds(self) -> Iterator[Bound]:
+        """Minima first, then maxima, each in the order given."""
+        for c, v in self.minima.items():
+            yield Bound(c, v, True)
+        for c, v in self.maxima.items():
+            yield Bound(c, v, False)
+
+    def columns(self) -> List[str]:
+        """Columns with a bound, each once, in order."""
+        return list(dict.fromkeys([*self.minima, *self.maxima]))
+
+    def first_failure(self, row: Mapping) -> Optional[Bound]:
+        """The first bound the row does not meet (a missing value fails), or None."""
+        for b in self.bounds():
+            if not b.passes(row.get(b.column)):
+                return b
+        return None
+
+    def passes(self, row: Mapping) -> bool:
+        """Every threshold column of the row has a value within its bounds."""
+        return self.first_failure(row) is None
+
+    def describe(self) -> str:
+        return ", ".join(b.describe() for b in self.bounds()) or "no thresholds"
+
+
+def parse_threshold(text: str, option: str = "--min") -> Tuple[str, float]:
+    """'clip_score=0.28' -> ("clip_score", 0.28) (the --min and --max options)."""
+    column, sep, value = text.partition("=")
+    if not sep or not column.strip():
+        example = "ocr_area=0.2" if option == "--max" else "clip_score=0.28"
+        raise ConfigError(f"{option} expects COLUMN=VALUE (e.g. {example}), got {text!r}")
+    try:
+        return column.strip(), float(value)
+    except ValueError:
+        raise ConfigError(f"{option} {text!r}: {value!r} is not a number") from None

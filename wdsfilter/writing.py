@@ -1,0 +1,73 @@
+"""Output files: checked before any work starts, and written whole or not at all.
+
+check_output_file / check_output_dir raise OutputError (a usage error, exit 2) for an output that
+cannot be written, so a long run never fails at its very end for a typo in --output.
+atomic_path / write_text_atomic write a temporary file in the output's folder (named like
+every temporary, `.<name>.tmp-<pid>`) and rename it over the output: a reader never sees half a
+file, and a failed write leaves the previous file as it was.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Iterator
+
+from . import atomic
+from .errors import OutputError
+
+
+def _existing_parent(path: str) -> str:
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        up = os.path.dirname(parent)
+        if up == parent:
+            break
+        parent = up
+    return parent
+
+
+def check_output_file(path: str, option: str) -> None:
+    """The file can be created or replaced (its folder is created when missing)."""
+    if os.path.isdir(path):
+        raise OutputError(f"{option} {path!r} is a folder; give a file name")
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise OutputError(f"{option} {path!r} exists and is not writable")
+    parent = _existing_parent(path)
+    if not os.path.isdir(parent):
+        raise OutputError(f"{option} {path!r}: {parent!r} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputError(f"{option} {path!r}: cannot write in {parent!r} (permission denied)")
+
+
+def check_output_dir(path: str, option: str) -> None:
+    """The folder exists and is writable, or can be created."""
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            raise OutputError(f"{option} {path!r} is a file, not a folder")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise OutputError(f"{option} {path!r} is not writable")
+        return
+    parent = _existing_parent(path)
+    if not os.path.isdir(parent):
+        raise OutputError(f"{option} {path!r}: {parent!r} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputError(f"{option} {path!r}: cannot create it in {parent!r} (permission denied)")
+
+
+@contextlib.contextmanager
+def atomic_path(path: str) -> Iterator[str]:
+    """Yields a temporary path in path's folder; renamed to path when the block succeeds,
+    removed when it raises."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with atomic.atomic_path(path) as tmp:  # the one tmp-then-rename write (atomic.py)
+        yield tmp
+
+
+def write_text_atomic(path: str, text: str) -> str:
+    """Write UTF-8 text whole or not at all. Text that holds lone surrogates (member names that
+    are not UTF-8, decoded with surrogateescape) must be escaped before it gets here."""
+    data = text.encode("utf-8")  # fails before the temporary exists, never half-way through it
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(data)
+    return path
