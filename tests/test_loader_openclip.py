@@ -7,7 +7,6 @@ The model is the tiny architecture of tools/make_tiny_clip.py (the `tiny_clip` f
 fresh weights: the loop and the loader are under test, not what the weights learnt, and the
 trained fixture costs minutes of CPU on a machine where it is not cached yet."""
 import inspect
-import json
 import logging
 import os
 import shutil

@@ -89,7 +89,7 @@ def test_gnu_tar_by_extension_glob_is_a_scattered_error_not_a_caption_key_proble
 
 @needs_tar
 def test_gnu_tar_sort_name_passes_and_directory_order_counts_keys(tmp_path):
-    src = _files(tmp_path / "data")
+    _files(tmp_path / "data")
     sorted_shard = _tar(tmp_path, tmp_path / "sorted.tar", "--sort=name", "data")
     report = validate(sorted_shard, jobs=1)
     assert report.passed and (report.samples, report.kept) == (20, 20)

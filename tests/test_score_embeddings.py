@@ -62,7 +62,7 @@ def test_embeddings_dot_product_is_the_clip_score(tiny_clip, tmp_path):
     assert sorted(got) == sorted(os.path.basename(s)[:-4] for s in SHARDS)
     total = 0
     videos = 0
-    for name, (rows, img, txt) in got.items():
+    for rows, img, txt in got.values():
         total += check_consistent(rows, img, txt, unit_images=False)
         videos += sum(1 for r in rows if r["clip_frames"] and r["clip_frames"] > 1)
     assert total > 20 and videos > 0

@@ -59,7 +59,7 @@ def h264_mp4(path, frames=75) -> bytes:
         s = c.add_stream("libx264", rate=25)
         s.width, s.height, s.pix_fmt = 64, 64, "yuv420p"
         rng = np.random.default_rng(0)
-        for i in range(frames):
+        for _ in range(frames):
             img = rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)  # noise: the frames, not moov, are the bytes
             for p in s.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
                 c.mux(p)

@@ -116,7 +116,7 @@ def summarize_files(paths: Sequence[str], columns: Sequence[str], thresholds: Op
         n = len(t["status"])
         rows += n
         status.update(t["status"])
-        for s, r in zip(t["status"], t["reason"]):
+        for r in t["reason"]:
             if r:
                 for part in str(r).split(";"):
                     reasons[part] += 1
