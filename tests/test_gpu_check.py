@@ -37,3 +37,13 @@ def test_no_cuda_without_dry_run_exits_with_advice(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit, match="--dry-run-cpu"):
         gpu_check.main([])
+
+
+@pytest.mark.slow
+def test_dry_run_sticky_error_stops_the_run_and_resume_rescores_only_the_unfinished_shards(capsys):
+    # A real `wdsfilter score` with the StickyClip plug-in: the batch after its third raises the
+    # device-side-assert RuntimeError; then --resume with the fault switched off.
+    (row,) = gpu_check.main(["--dry-run-cpu", "--only", "5"])
+    out = capsys.readouterr().out
+    assert row.step == "5 sticky device error" and row.ok is True, out
+    assert row.measured.startswith("rc 3 (sticky message: True)") and "afterwards 8/8 marked" in row.measured

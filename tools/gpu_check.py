@@ -36,9 +36,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 REAL = {"width": 1280, "height": 720, "unique": 512, "shards": 8, "copies": 4, "big_model": "ViT-L-14",
-        "fast_model": "ViT-B-32", "oom_batch": 12288, "throughput_copies": 24, "timeout": 600}
+        "fast_model": "ViT-B-32", "oom_batch": 12288, "throughput_copies": 24, "timeout": 600,
+        "sticky_unique": 64, "sticky_batch": 32, "ray_shards": 8}
 DRY = {"width": 64, "height": 48, "unique": 24, "shards": 2, "copies": 1, "big_model": None, "fast_model": None,
-       "oom_batch": 64, "throughput_copies": 1, "timeout": 300}
+       "oom_batch": 64, "throughput_copies": 1, "timeout": 300,
+       "sticky_unique": 2, "sticky_batch": 2, "ray_shards": 8}
 
 
 @dataclass
@@ -138,11 +140,17 @@ def _smi(*args) -> List[str]:
     return [line.strip() for line in out.splitlines() if line.strip()]
 
 
-def run_score(urls, out: str, args: List[str], gpu: bool, timeout: float) -> dict:
-    """`python -m wdsfilter score` in a subprocess, watched; its summary, stderr, exit code, samples."""
-    cmd = [sys.executable, "-m", "wdsfilter", "score", *urls, "--out", out, "--no-progress", "--overwrite", *args]
+def run_score(urls, out: str, args: List[str], gpu: bool, timeout: float, overwrite: bool = True,
+              env: Optional[dict] = None, during=None) -> dict:
+    """`python -m wdsfilter score` in a subprocess, watched; its summary, stderr, exit code, samples.
+    `during(proc)` runs in a thread while it does (step 6 kills a Ray actor from there)."""
+    cmd = [sys.executable, "-m", "wdsfilter", "score", *urls, "--out", out, "--no-progress",
+           *(["--overwrite"] if overwrite else []), *args]
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, **(env or {})))
+    if during is not None:
+        threading.Thread(target=during, args=(proc,), daemon=True).start()
     sampler = Sampler(proc.pid, gpu)
     sampler.start()
     try:
@@ -246,6 +254,7 @@ def step_throughput(ctx) -> List[Row]:
         measured = (f"{model}: end to end {e2e:.0f}/s, model only {model_only:.0f}/s, decode only {decode:.0f}/s; "
                     f"GPU util mean {sum(util) / len(util) if util else 0:.0f}%; main CPU mean "
                     f"{sum(cpu) / len(cpu) if cpu else 0:.0f}%")
+        ctx.e2e[model] = e2e
         ok = r["rc"] == 0 and e2e >= 0.8 * min(decode, model_only)
         if ctx.gpu:
             ok = ok and (sum(cpu) / max(1, len(cpu)) < 50)
@@ -300,14 +309,18 @@ def step_equality(ctx) -> List[Row]:
                 f"every clip_score within {limit:g} of the CPU value", ok)]
 
 
-def step_not_built(name: str):
-    def run(ctx) -> List[Row]:
-        return [Row(name, "not implemented in this tool yet", "see GPU_CHECKLIST.md", False)]
-    return run
+def step_sticky(ctx) -> List[Row]:
+    from tools.gpu_check_faults import step_sticky as run
+    return run(ctx)
 
 
-STEPS = {1: step_placement, 2: step_plan, 3: step_oom, 4: step_throughput,
-         5: step_not_built("5 sticky device error"), 6: step_not_built("6 ray on GPU"), 7: step_equality}
+def step_ray(ctx) -> List[Row]:
+    from tools.gpu_check_faults import step_ray as run
+    return run(ctx)
+
+
+STEPS = {1: step_placement, 2: step_plan, 3: step_oom, 4: step_throughput, 5: step_sticky, 6: step_ray,
+         7: step_equality}
 
 
 @dataclass
@@ -321,6 +334,11 @@ class Context:
     fast: str = ""
     tiny: str = ""
     ocr_backend: str = "rapidocr"
+    e2e: Dict[str, float] = field(default_factory=dict)  # step 4's end-to-end samples/s per model (step 6)
+
+    @property
+    def device(self) -> str:
+        return "cuda:0" if self.gpu else "cpu"
 
     def out(self, name: str) -> str:
         return os.path.join(self.root, "out", name)
@@ -329,7 +347,7 @@ class Context:
         args = ["--scorer", "clip", "--model", model, "--caption-key", "txt"]
         if not model.startswith("local-dir:"):
             args += ["--pretrained", "random"]
-        return args + ["--device", "cuda:0" if self.gpu else "cpu"]
+        return args + ["--device", self.device]
 
 
 def print_table(rows: List[Row], echo=print) -> None:

@@ -1,0 +1,129 @@
+"""Steps 5 and 6 of tools/gpu_check.py (../shared/GPU_CHECKLIST.md): a sticky device error, and
+the Ray engine with an actor killed mid-run. Both judge a run by its output folder: every shard
+with a done marker has one row per sample (no duplicates), and a resumed or finished run leaves
+every shard so.
+
+StickyClip is the step-5 scorer, a plug-in ("tools.gpu_check_faults:StickyClip", as the CLI loads
+any "module:Class"): CLIP scoring until, while `trip_file` exists, the batch after its `after`-th
+breaks the device. On CUDA that is a real device-side assert (an out-of-bounds index in a kernel:
+the context is unusable afterwards); on a CPU it raises the RuntimeError PyTorch raises for one,
+which wdsfilter/score/faults.py classifies by its text, and keeps raising it (sticky). The file, not
+an option, switches the fault on, so --resume runs with exactly the same settings.
+"""
+from __future__ import annotations
+
+import os
+import tarfile
+from typing import Dict, List
+
+from wdsfilter.score.scorers.clip import ClipScorer
+
+ASSERT_TEXT = ("CUDA error: device-side assert triggered\nCompile with `TORCH_USE_CUDA_DSA` to enable device-side "
+               "assertions. (simulated on the CPU by tools/gpu_check_faults.py)")
+
+
+class StickyClip(ClipScorer):
+    name = "clip"
+
+    def __init__(self, trip_file: str = "", after: int = 3, **kw):
+        super().__init__(**kw)
+        self.trip_file, self.after = trip_file, int(after)
+        self._batches, self._broken = 0, False
+
+    def load(self, device: str) -> None:
+        self._device_name = device
+        super().load(device)
+
+    def score_batch(self, inputs):
+        self._batches += 1
+        if self._broken or (self._batches > self.after and self.trip_file and os.path.exists(self.trip_file)):
+            self._broken = True
+            device_side_assert(self._device_name)
+        return super().score_batch(inputs)
+
+
+def device_side_assert(device: str) -> None:
+    """A real device-side assert on CUDA (raised at the synchronize); its text on a CPU."""
+    import torch
+    if device.startswith("cuda"):
+        torch.zeros(1, device=device)[torch.tensor([10], device=device)]
+        torch.cuda.synchronize(device)
+    raise RuntimeError(ASSERT_TEXT)
+
+
+# -- reading an output folder -----------------------------------------------------------------------
+def shard_keys(url: str) -> List[str]:
+    with tarfile.open(url) as tar:
+        return sorted({m.name.split(".", 1)[0] for m in tar if m.isreg()})
+
+
+def markers(out: str) -> Dict[str, bytes]:
+    folder = os.path.join(out, "done")
+    if not os.path.isdir(folder):
+        return {}
+    return {n[:-5]: open(os.path.join(folder, n), "rb").read() for n in sorted(os.listdir(folder))
+            if n.endswith(".json") and not n.startswith(".")}
+
+
+def rows_per_shard(out: str) -> Dict[str, List[str]]:
+    """Output name -> the keys of its score file's rows (duplicates kept)."""
+    import pyarrow.parquet as pq
+    folder = os.path.join(out, "scores")
+    if not os.path.isdir(folder):
+        return {}
+    return {n[:-len(".parquet")]: [str(k) for k in pq.read_table(os.path.join(folder, n), columns=["key"])["key"]
+                                   .to_pylist()] for n in sorted(os.listdir(folder)) if n.endswith(".parquet")}
+
+
+def check_marked(urls: List[str], out: str) -> List[str]:
+    """Problems: a marked shard whose score file is not one row per sample of the shard."""
+    names = {os.path.basename(u)[:-len(".tar")]: u for u in urls}
+    rows = rows_per_shard(out)
+    problems = []
+    for name in markers(out):
+        got = rows.get(name, [])
+        if sorted(got) != shard_keys(names[name]):
+            problems.append(f"{name}: {len(got)} row(s), {len(set(got))} distinct, {len(shard_keys(names[name]))} "
+                            f"sample(s)")
+    return problems
+
+
+# -- step 5 -----------------------------------------------------------------------------------------
+def step_sticky(ctx) -> list:
+    from tools.gpu_check import Row, make_shards, run_score
+    size = ctx.size
+    urls = make_shards(os.path.join(ctx.root, "sticky"), dict(size, shards=8, copies=1, unique=size["sticky_unique"]))
+    out, trip = ctx.out("sticky"), os.path.join(ctx.root, "sticky-trip")
+    open(trip, "w").close()
+    model = ctx.fast
+    args = ["--scorer", "tools.gpu_check_faults:StickyClip", "--scorer-opt", f"clip.model={model}",
+            "--scorer-opt", f"clip.trip_file={trip}", "--caption-key", "txt", "--device", ctx.device,
+            "--batch-size", str(size["sticky_batch"]), "--workers", "1"]
+    if not model.startswith("local-dir:"):
+        args += ["--scorer-opt", "clip.pretrained=random"]
+    first = run_score(urls, out, args, ctx.gpu, size["timeout"])
+    before = markers(out)
+    bad_first = check_marked(urls, out)
+    os.remove(trip)  # a healthy device
+    again = run_score(urls, out, [*args, "--resume"], ctx.gpu, size["timeout"], overwrite=False)
+    after = markers(out)
+    unfinished = len(urls) - len(before)
+    expected = sum(len(shard_keys(u)) for u in urls if os.path.basename(u)[:-4] not in before)
+    summary = again["summary"]
+    sticky = "sticky error" in first["stderr"] and "device-side assert" in first["stderr"]
+    kept = all(after.get(n) == b for n, b in before.items())  # the done shards were not written again
+    bad = check_marked(urls, out)
+    measured = (f"rc {first['rc']} (sticky message: {sticky}); {len(before)} of {len(urls)} shard(s) marked, "
+                f"{unfinished} unfinished; marked-but-incomplete: {bad_first or 'none'}; resume rc {again['rc']}: "
+                f"{summary.get('shards_resumed')} kept, {summary.get('samples_this_run')} sample(s) rescored "
+                f"(expected {expected}); afterwards {len(after)}/{len(urls)} marked, incomplete: {bad or 'none'}")
+    ok = (first["rc"] == 3 and sticky and unfinished > 0 and not bad_first and again["rc"] == 0 and kept
+          and summary.get("shards_resumed") == len(before) and summary.get("samples_this_run") == expected
+          and len(after) == len(urls) and not bad)
+    return [Row("5 sticky device error", measured, "exit 3; no marker on an unfinished shard; --resume rescores "
+                "exactly them, one row per sample", ok)]
+
+
+def step_ray(ctx) -> list:
+    from tools.gpu_check import Row
+    return [Row("6 ray on GPU", "not implemented in this tool yet", "see GPU_CHECKLIST.md", False)]
