@@ -47,3 +47,16 @@ def test_dry_run_sticky_error_stops_the_run_and_resume_rescores_only_the_unfinis
     out = capsys.readouterr().out
     assert row.step == "5 sticky device error" and row.ok is True, out
     assert row.measured.startswith("rc 3 (sticky message: True)") and "afterwards 8/8 marked" in row.measured
+
+
+@pytest.mark.slow
+def test_dry_run_ray_survives_an_actor_killed_mid_run(capsys):
+    # A local Ray (ray.init, 4 CPUs), `wdsfilter score --engine ray --ray-address auto` (RAY_ADDRESS
+    # pins it): one run for samples/s, one with 2 actors of which one is sent SIGKILL after the
+    # first shard is done; every shard then has one row per sample and a marker.
+    (row,) = gpu_check.main(["--dry-run-cpu", "--only", "6"])
+    out = capsys.readouterr().out
+    assert row.step == "6 ray (CPU actors)" and row.ok is True, out
+    assert "killed pid" in row.measured and "rc 0, 8/8 marked" in row.measured
+    import ray
+    assert not ray.is_initialized()  # the tool shut its Ray down

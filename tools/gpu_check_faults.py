@@ -13,7 +13,12 @@ an option, switches the fault on, so --resume runs with exactly the same setting
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import tarfile
+import time
+from contextlib import contextmanager
 from typing import Dict, List
 
 from wdsfilter.score.scorers.clip import ClipScorer
@@ -124,6 +129,93 @@ def step_sticky(ctx) -> list:
                 "exactly them, one row per sample", ok)]
 
 
+
+# -- step 6 -----------------------------------------------------------------------------------------
+@contextmanager
+def ray_cluster(ctx):
+    """A Ray cluster for `--ray-address auto`; yields the env of the runs (RAY_ADDRESS pins this
+    cluster). CUDA: `ray start --head --num-gpus=1`, `ray stop` at the end (a dedicated machine).
+    Dry mode: ray.init here with 4 CPUs, shut down at the end: only this process's Ray stops.
+    PYTHONPATH: Ray's workers import this checkout's wdsfilter."""
+    from tools.gpu_check import ROOT
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
+    if ctx.gpu:
+        ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
+        subprocess.run([ray_bin, "start", "--head", "--num-gpus=1", "--port=6379", "--include-dashboard=false",
+                        "--disable-usage-stats"], check=True, capture_output=True, env=dict(os.environ, **env))
+        try:
+            yield dict(env, RAY_ADDRESS="127.0.0.1:6379")
+        finally:
+            subprocess.run([ray_bin, "stop"], capture_output=True)
+        return
+    import ray
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = env["PYTHONPATH"]  # the raylet, and so every worker, inherits it
+    try:
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    finally:
+        os.environ.pop("PYTHONPATH") if saved is None else os.environ.update(PYTHONPATH=saved)
+    try:
+        yield dict(env, RAY_ADDRESS=ray.get_runtime_context().gcs_address)
+    finally:
+        ray.shutdown()
+
+
+def actor_pids(gpu: bool) -> List[int]:
+    """PIDs of the running ScoreActor processes (Ray titles them "ray::MapWorker(...ScoreActor...)").
+    Dry mode: among this process's descendants (its own Ray); CUDA: on the machine."""
+    import psutil
+    procs = psutil.process_iter() if gpu else psutil.Process().children(recursive=True)
+    found = []
+    for p in procs:
+        try:
+            if "ScoreActor" in " ".join(p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p.pid)
+        except psutil.Error:
+            pass
+    return sorted(found)
+
+
+def kill_one_actor(ctx, out: str, total: int, report: dict):
+    """For run_score(during=...): once both actors run and a shard is done, kill -9 one actor."""
+    def during(proc):
+        deadline = time.time() + ctx.size["timeout"]
+        while proc.poll() is None and time.time() < deadline:
+            pids = actor_pids(ctx.gpu)
+            if len(pids) >= 2 and markers(out):
+                report.update(pid=pids[0], done_at_kill=len(markers(out)), actors=len(pids))
+                os.kill(pids[0], signal.SIGKILL)
+                return
+            time.sleep(0.05)
+    return during
+
+
 def step_ray(ctx) -> list:
-    from tools.gpu_check import Row
-    return [Row("6 ray on GPU", "not implemented in this tool yet", "see GPU_CHECKLIST.md", False)]
+    from tools.gpu_check import Row, make_shards, run_score
+    size = ctx.size
+    model = ctx.fast
+    common = ["--engine", "ray", "--ray-address", "auto", "--scorer", "clip", "--model", model, "--caption-key", "txt"]
+    if not model.startswith("local-dir:"):
+        common += ["--pretrained", "random"]
+    urls = make_shards(os.path.join(ctx.root, "ray"), dict(size, shards=size["ray_shards"], copies=2))
+    total = len(urls)
+    report: dict = {}
+    with ray_cluster(ctx) as env:
+        speed = run_score(ctx.big_urls, ctx.out("ray-speed"), common, ctx.gpu, size["timeout"], env=env)
+        shared = ["--ray-actors", "2", "--ray-gpus-per-actor", "0.5" if ctx.gpu else "0", "--batch-size",
+                  str(size["sticky_batch"] * 4)]
+        killed = run_score(urls, ctx.out("ray-kill"), common + shared, ctx.gpu, size["timeout"], env=env,
+                           during=kill_one_actor(ctx, ctx.out("ray-kill"), total, report))
+    s = speed["summary"]
+    rate = s.get("samples_this_run", 0) / max(s.get("scoring_seconds", 0) or 1e-9, 1e-9)
+    local = ctx.e2e.get(model)
+    versus = f"{rate / local:.2f} x step 4's {local:.0f}/s" if local else "step 4 not run"
+    bad = check_marked(urls, ctx.out("ray-kill"))
+    done = len(markers(ctx.out("ray-kill")))
+    mid = bool(report) and report["done_at_kill"] < total
+    measured = (f"1 actor: rc {speed['rc']}, {rate:.0f} samples/s ({versus}); 2 actors: killed pid "
+                f"{report.get('pid', '-')} with {report.get('done_at_kill', '-')}/{total} shard(s) done; rc "
+                f"{killed['rc']}, {done}/{total} marked, not one row per sample: {bad or 'none'}")
+    ok = speed["rc"] == 0 and killed["rc"] == 0 and mid and done == total and not bad
+    return [Row("6 ray on GPU" if ctx.gpu else "6 ray (CPU actors)", measured, "kill -9 of an actor mid-run; every "
+                "shard one row per sample, no duplicates, the run finishes", ok)]
