@@ -4,6 +4,10 @@
     python tools/gpu_check.py --dry-run-cpu      # every step's logic on the CPU, tiny sizes (tests)
     python tools/gpu_check.py --only 1,3,7 --json table.json
 
+Steps 5 and 6 live in tools/gpu_check_faults.py. Step 6 on CUDA runs `ray start --head` and, at
+the end, `ray stop` (which stops every Ray on the machine: use a machine of its own); its dry mode
+starts and shuts down a Ray of its own in this process.
+
 Each step runs `python -m wdsfilter score` in a subprocess (so the processes that hold GPU memory
 can be told apart: the main process, its forked DataLoader workers, the spawned model workers),
 samples `nvidia-smi` every second while it runs, and reads the run's summary.json and score
