@@ -176,7 +176,7 @@ def actor_pids(gpu: bool) -> List[int]:
     return sorted(found)
 
 
-def kill_one_actor(ctx, out: str, total: int, report: dict):
+def kill_one_actor(ctx, out: str, report: dict):
     """For run_score(during=...): once both actors run and a shard is done, kill -9 one actor."""
     def during(proc):
         deadline = time.time() + ctx.size["timeout"]
@@ -191,21 +191,38 @@ def kill_one_actor(ctx, out: str, total: int, report: dict):
 
 
 def step_ray(ctx) -> list:
-    from tools.gpu_check import Row, make_shards, run_score
+    from tools.gpu_check import Row, make_shards
     size = ctx.size
     model = ctx.fast
     common = ["--engine", "ray", "--ray-address", "auto", "--scorer", "clip", "--model", model, "--caption-key", "txt"]
     if not model.startswith("local-dir:"):
         common += ["--pretrained", "random"]
     urls = make_shards(os.path.join(ctx.root, "ray"), dict(size, shards=size["ray_shards"], copies=2))
-    total = len(urls)
     report: dict = {}
+    try:
+        speed, killed = _ray_runs(ctx, common, urls, report)
+    except (OSError, subprocess.CalledProcessError, RuntimeError, ConnectionError) as e:  # Ray did not start
+        detail = getattr(e, "stderr", b"") or b""
+        return [Row("6 ray on GPU", f"the Ray cluster did not start: {e} {detail.decode(errors='replace')[-300:]}",
+                    "the run finishes", False)]
+    return _ray_row(ctx, model, urls, report, speed, killed)
+
+
+def _ray_runs(ctx, common, urls, report):
+    from tools.gpu_check import run_score
+    size = ctx.size
     with ray_cluster(ctx) as env:
         speed = run_score(ctx.big_urls, ctx.out("ray-speed"), common, ctx.gpu, size["timeout"], env=env)
         shared = ["--ray-actors", "2", "--ray-gpus-per-actor", "0.5" if ctx.gpu else "0", "--batch-size",
-                  str(size["sticky_batch"] * 4)]
+                  str(size["ray_batch"])]
         killed = run_score(urls, ctx.out("ray-kill"), common + shared, ctx.gpu, size["timeout"], env=env,
-                           during=kill_one_actor(ctx, ctx.out("ray-kill"), total, report))
+                           during=kill_one_actor(ctx, ctx.out("ray-kill"), report))
+    return speed, killed
+
+
+def _ray_row(ctx, model, urls, report, speed, killed):
+    from tools.gpu_check import Row
+    total = len(urls)
     s = speed["summary"]
     rate = s.get("samples_this_run", 0) / max(s.get("scoring_seconds", 0) or 1e-9, 1e-9)
     local = ctx.e2e.get(model)
