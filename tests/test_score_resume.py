@@ -129,4 +129,5 @@ def test_a_killed_runs_copy_of_a_pipe_shard_is_removed_by_the_next_run(tmp_path)
     copy = _local_copy(f"pipe:cat {urls[0]}", True, False, str(kept))  # what a run killed mid-copy leaves
     assert open(copy, "rb").read() == open(urls[0], "rb").read()
     score(urls, out=out, resume=True, **opts)
-    assert not os.path.exists(copy) and sorted(os.listdir(kept)) == ["shard-0000.tar"]
+    assert not os.path.exists(copy) and sorted(os.listdir(kept)) == ["shard-0000.tar", "shard-0000_stats.json",
+                                                                             "sizes.json"]

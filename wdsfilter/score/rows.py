@@ -13,6 +13,7 @@ completion marker (so --resume never trusts a shard whose outputs are not all in
 """
 from __future__ import annotations
 
+import os
 from typing import Dict, List, Optional, Sequence
 
 from ..errors import WdsFilterError
@@ -21,6 +22,7 @@ from ..thresholds import Thresholds
 from .embeddings import write_embeddings
 from .faults import is_disk_full, read_failed_reason
 from .outputs import BASE_FIELDS, STATUSES, write_table  # noqa: F401 - the fields are the score file's schema
+from ..shardstats import update_sizes, write_shard_stats
 from .shardwriter import write_filtered
 
 
@@ -124,9 +126,16 @@ def write_shard(url: str, rows: List[dict], end: dict, cfg, state, columns: Sequ
     filtered = None
     if cfg.write_shards:
         keep = {r["key"] for r in rows if r["kept"]}
+        dest = state.filtered_path(url)
         try:
-            filtered = write_filtered(source or url, keep, state.filtered_path(url), cfg.stage.rekey,
+            filtered = write_filtered(source or url, keep, dest, cfg.stage.rekey,
                                       cfg.stage.allow_pipe, cfg.stage.allow_remote)
+            # the stats and sizes.json entry before the marker: a resumed run that trusts the
+            # marker finds them in place; a rescored shard sets its entry again
+            folder, name = os.path.split(dest)
+            write_shard_stats(folder, name, filtered["samples"], filtered["members"], {url: filtered["samples"]},
+                              filtered["bytes"])
+            update_sizes(folder, {name: filtered["samples"]})
         except OSError as e:  # the shard cannot be read again (a pipe: command failed): no marker
             if is_disk_full(e):
                 raise
