@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence
 
-from ..errors import WdsFilterError
+from ..errors import RunError
 from ..markers import MARKER, REJECT
 from ..thresholds import Thresholds
 from .embeddings import write_embeddings
@@ -24,7 +24,7 @@ from .outputs import BASE_FIELDS, STATUSES, write_table  # noqa: F401 - the fiel
 from .shardwriter import write_filtered
 
 
-class NothingScoredError(WdsFilterError, RuntimeError):
+class NothingScoredError(RunError):
     """The run finished and no sample got a score: the counts say why."""
 
 
