@@ -10,7 +10,7 @@ import tarfile
 import pytest
 
 from shardkit import image_bytes, write_shard
-from test_score_kit import (BrightnessScorer, BrokenScorer, ByteLengthScorer, expected_brightness,
+from scorekit import (BrightnessScorer, BrokenScorer, ByteLengthScorer, expected_brightness,
                             make_shards)
 from wdsfilter import ConfigError
 from wdsfilter.score import score
@@ -128,7 +128,7 @@ def test_configuration_errors_raise_before_scoring(shards, tmp_path):
     with pytest.raises(ConfigError, match="batch_size must be 'auto' or an integer"):
         run(urls, tmp_path / "d", batch_size="lots")
     with pytest.raises(ConfigError, match=r"scorer 'bright'.*unexpected keyword.*its options are: size, sim"):
-        run(urls, tmp_path / "e", scorers=["test_score_kit:BrightnessScorer"], scorer_options={"bright": {"colour": 1}})
+        run(urls, tmp_path / "e", scorers=["scorekit:BrightnessScorer"], scorer_options={"bright": {"colour": 1}})
     run(urls, tmp_path / "f")
     with pytest.raises(ConfigError, match="already holds a scoring run .3 shard.s. done.*--resume"):
         run(urls, tmp_path / "f")
