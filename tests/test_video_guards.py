@@ -171,3 +171,37 @@ def test_an_audio_only_m4a_under_the_image_key_is_named_the_same_everywhere(tmp_
     with pytest.raises(DataError) as err:
         sample_frames(data, 3)
     assert err.value.reason == "no_video_stream" and "audio" in str(err.value)
+
+
+def test_a_cut_short_video_scored_by_ocr_gets_a_partial_row_saying_so(tmp_path):
+    """The same file: validate says corrupt_video; `wdsfilter score` scores the frames that are
+    there and its row says the video is incomplete (status partial, reason corrupt_video, the
+    same message), beside a whole video of the same shard that is plainly scored."""
+    pytest.importorskip("rapidocr_onnxruntime")
+    from click.testing import CliRunner
+    from wdsfilter.cli import main
+    data = h264_mp4(tmp_path / "clip.mp4", 75)
+    cut = data[:int(len(data) * 0.6)]
+    url = write_shard(tmp_path / "mixed-000000.tar", [("000000.mp4", cut), ("000000.txt", "a cut clip"),
+                                                      ("000001.mp4", data), ("000001.txt", "a whole clip")])
+    (finding,) = [f for f in validate(url, image_key="mp4", jobs=1).findings if f.kind == "corrupt_video"]
+    assert finding.key == "000000"
+    out = tmp_path / "out"
+    args = ["score", url, "--image-key", "mp4", "--caption-key", "txt", "--scorer", "ocr", "--frames", "3",
+            "--device", "cpu", "--format", "jsonl", "--no-progress", "--out"]
+    result = CliRunner().invoke(main, [*args, str(out)])
+    assert result.exit_code == 0, result.output
+    with open(out / "scores" / "mixed-000000.jsonl") as f:
+        rows = {r["key"]: r for r in map(json.loads, f)}
+    cut_row, whole = rows["000000"], rows["000001"]
+    assert cut_row["status"] == "partial" and cut_row["reason"] == "corrupt_video"
+    assert cut_row["message"] == f"ocr: {finding.message}"
+    assert cut_row["ocr_frames"] == 3 and cut_row["ocr_area"] is not None  # scored from what is there
+    assert whole["status"] == "scored" and whole["reason"] is None and whole["kept"]
+    assert not cut_row["kept"]  # without thresholds, only fully scored rows are kept (as any partial row)
+    # With a threshold, a partial row is judged by its scores, as the loader judges it.
+    result = CliRunner().invoke(main, [*args, str(tmp_path / "th"), "--max", "ocr_area=1"])
+    assert result.exit_code == 0, result.output
+    with open(tmp_path / "th" / "scores" / "mixed-000000.jsonl") as f:
+        rows = {r["key"]: r for r in map(json.loads, f)}
+    assert rows["000000"]["status"] == "partial" and rows["000000"]["kept"] and rows["000001"]["kept"]
