@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from shardkit import write_shard
+from videokit import h264_mp4
 from wdsfilter import StageConfig
 from wdsfilter.errors import DataError
 from wdsfilter.pipeline import sample_pipeline
@@ -51,22 +52,6 @@ def png_mov(real: int, declared: int, frames: int = 3) -> bytes:
             p.stream, p.pts, p.dts, p.time_base = s, i, i, fractions.Fraction(1, 1)
             c.mux(p)
     return buf.getvalue()
-
-
-def h264_mp4(path, frames=75) -> bytes:
-    """A faststart MP4 (moov first, as web video is written) of H.264 frames."""
-    with av.open(str(path), "w", format="mp4", options={"movflags": "faststart"}) as c:
-        s = c.add_stream("libx264", rate=25)
-        s.width, s.height, s.pix_fmt = 64, 64, "yuv420p"
-        rng = np.random.default_rng(0)
-        for _ in range(frames):
-            img = rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)  # noise: the frames, not moov, are the bytes
-            for p in s.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
-                c.mux(p)
-        for p in s.encode():
-            c.mux(p)
-    with open(path, "rb") as f:
-        return f.read()
 
 
 def aac_m4a(seconds=1.0) -> bytes:
