@@ -52,3 +52,19 @@ def audio_only_mp4() -> bytes:
         for packet in stream.encode():
             container.mux(packet)
     return buf.getvalue()
+
+
+def h264_mp4(path, frames=75) -> bytes:
+    """A faststart MP4 (moov first, as web video is written) of H.264 frames."""
+    with av.open(str(path), "w", format="mp4", options={"movflags": "faststart"}) as c:
+        s = c.add_stream("libx264", rate=25)
+        s.width, s.height, s.pix_fmt = 64, 64, "yuv420p"
+        rng = np.random.default_rng(0)
+        for _ in range(frames):
+            img = rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)  # noise: the frames, not moov, are the bytes
+            for p in s.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+    with open(path, "rb") as f:
+        return f.read()

@@ -5,7 +5,8 @@ Every sample gets one row: key, shard, index (order in the shard), status, reaso
 kept, then one column per score. status:
     "rejected"  a stage dropped it (reason: the stage's reason), from a reject marker
     "failed"    no scorer could score it (reason: each scorer's reason, ";"-joined)
-    "partial"   some scorers did, some did not
+    "partial"   some scorers did, some did not; or the sample was scored from incomplete data
+                (a video cut short: reason corrupt_video, as validate names it)
     "scored"    every scorer did
 A shard is complete when its shard_end marker came and every row announced before it has its
 final status; then write_shard() writes its score file, its filtered shard and, last, its
@@ -16,17 +17,18 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Optional, Sequence
 
-from ..errors import WdsFilterError
+from ..errors import RunError
 from ..markers import MARKER, REJECT
 from ..thresholds import Thresholds
 from .embeddings import write_embeddings
 from .faults import is_disk_full, read_failed_reason
+from .scorers.base import NOTES
 from .outputs import BASE_FIELDS, STATUSES, write_table  # noqa: F401 - the fields are the score file's schema
 from ..shardstats import update_sizes, write_shard_stats
 from .shardwriter import write_filtered
 
 
-class NothingScoredError(WdsFilterError, RuntimeError):
+class NothingScoredError(RunError):
     """The run finished and no sample got a score: the counts say why."""
 
 
@@ -55,17 +57,21 @@ def complete_row(row: dict, scorers: Sequence, scores: dict, errors: dict, thres
     """Fill a sample's row from its scores and its per-scorer errors (prepare or scoring).
 
     kept: some scorer scored it and every threshold column is within bounds. A partial row (say a
-    video, which OCR scores and CLIP cannot) is kept when the thresholds only involve the scorers
+    video, which OCR scores and CLIP cannot, or a video cut short, scored from the frames that
+    are there) is kept when the thresholds only involve the scorers
     that succeeded, so filtering agrees with wdsfilter.loader(scores=...), which judges by the
     threshold columns alone; without thresholds, kept means every scorer succeeded."""
     row.update(scores)
     failed = [s.name for s in scorers if s.name in errors]
-    if not failed:
+    # Scorers that scored, but from incomplete data (prepare() returned scorers.base.Noted).
+    noted = {n: v for n, v in errors.get(NOTES, {}).items() if n not in failed}
+    problems = {**{name: errors[name] for name in failed}, **noted}
+    if not problems:
         row["status"] = "scored"
     else:
-        row["status"] = "partial" if len(failed) < len(scorers) else "failed"
-        row["reason"] = ";".join(dict.fromkeys(errors[name][0] for name in failed))
-        row["message"] = "; ".join(f"{name}: {errors[name][1]}" for name in failed)
+        row["status"] = "failed" if len(failed) == len(scorers) else "partial"
+        row["reason"] = ";".join(dict.fromkeys(reason for reason, _ in problems.values()))
+        row["message"] = "; ".join(f"{name}: {message}" for name, (_, message) in problems.items())
     if thresholds:
         row["kept"] = row["status"] in ("scored", "partial") and thresholds.passes(row)
     else:
