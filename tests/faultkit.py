@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 import torch
 
-from test_score_kit import BrightnessScorer
+from scorekit import BrightnessScorer
 
 # What PyTorch raises after a kernel fault; the context is unusable afterwards.
 STICKY_MESSAGES = {

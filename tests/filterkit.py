@@ -54,7 +54,7 @@ def gnu_tar_shards(folder, counts, extra_bytes=0, long_names=False, tie_every=0,
 
 def score_folder(shards, out, **options):
     """A real `wdsfilter score` run (local engine) with the brightness scorer of the engine tests."""
-    from test_score_kit import BrightnessScorer
+    from scorekit import BrightnessScorer
     from wdsfilter.score import score
     options = dict(dict(device="cpu", progress=False, workers=0, batch_size=16), **options)
     score(shards, out=str(out), scorers=[BrightnessScorer(fail_word="refuse-me")], **options)

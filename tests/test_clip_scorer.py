@@ -12,6 +12,7 @@ import wdsfilter
 from wdsfilter import ConfigError, DataError, StageConfig
 from wdsfilter.score.scorers.base import make_scorer
 from wdsfilter.score.scorers.clip import ClipScorer
+from videokit import h264_mp4
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMAGE_SHARDS = [os.path.join(REPO, "sample_shards", f"images-00000{i}.tar") for i in range(2)]
@@ -257,3 +258,26 @@ def test_video_options_are_checked_at_once(tiny_clip):
         ClipScorer("local-dir:" + tiny_clip, frames=0)
     with pytest.raises(ConfigError, match="frame_reduce"):
         ClipScorer("local-dir:" + tiny_clip, frame_reduce="median")
+
+
+def test_a_cut_short_video_is_scored_from_its_frames_and_noted(scorer, tmp_path):
+    """A faststart MP4 cut at 60%: prepare() returns the frames that are there wrapped in Noted
+    (corrupt_video, the sampler's message); the row it completes is partial and says so."""
+    from wdsfilter.score.prepare import Prepare
+    from wdsfilter.score.rows import complete_row, new_row
+    from wdsfilter.score.scorers.base import Noted
+    from wdsfilter.thresholds import Thresholds
+    data = h264_mp4(tmp_path / "clip.mp4", 75)
+    cut = data[:int(len(data) * 0.6)]
+    whole = scorer.prepare({"video": data, "caption": "noise", "__key__": "w"})
+    assert isinstance(whole, dict)
+    noted = scorer.prepare({"video": cut, "caption": "noise", "__key__": "c"})
+    assert isinstance(noted, Noted) and noted.reason == "corrupt_video" and "cut short" in noted.message
+    assert noted.input["image"].shape == whole["image"].shape  # the same frames asked for, from what is there
+    (item,) = Prepare([scorer])([{"__key__": "c", "__url__": "s.tar", "video": cut, "caption": "noise"}])
+    assert isinstance(item["inputs"]["clip"], dict)  # the model worker gets the plain input
+    (scores,) = score_all(scorer, [item["inputs"]["clip"]])
+    row = new_row("c", "s.tar", 0)
+    complete_row(row, [scorer], scores, item["errors"], Thresholds())
+    assert row["status"] == "partial" and row["reason"] == "corrupt_video" and not row["kept"]
+    assert row["message"] == f"clip: {noted.message}" and row["clip_score"] == scores["clip_score"]

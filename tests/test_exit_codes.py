@@ -220,3 +220,36 @@ def test_remote_shards_that_fail_mid_read_are_findings(tmp_path):
         failed = [f for f in r.findings if f.kind == "shard_command_failed"]
         assert failed and f"the download (curl) failed with exit status {status}" in failed[0].message, r.findings
     assert cut.kept < 40 and not report.passed
+
+
+# -- wdsfilter score: 0 clean, 2 usage/configuration, 3 run failed, never 1 ------------------------
+def test_score_exit_codes_real_processes(clean, tmp_path):
+    """The score command raises and the `wdsfilter` group maps the error: no model needed (OCR)."""
+    def code(*args):
+        return subprocess.run([sys.executable, "-m", "wdsfilter", "score", *args, "--scorer", "ocr", "--no-progress"],
+                              capture_output=True, text=True, timeout=300,
+                              cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    missing = code(str(tmp_path / "missing-{000..001}.tar"), "--out", str(tmp_path / "o1"))
+    assert missing.returncode == 2 and "does not exist" in missing.stderr and "Traceback" not in missing.stderr
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    unwritable = code(clean, "--out", str(afile / "sub"))
+    assert unwritable.returncode == 2 and "--out" in unwritable.stderr and "is a file, not a folder" in unwritable.stderr
+    assert not os.path.exists(tmp_path / "o1")  # nothing was created before the error
+    bad = [tmp_path / "bad-000000.tar", tmp_path / "bad-000001.tar"]
+    bad[0].write_bytes(b"\0" * 100 + b"garbage" * 300)
+    bad[1].write_bytes(b"not a tar" * 300)
+    unreadable = code(*map(str, bad), "--out", str(tmp_path / "o2"))
+    assert unreadable.returncode == 3 and unreadable.stderr.count("error:") == 1, unreadable.stderr
+    assert "Traceback" not in unreadable.stderr
+    ok = code(clean, "--out", str(tmp_path / "o3"))
+    assert ok.returncode == 0, ok.stderr
+    assert len(open(tmp_path / "o3" / "summary.json").read()) > 0
+
+
+def test_score_run_failures_are_run_errors():
+    from wdsfilter.score.backoff import ScorerError
+    from wdsfilter.score.faults import DeviceFailedError, DiskFullError, RunFailedError
+    from wdsfilter.score.modelworker import WorkerError
+    for cls in (RunFailedError, DeviceFailedError, DiskFullError, WorkerError, ScorerError):
+        assert issubclass(cls, RunError) and exit_code_for(cls("x")) == 3

@@ -313,7 +313,7 @@ def test_byte_caps_are_checked_and_read_from_the_cli_syntax():
 def test_score_gives_deep_json_a_row_and_reads_gzipped_captions(tmp_path):
     """The scoring run reads through the same stages: the deep JSON is a rejected row
     (invalid_json), the .txt.gz caption is scored, and the run completes."""
-    from test_score_kit import BrightnessScorer
+    from scorekit import BrightnessScorer
     from wdsfilter.score import score
     from wdsfilter.score.outputs import read_rows
     url = write_shard(tmp_path / "shard-0000.tar", [

@@ -40,7 +40,7 @@ def test_the_engine_downloads_once_before_its_model_workers_start(tmp_path, monk
     torch = pytest.importorskip("torch")
     from easyocr import config
     from easyocr.craft import CRAFT
-    from test_score_kit import make_shards
+    from scorekit import make_shards
     from wdsfilter.score import score
     from wdsfilter.score.scorers.ocr import OcrScorer
     import io

@@ -18,7 +18,7 @@ easyocr = pytest.importorskip("easyocr")
 
 from easyocr.craft import CRAFT  # noqa: E402
 from PIL import Image  # noqa: E402
-from test_video import make_video, text_frame  # noqa: E402
+from videokit import make_video, text_frame  # noqa: E402
 from wdsfilter.errors import ConfigError  # noqa: E402
 from wdsfilter.score.scorers.ocr import OcrScorer  # noqa: E402
 

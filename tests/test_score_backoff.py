@@ -5,7 +5,7 @@ import collections
 
 import pytest
 
-from test_score_kit import BrightnessScorer, expected_brightness, make_shards
+from scorekit import BrightnessScorer, expected_brightness, make_shards
 from wdsfilter import StageConfig
 from wdsfilter.pipeline import sample_pipeline
 from wdsfilter.score import score

@@ -123,7 +123,7 @@ def test_video_flags_go_to_every_scorer_that_samples_frames():
     assert both.scorer_options == {s: {"frames": 5, "frame_reduce": "max", "keyframes": True} for s in ("clip", "ocr")}
     assert build_config("o", ["clip"], frames=2).scorer_options == {"clip": {"frames": 2}}
     with pytest.raises(wdsfilter.ConfigError, match="frames .--frames. applies to the ocr scorer"):
-        build_config("o", ["tests.test_score_kit:BrightnessScorer"], frames=2)
+        build_config("o", ["tests.scorekit:BrightnessScorer"], frames=2)
 
 
 def test_cli_configuration_errors_exit_2_with_the_reason(tiny_clip, tmp_path):

@@ -10,7 +10,7 @@ import tarfile
 import pytest
 
 from shardkit import image_bytes, write_shard
-from test_score_kit import (BrightnessScorer, BrokenScorer, ByteLengthScorer, expected_brightness,
+from scorekit import (BrightnessScorer, BrokenScorer, ByteLengthScorer, expected_brightness,
                             make_shards)
 from wdsfilter import ConfigError
 from wdsfilter.score import score
@@ -128,7 +128,7 @@ def test_configuration_errors_raise_before_scoring(shards, tmp_path):
     with pytest.raises(ConfigError, match="batch_size must be 'auto' or an integer"):
         run(urls, tmp_path / "d", batch_size="lots")
     with pytest.raises(ConfigError, match=r"scorer 'bright'.*unexpected keyword.*its options are: size, sim"):
-        run(urls, tmp_path / "e", scorers=["test_score_kit:BrightnessScorer"], scorer_options={"bright": {"colour": 1}})
+        run(urls, tmp_path / "e", scorers=["scorekit:BrightnessScorer"], scorer_options={"bright": {"colour": 1}})
     run(urls, tmp_path / "f")
     with pytest.raises(ConfigError, match="already holds a scoring run .3 shard.s. done.*--resume"):
         run(urls, tmp_path / "f")
@@ -185,7 +185,45 @@ def test_filtered_shards_copy_the_original_member_bytes_of_kept_samples(tmp_path
         assert list(copied) == [n for n in source if n.rsplit(".", 1)[0] in kept]  # order kept too
         assert all(copied[n] == source[n] for n in copied)  # headers and data, byte for byte
     assert open(filtered / "b.tar.gz", "rb").read(2) == b"\x1f\x8b"
-    assert sorted(os.listdir(filtered)) == ["a.tar", "b.tar.gz"]  # no temporaries left
+    # no temporaries left; the sample table and per-shard stats beside the shards
+    assert sorted(os.listdir(filtered)) == ["a.tar", "a_stats.json", "b.tar.gz", "b_stats.json", "sizes.json"]
+
+
+def test_write_shards_leaves_sizes_json_that_open_clip_reads_and_resume_keeps_it_right(shards, tmp_path):
+    from open_clip_train.data import get_dataset_size
+    urls, _ = shards
+    out, kept = tmp_path / "out", tmp_path / "kept"
+    (kept).mkdir()
+    (kept / "sizes.json").write_text(json.dumps({"other-shard.tar": 5}))  # someone else's entry: kept
+    opts = dict(min_scores={"brightness": 0.4}, write_shards=str(kept), batch_size=4)
+    run(urls[:2], out, **opts)
+    run(urls, out, resume=True, **opts)  # the third shard added by a resumed run
+    rows = rows_by_key(out)
+    kept_per_shard = {}
+    for r in rows.values():
+        name = os.path.basename(r["shard"])
+        kept_per_shard[name] = kept_per_shard.get(name, 0) + bool(r["kept"])
+    sizes = json.loads((kept / "sizes.json").read_text())
+    assert sizes == {**kept_per_shard, "other-shard.tar": 5}
+    assert 0 < sum(kept_per_shard.values()) < len(rows)
+    for name, n in kept_per_shard.items():
+        with tarfile.open(kept / name) as tar:  # the count is what the shard holds
+            assert len({m.name.split(".", 1)[0] for m in tar}) == n
+        stats = json.loads((kept / (name[:-len(".tar")] + "_stats.json")).read_text())
+        assert stats["successes"] == n and stats["bytes"] == os.path.getsize(kept / name)
+        assert list(stats["sources"].values()) == [n]
+    total, num = get_dataset_size("::".join(str(kept / name) for name in sorted(kept_per_shard)))  # its --train-data
+    assert (total, num) == (sum(kept_per_shard.values()), 3)
+    # A shard scored again (its marker gone) with another threshold sets its own entry anew.
+    first = sorted(kept_per_shard)[0]
+    os.remove(out / "done" / (first[:-len(".tar")] + ".json"))
+    run(urls, out, resume=True, overwrite=False, **opts)
+    assert json.loads((kept / "sizes.json").read_text()) == sizes
+    (kept / first).unlink()
+    (kept / "sizes.json").write_text(json.dumps({**sizes, first: 999}))  # stale entry
+    os.remove(out / "done" / (first[:-len(".tar")] + ".json"))
+    run(urls, out, resume=True, **opts)
+    assert json.loads((kept / "sizes.json").read_text()) == sizes
 
 
 def test_loader_filters_by_the_score_files(shards, tmp_path):

@@ -9,11 +9,11 @@ import pytest
 from click.testing import CliRunner
 
 from faultkit import broken_download
-from test_score_kit import make_shards
+from scorekit import make_shards
 from wdsfilter.cli import main
 from wdsfilter.score import score
 
-SCORER = "test_score_kit:BrightnessScorer"
+SCORER = "scorekit:BrightnessScorer"
 
 
 def cli(*args):

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from test_score_kit import ArenaScorer, BrightnessScorer, make_shards
+from scorekit import ArenaScorer, BrightnessScorer, make_shards
 from wdsfilter import ConfigError
 from wdsfilter.score import ScoreConfig, score
 from wdsfilter.score.config import parse_size

@@ -118,7 +118,8 @@ def test_a_pipe_shard_that_fails_when_written_again_is_failed_not_fatal(local_ra
                            write_shards=str(tmp_path / "kept"), allow_pipe=True, **OPTIONS)
     assert [f["url"] for f in summary.shards_failed] == [broken] and summary.shards_scored == 1
     assert "filtered shard not written" in summary.shards_failed[0]["reason"]
-    assert os.listdir(tmp_path / "kept") == ["json-captions-000000.tar"]
+    assert sorted(os.listdir(tmp_path / "kept")) == ["json-captions-000000.tar", "json-captions-000000_stats.json",
+                                                     "sizes.json"]
 
 
 def test_a_pipe_shard_whose_command_fails_is_failed_without_a_marker(local_ray, tiny_clip, tmp_path):

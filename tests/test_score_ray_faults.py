@@ -9,7 +9,7 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="the Ray engine is tested where wdsfilter[ray] is installed")
 
-from test_score_kit import make_shards  # noqa: E402
+from scorekit import make_shards  # noqa: E402
 from wdsfilter.score.ray_runner import score_on_ray  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -66,7 +66,7 @@ def test_a_full_disk_stops_a_ray_run_with_a_clear_error(local_ray, tmp_path):
     try:
         urls = big_shards(tmp_path / "shards", 4)  # two filtered shards fit, not four
         with pytest.raises(DiskFullError, match="no space left on the device"):
-            score_on_ray(urls, out=str(tmp_path / "out"), scorers=["test_score_kit:BrightnessScorer"], actors=1,
+            score_on_ray(urls, out=str(tmp_path / "out"), scorers=["scorekit:BrightnessScorer"], actors=1,
                          batch_size=6, progress=False, write_shards=str(mnt / "kept"))
         done = sorted(os.listdir(tmp_path / "out" / "done"))
         assert len(done) < 4 and temporaries(str(tmp_path / "out"), str(mnt / "kept")) == []

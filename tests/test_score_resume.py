@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from test_score_kit import BrightnessScorer, make_shards
+from scorekit import BrightnessScorer, make_shards
 from wdsfilter.score import score
 from wdsfilter.score.outputs import read_rows
 
@@ -53,7 +53,7 @@ def leftovers(*folders):
 def test_a_run_killed_with_sigkill_resumes_to_the_same_outputs(tmp_path):
     urls, images = make_shards(tmp_path / "shards", [8] * 6, bad={1: (3,)}, refused={4: (0, 5)})
     killed, filtered_k = str(tmp_path / "killed"), str(tmp_path / "filtered-killed")
-    common = ["--scorer", "test_score_kit:BrightnessScorer", "--scorer-opt", "bright.fail_word=refuse-me",
+    common = ["--scorer", "scorekit:BrightnessScorer", "--scorer-opt", "bright.fail_word=refuse-me",
               "--device", "cpu", "--batch-size", "4", "--workers", "1", "--min", "brightness=0.4",
               "--no-progress"]
     proc = score_cli([str(tmp_path / "shards"), "--out", killed, "--write-shards", filtered_k,
@@ -129,4 +129,5 @@ def test_a_killed_runs_copy_of_a_pipe_shard_is_removed_by_the_next_run(tmp_path)
     copy = _local_copy(f"pipe:cat {urls[0]}", True, False, str(kept))  # what a run killed mid-copy leaves
     assert open(copy, "rb").read() == open(urls[0], "rb").read()
     score(urls, out=out, resume=True, **opts)
-    assert not os.path.exists(copy) and sorted(os.listdir(kept)) == ["shard-0000.tar"]
+    assert not os.path.exists(copy) and sorted(os.listdir(kept)) == ["shard-0000.tar", "shard-0000_stats.json",
+                                                                             "sizes.json"]

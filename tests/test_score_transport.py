@@ -88,7 +88,7 @@ def test_chunks_from_dataloader_workers_unpack_to_the_prepared_items(tmp_path):
     from wdsfilter.pipeline import sample_pipeline
     from wdsfilter.score.prepare import Chunk, Prepare, keep_as_is
     from wdsfilter.tally import Tally
-    from test_score_kit import BrightnessScorer
+    from scorekit import BrightnessScorer
 
     url = write_shard(tmp_path / "a.tar", image_text_members(10))
     cfg = StageConfig(caption_key="txt")

@@ -8,7 +8,7 @@ import pytest
 
 from wdsfilter.atomic import atomic_path, is_temporary, remove_temporaries, temporary_path, write_json
 from wdsfilter.errors import ConfigError
-from wdsfilter.thresholds import Thresholds, parse_threshold
+from wdsfilter.thresholds import Bound, Thresholds, parse_threshold
 
 
 def test_bounds_pass_fail_and_missing_values():
@@ -73,3 +73,18 @@ def test_a_killed_writers_temporary_is_recognised_and_removed(tmp_path):
     (tmp_path / "keep.json").write_text("{}")
     assert remove_temporaries(str(tmp_path)) == 3
     assert os.listdir(tmp_path) == ["keep.json"]
+
+
+def test_filtering_judges_with_the_same_bounds():
+    # wdsfilter filter's resolved thresholds are thresholds.Bound objects: one rule for both.
+    from wdsfilter.filtering.rules import Threshold, bounds, drop_reason
+    ts = [Threshold(Bound("clip_score", 0.2, True), "--min clip_score=0.2"),
+          Threshold(Bound("clip_score", 0.3, True), "--top clip_score=30%"),
+          Threshold(Bound("ocr_area", 0.5, False), "--max ocr_area=0.5")]
+    assert bounds(ts) == ({"clip_score": 0.3}, {"ocr_area": 0.5})
+    ok = {"status": "scored", "clip_score": 0.3, "ocr_area": 0.5}
+    assert drop_reason(ok, ts) is None and Thresholds.strictest(t.bound for t in ts).passes(ok)
+    assert drop_reason({**ok, "clip_score": 0.25}, ts) == "clip_score < 0.3"
+    assert drop_reason({**ok, "ocr_area": float("nan")}, ts) == "no ocr_area"
+    assert drop_reason({**ok, "status": "failed", "reason": "scorer_error"}, ts) == "not scored: scorer_error"
+    assert ts[0].passes(None) is None and ts[2].passes(0.6) is False

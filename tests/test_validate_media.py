@@ -11,7 +11,7 @@ from PIL import ImageFile
 pytest.importorskip("av")
 
 from shardkit import image_bytes, write_shard  # noqa: E402
-from test_video import grey_frame, make_video  # noqa: E402
+from videokit import grey_frame, make_video  # noqa: E402
 from wdsfilter.reading import is_unsafe_ext  # noqa: E402
 from wdsfilter.validate import validate  # noqa: E402
 

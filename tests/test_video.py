@@ -3,7 +3,6 @@ the scorers accept, and on broken ones. Frames carry their index as a grey level
 tell which frame the sampler really returned."""
 from __future__ import annotations
 
-import io
 
 import numpy as np
 import pytest
@@ -13,53 +12,7 @@ av = pytest.importorskip("av")
 from wdsfilter.errors import DataError  # noqa: E402
 from wdsfilter.score.video import sample_frames  # noqa: E402
 
-# -- media builders (also used by the OCR tests) ---------------------------------------------------
-
-
-def text_frame(text="BIG SALE", width=320, height=240, size=36, xy=(15, 90), bg=(255, 255, 255), fg=(0, 0, 0)):
-    """An RGB frame with real rendered text (PIL's default font at a real size)."""
-    from PIL import Image, ImageDraw, ImageFont
-
-    im = Image.new("RGB", (width, height), bg)
-    ImageDraw.Draw(im).text(xy, text, fill=fg, font=ImageFont.load_default(size=size))
-    return np.asarray(im)
-
-
-def grey_frame(level, width=160, height=120):
-    return np.full((height, width, 3), level, np.uint8)
-
-
-def make_video(frames, fps=8, codec="libx264", fmt="mp4", gop=None) -> bytes:
-    buf = io.BytesIO()
-    with av.open(buf, "w", format=fmt) as container:
-        # No scene-cut keyframes: keyframes come exactly every `gop` frames (a grey level that
-        # changes every frame would otherwise make x264 insert its own).
-        options = {"x264-params": "scenecut=0"} if codec == "libx264" else {}
-        stream = container.add_stream(codec, rate=fps, options=options)
-        stream.height, stream.width = frames[0].shape[:2]
-        stream.pix_fmt = "yuv420p"
-        if gop:
-            stream.codec_context.gop_size = gop
-        for f in frames:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(f), format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    return buf.getvalue()
-
-
-def audio_only_mp4() -> bytes:
-    buf = io.BytesIO()
-    with av.open(buf, "w", format="mp4") as container:
-        stream = container.add_stream("aac", rate=16000)
-        for i in range(8):
-            frame = av.AudioFrame.from_ndarray(np.zeros((1, 1024), np.float32), format="fltp", layout="mono")
-            frame.sample_rate, frame.pts = 16000, i * 1024
-            for packet in stream.encode(frame):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    return buf.getvalue()
+from videokit import audio_only_mp4, grey_frame, make_video, text_frame  # noqa: E402
 
 
 LEVEL_STEP, LEVELS = 12, 18

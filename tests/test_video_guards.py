@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from shardkit import write_shard
+from videokit import h264_mp4
 from wdsfilter import StageConfig
 from wdsfilter.errors import DataError
 from wdsfilter.pipeline import sample_pipeline
@@ -51,22 +52,6 @@ def png_mov(real: int, declared: int, frames: int = 3) -> bytes:
             p.stream, p.pts, p.dts, p.time_base = s, i, i, fractions.Fraction(1, 1)
             c.mux(p)
     return buf.getvalue()
-
-
-def h264_mp4(path, frames=75) -> bytes:
-    """A faststart MP4 (moov first, as web video is written) of H.264 frames."""
-    with av.open(str(path), "w", format="mp4", options={"movflags": "faststart"}) as c:
-        s = c.add_stream("libx264", rate=25)
-        s.width, s.height, s.pix_fmt = 64, 64, "yuv420p"
-        rng = np.random.default_rng(0)
-        for _ in range(frames):
-            img = rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)  # noise: the frames, not moov, are the bytes
-            for p in s.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
-                c.mux(p)
-        for p in s.encode():
-            c.mux(p)
-    with open(path, "rb") as f:
-        return f.read()
 
 
 def aac_m4a(seconds=1.0) -> bytes:
@@ -171,3 +156,37 @@ def test_an_audio_only_m4a_under_the_image_key_is_named_the_same_everywhere(tmp_
     with pytest.raises(DataError) as err:
         sample_frames(data, 3)
     assert err.value.reason == "no_video_stream" and "audio" in str(err.value)
+
+
+def test_a_cut_short_video_scored_by_ocr_gets_a_partial_row_saying_so(tmp_path):
+    """The same file: validate says corrupt_video; `wdsfilter score` scores the frames that are
+    there and its row says the video is incomplete (status partial, reason corrupt_video, the
+    same message), beside a whole video of the same shard that is plainly scored."""
+    pytest.importorskip("rapidocr_onnxruntime")
+    from click.testing import CliRunner
+    from wdsfilter.cli import main
+    data = h264_mp4(tmp_path / "clip.mp4", 75)
+    cut = data[:int(len(data) * 0.6)]
+    url = write_shard(tmp_path / "mixed-000000.tar", [("000000.mp4", cut), ("000000.txt", "a cut clip"),
+                                                      ("000001.mp4", data), ("000001.txt", "a whole clip")])
+    (finding,) = [f for f in validate(url, image_key="mp4", jobs=1).findings if f.kind == "corrupt_video"]
+    assert finding.key == "000000"
+    out = tmp_path / "out"
+    args = ["score", url, "--image-key", "mp4", "--caption-key", "txt", "--scorer", "ocr", "--frames", "3",
+            "--device", "cpu", "--format", "jsonl", "--no-progress", "--out"]
+    result = CliRunner().invoke(main, [*args, str(out)])
+    assert result.exit_code == 0, result.output
+    with open(out / "scores" / "mixed-000000.jsonl") as f:
+        rows = {r["key"]: r for r in map(json.loads, f)}
+    cut_row, whole = rows["000000"], rows["000001"]
+    assert cut_row["status"] == "partial" and cut_row["reason"] == "corrupt_video"
+    assert cut_row["message"] == f"ocr: {finding.message}"
+    assert cut_row["ocr_frames"] == 3 and cut_row["ocr_area"] is not None  # scored from what is there
+    assert whole["status"] == "scored" and whole["reason"] is None and whole["kept"]
+    assert not cut_row["kept"]  # without thresholds, only fully scored rows are kept (as any partial row)
+    # With a threshold, a partial row is judged by its scores, as the loader judges it.
+    result = CliRunner().invoke(main, [*args, str(tmp_path / "th"), "--max", "ocr_area=1"])
+    assert result.exit_code == 0, result.output
+    with open(tmp_path / "th" / "scores" / "mixed-000000.jsonl") as f:
+        rows = {r["key"]: r for r in map(json.loads, f)}
+    assert rows["000000"]["status"] == "partial" and rows["000000"]["kept"] and rows["000001"]["kept"]

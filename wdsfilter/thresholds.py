@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
 from .errors import ConfigError
 
@@ -35,6 +35,18 @@ class Bound:
         if is_missing(v):
             return False
         return v >= self.value if self.minimum else v <= self.value
+
+    def judge(self, v: Any) -> Optional[bool]:
+        """passes(v), or None when v is missing (so callers can count rows without a score apart)."""
+        return None if is_missing(v) else self.passes(v)
+
+    def drop_reason(self, v: Any) -> Optional[str]:
+        """A short reason v fails this bound, for counting per reason ('no clip_score',
+        'clip_score < 0.28'); None when it passes."""
+        ok = self.judge(v)
+        if ok is None:
+            return f"no {self.column}"
+        return None if ok else f"{self.column} {'<' if self.minimum else '>'} {self.value:.4g}"
 
     def describe(self) -> str:
         return f"{self.column} {'>=' if self.minimum else '<='} {self.value:g}"
@@ -79,6 +91,20 @@ class Thresholds:
         if empty:
             c = empty[0]
             raise ConfigError(f"no sample can be kept: the minimum {lo[c]:g} of {c} is above its maximum {hi[c]:g}")
+        return cls(lo, hi)
+
+    @classmethod
+    def strictest(cls, bounds: Iterable[Bound]) -> "Thresholds":
+        """The strictest minimum and maximum per column of several bounds (e.g. `--min c=0.2` and
+        `--top c=30%` resolved). Not checked for an empty range: judging such bounds keeps no row,
+        which is what the user asked for."""
+        lo: Dict[str, float] = {}
+        hi: Dict[str, float] = {}
+        for b in bounds:
+            if b.minimum:
+                lo[b.column] = max(lo.get(b.column, -math.inf), b.value)
+            else:
+                hi[b.column] = min(hi.get(b.column, math.inf), b.value)
         return cls(lo, hi)
 
     def __bool__(self) -> bool:

@@ -27,6 +27,7 @@ from ..errors import ConfigError, RunError
 from ..atomic import write_json as _atomic_json
 from ..score.shardwriter import BLOCK, RECORD, _is_gzip, _local_copy, member_ranges
 from ..shards import is_pipe, is_remote
+from ..shardstats import update_sizes, write_shard_stats
 from ..writing import atomic_path
 
 RUN_FILE = "filter_run.json"
@@ -45,10 +46,6 @@ class Source:
 
 def shard_name(prefix: str, index: int) -> str:
     return f"{prefix}-{index:06d}.tar"
-
-
-def _stats_name(prefix: str, index: int) -> str:
-    return f"{prefix}-{index:06d}_stats.json"
 
 
 class Resharder:
@@ -123,7 +120,7 @@ class Resharder:
         if current is not None:
             current.close()
         sizes = {shard_name(self.prefix, t): min(n, pos - t * n) for t in range(-(-pos // n))}
-        _atomic_json(os.path.join(self.out, "sizes.json"), sizes)
+        update_sizes(self.out, sizes)
         return sizes
 
     def _samples(self, source: Source):
@@ -209,6 +206,4 @@ class _OpenShard:
         os.fsync(self.file.fileno())  # whole on disk before the stats file says so
         self.file.close()
         self._temporary.__exit__(None, None, None)
-        _atomic_json(os.path.join(self.folder, _stats_name(self.prefix, self.index)),
-                     {"successes": self.samples, "members": self.members, "bytes": os.path.getsize(self.path),
-                      "sources": self.sources})
+        write_shard_stats(self.folder, os.path.basename(self.path), self.samples, self.members, self.sources)

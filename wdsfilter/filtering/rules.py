@@ -13,12 +13,11 @@ the loader judge it (a row without a value in a threshold column is never kept).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..errors import ConfigError
-from ..thresholds import parse_threshold
+from ..thresholds import Bound, Thresholds, parse_threshold
 
 KEPT_STATUSES = ("scored", "partial")  # rejected and failed rows are never kept
 
@@ -63,20 +62,29 @@ class FilterSpec:
 
 @dataclass
 class Threshold:
-    """One resolved threshold: COL >= value (minimum) or COL <= value (maximum)."""
-    column: str
-    minimum: bool
-    value: float
+    """One resolved threshold: a thresholds.Bound (COL >= value or COL <= value, judged by the one
+    rule in wdsfilter/thresholds.py) and where it came from."""
+    bound: Bound
     given: str  # as the user wrote it: "--top clip_score=30%"
     share: Optional[float] = None  # top/bottom: the percent asked for
     rank: Optional[int] = None  # top/bottom: rows the share asks for (k)
     scored: Optional[int] = None  # top/bottom: rows with a value in the column (the share's base)
 
+    @property
+    def column(self) -> str:
+        return self.bound.column
+
+    @property
+    def minimum(self) -> bool:
+        return self.bound.minimum
+
+    @property
+    def value(self) -> float:
+        return self.bound.value
+
     def passes(self, v) -> Optional[bool]:
         """True/False, or None when the row has no value in the column."""
-        if v is None or isinstance(v, bool) or (isinstance(v, float) and math.isnan(v)):
-            return None
-        return v >= self.value if self.minimum else v <= self.value
+        return self.bound.judge(v)
 
     def describe(self) -> str:
         return f"{self.column} {'>=' if self.minimum else '<='} {self.value:.6g}"
@@ -92,8 +100,8 @@ def resolve(spec: FilterSpec, run) -> List[Threshold]:
     if flags:
         raise ConfigError(f"thresholds on {', '.join(flags)}, which {'does' if len(flags) == 1 else 'do'} not hold "
                           f"numbers; numeric score columns: {', '.join(numeric) or 'none'}")
-    out = [Threshold(c, True, v, f"--min {c}={v:g}") for c, v in spec.mins.items()]
-    out += [Threshold(c, False, v, f"--max {c}={v:g}") for c, v in spec.maxes.items()]
+    out = [Threshold(Bound(c, v, True), f"--min {c}={v:g}") for c, v in spec.mins.items()]
+    out += [Threshold(Bound(c, v, False), f"--max {c}={v:g}") for c, v in spec.maxes.items()]
     for shares, top in ((spec.tops, True), (spec.bottoms, False)):
         for column, percent in shares.items():
             def source(column=column):
@@ -104,20 +112,14 @@ def resolve(spec: FilterSpec, run) -> List[Threshold]:
                 raise ConfigError(f"{given}: no row of {run.folder} has a value in {column}")
             pick = quantile.top_share_value if top else quantile.bottom_share_value
             value, k = pick(source, percent, stats)
-            out.append(Threshold(column, top, value, given, share=percent, rank=k, scored=stats[0]))
+            out.append(Threshold(Bound(column, value, top), given, share=percent, rank=k, scored=stats[0]))
     return out
 
 
 def bounds(thresholds: Sequence[Threshold]) -> Tuple[Dict[str, float], Dict[str, float]]:
     """(min_scores, max_scores) as wdsfilter.loader takes them: the strictest bound per column."""
-    mins: Dict[str, float] = {}
-    maxes: Dict[str, float] = {}
-    for t in thresholds:
-        if t.minimum:
-            mins[t.column] = max(mins.get(t.column, -math.inf), t.value)
-        else:
-            maxes[t.column] = min(maxes.get(t.column, math.inf), t.value)
-    return mins, maxes
+    th = Thresholds.strictest(t.bound for t in thresholds)
+    return th.minima, th.maxima
 
 
 def drop_reason(row: dict, thresholds: Sequence[Threshold]) -> Optional[str]:
@@ -127,11 +129,9 @@ def drop_reason(row: dict, thresholds: Sequence[Threshold]) -> Optional[str]:
         what = "rejected" if status == "rejected" else "not scored"
         return f"{what}: {row.get('reason') or status}"
     for t in thresholds:
-        ok = t.passes(row.get(t.column))
-        if ok is None:
-            return f"no {t.column}"
-        if not ok:
-            return f"{t.column} {'<' if t.minimum else '>'} {t.value:.4g}"
+        reason = t.bound.drop_reason(row.get(t.column))
+        if reason is not None:
+            return reason
     return None
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, List, Optional, Tuple
 
-from ..errors import DataError, WdsFilterError
+from ..errors import DataError, RunError, WdsFilterError
 from .faults import DeviceFailedError, sticky_device_error
 from .memory import DeviceMemory, is_oom
 
@@ -19,7 +19,7 @@ from .memory import DeviceMemory, is_oom
 Outcome = Tuple
 
 
-class ScorerError(WdsFilterError, RuntimeError):
+class ScorerError(RunError):
     """A scorer is broken (wrong output shape, or it fails on every sample): not a data error."""
 
 

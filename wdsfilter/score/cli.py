@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import logging
-import sys
 
 import click
 
-from ..errors import WdsFilterError
+from ..errors import RunError
 from ..naming import REKEY_MODES
 
 
@@ -115,24 +114,15 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
                                 ("--ray-gpus-per-actor", ray_gpus_per_actor)) if v is not None]
     if ray_given and engine != "ray":
         raise click.UsageError(f"{', '.join(ray_given)} only apply with --engine ray")
-    try:
-        if engine == "ray":
-            from .ray_runner import run_on_ray
-            summary = run_on_ray(list(shards), cfg, actors=ray_actors, gpus_per_actor=ray_gpus_per_actor,
-                                 address=ray_address, echo=_echo)
-        else:
-            summary = run_scoring(list(shards), cfg, echo=_echo)
-    except WdsFilterError as e:
-        from ..errors import ConfigError, UnsafeInputError
-        from .backoff import ScorerError
-        from .faults import RunFailedError
-        from .modelworker import WorkerError
-        if isinstance(e, (ConfigError, UnsafeInputError)):
-            raise  # the group prints it and exits 2
-        click.secho(f"wdsfilter score: error: {e}", fg="red", err=True)
-        sys.exit(3 if isinstance(e, (RunFailedError, WorkerError, ScorerError)) else 1)  # 3: the run failed
+    # Errors are not caught here: the `wdsfilter` group prints one line and maps each to its exit
+    # code (wdsfilter/errors.py): 2 for configuration errors, 3 for a failed run, never 1.
+    if engine == "ray":
+        from .ray_runner import run_on_ray
+        summary = run_on_ray(list(shards), cfg, actors=ray_actors, gpus_per_actor=ray_gpus_per_actor,
+                             address=ray_address, echo=_echo)
+    else:
+        summary = run_scoring(list(shards), cfg, echo=_echo)
     click.echo(summary.format_text(histograms=not no_histograms, plan=False))
     if summary.shards_failed:  # a failure of the run: those shards have no marker
-        click.secho(f"wdsfilter score: error: {len(summary.shards_failed)} shard(s) failed (listed above and in "
-                    f"summary.json); run again with --resume to retry them", fg="red", err=True)
-        sys.exit(3)
+        raise RunError(f"{len(summary.shards_failed)} shard(s) failed (listed above and in summary.json); "
+                       f"run again with --resume to retry them")

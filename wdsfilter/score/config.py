@@ -117,6 +117,10 @@ class ScoreConfig:
     def __post_init__(self):
         if not self.out or not isinstance(self.out, str):
             raise ConfigError("out: a folder for the score files is required (--out DIR)")
+        from ..writing import check_output_dir  # an unwritable output is a usage error, before any work
+        check_output_dir(self.out, "--out")
+        if self.write_shards:
+            check_output_dir(self.write_shards, "--write-shards")
         if isinstance(self.scorers, (str, bytes)) or not isinstance(self.scorers, Sequence):
             self.scorers = (self.scorers,)
         self.scorers = tuple(self.scorers)

@@ -20,10 +20,10 @@ import errno
 import re
 from typing import Optional
 
-from ..errors import WdsFilterError
+from ..errors import RunError
 
 
-class RunFailedError(WdsFilterError, RuntimeError):
+class RunFailedError(RunError):
     """The run cannot go on (a dead device, a full disk). Exit code 3; --resume continues it."""
 
 

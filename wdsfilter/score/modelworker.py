@@ -14,7 +14,7 @@ import time
 import traceback
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..errors import ConfigError, WdsFilterError
+from ..errors import ConfigError, RunError
 from .backoff import Backoff
 from .embeddings import FIELD as EMBEDDINGS
 from .faults import DeviceFailedError, device_failed, sticky_device_error
@@ -25,7 +25,7 @@ from .transport import pack, unpack
 Item = Tuple[Any, Dict[str, Any]]
 
 
-class WorkerError(WdsFilterError, RuntimeError):
+class WorkerError(RunError):
     """A model worker process failed or died."""
 
 

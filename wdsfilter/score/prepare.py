@@ -16,12 +16,14 @@ from typing import Any, Dict, Iterable, Iterator, List, Sequence, Tuple
 
 from ..errors import DataError
 from ..markers import MARKER, SHARD_END
+from .scorers.base import NOTES, Noted
 from .transport import pack
 
 
 class Prepare:
     """Picklable stage: sample -> {"__key__", "__url__", "inputs": {scorer: input}, "errors":
-    {scorer: (reason, message)}}. A DataError from prepare() is the sample's reason; any other
+    {scorer: (reason, message)}} (and errors[NOTES]: {scorer: (reason, message)} of inputs
+    prepare() returned as Noted, scored from incomplete data). A DataError from prepare() is the sample's reason; any other
     exception is a bug in the scorer and raises, naming the sample."""
 
     def __init__(self, scorers: Sequence):
@@ -33,15 +35,22 @@ class Prepare:
                 yield sample
                 continue
             inputs: Dict[str, Any] = {}
-            errors: Dict[str, Tuple[str, str]] = {}
+            errors: Dict[str, Any] = {}
+            notes: Dict[str, Tuple[str, str]] = {}
             for scorer in self.scorers:
                 try:
-                    inputs[scorer.name] = scorer.prepare(sample)
+                    prepared = scorer.prepare(sample)
+                    if isinstance(prepared, Noted):  # scored from incomplete data: the row says so
+                        notes[scorer.name] = (prepared.reason, prepared.message)
+                        prepared = prepared.input
+                    inputs[scorer.name] = prepared
                 except DataError as e:
                     errors[scorer.name] = (e.reason, str(e))
                 except Exception as e:
                     raise type(e)(f"{e} (in {scorer.name}.prepare on sample {sample.get('__key__')!r} of shard "
                                   f"{sample.get('__url__')})") from e
+            if notes:
+                errors[NOTES] = notes
             yield {"__key__": sample["__key__"], "__url__": sample["__url__"], "inputs": inputs, "errors": errors}
 
 

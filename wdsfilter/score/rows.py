@@ -5,7 +5,8 @@ Every sample gets one row: key, shard, index (order in the shard), status, reaso
 kept, then one column per score. status:
     "rejected"  a stage dropped it (reason: the stage's reason), from a reject marker
     "failed"    no scorer could score it (reason: each scorer's reason, ";"-joined)
-    "partial"   some scorers did, some did not
+    "partial"   some scorers did, some did not; or the sample was scored from incomplete data
+                (a video cut short: reason corrupt_video, as validate names it)
     "scored"    every scorer did
 A shard is complete when its shard_end marker came and every row announced before it has its
 final status; then write_shard() writes its score file, its filtered shard and, last, its
@@ -13,18 +14,21 @@ completion marker (so --resume never trusts a shard whose outputs are not all in
 """
 from __future__ import annotations
 
+import os
 from typing import Dict, List, Optional, Sequence
 
-from ..errors import WdsFilterError
+from ..errors import RunError
 from ..markers import MARKER, REJECT
 from ..thresholds import Thresholds
 from .embeddings import write_embeddings
 from .faults import is_disk_full, read_failed_reason
+from .scorers.base import NOTES
 from .outputs import BASE_FIELDS, STATUSES, write_table  # noqa: F401 - the fields are the score file's schema
+from ..shardstats import update_sizes, write_shard_stats
 from .shardwriter import write_filtered
 
 
-class NothingScoredError(WdsFilterError, RuntimeError):
+class NothingScoredError(RunError):
     """The run finished and no sample got a score: the counts say why."""
 
 
@@ -53,17 +57,21 @@ def complete_row(row: dict, scorers: Sequence, scores: dict, errors: dict, thres
     """Fill a sample's row from its scores and its per-scorer errors (prepare or scoring).
 
     kept: some scorer scored it and every threshold column is within bounds. A partial row (say a
-    video, which OCR scores and CLIP cannot) is kept when the thresholds only involve the scorers
+    video, which OCR scores and CLIP cannot, or a video cut short, scored from the frames that
+    are there) is kept when the thresholds only involve the scorers
     that succeeded, so filtering agrees with wdsfilter.loader(scores=...), which judges by the
     threshold columns alone; without thresholds, kept means every scorer succeeded."""
     row.update(scores)
     failed = [s.name for s in scorers if s.name in errors]
-    if not failed:
+    # Scorers that scored, but from incomplete data (prepare() returned scorers.base.Noted).
+    noted = {n: v for n, v in errors.get(NOTES, {}).items() if n not in failed}
+    problems = {**{name: errors[name] for name in failed}, **noted}
+    if not problems:
         row["status"] = "scored"
     else:
-        row["status"] = "partial" if len(failed) < len(scorers) else "failed"
-        row["reason"] = ";".join(dict.fromkeys(errors[name][0] for name in failed))
-        row["message"] = "; ".join(f"{name}: {errors[name][1]}" for name in failed)
+        row["status"] = "failed" if len(failed) == len(scorers) else "partial"
+        row["reason"] = ";".join(dict.fromkeys(reason for reason, _ in problems.values()))
+        row["message"] = "; ".join(f"{name}: {message}" for name, (_, message) in problems.items())
     if thresholds:
         row["kept"] = row["status"] in ("scored", "partial") and thresholds.passes(row)
     else:
@@ -124,9 +132,16 @@ def write_shard(url: str, rows: List[dict], end: dict, cfg, state, columns: Sequ
     filtered = None
     if cfg.write_shards:
         keep = {r["key"] for r in rows if r["kept"]}
+        dest = state.filtered_path(url)
         try:
-            filtered = write_filtered(source or url, keep, state.filtered_path(url), cfg.stage.rekey,
+            filtered = write_filtered(source or url, keep, dest, cfg.stage.rekey,
                                       cfg.stage.allow_pipe, cfg.stage.allow_remote)
+            # the stats and sizes.json entry before the marker: a resumed run that trusts the
+            # marker finds them in place; a rescored shard sets its entry again
+            folder, name = os.path.split(dest)
+            write_shard_stats(folder, name, filtered["samples"], filtered["members"], {url: filtered["samples"]},
+                              filtered["bytes"])
+            update_sizes(folder, {name: filtered["samples"]})
         except OSError as e:  # the shard cannot be read again (a pipe: command failed): no marker
             if is_disk_full(e):
                 raise

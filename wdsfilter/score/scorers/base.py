@@ -8,7 +8,7 @@ model worker on its device. A scorer object is a small picklable config until `l
 from __future__ import annotations
 
 import abc
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..registry import build
 
@@ -17,6 +17,21 @@ REGISTRY = {
     "clip": "wdsfilter.score.scorers.clip:ClipScorer",
     "ocr": "wdsfilter.score.scorers.ocr:OcrScorer",
 }
+
+
+class Noted(NamedTuple):
+    """What prepare() returns for a sample it can score only from part of its data (a video cut
+    short): the model input, and the note the sample's row gets. The row is then "partial" with
+    this reason and message (rows.complete_row), on every engine: the note stays with the row in
+    the main process and never travels to the model workers."""
+    input: Any
+    reason: str   # a finding kind as validate names it, e.g. "corrupt_video"
+    message: str
+
+
+# Reserved key of a sample's per-scorer errors dict (Prepare -> rows.complete_row, both engines):
+# {scorer name: (reason, message)} of the inputs prepare() returned as Noted.
+NOTES = "__notes__"
 
 
 class Scorer(abc.ABC):
@@ -33,7 +48,8 @@ class Scorer(abc.ABC):
     def prepare(self, sample: Dict[str, Any]) -> Any:
         """CPU-side work for one decoded sample, in a DataLoader worker. Returns the model input
         (picklable: tensors / numpy arrays). Raises wdsfilter.errors.DataError for a sample that
-        cannot be scored (its reason goes into the sample's row)."""
+        cannot be scored (its reason goes into the sample's row); returns Noted(input, reason,
+        message) for one scored from incomplete data (the row becomes "partial")."""
 
     def fetch(self) -> None:
         """Download what load() needs. The engine calls it once, in its own process, before model

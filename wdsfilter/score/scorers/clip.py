@@ -24,7 +24,7 @@ from ...images import FULL_SIZE
 from ...tokens import CaptionCleaner
 from ..fastdecode import REDUCING_GAP, ImageTransform
 from ..models import PRECISIONS, ClipSource, load_model, resolve_precision, tokenize
-from .base import Scorer
+from .base import Noted, Scorer
 
 REDUCERS = ("mean", "max", "min")
 # Video frames are scaled to this long side while they are decoded; the model's own transform
@@ -96,7 +96,7 @@ class ClipScorer(Scorer):
         return self.transform.decode_floor()
 
     # -- CPU side ------------------------------------------------------------------------------
-    def prepare(self, sample: Dict[str, Any]) -> Dict[str, Any]:
+    def prepare(self, sample: Dict[str, Any]) -> Any:
         if self._tokenizer is None:
             self._tokenizer = self.source.tokenizer()
         image = sample.get("image")
@@ -110,10 +110,12 @@ class ClipScorer(Scorer):
             raise DataError("empty_caption", "caption is empty after removing image tokens")
         tokens, truncated = tokenize(self._tokenizer, caption, self.context_length)
         if image is not None:  # (3, H, W) uint8; the full size places the crop after a reduced decode
-            pixels = self.transform(image, getattr(image, "info", {}).get(FULL_SIZE))
+            pixels, partial = self.transform(image, getattr(image, "info", {}).get(FULL_SIZE)), None
         else:
-            pixels = self._video_frames(sample)  # (frames, 3, H, W) uint8
-        return {"image": pixels, "tokens": tokens, "truncated": truncated}
+            pixels, partial = self._video_frames(sample)  # (frames, 3, H, W) uint8; why it is incomplete
+        prepared = {"image": pixels, "tokens": tokens, "truncated": truncated}
+        # A video cut short is scored from the frames that are there; its row says so ("partial").
+        return Noted(prepared, "corrupt_video", partial) if partial else prepared
 
     def _video_frames(self, sample: Dict[str, Any]):
         import torch
@@ -123,7 +125,7 @@ class ClipScorer(Scorer):
         what = f"sample {key}.{sample.get('__media_ext__', 'video')}" + (f" of shard {url}" if url else "")
         sampled = sample_frames(sample["video"], self.frames, keyframes=self.keyframes, max_side=VIDEO_MAX_SIDE,
                                 max_pixels=self.max_pixels, what=what)  # DataError for a broken video
-        return torch.stack([self.transform(frame) for frame in sampled.frames])
+        return torch.stack([self.transform(frame) for frame in sampled.frames]), sampled.partial
 
     # -- model side ----------------------------------------------------------------------------
     def load(self, device: str) -> None:

@@ -30,7 +30,7 @@ from ...config import StageConfig
 from ...errors import ConfigError, DataError
 from ..geometry import AREA_METHODS, area_ratio
 from ..ocr_backends.base import BACKENDS, DetectorBackend, make_backend
-from .base import Scorer
+from .base import Noted, Scorer
 
 FRAME_REDUCE = ("mean", "max", "min")
 _REDUCE = {"mean": np.mean, "max": np.max, "min": np.min}
@@ -96,14 +96,15 @@ class OcrScorer(Scorer):
         return cols + ["ocr_keep"] if self.max_area is not None else cols
 
     # -- CPU side (DataLoader workers) ---------------------------------------------------------
-    def prepare(self, sample: Dict[str, Any]) -> OcrInput:
+    def prepare(self, sample: Dict[str, Any]) -> Any:
         t0 = time.perf_counter()
         if sample.get("video") is not None:
             from ..video import sample_frames
             what = _where(sample)
             sampled = sample_frames(sample["video"], self.frames, keyframes=self.keyframes, max_side=self.max_side,
                                     max_pixels=self.max_pixels, what=what)
-            return OcrInput(sampled.frames, "video", tuple(sampled.times), time.perf_counter() - t0)
+            prepared = OcrInput(sampled.frames, "video", tuple(sampled.times), time.perf_counter() - t0)
+            return Noted(prepared, "corrupt_video", sampled.partial) if sampled.partial else prepared
         image = sample.get("image")
         if image is None:
             raise DataError("missing_image", "the OCR scorer needs an image or a video (this sample has neither)")

@@ -1,0 +1,70 @@
+"""Small video builders for tests: frames with text or a grey level, clips encoded here with PyAV
+(every container the scorers accept), an audio-only MP4. Used by the video, OCR and validator tests."""
+from __future__ import annotations
+
+import io
+
+import av
+import numpy as np
+
+
+def text_frame(text="BIG SALE", width=320, height=240, size=36, xy=(15, 90), bg=(255, 255, 255), fg=(0, 0, 0)):
+    """An RGB frame with real rendered text (PIL's default font at a real size)."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    im = Image.new("RGB", (width, height), bg)
+    ImageDraw.Draw(im).text(xy, text, fill=fg, font=ImageFont.load_default(size=size))
+    return np.asarray(im)
+
+
+def grey_frame(level, width=160, height=120):
+    return np.full((height, width, 3), level, np.uint8)
+
+
+def make_video(frames, fps=8, codec="libx264", fmt="mp4", gop=None) -> bytes:
+    buf = io.BytesIO()
+    with av.open(buf, "w", format=fmt) as container:
+        # No scene-cut keyframes: keyframes come exactly every `gop` frames (a grey level that
+        # changes every frame would otherwise make x264 insert its own).
+        options = {"x264-params": "scenecut=0"} if codec == "libx264" else {}
+        stream = container.add_stream(codec, rate=fps, options=options)
+        stream.height, stream.width = frames[0].shape[:2]
+        stream.pix_fmt = "yuv420p"
+        if gop:
+            stream.codec_context.gop_size = gop
+        for f in frames:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(f), format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return buf.getvalue()
+
+
+def audio_only_mp4() -> bytes:
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="mp4") as container:
+        stream = container.add_stream("aac", rate=16000)
+        for i in range(8):
+            frame = av.AudioFrame.from_ndarray(np.zeros((1, 1024), np.float32), format="fltp", layout="mono")
+            frame.sample_rate, frame.pts = 16000, i * 1024
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return buf.getvalue()
+
+
+def h264_mp4(path, frames=75) -> bytes:
+    """A faststart MP4 (moov first, as web video is written) of H.264 frames."""
+    with av.open(str(path), "w", format="mp4", options={"movflags": "faststart"}) as c:
+        s = c.add_stream("libx264", rate=25)
+        s.width, s.height, s.pix_fmt = 64, 64, "yuv420p"
+        rng = np.random.default_rng(0)
+        for _ in range(frames):
+            img = rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)  # noise: the frames, not moov, are the bytes
+            for p in s.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+    with open(path, "rb") as f:
+        return f.read()

@@ -1,0 +1,68 @@
+"""The files that sit beside written shards so that training tools accept the folder, for every
+command that writes shards (`wdsfilter filter --write-shards`, `wdsfilter score --write-shards`):
+
+    OUT/{stem}_stats.json   per shard (00000.tar -> 00000_stats.json, img2dataset's naming):
+                            successes (samples, the field DataComp's resharder reads), members,
+                            bytes, sources ({source shard: samples taken from it})
+    OUT/sizes.json          {shard file name: samples}: open_clip's get_dataset_size sums it;
+                            without it open_clip refuses the folder unless told the sample count
+
+sizes.json is merged, never overwritten blindly: the entries given are set, the others kept (a
+shard written again, say rescored by --resume, updates its own entry only). Shards may finish in
+several processes at once (Ray tasks), so the read-merge-write holds an exclusive lock on the
+folder; the file itself is replaced atomically, so a reader sees the old table or the new one.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from contextlib import contextmanager
+from typing import Dict, Iterator, Optional
+
+from .atomic import write_json
+from .shards import shard_stem
+
+SIZES = "sizes.json"
+
+
+def stats_path(folder: str, shard_file: str) -> str:
+    return os.path.join(folder, f"{shard_stem(shard_file)}_stats.json")
+
+
+def write_shard_stats(folder: str, shard_file: str, samples: int, members: int, sources: Dict[str, int],
+                      size: Optional[int] = None) -> str:
+    """Write `{stem}_stats.json` of the shard `folder/shard_file` (written and closed already)."""
+    path = os.path.join(folder, shard_file)
+    return write_json(stats_path(folder, shard_file),
+                      {"successes": samples, "members": members,
+                       "bytes": os.path.getsize(path) if size is None else size, "sources": sources})
+
+
+@contextmanager
+def _folder_lock(folder: str) -> Iterator[None]:
+    fd = os.open(folder, os.O_RDONLY)  # flock on the folder itself: no lock file left behind
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def read_sizes(folder: str) -> Dict[str, int]:
+    """The table in `folder`/sizes.json; {} when there is none or it is not a JSON object."""
+    try:
+        with open(os.path.join(folder, SIZES), "rb") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def update_sizes(folder: str, entries: Dict[str, int]) -> Dict[str, int]:
+    """Set `entries` ({shard file name: samples}) in `folder`/sizes.json, keeping the other
+    entries; returns the whole table."""
+    with _folder_lock(folder):
+        table = {**read_sizes(folder), **entries}
+        write_json(os.path.join(folder, SIZES), dict(sorted(table.items())), fsync=True)
+    return table
