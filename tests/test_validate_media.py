@@ -11,7 +11,7 @@ from PIL import ImageFile
 pytest.importorskip("av")
 
 from shardkit import image_bytes, write_shard  # noqa: E402
-from videokit import grey_frame, make_video  # noqa: E402
+from videokit import grey_frame, make_video, mux_silence  # noqa: E402
 from wdsfilter.reading import is_unsafe_ext  # noqa: E402
 from wdsfilter.validate import validate  # noqa: E402
 
@@ -75,13 +75,7 @@ def test_audio_longer_than_the_video_is_not_cut_short(tmp_path):
                 out.mux(p)
         for p in video.encode():
             out.mux(p)
-        for i in range(48):  # 3 s of audio
-            frame = av.AudioFrame.from_ndarray(np.zeros((1, 1024), np.float32), format="fltp", layout="mono")
-            frame.sample_rate, frame.pts = 16000, i * 1024
-            for p in audio.encode(frame):
-                out.mux(p)
-        for p in audio.encode():
-            out.mux(p)
+        mux_silence(out, audio, 48)  # 3 s of audio
     url = write_shard(tmp_path / "av-000000.tar", [("0000.mkv", buf.getvalue()), ("0000.txt", "1 s video, 3 s audio")])
     report = validate(url, image_key=VIDEO_KEY, jobs=1)
     assert not report.counts and report.shards[0].videos["frames"] == 8

@@ -40,17 +40,21 @@ def make_video(frames, fps=8, codec="libx264", fmt="mp4", gop=None) -> bytes:
     return buf.getvalue()
 
 
+def mux_silence(container, stream, frames: int) -> None:
+    """Encode and mux `frames` frames of 1024 silent mono samples at 16 kHz, then flush."""
+    for i in range(frames):
+        frame = av.AudioFrame.from_ndarray(np.zeros((1, 1024), np.float32), format="fltp", layout="mono")
+        frame.sample_rate, frame.pts = 16000, i * 1024
+        for packet in stream.encode(frame):
+            container.mux(packet)
+    for packet in stream.encode():
+        container.mux(packet)
+
+
 def audio_only_mp4() -> bytes:
     buf = io.BytesIO()
     with av.open(buf, "w", format="mp4") as container:
-        stream = container.add_stream("aac", rate=16000)
-        for i in range(8):
-            frame = av.AudioFrame.from_ndarray(np.zeros((1, 1024), np.float32), format="fltp", layout="mono")
-            frame.sample_rate, frame.pts = 16000, i * 1024
-            for packet in stream.encode(frame):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
+        mux_silence(container, container.add_stream("aac", rate=16000), 8)
     return buf.getvalue()
 
 
