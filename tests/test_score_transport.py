@@ -1,14 +1,18 @@
-"""Prepared inputs cross processes with all their tensors in one shared buffer (transport.py):
-the round trip gives back equal tensors, of every dtype and shape, and leaves everything else as
-it was; through a real DataLoader worker and a real model-worker queue too."""
+"""Prepared inputs cross processes with all their tensors and numpy arrays in one shared buffer
+(transport.py): the round trip gives back equal tensors and arrays, of every dtype and shape, and
+leaves everything else as it was; through a real DataLoader worker and a real model-worker queue
+too. The main process sends batches as slots and buffer handles: no pixel is copied or pickled
+there, the model worker maps the decode worker's very buffer, and a run leaks no shared memory."""
 import collections
+import dataclasses
+import os
 import pickle
 
 import numpy as np
 import torch
 import torch.multiprocessing as mp
 
-from wdsfilter.score.transport import Packed, pack, unpack
+from wdsfilter.score.transport import Batch, Packed, TensorSlot, open_chunk, pack, unpack
 
 Pair = collections.namedtuple("Pair", "left right")
 
@@ -47,20 +51,60 @@ def tensors_in(obj):
     return 0
 
 
+@dataclasses.dataclass
+class Frames:  # like the OCR scorer's OcrInput
+    frames: np.ndarray
+    media: str
+    times: tuple = ()
+
+
+def arrays_in(obj):
+    if isinstance(obj, np.ndarray):
+        return 1
+    if dataclasses.is_dataclass(obj):
+        return sum(arrays_in(getattr(obj, f.name)) for f in dataclasses.fields(obj))
+    if isinstance(obj, dict):
+        return sum(arrays_in(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(arrays_in(v) for v in obj)
+    return 0
+
+
 def test_round_trip_keeps_values_dtypes_shapes_and_everything_else():
     original = items()
     packed = pack(original)
     assert isinstance(packed, Packed) and tensors_in(packed) == 1  # one buffer instead of 12 tensors
+    assert arrays_in(packed.data) == 0 and packed.buffer.is_shared()  # numpy frames are slots too
     assert same(unpack(pickle.loads(pickle.dumps(packed))), original)
     back = unpack(packed)
     assert same(back, original)
-    assert back[0]["inputs"]["ocr"] is original[0]["inputs"]["ocr"]  # numpy is left alone
+    assert back[0]["inputs"]["ocr"].base is not None  # a view of the buffer
 
 
-def test_nothing_to_pack_is_left_as_is():
-    one = [{"x": torch.ones(2)}, "text"]
-    assert pack(one) is one and unpack(one) is one
-    assert unpack(pack([])) == []
+def test_numpy_arrays_of_every_kind_and_dataclasses_round_trip():
+    rng = np.random.default_rng(0)
+    frames = rng.integers(0, 256, (3, 9, 16, 3), dtype=np.uint8)
+    data = [{"ocr": Frames(frames, "video", (0.0, 1.5, 3.0)),
+             "f64": rng.random((2, 3)), "bool": np.array([True, False]), "empty": np.zeros((0, 5), np.float32),
+             "strided": frames[:, ::2, ::-1], "big_endian": np.arange(5, dtype=">i4"),
+             "strings": np.array(["a", "bc"]), "objects": np.array([None, 1], dtype=object)}]
+    packed = pack(data)
+    slots = packed.data[0]
+    assert isinstance(slots["ocr"].frames, TensorSlot) and slots["ocr"].times == (0.0, 1.5, 3.0)
+    assert isinstance(slots["strided"], TensorSlot) and isinstance(slots["big_endian"], TensorSlot)
+    assert slots["strings"] is data[0]["strings"] and slots["objects"] is data[0]["objects"]  # pickled as they are
+    back = unpack(pickle.loads(pickle.dumps(packed)))
+    assert type(back[0]["ocr"]) is Frames and np.array_equal(back[0]["ocr"].frames, frames)
+    for key in ("f64", "bool", "empty", "strided", "big_endian"):
+        assert back[0][key].dtype == data[0][key].dtype and np.array_equal(back[0][key], data[0][key])
+    assert data[0]["ocr"].frames is frames  # the original is not modified
+
+
+def test_nothing_to_pack_keeps_the_structure():
+    one = [{"x": "text", "n": 3}]
+    packed = pack(one)
+    assert packed.buffer is None and unpack(packed) == one
+    assert unpack(pack([])) == [] and unpack(one) is one
 
 
 def _echo(inbox, outbox):
@@ -98,3 +142,105 @@ def test_chunks_from_dataloader_workers_unpack_to_the_prepared_items(tmp_path):
     got = [item for chunk in loader for item in unpack(chunk)]
     direct = list(sample_pipeline([url], cfg, Tally(), extra=[Prepare([BrightnessScorer()])]))
     assert same(got, direct)
+
+
+def _chunks_from_a_decode_worker(tmp_path, n=10, chunk=4, size=32):
+    from shardkit import image_text_members, write_shard
+    from wdsfilter.config import StageConfig
+    from wdsfilter.pipeline import sample_pipeline
+    from wdsfilter.score.prepare import Chunk, Prepare, keep_as_is
+    from wdsfilter.tally import Tally
+    from scorekit import BrightnessScorer
+
+    url = write_shard(tmp_path / "a.tar", image_text_members(n))
+    pipeline = sample_pipeline([url], StageConfig(caption_key="txt"), Tally(), extra=[Prepare([BrightnessScorer(size)])])
+    pipeline.append(Chunk(chunk))
+    return list(torch.utils.data.DataLoader(pipeline, batch_size=None, num_workers=1, collate_fn=keep_as_is))
+
+
+def _entries(chunks):
+    """What the dispatcher holds per pending sample: (ref, inputs with slots, chunk buffer)."""
+    out = []
+    for chunk in chunks:
+        items, buffer = open_chunk(chunk)
+        out += [((item["__key__"], 0), item["inputs"], buffer) for item in items if "inputs" in item]
+    return out
+
+
+def test_a_batch_holds_slots_and_the_chunk_buffers_not_pixels(tmp_path):
+    """The main process copies no pixel: the batch points into the buffers the decode worker
+    wrote (the same shared memory), and its pickled items hold slots of a few hundred bytes."""
+    chunks = _chunks_from_a_decode_worker(tmp_path, size=64)
+    entries = _entries(chunks)
+    batch = Batch.of(entries[2:9])  # spans three chunks of 4
+    chunk_buffers = [c.buffer for c in chunks if c.buffer is not None]
+    assert len(batch.buffers) == 3 and all(b.is_shared() for b in batch.buffers)
+    assert {b.untyped_storage().data_ptr() for b in batch.buffers} <= {
+        b.untyped_storage().data_ptr() for b in chunk_buffers}
+    assert tensors_in(batch.items) == 0 and arrays_in(batch.items) == 0  # slots only
+    pixels = 3 * 64 * 64
+    assert len(pickle.dumps(batch.items)) < 7 * 600 < 7 * pixels // 20
+    opened = batch.open()
+    for (ref, inputs), (ref0, _slots, buffer) in zip(opened, entries[2:9]):
+        assert ref == ref0 and inputs["bright"]["pixels"].shape == (3, 64, 64)
+        # a view: the tensor lives in the chunk's buffer
+        assert inputs["bright"]["pixels"].untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
+    direct = [item for chunk in chunks for item in unpack(chunk) if "inputs" in item]
+    assert same([inputs for _, inputs in opened], [item["inputs"] for item in direct[2:9]])
+
+
+def _open_and_write(inbox, outbox):
+    batch = inbox.get()
+    outbox.put([(ref, inputs["bright"]["pixels"].sum().item()) for ref, inputs in batch.open()])
+    for buffer in batch.buffers:
+        buffer[-1] = 77  # the parent sees this: the same memory, not a copy
+    outbox.put("written")
+    inbox.get()
+
+
+def test_a_model_worker_maps_the_decode_workers_buffer(tmp_path):
+    chunks = _chunks_from_a_decode_worker(tmp_path)
+    entries = _entries(chunks)
+    ctx = mp.get_context("spawn")
+    inbox, outbox = ctx.Queue(), ctx.Queue()
+    proc = ctx.Process(target=_open_and_write, args=(inbox, outbox))
+    proc.start()
+    expected = [(ref, inputs["bright"]["pixels"].sum().item()) for ref, inputs in Batch.of(entries).open()]
+    try:
+        inbox.put(Batch.of(entries))
+        assert outbox.get(timeout=60) == expected
+        assert outbox.get(timeout=60) == "written"
+        assert all(c.buffer[-1].item() == 77 for c in chunks if c.buffer is not None)
+    finally:
+        inbox.put("done")
+        proc.join(timeout=30)
+
+
+def _open_fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _shm_entries():
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def test_a_run_with_model_workers_leaks_no_shared_memory(tmp_path):
+    """Two runs through DataLoader workers and two model worker processes: the main process ends
+    with the descriptors it had (every chunk buffer unmapped) and /dev/shm holds nothing new."""
+    import gc
+
+    from scorekit import BrightnessScorer, make_shards
+    from wdsfilter.score import score
+
+    urls, _ = make_shards(tmp_path / "shards", [20, 15])
+
+    def one(name):
+        score(urls, out=str(tmp_path / name), scorers=[BrightnessScorer(size=32)], devices=["cpu", "cpu"],
+              workers=1, batch_size=4, progress=False)
+        gc.collect()
+
+    one("warm")  # imports, the resource sharer's thread and its socket
+    fds, shm = _open_fds(), _shm_entries()
+    one("out")
+    assert _open_fds() <= fds
+    assert not {e for e in _shm_entries() - shm if e.startswith("torch_")}

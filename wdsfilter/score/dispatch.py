@@ -2,12 +2,18 @@
 model workers, completes rows as results come back and writes each shard's outputs as soon as
 the shard is complete (rows.write_shard).
 
-    chunks from the DataLoader ─ Dispatcher.take ─ pending (key, inputs) ─ pool.submit
+    chunks from the DataLoader ─ Dispatcher.take ─ pending (ref, inputs, chunk buffer) ─ pool.submit
     pool.poll ─ Dispatcher.collect ─ rows.complete_row ─ shard complete? ─ rows.write_shard
+
+Keys and rows, not pixels: a chunk's tensors and arrays stay in the shared buffer the decode
+worker wrote them to; the pending inputs hold TensorSlots into it, and a batch sent to a model
+worker carries the slots and the buffers' handles (transport.Batch), never a copy of the pixels.
 
 Memory is bounded: at most two batches of pending samples wait here (take blocks on collect when
 every model worker is busy), each worker queue holds at most its planned depth of batches, and
-only the rows of shards still open are held.
+only the rows of shards still open are held. The chunk buffers alive are those the DataLoader
+prefetched and those pending samples or queued batches point into (transport.py: Lifetime);
+the dispatcher drops its references to a batch's samples as soon as the batch is submitted.
 """
 from __future__ import annotations
 
@@ -17,7 +23,7 @@ from typing import Dict, Iterable, List
 from ..markers import MARKER, SHARD_END
 from .rows import ShardRows, complete_row, write_shard
 from .run import Run
-from .transport import unpack
+from .transport import Batch, open_chunk
 
 
 class Dispatcher:
@@ -28,7 +34,8 @@ class Dispatcher:
         self.n_todo = n_todo
         self.progress = progress
         self.shards: Dict[str, ShardRows] = {}
-        self.pending: List[tuple] = []  # ((url, index), inputs) not yet sent to a model worker
+        # ((url, index), inputs with slots, chunk buffer) not yet sent to a model worker
+        self.pending: List[tuple] = []
         self.batch_id = 0
         self.completed = 0
         self.rows_done = 0
@@ -40,8 +47,11 @@ class Dispatcher:
         started = time.perf_counter()
         try:
             for chunk in loader:
-                for item in unpack(chunk):
-                    self.take(item)
+                items, buffer = open_chunk(chunk)
+                del chunk
+                for item in items:
+                    self.take(item, buffer)
+                del items, buffer  # the pending samples keep the buffer alive while they need it
                 self.dispatch()
                 self.collect(0.0)
             self.dispatch(final=True)
@@ -63,8 +73,9 @@ class Dispatcher:
         if self.progress is not None:
             self.progress.update(n)
 
-    def take(self, item: dict) -> None:
-        """One stream item: a shard end, or a row (final, or pending for the models)."""
+    def take(self, item: dict, buffer=None) -> None:
+        """One stream item: a shard end, or a row (final, or pending for the models). `buffer`:
+        the shared buffer of the item's chunk, which its inputs' TensorSlots point into."""
         url = item.get("__url__", "")
         s = self._shard(url)
         if item.get(MARKER) == SHARD_END:
@@ -75,7 +86,7 @@ class Dispatcher:
         if index is None:
             self._row_done()
         else:
-            self.pending.append(((url, index), item["inputs"]))
+            self.pending.append(((url, index), item["inputs"], buffer))
 
     # -- batches out and results back ------------------------------------------------------------
     def collect(self, timeout: float) -> None:
@@ -106,9 +117,10 @@ class Dispatcher:
             idle_model = not pool.in_process and pool.in_flight() == 0
             if len(self.pending) < size and not final and not idle_model:
                 return
-            batch, self.pending = self.pending[:size], self.pending[size:]
+            batch, self.pending = Batch.of(self.pending[:size]), self.pending[size:]
             self.batch_id += 1
             pool.submit(worker, self.batch_id, batch)
+            del batch  # the model worker's queue holds it now (by handle), not the dispatcher
             self.collect(0.0)
 
     # -- shards out -----------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from .backoff import Backoff
 from .embeddings import FIELD as EMBEDDINGS
 from .faults import DeviceFailedError, device_failed, sticky_device_error
 from .memory import HostMemory, device_memory, is_oom, torch_device
-from .transport import pack, unpack
+from .transport import open_items, pack, unpack
 
 # One work item: (row reference, {scorer name: prepared input}).
 Item = Tuple[Any, Dict[str, Any]]
@@ -219,8 +219,9 @@ class LocalPool:
     def in_flight(self) -> int:
         return 0
 
-    def submit(self, worker: int, batch_id: int, items: List[Item]) -> None:
-        self.done.append((batch_id, 0, self.runner.score(items)))
+    def submit(self, worker: int, batch_id: int, batch) -> None:
+        """batch: a transport.Batch (or a list of (ref, inputs) items)."""
+        self.done.append((batch_id, 0, self.runner.score(open_items(batch))))
 
     def poll(self, timeout: float = 0.0) -> List[tuple]:
         done, self.done = self.done, []
@@ -249,7 +250,9 @@ def _worker_main(worker: int, device: str, scorers, inbox, outbox, threads: Opti
         while True:
             msg = inbox.get()
             if msg[0] == "batch":
-                outbox.put(("result", worker, (msg[1], runner.score(unpack(msg[2])))))
+                # The batch's buffers are the decode workers' chunk buffers, mapped here by handle.
+                outbox.put(("result", worker, (msg[1], runner.score(open_items(msg[2])))))
+                del msg  # unmap the chunk buffers before waiting for the next batch
             elif msg[0] == "probe":
                 outbox.put(("probe", worker, runner.probe(unpack(msg[1]))))
             elif msg[0] == "configure":
@@ -403,9 +406,11 @@ class ProcessPool:
     def in_flight(self) -> int:
         return sum(self.inflight.values())
 
-    def submit(self, worker: int, batch_id: int, items: List[Item]) -> None:
+    def submit(self, worker: int, batch_id: int, batch) -> None:
+        """batch: a transport.Batch: slots into shared chunk buffers, sent by handle (no pixel is
+        copied here); a plain list of (ref, inputs) items is pickled as it is."""
         self.inflight[worker] += 1
-        self.inboxes[worker].put(("batch", batch_id, pack(items)))  # one shared buffer, not one per tensor
+        self.inboxes[worker].put(("batch", batch_id, batch))
 
     def poll(self, timeout: float = 0.0) -> List[tuple]:
         """Results that arrived; waits up to `timeout` for the first one."""

@@ -1,20 +1,42 @@
-"""Moving prepared inputs between processes cheaply: all tensors of a chunk in one buffer.
+"""Moving prepared inputs between processes without the main process touching pixels.
 
-PyTorch sends each tensor through a multiprocessing queue as its own shared-memory segment,
-with a file descriptor passed over a fresh socket connection: about half a millisecond per
-tensor. CLIP's prepared sample holds two tensors (image, tokens), so for a small model that
-transfer alone cost more than scoring (tools/bench_score.py: end to end at 0.64 of the decode
-rate on 192 samples). `pack` copies every tensor of a chunk into one uint8 buffer, which crosses
-as a single segment, and leaves a TensorSlot in each tensor's place; `unpack` turns the slots
-back into views of that buffer (no copy). Anything else (numpy arrays, OCR frames, strings) is
-pickled as usual.
+Each tensor and numpy array of a chunk is written once, in the decode worker, into one uint8
+buffer allocated in shared memory (`pack`); a TensorSlot (offset, size, dtype, shape) takes its
+place in the chunk. Nothing copies the pixels again until the model worker gathers its batch:
 
-    DataLoader worker  Chunk -> pack(items)      main process  unpack(chunk) -> items
-    main process       pack(batch)               model worker  unpack(message) -> batch
+    decode worker   Chunk -> pack(items): Packed(items with slots, shared buffer)   the one write
+    main process    Dispatcher: (ref, inputs with slots, chunk buffer) per pending sample;
+                    Batch.of(pending[:size]) -> the model worker's queue: slots + buffer handles
+    model worker    Batch.open() -> (ref, inputs) with tensors and arrays as views of the
+                    buffers; the scorer's stack into its model batch is the one necessary copy
+
+Why: PyTorch sends each tensor through a multiprocessing queue as its own shared-memory segment,
+its file descriptor passed over a fresh socket connection (about half a millisecond per tensor),
+and copies any tensor not yet in shared memory into a new segment; numpy arrays are pickled,
+byte for byte, through the pipe. A buffer that is already shared is sent by handle: pickling it
+again (main process -> model worker) copies nothing, so the main process only handles keys, rows
+and slots: tools/bench_dispatch.py measures how many decode cores it can feed.
+
+Lifetime: a chunk buffer lives while anything refers to it: the DataLoader's prefetched chunks,
+the dispatcher's pending samples (dropped from the main process as soon as their batch is handed
+to a model worker's queue) and the batches queued or being scored in the model workers. So at
+most (decode workers x prefetch) + (chunks the <= 2 batches of pending samples come from) + (per
+model worker, queue depth x the chunks each of its batches comes from: ceil(batch / chunk) + 1)
+buffers are alive; a batch keeps whole chunks alive, so a model worker holds at most two partly
+used chunks per batch beyond its samples. Memory is freed by the last process that unmaps it.
+Sharing strategy: torch's default on Linux, file_descriptor (unlinked at once, nothing in
+/dev/shm to leak when a process dies; each live buffer is one open descriptor per process that
+maps it, a few dozen with the bounds above).
+
+Anything that is not a CPU tensor or a numeric numpy array (strings, flags, timestamps) stays in
+the structure and is pickled with it; dicts, lists, tuples, named tuples and dataclasses (the
+OCR scorer's OcrInput) are walked.
 """
 from __future__ import annotations
 
-from typing import Any, List, NamedTuple, Tuple
+import copy
+import dataclasses
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 _ALIGN = 64  # every slot starts on a 64-byte boundary, so any dtype can view it
 
@@ -22,12 +44,14 @@ _ALIGN = 64  # every slot starts on a 64-byte boundary, so any dtype can view it
 class TensorSlot(NamedTuple):
     offset: int
     nbytes: int
-    dtype: Any  # torch.dtype
+    dtype: str  # torch dtype name ("uint8"), or a numpy dtype string ("<f4") when `array`
     shape: Tuple[int, ...]
+    array: bool = False  # a numpy array before packing: a numpy view after
 
 
 class Packed:
-    """A picklable bundle: the original structure with TensorSlots, and the shared buffer."""
+    """A picklable chunk: the original structure with TensorSlots, and its shared buffer (None
+    when it held no array)."""
 
     __slots__ = ("data", "buffer")
 
@@ -39,8 +63,56 @@ class Packed:
         return (Packed, (self.data, self.buffer))
 
 
+class Batch:
+    """What a model worker gets: per item (ref, inputs with slots, index of its buffer or -1) and
+    the chunk buffers they point into. Pickled by torch's queues, the buffers (already in shared
+    memory) travel as handles: a batch's message is a few hundred bytes per sample."""
+
+    __slots__ = ("items", "buffers")
+
+    def __init__(self, items: List[tuple], buffers: List[Any]):
+        self.items = items
+        self.buffers = buffers
+
+    def __reduce__(self):
+        return (Batch, (self.items, self.buffers))
+
+    @classmethod
+    def of(cls, entries) -> "Batch":
+        """entries: (ref, inputs with slots, chunk buffer or None) as the dispatcher holds them."""
+        buffers: List[Any] = []
+        index: Dict[int, int] = {}
+        items = []
+        for ref, inputs, buffer in entries:
+            k = -1
+            if buffer is not None:
+                k = index.get(id(buffer), -1)
+                if k < 0:
+                    k = index[id(buffer)] = len(buffers)
+                    buffers.append(buffer)
+            items.append((ref, inputs, k))
+        return cls(items, buffers)
+
+    def open(self) -> List[Tuple[Any, Any]]:
+        """(ref, inputs) per item, its tensors and arrays views of the buffers (no copy)."""
+        return [(ref, inputs if k < 0 else _views(inputs, self.buffers[k])) for ref, inputs, k in self.items]
+
+
+def open_items(batch) -> List[Tuple[Any, Any]]:
+    """A model worker's (ref, inputs) items from a Batch (or from a plain list of them)."""
+    return batch.open() if isinstance(batch, Batch) else batch
+
+
+def open_chunk(chunk) -> Tuple[list, Optional[Any]]:
+    """(items with slots, their buffer) of a chunk from a decode worker; a chunk that was never
+    packed (a plain list) has no buffer."""
+    if isinstance(chunk, Packed):
+        return chunk.data, chunk.buffer
+    return chunk, None
+
+
 def _walk(obj, fn):
-    """Apply fn to every tensor (or slot) inside dicts, lists and tuples; other objects stay."""
+    """Apply fn to every leaf inside dicts, lists, tuples and dataclass instances."""
     if isinstance(obj, TensorSlot):
         return fn(obj)
     if isinstance(obj, dict):
@@ -50,50 +122,87 @@ def _walk(obj, fn):
     if isinstance(obj, tuple):
         values = [_walk(v, fn) for v in obj]
         return type(obj)(*values) if hasattr(obj, "_fields") else tuple(values)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        out = copy.copy(obj)
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            new = _walk(value, fn)
+            if new is not value:
+                object.__setattr__(out, f.name, new)
+        return out
     return fn(obj)
 
 
-def pack(data) -> Any:
-    """`data` with its tensors moved into one buffer (a Packed), or `data` itself when it holds
-    fewer than two tensors (nothing to gain)."""
+def _is_array(obj) -> bool:
+    import numpy as np
+    return isinstance(obj, np.ndarray) and obj.dtype.kind in "biufc" and not obj.dtype.hasobject
+
+
+def shared_buffer(nbytes: int):
+    """A uint8 tensor of `nbytes` allocated in shared memory (pickled by handle from the start)."""
+    import torch
+    return torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(nbytes))
+
+
+def pack(data) -> Packed:
+    """`data` with its CPU tensors and numeric numpy arrays written into one shared buffer."""
     import torch
 
-    tensors: List[torch.Tensor] = []
+    leaves: List[Any] = []
 
     def collect(obj):
-        if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
-            tensors.append(obj)
+        if (isinstance(obj, torch.Tensor) and obj.device.type == "cpu") or _is_array(obj):
+            leaves.append(obj)
         return obj
 
     _walk(data, collect)
-    if len(tensors) < 2:
-        return data
-    offsets, total = {}, 0
-    for t in tensors:
-        if id(t) not in offsets:
-            offsets[id(t)] = total
-            total += -(-t.nelement() * t.element_size() // _ALIGN) * _ALIGN
-    buffer = torch.empty(total, dtype=torch.uint8)
+    if not leaves:
+        return Packed(data, None)
+    offsets: Dict[int, int] = {}
+    total = 0
+    for x in leaves:
+        if id(x) not in offsets:
+            offsets[id(x)] = total
+            total += -(-int(x.nbytes) // _ALIGN) * _ALIGN
+    buffer = shared_buffer(max(total, 1))
+    raw = buffer.numpy()
 
     def place(obj):
-        if not (isinstance(obj, torch.Tensor) and obj.device.type == "cpu"):
-            return obj
-        offset, nbytes = offsets[id(obj)], obj.nelement() * obj.element_size()
-        buffer[offset:offset + nbytes].view(obj.dtype).view(obj.shape).copy_(obj)
-        return TensorSlot(offset, nbytes, obj.dtype, tuple(obj.shape))
+        if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
+            offset, nbytes = offsets[id(obj)], obj.nelement() * obj.element_size()
+            buffer[offset:offset + nbytes].view(obj.dtype).view(obj.shape).copy_(obj)
+            return TensorSlot(offset, nbytes, str(obj.dtype).rpartition(".")[2], tuple(obj.shape))
+        if _is_array(obj):
+            offset, nbytes = offsets[id(obj)], int(obj.nbytes)
+            raw[offset:offset + nbytes].view(obj.dtype).reshape(obj.shape)[...] = obj
+            return TensorSlot(offset, nbytes, obj.dtype.str, tuple(obj.shape), True)
+        return obj
 
     return Packed(_walk(data, place), buffer)
 
 
-def unpack(data) -> Any:
-    """The structure `pack` was given, its tensors now views of the shared buffer."""
-    if not isinstance(data, Packed):
-        return data
-    buffer = data.buffer
+def _views(data, buffer):
+    """`data` with every TensorSlot replaced by a view of `buffer`."""
+    import torch
+    raw = None
 
     def view(obj):
-        if isinstance(obj, TensorSlot):
-            return buffer[obj.offset:obj.offset + obj.nbytes].view(obj.dtype).view(obj.shape)
-        return obj
+        nonlocal raw
+        if not isinstance(obj, TensorSlot):
+            return obj
+        if obj.array:
+            if raw is None:
+                raw = buffer.numpy()
+            return raw[obj.offset:obj.offset + obj.nbytes].view(obj.dtype).reshape(obj.shape)
+        return buffer[obj.offset:obj.offset + obj.nbytes].view(getattr(torch, obj.dtype)).view(obj.shape)
 
-    return _walk(data.data, view)
+    return _walk(data, view)
+
+
+def unpack(data) -> Any:
+    """The structure `pack` was given, its tensors and arrays now views of the shared buffer."""
+    if not isinstance(data, Packed):
+        return data
+    if data.buffer is None:
+        return data.data
+    return _views(data.data, data.buffer)
