@@ -7,8 +7,10 @@ import collections
 import dataclasses
 import os
 import pickle
+import re
 
 import numpy as np
+import pytest
 import torch
 import torch.multiprocessing as mp
 
@@ -244,3 +246,18 @@ def test_a_run_with_model_workers_leaks_no_shared_memory(tmp_path):
     one("out")
     assert _open_fds() <= fds
     assert not {e for e in _shm_entries() - shm if e.startswith("torch_")}
+
+
+@pytest.mark.slow
+def test_bench_dispatch_quick_ends_with_the_ratio(capsys):
+    """tools/bench_dispatch.py --quick: the real engine with no-op CLIP and OCR models; the last
+    line is the lowest ratio of dispatcher to decode samples/s per core."""
+    pytest.importorskip("av")
+    from tools import bench_dispatch
+    out = bench_dispatch.main(["--quick"])
+    assert set(out["kinds"]) == {"clip", "ocr"}
+    for result in out["kinds"].values():
+        assert result["dispatcher"]["rows"] > 0 and result["decode"]["rows"] > 0 and result["ratio"] > 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert re.fullmatch(r"ratio dispatcher / decode per core = \d+\.\d", last)
+    assert float(last.rpartition("= ")[2]) == pytest.approx(out["ratio"], abs=0.05)

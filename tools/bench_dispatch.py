@@ -167,6 +167,14 @@ class _TimedLoader:
             yield chunk
 
 
+def _warm(folder: str, scorer) -> None:
+    """Write one score file first: its imports (pyarrow) are paid once per run, not per sample."""
+    from wdsfilter.score.outputs import write_table
+    row = {"key": "k", "shard": "s", "index": 0, "status": "scored", "reason": None, "message": None, "kept": True}
+    row.update({c: [0.0] if c.endswith("_frames") else 0.0 for c in scorer.columns()})
+    write_table([row], scorer.columns(), os.path.join(folder, "warm.parquet"), "parquet")
+
+
 def dispatcher_rate(urls, scorer, stage, out: str, batch_size: int, workers: int) -> dict:
     from wdsfilter.score.config import ScoreConfig
     from wdsfilter.score.engine import Engine
@@ -183,6 +191,7 @@ def dispatcher_rate(urls, scorer, stage, out: str, batch_size: int, workers: int
             self.wall = dispatcher.seconds
             return dispatcher, tally
 
+    _warm(os.path.dirname(out), scorer)
     cfg = ScoreConfig(out=out, scorers=(scorer,), devices=("cpu", "cpu"), batch_size=batch_size, workers=workers,
                       prefetch=2, progress=False, probe_samples=2, probe_scan=8, stage=stage)
     engine = TimedEngine(urls, cfg)

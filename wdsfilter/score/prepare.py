@@ -5,8 +5,9 @@ DataLoader workers.
 
 Prepare calls each scorer's prepare() on the decoded sample and keeps only what the model worker
 needs (the PIL image and raw bytes stop here). Chunk groups items into lists so one inter-process
-transfer carries many samples (their tensors in one buffer: transport.py), and flushes at each
-shard end so a finished shard is not held back.
+transfer carries many samples, and flushes at each shard end so a finished shard is not held
+back. Their tensors and numpy arrays are written once into one shared-memory buffer here, which
+the model workers read in place (transport.py): the main process handles keys and rows only.
 """
 from __future__ import annotations
 
@@ -55,8 +56,9 @@ class Prepare:
 
 
 class Chunk:
-    """Picklable stage: items -> lists of up to `size` items, cut after every shard end, their
-    tensors packed into one buffer for the trip to the main process (transport.unpack there)."""
+    """Picklable stage: items -> transport.Packed chunks of up to `size` items, cut after every
+    shard end, their tensors and arrays in one shared buffer (the dispatcher forwards slots into
+    it; model workers view it: transport.Batch)."""
 
     def __init__(self, size: int):
         self.size = max(1, int(size))
