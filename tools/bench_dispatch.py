@@ -2,10 +2,10 @@
 
     python tools/bench_dispatch.py [--quick] [--kind all|clip|ocr] [--shards 4] [--per-shard 256]
                                    [--batch-size 256] [--workers 1] [--json out.json]
-    python tools/bench_dispatch.py --quick   # 2 x 128 CLIP and 2 x 12 OCR samples: well under a minute
+    python tools/bench_dispatch.py --quick   # 2 x 128 CLIP and 2 x 8 OCR samples, one run
 
 It runs the real local engine (engine.Engine: DataLoader decode workers, Dispatcher, a ProcessPool
-of two model worker processes) with a no-op model: scorers that prepare exactly as the real ones
+with one model worker process) with a no-op model: scorers that prepare exactly as the real ones
 do (their prepare() is the real CLIP and OCR prepare) and whose score_batch returns zeros, so the
 model side costs nothing and what is left is moving samples. Inputs:
 
@@ -17,9 +17,11 @@ Two numbers per kind, both in CPU time of one process (time.process_time, so oth
 machine and waiting for the other side count as little as possible):
 
   dispatcher   samples per CPU second of the main process in the engine's scoring loop, from the
-               first chunk the DataLoader hands over to the last row: receiving chunks, rows,
-               batching, sending batches to the model workers, completing rows, writing the score
-               files. Every thread of the main process counts (queue feeder threads included).
+               first chunk the DataLoader hands over to the last row (the first chunk's samples
+               are not counted): receiving chunks, rows, batching, sending batches to the model
+               workers, completing rows, writing the score files. Every thread of the main
+               process counts (queue feeder threads, the file-descriptor sharer). The score
+               file's imports (pyarrow) are done before, as a long run pays them once.
   decode       samples per CPU second of one decode worker on the same shards: the same pipeline
                (read, decode, the scorer's prepare, Chunk) in one process with one torch thread,
                as a DataLoader worker runs it
@@ -176,8 +178,10 @@ def _warm(folder: str, scorer) -> None:
 
 
 def dispatcher_rate(urls, scorer, stage, out: str, batch_size: int, workers: int) -> dict:
+    from wdsfilter.score import engine as engine_module
     from wdsfilter.score.config import ScoreConfig
     from wdsfilter.score.engine import Engine
+    from wdsfilter.score.modelworker import ProcessPool
 
     class TimedEngine(Engine):
         def _loader(self, plan, todo, sink):
@@ -192,10 +196,15 @@ def dispatcher_rate(urls, scorer, stage, out: str, batch_size: int, workers: int
             return dispatcher, tally
 
     _warm(os.path.dirname(out), scorer)
-    cfg = ScoreConfig(out=out, scorers=(scorer,), devices=("cpu", "cpu"), batch_size=batch_size, workers=workers,
+    cfg = ScoreConfig(out=out, scorers=(scorer,), devices=("cpu",), batch_size=batch_size, workers=workers,
                       prefetch=2, progress=False, probe_samples=2, probe_scan=8, stage=stage)
     engine = TimedEngine(urls, cfg)
-    summary = engine.run()
+    # One model worker process (a lone "cpu" device would score in the main process: LocalPool).
+    make_pool, engine_module.make_pool = engine_module.make_pool, lambda devices, scorers: ProcessPool(devices, scorers)
+    try:
+        summary = engine.run()
+    finally:
+        engine_module.make_pool = make_pool
     if summary.shards_failed:
         raise SystemExit(f"bench run failed: {summary.shards_failed}")
     return {"rows": engine.rows, "cpu": engine.cpu, "per_s": engine.rows / max(engine.cpu, 1e-9),
@@ -242,7 +251,7 @@ def run_kind(kind: str, args, folder: str) -> dict:
             best = d
     ratio = best["per_s"] / decode["per_s"]
     print(f"{kind}: {len(urls)} shards x {per_shard} samples, batch {args.batch_size}, {args.workers} decode "
-          f"worker(s), 2 model workers (no-op)")
+          f"worker(s), 1 model worker process (no-op)")
     print(f"  dispatcher  {best['per_s']:10.0f} samples/s per core ({best['us_per_sample']:.1f} us of main-process "
           f"CPU per sample over {best['rows']} samples; {best['wall_per_s']:.0f} samples/s wall)")
     print(f"  decode      {decode['per_s']:10.0f} samples/s per core ({decode['us_per_sample']:.0f} us per sample)")
@@ -263,7 +272,7 @@ def main(argv=None) -> dict:
     p.add_argument("--json", help="write the numbers here")
     args = p.parse_args(argv)
     if args.quick:
-        args.shards, args.per_shard, args.ocr_per_shard, args.runs = 2, 128, 12, 1
+        args.shards, args.per_shard, args.ocr_per_shard, args.runs = 2, 128, 8, 1
     kinds = list(KINDS) if args.kind == "all" else [args.kind]
     folder = tempfile.mkdtemp(prefix="bench-dispatch-")
     try:
