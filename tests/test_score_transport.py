@@ -226,15 +226,28 @@ def _shm_entries():
     return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
 
 
-def test_a_run_with_model_workers_leaks_no_shared_memory(tmp_path):
-    """Two runs through DataLoader workers and two model worker processes: the main process ends
-    with the descriptors it had (every chunk buffer unmapped) and /dev/shm holds nothing new."""
+def test_a_run_with_model_workers_sends_no_pixels_and_leaks_no_shared_memory(tmp_path, monkeypatch):
+    """Two runs through DataLoader workers and two model worker processes: every batch the main
+    process sends holds slots and shared chunk buffers only (the pickled items are small); the
+    main process ends with the descriptors it had (every chunk buffer unmapped) and /dev/shm
+    holds nothing new."""
     import gc
 
     from scorekit import BrightnessScorer, make_shards
     from wdsfilter.score import score
+    from wdsfilter.score.modelworker import ProcessPool
 
     urls, _ = make_shards(tmp_path / "shards", [20, 15])
+    sent = []
+    submit = ProcessPool.submit
+
+    def spy(self, worker, batch_id, batch):
+        assert isinstance(batch, Batch) and all(b.is_shared() for b in batch.buffers)
+        assert tensors_in(batch.items) == 0 and arrays_in(batch.items) == 0
+        sent.append((len(batch.items), len(pickle.dumps(batch.items))))
+        return submit(self, worker, batch_id, batch)
+
+    monkeypatch.setattr(ProcessPool, "submit", spy)
 
     def one(name):
         score(urls, out=str(tmp_path / name), scorers=[BrightnessScorer(size=32)], devices=["cpu", "cpu"],
@@ -244,6 +257,7 @@ def test_a_run_with_model_workers_leaks_no_shared_memory(tmp_path):
     one("warm")  # imports, the resource sharer's thread and its socket
     fds, shm = _open_fds(), _shm_entries()
     one("out")
+    assert sum(n for n, _ in sent) == 2 * 35 and all(size < 600 * n for n, size in sent)  # 3x32x32 pixels: 3 KB
     assert _open_fds() <= fds
     assert not {e for e in _shm_entries() - shm if e.startswith("torch_")}
 

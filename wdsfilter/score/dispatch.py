@@ -49,7 +49,7 @@ class Dispatcher:
         # The heap so far (torch, the scorers' modules) is never garbage: collections skip it, so
         # a full one costs milliseconds, not a pause per few hundred rows; forked decode workers
         # share those pages untouched.
-        frozen = not gc.isenabled() or gc.get_freeze_count() == 0
+        frozen = gc.get_freeze_count() == 0  # a caller that froze the heap itself keeps it so
         if frozen:
             gc.freeze()
         try:
