@@ -27,10 +27,6 @@ def local_ray():
     ray.shutdown()
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "open (issue 8 item 14): on an idle 2-core machine every shard's batch was in flight on the actor "
-    "when it died, and the --resume run in the same Ray cluster failed its batches again although the "
-    "fault was switched off; under load it passed. The run does end (no endless retry)."))
 def test_a_batch_that_kills_its_actor_twice_fails_its_shard_and_resume_completes_it(local_ray, tmp_path,
                                                                                     monkeypatch):
     from faultkit import ExitScorer
