@@ -185,6 +185,23 @@ class _Collector:
 RETRIES = 1
 
 
+def _settle(ray, refs: list) -> List[dict]:
+    """The results of finish_shard tasks once every one has ended. ray.get raises at the first
+    failed task (a full disk) while the others may still be writing; the run must not return
+    (and its caller clean up or retry) with outputs still being written behind it."""
+    if refs:
+        ray.wait(refs, num_returns=len(refs))
+    results, error = [], None
+    for ref in refs:
+        try:
+            results.append(ray.get(ref))
+        except Exception as e:  # noqa: BLE001 - raised below, after every task has ended
+            error = error or e
+    if error is not None:
+        raise error
+    return results
+
+
 def absolute_url(url: str) -> str:
     """A local shard as an absolute path (what a Ray worker elsewhere can open); URLs unchanged."""
     from ..shards import is_pipe, is_remote
@@ -308,7 +325,7 @@ def _run_on_ray(run, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, ad
                     done += ray.get(ready)
             finally:
                 # Shards whose rows all arrived are written even when the stream fails: --resume keeps them.
-                done += ray.get(writing)
+                done += _settle(ray, writing)
             failed += [{"url": r["shard"], "reason": r["failed"]} for r in done if r.get("failed")]
             done = [r for r in done if not r.get("failed")]
         run.summary.shards_scored = len(done)
