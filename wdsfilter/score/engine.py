@@ -45,6 +45,7 @@ class Engine(Run):
             measured = pool.probe(inputs)
             report.sizes = tuple(measured["sizes"])
             report.peaks = measured["peaks"]
+            report.frames = measured.get("frames", {})
             report.retained = measured.get("retained", {})
             report.seconds_per_sample = measured["seconds_per_sample"]
             report.timings = measured.get("timings", {})
@@ -133,6 +134,8 @@ class Engine(Run):
                 for d in summary.scorers:
                     self.echo(f"scorer: {d}")
                 probe = self._probe(pool, todo or self.urls)
+                for r in reports:  # a model in this process (one CPU or simulated device) cannot get replicas
+                    r["in_process"] = bool(pool.in_process)
                 plan = make_plan(cfg, reports, probe, host_status(), len(todo or self.urls))
                 summary.plan, summary.plan_text = plan.to_dict(), plan.describe()
                 self.echo(summary.plan_text)
