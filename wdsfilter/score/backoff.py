@@ -73,6 +73,9 @@ class Backoff:
     def _succeeded(self) -> None:
         self.streak += 1
         if self.batch_size < self.planned and self.streak >= self.wait:
+            if self._host_pressure():  # the host is still short of RAM: stay small
+                self.streak = 0
+                return
             new = min(self.planned, self.batch_size * 2)
             self.events.append(BackoffEvent(GROW, self.batch_size, new, f"{self.streak} sub-batches in a row fit"))
             self.batch_size, self.streak, self.grown = new, 0, True
