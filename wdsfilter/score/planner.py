@@ -99,6 +99,28 @@ class ProbeReport:
         acts = self.scorer_activations().values()
         return max((f for f, _ in acts), default=0), max((p for _, p in acts), default=0)
 
+    @classmethod
+    def measured(cls, inputs: List[dict], scanned: int, prepare_seconds: float, pool_probe=None) -> "ProbeReport":
+        """A report from the probe samples (prepare.collect_probe) and, given two or more of them,
+        a model worker's probe of them (`pool_probe(inputs)` -> ModelRunner.probe's dict). The
+        local engine and the Ray runner build theirs the same way."""
+        from .prepare import nbytes
+        report = cls(samples=len(inputs), scanned=scanned, prepare_seconds=prepare_seconds)
+        if inputs:
+            report.prepared_bytes = int(sum(nbytes(x) for x in inputs) / len(inputs))
+        if len(inputs) >= 2 and pool_probe is not None:
+            m = pool_probe(inputs)
+            report.sizes = tuple(m["sizes"])
+            report.peaks = m["peaks"]
+            report.frames = m.get("frames", {})
+            report.retained = m.get("retained", {})
+            report.seconds_per_sample = m["seconds_per_sample"]
+            report.timings = m.get("timings", {})
+            report.threads = m["threads"]
+            report.oom_at = m["oom_at"]
+            report.errors = m.get("errors", {})
+        return report
+
     def frames_per_sample(self, name: str) -> float:
         """Frames per prepared sample of `name` in the larger probe batch (1.0 when not counted)."""
         f = self.frames.get(name)
