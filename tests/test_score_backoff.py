@@ -124,8 +124,9 @@ def test_back_off_in_model_worker_processes(tmp_path):
     for name in ("bo4", "bo5"):
         SimulatedDevice.create(name, total=64 * MiB)
     scorer = BrightnessScorer(sim="", oom_above=3)
+    # replicas=1: on a host with many cores the planner would put two processes on each simulated GPU
     summary = score(urls, out=str(tmp_path / "out"), scorers=[scorer], devices=["sim:bo4", "sim:bo5"],
-                    batch_size=8, workers=1, progress=False)
+                    batch_size=8, workers=1, replicas=1, progress=False)
     _check_rows(str(tmp_path / "out"), images)
     sizes = summary.batch_sizes()
     assert [(s["device"], s["planned"], s["final"]) for s in sizes] == [("sim:bo4", 8, 2), ("sim:bo5", 8, 2)]

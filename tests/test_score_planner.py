@@ -309,3 +309,27 @@ def test_the_queued_samples_bound_the_dispatched_batch():
     assert 2 * d.replicas * d.batch_size * 8 * MiB <= budget // 4 and d.batch_size < 512
     assert d.scorer_batch["clip"] == 512
     assert "sim:g80 dispatch" in t.describe()
+
+
+def test_two_model_processes_on_a_simulated_gpu_with_room_and_one_on_a_gpu_without(tmp_path, monkeypatch):
+    """The engine applies the plan: a second process on the GPU where it fits (no per-process
+    overhead), none where one more process's overhead alone exceeds the device. 16 cores, so the
+    cores allow 2 x 2 GPU processes; every sample is scored exactly once across the 3 processes."""
+    import collections
+
+    from wdsfilter.score import engine
+    from wdsfilter.score.memory import host_status
+    urls, images = make_shards(tmp_path / "shards", [10, 10])
+    SimulatedDevice.create("room", total=1000 * MiB)
+    SimulatedDevice.create("cramped", total=1000 * MiB, overhead=2000 * MiB)
+    monkeypatch.setattr(engine, "host_status", lambda: dict(host_status(), cpus=16))
+    log = tmp_path / "log"
+    summary = score(urls, out=str(tmp_path / "o"), scorers=[BrightnessScorer(log=str(log))],
+                    devices=["sim:room", "sim:cramped"], workers=0, progress=False)
+    replicas = {d["device"]: d["replicas"] for d in summary.plan["devices"]}
+    assert replicas == {"sim:room": 2, "sim:cramped": 1}
+    assert "a process more would leave bright a batch under" in summary.plan_text
+    assert sorted(w["device"] for w in summary.workers) == ["sim:cramped", "sim:room", "sim:room"]
+    assert summary.scored == len(images)
+    with open(log) as f:
+        assert collections.Counter(line.strip() for line in f) == collections.Counter(images)
