@@ -331,5 +331,10 @@ def test_two_model_processes_on_a_simulated_gpu_with_room_and_one_on_a_gpu_witho
     assert "a process more would leave bright a batch under" in summary.plan_text
     assert sorted(w["device"] for w in summary.workers) == ["sim:cramped", "sim:room", "sim:room"]
     assert summary.scored == len(images)
-    with open(log) as f:
-        assert collections.Counter(line.strip() for line in f) == collections.Counter(images)
+    from wdsfilter.score.outputs import read_rows
+    folder = tmp_path / "o" / "scores"
+    rows = [r for f in sorted(os.listdir(folder)) for r in read_rows(str(folder / f))]
+    assert collections.Counter(r["key"] for r in rows) == collections.Counter(images.keys())
+    assert {r["status"] for r in rows} == {"scored"}
+    with open(log) as f:  # every sample reached a model (the probe's samples are logged there too)
+        assert set(line.strip() for line in f) == set(images)
