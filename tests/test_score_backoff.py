@@ -5,12 +5,13 @@ import collections
 
 import pytest
 
+from devicekit import SimulatedDevice
 from scorekit import BrightnessScorer, expected_brightness, make_shards
 from wdsfilter import StageConfig
 from wdsfilter.pipeline import sample_pipeline
 from wdsfilter.score import score
 from wdsfilter.score.backoff import Backoff
-from wdsfilter.score.memory import HostMemory, SimulatedDevice
+from wdsfilter.score.memory import HostMemory
 from wdsfilter.score.outputs import read_rows
 
 MiB = 2**20

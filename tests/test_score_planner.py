@@ -6,11 +6,12 @@ import re
 
 import pytest
 
+from devicekit import SimulatedDevice
 from scorekit import ArenaScorer, BrightnessScorer, make_shards
 from wdsfilter import ConfigError
 from wdsfilter.score import ScoreConfig, score
 from wdsfilter.score.config import parse_size
-from wdsfilter.score.memory import HostMemory, SimulatedDevice
+from wdsfilter.score.memory import HostMemory
 from wdsfilter.score.planner import WORKER_BASE_BYTES, ProbeReport, make_plan
 
 MiB, GiB = 2**20, 2**30

@@ -65,6 +65,18 @@ def test_ray_gives_the_engine_rows_scores_and_filtered_shards(local_ray, tiny_cl
     assert streamed == kept_keys
 
 
+def test_relative_shard_paths_complete_and_their_rows_name_the_url_given(local_ray, tiny_clip, tmp_path,
+                                                                         monkeypatch):
+    # Ray workers open the shard by its absolute path; the rows must still carry the URL the
+    # driver was given, or no shard ever completes (every row counted as lost).
+    monkeypatch.chdir(REPO)
+    url = os.path.join("sample_shards", "images-000000.tar")
+    summary = score_on_ray([url], out=str(tmp_path / "ray"), model="local-dir:" + tiny_clip, **OPTIONS)
+    assert summary.shards_scored == 1 and summary.shards_failed == [] and summary.rows > 0
+    rows = rows_by_shard(str(tmp_path / "ray"))["images-000000.parquet"]
+    assert {r["shard"] for r in rows} == {url}
+
+
 def test_ray_resume_scores_only_the_unfinished_shards(local_ray, tiny_clip, tmp_path):
     model, out = "local-dir:" + tiny_clip, str(tmp_path / "ray")
     first = score_on_ray(SHARDS[:2], out=out, model=model, **OPTIONS)

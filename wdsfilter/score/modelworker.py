@@ -18,7 +18,7 @@ from ..errors import ConfigError, RunError
 from .backoff import Backoff
 from .embeddings import FIELD as EMBEDDINGS
 from .faults import DeviceFailedError, device_failed, sticky_device_error
-from .memory import HostMemory, device_memory, is_oom, torch_device
+from .memory import HostMemory, device_memory, is_oom, registered_device, torch_device
 from .transport import pack, unpack
 
 # One work item: (row reference, {scorer name: prepared input}).
@@ -243,7 +243,8 @@ class LocalPool:
 
 def _worker_main(worker: int, device: str, scorers, inbox, outbox, threads: Optional[int], sim=None) -> None:
     """A model worker process: load, then serve probe/configure/batch messages until stop.
-    `sim`: the SimulatedDevice of a "sim:NAME" device; unpickling it registers it in this process."""
+    `sim`: the DeviceMemory of a registered device kind (memory.DEVICE_KINDS: the tests' simulated
+    GPU), else None; unpickling it registers it in this process."""
     try:
         import torch
         if threads:
@@ -310,10 +311,7 @@ class ProcessPool:
     def _spawn(self, device: str) -> int:
         worker = len(self.procs)
         inbox = self.ctx.Queue()
-        sim = None
-        if device.startswith("sim:"):
-            from .memory import SimulatedDevice
-            sim = SimulatedDevice.get(device[4:])
+        sim = registered_device(device)  # a test's simulated GPU: it registers again in the worker
         proc = self.ctx.Process(target=_worker_main, name=f"wdsfilter-model-{worker}",
                                 args=(worker, device, self.scorers, inbox, self.outbox, self.threads, sim), daemon=True)
         proc.start()

@@ -164,6 +164,7 @@ def read_shard(batch, cfg, scorers, rows_per_block: int = 64) -> Iterator[Dict[s
                 end = {"error": item.get("error"), "members": item.get("members", 0), "failed": item.get("failed")}
                 continue
             row = item_row(item, index, scorers, cfg.bounds)
+            row["shard"] = url  # the URL as the driver knows it (the worker opened `path`)
             row[PAYLOAD], row[PAYLOAD_META] = _EMPTY, b""
             if row["status"] is None:
                 row["status"] = PENDING

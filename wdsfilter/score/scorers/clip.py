@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional
 from ...config import StageConfig
 from ...errors import ConfigError, DataError
 from ...images import FULL_SIZE
-from ...tokens import CaptionCleaner
+from ...stages import CaptionCleaner
 from ..fastdecode import REDUCING_GAP, ImageTransform
 from ..models import PRECISIONS, ClipSource, load_model, resolve_precision, tokenize
 from .base import Noted, Scorer
