@@ -273,13 +273,17 @@ class RunSummary:
         return self.samples_this_run / self.seconds if self.seconds else 0.0
 
     def batch_sizes(self) -> List[dict]:
-        """Planned and finally used batch size per model worker and scorer."""
+        """Planned and finally used batch size per model worker and scorer (in frames for a scorer
+        that counts them: an image is one frame), how often the back-off halved it and why, and
+        how often it grew back."""
         out = []
         for w in self.workers:
             for name, b in (w.get("backoff") or {}).items():
+                halved = [e for e in b["events"] if e["kind"] != "grow"]
                 out.append({"worker": w.get("worker"), "device": w.get("device"), "scorer": name,
                             "planned": b["planned_batch_size"], "final": b["final_batch_size"],
-                            "halvings": len(b["events"]), "causes": sorted({e["kind"] for e in b["events"]})})
+                            "halvings": len(halved), "causes": sorted({e["kind"] for e in halved}),
+                            "grown": len(b["events"]) - len(halved)})
         return out
 
     def to_dict(self) -> dict:
@@ -308,6 +312,7 @@ class RunSummary:
                          f"after start-up, model load and probe)")
         for b in self.batch_sizes():
             extra = f", halved {b['halvings']}x ({', '.join(b['causes'])})" if b["halvings"] else ""
+            extra += f", grown back {b['grown']}x" if b.get("grown") else ""
             lines.append(f"  batch size on {b['device']} (worker {b['worker']}, {b['scorer']}): "
                          f"planned {b['planned']}, final {b['final']}{extra}")
         lines.append("  status: " + ", ".join(f"{k} {self.status.get(k, 0)}" for k in STATUSES))

@@ -127,6 +127,11 @@ class ClipScorer(Scorer):
                                 max_pixels=self.max_pixels, what=what)  # DataError for a broken video
         return torch.stack([self.transform(frame) for frame in sampled.frames]), sampled.partial
 
+    def frame_count(self, prepared: Dict[str, Any]) -> int:
+        """A video's sampled frames, 1 for an image (the planner and back-off count frames)."""
+        image = prepared["image"]
+        return int(image.shape[0]) if image.ndim == 4 else 1
+
     # -- model side ----------------------------------------------------------------------------
     def load(self, device: str) -> None:
         import torch
