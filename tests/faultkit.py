@@ -1,6 +1,6 @@
 """Fault injection for the scoring tests (no tests in this module): scorers that fail the way a
-broken GPU, a host OOM kill or a cuBLAS allocation failure does, and a web server that breaks off
-a download half-way.
+broken GPU, a host OOM kill or a cuBLAS allocation failure does, a web server that breaks off
+a download half-way, and a small filesystem that fills up (with shards big enough to fill it).
 
 A scorer's failure is switched on by a file (`trip_file`) rather than by an option, so a run can
 fail and then be resumed with exactly the same settings (the resume check compares options).
@@ -121,6 +121,51 @@ def broken_download(path: str, send_fraction: float = 0.5):
 
 
 torch.set_num_threads(1)
+
+
+# -- a full disk ----------------------------------------------------------------------------------
+@contextmanager
+def small_tmpfs(mnt, size: str = "2m"):
+    """A real filesystem of `size` at `mnt` (tmpfs; needs root, as in CI containers; the test is
+    skipped without). Yields (mnt, grow): grow(size) resizes it."""
+    import subprocess
+
+    import pytest
+    os.makedirs(mnt, exist_ok=True)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
+                      capture_output=True).returncode:
+        pytest.skip("mounting a small tmpfs needs root")
+
+    def grow(new_size: str) -> None:
+        subprocess.run(["mount", "-o", f"remount,size={new_size}", str(mnt)], check=True)
+    try:
+        yield mnt, grow
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def big_shards(folder, n_shards, samples=6, blob=120_000):
+    """Shards of image-text samples that carry an incompressible 120 KB .bin member each."""
+    import random
+
+    from shardkit import image_bytes, write_shard
+    os.makedirs(folder, exist_ok=True)
+    urls = []
+    rng = random.Random(0)
+    for s in range(n_shards):
+        members = []
+        for i in range(samples):
+            key = f"s{s}_{i:05d}"
+            members += [(f"{key}.jpg", image_bytes(color=(40 * i % 256, 90, 30 * s % 256))),
+                        (f"{key}.txt", f"sample {i}"), (f"{key}.bin", rng.randbytes(blob))]
+        urls.append(write_shard(os.path.join(folder, f"big-{s:04d}.tar"), members))
+    return urls
+
+
+def temporaries(*folders):
+    """The atomic writes' temporaries (`.<name>.tmp-<pid>`) left under `folders`."""
+    return [os.path.join(root, f) for folder in folders for root, _, files in os.walk(folder) for f in files
+            if ".tmp-" in f]
 
 
 @contextmanager

@@ -1,7 +1,7 @@
 """Real, simple scorers and shard builders for the scoring-engine tests (no tests in this module).
 
 BrightnessScorer computes the mean luminance of each image with torch on its model device. It
-can also behave like a model on a simulated GPU: `sim` names a SimulatedDevice where load()
+can also behave like a model on a simulated GPU: `sim` names a devicekit.SimulatedDevice where load()
 allocates `model_bytes` and score_batch() allocates `bytes_per_sample` per sample (raising a real
 torch.cuda.OutOfMemoryError when that does not fit), and `oom_above` raises that error for any
 batch larger than N. Every scored key is appended to `log` (a file), so tests can check that no
@@ -16,9 +16,9 @@ import numpy as np
 import torch
 from PIL import Image, ImageStat
 
+from devicekit import SimulatedDevice
 from shardkit import image_bytes, write_shard
 from wdsfilter.errors import DataError
-from wdsfilter.score.memory import SimulatedDevice
 from wdsfilter.score.scorers.base import Scorer
 
 torch.set_num_threads(1)

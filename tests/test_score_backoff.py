@@ -5,12 +5,13 @@ import collections
 
 import pytest
 
+from devicekit import SimulatedDevice
 from scorekit import BrightnessScorer, expected_brightness, make_shards
 from wdsfilter import StageConfig
 from wdsfilter.pipeline import sample_pipeline
 from wdsfilter.score import score
 from wdsfilter.score.backoff import Backoff
-from wdsfilter.score.memory import HostMemory, SimulatedDevice
+from wdsfilter.score.memory import HostMemory
 from wdsfilter.score.outputs import read_rows
 
 MiB = 2**20
@@ -124,9 +125,122 @@ def test_back_off_in_model_worker_processes(tmp_path):
     for name in ("bo4", "bo5"):
         SimulatedDevice.create(name, total=64 * MiB)
     scorer = BrightnessScorer(sim="", oom_above=3)
+    # replicas=1: on a host with many cores the planner would put two processes on each simulated GPU
     summary = score(urls, out=str(tmp_path / "out"), scorers=[scorer], devices=["sim:bo4", "sim:bo5"],
-                    batch_size=8, workers=1, progress=False)
+                    batch_size=8, workers=1, replicas=1, progress=False)
     _check_rows(str(tmp_path / "out"), images)
     sizes = summary.batch_sizes()
     assert [(s["device"], s["planned"], s["final"]) for s in sizes] == [("sim:bo4", 8, 2), ("sim:bo5", 8, 2)]
     assert sum(w["backoff"]["bright"]["scored"] for w in summary.workers) == len(images)
+
+
+# -- frames, per-scorer back-off, growing back -------------------------------------------------------
+class FrameScorer:
+    """Video-like inputs {"key", "frames": k}: score_batch holds `bytes_per_frame` per frame on a
+    simulated GPU (a real torch.cuda.OutOfMemoryError when it does not fit) and records each call."""
+
+    name = "frames"
+
+    def __init__(self, sim, bytes_per_frame):
+        self.sim, self.bytes_per_frame = sim, bytes_per_frame
+        self.calls, self.scored = [], collections.Counter()
+
+    def columns(self):
+        return ["n_frames"]
+
+    def frame_count(self, x):
+        return x["frames"]
+
+    def batch_key(self, x):
+        return None
+
+    def load(self, device):
+        pass
+
+    def unload(self):
+        pass
+
+    def describe(self):
+        return self.name
+
+    def score_batch(self, inputs):
+        dev = SimulatedDevice.get(self.sim)
+        need = self.bytes_per_frame * sum(x["frames"] for x in inputs)
+        dev.alloc(need)
+        dev.release(need)
+        self.calls.append([x["frames"] for x in inputs])
+        self.scored.update(x["key"] for x in inputs)
+        return [{"n_frames": x["frames"]} for x in inputs]
+
+
+def test_sub_batches_are_filled_by_frames_so_a_video_costs_its_frames():
+    dev = SimulatedDevice.create("fr0", total=64 * MiB)
+    scorer = FrameScorer("fr0", 1 * MiB)
+    inputs = [{"key": i, "frames": 3 if i % 2 else 1} for i in range(10)]  # images and 3-frame videos
+    backoff = Backoff(scorer, dev, batch_size=6)
+    outcomes = backoff.run(inputs)
+    assert [o[1]["n_frames"] for o in outcomes] == [x["frames"] for x in inputs]
+    assert all(sum(c) <= 6 for c in scorer.calls) and [len(c) for c in scorer.calls] == [3, 2, 2, 2, 1]
+    assert scorer.scored == collections.Counter(range(10)) and not backoff.events
+
+
+def test_the_probe_measures_memory_per_frame():
+    from wdsfilter.score.modelworker import ModelRunner
+    from wdsfilter.score.planner import ProbeReport
+    SimulatedDevice.create("fr1", total=1024 * MiB)
+    runner = ModelRunner([FrameScorer("fr1", 4 * MiB)], "sim:fr1")
+    runner.load()
+    measured = runner.probe([{"frames": {"key": i, "frames": 3}} for i in range(16)])
+    assert measured["frames"] == {"frames": [3, 48]}
+    report = ProbeReport(samples=16, sizes=tuple(measured["sizes"]), peaks=measured["peaks"],
+                         frames=measured["frames"])
+    assert report.scorer_activations() == {"frames": (0, 4 * MiB)}  # per frame: 3 frames cost 12 MiB
+    assert report.frames_per_sample("frames") == 3.0
+
+
+def test_after_a_run_of_successes_the_batch_grows_back_to_the_plan_without_losing_a_sample():
+    dev = SimulatedDevice.create("grow0", total=16 * MiB)
+    scorer = FrameScorer("grow0", 1 * MiB)
+    backoff = Backoff(scorer, dev, batch_size=16, grow_after=3)
+    dev.occupy(12 * MiB)  # another process holds memory for a while: only 4 frames fit
+    first = backoff.run([{"key": i, "frames": 1} for i in range(8)])
+    assert backoff.batch_size == 4
+    assert [(e.kind, e.from_size, e.to_size) for e in backoff.events] == [("cuda_oom", 8, 4)]
+    dev.occupied = 0  # it is gone: after 3 sub-batches in a row that fit, the size doubles, up to the plan
+    second = backoff.run([{"key": i, "frames": 1} for i in range(8, 80)])
+    grows = [(e.from_size, e.to_size) for e in backoff.events if e.kind == "grow"]
+    assert grows == [(4, 8), (8, 16)] and backoff.batch_size == 16
+    assert all(o[0] == "ok" for o in first + second)
+    assert scorer.scored == collections.Counter(range(80))  # every sample once, none lost
+    assert backoff.stats()["final_batch_size"] == 16 and backoff.stats()["smallest_batch_size"] == 4
+
+
+def test_a_grown_size_that_fails_again_waits_twice_as_long_before_the_next_try():
+    dev = SimulatedDevice.create("grow1", total=8 * MiB)  # 8 frames fit, never 16
+    scorer = FrameScorer("grow1", 1 * MiB)
+    backoff = Backoff(scorer, dev, batch_size=16, grow_after=2)
+    outcomes = backoff.run([{"key": i, "frames": 1} for i in range(200)])
+    assert all(o[0] == "ok" for o in outcomes) and scorer.scored == collections.Counter(range(200))
+    kinds = [e.kind for e in backoff.events]
+    # 16 fails; 8 fits; after 2, then 4, then 8 ... sub-batches it tries 16 again: a few tries, not one per 2.
+    assert kinds[:3] == ["cuda_oom", "grow", "cuda_oom"] and backoff.wait > 2
+    assert kinds.count("grow") <= 5 and dev.ooms == kinds.count("cuda_oom")
+
+
+def test_out_of_memory_halves_only_the_scorer_that_ran_out(shard, tmp_path):
+    from wdsfilter.score.modelworker import ModelRunner
+    urls, images = shard
+    SimulatedDevice.create("bo6", total=1024 * MiB)
+    small, big = BrightnessScorer(sim="bo6", oom_above=4), FrameScorer("bo6", 1 * MiB)
+    small.load("cpu")
+    runner = ModelRunner([small, big], "sim:bo6")
+    runner.memory = runner.host = None
+    runner.load()
+    runner.configure(batch_size=16, scorer_batch={"bright": 16, "frames": 16})
+    items = [(key, {"bright": inp, "frames": {"key": key, "frames": 1}}) for key, inp in prepared(urls, small)]
+    results = runner.score(items)
+    assert all(not errors and scores["brightness"] is not None and scores["n_frames"] == 1
+               for _, scores, errors in results)
+    stats = runner.stats()["backoff"]
+    assert stats["bright"]["final_batch_size"] == 4 and stats["frames"]["final_batch_size"] == 16
+    assert stats["frames"]["events"] == [] and max(len(c) for c in big.calls) == 16

@@ -8,7 +8,7 @@ import os
 import pytest
 from click.testing import CliRunner
 
-from faultkit import broken_download
+from faultkit import big_shards, broken_download, small_tmpfs, temporaries
 from scorekit import make_shards
 from wdsfilter.cli import main
 from wdsfilter.score import score
@@ -215,39 +215,8 @@ def test_the_lock_refuses_a_second_holder_in_the_same_process_and_frees_on_relea
 @pytest.fixture
 def small_fs(tmp_path):
     """A real 2 MiB filesystem (tmpfs; needs root, as in CI containers), grown by `grow(size)`."""
-    import subprocess
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True).returncode:
-        pytest.skip("mounting a small tmpfs needs root")
-
-    def grow(size):
-        subprocess.run(["mount", "-o", f"remount,size={size}", str(mnt)], check=True)
-    try:
+    with small_tmpfs(tmp_path / "small") as (mnt, grow):
         yield mnt, grow
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
-def big_shards(folder, n_shards, samples=6, blob=120_000):
-    """Shards of image-text samples that carry an incompressible 120 KB .bin member each."""
-    from shardkit import image_bytes, write_shard
-    os.makedirs(folder, exist_ok=True)
-    urls = []
-    rng = __import__("random").Random(0)
-    for s in range(n_shards):
-        members = []
-        for i in range(samples):
-            key = f"s{s}_{i:05d}"
-            members += [(f"{key}.jpg", image_bytes(color=(40 * i % 256, 90, 30 * s % 256))),
-                        (f"{key}.txt", f"sample {i}"), (f"{key}.bin", rng.randbytes(blob))]
-        urls.append(write_shard(os.path.join(folder, f"big-{s:04d}.tar"), members))
-    return urls
-
-
-def temporaries(*folders):
-    return [os.path.join(root, f) for folder in folders for root, _, files in os.walk(folder) for f in files
-            if ".tmp-" in f]
 
 
 def test_a_full_disk_while_writing_filtered_shards_stops_the_run_and_resume_completes_it(small_fs, tmp_path):

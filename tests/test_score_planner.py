@@ -6,11 +6,12 @@ import re
 
 import pytest
 
+from devicekit import SimulatedDevice
 from scorekit import ArenaScorer, BrightnessScorer, make_shards
 from wdsfilter import ConfigError
 from wdsfilter.score import ScoreConfig, score
 from wdsfilter.score.config import parse_size
-from wdsfilter.score.memory import HostMemory, SimulatedDevice
+from wdsfilter.score.memory import HostMemory
 from wdsfilter.score.planner import WORKER_BASE_BYTES, ProbeReport, make_plan
 
 MiB, GiB = 2**20, 2**30
@@ -60,13 +61,23 @@ def test_max_memory_and_headroom_bound_the_budget():
     assert 2 * GiB + 100 * MiB + 50 * MiB * dp.batch_size <= 6 * GiB
 
 
-def test_a_second_replica_only_when_both_fit_at_full_batch():
+def test_a_second_replica_when_each_scorer_keeps_a_batch_of_32():
     small = probe(fixed=10 * MiB, per=1 * MiB)
     both = 2 * (2 * GiB + 10 * MiB + 256 * MiB) + 600 * MiB  # two replicas at batch 256, one extra process
     roomy = plan({"max_batch": 256}, reports=[cuda_report(free=int(both / 0.9) + MiB)], probe_report=small)
     assert roomy.devices[0].replicas == 2 and roomy.devices[0].batch_size == 256
-    tight = plan({"max_batch": 256}, reports=[cuda_report(free=int(both / 0.9) - MiB)], probe_report=small)
-    assert tight.devices[0].replicas == 1 and tight.devices[0].batch_size == 256
+    # Less memory: two processes still fit with a smaller batch each (>= 32), rather than one at 256.
+    smaller = plan({"max_batch": 256}, reports=[cuda_report(free=int(both / 0.9) - MiB)], probe_report=small)
+    assert smaller.devices[0].replicas == 2 and 32 <= smaller.devices[0].batch_size < 256
+    at_32 = 2 * (2 * GiB + 10 * MiB + 32 * MiB) + 600 * MiB
+    tight = plan({"max_batch": 256}, reports=[cuda_report(free=int(at_32 / 0.9) - MiB)], probe_report=small)
+    (d,) = tight.devices
+    assert d.replicas == 1 and d.batch_size == 256  # alone it still gets the whole max_batch
+    assert "a process more would leave clip a batch under 32" in tight.describe()
+    # The cores bound it too: 2 GPU processes x 4 cores > 6 cores.
+    few_cores = plan({"max_batch": 256}, reports=[cuda_report(free=int(both / 0.9) + MiB)], probe_report=small,
+                     host=dict(HOST, cpus=6))
+    assert few_cores.devices[0].replicas == 1 and "6 cores" in few_cores.describe()
 
 
 def test_forty_processes_of_a_2gb_model_on_one_gpu_are_refused_with_the_numbers():
@@ -126,13 +137,14 @@ def test_on_the_cpu_a_scorer_that_is_faster_one_at_a_time_gets_batch_1():
     p.seconds_per_sample, p.threads, p.prepare_seconds = 0.034, 1, 0.002
     t = plan({}, reports=[cpu_report()], probe_report=p, host={"total": 8 * GiB, "available": 6 * GiB, "cpus": 2})
     (d,) = t.devices
-    assert d.batch_size == 32 and d.scorer_batch == {"ocr": 1}
+    assert d.batch_size == 32 and d.scorer_batch == {"clip": 32, "ocr": 1}
     text = t.describe()
     assert "ocr batch on cpu  1  (probe: the same 16 samples took 13.00 ms/sample one at a time, 33.00 in one batch" in text
     # The model's cost per sample at those batch sizes splits the cores: 34 - (33 - 13) = 14 ms.
     assert "decode 2.0 ms vs model 14.0 core-ms per sample" in text
     # A batch size set by the user is left alone.
-    assert plan({"batch_size": 8}, reports=[cpu_report()], probe_report=p).devices[0].scorer_batch == {}
+    assert plan({"batch_size": 8}, reports=[cpu_report()], probe_report=p).devices[0].scorer_batch == \
+        {"clip": 8, "ocr": 8}
 
 
 def test_planner_measures_model_and_activations_on_a_simulated_gpu(tmp_path):
@@ -219,3 +231,111 @@ def test_bad_sizes_raise():
         with pytest.raises(ConfigError):
             parse_size(bad)
     assert math.isclose(parse_size("0.5KiB"), 512)
+
+
+# -- per-scorer plans, frames, processes per GPU ---------------------------------------------------
+def sim_report(free=80 * GiB, footprints=None, device="sim:g80"):
+    footprints = footprints or {"clip": 300 * MiB, "ocr": 200 * MiB}
+    return {"device": device, "kind": "simulated", "total": 80 * GiB, "free_before": free,
+            "footprint": sum(footprints.values()), "footprints": footprints, "overhead": 600 * MiB,
+            "overhead_estimated": True, "rss": 3 * GiB, "descriptions": list(footprints)}
+
+
+def clip_ocr_probe(frames=1, samples=16):
+    """CLIP (50 MiB + 2 MiB per frame) and OCR at large frames (200 MiB + 1 GiB per frame), measured
+    on probe samples of `frames` frames each (1: images; 3: 3-frame videos)."""
+    f, n = frames, samples
+    return ProbeReport(samples=n, scanned=n, sizes=(1, n), frames={"clip": [f, n * f], "ocr": [f, n * f]},
+                       peaks={"clip": [50 * MiB + 2 * MiB * f, 50 * MiB + 2 * MiB * n * f],
+                              "ocr": [200 * MiB + GiB * f, 200 * MiB + GiB * n * f]},
+                       seconds_per_sample=0.01, threads=2, prepared_bytes=3 * 2**20, prepare_seconds=0.01)
+
+
+def test_clip_and_ocr_each_get_their_own_batch_size_and_two_processes_share_the_gpu():
+    p = plan({}, reports=[sim_report()], probe_report=clip_ocr_probe())
+    (d,) = p.devices
+    assert d.scorer_batch["clip"] == 512  # max_batch: CLIP no longer runs at OCR's batch
+    assert 1 <= d.scorer_batch["ocr"] < d.scorer_batch["clip"]
+    assert d.batch_size == 512  # samples per dispatched batch: the largest scorer batch
+    assert d.replicas == 2  # OCR keeps >= 32 frames per process with two processes
+    usable = 80 * GiB - int(80 * GiB * 0.10)
+    F = 500 * MiB
+    work = max(50 * MiB + 2 * MiB * 512, 200 * MiB + GiB * d.scorer_batch["ocr"])
+    assert d.need == 2 * (F + work) + 600 * MiB <= usable
+    work_more = max(50 * MiB + 2 * MiB * 512, 200 * MiB + GiB * (d.scorer_batch["ocr"] + 8))
+    assert 2 * (F + work_more) + 600 * MiB > usable  # OCR's batch is the largest multiple of 8 that fits
+    text = p.describe()
+    assert re.search(r"sim:g80 clip batch +512 samples", text) and "clip activations" in text and "ocr activations" in text
+    # Memory for one process only: OCR would keep fewer than 32 frames with two.
+    small = plan({}, reports=[sim_report(free=40 * GiB)], probe_report=clip_ocr_probe())
+    (s,) = small.devices
+    assert s.replicas == 1 and s.scorer_batch["clip"] == 512 and 32 <= s.scorer_batch["ocr"] < 40
+    assert "a process more would leave ocr a batch under 32" in small.describe()
+    # The model in the main process (one simulated device, LocalPool) cannot get a second process.
+    local = plan({}, reports=[dict(sim_report(), in_process=True)], probe_report=clip_ocr_probe())
+    assert local.devices[0].replicas == 1
+
+
+def test_video_frames_are_counted_as_frames_in_the_plan():
+    images, videos = clip_ocr_probe(frames=1), clip_ocr_probe(frames=3)
+    # Per-frame memory is the same whether the probe saw images or 3-frame videos ...
+    assert videos.scorer_activations() == images.scorer_activations()
+    assert videos.scorer_activations()["ocr"] == (200 * MiB, GiB)
+    a = plan({}, reports=[sim_report()], probe_report=images).devices[0]
+    b = plan({}, reports=[sim_report()], probe_report=videos).devices[0]
+    # ... so the batches, in frames, are too: a 3-frame video takes 3 of them in the back-off.
+    assert a.scorer_batch == b.scorer_batch
+    text = plan({}, reports=[sim_report()], probe_report=videos).describe()
+    assert re.search(r"ocr activations +1.0 GiB/frame \+ 200.0 MiB", text) and "3.00 frames per sample" in text
+    assert re.search(r"sim:g80 ocr batch +\d+ frames", text)
+    # A batch size set by the user is in samples: 8 three-frame videos are 24 frames.
+    user = plan({"batch_size": 8, "replicas": 1}, reports=[sim_report()], probe_report=videos).devices[0]
+    assert user.scorer_batch == {"clip": 24, "ocr": 24}
+    # A video sample with k frames costs k x the frame's bytes: refused where 8 images would fit.
+    tight = sim_report(free=int((500 * MiB + 200 * MiB + 20 * GiB) / 0.9))
+    assert plan({"batch_size": 8, "replicas": 1}, reports=[tight], probe_report=images).devices[0].batch_size == 8
+    with pytest.raises(ConfigError, match=r"batch_size=8 on sim:g80: .*ocr 200.0 MiB \+ 1.0 GiB x 24 frames"):
+        plan({"batch_size": 8, "replicas": 1}, reports=[tight], probe_report=videos)
+
+
+def test_the_queued_samples_bound_the_dispatched_batch():
+    """Prepared 3-frame 720p videos are ~8 MiB: queues of 512 of them per process would take more
+    than a quarter of a small host; the dispatched batch is cut, the scorer batches stay."""
+    p = clip_ocr_probe()
+    p.prepared_bytes = 8 * MiB
+    host = {"total": 16 * GiB, "available": 10 * GiB, "cpus": 16}
+    t = plan({}, reports=[sim_report()], probe_report=p, host=host)
+    (d,) = t.devices
+    budget = int(10 * GiB * 0.9)
+    assert 2 * d.replicas * d.batch_size * 8 * MiB <= budget // 4 and d.batch_size < 512
+    assert d.scorer_batch["clip"] == 512
+    assert "sim:g80 dispatch" in t.describe()
+
+
+def test_two_model_processes_on_a_simulated_gpu_with_room_and_one_on_a_gpu_without(tmp_path, monkeypatch):
+    """The engine applies the plan: a second process on the GPU where it fits (no per-process
+    overhead), none where one more process's overhead alone exceeds the device. 16 cores, so the
+    cores allow 2 x 2 GPU processes; every sample is scored exactly once across the 3 processes."""
+    import collections
+
+    from wdsfilter.score import engine
+    from wdsfilter.score.memory import host_status
+    urls, images = make_shards(tmp_path / "shards", [10, 10])
+    SimulatedDevice.create("room", total=1000 * MiB)
+    SimulatedDevice.create("cramped", total=1000 * MiB, overhead=2000 * MiB)
+    monkeypatch.setattr(engine, "host_status", lambda: dict(host_status(), cpus=16))
+    log = tmp_path / "log"
+    summary = score(urls, out=str(tmp_path / "o"), scorers=[BrightnessScorer(log=str(log))],
+                    devices=["sim:room", "sim:cramped"], workers=0, progress=False)
+    replicas = {d["device"]: d["replicas"] for d in summary.plan["devices"]}
+    assert replicas == {"sim:room": 2, "sim:cramped": 1}
+    assert "a process more would leave bright a batch under" in summary.plan_text
+    assert sorted(w["device"] for w in summary.workers) == ["sim:cramped", "sim:room", "sim:room"]
+    assert summary.scored == len(images)
+    from wdsfilter.score.outputs import read_rows
+    folder = tmp_path / "o" / "scores"
+    rows = [r for f in sorted(os.listdir(folder)) for r in read_rows(str(folder / f))]
+    assert collections.Counter(r["key"] for r in rows) == collections.Counter(images.keys())
+    assert {r["status"] for r in rows} == {"scored"}
+    with open(log) as f:  # every sample reached a model (the probe's samples are logged there too)
+        assert set(line.strip() for line in f) == set(images)

@@ -1,6 +1,7 @@
 """Scoring on Ray Data (wdsfilter/score/ray_runner.py), on a local Ray cluster: the same rows,
 scores, filtered shards and output folder as the single-machine engine, resumable the same way."""
 import os
+import re
 
 import pytest
 
@@ -62,6 +63,18 @@ def test_ray_gives_the_engine_rows_scores_and_filtered_shards(local_ray, tiny_cl
                                        extra=[score_filter(str(tmp_path / "ray"), {"clip_score": 0.5})])
     streamed = {s["__key__"] for s in stream}
     assert streamed == kept_keys
+
+
+def test_relative_shard_paths_complete_and_their_rows_name_the_url_given(local_ray, tiny_clip, tmp_path,
+                                                                         monkeypatch):
+    # Ray workers open the shard by its absolute path; the rows must still carry the URL the
+    # driver was given, or no shard ever completes (every row counted as lost).
+    monkeypatch.chdir(REPO)
+    url = os.path.join("sample_shards", "images-000000.tar")
+    summary = score_on_ray([url], out=str(tmp_path / "ray"), model="local-dir:" + tiny_clip, **OPTIONS)
+    assert summary.shards_scored == 1 and summary.shards_failed == [] and summary.rows > 0
+    rows = rows_by_shard(str(tmp_path / "ray"))["images-000000.parquet"]
+    assert {r["shard"] for r in rows} == {url}
 
 
 def test_ray_resume_scores_only_the_unfinished_shards(local_ray, tiny_clip, tmp_path):
@@ -162,3 +175,66 @@ def test_cli_ray_options_need_engine_ray(tmp_path):
     from wdsfilter.cli import main
     result = CliRunner().invoke(main, ["score", SHARDS[0], "--out", str(tmp_path / "x"), "--ray-actors", "2"])
     assert result.exit_code == 2 and "only apply with --engine ray" in result.output
+
+
+def test_prepared_inputs_travel_as_one_tensor_column_not_pickled():
+    import numpy as np
+    import torch
+    from ray.data.block import BlockAccessor
+
+    from wdsfilter.score.ray_runner import PAYLOAD, PAYLOAD_META, _EMPTY, pack_payload, unpack_payload
+    from wdsfilter.score.scorers.ocr import OcrInput
+    clip_image = {"image": torch.randint(0, 255, (3, 224, 224), dtype=torch.uint8),
+                  "tokens": torch.arange(77, dtype=torch.int64), "truncated": False}
+    clip_video = dict(clip_image, image=torch.randint(0, 255, (3, 3, 224, 224), dtype=torch.uint8))
+    ocr = OcrInput(frames=np.random.randint(0, 255, (3, 90, 160, 3), dtype=np.uint8), media="video",
+                   times=(0.0, 1.0, 2.0), decode_seconds=0.01)
+    rows = [({"clip": clip_image, "ocr": ocr}, {}), ({"clip": clip_video}, {"ocr": ("corrupt_video", "x")})]
+    packed = [pack_payload(r) for r in rows]
+    for (data, meta), (inputs, errors) in zip(packed, rows):
+        assert data.dtype == np.uint8 and data.ndim == 1 and len(data) % 16 == 0
+        assert len(meta) < 1000  # the structure only: no pixels are pickled
+        got_inputs, got_errors = unpack_payload(data, meta)
+        assert got_errors == errors
+        for name, x in inputs.items():
+            y = got_inputs[name]
+            if name == "clip":
+                assert torch.equal(y["image"], x["image"]) and torch.equal(y["tokens"], x["tokens"])
+                assert isinstance(y["image"], torch.Tensor) and y["truncated"] is False
+            else:
+                assert isinstance(y, OcrInput) and np.array_equal(y.frames, x.frames) and y.times == x.times
+                assert y.frames.flags.writeable
+    # In Ray's blocks the column is an Arrow tensor column (not Ray's pickled-object fallback),
+    # with rows that have nothing to score (an empty vector) beside them.
+    block = BlockAccessor.batch_to_block({PAYLOAD: [packed[0][0], _EMPTY, packed[1][0]],
+                                          PAYLOAD_META: [packed[0][1], b"", packed[1][1]]})
+    assert "Tensor" in str(block.schema.field(PAYLOAD).type)
+    assert "pickled" not in str(block.schema.field(PAYLOAD).type)
+
+
+def test_ray_uses_the_engines_planner_for_batch_sizes_and_actors_per_gpu(local_ray, tiny_clip, tmp_path):
+    from wdsfilter.score import ScoreConfig
+    from wdsfilter.score.planner import ProbeReport, make_plan
+    from wdsfilter.score.ray_runner import actor_pool
+    GiB, MiB = 2**30, 2**20
+    # Actors per GPU are the plan's model processes per GPU: two per GPU where two fit.
+    report = {"device": "cuda:0", "kind": "cuda", "total": 80 * GiB, "free_before": 80 * GiB,
+              "footprint": 500 * MiB, "footprints": {"clip": 500 * MiB}, "overhead": 600 * MiB,
+              "overhead_estimated": True, "rss": 3 * GiB, "descriptions": ["clip"]}
+    probe = ProbeReport(samples=16, scanned=16, sizes=(1, 16), peaks={"clip": [52 * MiB, 82 * MiB]},
+                        prepared_bytes=200_000, prepare_seconds=0.004, seconds_per_sample=0.001)
+    host = {"total": 128 * GiB, "available": 100 * GiB, "cpus": 16}
+    plan = make_plan(ScoreConfig(out="unused"), [report], probe, host, 100)
+    assert plan.devices[0].replicas == 2
+    assert actor_pool(8, plan.devices[0].replicas) == (16, 0.5)
+    assert actor_pool(8, 2, actors=4) == (4, 0.5) and actor_pool(8, 2, gpus_per_actor=1.0) == (8, 1.0)
+    assert actor_pool(0, 1) == (1, 0.0)
+    # On this CPU cluster, with no batch size given, one Ray task measures and the planner decides.
+    lines = []
+    summary = score_on_ray(SHARDS[:1], out=str(tmp_path / "ray"), model="local-dir:" + tiny_clip, echo=lines.append,
+                           **OPTIONS)
+    text = "\n".join(lines)
+    assert "plan:" in text and re.search(r"cpu batch size +\d+", text) and "activations" in text
+    planned = summary.plan["devices"][0]
+    assert f"batch {planned['batch_size']}" in text and planned["scorer_batch"] == {"clip": planned["batch_size"]}
+    assert summary.shards_scored == 1

@@ -9,8 +9,10 @@ After `rename` a sample is {"__key__", "__url__", "caption": str, "image" or "vi
 from __future__ import annotations
 
 import os
+import re
 import sys
-from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Sequence, Tuple
 
 from .census import KeyCensus
 from .config import StageConfig
@@ -22,7 +24,6 @@ from .reading import group_samples, tar_members
 from .selection import select_sample
 from .specs import VIDEO_EXTS, parse_json_member
 from .tally import Tally
-from .tokens import CaptionCleaner
 
 
 def _reject(tally: Tally, sample: dict, reason: str, stage: str, member: str, message: str, emit: bool):
@@ -184,6 +185,44 @@ def _rename(data: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator[di
                            "metadata .json is not valid JSON; sample kept without it")
         yield {"__key__": sample["__key__"], "__url__": sample["__url__"], "caption": sample["__caption__"],
                field: sample[ext], "__media_ext__": ext, "json": meta}
+
+
+# Special tokens in captions, held in a picklable object (never a module global): a global set in
+# the parent process is silently lost in spawn/forkserver DataLoader workers, so the configured
+# image token lives in the CaptionCleaner that each clean_captions stage carries with it (the
+# validator and the CLIP scorer clean captions with it too).
+@dataclass
+class CaptionCleaner:
+    image_token: Optional[str]
+    mode: str  # normalise | strip | keep
+    known_image_tokens: Tuple[str, ...]
+    extra_tokens: Tuple[str, ...] = ()
+
+    @classmethod
+    def from_config(cls, cfg: StageConfig) -> "CaptionCleaner":
+        return cls(cfg.image_token, cfg.effective_token_mode, cfg.known_image_tokens, cfg.extra_tokens)
+
+    @property
+    def foreign_tokens(self) -> Tuple[str, ...]:
+        return tuple(t for t in self.known_image_tokens if t != self.image_token)
+
+    def find_foreign(self, caption: str) -> Tuple[str, ...]:
+        return tuple(t for t in self.foreign_tokens if t in caption)
+
+    def clean(self, caption: str) -> Tuple[str, Tuple[str, ...]]:
+        """(cleaned caption, foreign tokens that were found)."""
+        foreign = self.find_foreign(caption)
+        if self.mode == "keep":
+            return caption, foreign
+        if self.mode == "normalise":
+            for token in foreign:
+                caption = caption.replace(token, self.image_token)
+            return caption, foreign
+        # strip: remove every image token and the extra tokens, for models that see pixels.
+        for token in set(self.known_image_tokens) | {self.image_token or ""} | set(self.extra_tokens):
+            if token:
+                caption = caption.replace(token, " ")
+        return re.sub(r"\s+", " ", caption).strip(), foreign
 
 
 def _clean_captions(data: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator[dict]:

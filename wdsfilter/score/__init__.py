@@ -13,8 +13,8 @@ maps the modules.
 """
 from __future__ import annotations
 
-from dataclasses import fields
-from typing import Callable, Dict, Optional, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ..config import StageConfig, config_or_options
 from ..errors import ConfigError
@@ -61,6 +61,85 @@ def _flag(option: str) -> str:
     return "--" + option.replace("_", "-")
 
 
+@dataclass
+class SortedOptions:
+    """Where build_config's keyword options go: the decisions, as data; the refusals are
+    rendered from them by refusal()/wrong_scorer()."""
+    score: Dict[str, Any] = field(default_factory=dict)  # ScoreConfig fields
+    stage: Dict[str, Any] = field(default_factory=dict)  # StageConfig fields given (None left out)
+    scorer_options: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # scorer -> its options
+    # scorer -> the shortcuts given for it; a scorer not in the run means they cannot apply
+    shortcuts: Dict[str, List[str]] = field(default_factory=dict)
+    # the first option that cannot be taken: ("unknown", key) or
+    # ("conflict", shortcut, value, scorer, its option, the value given there)
+    refused: Optional[tuple] = None
+
+
+def sort_options(names: Sequence[str], options: Dict[str, Any], scorer_options: Dict[str, Dict]) -> SortedOptions:
+    """Sort keyword options into ScoreConfig fields, StageConfig fields and scorer options (the
+    SHORTCUTS, for the scorers of the run named `names`); stops at the first it cannot take."""
+    score_fields = {f.name for f in fields(ScoreConfig)}
+    stage_fields = {f.name for f in fields(StageConfig)}
+    out = SortedOptions(scorer_options={k: dict(v) for k, v in scorer_options.items()})
+    for key, value in options.items():
+        if key in SHORTCUTS:
+            if value is None:
+                continue
+            targets = [(name, option) for name, option in SHORTCUTS[key] if name in names]
+            if not targets:  # refused later by wrong_scorer(), naming the scorer to add
+                out.shortcuts.setdefault(SHORTCUTS[key][-1][0], []).append(key)
+            for name, option in targets:
+                given = out.scorer_options.setdefault(name, {})
+                if option in given and given[option] != value:
+                    out.refused = ("conflict", key, value, name, option, given[option])
+                    return out
+                given[option] = value
+                out.shortcuts.setdefault(name, []).append(key)
+        elif key in score_fields:
+            out.score[key] = value
+        elif key in stage_fields:
+            if value is not None:
+                out.stage[key] = value
+        else:
+            out.refused = ("unknown", key)
+            return out
+    return out
+
+
+def refusal(refused: tuple) -> str:
+    """The ConfigError message of SortedOptions.refused."""
+    if refused[0] == "conflict":
+        _, key, value, name, option, given = refused
+        return (f"{key} ({_flag(key)}) = {value!r} and the scorer option {name}.{option} = "
+                f"{given!r} disagree; pass one of them")
+    known = ({f.name for f in fields(ScoreConfig)} | {f.name for f in fields(StageConfig)} | set(SHORTCUTS)) \
+        - {"stage", "thresholds", "max_thresholds"}
+    return (f"unknown scoring option {refused[1]!r}; known: {', '.join(sorted(known))}, "
+            f"min_clip, max_ocr_area, min_scores, max_scores")
+
+
+def wrong_scorer(name: str, keys: Sequence[str], names: Sequence[str]) -> str:
+    """The ConfigError message for shortcuts given for a scorer the run does not have."""
+    given = ", ".join(f"{k} ({_flag(k)})" for k in keys)
+    return (f"{given} {'applies' if len(keys) == 1 else 'apply'} to the {name} scorer, which is not "
+            f"in this run ({', '.join(names)}); add --scorer {name}")
+
+
+def score_bounds(score_opts: Dict[str, Any], min_clip: Optional[float], min_scores: Optional[Dict[str, float]],
+                 max_scores: Optional[Dict[str, float]], max_ocr_area: Optional[float]):
+    """(minima, maxima) per column from every way of giving them; takes thresholds= and
+    max_thresholds= out of `score_opts`."""
+    minima = dict(min_scores or {})
+    minima.update(score_opts.pop("thresholds", {}) or {})
+    if min_clip is not None:
+        minima["clip_score"] = min_clip
+    maxima = dict(max_scores or {})
+    maxima.update(score_opts.pop("max_thresholds", {}) or {})
+    if max_ocr_area is not None:
+        maxima["ocr_area"] = max_ocr_area
+    return minima, maxima
+
+
 def build_config(out: Optional[str] = None, scorers: Sequence = ("clip",), *, min_clip: Optional[float] = None,
                  min_scores: Optional[Dict[str, float]] = None, max_scores: Optional[Dict[str, float]] = None,
                  max_ocr_area: Optional[float] = None, config: Optional[ScoreConfig] = None,
@@ -75,52 +154,18 @@ def build_config(out: Optional[str] = None, scorers: Sequence = ("clip",), *, mi
                                    max_ocr_area=max_ocr_area, stage=stage), "config", "ScoreConfig")
     if config is not None:
         return config
-    score_fields = {f.name for f in fields(ScoreConfig)}
-    stage_fields = {f.name for f in fields(StageConfig)}
-    score_opts: Dict = {}
-    stage_opts: Dict = {}
-    scorer_options: Dict[str, Dict] = {k: dict(v) for k, v in dict(options.pop("scorer_options", {}) or {}).items()}
     names = [s if isinstance(s, str) else getattr(s, "name", "") for s in (scorers if not isinstance(scorers, str) else [scorers])]
-    shortcuts_used: Dict[str, list] = {}
-    for key, value in options.items():
-        if key in SHORTCUTS:
-            if value is None:
-                continue
-            targets = [(name, option) for name, option in SHORTCUTS[key] if name in names]
-            if not targets:  # reported below, naming the scorer to add
-                shortcuts_used.setdefault(SHORTCUTS[key][-1][0], []).append(key)
-            for name, option in targets:
-                given = scorer_options.setdefault(name, {})
-                if option in given and given[option] != value:
-                    raise ConfigError(f"{key} ({_flag(key)}) = {value!r} and the scorer option {name}.{option} = "
-                                      f"{given[option]!r} disagree; pass one of them")
-                given[option] = value
-                shortcuts_used.setdefault(name, []).append(key)
-        elif key in score_fields:
-            score_opts[key] = value
-        elif key in stage_fields:
-            if value is not None:
-                stage_opts[key] = value
-        else:
-            known = (score_fields | stage_fields | set(SHORTCUTS)) - {"stage", "thresholds", "max_thresholds"}
-            raise ConfigError(f"unknown scoring option {key!r}; known: {', '.join(sorted(known))}, "
-                              f"min_clip, max_ocr_area, min_scores, max_scores")
-    config_or_options(stage, stage_opts, "stage")
-    thresholds = dict(min_scores or {})
-    thresholds.update(score_opts.pop("thresholds", {}) or {})
-    if min_clip is not None:
-        thresholds["clip_score"] = min_clip
-    maxima = dict(max_scores or {})
-    maxima.update(score_opts.pop("max_thresholds", {}) or {})
-    if max_ocr_area is not None:
-        maxima["ocr_area"] = max_ocr_area
-    for name, keys in shortcuts_used.items():
+    given_scorer_options = dict(options.pop("scorer_options", {}) or {})
+    opts = sort_options(names, options, given_scorer_options)
+    if opts.refused:
+        raise ConfigError(refusal(opts.refused))
+    config_or_options(stage, opts.stage, "stage")
+    minima, maxima = score_bounds(opts.score, min_clip, min_scores, max_scores, max_ocr_area)
+    for name, keys in opts.shortcuts.items():
         if name not in names:
-            given = ", ".join(f"{k} ({_flag(k)})" for k in keys)
-            raise ConfigError(f"{given} {'applies' if len(keys) == 1 else 'apply'} to the {name} scorer, which is not "
-                              f"in this run ({', '.join(names)}); add --scorer {name}")
-    return ScoreConfig(out=out or "", scorers=scorers, scorer_options=scorer_options, thresholds=thresholds,
-                       max_thresholds=maxima, stage=stage or StageConfig(**stage_opts), **score_opts)
+            raise ConfigError(wrong_scorer(name, keys, names))
+    return ScoreConfig(out=out or "", scorers=scorers, scorer_options=opts.scorer_options, thresholds=minima,
+                       max_thresholds=maxima, stage=stage or StageConfig(**opts.stage), **opts.score)
 
 
 def score(shards, out: Optional[str] = None, scorers: Sequence = ("clip",), *, min_clip: Optional[float] = None,

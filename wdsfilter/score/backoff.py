@@ -1,8 +1,11 @@
-"""Out-of-memory back-off: run one scorer over a list of prepared inputs in sub-batches; on CUDA
+"""Out-of-memory back-off: run one scorer over a list of prepared inputs in sub-batches of its own
+planned size, counted in frames (scorer.frame_count: an image is 1, a k-frame video k); on CUDA
 out-of-memory (cuBLAS/cuDNN allocation failures included), host MemoryError or host-memory
-pressure, halve the sub-batch, free the cache and
-retry the same inputs. An input's outcome is recorded only once its sub-batch returned, so no
-sample is lost or scored twice. Errors that are not about memory are isolated to the sample that
+pressure, halve this scorer's sub-batch (the other scorers keep theirs), free the cache and
+retry the same inputs. After `grow_after` sub-batches in a row without a failure it doubles the
+size again, up to the plan; a size that fails again after growing waits twice as long before the
+next try, so a batch that really does not fit is not retried over and over. An input's outcome is
+recorded only once its sub-batch returned, so no sample is lost or scored twice. Errors that are not about memory are isolated to the sample that
 causes them (its row gets the reason); a scorer that fails on everything stops the run, and so
 does a sticky device error (illegal memory access, device-side assert: see faults.py).
 """
@@ -23,9 +26,14 @@ class ScorerError(RunError):
     """A scorer is broken (wrong output shape, or it fails on every sample): not a data error."""
 
 
+# Sub-batches in a row without a memory failure after which a halved size is doubled again.
+GROW_AFTER = 16
+GROW = "grow"  # the kind of a BackoffEvent that doubled the size
+
+
 @dataclass
 class BackoffEvent:
-    kind: str  # cuda_oom | host_oom | host_pressure
+    kind: str  # cuda_oom | host_oom | host_pressure | grow
     from_size: int
     to_size: int
     detail: str
@@ -33,8 +41,11 @@ class BackoffEvent:
 
 class Backoff:
     def __init__(self, scorer, memory: DeviceMemory, batch_size: int, host: Optional[DeviceMemory] = None,
-                 min_free_host: Optional[int] = None, max_failures_before_success: int = 8):
+                 min_free_host: Optional[int] = None, max_failures_before_success: int = 8,
+                 grow_after: int = GROW_AFTER):
+        """batch_size: the planned sub-batch in frames (samples for a scorer without frame_count)."""
         self.scorer = scorer
+        self.frame_count = getattr(scorer, "frame_count", None)
         self.memory = memory
         self.planned = int(batch_size)
         self.batch_size = int(batch_size)
@@ -45,11 +56,43 @@ class Backoff:
         self.successes = 0
         self.failures_without_success = 0
         self.calls = 0
+        self.grow_after = max(1, int(grow_after))
+        self.wait = self.grow_after  # sub-batches without failure before the next doubling
+        self.streak = 0  # sub-batches in a row without a memory failure
+        self.grown = False  # the last change was a doubling (a failure now makes the next one wait longer)
 
     def _halve(self, failed_size: int, kind: str, detail: str) -> None:
         new = max(1, failed_size // 2)
         self.events.append(BackoffEvent(kind, failed_size, new, detail[:300]))
         self.batch_size = min(self.batch_size, new)
+        self.streak = 0
+        if self.grown:  # the doubled size failed again: try it less often
+            self.wait *= 2
+            self.grown = False
+
+    def _succeeded(self) -> None:
+        self.streak += 1
+        if self.batch_size < self.planned and self.streak >= self.wait:
+            if self._host_pressure():  # the host is still short of RAM: stay small
+                self.streak = 0
+                return
+            new = min(self.planned, self.batch_size * 2)
+            self.events.append(BackoffEvent(GROW, self.batch_size, new, f"{self.streak} sub-batches in a row fit"))
+            self.batch_size, self.streak, self.grown = new, 0, True
+
+    def _frames(self, inputs: List[Any]) -> List[int]:
+        if self.frame_count is None:
+            return [1] * len(inputs)
+        return [max(1, int(self.frame_count(x))) for x in inputs]
+
+    def _take(self, frames: List[int], i: int) -> Tuple[int, int]:
+        """(inputs, frames) of the next sub-batch from input i: as many inputs as fit the current
+        size in frames, at least one."""
+        n, total = 0, 0
+        while i + n < len(frames) and (n == 0 or total + frames[i + n] <= self.batch_size):
+            total += frames[i + n]
+            n += 1
+        return n, total
 
     def _host_pressure(self) -> Optional[str]:
         if self.host is None or not self.min_free_host:
@@ -61,16 +104,17 @@ class Backoff:
 
     def run(self, inputs: List[Any]) -> List[Outcome]:
         results: List[Optional[Outcome]] = [None] * len(inputs)
+        frames = self._frames(inputs)
         i = 0
         isolate_until = 0  # inputs before this index are retried one at a time
         while i < len(inputs):
-            n = 1 if i < isolate_until else min(self.batch_size, len(inputs) - i)
+            n, size = (1, frames[i]) if i < isolate_until else self._take(frames, i)
             if n > 1:
                 pressure = self._host_pressure()
                 if pressure:
                     self.memory.empty_cache()
-                    self._halve(n, "host_pressure", pressure)
-                    if self.batch_size < n:
+                    self._halve(size, "host_pressure", pressure)
+                    if self.batch_size < size:
                         continue
             chunk = inputs[i:i + n]
             failure = None
@@ -85,7 +129,7 @@ class Backoff:
                     # The failed call's tensors are gone with its frames; give the cache back.
                     self.memory.empty_cache()
                     if n > 1:
-                        self._halve(n, reason, message)
+                        self._halve(size, reason, message)
                         continue
                     results[i] = ("error", "out_of_memory", message)
                     i += 1
@@ -104,6 +148,8 @@ class Backoff:
                 results[i + j] = ("ok", scores)
             self.successes += n
             self.failures_without_success = 0
+            if i >= isolate_until:  # a one-by-one retry after a scorer error says nothing about memory
+                self._succeeded()
             i += n
         return results  # type: ignore[return-value]
 
@@ -129,5 +175,7 @@ class Backoff:
         return "error", "score_error", message
 
     def stats(self) -> dict:
+        """planned/final sizes are in frames for a scorer that counts them (an image is one frame)."""
         return {"planned_batch_size": self.planned, "final_batch_size": self.batch_size,
+                "smallest_batch_size": min([self.batch_size] + [e.to_size for e in self.events]),
                 "events": [asdict(e) for e in self.events], "calls": self.calls, "scored": self.successes}

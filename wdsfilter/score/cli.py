@@ -69,9 +69,10 @@ def _echo(text: str) -> None:
 @click.option("--ray-address", default=None, metavar="ADDRESS",
               help="ray: a running cluster (auto, ray://host:10001); default: start a local one.")
 @click.option("--ray-actors", type=click.IntRange(min=1), default=None,
-              help="ray: model actors [one per GPU of the cluster, else 1].")
+              help="ray: model actors [the planner's model processes per GPU x the cluster's GPUs, else 1].")
 @click.option("--ray-gpus-per-actor", type=click.FloatRange(min=0), default=None,
-              help="ray: GPUs per model actor (0.5 puts two on a GPU) [1 when the cluster has GPUs, else 0].")
+              help="ray: GPUs per model actor (0.5 puts two on a GPU) [1 / the planner's model processes per GPU "
+                   "when the cluster has GPUs, else 0].")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @click.option("--no-histograms", is_flag=True, help="No histograms in the terminal summary.")
 def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frames, frame_reduce, keyframes,

@@ -80,7 +80,8 @@ class ScoreConfig:
     # Model devices: "auto" (cuda when available, else cpu), "cpu", "cuda", "cuda:N".
     device: str = "auto"
     gpus: Optional[Tuple[int, ...]] = None
-    # Explicit model-worker devices, one process each, e.g. ("cpu", "cpu") or ("sim:gpu0",).
+    # Explicit model-worker devices, one process each, e.g. ("cpu", "cpu") or ("cuda:0", "cuda:1")
+    # (or a device kind registered with memory.py, as the tests' simulated "sim:gpu0").
     # Overrides device/gpus; "cpu" alone scores in the main process.
     devices: Optional[Tuple[str, ...]] = None
     batch_size: Union[str, int] = "auto"
@@ -161,9 +162,12 @@ class ScoreConfig:
             self.devices = tuple(str(d) for d in self.devices)
             if not self.devices:
                 raise ConfigError("devices: empty list")
+            from .memory import DEVICE_KINDS  # kinds registered by the tests ("sim:NAME")
             for d in self.devices:
-                if not (d == "cpu" or re.match(r"^cuda:\d+$", d) or re.match(r"^sim:\w+$", d)):
-                    raise ConfigError(f"devices: {d!r} is not cpu, cuda:N or sim:NAME")
+                if not (d == "cpu" or re.match(r"^cuda:\d+$", d) or re.match(r"^(\w+):\w+$", d)
+                        and d.partition(":")[0] in DEVICE_KINDS):
+                    raise ConfigError(f"devices: {d!r} is not cpu or cuda:N"
+                                      + "".join(f" or {k}:NAME" for k in DEVICE_KINDS))
         bounds = Thresholds.build(self.thresholds, self.max_thresholds)
         self.thresholds, self.max_thresholds = dict(bounds.minima), dict(bounds.maxima)
         self.scorer_options = {str(k): dict(v) for k, v in dict(self.scorer_options).items()}

@@ -1,11 +1,13 @@
-"""Model devices of a local run: which devices get a model worker (cuda:N, cpu, or a simulated
-device for tests), and the pool of model workers on them (modelworker.LocalPool or ProcessPool)."""
+"""Model devices of a local run: which devices get a model worker (cuda:N, cpu, or a device kind
+the tests register, memory.DEVICE_KINDS), and the pool of model workers on them
+(modelworker.LocalPool or ProcessPool)."""
 from __future__ import annotations
 
 from typing import List, Sequence
 
 from ..errors import ConfigError
 from .config import ScoreConfig
+from .memory import torch_device
 from .modelworker import LocalPool, ProcessPool
 
 
@@ -37,7 +39,7 @@ def resolve_devices(cfg: ScoreConfig) -> List[str]:
 
 
 def make_pool(devices: List[str], scorers: Sequence, depth: int = 2):
-    """In this process for one CPU (or simulated) device, else one process per device."""
-    if len(devices) == 1 and (devices[0] == "cpu" or devices[0].startswith("sim:")):
+    """In this process for one device whose model computes on the CPU, else one process per device."""
+    if len(devices) == 1 and torch_device(devices[0]) == "cpu":
         return LocalPool(devices[0], scorers)
     return ProcessPool(devices, scorers, depth=depth)

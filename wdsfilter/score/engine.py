@@ -23,7 +23,7 @@ from .faults import disk_full, is_disk_full
 from .memory import host_status
 from .outputs import RunSummary
 from .planner import Plan, ProbeReport, make_plan
-from .prepare import Chunk, Prepare, collect_probe, keep_as_is, nbytes
+from .prepare import Chunk, Prepare, collect_probe, keep_as_is
 from .rows import NothingScoredError  # noqa: F401 - raised by run(); importable from here as before
 from .run import Run
 
@@ -38,20 +38,7 @@ class Engine(Run):
         cfg = self.cfg
         inputs, prep_seconds, scanned = collect_probe(todo, cfg.scoring_stage_config(self.scorers), self.scorers,
                                                       cfg.probe_samples, cfg.probe_scan, cfg.probe_seconds)
-        report = ProbeReport(samples=len(inputs), scanned=scanned, prepare_seconds=prep_seconds)
-        if inputs:
-            report.prepared_bytes = int(sum(nbytes(x) for x in inputs) / len(inputs))
-        if len(inputs) >= 2:
-            measured = pool.probe(inputs)
-            report.sizes = tuple(measured["sizes"])
-            report.peaks = measured["peaks"]
-            report.retained = measured.get("retained", {})
-            report.seconds_per_sample = measured["seconds_per_sample"]
-            report.timings = measured.get("timings", {})
-            report.threads = measured["threads"]
-            report.oom_at = measured["oom_at"]
-            report.errors = measured.get("errors", {})
-        return report
+        return ProbeReport.measured(inputs, scanned, prep_seconds, pool.probe)
 
     def _apply(self, pool, plan: Plan) -> dict:
         """Start the planned replicas and configure every model worker; returns worker -> batch size."""
@@ -133,6 +120,8 @@ class Engine(Run):
                 for d in summary.scorers:
                     self.echo(f"scorer: {d}")
                 probe = self._probe(pool, todo or self.urls)
+                for r in reports:  # a model in this process (one CPU or simulated device) cannot get replicas
+                    r["in_process"] = bool(pool.in_process)
                 plan = make_plan(cfg, reports, probe, host_status(), len(todo or self.urls))
                 summary.plan, summary.plan_text = plan.to_dict(), plan.describe()
                 self.echo(summary.plan_text)

@@ -1,12 +1,12 @@
 """Memory of the devices a model runs on, behind one small interface.
 
 The planner and the OOM back-off only talk to a DeviceMemory, so the CUDA logic is exercised in
-tests on a SimulatedDevice (N bytes; a test scorer "allocates" per sample and gets a real
-torch.cuda.OutOfMemoryError when it does not fit), and the host is measured for real with psutil.
+tests on a simulated GPU (tests/devicekit.py registers the "sim:NAME" devices: N bytes; a test
+scorer "allocates" per sample and gets a real torch.cuda.OutOfMemoryError when it does not fit),
+and the host is measured for real with psutil.
 
     CudaMemory      torch.cuda.mem_get_info / memory_allocated / max_memory_allocated
     HostMemory      psutil (available RAM) and this process's RSS and peak RSS (VmHWM)
-    SimulatedDevice a device of `total` bytes with PyTorch's caching-allocator behaviour
 """
 from __future__ import annotations
 
@@ -14,11 +14,17 @@ import abc
 import gc
 import os
 import threading
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional
 
 # What one more process costs on a GPU before it allocates anything (its CUDA context, cuBLAS
 # workspaces). Not visible to memory_allocated, so it is an estimate, shown as one in plans.
 CUDA_CONTEXT_BYTES = 600 * 2**20
+
+
+# What a probe or a back-off frees lives in the young generations (a failed batch's traceback,
+# its tensors): collecting those takes microseconds, while a full collection with torch and a model
+# loaded takes about a second, and the probe cleaned up several times per scorer.
+YOUNG = 1
 
 
 class DeviceMemory(abc.ABC):
@@ -88,7 +94,7 @@ class CudaMemory(DeviceMemory):
 
     def empty_cache(self) -> None:
         import torch
-        gc.collect()
+        gc.collect(YOUNG)
         torch.cuda.empty_cache()
 
     def process_overhead(self) -> int:
@@ -161,7 +167,7 @@ class HostMemory(DeviceMemory):
         return max(self._sampled_peak, self.allocated())
 
     def empty_cache(self) -> None:
-        gc.collect()
+        gc.collect(YOUNG)
         try:  # hand freed heap pages back so RSS (what psutil sees) drops too
             import ctypes
             ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -180,107 +186,39 @@ class HostMemory(DeviceMemory):
         self.__init__()
 
 
-class SimulatedDevice(DeviceMemory):
-    """A GPU of `total` bytes for tests, one per name and process (pickling re-attaches to the
-    receiving process's device of that name). Freed blocks stay cached, as in PyTorch, until
-    empty_cache(); alloc() raises torch.cuda.OutOfMemoryError when the request does not fit."""
+# Device kinds besides cpu and cuda[:N], by prefix: "PREFIX:NAME" -> factory(NAME) -> DeviceMemory.
+# The tests register "sim" (tests/devicekit.py: a GPU of N bytes that computes on the CPU), so
+# the planner's and the back-off's CUDA paths run without a GPU. Such a device's model computes on
+# the CPU; its DeviceMemory must pickle to a call that registers it again, because a spawned model
+# worker receives it pickled (modelworker.ProcessPool).
+DEVICE_KINDS: Dict[str, Callable[[str], DeviceMemory]] = {}
 
-    kind = "simulated"
-    _registry: Dict[str, "SimulatedDevice"] = {}
 
-    def __init__(self, name: str, total: int, overhead: int = 0):
-        self.name = name
-        self._total = int(total)
-        self._overhead = int(overhead)
-        self.used = 0  # allocated by this process
-        self.cached = 0  # freed but kept by the caching allocator
-        self.occupied = 0  # taken by other processes
-        self._peak = 0
-        self.ooms = 0
+def register_device_kind(prefix: str, factory: Callable[[str], DeviceMemory]) -> None:
+    DEVICE_KINDS[prefix] = factory
 
-    @classmethod
-    def create(cls, name: str, total: int, overhead: int = 0) -> "SimulatedDevice":
-        dev = cls(name, total, overhead)
-        cls._registry[name] = dev
-        return dev
 
-    @classmethod
-    def get(cls, name: str, total: Optional[int] = None, overhead: int = 0) -> "SimulatedDevice":
-        dev = cls._registry.get(name)
-        if dev is None:
-            if total is None:
-                raise KeyError(f"no simulated device {name!r} in this process")
-            dev = cls.create(name, total, overhead)
-        return dev
-
-    def __reduce__(self):
-        return (SimulatedDevice.get, (self.name, self._total, self._overhead))
-
-    # -- the allocator ----------------------------------------------------------------------
-    def alloc(self, nbytes: int) -> None:
-        nbytes = int(nbytes)
-        from_cache = min(self.cached, nbytes)
-        fresh = nbytes - from_cache
-        if fresh > self._total - self.occupied - self.used - self.cached:
-            self.ooms += 1
-            import torch
-            raise torch.cuda.OutOfMemoryError(
-                f"simulated device {self.name}: tried to allocate {nbytes} bytes; {self.used} allocated, "
-                f"{self.cached} cached, {self.occupied} used by others, {self._total} total")
-        self.cached -= from_cache
-        self.used += nbytes
-        self._peak = max(self._peak, self.used)
-
-    def release(self, nbytes: int) -> None:
-        nbytes = min(int(nbytes), self.used)
-        self.used -= nbytes
-        self.cached += nbytes
-
-    def occupy(self, nbytes: int) -> None:
-        """Memory taken outside this process's PyTorch allocator: another process (what makes a
-        planned batch OOM later), or a library with its own allocator (onnxruntime's arena)."""
-        self.occupied += int(nbytes)
-
-    # -- DeviceMemory -------------------------------------------------------------------------
-    def free(self) -> int:
-        return self._total - self.occupied - self.used - self.cached
-
-    def total(self) -> int:
-        return self._total
-
-    def allocated(self) -> int:
-        return self.used
-
-    def peak(self) -> int:
-        return self._peak
-
-    def reset_peak(self) -> None:
-        self._peak = self.used
-
-    def empty_cache(self) -> None:
-        self.cached = 0
-
-    def process_overhead(self) -> int:
-        return self._overhead
-
-    def device_used(self) -> Optional[int]:
-        return self._total - self.free()
+def registered_device(device: str) -> Optional[DeviceMemory]:
+    """The DeviceMemory of a "PREFIX:NAME" device of a registered kind, else None."""
+    prefix, sep, name = device.partition(":")
+    return DEVICE_KINDS[prefix](name) if sep and prefix in DEVICE_KINDS else None
 
 
 def device_memory(device: str) -> DeviceMemory:
-    """The DeviceMemory of a model device string: cpu, cuda, cuda:N, sim:NAME."""
+    """The DeviceMemory of a model device string: cpu, cuda, cuda:N, or a registered kind's."""
     if device == "cpu":
         return HostMemory()
     if device.startswith("cuda"):
         return CudaMemory(int(device.split(":")[1]) if ":" in device else 0)
-    if device.startswith("sim:"):
-        return SimulatedDevice.get(device[4:])
-    raise ValueError(f"unknown device {device!r}")
+    memory = registered_device(device)
+    if memory is None:
+        raise ValueError(f"unknown device {device!r}")
+    return memory
 
 
 def torch_device(device: str) -> str:
-    """The torch device a scorer loads on (simulated GPUs compute on the CPU)."""
-    return "cpu" if device.startswith("sim:") else device
+    """The torch device a scorer loads on (a registered kind's device computes on the CPU)."""
+    return "cpu" if device.partition(":")[0] in DEVICE_KINDS else device
 
 
 def is_oom(exc: BaseException) -> bool:

@@ -18,7 +18,7 @@ from ..errors import ConfigError, RunError
 from .backoff import Backoff
 from .embeddings import FIELD as EMBEDDINGS
 from .faults import DeviceFailedError, device_failed, sticky_device_error
-from .memory import HostMemory, device_memory, is_oom, torch_device
+from .memory import HostMemory, device_memory, is_oom, registered_device, torch_device
 from .transport import open_items, pack, unpack
 
 # One work item: (row reference, {scorer name: prepared input}).
@@ -63,7 +63,9 @@ class ModelRunner:
         """Activation memory and time of each scorer at two batch sizes (1 and len(inputs)), after
         one warm-up call, so the timed call is representative and lazy initialisation is not
         counted as activations. What the warm-up leaves allocated (cuDNN/cuBLAS workspaces,
-        onnxruntime's arena) is reported as `retained`: the planner adds it to the model."""
+        onnxruntime's arena) is reported as `retained`: the planner adds it to the model. `frames`:
+        the frames (scorer.frame_count) in each probe batch, so memory is planned per frame and a
+        k-frame video costs k frames."""
         import torch
         mem = self.memory
         sizes = (1, len(inputs))
@@ -71,10 +73,13 @@ class ModelRunner:
         timings: Dict[str, List[float]] = {}  # seconds per sample at each size
         retained: Dict[str, int] = {}
         errors: Dict[str, str] = {}
+        frames: Dict[str, List[int]] = {}
         seconds = 0.0
         oom_at = None
         for scorer in self.scorers:
             batch = [inp[scorer.name] for inp in inputs]
+            count = getattr(scorer, "frame_count", lambda _: 1)
+            frames[scorer.name] = [sum(max(1, int(count(x))) for x in batch[:size]) for size in sizes]
             measured: List[int] = []
             size = 1
             try:
@@ -110,21 +115,24 @@ class ModelRunner:
                     errors[scorer.name] = f"{type(e).__name__}: {e}"[:300]
             mem.empty_cache()
             peaks[scorer.name] = measured
-        return {"sizes": list(sizes), "peaks": peaks, "retained": retained, "timings": timings,
+        return {"sizes": list(sizes), "peaks": peaks, "frames": frames, "retained": retained, "timings": timings,
                 "seconds_per_sample": seconds,
                 "threads": torch.get_num_threads(), "oom_at": oom_at, "errors": errors}
 
     # -- scoring ------------------------------------------------------------------------------
     def configure(self, batch_size: int, threads: Optional[int] = None, min_free_host: Optional[int] = None,
                   scorer_batch: Optional[Dict[str, int]] = None) -> None:
-        """scorer_batch: a smaller batch for some scorers (the planner's, where the probe found
-        small batches faster); each runs the dispatched batch in sub-batches of its size."""
+        """batch_size: the dispatched batch (samples); scorer_batch: each scorer's own planned
+        sub-batch in frames (planner.DevicePlan.scorer_batch). Each scorer runs the dispatched
+        batch in sub-batches of its own size, through its own back-off, so a scorer with a small
+        batch (OCR on large frames) no longer holds back one with a large one (CLIP); a scorer
+        the plan does not name uses batch_size."""
         if threads:
             import torch
             torch.set_num_threads(threads)
         sizes = scorer_batch or {}
-        self.backoffs = {s.name: Backoff(s, self.memory, min(batch_size, sizes.get(s.name, batch_size)), self.host,
-                                         min_free_host) for s in self.scorers}
+        self.backoffs = {s.name: Backoff(s, self.memory, sizes.get(s.name, batch_size), self.host, min_free_host)
+                         for s in self.scorers}
 
     def score(self, items: List[Item]) -> List[Tuple[Any, dict, dict]]:
         """(ref, {column: value}, {scorer: (reason, message)}) per item, in order."""
@@ -236,7 +244,8 @@ class LocalPool:
 
 def _worker_main(worker: int, device: str, scorers, inbox, outbox, threads: Optional[int], sim=None) -> None:
     """A model worker process: load, then serve probe/configure/batch messages until stop.
-    `sim`: the SimulatedDevice of a "sim:NAME" device; unpickling it registers it in this process."""
+    `sim`: the DeviceMemory of a registered device kind (memory.DEVICE_KINDS: the tests' simulated
+    GPU), else None; unpickling it registers it in this process."""
     try:
         import torch
         if threads:
@@ -305,10 +314,7 @@ class ProcessPool:
     def _spawn(self, device: str) -> int:
         worker = len(self.procs)
         inbox = self.ctx.Queue()
-        sim = None
-        if device.startswith("sim:"):
-            from .memory import SimulatedDevice
-            sim = SimulatedDevice.get(device[4:])
+        sim = registered_device(device)  # a test's simulated GPU: it registers again in the worker
         proc = self.ctx.Process(target=_worker_main, name=f"wdsfilter-model-{worker}",
                                 args=(worker, device, self.scorers, inbox, self.outbox, self.threads, sim), daemon=True)
         proc.start()

@@ -13,7 +13,7 @@ import json
 import math
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..atomic import atomic_path, write_json
 from ..thresholds import Thresholds, is_missing
@@ -103,10 +103,9 @@ def summarize_files(paths: Sequence[str], columns: Sequence[str], thresholds: Op
     """Counts, kept/dropped per threshold (minimum and maximum) and per-column statistics with
     histograms, read back from the score files (two passes over the score columns: range, then
     histogram). Integer columns with few values get one bin per value."""
-    rows = 0
-    status = Counter()
-    reasons = Counter()
-    kept = 0
+    rows = kept = 0
+    status: Counter = Counter()
+    reasons: Counter = Counter()
     thresholds = thresholds or Thresholds()
     per_bound = [(b, {"min" if b.minimum else "max": b.value, "kept": 0, "dropped": 0, "no_score": 0})
                  for b in thresholds.bounds()]
@@ -118,46 +117,19 @@ def summarize_files(paths: Sequence[str], columns: Sequence[str], thresholds: Op
         status.update(t["status"])
         for r in t["reason"]:
             if r:
-                for part in str(r).split(";"):
-                    reasons[part] += 1
+                reasons.update(str(r).split(";"))
         kept += sum(1 for k in t["kept"] if k)
         for bound, th in per_bound:
             for v in t.get(bound.column, [None] * n):
                 th["no_score" if is_missing(v) else "kept" if bound.passes(v) else "dropped"] += 1
         for col in columns:
-            values = t.get(col, [])
-            st = stats.setdefault(col, {"count": 0, "min": None, "max": None, "sum": 0.0, "true": 0, "false": 0,
-                                        "kind": None, "integer": True})
-            for v in values:
-                if v is None:
-                    continue
-                if isinstance(v, bool):
-                    st["kind"] = st["kind"] or "bool"
-                    st["true" if v else "false"] += 1
-                    st["count"] += 1
-                elif _is_number(v) and not math.isnan(float(v)):
-                    st["kind"] = "number"
-                    st["integer"] = st["integer"] and isinstance(v, int)
-                    st["count"] += 1
-                    st["sum"] += float(v)
-                    st["min"] = v if st["min"] is None else min(st["min"], v)
-                    st["max"] = v if st["max"] is None else max(st["max"], v)
+            _add_values(stats.setdefault(col, _new_column()), t.get(col, []))
     for col, st in stats.items():
         if st["kind"] == "number" and st["count"]:
             st["mean"] = st["sum"] / st["count"]
-            lo, hi = float(st["min"]), float(st["max"])
-            n_bins = bins
-            per_value = st["integer"] and hi - lo + 1 <= bins
-            if per_value:  # counts such as ocr_frames: a bin per value
-                n_bins, lo, hi = int(hi - lo) + 1, lo - 0.5, hi + 0.5
-            if hi == lo:
-                hi = lo + 1e-9
-            edges = [lo + (hi - lo) * i / n_bins for i in range(n_bins + 1)]
-            counts = [0] * n_bins
-            for path in paths:
-                for v in _numeric(read_table(path, [col]).get(col, [])):
-                    counts[min(n_bins - 1, int((v - lo) / (hi - lo) * n_bins))] += 1
-            st["histogram"] = {"edges": edges, "counts": counts}
+            lo, hi, n_bins, per_value = histogram_bins(st["min"], st["max"], st["integer"], bins)
+            st["histogram"] = {"edges": [lo + (hi - lo) * i / n_bins for i in range(n_bins + 1)],
+                               "counts": _bin_counts(paths, col, lo, hi, n_bins)}
             if per_value:
                 st["histogram"]["per_value"] = True
         st.pop("sum", None)
@@ -165,6 +137,51 @@ def summarize_files(paths: Sequence[str], columns: Sequence[str], thresholds: Op
     return {"rows": rows, "status": dict(status), "reasons": dict(reasons.most_common()), "kept": kept,
             "dropped": rows - kept, "thresholds": {b.column: th for b, th in per_bound if b.minimum},
             "max_thresholds": {b.column: th for b, th in per_bound if not b.minimum}, "columns": stats}
+
+
+def _new_column() -> dict:
+    return {"count": 0, "min": None, "max": None, "sum": 0.0, "true": 0, "false": 0, "kind": None, "integer": True}
+
+
+def _add_values(st: dict, values: Iterable[Any]) -> None:
+    """Count one file's values of a column into its statistics (booleans, or numbers: count,
+    sum, range, whether all are integers)."""
+    for v in values:
+        if v is None:
+            continue
+        if isinstance(v, bool):
+            st["kind"] = st["kind"] or "bool"
+            st["true" if v else "false"] += 1
+            st["count"] += 1
+        elif _is_number(v) and not math.isnan(float(v)):
+            st["kind"] = "number"
+            st["integer"] = st["integer"] and isinstance(v, int)
+            st["count"] += 1
+            st["sum"] += float(v)
+            st["min"] = v if st["min"] is None else min(st["min"], v)
+            st["max"] = v if st["max"] is None else max(st["max"], v)
+
+
+def histogram_bins(lowest, highest, integer: bool, bins: int) -> Tuple[float, float, int, bool]:
+    """(lo, hi, number of bins, one bin per value?) for values from `lowest` to `highest`: `bins`
+    equal bins, or one bin per value for integers with at most `bins` values (ocr_frames)."""
+    lo, hi = float(lowest), float(highest)
+    n_bins = bins
+    per_value = integer and hi - lo + 1 <= bins
+    if per_value:
+        n_bins, lo, hi = int(hi - lo) + 1, lo - 0.5, hi + 0.5
+    if hi == lo:
+        hi = lo + 1e-9
+    return lo, hi, n_bins, per_value
+
+
+def _bin_counts(paths: Sequence[str], col: str, lo: float, hi: float, n_bins: int) -> List[int]:
+    """The second pass: a column's values counted into `n_bins` equal bins from `lo` to `hi`."""
+    counts = [0] * n_bins
+    for path in paths:
+        for v in _numeric(read_table(path, [col]).get(col, [])):
+            counts[min(n_bins - 1, int((v - lo) / (hi - lo) * n_bins))] += 1
+    return counts
 
 
 def text_histogram(hist: dict, width: int = 40) -> List[str]:
@@ -256,13 +273,17 @@ class RunSummary:
         return self.samples_this_run / self.seconds if self.seconds else 0.0
 
     def batch_sizes(self) -> List[dict]:
-        """Planned and finally used batch size per model worker and scorer."""
+        """Planned and finally used batch size per model worker and scorer (in frames for a scorer
+        that counts them: an image is one frame), how often the back-off halved it and why, and
+        how often it grew back."""
         out = []
         for w in self.workers:
             for name, b in (w.get("backoff") or {}).items():
+                halved = [e for e in b["events"] if e["kind"] != "grow"]
                 out.append({"worker": w.get("worker"), "device": w.get("device"), "scorer": name,
                             "planned": b["planned_batch_size"], "final": b["final_batch_size"],
-                            "halvings": len(b["events"]), "causes": sorted({e["kind"] for e in b["events"]})})
+                            "halvings": len(halved), "causes": sorted({e["kind"] for e in halved}),
+                            "grown": len(b["events"]) - len(halved)})
         return out
 
     def to_dict(self) -> dict:
@@ -291,6 +312,7 @@ class RunSummary:
                          f"after start-up, model load and probe)")
         for b in self.batch_sizes():
             extra = f", halved {b['halvings']}x ({', '.join(b['causes'])})" if b["halvings"] else ""
+            extra += f", grown back {b['grown']}x" if b.get("grown") else ""
             lines.append(f"  batch size on {b['device']} (worker {b['worker']}, {b['scorer']}): "
                          f"planned {b['planned']}, final {b['final']}{extra}")
         lines.append("  status: " + ", ".join(f"{k} {self.status.get(k, 0)}" for k in STATUSES))

@@ -6,13 +6,22 @@ Inputs, all measured before planning:
     psutil on the host), each model's footprint (memory_allocated after load minus before) and
     what another process costs there;
   * the activation probe (ProbeReport): peak memory above the loaded model for probe batches of
-    two sizes (max_memory_allocated), giving bytes per sample and a fixed part, plus the model's
+    two sizes (max_memory_allocated), per scorer, giving each scorer's bytes per frame (a video
+    of k frames is k frames, an image one: scorer.frame_count) and a fixed part, plus the model's
     and the decode side's seconds per sample and the size of one prepared sample;
-  * the host (psutil): available RAM and CPU cores, which bound decode workers x prefetch.
+  * the host (psutil): available RAM and CPU cores, which bound decode workers x prefetch and
+    model processes per GPU.
+
+The plan is data: per device, the model processes (replicas), each scorer's own batch in frames
+(DevicePlan.scorer_batch: CLIP's is not held down to OCR's) and the batch of samples sent to a
+model process at a time (DevicePlan.batch_size, the largest scorer batch; each scorer scores it
+in sub-batches of its own size). Scorers run one after another in a model process, so a process
+needs its models plus the largest of the scorers' working memories at their batches.
 
 make_plan() is a pure function of these numbers and the user's settings, so each rule is tested
 on exact inputs; every choice carries the reason printed by `--dry-run`. A user setting that
 cannot fit is refused with the numbers (fit="refuse") or clamped with a warning (fit="clamp").
+The Ray runner calls the same make_plan() with numbers measured in one Ray task.
 """
 from __future__ import annotations
 
@@ -21,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from ..errors import ConfigError
+from .backoff import GROW_AFTER
 from .config import ScoreConfig, format_size as fs
 
 # RAM a decode worker holds besides its prefetched samples (interpreter, imports, one shard's
@@ -31,6 +41,20 @@ QUEUE_DEPTH = 2
 # Samples per DataLoader transfer: big enough to amortise inter-process overhead, small enough
 # that workers x prefetch x chunk prepared samples stay modest.
 MAX_CHUNK = 64
+# Model processes per GPU chosen automatically: two overlap one's host-side work (transfers,
+# Python, OCR's polygon geometry) with the other's GPU work; more is not measured to pay here
+# (set replicas=N for more).
+AUTO_MAX_REPLICAS = 2
+# An extra process per GPU is added only while every scorer keeps a batch of at least this many
+# frames (or its whole one-process batch, if that is smaller): beyond that, halving a batch costs
+# more GPU efficiency than the overlap gains.
+REPLICA_MIN_BATCH = 32
+# Cores per GPU model process when counting what the cores allow: its 2 threads, and as many left
+# for the decode workers that feed it: n_gpus x replicas x CORES_PER_GPU_PROCESS <= cpus.
+CORES_PER_GPU_PROCESS = 4
+# Prepared samples queued for the model processes may take at most this share of the host budget;
+# the dispatched batch is made smaller where the largest scorer batch would take more.
+QUEUE_SHARE = 4
 
 
 @dataclass
@@ -39,6 +63,8 @@ class ProbeReport:
     scanned: int = 0  # samples read to find them
     sizes: Tuple[int, int] = (0, 0)
     peaks: Dict[str, List[int]] = field(default_factory=dict)  # scorer -> bytes above the model at each size
+    # scorer -> frames in the probe batches of `sizes` (a k-frame video is k); missing: one per sample
+    frames: Dict[str, List[int]] = field(default_factory=dict)
     # scorer -> bytes its first batch left allocated on the device (workspaces, arenas): model memory
     retained: Dict[str, int] = field(default_factory=dict)
     seconds_per_sample: float = 0.0  # model time at the larger size, all scorers
@@ -50,21 +76,55 @@ class ProbeReport:
     oom_at: Optional[int] = None
     errors: Dict[str, str] = field(default_factory=dict)  # scorer -> error raised on probe samples
 
-    def activation(self) -> Tuple[int, int]:
-        """(fixed bytes, bytes per sample): the line through the two probe points of each scorer;
-        scorers run one after the other, so the plan takes the largest of each."""
-        fixed = per = 0.0
-        s1, s2 = self.sizes
-        for points in self.peaks.values():
-            if len(points) == 2 and s2 > s1:
-                slope = max(0.0, (points[1] - points[0]) / (s2 - s1))
-                base = max(0.0, points[0] - slope * s1)
+    def scorer_activations(self) -> Dict[str, Tuple[int, int]]:
+        """scorer -> (fixed bytes, bytes per frame): the line through its two probe points, with the
+        frames of each probe batch (not its samples) on the x axis, so a 3-frame video costs 3 frames.
+        A scorer whose probe failed has no entry."""
+        out: Dict[str, Tuple[int, int]] = {}
+        for name, points in self.peaks.items():
+            x1, x2 = self.frames.get(name) or self.sizes
+            if len(points) == 2 and x2 > x1:
+                slope = max(0.0, (points[1] - points[0]) / (x2 - x1))
+                base = max(0.0, points[0] - slope * x1)
             elif points:  # the larger probe ran out of memory: assume it all scales
-                slope, base = points[0] / max(s1, 1), 0.0
+                slope, base = points[0] / max(x1, 1), 0.0
             else:
                 continue
-            fixed, per = max(fixed, base), max(per, slope)
-        return int(fixed), int(math.ceil(per))
+            out[name] = (int(base), int(math.ceil(slope)))
+        return out
+
+    def activation(self) -> Tuple[int, int]:
+        """(fixed bytes, bytes per frame), the largest over the scorers (a summary; the plan itself
+        uses each scorer's own numbers)."""
+        acts = self.scorer_activations().values()
+        return max((f for f, _ in acts), default=0), max((p for _, p in acts), default=0)
+
+    @classmethod
+    def measured(cls, inputs: List[dict], scanned: int, prepare_seconds: float, pool_probe=None) -> "ProbeReport":
+        """A report from the probe samples (prepare.collect_probe) and, given two or more of them,
+        a model worker's probe of them (`pool_probe(inputs)` -> ModelRunner.probe's dict). The
+        local engine and the Ray runner build theirs the same way."""
+        from .prepare import nbytes
+        report = cls(samples=len(inputs), scanned=scanned, prepare_seconds=prepare_seconds)
+        if inputs:
+            report.prepared_bytes = int(sum(nbytes(x) for x in inputs) / len(inputs))
+        if len(inputs) >= 2 and pool_probe is not None:
+            m = pool_probe(inputs)
+            report.sizes = tuple(m["sizes"])
+            report.peaks = m["peaks"]
+            report.frames = m.get("frames", {})
+            report.retained = m.get("retained", {})
+            report.seconds_per_sample = m["seconds_per_sample"]
+            report.timings = m.get("timings", {})
+            report.threads = m["threads"]
+            report.oom_at = m["oom_at"]
+            report.errors = m.get("errors", {})
+        return report
+
+    def frames_per_sample(self, name: str) -> float:
+        """Frames per prepared sample of `name` in the larger probe batch (1.0 when not counted)."""
+        f = self.frames.get(name)
+        return f[1] / self.sizes[1] if f and len(f) == 2 and self.sizes[1] else 1.0
 
 
 @dataclass
@@ -75,8 +135,10 @@ class DevicePlan:
     batch_size: int
     threads: Optional[int]
     budget: int  # bytes the run may use on this device (after headroom)
-    need: int  # bytes the replicas need at this batch size
-    # Scorers that run the batch in smaller sub-batches (on the CPU, where the probe found those faster)
+    need: int  # bytes the replicas need at these batch sizes
+    # Each scorer's own sub-batch, in frames (an image is one, a k-frame video k). batch_size above
+    # is the number of samples sent to a model process at a time: the largest of these (at most
+    # what the host's share for queued samples allows); each scorer scores it in sub-batches of its size.
     scorer_batch: Dict[str, int] = field(default_factory=dict)
 
 
@@ -120,7 +182,8 @@ class _Planner:
         self.n_shards = max(1, n_shards)
         self.lines: List[Tuple[str, str, str]] = []
         self.warnings: List[str] = []
-        self.fixed, self.per = probe.activation()
+        self.acts = probe.scorer_activations()
+        self.one_by_one: Dict[str, int] = {}  # CPU scorers that score one sample at a time (small_batches)
 
     def too_big(self, message: str, clamped_to: Optional[str] = None) -> None:
         """Refuse (ConfigError with the numbers) or warn and go on with the clamped value."""
@@ -128,6 +191,37 @@ class _Planner:
             hint = " Lower the setting, leave it on auto, or pass --fit clamp to clamp it." if clamped_to else ""
             raise ConfigError(f"this cannot fit: {message}.{hint}")
         self.warnings.append(f"{message}; clamped to {clamped_to}")
+
+    # -- per-scorer numbers ------------------------------------------------------------------------
+    def names(self, report: dict) -> List[str]:
+        """The scorers of a model process (those it loaded), else those the probe measured."""
+        return list(report.get("footprints") or {}) or list(self.acts) or ["model"]
+
+    def act(self, name: str) -> Tuple[int, int]:
+        """(fixed bytes, bytes per frame) of a scorer; (0, 0) where the probe could not measure it."""
+        return self.acts.get(name, (0, 0))
+
+    def unit(self, name: str) -> str:
+        """What a scorer's batch counts: frames where the probe saw samples of several frames."""
+        return "frames" if self.probe.frames_per_sample(name) != 1.0 else "samples"
+
+    def user_batch(self, name: str, samples: int) -> int:
+        """A batch_size set by the user is in samples: in frames, as many as that many samples had
+        in the probe (a 3-frame video takes 3)."""
+        return max(1, int(math.ceil(samples * self.probe.frames_per_sample(name))))
+
+    @staticmethod
+    def work(acts: Dict[str, Tuple[int, int]], B: Dict[str, int]) -> int:
+        """Working memory of one model process: its scorers run one after another, so the largest."""
+        return max((f + p * B[n] for n, (f, p) in acts.items()), default=0)
+
+    def batch_lines(self, where: str, B: Dict[str, int], reasons: Dict[str, str]) -> None:
+        if len(B) == 1:
+            (n, b), = B.items()
+            self.lines.append((f"{where} batch size", str(b), reasons[n]))
+            return
+        for n, b in B.items():
+            self.lines.append((f"{where} {n} batch", f"{b} {self.unit(n)}", reasons[n]))
 
     # -- models and activations -------------------------------------------------------------
     def describe_inputs(self) -> None:
@@ -141,9 +235,15 @@ class _Planner:
                                f"measured: memory allocated after loading minus before; {parts}"))
         p = self.probe
         if p.samples:
-            self.lines.append(("activations", f"{fs(self.per)}/sample + {fs(self.fixed)}",
-                               f"peak memory above the loaded model for probe batches of {p.sizes[0]} and "
-                               f"{p.sizes[1]} samples" + ("; the larger ran out of memory" if p.oom_at else "")))
+            for name, (fixed, per) in self.acts.items():
+                fps = p.frames_per_sample(name)
+                unit = "frame" if fps != 1.0 else "sample"
+                self.lines.append(("activations" if len(self.acts) == 1 else f"{name} activations",
+                                   f"{fs(per)}/{unit} + {fs(fixed)}",
+                                   f"peak memory above the loaded model for probe batches of {p.sizes[0]} and "
+                                   f"{p.sizes[1]} samples" + (f" ({fps:.2f} frames per sample: memory is planned "
+                                                              f"per frame)" if fps != 1.0 else "")
+                                   + ("; the larger ran out of memory" if p.oom_at else "")))
             self.lines.append(("model speed", f"{p.seconds_per_sample * 1000:.2f} ms/sample",
                                f"probe batch of {p.sizes[1]} with {p.threads} thread(s)"))
             self.lines.append(("decode speed", f"{p.prepare_seconds * 1000:.2f} ms/sample",
@@ -164,7 +264,7 @@ class _Planner:
                                  f"will halve it on out-of-memory")
 
     # -- GPU-like devices ----------------------------------------------------------------------
-    def plan_gpu(self, r: dict) -> DevicePlan:
+    def plan_gpu(self, r: dict, n_gpus: int, host_budget: int) -> DevicePlan:
         cfg, dev = self.cfg, r["device"]
         budget, why = r["free_before"], f"free {fs(r['free_before'])} of {fs(r['total'])} before loading"
         if cfg.max_memory and cfg.max_memory < budget:
@@ -172,75 +272,129 @@ class _Planner:
         keep = int(budget * cfg.headroom)
         usable = budget - keep
         retained = sum(self.probe.retained.values())
-        F, O, fixed, per = r["footprint"] + retained, r["overhead"], self.fixed, self.per
+        F, O = r["footprint"] + retained, r["overhead"]
+        names = self.names(r)
+        acts = {n: self.act(n) for n in names}
         self.lines.append((f"{dev} budget", fs(usable), f"{why}; {fs(keep)} ({cfg.headroom:.0%}) kept as headroom"))
 
-        def need(R: int, B: int) -> int:
-            return R * (F + fixed + per * B) + (R - 1) * O
+        def need(R: int, B: Dict[str, int]) -> int:
+            return R * (F + self.work(acts, B)) + (R - 1) * O
 
-        def fit_batch(R: int) -> float:
-            room = (usable - (R - 1) * O) / R - F - fixed
-            if room < per or room < 0:
-                return 0
-            return math.inf if per == 0 else room // per
+        def fit(R: int) -> Dict[str, float]:
+            """Each scorer's largest batch (frames) with R processes, before the max_batch cap."""
+            room = (usable - (R - 1) * O) / R - F
+            out = {}
+            for n, (fixed, per) in acts.items():
+                left = room - fixed
+                out[n] = 0 if left < per or left < 0 else (math.inf if per == 0 else left // per)
+            return out
 
-        def formula(R: int, B: int) -> str:
-            return (f"{R} x ({fs(F)} model + {fs(fixed)} + {fs(per)} x {B} samples)"
+        def formula(R: int, B: Dict[str, int]) -> str:
+            if len(acts) == 1:
+                (n, (fixed, per)), = acts.items()
+                work = f"{fs(fixed)} + {fs(per)} x {B[n]} {self.unit(n)}"
+            else:
+                work = "max(" + ", ".join(f"{n} {fs(f)} + {fs(p)} x {B[n]} {self.unit(n)}"
+                                          for n, (f, p) in acts.items()) + ")"
+            return (f"{R} x ({fs(F)} model + {work})"
                     + (f" + {R - 1} x {fs(O)} per extra process" + (" (estimated)" if r['overhead_estimated'] else "")
                        if R > 1 else "") + f" = {fs(need(R, B))}")
 
-        cap = cfg.max_batch
+        cap, ones = cfg.max_batch, {n: 1 for n in names}
+
+        def capped(limits: Dict[str, float]) -> Dict[str, int]:
+            return {n: _round_batch(int(min(b, cap))) for n, b in limits.items()}
+
         if cfg.replicas == "auto":
-            R = 1
-            if r["kind"] != "cuda":
-                self.lines.append((f"{dev} replicas", "1", "one model process per device"))
-            elif fit_batch(1) >= 1 and need(2, cap) <= usable:
-                R = 2
-                self.lines.append((f"{dev} replicas", "2", f"two model processes overlap one's host-side work with "
-                                   f"the other's GPU work, and both fit at batch {cap}: {formula(2, cap)}"))
-            else:
-                self.lines.append((f"{dev} replicas", "1", "a second model process would not fit at batch "
-                                   f"{cap}: {formula(2, cap)} > {fs(usable)}"))
+            R, reason = self.auto_replicas(r, n_gpus, host_budget, fit, capped, formula, usable)
+            self.lines.append((f"{dev} replicas", str(R), reason))
         else:
             R = cfg.replicas
-            if need(R, 1) > usable:
-                fitting = max((k for k in range(1, R) if need(k, 1) <= usable), default=0)
-                self.too_big(f"replicas={R} on {dev}: {formula(R, 1)} > {fs(usable)} usable",
+            if need(R, ones) > usable:
+                fitting = max((k for k in range(1, R) if need(k, ones) <= usable), default=0)
+                self.too_big(f"replicas={R} on {dev}: {formula(R, ones)} > {fs(usable)} usable",
                              str(fitting) if fitting else None)
                 R = fitting
             self.lines.append((f"{dev} replicas", str(R), "set by the user" + (" (clamped)" if R != cfg.replicas else "")))
-        limit = fit_batch(R)
-        if limit < 1:
-            raise ConfigError(f"this cannot fit: one sample on {dev} needs {formula(R, 1)} but {fs(usable)} is usable "
+        limit = fit(R)
+        if min(limit.values()) < 1:
+            raise ConfigError(f"this cannot fit: one sample on {dev} needs {formula(R, ones)} but {fs(usable)} is usable "
                               f"({why}). Free the GPU, raise max_memory, or use a smaller model.")
+        reasons: Dict[str, str] = {}
         if cfg.batch_size == "auto":
-            B = _round_batch(int(min(limit, cap)))
-            if limit > cap:
-                reason = f"capped at max_batch={cap}; memory would allow " + ("any" if limit == math.inf else f"{int(limit)}")
-            else:
-                reason = f"largest that fits: {formula(R, B)} <= {fs(usable)}"
+            B = capped(limit)
+            for n in names:
+                if limit[n] > cap:
+                    reasons[n] = (f"capped at max_batch={cap}; memory would allow "
+                                  + ("any" if limit[n] == math.inf else f"{int(limit[n])}"))
+                else:
+                    reasons[n] = f"largest that fits: {formula(R, B)} <= {fs(usable)}"
         else:
-            B = cfg.batch_size
-            reason = "set by the user"
-            if B > limit:
-                self.too_big(f"batch_size={B} on {dev}: {formula(R, B)} > {fs(usable)} usable",
-                             str(_round_batch(int(limit))))
-                B, reason = _round_batch(int(limit)), f"clamped: {formula(R, _round_batch(int(limit)))} fits"
-        self.lines.append((f"{dev} batch size", str(B), reason))
-        return DevicePlan(dev, r["kind"], R, B, None, usable, need(R, B))
+            B = {n: self.user_batch(n, cfg.batch_size) for n in names}
+            reasons = {n: "set by the user" for n in names}
+            if any(B[n] > limit[n] for n in names):
+                clamp = {n: min(B[n], _round_batch(int(limit[n]))) for n in names}
+                self.too_big(f"batch_size={cfg.batch_size} on {dev}: {formula(R, B)} > {fs(usable)} usable",
+                             ", ".join(f"{n} {b}" for n, b in clamp.items()) if len(clamp) > 1
+                             else str(next(iter(clamp.values()))))
+                B = clamp
+                reasons = {n: f"clamped: {formula(R, B)} fits" for n in names}
+        self.batch_lines(dev, B, reasons)
+        return DevicePlan(dev, r["kind"], R, max(B.values()), None, usable, need(R, B), dict(B))
 
-    def small_batches(self, B: int) -> Dict[str, int]:
+    def auto_replicas(self, r, n_gpus, host_budget, fit, capped, formula, usable) -> Tuple[int, str]:
+        """How many whole model processes (models + the largest scorer working memory) fit the
+        device, each scorer keeping a useful batch, within what the cores and host RAM allow."""
+        one = fit(1)
+        if r["kind"] == "host" or min(one.values()) < 1:
+            return 1, "one model process per device"
+        if r.get("in_process"):
+            return 1, "the model runs in the main process (one simulated device): no process to add"
+        want = {n: max(1, min(capped({n: b})[n], REPLICA_MIN_BATCH)) for n, b in one.items()}
+        cpus = self.host["cpus"]
+        R, reason = 1, ""
+        for k in range(2, AUTO_MAX_REPLICAS + 1):
+            if n_gpus * k * CORES_PER_GPU_PROCESS > cpus:
+                reason = (f"{cpus} cores: {n_gpus * k} GPU model process(es) x {CORES_PER_GPU_PROCESS} cores "
+                          f"(2 threads each and the decode workers feeding it) would be more than the host has")
+                break
+            extra_rss = n_gpus * (k - 1) * r["rss"]
+            if extra_rss > host_budget // 2:
+                reason = (f"host RAM: {n_gpus * (k - 1)} more process(es) of {fs(r['rss'])} would take over half "
+                          f"of the {fs(host_budget)} host budget")
+                break
+            got = fit(k)
+            short = [n for n in got if got[n] < want[n]]
+            if short:
+                reason = (f"a process more would leave {', '.join(short)} a batch under "
+                          f"{', '.join(str(want[n]) for n in short)}: {formula(k, want)} > {fs(usable)}")
+                break
+            R = k
+        if R == 1:
+            return 1, reason or "one model process"
+        B = capped(fit(R))
+        text = (f"{R} whole model processes fit, each scorer keeping a batch of at least "
+                f"{', '.join(f'{n} {b}' for n, b in want.items())}: {formula(R, B)} <= {fs(usable)}; "
+                f"each overlaps its host-side work with the others' GPU work")
+        if reason:
+            text += f"; no more: {reason}"
+        elif R == AUTO_MAX_REPLICAS:
+            text += f"; at most {AUTO_MAX_REPLICAS} automatically (replicas=N for more)"
+        return R, text
+
+    def small_batches(self, B: Dict[str, int]) -> Dict[str, int]:
         """On the CPU a bigger batch is not always faster: a convolutional detector on 2 cores ran
         at 72 frames/s one frame at a time and 38 at 32 (cache-bound). A scorer whose probe ran
-        clearly faster per sample at the small size keeps that size; the others use B."""
+        clearly faster per sample at the small size scores one sample at a time; the others keep B."""
         small: Dict[str, int] = {}
         n = self.probe.sizes[1]
         for name, (t1, tn) in ((k, t) for k, t in self.probe.timings.items() if len(t) == 2):
-            if B > 1 and t1 < 0.8 * tn:
+            b = B.get(name, 1)
+            if b > 1 and t1 < 0.8 * tn:
                 small[name] = 1
                 self.lines.append((f"{name} batch on cpu", "1",
                                    f"probe: the same {n} samples took {t1 * 1000:.2f} ms/sample one at a time, "
-                                   f"{tn * 1000:.2f} in one batch: batching does not pay here; the batch of {B} "
+                                   f"{tn * 1000:.2f} in one batch: batching does not pay here; the batch of {b} "
                                    f"is scored one by one by {name}"))
         return small
 
@@ -260,30 +414,49 @@ class _Planner:
         return budget
 
     def plan_cpu(self, cpu_reports: List[dict], host_budget: int) -> List[DevicePlan]:
-        """One DevicePlan per CPU model worker: the batch that fits host RAM (or the user's)."""
+        """One DevicePlan per CPU model worker: each scorer's batch that fits host RAM (or the user's)."""
         cfg = self.cfg
         R = len(cpu_reports)
         room = host_budget - WORKER_BASE_BYTES  # leave room for one decode worker
-        limit = math.inf if self.per == 0 else max(0, (room / R - self.fixed) // self.per)
+        names = self.names(cpu_reports[0])
+        acts = {n: self.act(n) for n in names}
+        limit = {n: math.inf if p == 0 else max(0, (room / R - f) // p) for n, (f, p) in acts.items()}
         cap = cfg.cpu_max_batch
+
+        def formula(B: Dict[str, int]) -> str:
+            parts = [f"{fs(f)} + {fs(p)} x {B[n]}" for n, (f, p) in acts.items()]
+            return f"{R} x " + (f"({parts[0]})" if len(parts) == 1 else "max(" + ", ".join(
+                f"{n} {x}" for n, x in zip(acts, parts)) + ")")
+
+        reasons: Dict[str, str] = {}
         if cfg.batch_size == "auto":
-            B = max(1, _round_batch(int(min(limit, cap))))
-            reason = (f"capped at cpu_max_batch={cap} (bigger CPU batches are not faster)" if limit >= cap
-                      else f"host RAM: {R} x ({fs(self.fixed)} + {fs(self.per)} x {B}) fits {fs(room)}")
-            if limit < 1:
-                self.too_big(f"one sample needs {fs(self.fixed + self.per)} of activations on the CPU but "
+            if min(limit.values()) < 1:
+                worst = min(limit, key=lambda n: limit[n])
+                f, p = acts[worst]
+                self.too_big(f"one sample needs {fs(f + p)} of activations on the CPU but "
                              f"{fs(room)} of host RAM is left", None)
+            B = {n: max(1, _round_batch(int(min(b, cap)))) for n, b in limit.items()}
+            for n in names:
+                reasons[n] = (f"capped at cpu_max_batch={cap} (bigger CPU batches are not faster)" if limit[n] >= cap
+                              else f"host RAM: {formula(B)} fits {fs(room)}")
         else:
-            B, reason = cfg.batch_size, "set by the user"
-            if B > limit:
-                clamp = max(1, _round_batch(int(limit)))
-                self.too_big(f"batch_size={B} on the CPU: {R} x ({fs(self.fixed)} + {fs(self.per)} x {B}) = "
-                             f"{fs(R * (self.fixed + self.per * B))} > {fs(room)} of host RAM", str(clamp))
-                B, reason = clamp, "clamped to the host RAM"
-        self.lines.append(("cpu batch size", str(B), reason))
-        small = self.small_batches(B) if cfg.batch_size == "auto" else {}
-        need = R * (self.fixed + self.per * B)
-        return [DevicePlan(r["device"], "host", 1, B, None, host_budget, need, dict(small)) for r in cpu_reports]
+            B = {n: self.user_batch(n, cfg.batch_size) for n in names}
+            reasons = {n: "set by the user" for n in names}
+            if any(B[n] > limit[n] for n in names):
+                clamp = {n: max(1, min(B[n], _round_batch(int(limit[n])))) for n in names}
+                need = R * self.work(acts, B)
+                self.too_big(f"batch_size={cfg.batch_size} on the CPU: {formula(B)} = {fs(need)} > {fs(room)} "
+                             f"of host RAM", ", ".join(f"{n} {b}" for n, b in clamp.items()) if len(clamp) > 1
+                             else str(next(iter(clamp.values()))))
+                B = clamp
+                reasons = {n: "clamped to the host RAM" for n in names}
+        self.batch_lines("cpu", B, reasons)
+        if cfg.batch_size == "auto":
+            self.one_by_one = self.small_batches(B)
+            B.update(self.one_by_one)
+        need = R * self.work(acts, B)
+        return [DevicePlan(r["device"], "host", 1, max(B.values()), None, host_budget, need, dict(B))
+                for r in cpu_reports]
 
     def decode_cores(self, cpu_reports: List[dict], small: Dict[str, int], model_procs: int) -> Tuple[int, str]:
         """Decode workers the cores allow, and why: on the CPU the cores are split between decode
@@ -356,36 +529,51 @@ class _Planner:
                 d.threads = 2  # host-side work of a GPU model process: transfers, Python
 
     def plan(self) -> Plan:
-        """Models and activations, GPUs, host RAM, CPU batch, queues, decode workers, threads,
+        """Models and activations, host RAM, GPUs, CPU batch, queues, decode workers, threads,
         back-off: each step appends its decision and reason to self.lines."""
         probe = self.probe
         self.describe_inputs()
         gpu_reports = [r for r in self.reports if r["kind"] != "host"]
         cpu_reports = [r for r in self.reports if r["kind"] == "host"]
-        devices = [self.plan_gpu(r) for r in gpu_reports]
         host_budget = self.host_budget(cpu_reports)
+        devices = [self.plan_gpu(r, len(gpu_reports), host_budget) for r in gpu_reports]
         # Extra GPU replicas are new processes: each costs what the first one's RSS shows.
         spent = sum((d.replicas - 1) * r["rss"] for d, r in zip(devices, gpu_reports) if d.replicas > 1)
-        small: Dict[str, int] = {}
         if cpu_reports:
             cpu_devices = self.plan_cpu(cpu_reports, host_budget)
-            small = cpu_devices[0].scorer_batch
             spent += cpu_devices[0].need
             devices += cpu_devices
         model_procs = sum(d.replicas for d in devices)
+        self.queue_share(devices, host_budget, model_procs)
         chunk = max(1, min(max(d.batch_size for d in devices), MAX_CHUNK))
         queued = QUEUE_DEPTH * sum(d.replicas * d.batch_size for d in devices) * probe.prepared_bytes
         spent += queued
         self.lines.append(("model queues", f"{QUEUE_DEPTH} batches per model process",
                            f"{fs(queued)} of prepared samples at most"))
-        w_cpu, cpu_why = self.decode_cores(cpu_reports, small, model_procs)
+        w_cpu, cpu_why = self.decode_cores(cpu_reports, self.one_by_one, model_procs)
         workers, prefetch = self.decode_workers(w_cpu, cpu_why, host_budget - spent, chunk)
         self.model_threads(devices, len(cpu_reports), workers)
         min_free_host = default_min_free_host(self.cfg, self.host["total"])
         self.lines.append(("back-off", f"halve the batch under {fs(min_free_host)} free host RAM",
-                           "and on every out-of-memory error"))
+                           f"and on every out-of-memory error, only the scorer that ran out; double it again "
+                           f"after {GROW_AFTER} sub-batches in a row that fit, up to the plan"))
         return Plan(devices, int(workers), prefetch, chunk, QUEUE_DEPTH, min_free_host, self.lines, self.warnings)
 
+    def queue_share(self, devices: List[DevicePlan], host_budget: int, model_procs: int) -> None:
+        """The dispatched batch (samples) is the largest scorer batch, unless the samples queued for
+        the model processes at that size would take more than 1/QUEUE_SHARE of the host budget
+        (3-frame 720p videos for OCR are ~8 MiB each): then it is cut to what fits that share."""
+        per = self.probe.prepared_bytes
+        if not per or not model_procs:
+            return
+        most = max(1, host_budget // QUEUE_SHARE // (QUEUE_DEPTH * model_procs * per))
+        for d in devices:
+            if d.batch_size > most:
+                self.lines.append((f"{d.device} dispatch", f"{_round_batch(int(most))} samples",
+                                   f"{QUEUE_DEPTH} x {model_procs} queued batches of the largest scorer batch "
+                                   f"({d.batch_size}) x {fs(per)} would take over 1/{QUEUE_SHARE} of the host budget; "
+                                   f"scorer batches larger than this many samples' frames are not filled"))
+                d.batch_size = _round_batch(int(most))
 
 def default_min_free_host(cfg, host_total: int) -> int:
     """Free host RAM under which the back-off halves batches: the user's, else 3% (>= 256 MiB)."""

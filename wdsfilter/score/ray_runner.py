@@ -2,8 +2,13 @@
 single-machine engine; Ray schedules the work across nodes and GPUs, streams it with bounded
 memory (its backpressure) and retries failed tasks.
 
-    shard URLs ─ read_shard: a Ray task per shard, sample_pipeline + Prepare (the decode side)
-               ─ ScoreActor: map_batches, one actor per GPU (or CPU slot), OOM back-off
+    measure    ─ one Ray task on a GPU (or CPU slot): loads the scorers, probes a few samples;
+                 planner.make_plan turns that into batch sizes and model actors per GPU, as the
+                 local engine does (skipped where the user set them)
+    shard URLs ─ read_shard: a Ray task per shard, sample_pipeline + Prepare (the decode side);
+                 a row's prepared arrays travel as one uint8 tensor column (Arrow), not pickled
+               ─ ScoreActor: map_batches, replicas actors per GPU (or one per CPU slot), each
+                 scorer at its planned batch through its own OOM back-off
                ─ the driver streams the scored rows (iter_batches) and, as soon as all rows of a
                  shard are in, a finish_shard task writes scores/<shard>.parquet, the filtered
                  shard and the done marker: a run killed half-way leaves its finished shards done.
@@ -18,14 +23,17 @@ folder must be reachable from every node (a shared filesystem); Ray moves only t
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import json
 import os
-from collections import Counter
 import pickle
 import time
-from typing import Callable, Dict, Iterator, List, Optional, Sequence
+from collections import Counter
+from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+
+import numpy as np
 
 from ..errors import ConfigError
 from .embeddings import FIELD as EMBEDDINGS
@@ -46,10 +54,95 @@ def _ray():
     return ray
 
 
+# -- prepared inputs as columns -------------------------------------------------------------------
+# A row's prepared inputs cross from its read task to a model actor as two columns: PAYLOAD, every
+# array of the row (numpy arrays, CPU tensors: pixels, tokens, OCR frames) copied once into one
+# uint8 vector, which Ray stores as an Arrow tensor column (no pickling of the pixels; in the
+# actor the arrays are views of one writable copy of the vector); and PAYLOAD_META, the small
+# rest pickled: the structure with a Slot in each array's place, and the prepare() errors.
+PAYLOAD, PAYLOAD_META = "payload", "payload_meta"
+_ALIGN = 16  # every array starts on a 16-byte boundary of its row's vector (rows are padded to it)
+
+
+class Slot(NamedTuple):
+    offset: int
+    dtype: str  # numpy dtype string
+    shape: Tuple[int, ...]
+    torch: bool  # give it back as a torch tensor
+
+
+def _walk(obj, fn):
+    """fn on every leaf inside dicts, lists, tuples (named too) and dataclass instances (an OcrInput)."""
+    if isinstance(obj, Slot):
+        return fn(obj)
+    if isinstance(obj, dict):
+        return {k: _walk(v, fn) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_walk(v, fn) for v in obj]
+    if isinstance(obj, tuple):
+        values = [_walk(v, fn) for v in obj]
+        return type(obj)(*values) if hasattr(obj, "_fields") else tuple(values)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        new = copy.copy(obj)
+        for f in dataclasses.fields(obj):
+            object.__setattr__(new, f.name, _walk(getattr(obj, f.name), fn))
+        return new
+    return fn(obj)
+
+
+def pack_payload(obj) -> Tuple[np.ndarray, bytes]:
+    """(uint8 vector of every array in obj, pickled structure with Slots); arrays Ray or numpy
+    cannot view as bytes (object arrays, bfloat16 tensors) stay in the pickled part."""
+    arrays: List[Tuple[int, np.ndarray]] = []
+    total = 0
+
+    def take(x):
+        nonlocal total
+        is_torch = type(x).__module__.startswith("torch") and hasattr(x, "numpy")
+        try:
+            if is_torch:
+                a = np.ascontiguousarray(x.detach().cpu().numpy())
+            elif isinstance(x, np.ndarray) and x.dtype != object:
+                a = np.ascontiguousarray(x)
+            else:
+                return x
+        except (TypeError, RuntimeError):  # a dtype numpy lacks (bfloat16): pickled with the rest
+            return x
+        slot = Slot(total, a.dtype.str, tuple(a.shape), is_torch)
+        arrays.append((total, a))
+        total += -(-a.nbytes // _ALIGN) * _ALIGN
+        return slot
+
+    skeleton = _walk(obj, take)
+    data = np.empty(total, np.uint8)
+    for offset, a in arrays:
+        data[offset:offset + a.nbytes] = a.reshape(-1).view(np.uint8)
+    return data, pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def unpack_payload(data, meta: bytes):
+    """What pack_payload was given; its arrays are views of one writable copy of `data`."""
+    skeleton = pickle.loads(meta)
+    buf = np.array(data, dtype=np.uint8, copy=True) if data is not None else np.zeros(0, np.uint8)
+
+    def put(x):
+        if not isinstance(x, Slot):
+            return x
+        dtype = np.dtype(x.dtype)
+        n = int(np.prod(x.shape, dtype=np.int64)) * dtype.itemsize
+        a = buf[x.offset:x.offset + n].view(dtype).reshape(x.shape)
+        if x.torch:
+            import torch
+            return torch.from_numpy(a)
+        return a
+
+    return _walk(skeleton, put)
+
+
 # -- decode side: one task per shard --------------------------------------------------------------
 def read_shard(batch, cfg, scorers, rows_per_block: int = 64) -> Iterator[Dict[str, list]]:
-    """Ray map_batches generator over shard URLs: every sample's row, with its prepared inputs
-    pickled into `payload` where a model still has to score it, then one SHARD_END_ROW row whose
+    """Ray map_batches generator over shard URLs: every sample's row, with its prepared inputs in
+    the PAYLOAD columns (pack_payload) where a model still has to score it, then one SHARD_END_ROW row whose
     message tells the driver how many rows the shard has, how the reader ended and the shard's
     stage counts. Yields column batches of up to rows_per_block rows, so a big shard never sits
     in memory whole."""
@@ -71,10 +164,11 @@ def read_shard(batch, cfg, scorers, rows_per_block: int = 64) -> Iterator[Dict[s
                 end = {"error": item.get("error"), "members": item.get("members", 0), "failed": item.get("failed")}
                 continue
             row = item_row(item, index, scorers, cfg.bounds)
-            row["payload"] = b""
+            row["shard"] = url  # the URL as the driver knows it (the worker opened `path`)
+            row[PAYLOAD], row[PAYLOAD_META] = _EMPTY, b""
             if row["status"] is None:
                 row["status"] = PENDING
-                row["payload"] = pickle.dumps((item["inputs"], item["errors"]), protocol=pickle.HIGHEST_PROTOCOL)
+                row[PAYLOAD], row[PAYLOAD_META] = pack_payload((item["inputs"], item["errors"]))
             rows.append(row)
             index += 1
             if len(rows) >= rows_per_block:
@@ -85,8 +179,12 @@ def read_shard(batch, cfg, scorers, rows_per_block: int = 64) -> Iterator[Dict[s
             end = {"error": examples[0].message if examples else "could not be opened", "members": 0,
                    "unopened": True}
         end.update(rows=index, dropped=dict(tally.dropped), notes=dict(tally.notes))
-        rows.append(dict(new_row("", url, -1, SHARD_END_ROW, message=json.dumps(end)), payload=b""))
+        rows.append(dict(new_row("", url, -1, SHARD_END_ROW, message=json.dumps(end)),
+                         **{PAYLOAD: _EMPTY, PAYLOAD_META: b""}))
         yield _columns(rows)
+
+
+_EMPTY = np.zeros(0, np.uint8)  # PAYLOAD of a row with nothing to score: same dtype and ndim, so one tensor column
 
 
 def _columns(rows: List[dict]) -> Dict[str, list]:
@@ -102,20 +200,23 @@ class ScoreActor:
     pending rows of each batch with the engine's back-off (halve and retry on out-of-memory; no
     row lost or scored twice) and returns the rows complete, without their payload."""
 
-    def __init__(self, cfg, scorers, columns: Sequence[str], batch_size: int, device: str):
+    def __init__(self, cfg, scorers, columns: Sequence[str], batch_size: int, device: str,
+                 scorer_batch: Optional[Dict[str, int]] = None, min_free_host: Optional[int] = None):
         from .memory import host_status
         from .modelworker import ModelRunner
         from .planner import default_min_free_host
         self.cfg, self.columns, self.scorers = cfg, list(columns), scorers
         self.runner = ModelRunner(scorers, device)
         self.runner.load()
-        self.runner.configure(batch_size, min_free_host=default_min_free_host(cfg, host_status()["total"]))
+        self.runner.configure(batch_size, scorer_batch=scorer_batch,
+                              min_free_host=min_free_host or default_min_free_host(cfg, host_status()["total"]))
 
     def __call__(self, batch):
         n = len(batch["key"])
         rows = [{f: _plain(batch[f][i]) for f in BASE_FIELDS} for i in range(n)]
         pending = [i for i in range(n) if rows[i]["status"] == PENDING]
-        loaded = {i: pickle.loads(batch["payload"][i]) for i in pending}  # (inputs, prepare errors)
+        # (inputs, prepare errors), arrays as views of one copy of the row's tensor column
+        loaded = {i: unpack_payload(batch[PAYLOAD][i], batch[PAYLOAD_META][i]) for i in pending}
         for i, scores, errors in self.runner.score([(i, loaded[i][0]) for i in pending]):
             rows[i]["status"] = None
             complete_row(rows[i], self.scorers, scores, {**loaded[i][1], **errors}, self.cfg.bounds)
@@ -131,6 +232,56 @@ def _plain(v):
     on its way through Arrow and numpy -> None."""
     v = v.item() if hasattr(v, "item") and not isinstance(v, (bytes, str)) else v
     return None if isinstance(v, float) and v != v else v
+
+
+# -- the plan: the local engine's planner on numbers measured in one Ray task ---------------------
+def measure(cfg, scorers, model_scorers, urls: Sequence[str], device: str) -> dict:
+    """A Ray task (on one GPU, or a CPU slot): what the local engine measures before planning:
+    the scorers loaded on `device` (free memory, footprints) and the probe of a few prepared
+    samples (activation memory per frame and scorer, speeds), and the node's host numbers."""
+    from .memory import host_status
+    from .modelworker import ModelRunner
+    from .planner import ProbeReport
+    from .prepare import collect_probe
+
+    inputs, prep_seconds, scanned = collect_probe(list(urls), cfg.scoring_stage_config(scorers), scorers,
+                                                  cfg.probe_samples, cfg.probe_scan, cfg.probe_seconds)
+    runner = ModelRunner(model_scorers, device)
+    report = runner.load()
+    try:
+        probe = ProbeReport.measured(inputs, scanned, prep_seconds, runner.probe)
+    finally:
+        runner.unload()
+    report["worker"] = 0
+    return {"report": report, "probe": probe, "host": host_status()}
+
+
+def actor_pool(cluster_gpus: int, replicas: int, actors: Optional[int] = None,
+               gpus_per_actor: Optional[float] = None) -> Tuple[int, float]:
+    """(model actors, GPU share of each): the user's where set; else the plan's model processes
+    per GPU (replicas) on every GPU of the cluster, each actor 1/replicas of a GPU; one CPU actor
+    on a cluster without GPUs."""
+    if gpus_per_actor is None:
+        gpus_per_actor = 1.0 / max(1, replicas) if cluster_gpus else 0.0
+    if actors is None:
+        actors = max(1, int(round(cluster_gpus / gpus_per_actor))) if gpus_per_actor else 1
+    return actors, gpus_per_actor
+
+
+def plan_on_ray(ray, run, cfg, urls: Sequence[str], cluster: dict):
+    """make_plan (planner.py) on numbers measured on the cluster: one GPU's free memory and the
+    scorers' footprints and per-frame activations there (or a CPU slot's), with the cores of the
+    cluster per GPU as the host's. Returns the Plan; its first DevicePlan holds the batch sizes and
+    the model processes per GPU (replicas: actors per GPU)."""
+    from .planner import make_plan
+    gpus = int(cluster.get("GPU", 0))
+    task = ray.remote(num_cpus=1, num_gpus=1 if gpus else 0, max_retries=0)(measure)
+    m = ray.get(task.remote(cfg, run.scorers, run.model_scorers, [absolute_url(u) for u in urls],
+                            "cuda:0" if gpus else "cpu"))
+    host = dict(m["host"])
+    if gpus:  # the cores beside each GPU bound its model processes (planner.CORES_PER_GPU_PROCESS)
+        host["cpus"] = max(1, int(cluster.get("CPU", host["cpus"]) // gpus))
+    return make_plan(cfg, [m["report"]], m["probe"], host, len(urls))
 
 
 # -- per shard: score file, filtered shard, marker --------------------------------------------------
@@ -184,6 +335,23 @@ class _Collector:
 RETRIES = 1
 
 
+def _settle(ray, refs: list) -> List[dict]:
+    """The results of finish_shard tasks once every one has ended. ray.get raises at the first
+    failed task (a full disk) while the others may still be writing; the run must not return
+    (and its caller clean up or retry) with outputs still being written behind it."""
+    if refs:
+        ray.wait(refs, num_returns=len(refs))
+    results, error = [], None
+    for ref in refs:
+        try:
+            results.append(ray.get(ref))
+        except Exception as e:  # noqa: BLE001 - raised below, after every task has ended
+            error = error or e
+    if error is not None:
+        raise error
+    return results
+
+
 def absolute_url(url: str) -> str:
     """A local shard as an absolute path (what a Ray worker elsewhere can open); URLs unchanged."""
     from ..shards import is_pipe, is_remote
@@ -206,9 +374,10 @@ def score_on_ray(shards, out: Optional[str] = None, scorers: Sequence = ("clip",
                  address: Optional[str] = None, ray_init: Optional[dict] = None,
                  echo: Optional[Callable[[str], None]] = None, **options) -> RunSummary:
     """Score `shards` on Ray; the options are those of wdsfilter.score.score (thresholds, model,
-    caption_key, write_shards, resume, ...). actors: model actors (default: one per GPU of the
-    cluster, else 1); gpus_per_actor: default 1 when the cluster has GPUs, else 0 (CPU);
-    batch_size: rows per model call (default 64 on GPU, 32 on CPU; halved on out-of-memory).
+    caption_key, write_shards, resume, ...). Unless set, the planner (planner.make_plan, on numbers
+    measured in one Ray task on a GPU or CPU slot) chooses batch_size (each scorer its own, in
+    frames; halved on out-of-memory) and the model actors per GPU (actors: that times the
+    cluster's GPUs, else 1; gpus_per_actor: 1 / actors per GPU, 0 on a cluster without GPUs).
     address: a running cluster ("auto"), else Ray starts a local one (ray_init: its options)."""
     from . import build_config
     cfg = build_config(out, scorers, **options)
@@ -255,21 +424,35 @@ def _run_on_ray(run, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, ad
             logging.getLogger("ray.data").setLevel(logging.WARNING)
         ray.init(address=address, **dict({"include_dashboard": False, "log_to_driver": False}, **(ray_init or {})))
     try:
-        cluster_gpus = int(ray.cluster_resources().get("GPU", 0))
-        if gpus_per_actor is None:
-            gpus_per_actor = 1.0 if cluster_gpus else 0.0
+        cluster = ray.cluster_resources()
+        cluster_gpus = int(cluster.get("GPU", 0))
         if gpus_per_actor and not cluster_gpus:
             raise ConfigError(f"gpus_per_actor={gpus_per_actor} but the Ray cluster has no GPU")
-        if actors is None:
-            actors = max(1, int(cluster_gpus / gpus_per_actor)) if gpus_per_actor else 1
-        device = "cuda:0" if gpus_per_actor else "cpu"  # Ray sets CUDA_VISIBLE_DEVICES per actor
         if batch_size is None and isinstance(cfg.batch_size, int):
             batch_size = cfg.batch_size
-        batch_size = int(batch_size or (64 if gpus_per_actor else 32))
         start = time.perf_counter()
         run.summary.scorers = [s.describe() for s in run.scorers]
+        scorer_batch, min_free_host = None, None
+        wants_plan = batch_size is None or (cluster_gpus and gpus_per_actor is None and actors is None)
+        if todo and wants_plan:  # the local engine's planner, on one GPU's (or CPU slot's) measurements
+            if batch_size is not None:
+                cfg = dataclasses.replace(cfg, batch_size=int(batch_size))
+            plan = plan_on_ray(ray, run, cfg, todo, cluster)
+            run.summary.plan, run.summary.plan_text = plan.to_dict(), plan.describe()
+            echo(run.summary.plan_text)
+            echo("ray: the plan's decode workers and prefetch are the local engine's; Ray schedules the read tasks")
+            dp = plan.devices[0]
+            batch_size, scorer_batch, min_free_host = dp.batch_size, dp.scorer_batch, plan.min_free_host
+            replicas = dp.replicas
+        else:
+            replicas = 1
+        actors, gpus_per_actor = actor_pool(cluster_gpus, replicas, actors, gpus_per_actor)
+        device = "cuda:0" if gpus_per_actor else "cpu"  # Ray sets CUDA_VISIBLE_DEVICES per actor
+        batch_size = int(batch_size or (64 if gpus_per_actor else 32))
+        per_scorer = (" (" + ", ".join(f"{n} {b}" for n, b in scorer_batch.items()) + " per scorer call)"
+                      if scorer_batch and len(scorer_batch) > 1 else "")
         echo(f"ray: {len(todo)} of {len(run.urls)} shard(s) to score with {actors} model actor(s) on {device} "
-             f"({gpus_per_actor:g} GPU each), batch {batch_size}")
+             f"({gpus_per_actor:g} GPU each), batch {batch_size}{per_scorer}")
         done: List[dict] = []
         failed: List[dict] = []
         collector = _Collector(run.columns)
@@ -285,7 +468,8 @@ def _run_on_ray(run, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, ad
                                 max_restarts=-1, max_task_retries=RETRIES,
                                 fn_constructor_kwargs={"cfg": cfg, "scorers": run.model_scorers,
                                                        "columns": run.columns, "batch_size": batch_size,
-                                                       "device": device})
+                                                       "device": device, "scorer_batch": scorer_batch,
+                                                       "min_free_host": min_free_host})
             # A batch that failed after its retries (its actor died twice, or it raised) is dropped
             # by Ray Data instead of ending the run: its shard never completes, so it gets no marker.
             ds.context.max_errored_blocks = -1
@@ -307,7 +491,7 @@ def _run_on_ray(run, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, ad
                     done += ray.get(ready)
             finally:
                 # Shards whose rows all arrived are written even when the stream fails: --resume keeps them.
-                done += ray.get(writing)
+                done += _settle(ray, writing)
             failed += [{"url": r["shard"], "reason": r["failed"]} for r in done if r.get("failed")]
             done = [r for r in done if not r.get("failed")]
         run.summary.shards_scored = len(done)

@@ -21,9 +21,9 @@ from ..members import MemberCaps
 from ..reading import ShardEnd, group_samples, iter_tar, screen_member
 from ..shards import is_pipe, is_remote, open_shard
 from ..specs import IMAGE_EXTS, VIDEO_EXTS, json_path_get
+from ..stages import CaptionCleaner
 from ..selection import select_sample
 from ..tally import Tally
-from ..tokens import CaptionCleaner
 from . import tar_reader
 from .checks import safety
 from .checks.keys import KeyTracker

@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import zlib
 from zlib import adler32
-from typing import IO, Iterator, Optional
+from typing import IO, Iterator, Optional, Tuple
 
 from ..members import MemberCaps
 from ..reading import (MAX_EXTENDED_HEADER, DecompressionCapError, ShardEnd, open_layers, oversized_member,
@@ -115,6 +115,49 @@ def iter_members(stream: IO[bytes], url: str, caps: Optional[MemberCaps] = None)
 def _members(f: IO[bytes], url: str, caps: Optional[MemberCaps], file_size: Optional[int]) -> Iterator["dict | ShardEnd"]:
     read = f.read
     count, offset, last = 0, 0, ""
+    while True:
+        header, offset = _header(read, offset)
+        if header is _END:
+            yield _end(f, url, count, offset, last)
+            return
+        if header is _CORRUPT:
+            yield ShardEnd(url, count, _corrupt_header_text(offset, last), last)
+            return
+        kind, name, link, size, blocks = header
+        if kind in _REGULAR:
+            if file_size is not None and offset + size > file_size:
+                raise Unusual("declared size past the end of the file")  # never allocated; iter_tar words it
+            why = caps.over(name, size) if caps is not None and size > caps.floor else None
+            if why:
+                _skip(f, blocks)
+                item = oversized_member(name, why, url)
+            else:
+                data = read(size)
+                pad = blocks - size
+                if len(data) < size or (pad and len(read(pad)) < pad):
+                    raise Unusual("cut in member data")  # iter_tar names the member in the stages' words
+                item = {"fname": name, "data": data, "__url__": url}
+            offset += blocks
+            count += 1
+            last = name
+            yield item
+        elif kind in _NO_DATA:
+            last = name
+            if kind in _SPECIAL:
+                what = _SPECIAL[kind] + (f" to {link!r}" if kind in (b"1", b"2") else "")
+                yield special_member(name, what, url)
+        else:
+            raise Unusual(f"member type {kind!r}")
+
+
+# What _header() finds instead of a member: the end-of-archive block, a header with a bad checksum.
+_END, _CORRUPT = "end", "corrupt"
+
+
+def _header(read, offset: int):
+    """The next member header at byte `offset`, its extended headers (GNU long name, pax path and
+    size) applied: ((kind, name, link, size, padded size), the offset after it); or (_END or
+    _CORRUPT, the offset of that block). Unusual for what tarfile has to read."""
     long_name = pax = None
     while True:
         buf = read(BLOCK)
@@ -123,15 +166,11 @@ def _members(f: IO[bytes], url: str, caps: Optional[MemberCaps], file_size: Opti
         if buf == _ZERO:
             if long_name is not None or pax is not None:
                 raise Unusual("end of archive after an extended header")
-            yield _end(f, url, count, offset, last)
-            return
+            return _END, offset
         if not _checksum_ok(buf):
             if offset == 0:
                 raise Unusual("not a tar")  # tarfile: ReadError, the shard is unreadable
-            yield ShardEnd(url, count, f"ReadError: the member header at byte {offset} (after member "
-                                       f"{last or '(none)'}) is corrupt (bad checksum); tar readers stop there "
-                                       f"as if the shard ended and lose every member after it", last)
-            return
+            return _CORRUPT, offset
         kind = buf[156:157]
         size = _number(buf[124:136])
         blocks = -(-size // BLOCK) * BLOCK
@@ -163,7 +202,7 @@ def _members(f: IO[bytes], url: str, caps: Optional[MemberCaps], file_size: Opti
                 raise Unusual("prefix field outside a ustar header")
             name = _name(buf[345:500]) + "/" + name
         if long_name is not None:
-            name, long_name = long_name, None
+            name = long_name
         link = _name(buf[157:257])
         if pax is not None:
             link = pax.get("linkpath", link)
@@ -175,33 +214,14 @@ def _members(f: IO[bytes], url: str, caps: Optional[MemberCaps], file_size: Opti
                 except ValueError:
                     raise Unusual("pax size") from None
                 blocks = -(-size // BLOCK) * BLOCK
-            pax = None
         if kind == b"\0" and name.endswith("/"):
             kind = b"5"  # old V7 directories
-        if kind in _REGULAR:
-            if file_size is not None and offset + size > file_size:
-                raise Unusual("declared size past the end of the file")  # never allocated; iter_tar words it
-            why = caps.over(name, size) if caps is not None and size > caps.floor else None
-            if why:
-                _skip(f, blocks)
-                item = oversized_member(name, why, url)
-            else:
-                data = read(size)
-                pad = blocks - size
-                if len(data) < size or (pad and len(read(pad)) < pad):
-                    raise Unusual("cut in member data")  # iter_tar names the member in the stages' words
-                item = {"fname": name, "data": data, "__url__": url}
-            offset += blocks
-            count += 1
-            last = name
-            yield item
-        elif kind in _NO_DATA:
-            last = name
-            if kind in _SPECIAL:
-                what = _SPECIAL[kind] + (f" to {link!r}" if kind in (b"1", b"2") else "")
-                yield special_member(name, what, url)
-        else:
-            raise Unusual(f"member type {kind!r}")
+        return (kind, name, link, size, blocks), offset
+
+
+def _corrupt_header_text(offset: int, last: str) -> str:
+    return (f"ReadError: the member header at byte {offset} (after member {last or '(none)'}) is corrupt (bad "
+            f"checksum); tar readers stop there as if the shard ended and lose every member after it")
 
 
 def _skip(f: IO[bytes], n: int) -> None:
@@ -217,8 +237,20 @@ def _skip(f: IO[bytes], n: int) -> None:
 
 
 def _end(f: IO[bytes], url: str, count: int, offset: int, last: str) -> ShardEnd:
-    """At the first end-of-archive block: the rest must be zeros (the second block, then padding
-    to the record size), or readers lose what follows."""
+    """At the first end-of-archive block (at `offset`): the rest must be zeros (the second block,
+    then padding to the record size), or readers lose what follows."""
+    rest, first = _after_end(f)
+    if first is None:
+        return ShardEnd(url, count, None, "")
+    return ShardEnd(url, count, f"ReadError: the tar ends at byte {offset} (after member {last or '(none)'}) but "
+                                f"{rest - first} more byte(s) of data follow from byte {offset + BLOCK + first}: tar "
+                                f"readers stop at the end-of-archive block and lose them (a hole of zeros from a "
+                                f"failed copy, or tars concatenated?)", last)
+
+
+def _after_end(f: IO[bytes]) -> Tuple[int, Optional[int]]:
+    """(bytes after the first end-of-archive block, where the first nonzero one is among them or
+    None): read to the end of the file."""
     rest = 0
     first = None
     while True:
@@ -231,9 +263,4 @@ def _end(f: IO[bytes], url: str, count: int, offset: int, last: str) -> ShardEnd
         if first is None and chunk.count(0) != len(chunk):
             first = rest + len(chunk) - len(chunk.lstrip(b"\0"))
         rest += len(chunk)
-    if first is None:
-        return ShardEnd(url, count, None, "")
-    return ShardEnd(url, count, f"ReadError: the tar ends at byte {offset} (after member {last or '(none)'}) but "
-                                f"{rest - first} more byte(s) of data follow from byte {offset + BLOCK + first}: tar "
-                                f"readers stop at the end-of-archive block and lose them (a hole of zeros from a "
-                                f"failed copy, or tars concatenated?)", last)
+    return rest, first

@@ -74,6 +74,11 @@ class Scorer(abc.ABC):
         """Inputs with equal keys may share a batch (e.g. OCR frames of the same size)."""
         return None
 
+    def frame_count(self, prepared: Any) -> int:
+        """How many frames (model images) one prepared input is: the planner measures memory per
+        frame and the back-off fills sub-batches by frames, so a 3-frame video costs 3 images."""
+        return 1
+
     def unload(self) -> None:
         """Free the model (the engine calls this before re-planning or at exit)."""
 

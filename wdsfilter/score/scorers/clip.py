@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional
 from ...config import StageConfig
 from ...errors import ConfigError, DataError
 from ...images import FULL_SIZE
-from ...tokens import CaptionCleaner
+from ...stages import CaptionCleaner
 from ..fastdecode import REDUCING_GAP, ImageTransform
 from ..models import PRECISIONS, ClipSource, load_model, resolve_precision, tokenize
 from .base import Noted, Scorer
@@ -126,6 +126,11 @@ class ClipScorer(Scorer):
         sampled = sample_frames(sample["video"], self.frames, keyframes=self.keyframes, max_side=VIDEO_MAX_SIDE,
                                 max_pixels=self.max_pixels, what=what)  # DataError for a broken video
         return torch.stack([self.transform(frame) for frame in sampled.frames]), sampled.partial
+
+    def frame_count(self, prepared: Dict[str, Any]) -> int:
+        """A video's sampled frames, 1 for an image (the planner and back-off count frames)."""
+        image = prepared["image"]
+        return int(image.shape[0]) if image.ndim == 4 else 1
 
     # -- model side ----------------------------------------------------------------------------
     def load(self, device: str) -> None:

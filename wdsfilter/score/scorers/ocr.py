@@ -136,6 +136,10 @@ class OcrScorer(Scorer):
         # Frames are scaled to max_side anyway; a JPEG twice that size can be decoded at 1/2.
         return (0, self.max_side) if self.max_side else None
 
+    def frame_count(self, prepared: OcrInput) -> int:
+        """Frames of the input (the planner and back-off count frames, not samples)."""
+        return len(prepared.frames)
+
     def batch_key(self, prepared: OcrInput) -> Any:
         # Frames of one size share a detector batch (the network input is the same shape).
         return tuple(prepared.frames.shape[1:3])
