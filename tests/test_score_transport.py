@@ -275,3 +275,54 @@ def test_bench_dispatch_quick_ends_with_the_ratio(capsys):
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert re.fullmatch(r"ratio dispatcher / decode per core = \d+\.\d", last)
     assert float(last.rpartition("= ")[2]) == pytest.approx(out["ratio"], abs=0.05)
+
+
+class FramesScorer:
+    """numpy frames in a dataclass, as the OCR scorer prepares them; the score is their mean."""
+
+    name = "frames"
+
+    def columns(self):
+        return ["frame_mean", "frame_shape"]
+
+    def prepare(self, sample):
+        img = np.asarray(sample["image"].convert("RGB"), dtype=np.uint8)
+        return Frames(np.stack([img, 255 - img]), "image", (0.0, 1.0))
+
+    def fetch(self):
+        pass
+
+    def load(self, device):
+        pass
+
+    def unload(self):
+        pass
+
+    def batch_key(self, prepared):
+        return prepared.frames.shape[1:3]
+
+    def score_batch(self, inputs):
+        assert all(isinstance(x.frames, np.ndarray) and x.times == (0.0, 1.0) for x in inputs)
+        return [{"frame_mean": float(x.frames.astype(np.float64).mean()), "frame_shape": list(x.frames.shape)}
+                for x in inputs]
+
+    def describe(self):
+        return "frames"
+
+
+def test_numpy_frames_score_the_same_through_model_worker_processes(tmp_path):
+    from scorekit import make_shards
+    from wdsfilter.score import score
+    from wdsfilter.score.outputs import read_rows
+
+    urls, _ = make_shards(tmp_path / "shards", [9, 6])
+
+    def rows(name, **kw):
+        score(urls, out=str(tmp_path / name), scorers=[FramesScorer()], progress=False, batch_size=4, **kw)
+        folder = tmp_path / name / "scores"
+        return sorted((r["key"], r["frame_mean"], list(r["frame_shape"]), r["status"])
+                      for f in sorted(os.listdir(folder)) for r in read_rows(str(folder / f)))
+
+    local = rows("local", device="cpu", workers=0)
+    assert len(local) == 15 and all(r[3] == "scored" for r in local)
+    assert rows("procs", devices=["cpu", "cpu"], workers=1) == local
