@@ -185,7 +185,7 @@ def test_sub_batches_are_filled_by_frames_so_a_video_costs_its_frames():
 
 
 def test_the_probe_measures_memory_per_frame():
-    from wdsfilter.score.modelworker import ModelRunner
+    from wdsfilter.score.modelrunner import ModelRunner
     from wdsfilter.score.planner import ProbeReport
     SimulatedDevice.create("fr1", total=1024 * MiB)
     runner = ModelRunner([FrameScorer("fr1", 4 * MiB)], "sim:fr1")
@@ -228,7 +228,7 @@ def test_a_grown_size_that_fails_again_waits_twice_as_long_before_the_next_try()
 
 
 def test_out_of_memory_halves_only_the_scorer_that_ran_out(shard, tmp_path):
-    from wdsfilter.score.modelworker import ModelRunner
+    from wdsfilter.score.modelrunner import ModelRunner
     urls, images = shard
     SimulatedDevice.create("bo6", total=1024 * MiB)
     small, big = BrightnessScorer(sim="bo6", oom_above=4), FrameScorer("bo6", 1 * MiB)

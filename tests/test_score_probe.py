@@ -27,7 +27,7 @@ def test_the_probe_runs_no_full_garbage_collection():
     # A full gc.collect() takes about a second once torch and a model are loaded; the probe used
     # to run several per scorer. Automatic collection is off here, so every full one is the code's.
     import gc
-    from wdsfilter.score.modelworker import ModelRunner
+    from wdsfilter.score.modelrunner import ModelRunner
     stage = StageConfig(caption_key="txt;json:description", emit_rejects=True)
     found, _, _ = collect_probe(SHARDS, stage, [LumaScorer()], want=4, scan=100)
     runner = ModelRunner([LumaScorer()], "cpu")

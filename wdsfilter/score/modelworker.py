@@ -1,8 +1,7 @@
 """Model workers: the process side of scoring.
 
-A ModelRunner loads the scorers on one device, measures what they cost (memory_allocated before
-and after each load; peak memory of probe batches), and scores batches through the back-off.
-It runs in the main process (LocalPool: one CPU device) or in one spawned process per device
+A ModelRunner (modelrunner.py) loads the scorers on one device and scores batches through the
+back-off. It runs in the main process (LocalPool: one CPU device) or in one spawned process per device
 replica (ProcessPool: GPUs, or several CPU/simulated devices so the path is testable without a
 GPU). Work flows through per-worker queues holding at most `depth` batches each, so memory stays
 bounded whatever the dataset size.
@@ -15,177 +14,16 @@ import traceback
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import ConfigError, RunError
-from .backoff import Backoff
-from .embeddings import FIELD as EMBEDDINGS
-from .faults import DeviceFailedError, device_failed, sticky_device_error
-from .memory import HostMemory, device_memory, is_oom, registered_device, torch_device
+from .faults import DeviceFailedError
+from .memory import registered_device
+from .modelrunner import ModelRunner
 from .transport import open_items, pack, unpack
-
-# One work item: (row reference, {scorer name: prepared input}).
-Item = Tuple[Any, Dict[str, Any]]
 
 
 class WorkerError(RunError):
     """A model worker process failed or died."""
 
 
-class ModelRunner:
-    def __init__(self, scorers: Sequence, device: str):
-        self.scorers = list(scorers)
-        self.device = device
-        self.memory = None
-        self.host = None
-        self.backoffs: Dict[str, Backoff] = {}
-        self.batches = 0
-        self.samples = 0
-        self.seconds = 0.0
-
-    # -- measuring --------------------------------------------------------------------------
-    def load(self) -> dict:
-        """Load every scorer; report the device's free memory before and each model's footprint."""
-        self.memory = device_memory(self.device)
-        self.host = self.memory if isinstance(self.memory, HostMemory) else HostMemory()
-        mem = self.memory
-        mem.empty_cache()
-        free_before = mem.free()
-        overhead = mem.process_overhead()
-        footprints = {}
-        for scorer in self.scorers:
-            before, used_before = mem.allocated(), mem.device_used()
-            scorer.load(torch_device(self.device))
-            footprints[scorer.name] = _grown(mem, before, used_before)
-        return {"device": self.device, "kind": mem.kind, "total": mem.total(), "free_before": free_before,
-                "footprint": sum(footprints.values()), "footprints": footprints, "overhead": overhead,
-                "overhead_estimated": mem.overhead_estimated, "rss": self.host.allocated(),
-                "descriptions": [s.describe() for s in self.scorers]}
-
-    def probe(self, inputs: List[Dict[str, Any]]) -> dict:
-        """Activation memory and time of each scorer at two batch sizes (1 and len(inputs)), after
-        one warm-up call, so the timed call is representative and lazy initialisation is not
-        counted as activations. What the warm-up leaves allocated (cuDNN/cuBLAS workspaces,
-        onnxruntime's arena) is reported as `retained`: the planner adds it to the model. `frames`:
-        the frames (scorer.frame_count) in each probe batch, so memory is planned per frame and a
-        k-frame video costs k frames."""
-        import torch
-        mem = self.memory
-        sizes = (1, len(inputs))
-        peaks: Dict[str, List[int]] = {}
-        timings: Dict[str, List[float]] = {}  # seconds per sample at each size
-        retained: Dict[str, int] = {}
-        errors: Dict[str, str] = {}
-        frames: Dict[str, List[int]] = {}
-        seconds = 0.0
-        oom_at = None
-        for scorer in self.scorers:
-            batch = [inp[scorer.name] for inp in inputs]
-            count = getattr(scorer, "frame_count", lambda _: 1)
-            frames[scorer.name] = [sum(max(1, int(count(x))) for x in batch[:size]) for size in sizes]
-            measured: List[int] = []
-            size = 1
-            try:
-                before, used_before = mem.allocated(), mem.device_used()
-                scorer.score_batch(batch[:1])  # warm-up
-                mem.empty_cache()
-                retained[scorer.name] = _grown(mem, before, used_before) if mem.kind != "host" else 0
-                for size in sizes:
-                    if size != sizes[0]:  # the warm-up's clean-up above already did it for the first
-                        mem.empty_cache()
-                    base, used_base = mem.allocated(), mem.device_used()
-                    mem.reset_peak()
-                    start = time.perf_counter()
-                    scorer.score_batch(batch[:size])
-                    elapsed = time.perf_counter() - start
-                    # The allocator's peak, or the device-level growth where a library allocates
-                    # outside PyTorch (an arena keeps its peak, so growth shows it).
-                    measured.append(max(0, mem.peak() - base, _grown(mem, base, used_base)))
-                    if size == sizes[-1]:
-                        seconds += elapsed / size
-                if mem.kind == "host" and sizes[-1] > 1:
-                    # The same inputs one at a time: on a CPU, batching does not always pay.
-                    start = time.perf_counter()
-                    for one in batch[:sizes[-1]]:
-                        scorer.score_batch([one])
-                    timings[scorer.name] = [(time.perf_counter() - start) / sizes[-1], elapsed / sizes[-1]]
-            except Exception as e:  # noqa: BLE001 - the plan reports it; scoring handles it per sample
-                if sticky_device_error(e):
-                    raise device_failed(self.device, sticky_device_error(e)) from e
-                if is_oom(e):
-                    oom_at = size
-                else:
-                    errors[scorer.name] = f"{type(e).__name__}: {e}"[:300]
-            mem.empty_cache()
-            peaks[scorer.name] = measured
-        return {"sizes": list(sizes), "peaks": peaks, "frames": frames, "retained": retained, "timings": timings,
-                "seconds_per_sample": seconds,
-                "threads": torch.get_num_threads(), "oom_at": oom_at, "errors": errors}
-
-    # -- scoring ------------------------------------------------------------------------------
-    def configure(self, batch_size: int, threads: Optional[int] = None, min_free_host: Optional[int] = None,
-                  scorer_batch: Optional[Dict[str, int]] = None) -> None:
-        """batch_size: the dispatched batch (samples); scorer_batch: each scorer's own planned
-        sub-batch in frames (planner.DevicePlan.scorer_batch). Each scorer runs the dispatched
-        batch in sub-batches of its own size, through its own back-off, so a scorer with a small
-        batch (OCR on large frames) no longer holds back one with a large one (CLIP); a scorer
-        the plan does not name uses batch_size."""
-        if threads:
-            import torch
-            torch.set_num_threads(threads)
-        sizes = scorer_batch or {}
-        self.backoffs = {s.name: Backoff(s, self.memory, sizes.get(s.name, batch_size), self.host, min_free_host)
-                         for s in self.scorers}
-
-    def score(self, items: List[Item]) -> List[Tuple[Any, dict, dict]]:
-        """(ref, {column: value}, {scorer: (reason, message)}) per item, in order."""
-        try:
-            return self._score(items)
-        except DeviceFailedError as e:  # name the device; the pool stops this worker
-            raise device_failed(self.device, str(e)) from e
-
-    def _score(self, items: List[Item]) -> List[Tuple[Any, dict, dict]]:
-        start = time.perf_counter()
-        scores: List[dict] = [{} for _ in items]
-        errors: List[dict] = [{} for _ in items]
-        for scorer in self.scorers:
-            groups: Dict[Any, List[int]] = {}
-            for k, (_, inputs) in enumerate(items):
-                if scorer.name in inputs:
-                    groups.setdefault(scorer.batch_key(inputs[scorer.name]), []).append(k)
-            columns = scorer.columns()
-            for members in groups.values():
-                outcomes = self.backoffs[scorer.name].run([items[k][1][scorer.name] for k in members])
-                for k, outcome in zip(members, outcomes):
-                    if outcome[0] == "ok":
-                        scores[k].update({c: outcome[1].get(c) for c in columns})
-                        if EMBEDDINGS in outcome[1]:  # --save-embeddings: written beside the score file
-                            scores[k][EMBEDDINGS] = outcome[1][EMBEDDINGS]
-                    else:
-                        errors[k][scorer.name] = (outcome[1], outcome[2])
-        self.batches += 1
-        self.samples += len(items)
-        self.seconds += time.perf_counter() - start
-        return [(item[0], s, e) for item, s, e in zip(items, scores, errors)]
-
-    def stats(self) -> dict:
-        return {"device": self.device, "batches": self.batches, "samples": self.samples,
-                "seconds": round(self.seconds, 3),
-                "backoff": {name: b.stats() for name, b in self.backoffs.items()}}
-
-    def unload(self) -> None:
-        for scorer in self.scorers:
-            scorer.unload()
-
-
-def _grown(mem, allocated_before: int, used_before: Optional[int]) -> int:
-    """Bytes this process added since the readings: PyTorch's allocator, or the whole device
-    where it can be read (libraries with their own allocators), whichever grew more."""
-    grown = mem.allocated() - allocated_before
-    used = mem.device_used()
-    if used is not None and used_before is not None:
-        grown = max(grown, used - used_before)
-    return max(0, grown)
-
-
-# -- pools ------------------------------------------------------------------------------------
 class LocalPool:
     """The model in the main process: one CPU device, no extra process to start."""
 
