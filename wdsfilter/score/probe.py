@@ -93,7 +93,6 @@ class ProbeReport:
         return f[1] / self.sizes[1] if f and len(f) == 2 and self.sizes[1] else 1.0
 
 
-
 def input_lines(reports: List[dict], probe: ProbeReport) -> Tuple[List[Line], List[str]]:
     """The plan's lines (and warnings) on what was measured: each device's models, each scorer's
     activations, the speeds, the size of a prepared sample and the warm-up memory."""

@@ -110,7 +110,6 @@ class _Collector:
         return complete
 
 
-
 # -- the run ---------------------------------------------------------------------------------------
 # Ray Data restarts a dead actor and retries its tasks forever by default: a batch that kills its
 # actor (a host OOM kill) loops. A task (a batch, or a shard's read) is retried once; a batch that

@@ -75,7 +75,6 @@ def _columns(rows: List[dict]) -> Dict[str, list]:
     return {n: [r.get(n) for r in rows] for n in names}
 
 
-
 # -- model side: one actor per GPU or CPU slot -----------------------------------------------------
 class ScoreActor:
     """The engine's ModelRunner in a Ray actor: loads the scorers once on its device, scores the
@@ -135,7 +134,6 @@ def plain(v):
     return None if isinstance(v, float) and v != v else v
 
 
-
 # -- before planning: one task measures -----------------------------------------------------------
 def measure(cfg, scorers, model_scorers, urls: Sequence[str], device: str) -> dict:
     """A Ray task (on one GPU, or a CPU slot): what the local engine measures before planning:
@@ -156,8 +154,6 @@ def measure(cfg, scorers, model_scorers, urls: Sequence[str], device: str) -> di
         runner.unload()
     report["worker"] = 0
     return {"report": report, "probe": probe, "host": host_status()}
-
-
 
 
 # -- per shard: score file, filtered shard, marker --------------------------------------------------
