@@ -186,7 +186,7 @@ def test_sub_batches_are_filled_by_frames_so_a_video_costs_its_frames():
 
 def test_the_probe_measures_memory_per_frame():
     from wdsfilter.score.modelrunner import ModelRunner
-    from wdsfilter.score.planner import ProbeReport
+    from wdsfilter.score.probe import ProbeReport
     SimulatedDevice.create("fr1", total=1024 * MiB)
     runner = ModelRunner([FrameScorer("fr1", 4 * MiB)], "sim:fr1")
     runner.load()

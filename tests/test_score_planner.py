@@ -12,7 +12,8 @@ from wdsfilter import ConfigError
 from wdsfilter.score import ScoreConfig, score
 from wdsfilter.score.config import parse_size
 from wdsfilter.score.memory import HostMemory
-from wdsfilter.score.planner import WORKER_BASE_BYTES, ProbeReport, make_plan
+from wdsfilter.score.planner import WORKER_BASE_BYTES, make_plan
+from wdsfilter.score.probe import ProbeReport
 
 MiB, GiB = 2**20, 2**30
 

@@ -182,7 +182,7 @@ def test_prepared_inputs_travel_as_one_tensor_column_not_pickled():
     import torch
     from ray.data.block import BlockAccessor
 
-    from wdsfilter.score.ray_runner import PAYLOAD, PAYLOAD_META, _EMPTY, pack_payload, unpack_payload
+    from wdsfilter.score.ray_payload import EMPTY, PAYLOAD, PAYLOAD_META, pack_payload, unpack_payload
     from wdsfilter.score.scorers.ocr import OcrInput
     clip_image = {"image": torch.randint(0, 255, (3, 224, 224), dtype=torch.uint8),
                   "tokens": torch.arange(77, dtype=torch.int64), "truncated": False}
@@ -206,15 +206,65 @@ def test_prepared_inputs_travel_as_one_tensor_column_not_pickled():
                 assert y.frames.flags.writeable
     # In Ray's blocks the column is an Arrow tensor column (not Ray's pickled-object fallback),
     # with rows that have nothing to score (an empty vector) beside them.
-    block = BlockAccessor.batch_to_block({PAYLOAD: [packed[0][0], _EMPTY, packed[1][0]],
+    block = BlockAccessor.batch_to_block({PAYLOAD: [packed[0][0], EMPTY, packed[1][0]],
                                           PAYLOAD_META: [packed[0][1], b"", packed[1][1]]})
     assert "Tensor" in str(block.schema.field(PAYLOAD).type)
     assert "pickled" not in str(block.schema.field(PAYLOAD).type)
 
 
+class FrameCounter:
+    """Video-like inputs {"frames": k}; records the frames of each score_batch call."""
+
+    name = "frames"
+
+    def __init__(self):
+        self.calls = []
+
+    def columns(self):
+        return ["n_frames"]
+
+    def frame_count(self, x):
+        return x["frames"]
+
+    def batch_key(self, x):
+        return None
+
+    def load(self, device):
+        pass
+
+    def unload(self):
+        pass
+
+    def describe(self):
+        return self.name
+
+    def score_batch(self, inputs):
+        self.calls.append(sum(x["frames"] for x in inputs))
+        return [{"n_frames": x["frames"]} for x in inputs]
+
+
+def test_a_batch_size_set_without_a_plan_counts_samples_as_on_the_local_engine():
+    """No plan ran (the user set the batch size and the actors): batch_size 4 means 4 samples, so
+    with 3-frame videos each scorer's sub-batch is 12 frames, as the local planner makes it from the
+    probe's frames per sample (planner.frames_of_samples); before, it was 4 frames."""
+    from wdsfilter.score import ScoreConfig
+    from wdsfilter.score.ray_payload import PAYLOAD, PAYLOAD_META, pack_payload
+    from wdsfilter.score.ray_tasks import PENDING, ScoreActor
+    from wdsfilter.score.rows import new_row
+    scorer = FrameCounter()
+    actor = ScoreActor(ScoreConfig(out="unused"), [scorer], ["n_frames"], batch_size=4, device="cpu")
+    video = pack_payload(({"frames": {"frames": 3}}, {}))  # (inputs, prepare errors) of a 3-frame video
+    rows = [dict(new_row(f"k{i}", "shard.tar", i, PENDING), **dict(zip((PAYLOAD, PAYLOAD_META), video)))
+            for i in range(8)]
+    out = actor({name: [r[name] for r in rows] for name in rows[0]})
+    assert out["status"] == ["scored"] * 8 and out["n_frames"] == ["3"] * 8
+    assert actor.runner.backoffs["frames"].planned == 12 and scorer.calls == [12, 12]
+
+
 def test_ray_uses_the_engines_planner_for_batch_sizes_and_actors_per_gpu(local_ray, tiny_clip, tmp_path):
     from wdsfilter.score import ScoreConfig
-    from wdsfilter.score.planner import ProbeReport, make_plan
+    from wdsfilter.score.planner import make_plan
+    from wdsfilter.score.probe import ProbeReport
     from wdsfilter.score.ray_runner import actor_pool
     GiB, MiB = 2**30, 2**20
     # Actors per GPU are the plan's model processes per GPU: two per GPU where two fit.

@@ -12,8 +12,9 @@ measures side by side:
 
   decode only   the engine's decode side alone: the DataLoader with the planned workers and
                 prefetch running read + decode + the scorer's prepare(), no model
-  model only    score_batch() on pre-decoded, pre-prepared inputs held in memory, batches of the
-                planned size, with the planned model threads (CPU) on the same device
+  model only    score_batch() on pre-decoded, pre-prepared inputs held in memory, as many samples
+                per call as the engine's (the plan's scorer batch is in frames: a k-frame video
+                counts k), with the planned model threads (CPU) on the same device
   end to end    wdsfilter.score.score() on the shards: its scoring loop (decode workers and model
                 concurrently; the wall time with start-up, model load and probe is printed too)
 
@@ -143,6 +144,14 @@ def frames_of(inputs) -> int:
     return sum(frames) if frames else None
 
 
+def samples_per_call(plan: dict, name: str, frames_per_sample: float) -> int:
+    """Samples per score_batch call in the engine: the plan's dispatched batch (samples), cut to the
+    scorer's own sub-batch, which is in frames (a k-frame video counts k; one by one where the
+    planner found that faster on the CPU). With images and videos mixed, by the average frames."""
+    return min(min(d["batch_size"], max(1, int(d["scorer_batch"].get(name, d["batch_size"]) // frames_per_sample)))
+               for d in plan["devices"])
+
+
 def compare(args, name: str) -> dict:
     """decode only / model only / end to end for one scorer; prints and returns the rates."""
     import torch
@@ -158,13 +167,11 @@ def compare(args, name: str) -> dict:
                       workers=args.workers, progress=False)
         dry = score(urls, out=os.path.join(tmp, "dry"), dry_run=True, **common)
         plan = dry.plan
-        batch = min(d["batch_size"] for d in plan["devices"])
-        # The planner may have a scorer score one by one within a batch (CPU, where that is faster).
-        batch = min([batch] + [d["scorer_batch"].get(name, batch) for d in plan["devices"]])
         threads = plan["devices"][0]["threads"]
         device = plan["devices"][0]["device"]
         inputs = prepared_inputs(urls, stage, factory)
         frames = frames_of(inputs)
+        batch = samples_per_call(plan, name, frames / len(inputs) if frames and inputs else 1.0)
         model = factory()
         model.load(device)
         if device == "cpu" and threads:

@@ -22,8 +22,10 @@ from .dispatch import Dispatcher, open_progress
 from .faults import disk_full, is_disk_full
 from .memory import host_status
 from .outputs import RunSummary
-from .planner import Plan, ProbeReport, make_plan
+from .plan import Plan
+from .planner import make_plan
 from .prepare import Chunk, Prepare, collect_probe, keep_as_is
+from .probe import ProbeReport
 from .rows import NothingScoredError  # noqa: F401 - raised by run(); importable from here as before
 from .run import Run
 

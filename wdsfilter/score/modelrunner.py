@@ -111,7 +111,7 @@ class ModelRunner:
     def configure(self, batch_size: int, threads: Optional[int] = None, min_free_host: Optional[int] = None,
                   scorer_batch: Optional[Dict[str, int]] = None) -> None:
         """batch_size: the dispatched batch (samples); scorer_batch: each scorer's own planned
-        sub-batch in frames (planner.DevicePlan.scorer_batch). Each scorer runs the dispatched
+        sub-batch in frames (plan.DevicePlan.scorer_batch). Each scorer runs the dispatched
         batch in sub-batches of its own size, through its own back-off, so a scorer with a small
         batch (OCR on large frames) no longer holds back one with a large one (CLIP); a scorer
         the plan does not name uses batch_size."""

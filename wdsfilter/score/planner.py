@@ -1,20 +1,13 @@
 """The memory planner: from measured numbers to batch size, model replicas per GPU, decode workers.
 
-Inputs, all measured before planning:
-  * per device (the report dict of modelworker.ModelRunner.load, from the model worker that
-    loaded the scorers there): its free memory before loading (torch.cuda.mem_get_info on GPUs,
-    psutil on the host), each model's footprint (memory_allocated after load minus before) and
-    what another process costs there;
-  * the activation probe (ProbeReport): peak memory above the loaded model for probe batches of
-    two sizes (max_memory_allocated), per scorer, giving each scorer's bytes per frame (a video
-    of k frames is k frames, an image one: scorer.frame_count) and a fixed part, plus the model's
-    and the decode side's seconds per sample and the size of one prepared sample;
-  * the host (psutil): available RAM and CPU cores, which bound decode workers x prefetch and
-    model processes per GPU.
+The numbers (probe.py): per device, its free memory before loading, each model's footprint and
+what another process costs; per scorer, activation bytes per frame and a fixed part (a video of
+k frames is k frames, an image one); speeds and the size of a prepared sample; the host's
+available RAM and CPU cores, which bound decode workers x prefetch and model processes per GPU.
 
-The plan is data: per device, the model processes (replicas), each scorer's own batch in frames
-(DevicePlan.scorer_batch: CLIP's is not held down to OCR's) and the batch of samples sent to a
-model process at a time (DevicePlan.batch_size, the largest scorer batch; each scorer scores it
+The plan (plan.py) is data: per device, the model processes (replicas), each scorer's own batch in
+frames (DevicePlan.scorer_batch: CLIP's is not held down to OCR's) and the batch of samples sent to
+a model process at a time (DevicePlan.batch_size, the largest scorer batch; each scorer scores it
 in sub-batches of its own size). Scorers run one after another in a model process, so a process
 needs its models plus the largest of the scorers' working memories at their batches.
 
@@ -26,12 +19,13 @@ The Ray runner calls the same make_plan() with numbers measured in one Ray task.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from ..errors import ConfigError
 from .backoff import GROW_AFTER
 from .config import ScoreConfig, format_size as fs
+from .plan import DevicePlan, Plan
+from .probe import ProbeReport, input_lines
 
 # RAM a decode worker holds besides its prefetched samples (interpreter, imports, one shard's
 # tar buffer and a decoded image). An estimate, shown as one in the plan.
@@ -57,115 +51,10 @@ CORES_PER_GPU_PROCESS = 4
 QUEUE_SHARE = 4
 
 
-@dataclass
-class ProbeReport:
-    samples: int = 0  # prepared samples the probe had (0: none could be prepared)
-    scanned: int = 0  # samples read to find them
-    sizes: Tuple[int, int] = (0, 0)
-    peaks: Dict[str, List[int]] = field(default_factory=dict)  # scorer -> bytes above the model at each size
-    # scorer -> frames in the probe batches of `sizes` (a k-frame video is k); missing: one per sample
-    frames: Dict[str, List[int]] = field(default_factory=dict)
-    # scorer -> bytes its first batch left allocated on the device (workspaces, arenas): model memory
-    retained: Dict[str, int] = field(default_factory=dict)
-    seconds_per_sample: float = 0.0  # model time at the larger size, all scorers
-    # scorer -> seconds/sample on the CPU for the larger probe's inputs: one at a time, then together
-    timings: Dict[str, List[float]] = field(default_factory=dict)
-    threads: int = 1  # torch threads during that measurement
-    prepared_bytes: int = 0  # host bytes of one prepared sample (all scorers)
-    prepare_seconds: float = 0.0  # read + decode + prepare per sample, one process
-    oom_at: Optional[int] = None
-    errors: Dict[str, str] = field(default_factory=dict)  # scorer -> error raised on probe samples
-
-    def scorer_activations(self) -> Dict[str, Tuple[int, int]]:
-        """scorer -> (fixed bytes, bytes per frame): the line through its two probe points, with the
-        frames of each probe batch (not its samples) on the x axis, so a 3-frame video costs 3 frames.
-        A scorer whose probe failed has no entry."""
-        out: Dict[str, Tuple[int, int]] = {}
-        for name, points in self.peaks.items():
-            x1, x2 = self.frames.get(name) or self.sizes
-            if len(points) == 2 and x2 > x1:
-                slope = max(0.0, (points[1] - points[0]) / (x2 - x1))
-                base = max(0.0, points[0] - slope * x1)
-            elif points:  # the larger probe ran out of memory: assume it all scales
-                slope, base = points[0] / max(x1, 1), 0.0
-            else:
-                continue
-            out[name] = (int(base), int(math.ceil(slope)))
-        return out
-
-    def activation(self) -> Tuple[int, int]:
-        """(fixed bytes, bytes per frame), the largest over the scorers (a summary; the plan itself
-        uses each scorer's own numbers)."""
-        acts = self.scorer_activations().values()
-        return max((f for f, _ in acts), default=0), max((p for _, p in acts), default=0)
-
-    @classmethod
-    def measured(cls, inputs: List[dict], scanned: int, prepare_seconds: float, pool_probe=None) -> "ProbeReport":
-        """A report from the probe samples (prepare.collect_probe) and, given two or more of them,
-        a model worker's probe of them (`pool_probe(inputs)` -> ModelRunner.probe's dict). The
-        local engine and the Ray runner build theirs the same way."""
-        from .prepare import nbytes
-        report = cls(samples=len(inputs), scanned=scanned, prepare_seconds=prepare_seconds)
-        if inputs:
-            report.prepared_bytes = int(sum(nbytes(x) for x in inputs) / len(inputs))
-        if len(inputs) >= 2 and pool_probe is not None:
-            m = pool_probe(inputs)
-            report.sizes = tuple(m["sizes"])
-            report.peaks = m["peaks"]
-            report.frames = m.get("frames", {})
-            report.retained = m.get("retained", {})
-            report.seconds_per_sample = m["seconds_per_sample"]
-            report.timings = m.get("timings", {})
-            report.threads = m["threads"]
-            report.oom_at = m["oom_at"]
-            report.errors = m.get("errors", {})
-        return report
-
-    def frames_per_sample(self, name: str) -> float:
-        """Frames per prepared sample of `name` in the larger probe batch (1.0 when not counted)."""
-        f = self.frames.get(name)
-        return f[1] / self.sizes[1] if f and len(f) == 2 and self.sizes[1] else 1.0
-
-
-@dataclass
-class DevicePlan:
-    device: str
-    kind: str
-    replicas: int
-    batch_size: int
-    threads: Optional[int]
-    budget: int  # bytes the run may use on this device (after headroom)
-    need: int  # bytes the replicas need at these batch sizes
-    # Each scorer's own sub-batch, in frames (an image is one, a k-frame video k). batch_size above
-    # is the number of samples sent to a model process at a time: the largest of these (at most
-    # what the host's share for queued samples allows); each scorer scores it in sub-batches of its size.
-    scorer_batch: Dict[str, int] = field(default_factory=dict)
-
-
-@dataclass
-class Plan:
-    devices: List[DevicePlan]  # model workers: replicas and batch size per device
-    workers: int  # decode workers (DataLoader processes)
-    prefetch: int
-    chunk: int
-    queue_depth: int
-    min_free_host: int
-    lines: List[Tuple[str, str, str]] = field(default_factory=list)
-    warnings: List[str] = field(default_factory=list)
-
-    def describe(self) -> str:
-        width = max((len(w) for w, _, _ in self.lines), default=10)
-        out = ["plan:"]
-        for what, value, why in self.lines:
-            out.append(f"  {what:<{width}}  {value}" + (f"  ({why})" if why else ""))
-        for w in self.warnings:
-            out.append(f"  warning: {w}")
-        return "\n".join(out)
-
-    def to_dict(self) -> dict:
-        return {"devices": [asdict(d) for d in self.devices], "workers": self.workers, "prefetch": self.prefetch,
-                "chunk": self.chunk, "queue_depth": self.queue_depth, "min_free_host": self.min_free_host,
-                "lines": [list(line) for line in self.lines], "warnings": list(self.warnings)}
+def frames_of_samples(samples: int, frames_per_sample: float) -> int:
+    """A batch of `samples` samples in frames (a scorer's sub-batch unit): a batch_size set by the
+    user means samples on both engines, whatever their frames."""
+    return max(1, int(math.ceil(samples * frames_per_sample)))
 
 
 def _round_batch(b: int) -> int:
@@ -180,8 +69,8 @@ class _Planner:
         self.probe = probe
         self.host = host
         self.n_shards = max(1, n_shards)
-        self.lines: List[Tuple[str, str, str]] = []
-        self.warnings: List[str] = []
+        # The measured numbers come first in the plan's text, then each decision appends its own.
+        self.lines, self.warnings = input_lines(reports, probe)
         self.acts = probe.scorer_activations()
         self.one_by_one: Dict[str, int] = {}  # CPU scorers that score one sample at a time (small_batches)
 
@@ -208,7 +97,7 @@ class _Planner:
     def user_batch(self, name: str, samples: int) -> int:
         """A batch_size set by the user is in samples: in frames, as many as that many samples had
         in the probe (a 3-frame video takes 3)."""
-        return max(1, int(math.ceil(samples * self.probe.frames_per_sample(name))))
+        return frames_of_samples(samples, self.probe.frames_per_sample(name))
 
     @staticmethod
     def work(acts: Dict[str, Tuple[int, int]], B: Dict[str, int]) -> int:
@@ -222,46 +111,6 @@ class _Planner:
             return
         for n, b in B.items():
             self.lines.append((f"{where} {n} batch", f"{b} {self.unit(n)}", reasons[n]))
-
-    # -- models and activations -------------------------------------------------------------
-    def describe_inputs(self) -> None:
-        seen = set()
-        for r in self.reports:
-            if r["device"] in seen:
-                continue
-            seen.add(r["device"])
-            parts = ", ".join(f"{n} {fs(b)}" for n, b in r["footprints"].items())
-            self.lines.append((f"model on {r['device']}", fs(r["footprint"]),
-                               f"measured: memory allocated after loading minus before; {parts}"))
-        p = self.probe
-        if p.samples:
-            for name, (fixed, per) in self.acts.items():
-                fps = p.frames_per_sample(name)
-                unit = "frame" if fps != 1.0 else "sample"
-                self.lines.append(("activations" if len(self.acts) == 1 else f"{name} activations",
-                                   f"{fs(per)}/{unit} + {fs(fixed)}",
-                                   f"peak memory above the loaded model for probe batches of {p.sizes[0]} and "
-                                   f"{p.sizes[1]} samples" + (f" ({fps:.2f} frames per sample: memory is planned "
-                                                              f"per frame)" if fps != 1.0 else "")
-                                   + ("; the larger ran out of memory" if p.oom_at else "")))
-            self.lines.append(("model speed", f"{p.seconds_per_sample * 1000:.2f} ms/sample",
-                               f"probe batch of {p.sizes[1]} with {p.threads} thread(s)"))
-            self.lines.append(("decode speed", f"{p.prepare_seconds * 1000:.2f} ms/sample",
-                               f"read + decode + prepare in one process, over {p.scanned} samples"))
-            self.lines.append(("prepared sample", fs(p.prepared_bytes), "host memory of one prepared model input"))
-            retained = {n: b for n, b in p.retained.items() if b}
-            if retained and any(r["kind"] != "host" for r in self.reports):
-                self.lines.append(("warm-up memory", fs(sum(retained.values())),
-                                   "left on the device by the first batch (" + ", ".join(
-                                       f"{n} {fs(b)}" for n, b in retained.items()) + "; workspaces, arenas): "
-                                   "counted with the model"))
-            for name, error in p.errors.items():
-                self.warnings.append(f"the {name} probe failed ({error}); its activation memory is not measured "
-                                     f"and the back-off will handle what does not fit")
-        else:
-            self.warnings.append(f"none of the first {p.scanned} samples could be prepared, so activation memory "
-                                 f"was not measured; the batch size is not memory-checked and the back-off "
-                                 f"will halve it on out-of-memory")
 
     # -- GPU-like devices ----------------------------------------------------------------------
     def plan_gpu(self, r: dict, n_gpus: int, host_budget: int) -> DevicePlan:
@@ -529,10 +378,9 @@ class _Planner:
                 d.threads = 2  # host-side work of a GPU model process: transfers, Python
 
     def plan(self) -> Plan:
-        """Models and activations, host RAM, GPUs, CPU batch, queues, decode workers, threads,
-        back-off: each step appends its decision and reason to self.lines."""
+        """After the measured numbers (input_lines): host RAM, GPUs, CPU batch, queues, decode workers,
+        threads, back-off: each step appends its decision and reason to self.lines."""
         probe = self.probe
-        self.describe_inputs()
         gpu_reports = [r for r in self.reports if r["kind"] != "host"]
         cpu_reports = [r for r in self.reports if r["kind"] == "host"]
         host_budget = self.host_budget(cpu_reports)
@@ -574,6 +422,7 @@ class _Planner:
                                    f"({d.batch_size}) x {fs(per)} would take over 1/{QUEUE_SHARE} of the host budget; "
                                    f"scorer batches larger than this many samples' frames are not filled"))
                 d.batch_size = _round_batch(int(most))
+
 
 def default_min_free_host(cfg, host_total: int) -> int:
     """Free host RAM under which the back-off halves batches: the user's, else 3% (>= 256 MiB)."""

@@ -13,9 +13,11 @@ memory (its backpressure) and retries failed tasks.
                  shard are in, a finish_shard task writes scores/<shard>.parquet, the filtered
                  shard and the done marker: a run killed half-way leaves its finished shards done.
 
-Rows, shard completion and the run state are the local engine's own (rows.py, run.Run), so `--resume`,
-`wdsfilter.loader(scores=...)` and the summary work on it unchanged. The shards and the output
-folder must be reachable from every node (a shared filesystem); Ray moves only the rows.
+This module is the driver; what runs on Ray's workers is in ray_tasks.py (read_shard, ScoreActor,
+measure, finish_shard), the payload columns in ray_payload.py. Rows, shard completion and the run
+state are the local engine's own (rows.py, run.Run), so `--resume`, `wdsfilter.loader(scores=...)`
+and the summary work on it unchanged. The shards and the output folder must be reachable from
+every node (a shared filesystem); Ray moves only the rows.
 
     from wdsfilter.score.ray_runner import score_on_ray
     summary = score_on_ray("s3-mounted/shards/", out="/shared/scores", scorers=["clip"],
@@ -23,7 +25,6 @@ folder must be reachable from every node (a shared filesystem); Ray moves only t
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import json
@@ -31,18 +32,14 @@ import os
 import pickle
 import time
 from collections import Counter
-from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
-
-import numpy as np
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import ConfigError
 from .embeddings import FIELD as EMBEDDINGS
 from .faults import disk_full, is_disk_full, read_failed_reason
 from .outputs import RunSummary
-from .rows import BASE_FIELDS, complete_row, item_row, new_row, write_shard
-
-PENDING = "__pending__"  # a row whose inputs still need the model
-SHARD_END_ROW = "__shard_end__"  # one per shard: carries the reader's error and member count
+from .ray_tasks import SHARD_END_ROW, ScoreActor, finish_shard, measure, plain, read_shard
+from .rows import BASE_FIELDS
 
 
 def _ray():
@@ -54,208 +51,7 @@ def _ray():
     return ray
 
 
-# -- prepared inputs as columns -------------------------------------------------------------------
-# A row's prepared inputs cross from its read task to a model actor as two columns: PAYLOAD, every
-# array of the row (numpy arrays, CPU tensors: pixels, tokens, OCR frames) copied once into one
-# uint8 vector, which Ray stores as an Arrow tensor column (no pickling of the pixels; in the
-# actor the arrays are views of one writable copy of the vector); and PAYLOAD_META, the small
-# rest pickled: the structure with a Slot in each array's place, and the prepare() errors.
-PAYLOAD, PAYLOAD_META = "payload", "payload_meta"
-_ALIGN = 16  # every array starts on a 16-byte boundary of its row's vector (rows are padded to it)
-
-
-class Slot(NamedTuple):
-    offset: int
-    dtype: str  # numpy dtype string
-    shape: Tuple[int, ...]
-    torch: bool  # give it back as a torch tensor
-
-
-def _walk(obj, fn):
-    """fn on every leaf inside dicts, lists, tuples (named too) and dataclass instances (an OcrInput)."""
-    if isinstance(obj, Slot):
-        return fn(obj)
-    if isinstance(obj, dict):
-        return {k: _walk(v, fn) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_walk(v, fn) for v in obj]
-    if isinstance(obj, tuple):
-        values = [_walk(v, fn) for v in obj]
-        return type(obj)(*values) if hasattr(obj, "_fields") else tuple(values)
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        new = copy.copy(obj)
-        for f in dataclasses.fields(obj):
-            object.__setattr__(new, f.name, _walk(getattr(obj, f.name), fn))
-        return new
-    return fn(obj)
-
-
-def pack_payload(obj) -> Tuple[np.ndarray, bytes]:
-    """(uint8 vector of every array in obj, pickled structure with Slots); arrays Ray or numpy
-    cannot view as bytes (object arrays, bfloat16 tensors) stay in the pickled part."""
-    arrays: List[Tuple[int, np.ndarray]] = []
-    total = 0
-
-    def take(x):
-        nonlocal total
-        is_torch = type(x).__module__.startswith("torch") and hasattr(x, "numpy")
-        try:
-            if is_torch:
-                a = np.ascontiguousarray(x.detach().cpu().numpy())
-            elif isinstance(x, np.ndarray) and x.dtype != object:
-                a = np.ascontiguousarray(x)
-            else:
-                return x
-        except (TypeError, RuntimeError):  # a dtype numpy lacks (bfloat16): pickled with the rest
-            return x
-        slot = Slot(total, a.dtype.str, tuple(a.shape), is_torch)
-        arrays.append((total, a))
-        total += -(-a.nbytes // _ALIGN) * _ALIGN
-        return slot
-
-    skeleton = _walk(obj, take)
-    data = np.empty(total, np.uint8)
-    for offset, a in arrays:
-        data[offset:offset + a.nbytes] = a.reshape(-1).view(np.uint8)
-    return data, pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def unpack_payload(data, meta: bytes):
-    """What pack_payload was given; its arrays are views of one writable copy of `data`."""
-    skeleton = pickle.loads(meta)
-    buf = np.array(data, dtype=np.uint8, copy=True) if data is not None else np.zeros(0, np.uint8)
-
-    def put(x):
-        if not isinstance(x, Slot):
-            return x
-        dtype = np.dtype(x.dtype)
-        n = int(np.prod(x.shape, dtype=np.int64)) * dtype.itemsize
-        a = buf[x.offset:x.offset + n].view(dtype).reshape(x.shape)
-        if x.torch:
-            import torch
-            return torch.from_numpy(a)
-        return a
-
-    return _walk(skeleton, put)
-
-
-# -- decode side: one task per shard --------------------------------------------------------------
-def read_shard(batch, cfg, scorers, rows_per_block: int = 64) -> Iterator[Dict[str, list]]:
-    """Ray map_batches generator over shard URLs: every sample's row, with its prepared inputs in
-    the PAYLOAD columns (pack_payload) where a model still has to score it, then one SHARD_END_ROW row whose
-    message tells the driver how many rows the shard has, how the reader ended and the shard's
-    stage counts. Yields column batches of up to rows_per_block rows, so a big shard never sits
-    in memory whole."""
-    from ..markers import MARKER, SHARD_END
-    from ..pipeline import sample_pipeline
-    from ..tally import Tally
-    from .prepare import Prepare
-
-    stage = cfg.scoring_stage_config(scorers)
-    paths = batch["path"] if "path" in batch else batch["shard"]
-    for url, path in zip(list(batch["shard"]), list(paths)):  # rows carry the URL; the worker opens `path`
-        tally = Tally(0, 0, name="wdsfilter score (ray)")
-        pipeline = sample_pipeline([path], stage, tally, extra=[Prepare(scorers)])
-        rows: List[dict] = []
-        index = 0
-        end = None
-        for item in pipeline:
-            if item.get(MARKER) == SHARD_END:
-                end = {"error": item.get("error"), "members": item.get("members", 0), "failed": item.get("failed")}
-                continue
-            row = item_row(item, index, scorers, cfg.bounds)
-            row["shard"] = url  # the URL as the driver knows it (the worker opened `path`)
-            row[PAYLOAD], row[PAYLOAD_META] = _EMPTY, b""
-            if row["status"] is None:
-                row["status"] = PENDING
-                row[PAYLOAD], row[PAYLOAD_META] = pack_payload((item["inputs"], item["errors"]))
-            rows.append(row)
-            index += 1
-            if len(rows) >= rows_per_block:
-                yield _columns(rows)
-                rows = []
-        if end is None:  # no end marker: the shard could not be opened (counted as unreadable_shard)
-            examples = tally.examples.get("unreadable_shard", [])
-            end = {"error": examples[0].message if examples else "could not be opened", "members": 0,
-                   "unopened": True}
-        end.update(rows=index, dropped=dict(tally.dropped), notes=dict(tally.notes))
-        rows.append(dict(new_row("", url, -1, SHARD_END_ROW, message=json.dumps(end)),
-                         **{PAYLOAD: _EMPTY, PAYLOAD_META: b""}))
-        yield _columns(rows)
-
-
-_EMPTY = np.zeros(0, np.uint8)  # PAYLOAD of a row with nothing to score: same dtype and ndim, so one tensor column
-
-
-def _columns(rows: List[dict]) -> Dict[str, list]:
-    names = list(rows[0])
-    for r in rows[1:]:
-        names += [n for n in r if n not in names]
-    return {n: [r.get(n) for r in rows] for n in names}
-
-
-# -- model side: one actor per GPU or CPU slot -----------------------------------------------------
-class ScoreActor:
-    """The engine's ModelRunner in a Ray actor: loads the scorers once on its device, scores the
-    pending rows of each batch with the engine's back-off (halve and retry on out-of-memory; no
-    row lost or scored twice) and returns the rows complete, without their payload."""
-
-    def __init__(self, cfg, scorers, columns: Sequence[str], batch_size: int, device: str,
-                 scorer_batch: Optional[Dict[str, int]] = None, min_free_host: Optional[int] = None):
-        from .memory import host_status
-        from .modelworker import ModelRunner
-        from .planner import default_min_free_host
-        self.cfg, self.columns, self.scorers = cfg, list(columns), scorers
-        self.runner = ModelRunner(scorers, device)
-        self.runner.load()
-        self.runner.configure(batch_size, scorer_batch=scorer_batch,
-                              min_free_host=min_free_host or default_min_free_host(cfg, host_status()["total"]))
-
-    def __call__(self, batch):
-        n = len(batch["key"])
-        rows = [{f: _plain(batch[f][i]) for f in BASE_FIELDS} for i in range(n)]
-        pending = [i for i in range(n) if rows[i]["status"] == PENDING]
-        # (inputs, prepare errors), arrays as views of one copy of the row's tensor column
-        loaded = {i: unpack_payload(batch[PAYLOAD][i], batch[PAYLOAD_META][i]) for i in pending}
-        for i, scores, errors in self.runner.score([(i, loaded[i][0]) for i in pending]):
-            rows[i]["status"] = None
-            complete_row(rows[i], self.scorers, scores, {**loaded[i][1], **errors}, self.cfg.bounds)
-        out = {f: [r[f] for r in rows] for f in BASE_FIELDS}
-        out[EMBEDDINGS] = [pickle.dumps(r.get(EMBEDDINGS)) for r in rows]  # --save-embeddings (else None)
-        for c in self.columns:  # every batch has every column, so Ray's blocks share one schema
-            out[c] = [json.dumps(r.get(c)) for r in rows]
-        return out
-
-
-def _plain(v):
-    """numpy scalars from Ray's batches -> Python values; the NaN that a missing text becomes
-    on its way through Arrow and numpy -> None."""
-    v = v.item() if hasattr(v, "item") and not isinstance(v, (bytes, str)) else v
-    return None if isinstance(v, float) and v != v else v
-
-
 # -- the plan: the local engine's planner on numbers measured in one Ray task ---------------------
-def measure(cfg, scorers, model_scorers, urls: Sequence[str], device: str) -> dict:
-    """A Ray task (on one GPU, or a CPU slot): what the local engine measures before planning:
-    the scorers loaded on `device` (free memory, footprints) and the probe of a few prepared
-    samples (activation memory per frame and scorer, speeds), and the node's host numbers."""
-    from .memory import host_status
-    from .modelworker import ModelRunner
-    from .planner import ProbeReport
-    from .prepare import collect_probe
-
-    inputs, prep_seconds, scanned = collect_probe(list(urls), cfg.scoring_stage_config(scorers), scorers,
-                                                  cfg.probe_samples, cfg.probe_scan, cfg.probe_seconds)
-    runner = ModelRunner(model_scorers, device)
-    report = runner.load()
-    try:
-        probe = ProbeReport.measured(inputs, scanned, prep_seconds, runner.probe)
-    finally:
-        runner.unload()
-    report["worker"] = 0
-    return {"report": report, "probe": probe, "host": host_status()}
-
-
 def actor_pool(cluster_gpus: int, replicas: int, actors: Optional[int] = None,
                gpus_per_actor: Optional[float] = None) -> Tuple[int, float]:
     """(model actors, GPU share of each): the user's where set; else the plan's model processes
@@ -284,18 +80,7 @@ def plan_on_ray(ray, run, cfg, urls: Sequence[str], cluster: dict):
     return make_plan(cfg, [m["report"]], m["probe"], host, len(urls))
 
 
-# -- per shard: score file, filtered shard, marker --------------------------------------------------
-def finish_shard(url: str, rows: List[dict], end: dict, cfg, state, columns: Sequence[str],
-                 path: Optional[str] = None) -> dict:
-    """A Ray task: the score values back from JSON, rows in shard order, then rows.write_shard
-    (score file, embeddings, filtered shard from `path`, completion marker) as the local engine does."""
-    for row in rows:
-        for c in columns:
-            row[c] = json.loads(row[c])
-    rows.sort(key=lambda r: r["index"])
-    failed = write_shard(url, rows, end, cfg, state, columns, source=path, engine="ray")
-    return {"shard": url, "rows": len(rows), **({"failed": failed} if failed else {})}
-
+# -- driver side: rows in, finished shards out -----------------------------------------------------
 
 class _Collector:
     """Driver side: rows arrive from the actors in any order; a shard is complete when its
@@ -311,12 +96,12 @@ class _Collector:
         """Rows of one batch in; (url, rows, end) of every shard this batch completed out."""
         complete = []
         for i in range(len(batch["key"])):
-            row = {f: _plain(batch[f][i]) for f in BASE_FIELDS}
+            row = {f: plain(batch[f][i]) for f in BASE_FIELDS}
             url = row["shard"]
             if row["status"] == SHARD_END_ROW:
                 self.ends[url] = json.loads(row["message"])
             else:
-                row.update({c: _plain(batch[c][i]) for c in self.columns})
+                row.update({c: plain(batch[c][i]) for c in self.columns})
                 row[EMBEDDINGS] = pickle.loads(batch[EMBEDDINGS][i])
                 self.rows.setdefault(url, {})[row["index"]] = row
             end = self.ends.get(url)
@@ -505,3 +290,4 @@ def _run_on_ray(run, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, ad
     finally:
         if started_here:
             ray.shutdown()
+

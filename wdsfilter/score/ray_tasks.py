@@ -1,0 +1,169 @@
+"""What Ray runs on its workers in a scoring run; the driver (ray_runner.py) only schedules it.
+
+    read_shard   ─ the read task of a shard: the decode side (sample_pipeline + Prepare); every
+                   sample's row, its prepared inputs as payload columns (ray_payload.py)
+    ScoreActor   ─ a model actor: the engine's ModelRunner on one GPU share or CPU slot, each
+                   scorer at its batch through its own out-of-memory back-off
+    measure      ─ the task that loads and probes before planning (planner.make_plan on the driver)
+    finish_shard ─ the task that writes a finished shard's outputs with rows.write_shard
+
+Ray pickles these by this module's path, so every worker imports them from the package.
+"""
+from __future__ import annotations
+
+import json
+import pickle
+from typing import Dict, Iterator, List, Optional, Sequence
+
+from .embeddings import FIELD as EMBEDDINGS
+from .ray_payload import EMPTY, PAYLOAD, PAYLOAD_META, pack_payload, unpack_payload
+from .rows import BASE_FIELDS, complete_row, item_row, new_row, write_shard
+
+PENDING = "__pending__"  # a row whose inputs still need the model
+SHARD_END_ROW = "__shard_end__"  # one per shard: carries the reader's error and member count
+
+
+# -- decode side: one task per shard --------------------------------------------------------------
+def read_shard(batch, cfg, scorers, rows_per_block: int = 64) -> Iterator[Dict[str, list]]:
+    """Ray map_batches generator over shard URLs: every sample's row, with its prepared inputs in
+    the PAYLOAD columns (pack_payload) where a model still has to score it, then one SHARD_END_ROW row whose
+    message tells the driver how many rows the shard has, how the reader ended and the shard's
+    stage counts. Yields column batches of up to rows_per_block rows, so a big shard never sits
+    in memory whole."""
+    from ..markers import MARKER, SHARD_END
+    from ..pipeline import sample_pipeline
+    from ..tally import Tally
+    from .prepare import Prepare
+
+    stage = cfg.scoring_stage_config(scorers)
+    paths = batch["path"] if "path" in batch else batch["shard"]
+    for url, path in zip(list(batch["shard"]), list(paths)):  # rows carry the URL; the worker opens `path`
+        tally = Tally(0, 0, name="wdsfilter score (ray)")
+        pipeline = sample_pipeline([path], stage, tally, extra=[Prepare(scorers)])
+        rows: List[dict] = []
+        index = 0
+        end = None
+        for item in pipeline:
+            if item.get(MARKER) == SHARD_END:
+                end = {"error": item.get("error"), "members": item.get("members", 0), "failed": item.get("failed")}
+                continue
+            row = item_row(item, index, scorers, cfg.bounds)
+            row["shard"] = url  # the URL as the driver knows it (the worker opened `path`)
+            row[PAYLOAD], row[PAYLOAD_META] = EMPTY, b""
+            if row["status"] is None:
+                row["status"] = PENDING
+                row[PAYLOAD], row[PAYLOAD_META] = pack_payload((item["inputs"], item["errors"]))
+            rows.append(row)
+            index += 1
+            if len(rows) >= rows_per_block:
+                yield _columns(rows)
+                rows = []
+        if end is None:  # no end marker: the shard could not be opened (counted as unreadable_shard)
+            examples = tally.examples.get("unreadable_shard", [])
+            end = {"error": examples[0].message if examples else "could not be opened", "members": 0,
+                   "unopened": True}
+        end.update(rows=index, dropped=dict(tally.dropped), notes=dict(tally.notes))
+        rows.append(dict(new_row("", url, -1, SHARD_END_ROW, message=json.dumps(end)),
+                         **{PAYLOAD: EMPTY, PAYLOAD_META: b""}))
+        yield _columns(rows)
+
+
+def _columns(rows: List[dict]) -> Dict[str, list]:
+    names = list(rows[0])
+    for r in rows[1:]:
+        names += [n for n in r if n not in names]
+    return {n: [r.get(n) for r in rows] for n in names}
+
+
+# -- model side: one actor per GPU or CPU slot -----------------------------------------------------
+class ScoreActor:
+    """The engine's ModelRunner in a Ray actor: loads the scorers once on its device, scores the
+    pending rows of each batch with the engine's back-off (halve and retry on out-of-memory; no
+    row lost or scored twice) and returns the rows complete, without their payload."""
+
+    def __init__(self, cfg, scorers, columns: Sequence[str], batch_size: int, device: str,
+                 scorer_batch: Optional[Dict[str, int]] = None, min_free_host: Optional[int] = None):
+        from .memory import host_status
+        from .modelrunner import ModelRunner
+        from .planner import default_min_free_host
+        self.cfg, self.columns, self.scorers = cfg, list(columns), scorers
+        self.batch_size = batch_size
+        self.min_free_host = min_free_host or default_min_free_host(cfg, host_status()["total"])
+        # No plan ran (the user set the batch size and the actors): batch_size is in samples, as on the
+        # local engine; the scorers' sub-batches in frames are set on the first inputs (size_by_samples).
+        self.unsized = scorer_batch is None
+        self.runner = ModelRunner(scorers, device)
+        self.runner.load()
+        self.runner.configure(batch_size, scorer_batch=scorer_batch, min_free_host=self.min_free_host)
+
+    def size_by_samples(self, inputs: List[dict]) -> None:
+        """Each scorer's sub-batch: batch_size samples in frames, by the frames per sample of these
+        inputs, as the local planner does with the probe's (planner.frames_of_samples). A scorer
+        with no input among them keeps batch_size frames."""
+        from .planner import frames_of_samples
+        sizes = {}
+        for s in self.scorers:
+            count = getattr(s, "frame_count", lambda _: 1)
+            frames = [max(1, int(count(x[s.name]))) for x in inputs if s.name in x]
+            sizes[s.name] = frames_of_samples(self.batch_size, sum(frames) / len(frames) if frames else 1.0)
+        self.runner.configure(self.batch_size, scorer_batch=sizes, min_free_host=self.min_free_host)
+        self.unsized = False
+
+    def __call__(self, batch):
+        n = len(batch["key"])
+        rows = [{f: plain(batch[f][i]) for f in BASE_FIELDS} for i in range(n)]
+        pending = [i for i in range(n) if rows[i]["status"] == PENDING]
+        # (inputs, prepare errors), arrays as views of one copy of the row's tensor column
+        loaded = {i: unpack_payload(batch[PAYLOAD][i], batch[PAYLOAD_META][i]) for i in pending}
+        if self.unsized and pending:
+            self.size_by_samples([loaded[i][0] for i in pending])
+        for i, scores, errors in self.runner.score([(i, loaded[i][0]) for i in pending]):
+            rows[i]["status"] = None
+            complete_row(rows[i], self.scorers, scores, {**loaded[i][1], **errors}, self.cfg.bounds)
+        out = {f: [r[f] for r in rows] for f in BASE_FIELDS}
+        out[EMBEDDINGS] = [pickle.dumps(r.get(EMBEDDINGS)) for r in rows]  # --save-embeddings (else None)
+        for c in self.columns:  # every batch has every column, so Ray's blocks share one schema
+            out[c] = [json.dumps(r.get(c)) for r in rows]
+        return out
+
+
+def plain(v):
+    """numpy scalars from Ray's batches -> Python values; the NaN that a missing text becomes
+    on its way through Arrow and numpy -> None."""
+    v = v.item() if hasattr(v, "item") and not isinstance(v, (bytes, str)) else v
+    return None if isinstance(v, float) and v != v else v
+
+
+# -- before planning: one task measures -----------------------------------------------------------
+def measure(cfg, scorers, model_scorers, urls: Sequence[str], device: str) -> dict:
+    """A Ray task (on one GPU, or a CPU slot): what the local engine measures before planning:
+    the scorers loaded on `device` (free memory, footprints) and the probe of a few prepared
+    samples (activation memory per frame and scorer, speeds), and the node's host numbers."""
+    from .memory import host_status
+    from .modelrunner import ModelRunner
+    from .planner import ProbeReport
+    from .prepare import collect_probe
+
+    inputs, prep_seconds, scanned = collect_probe(list(urls), cfg.scoring_stage_config(scorers), scorers,
+                                                  cfg.probe_samples, cfg.probe_scan, cfg.probe_seconds)
+    runner = ModelRunner(model_scorers, device)
+    report = runner.load()
+    try:
+        probe = ProbeReport.measured(inputs, scanned, prep_seconds, runner.probe)
+    finally:
+        runner.unload()
+    report["worker"] = 0
+    return {"report": report, "probe": probe, "host": host_status()}
+
+
+# -- per shard: score file, filtered shard, marker --------------------------------------------------
+def finish_shard(url: str, rows: List[dict], end: dict, cfg, state, columns: Sequence[str],
+                 path: Optional[str] = None) -> dict:
+    """A Ray task: the score values back from JSON, rows in shard order, then rows.write_shard
+    (score file, embeddings, filtered shard from `path`, completion marker) as the local engine does."""
+    for row in rows:
+        for c in columns:
+            row[c] = json.loads(row[c])
+    rows.sort(key=lambda r: r["index"])
+    failed = write_shard(url, rows, end, cfg, state, columns, source=path, engine="ray")
+    return {"shard": url, "rows": len(rows), **({"failed": failed} if failed else {})}
