@@ -2,7 +2,8 @@
 
 A backend object is a small picklable config until `load(device)`: the scorer carries it into
 DataLoader workers (which never touch it: frame decoding needs no model) and the model worker
-loads it. Recognition is never run: the OCR scorer needs where text is, not what it says.
+loads it. A backend only detects; reading the boxes (the OCR scorer's min_text_score) is
+reader.py's, the same for both backends, and so is the scale rule for small frames (working_scale).
 """
 from __future__ import annotations
 

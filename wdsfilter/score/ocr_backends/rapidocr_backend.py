@@ -1,7 +1,8 @@
 """PP-OCRv4 text detection with the ONNX model that ships inside the rapidocr-onnxruntime wheel.
 
-No download, no network: the weights are a file of the installed package. Only the detector runs
-(rapidocr's classifier and recogniser are never loaded). We create the onnxruntime session
+No download, no network: the weights are a file of the installed package. This is the detector
+only; the recogniser of the same wheel reads the boxes in reader.py (rapidocr's angle classifier
+is never loaded). We create the onnxruntime session
 ourselves rather than through rapidocr's OrtInferSession, because that one always picks GPU 0
 and we must stay on the model worker's own device; pre- and post-processing are rapidocr's own
 classes (DetPreProcess: resize to a multiple of 32 and normalise; DBPostProcess: threshold the

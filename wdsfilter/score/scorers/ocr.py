@@ -6,8 +6,10 @@
     rows = scorer.score_batch(prepared)
     # [{"ocr_area": 0.31, "ocr_area_frames": [0.3, 0.33, 0.3], "ocr_frames": 3, "ocr_keep": False}, ...]
 
-Only text detection runs (no recognition): where text is, not what it says. Per frame, the area
-is the union of the detected boxes and polygons (overlaps counted once, clipped to the frame)
+Per frame, the detector finds text boxes (small frames enlarged to its working size first,
+ocr_backends/base.working_scale), each box is read by rapidocr's recogniser and kept when it is
+read as text with confidence >= min_text_score (ocr_backends/reader.py; None: keep every box
+unread), and the area is the union of the kept boxes and polygons (overlaps counted once, clipped to the frame)
 over the frame's area (wdsfilter/score/geometry.py), so it is in [0, 1] and does not depend on
 the frame's resolution; that is why frames can be scaled down to `max_side` first, which bounds
 the detector's memory. A video's per-frame ratios are reduced by mean, max or min ("max": drop a
