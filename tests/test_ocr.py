@@ -210,7 +210,7 @@ def test_registry_and_options():
     for bad in (dict(backend="tesseract"), dict(frame_reduce="median"), dict(frames=0), dict(max_area=1.5),
                 dict(area_method="sum"), dict(backend_options={"no_such_option": 1}),
                 dict(backend_options={"limit_type": "avg"}), dict(backend_options={"min_side": -1}),
-                dict(min_text_score=1.5)):
+                dict(min_text_score=1.5), dict(min_text_score="none")):
         with pytest.raises(ConfigError):
             OcrScorer(**bad)
 

@@ -94,7 +94,9 @@ class OcrScorer(Scorer):
             self.detector: DetectorBackend = make_backend(self.backend, **options)
         except TypeError as e:  # an option the backend does not have
             raise ConfigError(f"OCR backend {self.backend!r}: {e}") from None
-        if self.min_text_score is not None and not 0 <= float(self.min_text_score) <= 1:
+        if self.min_text_score is not None and (isinstance(self.min_text_score, bool) or
+                                                not isinstance(self.min_text_score, (int, float)) or
+                                                not 0 <= self.min_text_score <= 1):
             raise ConfigError(f"min_text_score is a recogniser confidence in [0, 1] (or None to keep every "
                               f"detected box unread), got {self.min_text_score!r}")
         self.reader: Optional[BoxReader] = None
