@@ -139,3 +139,19 @@ def test_every_text_photo_scores_above_every_text_free_photo_with_easyocr():
     s = OcrScorer(backend="easyocr", model_dir=EASYOCR_DIR, download=False)
     s.load("cpu")
     assert_ranked(scores(s, TEXT), scores(s, TEXT_FREE))
+
+
+def test_without_rapidocr_the_easyocr_backend_warns_and_counts_every_box(monkeypatch, caplog):
+    """Python 3.13 has no rapidocr-onnxruntime: easyocr then detects alone and says so."""
+    import importlib.util
+
+    from wdsfilter.errors import ConfigError
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "rapidocr_onnxruntime" else real(name, *a))
+    with caplog.at_level("WARNING", logger="wdsfilter"):
+        s = OcrScorer(backend="easyocr", model_dir="/nonexistent", download=False)
+    assert s.reader is None and "boxes not read" in s.describe()
+    assert "every box counts as text" in caplog.text
+    with pytest.raises(ConfigError, match="min_text_score=None"):
+        OcrScorer(backend="rapidocr")

@@ -102,7 +102,17 @@ class OcrScorer(Scorer):
         self.reader: Optional[BoxReader] = None
         if self.min_text_score is not None:
             self.reader = BoxReader(self.min_text_score, threads=options.get("threads", 0))
-            self.reader.weights_path()  # rapidocr-onnxruntime must be installed: a config error now, not at load
+            try:
+                self.reader.weights_path()  # rapidocr-onnxruntime must be installed: found out now, not at load
+            except ConfigError:
+                if self.backend != "easyocr":
+                    raise
+                # easyocr where rapidocr cannot be installed (Python 3.13): detection alone, said aloud.
+                import logging
+                logging.getLogger("wdsfilter").warning(
+                    "ocr: rapidocr-onnxruntime (whose wheel ships the recogniser) is not installed, so detected "
+                    "boxes are not read and every box counts as text (min_text_score ignored); see docs/ocr.md")
+                self.reader = None
         self.max_pixels = (self.config or StageConfig()).max_pixels
         self._area_seconds = 0.0
 
