@@ -269,7 +269,7 @@ def test_ocr_video_flags_generic_max_jsonl_and_the_progress_bar(tmp_path):
     assert "2 frames/video, reduce=max" in result.stdout
     # tqdm's final line; under one sample/s it shows the inverse rate ("4.28s/ samples", measured on
     # a loaded 2-core CPU with small frames enlarged to short side 736 and boxes read).
-    assert re.search(r"scoring: .*8 samples.* (samples/s|s/ samples)", result.stderr), result.stderr
+    assert re.search(r"scoring: .*8 samples.*(samples/s|s/ samples)", result.stderr), result.stderr
     meta = sample_json(path)
     rows = {r["key"]: r for r in read_rows(os.path.join(out, "scores", "videos-000000.jsonl"))}
     assert set(rows) == set(meta)
