@@ -199,7 +199,7 @@ def test_timings_split_detection_from_post_processing(scorer):
     scorer.timings(reset=True)
     scorer.score_batch([scorer.prepare({"image": wdsfilter_image(text_frame("TIME"))})])
     t = scorer.timings()
-    assert set(t) == {"preprocess", "forward", "postprocess", "area"}
+    assert set(t) == {"preprocess", "forward", "postprocess", "read", "area"}
     assert all(v > 0 for v in t.values()), t
 
 
@@ -209,7 +209,8 @@ def test_registry_and_options():
     assert "5 keyframes/video" in s.describe() and "reduce=max" in s.describe()
     for bad in (dict(backend="tesseract"), dict(frame_reduce="median"), dict(frames=0), dict(max_area=1.5),
                 dict(area_method="sum"), dict(backend_options={"no_such_option": 1}),
-                dict(backend_options={"limit_type": "avg"})):
+                dict(backend_options={"limit_type": "avg"}), dict(backend_options={"min_side": -1}),
+                dict(min_text_score=1.5), dict(min_text_score="none")):
         with pytest.raises(ConfigError):
             OcrScorer(**bad)
 

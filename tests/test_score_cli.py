@@ -267,7 +267,9 @@ def test_ocr_video_flags_generic_max_jsonl_and_the_progress_bar(tmp_path):
     result = CliRunner().invoke(main, args + ["--max", "ocr_area=0.05", "--format", "jsonl", "--out", out])
     assert result.exit_code == 0, result.output
     assert "2 frames/video, reduce=max" in result.stdout
-    assert re.search(r"scoring: .*8 samples.* samples/s", result.stderr), result.stderr  # tqdm's final line
+    # tqdm's final line; under one sample/s it shows the inverse rate ("4.28s/ samples", measured on
+    # a loaded 2-core CPU with small frames enlarged to short side 736 and boxes read).
+    assert re.search(r"scoring: .*8 samples.*(samples/s|s/ samples)", result.stderr), result.stderr
     meta = sample_json(path)
     rows = {r["key"]: r for r in read_rows(os.path.join(out, "scores", "videos-000000.jsonl"))}
     assert set(rows) == set(meta)

@@ -10,7 +10,8 @@ samples that share a batch_key. In one process, so the shares add up:
 
   decode        prepare(): video demux + decode + RGB conversion (image: array + resize)
   detection     the detector's preprocessing (resize, normalise) and network forward
-  post          score maps -> polygons (the backend's post-processing) and the polygon union
+  post          score maps -> polygons (the backend's post-processing), reading the boxes with the
+                recogniser (min_text_score; in seconds_by_stage as "read") and the polygon union
 
 and frames/s end to end. It also times both area methods (shapely, raster) on the polygons the
 detector found, and with --memory measures the detector's peak memory per input pixel.
@@ -97,7 +98,7 @@ def run(scorer, samples: list, batch: int) -> dict:
     frames = sum(len(x.frames) for x in prepared)
     total = decode + score
     detection = t["preprocess"] + t["forward"]
-    post = t["postprocess"] + t["area"]
+    post = t["postprocess"] + t.get("read", 0.0) + t["area"]
     return {"samples": len(samples), "frames": frames, "seconds": total, "frames_per_s": frames / total,
             "share": {"decode": decode / total, "detection": detection / total, "post": post / total,
                       "other": max(0.0, 1 - (decode + detection + post) / total)},

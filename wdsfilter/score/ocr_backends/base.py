@@ -2,7 +2,8 @@
 
 A backend object is a small picklable config until `load(device)`: the scorer carries it into
 DataLoader workers (which never touch it: frame decoding needs no model) and the model worker
-loads it. Recognition is never run: the OCR scorer needs where text is, not what it says.
+loads it. A backend only detects; reading the boxes (the OCR scorer's min_text_score) is
+reader.py's, the same for both backends, and so is the scale rule for small frames (working_scale).
 """
 from __future__ import annotations
 
@@ -103,6 +104,33 @@ def parse_device(device: str) -> Tuple[str, int]:
         return kind, int(index) if index else 0
     except ValueError:
         raise ConfigError(f"bad device {device!r}; expected e.g. 'cpu', 'cuda', 'cuda:1'") from None
+
+
+# The short side small frames are enlarged to before detection: rapidocr's own pipeline (its
+# config.yaml: limit_type "min", limit_side_len 736). See working_scale.
+MIN_SIDE = 736
+
+
+def working_scale(height: int, width: int, min_side: Optional[int], max_long: Optional[int],
+                  hard_max: int) -> float:
+    """How much a frame is scaled for the detector network, the one rule of both backends.
+
+    * Large frames: the long side is capped at `max_long` (None: no cap), which bounds memory.
+    * Small frames: the short side is brought up to `min_side` (None or 0: never enlarged), as
+      rapidocr's own pipeline does. Detectors miss text that is small relative to their receptive
+      field: skimage.data.text() (448x172, handwriting) has no box at its own size and six at
+      short side 736. Where the two rules disagree (a 1280x720 frame capped to 960x540 would have
+      a short side under 736) the short-side floor wins, so the scale does not jump at a size.
+    * Always: the long side is at most `hard_max` (a 2000x100 banner enlarged to short side 736
+      would ask for a 14720x736 input).
+
+    The detector's boxes are mapped back to the frame it was given, so the text area is a share of
+    that frame whatever the scale (tests/test_ocr_photos.py)."""
+    long, short = max(height, width), min(height, width)
+    ratio = min(1.0, max_long / long) if max_long else 1.0
+    if min_side and short * ratio < min_side:
+        ratio = min_side / short
+    return min(ratio, hard_max / long)
 
 
 def make_backend(name: str, **options) -> DetectorBackend:

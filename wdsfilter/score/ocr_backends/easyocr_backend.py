@@ -24,7 +24,7 @@ from typing import List, Optional
 import numpy as np
 
 from ...errors import ConfigError
-from .base import DetectorBackend, Polygons, parse_device
+from .base import MIN_SIDE, DetectorBackend, Polygons, parse_device, working_scale
 
 log = logging.getLogger("wdsfilter")
 
@@ -62,6 +62,10 @@ class EasyOcrBackend(DetectorBackend):
     verify_checksum: bool = True      # False: accept a CRAFT checkpoint of your own (fine-tuned)
     canvas_size: int = 2560           # easyocr's defaults below
     mag_ratio: float = 1.0
+    # Frames whose short side is under min_side are enlarged to it (base.working_scale, the rule the
+    # rapidocr backend uses too; 0: never enlarge, easyocr's own behaviour). The long side stays
+    # within canvas_size.
+    min_side: int = MIN_SIDE
     text_threshold: float = 0.7
     link_threshold: float = 0.4
     low_text: float = 0.4
@@ -78,9 +82,14 @@ class EasyOcrBackend(DetectorBackend):
         filename = _easyocr_config().detection_models[NETWORK]["filename"]
         return os.path.join(self.model_directory(), filename)
 
+    def _magnification(self, height: int, width: int) -> float:
+        """The mag_ratio handed to easyocr's resize_aspect_ratio for a frame: mag_ratio, or more
+        where the frame is small (working_scale); resize_aspect_ratio caps it at canvas_size."""
+        return max(self.mag_ratio, working_scale(height, width, self.min_side, None, self.canvas_size))
+
     def _net_size(self, height: int, width: int):
         """CRAFT's input size for a frame: easyocr's resize_aspect_ratio rule, padded to 32."""
-        target = min(self.mag_ratio * max(height, width), self.canvas_size)
+        target = min(self._magnification(height, width) * max(height, width), self.canvas_size)
         ratio = target / max(height, width)
         h, w = int(height * ratio), int(width * ratio)
         return h + (-h % 32), w + (-w % 32)
@@ -164,9 +173,10 @@ class EasyOcrBackend(DetectorBackend):
         frames = self._frames(frames)
         with self._timed("preprocess"):
             batch, ratio = [], 1.0
+            mag = self._magnification(*frames.shape[1:3])
             for f in frames:  # same size in, same size (and ratio) out
                 resized, ratio, _ = resize_aspect_ratio(f, self.canvas_size, interpolation=cv2.INTER_LINEAR,
-                                                        mag_ratio=self.mag_ratio)
+                                                        mag_ratio=mag)
                 batch.append(normalizeMeanVariance(resized))
             x = torch.from_numpy(np.stack(batch)).permute(0, 3, 1, 2)
         with self._timed("forward"):

@@ -1,7 +1,8 @@
 """PP-OCRv4 text detection with the ONNX model that ships inside the rapidocr-onnxruntime wheel.
 
-No download, no network: the weights are a file of the installed package. Only the detector runs
-(rapidocr's classifier and recogniser are never loaded). We create the onnxruntime session
+No download, no network: the weights are a file of the installed package. This is the detector
+only; the recogniser of the same wheel reads the boxes in reader.py (rapidocr's angle classifier
+is never loaded). We create the onnxruntime session
 ourselves rather than through rapidocr's OrtInferSession, because that one always picks GPU 0
 and we must stay on the model worker's own device; pre- and post-processing are rapidocr's own
 classes (DetPreProcess: resize to a multiple of 32 and normalise; DBPostProcess: threshold the
@@ -22,7 +23,7 @@ from typing import List, Optional
 import numpy as np
 
 from ...errors import ConfigError
-from .base import DetectorBackend, Polygons, parse_device
+from .base import MIN_SIDE, DetectorBackend, Polygons, parse_device, working_scale
 
 log = logging.getLogger("wdsfilter")
 
@@ -38,17 +39,48 @@ def bundled_model_path() -> str:
     return os.path.join(list(spec.submodule_search_locations)[0], "models", DET_MODEL)
 
 
+def _has_cuda_provider() -> bool:
+    import onnxruntime as ort
+    return "CUDAExecutionProvider" in ort.get_available_providers()
+
+
+def onnx_session(path: str, device: str, threads: int = 0, what: str = "detection"):
+    """An onnxruntime session on `device` and only there ("cuda:N": the CUDA provider on GPU N when
+    this onnxruntime has one, else the CPU with a warning). Shared by the detector and the reader."""
+    import onnxruntime as ort
+
+    kind, index = parse_device(device)
+    providers = ["CPUExecutionProvider"]
+    if kind == "cuda":
+        if _has_cuda_provider():
+            # device_id pins the session to this worker's GPU; arena grows only as needed so the
+            # planner's measurement after a probe batch is close to the steady state.
+            providers.insert(0, ("CUDAExecutionProvider", {"device_id": index,
+                                                           "arena_extend_strategy": "kSameAsRequested"}))
+        else:
+            log.warning("rapidocr on %s: this onnxruntime has no CUDA provider (pip install onnxruntime-gpu); "
+                        "%s runs on CPU", device, what)
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    opts.enable_cpu_mem_arena = False  # rapidocr's choice too: memory goes back after big frames
+    if threads:
+        opts.intra_op_num_threads = threads
+    return ort.InferenceSession(path, sess_options=opts, providers=providers)
+
+
 @dataclass(eq=False)
 class RapidOcrBackend(DetectorBackend):
     # None: the model bundled in the rapidocr-onnxruntime wheel.
     model_path: Optional[str] = None
-    # How frames are scaled for the network. "max" (ours): the long side is capped at 960 and
-    # small frames are never enlarged. rapidocr's own OCR default, "min" with 736, enlarges the
-    # short side to 736 for small print in documents; on 320x240 frames that is 10x the pixels
-    # and it makes filled shapes look like letters (a gradient with circles scored 0.08, as high
-    # as a frame with a subtitle; see docs/ocr.md). Text of 10 px on a 320x240 frame is still found.
+    # How frames are scaled for the network (base.working_scale, shared with easyocr). "max"
+    # (default): the long side is capped at limit_side_len (960), and a frame whose short side is
+    # under min_side (736) is enlarged to it, as rapidocr's own pipeline does: at its own size the
+    # handwriting of skimage.data.text() (448x172) has no box at all, at short side 736 it has six.
+    # min_side=0 turns enlarging off (wdsfilter 0.x's behaviour). "min": rapidocr's DetPreProcess
+    # rule, the short side brought to limit_side_len and never reduced.
     limit_side_len: int = 960
     limit_type: str = "max"
+    min_side: int = MIN_SIDE
     thresh: float = 0.3        # probability threshold of a text pixel
     box_thresh: float = 0.5    # minimum mean probability inside a box
     unclip_ratio: float = 1.6  # how far boxes are grown around the text kernel
@@ -62,6 +94,8 @@ class RapidOcrBackend(DetectorBackend):
         super().__post_init__()
         if self.limit_type not in LIMIT_TYPES:
             raise ConfigError(f"rapidocr limit_type must be one of {LIMIT_TYPES}, got {self.limit_type!r}")
+        if self.min_side < 0:
+            raise ConfigError(f"rapidocr min_side must be >= 0 (0: never enlarge), got {self.min_side}")
         if self.limit_side_len < 32 or self.max_input_side < 32:
             raise ConfigError(f"rapidocr limit_side_len and max_input_side must be >= 32, got "
                               f"{self.limit_side_len} and {self.max_input_side}")
@@ -71,48 +105,24 @@ class RapidOcrBackend(DetectorBackend):
         return self.model_path or bundled_model_path()
 
     def _resized_size(self, height: int, width: int):
-        """The detector's input size for a frame: DetPreProcess's rule (scale by limit_type and
-        limit_side_len, round to multiples of 32), with two guards it lacks: at least 32 px a side
-        (it returns None for tiny images), and at most max_input_side on the long side ("min" on a
-        2000x100 banner would otherwise ask for a 14720x736 input)."""
+        """The detector's input size for a frame: working_scale's rule (or, with limit_type "min",
+        DetPreProcess's), rounded to multiples of 32 as DetPreProcess does, and at least 32 px a
+        side (DetPreProcess returns None for tiny images)."""
         if self.limit_type == "max":
-            ratio = min(1.0, self.limit_side_len / max(height, width))
+            ratio = working_scale(height, width, self.min_side, self.limit_side_len, self.max_input_side)
         else:
-            ratio = max(1.0, self.limit_side_len / min(height, width))
-        ratio = min(ratio, self.max_input_side / max(height, width))
+            ratio = min(max(1.0, self.limit_side_len / min(height, width)), self.max_input_side / max(height, width))
         h, w = int(height * ratio), int(width * ratio)
         return max(32, int(round(h / 32) * 32)), max(32, int(round(w / 32) * 32))
 
-    @staticmethod
-    def _has_cuda_provider() -> bool:
-        import onnxruntime as ort
-        return "CUDAExecutionProvider" in ort.get_available_providers()
-
     def load(self, device: str) -> None:
-        import onnxruntime as ort
         from rapidocr_onnxruntime.ch_ppocr_det.utils import DBPostProcess, DetPreProcess
 
         path = self.weights_path()
         if not os.path.isfile(path):
             raise ConfigError(f"rapidocr detector model not found at {path}; reinstall rapidocr-onnxruntime "
                               f"or pass model_path")
-        kind, index = parse_device(device)
-        providers = ["CPUExecutionProvider"]
-        if kind == "cuda":
-            if self._has_cuda_provider():
-                # device_id pins the session to this worker's GPU; arena grows only as needed so the
-                # planner's measurement after a probe batch is close to the steady state.
-                providers.insert(0, ("CUDAExecutionProvider", {"device_id": index,
-                                                               "arena_extend_strategy": "kSameAsRequested"}))
-            else:
-                log.warning("rapidocr on %s: this onnxruntime has no CUDA provider (pip install onnxruntime-gpu); "
-                            "detection runs on CPU", device)
-        opts = ort.SessionOptions()
-        opts.log_severity_level = 3
-        opts.enable_cpu_mem_arena = False  # rapidocr's choice too: memory goes back after big frames
-        if self.threads:
-            opts.intra_op_num_threads = self.threads
-        self._model = ort.InferenceSession(path, sess_options=opts, providers=providers)
+        self._model = onnx_session(path, device, self.threads, "detection")
         self.provider = self._model.get_providers()[0]
         self._input = self._model.get_inputs()[0].name
         self._pre = DetPreProcess(self.limit_side_len, self.limit_type)

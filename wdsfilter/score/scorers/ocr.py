@@ -6,8 +6,10 @@
     rows = scorer.score_batch(prepared)
     # [{"ocr_area": 0.31, "ocr_area_frames": [0.3, 0.33, 0.3], "ocr_frames": 3, "ocr_keep": False}, ...]
 
-Only text detection runs (no recognition): where text is, not what it says. Per frame, the area
-is the union of the detected boxes and polygons (overlaps counted once, clipped to the frame)
+Per frame, the detector finds text boxes (small frames enlarged to its working size first,
+ocr_backends/base.working_scale), each box is read by rapidocr's recogniser and kept when it is
+read as text with confidence >= min_text_score (ocr_backends/reader.py; None: keep every box
+unread), and the area is the union of the kept boxes and polygons (overlaps counted once, clipped to the frame)
 over the frame's area (wdsfilter/score/geometry.py), so it is in [0, 1] and does not depend on
 the frame's resolution; that is why frames can be scaled down to `max_side` first, which bounds
 the detector's memory. A video's per-frame ratios are reduced by mean, max or min ("max": drop a
@@ -30,6 +32,7 @@ from ...config import StageConfig
 from ...errors import ConfigError, DataError
 from ..geometry import AREA_METHODS, area_ratio
 from ..ocr_backends.base import BACKENDS, DetectorBackend, make_backend
+from ..ocr_backends.reader import BoxReader
 from .base import Noted, Scorer
 
 FRAME_REDUCE = ("mean", "max", "min")
@@ -57,6 +60,9 @@ class OcrScorer(Scorer):
     area_method: str = "shapely"       # union area: "shapely" (exact) or "raster" (cv2.fillPoly)
     model_dir: Optional[str] = None    # easyocr: where craft_mlt_25k.pth lives; rapidocr: the .onnx folder
     download: bool = True              # easyocr: fetch the weights when missing
+    # Read each detected box with rapidocr's recogniser (in its wheel) and keep only those read with
+    # at least this confidence (rapidocr's own pipeline: 0.5). None: every detected box counts.
+    min_text_score: Optional[float] = 0.5
     backend_options: Dict[str, Any] = field(default_factory=dict)  # any other backend option
     config: Optional[StageConfig] = None  # the run's stage config (its max_pixels guards video frames)
 
@@ -88,6 +94,25 @@ class OcrScorer(Scorer):
             self.detector: DetectorBackend = make_backend(self.backend, **options)
         except TypeError as e:  # an option the backend does not have
             raise ConfigError(f"OCR backend {self.backend!r}: {e}") from None
+        if self.min_text_score is not None and (isinstance(self.min_text_score, bool) or
+                                                not isinstance(self.min_text_score, (int, float)) or
+                                                not 0 <= self.min_text_score <= 1):
+            raise ConfigError(f"min_text_score is a recogniser confidence in [0, 1] (or None to keep every "
+                              f"detected box unread), got {self.min_text_score!r}")
+        self.reader: Optional[BoxReader] = None
+        if self.min_text_score is not None:
+            self.reader = BoxReader(self.min_text_score, threads=options.get("threads", 0))
+            try:
+                self.reader.weights_path()  # rapidocr-onnxruntime must be installed: found out now, not at load
+            except ConfigError:
+                if self.backend != "easyocr":
+                    raise
+                # easyocr where rapidocr cannot be installed (Python 3.13): detection alone, said aloud.
+                import logging
+                logging.getLogger("wdsfilter").warning(
+                    "ocr: rapidocr-onnxruntime (whose wheel ships the recogniser) is not installed, so detected "
+                    "boxes are not read and every box counts as text (min_text_score ignored); see docs/ocr.md")
+                self.reader = None
         self.max_pixels = (self.config or StageConfig()).max_pixels
         self._area_seconds = 0.0
 
@@ -150,10 +175,14 @@ class OcrScorer(Scorer):
 
     def load(self, device: str) -> None:
         self.detector.load(device)
+        if self.reader is not None:
+            self.reader.load(device)
 
     def unload(self) -> None:
         device = self.detector.device
         self.detector.unload()
+        if self.reader is not None:
+            self.reader.unload()
         if device and str(device).startswith("cuda"):
             import torch
             torch.cuda.empty_cache()
@@ -170,6 +199,8 @@ class OcrScorer(Scorer):
         for (h, w), where in groups.items():
             batch = np.stack([inputs[i].frames[j] for i, j in where])
             polygons = self.detector.detect(batch)
+            if self.reader is not None:
+                polygons = [self.reader.keep(frame, polys) for frame, polys in zip(batch, polygons)]
             t0 = time.perf_counter()
             for (i, j), polys in zip(where, polygons):
                 ratios[i][j] = area_ratio(polys, w, h, self.area_method)
@@ -186,11 +217,14 @@ class OcrScorer(Scorer):
     # -- reporting and planning ----------------------------------------------------------------
     def timings(self, reset: bool = False) -> Dict[str, float]:
         """Seconds spent in the model worker so far: preprocess (resize + normalise), forward
-        (the network), postprocess (score maps to polygons) and area (polygon union)."""
-        out = dict(self.detector.timings, area=self._area_seconds)
+        (the network), postprocess (score maps to polygons), read (the recogniser on the boxes, 0
+        with min_text_score=None) and area (polygon union)."""
+        out = dict(self.detector.timings, read=self.reader.seconds if self.reader else 0.0, area=self._area_seconds)
         if reset:
             self.detector.reset_timings()
             self._area_seconds = 0.0
+            if self.reader is not None:
+                self.reader.seconds = 0.0
         return out
 
     def weights_path(self) -> str:
@@ -199,7 +233,10 @@ class OcrScorer(Scorer):
     def describe(self) -> str:
         frames = f"{self.frames} {'keyframes' if self.keyframes else 'frames'}/video, reduce={self.frame_reduce}"
         limit = f", max_area={self.max_area}" if self.max_area is not None else ""
-        return f"ocr: {self.detector.describe()}, {frames}, max_side={self.max_side}, area={self.area_method}{limit}"
+        read = (f"boxes read with confidence >= {self.min_text_score}" if self.reader is not None
+                else "boxes not read")
+        return (f"ocr: {self.detector.describe()}, {read}, {frames}, max_side={self.max_side}, "
+                f"area={self.area_method}{limit}")
 
 
 def _where(sample: Dict[str, Any]) -> str:
