@@ -2,6 +2,7 @@
 actor is retried once, not forever; when it kills the actor again its rows are lost, its shard is
 failed without a marker, the other shards finish, and --resume completes the run. Shard and output
 paths reach the Ray workers absolute."""
+import gc
 import json
 import os
 
@@ -17,6 +18,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 pytestmark = pytest.mark.slow
 
 
+def cpus_free_within(cpus: float, seconds: float) -> bool:
+    import time
+    deadline = time.monotonic() + seconds
+    while ray.available_resources().get("CPU", 0) < cpus:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
 @pytest.fixture(scope="module")
 def local_ray():
     # The test scorers live in tests/: the workers import them from there.
@@ -28,7 +39,7 @@ def local_ray():
 
 
 def test_a_batch_that_kills_its_actor_twice_fails_its_shard_and_resume_completes_it(local_ray, tmp_path,
-                                                                                    monkeypatch):
+                                                                                    monkeypatch, request):
     from faultkit import ExitScorer
     monkeypatch.chdir(tmp_path)  # relative shard and output paths: the workers get them absolute
     make_shards(tmp_path / "shards", [6, 6, 6])
@@ -40,6 +51,8 @@ def test_a_batch_that_kills_its_actor_twice_fails_its_shard_and_resume_completes
     # The run ended (no endless retry). The shard of the killing batch failed, without a marker;
     # a shard whose batch was in flight on the same actor when it died may have failed with it,
     # and when that was every shard the run says nothing was scored (its summary.json is written).
+    gc.disable()  # only the run's own collection may free the last actor pool (checked below)
+    request.addfinalizer(gc.enable)
     try:
         summary = score_on_ray(urls, out="out", scorers=[scorer], actors=1, batch_size=3, progress=False,
                                write_shards="kept")
@@ -52,6 +65,12 @@ def test_a_batch_that_kills_its_actor_twice_fails_its_shard_and_resume_completes
     assert "shard-0001.json" not in done
     assert len(done) + len(failed) == 3 and scored == 6 * len(done)
     assert sorted(f for f in os.listdir(tmp_path / "kept") if f.endswith(".tar")) == [d[:-5] + ".tar" for d in done]
+
+    # The run gave its actors back (a restarted one too): else the --resume below waits for ever
+    # for a CPU that the last run's actor pool still holds.
+    freed = cpus_free_within(2.0, seconds=15)
+    gc.enable()
+    assert freed
 
     trip.unlink()  # the host has memory again
     again = score_on_ray(urls, out="out", scorers=[scorer], actors=1, batch_size=3, progress=False,

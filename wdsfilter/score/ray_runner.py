@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import json
 import os
 import pickle
@@ -275,6 +276,11 @@ def _run_on_ray(run, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, ad
                     ready, writing = ray.wait(writing, num_returns=len(writing), timeout=0) if writing else ([], [])
                     done += ray.get(ready)
             finally:
+                # After the stream, Ray Data's actor pool lingers in a reference cycle: until a full
+                # collection its actors (a restarted one too) keep their CPUs and GPUs, and the next
+                # run in the same cluster (a --resume from a notebook) waits for them for ever.
+                ds = batch = None
+                gc.collect()
                 # Shards whose rows all arrived are written even when the stream fails: --resume keeps them.
                 done += _settle(ray, writing)
             failed += [{"url": r["shard"], "reason": r["failed"]} for r in done if r.get("failed")]
