@@ -203,3 +203,35 @@ class ArenaScorer(BrightnessScorer):
             self.arena = need
         x = torch.stack([i["pixels"] for i in inputs]).to(self.device).float() / 255.0
         return [{"arena_luma": float(v)} for v in (x * self._weights).sum(1).mean((1, 2))]
+
+
+class FrameCounter:
+    """A model-free scorer of video-like inputs {"frames": k}: records the frames of each
+    score_batch call (what a per-scorer batch in frames must fill). Subclasses add a cost."""
+
+    name = "frames"
+
+    def __init__(self):
+        self.calls = []
+
+    def columns(self):
+        return ["n_frames"]
+
+    def frame_count(self, x):
+        return x["frames"]
+
+    def batch_key(self, x):
+        return None
+
+    def load(self, device):
+        pass
+
+    def unload(self):
+        pass
+
+    def describe(self):
+        return self.name
+
+    def score_batch(self, inputs):
+        self.calls.append(sum(x["frames"] for x in inputs))
+        return [{"n_frames": x["frames"]} for x in inputs]

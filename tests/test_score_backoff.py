@@ -6,7 +6,7 @@ import collections
 import pytest
 
 from devicekit import SimulatedDevice
-from scorekit import BrightnessScorer, expected_brightness, make_shards
+from scorekit import BrightnessScorer, FrameCounter, expected_brightness, make_shards
 from wdsfilter import StageConfig
 from wdsfilter.pipeline import sample_pipeline
 from wdsfilter.score import score
@@ -135,33 +135,15 @@ def test_back_off_in_model_worker_processes(tmp_path):
 
 
 # -- frames, per-scorer back-off, growing back -------------------------------------------------------
-class FrameScorer:
-    """Video-like inputs {"key", "frames": k}: score_batch holds `bytes_per_frame` per frame on a
-    simulated GPU (a real torch.cuda.OutOfMemoryError when it does not fit) and records each call."""
-
-    name = "frames"
+class FrameScorer(FrameCounter):
+    """score_batch holds `bytes_per_frame` per frame on a simulated GPU (a real
+    torch.cuda.OutOfMemoryError when it does not fit); records each call's frames and the keys
+    scored (inputs {"key", "frames": k})."""
 
     def __init__(self, sim, bytes_per_frame):
+        super().__init__()
         self.sim, self.bytes_per_frame = sim, bytes_per_frame
-        self.calls, self.scored = [], collections.Counter()
-
-    def columns(self):
-        return ["n_frames"]
-
-    def frame_count(self, x):
-        return x["frames"]
-
-    def batch_key(self, x):
-        return None
-
-    def load(self, device):
-        pass
-
-    def unload(self):
-        pass
-
-    def describe(self):
-        return self.name
+        self.scored = collections.Counter()
 
     def score_batch(self, inputs):
         dev = SimulatedDevice.get(self.sim)

@@ -8,6 +8,7 @@ import pytest
 ray = pytest.importorskip("ray", reason="the Ray engine is tested where wdsfilter[ray] is installed")
 
 import wdsfilter  # noqa: E402
+from scorekit import FrameCounter  # noqa: E402
 from wdsfilter.errors import ConfigError  # noqa: E402
 from wdsfilter.score import score  # noqa: E402
 from wdsfilter.score.outputs import read_rows  # noqa: E402
@@ -210,37 +211,6 @@ def test_prepared_inputs_travel_as_one_tensor_column_not_pickled():
                                           PAYLOAD_META: [packed[0][1], b"", packed[1][1]]})
     assert "Tensor" in str(block.schema.field(PAYLOAD).type)
     assert "pickled" not in str(block.schema.field(PAYLOAD).type)
-
-
-class FrameCounter:
-    """Video-like inputs {"frames": k}; records the frames of each score_batch call."""
-
-    name = "frames"
-
-    def __init__(self):
-        self.calls = []
-
-    def columns(self):
-        return ["n_frames"]
-
-    def frame_count(self, x):
-        return x["frames"]
-
-    def batch_key(self, x):
-        return None
-
-    def load(self, device):
-        pass
-
-    def unload(self):
-        pass
-
-    def describe(self):
-        return self.name
-
-    def score_batch(self, inputs):
-        self.calls.append(sum(x["frames"] for x in inputs))
-        return [{"n_frames": x["frames"]} for x in inputs]
 
 
 def test_a_batch_size_set_without_a_plan_counts_samples_as_on_the_local_engine():

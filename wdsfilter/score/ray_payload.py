@@ -8,12 +8,12 @@ rest pickled: the structure with a Slot in each array's place, and the prepare()
 """
 from __future__ import annotations
 
-import copy
-import dataclasses
 import pickle
 from typing import List, NamedTuple, Tuple
 
 import numpy as np
+
+from .transport import walk_leaves
 
 PAYLOAD, PAYLOAD_META = "payload", "payload_meta"
 _ALIGN = 16  # every array starts on a 16-byte boundary of its row's vector (rows are padded to it)
@@ -25,25 +25,6 @@ class Slot(NamedTuple):
     dtype: str  # numpy dtype string
     shape: Tuple[int, ...]
     torch: bool  # give it back as a torch tensor
-
-
-def _walk(obj, fn):
-    """fn on every leaf inside dicts, lists, tuples (named too) and dataclass instances (an OcrInput)."""
-    if isinstance(obj, Slot):
-        return fn(obj)
-    if isinstance(obj, dict):
-        return {k: _walk(v, fn) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_walk(v, fn) for v in obj]
-    if isinstance(obj, tuple):
-        values = [_walk(v, fn) for v in obj]
-        return type(obj)(*values) if hasattr(obj, "_fields") else tuple(values)
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        new = copy.copy(obj)
-        for f in dataclasses.fields(obj):
-            object.__setattr__(new, f.name, _walk(getattr(obj, f.name), fn))
-        return new
-    return fn(obj)
 
 
 def pack_payload(obj) -> Tuple[np.ndarray, bytes]:
@@ -69,7 +50,7 @@ def pack_payload(obj) -> Tuple[np.ndarray, bytes]:
         total += -(-a.nbytes // _ALIGN) * _ALIGN
         return slot
 
-    skeleton = _walk(obj, take)
+    skeleton = walk_leaves(obj, take, Slot)
     data = np.empty(total, np.uint8)
     for offset, a in arrays:
         data[offset:offset + a.nbytes] = a.reshape(-1).view(np.uint8)
@@ -92,5 +73,5 @@ def unpack_payload(data, meta: bytes):
             return torch.from_numpy(a)
         return a
 
-    return _walk(skeleton, put)
+    return walk_leaves(skeleton, put, Slot)
 

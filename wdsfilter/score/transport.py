@@ -115,22 +115,24 @@ def open_chunk(chunk) -> Tuple[list, Optional[Any]]:
     return chunk, None
 
 
-def _walk(obj, fn):
-    """Apply fn to every leaf inside dicts, lists, tuples and dataclass instances."""
-    if isinstance(obj, TensorSlot):
+def walk_leaves(obj, fn, slot_type=None):
+    """Apply fn to every leaf inside dicts, lists, tuples (named too) and dataclass instances (an
+    OcrInput); a slot_type instance (default TensorSlot) is a leaf too. Used by both engines'
+    transports (ray_payload.py)."""
+    if isinstance(obj, slot_type or TensorSlot):
         return fn(obj)
     if isinstance(obj, dict):
-        return {k: _walk(v, fn) for k, v in obj.items()}
+        return {k: walk_leaves(v, fn, slot_type) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [_walk(v, fn) for v in obj]
+        return [walk_leaves(v, fn, slot_type) for v in obj]
     if isinstance(obj, tuple):
-        values = [_walk(v, fn) for v in obj]
+        values = [walk_leaves(v, fn, slot_type) for v in obj]
         return type(obj)(*values) if hasattr(obj, "_fields") else tuple(values)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         out = copy.copy(obj)
         for f in dataclasses.fields(obj):
             value = getattr(obj, f.name)
-            new = _walk(value, fn)
+            new = walk_leaves(value, fn, slot_type)
             if new is not value:
                 object.__setattr__(out, f.name, new)
         return out
@@ -159,7 +161,7 @@ def pack(data) -> Packed:
             leaves.append(obj)
         return obj
 
-    _walk(data, collect)
+    walk_leaves(data, collect)
     if not leaves:
         return Packed(data, None)
     offsets: Dict[int, int] = {}
@@ -182,7 +184,7 @@ def pack(data) -> Packed:
             return TensorSlot(offset, nbytes, obj.dtype.str, tuple(obj.shape), True)
         return obj
 
-    return Packed(_walk(data, place), buffer)
+    return Packed(walk_leaves(data, place), buffer)
 
 
 def _views(data, buffer):
@@ -200,7 +202,7 @@ def _views(data, buffer):
             return raw[obj.offset:obj.offset + obj.nbytes].view(obj.dtype).reshape(obj.shape)
         return buffer[obj.offset:obj.offset + obj.nbytes].view(getattr(torch, obj.dtype)).view(obj.shape)
 
-    return _walk(data, view)
+    return walk_leaves(data, view)
 
 
 def unpack(data) -> Any:
