@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import gc
 import json
 import os
 import pickle
@@ -39,7 +38,7 @@ from ..errors import ConfigError
 from .embeddings import FIELD as EMBEDDINGS
 from .faults import disk_full, is_disk_full, read_failed_reason
 from .outputs import RunSummary
-from .ray_tasks import SHARD_END_ROW, ScoreActor, finish_shard, measure, plain, read_shard
+from .ray_tasks import SHARD_END_ROW, ActorRoster, ScoreActor, finish_shard, measure, plain, read_shard
 from .rows import BASE_FIELDS
 
 
@@ -119,6 +118,20 @@ class _Collector:
 # pool without a replacement, which would stall the run, and the bounded retries already end
 # every batch after two attempts. Batches in flight on an actor when it dies use up a retry too.
 RETRIES = 1
+
+
+def end_actors(ray, roster) -> None:
+    """Kill every ScoreActor of the run (on its roster), then the roster. Nothing is lost: the
+    stream has ended and the rows are in the driver."""
+    try:
+        actors = ray.get(roster.all.remote(), timeout=60)
+    except Exception:  # noqa: BLE001 - best effort: Ray Data still drops them by reference
+        actors = []
+    for actor in actors + [roster]:
+        try:
+            ray.kill(actor)
+        except Exception:  # noqa: BLE001 - already dead
+            pass
 
 
 def _settle(ray, refs: list) -> List[dict]:
@@ -244,6 +257,7 @@ def _run_on_ray(run, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, ad
         collector = _Collector(run.columns)
         dropped, notes = Counter(), Counter()
         if todo:
+            roster = ray.remote(num_cpus=0)(ActorRoster).remote()
             # Workers open absolute paths: their working folder is not the driver's.
             ds = ray.data.from_items([{"shard": u, "path": absolute_url(u)} for u in todo],
                                      override_num_blocks=len(todo))
@@ -255,7 +269,7 @@ def _run_on_ray(run, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, ad
                                 fn_constructor_kwargs={"cfg": cfg, "scorers": run.model_scorers,
                                                        "columns": run.columns, "batch_size": batch_size,
                                                        "device": device, "scorer_batch": scorer_batch,
-                                                       "min_free_host": min_free_host})
+                                                       "min_free_host": min_free_host, "roster": roster})
             # A batch that failed after its retries (its actor died twice, or it raised) is dropped
             # by Ray Data instead of ending the run: its shard never completes, so it gets no marker.
             ds.context.max_errored_blocks = -1
@@ -276,11 +290,10 @@ def _run_on_ray(run, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, ad
                     ready, writing = ray.wait(writing, num_returns=len(writing), timeout=0) if writing else ([], [])
                     done += ray.get(ready)
             finally:
-                # After the stream, Ray Data's actor pool lingers in a reference cycle: until a full
-                # collection its actors (a restarted one too) keep their CPUs and GPUs, and the next
-                # run in the same cluster (a --resume from a notebook) waits for them for ever.
+                # The stream has ended: end its actors (see ActorRoster) so that their CPUs and
+                # GPUs are free for the next run in this cluster.
                 ds = batch = None
-                gc.collect()
+                end_actors(ray, roster)
                 # Shards whose rows all arrived are written even when the stream fails: --resume keeps them.
                 done += _settle(ray, writing)
             failed += [{"url": r["shard"], "reason": r["failed"]} for r in done if r.get("failed")]

@@ -82,8 +82,12 @@ class ScoreActor:
     row lost or scored twice) and returns the rows complete, without their payload."""
 
     def __init__(self, cfg, scorers, columns: Sequence[str], batch_size: int, device: str,
-                 scorer_batch: Optional[Dict[str, int]] = None, min_free_host: Optional[int] = None):
+                 scorer_batch: Optional[Dict[str, int]] = None, min_free_host: Optional[int] = None,
+                 roster=None):
         from .memory import host_status
+        if roster is not None:  # the driver ends this actor itself when the run ends (ActorRoster)
+            import ray
+            roster.add.remote(ray.get_runtime_context().current_actor)
         from .modelrunner import ModelRunner
         from .planner import default_min_free_host
         self.cfg, self.columns, self.scorers = cfg, list(columns), scorers
@@ -167,3 +171,20 @@ def finish_shard(url: str, rows: List[dict], end: dict, cfg, state, columns: Seq
     rows.sort(key=lambda r: r["index"])
     failed = write_shard(url, rows, end, cfg, state, columns, source=path, engine="ray")
     return {"shard": url, "rows": len(rows), **({"failed": failed} if failed else {})}
+
+
+class ActorRoster:
+    """A Ray actor (no CPU) that the run's ScoreActors sign in to, restarted ones included. Ray
+    Data drops its actor pool by reference only, and the references can outlive the run (a
+    dataset in a reference cycle, the lineage of the blocks an actor made): the actors, and their
+    CPUs and GPUs, would stay until a garbage collection, and a --resume in the same cluster could
+    wait for them for ever. The driver kills every actor on the roster when the stream ends."""
+
+    def __init__(self):
+        self.actors = {}
+
+    def add(self, actor) -> None:
+        self.actors[actor._actor_id.hex()] = actor
+
+    def all(self) -> list:
+        return list(self.actors.values())
