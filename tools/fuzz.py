@@ -211,7 +211,7 @@ def run(n: int, seed: int = 0, timeout: float = 30.0, keep: str = "", rotate: bo
             for i in range(n):
                 name = rng.choice(sorted(MUTATIONS))
                 data = MUTATIONS[name](rng, rng.choice(sources), sources)
-                if rng.random() < 0.15:  # a second mutation now and then
+                if data and rng.random() < 0.15:  # a second mutation now and then (an empty file has no bytes to mutate)
                     data = MUTATIONS[rng.choice(sorted(MUTATIONS))](rng, data, sources) or data
                 suffix = ".tar.gz" if data[:2] == b"\x1f\x8b" else ".tar"
                 path = os.path.join(folder, f"fuzz-{i:06d}{suffix}")
