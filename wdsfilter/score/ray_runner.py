@@ -292,7 +292,6 @@ def _run_on_ray(run, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, ad
             finally:
                 # The stream has ended: end its actors (see ActorRoster) so that their CPUs and
                 # GPUs are free for the next run in this cluster.
-                ds = batch = None
                 end_actors(ray, roster)
                 # Shards whose rows all arrived are written even when the stream fails: --resume keeps them.
                 done += _settle(ray, writing)
