@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import gc
 import time
-from typing import Dict, Iterable, List
+from typing import Callable, Dict, Iterable, List, Optional
 
 from ..markers import MARKER, SHARD_END
 from .rows import ShardRows, complete_row, write_shard
@@ -43,8 +43,9 @@ class Dispatcher:
         self.failed: List[dict] = []  # complete shards whose outputs could not be written
         self.seconds = 0.0
 
-    def run_loader(self, loader: Iterable) -> None:
-        """Score everything the loader yields; returns when every row is complete."""
+    def run_loader(self, loader: Iterable, then: Optional[Callable[[], None]] = None) -> None:
+        """Score everything the loader yields; returns when every row is complete. `then` runs
+        once the loader's iterator exists: its decode workers are forked, so it may start threads."""
         started = time.perf_counter()
         # The heap so far (torch, the scorers' modules) is never garbage: collections skip it, so
         # a full one costs milliseconds, not a pause per few hundred rows; forked decode workers
@@ -53,7 +54,10 @@ class Dispatcher:
         if frozen:
             gc.freeze()
         try:
-            for chunk in loader:
+            chunks = iter(loader)  # forks the decode workers
+            if then is not None:
+                then()
+            for chunk in chunks:
                 items, buffer = open_chunk(chunk)
                 del chunk
                 for item in items:

@@ -21,7 +21,7 @@ from .devices import make_pool, resolve_devices
 from .dispatch import Dispatcher, open_progress
 from .faults import disk_full, is_disk_full
 from .memory import host_status
-from .outputs import RunSummary
+from .outputs import RunSummary, preload_writer
 from .plan import Plan
 from .planner import make_plan
 from .prepare import Chunk, Prepare, collect_probe, keep_as_is
@@ -79,7 +79,7 @@ class Engine(Run):
         dispatcher = Dispatcher(self, pool, self._apply(pool, plan), len(todo),
                                 open_progress(self.cfg.progress, len(todo)))
         try:
-            dispatcher.run_loader(self._loader(plan, todo, sink))
+            dispatcher.run_loader(self._loader(plan, todo, sink), then=lambda: preload_writer(self.cfg.format))
         finally:
             if dispatcher.progress is not None:
                 dispatcher.progress.close()

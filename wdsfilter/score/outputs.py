@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -42,6 +43,21 @@ def _column_type(values: Sequence[Any]):
     if all(isinstance(v, str) for v in present):
         return pa.string()
     return None  # let pyarrow infer (lists, nested values)
+
+
+def preload_writer(fmt: str) -> None:
+    """Warm the table writer in a background thread: pyarrow.parquet, and what pyarrow imports
+    on its first array (pandas, where installed) take ~0.5 s of one core. Done lazily, that
+    stalled the first shard's write; started with the scoring loop, it runs while the main
+    process waits for the decode workers (before the probe, it slowed the probe as much)."""
+    if fmt == "parquet":
+        threading.Thread(target=_warm_parquet, daemon=True, name="wdsfilter-warm-parquet").start()
+
+
+def _warm_parquet() -> None:
+    import pyarrow as pa
+    import pyarrow.parquet  # noqa: F401
+    pa.array([0.0])
 
 
 def write_table(rows: List[dict], columns: Sequence[str], path: str, fmt: str) -> None:
