@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 _ALIGN = 64  # every slot starts on a 64-byte boundary, so any dtype can view it
 
@@ -115,24 +115,23 @@ def open_chunk(chunk) -> Tuple[list, Optional[Any]]:
     return chunk, None
 
 
-def walk_leaves(obj, fn, slot_type=None):
+def walk_leaves(obj, fn):
     """Apply fn to every leaf inside dicts, lists, tuples (named too) and dataclass instances (an
-    OcrInput); a slot_type instance (default TensorSlot) is a leaf too. Used by both engines'
-    transports (ray_payload.py)."""
-    if isinstance(obj, slot_type or TensorSlot):
+    OcrInput); a TensorSlot is a leaf too."""
+    if isinstance(obj, TensorSlot):
         return fn(obj)
     if isinstance(obj, dict):
-        return {k: walk_leaves(v, fn, slot_type) for k, v in obj.items()}
+        return {k: walk_leaves(v, fn) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [walk_leaves(v, fn, slot_type) for v in obj]
+        return [walk_leaves(v, fn) for v in obj]
     if isinstance(obj, tuple):
-        values = [walk_leaves(v, fn, slot_type) for v in obj]
+        values = [walk_leaves(v, fn) for v in obj]
         return type(obj)(*values) if hasattr(obj, "_fields") else tuple(values)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         out = copy.copy(obj)
         for f in dataclasses.fields(obj):
             value = getattr(obj, f.name)
-            new = walk_leaves(value, fn, slot_type)
+            new = walk_leaves(value, fn)
             if new is not value:
                 object.__setattr__(out, f.name, new)
         return out
@@ -150,8 +149,10 @@ def shared_buffer(nbytes: int):
     return torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(nbytes))
 
 
-def pack(data) -> Packed:
-    """`data` with its CPU tensors and numeric numpy arrays written into one shared buffer."""
+def pack(data, allocate: Callable[[int], Any] = None) -> Packed:
+    """`data` with its CPU tensors and numeric numpy arrays written into one buffer: a uint8
+    tensor from allocate(nbytes), by default in shared memory (the Ray runner's payload column
+    allocates a plain one: ray_payload.py)."""
     import torch
 
     leaves: List[Any] = []
@@ -170,7 +171,7 @@ def pack(data) -> Packed:
         if id(x) not in offsets:
             offsets[id(x)] = total
             total += -(-int(x.nbytes) // _ALIGN) * _ALIGN
-    buffer = shared_buffer(max(total, 1))
+    buffer = (allocate or shared_buffer)(max(total, 1))
     raw = buffer.numpy()
 
     def place(obj):
