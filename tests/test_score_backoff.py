@@ -226,3 +226,18 @@ def test_out_of_memory_halves_only_the_scorer_that_ran_out(shard, tmp_path):
     stats = runner.stats()["backoff"]
     assert stats["bright"]["final_batch_size"] == 4 and stats["frames"]["final_batch_size"] == 16
     assert stats["frames"]["events"] == [] and max(len(c) for c in big.calls) == 16
+
+
+@pytest.mark.parametrize("out", [[{"x": 1.0}], [{"x": 1.0}, 0.5], ({"x": 1.0}, {"x": 2.0})])
+def test_a_scorer_that_returns_other_than_one_dict_per_input_is_a_scorer_error(out):
+    from wdsfilter.score.backoff import ScorerError
+
+    class Odd:
+        name = "odd"
+
+        def score_batch(self, inputs):
+            return out
+
+    with pytest.raises(ScorerError, match=r"'odd': score_batch returned (list|tuple) of length \d for 2 inputs; "
+                                          r"expected a list of 2 dicts"):
+        Backoff(Odd(), HostMemory(), batch_size=2).run([0, 1])

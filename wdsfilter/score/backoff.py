@@ -140,11 +140,11 @@ class Backoff:
                 results[i] = ("error", reason, message)
                 i += 1
                 continue
-            if not isinstance(out, list) or len(out) != n or not all(isinstance(o, dict) for o in out):
-                raise ScorerError(f"scorer {self.scorer.name!r}: score_batch returned "
-                                  f"{type(out).__name__} of length {len(out) if hasattr(out, '__len__') else '?'}"
-                                  f" for {n} inputs; expected a list of {n} dicts")
+            if not isinstance(out, list) or len(out) != n:
+                raise self._bad_output(out, n)
             for j, scores in enumerate(out):
+                if not isinstance(scores, dict):
+                    raise self._bad_output(out, n)
                 results[i + j] = ("ok", scores)
             self.successes += n
             self.failures_without_success = 0
@@ -152,6 +152,11 @@ class Backoff:
                 self._succeeded()
             i += n
         return results  # type: ignore[return-value]
+
+    def _bad_output(self, out: Any, n: int) -> ScorerError:
+        return ScorerError(f"scorer {self.scorer.name!r}: score_batch returned "
+                           f"{type(out).__name__} of length {len(out) if hasattr(out, '__len__') else '?'}"
+                           f" for {n} inputs; expected a list of {n} dicts")
 
     def _classify(self, e: Exception, n: int):
         """(kind, reason, message) for a failed call; raises when the scorer itself is broken."""
