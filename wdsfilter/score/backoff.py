@@ -17,6 +17,7 @@ from typing import Any, List, Optional, Tuple
 from ..errors import DataError, RunError, WdsFilterError
 from .faults import DeviceFailedError, sticky_device_error
 from .memory import DeviceMemory, is_oom
+from .scorers.base import overridden
 
 # Outcome of one input: ("ok", {column: value}) or ("error", reason, message).
 Outcome = Tuple
@@ -45,7 +46,7 @@ class Backoff:
                  grow_after: int = GROW_AFTER):
         """batch_size: the planned sub-batch in frames (samples for a scorer without frame_count)."""
         self.scorer = scorer
-        self.frame_count = getattr(scorer, "frame_count", None)
+        self.frame_count = overridden(scorer, "frame_count")  # None: every input is one frame
         self.memory = memory
         self.planned = int(batch_size)
         self.batch_size = int(batch_size)
