@@ -226,3 +226,30 @@ def test_out_of_memory_halves_only_the_scorer_that_ran_out(shard, tmp_path):
     stats = runner.stats()["backoff"]
     assert stats["bright"]["final_batch_size"] == 4 and stats["frames"]["final_batch_size"] == 16
     assert stats["frames"]["events"] == [] and max(len(c) for c in big.calls) == 16
+
+
+@pytest.mark.parametrize("out", [[{"x": 1.0}], [{"x": 1.0}, 0.5], ({"x": 1.0}, {"x": 2.0})])
+def test_a_scorer_that_returns_other_than_one_dict_per_input_is_a_scorer_error(out):
+    from wdsfilter.score.backoff import ScorerError
+
+    class Odd:
+        name = "odd"
+
+        def score_batch(self, inputs):
+            return out
+
+    with pytest.raises(ScorerError, match=r"'odd': score_batch returned (list|tuple) of length \d for 2 inputs; "
+                                          r"expected a list of 2 dicts"):
+        Backoff(Odd(), HostMemory(), batch_size=2).run([0, 1])
+
+
+def test_per_input_methods_are_resolved_once_and_the_scorer_default_is_none():
+    from scorekit import FrameCounter
+    from wdsfilter.score.scorers.base import overridden
+    plain, counter = BrightnessScorer(), FrameCounter()
+    assert overridden(plain, "frame_count") is None and overridden(plain, "batch_key") is None
+    assert overridden(counter, "frame_count") == counter.frame_count
+    assert overridden(counter, "batch_key") == counter.batch_key
+    assert overridden(object(), "frame_count") is None  # a scorer without the method: one frame per input
+    plain.frame_count = lambda x: 3  # set on the instance: used
+    assert overridden(plain, "frame_count")(None) == 3

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 import wdsfilter
 from wdsfilter.cli import main
-from wdsfilter.naming import split_name
+from wdsfilter.specs import split_name
 from wdsfilter.score import score
 from wdsfilter.score.outputs import read_rows
 

@@ -294,3 +294,24 @@ def test_a_pipe_shard_that_fails_with_write_shards_is_failed_not_fatal(shards, t
     assert "filtered shard not written" in summary.shards_failed[0]["reason"]
     assert summary.shards_scored == 1 and sorted(f for f in os.listdir(kept) if f.endswith(".tar")) == [os.path.basename(urls[1])]
     assert sorted(os.listdir(out / "done")) == [os.path.basename(urls[1])[:-4] + ".json"]
+
+
+def test_score_file_column_types(tmp_path):
+    # A score column's Parquet type follows its values; one with no value at all is float64.
+    import numpy as np
+    import pyarrow.parquet as pq
+    from wdsfilter.score.outputs import write_table
+    columns = {"none": [None, None, None], "int": [1, None, 3], "mixed": [1, 2.5, None], "nan": [0.5, float("nan"), None],
+               "flag": [True, None, False], "text": ["a", None, "b"], "np64": [np.float64(1.5), 2, None],
+               "np32": [np.float32(1.5), None, np.float32(2)], "list": [[1, 2], None, [3]]}
+    rows = [dict({"key": str(i), "shard": "s.tar", "index": i, "status": "scored", "reason": None, "message": None,
+                  "kept": True}, **{c: v[i] for c, v in columns.items()}) for i in range(3)]
+    path = str(tmp_path / "s.parquet")
+    write_table(rows, list(columns), path, "parquet")
+    types = {f.name: str(f.type) for f in pq.read_schema(path)}
+    assert types == {"key": "string", "shard": "string", "index": "int64", "status": "string", "reason": "string",
+                     "message": "string", "kept": "bool", "none": "double", "int": "int64", "mixed": "double",
+                     "nan": "double", "flag": "bool", "text": "string", "np64": "double", "np32": "float",
+                     "list": "list<element: int64>"}
+    write_table([], list(columns), path, "parquet")  # a shard with no rows: every score column float64
+    assert {str(f.type) for f in pq.read_schema(path) if f.name in columns} == {"double"}

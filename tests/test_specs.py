@@ -1,8 +1,7 @@
 import pytest
 
 from wdsfilter import ConfigError, KeySpec, StageConfig
-from wdsfilter.naming import split_name
-from wdsfilter.specs import FieldRef, find_caption
+from wdsfilter.specs import FieldRef, find_caption, split_name
 
 
 @pytest.mark.parametrize("text, alternatives", [

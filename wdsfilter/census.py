@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, List, Mapping, Optional, Tuple
 
-from .specs import IMAGE_EXTS, VIDEO_EXTS, KeySpec, parse_json_member
+from .specs import IMAGE_EXTS, VIDEO_EXTS, KeySpec, is_dotted, parse_json_member
 
 _CAPTION_WORDS = ("caption", "description", "text", "title", "alt", "prompt", "sentence")
 
@@ -78,7 +78,6 @@ class KeyCensus:
 
     def dotted_share(self) -> float:
         """Share of samples whose extensions look like dotted basenames (v2.0001.jpg)."""
-        from .naming import is_dotted
         n = sum(c for e, c in self.exts.items() if is_dotted(e))
         return min(1.0, self.share(n))
 

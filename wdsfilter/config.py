@@ -6,8 +6,7 @@ from dataclasses import dataclass, fields
 from typing import Dict, Optional, Sequence, Tuple
 
 from .errors import ConfigError
-from .naming import REKEY_MODES
-from .specs import DEFAULT_CAPTION_KEY, DEFAULT_IMAGE_KEY, KeySpec
+from .specs import DEFAULT_CAPTION_KEY, DEFAULT_IMAGE_KEY, REKEY_MODES, KeySpec
 
 TOKEN_MODES = ("auto", "normalise", "strip", "keep")
 OVERSIZE_MODES = ("skip", "reduce")

@@ -21,8 +21,8 @@ from .config import StageConfig
 from .errors import DataError, UnsafeInputError
 from .markers import shard_end_marker
 from .members import MemberCaps, gunzip_member, is_unsafe_ext
-from .naming import split_name
 from .shards import is_pipe, open_shard
+from .specs import split_name
 from .tally import Tally
 
 STAGE = "read"

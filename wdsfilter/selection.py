@@ -9,8 +9,7 @@ from __future__ import annotations
 from typing import Optional, Tuple
 
 from .config import StageConfig
-from .naming import is_dotted
-from .specs import FieldRef, find_caption
+from .specs import FieldRef, find_caption, is_dotted
 
 
 def select_sample(sample: dict, cfg: StageConfig) -> Tuple[Optional[str], Optional[FieldRef], Optional[str], Optional[str]]:

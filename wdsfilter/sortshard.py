@@ -23,7 +23,7 @@ from typing import List
 import click
 
 from .errors import ConfigError, EXIT_CODES_HELP, OutputError
-from .naming import REKEY_MODES, split_name
+from .specs import REKEY_MODES, split_name
 from .writing import check_output_file, atomic_path
 
 

@@ -1,6 +1,12 @@
-"""Key specs: where a sample keeps its caption and its image.
+"""Member names and key specs: how a tar member name becomes (key, extension), and where a
+sample keeps its caption and its image.
 
-Syntax (the same in Python, on the command line and in config files):
+Names: webdataset splits at the *first* dot of the basename: `img.v2.0001.jpg` becomes key `img`
+with extension `v2.0001.jpg`, so every file of a dotted dataset collapses into one sample. That
+stays the default (multi-part extensions like `seg.png` and `json.gz` rely on it), is detected
+(is_dotted), and `rekey="last-dot"` splits at the last dot instead.
+
+Key specs (the same syntax in Python, on the command line and in config files):
 
     txt                         the member <key>.txt, decoded as UTF-8
     json:description            field "description" of <key>.json
@@ -33,6 +39,29 @@ VIDEO_EXTS = ("mp4", "webm", "mkv", "avi", "mov", "m4v", "m4a", "mpg", "mpeg", "
 COMPRESSION_EXTS = ("gz", "xz", "bz2", "zst", "lz4")
 # Deeper JSON is not metadata; json.loads would recurse into it until RecursionError.
 MAX_JSON_DEPTH = 64
+REKEY_MODES = ("first-dot", "last-dot")
+
+
+# -- member names ----------------------------------------------------------------------------------
+def split_name(name: str, rekey: str = "first-dot") -> Tuple[Optional[str], Optional[str]]:
+    """(key, extension as written) or (None, None) for names with no extension and dotfiles."""
+    slash = name.rfind("/") + 1
+    base = name[slash:]
+    if base.startswith("."):
+        return None, None
+    dot = base.find(".") if rekey == "first-dot" else base.rfind(".")
+    if dot <= 0 or dot == len(base) - 1:
+        return None, None
+    return name[:slash + dot], base[dot + 1:]
+
+
+def is_dotted(ext: str) -> bool:
+    """True when a first-dot extension looks like part of a dotted basename (`v2.0001.jpg`)."""
+    parts = ext.split(".")
+    return len(parts) > 1 and any(any(c.isdigit() for c in p) for p in parts[:-1])
+
+
+# -- key specs -------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

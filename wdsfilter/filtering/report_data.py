@@ -13,8 +13,7 @@ import tarfile
 from collections import OrderedDict
 from typing import Dict, List, Optional, Sequence
 
-from ..naming import split_name
-from ..specs import VIDEO_EXTS, KeySpec, find_caption
+from ..specs import VIDEO_EXTS, KeySpec, find_caption, split_name
 
 PER_SIDE = 6  # thumbnails on each side of a threshold
 PER_REASON = 6  # examples per drop reason

@@ -17,6 +17,7 @@ from typing import Any, List, Optional, Tuple
 from ..errors import DataError, RunError, WdsFilterError
 from .faults import DeviceFailedError, sticky_device_error
 from .memory import DeviceMemory, is_oom
+from .scorers.base import overridden
 
 # Outcome of one input: ("ok", {column: value}) or ("error", reason, message).
 Outcome = Tuple
@@ -45,7 +46,7 @@ class Backoff:
                  grow_after: int = GROW_AFTER):
         """batch_size: the planned sub-batch in frames (samples for a scorer without frame_count)."""
         self.scorer = scorer
-        self.frame_count = getattr(scorer, "frame_count", None)
+        self.frame_count = overridden(scorer, "frame_count")  # None: every input is one frame
         self.memory = memory
         self.planned = int(batch_size)
         self.batch_size = int(batch_size)
@@ -140,11 +141,11 @@ class Backoff:
                 results[i] = ("error", reason, message)
                 i += 1
                 continue
-            if not isinstance(out, list) or len(out) != n or not all(isinstance(o, dict) for o in out):
-                raise ScorerError(f"scorer {self.scorer.name!r}: score_batch returned "
-                                  f"{type(out).__name__} of length {len(out) if hasattr(out, '__len__') else '?'}"
-                                  f" for {n} inputs; expected a list of {n} dicts")
+            if not isinstance(out, list) or len(out) != n:
+                raise self._bad_output(out, n)
             for j, scores in enumerate(out):
+                if not isinstance(scores, dict):
+                    raise self._bad_output(out, n)
                 results[i + j] = ("ok", scores)
             self.successes += n
             self.failures_without_success = 0
@@ -152,6 +153,11 @@ class Backoff:
                 self._succeeded()
             i += n
         return results  # type: ignore[return-value]
+
+    def _bad_output(self, out: Any, n: int) -> ScorerError:
+        return ScorerError(f"scorer {self.scorer.name!r}: score_batch returned "
+                           f"{type(out).__name__} of length {len(out) if hasattr(out, '__len__') else '?'}"
+                           f" for {n} inputs; expected a list of {n} dicts")
 
     def _classify(self, e: Exception, n: int):
         """(kind, reason, message) for a failed call; raises when the scorer itself is broken."""

@@ -6,7 +6,7 @@ import logging
 import click
 
 from ..errors import RunError
-from ..naming import REKEY_MODES
+from ..specs import REKEY_MODES
 
 
 def _echo(text: str) -> None:

@@ -30,7 +30,8 @@ from .transport import Batch, open_chunk
 class Dispatcher:
     def __init__(self, run: Run, pool, batch_size_of: Dict[int, int], n_todo: int, progress=None):
         self.run, self.pool = run, pool
-        self.cfg, self.scorers, self.bounds = run.cfg, run.scorers, run.cfg.bounds
+        self.cfg, self.scorers = run.cfg, run.scorers
+        self.bounds = run.cfg.bounds or None  # None: the run has no thresholds (rows.complete_row)
         self.batch_size_of = batch_size_of  # model worker -> its planned batch size
         self.n_todo = n_todo
         self.progress = progress

@@ -12,6 +12,7 @@ from .backoff import Backoff
 from .embeddings import FIELD as EMBEDDINGS
 from .faults import DeviceFailedError, device_failed, sticky_device_error
 from .memory import HostMemory, device_memory, is_oom, torch_device
+from .scorers.base import overridden
 
 # One work item: (row reference, {scorer name: prepared input}).
 Item = Tuple[Any, Dict[str, Any]]
@@ -134,10 +135,11 @@ class ModelRunner:
         scores: List[dict] = [{} for _ in items]
         errors: List[dict] = [{} for _ in items]
         for scorer in self.scorers:
+            batch_key = overridden(scorer, "batch_key")  # None: all of this scorer's inputs are one group
             groups: Dict[Any, List[int]] = {}
             for k, (_, inputs) in enumerate(items):
                 if scorer.name in inputs:
-                    groups.setdefault(scorer.batch_key(inputs[scorer.name]), []).append(k)
+                    groups.setdefault(batch_key(inputs[scorer.name]) if batch_key else None, []).append(k)
             columns = scorer.columns()
             for members in groups.values():
                 outcomes = self.backoffs[scorer.name].run([items[k][1][scorer.name] for k in members])

@@ -25,24 +25,13 @@ EXTENSIONS = {"parquet": ".parquet", "jsonl": ".jsonl"}
 
 
 # -- tables -------------------------------------------------------------------------------------
-def _is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _column_type(values: Sequence[Any]):
+def _score_array(values: List[Any]):
+    """A score column as an Arrow array of the type pyarrow infers (in C, no Python call per
+    value): int64, float64 (ints and floats mixed), bool, string, or nested for lists; a column
+    with no value at all is float64, the type a score column has."""
     import pyarrow as pa
-    present = [v for v in values if v is not None]
-    if not present:
-        return pa.float64()
-    if all(isinstance(v, bool) for v in present):
-        return pa.bool_()
-    if all(isinstance(v, int) and not isinstance(v, bool) for v in present):
-        return pa.int64()
-    if all(_is_number(v) for v in present):
-        return pa.float64()
-    if all(isinstance(v, str) for v in present):
-        return pa.string()
-    return None  # let pyarrow infer (lists, nested values)
+    arr = pa.array(values)
+    return arr.cast(pa.float64()) if pa.types.is_null(arr.type) else arr
 
 
 def preload_writer(fmt: str) -> None:
@@ -78,8 +67,7 @@ def write_table(rows: List[dict], columns: Sequence[str], path: str, fmt: str) -
             arrays, fields = [], []
             for name in names:
                 values = [row.get(name) for row in rows]
-                typ = base_types.get(name) or _column_type(values)
-                arr = pa.array(values, type=typ) if typ is not None else pa.array(values)
+                arr = pa.array(values, type=base_types[name]) if name in base_types else _score_array(values)
                 arrays.append(arr)
                 fields.append(pa.field(name, arr.type))
             pq.write_table(pa.Table.from_arrays(arrays, schema=pa.schema(fields)), tmp)
@@ -110,6 +98,10 @@ def read_rows(path: str) -> List[dict]:
 
 
 # -- summary over score files -------------------------------------------------------------------
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def _numeric(values: Iterable[Any]) -> List[float]:
     return [float(v) for v in values if _is_number(v) and not math.isnan(float(v))]
 

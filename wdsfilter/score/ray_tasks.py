@@ -36,6 +36,7 @@ def read_shard(batch, cfg, scorers, rows_per_block: int = 64) -> Iterator[Dict[s
     from .prepare import Prepare
 
     stage = cfg.scoring_stage_config(scorers)
+    bounds = cfg.bounds or None  # None: the run has no thresholds (rows.complete_row)
     paths = batch["path"] if "path" in batch else batch["shard"]
     for url, path in zip(list(batch["shard"]), list(paths)):  # rows carry the URL; the worker opens `path`
         tally = Tally(0, 0, name="wdsfilter score (ray)")
@@ -47,7 +48,7 @@ def read_shard(batch, cfg, scorers, rows_per_block: int = 64) -> Iterator[Dict[s
             if item.get(MARKER) == SHARD_END:
                 end = {"error": item.get("error"), "members": item.get("members", 0), "failed": item.get("failed")}
                 continue
-            row = item_row(item, index, scorers, cfg.bounds)
+            row = item_row(item, index, scorers, bounds)
             row["shard"] = url  # the URL as the driver knows it (the worker opened `path`)
             row[PAYLOAD], row[PAYLOAD_META] = EMPTY, b""
             if row["status"] is None:
@@ -91,6 +92,7 @@ class ScoreActor:
         from .modelrunner import ModelRunner
         from .planner import default_min_free_host
         self.cfg, self.columns, self.scorers = cfg, list(columns), scorers
+        self.bounds = cfg.bounds or None  # None: the run has no thresholds (rows.complete_row)
         self.batch_size = batch_size
         self.min_free_host = min_free_host or default_min_free_host(cfg, host_status()["total"])
         # No plan ran (the user set the batch size and the actors): batch_size is in samples, as on the
@@ -123,7 +125,7 @@ class ScoreActor:
             self.size_by_samples([loaded[i][0] for i in pending])
         for i, scores, errors in self.runner.score([(i, loaded[i][0]) for i in pending]):
             rows[i]["status"] = None
-            complete_row(rows[i], self.scorers, scores, {**loaded[i][1], **errors}, self.cfg.bounds)
+            complete_row(rows[i], self.scorers, scores, {**loaded[i][1], **errors}, self.bounds)
         out = {f: [r[f] for r in rows] for f in BASE_FIELDS}
         out[EMBEDDINGS] = [pickle.dumps(r.get(EMBEDDINGS)) for r in rows]  # --save-embeddings (else None)
         for c in self.columns:  # every batch has every column, so Ray's blocks share one schema

@@ -40,7 +40,7 @@ def new_row(key: str, url: str, index: int, status: Optional[str] = None, reason
             "kept": False}
 
 
-def item_row(item: dict, index: int, scorers: Sequence, thresholds: Thresholds) -> dict:
+def item_row(item: dict, index: int, scorers: Sequence, thresholds: Optional[Thresholds]) -> dict:
     """The row of one stream item that is not a shard end: a reject marker's row is final, so is
     the row of a sample no scorer could prepare; any other row waits for item["inputs"] to be
     scored (status None)."""
@@ -53,8 +53,10 @@ def item_row(item: dict, index: int, scorers: Sequence, thresholds: Thresholds) 
     return row
 
 
-def complete_row(row: dict, scorers: Sequence, scores: dict, errors: dict, thresholds: Thresholds) -> None:
+def complete_row(row: dict, scorers: Sequence, scores: dict, errors: dict, thresholds: Optional[Thresholds]) -> None:
     """Fill a sample's row from its scores and its per-scorer errors (prepare or scoring).
+    thresholds: the run's, or None when it has none (the runners decide that once, `cfg.bounds
+    or None`, not per row).
 
     kept: some scorer scored it and every threshold column is within bounds. A partial row (say a
     video, which OCR scores and CLIP cannot, or a video cut short, scored from the frames that
@@ -92,7 +94,7 @@ class ShardRows:
         self.failed: Optional[str] = None  # the stream failed: not read to its end
         self.members = 0
 
-    def add(self, item: dict, scorers: Sequence, thresholds: Thresholds) -> Optional[int]:
+    def add(self, item: dict, scorers: Sequence, thresholds: Optional[Thresholds]) -> Optional[int]:
         """Give a stream item its row; returns its index when the models still have to score it."""
         index = len(self.rows)
         row = item_row(item, index, scorers, thresholds)

@@ -16,8 +16,8 @@ import tempfile
 from typing import Iterable, List, Tuple
 
 from ..atomic import atomic_path
-from ..naming import split_name
 from ..shards import is_local, local_path, open_shard
+from ..specs import split_name
 
 BLOCK = 512
 RECORD = 20 * BLOCK  # tar's record size: archives are padded to a multiple of it

@@ -7,7 +7,7 @@ import click
 
 from ..config import parse_byte_caps
 from ..errors import EXIT_CODES_HELP
-from ..naming import REKEY_MODES
+from ..specs import REKEY_MODES
 from ..writing import check_output_file
 from . import validate as run_validate
 from .formats import FORMATS, render, write_report

@@ -16,11 +16,10 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, Iterator, List, Optional
 
 from ..census import KeyCensus
-from ..naming import split_name
 from ..members import MemberCaps
 from ..reading import ShardEnd, group_samples, iter_tar, screen_member
 from ..shards import is_pipe, is_remote, open_shard
-from ..specs import IMAGE_EXTS, VIDEO_EXTS, json_path_get
+from ..specs import IMAGE_EXTS, VIDEO_EXTS, json_path_get, split_name
 from ..stages import CaptionCleaner
 from ..selection import select_sample
 from ..tally import Tally

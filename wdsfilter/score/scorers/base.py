@@ -8,7 +8,7 @@ model worker on its device. A scorer object is a small picklable config until `l
 from __future__ import annotations
 
 import abc
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..registry import build
 
@@ -85,6 +85,16 @@ class Scorer(abc.ABC):
     def describe(self) -> str:
         """One line for plans and summaries: model name, weights source, device."""
         return self.name
+
+
+def overridden(scorer, method: str) -> Optional[Callable]:
+    """scorer.<method> (batch_key, frame_count), or None where the scorer has the Scorer default
+    or no such method: one batch key for all inputs, one frame per input. Callers resolve it once
+    per batch, not per input."""
+    bound = getattr(scorer, method, None)
+    if bound is None or getattr(bound, "__func__", None) is getattr(Scorer, method):
+        return None
+    return bound
 
 
 def make_scorer(name: str, **options) -> Scorer:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Set, Tuple
 
-from ...naming import is_dotted, split_name
+from ...specs import is_dotted, split_name
 from ..findings import FindingLog
 
 
