@@ -156,7 +156,7 @@ MIXED_KEYS = ["--caption-key", CAPTION_KEY, "--image-key", "jpg;png;webp;mp4"]
 # and every detected box counted unread. The tests below check the run's plumbing (rows, frames,
 # thresholds, files, the summary); on the sample shards' large type it separates text from no text
 # as clearly. The default path (enlarged, boxes read) runs through the engine in
-# test_ocr_video_flags_generic_max_jsonl_and_the_progress_bar's first run and in test_ocr*.py.
+# test_ocr_video_flags_generic_max_jsonl_and_the_progress_bar's --keyframes run and in test_ocr*.py.
 CHEAP_OCR = ["--scorer-opt", 'ocr.backend_options={"min_side": 0}', "--scorer-opt", "ocr.min_text_score=null"]
 
 
@@ -271,9 +271,11 @@ def test_ocr_video_flags_generic_max_jsonl_and_the_progress_bar(tmp_path):
     out = str(tmp_path / "out")
     args = ["score", path, "--image-key", "mp4", "--caption-key", "txt", "--scorer", "ocr", "--frames", "2",
             "--frame-reduce", "max", "--device", "cpu"]
-    result = CliRunner().invoke(main, args + ["--max", "ocr_area=0.05", "--format", "jsonl", "--out", out])
+    # The flags' plumbing: OCR as 0.x ran it (CHEAP_OCR); the --keyframes run below has the defaults.
+    result = CliRunner().invoke(main, args + ["--max", "ocr_area=0.05", "--format", "jsonl", "--out", out,
+                                              *CHEAP_OCR])
     assert result.exit_code == 0, result.output
-    assert "2 frames/video, reduce=max" in result.stdout
+    assert "2 frames/video, reduce=max" in result.stdout and "boxes not read" in result.stdout
     # tqdm's final line; under one sample/s it shows the inverse rate ("4.28s/ samples", measured on
     # a loaded 2-core CPU with small frames enlarged to short side 736 and boxes read).
     assert re.search(r"scoring: .*8 samples.*(samples/s|s/ samples)", result.stderr), result.stderr
@@ -288,14 +290,14 @@ def test_ocr_video_flags_generic_max_jsonl_and_the_progress_bar(tmp_path):
     # Terminal histograms: the count column gets one bin per value (every clip has 2 frames).
     assert re.search(r"ocr_frames: n=8 min=2 mean=2 max=2\n +2 +8  #+\n", result.stdout), result.stdout
     # --keyframes: these 2 s clips have one keyframe each (x264's keyframe interval is longer), so
-    # one frame per clip however many are asked for.
-    # Frame counts only: OCR as 0.x ran it (CHEAP_OCR) is enough.
-    result = CliRunner().invoke(main, args + ["--keyframes", "--out", str(tmp_path / "key"), "--no-progress",
-                                              *CHEAP_OCR])
+    # one frame per clip however many are asked for. The OCR defaults (small frames enlarged to
+    # short side 736, boxes read) through the engine's model worker: the subtitles still stand out.
+    result = CliRunner().invoke(main, args + ["--keyframes", "--out", str(tmp_path / "key"), "--no-progress"])
     assert result.exit_code == 0, result.output
-    assert "2 keyframes/video, reduce=max" in result.stdout and "boxes not read" in result.stdout
+    assert "2 keyframes/video, reduce=max" in result.stdout and "boxes read with confidence >= 0.5" in result.stdout
     rows = read_rows(os.path.join(str(tmp_path / "key"), "scores", "videos-000000.parquet"))
     assert len(rows) == 8 and all(r["ocr_frames"] == 1 and r["ocr_area_frames"] == [r["ocr_area"]] for r in rows)
+    assert all((r["ocr_area"] > 0.04) if meta[r["key"]]["has_text"] else (r["ocr_area"] < 0.01) for r in rows)
 
 
 def test_long_captions_are_truncated_and_counted_in_the_summary(tiny_clip, tmp_path):
