@@ -32,7 +32,7 @@ class BrightnessScorer(Scorer):
     def __init__(self, size: int = 8, sim: str = "", sim_total: int = 0, model_bytes: int = 0,
                  bytes_per_sample: int = 0, quadratic_bytes: int = 0, oom_above: int = 0, delay: float = 0.0,
                  log: str = "", fail_word: str = "", memory_error_above: int = 0, huge_word: str = "",
-                 error_word: str = ""):
+                 error_word: str = "", delay_file: str = ""):
         self.size = size
         self.sim = sim
         self.sim_total = sim_total
@@ -44,6 +44,7 @@ class BrightnessScorer(Scorer):
         self.oom_above = oom_above
         self.memory_error_above = memory_error_above
         self.delay = delay
+        self.delay_file = delay_file  # set: sleep `delay` only while this file exists
         self.log = log
         self.fail_word = fail_word
         self._weights = None
@@ -91,7 +92,7 @@ class BrightnessScorer(Scorer):
         try:
             x = torch.stack([i["pixels"] for i in inputs]).to(self.device).float() / 255.0
             luma = (x * self._weights).sum(1).mean((1, 2))
-            if self.delay:
+            if self.delay and (not self.delay_file or os.path.exists(self.delay_file)):
                 time.sleep(self.delay)
         finally:
             if dev is not None:

@@ -53,7 +53,8 @@ def random_dir(tmp_path_factory):
 def easy(directory, **backend_options):
     # min_text_score=None: these checkpoints are random or constant, so their boxes would read as
     # nothing and be dropped; the tests here are about the detector, with frames enlarged to the
-    # working size as in use (min_side 736: the all-text checkpoint still covers each original frame).
+    # working size as in use (min_side 736 by default; the all-text checkpoint still covers each
+    # original frame after its boxes are mapped back).
     return OcrScorer(backend="easyocr", model_dir=directory, download=False, min_text_score=None,
                      backend_options={"verify_checksum": False, **backend_options})
 
@@ -90,9 +91,12 @@ def test_non_cpu_devices_get_the_bare_module_moved_there(random_dir):
 
 def test_constant_checkpoints_cover_all_or_nothing(tmp_path):
     # Saved with DataParallel's "module." prefix: easyocr's copyStateDict strips it, so this also
-    # shows the weights went through easyocr's loader.
-    everything = easy(save_craft(tmp_path / "all", last_bias=1.0, prefix="module."))
-    nothing = easy(save_craft(tmp_path / "none", last_bias=-1.0))
+    # shows the weights went through easyocr's loader. Both frames are enlarged before detection
+    # (short sides 120 and 45), to 256 rather than the default 736: the same enlarge-and-map-back
+    # path on a seventh of the pixels (CRAFT on CPU is slow).
+    everything = easy(save_craft(tmp_path / "all", last_bias=1.0, prefix="module."), min_side=256)
+    nothing = easy(save_craft(tmp_path / "none", last_bias=-1.0), min_side=256)
+    assert all(s.detector._magnification(h, w) > 1 for s in (everything, nothing) for h, w in ((120, 160), (45, 100)))
     frames = [image(text_frame("A", width=160, height=120, size=20)), image(np.zeros((45, 100, 3), np.uint8))]
     for s in (everything, nothing):
         s.load("cpu")

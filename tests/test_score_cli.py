@@ -152,6 +152,12 @@ def test_cli_configuration_errors_exit_2_with_the_reason(tiny_clip, tmp_path):
 MIXED = [os.path.join(SS, p) for p in ("images-000000.tar", "ocr-images-000000.tar", "videos-000000.tar",
                                        "broken/corrupt-video-000000.tar")]
 MIXED_KEYS = ["--caption-key", CAPTION_KEY, "--image-key", "jpg;png;webp;mp4"]
+# OCR as wdsfilter 0.x ran it: frames detected at their own size (no enlarging to short side 736)
+# and every detected box counted unread. The tests below check the run's plumbing (rows, frames,
+# thresholds, files, the summary); on the sample shards' large type it separates text from no text
+# as clearly. The default path (enlarged, boxes read) runs through the engine in
+# test_ocr_video_flags_generic_max_jsonl_and_the_progress_bar's --keyframes run and in test_ocr*.py.
+CHEAP_OCR = ["--scorer-opt", 'ocr.backend_options={"min_side": 0}', "--scorer-opt", "ocr.min_text_score=null"]
 
 
 def sample_json(path):
@@ -172,10 +178,11 @@ def test_clip_and_ocr_in_one_pass_over_images_text_images_and_videos(tiny_clip, 
                                        "--model", "local-dir:" + tiny_clip, "--ocr-backend", "rapidocr",
                                        "--frames", "3", "--frame-reduce", "mean", "--min-clip", str(min_clip),
                                        "--max-ocr-area", str(max_area), "--write-shards", filtered,
-                                       "--device", "cpu", "--out", out, "--no-progress"])
+                                       "--device", "cpu", "--out", out, "--no-progress", *CHEAP_OCR])
     assert result.exit_code == 0, result.output
     text = result.output
     assert "scorer: ocr: rapidocr PP-OCRv4 detector" in text and "3 frames/video, reduce=mean" in text
+    assert "boxes not read" in text
     rows = rows_of(out)
     expected = {(os.path.basename(p), k) for p in MIXED for k in keys_in_tar(p)}
     assert set(rows) == expected  # every sample has a row
@@ -264,9 +271,11 @@ def test_ocr_video_flags_generic_max_jsonl_and_the_progress_bar(tmp_path):
     out = str(tmp_path / "out")
     args = ["score", path, "--image-key", "mp4", "--caption-key", "txt", "--scorer", "ocr", "--frames", "2",
             "--frame-reduce", "max", "--device", "cpu"]
-    result = CliRunner().invoke(main, args + ["--max", "ocr_area=0.05", "--format", "jsonl", "--out", out])
+    # The flags' plumbing: OCR as 0.x ran it (CHEAP_OCR); the --keyframes run below has the defaults.
+    result = CliRunner().invoke(main, args + ["--max", "ocr_area=0.05", "--format", "jsonl", "--out", out,
+                                              *CHEAP_OCR])
     assert result.exit_code == 0, result.output
-    assert "2 frames/video, reduce=max" in result.stdout
+    assert "2 frames/video, reduce=max" in result.stdout and "boxes not read" in result.stdout
     # tqdm's final line; under one sample/s it shows the inverse rate ("4.28s/ samples", measured on
     # a loaded 2-core CPU with small frames enlarged to short side 736 and boxes read).
     assert re.search(r"scoring: .*8 samples.*(samples/s|s/ samples)", result.stderr), result.stderr
@@ -281,12 +290,14 @@ def test_ocr_video_flags_generic_max_jsonl_and_the_progress_bar(tmp_path):
     # Terminal histograms: the count column gets one bin per value (every clip has 2 frames).
     assert re.search(r"ocr_frames: n=8 min=2 mean=2 max=2\n +2 +8  #+\n", result.stdout), result.stdout
     # --keyframes: these 2 s clips have one keyframe each (x264's keyframe interval is longer), so
-    # one frame per clip however many are asked for.
+    # one frame per clip however many are asked for. The OCR defaults (small frames enlarged to
+    # short side 736, boxes read) through the engine's model worker: the subtitles still stand out.
     result = CliRunner().invoke(main, args + ["--keyframes", "--out", str(tmp_path / "key"), "--no-progress"])
     assert result.exit_code == 0, result.output
-    assert "2 keyframes/video, reduce=max" in result.stdout
+    assert "2 keyframes/video, reduce=max" in result.stdout and "boxes read with confidence >= 0.5" in result.stdout
     rows = read_rows(os.path.join(str(tmp_path / "key"), "scores", "videos-000000.parquet"))
     assert len(rows) == 8 and all(r["ocr_frames"] == 1 and r["ocr_area_frames"] == [r["ocr_area"]] for r in rows)
+    assert all((r["ocr_area"] > 0.04) if meta[r["key"]]["has_text"] else (r["ocr_area"] < 0.01) for r in rows)
 
 
 def test_long_captions_are_truncated_and_counted_in_the_summary(tiny_clip, tmp_path):
@@ -312,7 +323,9 @@ def test_bench_score_compares_the_engine_and_reports_ocr_time_shares(capsys):
     and the decode/detection/post-processing shares of images and of videos (bench_ocr)."""
     pytest.importorskip("rapidocr_onnxruntime")
     from tools import bench_score
-    out = bench_score.main(["--quick", "--scorer", "ocr"])
+    # The tool's plumbing, not OCR's speed: frames at their own size, boxes not read (both the
+    # engine comparison and the bench_ocr breakdown say so in the scorer line they print).
+    out = bench_score.main(["--quick", "--scorer", "ocr", "--ocr-min-side", "0", "--ocr-min-text-score", "none"])
     assert out["samples"] == 2 * (16 + 8) and out["frames"] == 2 * (16 + 8 * 3)
     assert set(out["rates"]) == {"decode", "model", "e2e", "wall"} and out["ratio"] > 0
     for kind, frames in (("images", 16), ("videos", 24)):
@@ -322,3 +335,4 @@ def test_bench_score_compares_the_engine_and_reports_ocr_time_shares(capsys):
     assert out["breakdown"]["videos"]["share"]["decode"] > 0
     printed = capsys.readouterr().out
     assert "ratio end to end / min(decode, model)" in printed and "frames/s | decode" in printed
+    assert printed.count("boxes not read") == 2

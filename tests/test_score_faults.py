@@ -175,7 +175,12 @@ def test_a_second_run_on_the_same_out_refuses_while_the_first_lives_and_takes_ov
     import signal
     urls = make_shards(tmp_path / "shards", [6, 6])[0]
     out = str(tmp_path / "out")
-    first = _start_score(urls, out, "--scorer-opt", "bright.delay=2")  # slow: 2 s per batch
+    # Slow (2 s per batch) while the flag file exists; the third run has the same settings (--resume
+    # compares them) but runs at full speed once the flag is gone.
+    slow = tmp_path / "slow"
+    slow.write_text("")
+    delay = ["--scorer-opt", "bright.delay=2", "--scorer-opt", f"bright.delay_file={slow}"]
+    first = _start_score(urls, out, *delay)
     try:
         _wait_for_lock(first, out)
         second = _start_score(urls, out, "--resume")
@@ -185,7 +190,8 @@ def test_a_second_run_on_the_same_out_refuses_while_the_first_lives_and_takes_ov
         assert first.poll() is None  # the refused run touched nothing of the first one's
         first.send_signal(signal.SIGKILL)  # a killed run holds no lock
         first.wait(timeout=30)
-        third = _start_score(urls, out, "--resume", "--scorer-opt", "bright.delay=2")
+        slow.unlink()
+        third = _start_score(urls, out, "--resume", *delay)
         text = third.communicate(timeout=600)[0]
         assert third.returncode == 0, text
     finally:

@@ -2,6 +2,7 @@
 
     python tools/bench_ocr.py [--backend rapidocr|easyocr] [--device cpu] [--copies 4] [--frames 3]
                               [--batch 8] [--threads 0] [--keyframes] [--memory] [--json out.json]
+                              [--min-side 736] [--min-text-score 0.5|none]
 
 Reads sample_shards/ocr-images-000000.tar (16 PNGs, 320x240) and videos-000000.tar (8 mp4 clips,
 320x240, 2 s) through the real sample pipeline, repeated --copies times, and runs the scorer the
@@ -15,6 +16,8 @@ samples that share a batch_key. In one process, so the shares add up:
 
 and frames/s end to end. It also times both area methods (shapely, raster) on the polygons the
 detector found, and with --memory measures the detector's peak memory per input pixel.
+--min-side and --min-text-score set the scorer's small-frame enlarging (0: off) and box reading
+(none: every detected box counts, not read); by default the scorer's own defaults are timed.
 easyocr without downloaded
 weights: --random-weights builds a random CRAFT checkpoint (speed only, scores meaningless).
 
@@ -46,9 +49,21 @@ def load_samples(kind: str, copies: int) -> list:
     return samples * copies
 
 
+def min_text_score(text: str):
+    """--min-text-score: a confidence, "none" (boxes not read) or "default" (the scorer's own)."""
+    return text.lower() if text.lower() in ("none", "default") else float(text)
+
+
+def text_score_option(value) -> dict:
+    """OcrScorer keyword for a --min-text-score value."""
+    return {} if value == "default" else {"min_text_score": None if value == "none" else value}
+
+
 def make_scorer(args, tmp: str):
     from wdsfilter.score.scorers.ocr import OcrScorer
     options = {}
+    if args.min_side is not None:
+        options["min_side"] = args.min_side
     if args.backend == "rapidocr" and args.threads:
         options["threads"] = args.threads
     model_dir = args.model_dir
@@ -69,7 +84,7 @@ def make_scorer(args, tmp: str):
             note = " (random CRAFT weights: speed only)"
     scorer = OcrScorer(backend=args.backend, frames=args.frames, keyframes=args.keyframes, max_side=args.max_side,
                        area_method=args.area_method, model_dir=model_dir, download=not args.no_download,
-                       backend_options=options)
+                       backend_options=options, **text_score_option(args.min_text_score))
     scorer.load(args.device)
     return scorer, note
 
@@ -197,6 +212,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--no-download", action="store_true")
     ap.add_argument("--random-weights", action="store_true", help="easyocr: random CRAFT if no weights")
     ap.add_argument("--memory", action="store_true", help="measure peak memory per input pixel")
+    ap.add_argument("--min-side", type=int, default=None,
+                    help="detector: enlarge frames whose short side is under this (0: never; default: the backend's)")
+    ap.add_argument("--min-text-score", type=min_text_score, default="default",
+                    help="read boxes, keep those read with this confidence (none: every box counts, unread; "
+                         "default: the scorer's)")
     ap.add_argument("--only", choices=("images", "videos"), default=None)
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args(argv)

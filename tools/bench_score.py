@@ -4,6 +4,7 @@ spend its time?
     python tools/bench_score.py [--scorer all|clip|ocr] [--model local-dir:models/tiny-clip] [--device cpu]
                                 [--shards 4] [--copies 4] [--batch-size auto] [--workers auto] [--runs 2]
                                 [--ocr-backend rapidocr] [--frames 3] [--ocr-copies 4] [--json out.json]
+                                [--ocr-min-side 736] [--ocr-min-text-score 0.5|none]
     python tools/bench_score.py --quick      # 2 shards x 1 copy, 1 run: under a minute on 2 cores
 
 For each scorer (clip; ocr on the OCR images and the videos together), in one run, on the same
@@ -47,6 +48,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from tools.bench_ocr import min_text_score, text_score_option  # noqa: E402
 from tools.benchkit import replicate, sample_members  # noqa: E402
 
 def _clip(args):
@@ -65,7 +67,9 @@ def _clip(args):
 
 def _ocr(args):
     from wdsfilter.score.scorers.ocr import OcrScorer
-    return (lambda: OcrScorer(backend=args.ocr_backend, frames=args.frames)), \
+    options = {} if args.ocr_min_side is None else {"min_side": args.ocr_min_side}
+    return (lambda: OcrScorer(backend=args.ocr_backend, frames=args.frames, backend_options=options,
+                              **text_score_option(args.ocr_min_text_score))), \
         {"caption_key": "txt", "image_key": "png;mp4"}, ["ocr-images-*.tar", "videos-*.tar"]
 
 
@@ -237,6 +241,9 @@ def ocr_breakdown(args, batch: int) -> dict:
             "--frames", str(args.frames), "--batch", str(batch)]
     if args.ocr_threads:
         argv += ["--threads", str(args.ocr_threads)]
+    if args.ocr_min_side is not None:
+        argv += ["--min-side", str(args.ocr_min_side)]
+    argv += ["--min-text-score", str(args.ocr_min_text_score)]
     if args.ocr_backend == "easyocr":
         argv += ["--random-weights"]  # no downloaded weights: time a random CRAFT (said in its output)
     return bench_ocr.main(argv)
@@ -257,6 +264,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--frames", type=int, default=3, help="ocr: frames sampled per video")
     ap.add_argument("--ocr-copies", type=int, default=4, help="ocr time shares: repeat the OCR shards this often")
     ap.add_argument("--ocr-threads", type=int, default=0, help="ocr time shares: detector CPU threads (0: default)")
+    ap.add_argument("--ocr-min-side", type=int, default=None,
+                    help="ocr: enlarge frames whose short side is under this (0: never; default: the backend's)")
+    ap.add_argument("--ocr-min-text-score", type=min_text_score, default="default",
+                    help="ocr: keep boxes read with this confidence (none: every detected box counts, unread; "
+                         "default: the scorer's)")
     ap.add_argument("--quick", action="store_true", help="short settings: 2 shards x 1 copy, 1 run, 1 OCR copy")
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args(argv)
