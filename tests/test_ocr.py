@@ -263,3 +263,29 @@ def test_benchmark_reports_frames_per_second_and_where_the_time_goes(shards):
         assert r["share"]["detection"] > 0 and r["share"]["post"] > 0
         assert set(r["area_methods"]) >= {"shapely", "raster", "max_abs_diff"}
     assert out["videos"]["seconds_by_stage"]["decode"] > 0
+
+
+def test_the_plans_model_threads_reach_onnxruntime_whose_threads_do_not_spin():
+    """torch.set_num_threads does not reach onnxruntime, which builds its sessions with one thread
+    per core (beside the decode workers): ModelRunner.configure(threads=N) builds the detector's
+    and the reader's sessions again with N, and scores stay the same."""
+    import torch
+
+    from wdsfilter.score.modelrunner import ModelRunner
+    scorer = OcrScorer(backend="rapidocr", frames=3)
+    runner = ModelRunner([scorer], "cpu")
+    runner.load()
+    sessions = lambda: (scorer.detector._model, scorer.reader._rec.session.session)  # noqa: E731
+    x = scorer.prepare({"image": wdsfilter_image(text_frame("THREADS"))})
+    before = scorer.score_batch([x])[0]
+    assert all(s.get_session_options().intra_op_num_threads == 0 for s in sessions())  # onnxruntime's default
+    torch_threads = torch.get_num_threads()
+    try:
+        runner.configure(batch_size=4, threads=1)
+        for s in sessions():
+            options = s.get_session_options()
+            assert options.intra_op_num_threads == 1
+            assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+        assert scorer.score_batch([x])[0] == before
+    finally:
+        torch.set_num_threads(torch_threads)

@@ -119,6 +119,10 @@ class ModelRunner:
         if threads:
             import torch
             torch.set_num_threads(threads)
+            for scorer in self.scorers:  # libraries torch's setting does not reach (onnxruntime)
+                set_threads = getattr(scorer, "set_threads", None)
+                if set_threads is not None:
+                    set_threads(threads)
         sizes = scorer_batch or {}
         self.backoffs = {s.name: Backoff(s, self.memory, sizes.get(s.name, batch_size), self.host, min_free_host)
                          for s in self.scorers}

@@ -69,6 +69,7 @@ class _Planner:
         self.probe = probe
         self.host = host
         self.n_shards = max(1, n_shards)
+        self.decode_load: Optional[float] = None  # cores decode keeps busy, where measured (decode_cores)
         # The measured numbers come first in the plan's text, then each decision appends its own.
         self.lines, self.warnings = input_lines(reports, probe)
         self.acts = probe.scorer_activations()
@@ -321,6 +322,7 @@ class _Planner:
             return 0, "one core: decode in the main process"
         if p > 0 and m1 > 0:
             share = p / (p + m1)
+            self.decode_load = cpus * share  # cores the decode side keeps busy (model_threads)
             return (min(max(1, round(cpus * share)), max(1, cpus - model_procs)),
                     f"{cpus} cores split by cost: decode {p * 1000:.1f} ms vs model {m1 * 1000:.1f} core-ms per sample")
         return max(1, cpus - model_procs), f"{cpus} cores minus {model_procs} model process(es)"
@@ -364,14 +366,20 @@ class _Planner:
         return workers, prefetch
 
     def model_threads(self, devices: List[DevicePlan], n_cpu_models: int, workers: int) -> None:
-        """On the CPU the model gets the cores the decode workers leave; a GPU model process 2."""
+        """On the CPU the model gets the cores the decode workers leave: those they keep busy by
+        the measured split (a worker decoding 1% of the time leaves its core to the model: OCR's
+        detector, 465 core-ms a sample against 3.6 ms of decode, ran 1.7x faster on 2 threads than
+        on 1 beside its one decode worker); a GPU model process gets 2."""
         cpus = self.host["cpus"]
         if n_cpu_models:
-            threads = max(1, (cpus - workers) // n_cpu_models)
+            busy = min(workers, self.decode_load) if self.decode_load is not None else workers
+            threads = max(1, int(round(cpus - busy)) // n_cpu_models)
             for d in devices:
                 if d.kind == "host":
                     d.threads = threads
-            self.lines.append(("model threads", str(threads), f"{cpus} cores minus {workers} decode worker(s)"
+            used = f"{workers} decode worker(s)" if busy == workers else \
+                f"the {busy:.2f} core(s) its {workers} decode worker(s) keep busy"
+            self.lines.append(("model threads", str(threads), f"{cpus} cores minus {used}"
                                + (f", split over {n_cpu_models} model processes" if n_cpu_models > 1 else "")))
         else:
             for d in devices:

@@ -65,6 +65,9 @@ def onnx_session(path: str, device: str, threads: int = 0, what: str = "detectio
     opts.enable_cpu_mem_arena = False  # rapidocr's choice too: memory goes back after big frames
     if threads:
         opts.intra_op_num_threads = threads
+    # Decode workers share the cores: idle intra-op threads would spin-wait on them. Off, the
+    # detector ran at the same frames/s alone on 2 cores with 8% less CPU (tools/bench_ocr.py).
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(path, sess_options=opts, providers=providers)
 
 

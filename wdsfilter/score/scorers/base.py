@@ -79,6 +79,11 @@ class Scorer(abc.ABC):
         frame and the back-off fills sub-batches by frames, so a 3-frame video costs 3 images."""
         return 1
 
+    def set_threads(self, threads: int) -> None:
+        """The plan's model threads (on the CPU: the cores the decode workers leave). The engine
+        sets torch's itself; a scorer running another library's threads (onnxruntime) applies it
+        there. Called after load(), when the model worker is configured."""
+
     def unload(self) -> None:
         """Free the model (the engine calls this before re-planning or at exit)."""
 

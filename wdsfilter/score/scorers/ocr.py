@@ -178,6 +178,18 @@ class OcrScorer(Scorer):
         if self.reader is not None:
             self.reader.load(device)
 
+    def set_threads(self, threads: int) -> None:
+        """The plan's model threads on the CPU (ModelRunner.configure). torch.set_num_threads does
+        not reach onnxruntime, whose sessions take their thread count when built (0: one per
+        core, beside the decode workers): a session built with another count is built again."""
+        device = self.detector.device
+        if not device or not str(device).startswith("cpu"):
+            return
+        for part in (self.detector, self.reader):
+            if part is not None and getattr(part, "threads", threads) != threads:
+                part.threads = threads
+                part.load(device)
+
     def unload(self) -> None:
         device = self.detector.device
         self.detector.unload()
