@@ -287,5 +287,12 @@ def test_the_plans_model_threads_reach_onnxruntime_whose_threads_do_not_spin():
             assert options.intra_op_num_threads == 1
             assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
         assert scorer.score_batch([x])[0] == before
+        # A thread count the user set stays.
+        chosen = OcrScorer(backend="rapidocr", frames=3, backend_options={"threads": 2})
+        runner = ModelRunner([chosen], "cpu")
+        runner.load()
+        runner.configure(batch_size=4, threads=1)
+        assert chosen.detector._model.get_session_options().intra_op_num_threads == 2
+        assert chosen.reader._rec.session.session.get_session_options().intra_op_num_threads == 2
     finally:
         torch.set_num_threads(torch_threads)

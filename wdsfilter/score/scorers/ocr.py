@@ -181,9 +181,10 @@ class OcrScorer(Scorer):
     def set_threads(self, threads: int) -> None:
         """The plan's model threads on the CPU (ModelRunner.configure). torch.set_num_threads does
         not reach onnxruntime, whose sessions take their thread count when built (0: one per
-        core, beside the decode workers): a session built with another count is built again."""
+        core, beside the decode workers): a session built with another count is built again.
+        A thread count the user set (backend_options threads) is kept."""
         device = self.detector.device
-        if not device or not str(device).startswith("cpu"):
+        if not device or not str(device).startswith("cpu") or self.backend_options.get("threads"):
             return
         for part in (self.detector, self.reader):
             if part is not None and getattr(part, "threads", threads) != threads:
