@@ -179,6 +179,12 @@ class ScoreConfig:
         """thresholds and max_thresholds as one Thresholds (the keep test of a row)."""
         return Thresholds(dict(self.thresholds), dict(self.max_thresholds))
 
+    @property
+    def row_bounds(self) -> Optional[Thresholds]:
+        """bounds for the row model (rows.complete_row), or None when the run has no thresholds:
+        decided once per run by the runners, not per row."""
+        return self.bounds or None
+
     def scoring_stage_config(self, scorers: Sequence = ()) -> StageConfig:
         """The stage config of the scoring pipeline: rejects flow on as markers (every sample
         gets a row), and the starvation watchdog is off because markers keep the stream moving;

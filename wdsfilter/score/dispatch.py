@@ -31,7 +31,7 @@ class Dispatcher:
     def __init__(self, run: Run, pool, batch_size_of: Dict[int, int], n_todo: int, progress=None):
         self.run, self.pool = run, pool
         self.cfg, self.scorers = run.cfg, run.scorers
-        self.bounds = run.cfg.bounds or None  # None: the run has no thresholds (rows.complete_row)
+        self.bounds = run.cfg.row_bounds
         self.batch_size_of = batch_size_of  # model worker -> its planned batch size
         self.n_todo = n_todo
         self.progress = progress

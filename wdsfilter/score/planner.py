@@ -69,7 +69,6 @@ class _Planner:
         self.probe = probe
         self.host = host
         self.n_shards = max(1, n_shards)
-        self.decode_load: Optional[float] = None  # cores decode keeps busy, where measured (decode_cores)
         # The measured numbers come first in the plan's text, then each decision appends its own.
         self.lines, self.warnings = input_lines(reports, probe)
         self.acts = probe.scorer_activations()
@@ -308,24 +307,26 @@ class _Planner:
         return [DevicePlan(r["device"], "host", 1, max(B.values()), None, host_budget, need, dict(B))
                 for r in cpu_reports]
 
-    def decode_cores(self, cpu_reports: List[dict], small: Dict[str, int], model_procs: int) -> Tuple[int, str]:
-        """Decode workers the cores allow, and why: on the CPU the cores are split between decode
-        and model by their measured costs; with GPUs, the cores the model processes leave."""
+    def decode_cores(self, cpu_reports: List[dict], small: Dict[str, int],
+                     model_procs: int) -> Tuple[int, str, Optional[float]]:
+        """Decode workers the cores allow, why, and the cores decode keeps busy where measured: on
+        the CPU the cores are split between decode and model by their measured costs; with GPUs,
+        the cores the model processes leave."""
         probe, cpus = self.probe, self.host["cpus"]
         if not cpu_reports:
             return (max(1, cpus - model_procs - 1),
-                    f"{cpus} cores minus {model_procs} model process(es) minus the dispatcher")
+                    f"{cpus} cores minus {model_procs} model process(es) minus the dispatcher", None)
         # Model cost per sample at the batch sizes chosen (a scorer scoring one by one is faster).
         saved = sum(probe.timings[n][1] - probe.timings[n][0] for n in small)
         p, m1 = probe.prepare_seconds, max(0.0, probe.seconds_per_sample - saved) * max(1, probe.threads)
         if cpus <= 1:
-            return 0, "one core: decode in the main process"
+            return 0, "one core: decode in the main process", None
         if p > 0 and m1 > 0:
             share = p / (p + m1)
-            self.decode_load = cpus * share  # cores the decode side keeps busy (model_threads)
             return (min(max(1, round(cpus * share)), max(1, cpus - model_procs)),
-                    f"{cpus} cores split by cost: decode {p * 1000:.1f} ms vs model {m1 * 1000:.1f} core-ms per sample")
-        return max(1, cpus - model_procs), f"{cpus} cores minus {model_procs} model process(es)"
+                    f"{cpus} cores split by cost: decode {p * 1000:.1f} ms vs model {m1 * 1000:.1f} core-ms per sample",
+                    cpus * share)
+        return max(1, cpus - model_procs), f"{cpus} cores minus {model_procs} model process(es)", None
 
     def decode_workers(self, w_cpu: int, cpu_why: str, left: int, chunk: int) -> Tuple[int, int]:
         """(decode workers, prefetch): cores, shards, then host RAM x prefetch."""
@@ -365,14 +366,15 @@ class _Planner:
                            f"{fs(workers * per_worker(prefetch))} of {fs(left)} left in the host budget"))
         return workers, prefetch
 
-    def model_threads(self, devices: List[DevicePlan], n_cpu_models: int, workers: int) -> None:
+    def model_threads(self, devices: List[DevicePlan], n_cpu_models: int, workers: int,
+                      decode_load: Optional[float]) -> None:
         """On the CPU the model gets the cores the decode workers leave: those they keep busy by
         the measured split (a worker decoding 1% of the time leaves its core to the model: OCR's
         detector, 465 core-ms a sample against 3.6 ms of decode, ran 1.7x faster on 2 threads than
         on 1 beside its one decode worker); a GPU model process gets 2."""
         cpus = self.host["cpus"]
         if n_cpu_models:
-            busy = min(workers, self.decode_load) if self.decode_load is not None else workers
+            busy = min(workers, decode_load) if decode_load is not None else workers
             threads = max(1, int(round(cpus - busy)) // n_cpu_models)
             for d in devices:
                 if d.kind == "host":
@@ -406,9 +408,9 @@ class _Planner:
         spent += queued
         self.lines.append(("model queues", f"{QUEUE_DEPTH} batches per model process",
                            f"{fs(queued)} of prepared samples at most"))
-        w_cpu, cpu_why = self.decode_cores(cpu_reports, self.one_by_one, model_procs)
+        w_cpu, cpu_why, decode_load = self.decode_cores(cpu_reports, self.one_by_one, model_procs)
         workers, prefetch = self.decode_workers(w_cpu, cpu_why, host_budget - spent, chunk)
-        self.model_threads(devices, len(cpu_reports), workers)
+        self.model_threads(devices, len(cpu_reports), workers, decode_load)
         min_free_host = default_min_free_host(self.cfg, self.host["total"])
         self.lines.append(("back-off", f"halve the batch under {fs(min_free_host)} free host RAM",
                            f"and on every out-of-memory error, only the scorer that ran out; double it again "

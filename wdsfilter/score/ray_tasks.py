@@ -36,7 +36,7 @@ def read_shard(batch, cfg, scorers, rows_per_block: int = 64) -> Iterator[Dict[s
     from .prepare import Prepare
 
     stage = cfg.scoring_stage_config(scorers)
-    bounds = cfg.bounds or None  # None: the run has no thresholds (rows.complete_row)
+    bounds = cfg.row_bounds
     paths = batch["path"] if "path" in batch else batch["shard"]
     for url, path in zip(list(batch["shard"]), list(paths)):  # rows carry the URL; the worker opens `path`
         tally = Tally(0, 0, name="wdsfilter score (ray)")
@@ -92,7 +92,7 @@ class ScoreActor:
         from .modelrunner import ModelRunner
         from .planner import default_min_free_host
         self.cfg, self.columns, self.scorers = cfg, list(columns), scorers
-        self.bounds = cfg.bounds or None  # None: the run has no thresholds (rows.complete_row)
+        self.bounds = cfg.row_bounds
         self.batch_size = batch_size
         self.min_free_host = min_free_host or default_min_free_host(cfg, host_status()["total"])
         # No plan ran (the user set the batch size and the actors): batch_size is in samples, as on the

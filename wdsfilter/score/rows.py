@@ -55,8 +55,8 @@ def item_row(item: dict, index: int, scorers: Sequence, thresholds: Optional[Thr
 
 def complete_row(row: dict, scorers: Sequence, scores: dict, errors: dict, thresholds: Optional[Thresholds]) -> None:
     """Fill a sample's row from its scores and its per-scorer errors (prepare or scoring).
-    thresholds: the run's, or None when it has none (the runners decide that once, `cfg.bounds
-    or None`, not per row).
+    thresholds: the run's, or None when it has none (ScoreConfig.row_bounds, decided once per
+    run, not per row).
 
     kept: some scorer scored it and every threshold column is within bounds. A partial row (say a
     video, which OCR scores and CLIP cannot, or a video cut short, scored from the frames that
