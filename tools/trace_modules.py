@@ -7,8 +7,9 @@ Runs the real command line (wdsfilter.cli.main score ...) in this process with -
 --device cpu, so decode, dispatch and the model all run here, under sys.setprofile. Every call
 into a wdsfilter module is counted. "Before the first row" lists the modules entered before
 rows.item_row first ran (module imports included); "per-sample path" lists the modules whose
-functions ran at least once per sample (calls >= samples) between the first row and the run's
-summary, i.e. the files a sample passes through. The default scorer is
+functions ran at least once per sample (calls >= samples) in the scoring loop (from
+Dispatcher.run_loader to the run's summary, so the first shard's decode counts too), i.e. the
+files a sample passes through. The default scorer is
 LumaScorer below (mean brightness in numpy), so the trace needs no model download; the default
 shards are sample_shards/images-00000{0,1}.tar.
 """
@@ -80,7 +81,9 @@ def trace(argv: List[str]) -> Dict[str, object]:
                 before_first_row.append(module)
         if name in ("Run.finish", "Engine._finish_summary"):  # the summary reads files, not samples
             state["summary"] = True
-        if state["first_row"] and not state.get("summary"):
+        if name == "Dispatcher.run_loader":  # the scoring loop: every sample is read, decoded and scored in it
+            state["scoring"] = True
+        if state.get("scoring") and not state.get("summary"):
             calls[module] += 1
 
     sys.setprofile(profile)
