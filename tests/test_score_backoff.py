@@ -174,7 +174,7 @@ def test_the_probe_measures_memory_per_frame():
     runner.load()
     measured = runner.probe([{"frames": {"key": i, "frames": 3}} for i in range(16)])
     assert measured["frames"] == {"frames": [3, 48]}
-    report = ProbeReport(samples=16, sizes=tuple(measured["sizes"]), peaks=measured["peaks"],
+    report = ProbeReport(samples=16, sizes=measured["sizes"], peaks=measured["peaks"],
                          frames=measured["frames"])
     assert report.scorer_activations() == {"frames": (0, 4 * MiB)}  # per frame: 3 frames cost 12 MiB
     assert report.frames_per_sample("frames") == 3.0

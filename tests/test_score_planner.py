@@ -25,7 +25,7 @@ def cuda_report(free=24 * GiB, footprint=2 * GiB, overhead=600 * MiB, device="cu
 
 
 def probe(fixed=100 * MiB, per=50 * MiB, prepared=600_000):
-    return ProbeReport(samples=16, scanned=16, sizes=(1, 16), peaks={"clip": [fixed + per, fixed + 16 * per]},
+    return ProbeReport(samples=16, scanned=16, sizes={"clip": (1, 16)}, peaks={"clip": [fixed + per, fixed + 16 * per]},
                        seconds_per_sample=0.001, threads=2, prepared_bytes=prepared, prepare_seconds=0.004)
 
 
@@ -39,7 +39,7 @@ def plan(cfg_options=None, reports=None, probe_report=None, host=HOST, n_shards=
 
 def test_activation_is_the_line_through_the_two_probe_points():
     assert probe(fixed=123 * MiB, per=7 * MiB).activation() == (123 * MiB, 7 * MiB)
-    two = ProbeReport(samples=8, sizes=(1, 8), peaks={"a": [10, 80], "b": [500, 507]})
+    two = ProbeReport(samples=8, sizes={"a": (1, 8), "b": (1, 8)}, peaks={"a": [10, 80], "b": [500, 507]})
     assert two.activation() == (499, 10)  # the largest fixed part and the largest slope
 
 
@@ -135,6 +135,7 @@ def test_on_the_cpu_a_scorer_that_is_faster_one_at_a_time_gets_batch_1():
     one at a time and 33 ms/sample in one batch of 16; CLIP gains from batching."""
     p = probe()
     p.timings = {"clip": [0.004, 0.001], "ocr": [0.013, 0.033]}
+    p.sizes = {"clip": (1, 16), "ocr": (1, 16)}
     p.seconds_per_sample, p.threads, p.prepare_seconds = 0.034, 1, 0.002
     t = plan({}, reports=[cpu_report()], probe_report=p, host={"total": 8 * GiB, "available": 6 * GiB, "cpus": 2})
     (d,) = t.devices
@@ -262,7 +263,7 @@ def clip_ocr_probe(frames=1, samples=16):
     """CLIP (50 MiB + 2 MiB per frame) and OCR at large frames (200 MiB + 1 GiB per frame), measured
     on probe samples of `frames` frames each (1: images; 3: 3-frame videos)."""
     f, n = frames, samples
-    return ProbeReport(samples=n, scanned=n, sizes=(1, n), frames={"clip": [f, n * f], "ocr": [f, n * f]},
+    return ProbeReport(samples=n, scanned=n, sizes={"clip": (1, n), "ocr": (1, n)}, frames={"clip": [f, n * f], "ocr": [f, n * f]},
                        peaks={"clip": [50 * MiB + 2 * MiB * f, 50 * MiB + 2 * MiB * n * f],
                               "ocr": [200 * MiB + GiB * f, 200 * MiB + GiB * n * f]},
                        seconds_per_sample=0.01, threads=2, prepared_bytes=3 * 2**20, prepare_seconds=0.01)

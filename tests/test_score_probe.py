@@ -46,3 +46,44 @@ def test_the_probe_runs_no_full_garbage_collection():
         gc.enable()
     assert report["peaks"]["luma"] and report["errors"] == {}
     assert full == []
+
+
+class SlowLuma(LumaScorer):
+    """LumaScorer at 50 ms a sample: a slow scorer, as OCR is on the CPU. Counts what it scores."""
+    name = "slow_luma"
+
+    def __init__(self):
+        self.scored = 0
+
+    def columns(self):
+        return ["slow_luma"]
+
+    def score_batch(self, inputs):
+        import time
+        time.sleep(0.05 * len(inputs))
+        self.scored += len(inputs)
+        return [{"slow_luma": float(x.mean()) / 255.0} for x in inputs]
+
+
+def test_a_slow_scorers_probe_batch_is_cut_to_the_time_limit_and_a_fast_ones_is_not():
+    from wdsfilter.score.modelrunner import ModelRunner
+    from wdsfilter.score.probe import ProbeReport
+    from wdsfilter.score.probe import input_lines
+    stage = StageConfig(caption_key="txt;json:description", emit_rejects=True)
+    fast, slow = LumaScorer(), SlowLuma()
+    found, _, _ = collect_probe(SHARDS, stage, [fast, slow], want=16, scan=100)
+    assert len(found) == 16
+    runner = ModelRunner([fast, slow], "cpu")
+    runner.load()
+    measured = runner.probe(found, max_seconds=0.2)
+    # 16 samples batched and then one at a time would take 1.6 s: the slow one's n is cut to 2.
+    assert measured["sizes"] == {"luma": [1, 16], "slow_luma": [1, 2]}
+    assert slow.scored == 1 + 1 + 2 + 2  # warm-up, one, the batch of 2, the 2 one at a time
+    assert measured["frames"]["slow_luma"] == [1, 2] and len(measured["peaks"]["slow_luma"]) == 2
+    assert set(measured["timings"]) == {"luma", "slow_luma"}
+    report = ProbeReport.measured(found, 16, 0.01, lambda inputs: measured)
+    lines, _ = input_lines([runner.load()], report)
+    text = "\n".join(" ".join(line) for line in lines)
+    assert "probe batches of 1 and 2 samples" in text and "probe batch of 16 (luma), 2 (slow_luma)" in text
+    # Without a limit that bites, every scorer is probed on all 16.
+    assert runner.probe(found, max_seconds=60)["sizes"]["slow_luma"] == [1, 16]

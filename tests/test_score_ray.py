@@ -243,7 +243,7 @@ def test_ray_uses_the_engines_planner_for_batch_sizes_and_actors_per_gpu(local_r
     report = {"device": "cuda:0", "kind": "cuda", "total": 80 * GiB, "free_before": 80 * GiB,
               "footprint": 500 * MiB, "footprints": {"clip": 500 * MiB}, "overhead": 600 * MiB,
               "overhead_estimated": True, "rss": 3 * GiB, "descriptions": ["clip"]}
-    probe = ProbeReport(samples=16, scanned=16, sizes=(1, 16), peaks={"clip": [52 * MiB, 82 * MiB]},
+    probe = ProbeReport(samples=16, scanned=16, sizes={"clip": (1, 16)}, peaks={"clip": [52 * MiB, 82 * MiB]},
                         prepared_bytes=200_000, prepare_seconds=0.004, seconds_per_sample=0.001)
     host = {"total": 128 * GiB, "available": 100 * GiB, "cpus": 16}
     plan = make_plan(ScoreConfig(out="unused"), [report], probe, host, 100)

@@ -16,6 +16,9 @@ from .scorers.base import overridden
 
 # One work item: (row reference, {scorer name: prepared input}).
 Item = Tuple[Any, Dict[str, Any]]
+# Each scorer's timed probe work stops growing past about this many seconds (OCR on the CPU: a
+# few samples, not 16 twice); the warm-up and the single-sample measurement come on top.
+PROBE_SECONDS = 4.0
 
 
 class ModelRunner:
@@ -48,27 +51,42 @@ class ModelRunner:
                 "overhead_estimated": mem.overhead_estimated, "rss": self.host.allocated(),
                 "descriptions": [s.describe() for s in self.scorers]}
 
-    def probe(self, inputs: List[Dict[str, Any]]) -> dict:
-        """Activation memory and time of each scorer at two batch sizes (1 and len(inputs)), after
-        one warm-up call, so the timed call is representative and lazy initialisation is not
-        counted as activations. What the warm-up leaves allocated (cuDNN/cuBLAS workspaces,
-        onnxruntime's arena) is reported as `retained`: the planner adds it to the model. `frames`:
-        the frames (scorer.frame_count) in each probe batch, so memory is planned per frame and a
-        k-frame video costs k frames."""
+    def probe(self, inputs: List[Dict[str, Any]], max_seconds: float = PROBE_SECONDS) -> dict:
+        """Activation memory and time of each scorer at two batch sizes (1 and n), after one
+        warm-up call, so the timed call is representative and lazy initialisation is not counted
+        as activations. n is len(inputs), or fewer for a slow scorer: its timed work at n (the
+        batch, and on the CPU the same samples one at a time) is cut to about max_seconds, so the
+        probe of OCR on the CPU does not take longer than a small job itself. `sizes`: each
+        scorer's (1, n). What the warm-up leaves allocated (cuDNN/cuBLAS workspaces,
+        onnxruntime's arena) is reported as `retained`: the planner adds it to the model.
+        `frames`: the frames (scorer.frame_count) in each probe batch, so memory is planned per
+        frame and a k-frame video costs k frames."""
         import torch
         mem = self.memory
-        sizes = (1, len(inputs))
+        sizes: Dict[str, List[int]] = {}
         peaks: Dict[str, List[int]] = {}
-        timings: Dict[str, List[float]] = {}  # seconds per sample at each size
+        timings: Dict[str, List[float]] = {}  # seconds per sample one at a time, then batched
         retained: Dict[str, int] = {}
         errors: Dict[str, str] = {}
         frames: Dict[str, List[int]] = {}
         seconds = 0.0
         oom_at = None
+        passes = 2 if mem.kind == "host" else 1  # on the CPU the larger batch is timed twice
+
+        def measure(batch) -> Tuple[int, float]:
+            """(peak bytes above what was allocated before, seconds) of one scored batch: the
+            allocator's peak, or the device-level growth where a library allocates outside
+            PyTorch (an arena keeps its peak, so growth shows it)."""
+            base, used_base = mem.allocated(), mem.device_used()
+            mem.reset_peak()
+            start = time.perf_counter()
+            scorer.score_batch(batch)
+            elapsed = time.perf_counter() - start
+            return max(0, mem.peak() - base, _grown(mem, base, used_base)), elapsed
+
         for scorer in self.scorers:
             batch = [inp[scorer.name] for inp in inputs]
             count = getattr(scorer, "frame_count", lambda _: 1)
-            frames[scorer.name] = [sum(max(1, int(count(x))) for x in batch[:size]) for size in sizes]
             measured: List[int] = []
             size = 1
             try:
@@ -76,25 +94,23 @@ class ModelRunner:
                 scorer.score_batch(batch[:1])  # warm-up
                 mem.empty_cache()
                 retained[scorer.name] = _grown(mem, before, used_before) if mem.kind != "host" else 0
-                for size in sizes:
-                    if size != sizes[0]:  # the warm-up's clean-up above already did it for the first
-                        mem.empty_cache()
-                    base, used_base = mem.allocated(), mem.device_used()
-                    mem.reset_peak()
-                    start = time.perf_counter()
-                    scorer.score_batch(batch[:size])
-                    elapsed = time.perf_counter() - start
-                    # The allocator's peak, or the device-level growth where a library allocates
-                    # outside PyTorch (an arena keeps its peak, so growth shows it).
-                    measured.append(max(0, mem.peak() - base, _grown(mem, base, used_base)))
-                    if size == sizes[-1]:
-                        seconds += elapsed / size
-                if mem.kind == "host" and sizes[-1] > 1:
+                peak, one = measure(batch[:1])
+                measured.append(peak)
+                size = len(batch)
+                if one * size * passes > max_seconds:
+                    size = max(2, min(size, int(max_seconds / (one * passes))))
+                sizes[scorer.name] = [1, size]
+                frames[scorer.name] = [sum(max(1, int(count(x))) for x in batch[:n]) for n in (1, size)]
+                mem.empty_cache()
+                peak, elapsed = measure(batch[:size])
+                measured.append(peak)
+                seconds += elapsed / size
+                if mem.kind == "host":
                     # The same inputs one at a time: on a CPU, batching does not always pay.
                     start = time.perf_counter()
-                    for one in batch[:sizes[-1]]:
-                        scorer.score_batch([one])
-                    timings[scorer.name] = [(time.perf_counter() - start) / sizes[-1], elapsed / sizes[-1]]
+                    for one_input in batch[:size]:
+                        scorer.score_batch([one_input])
+                    timings[scorer.name] = [(time.perf_counter() - start) / size, elapsed / size]
             except Exception as e:  # noqa: BLE001 - the plan reports it; scoring handles it per sample
                 if sticky_device_error(e):
                     raise device_failed(self.device, sticky_device_error(e)) from e
@@ -104,7 +120,7 @@ class ModelRunner:
                     errors[scorer.name] = f"{type(e).__name__}: {e}"[:300]
             mem.empty_cache()
             peaks[scorer.name] = measured
-        return {"sizes": list(sizes), "peaks": peaks, "frames": frames, "retained": retained, "timings": timings,
+        return {"sizes": sizes, "peaks": peaks, "frames": frames, "retained": retained, "timings": timings,
                 "seconds_per_sample": seconds,
                 "threads": torch.get_num_threads(), "oom_at": oom_at, "errors": errors}
 

@@ -236,9 +236,8 @@ class _Planner:
         at 72 frames/s one frame at a time and 38 at 32 (cache-bound). A scorer whose probe ran
         clearly faster per sample at the small size scores one sample at a time; the others keep B."""
         small: Dict[str, int] = {}
-        n = self.probe.sizes[1]
         for name, (t1, tn) in ((k, t) for k, t in self.probe.timings.items() if len(t) == 2):
-            b = B.get(name, 1)
+            b, n = B.get(name, 1), self.probe.sizes.get(name, (1, 0))[1]
             if b > 1 and t1 < 0.8 * tn:
                 small[name] = 1
                 self.lines.append((f"{name} batch on cpu", "1",

@@ -5,7 +5,7 @@
     psutil on the host), each model's footprint (memory_allocated after load minus before) and
     what another process costs there;
   * the activation probe (ProbeReport): peak memory above the loaded model for probe batches of
-    two sizes (max_memory_allocated), per scorer, giving each scorer's bytes per frame (a video
+    two sizes (max_memory_allocated; the larger cut short for a slow scorer), per scorer, giving each scorer's bytes per frame (a video
     of k frames is k frames, an image one: scorer.frame_count) and a fixed part, plus the model's
     and the decode side's seconds per sample and the size of one prepared sample;
   * the host (psutil, memory.host_status): available RAM and CPU cores.
@@ -27,7 +27,7 @@ from .plan import Line
 class ProbeReport:
     samples: int = 0  # prepared samples the probe had (0: none could be prepared)
     scanned: int = 0  # samples read to find them
-    sizes: Tuple[int, int] = (0, 0)
+    sizes: Dict[str, Tuple[int, int]] = field(default_factory=dict)  # scorer -> its probe batch sizes (1, n)
     peaks: Dict[str, List[int]] = field(default_factory=dict)  # scorer -> bytes above the model at each size
     # scorer -> frames in the probe batches of `sizes` (a k-frame video is k); missing: one per sample
     frames: Dict[str, List[int]] = field(default_factory=dict)
@@ -48,7 +48,7 @@ class ProbeReport:
         A scorer whose probe failed has no entry."""
         out: Dict[str, Tuple[int, int]] = {}
         for name, points in self.peaks.items():
-            x1, x2 = self.frames.get(name) or self.sizes
+            x1, x2 = self.frames.get(name) or self.sizes.get(name) or (1, 1)
             if len(points) == 2 and x2 > x1:
                 slope = max(0.0, (points[1] - points[0]) / (x2 - x1))
                 base = max(0.0, points[0] - slope * x1)
@@ -76,7 +76,7 @@ class ProbeReport:
             report.prepared_bytes = int(sum(nbytes(x) for x in inputs) / len(inputs))
         if len(inputs) >= 2 and pool_probe is not None:
             m = pool_probe(inputs)
-            report.sizes = tuple(m["sizes"])
+            report.sizes = {name: tuple(n) for name, n in m["sizes"].items()}
             report.peaks = m["peaks"]
             report.frames = m.get("frames", {})
             report.retained = m.get("retained", {})
@@ -89,8 +89,16 @@ class ProbeReport:
 
     def frames_per_sample(self, name: str) -> float:
         """Frames per prepared sample of `name` in the larger probe batch (1.0 when not counted)."""
-        f = self.frames.get(name)
-        return f[1] / self.sizes[1] if f and len(f) == 2 and self.sizes[1] else 1.0
+        f, n = self.frames.get(name), self.sizes.get(name)
+        return f[1] / n[1] if f and len(f) == 2 and n and n[1] else 1.0
+
+    def batch_sizes_text(self) -> str:
+        """The larger probe batch, in words: "16", or "16 (clip), 2 (ocr)" when a slow scorer's
+        was cut to its time limit."""
+        larger = {name: n[1] for name, n in self.sizes.items()}
+        if len(set(larger.values())) <= 1:
+            return str(next(iter(larger.values()), 0))
+        return ", ".join(f"{n} ({name})" for name, n in larger.items())
 
 
 def input_lines(reports: List[dict], probe: ProbeReport) -> Tuple[List[Line], List[str]]:
@@ -118,12 +126,12 @@ def input_lines(reports: List[dict], probe: ProbeReport) -> Tuple[List[Line], Li
         unit = "frame" if fps != 1.0 else "sample"
         lines.append(("activations" if len(acts) == 1 else f"{name} activations",
                       f"{fs(per)}/{unit} + {fs(fixed)}",
-                      f"peak memory above the loaded model for probe batches of {p.sizes[0]} and "
-                      f"{p.sizes[1]} samples" + (f" ({fps:.2f} frames per sample: memory is planned "
+                      f"peak memory above the loaded model for probe batches of "
+                      f"{' and '.join(map(str, p.sizes.get(name, ())))} samples" + (f" ({fps:.2f} frames per sample: memory is planned "
                                                  f"per frame)" if fps != 1.0 else "")
                       + ("; the larger ran out of memory" if p.oom_at else "")))
     lines.append(("model speed", f"{p.seconds_per_sample * 1000:.2f} ms/sample",
-                  f"probe batch of {p.sizes[1]} with {p.threads} thread(s)"))
+                  f"probe batch of {p.batch_sizes_text()} with {p.threads} thread(s)"))
     lines.append(("decode speed", f"{p.prepare_seconds * 1000:.2f} ms/sample",
                   f"read + decode + prepare in one process, over {p.scanned} samples"))
     lines.append(("prepared sample", fs(p.prepared_bytes), "host memory of one prepared model input"))
