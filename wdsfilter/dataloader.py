@@ -17,7 +17,7 @@ import os
 from typing import Callable, Optional, Sequence
 
 from .config import StageConfig, config_or_options
-from .errors import ConfigError
+from .errors import ConfigError, StarvationError
 from .pipeline import sample_pipeline
 from .shards import expand_urls
 from .stages import map_dict
@@ -63,8 +63,9 @@ class WdsLoader:
     """Iterable of batches; wraps a torch DataLoader and exposes the pipeline's counts."""
 
     def __init__(self, dataloader, pipeline, sink: StatsSink, num_batches: Optional[int],
-                 num_samples: Optional[int] = None):
+                 num_samples: Optional[int] = None, watchdog: bool = True):
         self.dataloader = dataloader
+        self.watchdog = watchdog  # raise on an epoch that yields nothing (starvation_* not 0)
         self.pipeline = pipeline
         self.sink = sink
         # What open_clip's training loop reads (open_clip_train.train.train_one_epoch): batches per
@@ -75,6 +76,9 @@ class WdsLoader:
     def __iter__(self):
         yield from self.dataloader
         stats = self.stats
+        if self.watchdog and not stats.samples_out:
+            stats.name = "wdsfilter.loader"
+            raise StarvationError(stats.empty_epoch_message())
         if sum(stats.dropped.values()) or stats.notes:
             log.warning("wdsfilter loader finished an epoch:\n%s", stats.summary())
 
@@ -210,7 +214,8 @@ def loader(urls, caption_key: Optional[str] = None, image_key: Optional[str] = N
         pipeline, batch_size=None, shuffle=False, num_workers=num_workers, pin_memory=pin_memory,
         persistent_workers=persistent_workers and num_workers > 0,
         multiprocessing_context=multiprocessing_context if num_workers > 0 else None, **extra_args)
-    return WdsLoader(dataloader, pipeline, sink, num_batches, num_samples)
+    return WdsLoader(dataloader, pipeline, sink, num_batches, num_samples,
+                     watchdog=bool(config.starvation_samples or config.starvation_seconds))
 
 
 def sizes_json_samples(urls: Sequence[str]) -> Optional[int]:

@@ -48,8 +48,10 @@ class ShardEnd:
     failed: Optional[str] = None
 
 
-class _EndAwareTarInfo(tarfile.TarInfo):
-    """Python's tarfile ends iteration silently when a shard is cut at or inside a header; this
+class ShardTarInfo(tarfile.TarInfo):
+    """How every wdsfilter reader parses a tar header (tarfile.open(..., tarinfo=ShardTarInfo)):
+    names as GNU tar reads them, extended headers bounded, and how the archive ended recorded.
+    Python's tarfile ends iteration silently when a shard is cut at or inside a header; this
     records how the archive ended so a cut shard is reported instead of looking complete."""
 
     @classmethod
@@ -65,6 +67,19 @@ class _EndAwareTarInfo(tarfile.TarInfo):
         except tarfile.InvalidHeaderError as e:  # tarfile ends there too, as if the shard were complete
             tar.wds_end = f"corrupt member header at byte {tar.offset} ({e})"
             raise
+
+    @classmethod
+    def frombuf(cls, buf, encoding, errors):
+        """tarfile joins the ustar prefix field (bytes 345-500) to the name in any header. In an
+        old-GNU header (GNU tar's default format, magic "ustar  ") those bytes are the access and
+        change times, which `tar -g` (incremental backups) fills: the names would become
+        "<atime>/./s0.jpg" and one sample's members would get different keys. GNU tar and bsdtar
+        read a prefix only in a POSIX ustar header (magic "ustar\\0"); so does this."""
+        info = super().frombuf(buf, encoding, errors)
+        if buf[257:263] != b"ustar\x00" and buf[345:346] != b"\x00" and info.type not in tarfile.GNU_TYPES:
+            name = tarfile.nts(buf[0:100], encoding, errors)
+            info.name = name.rstrip("/") if info.isdir() else name
+        return info
 
     # tarfile reads a long-name or pax header whole, whatever size it declares: a hostile one
     # (a few KB declaring gigabytes) would be read into memory. Real ones are a few hundred bytes.
@@ -137,6 +152,11 @@ _LAYERS = ((b"\x1f\x8b", "gzip", lambda f: gzip.GzipFile(fileobj=f, mode="rb")),
            (b"BZh", "bz2", lambda f: bz2.BZ2File(f, "rb")), (b"\xfd7zXZ\x00", "xz", lambda f: lzma.LZMAFile(f, "rb")))
 
 
+def compression(head: bytes) -> Optional[str]:
+    """"gzip", "bz2" or "xz" from a shard's first 6 bytes; None for a plain tar."""
+    return next((kind for magic, kind, _ in _LAYERS if head.startswith(magic)), None)
+
+
 def open_layers(stream, cap: int):
     """The tar stream inside `stream`: a compressed shard (.tar.gz, bz2, xz) is decompressed here,
     behind the cap on decompressed bytes; a plain one is passed through untouched."""
@@ -145,10 +165,10 @@ def open_layers(stream, cap: int):
     else:
         head = stream.read(6)
         stream = _Replay(head, stream)
-    for magic, kind, opener in _LAYERS:
-        if head.startswith(magic):
-            return _Capped(opener(stream), cap, kind)
-    return stream
+    kind = compression(head)
+    if kind is None:
+        return stream
+    return _Capped(next(opener for _, k, opener in _LAYERS if k == kind)(stream), cap, kind)
 
 
 def _special(info: tarfile.TarInfo) -> Optional[str]:
@@ -199,8 +219,9 @@ def _cut(info, left: int) -> str:
 
 
 def _stream_past(tar, info, tick) -> None:
-    """Read past a member's data without keeping it (an over-cap member)."""
-    src, left = tar.fileobj, info.size
+    """Read past a member's data without keeping it (an over-cap member). A sparse member's size
+    is its expanded size; what the archive stores is less (tarfile knows where its data ends)."""
+    src, left = tar.fileobj, (tar.offset - info.offset_data) if info.issparse() else info.size
     while left:
         chunk = src.read(min(left, _CHUNK))
         if not chunk:
@@ -221,7 +242,7 @@ def iter_tar(stream, url: str, caps: Optional[MemberCaps] = None,
         mode = "r|*"
         if caps is not None:  # decompressed here, behind the cap: the tar inside must be plain
             stream, mode = open_layers(stream, caps.decompressed), "r|"
-        tar = tarfile.open(fileobj=stream, mode=mode, tarinfo=_EndAwareTarInfo)
+        tar = tarfile.open(fileobj=stream, mode=mode, tarinfo=ShardTarInfo)
         for info in tar:
             current = info.name
             if tick is not None:
@@ -361,7 +382,11 @@ def group_samples(members: Iterable["dict | ShardEnd"], cfg: StageConfig, tally:
             held_total = 0
             emitted.clear()
             last_key = None
-            if m.error:
+            if m.error and not m.members and not m.member:  # no first member header: not a tar at all
+                tally.drop("unreadable_shard", STAGE, m.url, m.member,
+                           f"{m.error}; no member could be read. Is it a tar (a git-lfs pointer file, an "
+                           f"HTML error page)? Re-create or re-download it")
+            elif m.error:
                 tally.drop("truncated_tar", STAGE, m.url, m.member,
                            f"{m.error}; {m.members} member(s) read before the break were kept. "
                            f"Re-create or re-download this shard")

@@ -23,6 +23,7 @@ from typing import List
 import click
 
 from .errors import ConfigError, EXIT_CODES_HELP, OutputError
+from .reading import ShardTarInfo
 from .specs import REKEY_MODES, split_name
 from .writing import check_output_file, atomic_path
 
@@ -78,7 +79,7 @@ def _rewrite(plain: str, dst: str, rekey: str, src: str) -> SortResult:
     entries: List[tuple] = []
     skipped = 0
     try:
-        with tarfile.open(plain, "r:") as tar:
+        with tarfile.open(plain, "r:", tarinfo=ShardTarInfo) as tar:
             for i, info in enumerate(tar):
                 tar.members = []  # names and offsets only: no TarInfo list for a huge shard
                 if not info.isreg():

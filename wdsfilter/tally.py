@@ -32,7 +32,7 @@ HINTS = {
     "oversized_image": "image above max_pixels (read from its header, never decoded); raise max_pixels or use oversize='reduce'",
     "empty_member": "zero-byte member",
     "truncated_tar": "the tar ends early or is corrupt; samples before the break were kept",
-    "unreadable_shard": "the shard could not be opened",
+    "unreadable_shard": "the shard could not be opened, or is not a tar at all",
     "shard_command_failed": "the pipe: command or download of the shard failed",
     "oversized_member": "a member over its kind's byte cap (max_text_bytes, max_image_bytes, ...); streamed past unread",
     "special_member": "a symbolic link, hard link, device or FIFO member; tar readers do not follow it",
@@ -108,8 +108,10 @@ class Tally:
         if self._started is None:
             self._started = time.monotonic()
         self.shards_read += 1
-        if url is not None and len(self.shard_urls) < 100_000:
-            self.shard_urls.add(url)
+        if url is not None:
+            self.position = (url, "")
+            if len(self.shard_urls) < 100_000:
+                self.shard_urls.add(url)
         self.check_starvation()
 
     def sample_out(self) -> None:
@@ -144,7 +146,9 @@ class Tally:
         enabled = self.starvation_samples or self.starvation_seconds
         if stream_ended and enabled and self.samples_read:
             raise StarvationError(self.starvation_message())
-        by_count = self.starvation_samples and self.samples_read >= self.starvation_samples
+        # Shards opened with no sample read count too: a resampled stream of unreadable shards
+        # (git-lfs pointer files named .tar) reopens them thousands of times a second.
+        by_count = self.starvation_samples and (self.samples_read or self.shards_read) >= self.starvation_samples
         if by_count:
             raise StarvationError(self.starvation_message())
 
@@ -157,6 +161,14 @@ class Tally:
         if not self.samples_out:  # nothing came out at all: say why the samples read were dropped
             return head + "\n" + self.starvation_message()
         return head + "\n" + self.summary()
+
+    def empty_epoch_message(self) -> str:
+        """Why a finite epoch ended with no sample, merged over the workers (each worker that read
+        samples and kept none has raised already: here the shards gave none)."""
+        opened = f"from {self.shards_read} shard opening(s)" if self.shards_read else "and no shard was opened"
+        return (f"{self.name}: the epoch ended with no sample ({self.samples_read} read {opened}); training "
+                f"would run on nothing. Check the shard paths (a git clone without `git lfs pull` leaves "
+                f"pointer files named .tar) or run `wdsfilter validate` on the shards.\n" + self.summary())
 
     def starvation_message(self) -> str:
         elapsed = 0.0 if self._started is None else time.monotonic() - self._started

@@ -13,6 +13,7 @@ import tarfile
 from collections import OrderedDict
 from typing import Dict, List, Optional, Sequence
 
+from ..reading import ShardTarInfo
 from ..specs import VIDEO_EXTS, KeySpec, find_caption, split_name
 
 PER_SIDE = 6  # thumbnails on each side of a threshold
@@ -117,7 +118,7 @@ def _attach_media(examples: List[dict], stage: dict) -> None:
         try:
             with (open(url[5:] if url.startswith("file:") else url, "rb") if local else
                   open_shard(url, bool(stage.get("allow_pipe")), bool(stage.get("allow_remote")))) as f, \
-                    tarfile.open(fileobj=f, mode="r:*" if local else "r|*") as tar:
+                    tarfile.open(fileobj=f, mode="r:*" if local else "r|*", tarinfo=ShardTarInfo) as tar:
                 for info in tar:
                     key, ext = split_name(info.name, rekey)
                     if key not in wanted:

@@ -17,7 +17,6 @@ or doubled.
 """
 from __future__ import annotations
 
-import gzip
 import json
 import os
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 from ..errors import ConfigError, RunError
 from ..atomic import write_json as _atomic_json
-from ..score.shardwriter import BLOCK, RECORD, _is_gzip, _local_copy, member_ranges
+from ..score.shardwriter import BLOCK, RECORD, _local_copy, member_ranges, tar_opener
 from ..shards import is_pipe, is_remote
 from ..shardstats import update_sizes, write_shard_stats
 from ..writing import atomic_path
@@ -152,7 +151,7 @@ class Resharder:
                 raise ReshardError(f"source shard {url} has no member with key {missing[0]!r} although its score "
                                    f"file keeps it ({len(missing)} such key(s)): the shard changed after scoring; "
                                    f"score it again")
-            opener = gzip.open if _is_gzip(path) else open
+            opener = tar_opener(path)
             with opener(path, "rb") as src:
                 for key in sorted(source.keys, key=lambda k: groups[k][0][0]):
                     yield _Member(src, groups[key])

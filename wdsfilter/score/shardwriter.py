@@ -4,11 +4,14 @@ Nothing is re-encoded or re-serialised: once a shard's scores are complete, the 
 indexed (tarfile gives each member's header offset, long-name and pax headers included, and its
 data offset) and the byte ranges of the members of kept keys are copied, headers included, into a
 temporary file that is renamed into place. Bytes before the first member (a pax global header)
-are kept too. Compressed shards (.tar.gz/.tgz) are written compressed.
+are kept too. A compressed shard (gzip, bz2, xz) is read through its decompressor, since the
+offsets are in the tar inside it, and written in the same compression.
 """
 from __future__ import annotations
 
+import bz2
 import gzip
+import lzma
 import os
 import shutil
 import tarfile
@@ -17,15 +20,20 @@ from typing import Iterable, List, Tuple
 
 from ..atomic import atomic_path
 from ..shards import is_local, local_path, open_shard
+from ..reading import ShardTarInfo, compression
 from ..specs import split_name
 
 BLOCK = 512
 RECORD = 20 * BLOCK  # tar's record size: archives are padded to a multiple of it
 
 
-def _is_gzip(path: str) -> bool:
+_OPENERS = {"gzip": gzip.open, "bz2": bz2.open, "xz": lzma.open}
+
+
+def tar_opener(path: str):
+    """How to open the tar inside `path` (and its filtered copy) by its compression."""
     with open(path, "rb") as f:
-        return f.read(2) == b"\x1f\x8b"
+        return _OPENERS.get(compression(f.read(6)), open)
 
 
 def member_ranges(path: str, rekey: str) -> Tuple[int, List[Tuple[int, int, str]]]:
@@ -35,7 +43,7 @@ def member_ranges(path: str, rekey: str) -> Tuple[int, List[Tuple[int, int, str]
     ranges: List[Tuple[int, int, str]] = []
     first = None
     try:
-        with tarfile.open(path, "r:*") as tar:
+        with tarfile.open(path, "r:*", tarinfo=ShardTarInfo) as tar:
             for info in tar:
                 if first is None:
                     first = info.offset
@@ -44,8 +52,8 @@ def member_ranges(path: str, rekey: str) -> Tuple[int, List[Tuple[int, int, str]
                 key, _ = split_name(info.name, rekey)
                 if key is None:
                     continue
-                end = info.offset_data + -(-info.size // BLOCK) * BLOCK
-                ranges.append((info.offset, end, key))
+                # where tarfile found the next header: a sparse member's size is its expanded size
+                ranges.append((info.offset, tar.offset, key))
     except (tarfile.TarError, EOFError, OSError):
         pass  # a cut shard: keep what was indexed; the copy checks each range is complete
     return (first or 0), ranges
@@ -82,11 +90,10 @@ def write_filtered(url: str, keep: Iterable[str], dest: str, rekey: str = "first
 
 def _copy_kept(source: str, dest: str, keep: set, rekey: str) -> Tuple[int, int]:
     """Copy the preamble and the members of kept keys; returns (members, samples) written."""
-    compressed = _is_gzip(source)
     preamble_end, ranges = member_ranges(source, rekey)
     members = samples = 0
     seen_keys = set()
-    opener = gzip.open if compressed else open
+    opener = tar_opener(source)
     with opener(source, "rb") as src, opener(dest, "wb") as out:
         pos = 0
         written = 0
@@ -99,7 +106,7 @@ def _copy_kept(source: str, dest: str, keep: set, rekey: str) -> Tuple[int, int]
         for start, end, key in ranges:
             if key not in keep:
                 continue
-            if start > pos:  # skip what is not kept (gzip decompresses through it)
+            if start > pos:  # skip what is not kept (a decompressor reads through it)
                 src.seek(start)
                 pos = start
             data = src.read(end - start)

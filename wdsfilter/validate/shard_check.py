@@ -19,7 +19,7 @@ from ..census import KeyCensus
 from ..members import MemberCaps
 from ..reading import ShardEnd, group_samples, iter_tar, screen_member
 from ..shards import is_pipe, is_remote, open_shard
-from ..specs import IMAGE_EXTS, VIDEO_EXTS, json_path_get, split_name
+from ..specs import json_path_get, split_name
 from ..stages import CaptionCleaner
 from ..selection import select_sample
 from ..tally import Tally
@@ -32,8 +32,6 @@ from .checks.text import TEXT_EXTS, caption_source, check_json, check_text
 from .findings import Finding, FindingLog
 from .options import ValidateOptions
 
-_IMAGE = frozenset(IMAGE_EXTS)
-_VIDEO = frozenset(VIDEO_EXTS)
 _MISSING = ("missing_caption", "missing_image")
 SORT_SUGGESTION = ("members of one key are scattered through the shard (scattered_key): rewrite it with "
                    "`wdsfilter sort-shard SHARD SORTED.tar`, or re-create it with GNU tar --sort=name")
@@ -208,10 +206,10 @@ class _ShardCheck:
                 yield m  # the grouping step lists it in the sample's "__skipped__"
                 continue
             data = m["data"]
-            last = ext.rsplit(".", 1)[-1]
-            if last in _IMAGE:
+            kind = self.caps.kind(ext)  # as the stages see it: an --image-key extension is an image
+            if kind == "image":
                 m["data"] = check_image(name, key, data, options, log, self.images)
-            elif last in _VIDEO:
+            elif kind == "video":
                 m["data"] = check_video(name, key, data, options, log, self.videos)
             elif ext in self.json_exts:
                 check_json(name, key, data, log)

@@ -197,9 +197,9 @@ def _header(read, offset: int):
         if kind == b"K":
             raise Unusual("GNU long link")
         name = _name(buf[0:100])
-        if buf[345:346] != b"\0":  # a ustar prefix (tarfile reads one in any header: keep to its rules)
-            if buf[257:263] != b"ustar\x00":
-                raise Unusual("prefix field outside a ustar header")
+        if buf[345:346] != b"\0" and buf[257:263] == b"ustar\x00":
+            # A ustar prefix. Only a POSIX ustar header has one (as reading.ShardTarInfo reads
+            # them): in an old-GNU header the same bytes are times (GNU tar -g fills them).
             name = _name(buf[345:500]) + "/" + name
         if long_name is not None:
             name = long_name

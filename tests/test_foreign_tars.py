@@ -1,0 +1,196 @@
+"""Shards made by tools nobody here controls, each of which once got a wrong verdict or lost
+samples: GNU tar's incremental (-g) and --sparse archives, member names that are not UTF-8, a
+git clone that left git-lfs pointer files where the shards should be, and images under an
+extension the user names in --image-key. Every shard is written here by the real tool (GNU tar,
+Pillow) or, for the pointer files, byte for byte in git-lfs's format."""
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+
+import pytest
+from click.testing import CliRunner
+
+from tests.shardkit import image_bytes, write_shard
+from wdsfilter.cli import main
+from wdsfilter.errors import StarvationError
+from wdsfilter.reading import iter_tar
+from wdsfilter.score.shardwriter import member_ranges
+from wdsfilter.validate import validate
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), ".."))
+GNU_TAR = shutil.which("tar")
+needs_tar = pytest.mark.skipif(GNU_TAR is None, reason="GNU tar is not installed")
+
+
+def _samples(folder, names):
+    os.makedirs(folder, exist_ok=True)
+    for i, name in enumerate(names):
+        with open(os.path.join(folder, name + b".jpg" if isinstance(name, bytes) else name + ".jpg"), "wb") as f:
+            f.write(image_bytes(color=(40 * i, 90, 200)))
+        with open(os.path.join(folder, name + b".txt" if isinstance(name, bytes) else name + ".txt"), "wb") as f:
+            f.write(f"a blue square {i}".encode())
+    return folder
+
+
+def _gnu_keys(shard):
+    """Keys as GNU tar lists the shard (the reference reading of its names)."""
+    names = subprocess.run([GNU_TAR, "-tf", shard], capture_output=True, check=True).stdout.decode().split()
+    return sorted({n.rsplit(".", 1)[0] for n in names if n.endswith((".jpg", ".txt"))})
+
+
+def _loader_keys(urls, **kwargs):
+    import wdsfilter
+    ld = wdsfilter.loader(urls, batch_size=4, output="dict", **kwargs)
+    return sorted(s["__key__"] for batch in ld for s in batch), ld.stats
+
+
+def _score(shard, out, *more):
+    sys.path.insert(0, ROOT)
+    return CliRunner().invoke(main, ["score", str(shard), "--scorer", "tools.trace_modules:LumaScorer", "--device",
+                                     "cpu", "--workers", "0", "--no-progress", "--out", str(out), *more])
+
+
+@needs_tar
+def test_gnu_tar_incremental_headers_keep_the_names_gnu_tar_lists(tmp_path):
+    # `tar -g` writes old-GNU headers whose atime/ctime fill the bytes tarfile reads as a ustar
+    # prefix: names became "<atime>/./s1.txt" and a sample whose members were read at different
+    # times split into two halves, each dropped as missing_caption or missing_image.
+    src = _samples(tmp_path / "d", ["s0", "s1", "s2"])
+    subprocess.run(["touch", "-a", "-d", "2024-01-01 00:00", *[str(p) for p in src.iterdir()]], check=True)
+    subprocess.run(["touch", "-a", "-d", "2024-06-01 00:00", str(src / "s1.txt")], check=True)
+    shard = str(tmp_path / "incremental.tar")
+    subprocess.run([GNU_TAR, "--sort=name", "-g", str(tmp_path / "snar"), "-C", str(src), "-cf", shard, "."],
+                   check=True)
+    with open(shard, "rb") as f:
+        raw = f.read()
+    headers = [raw[i:i + 512] for i in range(0, len(raw) - 512, 512) if raw[i + 257:i + 265] == b"ustar  \x00"]
+    assert any(h[345:346] != b"\x00" for h in headers)  # the times are there, where a prefix would be
+    expected = _gnu_keys(shard)
+    assert expected == ["./s0", "./s1", "./s2"]
+
+    keys, stats = _loader_keys(shard)
+    assert keys == expected and not stats.dropped
+    report = validate([shard])
+    assert report.exit_code == 0 and report.samples == 3 and report.kept == 3
+    with open(shard, "rb") as f:
+        assert "./s1.txt" in [m["fname"] for m in iter_tar(f, shard) if isinstance(m, dict)]
+    assert sorted({key for _, _, key in member_ranges(shard, "first-dot")[1]}) == expected
+
+
+@needs_tar
+def test_a_sparse_member_over_its_cap_is_skipped_by_what_the_archive_stores(tmp_path):
+    # A 100 MB sparse file holding 1 byte: GNU tar --sparse stores a few blocks. Skipping its
+    # expanded size ran off the end of the shard: a valid shard read as truncated, samples lost.
+    src = _samples(tmp_path / "d", ["s0", "s1", "s2", "s3"])
+    with open(src / "s1.bin", "wb") as f:
+        f.truncate(100 << 20)
+        f.seek(5000)
+        f.write(b"x")
+    shard = str(tmp_path / "sparse.tar")
+    subprocess.run([GNU_TAR, "--sort=name", "--sparse", "-C", str(src), "-cf", shard, "."], check=True)
+    assert os.path.getsize(shard) < 1 << 20
+    with tarfile.open(shard) as tar:
+        assert tar.getmember("./s1.bin").issparse()
+
+    keys, stats = _loader_keys(shard)
+    assert keys == _gnu_keys(shard) and not stats.dropped
+    assert stats.notes["oversized_member"] == 1
+    report = validate([shard])
+    kinds = {f.kind for f in report.findings}
+    assert "truncated_tar" not in kinds and "oversized_member" in kinds
+    assert report.samples == 4 and report.kept == 4
+    # The filtered copy of the shard is a tar GNU tar reads whole, sparse member included.
+    result = _score(shard, tmp_path / "out", "--write-shards", str(tmp_path / "kept"))
+    assert result.exit_code == 0, result.output
+    (copy,) = [str(p) for p in (tmp_path / "kept").glob("*.tar")]
+    listed = subprocess.run([GNU_TAR, "-tf", copy], capture_output=True, text=True, check=True).stdout.split()
+    assert "./s1.bin" in listed and len(listed) == 9
+
+
+@needs_tar
+def test_member_names_that_are_not_utf8_are_scored_and_matched_again(tmp_path):
+    # Latin-1 names (an old Windows share): tarfile gives surrogate escapes, which Parquet
+    # refused ("surrogates not allowed": exit 3, nothing written).
+    folder = tmp_path / "d"
+    os.makedirs(folder)
+    _samples(os.fsencode(folder), [b"caf\xe9_0", b"caf\xe9_1", b"na\xefve"])
+    shard = str(tmp_path / "latin1.tar")
+    subprocess.run([GNU_TAR, "--sort=name", "-C", str(folder), "-cf", shard, "."], check=True)
+    result = _score(shard, tmp_path / "out", "--write-shards", str(tmp_path / "kept"))
+    assert result.exit_code == 0, result.output
+    import pyarrow.parquet as pq
+    (scores,) = (tmp_path / "out" / "scores").glob("*.parquet")
+    keys = sorted(pq.read_table(scores).column("key").to_pylist())
+    assert keys == ["./caf\\xe9_0", "./caf\\xe9_1", "./na\\xefve"]
+    # The loader names the samples the same way, so the score filter finds every row.
+    kept, stats = _loader_keys(shard, scores=str(tmp_path / "out"), min_scores={"luma": 0.0})
+    assert kept == keys and not stats.dropped
+    (copy,) = (tmp_path / "kept").glob("*.tar")
+    with tarfile.open(copy) as tar:
+        assert len(tar.getnames()) == 6
+    assert validate([shard]).exit_code == 0
+
+
+def _lfs_pointer(path, real_size=20480):
+    """What a git clone without `git lfs pull` leaves in place of a shard (git-lfs spec v1)."""
+    with open(path, "w") as f:
+        f.write(f"version https://git-lfs.github.com/spec/v1\noid sha256:{'4a' * 32}\nsize {real_size}\n")
+    return str(path)
+
+
+def test_an_epoch_from_shards_that_are_not_tars_raises_and_one_bad_shard_loses_nothing_else(tmp_path):
+    pointers = [_lfs_pointer(tmp_path / f"shard-{i:06d}.tar") for i in range(2)]
+    with pytest.raises(StarvationError) as e:
+        _loader_keys(pointers)
+    assert "the epoch ended with no sample" in str(e.value) and "unreadable_shard" in str(e.value)
+    assert "git lfs pull" in str(e.value) and "shard-000000.tar" in str(e.value)
+    # Resampled, the same shards are reopened forever: the watchdog counts the openings.
+    from wdsfilter.config import StageConfig
+    config = StageConfig(starvation_samples=50, starvation_seconds=0)
+    with pytest.raises(StarvationError, match=r"shard-00000[01]\.tar"):
+        import wdsfilter
+        next(iter(wdsfilter.loader(pointers, batch_size=4, resampled=True, config=config)))
+    # One pointer among real shards is counted, and the real shards' samples all come out.
+    good = write_shard(tmp_path / "good-000000.tar", [(f"{i:04d}.{ext}", data) for i in range(3) for ext, data in
+                                                       (("jpg", image_bytes()), ("txt", b"a red square"))])
+    keys, stats = _loader_keys([pointers[0], good])
+    assert keys == ["0000", "0001", "0002"] and stats.dropped == {"unreadable_shard": 1}
+
+
+def test_validate_checks_images_under_an_extension_named_in_image_key(tmp_path):
+    # .jfif is JPEG; the stages decode it when --image-key names it, so the validator must too.
+    jpeg = image_bytes(size=(96, 64))
+    shard = write_shard(tmp_path / "jfif-000000.tar", [
+        ("ok.jfif", jpeg), ("ok.txt", b"a red square"),
+        ("cut.jfif", jpeg[:len(jpeg) // 2]), ("cut.txt", b"a red square, cut"),
+    ])
+    report = validate([shard], image_key="jpg;jfif", deep=True)
+    found = {(f.kind, f.member) for f in report.findings}
+    assert ("corrupt_image", "cut.jfif") in found and report.exit_code == 1
+    keys, stats = _loader_keys(shard, image_key="jpg;jfif")
+    assert keys == ["ok"] and stats.dropped == {"corrupt_image": 1}
+
+
+@needs_tar
+@pytest.mark.parametrize("flag,magic", [("-j", b"BZh"), ("-J", b"\xfd7zXZ\x00"), ("-z", b"\x1f\x8b")])
+def test_filtered_copies_of_bz2_xz_and_gzip_shards_are_whole_tars_in_the_same_compression(tmp_path, flag, magic):
+    # The copy's offsets are in the tar inside the compression: a bz2 or xz shard was copied as
+    # slices of its compressed bytes (score --write-shards: not a tar; filter --write-shards: exit 3).
+    src = _samples(tmp_path / "d", ["s0", "s1", "s2"])
+    shard = str(tmp_path / "packed.tar")
+    subprocess.run([GNU_TAR, "--sort=name", flag, "-C", str(src), "-cf", shard, "."], check=True)
+    with open(shard, "rb") as f:
+        assert f.read(6).startswith(magic)
+    result = _score(shard, tmp_path / "out", "--write-shards", str(tmp_path / "kept"))
+    assert result.exit_code == 0, result.output
+    copy = str(tmp_path / "kept" / "packed.tar")
+    with open(copy, "rb") as f:
+        assert f.read(6).startswith(magic)
+    assert _gnu_keys(copy) == _gnu_keys(shard) == ["./s0", "./s1", "./s2"]
+    resharded = CliRunner().invoke(main, ["filter", str(tmp_path / "out"), "--min", "luma=0", "--write-shards",
+                                          str(tmp_path / "resharded"), "--no-report"])
+    assert resharded.exit_code == 0, resharded.output
+    (written,) = [str(p) for p in (tmp_path / "resharded").glob("*.tar")]
+    assert _gnu_keys(written) == ["./s0", "./s1", "./s2"]
