@@ -115,22 +115,32 @@ def test_member_names_that_are_not_utf8_are_scored_and_matched_again(tmp_path):
     # refused ("surrogates not allowed": exit 3, nothing written).
     folder = tmp_path / "d"
     os.makedirs(folder)
-    _samples(os.fsencode(folder), [b"caf\xe9_0", b"caf\xe9_1", b"na\xefve"])
+    _samples(os.fsencode(folder), [b"caf\xe9_0", b"caf\xe9_1", b"na\xefve", b"d\xe9j\xe0_vu"])
+    with open(os.path.join(os.fsencode(folder), b"d\xe9j\xe0_vu.jpg"), "r+b") as f:
+        f.truncate(200)  # a corrupt image: a rejected row
     shard = str(tmp_path / "latin1.tar")
     subprocess.run([GNU_TAR, "--sort=name", "-C", str(folder), "-cf", shard, "."], check=True)
     result = _score(shard, tmp_path / "out", "--write-shards", str(tmp_path / "kept"))
     assert result.exit_code == 0, result.output
     import pyarrow.parquet as pq
     (scores,) = (tmp_path / "out" / "scores").glob("*.parquet")
-    keys = sorted(pq.read_table(scores).column("key").to_pylist())
-    assert keys == ["./caf\\xe9_0", "./caf\\xe9_1", "./na\\xefve"]
+    table = pq.read_table(scores).to_pydict()
+    assert sorted(table["key"]) == ["./caf\\xe9_0", "./caf\\xe9_1", "./d\\xe9j\\xe0_vu", "./na\\xefve"]
+    assert table["reason"].count("corrupt_image") == 1
+    keys = sorted(k for k, kept in zip(table["key"], table["kept"]) if kept)
     # The loader names the samples the same way, so the score filter finds every row.
     kept, stats = _loader_keys(shard, scores=str(tmp_path / "out"), min_scores={"luma": 0.0})
-    assert kept == keys and not stats.dropped
+    assert kept == keys and len(keys) == 3 and stats.dropped == {"no_score": 1}  # the corrupt one
     (copy,) = (tmp_path / "kept").glob("*.tar")
     with tarfile.open(copy) as tar:
         assert len(tar.getnames()) == 6
-    assert validate([shard]).exit_code == 0
+    assert validate([shard]).exit_code == 1  # the corrupt image
+    # A shard *file* name that is not UTF-8 would go into every output: refused, with the fix.
+    renamed = os.path.join(os.fsencode(tmp_path), b"caf\xe9-000000.tar")
+    shutil.copy(shard, renamed)
+    result = _score(os.fsdecode(renamed), tmp_path / "out2")
+    assert result.exit_code == 2 and "caf\\xe9-000000.tar' is not UTF-8" in result.output
+    assert "convmv" in result.output
 
 
 def _lfs_pointer(path, real_size=20480):

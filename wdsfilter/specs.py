@@ -52,13 +52,17 @@ def split_name(name: str, rekey: str = "first-dot") -> Tuple[Optional[str], Opti
     dot = base.find(".") if rekey == "first-dot" else base.rfind(".")
     if dot <= 0 or dot == len(base) - 1:
         return None, None
-    key = name[:slash + dot]
-    if not key.isascii():
-        # tarfile decodes a name that is not UTF-8 (Latin-1 from an old Windows share) with
-        # surrogate escapes, which no Parquet or JSON writer accepts: the key says its bytes as
-        # \xNN instead, the same in every reader, so score rows and samples still match.
-        key = key.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-    return key, base[dot + 1:]
+    # tarfile decodes a name that is not UTF-8 (Latin-1 from an old Windows share) with surrogate
+    # escapes: the key says those bytes as \xNN, the same in every reader, so rows and samples match.
+    return utf8_text(name[:slash + dot]), base[dot + 1:]
+
+
+def utf8_text(text: str) -> str:
+    """`text` with the surrogate escapes of bytes that were not UTF-8 (how Python decodes such
+    file and member names) written as \\xNN: no Parquet or JSON writer accepts lone surrogates."""
+    if text.isascii():
+        return text
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def is_dotted(ext: str) -> bool:

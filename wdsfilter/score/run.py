@@ -13,6 +13,7 @@ from typing import Callable, List, Optional
 from ..errors import ConfigError
 from ..keycheck import check_keys
 from ..shards import expand_urls, unique_urls
+from ..specs import utf8_text
 from ..filtering.run import score_report
 from .config import ScoreConfig
 from .faults import disk_full, is_disk_full
@@ -33,6 +34,11 @@ class Run:
         self.cfg = cfg
         self.echo = echo or (lambda text: None)
         self.urls, repeats = unique_urls(expand_urls(shards, cfg.stage.allow_pipe, cfg.stage.allow_remote))
+        unnamed = [u for u in self.urls if utf8_text(u) != u]
+        if unnamed:  # its path goes into score files, markers and stats, all UTF-8
+            raise ConfigError(f"shard path '{utf8_text(unnamed[0])}' is not UTF-8 ({len(unnamed)} such shard(s)): "
+                              f"rename it (e.g. `convmv -f latin1 -t utf8`) before scoring; member names "
+                              f"inside shards may be any bytes")
         if repeats:
             log.warning(f"{len(repeats)} shard(s) given more than once are scored once: "
                         f"{', '.join(repeats[:3])}{' ...' if len(repeats) > 3 else ''}")
