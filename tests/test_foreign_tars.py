@@ -204,3 +204,72 @@ def test_filtered_copies_of_bz2_xz_and_gzip_shards_are_whole_tars_in_the_same_co
     assert resharded.exit_code == 0, resharded.output
     (written,) = [str(p) for p in (tmp_path / "resharded").glob("*.tar")]
     assert _gnu_keys(written) == ["./s0", "./s1", "./s2"]
+
+
+@needs_tar
+def test_frames_sharing_one_key_are_let_go_past_max_sample_bytes_not_held_whole(tmp_path):
+    # ffmpeg's image2 pattern clip.%06d.jpg: under the first-dot rule every frame has the key
+    # "clip" and distinct extensions, so nothing stopped one sample from holding the whole shard.
+    import numpy as np
+    from PIL import Image
+    from wdsfilter.config import StageConfig
+    from wdsfilter.reading import OVERSIZED, group_samples
+    from wdsfilter.tally import Tally
+    src = tmp_path / "frames"
+    os.makedirs(src)
+    rng = np.random.default_rng(0)
+    for i in range(1, 31):  # ~20 KB of noise each
+        Image.fromarray(rng.integers(0, 255, (96, 128, 3), dtype=np.uint8)).save(src / f"clip.{i:06d}.jpg", quality=95)
+    (src / "clip.txt").write_text("a clip of noise")
+    (src / "big.txt").write_text("one sample that is just too big")
+    (src / "big.jpg").write_bytes(image_bytes())
+    (src / "big.npy").write_bytes(bytes(300_000))
+    _samples(src, ["ok"])
+    shard = str(tmp_path / "frames.tar")
+    subprocess.run([GNU_TAR, "--sort=name", "-C", str(src), "-cf", shard, "."], check=True)
+    config = StageConfig(max_sample_bytes=200_000, emit_rejects=False)
+    with open(shard, "rb") as f:
+        samples = {s["__key__"]: s for s in group_samples(iter_tar(f, shard), config, Tally())}
+    clip = samples["./clip"]
+    assert OVERSIZED in clip and len([e for e in clip if e.endswith(".jpg")]) == 30
+    assert all(v == b"" for e, v in clip.items() if not e.startswith("__"))  # names kept, bytes let go
+    assert OVERSIZED in samples["./big"] and OVERSIZED not in samples["./ok"]
+
+    import wdsfilter
+    ld = wdsfilter.loader(shard, batch_size=4, output="dict", config=config)
+    assert [s["__key__"] for b in ld for s in b] == ["./ok"]
+    assert ld.stats.dropped == {"dotted_basename": 1, "oversized_sample": 1}
+    report = validate([shard], config=config)
+    assert report.kept == 1 and {"dotted_basename", "oversized_sample"} <= {f.kind for f in report.findings}
+    # The default (twice the largest member cap) keeps both: their members fit.
+    assert sorted(_loader_keys(shard)[1].dropped) == ["dotted_basename"]
+
+
+@needs_tar
+def test_sort_shard_writes_a_sparse_member_whole(tmp_path):
+    # sort-shard copied a sparse member's expanded size of raw bytes and its sparse header without
+    # the map: the sorted .npy became the next members' bytes (GNU tar) or 0 bytes (tarfile).
+    import numpy as np
+    src = _samples(tmp_path / "d", ["s0", "s1", "s2"])
+    embedding = np.zeros(32768, dtype=np.float32)
+    embedding[:10], embedding[-10:] = 1, 2
+    np.save(tmp_path / "dense.npy", embedding)
+    dense = (tmp_path / "dense.npy").read_bytes()
+    with open(src / "s1.npy", "wb") as f:  # the same bytes with a hole where the zeros are
+        f.write(dense[:4096])
+        f.seek(len(dense) - 4096)
+        f.write(dense[-4096:])
+    assert (src / "s1.npy").read_bytes() == dense
+    scattered = str(tmp_path / "scattered.tar")
+    names = sorted(os.listdir(src), key=lambda n: (n.rsplit(".", 1)[1], n))  # *.jpg *.npy *.txt
+    subprocess.run([GNU_TAR, "--sparse", "-C", str(src), "-cf", scattered, *names], check=True)
+    with tarfile.open(scattered) as tar:
+        assert tar.getmember("s1.npy").issparse()
+    result = CliRunner().invoke(main, ["sort-shard", scattered, str(tmp_path / "sorted.tar")])
+    assert result.exit_code == 0, result.output
+    sorted_shard = str(tmp_path / "sorted.tar")
+    extracted = subprocess.run([GNU_TAR, "-xOf", sorted_shard, "s1.npy"], capture_output=True, check=True).stdout
+    assert extracted == dense
+    assert subprocess.run([GNU_TAR, "-xOf", sorted_shard, "s2.jpg"], capture_output=True,
+                          check=True).stdout == (src / "s2.jpg").read_bytes()
+    assert validate([sorted_shard]).exit_code == 0

@@ -57,6 +57,10 @@ class StageConfig:
     max_decompressed_bytes: int = 16 << 30
     # Bytes the grouping window may hold: past this, its oldest samples move on early.
     group_bytes: int = 128 << 20
+    # Bytes of one sample's members together: past this it is emptied and dropped
+    # (oversized_sample). Frames named clip.000001.jpg all share the key "clip" and would make
+    # one sample as big as the shard. None: twice the largest member cap (512 MiB by default).
+    max_sample_bytes: Optional[int] = None
     # Size guard: dimensions come from the header; larger images are never decoded.
     max_pixels: int = 64_000_000
     max_side: Optional[int] = None
@@ -86,6 +90,14 @@ class StageConfig:
     # Raise a ConfigError when no sample of the first shard has the caption or image key.
     check_first_shard: bool = True
 
+    @property
+    def sample_bytes(self) -> int:
+        """The bytes one sample may hold (max_sample_bytes, or twice the largest member cap)."""
+        if self.max_sample_bytes is not None:
+            return self.max_sample_bytes
+        return 2 * max(self.max_text_bytes, self.max_json_bytes, self.max_image_bytes, self.max_video_bytes,
+                       self.max_other_bytes)
+
     def __post_init__(self):
         self.caption_spec = KeySpec.parse(self.caption_key, "caption key")
         self.image_spec = KeySpec.parse(self.image_key, "image key")
@@ -102,8 +114,10 @@ class StageConfig:
         if self.group_window < 1:
             raise ConfigError(f"group_window must be >= 1, got {self.group_window}")
         for name in ("max_text_bytes", "max_json_bytes", "max_image_bytes", "max_video_bytes",
-                     "max_other_bytes", "max_decompressed_bytes", "group_bytes"):
+                     "max_other_bytes", "max_decompressed_bytes", "group_bytes", "max_sample_bytes"):
             value = getattr(self, name)
+            if value is None and name == "max_sample_bytes":
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive number of bytes, got {value!r}")
         if self.decode_floor is not None:

@@ -351,6 +351,18 @@ def screen_member(m: dict, lext: str, caps: MemberCaps, allow_unsafe: bool) -> T
     return lext, None
 
 
+OVERSIZED = "__oversized__"  # a sample past max_sample_bytes: emptied, dropped by the select stage
+
+
+def _empty(sample: dict, why: str) -> None:
+    """Let go of a sample's bytes, keeping its member names (the select stage tells dotted
+    basenames, the common cause, from one sample that is just too big)."""
+    for ext in sample:
+        if not ext.startswith("__"):
+            sample[ext] = b""
+    sample[OVERSIZED] = why
+
+
 def group_samples(members: Iterable["dict | ShardEnd"], cfg: StageConfig, tally: Tally) -> Iterator[dict]:
     """Members -> samples {"__key__", "__url__", ext: bytes, ...}, extensions lower-cased.
 
@@ -364,6 +376,7 @@ def group_samples(members: Iterable["dict | ShardEnd"], cfg: StageConfig, tally:
     """
     window = cfg.group_window
     budget = cfg.group_bytes
+    sample_cap = cfg.sample_bytes
     rekey = cfg.rekey
     allow_unsafe = cfg.allow_unsafe
     caps = MemberCaps(cfg)
@@ -426,11 +439,18 @@ def group_samples(members: Iterable["dict | ShardEnd"], cfg: StageConfig, tally:
         if lext in sample:
             tally.note("duplicate_member", STAGE, url, fname, "duplicate member name; the first was kept")
             continue
+        if OVERSIZED in sample:  # emptied: its members are named, not held
+            sample[lext] = b""
+            continue
         data = sample[lext] = m["data"]
         size = len(data) if isinstance(data, (bytes, bytearray)) else 0
         if size:
             held[key] = held.get(key, 0) + size
             held_total += size
+            if held[key] > sample_cap:
+                held_total -= held.pop(key)
+                _empty(sample, f"the members of key {key!r} add up past max_sample_bytes={sample_cap:,} at "
+                               f"member {fname}; the sample is dropped")
             while held_total > budget and next(iter(open_samples)) != key:  # never the one being filled
                 done_key, done = open_samples.popitem(last=False)
                 held_total -= held.pop(done_key, 0)

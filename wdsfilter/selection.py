@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Optional, Tuple
 
 from .config import StageConfig
+from .reading import OVERSIZED
 from .specs import FieldRef, find_caption, is_dotted
 
 
@@ -20,6 +21,9 @@ def select_sample(sample: dict, cfg: StageConfig) -> Tuple[Optional[str], Option
     spec found no such member, "data" when the member is there but broken (invalid_utf8,
     invalid_json, empty_caption) or was skipped unread (oversized_member, special_member,
     corrupt_member: its reason is the sample's reason)."""
+    if OVERSIZED in sample:  # emptied by the reader: its members are names only
+        exts = cfg.image_spec.exts + cfg.caption_spec.exts
+        return None, None, "dotted_basename" if _dotted_match(sample, exts) else "oversized_sample", "data"
     caption, reason = find_caption(sample, cfg.caption_spec)
     image = cfg.image_spec.first_present(sample)
     if caption is not None and image is not None:

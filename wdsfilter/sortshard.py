@@ -13,6 +13,7 @@ temporary file beside the output. The output appears only when complete (tempora
 """
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import tarfile
@@ -94,10 +95,18 @@ def _rewrite(plain: str, dst: str, rekey: str, src: str) -> SortResult:
     order = sorted(range(len(entries)), key=lambda j: entries[j][0])
     moved = sum(1 for pos, j in enumerate(order) if pos != j)
     mode = "w:gz" if dst.endswith((".tar.gz", ".tgz")) else "w"
-    with atomic_path(dst) as tmp, open(plain, "rb") as source:
+    with atomic_path(dst) as tmp, open(plain, "rb") as source, \
+            tarfile.open(plain, "r:", tarinfo=ShardTarInfo) as tar:
         with tarfile.open(tmp, mode, format=tarfile.PAX_FORMAT) as out:
             for j in order:
                 info = entries[j][1]
+                if info.issparse():
+                    # Its data is stored as a map of regions: written whole, as the file readers
+                    # see it (a sparse header without its map would point at the next members).
+                    whole = copy.copy(info)
+                    whole.type, whole.sparse = tarfile.REGTYPE, None
+                    out.addfile(whole, tar.extractfile(info))
+                    continue
                 source.seek(info.offset_data)
                 out.addfile(info, _Limited(source, info.size))
     keys = len({e[0][1] for e in entries if not e[0][0]})

@@ -28,6 +28,7 @@ KINDS: Dict[str, tuple] = {
     "scattered_key": (ERROR, "members of one key are too far apart in the tar to be put together (tar *.txt *.json *.jpg, directory order); readers see fragments and lose the samples. Rewrite with wdsfilter sort-shard or tar --sort=name"),
     "key_across_shards": (ERROR, "a sample's members are split between two shards; both halves are lost. Write each sample inside one shard"),
     "duplicate_key": (WARNING, "the same member name appears twice; only the first is used. Deduplicate keys when writing"),
+    "oversized_sample": (WARNING, "one sample's members add up past max_sample_bytes; the stages let its bytes go and drop it"),
     "missing_image": (WARNING, "sample has no member under the image key; check --image-key"),
     "missing_caption": (WARNING, "sample has no caption under the caption key; check --caption-key"),
     # 3. image sizes

@@ -17,7 +17,7 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional
 
 from ..census import KeyCensus
 from ..members import MemberCaps
-from ..reading import ShardEnd, group_samples, iter_tar, screen_member
+from ..reading import OVERSIZED, ShardEnd, group_samples, iter_tar, screen_member
 from ..shards import is_pipe, is_remote, open_shard
 from ..specs import json_path_get, split_name
 from ..stages import CaptionCleaner
@@ -234,7 +234,10 @@ class _ShardCheck:
                 value = json_path_get(sample.get("__parsed_" + alt.ext), alt.path)
                 self.log.add("caption_not_text", self._name(sample, alt.ext), key,
                              f"caption under '{alt}' is a JSON {type(value).__name__} ({str(value)[:60]}), not text")
-            if drop != "dotted_basename":  # explained by the member names, not by the specs
+            if drop == "oversized_sample":
+                self.log.add("oversized_sample", self._name(sample, next(e for e in sample if not e.startswith("__"))),
+                             key, sample[OVERSIZED])
+            elif drop != "dotted_basename":  # explained by the member names, not by the specs
                 no_caption, no_image = caption is None and drop == "missing_caption", image is None
                 for what, missing in (("caption", no_caption), ("image", no_image)):
                     if missing:
