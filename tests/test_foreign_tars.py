@@ -273,3 +273,27 @@ def test_sort_shard_writes_a_sparse_member_whole(tmp_path):
     assert subprocess.run([GNU_TAR, "-xOf", sorted_shard, "s2.jpg"], capture_output=True,
                           check=True).stdout == (src / "s2.jpg").read_bytes()
     assert validate([sorted_shard]).exit_code == 0
+
+
+@needs_tar
+def test_bytes_after_a_gzip_stream_lose_nothing_and_the_front_doors_agree(tmp_path):
+    # A download that appended an error page to a .tar.gz: every member is there. The loader
+    # called the shard truncated while validate passed it.
+    src = _samples(tmp_path / "d", ["s0", "s1", "s2"])
+    shard = str(tmp_path / "junk.tar.gz")
+    subprocess.run([GNU_TAR, "--sort=name", "-czf", shard, "-C", str(src), "."], check=True)
+    with open(shard, "ab") as f:
+        f.write(b"<html><body>502 Bad Gateway</body></html>\n")
+    keys, stats = _loader_keys(shard)
+    assert keys == ["./s0", "./s1", "./s2"] and not stats.dropped
+    report = validate([shard])
+    assert report.exit_code == 0 and report.kept == 3
+
+
+def test_a_shard_file_whose_name_has_brackets_is_that_file_not_a_pattern(tmp_path):
+    shard = write_shard(tmp_path / "laion [part 1].tar", [(f"{i:04d}.{ext}", data) for i in range(2) for ext, data in
+                                                         (("jpg", image_bytes()), ("txt", b"a red square"))])
+    assert validate([shard]).samples == 2
+    assert _loader_keys(shard)[0] == ["0000", "0001"]
+    result = _score(shard, tmp_path / "out")
+    assert result.exit_code == 0 and "scored 2 of 2 samples" in result.output, result.output

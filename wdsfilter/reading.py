@@ -104,10 +104,15 @@ def _check_extended(info: tarfile.TarInfo) -> None:
 def _data_after_end(tar) -> Optional[int]:
     """Byte offset of the end-of-archive block if non-zero data follows it, else None. A zeroed
     block inside a shard, or a second tar appended to it, reads to tarfile as the end of the
-    archive; only the rest of the stream tells (usually a few KB of zero padding)."""
+    archive; only the rest of the stream tells (usually a few KB of zero padding). Bytes that do
+    not decompress (an error page appended to a .tar.gz) are no tar data a reader would see: every
+    member was read, as the validator's fast path says too (tar_reader._after_end)."""
     end = tar.offset
     while True:
-        chunk = tar.fileobj.read(1 << 20)
+        try:
+            chunk = tar.fileobj.read(1 << 20)
+        except (OSError, EOFError, zlib.error, lzma.LZMAError):
+            return None
         if not chunk:
             return None
         if chunk.count(0) != len(chunk):

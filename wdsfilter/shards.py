@@ -160,6 +160,8 @@ def _expand_one(item: str, allow_pipe: bool, allow_remote: bool) -> List[str]:
             dirs.sort()
             found.extend(_on_disk(os.path.join(root, f)) for f in sorted(files) if f.endswith(SHARD_SUFFIXES))
         return found
+    if os.path.isfile(item):  # a file named "laion [part 1].tar" is that file, not a pattern
+        return [item]
     if any(c in item for c in "*?["):
         return sorted(_on_disk(p) for p in glob.glob(item, recursive=True) if os.path.isfile(p))
     if not os.path.exists(item):
