@@ -297,3 +297,26 @@ def test_a_shard_file_whose_name_has_brackets_is_that_file_not_a_pattern(tmp_pat
     assert _loader_keys(shard)[0] == ["0000", "0001"]
     result = _score(shard, tmp_path / "out")
     assert result.exit_code == 0 and "scored 2 of 2 samples" in result.output, result.output
+
+
+@needs_tar
+def test_score_names_a_shard_cut_short_and_fails_a_file_that_is_not_a_tar(tmp_path):
+    # Both used to end in "scored N of N samples", exit 0, with the counts only in summary.json.
+    src = _samples(tmp_path / "d", ["s0", "s1", "s2", "s3", "s4", "s5"])
+    full = str(tmp_path / "full.tar")
+    subprocess.run([GNU_TAR, "--sort=name", "-C", str(src), "-cf", full, "."], check=True)
+    shards = tmp_path / "shards"
+    os.makedirs(shards)
+    shutil.copy(full, shards / "a-000000.tar")
+    with open(full, "rb") as f, open(shards / "b-000001.tar", "wb") as out:
+        out.write(f.read(os.path.getsize(full) // 2))  # a copy that stopped half way
+    _lfs_pointer(shards / "c-000002.tar", os.path.getsize(full))
+    result = _score(shards, tmp_path / "out")
+    assert result.exit_code == 3, result.output
+    assert "CUT SHORT" in result.output and "b-000001.tar" in result.output.split("CUT SHORT")[1]
+    assert "c-000002.tar: no member could be read" in result.output and "is it a tar" in result.output
+    import json
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert [os.path.basename(f["url"]) for f in summary["shards_cut"]] == ["b-000001.tar"]
+    assert [os.path.basename(f["url"]) for f in summary["shards_failed"]] == ["c-000002.tar"]
+    assert sorted(os.listdir(tmp_path / "out" / "done")) == ["a-000000.json", "b-000001.json"]

@@ -253,6 +253,7 @@ class RunSummary:
     shards_scored: int = 0  # completed by this run
     shards_resumed: int = 0  # already complete (skipped with resume)
     shards_failed: List[dict] = field(default_factory=list)  # could not be read at all
+    shards_cut: List[dict] = field(default_factory=list)  # scored up to a break in the tar (url, reason)
     rows: int = 0
     status: Dict[str, int] = field(default_factory=dict)
     reasons: Dict[str, int] = field(default_factory=dict)
@@ -336,6 +337,9 @@ class RunSummary:
             lines.append(f"  kept {self.kept} of {self.rows} (all thresholds met)")
         for f in self.shards_failed:
             lines.append(f"  shard FAILED (no marker; --resume retries it): {f['url']}: {f['reason']}")
+        for f in self.shards_cut:
+            lines.append(f"  shard CUT SHORT (the samples before the break were scored, the rest have no row; "
+                         f"re-create or re-download it): {f['url']}: {f['reason']}")
         for col, st in self.columns.items():
             if st.get("kind") == "number" and st.get("count"):
                 lines.append(f"  {col}: n={st['count']} min={st['min']:.4g} mean={st['mean']:.4g} max={st['max']:.4g}")

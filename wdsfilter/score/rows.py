@@ -129,6 +129,9 @@ def write_shard(url: str, rows: List[dict], end: dict, cfg, state, columns: Sequ
     A full disk raises (faults.py): the run stops."""
     if end.get("failed"):  # the stream failed, the shard was not read to its end: no outputs
         return read_failed_reason(end["failed"])
+    if end.get("error") and not end.get("members"):  # nothing could be read: no outputs, no marker
+        return (f"no member could be read ({end['error']}); is it a tar (a git-lfs pointer file, an HTML "
+                f"error page)? Re-create or re-download it; no marker: --resume reads it again")
     write_table(rows, columns, state.score_path(url), cfg.format)
     write_embeddings(cfg.out, state.names[url], rows)
     filtered = None
