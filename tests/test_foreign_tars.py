@@ -320,3 +320,31 @@ def test_score_names_a_shard_cut_short_and_fails_a_file_that_is_not_a_tar(tmp_pa
     assert [os.path.basename(f["url"]) for f in summary["shards_cut"]] == ["b-000001.tar"]
     assert [os.path.basename(f["url"]) for f in summary["shards_failed"]] == ["c-000002.tar"]
     assert sorted(os.listdir(tmp_path / "out" / "done")) == ["a-000000.json", "b-000001.json"]
+
+
+def test_validate_and_the_decode_stage_agree_on_cut_and_padded_images(tmp_path):
+    # The quick end-marker check said an animated GIF cut after its first frame and a PNG with
+    # bytes after IEND "would fail to decode" (they decode: the loader keeps them), and passed a
+    # cut BMP and TIFF, which it cannot read the end of (the loader drops them).
+    import io
+    from PIL import Image
+
+    def encoded(fmt, **kwargs):
+        buf = io.BytesIO()
+        frames = [Image.new("RGB", (96, 64), (40 * i, 120, 200)) for i in range(6)]
+        frames[0].save(buf, fmt, **kwargs) if fmt != "GIF" else \
+            frames[0].save(buf, "GIF", save_all=True, append_images=frames[1:], duration=100)
+        return buf.getvalue()
+
+    gif, png, bmp, tif = encoded("GIF"), encoded("PNG"), encoded("BMP"), encoded("TIFF")
+    members = {"gifcut.gif": gif[:len(gif) * 2 // 3], "pngtail.png": png + os.urandom(5000),
+               "bmpcut.bmp": bmp[:len(bmp) * 2 // 3], "tifcut.tif": tif[:len(tif) // 2], "ok.png": png}
+    shard = write_shard(tmp_path / "ends-000000.tar", [m for name, data in members.items() for m in
+                                                       ((name, data), (name.split(".")[0] + ".txt", b"a caption"))])
+    spec = "png;gif;bmp;tif"
+    keys, stats = _loader_keys(shard, image_key=spec)
+    assert keys == ["gifcut", "ok", "pngtail"] and stats.dropped == {"corrupt_image": 2}
+    for deep in (False, True):
+        report = validate([shard], image_key=spec, deep=deep)
+        assert sorted(f.key for f in report.findings if f.kind == "corrupt_image") == ["bmpcut", "tifcut"], deep
+        assert report.kept == 3

@@ -86,6 +86,9 @@ def _jpeg_scan_start(data: bytes) -> int:
     return -1
 
 
+MARKED_FORMATS = ("JPEG", "PNG", "WEBP", "GIF")  # the formats cut_short can read the end of
+
+
 def cut_short(data: bytes, fmt: str, scan: Optional[int] = None) -> Optional[str]:
     """Why the image's data ends early, or None. Looks at markers only, decodes nothing. `scan`:
     the JPEG's start-of-scan offset when the caller has walked its header already."""
@@ -137,23 +140,23 @@ def check_image(name: str, key: str, data: bytes, options, log: FindingLog, stat
     if options.max_aspect and max(w, h) / max(min(w, h), 1) > options.max_aspect:
         log.add("extreme_aspect", name, key, f"{w}x{h} has aspect ratio {max(w, h) / max(min(w, h), 1):.1f} "
                                              f"> max_aspect={options.max_aspect}")
-    if options.deep:
+    # The quick check reads end markers; it can only suspect. A suspected image, and one in a
+    # format with no end marker to read (BMP, PPM, TIFF: rare in web data), is decoded as the
+    # decode stage would, so the verdict is the stages' (a GIF cut after its first frame decodes).
+    suspect = None if options.deep else cut_short(data, fmt, scan)
+    if options.deep or suspect or fmt not in MARKED_FORMATS:
         try:  # exactly what the decode stage does, size guard included
             decode_image(data, stage.max_pixels, stage.max_side, stage.oversize, stage.image_mode)
         except OversizedImage as e:
             log.add("oversized_image", name, key, _reason(e))
             info.drop = "oversized_image"
         except DataError as e:
-            log.add("corrupt_image", name, key, _reason(e))
+            log.add("corrupt_image", name, key, (f"{suspect}: " if suspect else "") + _reason(e))
             info.drop = "corrupt_image"
         except Exception as e:
-            log.add("corrupt_image", name, key, f"image does not decode: {type(e).__name__}: {e}")
+            log.add("corrupt_image", name, key, (f"{suspect}: " if suspect else "")
+                    + f"image does not decode: {type(e).__name__}: {e}")
             info.drop = "corrupt_image"
-        return info
-    reason = cut_short(data, fmt, scan)
-    if reason:
-        log.add("corrupt_image", name, key, f"{reason}; it would fail to decode")
-        info.drop = "corrupt_image"
     return info
 
 
