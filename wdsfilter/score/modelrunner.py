@@ -73,7 +73,7 @@ class ModelRunner:
         oom_at = None
         passes = 2 if mem.kind == "host" else 1  # on the CPU the larger batch is timed twice
 
-        def measure(batch) -> Tuple[int, float]:
+        def measure(scorer, batch) -> Tuple[int, float]:
             """(peak bytes above what was allocated before, seconds) of one scored batch: the
             allocator's peak, or the device-level growth where a library allocates outside
             PyTorch (an arena keeps its peak, so growth shows it)."""
@@ -94,7 +94,7 @@ class ModelRunner:
                 scorer.score_batch(batch[:1])  # warm-up
                 mem.empty_cache()
                 retained[scorer.name] = _grown(mem, before, used_before) if mem.kind != "host" else 0
-                peak, one = measure(batch[:1])
+                peak, one = measure(scorer, batch[:1])
                 measured.append(peak)
                 size = len(batch)
                 if one * size * passes > max_seconds:
@@ -102,7 +102,7 @@ class ModelRunner:
                 sizes[scorer.name] = [1, size]
                 frames[scorer.name] = [sum(max(1, int(count(x))) for x in batch[:n]) for n in (1, size)]
                 mem.empty_cache()
-                peak, elapsed = measure(batch[:size])
+                peak, elapsed = measure(scorer, batch[:size])
                 measured.append(peak)
                 seconds += elapsed / size
                 if mem.kind == "host":

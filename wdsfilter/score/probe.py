@@ -5,9 +5,10 @@
     psutil on the host), each model's footprint (memory_allocated after load minus before) and
     what another process costs there;
   * the activation probe (ProbeReport): peak memory above the loaded model for probe batches of
-    two sizes (max_memory_allocated; the larger cut short for a slow scorer), per scorer, giving each scorer's bytes per frame (a video
-    of k frames is k frames, an image one: scorer.frame_count) and a fixed part, plus the model's
-    and the decode side's seconds per sample and the size of one prepared sample;
+    two sizes (max_memory_allocated; the larger cut short for a slow scorer), per scorer, giving
+    each scorer's bytes per frame (a video of k frames is k frames, an image one:
+    scorer.frame_count) and a fixed part, plus the model's and the decode side's seconds per
+    sample and the size of one prepared sample;
   * the host (psutil, memory.host_status): available RAM and CPU cores.
 
 The local engine and the Ray runner build their ProbeReport the same way (ProbeReport.measured).
@@ -127,8 +128,8 @@ def input_lines(reports: List[dict], probe: ProbeReport) -> Tuple[List[Line], Li
         lines.append(("activations" if len(acts) == 1 else f"{name} activations",
                       f"{fs(per)}/{unit} + {fs(fixed)}",
                       f"peak memory above the loaded model for probe batches of "
-                      f"{' and '.join(map(str, p.sizes.get(name, ())))} samples" + (f" ({fps:.2f} frames per sample: memory is planned "
-                                                 f"per frame)" if fps != 1.0 else "")
+                      f"{' and '.join(map(str, p.sizes.get(name, ())))} samples"
+                      + (f" ({fps:.2f} frames per sample: memory is planned per frame)" if fps != 1.0 else "")
                       + ("; the larger ran out of memory" if p.oom_at else "")))
     lines.append(("model speed", f"{p.seconds_per_sample * 1000:.2f} ms/sample",
                   f"probe batch of {p.batch_sizes_text()} with {p.threads} thread(s)"))
