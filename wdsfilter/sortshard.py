@@ -95,35 +95,18 @@ def _rewrite(plain: str, dst: str, rekey: str, src: str) -> SortResult:
     order = sorted(range(len(entries)), key=lambda j: entries[j][0])
     moved = sum(1 for pos, j in enumerate(order) if pos != j)
     mode = "w:gz" if dst.endswith((".tar.gz", ".tgz")) else "w"
-    with atomic_path(dst) as tmp, open(plain, "rb") as source, \
-            tarfile.open(plain, "r:", tarinfo=ShardTarInfo) as tar:
+    with atomic_path(dst) as tmp, tarfile.open(plain, "r:", tarinfo=ShardTarInfo) as tar:
         with tarfile.open(tmp, mode, format=tarfile.PAX_FORMAT) as out:
             for j in order:
                 info = entries[j][1]
                 if info.issparse():
-                    # Its data is stored as a map of regions: written whole, as the file readers
-                    # see it (a sparse header without its map would point at the next members).
-                    whole = copy.copy(info)
-                    whole.type, whole.sparse = tarfile.REGTYPE, None
-                    out.addfile(whole, tar.extractfile(info))
-                    continue
-                source.seek(info.offset_data)
-                out.addfile(info, _Limited(source, info.size))
+                    # Written whole, as readers see the file: its stored data is a map of regions,
+                    # and a sparse header without that map would point at the next members.
+                    info = copy.copy(info)
+                    info.type, info.sparse = tarfile.REGTYPE, None
+                out.addfile(info, tar.extractfile(entries[j][1]))  # reads the member's bytes only
     keys = len({e[0][1] for e in entries if not e[0][0]})
     return SortResult(members=len(entries), keys=keys, moved=moved, skipped=skipped)
-
-
-class _Limited:
-    """A file object that reads at most `size` bytes of `f` (tarfile copies in chunks)."""
-
-    def __init__(self, f, size: int):
-        self.f, self.left = f, size
-
-    def read(self, n: int = -1) -> bytes:
-        n = self.left if n is None or n < 0 else min(n, self.left)
-        data = self.f.read(n)
-        self.left -= len(data)
-        return data
 
 
 @click.command("sort-shard", context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES_HELP)
