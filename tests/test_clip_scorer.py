@@ -263,7 +263,7 @@ def test_video_options_are_checked_at_once(tiny_clip):
 def test_a_cut_short_video_is_scored_from_its_frames_and_noted(scorer, tmp_path):
     """A faststart MP4 cut at 60%: prepare() returns the frames that are there wrapped in Noted
     (corrupt_video, the sampler's message); the row it completes is partial and says so."""
-    from wdsfilter.score.prepare import Prepare
+    from wdsfilter.score.transport import Prepare
     from wdsfilter.score.rows import complete_row, new_row
     from wdsfilter.score.scorers.base import Noted
     from wdsfilter.thresholds import Thresholds

@@ -13,7 +13,7 @@ from wdsfilter import ConfigError, StageConfig
 from wdsfilter.score import build_config
 from wdsfilter.score import models
 from wdsfilter.score.models import resolve_precision, token_count, tokenize
-from wdsfilter.score.prepare import Prepare
+from wdsfilter.score.transport import Prepare
 from wdsfilter.score.scorers.clip import ClipScorer
 from wdsfilter.score.staging import Staging
 from wdsfilter.stages import MARKER

@@ -7,7 +7,7 @@ sys.path.insert(0, ROOT)
 
 from tools.trace_modules import LumaScorer  # noqa: E402
 from wdsfilter.config import StageConfig  # noqa: E402
-from wdsfilter.score.prepare import collect_probe  # noqa: E402
+from wdsfilter.score.probe import collect_probe  # noqa: E402
 
 SHARDS = [os.path.join(ROOT, "sample_shards", f"images-00000{i}.tar") for i in range(2)]
 

@@ -215,7 +215,7 @@ def dispatcher_rate(urls, scorer, stage, out: str, batch_size: int, workers: int
 def decode_rate(urls, scorer, stage_cfg, chunk: int) -> dict:
     import torch
     from wdsfilter.pipeline import sample_pipeline
-    from wdsfilter.score.prepare import Chunk, Prepare
+    from wdsfilter.score.transport import Chunk, Prepare
     from wdsfilter.tally import Tally
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as in a DataLoader worker

@@ -86,7 +86,7 @@ def decode_only(urls, stage, factory, plan) -> int:
     """The engine's decode side alone (same stages, workers, prefetch, chunks)."""
     import torch.utils.data
     from wdsfilter.pipeline import sample_pipeline
-    from wdsfilter.score.prepare import Chunk, Prepare, keep_as_is
+    from wdsfilter.score.transport import Chunk, Prepare, keep_as_is
     from wdsfilter.tally import Tally
     pipeline = sample_pipeline(urls, stage, Tally(), extra=[Prepare([factory()])])
     pipeline.append(Chunk(plan["chunk"]))
@@ -99,7 +99,7 @@ def decode_only(urls, stage, factory, plan) -> int:
 
 def prepared_inputs(urls, stage, factory) -> list:
     from wdsfilter.pipeline import sample_pipeline
-    from wdsfilter.score.prepare import Prepare
+    from wdsfilter.score.transport import Prepare
     from wdsfilter.tally import Tally
     scorer = factory()
     items = sample_pipeline(urls, stage, Tally(), extra=[Prepare([scorer])])

@@ -7,7 +7,8 @@ Runs the real command line (wdsfilter.cli.main score ...) in this process with -
 --device cpu, so decode, dispatch and the model all run here, under sys.setprofile. Every call
 into a wdsfilter module is counted. "Before the first row" lists the modules entered before
 rows.item_row first ran (module imports included); "per-sample path" lists the modules whose
-functions ran at least once per sample (calls >= samples) in the scoring loop (from
+functions ran at least once per sample (calls >= samples; a comprehension or generator
+expression is its function's loop, not a call) in the scoring loop (from
 Dispatcher.run_loader to the run's summary, so the first shard's decode counts too), i.e. the
 files a sample passes through. The default scorer is
 LumaScorer below (mean brightness in numpy), so the trace needs no model download; the default
@@ -51,6 +52,12 @@ class LumaScorer(Scorer):
         return [{"luma": float(x.mean()) / 255.0} for x in inputs]
 
 
+# A comprehension or generator expression runs in a frame of its own, but it is the loop body of
+# the function around it, not another entry into the module. Python 3.12 inlines comprehensions
+# (PEP 709) and reports no call for them at all, so counting them measured the interpreter.
+LOOP_FRAMES = ("<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>")
+
+
 def _module_of(filename: str, package_dir: str):
     if not filename.startswith(package_dir):
         return None
@@ -74,6 +81,8 @@ def trace(argv: List[str]) -> Dict[str, object]:
         if module is None:
             return
         name = frame.f_code.co_qualname
+        if name.endswith(LOOP_FRAMES):  # the loop of the function that holds it, which counted already
+            return
         if not state["first_row"]:
             if name in ("item_row", "ShardRows.add"):  # the first row (ShardRows.add before rows.py)
                 state["first_row"] = True
@@ -105,12 +114,12 @@ def main(argv=None) -> dict:
     with tempfile.TemporaryDirectory() as out:
         run = trace(["score", *args.shards, "--out", out, "--scorer", args.scorer, "--device", "cpu",
                      "--workers", "0", "--no-progress", "--no-histograms"])
+        if run["exit_code"] != 0:
+            print(run["output"])
+            raise SystemExit(f"the traced run failed (exit {run['exit_code']})")
         import json
         with open(os.path.join(out, "summary.json")) as f:
             samples = json.load(f)["rows"]
-    if run["exit_code"] != 0:
-        print(run["output"])
-        raise SystemExit(f"the traced run failed (exit {run['exit_code']})")
     calls: Counter = run["calls"]
     per_sample = sorted(m for m, n in calls.items() if n >= samples)
     print(f"traced `wdsfilter score` over {len(args.shards)} shard(s), {samples} samples, scorer {args.scorer}")

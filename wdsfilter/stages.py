@@ -20,9 +20,8 @@ from .curry import pipelinefilter  # webdataset's, without importing webdataset 
 from .errors import ConfigError, DataError
 from .images import decode_image
 from .markers import MARKER, reject_marker  # markers flow through every stage untouched (markers.py)
-from .reading import group_samples, tar_members
-from .selection import select_sample
-from .specs import VIDEO_EXTS, parse_json_member
+from .reading import OVERSIZED, group_samples, tar_members
+from .specs import VIDEO_EXTS, FieldRef, find_caption, is_dotted, parse_json_member
 from .tally import Tally
 
 
@@ -134,6 +133,45 @@ class FirstShardCheck:
                     f"  {self.census.describe()}\n"
                     f"  {hint or 'no ' + what + ' candidate found; check the shards with wdsfilter validate'}")
         return None
+
+
+def select_sample(sample: dict, cfg: StageConfig) -> Tuple[Optional[str], Optional[FieldRef], Optional[str], Optional[str]]:
+    """The select decision, the one both the select stage and the validator ask (its per-sample
+    verdict), so that what validate reports is what training gets.
+
+    Returns (caption, image alternative, None, None) for a sample that is kept, else (caption or
+    None, image alternative or None, reason, missing): `missing` is "caption" or "image" when the
+    spec found no such member, "data" when the member is there but broken (invalid_utf8,
+    invalid_json, empty_caption) or was skipped unread (oversized_member, special_member,
+    corrupt_member: its reason is the sample's reason)."""
+    if OVERSIZED in sample:  # emptied by the reader: its members are names only
+        exts = cfg.image_spec.exts + cfg.caption_spec.exts
+        return None, None, "dotted_basename" if _dotted_match(sample, exts) else "oversized_sample", "data"
+    caption, reason = find_caption(sample, cfg.caption_spec)
+    image = cfg.image_spec.first_present(sample)
+    if caption is not None and image is not None:
+        return caption, image, None, None
+    missing = "caption" if caption is None else "image"
+    skipped = sample.get("__skipped__")
+    if caption is None and reason not in ("missing_caption", "caption_not_text"):
+        missing = "data"  # the field is there but broken
+    elif skipped and (why := _skip_reason(skipped, cfg, caption is None, image is None)):
+        reason, missing = why, "data"
+    elif _dotted_match(sample, cfg.image_spec.exts + cfg.caption_spec.exts):
+        reason = "dotted_basename"
+    elif caption is not None:
+        reason = "missing_image"
+    return caption, image, reason, missing
+
+
+def _skip_reason(skipped: dict, cfg: StageConfig, no_caption: bool, no_image: bool) -> Optional[str]:
+    """The reason of a skipped member the sample needed (its caption or its image), if any."""
+    wanted = (cfg.caption_spec.exts if no_caption else ()) + (cfg.image_spec.exts if no_image else ())
+    return next((skipped[e] for e in wanted if e in skipped), None)
+
+
+def _dotted_match(sample: dict, exts) -> bool:
+    return any(is_dotted(e) and e.rsplit(".", 1)[-1] in exts for e in sample if not e.startswith("__"))
 
 
 def _select(data: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator[dict]:

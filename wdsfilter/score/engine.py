@@ -1,6 +1,6 @@
 """The local scoring engine: shards -> decode workers -> model workers -> per-shard score files.
 
-    DataLoader workers   sample_pipeline(emit_rejects=True) + Prepare(scorers) + Chunk   (prepare.py)
+    DataLoader workers   sample_pipeline(emit_rejects=True) + Prepare(scorers) + Chunk   (transport.py)
     main process         Dispatcher: rows, batches, shard completion                     (dispatch.py)
     model workers        ModelRunner: score_batch through the OOM back-off                (modelworker.py)
 
@@ -24,10 +24,10 @@ from .memory import host_status
 from .outputs import RunSummary, preload_writer
 from .plan import Plan
 from .planner import make_plan
-from .prepare import Chunk, Prepare, collect_probe, keep_as_is
-from .probe import ProbeReport
+from .probe import ProbeReport, collect_probe
 from .rows import NothingScoredError  # noqa: F401 - raised by run(); importable from here as before
 from .run import Run
+from .transport import Chunk, Prepare, keep_as_is
 
 log = logging.getLogger("wdsfilter")
 

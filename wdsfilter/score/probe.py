@@ -17,9 +17,12 @@ input_lines renders these numbers as the first lines of the plan; planner.py dec
 from __future__ import annotations
 
 import math
+import pickle
+import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from ..markers import MARKER, SHARD_END
 from .config import format_size as fs
 from .plan import Line
 
@@ -68,10 +71,9 @@ class ProbeReport:
 
     @classmethod
     def measured(cls, inputs: List[dict], scanned: int, prepare_seconds: float, pool_probe=None) -> "ProbeReport":
-        """A report from the probe samples (prepare.collect_probe) and, given two or more of them,
+        """A report from the probe samples (collect_probe below) and, given two or more of them,
         a model worker's probe of them (`pool_probe(inputs)` -> ModelRunner.probe's dict). The
         local engine and the Ray runner build theirs the same way."""
-        from .prepare import nbytes
         report = cls(samples=len(inputs), scanned=scanned, prepare_seconds=prepare_seconds)
         if inputs:
             report.prepared_bytes = int(sum(nbytes(x) for x in inputs) / len(inputs))
@@ -146,3 +148,51 @@ def input_lines(reports: List[dict], probe: ProbeReport) -> Tuple[List[Line], Li
         warnings.append(f"the {name} probe failed ({error}); its activation memory is not measured "
                         f"and the back-off will handle what does not fit")
     return lines, warnings
+
+
+def nbytes(obj: Any) -> int:
+    """Host bytes of a prepared input: tensor/array storage, else its pickled size."""
+    if hasattr(obj, "element_size") and hasattr(obj, "nelement"):
+        return int(obj.element_size() * obj.nelement())
+    if hasattr(obj, "nbytes") and not isinstance(obj, (bytes, bytearray)):
+        return int(obj.nbytes)
+    if isinstance(obj, (bytes, bytearray)):
+        return len(obj)
+    if isinstance(obj, dict):
+        return sum(nbytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(nbytes(v) for v in obj)
+    try:
+        return len(pickle.dumps(obj))
+    except Exception:  # noqa: BLE001 - an estimate only
+        return 0
+
+
+def collect_probe(urls: Sequence[str], stage_cfg, scorers: Sequence, want: int, scan: int,
+                  max_seconds: float = 30.0):
+    """Read, decode and prepare samples in this process until `want` of them were prepared by
+    every scorer (or `scan` samples were read, or `max_seconds` passed). Returns (inputs, seconds
+    per sample, samples read)."""
+    from ..pipeline import sample_pipeline
+    from ..tally import Tally
+    from .transport import Prepare
+    pipe = sample_pipeline(list(urls), stage_cfg, Tally(), extra=[Prepare(scorers)])
+    found: List[Dict[str, Any]] = []
+    seen = 0
+    start = time.perf_counter()
+    iterator = iter(pipe)
+    try:
+        for item in iterator:
+            if item.get(MARKER) == SHARD_END:
+                continue
+            seen += 1
+            if MARKER not in item and not item["errors"]:
+                found.append(item["inputs"])
+            if len(found) >= want or seen >= scan or time.perf_counter() - start > max_seconds:
+                break
+    finally:
+        close = getattr(iterator, "close", None)
+        if close:
+            close()
+    elapsed = time.perf_counter() - start
+    return found, (elapsed / seen if seen else 0.0), seen

@@ -33,7 +33,7 @@ def read_shard(batch, cfg, scorers, rows_per_block: int = 64) -> Iterator[Dict[s
     from ..markers import MARKER, SHARD_END
     from ..pipeline import sample_pipeline
     from ..tally import Tally
-    from .prepare import Prepare
+    from .transport import Prepare
 
     stage = cfg.scoring_stage_config(scorers)
     bounds = cfg.row_bounds
@@ -148,7 +148,7 @@ def measure(cfg, scorers, model_scorers, urls: Sequence[str], device: str) -> di
     from .memory import host_status
     from .modelrunner import ModelRunner
     from .planner import ProbeReport
-    from .prepare import collect_probe
+    from .probe import collect_probe
 
     inputs, prep_seconds, scanned = collect_probe(list(urls), cfg.scoring_stage_config(scorers), scorers,
                                                   cfg.probe_samples, cfg.probe_scan, cfg.probe_seconds)

@@ -1,4 +1,11 @@
-"""Moving prepared inputs between processes without the main process touching pixels.
+"""The scorers' inputs, from the decode worker to the model worker, without the main process
+touching pixels. Two stages run in the DataLoader workers, appended to the sample pipeline:
+
+    sample_pipeline(emit_rejects=True) -> Prepare(scorers) -> watch -> Chunk(n)
+
+Prepare calls each scorer's prepare() on the decoded sample and keeps only what the model worker
+needs (the PIL image and raw bytes stop there). Chunk groups items into lists so one inter-process
+transfer carries many samples, and flushes at each shard end so a finished shard is not held back.
 
 Each tensor and numpy array of a chunk is written once, in the decode worker, into one uint8
 buffer allocated in shared memory (`pack`); a TensorSlot (offset, size, dtype, shape) takes its
@@ -40,9 +47,71 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+
+from ..errors import DataError
+from ..markers import MARKER, SHARD_END
+from .scorers.base import NOTES, Noted
 
 _ALIGN = 64  # every slot starts on a 64-byte boundary, so any dtype can view it
+
+
+class Prepare:
+    """Picklable stage: sample -> {"__key__", "__url__", "inputs": {scorer: input}, "errors":
+    {scorer: (reason, message)}} (and errors[NOTES]: {scorer: (reason, message)} of inputs
+    prepare() returned as Noted, scored from incomplete data). A DataError from prepare() is the sample's reason; any other
+    exception is a bug in the scorer and raises, naming the sample."""
+
+    def __init__(self, scorers: Sequence):
+        self.scorers = list(scorers)
+
+    def __call__(self, data: Iterable[dict]) -> Iterator[dict]:
+        for sample in data:
+            if MARKER in sample:
+                yield sample
+                continue
+            inputs: Dict[str, Any] = {}
+            errors: Dict[str, Any] = {}
+            notes: Dict[str, Tuple[str, str]] = {}
+            for scorer in self.scorers:
+                try:
+                    prepared = scorer.prepare(sample)
+                    if isinstance(prepared, Noted):  # scored from incomplete data: the row says so
+                        notes[scorer.name] = (prepared.reason, prepared.message)
+                        prepared = prepared.input
+                    inputs[scorer.name] = prepared
+                except DataError as e:
+                    errors[scorer.name] = (e.reason, str(e))
+                except Exception as e:
+                    raise type(e)(f"{e} (in {scorer.name}.prepare on sample {sample.get('__key__')!r} of shard "
+                                  f"{sample.get('__url__')})") from e
+            if notes:
+                errors[NOTES] = notes
+            yield {"__key__": sample["__key__"], "__url__": sample["__url__"], "inputs": inputs, "errors": errors}
+
+
+class Chunk:
+    """Picklable stage: items -> transport.Packed chunks of up to `size` items, cut after every
+    shard end, their tensors and arrays in one shared buffer (the dispatcher forwards slots into
+    it; model workers view it: transport.Batch)."""
+
+    def __init__(self, size: int):
+        self.size = max(1, int(size))
+
+    def __call__(self, data: Iterable[dict]) -> Iterator[Any]:
+        buf: List[dict] = []
+        for item in data:
+            buf.append(item)
+            if len(buf) >= self.size or item.get(MARKER) == SHARD_END:
+                yield pack(buf)
+                buf = []
+        if buf:
+            yield pack(buf)
+
+
+def keep_as_is(item):
+    """DataLoader collate_fn: leave scorer inputs exactly as prepare() made them."""
+    return item
 
 
 class TensorSlot(NamedTuple):

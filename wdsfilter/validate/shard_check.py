@@ -20,8 +20,7 @@ from ..members import MemberCaps
 from ..reading import OVERSIZED, ShardEnd, group_samples, iter_tar, screen_member
 from ..shards import is_pipe, is_remote, open_shard
 from ..specs import json_path_get, split_name
-from ..stages import CaptionCleaner
-from ..selection import select_sample
+from ..stages import CaptionCleaner, select_sample
 from ..tally import Tally
 from . import tar_reader
 from .checks import safety
