@@ -63,8 +63,9 @@ class WdsLoader:
     """Iterable of batches; wraps a torch DataLoader and exposes the pipeline's counts."""
 
     def __init__(self, dataloader, pipeline, sink: StatsSink, num_batches: Optional[int],
-                 num_samples: Optional[int] = None, watchdog: bool = True):
+                 num_samples: Optional[int] = None, watchdog: bool = True, batch_size: int = 0):
         self.dataloader = dataloader
+        self.batch_size = batch_size
         self.watchdog = watchdog  # raise on an epoch that yields nothing (starvation_* not 0)
         self.pipeline = pipeline
         self.sink = sink
@@ -74,10 +75,22 @@ class WdsLoader:
         self.num_samples = num_samples
 
     def __iter__(self):
-        yield from self.dataloader
+        # Per epoch, not per loader: persistent workers keep their counts across epochs, so what
+        # this epoch gave is its batches, and what came out is the growth of the merged tally.
+        out_before = self.stats.samples_out if self.watchdog else 0
+        batches = 0
+        for batch in self.dataloader:
+            batches += 1
+            yield batch
         stats = self.stats
-        if self.watchdog and not stats.samples_out:
+        if self.watchdog and not batches:
             stats.name = "wdsfilter.loader"
+            came_out = stats.samples_out - out_before
+            if came_out:
+                raise StarvationError(
+                    f"wdsfilter.loader: the epoch gave no batch: {came_out} sample(s) came out, fewer than "
+                    f"batch_size={self.batch_size} per worker, and drop_last=True drops a partial batch; "
+                    f"training would run on nothing. Use a smaller batch_size or drop_last=False.")
             raise StarvationError(stats.empty_epoch_message())
         if sum(stats.dropped.values()) or stats.notes:
             log.warning("wdsfilter loader finished an epoch:\n%s", stats.summary())
@@ -215,7 +228,7 @@ def loader(urls, caption_key: Optional[str] = None, image_key: Optional[str] = N
         persistent_workers=persistent_workers and num_workers > 0,
         multiprocessing_context=multiprocessing_context if num_workers > 0 else None, **extra_args)
     return WdsLoader(dataloader, pipeline, sink, num_batches, num_samples,
-                     watchdog=bool(config.starvation_samples or config.starvation_seconds))
+                     watchdog=bool(config.starvation_samples or config.starvation_seconds), batch_size=batch_size)
 
 
 def sizes_json_samples(urls: Sequence[str]) -> Optional[int]:
