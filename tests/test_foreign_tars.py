@@ -322,6 +322,35 @@ def test_score_names_a_shard_cut_short_and_fails_a_file_that_is_not_a_tar(tmp_pa
     assert sorted(os.listdir(tmp_path / "out" / "done")) == ["a-000000.json", "b-000001.json"]
 
 
+
+@needs_tar
+def test_a_compressed_shard_cut_at_its_first_member_is_cut_short_not_called_a_non_tar(tmp_path):
+    # A .tar.gz whose first member decompresses past max_decompressed_bytes was read up to that
+    # member's header: it is a tar cut short (truncated_tar, as validate and the loader say), and
+    # score said "is it a tar (a git-lfs pointer file, an HTML error page)?" and failed the run.
+    src = tmp_path / "d"
+    os.makedirs(src)
+    (src / "s0.txt").write_bytes(b"\0" * (3 << 20))  # 3 MB of zeros: a few KB gzipped
+    _samples(src, ["s1"])
+    shards = tmp_path / "shards"
+    os.makedirs(shards)
+    bomb = str(shards / "b-000001.tar.gz")
+    subprocess.run([GNU_TAR, "--sort=name", "-C", str(src), "-czf", bomb, "."], check=True)
+    good = write_shard(shards / "a-000000.tar", [(f"{i:04d}.{ext}", data) for i in range(3) for ext, data in
+                                                 (("jpg", image_bytes()), ("txt", b"a red square"))])
+    cap = ["--max-bytes", "decompressed=1MiB"]
+    result = _score(shards, tmp_path / "out", *cap)
+    assert result.exit_code == 0, result.output
+    assert "is it a tar" not in result.output
+    assert "CUT SHORT" in result.output and "max_decompressed_bytes" in result.output.split("CUT SHORT")[1]
+    import json
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert [os.path.basename(f["url"]) for f in summary["shards_cut"]] == ["b-000001.tar.gz"]
+    assert summary["shards_failed"] == []
+    report = validate([good, bomb], byte_caps={"max_decompressed_bytes": 1 << 20}, jobs=1)
+    assert [f.kind for f in report.findings if f.shard == bomb] == ["truncated_tar"]
+
+
 def test_validate_and_the_decode_stage_agree_on_cut_and_padded_images(tmp_path):
     # The quick end-marker check said an animated GIF cut after its first frame and a PNG with
     # bytes after IEND "would fail to decode" (they decode: the loader keeps them), and passed a

@@ -26,7 +26,10 @@ def reject_marker(key: str, url: str, reason: str, message: str) -> dict:
     return {"__key__": key, "__url__": url, MARKER: REJECTED, REJECT: reason, "__message__": message}
 
 
-def shard_end_marker(url: str, members: int, error: Optional[str], failed: bool = False) -> dict:
-    """failed: the shard's stream failed (a pipe: command, a cut download): it is not done."""
-    return {MARKER: SHARD_END, "__url__": url, "__key__": "", "members": members, "error": error, "failed": failed}
+def shard_end_marker(url: str, members: int, error: Optional[str], failed: bool = False,
+                     not_a_tar: bool = False) -> dict:
+    """failed: the shard's stream failed (a pipe: command, a cut download): it is not done.
+    not_a_tar: no member header could be read (reading.ShardEnd.not_a_tar): it is not done either."""
+    return {MARKER: SHARD_END, "__url__": url, "__key__": "", "members": members, "error": error, "failed": failed,
+            "not_a_tar": not_a_tar}
 

@@ -47,6 +47,12 @@ class ShardEnd:
     # must not mark it done. A tar cut inside a file that was read to its end is `error` only.
     failed: Optional[str] = None
 
+    @property
+    def not_a_tar(self) -> bool:
+        """It broke before the first member header: no tar at all (a git-lfs pointer, an HTML
+        error page), as opposed to a tar cut short, even at its first member."""
+        return bool(self.error) and not self.members and not self.member
+
 
 class ShardTarInfo(tarfile.TarInfo):
     """How every wdsfilter reader parses a tar header (tarfile.open(..., tarinfo=ShardTarInfo)):
@@ -400,7 +406,7 @@ def group_samples(members: Iterable["dict | ShardEnd"], cfg: StageConfig, tally:
             held_total = 0
             emitted.clear()
             last_key = None
-            if m.error and not m.members and not m.member:  # no first member header: not a tar at all
+            if m.not_a_tar:
                 tally.drop("unreadable_shard", STAGE, m.url, m.member,
                            f"{m.error}; no member could be read. Is it a tar (a git-lfs pointer file, an "
                            f"HTML error page)? Re-create or re-download it")
@@ -409,7 +415,7 @@ def group_samples(members: Iterable["dict | ShardEnd"], cfg: StageConfig, tally:
                            f"{m.error}; {m.members} member(s) read before the break were kept. "
                            f"Re-create or re-download this shard")
             if cfg.emit_rejects:
-                yield shard_end_marker(m.url, m.members, m.error, m.failed)
+                yield shard_end_marker(m.url, m.members, m.error, m.failed, m.not_a_tar)
             continue
         fname, url = m["fname"], m["__url__"]
         key, ext = split_name(fname, rekey)

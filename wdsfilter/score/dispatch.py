@@ -142,7 +142,8 @@ class Dispatcher:
     def _maybe_finish(self, s: ShardRows) -> None:
         if not s.complete:
             return
-        failed = write_shard(s.url, s.rows, {"members": s.members, "error": s.error, "failed": s.failed}, self.cfg,
+        failed = write_shard(s.url, s.rows, {"members": s.members, "error": s.error, "failed": s.failed,
+                                              "not_a_tar": s.not_a_tar}, self.cfg,
                              self.run.state, self.run.columns)
         del self.shards[s.url]
         if failed:

@@ -46,7 +46,8 @@ def read_shard(batch, cfg, scorers, rows_per_block: int = 64) -> Iterator[Dict[s
         end = None
         for item in pipeline:
             if item.get(MARKER) == SHARD_END:
-                end = {"error": item.get("error"), "members": item.get("members", 0), "failed": item.get("failed")}
+                end = {"error": item.get("error"), "members": item.get("members", 0), "failed": item.get("failed"),
+                       "not_a_tar": item.get("not_a_tar", False)}
                 continue
             row = item_row(item, index, scorers, bounds)
             row["shard"] = url  # the URL as the driver knows it (the worker opened `path`)

@@ -92,6 +92,7 @@ class ShardRows:
         self.ended = False
         self.error: Optional[str] = None
         self.failed: Optional[str] = None  # the stream failed: not read to its end
+        self.not_a_tar = False  # no member header could be read
         self.members = 0
 
     def add(self, item: dict, scorers: Sequence, thresholds: Optional[Thresholds]) -> Optional[int]:
@@ -107,7 +108,7 @@ class ShardRows:
 
     def end(self, marker: dict) -> None:
         self.ended, self.error, self.members = True, marker.get("error"), marker.get("members", 0)
-        self.failed = marker.get("failed")
+        self.failed, self.not_a_tar = marker.get("failed"), marker.get("not_a_tar", False)
 
     @property
     def complete(self) -> bool:
@@ -124,12 +125,12 @@ def status_counts(rows: Sequence[dict]) -> Dict[str, int]:
 def write_shard(url: str, rows: List[dict], end: dict, cfg, state, columns: Sequence[str],
                 source: Optional[str] = None, **marker_extra) -> Optional[str]:
     """Write one complete shard's outputs in order (score file, embeddings, filtered shard,
-    completion marker). `end` is its shard_end marker (members, error, failed). Returns None when
+    completion marker). `end` is its shard_end marker (members, error, failed, not_a_tar). Returns None when
     done, else why the shard failed; a failed shard gets no marker, so --resume scores it again.
     A full disk raises (faults.py): the run stops."""
     if end.get("failed"):  # the stream failed, the shard was not read to its end: no outputs
         return read_failed_reason(end["failed"])
-    if end.get("error") and not end.get("members"):  # nothing could be read: no outputs, no marker
+    if end.get("not_a_tar"):  # no member header could be read: no outputs, no marker
         return (f"no member could be read ({end['error']}); is it a tar (a git-lfs pointer file, an HTML "
                 f"error page)? Re-create or re-download it; no marker: --resume reads it again")
     write_table(rows, columns, state.score_path(url), cfg.format)

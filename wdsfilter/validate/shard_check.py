@@ -332,10 +332,9 @@ class _ShardCheck:
         end, log = self.end, self.log
         error = end.error if end else None
         if error:
-            if end.members == 0:
-                key = split_name(end.member, self.stage.rekey)[0] if end.member else None
-                log.add("unreadable_tar", end.member, key or "",
-                        f"{error}; no member could be read. Is it a tar? Re-create or re-download it")
+            if end.not_a_tar:
+                log.add("unreadable_tar", "", "", f"{error}; no member could be read. Is it a tar (a git-lfs "
+                                                  f"pointer file, an HTML error page)? Re-create or re-download it")
             else:
                 key = split_name(end.member, self.stage.rekey)[0] or ""
                 if self.keys.last and end.member == self.keys.last[0]:
