@@ -1,18 +1,17 @@
 """Which wdsfilter modules one `wdsfilter score` run enters: before its first row, and on the
 per-sample path (what a reader must open to follow one sample from shard URL to score row).
 
-    python tools/trace_modules.py [SHARD ...] [--scorer module:Class] [--samples-only]
+    python tools/trace_modules.py [SHARD ...] [--scorer module:Class]
 
-Runs the real command line (wdsfilter.cli.main score ...) in this process with --workers 0 and
---device cpu, so decode, dispatch and the model all run here, under sys.setprofile. Every call
-into a wdsfilter module is counted. "Before the first row" lists the modules entered before
-rows.item_row first ran (module imports included); "per-sample path" lists the modules whose
-functions ran at least once per sample (calls >= samples; a comprehension or generator
-expression is its function's loop, not a call) in the scoring loop (from
+Runs the real command line (wdsfilter.cli.main score ...) in this process with --workers 0,
+--device cpu and --batch-size 16 (BATCH), so decode, dispatch and the model all run here, under
+sys.setprofile. Every call into a wdsfilter module is counted. "Before the first row" lists the
+modules entered before rows.item_row first ran (module imports included); "per-sample path" lists
+the modules whose functions ran at least once per sample (calls >= samples; a comprehension or
+generator expression is its function's loop, not a call) in the scoring loop (from
 Dispatcher.run_loader to the run's summary, so the first shard's decode counts too), i.e. the
-files a sample passes through. The default scorer is
-LumaScorer below (mean brightness in numpy), so the trace needs no model download; the default
-shards are sample_shards/images-00000{0,1}.tar.
+files a sample passes through. The default scorer is LumaScorer below (mean brightness in numpy),
+so the trace needs no model download; the default shards are sample_shards/images-00000{0,1}.tar.
 """
 from __future__ import annotations
 
@@ -56,6 +55,11 @@ class LumaScorer(Scorer):
 # the function around it, not another entry into the module. Python 3.12 inlines comprehensions
 # (PEP 709) and reports no call for them at all, so counting them measured the interpreter.
 LOOP_FRAMES = ("<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>")
+
+
+# Fixed, not planned: the planner sizes batches by measured speed, and on a loaded machine it can
+# pick batches of one or two samples, when what runs once per batch would count as per sample.
+BATCH = 16
 
 
 def _module_of(filename: str, package_dir: str):
@@ -113,7 +117,7 @@ def main(argv=None) -> dict:
     sys.path.insert(0, ROOT)
     with tempfile.TemporaryDirectory() as out:
         run = trace(["score", *args.shards, "--out", out, "--scorer", args.scorer, "--device", "cpu",
-                     "--workers", "0", "--no-progress", "--no-histograms"])
+                     "--workers", "0", "--batch-size", str(BATCH), "--no-progress", "--no-histograms"])
         if run["exit_code"] != 0:
             print(run["output"])
             raise SystemExit(f"the traced run failed (exit {run['exit_code']})")
