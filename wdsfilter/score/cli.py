@@ -40,7 +40,8 @@ def _echo(text: str) -> None:
 @click.option("--max", "maxes", multiple=True, metavar="COLUMN=X", help="Keep samples with COLUMN <= X. Repeatable.")
 @click.option("--write-shards", default=None, metavar="DIR", help="Write filtered shards (original bytes) here.")
 @click.option("--save-embeddings", is_flag=True, default=None,
-              help="clip: also write float16 image/caption embeddings, OUT/embeddings/<shard>.img.npy and .txt.npy.")
+              help="clip: also write float16 image/caption embeddings in clip-retrieval's layout: "
+                   "OUT/embeddings/img_emb, text_emb and metadata.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--gpus", default=None, metavar="0,1", help="GPUs to use (one model worker each, or more: --replicas).")
 @click.option("--batch-size", default="auto", show_default=True, help="auto (memory planner) or N.")

@@ -22,6 +22,7 @@ from ..atomic import remove_temporaries, write_json
 from ..errors import ConfigError
 from ..shards import split_suffix
 from .config import ScoreConfig
+from .embeddings import folders as embedding_folders
 from .outputs import EXTENSIONS
 
 
@@ -137,7 +138,7 @@ class RunState:
         return [f for f in os.listdir(self.scores_dir) if not f.startswith(".")]
 
     def _clear(self) -> None:
-        for folder in (self.done_dir, self.scores_dir, os.path.join(self.out, "embeddings")):
+        for folder in (self.done_dir, self.scores_dir, *embedding_folders(self.out)):
             if os.path.isdir(folder):
                 for f in os.listdir(folder):
                     os.remove(os.path.join(folder, f))
@@ -145,7 +146,7 @@ class RunState:
     def _remove_temporaries(self) -> None:
         """Temporaries of a killed run (atomic.temporary_path) are never complete: delete them."""
         for folder in (self.scores_dir, self.done_dir, self.out, self.cfg.write_shards,
-                       os.path.join(self.out, "embeddings")):
+                       *embedding_folders(self.out)):
             remove_temporaries(folder)
 
     # -- markers ----------------------------------------------------------------------------------
