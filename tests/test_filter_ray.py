@@ -32,8 +32,9 @@ def test_filter_reads_a_ray_run_like_a_local_one(tiny_clip, tmp_path):
     for engine in ("local", "ray"):
         folder = str(tmp_path / engine)
         assert os.path.exists(os.path.join(folder, "report.html"))  # score wrote it on both engines
-        assert sorted(os.listdir(os.path.join(folder, "embeddings"))) == sorted(
-            f"{os.path.basename(s)[:-4]}.{p}.npy" for s in SHARDS for p in ("img", "txt"))
+        for sub, ext in (("img_emb", ".npy"), ("text_emb", ".npy"), ("metadata", ".parquet")):  # clip-retrieval's layout
+            assert sorted(os.listdir(os.path.join(folder, "embeddings", sub))) == sorted(
+                os.path.basename(s)[:-4] + ext for s in SHARDS)
         r = run_cli("filter", folder, "--top", "clip_score=40%", "--write-shards", str(tmp_path / f"{engine}-kept"),
                     "--samples-per-shard", "16", "--no-report")
         assert r.returncode == 0, r.stderr
