@@ -20,7 +20,8 @@ from typing import Iterable, List, Tuple
 
 from ..atomic import atomic_path
 from ..shards import is_local, local_path, open_shard
-from ..reading import ShardTarInfo, compression
+from ..decompress import compression
+from ..reading import ShardTarInfo
 from ..specs import split_name
 
 BLOCK = 512

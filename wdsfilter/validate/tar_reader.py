@@ -25,8 +25,8 @@ from zlib import adler32
 from typing import IO, Iterator, Optional, Tuple
 
 from ..members import MemberCaps
-from ..reading import (MAX_EXTENDED_HEADER, DecompressionCapError, ShardEnd, open_layers, oversized_member,
-                       special_member)
+from ..decompress import DecompressionCapError, open_layers
+from ..reading import MAX_EXTENDED_HEADER, ShardEnd, oversized_member, special_member
 
 BLOCK = 512
 _ZERO = bytes(BLOCK)
