@@ -377,3 +377,22 @@ def test_validate_and_the_decode_stage_agree_on_cut_and_padded_images(tmp_path):
         report = validate([shard], image_key=spec, deep=deep)
         assert sorted(f.key for f in report.findings if f.kind == "corrupt_image") == ["bmpcut", "tifcut"], deep
         assert report.kept == 3
+
+
+def test_write_shards_into_the_input_folder_is_refused_and_the_shards_are_untouched(tmp_path):
+    # An img2dataset folder scored with --write-shards pointed at itself: each shard was replaced
+    # by its filtered copy (the dropped samples gone for good) and img2dataset's stats overwritten.
+    folder = tmp_path / "laion"
+    os.makedirs(folder)
+    shard = write_shard(folder / "00000.tar", [(f"{i:04d}.{ext}", data) for i in range(4) for ext, data in
+                                               (("jpg", image_bytes()), ("txt", b"a red square"))])
+    (folder / "00000_stats.json").write_text('{"count": 4, "successes": 4, "failed_to_download": 0}')
+    before = {p: open(p, "rb").read() for p in (shard, str(folder / "00000_stats.json"))}
+    os.symlink(folder, tmp_path / "same")
+    for target in (folder, tmp_path / "same"):  # the same folder by another path too
+        result = _score(shard, tmp_path / "out", "--write-shards", str(target), "--min", "luma=0.9")
+        assert result.exit_code == 2, result.output
+        assert "is the folder of the input shard" in result.output and "another folder" in result.output
+    assert {p: open(p, "rb").read() for p in before} == before
+    result = _score(shard, tmp_path / "out", "--write-shards", str(tmp_path / "kept"))
+    assert result.exit_code == 0, result.output

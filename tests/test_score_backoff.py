@@ -130,7 +130,12 @@ def test_back_off_in_model_worker_processes(tmp_path):
                     batch_size=8, workers=1, replicas=1, progress=False)
     _check_rows(str(tmp_path / "out"), images)
     sizes = summary.batch_sizes()
-    assert [(s["device"], s["planned"], s["final"]) for s in sizes] == [("sim:bo4", 8, 2), ("sim:bo5", 8, 2)]
+    assert [(s["device"], s["planned"]) for s in sizes] == [("sim:bo4", 8), ("sim:bo5", 8)]
+    for s, w in zip(sizes, summary.workers):  # each process backed off on its own: 8 -> 4 -> 2
+        assert s["halvings"] >= 2 and s["causes"] == ["cuda_oom"] and w["backoff"]["bright"]["smallest_batch_size"] == 2
+        # A worker that took most of the samples (the other one slow to start on a loaded machine)
+        # scores GROW_AFTER sub-batches of 2 without a failure and may end having grown back to 4.
+        assert s["final"] == 2 or (s["final"] == 4 and s["grown"] >= 1), s
     assert sum(w["backoff"]["bright"]["scored"] for w in summary.workers) == len(images)
 
 

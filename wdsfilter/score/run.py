@@ -8,11 +8,11 @@ from __future__ import annotations
 import copy
 import logging
 import os
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Sequence
 
 from ..errors import ConfigError
 from ..keycheck import check_keys
-from ..shards import expand_urls, unique_urls
+from ..shards import expand_urls, is_local, local_path, unique_urls
 from ..specs import utf8_text
 from ..filtering.run import score_report
 from .config import ScoreConfig
@@ -39,6 +39,7 @@ class Run:
             raise ConfigError(f"shard path '{utf8_text(unnamed[0])}' is not UTF-8 ({len(unnamed)} such shard(s)): "
                               f"rename it (e.g. `convmv -f latin1 -t utf8`) before scoring; member names "
                               f"inside shards may be any bytes")
+        refuse_writing_into_inputs(cfg.write_shards, self.urls)
         if repeats:
             log.warning(f"{len(repeats)} shard(s) given more than once are scored once: "
                         f"{', '.join(repeats[:3])}{' ...' if len(repeats) > 3 else ''}")
@@ -109,3 +110,16 @@ def nothing_scored_text(summary: RunSummary, finished: int, scores_dir: str) -> 
     lines += [f"  shard {f['url']}: {f['reason']}" for f in summary.shards_failed]
     lines.append(f"  details: {summary.files['summary']} and the score files in {scores_dir}")
     return "\n".join(lines)
+
+
+def refuse_writing_into_inputs(write_shards: Optional[str], urls: Sequence[str]) -> None:
+    """--write-shards into a folder that holds input shards would replace each input shard by its
+    filtered copy (same file name): the dropped samples gone for good, its img2dataset stats
+    overwritten. Refused before anything is read or written."""
+    if not write_shards:
+        return
+    target = os.path.realpath(write_shards)
+    for url in urls:
+        if is_local(url) and os.path.dirname(os.path.realpath(local_path(url))) == target:
+            raise ConfigError(f"--write-shards {write_shards} is the folder of the input shard {url}: the filtered "
+                              f"copies would overwrite the shards they are read from. Write them to another folder")
