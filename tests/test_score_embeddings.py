@@ -102,6 +102,11 @@ def test_resume_rewrites_an_unfinished_shard_consistently(tiny_clip, tmp_path):
         if not f.name.startswith("images-000000."):
             assert (emb / f).stat().st_mtime_ns == stamps[f]  # finished shards untouched
     assert (emb / "img_emb" / "images-000000.npy").read_bytes() == before[pathlib.Path("img_emb", "images-000000.npy")]
+    # A finished shard whose embeddings file is gone is not done: --resume writes it again.
+    os.remove(emb / "text_emb" / "images-000000.npy")
+    r = score(tiny_clip, out, "--save-embeddings", "--resume")
+    assert r.exit_code == 0, r.output
+    assert (emb / "text_emb" / "images-000000.npy").read_bytes() == before[pathlib.Path("text_emb", "images-000000.npy")]
     # Resume refuses a run without embeddings into this folder (the settings differ).
     r = score(tiny_clip, out, "--resume")
     assert r.exit_code == 2 and "save_embeddings" in r.output

@@ -160,6 +160,7 @@ class RunState:
         except (OSError, ValueError):
             return False
         paths = [self.score_path(url)] + ([self.filtered_path(url)] if self.cfg.write_shards else [])
+        paths += [os.path.join(self.out, p) for p in info.get("embeddings") or []]
         return info.get("url") == url and all(os.path.exists(p) for p in paths)
 
     def pending(self) -> List[str]:

@@ -134,7 +134,7 @@ def write_shard(url: str, rows: List[dict], end: dict, cfg, state, columns: Sequ
         return (f"no member could be read ({end['error']}); is it a tar (a git-lfs pointer file, an HTML "
                 f"error page)? Re-create or re-download it; no marker: --resume reads it again")
     write_table(rows, columns, state.score_path(url), cfg.format)
-    write_embeddings(cfg.out, state.names[url], rows)
+    embeddings = write_embeddings(cfg.out, state.names[url], rows) or {}
     filtered = None
     if cfg.write_shards:
         keep = {r["key"] for r in rows if r["kept"]}
@@ -154,5 +154,7 @@ def write_shard(url: str, rows: List[dict], end: dict, cfg, state, columns: Sequ
             return f"filtered shard not written: {e}"
     state.mark_done(url, {"rows": len(rows), "status": status_counts(rows), "kept": sum(bool(r["kept"]) for r in rows),
                           "members": end.get("members", 0), "error": end.get("error"), "filtered": filtered,
+                          # relative to --out: --resume checks they are still there
+                          "embeddings": sorted(os.path.relpath(p, cfg.out) for p in embeddings.values()),
                           **marker_extra})
     return None
