@@ -218,8 +218,21 @@ def test_a_model_worker_maps_the_decode_workers_buffer(tmp_path):
         proc.join(timeout=30)
 
 
-def _open_fds():
-    return len(os.listdir("/proc/self/fd"))
+def _shared_memory_held():
+    """The shared-memory files this process holds open or mapped (a chunk buffer is both: a
+    `/dev/shm/torch_*` descriptor and its mapping). Only these, not every descriptor: a Ray driver
+    or thread left by another test in this pytest process opens sockets and pipes of its own."""
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # the listing's own descriptor, or one closed since
+            continue
+        if target.startswith(("/dev/shm/", "/memfd:")):
+            held.append(("fd", target))
+    with open("/proc/self/maps") as maps:
+        held += [("map", line.split(None, 5)[-1].strip()) for line in maps if " /dev/shm/" in line]
+    return held
 
 
 def _shm_entries():
@@ -229,8 +242,8 @@ def _shm_entries():
 def test_a_run_with_model_workers_sends_no_pixels_and_leaks_no_shared_memory(tmp_path, monkeypatch):
     """Two runs through DataLoader workers and two model worker processes: every batch the main
     process sends holds slots and shared chunk buffers only (the pickled items are small); the
-    main process ends with the descriptors it had (every chunk buffer unmapped) and /dev/shm
-    holds nothing new."""
+    main process ends holding no more shared memory than it had (every chunk buffer closed and
+    unmapped) and /dev/shm holds nothing new."""
     import gc
 
     from scorekit import BrightnessScorer, make_shards
@@ -255,10 +268,10 @@ def test_a_run_with_model_workers_sends_no_pixels_and_leaks_no_shared_memory(tmp
         gc.collect()
 
     one("warm")  # imports, the resource sharer's thread and its socket
-    fds, shm = _open_fds(), _shm_entries()
+    held, shm = _shared_memory_held(), _shm_entries()
     one("out")
     assert sum(n for n, _ in sent) == 2 * 35 and all(size < 600 * n for n, size in sent)  # 3x32x32 pixels: 3 KB
-    assert _open_fds() <= fds
+    assert len(_shared_memory_held()) <= len(held)
     assert not {e for e in _shm_entries() - shm if e.startswith("torch_")}
 
 
