@@ -17,7 +17,7 @@ import os
 from typing import Callable, Optional, Sequence
 
 from .config import StageConfig, config_or_options
-from .errors import ConfigError, StarvationError
+from .errors import ConfigError, StarvationError, require
 from .pipeline import sample_pipeline
 from .shards import expand_urls
 from .stages import map_dict
@@ -140,10 +140,8 @@ def loader(urls, caption_key: Optional[str] = None, image_key: Optional[str] = N
     top_scores / bottom_scores: {column: percent}, the share of the run to keep by the highest (lowest)
     values, resolved over the score files exactly as `wdsfilter filter --top/--bottom` does.
     """
-    try:
-        import torch.utils.data
-    except ImportError as e:
-        raise ConfigError("wdsfilter.loader needs PyTorch: pip install 'wdsfilter[score]' (or torch)") from e
+    require("torch", "wdsfilter.loader", "pip install 'wdsfilter[score]' (or torch)")
+    import torch.utils.data
     import webdataset as wds
 
     config_or_options(config, dict(config_options, caption_key=caption_key, image_key=image_key))

@@ -68,6 +68,18 @@ class DataError(WdsFilterError):
         super().__init__(f"{reason}: {message}" + (f" ({where})" if where else ""))
 
 
+def require(module: str, purpose: str, install: str = "pip install 'wdsfilter[score]'"):
+    """`module` imported, or a ConfigError saying what needs it and how to install it: an optional
+    dependency that is missing (the light core has no torch, open_clip, Ray) is the user's set-up
+    to fix, not a bug in wdsfilter."""
+    import importlib
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        found = "is not installed" if getattr(e, "name", None) == module.split(".")[0] else f"could not be imported ({e})"
+        raise ConfigError(f"{purpose} needs {module.split('.')[0]}, which {found}: {install}") from e
+
+
 def exit_code_for(error: BaseException) -> int:
     """The exit code a command ends with when `error` escapes it."""
     if isinstance(error, KeyboardInterrupt):

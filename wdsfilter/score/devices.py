@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import List, Sequence
 
-from ..errors import ConfigError
+from ..errors import ConfigError, require
 from .config import ScoreConfig
 from .memory import torch_device
 from .modelworker import LocalPool, ProcessPool
@@ -17,11 +17,8 @@ def resolve_devices(cfg: ScoreConfig) -> List[str]:
         return list(cfg.devices)
     if cfg.device == "cpu":
         return ["cpu"] * (cfg.replicas if isinstance(cfg.replicas, int) else 1)
-    try:
-        import torch
-        has_cuda = torch.cuda.is_available()
-    except ImportError as e:
-        raise ConfigError("scoring needs PyTorch: pip install 'wdsfilter[score]'") from e
+    torch = require("torch", "scoring")
+    has_cuda = torch.cuda.is_available()
     if not has_cuda:
         if cfg.device == "auto" and cfg.gpus is None:
             return ["cpu"] * (cfg.replicas if isinstance(cfg.replicas, int) else 1)

@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
-from ..errors import ConfigError
+from ..errors import ConfigError, require
 
 LOCAL_DIR = "local-dir:"
 HF_HUB = "hf-hub:"
@@ -119,7 +119,7 @@ class ClipSource:
     def _hf_hub(cls, repo: str, cache_dir: Optional[str]) -> "ClipSource":
         if not repo:
             raise ConfigError("empty repository after 'hf-hub:'; expected hf-hub:ORG/REPO")
-        from open_clip.pretrained import download_pretrained_from_hf
+        download_pretrained_from_hf = require("open_clip.pretrained", "the CLIP scorer").download_pretrained_from_hf
         try:
             config_path = download_pretrained_from_hf(repo, filename=CONFIG_FILE, cache_dir=cache_dir)
         except Exception as e:
@@ -133,7 +133,7 @@ class ClipSource:
 
     @classmethod
     def _builtin(cls, model: str, pretrained: Optional[str]) -> "ClipSource":
-        import open_clip
+        open_clip = require("open_clip", "the CLIP scorer")
 
         name = model.replace("/", "-")  # open_clip's own spelling rule (ViT-B/32 -> ViT-B-32)
         model_cfg = open_clip.get_model_config(name)

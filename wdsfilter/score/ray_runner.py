@@ -34,7 +34,7 @@ import time
 from collections import Counter
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..errors import ConfigError
+from ..errors import ConfigError, require
 from .embeddings import FIELD as EMBEDDINGS
 from .faults import disk_full, is_disk_full, read_failed_reason
 from .outputs import RunSummary
@@ -43,12 +43,8 @@ from .rows import BASE_FIELDS
 
 
 def _ray():
-    try:
-        import ray
-        import ray.data  # noqa: F401 - Ray Data is the part we use
-    except ImportError as e:
-        raise ConfigError("the Ray engine needs Ray Data: pip install 'wdsfilter[ray]'") from e
-    return ray
+    require("ray.data", "the Ray engine", "pip install 'wdsfilter[ray]'")  # Ray Data is the part we use
+    return require("ray", "the Ray engine", "pip install 'wdsfilter[ray]'")
 
 
 # -- the plan: the local engine's planner on numbers measured in one Ray task ---------------------

@@ -10,7 +10,7 @@ import logging
 import os
 from typing import Callable, List, Optional, Sequence
 
-from ..errors import ConfigError
+from ..errors import ConfigError, require
 from ..keycheck import check_keys
 from ..shards import expand_urls, is_local, local_path, unique_urls
 from ..specs import utf8_text
@@ -53,6 +53,7 @@ class Run:
             self.todo = self.state.pending()
             if self.todo:  # a caption/image key no sample of the first shard has
                 check_keys(self.todo[0], cfg.scoring_stage_config())
+            require("torch", "scoring")  # before a scorer's own import asks for it less plainly
             self.scorers = resolve_scorers(cfg)
             self.columns = score_columns(self.scorers)
             # The model side gets its own copies: a loaded model must never be pickled into a
