@@ -192,6 +192,24 @@ def test_missing_source_shard_is_a_run_failure_exit_3(tmp_path):
     assert r.returncode == 3 and shards[1] in r.stderr and "Traceback" not in r.stderr
 
 
+def test_shards_scored_by_a_relative_path_are_found_from_another_folder(tmp_path, monkeypatch):
+    """`wdsfilter score shards/a.tar` in one folder, `wdsfilter filter` in another: the source
+    shards are where the scoring run read them, not relative to the filter's folder (they were
+    'missing: it was scored but can no longer be read')."""
+    work = tmp_path / "work"
+    shards = gnu_tar_shards(str(work / "shards"), [6, 5])
+    monkeypatch.chdir(work)
+    relative = [os.path.relpath(s, work) for s in shards]
+    out = score_folder(relative, work / "scores")
+    assert {r["shard"] for r in all_rows(out)} == set(relative)  # rows keep the URL as given
+    r = run_cli("filter", out, "--write-shards", str(tmp_path / "kept"), "--samples-per-shard", "4")
+    assert r.returncode == 0, r.stderr
+    assert sum(json.load(open(tmp_path / "kept" / "sizes.json")).values()) == 11
+    html = open(os.path.join(out, "report.html"), encoding="utf-8").read()
+    cards = html.count('<div class="card ')
+    assert cards > 0 and html.count('<img src="data:image/') == cards  # every example's thumbnail was read
+
+
 def test_no_torch_is_imported(run, tmp_path):
     """The whole command (thresholds, shares, shards, report) with torch made unimportable."""
     code = ("import sys; sys.modules['torch'] = None\n"

@@ -196,3 +196,9 @@ def shard_stem(url: str) -> str:
 def local_path(url: str) -> str:
     """A local shard's path (without a `file:` prefix); pipe: and remote URLs are returned as is."""
     return url[len("file:"):] if url.startswith("file:") else url
+
+
+def absolute_url(url: str) -> str:
+    """A local shard as an absolute path (what a Ray worker elsewhere, or `wdsfilter filter` run
+    from another folder, can open); pipe: and remote URLs unchanged."""
+    return os.path.abspath(local_path(url)) if is_local(url) else url

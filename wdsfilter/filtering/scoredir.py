@@ -3,7 +3,8 @@ the same layout, see wdsfilter/score/resume.py):
 
     run.json                 the scoring settings (stage options: caption/image key, rekey, ...)
     scores/<name>.parquet    one table per shard (or .jsonl), rows in the shard's sample order
-    done/<name>.json         completion marker: the shard's URL and its score file
+    done/<name>.json         completion marker: the shard's URL (`source`: where it was read) and its
+                             score file
 
 Only shards with a marker count: a shard still being scored has no complete table.
 """
@@ -21,7 +22,7 @@ BATCH_ROWS = 65536  # rows read at a time: memory stays flat however large a sco
 
 @dataclass(frozen=True)
 class ScoredShard:
-    url: str  # the source shard, as the scoring run named it
+    url: str  # the source shard, where the scoring run read it (a local one by its absolute path)
     name: str  # its output name (score file stem)
     score_file: str
 
@@ -49,7 +50,7 @@ class ScoreRun:
             if path is None:
                 missing += 1
                 continue
-            shards.append(ScoredShard(url=info.get("url", ""), name=info.get("name") or name[:-5], score_file=path))
+            shards.append(ScoredShard(url=info.get("source") or info.get("url", ""), name=info.get("name") or name[:-5], score_file=path))
         if not shards:
             raise ConfigError(f"{folder} holds no completed score files (done/ is empty); finish or --resume the "
                               f"scoring run first")

@@ -35,6 +35,7 @@ from collections import Counter
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import ConfigError, require
+from ..shards import absolute_url
 from .embeddings import FIELD as EMBEDDINGS
 from .faults import disk_full, is_disk_full, read_failed_reason
 from .outputs import RunSummary
@@ -145,14 +146,6 @@ def _settle(ray, refs: list) -> List[dict]:
     if error is not None:
         raise error
     return results
-
-
-def absolute_url(url: str) -> str:
-    """A local shard as an absolute path (what a Ray worker elsewhere can open); URLs unchanged."""
-    from ..shards import is_pipe, is_remote
-    if is_pipe(url) or is_remote(url):
-        return url
-    return os.path.abspath(url[len("file:"):] if url.startswith("file:") else url)
 
 
 def _unfinished(url: str, collector: "_Collector") -> str:

@@ -20,7 +20,7 @@ from typing import Dict, List, Optional, Sequence
 
 from ..atomic import remove_temporaries, write_json
 from ..errors import ConfigError
-from ..shards import split_suffix
+from ..shards import absolute_url, split_suffix
 from .config import ScoreConfig
 from .embeddings import folders as embedding_folders
 from .outputs import EXTENSIONS
@@ -171,7 +171,9 @@ class RunState:
         return todo
 
     def mark_done(self, url: str, info: dict) -> None:
-        data = dict(info, url=url, name=self.names[url], score_file=self.score_path(url),
+        # `source`: where the shard was read, so `wdsfilter filter` finds a shard named by a
+        # relative path from any folder.
+        data = dict(info, url=url, source=absolute_url(url), name=self.names[url], score_file=self.score_path(url),
                     filtered_shard=self.filtered_path(url))
         write_json(self.marker_path(url), data, fsync=True)
 
