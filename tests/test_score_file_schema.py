@@ -85,3 +85,38 @@ def test_declared_types_and_nan_as_null(tmp_path):
     # where wdsfilter's thresholds count it as no score.
     assert by_key["000001"]["nan_luma"] is None and by_key["000000"]["nan_luma"] is not None
     assert table.column("nan_luma").null_count == 1 + 3
+
+
+class LogScorer(BrightnessScorer):
+    """log(brightness): -inf for a black image, as a scorer's log(0) gives."""
+
+    name = "log"
+
+    def columns(self):
+        return ["log_luma"]
+
+    def score_batch(self, inputs):
+        import math
+        return [{"log_luma": math.log(r["brightness"]) if r["brightness"] > 0 else float("-inf")}
+                for r in super().score_batch(inputs)]
+
+
+def test_an_infinite_score_is_left_out_of_the_summary_which_stays_json(tmp_path):
+    # Before: the histogram of a column holding -inf divided by an infinite range and the run
+    # ended in "internal error: ValueError: cannot convert float NaN to integer" after scoring
+    # everything, with no summary.json (and --resume ended the same way).
+    from shardkit import image_bytes
+    import json
+    members = []
+    for i, color in enumerate([(0, 0, 0), (200, 200, 200), (90, 90, 90)]):
+        members += [(f"{i:06d}.jpg", image_bytes(color=color)), (f"{i:06d}.txt", "a square")]
+    out = tmp_path / "out"
+    summary = score([write_shard(str(tmp_path / "s-000000.tar"), members)], out=str(out), scorers=[LogScorer()],
+                    device="cpu", progress=False, workers=0)
+    assert summary.rows == 3 and "1 infinite" in summary.format_text()
+
+    def refuse(token):
+        raise AssertionError(f"summary.json holds {token}, which is not JSON")
+    data = json.loads((out / "summary.json").read_text(), parse_constant=refuse)
+    col = data["columns"]["log_luma"]
+    assert col["count"] == 2 and col["infinite"] == 1 and sum(col["histogram"]["counts"]) == 2

@@ -126,8 +126,14 @@ def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def _finite(v) -> bool:
+    """A number the statistics and histograms count: not NaN (a missing score) and not infinite
+    (a scorer's log(0)): an infinity would make the range, the mean and every histogram bin NaN."""
+    return _is_number(v) and math.isfinite(v)
+
+
 def _numeric(values: Iterable[Any]) -> List[float]:
-    return [float(v) for v in values if _is_number(v) and not math.isnan(float(v))]
+    return [float(v) for v in values if _finite(v)]
 
 
 def summarize_files(paths: Sequence[str], columns: Sequence[str], thresholds: Optional[Thresholds] = None,
@@ -176,8 +182,8 @@ def _new_column() -> dict:
 
 
 def _add_values(st: dict, values: Iterable[Any]) -> None:
-    """Count one file's values of a column into its statistics (booleans, or numbers: count,
-    sum, range, whether all are integers)."""
+    """Count one file's values of a column into its statistics (booleans, or finite numbers:
+    count, sum, range, whether all are integers; infinities only counted, as `infinite`)."""
     for v in values:
         if v is None:
             continue
@@ -185,7 +191,10 @@ def _add_values(st: dict, values: Iterable[Any]) -> None:
             st["kind"] = st["kind"] or "bool"
             st["true" if v else "false"] += 1
             st["count"] += 1
-        elif _is_number(v) and not math.isnan(float(v)):
+        elif _is_number(v) and math.isinf(v):  # counted apart: summary.json stays JSON (no Infinity)
+            st["kind"] = "number"
+            st["infinite"] = st.get("infinite", 0) + 1
+        elif _finite(v):
             st["kind"] = "number"
             st["integer"] = st["integer"] and isinstance(v, int)
             st["count"] += 1
@@ -366,7 +375,8 @@ class RunSummary:
                          f"re-create or re-download it): {f['url']}: {f['reason']}")
         for col, st in self.columns.items():
             if st.get("kind") == "number" and st.get("count"):
-                lines.append(f"  {col}: n={st['count']} min={st['min']:.4g} mean={st['mean']:.4g} max={st['max']:.4g}")
+                lines.append(f"  {col}: n={st['count']} min={st['min']:.4g} mean={st['mean']:.4g} max={st['max']:.4g}"
+                             + (f" (and {st['infinite']} infinite, left out)" if st.get("infinite") else ""))
                 if histograms and st.get("histogram"):
                     lines.extend(text_histogram(st["histogram"]))
             elif st.get("kind") == "bool":
