@@ -206,6 +206,54 @@ def test_a_second_run_on_the_same_out_refuses_while_the_first_lives_and_takes_ov
         pass
 
 
+def _children(pid):
+    kids = []
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    kids.append(int(d))
+        except (OSError, ValueError, IndexError):
+            pass
+    return kids
+
+
+def test_the_lock_is_free_as_soon_as_a_killed_run_is_gone_though_its_decode_workers_live(tmp_path):
+    # A forked decode worker shares the run's locked file; flock holds until every descriptor of
+    # it is closed, so after kill -9 the orphaned workers kept the lock for seconds and a --resume
+    # at once was refused ("in use by another wdsfilter score run (pid <the dead one>)").
+    import signal
+    import time
+    from wdsfilter.score.outlock import OutputLock
+    urls = make_shards(tmp_path / "shards", [6, 6])[0]
+    out = str(tmp_path / "out")
+    first = _start_score(urls, out, "--workers", "1", "--scorer-opt", "bright.delay=2")
+    kids = []
+    try:
+        _wait_for_lock(first, out)
+        deadline = time.monotonic() + 120
+        while not kids and time.monotonic() < deadline:  # the decode worker, forked when scoring starts
+            assert first.poll() is None, first.stdout.read()
+            kids = [k for k in _children(first.pid)
+                    if open(f"/proc/{k}/cmdline", "rb").read() == open(f"/proc/{first.pid}/cmdline", "rb").read()]
+            time.sleep(0.1)
+        assert kids, "no decode worker was forked"
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+        alive = [k for k in kids if os.path.exists(f"/proc/{k}")]
+        OutputLock(out).acquire().release()  # at once: the orphans hold no lock
+        assert alive, "the decode worker ended before the check; the test proved nothing"
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+        for k in kids:  # the orphaned decode workers of the killed run
+            try:
+                os.kill(k, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def test_the_lock_refuses_a_second_holder_in_the_same_process_and_frees_on_release(tmp_path):
     from wdsfilter.score.outlock import OutputLock, OutputLockedError
     out = str(tmp_path / "out")

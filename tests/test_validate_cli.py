@@ -167,6 +167,25 @@ def test_stats_dir_sizes_json_is_what_open_clip_and_datacomp_read(tmp_path):
     assert int(stats_file["successes"]) == 3 and stats_file["findings"] == {"truncated_tar": 1}
 
 
+def test_a_shard_given_twice_is_validated_once(tmp_path):
+    # The shards' folder and one of its files: before, that shard was read twice, counted twice,
+    # listed as two JUnit testcases of one name, and --stats-dir wrote images-000000-2_stats.json,
+    # a stats file of no shard, whose samples a `*_stats.json` glob (DataComp) counted again.
+    stats, junit = tmp_path / "stats", tmp_path / "junit.xml"
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    for name in ("images-000000.tar", "images-000001.tar"):
+        os.link(os.path.join(SHARDS, name), folder / name)
+    result = run(str(folder), str(folder / "images-000000.tar"), "--stats-dir", str(stats), "--format", "junit",
+                 "--output", str(junit))
+    assert result.exit_code == 0, result.output
+    assert sorted(os.listdir(stats)) == ["images-000000_stats.json", "images-000001_stats.json", "sizes.json"]
+    names = [c.get("name") for c in ET.parse(junit).getroot().iter("testcase")]
+    assert len(names) == len(set(names)) == 3
+    report = json.loads(run(str(folder / "images-000000.tar"), str(folder), "--format", "json").output)
+    assert report["summary"]["samples"] == 64 and len(report["shards"]) == 2
+
+
 def test_progress_bar_only_when_asked():
     quiet = run(CLEAN)
     assert "shard/s" not in quiet.stderr

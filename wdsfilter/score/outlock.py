@@ -4,7 +4,8 @@ download into one folder).
 
 The lock is `fcntl.flock` on an open file: the kernel drops it when the process ends in any way
 (SIGKILL and out-of-memory kills included), so a lock left by a killed run is no lock at all and
-the next run takes it over without a stale-PID guess. The file itself stays; it records who holds
+the next run takes it over without a stale-PID guess. Forked children (decode workers) let go of
+their copy of the descriptor at once, so the lock ends with the run's own process. The file itself stays; it records who holds
 the lock (pid, host, start time) for the message a second run prints. flock works on local
 filesystems and on NFS (Linux emulates it with POSIX locks there); a Ray run holds it on the driver.
 """
@@ -20,6 +21,27 @@ from typing import Iterator
 from ..errors import ConfigError
 
 LOCK_NAME = ".lock"
+
+
+# The descriptors of the output locks this process holds. A forked child (a DataLoader decode
+# worker) shares the locked open file, and flock holds until every descriptor of it is closed:
+# when a run was killed with kill -9, its orphaned decode workers kept the lock until they noticed
+# (seconds, or as long as a decode takes), and a --resume at once was refused, naming the dead pid.
+_HELD = set()
+
+
+def _let_go_in_child() -> None:
+    """After a fork, in the child: point the held locks' descriptors at /dev/null. dup2 closes
+    the child's reference to the locked file without unlocking it (no LOCK_UN) for the run, and
+    the file object the child inherited closes /dev/null if it is ever closed there."""
+    for fd in list(_HELD):
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, fd)
+        os.close(null)
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_let_go_in_child)
 
 
 class OutputLockedError(ConfigError):
@@ -51,10 +73,12 @@ class OutputLock:
         os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                                   "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}).encode(), 0)
         self._file = f
+        _HELD.add(fd)
         return self
 
     def release(self) -> None:
         if self._file is not None:
+            _HELD.discard(self._file.fileno())
             self._file.close()  # closing the descriptor drops the flock
             self._file = None
 

@@ -14,7 +14,7 @@ import math
 import threading
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..atomic import atomic_path, write_json
 from ..thresholds import Thresholds, is_missing
@@ -25,12 +25,28 @@ EXTENSIONS = {"parquet": ".parquet", "jsonl": ".jsonl"}
 
 
 # -- tables -------------------------------------------------------------------------------------
-def _score_array(values: List[Any]):
-    """A score column as an Arrow array of the type pyarrow infers (in C, no Python call per
-    value): int64, float64 (ints and floats mixed), bool, string, or nested for lists; a column
-    with no value at all is float64, the type a score column has."""
+def arrow_type(name: str):
+    """The pyarrow type a scorer declares by name (Scorer.column_types): a pyarrow alias
+    ("float64", "int64", "bool", "string") or "list<alias>"; None for a name that is neither."""
     import pyarrow as pa
-    arr = pa.array(values)
+    inner = name[5:-1] if name.startswith("list<") and name.endswith(">") else None
+    try:
+        return pa.list_(pa.type_for_alias(inner)) if inner is not None else pa.type_for_alias(name)
+    except (ValueError, TypeError):
+        return None
+
+
+def _score_array(values: List[Any], declared: Optional[str] = None):
+    """A score column as an Arrow array (in C, no Python call per value): of its declared type,
+    so every score file of a run has one schema; else of the type pyarrow infers: int64, float64
+    (ints and floats mixed), bool, string, or nested for lists; a column with no value at all is
+    float64, the type a score column has. A NaN is written as null, as JSONL writes it: a missing
+    score, which no threshold passes (thresholds.is_missing), where duckdb and polars would count
+    a NaN as above every threshold."""
+    import pyarrow as pa
+    if declared is not None:
+        return pa.array(values, type=arrow_type(declared), from_pandas=True)
+    arr = pa.array(values, from_pandas=True)
     return arr.cast(pa.float64()) if pa.types.is_null(arr.type) else arr
 
 
@@ -49,9 +65,12 @@ def _warm_parquet() -> None:
     pa.array([0.0])
 
 
-def write_table(rows: List[dict], columns: Sequence[str], path: str, fmt: str) -> None:
-    """Write rows atomically: a temporary file in the same folder, then rename over `path`."""
+def write_table(rows: List[dict], columns: Union[Sequence[str], Mapping[str, Optional[str]]], path: str,
+                fmt: str) -> None:
+    """Write rows atomically: a temporary file in the same folder, then rename over `path`.
+    columns: the score columns, or each with its declared type (scorerset.score_columns)."""
     names = list(BASE_FIELDS) + list(columns)
+    declared = columns if isinstance(columns, Mapping) else {}
     with atomic_path(path) as tmp:
         if fmt == "jsonl":
             with open(tmp, "w") as f:
@@ -67,10 +86,15 @@ def write_table(rows: List[dict], columns: Sequence[str], path: str, fmt: str) -
             arrays, fields = [], []
             for name in names:
                 values = [row.get(name) for row in rows]
-                arr = pa.array(values, type=base_types[name]) if name in base_types else _score_array(values)
+                arr = (pa.array(values, type=base_types[name]) if name in base_types
+                       else _score_array(values, declared.get(name)))
                 arrays.append(arr)
                 fields.append(pa.field(name, arr.type))
-            pq.write_table(pa.Table.from_arrays(arrays, schema=pa.schema(fields)), tmp)
+            table = pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+            if table.num_rows:
+                pq.write_table(table, tmp)
+            else:  # a shard with no sample: a file of no row group (HF datasets fails on a row group of 0 rows)
+                pq.ParquetWriter(tmp, table.schema).close()
 
 
 def read_table(path: str, columns: Optional[Sequence[str]] = None) -> Dict[str, list]:
@@ -102,8 +126,14 @@ def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def _finite(v) -> bool:
+    """A number the statistics and histograms count: not NaN (a missing score) and not infinite
+    (a scorer's log(0)): an infinity would make the range, the mean and every histogram bin NaN."""
+    return _is_number(v) and math.isfinite(v)
+
+
 def _numeric(values: Iterable[Any]) -> List[float]:
-    return [float(v) for v in values if _is_number(v) and not math.isnan(float(v))]
+    return [float(v) for v in values if _finite(v)]
 
 
 def summarize_files(paths: Sequence[str], columns: Sequence[str], thresholds: Optional[Thresholds] = None,
@@ -152,8 +182,8 @@ def _new_column() -> dict:
 
 
 def _add_values(st: dict, values: Iterable[Any]) -> None:
-    """Count one file's values of a column into its statistics (booleans, or numbers: count,
-    sum, range, whether all are integers)."""
+    """Count one file's values of a column into its statistics (booleans, or finite numbers:
+    count, sum, range, whether all are integers; infinities only counted, as `infinite`)."""
     for v in values:
         if v is None:
             continue
@@ -161,7 +191,10 @@ def _add_values(st: dict, values: Iterable[Any]) -> None:
             st["kind"] = st["kind"] or "bool"
             st["true" if v else "false"] += 1
             st["count"] += 1
-        elif _is_number(v) and not math.isnan(float(v)):
+        elif _is_number(v) and math.isinf(v):  # counted apart: summary.json stays JSON (no Infinity)
+            st["kind"] = "number"
+            st["infinite"] = st.get("infinite", 0) + 1
+        elif _finite(v):
             st["kind"] = "number"
             st["integer"] = st["integer"] and isinstance(v, int)
             st["count"] += 1
@@ -342,7 +375,8 @@ class RunSummary:
                          f"re-create or re-download it): {f['url']}: {f['reason']}")
         for col, st in self.columns.items():
             if st.get("kind") == "number" and st.get("count"):
-                lines.append(f"  {col}: n={st['count']} min={st['min']:.4g} mean={st['mean']:.4g} max={st['max']:.4g}")
+                lines.append(f"  {col}: n={st['count']} min={st['min']:.4g} mean={st['mean']:.4g} max={st['max']:.4g}"
+                             + (f" (and {st['infinite']} infinite, left out)" if st.get("infinite") else ""))
                 if histograms and st.get("histogram"):
                     lines.extend(text_histogram(st["histogram"]))
             elif st.get("kind") == "bool":

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import inspect
 import os
-from typing import List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from ..errors import ConfigError
 from .config import ScoreConfig
-from .outputs import BASE_FIELDS
+from .outputs import BASE_FIELDS, arrow_type
 from .registry import check_name, resolve
 from .scorers.base import REGISTRY, Scorer, make_scorer
 
@@ -74,13 +74,19 @@ def resolve_scorers(cfg: ScoreConfig) -> List[Scorer]:
     return scorers
 
 
-def score_columns(scorers: Sequence[Scorer]) -> List[str]:
-    columns: List[str] = []
+def score_columns(scorers: Sequence[Scorer]) -> Dict[str, Optional[str]]:
+    """The run's score columns in order, each with its declared Parquet type (None: typed by its
+    values; Scorer.column_types)."""
+    columns: Dict[str, Optional[str]] = {}
     for s in scorers:
+        types = s.column_types()
         for c in s.columns():
             if c in columns or c in BASE_FIELDS:
                 raise ConfigError(f"scorer {s.name!r} writes column {c!r}, which is taken; rename it")
-            columns.append(c)
+            columns[c] = types.get(c)
+            if columns[c] is not None and arrow_type(columns[c]) is None:
+                raise ConfigError(f"scorer {s.name!r} declares column {c!r} of type {columns[c]!r}, which is not "
+                                  f"a pyarrow type name (float64, int64, bool, string, list<float64>)")
     return columns
 
 

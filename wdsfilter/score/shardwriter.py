@@ -28,7 +28,24 @@ BLOCK = 512
 RECORD = 20 * BLOCK  # tar's record size: archives are padded to a multiple of it
 
 
-_OPENERS = {"gzip": gzip.open, "bz2": bz2.open, "xz": lzma.open}
+class _GzipNoName(gzip.GzipFile):
+    """A gzip file written the same in every run, as `gzip -n` writes it: no file name in the
+    header (gzip.open would store the temporary's, `.x.tar.gz.tmp-PID`, which `gunzip -N`
+    restores) and mtime 0 (not the time of writing), so a filtered copy of a shard has the same
+    bytes whether written by one run or by a run resumed after a kill."""
+
+    def __init__(self, path: str, mode: str):
+        self._file = open(path, mode)
+        super().__init__(filename="", mode=mode, fileobj=self._file, mtime=0)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._file.close()
+
+
+_OPENERS = {"gzip": _GzipNoName, "bz2": bz2.open, "xz": lzma.open}
 
 
 def tar_opener(path: str):

@@ -10,6 +10,7 @@ See docs/validate.md.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import sys
 import time
 import types
@@ -17,7 +18,7 @@ from typing import Optional, Sequence, Union
 
 from ..config import StageConfig
 from ..errors import ConfigError
-from ..shards import expand_urls
+from ..shards import expand_urls, unique_urls
 from .findings import ERROR, KINDS, WARNING, Finding
 from .options import ValidateOptions
 from .progress import Progress
@@ -26,6 +27,7 @@ from .runner import run_checks
 from .shard_check import ShardResult, check_shard
 
 _STAGE_FIELDS = {f.name for f in dataclasses.fields(StageConfig)}
+log = logging.getLogger("wdsfilter")
 
 
 def stage_config(config: Union[None, str, dict, StageConfig] = None, **overrides) -> StageConfig:
@@ -68,7 +70,13 @@ def validate(paths: Union[str, Sequence[str]], *, config: Union[None, str, dict,
     if stats_dir:
         from ..writing import check_output_dir
         check_output_dir(stats_dir, "--stats-dir")  # before any shard is read
-    urls = expand_urls(paths, stage.allow_pipe, stage.allow_remote)
+    # A shard given twice (a folder and a file in it) is validated once, as score scores it once:
+    # else it is counted twice, listed twice in the JUnit report, and --stats-dir writes a
+    # {stem}-2_stats.json for a shard that does not exist.
+    urls, repeats = unique_urls(expand_urls(paths, stage.allow_pipe, stage.allow_remote))
+    if repeats:
+        log.warning(f"{len(repeats)} shard(s) given more than once are validated once: "
+                    f"{', '.join(repeats[:3])}{' ...' if len(repeats) > 3 else ''}")
     report = validate_urls(urls, options, progress=progress)
     if stats_dir:
         from .stats_files import write_stats

@@ -44,6 +44,15 @@ class Scorer(abc.ABC):
     def columns(self) -> List[str]:
         """Names of the score columns this scorer writes, e.g. ["clip_score"]."""
 
+    def column_types(self) -> Dict[str, str]:
+        """The Parquet type of score columns, by name: "float64", "int64", "bool", "string" or
+        "list<float64>" (any pyarrow type alias, or list<alias>). A declared column has that type
+        in every score file of the run, so a folder of score files has one schema even where a
+        shard has no scored sample (a column of nulls): pyarrow.dataset, polars and HF datasets
+        refuse files whose types differ. A column not declared is typed by its values, float64
+        when it has none."""
+        return {}
+
     @abc.abstractmethod
     def prepare(self, sample: Dict[str, Any]) -> Any:
         """CPU-side work for one decoded sample, in a DataLoader worker. Returns the model input

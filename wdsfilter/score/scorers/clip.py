@@ -87,6 +87,10 @@ class ClipScorer(Scorer):
     def columns(self) -> List[str]:
         return ["clip_score", "clip_score_frames", "clip_frames", "clip_truncated"]
 
+    def column_types(self) -> Dict[str, str]:
+        return {"clip_score": "float64", "clip_score_frames": "list<float64>", "clip_frames": "int64",
+                "clip_truncated": "bool"}
+
     @property
     def context_length(self) -> int:
         return self.source.context_length

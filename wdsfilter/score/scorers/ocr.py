@@ -120,6 +120,9 @@ class OcrScorer(Scorer):
         cols = ["ocr_area", "ocr_area_frames", "ocr_frames"]
         return cols + ["ocr_keep"] if self.max_area is not None else cols
 
+    def column_types(self) -> Dict[str, str]:
+        return {"ocr_area": "float64", "ocr_area_frames": "list<float64>", "ocr_frames": "int64", "ocr_keep": "bool"}
+
     # -- CPU side (DataLoader workers) ---------------------------------------------------------
     def prepare(self, sample: Dict[str, Any]) -> Any:
         t0 = time.perf_counter()
