@@ -10,10 +10,11 @@ import sys
 import tarfile
 import textwrap
 
-from shardkit import image_text_members
+from shardkit import image_bytes, image_text_members, write_shard
 from wdsfilter import StageConfig
 from wdsfilter.pipeline import sample_pipeline
 from wdsfilter.tally import Tally
+from wdsfilter.validate import validate
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -78,3 +79,33 @@ def test_a_negative_member_size_is_a_damaged_tar_and_never_reads_the_rest_of_the
         """)
         assert out["counts"].get("truncated_tar") == 1 and out["kept"] == 2, out
         assert out["rss_mb"] < 200, out
+
+
+# -- member names that are a sample's metadata fields -------------------------------------------
+
+def test_members_named_like_sample_metadata_are_ignored_and_named(tmp_path):
+    """`x.__skipped__` crashed validate, the loader and score (TypeError: 'bytes' object does not
+    support item assignment) when the sample also had a link or over-cap member; `x.__marker__`
+    made the stages pass the sample on as a marker (lost without a word: validate counted 5 of 6
+    samples); `x.__oversized__` dropped it as oversized_sample."""
+    for ext in ("__skipped__", "__marker__", "__oversized__", "__key__"):
+        members = image_text_members(3) + [(f"000003.{ext}", b"shard_end"), ("000003.txt", b"a caption")]
+        url = write_shard(tmp_path / f"m{ext}.tar", members)
+        with tarfile.open(url, "a") as tar:  # a link under the image key: the sample's __skipped__ entry
+            link = tarfile.TarInfo("000003.jpg")
+            link.type, link.linkname = tarfile.SYMTYPE, "000000.jpg"
+            tar.addfile(link)
+            for name, data in [("000003.png", image_bytes(fmt="PNG"))] + image_text_members(2, start=4):
+                data = data.encode() if isinstance(data, str) else data
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        samples, tally = run([url], emit_rejects=True)
+        keys = [s["__key__"] for s in samples if "__marker__" not in s]
+        assert keys == ["000000", "000001", "000002", "000003", "000004", "000005"], ext
+        (ex,) = tally.examples["reserved_extension"]
+        assert ex.member == f"000003.{ext}" and "reserve for a sample" in ex.message
+        report = validate(url, jobs=1)
+        assert report.samples == 6 and report.kept == 6, ext
+        (finding,) = [f for f in report.findings if f.kind == "reserved_extension"]
+        assert finding.member == f"000003.{ext}" and finding.key == "000003"

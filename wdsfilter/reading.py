@@ -22,7 +22,7 @@ from .errors import DataError, UnsafeInputError
 from .markers import shard_end_marker
 from .members import MemberCaps, gunzip_member, is_unsafe_ext
 from .shards import is_pipe, open_shard
-from .specs import split_name
+from .specs import reserved_ext, split_name
 from .tally import Tally
 
 STAGE = "read"
@@ -372,6 +372,10 @@ def group_samples(members: Iterable["dict | ShardEnd"], cfg: StageConfig, tally:
             tally.note("no_extension", STAGE, url, fname, "member has no extension or is a dotfile; ignored")
             continue
         lext = ext.lower()
+        reserved = reserved_ext(lext)
+        if reserved:
+            tally.note("reserved_extension", STAGE, url, fname, reserved)
+            continue
         sample = open_samples.get(key)
         if sample is None:
             if key in emitted:
