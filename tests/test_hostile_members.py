@@ -109,3 +109,52 @@ def test_members_named_like_sample_metadata_are_ignored_and_named(tmp_path):
         assert report.samples == 6 and report.kept == 6, ext
         (finding,) = [f for f in report.findings if f.kind == "reserved_extension"]
         assert finding.member == f"000003.{ext}" and finding.key == "000003"
+
+
+# -- videos: a frame size hidden in a stream past the first 64 ------------------------------------
+
+def many_streams_mov(small_streams: int, real: int, declared: int) -> bytes:
+    """A QuickTime file of `small_streams` honest 16x16 PNG streams, then one whose header
+    declares `declared` pixels square over PNG frames `real` pixels square."""
+    import fractions
+
+    import av
+    from test_video_guards import _png
+
+    buf = io.BytesIO()
+    small, big = _png(16, 16), _png(real, real)
+    with av.open(buf, "w", format="mov") as c:
+        streams = []
+        for size, frame in [(16, small)] * small_streams + [(declared, big)]:
+            s = c.add_stream("png", rate=1)
+            s.width = s.height = size
+            s.pix_fmt = "rgb24"
+            streams.append((s, frame))
+        for i in range(2):
+            for s, frame in streams:
+                p = av.Packet(frame)
+                p.stream, p.pts, p.dts, p.time_base = s, i, i, fractions.Fraction(1, 1)
+                c.mux(p)
+    return buf.getvalue()
+
+
+def test_a_lying_stream_past_the_64th_is_held_to_max_pixels_too(tmp_path):
+    """max_pixels went to FFmpeg as a list of 64 per-stream option sets: the 71st stream of a
+    mov, declaring 64x64 over 12000x12000 PNG frames, was decoded at full size while probing
+    (validate: 476 MB peak RSS; 16000 px frames: 800 MB). Now every stream gets the limit."""
+    url = write_shard(tmp_path / "streams.tar", [("000000.mov", many_streams_mov(70, 12000, 64)),
+                                                ("000000.txt", "a clip")])
+    out = _child(f"""
+        import json, sys, tarfile
+        sys.modules["torch"] = None
+        from wdsfilter.score.video import sample_frames
+        from wdsfilter.validate import validate
+        report = validate([{url!r}], image_key="mov", jobs=1)
+        frames = sample_frames(tarfile.open({url!r}).extractfile("000000.mov").read(), 2).frames
+        with open("/proc/self/status") as f:
+            peak = next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) / 1024
+        print(json.dumps({{"counts": dict(report.counts), "shape": list(frames.shape), "rss_mb": peak}}))
+    """)
+    # The first video stream (16x16) is the clip the scorers sample; the hidden one is never decoded.
+    assert out["shape"][1:3] == [16, 16] and not out["counts"].get("corrupt_video"), out
+    assert out["rss_mb"] < 250, out
