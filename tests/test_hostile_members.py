@@ -158,3 +158,32 @@ def test_a_lying_stream_past_the_64th_is_held_to_max_pixels_too(tmp_path):
     # The first video stream (16x16) is the clip the scorers sample; the hidden one is never decoded.
     assert out["shape"][1:3] == [16, 16] and not out["counts"].get("corrupt_video"), out
     assert out["rss_mb"] < 250, out
+
+
+# -- captions: one long word ----------------------------------------------------------------------
+
+def test_a_caption_of_one_long_word_is_tokenized_at_once_and_short_ones_exactly():
+    """open_clip's BPE is quadratic in a word's length: a 40 KB one-word caption (the text cap is
+    4 MB) took 75 s in the CLIP scorer's prepare(), a 200 KB one about half an hour, in every
+    decode worker that met it. Only the ids that fit the context are encoded now."""
+    out = _child("""
+        import json, random, string
+        from open_clip.tokenizer import SimpleTokenizer
+        from wdsfilter.score.models import tokenize
+        tok = SimpleTokenizer()
+        random.seed(0)
+        word = "".join(random.choice(string.ascii_lowercase) for _ in range(200_000))
+        tokens, truncated = tokenize(tok, word, 77)
+        print(json.dumps({"n": int((tokens != 0).sum()), "truncated": truncated}))
+    """, timeout=120)  # a hang guard: it takes well under a second
+    assert out == {"n": 77, "truncated": True}
+    from open_clip.tokenizer import SimpleTokenizer
+
+    from wdsfilter.score.models import tokenize
+    tok = SimpleTokenizer()
+    words = "a photo of the Eiffel tower at night, 4k &amp; HDR: don't miss it! ".split()
+    for n in (1, 5, 12, 70, 74, 75, 76, 77, 300):
+        caption = " ".join(words[i % len(words)] for i in range(n))
+        tokens, truncated = tokenize(tok, caption, 77)
+        assert tokens.tolist() == tok(caption)[0].tolist(), n
+        assert truncated == (len(tok.encode(caption)) + 2 > 77), n
