@@ -187,3 +187,28 @@ def test_a_caption_of_one_long_word_is_tokenized_at_once_and_short_ones_exactly(
         tokens, truncated = tokenize(tok, caption, 77)
         assert tokens.tolist() == tok(caption)[0].tolist(), n
         assert truncated == (len(tok.encode(caption)) + 2 > 77), n
+
+
+# -- captions: half of a UTF-16 pair, escaped in JSON -----------------------------------------------
+
+def test_a_json_caption_with_a_lone_surrogate_is_repaired_for_every_reader(tiny_clip, tmp_path):
+    """'{"caption": "a red \\ud83d square"}' (an emoji cut in half by a JavaScript substring) is
+    valid JSON; json.loads keeps the lone surrogate, and score's report.html was not written
+    (UnicodeEncodeError), nor could any UTF-8 writer take the loader's caption."""
+    from click.testing import CliRunner
+
+    from wdsfilter.cli import main
+
+    members = image_text_members(3, text_ext="json", caption="")
+    members = [(n, {"caption": f"a red \ud83d square {i}"} if n.endswith(".json") else d)
+               for i, (n, d) in enumerate(members)]
+    url = write_shard(tmp_path / "half-000000.tar", members)
+    samples, _ = run([url], caption_key="json:caption")
+    assert [s["caption"] for s in samples] == [f"a red \ufffd square {i}" for i in (1, 3, 5)]
+    out = str(tmp_path / "out")
+    result = CliRunner().invoke(main, ["score", url, "--model", "local-dir:" + tiny_clip, "--device", "cpu",
+                                       "--caption-key", "json:caption", "--out", out, "--workers", "0"])
+    assert result.exit_code == 0, result.output
+    assert "not written" not in result.output
+    page = open(os.path.join(out, "report.html"), encoding="utf-8").read()
+    assert "a red \ufffd square" in page
