@@ -212,3 +212,37 @@ def test_a_json_caption_with_a_lone_surrogate_is_repaired_for_every_reader(tiny_
     assert "not written" not in result.output
     page = open(os.path.join(out, "report.html"), encoding="utf-8").read()
     assert "a red \ufffd square" in page
+
+
+# -- images: a thin strip ---------------------------------------------------------------------------
+
+def test_a_thin_image_is_cropped_before_it_is_resized_for_clip(tiny_clip, tmp_path):
+    """A 1x40000 PNG (242 bytes, 40,000 pixels: far under max_pixels) went through CLIP's resize
+    of the short side to the model's size: a 64 x 2,560,000 strip (1.1 GB more peak RSS with the
+    64-pixel tiny model, 6 GB at 224 px) only to crop its middle."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (1, 40000), (200, 30, 30)).save(buf, "PNG")
+    url = write_shard(tmp_path / "thin-000000.tar", [("000000.png", buf.getvalue()), ("000000.txt", "a thin line")]
+                      + image_text_members(1, start=1))
+    out = _child(f"""
+        import json
+        from wdsfilter import StageConfig
+        from wdsfilter.pipeline import sample_pipeline
+        from wdsfilter.score.scorers.clip import ClipScorer
+        from wdsfilter.tally import Tally
+
+        def peak_mb():
+            with open("/proc/self/status") as f:
+                return next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) / 1024
+        scorer = ClipScorer(model="local-dir:" + {tiny_clip!r})
+        samples = list(sample_pipeline([{url!r}], StageConfig(check_first_shard=False), Tally()))
+        normal = scorer.prepare(samples[1])["image"]  # imports and buffers: the baseline
+        before = peak_mb()
+        thin = scorer.prepare(samples[0])["image"]
+        print(json.dumps({{"shape": list(thin.shape), "red": int(thin[0].min()), "grown_mb": peak_mb() - before,
+                           "same_shape": list(normal.shape) == list(thin.shape)}}))
+    """)
+    assert out["same_shape"] and out["red"] > 150, out  # the middle of the red line, filling the crop
+    assert out["grown_mb"] < 100, out
