@@ -22,7 +22,7 @@ from .errors import DataError, UnsafeInputError
 from .markers import shard_end_marker
 from .members import MemberCaps, gunzip_member, is_unsafe_ext
 from .shards import is_pipe, open_shard
-from .specs import split_name
+from .specs import reserved_ext, split_name
 from .tally import Tally
 
 STAGE = "read"
@@ -63,7 +63,7 @@ class ShardTarInfo(tarfile.TarInfo):
     @classmethod
     def fromtarfile(cls, tar):
         try:
-            return super().fromtarfile(tar)
+            info = super().fromtarfile(tar)
         except tarfile.EOFHeaderError:
             tar.wds_end = "end-of-archive"
             raise
@@ -73,6 +73,10 @@ class ShardTarInfo(tarfile.TarInfo):
         except tarfile.InvalidHeaderError as e:  # tarfile ends there too, as if the shard were complete
             tar.wds_end = f"corrupt member header at byte {tar.offset} ({e})"
             raise
+        if info.size < 0:  # from a pax size record; tarfile would read the member as if it were empty
+            tar.wds_end = f"corrupt member header before byte {tar.offset} (negative size {info.size})"
+            raise tarfile.InvalidHeaderError(f"negative size {info.size}")
+        return info
 
     @classmethod
     def frombuf(cls, buf, encoding, errors):
@@ -82,6 +86,8 @@ class ShardTarInfo(tarfile.TarInfo):
         "<atime>/./s0.jpg" and one sample's members would get different keys. GNU tar and bsdtar
         read a prefix only in a POSIX ustar header (magic "ustar\\0"); so does this."""
         info = super().frombuf(buf, encoding, errors)
+        if info.size < 0:  # tarfile reads "-1" in the size field; GNU tar: "out of off_t range"
+            raise tarfile.InvalidHeaderError(f"negative size {info.size}")
         if buf[257:263] != b"ustar\x00" and buf[345:346] != b"\x00" and info.type not in tarfile.GNU_TYPES:
             name = tarfile.nts(buf[0:100], encoding, errors)
             info.name = name.rstrip("/") if info.isdir() else name
@@ -366,6 +372,10 @@ def group_samples(members: Iterable["dict | ShardEnd"], cfg: StageConfig, tally:
             tally.note("no_extension", STAGE, url, fname, "member has no extension or is a dotfile; ignored")
             continue
         lext = ext.lower()
+        reserved = reserved_ext(lext)
+        if reserved:
+            tally.note("reserved_extension", STAGE, url, fname, reserved)
+            continue
         sample = open_samples.get(key)
         if sample is None:
             if key in emitted:

@@ -57,6 +57,17 @@ def split_name(name: str, rekey: str = "first-dot") -> Tuple[Optional[str], Opti
     return utf8_text(name[:slash + dot]), base[dot + 1:]
 
 
+def reserved_ext(ext: str) -> Optional[str]:
+    """Why a member with this extension cannot be part of a sample, or None. A sample is a dict
+    whose `__`-prefixed keys are its metadata (`__key__`, `__url__`, the stages' `__marker__`,
+    `__skipped__`): a member `x.__marker__` would overwrite them (webdataset raises on
+    `x.__key__`, and its decoders skip such fields)."""
+    if not ext.startswith("__"):
+        return None
+    return (f"extension '.{ext}' starts with '__', which webdataset and wdsfilter reserve for a sample's "
+            f"metadata (__key__, __url__); the member is ignored. Rename it when writing shards")
+
+
 def utf8_text(text: str) -> str:
     """`text` with the surrogate escapes of bytes that were not UTF-8 (how Python decodes such
     file and member names) written as \\xNN: no Parquet or JSON writer accepts lone surrogates."""
@@ -212,5 +223,18 @@ def find_caption(sample: dict, spec: KeySpec):
         if not value.strip():
             reason = "empty_caption"
             continue
-        return value, None
+        return _no_lone_surrogates(value), None
     return None, reason
+
+
+def _no_lone_surrogates(text: str) -> str:
+    """JSON may escape half of a UTF-16 pair ("\\ud83d", an emoji cut by a JavaScript substring):
+    json.loads keeps it as a lone surrogate, which no UTF-8 writer (Parquet, JSON lines, the HTML
+    report, a tokenizer's encode) accepts. It becomes U+FFFD, as a UTF-8 decoder treats bad bytes."""
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")

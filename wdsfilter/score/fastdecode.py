@@ -47,6 +47,32 @@ def combine_floors(floors) -> Optional[Tuple[int, int]]:
     return (short, long)
 
 
+# Resizing the whole of a thin image to its short side would make a strip this many times longer
+# than the crop (a 242-byte PNG of 1x40000 pixels: 6 GB at 224 px) only to keep its middle: past
+# this, the middle band is cut from the source first (with a margin for the filter), then resized;
+# its pixels may then differ from open_clip's by the rounding of the band's edges (a sub-pixel
+# shift). Up to this aspect ratio the pixels are open_clip's exactly.
+_MAX_STRIP = 64
+
+
+def _middle_band(pixels, new_h: int, new_w: int, top: int, left: int, side: int):
+    """(band of `pixels` around the crop, its resized height and width, the crop's top and left in
+    it): what the resize of the whole image keeps, up to the rounding of the band's edges."""
+    h, w = pixels.shape[0], pixels.shape[1]
+    if new_h > side:
+        scale, start, length = new_h / h, top, h
+    else:
+        scale, start, length = new_w / w, left, w
+    margin = 2 + math.ceil(4 / min(scale, 1.0))  # the bicubic filter's reach, in source pixels
+    lo = max(0, math.floor(start / scale) - margin)
+    hi = min(length, math.ceil((start + side) / scale) + margin)
+    size = max(side, round((hi - lo) * scale))
+    offset = min(max(0, int(round(start - lo * scale))), size - side)
+    if new_h > side:
+        return pixels[lo:hi], size, new_w, offset, left
+    return pixels[:, lo:hi], new_h, size, top, offset
+
+
 class ImageTransform:
     """open_clip's eval preprocessing (a PreprocessCfg dict) as uint8, with the fast path for the
     usual case (resize_mode "shortest", square input, bicubic or bilinear); other settings run
@@ -111,6 +137,9 @@ class ImageTransform:
             new_w, new_h = side, int(side * h / w)
         else:
             new_w, new_h = int(side * w / h), side
+        top, left = int(round((new_h - side) / 2.0)), int(round((new_w - side) / 2.0))
+        if max(new_w, new_h) > _MAX_STRIP * side:
+            pixels, new_h, new_w, top, left = _middle_band(pixels, new_h, new_w, top, left, side)
         # A (1, 3, H, W) view of HWC memory: channels-last, the layout torch's fast uint8
         # antialiased kernels take (no copy, no float conversion).
         x = pixels.permute(2, 0, 1).unsqueeze(0)
@@ -121,7 +150,6 @@ class ImageTransform:
             except (RuntimeError, NotImplementedError):  # an older torch without the uint8 kernel
                 x = F.interpolate(x.float(), size=(new_h, new_w), mode=mode, antialias=True, align_corners=False)
                 x = x.round_().clamp_(0, 255).to(pixels.dtype)
-        top, left = int(round((new_h - side) / 2.0)), int(round((new_w - side) / 2.0))
         return x[0, :, top:top + side, left:left + side].contiguous()
 
     def _general(self, image):

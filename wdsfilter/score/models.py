@@ -228,6 +228,30 @@ def token_count(tokenizer, text: str) -> int:
     raise ConfigError(f"cannot count tokens with {type(tokenizer).__name__}; truncation would go uncounted")
 
 
+# SimpleTokenizer.encode runs BPE over the whole caption, and BPE is quadratic in a word's length:
+# one 40 KB word took 75 s (a 4 MB caption, under the text cap, hours), and its cache keeps every
+# word it has seen. Only the ids that fit the context are needed: a caption is read up to
+# _CAPTION_CHARS (far past 77 tokens), a word is encoded in pieces of _WORD_CHARS (no real word is
+# that long; such a piece ends with BPE's end-of-word mark), and the cache is emptied when full.
+_CAPTION_CHARS = 1 << 16
+_WORD_CHARS = 256
+_CACHE_ENTRIES = 1 << 16
+
+
+def _encode_head(tokenizer, text: str, need: int) -> list:
+    """The BPE ids tokenizer.encode(text) starts with, stopping once there are more than `need`."""
+    if len(tokenizer.cache) > _CACHE_ENTRIES:  # keep the special tokens (cached as themselves)
+        tokenizer.cache = {k: v for k, v in tokenizer.cache.items() if k == v}
+    ids, encoder, byte_encoder = [], tokenizer.encoder, tokenizer.byte_encoder
+    for match in tokenizer.pat.finditer(tokenizer.clean_fn(text[:_CAPTION_CHARS])):
+        word = "".join(byte_encoder[b] for b in match.group().encode("utf-8"))
+        for start in range(0, len(word), _WORD_CHARS):
+            ids.extend(encoder[t] for t in tokenizer.bpe(word[start:start + _WORD_CHARS]).split(" "))
+            if len(ids) > need:
+                return ids
+    return ids
+
+
 def tokenize(tokenizer, text: str, context_length: int):
     """(tokens, truncated): the caption's token tensor as tokenizer(text)[0] gives it, and whether
     it was longer than the context, encoding the text once. open_clip's SimpleTokenizer (every
@@ -236,8 +260,9 @@ def tokenize(tokenizer, text: str, context_length: int):
     import torch
     from open_clip.tokenizer import SimpleTokenizer
     if isinstance(tokenizer, SimpleTokenizer) and getattr(tokenizer, "reduction_fn", None) is None:
-        ids = [tokenizer.sot_token_id] + tokenizer.encode(text) + [tokenizer.eot_token_id]
-        truncated = len(ids) > context_length
+        head = _encode_head(tokenizer, text, context_length - 1)
+        ids = [tokenizer.sot_token_id] + head + [tokenizer.eot_token_id]
+        truncated = len(ids) > context_length or len(text) > _CAPTION_CHARS
         if truncated:
             ids = ids[:context_length]
             ids[-1] = tokenizer.eot_token_id

@@ -22,6 +22,7 @@ KINDS: Dict[str, tuple] = {
     # 2. keys
     "dotted_basename": (WARNING, "dots in file basenames make compound extensions (key 'img', ext 'v2.0001.jpg'); use --rekey last-dot"),
     "no_extension": (WARNING, "member without an extension; ignored by webdataset, remove it when writing shards"),
+    "reserved_extension": (WARNING, "an extension starting with '__' (x.__key__, x.__marker__): the name of a sample's metadata field; the member is ignored. Rename it when writing shards"),
     "dotfile": (WARNING, "hidden file (.DS_Store, ._foo); ignored, remove it when writing shards"),
     "mixed_case_extension": (WARNING, "upper-case extension (.JPG); webdataset (and open_clip, wdsfilter) lower-case extensions, but HF datasets' webdataset loader keeps the case (a 'JPG' column of raw bytes, never decoded as an image) and DALI's readers.webdataset is case sensitive by default (case_sensitive_extensions=True). Write lower-case extensions"),
     "nonadjacent_key": (WARNING, "members of one key are not next to each other; plain webdataset makes two half-samples (wdsfilter's stages merge them). Write each sample's members together"),

@@ -50,9 +50,12 @@ def _number(field: bytes) -> int:
     if field[:1] in (b"\x80", b"\xff"):  # base-256 (sizes over 8 GiB)
         raise Unusual("base-256 number")
     try:
-        return int(field.split(b"\0", 1)[0].strip() or b"0", 8)
+        value = int(field.split(b"\0", 1)[0].strip() or b"0", 8)
     except ValueError:
         raise Unusual("malformed number") from None
+    if value < 0:  # "-1": read(-1) would read the rest of the shard into memory
+        raise Unusual("negative number")
+    return value
 
 
 def _byte_sum(buf: bytes) -> int:
@@ -213,6 +216,8 @@ def _header(read, offset: int):
                     size = int(pax["size"])
                 except ValueError:
                     raise Unusual("pax size") from None
+                if size < 0:
+                    raise Unusual("negative pax size")
                 blocks = -(-size // BLOCK) * BLOCK
         if kind == b"\0" and name.endswith("/"):
             kind = b"5"  # old V7 directories

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Set, Tuple
 
-from ...specs import is_dotted, split_name
+from ...specs import is_dotted, reserved_ext, split_name
 from ..findings import FindingLog
 
 
@@ -35,6 +35,10 @@ class KeyTracker:
                 log.add("no_extension", name, name, f"{base!r} has no extension, so it is not part of any sample")
             return None, None
         lext = ext.lower()
+        reserved = reserved_ext(lext)
+        if reserved:
+            log.add("reserved_extension", name, key, reserved)
+            return None, None
         if lext != ext:
             self._names[(key, lext)] = name
             log.add("mixed_case_extension", name, key,

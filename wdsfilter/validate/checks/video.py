@@ -7,8 +7,9 @@ files cut short in transfer that open cleanly (a Matroska/WebM header keeps the 
 MP4/MOV moov atom the full frame count) and counts frames where the header has no count.
 
 The container header is not trusted: PyAV opens every video with FFmpeg's own `max_pixels` limit
-(stream_options), so a header declaring 64x64 over 16000x16000 frames is refused while probing
-instead of decoded, and at most MAX_PACKETS packets are read per video. The rules here (open,
+on every stream's decoder, however many streams there are, so a header declaring 64x64 over
+16000x16000 frames is refused while probing instead of decoded, and at most MAX_PACKETS packets
+are read per video. The rules here (open,
 cut short, too large) are the ones the scorers' frame sampler (score/video.py) applies too.
 """
 from __future__ import annotations
@@ -25,8 +26,6 @@ _SLACK_SHARE, _SLACK_SECONDS = 0.1, 0.05
 # Packets read per video: a real clip has far fewer (10 minutes at 30 fps is 18,000); a 13 MB file
 # of a million tiny frames would otherwise take minutes to demux.
 MAX_PACKETS = 30_000
-# Streams the max_pixels option is handed to (FFmpeg takes one option set per stream).
-_STREAMS = 64
 
 
 def open_video(data: bytes, max_pixels):
@@ -35,8 +34,10 @@ def open_video(data: bytes, max_pixels):
 
     import av
 
-    options = [{"max_pixels": str(int(max_pixels))}] * _STREAMS if max_pixels else None
-    return av.open(io.BytesIO(data), "r", metadata_errors="ignore", stream_options=options)
+    # `options`, not `stream_options`: a list of per-stream options reaches only as many streams
+    # as it has entries, and a file with one stream more hid its frames from the limit.
+    options = {"max_pixels": str(int(max_pixels))} if max_pixels else None
+    return av.open(io.BytesIO(data), "r", metadata_errors="ignore", options=options)
 
 
 def too_large(width: int, height: int, max_pixels) -> bool:
