@@ -131,3 +131,39 @@ def test_a_killed_runs_copy_of_a_pipe_shard_is_removed_by_the_next_run(tmp_path)
     score(urls, out=out, resume=True, **opts)
     assert not os.path.exists(copy) and sorted(os.listdir(kept)) == ["shard-0000.tar", "shard-0000_stats.json",
                                                                              "sizes.json"]
+
+
+def test_resume_scores_again_a_shard_that_changed_since_it_was_scored(tmp_path):
+    """A shard re-created under the same name (re-downloaded, re-written) is not the shard its
+    marker vouches for: --resume scores it again instead of keeping the old rows."""
+    urls, images = make_shards(tmp_path / "shards", [5, 5, 5])
+    out = str(tmp_path / "out")
+    opts = dict(scorers=[BrightnessScorer()], device="cpu", workers=0, progress=False)
+    score(urls, out=out, **opts)
+    other, other_images = make_shards(tmp_path / "other", [5, 7, 5])
+    os.replace(other[1], urls[1])  # same name, other samples
+    summary = score(urls, out=out, resume=True, **opts)
+    assert summary.shards_resumed == 2 and summary.shards_scored == 1
+    _, keys = tables(out)
+    assert summary.rows == 17 and {k for k in keys if k.startswith("s1_")} == {k for k in other_images if k.startswith("s1_")}
+    again = score(urls, out=out, resume=True, **opts)  # unchanged since: nothing to redo
+    assert again.shards_resumed == 3 and again.shards_scored == 0
+
+
+@pytest.mark.parametrize("damage", ["truncate", "replace"])
+def test_resume_scores_again_a_shard_whose_score_file_is_damaged(tmp_path, damage):
+    """A score file cut short (or replaced) under a marker is not trusted: --resume scores its
+    shard again, instead of failing on it (or summarising wrong rows) at every later run."""
+    urls, images = make_shards(tmp_path / "shards", [5, 5, 5])
+    out = str(tmp_path / "out")
+    opts = dict(scorers=[BrightnessScorer()], device="cpu", workers=0, progress=False)
+    score(urls, out=out, **opts)
+    first, _ = tables(out)
+    path = os.path.join(out, "scores", "shard-0001.parquet")
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[:100] if damage == "truncate" else data + b"\0" * 10)
+    summary = score(urls, out=out, resume=True, **opts)
+    assert summary.shards_resumed == 2 and summary.shards_scored == 1 and summary.rows == 15
+    again, keys = tables(out)
+    assert keys == set(images)
+    same_rows(first, again)
