@@ -34,7 +34,11 @@ def shards(tmp_path):
 # -- item 6: a shard not read to its end ------------------------------------------------------------
 @pytest.mark.parametrize("command", ["cat {shard}; test ! -e {flag}",  # the whole tar, then an error
                                      # part of it, then an error
-                                     "if test -e {flag}; then head -c 3000 {shard}; exit 1; else cat {shard}; fi"])
+                                     "if test -e {flag}; then head -c 3000 {shard}; exit 1; else cat {shard}; fi",
+                                     # 141 (killed by SIGPIPE), which webdataset lets pass: after part of the
+                                     # tar, and after all of it
+                                     "if test -e {flag}; then head -c 3000 {shard}; exit 141; else cat {shard}; fi",
+                                     "cat {shard}; if test -e {flag}; then exit 141; fi"])
 def test_a_failing_pipe_command_fails_its_shard_and_resume_retries_it(shards, tmp_path, command):
     flag = tmp_path / "broken"
     flag.touch()
@@ -55,6 +59,24 @@ def test_a_failing_pipe_command_fails_its_shard_and_resume_retries_it(shards, tm
     assert again.exit_code == 0, again.output
     assert len(done_names(out)) == 2 and "shard-0001.json" in done_names(out)
     assert json.load(open(os.path.join(out, "summary.json")))["status"] == {"scored": 11}
+
+
+def test_a_pipe_shard_that_is_cut_when_read_again_for_its_filtered_copy_fails(shards, tmp_path):
+    """A pipe: shard is read twice: to score it, then for its filtered copy. A command that sends
+    part of it the second time (exit 0) left a filtered shard without some kept samples, marked
+    done; now the copy is checked and the shard fails (no marker, no filtered shard)."""
+    runs = tmp_path / "runs"
+    url = (f"pipe:if test -s {runs}; then head -c 5120 {shards[1]}; else cat {shards[1]}; fi; echo run >> {runs}")
+    out, filtered = str(tmp_path / "out"), str(tmp_path / "filtered")
+    # The probe reads 2 samples of the first shard: the pipe shard is read whole once, to score it.
+    summary = score([shards[0], url], out=out, scorers=[SCORER], device="cpu", workers=0, progress=False,
+                    allow_pipe=True, batch_size=4, probe_samples=2, write_shards=filtered)
+    assert len(runs.read_text().split()) == 2  # read to score it, then for the copy
+    assert [f["url"] for f in summary.shards_failed] == [url]
+    assert "holds 2 of its 5 kept sample(s)" in summary.shards_failed[0]["reason"]
+    assert done_names(out) == ["shard-0000.json"]
+    assert sorted(f for f in os.listdir(filtered) if f.endswith(".tar")) == ["shard-0000.tar"]
+    assert not temporaries(out, filtered)
 
 
 def test_a_download_that_breaks_off_fails_its_shard(shards, tmp_path):

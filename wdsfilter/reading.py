@@ -21,7 +21,7 @@ from .decompress import open_layers
 from .errors import DataError, UnsafeInputError
 from .markers import shard_end_marker
 from .members import MemberCaps, gunzip_member, is_unsafe_ext
-from .shards import is_pipe, open_shard
+from .shards import close_shard, is_pipe, open_shard
 from .specs import split_name
 from .tally import Tally
 
@@ -271,7 +271,7 @@ def tar_members(src: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator
                     yield item
         finally:
             try:
-                stream.close()
+                close_shard(stream)
             except OSError as e:  # a pipe: command or download that failed (after sending a whole tar, too)
                 tally.note("shard_command_failed", STAGE, url, "", _close_failure(url, stream, e))
                 if end is not None and not end.failed:

@@ -178,6 +178,18 @@ def open_shard(url: str, allow_pipe: bool = False, allow_remote: bool = False) -
     return open(local_path(url), "rb", buffering=1 << 20)
 
 
+def close_shard(stream) -> None:
+    """Close a shard's stream; a pipe: command or download that exited non-zero raises OSError,
+    whatever its status. webdataset lets 141 (killed by SIGPIPE) and curl's 23 (write error) pass:
+    the statuses of a reader that stopped early. wdsfilter reads every shard to its end, so there
+    they mean the command failed; and where it stopped early itself (at a broken tar), the shard
+    was not read to its end either."""
+    stream.close()
+    status = getattr(stream, "status", None)
+    if status not in (None, 0):
+        raise OSError(f"exit status {status}")
+
+
 def split_suffix(url: str) -> Tuple[str, str]:
     """'a/b/00.tar.gz' -> ('00', '.tar.gz'): the shard's file name and its shard suffix ('.tar'
     when it has none of SHARD_SUFFIXES). The stem names a shard's outputs (score file, marker,

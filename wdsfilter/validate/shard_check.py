@@ -18,7 +18,7 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional
 from ..census import KeyCensus
 from ..members import MemberCaps
 from ..reading import OVERSIZED, ShardEnd, group_samples, iter_tar, screen_member
-from ..shards import is_pipe, is_remote, open_shard
+from ..shards import close_shard, is_pipe, is_remote, open_shard
 from ..specs import json_path_get, split_name
 from ..stages import CaptionCleaner, select_sample
 from ..tally import Tally
@@ -108,7 +108,7 @@ def _close(stream) -> Optional[str]:
     """Close the shard's stream; a pipe: command or download that failed says so here (webdataset's
     Pipe raises its exit status on close). Returns that error, or None."""
     try:
-        stream.close()
+        close_shard(stream)
     except OSError as e:
         proc = getattr(stream, "proc", None)
         if proc is not None and proc.returncode is not None:
