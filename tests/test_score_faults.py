@@ -79,6 +79,27 @@ def test_a_pipe_shard_that_is_cut_when_read_again_for_its_filtered_copy_fails(sh
     assert not temporaries(out, filtered)
 
 
+def test_a_shard_cut_short_stays_listed_after_resume(shards, tmp_path):
+    """A truncated shard is scored up to its break and done; the summary of every later --resume
+    still lists it (summary.json shards_cut, the terminal's first line): it used to list only the
+    cut shards of its own run, so the resumed run reported the dataset clean."""
+    cut = str(tmp_path / "cut.tar")
+    open(cut, "wb").write(open(shards[0], "rb").read()[:7000])
+    flag = tmp_path / "broken"
+    flag.touch()
+    url = f"pipe:cat {shards[1]}; test ! -e {flag}"
+    out = str(tmp_path / "out")
+    first = cli(cut, url, "--allow-pipe", "--scorer", SCORER, "--out", out)
+    assert first.exit_code == 3 and "1 shard(s) FAILED; 1 shard(s) CUT SHORT" in first.output, first.output
+    flag.unlink()
+    again = cli(cut, url, "--allow-pipe", "--scorer", SCORER, "--out", out, "--resume")
+    assert again.exit_code == 0, again.output
+    assert "(1 shard(s) were already done); 1 shard(s) CUT SHORT" in again.output
+    assert "shard CUT SHORT (the samples before the break were scored" in again.output
+    summary = json.load(open(os.path.join(out, "summary.json")))
+    assert [f["url"] for f in summary["shards_cut"]] == [cut] and summary["shards_failed"] == []
+
+
 def test_a_download_that_breaks_off_fails_its_shard(shards, tmp_path):
     out = str(tmp_path / "out")
     with broken_download(shards[0], send_fraction=0.6) as (url, control):

@@ -237,3 +237,13 @@ class RunState:
 
     def done_score_files(self) -> List[str]:
         return [self.score_path(u) for u in self.urls if self.is_done(u)]
+
+    def cut_shards(self) -> List[dict]:
+        """Done shards that were scored up to a break in their tar (url, reason), this run's and
+        those of the runs it resumed: the summary lists every one, not only this run's."""
+        cut = []
+        for url in self.urls:
+            info = self._marker(url) if self.is_done(url) else None
+            if info and info.get("error"):
+                cut.append({"url": url, "reason": info["error"]})
+        return cut
