@@ -100,6 +100,28 @@ def test_a_shard_cut_short_stays_listed_after_resume(shards, tmp_path):
     assert [f["url"] for f in summary["shards_cut"]] == [cut] and summary["shards_failed"] == []
 
 
+def test_a_pipe_command_that_hangs_is_killed_and_fails_its_shard(shards, tmp_path):
+    """A command that sends part of a shard and then hangs used to hang the run for ever (a read
+    blocked in the kernel: no watchdog sees it). After stream_idle_seconds with nothing to read,
+    the command and what it started are killed: the shard fails (no marker), the rest is scored,
+    (without the guard this run takes 90s and marks the shard done, cut short)
+    and validate names it too."""
+    from wdsfilter.validate import validate
+    pidfile = tmp_path / "sleeper.pid"
+    url = f"pipe:head -c 5000 {shards[1]}; sleep 90 & echo $! > {pidfile}; wait"
+    out = str(tmp_path / "out")
+    summary = score([shards[0], url], out=out, scorers=[SCORER], device="cpu", workers=0, progress=False,
+                    allow_pipe=True, batch_size=4, stream_idle_seconds=2)
+    assert [f["url"] for f in summary.shards_failed] == [url]
+    assert "sent nothing for 2s (stream_idle_seconds) and was killed" in summary.shards_failed[0]["reason"]
+    assert done_names(out) == ["shard-0000.json"] and summary.rows == 6
+    sleeper = int(pidfile.read_text())
+    assert not os.path.exists(f"/proc/{sleeper}") or open(f"/proc/{sleeper}/stat").read().split()[2] == "Z"
+    report = validate([url], config={"allow_pipe": True, "stream_idle_seconds": 2})
+    failed = [f for f in report.shards[0].findings if f.kind == "shard_command_failed"]
+    assert failed and "stalled: it sent nothing for 2s" in failed[0].message and not report.passed
+
+
 def test_a_download_that_breaks_off_fails_its_shard(shards, tmp_path):
     out = str(tmp_path / "out")
     with broken_download(shards[0], send_fraction=0.6) as (url, control):

@@ -110,6 +110,8 @@ def _close(stream) -> Optional[str]:
     try:
         close_shard(stream)
     except OSError as e:
+        if getattr(stream, "stalled", None):
+            return f"the shard's command or download stalled: {stream.stalled}"
         proc = getattr(stream, "proc", None)
         if proc is not None and proc.returncode is not None:
             # webdataset runs remote URLs through curl (an argument list), pipe: URLs through a shell.
@@ -156,7 +158,7 @@ class _ShardCheck:
         started = time.perf_counter()
         url, stage = self.url, self.stage
         try:
-            stream = open_shard(url, stage.allow_pipe, stage.allow_remote)
+            stream = open_shard(url, stage.allow_pipe, stage.allow_remote, stage.stream_idle_seconds)
         except OSError as e:
             self.log.add("unreadable_tar", "", "", f"cannot open the shard: {e}; check the path and permissions")
             return self._result(started, str(e))
