@@ -149,7 +149,7 @@ def test_a_failing_pipe_shard_fails_on_the_api_too_with_decode_workers(shards, t
 STICKY = "faultkit:StickyScorer"
 
 
-@pytest.mark.parametrize("kind", ["illegal", "cublas"])
+@pytest.mark.parametrize("kind", ["illegal", "cublas", "timeout"])
 def test_a_sticky_device_error_stops_the_run_and_resume_redoes_the_unfinished_shards(tmp_path, kind):
     urls = make_shards(tmp_path / "shards", [8, 8, 8])[0]
     trip, out = tmp_path / "trip", str(tmp_path / "out")
