@@ -308,3 +308,16 @@ def test_an_incomplete_score_folder_is_named_and_fails_unless_allowed(tmp_path):
 
 def summary_failed(out):
     return json.load(open(os.path.join(out, "summary.json")))["shards_failed"]
+
+
+def test_a_source_shard_changed_since_scoring_is_a_run_failure_exit_3(tmp_path):
+    """The same keys, other bytes (a shard re-created under its name): the scores are not theirs.
+    Writing shards from it used to copy the new bytes under the old scores; now its marker's
+    record of the shard (size, modification time) tells, and the run fails naming it."""
+    shards = gnu_tar_shards(str(tmp_path), [6, 6])
+    out = score_folder(shards, tmp_path / "scores")
+    other = gnu_tar_shards(str(tmp_path / "other"), [6, 6], extra_bytes=100)  # same keys, one more member each
+    os.replace(other[1], shards[1])
+    r = run_cli("filter", out, "--write-shards", str(tmp_path / "k"), "--no-report")
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert f"source shard {shards[1]} changed since it was scored" in r.stderr and "Traceback" not in r.stderr

@@ -154,7 +154,7 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
         whole = writer.prepare(identity, overwrite)
         if whole:
             echo(f"resume: {whole} shard(s) in {write_shards} are already whole")
-        sources = (Source(s.url, kept_keys(s, thresholds)) for s in run.shards)
+        sources = (Source(s.url, kept_keys(s, thresholds), s.source) for s in run.shards)
         result.sizes = writer.write(sources)
         result.files["shards"] = write_shards
     if collector is not None:

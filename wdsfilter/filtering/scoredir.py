@@ -27,6 +27,7 @@ class ScoredShard:
     url: str  # the source shard, as the scoring run named it
     name: str  # its output name (score file stem)
     score_file: str
+    source: Optional[dict] = None  # what the marker recorded of a local source shard (resume.source_state)
 
 
 @dataclass
@@ -56,7 +57,8 @@ class ScoreRun:
             if path is None or not outputs_intact(info, folder, [path]):
                 unfinished.append(info.get("url") or name[:-5])
                 continue
-            shards.append(ScoredShard(url=info.get("url", ""), name=info.get("name") or name[:-5], score_file=path))
+            shards.append(ScoredShard(url=info.get("url", ""), name=info.get("name") or name[:-5], score_file=path,
+                                      source=info.get("source")))
         listed = os.path.join(folder, SHARDS_FILE)
         if os.path.exists(listed):
             with open(listed) as f:
