@@ -26,6 +26,12 @@ STICKY_MESSAGES = {
     "cublas": "CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasSgemm( handle, opa, opb, m, n, k, "
               "&alpha, a, lda, b, ldb, &beta, c, ldc)`",
     "cudnn": "cuDNN error: CUDNN_STATUS_MAPPING_ERROR",
+    # the rest of what the CUDA runtime documents as leaving the context unusable, and "unknown error"
+    "timeout": "CUDA error: the launch timed out and was terminated",
+    "pc": "CUDA error: invalid program counter",
+    "address_space": "CUDA error: operation not supported on global/shared address space",
+    "nvlink": "CUDA error: uncorrectable NVLink error detected during the execution",
+    "unknown": "CUDA error: unknown error\nCompile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.",
 }
 ALLOC_MESSAGES = {
     "cublas": "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",

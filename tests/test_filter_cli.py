@@ -300,3 +300,42 @@ def test_gzip_sources_and_jsonl_score_files(tmp_path):
     expected = [r_["key"] for r_ in rows if r_["brightness"] is not None and r_["brightness"] >= cut]
     assert list(got) == expected and any(k.startswith("s1_") for k in got)
     assert all(got[k] == source[k] for k in got)
+
+
+def test_an_incomplete_score_folder_is_named_and_fails_unless_allowed(tmp_path):
+    """A scoring run with a failed shard, and one whose score file was damaged since: filter counts
+    the finished shards, names the others (INCOMPLETE) and exits 3, so thresholds and shards from
+    part of the data are never reported clean; --allow-incomplete accepts it."""
+    shards = gnu_tar_shards(str(tmp_path), [6, 5, 7])
+    failing = f"pipe:cat {shards[2]}; exit 1"
+    out = str(tmp_path / "scores")
+    score_folder([shards[0], shards[1], failing], out, allow_pipe=True)
+    assert [f["url"] for f in summary_failed(out)] == [failing]
+    r = run_cli("filter", out, "--min", "brightness=0.1", "--no-report", "--dry-run")
+    assert r.returncode == 3, r.stderr
+    assert "INCOMPLETE: 1 shard(s) of the scoring run have no complete score file" in r.stdout
+    assert failing in r.stdout and "11 rows in 2 finished shard(s)" in r.stdout
+    assert "--allow-incomplete" in r.stderr
+    ok = run_cli("filter", out, "--min", "brightness=0.1", "--no-report", "--dry-run", "--allow-incomplete")
+    assert ok.returncode == 0, ok.stderr
+    score_file = os.path.join(out, "scores", os.path.basename(shards[1])[:-4] + ".parquet")
+    open(score_file, "ab").write(b"junk")  # damaged after the marker was written
+    r = run_cli("filter", out, "--no-report", "--dry-run")
+    assert r.returncode == 3 and "INCOMPLETE: 2 shard(s)" in r.stdout and "6 rows in 1 finished shard(s)" in r.stdout
+
+
+def summary_failed(out):
+    return json.load(open(os.path.join(out, "summary.json")))["shards_failed"]
+
+
+def test_a_source_shard_changed_since_scoring_is_a_run_failure_exit_3(tmp_path):
+    """The same keys, other bytes (a shard re-created under its name): the scores are not theirs.
+    Writing shards from it used to copy the new bytes under the old scores; now its marker's
+    record of the shard (size, modification time) tells, and the run fails naming it."""
+    shards = gnu_tar_shards(str(tmp_path), [6, 6])
+    out = score_folder(shards, tmp_path / "scores")
+    other = gnu_tar_shards(str(tmp_path / "other"), [6, 6], extra_bytes=100)  # same keys, one more member each
+    os.replace(other[1], shards[1])
+    r = run_cli("filter", out, "--write-shards", str(tmp_path / "k"), "--no-report")
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert f"source shard {shards[1]} changed since it was scored" in r.stderr and "Traceback" not in r.stderr

@@ -313,7 +313,7 @@ def test_score_names_a_shard_cut_short_and_fails_a_file_that_is_not_a_tar(tmp_pa
     _lfs_pointer(shards / "c-000002.tar", os.path.getsize(full))
     result = _score(shards, tmp_path / "out")
     assert result.exit_code == 3, result.output
-    assert "CUT SHORT" in result.output and "b-000001.tar" in result.output.split("CUT SHORT")[1]
+    assert "CUT SHORT" in result.output and "b-000001.tar" in result.output.split("shard CUT SHORT")[1]
     assert "c-000002.tar: no member could be read" in result.output and "is it a tar" in result.output
     import json
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
@@ -342,7 +342,7 @@ def test_a_compressed_shard_cut_at_its_first_member_is_cut_short_not_called_a_no
     result = _score(shards, tmp_path / "out", *cap)
     assert result.exit_code == 0, result.output
     assert "is it a tar" not in result.output
-    assert "CUT SHORT" in result.output and "max_decompressed_bytes" in result.output.split("CUT SHORT")[1]
+    assert "CUT SHORT" in result.output and "max_decompressed_bytes" in result.output.split("shard CUT SHORT")[1]
     import json
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert [os.path.basename(f["url"]) for f in summary["shards_cut"]] == ["b-000001.tar.gz"]

@@ -34,7 +34,11 @@ def shards(tmp_path):
 # -- item 6: a shard not read to its end ------------------------------------------------------------
 @pytest.mark.parametrize("command", ["cat {shard}; test ! -e {flag}",  # the whole tar, then an error
                                      # part of it, then an error
-                                     "if test -e {flag}; then head -c 3000 {shard}; exit 1; else cat {shard}; fi"])
+                                     "if test -e {flag}; then head -c 3000 {shard}; exit 1; else cat {shard}; fi",
+                                     # 141 (killed by SIGPIPE), which webdataset lets pass: after part of the
+                                     # tar, and after all of it
+                                     "if test -e {flag}; then head -c 3000 {shard}; exit 141; else cat {shard}; fi",
+                                     "cat {shard}; if test -e {flag}; then exit 141; fi"])
 def test_a_failing_pipe_command_fails_its_shard_and_resume_retries_it(shards, tmp_path, command):
     flag = tmp_path / "broken"
     flag.touch()
@@ -55,6 +59,67 @@ def test_a_failing_pipe_command_fails_its_shard_and_resume_retries_it(shards, tm
     assert again.exit_code == 0, again.output
     assert len(done_names(out)) == 2 and "shard-0001.json" in done_names(out)
     assert json.load(open(os.path.join(out, "summary.json")))["status"] == {"scored": 11}
+
+
+def test_a_pipe_shard_that_is_cut_when_read_again_for_its_filtered_copy_fails(shards, tmp_path):
+    """A pipe: shard is read twice: to score it, then for its filtered copy. A command that sends
+    part of it the second time (exit 0) left a filtered shard without some kept samples, marked
+    done; now the copy is checked and the shard fails (no marker, no filtered shard)."""
+    runs = tmp_path / "runs"
+    url = (f"pipe:if test -s {runs}; then head -c 5120 {shards[1]}; else cat {shards[1]}; fi; echo run >> {runs}")
+    out, filtered = str(tmp_path / "out"), str(tmp_path / "filtered")
+    # The probe reads 2 samples of the first shard: the pipe shard is read whole once, to score it.
+    summary = score([shards[0], url], out=out, scorers=[SCORER], device="cpu", workers=0, progress=False,
+                    allow_pipe=True, batch_size=4, probe_samples=2, write_shards=filtered)
+    assert len(runs.read_text().split()) == 2  # read to score it, then for the copy
+    assert [f["url"] for f in summary.shards_failed] == [url]
+    assert "holds 2 of its 5 kept sample(s)" in summary.shards_failed[0]["reason"]
+    assert done_names(out) == ["shard-0000.json"]
+    assert sorted(f for f in os.listdir(filtered) if f.endswith(".tar")) == ["shard-0000.tar"]
+    assert not temporaries(out, filtered)
+
+
+def test_a_shard_cut_short_stays_listed_after_resume(shards, tmp_path):
+    """A truncated shard is scored up to its break and done; the summary of every later --resume
+    still lists it (summary.json shards_cut, the terminal's first line): it used to list only the
+    cut shards of its own run, so the resumed run reported the dataset clean."""
+    cut = str(tmp_path / "cut.tar")
+    open(cut, "wb").write(open(shards[0], "rb").read()[:7000])
+    flag = tmp_path / "broken"
+    flag.touch()
+    url = f"pipe:cat {shards[1]}; test ! -e {flag}"
+    out = str(tmp_path / "out")
+    first = cli(cut, url, "--allow-pipe", "--scorer", SCORER, "--out", out)
+    assert first.exit_code == 3 and "1 shard(s) FAILED; 1 shard(s) CUT SHORT" in first.output, first.output
+    flag.unlink()
+    again = cli(cut, url, "--allow-pipe", "--scorer", SCORER, "--out", out, "--resume")
+    assert again.exit_code == 0, again.output
+    assert "(1 shard(s) were already done); 1 shard(s) CUT SHORT" in again.output
+    assert "shard CUT SHORT (the samples before the break were scored" in again.output
+    summary = json.load(open(os.path.join(out, "summary.json")))
+    assert [f["url"] for f in summary["shards_cut"]] == [cut] and summary["shards_failed"] == []
+
+
+def test_a_pipe_command_that_hangs_is_killed_and_fails_its_shard(shards, tmp_path):
+    """A command that sends part of a shard and then hangs used to hang the run for ever (a read
+    blocked in the kernel: no watchdog sees it). After stream_idle_seconds with nothing to read,
+    the command and what it started are killed: the shard fails (no marker), the rest is scored,
+    (without the guard this run takes 90s and marks the shard done, cut short)
+    and validate names it too."""
+    from wdsfilter.validate import validate
+    pidfile = tmp_path / "sleeper.pid"
+    url = f"pipe:head -c 5000 {shards[1]}; sleep 90 & echo $! > {pidfile}; wait"
+    out = str(tmp_path / "out")
+    summary = score([shards[0], url], out=out, scorers=[SCORER], device="cpu", workers=0, progress=False,
+                    allow_pipe=True, batch_size=4, stream_idle_seconds=2)
+    assert [f["url"] for f in summary.shards_failed] == [url]
+    assert "sent nothing for 2s (stream_idle_seconds) and was killed" in summary.shards_failed[0]["reason"]
+    assert done_names(out) == ["shard-0000.json"] and summary.rows == 6
+    sleeper = int(pidfile.read_text())
+    assert not os.path.exists(f"/proc/{sleeper}") or open(f"/proc/{sleeper}/stat").read().split()[2] == "Z"
+    report = validate([url], config={"allow_pipe": True, "stream_idle_seconds": 2})
+    failed = [f for f in report.shards[0].findings if f.kind == "shard_command_failed"]
+    assert failed and "stalled: it sent nothing for 2s" in failed[0].message and not report.passed
 
 
 def test_a_download_that_breaks_off_fails_its_shard(shards, tmp_path):
@@ -84,7 +149,7 @@ def test_a_failing_pipe_shard_fails_on_the_api_too_with_decode_workers(shards, t
 STICKY = "faultkit:StickyScorer"
 
 
-@pytest.mark.parametrize("kind", ["illegal", "cublas"])
+@pytest.mark.parametrize("kind", ["illegal", "cublas", "timeout"])
 def test_a_sticky_device_error_stops_the_run_and_resume_redoes_the_unfinished_shards(tmp_path, kind):
     urls = make_shards(tmp_path / "shards", [8, 8, 8])[0]
     trip, out = tmp_path / "trip", str(tmp_path / "out")

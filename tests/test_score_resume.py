@@ -131,3 +131,106 @@ def test_a_killed_runs_copy_of_a_pipe_shard_is_removed_by_the_next_run(tmp_path)
     score(urls, out=out, resume=True, **opts)
     assert not os.path.exists(copy) and sorted(os.listdir(kept)) == ["shard-0000.tar", "shard-0000_stats.json",
                                                                              "sizes.json"]
+
+
+def test_resume_scores_again_a_shard_that_changed_since_it_was_scored(tmp_path):
+    """A shard re-created under the same name (re-downloaded, re-written) is not the shard its
+    marker vouches for: --resume scores it again instead of keeping the old rows."""
+    urls, images = make_shards(tmp_path / "shards", [5, 5, 5])
+    out = str(tmp_path / "out")
+    opts = dict(scorers=[BrightnessScorer()], device="cpu", workers=0, progress=False)
+    score(urls, out=out, **opts)
+    other, other_images = make_shards(tmp_path / "other", [5, 7, 5])
+    os.replace(other[1], urls[1])  # same name, other samples
+    summary = score(urls, out=out, resume=True, **opts)
+    assert summary.shards_resumed == 2 and summary.shards_scored == 1
+    _, keys = tables(out)
+    assert summary.rows == 17 and {k for k in keys if k.startswith("s1_")} == {k for k in other_images if k.startswith("s1_")}
+    again = score(urls, out=out, resume=True, **opts)  # unchanged since: nothing to redo
+    assert again.shards_resumed == 3 and again.shards_scored == 0
+
+
+@pytest.mark.parametrize("damage", ["truncate", "replace"])
+def test_resume_scores_again_a_shard_whose_score_file_is_damaged(tmp_path, damage):
+    """A score file cut short (or replaced) under a marker is not trusted: --resume scores its
+    shard again, instead of failing on it (or summarising wrong rows) at every later run."""
+    urls, images = make_shards(tmp_path / "shards", [5, 5, 5])
+    out = str(tmp_path / "out")
+    opts = dict(scorers=[BrightnessScorer()], device="cpu", workers=0, progress=False)
+    score(urls, out=out, **opts)
+    first, _ = tables(out)
+    path = os.path.join(out, "scores", "shard-0001.parquet")
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[:100] if damage == "truncate" else data + b"\0" * 10)
+    summary = score(urls, out=out, resume=True, **opts)
+    assert summary.shards_resumed == 2 and summary.shards_scored == 1 and summary.rows == 15
+    again, keys = tables(out)
+    assert keys == set(images)
+    same_rows(first, again)
+
+
+def children(pid):
+    """Pids of the live processes whose parent is `pid` (from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.append(int(entry))
+    return found
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def start_and_wait_for_a_marker(args, out):
+    proc = score_cli(args)
+    deadline = time.monotonic() + 120
+    while not glob.glob(os.path.join(out, "done", "*.json")):
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.monotonic() < deadline, "no shard finished in 120s"
+        time.sleep(0.05)
+    return proc
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_run_stopped_by_a_signal_leaves_no_model_worker_behind_and_resumes(tmp_path, sig):
+    """SIGTERM (a scheduler's preemption, `timeout`) to the CLI alone: it stops as on Ctrl-C, with
+    its cleanup (exit 143, model worker processes stopped, no temporary left, nothing unfinished
+    marked done); it used to die at once, leaving its model workers waiting for ever. After
+    SIGKILL nothing can clean up: the model workers notice their main process is gone and exit."""
+    urls, images = make_shards(tmp_path / "shards", [6] * 4)
+    out, filtered = str(tmp_path / "out"), str(tmp_path / "filtered")
+    args = [str(tmp_path / "shards"), "--out", out, "--write-shards", filtered, "--scorer", "scorekit:BrightnessScorer",
+            "--device", "cpu", "--replicas", "2", "--workers", "1", "--batch-size", "2", "--no-progress"]
+    proc = start_and_wait_for_a_marker([*args, "--scorer-opt", "bright.delay=0.3"], out)
+    workers = [p for p in children(proc.pid) if "spawn_main" in open(f"/proc/{p}/cmdline").read()]
+    assert len(workers) == 2
+    proc.send_signal(sig)
+    output, _ = proc.communicate(timeout=120)
+    if sig == signal.SIGTERM:
+        assert proc.returncode == 143, output
+        assert "terminated (SIGTERM)" in output and "Traceback" not in output
+        assert not leftovers(os.path.join(out, "scores"), os.path.join(out, "done"), filtered, out)
+    else:
+        assert proc.returncode == -signal.SIGKILL
+    deadline = time.monotonic() + 60  # a hang guard: they exit within a second or two
+    while any(alive(p) for p in workers):
+        assert time.monotonic() < deadline, f"model workers {workers} outlived the run"
+        time.sleep(0.1)
+    done = len(glob.glob(os.path.join(out, "done", "*.json")))
+    assert 1 <= done < 4
+    resumed = score_cli([*args, "--scorer-opt", "bright.delay=0.3", "--resume"])
+    output, _ = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, output
+    _, keys = tables(out)
+    assert keys == set(images)

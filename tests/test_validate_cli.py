@@ -207,3 +207,26 @@ def test_real_subprocess():
     assert good.returncode == 0 and "PASS" in good.stdout and good.stderr == ""
     usage = subprocess.run(cmd + ["validate", CLEAN, "--caption-key", ""], capture_output=True, text=True, timeout=120)
     assert usage.returncode == 2 and "empty caption key spec" in usage.stderr
+
+
+def test_stats_dir_gives_a_shard_whose_command_failed_no_size(tmp_path):
+    """sizes.json is what open_clip takes for a shard's size. A pipe: shard whose command failed
+    was not read to its end (how many samples came through depends on timing): it gets no entry,
+    an old entry of it is removed, and its stats file says complete: false. The same shard read
+    whole gets its size."""
+    import shutil
+    shard = str(tmp_path / "images-000000.tar")
+    shutil.copy(os.path.join(SHARDS, "images-000000.tar"), shard)
+    stats, flag, fetch = tmp_path / "stats", tmp_path / "broken", tmp_path / "fetch.sh"
+    fetch.write_text(f'cat "$1"; test ! -e {flag}\n')  # the whole tar, then an error while `flag` exists
+    url = f"pipe:sh {fetch} {shard}"
+    assert run(url, "--allow-pipe", "--stats-dir", str(stats), "-j", "1").exit_code == 0
+    sizes = json.loads((stats / "sizes.json").read_text())
+    assert sizes == {"images-000000.tar": 32}
+    flag.touch()
+    result = run(url, "--allow-pipe", "--stats-dir", str(stats), "-j", "1")
+    assert result.exit_code == 1 and "shard_command_failed" in result.output
+    assert json.loads((stats / "sizes.json").read_text()) == {}
+    stats_files = [f for f in os.listdir(stats) if f.endswith("_stats.json")]
+    assert len(stats_files) == 1
+    assert json.loads((stats / stats_files[0]).read_text())["complete"] is False

@@ -8,13 +8,15 @@ traceback is printed only with --debug (anywhere on the command line) or WDSFILT
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 import traceback
 
 import click
 
 from . import __version__
-from .errors import EXIT_CODES_HELP, describe, exit_code_for
+from .errors import EXIT_CODES_HELP, Terminated, describe, exit_code_for
 
 DEBUG_FLAG = "--debug"
 
@@ -36,6 +38,7 @@ class _Group(click.Group):
         return super().parse_args(ctx, args)
 
     def invoke(self, ctx):
+        previous = _stop_on_sigterm()
         try:
             return super().invoke(ctx)
         except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort, SystemExit):
@@ -46,6 +49,22 @@ class _Group(click.Group):
             command = f"wdsfilter {ctx.invoked_subcommand}" if ctx.invoked_subcommand else "wdsfilter"
             click.secho(f"{command}: error: {describe(e)}", fg="red", err=True)
             sys.exit(exit_code_for(e))
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+
+
+def _terminated(signum, frame):
+    raise Terminated()
+
+
+def _stop_on_sigterm():
+    """SIGTERM raises Terminated, so a command cleans up as on Ctrl-C (Python's default is to die
+    at once: model worker processes left holding their devices, temporaries and the lock left).
+    Returns the previous handler (None where no handler can be set: not the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _terminated)
 
 
 def _set_debug(ctx, _param, value):

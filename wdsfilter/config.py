@@ -79,6 +79,9 @@ class StageConfig:
     allow_unsafe: bool = False
     allow_pipe: bool = False
     allow_remote: bool = False
+    # A pipe: command or download that sends nothing for this many seconds while it is being read
+    # is killed and its shard fails (scoring: no marker), instead of hanging the run. 0 = never.
+    stream_idle_seconds: float = 600.0
     # Watchdog: raise when this many samples were read with no output at all, or when the stages
     # spent this many seconds producing the next sample (named: the shard and member). 0 = off.
     starvation_samples: int = 500
@@ -111,6 +114,9 @@ class StageConfig:
             raise ConfigError("token_mode='normalise' needs image_token (e.g. image_token='<__dj__image>')")
         if self.max_pixels is not None and self.max_pixels <= 0:
             raise ConfigError(f"max_pixels must be positive, got {self.max_pixels}")
+        if isinstance(self.stream_idle_seconds, bool) or not isinstance(self.stream_idle_seconds, (int, float)) \
+                or not self.stream_idle_seconds >= 0:
+            raise ConfigError(f"stream_idle_seconds must be >= 0 (0: never), got {self.stream_idle_seconds!r}")
         if self.group_window < 1:
             raise ConfigError(f"group_window must be >= 1, got {self.group_window}")
         for name in ("max_text_bytes", "max_json_bytes", "max_image_bytes", "max_video_bytes",

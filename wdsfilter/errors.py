@@ -9,6 +9,7 @@ Exit codes of every `wdsfilter` command (wdsfilter/cli.py maps exceptions to the
        written), found before any work starts
     3  the run failed (I/O error, shards that could not be read to their end where every sample
        counts, an internal error)
+    130 / 143  interrupted by Ctrl-C / terminated by SIGTERM (after the command's cleanup)
 """
 
 EXIT_CLEAN = 0
@@ -16,6 +17,7 @@ EXIT_FINDINGS = 1
 EXIT_USAGE = 2
 EXIT_RUN_FAILED = 3
 EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report it
+EXIT_TERMINATED = 143  # SIGTERM (128 + 15), as shells report a process it killed
 
 EXIT_CODES_HELP = ("Exit codes: 0 clean, 1 findings, 2 usage or configuration error, 3 the run failed "
                    "(I/O, unreadable shards, internal error); --debug shows the traceback.")
@@ -80,8 +82,16 @@ def require(module: str, purpose: str, install: str = "pip install 'wdsfilter[sc
         raise ConfigError(f"{purpose} needs {module.split('.')[0]}, which {found}: {install}") from e
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's preemption, `kill`, `timeout`): the command stops as on Ctrl-C, its
+    cleanup included (model workers stopped, temporaries removed, the output lock released;
+    nothing unfinished is marked done), instead of dying where it stands."""
+
+
 def exit_code_for(error: BaseException) -> int:
     """The exit code a command ends with when `error` escapes it."""
+    if isinstance(error, Terminated):
+        return EXIT_TERMINATED
     if isinstance(error, KeyboardInterrupt):
         return EXIT_INTERRUPTED
     if isinstance(error, WdsFilterError):
@@ -93,6 +103,8 @@ def describe(error: BaseException) -> str:
     """The one line printed for an error: ours speak for themselves; others get their type, and a
     bug says so."""
     text = " ".join(str(error).split("\n", 1)[0].split()) if not isinstance(error, WdsFilterError) else str(error)
+    if isinstance(error, Terminated):
+        return "terminated (SIGTERM); nothing unfinished was marked done"
     if isinstance(error, KeyboardInterrupt):
         return "interrupted"
     if isinstance(error, WdsFilterError):

@@ -21,7 +21,7 @@ from .decompress import open_layers
 from .errors import DataError, UnsafeInputError
 from .markers import shard_end_marker
 from .members import MemberCaps, gunzip_member, is_unsafe_ext
-from .shards import is_pipe, open_shard
+from .shards import close_shard, is_pipe, open_shard
 from .specs import reserved_ext, split_name
 from .tally import Tally
 
@@ -248,6 +248,8 @@ def iter_tar(stream, url: str, caps: Optional[MemberCaps] = None,
 def _close_failure(url: str, stream, e: OSError) -> str:
     """A real message for a shard stream that fails when closed (a pipe: command's exit status)."""
     status = getattr(stream, "status", None)
+    if getattr(stream, "stalled", None):
+        return f"the command or download of the shard stalled: {stream.stalled}"
     if is_pipe(url) and status is not None:
         return f"the command {url[5:]!r} exited with status {status}; check the command"
     return f"{type(e).__name__}: {e or 'closing the stream failed'}; check the command or URL"
@@ -259,7 +261,7 @@ def tar_members(src: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator
     for item in src:
         url = item["url"]
         try:
-            stream = open_shard(url, cfg.allow_pipe, cfg.allow_remote)
+            stream = open_shard(url, cfg.allow_pipe, cfg.allow_remote, cfg.stream_idle_seconds)
         except UnsafeInputError:
             raise
         except OSError as e:
@@ -277,11 +279,11 @@ def tar_members(src: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator
                     yield item
         finally:
             try:
-                stream.close()
+                close_shard(stream)
             except OSError as e:  # a pipe: command or download that failed (after sending a whole tar, too)
                 tally.note("shard_command_failed", STAGE, url, "", _close_failure(url, stream, e))
-                if end is not None and not end.failed:
-                    end.failed = f"{type(e).__name__}: {e}"
+                if end is not None and (not end.failed or getattr(stream, "stalled", None)):
+                    end.failed = getattr(stream, "stalled", None) or f"{type(e).__name__}: {e}"
         if end is not None:
             yield end
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import glob
 import os
-from typing import IO, List, Sequence, Tuple, Union
+import threading
+import time
+from typing import IO, List, Optional, Sequence, Tuple, Union
 
 import braceexpand
 
@@ -169,13 +171,87 @@ def _expand_one(item: str, allow_pipe: bool, allow_remote: bool) -> List[str]:
     return [item]
 
 
-def open_shard(url: str, allow_pipe: bool = False, allow_remote: bool = False) -> IO[bytes]:
-    """A binary stream of the shard. Local files are opened directly; the rest go through webdataset."""
+def open_shard(url: str, allow_pipe: bool = False, allow_remote: bool = False,
+               idle_seconds: float = 0.0) -> IO[bytes]:
+    """A binary stream of the shard. Local files are opened directly; the rest go through webdataset.
+    idle_seconds: a pipe: command or download that sends nothing for that long while it is being
+    read is killed (IdleGuard), so its shard fails instead of hanging the run; 0 = never."""
     _check_allowed(url, allow_pipe, allow_remote)
     if is_pipe(url) or is_remote(url):
         from webdataset.gopen import gopen
-        return gopen(url, "rb")
+        stream = gopen(url, "rb")
+        if idle_seconds and getattr(stream, "proc", None) is not None:
+            IdleGuard(stream, idle_seconds)
+        return stream
     return open(local_path(url), "rb", buffering=1 << 20)
+
+
+class IdleGuard:
+    """Kills a shard's command (and the processes it started) when one read of its output waits
+    longer than `seconds`. Only time spent waiting inside a read counts: a consumer that is slow
+    to ask for more (a long training step, a full queue) never trips it. The read then ends, the
+    command's exit status (killed) fails the shard, and `stream.stalled` says why."""
+
+    def __init__(self, stream, seconds: float):
+        self.stream, self.seconds = stream, seconds
+        self.waiting_since: Optional[float] = None
+        stream.stalled = None
+        read = stream.read
+
+        def guarded_read(*args, **kw):
+            self.waiting_since = time.monotonic()
+            try:
+                return read(*args, **kw)
+            finally:
+                self.waiting_since = None
+        stream.read = guarded_read
+        threading.Thread(target=self._watch, name="wdsfilter-idle-guard", daemon=True).start()
+
+    def _watch(self) -> None:
+        proc, step = self.stream.proc, min(1.0, self.seconds / 4)
+        while proc.poll() is None:
+            time.sleep(step)
+            since = self.waiting_since
+            if since is not None and time.monotonic() - since > self.seconds:
+                self.stream.stalled = (f"it sent nothing for {self.seconds:g}s (stream_idle_seconds) and was "
+                                       f"killed; check the command or URL")
+                for pid in [*_descendants(proc.pid), proc.pid]:
+                    try:
+                        os.kill(pid, 9)
+                    except OSError:
+                        pass
+                return
+
+
+def _descendants(pid: int) -> List[int]:
+    """The processes started by `pid`, however deep (a shell's pipeline), from /proc."""
+    children: dict = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def close_shard(stream) -> None:
+    """Close a shard's stream; a pipe: command or download that exited non-zero raises OSError,
+    whatever its status. webdataset lets 141 (killed by SIGPIPE) and curl's 23 (write error) pass:
+    the statuses of a reader that stopped early. wdsfilter reads every shard to its end, so there
+    they mean the command failed; and where it stopped early itself (at a broken tar), the shard
+    was not read to its end either."""
+    stream.close()
+    status = getattr(stream, "status", None)
+    if status not in (None, 0):
+        raise OSError(f"exit status {status}")
 
 
 def split_suffix(url: str) -> Tuple[str, str]:

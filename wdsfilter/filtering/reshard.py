@@ -24,6 +24,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 from ..errors import ConfigError, RunError
 from ..atomic import write_json as _atomic_json
+from ..score.resume import source_changed
 from ..score.shardwriter import BLOCK, RECORD, _local_copy, member_ranges, tar_opener
 from ..shards import is_pipe, is_remote
 from ..shardstats import update_sizes, write_shard_stats
@@ -41,6 +42,7 @@ class ReshardError(RunError):
 class Source:
     url: str
     keys: List[str]  # kept keys, in the shard's order, each once
+    recorded: Optional[dict] = None  # the local shard's size and mtime when it was scored (its marker)
 
 
 def shard_name(prefix: str, index: int) -> str:
@@ -132,6 +134,10 @@ class Resharder:
         elif not os.path.exists(path):
             raise ReshardError(f"source shard {url} is missing: it was scored but can no longer be read; "
                                f"restore it or score again without it")
+        elif source_changed(source.recorded, url):
+            raise ReshardError(f"source shard {url} changed since it was scored (its size or modification time "
+                               f"differ from its completion marker's): its samples may not be the ones scored; "
+                               f"score it again (--resume does)")
         try:
             _, ranges = member_ranges(path, self.rekey)
             # A key's first run of adjacent members is its sample (the loader judges the key by it);

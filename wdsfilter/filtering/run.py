@@ -32,7 +32,7 @@ class FilterResult:
     counts: List[Dict[str, int]] = field(default_factory=list)  # per threshold: kept, dropped, no_score
     reasons: Dict[str, int] = field(default_factory=dict)  # dropped rows by their first reason
     shards: int = 0  # score files read
-    unfinished: int = 0
+    unfinished: List[str] = field(default_factory=list)  # shards of the scoring run left out (no usable score file)
     sizes: Optional[Dict[str, int]] = None  # written shards -> samples
     files: Dict[str, str] = field(default_factory=dict)
     dry_run: bool = False
@@ -41,7 +41,11 @@ class FilterResult:
         m = self.rows
         lines = [f"{m} rows in {self.shards} finished shard(s) of {self.scores_dir}"]
         if self.unfinished:
-            lines.append(f"  note: {self.unfinished} shard(s) have a marker but no score file: not included")
+            n = len(self.unfinished)
+            lines.append(f"  INCOMPLETE: {n} shard(s) of the scoring run have no complete score file (failed, not "
+                         f"scored yet, or the file is missing or damaged): their samples are not counted or written; "
+                         f"finish them with `wdsfilter score ... --resume`: "
+                         f"{', '.join(self.unfinished[:3])}{' ...' if n > 3 else ''}")
         for t, c in zip(self.thresholds, self.counts):
             extra = f" ({c['no_score']} of them without a {t.column})" if c["no_score"] else ""
             lines.append(f"  {t.describe()} ({t.given}): {c['kept']} of {m} kept, {m - c['kept']} dropped{extra}")
@@ -150,7 +154,7 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
         whole = writer.prepare(identity, overwrite)
         if whole:
             echo(f"resume: {whole} shard(s) in {write_shards} are already whole")
-        sources = (Source(s.url, kept_keys(s, thresholds)) for s in run.shards)
+        sources = (Source(s.url, kept_keys(s, thresholds), s.source) for s in run.shards)
         result.sizes = writer.write(sources)
         result.files["shards"] = write_shards
     if collector is not None:

@@ -6,7 +6,10 @@ the same layout, see wdsfilter/score/resume.py):
     done/<name>.json         completion marker: the shard's URL (`source`: where it was read) and its
                              score file
 
-Only shards with a marker count: a shard still being scored has no complete table.
+Only shards with a marker count: a shard still being scored has no complete table. A score file
+whose size is not the one its marker recorded is damaged and does not count either; neither do
+the shards of the run (shards.json) that have no marker (failed, or not scored yet): they are
+counted as `unfinished`, so the result says the folder is incomplete.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ class ScoredShard:
     url: str  # the source shard, where the scoring run read it (a local one by its absolute path)
     name: str  # its output name (score file stem)
     score_file: str
+    source: Optional[dict] = None  # what the marker recorded of a local source shard (resume.source_state)
 
 
 @dataclass
@@ -33,7 +37,7 @@ class ScoreRun:
     shards: List[ScoredShard]
     columns: List[str]  # every column of the score files, base fields first
     stage: Dict = field(default_factory=dict)  # run.json's stage options
-    unfinished: int = 0  # markers naming a score file that is missing
+    unfinished: List[str] = field(default_factory=list)  # shards of the run without a usable score file
 
     @classmethod
     def open(cls, folder: str) -> "ScoreRun":
@@ -41,16 +45,26 @@ class ScoreRun:
         if not os.path.isdir(done):
             raise ConfigError(f"{folder} holds no completed score files (no done/ folder); pass the --out folder "
                               f"of a `wdsfilter score` run")
+        from ..score.resume import SHARDS_FILE, outputs_intact, source_path
         shards: List[ScoredShard] = []
-        missing = 0
+        unfinished: List[str] = []
         for name in sorted(f for f in os.listdir(done) if f.endswith(".json") and not f.startswith(".")):
-            with open(os.path.join(done, name)) as f:
-                info = json.load(f)
+            try:
+                with open(os.path.join(done, name)) as f:
+                    info = json.load(f)
+            except (OSError, ValueError):
+                info = {}
             path = _find_score_file(folder, info.get("score_file") or "")
-            if path is None:
-                missing += 1
+            if path is None or not outputs_intact(info, folder, [path]):
+                unfinished.append(info.get("url") or name[:-5])
                 continue
-            shards.append(ScoredShard(url=info.get("source") or info.get("url", ""), name=info.get("name") or name[:-5], score_file=path))
+            shards.append(ScoredShard(url=source_path(info), name=info.get("name") or name[:-5], score_file=path,
+                                      source=info.get("source")))
+        listed = os.path.join(folder, SHARDS_FILE)
+        if os.path.exists(listed):
+            with open(listed) as f:
+                marked = {s.name for s in shards} | {n[:-5] for n in os.listdir(done) if n.endswith(".json")}
+                unfinished += [s["url"] for s in json.load(f)["shards"] if s["name"] not in marked]
         if not shards:
             raise ConfigError(f"{folder} holds no completed score files (done/ is empty); finish or --resume the "
                               f"scoring run first")
@@ -60,7 +74,7 @@ class ScoreRun:
             with open(run_json) as f:
                 stage = json.load(f).get("stage") or {}
         return cls(folder=folder, shards=shards, columns=table_columns(shards[0].score_file), stage=stage,
-                   unfinished=missing)
+                   unfinished=unfinished)
 
     def check_columns(self, wanted: Sequence[str], what: str) -> None:
         missing = [c for c in wanted if c not in self.columns]

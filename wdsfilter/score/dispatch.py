@@ -42,7 +42,6 @@ class Dispatcher:
         self.completed = 0
         self.rows_done = 0
         self.failed: List[dict] = []  # complete shards whose outputs could not be written
-        self.cut: List[dict] = []  # shards scored up to a break in the tar
         self.seconds = 0.0
 
     def run_loader(self, loader: Iterable, then: Optional[Callable[[], None]] = None) -> None:
@@ -149,8 +148,6 @@ class Dispatcher:
         if failed:
             self.failed.append({"url": s.url, "reason": failed})
             return
-        if s.error:
-            self.cut.append({"url": s.url, "reason": s.error})
         self.completed += 1
         if self.progress is not None:
             self.progress.set_postfix_str(f"shards {self.completed}/{self.n_todo}", refresh=False)

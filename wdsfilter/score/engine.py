@@ -140,7 +140,6 @@ class Engine(Run):
             self.echo(f"all {len(self.urls)} shard(s) are already scored; summarising")
         if dispatcher is not None:
             summary.shards_failed += dispatcher.failed + dispatcher.unfinished()
-            summary.shards_cut = dispatcher.cut
             summary.shards_scored = dispatcher.completed
             summary.samples_this_run = dispatcher.rows_done
             summary.scoring_seconds = dispatcher.seconds

@@ -10,7 +10,10 @@ or the run, and the one-line messages they give.
 
 Sticky errors are the ones after which the CUDA context is unusable (every later kernel fails
 the same way, so scoring on would turn every later sample into a `failed` row and mark the shards
-done): illegal memory access, device-side assert, a GPU that fell off the bus, and the cuBLAS /
+done): those the CUDA runtime documents so (illegal address, device-side assert, launch failure
+and launch timeout, illegal instruction, misaligned address, invalid program counter, address
+space, uncorrectable ECC or NVLink error), a GPU that fell off the bus, CUDA's "unknown error"
+(usually a hardware fault, an Xid in the kernel log), and the cuBLAS /
 cuDNN status errors that PyTorch raises when a kernel launch failed. Their allocation failures
 are not sticky: they are out-of-memory and go to the back-off.
 """
@@ -42,7 +45,9 @@ _ALLOC_FAILED = re.compile(r"CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILE
 # After these the CUDA context is broken for good (CUDA's own "sticky" errors, and the library
 # status errors of a failed launch).
 _STICKY = re.compile(r"illegal memory access|device-side assert|fallen off the bus|unspecified launch failure|"
-                     r"misaligned address|illegal instruction|uncorrectable ECC error|"
+                     r"misaligned address|illegal instruction|uncorrectable ECC error|uncorrectable NVLink error|"
+                     r"launch timed out and was terminated|invalid program counter|"
+                     r"not supported on global/shared address space|CUDA error: unknown error|"
                      r"CUDA error: (?:an? )?(?:illegal|unspecified|launch failure|hardware stack error)|"
                      r"CUBLAS_STATUS_\w+|CUDNN_STATUS_\w+|cuDNN error", re.IGNORECASE)
 

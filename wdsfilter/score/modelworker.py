@@ -8,6 +8,8 @@ bounded whatever the dataset size.
 """
 from __future__ import annotations
 
+import multiprocessing
+import os
 import queue
 import time
 import traceback
@@ -95,7 +97,7 @@ def _worker_main(worker: int, device: str, scorers, inbox, outbox, threads: Opti
         runner = ModelRunner(scorers, device)
         outbox.put(("loaded", worker, runner.load()))
         while True:
-            msg = inbox.get()
+            msg = _next_message(inbox)
             if msg[0] == "batch":
                 # The batch's buffers are the decode workers' chunk buffers, mapped here by handle.
                 outbox.put(("result", worker, (msg[1], runner.score(open_items(msg[2])))))
@@ -114,6 +116,19 @@ def _worker_main(worker: int, device: str, scorers, inbox, outbox, threads: Opti
         outbox.put(("error", worker, {"type": type(e).__name__, "message": str(e),
                                       "config": isinstance(e, ConfigError), "traceback": traceback.format_exc(),
                                       "device_failed": isinstance(e, DeviceFailedError)}))
+
+
+def _next_message(inbox, every: float = 1.0):
+    """The next message from the main process. A worker whose main process is gone (killed with
+    SIGKILL, or by a signal it could not clean up after) exits: it would otherwise wait here for
+    ever, holding its device and its memory."""
+    parent = multiprocessing.parent_process()
+    while True:
+        try:
+            return inbox.get(timeout=every)
+        except queue.Empty:
+            if parent is not None and not parent.is_alive():
+                os._exit(1)
 
 
 class ProcessPool:

@@ -344,7 +344,8 @@ class RunSummary:
                                 f"shards: {self.shards} ({self.shards_resumed} already done)"])
         lines = [f"scored {self.scored} of {self.rows} samples in {self.shards} shard(s)"
                  + (f" ({self.shards_resumed} shard(s) were already done)" if self.shards_resumed else "")
-                 + (f"; {len(self.shards_failed)} shard(s) FAILED" if self.shards_failed else "")]
+                 + (f"; {len(self.shards_failed)} shard(s) FAILED" if self.shards_failed else "")
+                 + (f"; {len(self.shards_cut)} shard(s) CUT SHORT" if self.shards_cut else "")]
         for s in self.scorers:
             lines.append(f"  scorer: {s}")
         if self.samples_this_run:

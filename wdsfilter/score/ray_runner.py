@@ -243,7 +243,6 @@ def _run_on_ray(run, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, ad
              f"({gpus_per_actor:g} GPU each), batch {batch_size}{per_scorer}")
         done: List[dict] = []
         failed: List[dict] = []
-        cut: Dict[str, str] = {}  # url -> where its tar broke (scored up to there)
         collector = _Collector(run.columns)
         dropped, notes = Counter(), Counter()
         if todo:
@@ -274,9 +273,7 @@ def _run_on_ray(run, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, ad
                             failed.append({"url": url, "reason": f"unreadable: {end['error']}"})
                         elif end.get("failed"):  # not read to its end: no outputs, no marker either
                             failed.append({"url": url, "reason": read_failed_reason(end["failed"])})
-                        else:
-                            if end.get("error"):
-                                cut[url] = end["error"]
+                        else:  # a tar cut short is listed from its marker (Run.finish)
                             writing.append(finish.remote(url, rows, end, cfg, run.state, run.columns,
                                                          absolute_url(url)))
                     ready, writing = ray.wait(writing, num_returns=len(writing), timeout=0) if writing else ([], [])
@@ -289,7 +286,6 @@ def _run_on_ray(run, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, ad
                 done += _settle(ray, writing)
             failed += [{"url": r["shard"], "reason": r["failed"]} for r in done if r.get("failed")]
             done = [r for r in done if not r.get("failed")]
-            run.summary.shards_cut = [{"url": r["shard"], "reason": cut[r["shard"]]} for r in done if r["shard"] in cut]
         run.summary.shards_scored = len(done)
         run.summary.samples_this_run = sum(int(r["rows"]) for r in done)
         run.summary.seconds = run.summary.scoring_seconds = time.perf_counter() - start

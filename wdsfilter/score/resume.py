@@ -2,11 +2,16 @@
 
 Layout of --out DIR:
     run.json                 what produced the outputs (scorers, options, thresholds, keys)
+    shards.json              the shards of the latest run (url, name): `wdsfilter filter` names those
+                             without a marker (failed, or not scored yet) instead of leaving them out quietly
     scores/<shard>.parquet   one score table per shard (or .jsonl)
     done/<shard>.json        completion marker, written last, after the shard's outputs are in place
     summary.json, histograms.png
 
-A shard is done only when its marker exists and the files it names exist. Everything is written
+A shard is done only when its marker exists, the files it names exist with the sizes the marker
+recorded (a score file cut short or replaced is not trusted), and a local source shard has the
+size and modification time it had when it was scored (a shard re-created under the same name is
+scored again). Everything is written
 to a temporary name and renamed, so a run killed with SIGKILL leaves complete files or
 temporaries, never half files; --resume deletes the temporaries and re-scores every shard without
 a marker from its start, so no sample is lost or written twice.
@@ -15,12 +20,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Iterable, List, Optional, Sequence
 
 from ..atomic import remove_temporaries, write_json
 from ..errors import ConfigError
-from ..shards import absolute_url, split_suffix
+from ..shards import absolute_url, is_local, split_suffix
 from .config import ScoreConfig
 from .embeddings import folders as embedding_folders
 from .outputs import EXTENSIONS
@@ -39,6 +45,57 @@ def shard_names(urls: Sequence[str]) -> Dict[str, str]:
             stem = f"{stem}-{hashlib.sha1(os.path.abspath(url).encode()).hexdigest()[:8]}"
         names[url] = stem
     return names
+
+
+SHARDS_FILE = "shards.json"
+
+
+def source_state(url: str) -> Optional[dict]:
+    """What a marker records of a local source shard: where it was read (its absolute path, so
+    `wdsfilter filter` finds a shard named by a relative path from any folder), its size and
+    modification time (None for a pipe: or remote shard: not checked)."""
+    if not is_local(url):
+        return None
+    path = absolute_url(url)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return {"path": path}
+    return {"path": path, "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def source_path(info: dict) -> str:
+    """Where a marker's shard is read again: its recorded absolute path, else its URL as given."""
+    return (info.get("source") or {}).get("path") or info.get("url", "")
+
+
+def source_changed(recorded: Optional[dict], url: str) -> bool:
+    """The local shard at `url` is not the one a marker recorded: its size or modification time
+    differ, or it is gone (False where nothing was recorded: a pipe: or remote shard)."""
+    if not recorded or "bytes" not in recorded:
+        return False
+    now = source_state(url) or {}
+    return any(recorded.get(k) != now.get(k) for k in ("bytes", "mtime_ns"))
+
+
+def output_sizes(out: str, paths: Iterable[str]) -> Dict[str, int]:
+    """What a marker records of its shard's output files: size by path relative to `out`."""
+    return {os.path.relpath(p, out): os.path.getsize(p) for p in paths}
+
+
+def outputs_intact(info: dict, out: str, paths: Iterable[str]) -> bool:
+    """Every path exists, with the size the marker `info` recorded for it (markers written before
+    sizes were recorded have none: existence is all they vouch for). The one test of a marker's
+    files, for --resume and for `wdsfilter filter`."""
+    sizes = info.get("sizes") or {}
+    for p in paths:
+        try:
+            size = os.path.getsize(p)
+        except OSError:
+            return False
+        if sizes.get(os.path.relpath(p, out), size) != size:
+            return False
+    return True
 
 
 def _normalise(obj):
@@ -131,6 +188,7 @@ class RunState:
             os.makedirs(self.cfg.write_shards, exist_ok=True)
         self._remove_temporaries()
         write_json(run_json, self.identity, fsync=True)
+        write_json(os.path.join(self.out, SHARDS_FILE), {"shards": [{"url": u, "name": self.names[u]} for u in self.urls]})
 
     def _score_files(self) -> List[str]:
         if not os.path.isdir(self.scores_dir):
@@ -150,32 +208,57 @@ class RunState:
             remove_temporaries(folder)
 
     # -- markers ----------------------------------------------------------------------------------
-    def is_done(self, url: str) -> bool:
-        marker = self.marker_path(url)
-        if not os.path.exists(marker):
-            return False
+    def _marker(self, url: str) -> Optional[dict]:
         try:
-            with open(marker) as f:
+            with open(self.marker_path(url)) as f:
                 info = json.load(f)
         except (OSError, ValueError):
-            return False
+            return None
+        return info if isinstance(info, dict) and info.get("url") == url else None
+
+    def _outputs(self, url: str, embeddings: Iterable[str]) -> List[str]:
         paths = [self.score_path(url)] + ([self.filtered_path(url)] if self.cfg.write_shards else [])
-        paths += [os.path.join(self.out, p) for p in info.get("embeddings") or []]
-        return info.get("url") == url and all(os.path.exists(p) for p in paths)
+        return paths + [os.path.join(self.out, p) for p in embeddings or []]
+
+    def _changed(self, url: str, info: dict) -> bool:
+        """The source shard is not what was scored: its size or modification time differ."""
+        return source_changed(info.get("source"), url)
+
+    def is_done(self, url: str) -> bool:
+        info = self._marker(url)
+        return (info is not None and outputs_intact(info, self.out, self._outputs(url, info.get("embeddings")))
+                and not self._changed(url, info))
 
     def pending(self) -> List[str]:
         if not self.cfg.resume:
             return list(self.urls)
         todo = [u for u in self.urls if not self.is_done(u)]
+        changed = [u for u in todo if (info := self._marker(u)) is not None and self._changed(u, info)]
+        if changed:
+            logging.getLogger("wdsfilter").warning(
+                f"{len(changed)} shard(s) changed since they were scored (size or modification time), scored "
+                f"again: {', '.join(changed[:3])}{' ...' if len(changed) > 3 else ''}")
         self.resumed_from_markers = len(self.urls) - len(todo)
         return todo
 
-    def mark_done(self, url: str, info: dict) -> None:
-        # `source`: where the shard was read, so `wdsfilter filter` finds a shard named by a
-        # relative path from any folder.
-        data = dict(info, url=url, source=absolute_url(url), name=self.names[url], score_file=self.score_path(url),
-                    filtered_shard=self.filtered_path(url))
+    def mark_done(self, url: str, info: dict, source: Optional[str] = None) -> None:
+        """The completion marker, written last. `source`: where the shard was read (a Ray worker
+        reads an absolute path); a local one's size and modification time are recorded, and so are
+        the sizes of the outputs, so --resume trusts neither a changed shard nor a damaged output."""
+        data = dict(info, url=url, name=self.names[url], score_file=self.score_path(url),
+                    filtered_shard=self.filtered_path(url), source=source_state(source or url),
+                    sizes=output_sizes(self.out, self._outputs(url, info.get("embeddings"))))
         write_json(self.marker_path(url), data, fsync=True)
 
     def done_score_files(self) -> List[str]:
         return [self.score_path(u) for u in self.urls if self.is_done(u)]
+
+    def cut_shards(self) -> List[dict]:
+        """Done shards that were scored up to a break in their tar (url, reason), this run's and
+        those of the runs it resumed: the summary lists every one, not only this run's."""
+        cut = []
+        for url in self.urls:
+            info = self._marker(url) if self.is_done(url) else None
+            if info and info.get("error"):
+                cut.append({"url": url, "reason": info["error"]})
+        return cut

@@ -156,5 +156,5 @@ def write_shard(url: str, rows: List[dict], end: dict, cfg, state, columns: Sequ
                           "members": end.get("members", 0), "error": end.get("error"), "filtered": filtered,
                           # relative to --out: --resume checks they are still there
                           "embeddings": sorted(os.path.relpath(p, cfg.out) for p in embeddings.values()),
-                          **marker_extra})
+                          **marker_extra}, source=source)
     return None

@@ -82,6 +82,7 @@ class Run:
         NothingScoredError with the counts when no sample got a score."""
         cfg, summary = self.cfg, self.summary
         files = self.state.done_score_files()
+        summary.shards_cut = self.state.cut_shards()
         for k, v in summarize_files(files, self.columns, cfg.bounds, cfg.histogram_bins).items():
             setattr(summary, k, v)
         summary.files = {"scores": self.state.scores_dir, "summary": os.path.join(cfg.out, "summary.json"),

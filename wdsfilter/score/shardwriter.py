@@ -19,7 +19,7 @@ import tempfile
 from typing import Iterable, List, Tuple
 
 from ..atomic import atomic_path
-from ..shards import is_local, local_path, open_shard
+from ..shards import close_shard, is_local, local_path, open_shard
 from ..decompress import compression
 from ..reading import ShardTarInfo
 from ..specs import split_name
@@ -81,8 +81,12 @@ def _local_copy(url: str, allow_pipe: bool, allow_remote: bool, folder: str) -> 
     # ".<...>.tmp-" like every temporary: a killed run's leftovers are removed by the next run.
     fd, tmp = tempfile.mkstemp(prefix=".source.tmp-", suffix=".tar", dir=folder)
     try:
-        with os.fdopen(fd, "wb") as out, open_shard(url, allow_pipe, allow_remote) as src:
-            shutil.copyfileobj(src, out, 1 << 20)
+        with os.fdopen(fd, "wb") as out:
+            src = open_shard(url, allow_pipe, allow_remote)
+            try:
+                shutil.copyfileobj(src, out, 1 << 20)
+            finally:
+                close_shard(src)
     except BaseException:
         os.remove(tmp)
         raise
@@ -100,6 +104,9 @@ def write_filtered(url: str, keep: Iterable[str], dest: str, rekey: str = "first
     try:
         with atomic_path(dest) as tmp:
             members, samples = _copy_kept(source, tmp, keep, rekey)
+            if samples < len(keep):  # read again, the shard no longer holds every kept sample
+                raise OSError(f"the shard, read again for its filtered copy, holds {samples} of its {len(keep)} kept "
+                              f"sample(s): it changed (or was cut) since it was scored")
         return {"members": members, "samples": samples, "bytes": os.path.getsize(dest)}
     finally:
         if fetched and os.path.exists(fetched):

@@ -114,6 +114,7 @@ REPORT = dict(_object({
 
 STATS_FILE = dict(_object(dict(SHARD_PROPERTIES, **{
     "successes": _INT,  # = samples; the field DataComp's resharder reads
+    "complete": {"type": "boolean"},  # false: the shard's stream failed, not read to its end (no sizes.json entry)
     "schema_version": {"const": SCHEMA_VERSION},
     "tool": {"const": "wdsfilter validate"},  # tells our files from another tool's {shard}_stats.json
     "listed_findings": {"type": "array", "items": FINDING},

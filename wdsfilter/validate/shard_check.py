@@ -18,7 +18,7 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional
 from ..census import KeyCensus
 from ..members import MemberCaps
 from ..reading import OVERSIZED, ShardEnd, group_samples, iter_tar, screen_member
-from ..shards import is_pipe, is_remote, open_shard
+from ..shards import close_shard, is_pipe, is_remote, open_shard
 from ..specs import json_path_get, split_name
 from ..stages import CaptionCleaner, select_sample
 from ..tally import Tally
@@ -108,8 +108,10 @@ def _close(stream) -> Optional[str]:
     """Close the shard's stream; a pipe: command or download that failed says so here (webdataset's
     Pipe raises its exit status on close). Returns that error, or None."""
     try:
-        stream.close()
+        close_shard(stream)
     except OSError as e:
+        if getattr(stream, "stalled", None):
+            return f"the shard's command or download stalled: {stream.stalled}"
         proc = getattr(stream, "proc", None)
         if proc is not None and proc.returncode is not None:
             # webdataset runs remote URLs through curl (an argument list), pipe: URLs through a shell.
@@ -156,7 +158,7 @@ class _ShardCheck:
         started = time.perf_counter()
         url, stage = self.url, self.stage
         try:
-            stream = open_shard(url, stage.allow_pipe, stage.allow_remote)
+            stream = open_shard(url, stage.allow_pipe, stage.allow_remote, stage.stream_idle_seconds)
         except OSError as e:
             self.log.add("unreadable_tar", "", "", f"cannot open the shard: {e}; check the path and permissions")
             return self._result(started, str(e))

@@ -14,6 +14,12 @@ img2dataset keeps its {shard}_stats.json (count, successes, failed_to_download, 
 such a file is left as it is and ours goes beside it as {shard}_validate.json (a name that
 `*_stats.json` globs do not pick up). An existing sizes.json is merged: the entries of the shards
 validated are set, the others kept.
+
+A shard whose stream failed (a pipe: command or download that exited non-zero, or stalled: a
+`shard_command_failed` finding) was not read to its end: how many samples came through depends on
+timing, so sizes.json gets no entry for it (an entry that was there is removed) and its stats file
+says `"complete": false`. A shard that reads the same every time (a tar cut short on disk) keeps
+its count: that is what a loader gets from it.
 """
 from __future__ import annotations
 
@@ -67,15 +73,17 @@ def write_stats(report: Report, folder: str) -> List[str]:
                 n += 1
                 stem = f"{shard_stem(r.shard)}-{n}"
             used.add(stem)
+            complete = not r.counts.get("shard_command_failed")
             data = dict(successes=r.samples, **r.stats(), schema_version=SCHEMA_VERSION, tool=TOOL,
-                        listed_findings=[f.to_dict() for f in r.findings])
+                        complete=complete, listed_findings=[f.to_dict() for f in r.findings])
             path = os.path.join(out, f"{stem}_stats.json")
             if _foreign(path):
                 path = os.path.join(out, stem + BESIDE)
             written.append(_write_json(path, data))
-            sizes[shard_basename(r.shard)] = r.samples
+            sizes[shard_basename(r.shard)] = r.samples if complete else None
         sizes_path = os.path.join(out, "sizes.json")
-        written.append(_write_json(sizes_path, {**_read_dict(sizes_path), **sizes}))
+        merged = {k: v for k, v in {**_read_dict(sizes_path), **sizes}.items() if v is not None}
+        written.append(_write_json(sizes_path, merged))
     return written
 
 
