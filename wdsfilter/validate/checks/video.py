@@ -123,7 +123,10 @@ def cut_short(declared_frames: int, declared: Optional[float], packets: int, spa
     return None
 
 
-def check_video(name: str, key: str, data: bytes, options, log: FindingLog, stats: VideoStats) -> MediaInfo:
+def check_video(name: str, key: str, data: bytes, options, log: FindingLog, stats: VideoStats,
+                under_image_key: bool = True) -> MediaInfo:
+    """under_image_key=False: a container beside the clip (video2dataset's `.m4a`/`.mp3` audio
+    track): nothing reads it as video, so having no video stream is what it is, not a finding."""
     import av  # only when a shard has videos
 
     info = MediaInfo("video")
@@ -132,6 +135,8 @@ def check_video(name: str, key: str, data: bytes, options, log: FindingLog, stat
         with open_video(data, max_pixels) as container:
             streams = container.streams.video
             if not streams:
+                if not under_image_key:
+                    return info
                 found = ", ".join(f"{len(s)} {t}" for t, s in (("audio", container.streams.audio),
                                                                 ("subtitle", container.streams.subtitles)) if s)
                 log.add("no_video_stream", name, key, f"no video stream ({found or 'no streams'}): not a video clip; "

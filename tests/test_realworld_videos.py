@@ -1,0 +1,66 @@
+"""Verdicts on the videos users have: video2dataset's shard layout (clip keys, an audio track
+beside each clip, its failed samples), Matroska/WebM clips whose audio track is longer than the
+video, and phone clips stored sideways with a display matrix. Shards are written with webdataset's
+TarWriter as video2dataset 1.3 writes them; the rotated clips by the ffmpeg CLI."""
+import json
+import os
+import sys
+
+from click.testing import CliRunner
+
+sys.path.insert(0, os.path.dirname(__file__))
+from videokit import audio_only_mp4, make_video, text_frame  # noqa: E402
+
+from wdsfilter.cli import main  # noqa: E402
+from wdsfilter.validate import validate  # noqa: E402
+
+# OCR as the other plumbing tests run it (no enlarging, boxes not read): rows and statuses here.
+CHEAP_OCR = ["--scorer-opt", 'ocr.backend_options={"min_side": 0}', "--scorer-opt", "ocr.min_text_score=null"]
+
+
+def _video2dataset_shard(path, clips):
+    """video2dataset 1.3's WebDatasetSampleWriter: TarWriter samples {"__key__", "mp4", "m4a",
+    "txt", "json" (indent=4)}, keys {sample:09d}_{clip:05d} for subsampled clips; a sample that
+    failed is still written, with only its txt and json (status failed_to_download)."""
+    import webdataset as wds
+
+    audio = audio_only_mp4()
+    with wds.TarWriter(str(path)) as w:
+        for i, clip in enumerate(clips):
+            for c in range(2):
+                key = f"{i:09d}_{c:05d}"
+                meta = {"url": f"http://localhost/{i}.mp4", "key": key, "status": "success", "clips": [[c, c + 1.0]]}
+                w.write({"__key__": key, "mp4": clip, "m4a": audio, "txt": f"clip {i} part {c}",
+                         "json": json.dumps(meta, indent=4)})
+        for i in range(3):
+            key = f"{100 + i:09d}"
+            w.write({"__key__": key, "txt": f"clip {100 + i}",
+                     "json": json.dumps({"key": key, "status": "failed_to_download", "error_message": "404"}, indent=4)})
+    return str(path)
+
+
+def test_video2dataset_audio_tracks_are_not_videos_and_the_front_doors_agree(tmp_path):
+    """An .m4a audio track beside each clip (video2dataset with an audio modality) was checked as a
+    video and reported as no_video_stream on every sample, though nothing reads it (the image key is
+    mp4) and scoring scores the clip. Only the 3 failed samples are findings; the loader and score
+    keep exactly the 6 clips validate keeps."""
+    import wdsfilter
+
+    clips = [make_video([text_frame(f"CLIP {i}", 96, 64, 16, (4, 20))] * 6, fmt="mp4") for i in range(3)]
+    shard = _video2dataset_shard(tmp_path / "00000.tar", clips)
+    report = validate([shard], image_key="mp4", caption_key="txt", jobs=1)
+    assert "no_video_stream" not in report.counts, report.counts
+    assert report.counts == {"missing_image": 3} and (report.samples, report.kept) == (9, 6)
+    ld = wdsfilter.loader(shard, image_key="mp4", batch_size=4, output="dict")
+    assert sorted(s["__key__"] for b in ld for s in b) == sorted(f"{i:09d}_{c:05d}" for i in range(3) for c in range(2))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["score", shard, "--image-key", "mp4", "--scorer", "ocr", "--device", "cpu",
+                                       "--workers", "0", "--no-progress", "--out", str(out), "--format", "jsonl",
+                                       *CHEAP_OCR])
+    assert result.exit_code == 0, result.output
+    with open(out / "scores" / "00000.jsonl") as f:
+        rows = {r["key"]: r for r in map(json.loads, f)}
+    assert len(rows) == 9
+    assert {k: r["status"] for k, r in rows.items() if r["status"] != "scored"} == \
+        {f"{100 + i:09d}": "rejected" for i in range(3)}
+    assert all(r["reason"] == "missing_image" for r in rows.values() if r["status"] == "rejected")
