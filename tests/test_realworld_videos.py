@@ -2,16 +2,19 @@
 beside each clip, its failed samples), Matroska/WebM clips whose audio track is longer than the
 video, and phone clips stored sideways with a display matrix. Shards are written with webdataset's
 TarWriter as video2dataset 1.3 writes them; the rotated clips by the ffmpeg CLI."""
+import io
 import json
 import os
 import sys
 
+import pytest
 from click.testing import CliRunner
 
 sys.path.insert(0, os.path.dirname(__file__))
-from videokit import audio_only_mp4, make_video, text_frame  # noqa: E402
+from videokit import audio_only_mp4, clip_with_audio, make_video, text_frame  # noqa: E402
 
 from wdsfilter.cli import main  # noqa: E402
+from wdsfilter.score.video import sample_frames  # noqa: E402
 from wdsfilter.validate import validate  # noqa: E402
 
 # OCR as the other plumbing tests run it (no enlarging, boxes not read): rows and statuses here.
@@ -64,3 +67,34 @@ def test_video2dataset_audio_tracks_are_not_videos_and_the_front_doors_agree(tmp
     assert {k: r["status"] for k, r in rows.items() if r["status"] != "scored"} == \
         {f"{100 + i:09d}": "rejected" for i in range(3)}
     assert all(r["reason"] == "missing_image" for r in rows.values() if r["status"] == "rejected")
+
+
+@pytest.mark.parametrize("fmt,codec", [("matroska", "libx264"), ("webm", "libvpx-vp9")])
+def test_a_longer_audio_track_neither_spreads_the_frames_nor_hides_a_cut(tmp_path, fmt, codec):
+    """Matroska/WebM have no per-stream duration; the container's (10 s) is the audio track's. The
+    sampler used it for the 2 s video: the 3 frames were taken at 1.7, 2.0, 2.0 s (the last frame
+    twice), and a copy cut at half its bytes passed validate and was scored as complete. The video
+    track's DURATION tag (FFmpeg's muxer, mkvmerge) is its duration."""
+    data = clip_with_audio(fmt, codec, seconds=2.0, audio_seconds=10.0)
+    sampled = sample_frames(data, 3)
+    assert sampled.times == pytest.approx([0.375, 1.0, 1.625], abs=0.07), sampled.times
+    assert sampled.partial is None and not sampled.notes
+    cut = data[: len(data) // 2]
+    partial = sample_frames(cut, 3).partial
+    assert partial and "cut short" in partial
+    shard = _tar_of(tmp_path / "clips.tar", {"000.mkv": data, "001.mkv": cut}, {"000.txt": b"whole", "001.txt": b"cut"})
+    report = validate([shard], image_key="mkv", caption_key="txt", jobs=1)
+    assert report.counts == {"corrupt_video": 1}, report.counts
+    assert next(f for f in report.findings if f.kind == "corrupt_video").key == "001"
+
+
+def _tar_of(path, *members):
+    import tarfile
+
+    names = sorted({n: d for m in members for n, d in m.items()}.items())
+    with tarfile.open(path, "w") as tar:
+        for name, data in names:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return str(path)

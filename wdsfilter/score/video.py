@@ -137,13 +137,11 @@ class _Reader:
 
     def time_range(self) -> Optional[Tuple[float, float]]:
         """(start, duration) in seconds from the headers, or None when they do not say."""
-        s, c, tb = self.stream, self.container, self.time_base
+        s, tb = self.stream, self.time_base
         start = s.start_time * tb if s.start_time is not None else 0.0
-        if s.duration:
-            return start, s.duration * tb
-        if c.duration:
-            c_start = c.start_time / 1e6 if c.start_time is not None else 0.0  # AV_TIME_BASE units
-            return start, max(0.0, c.duration / 1e6 - (start - c_start))
+        duration = declared_duration(self.container, s)
+        if duration:
+            return start, duration
         if s.frames and s.average_rate:
             return start, s.frames / float(s.average_rate)
         return None

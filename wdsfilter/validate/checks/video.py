@@ -79,13 +79,30 @@ def _round(seconds: Optional[float]) -> Optional[float]:
 
 
 def declared_duration(container, stream) -> Optional[float]:
-    """The video stream's duration as its header says; the container's only when it has no other
-    stream (a longer audio track must not make the video look cut)."""
+    """The video stream's duration as its header says (the one rule: validate's cut-short check,
+    the scorers' sampled times); the container's only when it has no other stream: a longer audio
+    track must neither make the video look cut nor spread the sampled times past its last frame.
+    Matroska/WebM keep no per-stream duration; FFmpeg's muxer (and mkvmerge) tag each track with
+    DURATION, the end of its last frame, read here relative to the stream's start."""
     if stream.duration is not None and stream.time_base is not None:
         return float(stream.duration * stream.time_base)
+    end = _tag_seconds(stream.metadata.get("DURATION") or stream.metadata.get("duration"))
+    if end is not None:
+        start = float(stream.start_time * stream.time_base) if stream.start_time is not None and stream.time_base else 0.0
+        return max(0.0, end - max(start, 0.0))
     if container.duration is not None and len(container.streams) == 1:
         return container.duration / 1_000_000
     return None
+
+
+def _tag_seconds(value) -> Optional[float]:
+    """Matroska's DURATION tag ("00:00:02.007000000") in seconds, or None."""
+    try:
+        h, m, s = str(value).strip().split(":")
+        seconds = int(h) * 3600 + int(m) * 60 + float(s)
+    except (ValueError, AttributeError):
+        return None
+    return seconds if seconds > 0 else None
 
 
 def packets(container, stream, decode: bool = False):
