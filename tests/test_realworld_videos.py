@@ -5,8 +5,11 @@ TarWriter as video2dataset 1.3 writes them; the rotated clips by the ffmpeg CLI.
 import io
 import json
 import os
+import shutil
+import subprocess
 import sys
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -17,6 +20,8 @@ from wdsfilter.cli import main  # noqa: E402
 from wdsfilter.score.video import sample_frames  # noqa: E402
 from wdsfilter.validate import validate  # noqa: E402
 
+FFMPEG = shutil.which("ffmpeg")
+needs_ffmpeg = pytest.mark.skipif(FFMPEG is None, reason="the ffmpeg CLI is not installed")
 # OCR as the other plumbing tests run it (no enlarging, boxes not read): rows and statuses here.
 CHEAP_OCR = ["--scorer-opt", 'ocr.backend_options={"min_side": 0}', "--scorer-opt", "ocr.min_text_score=null"]
 
@@ -98,3 +103,27 @@ def _tar_of(path, *members):
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     return str(path)
+
+
+@needs_ffmpeg
+@pytest.mark.parametrize("rotate", [90, 180, 270])
+def test_frames_of_a_clip_with_a_display_matrix_are_upright_as_ffmpeg_shows_them(tmp_path, rotate):
+    """Phones store portrait clips as landscape frames plus a display matrix; players and the
+    ffmpeg CLI (so video2dataset's ffmpeg subsamplers) turn them upright. The scorers got them
+    sideways (CLIP and OCR saw text on its side). Each sampled frame must equal ffmpeg's own."""
+    src = tmp_path / "src.mp4"
+    src.write_bytes(make_video([text_frame(f"FRAME {i}", 128, 64, 14, (4, 20)) for i in range(8)], fps=8))
+    rotated = tmp_path / f"r{rotate}.mp4"
+    subprocess.run([FFMPEG, "-y", "-loglevel", "error", "-i", str(src), "-c", "copy",
+                    "-metadata:s:v:0", f"rotate={rotate}", str(rotated)], check=True)
+    sampled = sample_frames(rotated.read_bytes(), 3, max_side=None)
+    assert sampled.frames.shape[1:3] == ((128, 64) if rotate != 180 else (64, 128))
+    for frame, t in zip(sampled.frames, sampled.times):
+        png = tmp_path / "f.png"
+        index = round(t * 8)
+        subprocess.run([FFMPEG, "-y", "-loglevel", "error", "-i", str(rotated), "-vf", f"select=eq(n\\,{index})",
+                        "-frames:v", "1", str(png)], check=True)
+        from PIL import Image
+        expected = np.asarray(Image.open(png).convert("RGB"))
+        assert frame.shape == expected.shape
+        assert np.abs(frame.astype(int) - expected.astype(int)).mean() < 1.0

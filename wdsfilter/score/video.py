@@ -216,8 +216,12 @@ class _Reader:
 
 
 def _to_rgb(frame, max_side: Optional[int]) -> np.ndarray:
+    """The frame upright: phones store portrait clips as landscape frames plus a display matrix
+    (rotation 90 or -90), which players and the ffmpeg CLI apply; scorers must see what they see."""
     width, height = _target_size(frame.width, frame.height, max_side)
-    return frame.to_ndarray(format="rgb24", width=width, height=height)
+    rgb = frame.to_ndarray(format="rgb24", width=width, height=height)
+    turns = round((getattr(frame, "rotation", 0) or 0) / 90) % 4  # counter-clockwise quarter turns
+    return np.ascontiguousarray(np.rot90(rgb, turns)) if turns else rgb
 
 
 def _uniform_times(start: float, duration: float, n: int) -> List[float]:
