@@ -127,3 +127,27 @@ def test_frames_of_a_clip_with_a_display_matrix_are_upright_as_ffmpeg_shows_them
         expected = np.asarray(Image.open(png).convert("RGB"))
         assert frame.shape == expected.shape
         assert np.abs(frame.astype(int) - expected.astype(int)).mean() < 1.0
+
+
+@pytest.mark.parametrize("ext,fmt,codec", [("flv", "flv", "libx264"), ("flv", "flv", "flv"),
+                                           ("mpg", "mpeg", "mpeg2video"), ("mpeg", "mpeg", "mpeg1video")])
+def test_flv_and_mpeg_program_streams_open(tmp_path, ext, fmt, codec):
+    """PyAV 18 refuses per-stream options (our max_pixels limit) for containers that expose no
+    stream before probing: every .flv, .mpg and .mpeg clip was a corrupt_video error in validate,
+    and the frame sampler raised a bare ValueError. They open, pass and are sampled."""
+    frames = [text_frame(f"CLIP {i}", 96, 64, 16, (4, 20)) for i in range(16)]
+    buf = io.BytesIO()
+    import av
+    with av.open(buf, "w", format=fmt) as container:
+        stream = container.add_stream(codec, rate=25 if fmt == "mpeg" else 8)
+        stream.width, stream.height, stream.pix_fmt = 96, 64, "yuv420p"
+        for f in frames:
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(f, format="rgb24")))
+        container.mux(stream.encode())
+    data = buf.getvalue()
+    sampled = sample_frames(data, 3)
+    assert sampled.frames.shape == (3, 64, 96, 3) and sampled.partial is None
+    assert sampled.times == sorted(sampled.times) and len(set(sampled.times)) == 3
+    shard = _tar_of(tmp_path / "clips.tar", {f"000.{ext}": data, "000.txt": b"a clip"})
+    report = validate([shard], image_key=ext, caption_key="txt", jobs=1)
+    assert report.counts == {} and report.kept == 1, report.counts

@@ -36,7 +36,15 @@ def open_video(data: bytes, max_pixels):
     import av
 
     options = [{"max_pixels": str(int(max_pixels))}] * _STREAMS if max_pixels else None
-    return av.open(io.BytesIO(data), "r", metadata_errors="ignore", stream_options=options)
+    try:
+        return av.open(io.BytesIO(data), "r", metadata_errors="ignore", stream_options=options)
+    except ValueError:
+        if not options:
+            raise
+    # MPEG program streams (.mpg/.mpeg) and FLV expose no stream before probing, so PyAV (>= 15)
+    # refuses per-stream options for them: opened without, their probe decodes at most a few
+    # frames unchecked; every later frame meets limit_decoder, and the header size too_large.
+    return av.open(io.BytesIO(data), "r", metadata_errors="ignore")
 
 
 def too_large(width: int, height: int, max_pixels) -> bool:
