@@ -151,3 +151,16 @@ def test_flv_and_mpeg_program_streams_open(tmp_path, ext, fmt, codec):
     shard = _tar_of(tmp_path / "clips.tar", {f"000.{ext}": data, "000.txt": b"a clip"})
     report = validate([shard], image_key=ext, caption_key="txt", jobs=1)
     assert report.counts == {} and report.kept == 1, report.counts
+
+
+def test_a_wmv_with_a_longer_audio_track_is_not_cut_short(tmp_path):
+    """ASF gives every stream the file's play duration: a 2 s WMV video with 10 s of audio was a
+    corrupt_video error ("the frames end at 2.00s of the 10.03s its header declares: cut short"),
+    and the scorers got it as partial, with frames sampled at 1.7, 2.0, 2.0 s."""
+    data = clip_with_audio("asf", "wmv2", seconds=2.0, audio_seconds=10.0)
+    sampled = sample_frames(data, 3)
+    assert sampled.partial is None
+    assert sampled.times == pytest.approx([0.375, 1.0, 1.625], abs=0.15), sampled.times
+    shard = _tar_of(tmp_path / "clips.tar", {"000.wmv": data, "000.txt": b"a clip"})
+    report = validate([shard], image_key="wmv", caption_key="txt", jobs=1)
+    assert report.counts == {} and report.kept == 1, report.counts

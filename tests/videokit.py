@@ -82,13 +82,15 @@ def clip_with_audio(fmt="matroska", codec="libx264", seconds=2.0, audio_seconds=
     with av.open(buf, "w", format=fmt) as container:
         video = container.add_stream(codec, rate=fps)
         video.width, video.height, video.pix_fmt = 64, 64, "yuv420p"
-        audio = container.add_stream("libopus" if fmt == "webm" else "aac", rate=48000 if fmt == "webm" else 16000)
+        audio_codec = {"webm": "libopus", "asf": "wmav2"}.get(fmt, "aac")
+        audio = container.add_stream(audio_codec, rate=48000 if fmt == "webm" else 16000)
+        audio.codec_context.layout, audio.bit_rate = "mono", 32000  # wmav2 opens only with a bit rate
         packets = []
         for _ in range(round(seconds * fps)):
             img = rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)  # noise: the frames are most of the bytes
             packets += video.encode(av.VideoFrame.from_ndarray(img, format="rgb24"))
         packets += video.encode()
-        rate, step = audio.codec_context.sample_rate, 960 if fmt == "webm" else 1024
+        rate, step = audio.codec_context.sample_rate, {"webm": 960, "asf": 512}.get(fmt, 1024)
         for i in range(int(audio_seconds * rate / step)):
             frame = av.AudioFrame.from_ndarray(np.zeros((1, step), np.float32), format="fltp", layout="mono")
             frame.sample_rate, frame.pts = rate, i * step

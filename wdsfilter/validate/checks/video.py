@@ -91,8 +91,10 @@ def declared_duration(container, stream) -> Optional[float]:
     the scorers' sampled times); the container's only when it has no other stream: a longer audio
     track must neither make the video look cut nor spread the sampled times past its last frame.
     Matroska/WebM keep no per-stream duration; FFmpeg's muxer (and mkvmerge) tag each track with
-    DURATION, the end of its last frame, read here relative to the stream's start."""
-    if stream.duration is not None and stream.time_base is not None:
+    DURATION, the end of its last frame, read here relative to the stream's start. ASF (.wmv)
+    gives every stream the file's play duration, so with other streams it says nothing."""
+    shared = len(container.streams) > 1 and container.format.name == "asf"
+    if stream.duration is not None and stream.time_base is not None and not shared:
         return float(stream.duration * stream.time_base)
     end = _tag_seconds(stream.metadata.get("DURATION") or stream.metadata.get("duration"))
     if end is not None:
