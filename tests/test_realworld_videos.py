@@ -164,3 +164,39 @@ def test_a_wmv_with_a_longer_audio_track_is_not_cut_short(tmp_path):
     shard = _tar_of(tmp_path / "clips.tar", {"000.wmv": data, "000.txt": b"a clip"})
     report = validate([shard], image_key="wmv", caption_key="txt", jobs=1)
     assert report.counts == {} and report.kept == 1, report.counts
+
+
+def _cut_without_reencoding(data, seconds):
+    """`ffmpeg -ss S -i in.mp4 -c copy out.mp4`: packets kept from the keyframe before S, shifted
+    so S is 0; the MP4 muxer writes an edit list that hides what comes before S."""
+    import av
+
+    out = io.BytesIO()
+    with av.open(io.BytesIO(data)) as src, av.open(out, "w", format="mp4") as dst:
+        stream = src.streams.video[0]
+        copy = dst.add_stream_from_template(stream)
+        shift = round(seconds / stream.time_base)
+        for packet in src.demux(stream):
+            if packet.dts is None:
+                continue
+            packet.pts, packet.dts, packet.stream = packet.pts - shift, packet.dts - shift, copy
+            dst.mux(packet)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("gop", [None, 8])
+def test_keyframes_of_a_clip_cut_without_reencoding_are_the_shown_ones(tmp_path, gop):
+    """A clip cut with -c copy starts on a keyframe the edit list hides. --keyframes took that
+    keyframe: with no other keyframe the sampler found no frame (a corrupt_video row for a clip
+    validate passes); with later ones it sought the hidden one and fell back. Hidden packets are
+    not the clip's: keyframes mode takes shown keyframes, or uniform times when none is shown."""
+    frames = [text_frame(f"F {i}", 96, 64, 16, (4, 20)) for i in range(32)]
+    clip = _cut_without_reencoding(make_video(frames, fps=8, gop=gop or 64), 0.5)
+    sampled = sample_frames(clip, 3, keyframes=True)
+    if gop is None:
+        assert sampled.times == pytest.approx([0.583, 1.75, 2.917], abs=0.07), sampled.times  # 3.5 s shown
+        assert any("no keyframe is shown" in note for note in sampled.notes)
+    else:
+        assert sampled.times == pytest.approx([0.5, 1.5, 2.5], abs=0.01), sampled.times
+    shard = _tar_of(tmp_path / "clips.tar", {"000.mp4": clip, "000.txt": b"a clip"})
+    assert validate([shard], image_key="mp4", caption_key="txt", jobs=1).counts == {}

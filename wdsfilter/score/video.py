@@ -157,8 +157,8 @@ class _Reader:
         times, keys = [], []
         tb, rate, n = self.time_base, self.rate, 0
         for packet in self.container.demux(self.stream):
-            if packet.size == 0:  # the demuxer's empty flush packet
-                continue
+            if packet.size == 0 or getattr(packet, "is_discard", False):
+                continue  # the demuxer's empty flush packet; one an edit list hides (never shown)
             if n >= MAX_PACKETS:
                 break  # enough to place the samples: the rest of an absurdly long clip is not read
             stamp = packet.pts if packet.pts is not None else packet.dts
@@ -293,9 +293,12 @@ def sample_frames(data: bytes, n: int = 3, *, keyframes: bool = False, max_side:
     result = SampledFrames(frames=np.zeros((0, 0, 0, 3), np.uint8), times=[])
     try:
         try:
-            if keyframes:
-                frames, times = _sample_keyframes(reader, n, max_side, result)
+            picked = _sample_keyframes(reader, n, max_side, result) if keyframes else None
+            if picked is not None:
+                frames, times = picked
             else:
+                if keyframes:  # no keyframe is shown: uniform times, decoded from the keyframe before
+                    reader.reopen()
                 span = reader.time_range()
                 if span is None or span[1] <= 0:
                     # No usable duration in the headers: scan packet times, then decode from the start.
@@ -330,7 +333,12 @@ def sample_frames(data: bytes, n: int = 3, *, keyframes: bool = False, max_side:
 
 
 def _sample_keyframes(reader: _Reader, n: int, max_side: Optional[int], result: SampledFrames):
-    _, keys = reader.scan_packets()
+    shown, keys = reader.scan_packets()
+    if not keys and shown:
+        # A clip cut without re-encoding (ffmpeg -ss 0.5 -i in.mp4 -c copy) keeps the keyframe before
+        # its start, which an edit list hides: no keyframe is ever shown. Sample it uniformly.
+        result.notes.append("no keyframe is shown (an edit list starts the clip after it): uniform times")
+        return None
     if not keys:
         raise DataError("corrupt_video", f"{reader.what}: no keyframe in the video stream; {_FIX}")
     # n keyframes spread evenly: the middles of n slices of the keyframe list (all when fewer).
