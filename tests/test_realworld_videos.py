@@ -200,3 +200,41 @@ def test_keyframes_of_a_clip_cut_without_reencoding_are_the_shown_ones(tmp_path,
         assert sampled.times == pytest.approx([0.5, 1.5, 2.5], abs=0.01), sampled.times
     shard = _tar_of(tmp_path / "clips.tar", {"000.mp4": clip, "000.txt": b"a clip"})
     assert validate([shard], image_key="mp4", caption_key="txt", jobs=1).counts == {}
+
+
+def test_mpeg_ts_and_raw_streams_under_the_image_key_are_videos(tmp_path):
+    """`.ts`/`.m2ts` (camcorders, HLS segments) and raw `.h264` under --image-key were decoded as
+    images: corrupt_image on every sample, all_filtered, and score rejected them, though the frame
+    sampler reads them. They are videos there; a `ts` field elsewhere (a timestamp) is not checked."""
+    import av
+
+    frames = [text_frame(f"CLIP {i}", 96, 64, 16, (4, 20)) for i in range(16)]
+    clips = {}
+    for ext, fmt in (("ts", "mpegts"), ("m2ts", "mpegts"), ("h264", "h264")):
+        buf = io.BytesIO()
+        with av.open(buf, "w", format=fmt) as container:
+            stream = container.add_stream("libx264", rate=8)
+            stream.width, stream.height, stream.pix_fmt = 96, 64, "yuv420p"
+            for f in frames:
+                container.mux(stream.encode(av.VideoFrame.from_ndarray(f, format="rgb24")))
+            container.mux(stream.encode())
+        clips[f"{len(clips):03d}.{ext}"] = buf.getvalue()
+    shard = _tar_of(tmp_path / "clips.tar", clips, {f"{i:03d}.txt": b"a clip" for i in range(3)})
+    spec = "ts;m2ts;h264"
+    report = validate([shard], image_key=spec, caption_key="txt", jobs=1)
+    assert report.counts == {} and (report.samples, report.kept) == (3, 3), report.counts
+    import wdsfilter
+    ld = wdsfilter.loader(shard, image_key=spec, batch_size=4, output="dict")
+    assert sorted(s["__key__"] for b in ld for s in b if "video" in s) == ["000", "001", "002"]
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["score", shard, "--image-key", spec, "--scorer", "ocr", "--device", "cpu",
+                                       "--workers", "0", "--no-progress", "--out", str(out), "--format", "jsonl",
+                                       "--frames", "2", *CHEAP_OCR])
+    assert result.exit_code == 0, result.output
+    with open(out / "scores" / "clips.jsonl") as f:
+        rows = {r["key"]: r for r in map(json.loads, f)}
+    assert {k: (r["status"], r["ocr_frames"]) for k, r in rows.items()} == {k: ("scored", 2) for k in ("000", "001", "002")}
+    # Beside a jpg image key, a `ts` field is a timestamp: not read as a video.
+    from tests.shardkit import image_bytes
+    photo = _tar_of(tmp_path / "photo.tar", {"000.jpg": image_bytes(), "000.ts": b"1732492800", "000.txt": b"a photo"})
+    assert validate([photo], image_key="jpg", jobs=1).counts == {}

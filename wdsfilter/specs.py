@@ -33,13 +33,24 @@ DEFAULT_IMAGE_KEY = "jpg;png;jpeg;webp"
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm")
 # Containers checked and scored as video (an audio-only .m4a under the image key is then named for
 # what it is, no_video_stream, by both validate and scoring).
-VIDEO_EXTS = ("mp4", "webm", "mkv", "avi", "mov", "m4v", "m4a", "mpg", "mpeg", "flv", "3gp", "ogv", "wmv")
+VIDEO_EXTS = ("mp4", "webm", "mkv", "avi", "mov", "m4v", "m4a", "mpg", "mpeg", "flv", "3gp", "ogv", "wmv",
+              "mts", "m2ts", "vob", "mxf", "f4v", "3g2", "asf", "h264", "264", "hevc", "h265", "265")
+# Video only under the image key: `.ts` is MPEG-TS there (camcorders, HLS segments), but a
+# webdataset field named `ts` elsewhere is as likely a timestamp.
+VIDEO_EXTS_ASKED = ("ts",)
 # Compression suffixes of a member name (`x.txt.gz`). webdataset's default decoder opens .gz
 # (gzfilter) and so do the stages; all of them are stripped before judging what a member is.
 COMPRESSION_EXTS = ("gz", "xz", "bz2", "zst", "lz4")
 # Deeper JSON is not metadata; json.loads would recurse into it until RecursionError.
 MAX_JSON_DEPTH = 64
 REKEY_MODES = ("first-dot", "last-dot")
+
+
+def is_video(ext: str, asked: bool = False) -> bool:
+    """Is a member of this extension a video (PyAV) rather than an image (PIL)? `asked`: the
+    extension is the image key's. The one rule of the stages, validate, scoring and the report."""
+    last = ext.rsplit(".", 1)[-1]
+    return last in VIDEO_EXTS or (asked and last in VIDEO_EXTS_ASKED)
 
 
 # -- member names ----------------------------------------------------------------------------------
