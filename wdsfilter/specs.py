@@ -60,12 +60,24 @@ def split_name(name: str, rekey: str = "first-dot") -> Tuple[Optional[str], Opti
     base = name[slash:]
     if base.startswith("."):
         return None, None
-    dot = base.find(".") if rekey == "first-dot" else base.rfind(".")
+    dot = base.find(".") if rekey == "first-dot" else _last_dot(base)
     if dot <= 0 or dot == len(base) - 1:
         return None, None
     # tarfile decodes a name that is not UTF-8 (Latin-1 from an old Windows share) with surrogate
     # escapes: the key says those bytes as \xNN, the same in every reader, so rows and samples match.
     return utf8_text(name[:slash + dot]), base[dot + 1:]
+
+
+def _last_dot(base: str) -> int:
+    """The dot before the extension, a compression suffix counting as part of it (last-dot keys
+    `img.v2.0001` of `img.v2.0001.txt.gz` too, as webdataset's gz decoder reads `txt.gz`)."""
+    dot = base.rfind(".")
+    while dot > 0 and base[dot + 1:].split(".", 1)[0].lower() in COMPRESSION_EXTS:
+        before = base.rfind(".", 0, dot)
+        if before <= 0:
+            break  # `0001.gz`: the compression suffix is the whole extension
+        dot = before
+    return dot
 
 
 def utf8_text(text: str) -> str:
