@@ -74,3 +74,51 @@ def test_img2dataset_output_folder(tmp_path):
     # The caption only in the json (no caption column) gets the spec that finds it.
     result = CliRunner().invoke(main, ["validate", str(out / "00000.tar"), "-j", "1", "--caption-key", "json:caption"])
     assert result.exit_code == 0, result.output
+
+
+def test_img2dataset_laion_parquet_webp_extra_columns_and_a_null_caption(tmp_path):
+    """A LAION-style parquet (URL, TEXT, uid, similarity, a null column) through img2dataset with
+    --encode_format webp, --save_additional_columns and --resize_mode border: .webp members, the
+    extra columns in each json, a null TEXT written as an empty .txt. validate, the loader and
+    score agree: the sample without a caption is the one dropped."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import wdsfilter
+
+    www = tmp_path / "www"
+    www.mkdir()
+    for i in range(5):
+        (www / f"{i}.png").write_bytes(image_bytes(size=(64, 48), fmt="PNG"))
+    server = _serve(www)
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        (tmp_path / "in").mkdir()
+        pq.write_table(pa.table({"URL": [f"{base}/{i}.png" for i in range(5)] + [f"{base}/gone.png"],
+                                 "TEXT": [f"a red square {i}" if i != 2 else None for i in range(6)],
+                                 "uid": [f"{i:032x}" for i in range(6)], "similarity": [0.3] * 6,
+                                 "punsafe": [None] * 6}), tmp_path / "in" / "part.parquet")
+        out = tmp_path / "out"
+        subprocess.run([IMG2DATASET, "--url_list", str(tmp_path / "in"), "--input_format", "parquet",
+                        "--url_col", "URL", "--caption_col", "TEXT", "--save_additional_columns",
+                        '["uid","similarity","punsafe"]', "--encode_format", "webp", "--resize_mode", "border",
+                        "--image_size", "32", "--output_format", "webdataset", "--output_folder", str(out),
+                        "--processes_count", "1", "--thread_count", "2", "--number_sample_per_shard", "10",
+                        "--enable_wandb", "False", "--retries", "0", "--timeout", "5"],
+                       check=True, capture_output=True, timeout=300)
+    finally:
+        server.shutdown()
+    shard = str(out / "00000.tar")
+    from wdsfilter.validate import validate
+    report = validate([shard], jobs=1)
+    assert report.passed and (report.samples, report.kept) == (5, 4), report.counts
+    ld = wdsfilter.loader(shard, batch_size=4, output="dict")
+    kept = sorted(s["__key__"] for b in ld for s in b)
+    assert len(kept) == 4 and all(s["json"]["uid"] for b in wdsfilter.loader(shard, batch_size=4, output="dict")
+                                  for s in b)
+    res = CliRunner().invoke(main, ["score", shard, "--scorer", "tools.trace_modules:LumaScorer", "--device", "cpu",
+                                    "--workers", "0", "--no-progress", "--out", str(tmp_path / "s"), "--format", "jsonl"])
+    assert res.exit_code == 0, res.output
+    rows = [json.loads(line) for line in open(tmp_path / "s" / "scores" / "00000.jsonl")]
+    assert sorted(r["key"] for r in rows if r["status"] == "scored") == kept
+    assert [r["reason"] for r in rows if r["status"] != "scored"] == ["missing_caption"]

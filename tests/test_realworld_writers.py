@@ -260,3 +260,26 @@ def test_a_sample_written_twice_far_apart_is_duplicated_not_scattered(tmp_path):
     report = validate(shard, jobs=1)
     assert "scattered_key" not in report.counts and report.counts["duplicate_key"] == 2
     assert report.samples == 12 and report.kept == 12
+
+
+def test_last_dot_keys_keep_compressed_members_in_their_sample(tmp_path):
+    """webdataset's TarWriter gzips a field named `txt.gz`/`json.gz`. With dotted keys validate
+    says "use --rekey last-dot"; last-dot then split `img.v2.0000.txt.gz` into key
+    `img.v2.0000.txt` and extension `gz`: 9 samples of one member each, none kept. A compression
+    suffix is part of the extension, as webdataset's decoder reads it."""
+    import webdataset as wds
+
+    import wdsfilter
+
+    shard = str(tmp_path / "dotted-gz.tar")
+    with wds.TarWriter(shard) as w:
+        for i in range(3):
+            w.write({"__key__": f"img.v2.{i:04d}", "jpg": image_bytes(), "txt.gz": f"a red square {i}",
+                     "json.gz": {"caption": f"a red square {i}"}})
+    first = validate([shard], jobs=1)
+    assert "use --rekey last-dot" in next(f for f in first.findings if f.kind == "all_filtered").message
+    report = validate([shard], jobs=1, rekey="last-dot")
+    assert report.passed and (report.samples, report.kept) == (3, 3) and not report.counts, report.counts
+    ld = wdsfilter.loader(shard, batch_size=4, output="dict", rekey="last-dot")
+    assert sorted((s["__key__"], s["caption"]) for b in ld for s in b) == \
+        [(f"img.v2.{i:04d}", f"a red square {i}") for i in range(3)]

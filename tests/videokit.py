@@ -72,3 +72,30 @@ def h264_mp4(path, frames=75) -> bytes:
             c.mux(p)
     with open(path, "rb") as f:
         return f.read()
+
+
+def clip_with_audio(fmt="matroska", codec="libx264", seconds=2.0, audio_seconds=10.0, fps=8) -> bytes:
+    """A clip with an audio track of another length, muxed as FFmpeg's CLI muxes it (interleaved
+    by time). Matroska/WebM keep no per-stream duration: the container's is the longer track's."""
+    buf = io.BytesIO()
+    rng = np.random.default_rng(1)
+    with av.open(buf, "w", format=fmt) as container:
+        video = container.add_stream(codec, rate=fps)
+        video.width, video.height, video.pix_fmt = 64, 64, "yuv420p"
+        audio_codec = {"webm": "libopus", "asf": "wmav2"}.get(fmt, "aac")
+        audio = container.add_stream(audio_codec, rate=48000 if fmt == "webm" else 16000)
+        audio.codec_context.layout, audio.bit_rate = "mono", 32000  # wmav2 opens only with a bit rate
+        packets = []
+        for _ in range(round(seconds * fps)):
+            img = rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)  # noise: the frames are most of the bytes
+            packets += video.encode(av.VideoFrame.from_ndarray(img, format="rgb24"))
+        packets += video.encode()
+        rate, step = audio.codec_context.sample_rate, {"webm": 960, "asf": 512}.get(fmt, 1024)
+        for i in range(int(audio_seconds * rate / step)):
+            frame = av.AudioFrame.from_ndarray(np.zeros((1, step), np.float32), format="fltp", layout="mono")
+            frame.sample_rate, frame.pts = rate, i * step
+            packets += audio.encode(frame)
+        packets += audio.encode()
+        for packet in sorted(packets, key=lambda p: float(p.dts * p.time_base) if p.dts is not None else 0.0):
+            container.mux(packet)
+    return buf.getvalue()

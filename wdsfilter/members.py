@@ -11,7 +11,7 @@ from functools import lru_cache
 from typing import Optional, Tuple
 
 from .errors import DataError
-from .specs import IMAGE_EXTS, VIDEO_EXTS, base_ext
+from .specs import IMAGE_EXTS, VIDEO_EXTS, base_ext, is_video
 
 # Members whose only readers unpickle them: webdataset 1.x decodes .pyd/.pickle/.pkl with
 # pickle.loads and .pth with torch.load (weights_only off unless WDS_PYTORCH_WEIGHTS_ONLY=1), and
@@ -55,7 +55,7 @@ class MemberCaps:
         media = set(IMAGE_EXTS) | set(VIDEO_EXTS) | set(cfg.image_spec.exts)
         self._kinds = {}
         for ext in media:
-            self._kinds[ext] = "video" if ext.rsplit(".", 1)[-1] in VIDEO_EXTS else "image"
+            self._kinds[ext] = "video" if is_video(ext, ext in cfg.image_spec.exts) else "image"
         for ext in json_:
             self._kinds[ext] = "json"
         for ext in text:

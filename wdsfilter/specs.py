@@ -33,13 +33,24 @@ DEFAULT_IMAGE_KEY = "jpg;png;jpeg;webp"
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm")
 # Containers checked and scored as video (an audio-only .m4a under the image key is then named for
 # what it is, no_video_stream, by both validate and scoring).
-VIDEO_EXTS = ("mp4", "webm", "mkv", "avi", "mov", "m4v", "m4a", "mpg", "mpeg", "flv", "3gp", "ogv", "wmv")
+VIDEO_EXTS = ("mp4", "webm", "mkv", "avi", "mov", "m4v", "m4a", "mpg", "mpeg", "flv", "3gp", "ogv", "wmv",
+              "mts", "m2ts", "vob", "mxf", "f4v", "3g2", "asf", "h264", "264", "hevc", "h265", "265")
+# Video only under the image key: `.ts` is MPEG-TS there (camcorders, HLS segments), but a
+# webdataset field named `ts` elsewhere is as likely a timestamp.
+VIDEO_EXTS_ASKED = ("ts",)
 # Compression suffixes of a member name (`x.txt.gz`). webdataset's default decoder opens .gz
 # (gzfilter) and so do the stages; all of them are stripped before judging what a member is.
 COMPRESSION_EXTS = ("gz", "xz", "bz2", "zst", "lz4")
 # Deeper JSON is not metadata; json.loads would recurse into it until RecursionError.
 MAX_JSON_DEPTH = 64
 REKEY_MODES = ("first-dot", "last-dot")
+
+
+def is_video(ext: str, asked: bool = False) -> bool:
+    """Is a member of this extension a video (PyAV) rather than an image (PIL)? `asked`: the
+    extension is the image key's. The one rule of the stages, validate, scoring and the report."""
+    last = ext.rsplit(".", 1)[-1]
+    return last in VIDEO_EXTS or (asked and last in VIDEO_EXTS_ASKED)
 
 
 # -- member names ----------------------------------------------------------------------------------
@@ -49,7 +60,7 @@ def split_name(name: str, rekey: str = "first-dot") -> Tuple[Optional[str], Opti
     base = name[slash:]
     if base.startswith("."):
         return None, None
-    dot = base.find(".") if rekey == "first-dot" else base.rfind(".")
+    dot = base.find(".") if rekey == "first-dot" else _last_dot(base)
     if dot <= 0 or dot == len(base) - 1:
         return None, None
     # tarfile decodes a name that is not UTF-8 (Latin-1 from an old Windows share) with surrogate
@@ -66,6 +77,18 @@ def reserved_ext(ext: str) -> Optional[str]:
         return None
     return (f"extension '.{ext}' starts with '__', which webdataset and wdsfilter reserve for a sample's "
             f"metadata (__key__, __url__); the member is ignored. Rename it when writing shards")
+
+
+def _last_dot(base: str) -> int:
+    """The dot before the extension, a compression suffix counting as part of it (last-dot keys
+    `img.v2.0001` of `img.v2.0001.txt.gz` too, as webdataset's gz decoder reads `txt.gz`)."""
+    dot = base.rfind(".")
+    while dot > 0 and base[dot + 1:].split(".", 1)[0].lower() in COMPRESSION_EXTS:
+        before = base.rfind(".", 0, dot)
+        if before <= 0:
+            break  # `0001.gz`: the compression suffix is the whole extension
+        dot = before
+    return dot
 
 
 def utf8_text(text: str) -> str:

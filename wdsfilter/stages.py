@@ -21,7 +21,7 @@ from .errors import ConfigError, DataError
 from .images import decode_image
 from .markers import MARKER, reject_marker  # markers flow through every stage untouched (markers.py)
 from .reading import OVERSIZED, group_samples, tar_members
-from .specs import VIDEO_EXTS, FieldRef, find_caption, is_dotted, parse_json_member
+from .specs import FieldRef, find_caption, is_dotted, is_video, parse_json_member
 from .tally import Tally
 
 
@@ -213,7 +213,7 @@ def _rename(data: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator[di
             yield sample
             continue
         ext = sample["__image_ext__"]
-        field = "video" if ext.rsplit(".", 1)[-1] in VIDEO_EXTS else "image"
+        field = "video" if is_video(ext, asked=True) else "image"
         meta = sample.get("__parsed_json")
         if meta is None and "json" in sample:
             try:

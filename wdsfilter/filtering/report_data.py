@@ -14,7 +14,7 @@ from collections import OrderedDict
 from typing import Dict, List, Optional, Sequence
 
 from ..reading import ShardTarInfo
-from ..specs import VIDEO_EXTS, KeySpec, find_caption, split_name
+from ..specs import KeySpec, find_caption, is_video, split_name
 
 PER_SIDE = 6  # thumbnails on each side of a threshold
 PER_REASON = 6  # examples per drop reason
@@ -150,7 +150,7 @@ def _thumbnail(data: bytes, ext: str):
     """(data URI, None) or (None, why there is none)."""
     from PIL import Image
     try:
-        if ext in VIDEO_EXTS:
+        if is_video(ext, asked=True):
             from ..score.video import sample_frames
             image = Image.fromarray(sample_frames(data, 1, max_side=THUMB * 2).frames[0])
         else:

@@ -137,13 +137,11 @@ class _Reader:
 
     def time_range(self) -> Optional[Tuple[float, float]]:
         """(start, duration) in seconds from the headers, or None when they do not say."""
-        s, c, tb = self.stream, self.container, self.time_base
+        s, tb = self.stream, self.time_base
         start = s.start_time * tb if s.start_time is not None else 0.0
-        if s.duration:
-            return start, s.duration * tb
-        if c.duration:
-            c_start = c.start_time / 1e6 if c.start_time is not None else 0.0  # AV_TIME_BASE units
-            return start, max(0.0, c.duration / 1e6 - (start - c_start))
+        duration = declared_duration(self.container, s)
+        if duration:
+            return start, duration
         if s.frames and s.average_rate:
             return start, s.frames / float(s.average_rate)
         return None
@@ -159,8 +157,8 @@ class _Reader:
         times, keys = [], []
         tb, rate, n = self.time_base, self.rate, 0
         for packet in self.container.demux(self.stream):
-            if packet.size == 0:  # the demuxer's empty flush packet
-                continue
+            if packet.size == 0 or getattr(packet, "is_discard", False):
+                continue  # the demuxer's empty flush packet; one an edit list hides (never shown)
             if n >= MAX_PACKETS:
                 break  # enough to place the samples: the rest of an absurdly long clip is not read
             stamp = packet.pts if packet.pts is not None else packet.dts
@@ -218,8 +216,12 @@ class _Reader:
 
 
 def _to_rgb(frame, max_side: Optional[int]) -> np.ndarray:
+    """The frame upright: phones store portrait clips as landscape frames plus a display matrix
+    (rotation 90 or -90), which players and the ffmpeg CLI apply; scorers must see what they see."""
     width, height = _target_size(frame.width, frame.height, max_side)
-    return frame.to_ndarray(format="rgb24", width=width, height=height)
+    rgb = frame.to_ndarray(format="rgb24", width=width, height=height)
+    turns = round((getattr(frame, "rotation", 0) or 0) / 90) % 4  # counter-clockwise quarter turns
+    return np.ascontiguousarray(np.rot90(rgb, turns)) if turns else rgb
 
 
 def _uniform_times(start: float, duration: float, n: int) -> List[float]:
@@ -291,9 +293,12 @@ def sample_frames(data: bytes, n: int = 3, *, keyframes: bool = False, max_side:
     result = SampledFrames(frames=np.zeros((0, 0, 0, 3), np.uint8), times=[])
     try:
         try:
-            if keyframes:
-                frames, times = _sample_keyframes(reader, n, max_side, result)
+            picked = _sample_keyframes(reader, n, max_side, result) if keyframes else None
+            if picked is not None:
+                frames, times = picked
             else:
+                if keyframes:  # no keyframe is shown: uniform times, decoded from the keyframe before
+                    reader.reopen()
                 span = reader.time_range()
                 if span is None or span[1] <= 0:
                     # No usable duration in the headers: scan packet times, then decode from the start.
@@ -328,7 +333,12 @@ def sample_frames(data: bytes, n: int = 3, *, keyframes: bool = False, max_side:
 
 
 def _sample_keyframes(reader: _Reader, n: int, max_side: Optional[int], result: SampledFrames):
-    _, keys = reader.scan_packets()
+    shown, keys = reader.scan_packets()
+    if not keys and shown:
+        # A clip cut without re-encoding (ffmpeg -ss 0.5 -i in.mp4 -c copy) keeps the keyframe before
+        # its start, which an edit list hides: no keyframe is ever shown. Sample it uniformly.
+        result.notes.append("no keyframe is shown (an edit list starts the clip after it): uniform times")
+        return None
     if not keys:
         raise DataError("corrupt_video", f"{reader.what}: no keyframe in the video stream; {_FIX}")
     # n keyframes spread evenly: the middles of n slices of the keyframe list (all when fewer).

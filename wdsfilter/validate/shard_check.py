@@ -211,7 +211,8 @@ class _ShardCheck:
             if kind == "image":
                 m["data"] = check_image(name, key, data, options, log, self.images)
             elif kind == "video":
-                m["data"] = check_video(name, key, data, options, log, self.videos)
+                m["data"] = check_video(name, key, data, options, log, self.videos,
+                                        under_image_key=ext in self.stage.image_spec.exts)
             elif ext in self.json_exts:
                 check_json(name, key, data, log)
             elif ext in self.text_exts:

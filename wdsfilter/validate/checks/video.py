@@ -80,13 +80,32 @@ def _round(seconds: Optional[float]) -> Optional[float]:
 
 
 def declared_duration(container, stream) -> Optional[float]:
-    """The video stream's duration as its header says; the container's only when it has no other
-    stream (a longer audio track must not make the video look cut)."""
-    if stream.duration is not None and stream.time_base is not None:
+    """The video stream's duration as its header says (the one rule: validate's cut-short check,
+    the scorers' sampled times); the container's only when it has no other stream: a longer audio
+    track must neither make the video look cut nor spread the sampled times past its last frame.
+    Matroska/WebM keep no per-stream duration; FFmpeg's muxer (and mkvmerge) tag each track with
+    DURATION, the end of its last frame, read here relative to the stream's start. ASF (.wmv)
+    gives every stream the file's play duration, so with other streams it says nothing."""
+    shared = len(container.streams) > 1 and container.format.name == "asf"
+    if stream.duration is not None and stream.time_base is not None and not shared:
         return float(stream.duration * stream.time_base)
+    end = _tag_seconds(stream.metadata.get("DURATION") or stream.metadata.get("duration"))
+    if end is not None:
+        start = float(stream.start_time * stream.time_base) if stream.start_time is not None and stream.time_base else 0.0
+        return max(0.0, end - max(start, 0.0))
     if container.duration is not None and len(container.streams) == 1:
         return container.duration / 1_000_000
     return None
+
+
+def _tag_seconds(value) -> Optional[float]:
+    """Matroska's DURATION tag ("00:00:02.007000000") in seconds, or None."""
+    try:
+        h, m, s = str(value).strip().split(":")
+        seconds = int(h) * 3600 + int(m) * 60 + float(s)
+    except (ValueError, AttributeError):
+        return None
+    return seconds if seconds > 0 else None
 
 
 def packets(container, stream, decode: bool = False):
@@ -124,7 +143,10 @@ def cut_short(declared_frames: int, declared: Optional[float], packets: int, spa
     return None
 
 
-def check_video(name: str, key: str, data: bytes, options, log: FindingLog, stats: VideoStats) -> MediaInfo:
+def check_video(name: str, key: str, data: bytes, options, log: FindingLog, stats: VideoStats,
+                under_image_key: bool = True) -> MediaInfo:
+    """under_image_key=False: a container beside the clip (video2dataset's `.m4a`/`.mp3` audio
+    track): nothing reads it as video, so having no video stream is what it is, not a finding."""
     import av  # only when a shard has videos
 
     info = MediaInfo("video")
@@ -133,6 +155,8 @@ def check_video(name: str, key: str, data: bytes, options, log: FindingLog, stat
         with open_video(data, max_pixels) as container:
             streams = container.streams.video
             if not streams:
+                if not under_image_key:
+                    return info
                 found = ", ".join(f"{len(s)} {t}" for t, s in (("audio", container.streams.audio),
                                                                 ("subtitle", container.streams.subtitles)) if s)
                 log.add("no_video_stream", name, key, f"no video stream ({found or 'no streams'}): not a video clip; "
