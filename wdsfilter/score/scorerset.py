@@ -14,7 +14,7 @@ from ..errors import ConfigError
 from .config import ScoreConfig
 from .outputs import BASE_FIELDS, arrow_type
 from .registry import check_name, resolve
-from .scorers.base import REGISTRY, Scorer, make_scorer
+from .scorers.base import REGISTRY, Scorer, make_scorer, overridden
 
 
 OWN = "module:Class for your own Scorer"
@@ -79,7 +79,8 @@ def score_columns(scorers: Sequence[Scorer]) -> Dict[str, Optional[str]]:
     values; Scorer.column_types)."""
     columns: Dict[str, Optional[str]] = {}
     for s in scorers:
-        types = s.column_types()
+        declared = overridden(s, "column_types")  # a scorer that is not a Scorer subclass may have none
+        types = declared() if declared else {}
         for c in s.columns():
             if c in columns or c in BASE_FIELDS:
                 raise ConfigError(f"scorer {s.name!r} writes column {c!r}, which is taken; rename it")

@@ -102,7 +102,7 @@ class Scorer(abc.ABC):
 
 
 def overridden(scorer, method: str) -> Optional[Callable]:
-    """scorer.<method> (batch_key, frame_count), or None where the scorer has the Scorer default
+    """scorer.<method> (batch_key, frame_count, column_types), or None where the scorer has the Scorer default
     or no such method: one batch key for all inputs, one frame per input. Callers resolve it once
     per batch, not per input."""
     bound = getattr(scorer, method, None)
