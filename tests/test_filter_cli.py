@@ -282,3 +282,18 @@ def test_gzip_sources_and_jsonl_score_files(tmp_path):
     expected = [r_["key"] for r_ in rows if r_["brightness"] is not None and r_["brightness"] >= cut]
     assert list(got) == expected and any(k.startswith("s1_") for k in got)
     assert all(got[k] == source[k] for k in got)
+
+
+def test_jsonl_scores_whose_first_shard_is_empty(tmp_path):
+    """A JSON Lines file names its columns only in its rows: an empty tar (GNU tar) sorted first gives
+    an empty score file, and filter and the loader took the run to have no score column at all
+    ("thresholds on brightness, which the score files do not have")."""
+    import wdsfilter
+    shards = gnu_tar_shards(str(tmp_path), [0, 6])  # shard-0000.tar: no member
+    out = score_folder(shards, tmp_path / "scores", format="jsonl")
+    assert os.path.getsize(os.path.join(out, "scores", "shard-0000.jsonl")) == 0
+    r = run_cli("filter", out, "--top", "brightness=50%", "--no-report")
+    assert r.returncode == 0, r.stderr
+    assert kept_line(r.stdout, "all thresholds") == (3, 6)
+    loader = wdsfilter.loader(shards, batch_size=2, output="dict", scores=out, min_scores={"brightness": 0.0})
+    assert sum(len(b) for b in loader) == 6

@@ -114,6 +114,22 @@ def read_table(path: str, columns: Optional[Sequence[str]] = None) -> Dict[str, 
     return pq.read_table(path, columns=columns).to_pydict()
 
 
+def table_columns(paths: Sequence[str], scorers: Optional[Sequence[dict]] = None) -> List[str]:
+    """The columns of a run's score files: a Parquet file's schema (one for the run). A JSON Lines
+    file names its columns only in its rows, and a shard with no sample (an empty tar) has an
+    empty one: the first file with a row, else the base fields and the columns of the scorers
+    that run.json lists (`scorers`)."""
+    for path in paths:
+        if path.endswith(".parquet"):
+            import pyarrow.parquet as pq
+            return list(pq.read_schema(path).names)
+        with open(path) as f:
+            for line in f:
+                if line.strip():
+                    return list(json.loads(line))
+    return list(BASE_FIELDS) + [c for s in scorers or () for c in s.get("columns") or ()]
+
+
 def read_rows(path: str) -> List[dict]:
     cols = read_table(path)
     names = list(cols)
