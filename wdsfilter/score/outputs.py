@@ -75,9 +75,8 @@ def write_table(rows: List[dict], columns: Union[Sequence[str], Mapping[str, Opt
         if fmt == "jsonl":
             with open(tmp, "w") as f:
                 for row in rows:
-                    clean = {k: (None if isinstance(row.get(k), float) and math.isnan(row[k]) else row.get(k))
-                             for k in names}
-                    f.write(json.dumps(clean, ensure_ascii=False) + "\n")
+                    clean = {k: _json_scalar(row.get(k)) for k in names}
+                    f.write(json.dumps(clean, ensure_ascii=False, default=json_value) + "\n")
         else:
             import pyarrow as pa
             import pyarrow.parquet as pq
@@ -95,6 +94,23 @@ def write_table(rows: List[dict], columns: Union[Sequence[str], Mapping[str, Opt
                 pq.write_table(table, tmp)
             else:  # a shard with no sample: a file of no row group (HF datasets fails on a row group of 0 rows)
                 pq.ParquetWriter(tmp, table.schema).close()
+
+
+def json_value(o):
+    """json.dumps' `default` for what a scorer may return besides Python values: a numpy scalar
+    (np.float32 from `.mean()`) or array, a torch tensor, as its Python value. json cannot write
+    them, and a JSONL run (and every Ray run, whose scores travel as JSON) ended in an internal
+    error at the first shard, where Parquet took them."""
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
+
+
+def _json_scalar(v):
+    """A JSONL value: a numpy scalar as its Python value, a NaN as null (a missing score)."""
+    if hasattr(v, "tolist") and getattr(v, "ndim", None) == 0:
+        v = v.tolist()
+    return None if isinstance(v, float) and math.isnan(v) else v
 
 
 def read_table(path: str, columns: Optional[Sequence[str]] = None) -> Dict[str, list]:
