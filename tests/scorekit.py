@@ -123,6 +123,19 @@ class ByteLengthScorer(Scorer):
         return [{"caption_bytes": int(t.item())} for t in torch.stack(inputs).to(self.device)]
 
 
+class NumpyScorer(BrightnessScorer):
+    """What a custom scorer often returns: numpy scalars (np.float32 from .mean()) and arrays."""
+
+    name = "np"
+
+    def columns(self):
+        return ["np_luma", "np_frames"]
+
+    def score_batch(self, inputs):
+        return [{"np_luma": np.float32(r["brightness"]), "np_frames": np.array([r["brightness"], 0.5])}
+                for r in super().score_batch(inputs)]
+
+
 class BrokenScorer(BrightnessScorer):
     """Fails on every batch with a non-memory error: a bug, which must stop the run."""
 

@@ -339,3 +339,18 @@ def test_a_source_shard_changed_since_scoring_is_a_run_failure_exit_3(tmp_path):
     r = run_cli("filter", out, "--write-shards", str(tmp_path / "k"), "--no-report")
     assert r.returncode == 3, r.stdout + r.stderr
     assert f"source shard {shards[1]} changed since it was scored" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_jsonl_scores_whose_first_shard_is_empty(tmp_path):
+    """A JSON Lines file names its columns only in its rows: an empty tar (GNU tar) sorted first gives
+    an empty score file, and filter and the loader took the run to have no score column at all
+    ("thresholds on brightness, which the score files do not have")."""
+    import wdsfilter
+    shards = gnu_tar_shards(str(tmp_path), [0, 6])  # shard-0000.tar: no member
+    out = score_folder(shards, tmp_path / "scores", format="jsonl")
+    assert os.path.getsize(os.path.join(out, "scores", "shard-0000.jsonl")) == 0
+    r = run_cli("filter", out, "--top", "brightness=50%", "--no-report")
+    assert r.returncode == 0, r.stderr
+    assert kept_line(r.stdout, "all thresholds") == (3, 6)
+    loader = wdsfilter.loader(shards, batch_size=2, output="dict", scores=out, min_scores={"brightness": 0.0})
+    assert sum(len(b) for b in loader) == 6

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 from click.testing import CliRunner
 
 from shardkit import write_shard, image_text_members
-from scorekit import BrightnessScorer
+from scorekit import BrightnessScorer, NumpyScorer
 from wdsfilter.cli import main
 from wdsfilter.score import score
 
@@ -120,3 +120,14 @@ def test_an_infinite_score_is_left_out_of_the_summary_which_stays_json(tmp_path)
     data = json.loads((out / "summary.json").read_text(), parse_constant=refuse)
     col = data["columns"]["log_luma"]
     assert col["count"] == 2 and col["infinite"] == 1 and sum(col["histogram"]["counts"]) == 2
+
+
+def test_numpy_scores_in_jsonl(tmp_path):
+    # json cannot write numpy values: a JSONL run ended in "internal error: TypeError: Object of
+    # type float32 is not JSON serializable" at its first shard (Parquet took them).
+    import json
+    out = tmp_path / "out"
+    score([write_shard(str(tmp_path / "s-000000.tar"), image_text_members(3))], out=str(out), scorers=[NumpyScorer()],
+          device="cpu", progress=False, workers=0, format="jsonl")
+    rows = [json.loads(line) for line in (out / "scores" / "s-000000.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and all(isinstance(r["np_luma"], float) and len(r["np_frames"]) == 2 for r in rows)

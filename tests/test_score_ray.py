@@ -260,3 +260,21 @@ def test_ray_uses_the_engines_planner_for_batch_sizes_and_actors_per_gpu(local_r
     planned = summary.plan["devices"][0]
     assert f"batch {planned['batch_size']}" in text and planned["scorer_batch"] == {"clip": planned["batch_size"]}
     assert summary.shards_scored == 1
+
+
+def test_ray_takes_numpy_scores(local_ray, tmp_path):
+    # Scores travel from the actors to the driver as JSON: a scorer returning np.float32 failed
+    # every batch ("Object of type float32 is not JSON serializable") and nothing was scored.
+    import devicekit
+    import scorekit
+    import shardkit
+    from scorekit import NumpyScorer
+    from shardkit import image_text_members, write_shard
+    for kit in (scorekit, devicekit, shardkit):  # the workers cannot import the tests' kits
+        ray.cloudpickle.register_pickle_by_value(kit)
+    out = tmp_path / "out"
+    shard = write_shard(str(tmp_path / "s-000000.tar"), image_text_members(3))
+    summary = score_on_ray([shard], out=str(out), scorers=[NumpyScorer()], progress=False)
+    assert summary.status == {"scored": 3}
+    rows = rows_by_shard(str(out))["s-000000.parquet"]
+    assert all(isinstance(r["np_luma"], float) and len(r["np_frames"]) == 2 for r in rows)

@@ -73,15 +73,13 @@ class ScoreFilter:
         return by_url, by_stem
 
     def _check_columns(self) -> None:
-        from .score.outputs import read_table
-        path = next(iter(self.by_url.values()))
-        if path.endswith(".parquet"):
-            import pyarrow.parquet as pq
-            columns = set(pq.read_schema(path).names)
-        else:
-            columns = set(read_table(path).keys()) or None
-        if columns is None:
-            return  # an empty JSONL table names no columns
+        from .score.outputs import table_columns
+        run_json = os.path.join(self.scores_dir, "run.json")
+        scorers = None
+        if os.path.exists(run_json):
+            with open(run_json) as f:
+                scorers = json.load(f).get("scorers")
+        columns = set(table_columns(sorted(set(self.by_url.values())), scorers))
         for name, bounds in (("min_scores", self.thresholds.minima), ("max_scores", self.thresholds.maxima)):
             missing = [c for c in bounds if c not in columns]
             if missing:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional, Sequence
 
 from ..errors import ConfigError
+from ..score.outputs import table_columns
 
 BATCH_ROWS = 65536  # rows read at a time: memory stays flat however large a score file is
 
@@ -68,13 +69,13 @@ class ScoreRun:
         if not shards:
             raise ConfigError(f"{folder} holds no completed score files (done/ is empty); finish or --resume the "
                               f"scoring run first")
-        stage: Dict = {}
+        settings: Dict = {}
         run_json = os.path.join(folder, "run.json")
         if os.path.exists(run_json):
             with open(run_json) as f:
-                stage = json.load(f).get("stage") or {}
-        return cls(folder=folder, shards=shards, columns=table_columns(shards[0].score_file), stage=stage,
-                   unfinished=unfinished)
+                settings = json.load(f)
+        return cls(folder=folder, shards=shards, columns=table_columns([s.score_file for s in shards], settings.get("scorers")),
+                   stage=settings.get("stage") or {}, unfinished=unfinished)
 
     def check_columns(self, wanted: Sequence[str], what: str) -> None:
         missing = [c for c in wanted if c not in self.columns]
@@ -106,18 +107,6 @@ def _find_score_file(folder: str, recorded: str) -> Optional[str]:
         if path and os.path.exists(path):
             return path
     return None
-
-
-def table_columns(path: str) -> List[str]:
-    if path.endswith(".parquet"):
-        import pyarrow.parquet as pq
-        return list(pq.read_schema(path).names)
-    with open(path) as f:
-        for line in f:
-            if line.strip():
-                return list(json.loads(line))
-    from ..score.outputs import BASE_FIELDS
-    return list(BASE_FIELDS)
 
 
 def _jsonl_numeric(shards: Sequence[ScoredShard], column: str) -> bool:

@@ -75,9 +75,8 @@ def write_table(rows: List[dict], columns: Union[Sequence[str], Mapping[str, Opt
         if fmt == "jsonl":
             with open(tmp, "w") as f:
                 for row in rows:
-                    clean = {k: (None if isinstance(row.get(k), float) and math.isnan(row[k]) else row.get(k))
-                             for k in names}
-                    f.write(json.dumps(clean, ensure_ascii=False) + "\n")
+                    clean = {k: _json_scalar(row.get(k)) for k in names}
+                    f.write(json.dumps(clean, ensure_ascii=False, default=json_value) + "\n")
         else:
             import pyarrow as pa
             import pyarrow.parquet as pq
@@ -97,6 +96,23 @@ def write_table(rows: List[dict], columns: Union[Sequence[str], Mapping[str, Opt
                 pq.ParquetWriter(tmp, table.schema).close()
 
 
+def json_value(o):
+    """json.dumps' `default` for what a scorer may return besides Python values: a numpy scalar
+    (np.float32 from `.mean()`) or array, a torch tensor, as its Python value. json cannot write
+    them, and a JSONL run (and every Ray run, whose scores travel as JSON) ended in an internal
+    error at the first shard, where Parquet took them."""
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
+
+
+def _json_scalar(v):
+    """A JSONL value: a numpy scalar as its Python value, a NaN as null (a missing score)."""
+    if hasattr(v, "tolist") and getattr(v, "ndim", None) == 0:
+        v = v.tolist()
+    return None if isinstance(v, float) and math.isnan(v) else v
+
+
 def read_table(path: str, columns: Optional[Sequence[str]] = None) -> Dict[str, list]:
     """Column name -> values of one score file (either format)."""
     if path.endswith(".jsonl"):
@@ -112,6 +128,22 @@ def read_table(path: str, columns: Optional[Sequence[str]] = None) -> Dict[str, 
         present = set(pq.read_schema(path).names)
         columns = [c for c in columns if c in present]
     return pq.read_table(path, columns=columns).to_pydict()
+
+
+def table_columns(paths: Sequence[str], scorers: Optional[Sequence[dict]] = None) -> List[str]:
+    """The columns of a run's score files: a Parquet file's schema (one for the run). A JSON Lines
+    file names its columns only in its rows, and a shard with no sample (an empty tar) has an
+    empty one: the first file with a row, else the base fields and the columns of the scorers
+    that run.json lists (`scorers`)."""
+    for path in paths:
+        if path.endswith(".parquet"):
+            import pyarrow.parquet as pq
+            return list(pq.read_schema(path).names)
+        with open(path) as f:
+            for line in f:
+                if line.strip():
+                    return list(json.loads(line))
+    return list(BASE_FIELDS) + [c for s in scorers or () for c in s.get("columns") or ()]
 
 
 def read_rows(path: str) -> List[dict]:

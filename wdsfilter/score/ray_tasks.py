@@ -16,6 +16,7 @@ import pickle
 from typing import Dict, Iterator, List, Optional, Sequence
 
 from .embeddings import FIELD as EMBEDDINGS
+from .outputs import json_value
 from .ray_payload import EMPTY, PAYLOAD, PAYLOAD_META, pack_payload, unpack_payload
 from .rows import BASE_FIELDS, complete_row, item_row, new_row, write_shard
 
@@ -130,7 +131,7 @@ class ScoreActor:
         out = {f: [r[f] for r in rows] for f in BASE_FIELDS}
         out[EMBEDDINGS] = [pickle.dumps(r.get(EMBEDDINGS)) for r in rows]  # --save-embeddings (else None)
         for c in self.columns:  # every batch has every column, so Ray's blocks share one schema
-            out[c] = [json.dumps(r.get(c)) for r in rows]
+            out[c] = [json.dumps(r.get(c), default=json_value) for r in rows]
         return out
 
 
