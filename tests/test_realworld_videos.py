@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 sys.path.insert(0, os.path.dirname(__file__))
-from videokit import audio_only_mp4, clip_with_audio, make_video, text_frame  # noqa: E402
+from videokit import audio_only_mp4, audio_with_cover, clip_with_audio, make_video, text_frame  # noqa: E402
 
 from wdsfilter.cli import main  # noqa: E402
 from wdsfilter.score.video import sample_frames  # noqa: E402
@@ -238,3 +238,19 @@ def test_mpeg_ts_and_raw_streams_under_the_image_key_are_videos(tmp_path):
     from tests.shardkit import image_bytes
     photo = _tar_of(tmp_path / "photo.tar", {"000.jpg": image_bytes(), "000.ts": b"1732492800", "000.txt": b"a photo"})
     assert validate([photo], image_key="jpg", jobs=1).counts == {}
+
+
+def test_an_audio_file_with_album_art_is_not_a_video_in_validate_or_score(tmp_path):
+    """An .mp3 with a cover picture (a one-frame mjpeg stream, disposition attached_pic) under the
+    image key passed validate as a 1-frame, 3 s video, and scoring failed it as corrupt_video ("no
+    frame could be decoded"). The cover is not a clip: both say no_video_stream."""
+    data = audio_with_cover("mp3")
+    with pytest.raises(Exception) as info:
+        sample_frames(data, 3)
+    assert getattr(info.value, "reason", None) == "no_video_stream" and "cover picture" in str(info.value)
+    shard = _tar_of(tmp_path / "songs.tar", {"000.mp3": data, "000.txt": b"a song"})
+    report = validate([shard], image_key="mp3", caption_key="txt", jobs=1)
+    assert report.counts == {"no_video_stream": 1}, report.counts
+    beside = _tar_of(tmp_path / "clip.tar", {"000.mp4": make_video([text_frame("A CLIP", 96, 64, 16, (4, 20))] * 4),
+                                              "000.mp3": data, "000.txt": b"a clip"})
+    assert validate([beside], image_key="mp4", caption_key="txt", jobs=1).counts == {}

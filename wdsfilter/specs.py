@@ -31,9 +31,9 @@ _FIELD = re.compile(r"^[^.\s;:]+$")
 DEFAULT_CAPTION_KEY = "txt"
 DEFAULT_IMAGE_KEY = "jpg;png;jpeg;webp"
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm")
-# Containers checked and scored as video (an audio-only .m4a under the image key is then named for
-# what it is, no_video_stream, by both validate and scoring).
-VIDEO_EXTS = ("mp4", "webm", "mkv", "avi", "mov", "m4v", "m4a", "mpg", "mpeg", "flv", "3gp", "ogv", "wmv",
+# Containers checked and scored as video (an audio-only .m4a or .mp3 under the image key is then
+# named for what it is, no_video_stream, by both validate and scoring).
+VIDEO_EXTS = ("mp4", "webm", "mkv", "avi", "mov", "m4v", "m4a", "mp3", "mpg", "mpeg", "flv", "3gp", "ogv", "wmv",
               "mts", "m2ts", "vob", "mxf", "f4v", "3g2", "asf", "h264", "264", "hevc", "h265", "265")
 # Video only under the image key: `.ts` is MPEG-TS there (camcorders, HLS segments), but a
 # webdataset field named `ts` elsewhere is as likely a timestamp.
