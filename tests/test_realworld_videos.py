@@ -254,3 +254,13 @@ def test_an_audio_file_with_album_art_is_not_a_video_in_validate_or_score(tmp_pa
     beside = _tar_of(tmp_path / "clip.tar", {"000.mp4": make_video([text_frame("A CLIP", 96, 64, 16, (4, 20))] * 4),
                                               "000.mp3": data, "000.txt": b"a clip"})
     assert validate([beside], image_key="mp4", caption_key="txt", jobs=1).counts == {}
+
+
+def test_audio_only_shards_get_no_image_key_suggestion(tmp_path):
+    """A shard of songs (.mp3, .m4a) and captions validated with the default image key was told
+    "image found under mp3 ...; use --image-key mp3": audio is no place for a sample's image."""
+    shard = _tar_of(tmp_path / "songs.tar", {"000.mp3": audio_with_cover("mp3"), "001.m4a": audio_only_mp4()},
+                    {"000.txt": b"a song", "001.txt": b"another"})
+    report = validate([shard], jobs=1)
+    finding = next(f for f in report.findings if f.kind == "all_filtered")
+    assert "--image-key" not in finding.message and not report.suggestions(), finding.message
