@@ -264,3 +264,14 @@ def test_audio_only_shards_get_no_image_key_suggestion(tmp_path):
     report = validate([shard], jobs=1)
     finding = next(f for f in report.findings if f.kind == "all_filtered")
     assert "--image-key" not in finding.message and not report.suggestions(), finding.message
+
+
+def test_an_unreadable_audio_track_beside_the_clip_is_not_an_error(tmp_path):
+    """.mp3 joined the video extensions (to name audio under the image key no_video_stream); an
+    audio track beside the image or clip is nobody's video and is not opened: a damaged one
+    (here random bytes, as a download that failed writes) is no corrupt_video error."""
+    junk = os.urandom(500)
+    clip = make_video([text_frame("A CLIP", 96, 64, 16, (4, 20))] * 4)
+    shard = _tar_of(tmp_path / "clip.tar", {"000.mp4": clip, "000.m4a": junk, "000.mp3": junk, "000.txt": b"a clip"})
+    report = validate([shard], image_key="mp4", caption_key="txt", jobs=1)
+    assert report.counts == {} and report.kept == 1, report.counts
