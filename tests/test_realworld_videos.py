@@ -1,7 +1,9 @@
 """Verdicts on the videos users have: video2dataset's shard layout (clip keys, an audio track
-beside each clip, its failed samples), Matroska/WebM clips whose audio track is longer than the
-video, and phone clips stored sideways with a display matrix. Shards are written with webdataset's
-TarWriter as video2dataset 1.3 writes them; the rotated clips by the ffmpeg CLI."""
+beside each clip, its failed samples), clips whose audio track is longer than the video
+(Matroska/WebM, WMV), phone clips stored sideways with a display matrix, clips cut with
+`-c copy` (an edit list), FLV, MPEG program and transport streams, raw H.264, audio with album
+art. Shards are written with webdataset's TarWriter as video2dataset 1.3 writes them; clips by
+libav's own muxers through PyAV (what the ffmpeg CLI runs), the rotated ones by the ffmpeg CLI."""
 import io
 import json
 import os
