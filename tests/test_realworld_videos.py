@@ -1,7 +1,9 @@
 """Verdicts on the videos users have: video2dataset's shard layout (clip keys, an audio track
-beside each clip, its failed samples), Matroska/WebM clips whose audio track is longer than the
-video, and phone clips stored sideways with a display matrix. Shards are written with webdataset's
-TarWriter as video2dataset 1.3 writes them; the rotated clips by the ffmpeg CLI."""
+beside each clip, its failed samples), clips whose audio track is longer than the video
+(Matroska/WebM, WMV), phone clips stored sideways with a display matrix, clips cut with
+`-c copy` (an edit list), FLV, MPEG program and transport streams, raw H.264, audio with album
+art. Shards are written with webdataset's TarWriter as video2dataset 1.3 writes them; clips by
+libav's own muxers through PyAV (what the ffmpeg CLI runs), the rotated ones by the ffmpeg CLI."""
 import io
 import json
 import os
@@ -14,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 sys.path.insert(0, os.path.dirname(__file__))
-from videokit import audio_only_mp4, clip_with_audio, make_video, text_frame  # noqa: E402
+from videokit import audio_only_mp4, audio_with_cover, clip_with_audio, make_video, text_frame  # noqa: E402
 
 from wdsfilter.cli import main  # noqa: E402
 from wdsfilter.score.video import sample_frames  # noqa: E402
@@ -238,3 +240,40 @@ def test_mpeg_ts_and_raw_streams_under_the_image_key_are_videos(tmp_path):
     from tests.shardkit import image_bytes
     photo = _tar_of(tmp_path / "photo.tar", {"000.jpg": image_bytes(), "000.ts": b"1732492800", "000.txt": b"a photo"})
     assert validate([photo], image_key="jpg", jobs=1).counts == {}
+
+
+def test_an_audio_file_with_album_art_is_not_a_video_in_validate_or_score(tmp_path):
+    """An .mp3 with a cover picture (a one-frame mjpeg stream, disposition attached_pic) under the
+    image key passed validate as a 1-frame, 3 s video, and scoring failed it as corrupt_video ("no
+    frame could be decoded"). The cover is not a clip: both say no_video_stream."""
+    data = audio_with_cover("mp3")
+    with pytest.raises(Exception) as info:
+        sample_frames(data, 3)
+    assert getattr(info.value, "reason", None) == "no_video_stream" and "cover picture" in str(info.value)
+    shard = _tar_of(tmp_path / "songs.tar", {"000.mp3": data, "000.txt": b"a song"})
+    report = validate([shard], image_key="mp3", caption_key="txt", jobs=1)
+    assert report.counts == {"no_video_stream": 1}, report.counts
+    beside = _tar_of(tmp_path / "clip.tar", {"000.mp4": make_video([text_frame("A CLIP", 96, 64, 16, (4, 20))] * 4),
+                                              "000.mp3": data, "000.txt": b"a clip"})
+    assert validate([beside], image_key="mp4", caption_key="txt", jobs=1).counts == {}
+
+
+def test_audio_only_shards_get_no_image_key_suggestion(tmp_path):
+    """A shard of songs (.mp3, .m4a) and captions validated with the default image key was told
+    "image found under mp3 ...; use --image-key mp3": audio is no place for a sample's image."""
+    shard = _tar_of(tmp_path / "songs.tar", {"000.mp3": audio_with_cover("mp3"), "001.m4a": audio_only_mp4()},
+                    {"000.txt": b"a song", "001.txt": b"another"})
+    report = validate([shard], jobs=1)
+    finding = next(f for f in report.findings if f.kind == "all_filtered")
+    assert "--image-key" not in finding.message and not report.suggestions(), finding.message
+
+
+def test_an_unreadable_audio_track_beside_the_clip_is_not_an_error(tmp_path):
+    """.mp3 joined the video extensions (to name audio under the image key no_video_stream); an
+    audio track beside the image or clip is nobody's video and is not opened: a damaged one
+    (here random bytes, as a download that failed writes) is no corrupt_video error."""
+    junk = os.urandom(500)
+    clip = make_video([text_frame("A CLIP", 96, 64, 16, (4, 20))] * 4)
+    shard = _tar_of(tmp_path / "clip.tar", {"000.mp4": clip, "000.m4a": junk, "000.mp3": junk, "000.txt": b"a clip"})
+    report = validate([shard], image_key="mp4", caption_key="txt", jobs=1)
+    assert report.counts == {} and report.kept == 1, report.counts

@@ -99,3 +99,19 @@ def clip_with_audio(fmt="matroska", codec="libx264", seconds=2.0, audio_seconds=
         for packet in sorted(packets, key=lambda p: float(p.dts * p.time_base) if p.dts is not None else 0.0):
             container.mux(packet)
     return buf.getvalue()
+
+
+def audio_with_cover(fmt="mp3") -> bytes:
+    """An audio file with album art: a one-picture mjpeg stream marked attached_pic (what taggers
+    and yt-dlp's --embed-thumbnail write), then the audio."""
+    buf = io.BytesIO()
+    with av.open(buf, "w", format=fmt) as container:
+        audio = container.add_stream("libmp3lame" if fmt == "mp3" else "aac", rate=16000)
+        cover = container.add_stream("mjpeg", rate=1)
+        cover.width, cover.height, cover.pix_fmt = 64, 48, "yuvj420p"
+        cover.disposition = av.stream.Disposition.attached_pic
+        picture = av.VideoFrame.from_ndarray(np.full((48, 64, 3), 200, np.uint8), format="rgb24")
+        for packet in [*cover.encode(picture), *cover.encode()]:
+            container.mux(packet)
+        mux_silence(container, audio, 8)
+    return buf.getvalue()

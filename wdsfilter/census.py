@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, List, Mapping, Optional, Tuple
 
-from .specs import IMAGE_EXTS, VIDEO_EXTS, KeySpec, is_dotted, parse_json_member
+from .specs import AUDIO_EXTS, IMAGE_EXTS, VIDEO_EXTS, KeySpec, is_dotted, parse_json_member
 
 _CAPTION_WORDS = ("caption", "description", "text", "title", "alt", "prompt", "sentence")
 
@@ -73,7 +73,8 @@ class KeyCensus:
         return [(spec, share) for spec, share, _ in found]
 
     def image_candidates(self) -> List[Tuple[str, float]]:
-        media = [e for e in self.exts if e.rsplit(".", 1)[-1] in IMAGE_EXTS + VIDEO_EXTS]
+        media = [e for e in self.exts if e.rsplit(".", 1)[-1] in IMAGE_EXTS + VIDEO_EXTS
+                 and e.rsplit(".", 1)[-1] not in AUDIO_EXTS]
         return sorted(((e, self.share(self.exts[e])) for e in media), key=lambda t: -t[1])
 
     def dotted_share(self) -> float:

@@ -31,10 +31,13 @@ _FIELD = re.compile(r"^[^.\s;:]+$")
 DEFAULT_CAPTION_KEY = "txt"
 DEFAULT_IMAGE_KEY = "jpg;png;jpeg;webp"
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm")
-# Containers checked and scored as video (an audio-only .m4a under the image key is then named for
-# what it is, no_video_stream, by both validate and scoring).
-VIDEO_EXTS = ("mp4", "webm", "mkv", "avi", "mov", "m4v", "m4a", "mpg", "mpeg", "flv", "3gp", "ogv", "wmv",
+# Containers checked and scored as video (an audio-only .m4a or .mp3 under the image key is then
+# named for what it is, no_video_stream, by both validate and scoring).
+VIDEO_EXTS = ("mp4", "webm", "mkv", "avi", "mov", "m4v", "m4a", "mp3", "mpg", "mpeg", "flv", "3gp", "ogv", "wmv",
               "mts", "m2ts", "vob", "mxf", "f4v", "3g2", "asf", "h264", "264", "hevc", "h265", "265")
+# Audio containers among them: read as video when asked (to say no_video_stream), never suggested
+# as the place of a sample's image.
+AUDIO_EXTS = ("m4a", "mp3")
 # Video only under the image key: `.ts` is MPEG-TS there (camcorders, HLS segments), but a
 # webdataset field named `ts` elsewhere is as likely a timestamp.
 VIDEO_EXTS_ASKED = ("ts",)

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..errors import DataError
 from ..validate.checks.video import (MAX_PACKETS, cut_short, declared_duration, limit_decoder, open_video, packets,
-                                     too_large)
+                                     too_large, video_streams)
 
 _FIX = ("drop the sample, or re-encode it (ffmpeg -i in.mp4 -c:v libx264 out.mp4) and rewrite the shard; "
         "`wdsfilter validate` lists every such member")
@@ -94,12 +94,14 @@ class _Reader:
             self.container = open_video(self.data, self.max_pixels)
         except av.error.FFmpegError as e:
             raise DataError("corrupt_video", f"{self.what}: PyAV cannot open it ({e}); {_FIX}") from None
-        if not self.container.streams.video:
-            kinds = ", ".join(s.type for s in self.container.streams) or "no streams"
+        clips = video_streams(self.container)
+        if not clips:
+            kinds = ", ".join("cover picture" if s.type == "video" else s.type for s in self.container.streams) \
+                or "no streams"
             self.close()
             raise DataError("no_video_stream", f"{self.what}: the container has no video stream ({kinds}); "
                                                f"it is not a video clip: drop it or point --image-key at the video member")
-        self.stream = self.container.streams.video[0]
+        self.stream = clips[0]
         if self.stream.codec_context is not None:
             limit_decoder(self.stream, self.max_pixels)
         tb = self.stream.time_base
@@ -382,7 +384,7 @@ def _partial(data: bytes, max_pixels: Optional[int]) -> Optional[str]:
     packets (demuxed, not decoded: a few ms for a real clip), or None."""
     try:
         with open_video(data, max_pixels) as container:
-            stream = container.streams.video[0]
+            stream = video_streams(container)[0]
             count, span, _ = packets(container, stream)
             return cut_short(stream.frames, declared_duration(container, stream), count, span)
     except Exception:  # the frames were sampled already; a second look that fails says nothing

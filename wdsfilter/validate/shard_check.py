@@ -19,7 +19,7 @@ from ..census import KeyCensus
 from ..members import MemberCaps
 from ..reading import OVERSIZED, ShardEnd, group_samples, iter_tar, screen_member
 from ..shards import close_shard, is_pipe, is_remote, open_shard
-from ..specs import json_path_get, split_name
+from ..specs import AUDIO_EXTS, json_path_get, split_name
 from ..stages import CaptionCleaner, select_sample
 from ..tally import Tally
 from . import tar_reader
@@ -210,7 +210,8 @@ class _ShardCheck:
             kind = self.caps.kind(ext)  # as the stages see it: an --image-key extension is an image
             if kind == "image":
                 m["data"] = check_image(name, key, data, options, log, self.images)
-            elif kind == "video":
+            elif kind == "video" and (ext in self.stage.image_spec.exts or ext.rsplit(".", 1)[-1] not in AUDIO_EXTS):
+                # An audio track beside the image or clip is nobody's video: not opened at all.
                 m["data"] = check_video(name, key, data, options, log, self.videos,
                                         under_image_key=ext in self.stage.image_spec.exts)
             elif ext in self.json_exts:

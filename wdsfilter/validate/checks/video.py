@@ -40,6 +40,15 @@ def open_video(data: bytes, max_pixels):
     return av.open(io.BytesIO(data), "r", metadata_errors="ignore", options=options)
 
 
+def video_streams(container) -> list:
+    """The container's video streams that are clips: a cover picture (an `.m4a`/`.mp3` with album
+    art, a thumbnail embedded by yt-dlp; disposition attached_pic) is one still, not a video."""
+    import av
+
+    cover = getattr(getattr(av.stream, "Disposition", None), "attached_pic", None)
+    return [s for s in container.streams.video if cover is None or not (s.disposition & cover)]
+
+
 def too_large(width: int, height: int, max_pixels) -> bool:
     return bool(max_pixels and width and height and width * height > max_pixels)
 
@@ -153,12 +162,14 @@ def check_video(name: str, key: str, data: bytes, options, log: FindingLog, stat
     max_pixels = options.stage.max_pixels
     try:
         with open_video(data, max_pixels) as container:
-            streams = container.streams.video
+            streams = video_streams(container)
             if not streams:
                 if not under_image_key:
                     return info
+                covers = len(container.streams.video)
                 found = ", ".join(f"{len(s)} {t}" for t, s in (("audio", container.streams.audio),
                                                                 ("subtitle", container.streams.subtitles)) if s)
+                found += f"{', ' if found else ''}{covers} cover picture" if covers else ""
                 log.add("no_video_stream", name, key, f"no video stream ({found or 'no streams'}): not a video clip; "
                                                       f"scoring gives it no_video_stream")
                 return info
@@ -175,7 +186,7 @@ def check_video(name: str, key: str, data: bytes, options, log: FindingLog, stat
             if not (info.width and info.height):
                 # The probe could not size the frames within max_pixels: decode one, as scoring will.
                 with open_video(data, max_pixels) as probe:
-                    first = probe.streams.video[0]
+                    first = next(v for v in probe.streams.video if v.index == stream.index)
                     limit_decoder(first, max_pixels)
                     next(probe.decode(first), None)
             duration = declared_duration(container, stream)
