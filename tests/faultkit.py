@@ -97,17 +97,22 @@ class ExitScorer(BrightnessScorer):
 
 
 @contextmanager
-def broken_download(path: str, send_fraction: float = 0.5):
+def broken_download(path: str, send_fraction: float = 0.5, announce_length: bool = True):
     """An HTTP server on 127.0.0.1 that announces `path`'s full length and sends only part of it,
     then closes the connection: curl (webdataset's http reader) ends with an error mid-read.
+    announce_length=False: an HTTP/1.0 answer with no length, whose body ends where the connection
+    closes: curl cannot tell it was cut and exits 0.
     Yields (URL, control): set control["fraction"] = 1.0 to serve it whole from then on."""
     data = open(path, "rb").read()
     control = {"fraction": send_fraction}
 
     class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1" if announce_length else "HTTP/1.0"
+
         def do_GET(self):  # noqa: N802 - the http.server API
             self.send_response(200)
-            self.send_header("Content-Length", str(len(data)))
+            if announce_length:
+                self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data[:int(len(data) * control["fraction"])])
             self.wfile.flush()

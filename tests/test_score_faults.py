@@ -136,6 +136,27 @@ def test_a_download_that_breaks_off_fails_its_shard(shards, tmp_path):
     assert json.load(open(os.path.join(out, "summary.json")))["rows"] == 11
 
 
+def test_a_download_cut_short_without_an_error_fails_its_shard(shards, tmp_path):
+    """A server that sends no length and closes early: curl exits 0 and the tar just stops. A local
+    file cut short reads the same again (scored up to the break, done); a stream cut short may be
+    a transfer that broke off, so it is not done: it used to get a marker (exit 0) and --resume never
+    fetched it again."""
+    out = str(tmp_path / "out")
+    with broken_download(shards[0], send_fraction=0.5, announce_length=False) as (url, control):
+        piped = f"pipe:curl -s {url}"
+        result = cli(url, piped, shards[1], "--allow-remote", "--allow-pipe", "--scorer", SCORER, "--out", out)
+        assert result.exit_code == 3, result.output
+        assert f"{url}: not read to its end" in result.output and f"{piped}: not read to its end" in result.output
+        assert "may have been cut in transfer" in result.output
+        assert done_names(out) == ["shard-0001.json"]
+        control["fraction"] = 1.0
+        again = cli(url, piped, shards[1], "--allow-remote", "--allow-pipe", "--scorer", SCORER, "--out", out,
+                    "--resume")
+    assert again.exit_code == 0, again.output
+    assert len(done_names(out)) == 3
+    assert json.load(open(os.path.join(out, "summary.json")))["rows"] == 6 + 6 + 5
+
+
 def test_a_failing_pipe_shard_fails_on_the_api_too_with_decode_workers(shards, tmp_path):
     url = f"pipe:cat {shards[0]}; exit 1"
     summary = score([url, shards[1]], out=str(tmp_path / "out"), scorers=[SCORER], device="cpu", workers=1,

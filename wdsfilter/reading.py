@@ -21,7 +21,7 @@ from .decompress import open_layers
 from .errors import DataError, UnsafeInputError
 from .markers import shard_end_marker
 from .members import MemberCaps, gunzip_member, is_unsafe_ext
-from .shards import close_shard, is_pipe, open_shard
+from .shards import close_shard, is_local, is_pipe, open_shard
 from .specs import split_name
 from .tally import Tally
 
@@ -279,6 +279,11 @@ def tar_members(src: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator
                 if end is not None and (not end.failed or getattr(stream, "stalled", None)):
                     end.failed = getattr(stream, "stalled", None) or f"{type(e).__name__}: {e}"
         if end is not None:
+            if end.error and not end.failed and not end.not_a_tar and not is_local(url):
+                # A local file cut short reads the same again; a stream cut short may be a transfer
+                # that broke off without an error (a download with no length that ends early).
+                end.failed = (f"{end.error}; a pipe: command or download whose tar breaks off may have been cut "
+                              f"in transfer")
             yield end
 
 
