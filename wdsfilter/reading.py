@@ -265,16 +265,22 @@ def tar_members(src: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator
         tally.shard_opened(url)
         tick = tally.ticker(url)
         end = None
+        abandoned = False
         try:
             for item in iter_tar(stream, url, caps, tick):
                 if isinstance(item, ShardEnd):
                     end = item  # held until the stream is closed: closing reports a failed command
                 else:
                     yield item
+        except GeneratorExit:  # the consumer stopped mid-shard (an epoch's end): the command's
+            abandoned = True   # SIGPIPE is ours, not its failure
+            raise
         finally:
             try:
                 close_shard(stream)
             except OSError as e:  # a pipe: command or download that failed (after sending a whole tar, too)
+                if abandoned:
+                    return
                 tally.note("shard_command_failed", STAGE, url, "", _close_failure(url, stream, e))
                 if end is not None and (not end.failed or getattr(stream, "stalled", None)):
                     end.failed = getattr(stream, "stalled", None) or f"{type(e).__name__}: {e}"
