@@ -54,7 +54,7 @@ class ScoreFilter:
         by_url: Dict[str, str] = {}
         by_stem: Dict[str, Optional[str]] = {}
         changed = []
-        from .score.resume import outputs_intact, source_state
+        from .score.resume import outputs_intact, source_changed
         for marker in sorted(glob.glob(os.path.join(done, "*.json"))):
             with open(marker) as f:
                 info = json.load(f)
@@ -66,8 +66,7 @@ class ScoreFilter:
             if not outputs_intact(info, self.scores_dir, [path]):  # missing, or damaged since it was written
                 continue
             url = info.get("url", "")
-            recorded = info.get("source")
-            if recorded and is_local(url) and os.path.exists(local_path(url)) and source_state(url) != recorded:
+            if is_local(url) and os.path.exists(local_path(url)) and source_changed(url, info.get("source")):
                 changed.append(url)
             by_url[url] = path
             if is_local(url):

@@ -24,7 +24,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 from ..errors import ConfigError, RunError
 from ..atomic import write_json as _atomic_json
-from ..score.resume import source_state
+from ..score.resume import source_changed
 from ..score.shardwriter import BLOCK, RECORD, _local_copy, member_ranges, tar_opener
 from ..shards import is_pipe, is_remote
 from ..shardstats import update_sizes, write_shard_stats
@@ -134,7 +134,7 @@ class Resharder:
         elif not os.path.exists(path):
             raise ReshardError(f"source shard {url} is missing: it was scored but can no longer be read; "
                                f"restore it or score again without it")
-        elif source.recorded and source_state(url) != source.recorded:
+        elif source_changed(url, source.recorded):
             raise ReshardError(f"source shard {url} changed since it was scored (its size or modification time "
                                f"differ from its completion marker's): its samples may not be the ones scored; "
                                f"score it again (--resume does)")

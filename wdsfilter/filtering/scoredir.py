@@ -27,7 +27,7 @@ class ScoredShard:
     url: str  # the source shard, as the scoring run named it
     name: str  # its output name (score file stem)
     score_file: str
-    source: Optional[dict] = None  # what the marker recorded of a local source shard (resume.source_state)
+    source: Optional[dict] = None  # what the marker recorded of a local source shard (resume.source_changed)
 
 
 @dataclass

@@ -62,6 +62,19 @@ def source_state(url: str) -> Optional[dict]:
     return {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
+def source_changed(url: str, recorded: Optional[dict]) -> bool:
+    """The local shard `url` is not the one a marker recorded (`recorded`: its source_state then):
+    its size differs, or its modification time by a second or more (a shared filesystem may show
+    the time at another precision on another machine: a Ray worker recorded it). False when nothing
+    was recorded (a pipe: or remote shard, an older marker). The one test of "this shard changed
+    since it was scored", for --resume, `wdsfilter filter` and the loader's score filter."""
+    if not recorded:
+        return False
+    now = source_state(url)
+    return now is None or now["bytes"] != recorded.get("bytes") or \
+        abs(now["mtime_ns"] - int(recorded.get("mtime_ns", 0))) >= 1_000_000_000
+
+
 def output_sizes(out: str, paths: Iterable[str]) -> Dict[str, int]:
     """What a marker records of its shard's output files: size by path relative to `out`."""
     return {os.path.relpath(p, out): os.path.getsize(p) for p in paths}
@@ -206,8 +219,7 @@ class RunState:
 
     def _changed(self, url: str, info: dict) -> bool:
         """The source shard is not what was scored: its size or modification time differ."""
-        recorded = info.get("source")
-        return bool(recorded) and recorded != source_state(url)
+        return source_changed(url, info.get("source"))
 
     def is_done(self, url: str) -> bool:
         info = self._marker(url)
