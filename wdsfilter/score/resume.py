@@ -64,15 +64,21 @@ def source_state(url: str) -> Optional[dict]:
 
 def source_changed(url: str, recorded: Optional[dict]) -> bool:
     """The local shard `url` is not the one a marker recorded (`recorded`: its source_state then):
-    its size differs, or its modification time by a second or more (a shared filesystem may show
-    the time at another precision on another machine: a Ray worker recorded it). False when nothing
-    was recorded (a pipe: or remote shard, an older marker). The one test of "this shard changed
-    since it was scored", for --resume, `wdsfilter filter` and the loader's score filter."""
+    its size or its modification time differ; a time in whole seconds on either side (a shared
+    filesystem that shows seconds only on another machine: a Ray worker recorded it) is compared
+    to the second. False when nothing was recorded (a pipe: or remote shard, an older marker). The
+    one test of "this shard changed since it was scored", for --resume, `wdsfilter filter` and the
+    loader's score filter."""
     if not recorded:
         return False
     now = source_state(url)
-    return now is None or now["bytes"] != recorded.get("bytes") or \
-        abs(now["mtime_ns"] - int(recorded.get("mtime_ns", 0))) >= 1_000_000_000
+    if now is None or now["bytes"] != recorded.get("bytes"):
+        return True
+    a, b = now["mtime_ns"], int(recorded.get("mtime_ns", 0))
+    second = 1_000_000_000
+    if a % second == 0 or b % second == 0:
+        return a // second != b // second
+    return a != b
 
 
 def output_sizes(out: str, paths: Iterable[str]) -> Dict[str, int]:
