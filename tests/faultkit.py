@@ -221,3 +221,12 @@ def fetch_easyocr_weights(model_dir: str, url: str, md5: str) -> str:
     config.detection_models["craft"]["md5sum"] = md5
     backend = EasyOcrBackend(model_dir=model_dir, download=True)
     return backend.fetch()
+
+
+class LoadFailScorer(BrightnessScorer):
+    """A scorer whose model cannot be loaded (corrupt weights, a library that fails)."""
+
+    name = "bright"
+
+    def load(self, device):
+        raise RuntimeError("the weights file is corrupt\nmore detail on a second line")

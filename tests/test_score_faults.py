@@ -233,14 +233,34 @@ def test_the_fault_classes_of_real_cuda_messages():
     assert not sticky_device_error(ValueError("CUDA error: an illegal memory access was encountered"))
 
 
+@pytest.mark.parametrize("replicas", ["1", "2"])
+def test_a_scorer_that_cannot_load_fails_the_run_in_one_line(tmp_path, replicas):
+    """In the main process it was an "internal error ... a bug in wdsfilter"; in a model worker
+    process the worker's whole traceback was the error message. Now one line naming the scorer's
+    error, exit 3, nothing marked done; --debug shows the worker's traceback."""
+    urls = make_shards(tmp_path / "shards", [4])[0]
+    out = str(tmp_path / "out")
+    proc = _start_score(urls, out, "--replicas", replicas, scorer="faultkit:LoadFailScorer")
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 3, output
+    error = [line for line in output.splitlines() if "error:" in line]
+    assert len(error) == 1 and "RuntimeError: the weights file is corrupt" in error[0], output
+    assert "a bug in wdsfilter" not in output and "Traceback" not in output and "second line" not in output
+    assert done_names(out) == []
+    if replicas == "2":
+        debug = _start_score(urls, out, "--replicas", "2", "--debug", "--overwrite", scorer="faultkit:LoadFailScorer")
+        output, _ = debug.communicate(timeout=300)
+        assert debug.returncode == 3 and "the model worker's traceback" in output and "in load" in output
+
+
 # -- item 12: one run per --out -----------------------------------------------------------------------
-def _start_score(urls, out, *extra):
+def _start_score(urls, out, *extra, scorer=SCORER):
     """`wdsfilter score` in its own process (the test scorers importable there too)."""
     import subprocess
     import sys
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([here, os.path.dirname(here), os.environ.get("PYTHONPATH", "")]))
-    cmd = [sys.executable, "-m", "wdsfilter", "score", *urls, "--out", out, "--scorer", SCORER, "--device", "cpu",
+    cmd = [sys.executable, "-m", "wdsfilter", "score", *urls, "--out", out, "--scorer", scorer, "--device", "cpu",
            "--workers", "0", "--no-progress", "--batch-size", "2", *extra]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
