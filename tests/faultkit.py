@@ -230,3 +230,19 @@ class LoadFailScorer(BrightnessScorer):
 
     def load(self, device):
         raise RuntimeError("the weights file is corrupt\nmore detail on a second line")
+
+
+class DecodeExitScorer(BrightnessScorer):
+    """Kills the decode worker preparing a sample whose key ends with `kill_key` (os._exit, as the
+    kernel's OOM killer would), while `trip_file` exists."""
+
+    name = "bright"
+
+    def __init__(self, kill_key: str = "", trip_file: str = "", **kw):
+        super().__init__(**kw)
+        self.kill_key, self.trip_file = kill_key, trip_file
+
+    def prepare(self, sample):
+        if self.kill_key and sample["__key__"].endswith(self.kill_key) and os.path.exists(self.trip_file):
+            os._exit(137)
+        return super().prepare(sample)

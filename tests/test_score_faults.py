@@ -253,6 +253,29 @@ def test_a_scorer_that_cannot_load_fails_the_run_in_one_line(tmp_path, replicas)
         assert debug.returncode == 3 and "the model worker's traceback" in output and "in load" in output
 
 
+def test_a_decode_worker_killed_mid_shard_fails_the_run_in_one_line_and_resume_completes_it(tmp_path):
+    """A DataLoader decode worker killed mid-shard (os._exit(137), as the OOM killer does): exit 3
+    with one line naming it (it read "internal error ... a bug in wdsfilter"), no marker for the
+    shard it was reading, and --resume completes the run."""
+    urls, images = make_shards(tmp_path / "shards", [8, 8, 8])
+    trip, out = tmp_path / "trip", str(tmp_path / "out")
+    trip.touch()
+    opts = ["--workers", "1", "--scorer-opt", "bright.kill_key=s2_00005", "--scorer-opt", f"bright.trip_file={trip}"]
+    proc = _start_score(urls, out, *opts, scorer="faultkit:DecodeExitScorer")
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 3, output
+    error = [line for line in output.splitlines() if "error:" in line]
+    assert len(error) == 1 and "a decode worker died" in error[0] and "--resume" in error[0], output
+    assert "a bug in wdsfilter" not in output
+    assert "shard-0002.json" not in done_names(out)
+    trip.unlink()
+    again = _start_score(urls, out, *opts, "--resume", scorer="faultkit:DecodeExitScorer")
+    output, _ = again.communicate(timeout=300)
+    assert again.returncode == 0, output
+    assert done_names(out) == ["shard-0000.json", "shard-0001.json", "shard-0002.json"]
+    assert json.load(open(os.path.join(out, "summary.json")))["rows"] == 24
+
+
 # -- item 12: one run per --out -----------------------------------------------------------------------
 def _start_score(urls, out, *extra, scorer=SCORER):
     """`wdsfilter score` in its own process (the test scorers importable there too)."""
