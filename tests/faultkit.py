@@ -97,17 +97,22 @@ class ExitScorer(BrightnessScorer):
 
 
 @contextmanager
-def broken_download(path: str, send_fraction: float = 0.5):
+def broken_download(path: str, send_fraction: float = 0.5, announce_length: bool = True):
     """An HTTP server on 127.0.0.1 that announces `path`'s full length and sends only part of it,
     then closes the connection: curl (webdataset's http reader) ends with an error mid-read.
+    announce_length=False: an HTTP/1.0 answer with no length, whose body ends where the connection
+    closes: curl cannot tell it was cut and exits 0.
     Yields (URL, control): set control["fraction"] = 1.0 to serve it whole from then on."""
     data = open(path, "rb").read()
     control = {"fraction": send_fraction}
 
     class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1" if announce_length else "HTTP/1.0"
+
         def do_GET(self):  # noqa: N802 - the http.server API
             self.send_response(200)
-            self.send_header("Content-Length", str(len(data)))
+            if announce_length:
+                self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data[:int(len(data) * control["fraction"])])
             self.wfile.flush()
@@ -216,3 +221,28 @@ def fetch_easyocr_weights(model_dir: str, url: str, md5: str) -> str:
     config.detection_models["craft"]["md5sum"] = md5
     backend = EasyOcrBackend(model_dir=model_dir, download=True)
     return backend.fetch()
+
+
+class LoadFailScorer(BrightnessScorer):
+    """A scorer whose model cannot be loaded (corrupt weights, a library that fails)."""
+
+    name = "bright"
+
+    def load(self, device):
+        raise RuntimeError("the weights file is corrupt\nmore detail on a second line")
+
+
+class DecodeExitScorer(BrightnessScorer):
+    """Kills the decode worker preparing a sample whose key ends with `kill_key` (os._exit, as the
+    kernel's OOM killer would), while `trip_file` exists."""
+
+    name = "bright"
+
+    def __init__(self, kill_key: str = "", trip_file: str = "", **kw):
+        super().__init__(**kw)
+        self.kill_key, self.trip_file = kill_key, trip_file
+
+    def prepare(self, sample):
+        if self.kill_key and sample["__key__"].endswith(self.kill_key) and os.path.exists(self.trip_file):
+            os._exit(137)
+        return super().prepare(sample)

@@ -251,6 +251,27 @@ def test_loader_filters_by_the_score_files(shards, tmp_path):
         wdsfilter.loader(urls, scores=str(tmp_path), min_scores={"brightness": 0.4})
 
 
+def test_the_loader_refuses_score_files_of_a_shard_that_changed_since(shards, tmp_path):
+    """Scores are joined to samples by key: a shard re-created under its name with the same keys
+    would be filtered by scores of other bytes. Its completion marker records the shard's size and
+    modification time, so the loader refuses it before training; a score file damaged since it was
+    written is not used either (its samples have no score, counted)."""
+    import wdsfilter
+    urls, images = shards
+    out = tmp_path / "out"
+    run(urls, out)
+    other, _ = make_shards(tmp_path / "other", [10, 8, 12])
+    os.replace(other[1], urls[1])  # its keys and one more, other bytes (no corrupt image, every caption)
+    with pytest.raises(ConfigError, match=r"1 shard\(s\) changed since they were scored .*shard-0001.tar"):
+        wdsfilter.loader(urls, scores=str(out), min_scores={"brightness": 0.0})
+    run(urls, out, resume=True)  # scored again: accepted
+    score_file = next(p for p in (out / "scores").iterdir() if p.name.startswith("shard-0002"))
+    score_file.write_bytes(score_file.read_bytes()[:50])
+    loader = wdsfilter.loader(urls, scores=str(out), min_scores={"brightness": 0.0}, output="dict", batch_size=5)
+    assert not any(s["__key__"].startswith("s2_") for batch in loader for s in batch)
+    assert loader.stats.dropped["no_score"] >= sum(1 for k in images if k.startswith("s2_"))
+
+
 def test_a_shard_given_twice_is_scored_once(shards, tmp_path, caplog):
     # As a file, again under another spelling, and inside its folder: two readers of one shard
     # would write its rows twice or overwrite them with an empty table.

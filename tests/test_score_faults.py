@@ -136,6 +136,27 @@ def test_a_download_that_breaks_off_fails_its_shard(shards, tmp_path):
     assert json.load(open(os.path.join(out, "summary.json")))["rows"] == 11
 
 
+def test_a_download_cut_short_without_an_error_fails_its_shard(shards, tmp_path):
+    """A server that sends no length and closes early: curl exits 0 and the tar just stops. A local
+    file cut short reads the same again (scored up to the break, done); a stream cut short may be
+    a transfer that broke off, so it is not done: it used to get a marker (exit 0) and --resume never
+    fetched it again."""
+    out = str(tmp_path / "out")
+    with broken_download(shards[0], send_fraction=0.5, announce_length=False) as (url, control):
+        piped = f"pipe:curl -s {url}"
+        result = cli(url, piped, shards[1], "--allow-remote", "--allow-pipe", "--scorer", SCORER, "--out", out)
+        assert result.exit_code == 3, result.output
+        assert f"{url}: not read to its end" in result.output and f"{piped}: not read to its end" in result.output
+        assert "may have been cut in transfer" in result.output
+        assert done_names(out) == ["shard-0001.json"]
+        control["fraction"] = 1.0
+        again = cli(url, piped, shards[1], "--allow-remote", "--allow-pipe", "--scorer", SCORER, "--out", out,
+                    "--resume")
+    assert again.exit_code == 0, again.output
+    assert len(done_names(out)) == 3
+    assert json.load(open(os.path.join(out, "summary.json")))["rows"] == 6 + 6 + 5
+
+
 def test_a_failing_pipe_shard_fails_on_the_api_too_with_decode_workers(shards, tmp_path):
     url = f"pipe:cat {shards[0]}; exit 1"
     summary = score([url, shards[1]], out=str(tmp_path / "out"), scorers=[SCORER], device="cpu", workers=1,
@@ -212,14 +233,57 @@ def test_the_fault_classes_of_real_cuda_messages():
     assert not sticky_device_error(ValueError("CUDA error: an illegal memory access was encountered"))
 
 
+@pytest.mark.parametrize("replicas", ["1", "2"])
+def test_a_scorer_that_cannot_load_fails_the_run_in_one_line(tmp_path, replicas):
+    """In the main process it was an "internal error ... a bug in wdsfilter"; in a model worker
+    process the worker's whole traceback was the error message. Now one line naming the scorer's
+    error, exit 3, nothing marked done; --debug shows the worker's traceback."""
+    urls = make_shards(tmp_path / "shards", [4])[0]
+    out = str(tmp_path / "out")
+    proc = _start_score(urls, out, "--replicas", replicas, scorer="faultkit:LoadFailScorer")
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 3, output
+    error = [line for line in output.splitlines() if "error:" in line]
+    assert len(error) == 1 and "RuntimeError: the weights file is corrupt" in error[0], output
+    assert "a bug in wdsfilter" not in output and "Traceback" not in output and "second line" not in output
+    assert done_names(out) == []
+    if replicas == "2":
+        debug = _start_score(urls, out, "--replicas", "2", "--debug", "--overwrite", scorer="faultkit:LoadFailScorer")
+        output, _ = debug.communicate(timeout=300)
+        assert debug.returncode == 3 and "the model worker's traceback" in output and "in load" in output
+
+
+def test_a_decode_worker_killed_mid_shard_fails_the_run_in_one_line_and_resume_completes_it(tmp_path):
+    """A DataLoader decode worker killed mid-shard (os._exit(137), as the OOM killer does): exit 3
+    with one line naming it (it read "internal error ... a bug in wdsfilter"), no marker for the
+    shard it was reading, and --resume completes the run."""
+    urls, images = make_shards(tmp_path / "shards", [8, 8, 8])
+    trip, out = tmp_path / "trip", str(tmp_path / "out")
+    trip.touch()
+    opts = ["--workers", "1", "--scorer-opt", "bright.kill_key=s2_00005", "--scorer-opt", f"bright.trip_file={trip}"]
+    proc = _start_score(urls, out, *opts, scorer="faultkit:DecodeExitScorer")
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 3, output
+    error = [line for line in output.splitlines() if "error:" in line]
+    assert len(error) == 1 and "a decode worker died" in error[0] and "--resume" in error[0], output
+    assert "a bug in wdsfilter" not in output
+    assert "shard-0002.json" not in done_names(out)
+    trip.unlink()
+    again = _start_score(urls, out, *opts, "--resume", scorer="faultkit:DecodeExitScorer")
+    output, _ = again.communicate(timeout=300)
+    assert again.returncode == 0, output
+    assert done_names(out) == ["shard-0000.json", "shard-0001.json", "shard-0002.json"]
+    assert json.load(open(os.path.join(out, "summary.json")))["rows"] == 24
+
+
 # -- item 12: one run per --out -----------------------------------------------------------------------
-def _start_score(urls, out, *extra):
+def _start_score(urls, out, *extra, scorer=SCORER):
     """`wdsfilter score` in its own process (the test scorers importable there too)."""
     import subprocess
     import sys
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([here, os.path.dirname(here), os.environ.get("PYTHONPATH", "")]))
-    cmd = [sys.executable, "-m", "wdsfilter", "score", *urls, "--out", out, "--scorer", SCORER, "--device", "cpu",
+    cmd = [sys.executable, "-m", "wdsfilter", "score", *urls, "--out", out, "--scorer", scorer, "--device", "cpu",
            "--workers", "0", "--no-progress", "--batch-size", "2", *extra]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 

@@ -212,6 +212,26 @@ def test_a_failing_pipe_command_loses_only_its_shard(tmp_path):
     assert "missing.tar" in tally.examples["shard_command_failed"][0].shard
 
 
+def test_a_pipe_shard_left_mid_way_is_not_counted_as_a_failed_command(tmp_path):
+    """A consumer that stops mid-shard (an epoch's end) closes the stream; the command then dies of
+    SIGPIPE (status 141 or -13): that is the reader's doing, not a failure to count. A command that
+    fails on its own is still counted (test above)."""
+    import itertools
+    from wdsfilter.tally import Tally
+    members = [m for i in range(64) for m in ((f"{i:06d}.jpg", image_bytes()), (f"{i:06d}.txt", "caption"),
+                                             (f"{i:06d}.bin", bytes(200_000)))]
+    url = write_shard(tmp_path / "big.tar", members)
+    tally = Tally(0, 0)
+    stream = sample_pipeline([f"pipe:cat {url}"], StageConfig(caption_key="txt", allow_pipe=True), tally)
+    it = iter(stream)
+    assert len(list(itertools.islice(it, 2))) == 2  # the command is blocked on a full pipe now
+    it.close() if hasattr(it, "close") else None
+    del it, stream
+    import gc
+    gc.collect()
+    assert "shard_command_failed" not in tally.notes
+
+
 def test_json_captions_that_are_not_text_are_dropped_not_stringified(tmp_path):
     import json
     members = []

@@ -21,7 +21,7 @@ from .decompress import open_layers
 from .errors import DataError, UnsafeInputError
 from .markers import shard_end_marker
 from .members import MemberCaps, gunzip_member, is_unsafe_ext
-from .shards import close_shard, is_pipe, open_shard
+from .shards import close_shard, is_local, is_pipe, open_shard
 from .specs import reserved_ext, split_name
 from .tally import Tally
 
@@ -271,20 +271,31 @@ def tar_members(src: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator
         tally.shard_opened(url)
         tick = tally.ticker(url)
         end = None
+        abandoned = False
         try:
             for item in iter_tar(stream, url, caps, tick):
                 if isinstance(item, ShardEnd):
                     end = item  # held until the stream is closed: closing reports a failed command
                 else:
                     yield item
+        except GeneratorExit:  # the consumer stopped mid-shard (an epoch's end): the command's
+            abandoned = True   # SIGPIPE is ours, not its failure
+            raise
         finally:
             try:
                 close_shard(stream)
             except OSError as e:  # a pipe: command or download that failed (after sending a whole tar, too)
+                if abandoned:
+                    return
                 tally.note("shard_command_failed", STAGE, url, "", _close_failure(url, stream, e))
                 if end is not None and (not end.failed or getattr(stream, "stalled", None)):
                     end.failed = getattr(stream, "stalled", None) or f"{type(e).__name__}: {e}"
         if end is not None:
+            if end.error and not end.failed and not end.not_a_tar and not is_local(url):
+                # A local file cut short reads the same again; a stream cut short may be a transfer
+                # that broke off without an error (a download with no length that ends early).
+                end.failed = (f"{end.error}; a pipe: command or download whose tar breaks off may have been cut "
+                              f"in transfer")
             yield end
 
 

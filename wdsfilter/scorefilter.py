@@ -11,6 +11,8 @@ memory does not grow with the dataset). Samples with no score row, or whose row 
 a threshold column (the scorer could not score them), are dropped and counted `no_score`; samples
 under a minimum or over a maximum are dropped and counted `filtered_by_score`. Both counts land in the loader's
 Tally like every other drop, so `loader.stats` shows them and the starvation watchdog sees them.
+A score file damaged since its marker was written is not used; a local shard that changed since it
+was scored (its marker records its size and modification time) is refused when the loader is built.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import os
 from typing import Dict, Iterable, Iterator, Optional, Tuple
 
 from .errors import ConfigError
-from .shards import is_local, shard_stem
+from .shards import is_local, local_path, shard_stem
 from .markers import MARKER
 from .tally import Tally
 from .thresholds import Thresholds, is_missing
@@ -51,6 +53,8 @@ class ScoreFilter:
                               f"--out folder of a `wdsfilter score` run")
         by_url: Dict[str, str] = {}
         by_stem: Dict[str, Optional[str]] = {}
+        changed = []
+        from .score.resume import outputs_intact, source_changed
         for marker in sorted(glob.glob(os.path.join(done, "*.json"))):
             with open(marker) as f:
                 info = json.load(f)
@@ -59,9 +63,11 @@ class ScoreFilter:
                 path = os.path.join(self.scores_dir, "scores", os.path.basename(path))
             if not os.path.exists(path):  # the folder was moved: look beside the marker
                 path = os.path.join(self.scores_dir, "scores", os.path.basename(path))
-            if not os.path.exists(path):
+            if not outputs_intact(info, self.scores_dir, [path]):  # missing, or damaged since it was written
                 continue
             url = info.get("url", "")
+            if is_local(url) and os.path.exists(local_path(url)) and source_changed(url, info.get("source")):
+                changed.append(url)
             by_url[url] = path
             if is_local(url):
                 by_url[os.path.abspath(url)] = path
@@ -70,6 +76,10 @@ class ScoreFilter:
         if not by_url:
             raise ConfigError(f"{self.scores_dir} holds no completed score files (done/ is empty); "
                               f"finish or --resume the scoring run first")
+        if changed:  # its samples are joined by key with scores of other bytes: refused before training
+            raise ConfigError(f"{len(changed)} shard(s) changed since they were scored (size or modification time "
+                              f"differ from the completion marker in {self.scores_dir}): {', '.join(changed[:3])}"
+                              f"{' ...' if len(changed) > 3 else ''}; score them again (wdsfilter score ... --resume)")
         return by_url, by_stem
 
     def _check_columns(self) -> None:

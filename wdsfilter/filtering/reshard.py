@@ -134,7 +134,7 @@ class Resharder:
         elif not os.path.exists(path):
             raise ReshardError(f"source shard {url} is missing: it was scored but can no longer be read; "
                                f"restore it or score again without it")
-        elif source_changed(source.recorded, url):
+        elif source_changed(url, source.recorded):
             raise ReshardError(f"source shard {url} changed since it was scored (its size or modification time "
                                f"differ from its completion marker's): its samples may not be the ones scored; "
                                f"score it again (--resume does)")

@@ -29,7 +29,7 @@ class ScoredShard:
     url: str  # the source shard, where the scoring run read it (a local one by its absolute path)
     name: str  # its output name (score file stem)
     score_file: str
-    source: Optional[dict] = None  # what the marker recorded of a local source shard (resume.source_state)
+    source: Optional[dict] = None  # what the marker recorded of a local source shard (resume.source_changed)
 
 
 @dataclass

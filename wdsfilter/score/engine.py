@@ -19,7 +19,7 @@ from typing import Callable, List, Optional
 from .config import ScoreConfig
 from .devices import make_pool, resolve_devices
 from .dispatch import Dispatcher, open_progress
-from .faults import disk_full, is_disk_full
+from .faults import decode_worker_died, disk_full, is_disk_full
 from .memory import host_status
 from .outputs import RunSummary, preload_writer
 from .plan import Plan
@@ -98,6 +98,11 @@ class Engine(Run):
         except OSError as e:
             if is_disk_full(e):  # stop at once, with one clear line (faults.py)
                 raise disk_full(e, "the run's outputs") from None
+            raise
+        except RuntimeError as e:
+            died = decode_worker_died(e)
+            if died is not None:
+                raise died from e
             raise
         finally:
             self.release_lock()

@@ -7,6 +7,7 @@ or the run, and the one-line messages they give.
                                      shards get no marker, so --resume scores them again
     a full disk (ENOSPC, EDQUOT)     the run stops at once (exit 3); nothing half-written is marked
                                      done; --resume after freeing space completes it
+    a decode worker that dies        the same (exit 3), in one line naming it
 
 Sticky errors are the ones after which the CUDA context is unusable (every later kernel fails
 the same way, so scoring on would turn every later sample into a `failed` row and mark the shards
@@ -73,6 +74,21 @@ def device_failed(device: str, message: str) -> DeviceFailedError:
     return DeviceFailedError(
         f"the device {device} failed with a sticky error ({message}); its model worker stopped. Shards it "
         f"had not finished have no marker: fix or swap the device, then run again with --resume")
+
+
+def decode_worker_died(exc: BaseException) -> Optional[RunFailedError]:
+    """The run's error for a DataLoader decode worker that died (PyTorch raises a RuntimeError
+    naming its pid; the host's OOM killer is the usual cause), else None."""
+    text = str(exc)
+    if not isinstance(exc, RuntimeError) or "DataLoader worker" not in text:
+        return None
+    return RunFailedError(f"a decode worker died ({_first(text)}; out of host memory?). Shards it had not "
+                          f"finished have no marker: run again with --resume")
+
+
+def _first(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[0].rstrip(". ") if lines else ""
 
 
 def is_disk_full(exc: BaseException) -> bool:

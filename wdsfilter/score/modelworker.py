@@ -26,6 +26,19 @@ class WorkerError(RunError):
     """A model worker process failed or died."""
 
 
+class RemoteTraceback(Exception):
+    """A model worker process's traceback: the cause of its WorkerError, printed with --debug only
+    (the error itself is one line)."""
+
+    def __str__(self):
+        return "the model worker's traceback:\n" + self.args[0]
+
+
+def _first_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[0] if lines else ""
+
+
 class LocalPool:
     """The model in the main process: one CPU device, no extra process to start."""
 
@@ -38,7 +51,13 @@ class LocalPool:
         self.busy = False
 
     def start(self) -> List[dict]:
-        report = self.runner.load()
+        try:
+            report = self.runner.load()
+        except Exception as e:  # the scorer's own failure (weights, a library), not wdsfilter's bug
+            if isinstance(e, (ConfigError, RunError)):
+                raise
+            raise WorkerError(f"the scorers failed to load on {self.devices[0]}: {type(e).__name__}: "
+                              f"{_first_line(str(e))}") from e
         report["worker"] = 0
         return [report]
 
@@ -190,8 +209,9 @@ class ProcessPool:
                 raise ConfigError(payload["message"])
             if payload.get("device_failed"):  # a clear line, no traceback: the message says it all
                 raise DeviceFailedError(payload["message"])
-            raise WorkerError(f"model worker {worker} on {device} failed: {payload['type']}: {payload['message']}\n"
-                              f"{payload['traceback']}")
+            raise WorkerError(f"model worker {worker} on {device} failed: {payload['type']}: "
+                              f"{_first_line(payload['message'])} (--debug shows its traceback)") \
+                from RemoteTraceback(payload["traceback"])
         if kind == "result":
             batch_id, results = payload
             self.inflight[worker] -= 1

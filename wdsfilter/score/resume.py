@@ -69,13 +69,23 @@ def source_path(info: dict) -> str:
     return (info.get("source") or {}).get("path") or info.get("url", "")
 
 
-def source_changed(recorded: Optional[dict], url: str) -> bool:
-    """The local shard at `url` is not the one a marker recorded: its size or modification time
-    differ, or it is gone (False where nothing was recorded: a pipe: or remote shard)."""
+def source_changed(url: str, recorded: Optional[dict]) -> bool:
+    """The local shard `url` is not the one a marker recorded (`recorded`: its source_state then):
+    its size or its modification time differ; a time in whole seconds on either side (a shared
+    filesystem that shows seconds only on another machine: a Ray worker recorded it) is compared
+    to the second. False when nothing was recorded (a pipe: or remote shard, an older marker). The
+    one test of "this shard changed since it was scored", for --resume, `wdsfilter filter` and the
+    loader's score filter."""
     if not recorded or "bytes" not in recorded:
         return False
     now = source_state(url) or {}
-    return any(recorded.get(k) != now.get(k) for k in ("bytes", "mtime_ns"))
+    if now.get("bytes") != recorded["bytes"]:  # a different size, or gone
+        return True
+    a, b = now["mtime_ns"], int(recorded.get("mtime_ns", 0))
+    second = 1_000_000_000
+    if a % second == 0 or b % second == 0:
+        return a // second != b // second
+    return a != b
 
 
 def output_sizes(out: str, paths: Iterable[str]) -> Dict[str, int]:
@@ -222,7 +232,7 @@ class RunState:
 
     def _changed(self, url: str, info: dict) -> bool:
         """The source shard is not what was scored: its size or modification time differ."""
-        return source_changed(info.get("source"), url)
+        return source_changed(url, info.get("source"))
 
     def is_done(self, url: str) -> bool:
         info = self._marker(url)
