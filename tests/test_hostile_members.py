@@ -246,3 +246,64 @@ def test_a_thin_image_is_cropped_before_it_is_resized_for_clip(tiny_clip, tmp_pa
     """)
     assert out["same_shape"] and out["red"] > 150, out  # the middle of the red line, filling the crop
     assert out["grown_mb"] < 100, out
+
+
+# -- videos: countless large frames behind one keyframe ---------------------------------------------
+
+def one_keyframe_webm(side: int, frames: int) -> bytes:
+    """A VP8 WebM of `frames` identical frames `side` pixels square: one keyframe, then the same
+    inter frame muxed again and again (a few hundred bytes each, however large the frame)."""
+    import fractions
+
+    import av
+    import numpy as np
+
+    def stream(c):
+        s = c.add_stream("libvpx", rate=30)
+        s.width = s.height = side
+        s.pix_fmt = "yuv420p"
+        return s
+
+    with av.open(io.BytesIO(), "w", format="webm") as c:
+        s = stream(c)
+        s.codec_context.gop_size = 1 << 20
+        s.options = {"deadline": "realtime", "cpu-used": "8"}
+        pkts = []
+        for i in range(2):
+            frame = av.VideoFrame.from_ndarray(np.full((side, side, 3), 100, np.uint8), format="rgb24")
+            frame.pts = i
+            pkts += [bytes(p) for p in s.encode(frame)]
+        pkts += [bytes(p) for p in s.encode()]
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="webm") as c:
+        s = stream(c)
+        for i in range(frames):
+            p = av.Packet(pkts[0] if i == 0 else pkts[1])
+            p.stream, p.pts, p.dts, p.time_base = s, i, i, fractions.Fraction(1, 30)
+            p.is_keyframe = i == 0
+            c.mux(p)
+    return buf.getvalue()
+
+
+def test_decoding_one_clip_is_held_to_a_pixel_budget(tmp_path, monkeypatch):
+    """Frames decoded per clip were capped by count (30,000), not size: a 900 KB WebM of 3,000
+    4096x4096 frames behind one keyframe took 189 s to sample 3 frames from, 30,000 of them some
+    20 minutes (one decode worker, or the watchdog ending the run). The budget is in pixels; here
+    it is lowered so that a small clip meets it."""
+    import pytest
+
+    from wdsfilter.errors import DataError
+    from wdsfilter.score import video as score_video
+    from wdsfilter.validate.checks import video as video_check
+
+    data = one_keyframe_webm(64, 600)
+    assert score_video.sample_frames(data, 3).frames.shape[0] == 3  # within the real budget
+    budget = 100 * 64 * 64  # 100 frames of this clip; sampling its middle needs 300
+    monkeypatch.setattr(score_video, "MAX_DECODED_PIXELS", budget)
+    monkeypatch.setattr(video_check, "MAX_DECODED_PIXELS", budget)
+    with pytest.raises(DataError) as err:
+        score_video.sample_frames(data, 3)
+    assert err.value.reason == "corrupt_video" and "gigapixels per clip" in str(err.value)
+    url = write_shard(tmp_path / "gop-000000.tar", [("000000.webm", data), ("000000.txt", "a clip")])
+    report = validate(url, image_key="webm", deep=True, jobs=1)  # --deep stops decoding at the budget
+    assert report.shards[0].videos["frames"] == 600 and not report.counts.get("corrupt_video")
