@@ -307,3 +307,44 @@ def test_decoding_one_clip_is_held_to_a_pixel_budget(tmp_path, monkeypatch):
     url = write_shard(tmp_path / "gop-000000.tar", [("000000.webm", data), ("000000.txt", "a clip")])
     report = validate(url, image_key="webm", deep=True, jobs=1)  # --deep stops decoding at the budget
     assert report.shards[0].videos["frames"] == 600 and not report.counts.get("corrupt_video")
+
+
+# -- images: an ICO icon, decoded by Pillow while it is opened ---------------------------------------
+
+def test_an_ico_is_refused_before_pillow_decodes_it_on_open(tmp_path):
+    """Pillow's ICO plugin decodes the largest embedded image inside Image.open, so the size guard
+    (which reads the header) came too late: a 109 KB .ico named .png, embedding a 1-bit PNG of
+    30000x30000, took 900 MB to size in validate, the stages and score."""
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    side = 30000
+    comp = zlib.compressobj(9)
+    rows = bytes(1 + side // 8) * 1000
+    idat = b"".join(comp.compress(rows) for _ in range(side // 1000)) + comp.flush()
+    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 1, 0, 0, 0, 0))
+           + chunk(b"IDAT", idat) + chunk(b"IEND", b""))
+    ico = struct.pack("<HHH", 0, 1, 1) + struct.pack("<BBBBHHII", 0, 0, 0, 0, 1, 32, len(png), 22) + png
+    url = write_shard(tmp_path / "ico-000000.tar", [("000000.png", ico), ("000000.txt", "an icon")]
+                      + image_text_members(1, start=1))
+    out = _child(f"""
+        import json, sys
+        sys.modules["torch"] = None
+        from wdsfilter import StageConfig
+        from wdsfilter.pipeline import sample_pipeline
+        from wdsfilter.tally import Tally
+        from wdsfilter.validate import validate
+        tally = Tally()
+        kept = [s["__key__"] for s in sample_pipeline([{url!r}], StageConfig(check_first_shard=False), tally)]
+        report = validate([{url!r}], jobs=1)
+        (finding,) = [f for f in report.findings if f.kind == "corrupt_image"]
+        with open("/proc/self/status") as f:
+            peak = next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) / 1024
+        print(json.dumps({{"kept": kept, "dropped": dict(tally.dropped), "validate_kept": report.kept,
+                           "message": finding.message, "rss_mb": peak}}))
+    """)
+    assert out["kept"] == ["000001"] and out["dropped"] == {"corrupt_image": 1} and out["validate_kept"] == 1, out
+    assert "ICO" in out["message"] and out["rss_mb"] < 300, out
