@@ -348,3 +348,39 @@ def test_an_ico_is_refused_before_pillow_decodes_it_on_open(tmp_path):
     """)
     assert out["kept"] == ["000001"] and out["dropped"] == {"corrupt_image": 1} and out["validate_kept"] == 1, out
     assert "ICO" in out["message"] and out["rss_mb"] < 300, out
+
+
+# -- tar: names of a megabyte ----------------------------------------------------------------------
+
+def test_member_names_longer_than_path_max_are_a_damaged_tar_not_a_memory_bomb(tmp_path):
+    """Every reader holds a shard's keys (duplicates, keys that come back): 1,000 GNU long names of
+    1 MB (a 4.5 MB .tar.gz) took 2.4 GB to validate and 1 GB to read through the stages. A name
+    longer than PATH_MAX (4096) now ends the shard as a damaged header, after the good samples."""
+    import gzip
+
+    path = tmp_path / "names-000000.tar.gz"
+    with gzip.open(path, "wb", compresslevel=1) as raw, tarfile.open(fileobj=raw, mode="w|", format=tarfile.GNU_FORMAT) as tar:
+        for i in range(400):
+            for name, data in (image_text_members(2) if i == 0 else []) + [(f"{i:06d}{'a' * 1_000_000}.txt", b"cap")]:
+                data = data.encode() if isinstance(data, str) else data
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    url = str(path)
+    out = _child(f"""
+        import json, sys
+        sys.modules["torch"] = None
+        from wdsfilter import StageConfig
+        from wdsfilter.pipeline import sample_pipeline
+        from wdsfilter.tally import Tally
+        from wdsfilter.validate import validate
+        tally = Tally()
+        kept = sum(1 for _ in sample_pipeline([{url!r}], StageConfig(check_first_shard=False), tally))
+        report = validate([{url!r}], jobs=1)
+        (finding,) = [f for f in report.findings if f.kind == "truncated_tar"]
+        with open("/proc/self/status") as f:
+            peak = next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) / 1024
+        print(json.dumps({{"kept": kept, "validate_kept": report.kept, "message": finding.message, "rss_mb": peak}}))
+    """)
+    assert out["kept"] == 2 and out["validate_kept"] == 2, out
+    assert "over 4,096" in out["message"] and out["rss_mb"] < 300, out
