@@ -384,3 +384,35 @@ def test_member_names_longer_than_path_max_are_a_damaged_tar_not_a_memory_bomb(t
     """)
     assert out["kept"] == 2 and out["validate_kept"] == 2, out
     assert "over 4,096" in out["message"] and out["rss_mb"] < 300, out
+
+
+# -- shard files that are not files ----------------------------------------------------------------
+
+def test_a_fifo_or_a_device_named_like_a_shard_is_unreadable_not_a_hang(tmp_path):
+    """A FIFO named b.tar in a shard folder blocked validate, the stages and score in open() for
+    ever; a link to /dev/zero named c.tar read zeros for ever (they read as the end of a tar, and
+    the padding after it is read to its end). Both are unreadable shards now."""
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    write_shard(folder / "a.tar", image_text_members(2))
+    os.mkfifo(folder / "b.tar")
+    os.symlink("/dev/zero", folder / "c.tar")
+    out = _child(f"""
+        import json, sys
+        sys.modules["torch"] = None
+        from wdsfilter import StageConfig
+        from wdsfilter.pipeline import sample_pipeline
+        from wdsfilter.shards import expand_urls
+        from wdsfilter.tally import Tally
+        from wdsfilter.validate import validate
+        urls = expand_urls([{str(folder)!r}])
+        tally = Tally()
+        kept = sum(1 for _ in sample_pipeline(urls, StageConfig(check_first_shard=False), tally))
+        report = validate(urls, jobs=1)
+        print(json.dumps({{"kept": kept, "dropped": dict(tally.dropped), "counts": dict(report.counts),
+                           "messages": sorted(f.message for f in report.findings if f.kind == "unreadable_tar")}}))
+    """, timeout=120)  # a hang guard
+    assert out["kept"] == 2 and out["dropped"] == {"unreadable_shard": 2}, out
+    assert out["counts"].get("unreadable_tar") == 2, out
+    assert "is a FIFO (named pipe), not a regular file" in out["messages"][0]
+    assert "is a device, not a regular file" in out["messages"][1]

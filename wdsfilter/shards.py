@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import os
+import stat
 from typing import IO, List, Sequence, Tuple, Union
 
 import braceexpand
@@ -175,7 +176,15 @@ def open_shard(url: str, allow_pipe: bool = False, allow_remote: bool = False) -
     if is_pipe(url) or is_remote(url):
         from webdataset.gopen import gopen
         return gopen(url, "rb")
-    return open(local_path(url), "rb", buffering=1 << 20)
+    path = local_path(url)
+    mode = os.stat(path).st_mode  # follows links
+    if not stat.S_ISREG(mode):
+        # Opening a FIFO blocks until a writer comes; /dev/zero never ends (its zeros read as the
+        # end of a tar, and the padding after it is read to the end): both hung validate.
+        what = ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                else "a directory" if stat.S_ISDIR(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a file")
+        raise OSError(f"{path} is {what}, not a regular file; a shard is a tar file")
+    return open(path, "rb", buffering=1 << 20)
 
 
 def split_suffix(url: str) -> Tuple[str, str]:
