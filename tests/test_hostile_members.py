@@ -246,3 +246,173 @@ def test_a_thin_image_is_cropped_before_it_is_resized_for_clip(tiny_clip, tmp_pa
     """)
     assert out["same_shape"] and out["red"] > 150, out  # the middle of the red line, filling the crop
     assert out["grown_mb"] < 100, out
+
+
+# -- videos: countless large frames behind one keyframe ---------------------------------------------
+
+def one_keyframe_webm(side: int, frames: int) -> bytes:
+    """A VP8 WebM of `frames` identical frames `side` pixels square: one keyframe, then the same
+    inter frame muxed again and again (a few hundred bytes each, however large the frame)."""
+    import fractions
+
+    import av
+    import numpy as np
+
+    def stream(c):
+        s = c.add_stream("libvpx", rate=30)
+        s.width = s.height = side
+        s.pix_fmt = "yuv420p"
+        return s
+
+    with av.open(io.BytesIO(), "w", format="webm") as c:
+        s = stream(c)
+        s.codec_context.gop_size = 1 << 20
+        s.options = {"deadline": "realtime", "cpu-used": "8"}
+        pkts = []
+        for i in range(2):
+            frame = av.VideoFrame.from_ndarray(np.full((side, side, 3), 100, np.uint8), format="rgb24")
+            frame.pts = i
+            pkts += [bytes(p) for p in s.encode(frame)]
+        pkts += [bytes(p) for p in s.encode()]
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="webm") as c:
+        s = stream(c)
+        for i in range(frames):
+            p = av.Packet(pkts[0] if i == 0 else pkts[1])
+            p.stream, p.pts, p.dts, p.time_base = s, i, i, fractions.Fraction(1, 30)
+            p.is_keyframe = i == 0
+            c.mux(p)
+    return buf.getvalue()
+
+
+def test_decoding_one_clip_is_held_to_a_pixel_budget(tmp_path, monkeypatch):
+    """Frames decoded per clip were capped by count (30,000), not size: a 900 KB WebM of 3,000
+    4096x4096 frames behind one keyframe took 189 s to sample 3 frames from, 30,000 of them some
+    20 minutes (one decode worker, or the watchdog ending the run). The budget is in pixels; here
+    it is lowered so that a small clip meets it."""
+    import pytest
+
+    from wdsfilter.errors import DataError
+    from wdsfilter.score import video as score_video
+    from wdsfilter.validate.checks import video as video_check
+
+    data = one_keyframe_webm(64, 600)
+    assert score_video.sample_frames(data, 3).frames.shape[0] == 3  # within the real budget
+    budget = 100 * 64 * 64  # 100 frames of this clip; sampling its middle needs 300
+    monkeypatch.setattr(score_video, "MAX_DECODED_PIXELS", budget)
+    monkeypatch.setattr(video_check, "MAX_DECODED_PIXELS", budget)
+    with pytest.raises(DataError) as err:
+        score_video.sample_frames(data, 3)
+    assert err.value.reason == "corrupt_video" and "gigapixels per clip" in str(err.value)
+    url = write_shard(tmp_path / "gop-000000.tar", [("000000.webm", data), ("000000.txt", "a clip")])
+    report = validate(url, image_key="webm", deep=True, jobs=1)  # --deep stops decoding at the budget
+    assert report.shards[0].videos["frames"] == 600 and not report.counts.get("corrupt_video")
+
+
+# -- images: an ICO icon, decoded by Pillow while it is opened ---------------------------------------
+
+def test_an_ico_is_refused_before_pillow_decodes_it_on_open(tmp_path):
+    """Pillow's ICO plugin decodes the largest embedded image inside Image.open, so the size guard
+    (which reads the header) came too late: a 109 KB .ico named .png, embedding a 1-bit PNG of
+    30000x30000, took 900 MB to size in validate, the stages and score."""
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    side = 30000
+    comp = zlib.compressobj(9)
+    rows = bytes(1 + side // 8) * 1000
+    idat = b"".join(comp.compress(rows) for _ in range(side // 1000)) + comp.flush()
+    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 1, 0, 0, 0, 0))
+           + chunk(b"IDAT", idat) + chunk(b"IEND", b""))
+    ico = struct.pack("<HHH", 0, 1, 1) + struct.pack("<BBBBHHII", 0, 0, 0, 0, 1, 32, len(png), 22) + png
+    url = write_shard(tmp_path / "ico-000000.tar", [("000000.png", ico), ("000000.txt", "an icon")]
+                      + image_text_members(1, start=1))
+    out = _child(f"""
+        import json, sys
+        sys.modules["torch"] = None
+        from wdsfilter import StageConfig
+        from wdsfilter.pipeline import sample_pipeline
+        from wdsfilter.tally import Tally
+        from wdsfilter.validate import validate
+        tally = Tally()
+        kept = [s["__key__"] for s in sample_pipeline([{url!r}], StageConfig(check_first_shard=False), tally)]
+        report = validate([{url!r}], jobs=1)
+        (finding,) = [f for f in report.findings if f.kind == "corrupt_image"]
+        with open("/proc/self/status") as f:
+            peak = next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) / 1024
+        print(json.dumps({{"kept": kept, "dropped": dict(tally.dropped), "validate_kept": report.kept,
+                           "message": finding.message, "rss_mb": peak}}))
+    """)
+    assert out["kept"] == ["000001"] and out["dropped"] == {"corrupt_image": 1} and out["validate_kept"] == 1, out
+    assert "ICO" in out["message"] and out["rss_mb"] < 300, out
+
+
+# -- tar: names of a megabyte ----------------------------------------------------------------------
+
+def test_member_names_longer_than_path_max_are_a_damaged_tar_not_a_memory_bomb(tmp_path):
+    """Every reader holds a shard's keys (duplicates, keys that come back): 1,000 GNU long names of
+    1 MB (a 4.5 MB .tar.gz) took 2.4 GB to validate and 1 GB to read through the stages. A name
+    longer than PATH_MAX (4096) now ends the shard as a damaged header, after the good samples."""
+    import gzip
+
+    path = tmp_path / "names-000000.tar.gz"
+    with gzip.open(path, "wb", compresslevel=1) as raw, tarfile.open(fileobj=raw, mode="w|", format=tarfile.GNU_FORMAT) as tar:
+        for i in range(400):
+            for name, data in (image_text_members(2) if i == 0 else []) + [(f"{i:06d}{'a' * 1_000_000}.txt", b"cap")]:
+                data = data.encode() if isinstance(data, str) else data
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    url = str(path)
+    out = _child(f"""
+        import json, sys
+        sys.modules["torch"] = None
+        from wdsfilter import StageConfig
+        from wdsfilter.pipeline import sample_pipeline
+        from wdsfilter.tally import Tally
+        from wdsfilter.validate import validate
+        tally = Tally()
+        kept = sum(1 for _ in sample_pipeline([{url!r}], StageConfig(check_first_shard=False), tally))
+        report = validate([{url!r}], jobs=1)
+        (finding,) = [f for f in report.findings if f.kind == "truncated_tar"]
+        with open("/proc/self/status") as f:
+            peak = next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) / 1024
+        print(json.dumps({{"kept": kept, "validate_kept": report.kept, "message": finding.message, "rss_mb": peak}}))
+    """)
+    assert out["kept"] == 2 and out["validate_kept"] == 2, out
+    assert "over 4,096" in out["message"] and out["rss_mb"] < 300, out
+
+
+# -- shard files that are not files ----------------------------------------------------------------
+
+def test_a_fifo_or_a_device_named_like_a_shard_is_unreadable_not_a_hang(tmp_path):
+    """A FIFO named b.tar in a shard folder blocked validate, the stages and score in open() for
+    ever; a link to /dev/zero named c.tar read zeros for ever (they read as the end of a tar, and
+    the padding after it is read to its end). Both are unreadable shards now."""
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    write_shard(folder / "a.tar", image_text_members(2))
+    os.mkfifo(folder / "b.tar")
+    os.symlink("/dev/zero", folder / "c.tar")
+    out = _child(f"""
+        import json, sys
+        sys.modules["torch"] = None
+        from wdsfilter import StageConfig
+        from wdsfilter.pipeline import sample_pipeline
+        from wdsfilter.shards import expand_urls
+        from wdsfilter.tally import Tally
+        from wdsfilter.validate import validate
+        urls = expand_urls([{str(folder)!r}])
+        tally = Tally()
+        kept = sum(1 for _ in sample_pipeline(urls, StageConfig(check_first_shard=False), tally))
+        report = validate(urls, jobs=1)
+        print(json.dumps({{"kept": kept, "dropped": dict(tally.dropped), "counts": dict(report.counts),
+                           "messages": sorted(f.message for f in report.findings if f.kind == "unreadable_tar")}}))
+    """, timeout=120)  # a hang guard
+    assert out["kept"] == 2 and out["dropped"] == {"unreadable_shard": 2}, out
+    assert out["counts"].get("unreadable_tar") == 2, out
+    assert "is a FIFO (named pipe), not a regular file" in out["messages"][0]
+    assert "is a device, not a regular file" in out["messages"][1]

@@ -29,13 +29,23 @@ def image_size(data: bytes) -> Tuple[int, int]:
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with _open(data) as img:
                 return img.size
-    except Image.DecompressionBombError:
+    except (Image.DecompressionBombError, DataError):
         raise
     except Exception as e:
         raise DataError("corrupt_image", f"image header unreadable: {e}") from None
 
 
+# Pillow's ICO plugin decodes the icon's largest image while opening it (IcoImageFile._open calls
+# load()), before any size is known to a caller: a 109 KB .ico (under any name: Pillow goes by
+# content) embedding a 30000x30000 PNG took 900 MB just to read its "header". The only plugin
+# that decodes on open; its magic is what Pillow's own _accept tests.
+_ICO_MAGIC = b"\0\0\1\0"
+
+
 def _open(data: bytes) -> Image.Image:
+    if data[:4] == _ICO_MAGIC:
+        raise DataError("corrupt_image", "an ICO icon file: Pillow decodes its largest image while opening it, "
+                                         "before any size check, so it is not read; store images as JPEG, PNG or WebP")
     saved = Image.MAX_IMAGE_PIXELS
     Image.MAX_IMAGE_PIXELS = _PIL_BOMB_LIMIT  # we do the size check ourselves, from the header
     try:
@@ -66,6 +76,8 @@ def decode_image(data: bytes, max_pixels: Optional[int], max_side: Optional[int]
     size is kept in img.info[FULL_SIZE]."""
     try:
         img = _open(data)
+    except DataError:
+        raise
     except Exception as e:
         raise DataError("corrupt_image", f"image header unreadable: {e}") from None
     full = img.size

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import os
+import stat
 import threading
 import time
 from typing import IO, List, Optional, Sequence, Tuple, Union
@@ -183,7 +184,15 @@ def open_shard(url: str, allow_pipe: bool = False, allow_remote: bool = False,
         if idle_seconds and getattr(stream, "proc", None) is not None:
             IdleGuard(stream, idle_seconds)
         return stream
-    return open(local_path(url), "rb", buffering=1 << 20)
+    path = local_path(url)
+    mode = os.stat(path).st_mode  # follows links
+    if not stat.S_ISREG(mode):
+        # Opening a FIFO blocks until a writer comes; /dev/zero never ends (its zeros read as the
+        # end of a tar, and the padding after it is read to the end): both hung validate.
+        what = ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                else "a directory" if stat.S_ISDIR(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a file")
+        raise OSError(f"{path} is {what}, not a regular file; a shard is a tar file")
+    return open(path, "rb", buffering=1 << 20)
 
 
 class IdleGuard:
@@ -224,22 +233,12 @@ class IdleGuard:
 
 
 def _descendants(pid: int) -> List[int]:
-    """The processes started by `pid`, however deep (a shell's pipeline), from /proc."""
-    children: dict = {}
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
+    """The processes started by `pid`, however deep (a shell's pipeline)."""
+    import psutil
+    try:
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
 
 
 def close_shard(stream) -> None:

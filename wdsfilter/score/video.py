@@ -29,8 +29,8 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 from ..errors import DataError
-from ..validate.checks.video import (MAX_PACKETS, cut_short, declared_duration, limit_decoder, open_video, packets,
-                                     too_large, video_streams)
+from ..validate.checks.video import (MAX_DECODED_PIXELS, MAX_PACKETS, cut_short, declared_duration, limit_decoder,
+                                     open_video, packets, too_large, video_streams)
 
 _FIX = ("drop the sample, or re-encode it (ffmpeg -i in.mp4 -c:v libx264 out.mp4) and rewrite the shard; "
         "`wdsfilter validate` lists every such member")
@@ -81,6 +81,7 @@ class _Reader:
         self.container = None
         self.stream = None
         self.decoded = 0
+        self.pixels = 0  # decoded, held to MAX_DECODED_PIXELS
         self._open()
         ctx = self.stream.codec_context
         if too_large(ctx.width, ctx.height, max_pixels):
@@ -181,6 +182,12 @@ class _Reader:
         index, rate, last = 0, self.rate, None
         for frame in self._frames():
             self.decoded += 1
+            self.pixels += frame.width * frame.height
+            if self.pixels > MAX_DECODED_PIXELS:
+                raise DataError("corrupt_video", f"{self.what}: {self.decoded} frames of {frame.width}x{frame.height} "
+                                                 f"decoded to reach the sampled times, over the budget of "
+                                                 f"{MAX_DECODED_PIXELS / 1e9:.1f} gigapixels per clip (a long clip with "
+                                                 f"one keyframe?); {_FIX}")
             if self.decoded > MAX_DECODED:
                 raise DataError("corrupt_video", f"{self.what}: more than {MAX_DECODED} frames decoded to reach the "
                                                  f"sampled times (a clip of countless tiny frames?); {_FIX}")

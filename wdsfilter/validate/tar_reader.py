@@ -26,7 +26,7 @@ from typing import IO, Iterator, Optional, Tuple
 
 from ..members import MemberCaps
 from ..decompress import DecompressionCapError, open_layers
-from ..reading import MAX_EXTENDED_HEADER, ShardEnd, oversized_member, special_member
+from ..reading import MAX_EXTENDED_HEADER, MAX_NAME, ShardEnd, oversized_member, special_member
 
 BLOCK = 512
 _ZERO = bytes(BLOCK)
@@ -219,6 +219,8 @@ def _header(read, offset: int):
                 if size < 0:
                     raise Unusual("negative pax size")
                 blocks = -(-size // BLOCK) * BLOCK
+        if len(name) > MAX_NAME:
+            raise Unusual("name too long")  # iter_tar reports the damage
         if kind == b"\0" and name.endswith("/"):
             kind = b"5"  # old V7 directories
         return (kind, name, link, size, blocks), offset

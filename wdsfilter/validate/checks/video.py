@@ -26,6 +26,12 @@ _SLACK_SHARE, _SLACK_SECONDS = 0.1, 0.05
 # Packets read per video: a real clip has far fewer (10 minutes at 30 fps is 18,000); a 13 MB file
 # of a million tiny frames would otherwise take minutes to demux.
 MAX_PACKETS = 30_000
+# Pixels decoded per video (frames x width x height): decoding costs about the same per pixel
+# whatever the size, so this bounds the time one clip takes. 30,000 frames at 1280x720 (some 2-3
+# minutes of decoding on one core). A 900 KB WebM of 3,000 identical 4096x4096 frames behind one
+# keyframe took 189 s to sample 3 frames from (30,000 such frames: some 20 minutes, at 8000x8000
+# about an hour): frames are counted as frames, not by their size.
+MAX_DECODED_PIXELS = 30_000 * 1280 * 720
 
 
 def open_video(data: bytes, max_pixels):
@@ -120,13 +126,17 @@ def _tag_seconds(value) -> Optional[float]:
 def packets(container, stream, decode: bool = False):
     """(packets with data, seconds from the first to the end of the last, frames decoded) of the
     video stream, at most MAX_PACKETS of them (count is then MAX_PACKETS + 1); frames are decoded
-    only when asked (--deep)."""
-    count, first, end, decoded = 0, None, None, 0
+    only when asked (--deep), and only until MAX_DECODED_PIXELS (then decoded is None)."""
+    count, first, end, decoded, pixels = 0, None, None, 0, 0
     for packet in container.demux(stream):
         if count >= MAX_PACKETS:
             return count + 1, (end - first if end is not None else None), decoded
         if decode:  # the flush packet too: it returns the frames the decoder still holds
-            decoded += len(packet.decode())
+            frames = packet.decode()
+            decoded += len(frames)
+            pixels += sum(f.width * f.height for f in frames)
+            if pixels > MAX_DECODED_PIXELS:
+                decode, decoded = False, None  # demuxing goes on (cheap): the cut-short check still runs
         if not packet.size:
             continue
         count += 1
@@ -192,7 +202,7 @@ def check_video(name: str, key: str, data: bytes, options, log: FindingLog, stat
             duration = declared_duration(container, stream)
             declared_frames = stream.frames
             count, span, decoded = packets(container, stream, options.deep)
-            frames = decoded if options.deep else declared_frames or count
+            frames = decoded if options.deep and decoded is not None else declared_frames or count
             problem = cut_short(declared_frames, duration, count, span)
     except av.error.ArgumentError as e:  # EINVAL: what FFmpeg's max_pixels check raises
         log.add("oversized_video", name, key, f"a frame is over max_pixels={max_pixels} though the header says "
