@@ -44,6 +44,7 @@ class _Group(click.Group):
         except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort, SystemExit):
             raise  # click's own usage errors exit 2; commands that exit chose their code
         except BaseException as e:  # noqa: B036 -- Ctrl-C and bugs get a line and a code too
+            e = _known_failure(e)
             if _debug_wanted(ctx):
                 traceback.print_exc(file=sys.stderr)
             command = f"wdsfilter {ctx.invoked_subcommand}" if ctx.invoked_subcommand else "wdsfilter"
@@ -52,6 +53,20 @@ class _Group(click.Group):
         finally:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
+
+
+def _known_failure(error: BaseException) -> BaseException:
+    """A decode worker's death reaches the command through torch's SIGCHLD handler, which raises
+    wherever the main thread is, often while another error unwinds (the chunk it was sending was
+    cut): it is still the run's failure (exit 3, --resume), not a bug."""
+    if isinstance(error, RuntimeError):
+        from .score.faults import decode_worker_died
+        died = decode_worker_died(error)
+        if died is not None:
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # torch's handler would raise again mid-report
+            return died
+    return error
 
 
 def _terminated(signum, frame):

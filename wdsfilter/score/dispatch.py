@@ -22,6 +22,7 @@ import time
 from typing import Callable, Dict, Iterable, List, Optional
 
 from ..markers import MARKER, SHARD_END
+from .faults import dead_decode_worker
 from .rows import ShardRows, complete_row, write_shard
 from .run import Run
 from .transport import Batch, open_chunk
@@ -54,6 +55,7 @@ class Dispatcher:
         frozen = gc.get_freeze_count() == 0  # a caller that froze the heap itself keeps it so
         if frozen:
             gc.freeze()
+        chunks = None
         try:
             chunks = iter(loader)  # forks the decode workers
             if then is not None:
@@ -70,7 +72,18 @@ class Dispatcher:
             while self.pool.in_flight():
                 self.collect(0.5)
             self.collect(0.0)
+        except BaseException as e:
+            died = dead_decode_worker(getattr(chunks, "_workers", ()), e)  # torch's worker processes
+            if died is not None:
+                raise died from e
+            raise
         finally:
+            # Stop the decode workers now, not when the iterator is collected: that also takes them
+            # off torch's SIGCHLD handler, which otherwise raises about a dead one at every later
+            # child exit, wherever the main thread is (while the error is being reported).
+            shutdown = getattr(chunks, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
             if frozen:
                 gc.unfreeze()
             self.seconds = time.perf_counter() - started

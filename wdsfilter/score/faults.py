@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import re
+import time
 from typing import Optional
 
 from ..errors import RunError
@@ -82,13 +83,30 @@ def decode_worker_died(exc: BaseException) -> Optional[RunFailedError]:
     text = str(exc)
     if not isinstance(exc, RuntimeError) or "DataLoader worker" not in text:
         return None
-    return RunFailedError(f"a decode worker died ({_first(text)}; out of host memory?). Shards it had not "
-                          f"finished have no marker: run again with --resume")
+    # torch's words: "DataLoader worker (pid 123) exited unexpectedly with exit code 137. Details
+    # are lost ..." or "... (pid 123) is killed by signal: Killed."; the advice after it is not ours.
+    found = re.search(r"\(pids?\(?s?\)? ([^)]*)\) (exited unexpectedly with exit code -?\d+|is killed by signal: [^.]*)", text)
+    what = f"pid {found.group(1)} {found.group(2).replace('exited unexpectedly', 'exited')}" if found else text.split(". ")[0]
+    return _decode_worker_failure(what)
 
 
-def _first(text: str) -> str:
-    lines = text.strip().splitlines()
-    return lines[0].rstrip(". ") if lines else ""
+def dead_decode_worker(workers, error: BaseException) -> Optional[RunFailedError]:
+    """The run's error when one of these decode worker processes has died: a chunk it was sending
+    is cut (the main process reads an EOF or a reset connection), and that is what explains it.
+    After such a cut the worker may still be exiting: it is given a few seconds to be seen dead."""
+    deadline = time.monotonic() + (5.0 if isinstance(error, (EOFError, ConnectionError)) else 0.0)
+    while True:
+        for w in workers:
+            if w.exitcode not in (None, 0):
+                return _decode_worker_failure(f"pid {w.pid} exited with exit code {w.exitcode}")
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.05)
+
+
+def _decode_worker_failure(what: str) -> RunFailedError:
+    return RunFailedError(f"a decode worker died ({what}; out of host memory?). Shards it had not finished "
+                          f"have no marker: run again with --resume")
 
 
 def is_disk_full(exc: BaseException) -> bool:
