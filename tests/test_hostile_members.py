@@ -350,6 +350,47 @@ def test_an_ico_is_refused_before_pillow_decodes_it_on_open(tmp_path):
     assert "ICO" in out["message"] and out["rss_mb"] < 300, out
 
 
+def test_an_eps_is_never_handed_to_ghostscript(tmp_path):
+    """Pillow opens EPS (PostScript) by content, under any name, and decodes it by running
+    Ghostscript on it where `gs` is installed: a program interpreting the shard's bytes. A `gs` on
+    PATH that leaves a file behind shows whether it ran, in the stages, validate --deep and the
+    filter report's thumbnails' opener."""
+    from PIL import Image
+    buf = io.BytesIO()
+    Image.new("RGB", (16, 16), "red").save(buf, "EPS")  # Pillow's own EPS writer
+    url = write_shard(tmp_path / "eps-000000.tar", [("000000.jpg", buf.getvalue()), ("000000.txt", "a red square")]
+                      + image_text_members(1, start=1))
+    bin_dir, ran = tmp_path / "bin", tmp_path / "gs-ran"
+    bin_dir.mkdir()
+    (bin_dir / "gs").write_text(f"#!/bin/sh\ntouch {ran}\nexit 1\n")
+    (bin_dir / "gs").chmod(0o755)
+    code = f"""
+        import json, os, sys
+        os.environ["PATH"] = {str(bin_dir)!r} + os.pathsep + os.environ["PATH"]
+        sys.modules["torch"] = None
+        from wdsfilter import StageConfig
+        from wdsfilter.images import open_image
+        from wdsfilter.pipeline import sample_pipeline
+        from wdsfilter.tally import Tally
+        from wdsfilter.validate import validate
+        tally = Tally()
+        kept = [s["__key__"] for s in sample_pipeline([{url!r}], StageConfig(check_first_shard=False), tally)]
+        report = validate([{url!r}], jobs=1, deep=True)
+        messages = [f.message for f in report.findings if f.kind == "corrupt_image"]
+        try:
+            open_image(open({str(tmp_path / "eps.bin")!r}, "rb").read()).load()
+            opened = True
+        except Exception:
+            opened = False
+        print(json.dumps({{"kept": kept, "dropped": dict(tally.dropped), "messages": messages, "opened": opened}}))
+    """
+    (tmp_path / "eps.bin").write_bytes(buf.getvalue())
+    out = _child(code)
+    assert not ran.exists(), "Ghostscript was run on a member's bytes"
+    assert out["kept"] == ["000001"] and out["dropped"] == {"corrupt_image": 1} and not out["opened"], out
+    assert len(out["messages"]) == 1 and "Ghostscript" in out["messages"][0], out
+
+
 # -- tar: names of a megabyte ----------------------------------------------------------------------
 
 def test_member_names_longer_than_path_max_are_a_damaged_tar_not_a_memory_bomb(tmp_path):

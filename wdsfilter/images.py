@@ -27,7 +27,7 @@ def image_size(data: bytes) -> Tuple[int, int]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with _open(data) as img:
+            with open_image(data) as img:
                 return img.size
     except (Image.DecompressionBombError, DataError):
         raise
@@ -35,17 +35,26 @@ def image_size(data: bytes) -> Tuple[int, int]:
         raise DataError("corrupt_image", f"image header unreadable: {e}") from None
 
 
-# Pillow's ICO plugin decodes the icon's largest image while opening it (IcoImageFile._open calls
-# load()), before any size is known to a caller: a 109 KB .ico (under any name: Pillow goes by
-# content) embedding a 30000x30000 PNG took 900 MB just to read its "header". The only plugin
-# that decodes on open; its magic is what Pillow's own _accept tests.
-_ICO_MAGIC = b"\0\0\1\0"
+# Content Pillow would open (it goes by content, under any member name) but that is not read:
+# - ICO: its plugin decodes the icon's largest image while opening it (IcoImageFile._open calls
+#   load()), before any size is known: a 109 KB .ico embedding a 30000x30000 PNG took 900 MB just
+#   to read its "header";
+# - EPS (PostScript, plain or in its DOS binary wrapper): decoding runs Ghostscript, where it is
+#   installed, on the shard's bytes: a program interpreting untrusted input.
+# The magic numbers are the ones Pillow's own _accept functions test.
+_REFUSED = (
+    (b"\0\0\1\0", "an ICO icon file: Pillow decodes its largest image while opening it, before any size check"),
+    (b"%!PS", "a PostScript (EPS) file: decoding it would run Ghostscript on the shard's bytes"),
+    (b"\xc5\xd0\xd3\xc6", "a PostScript (EPS) file: decoding it would run Ghostscript on the shard's bytes"),
+)
 
 
-def _open(data: bytes) -> Image.Image:
-    if data[:4] == _ICO_MAGIC:
-        raise DataError("corrupt_image", "an ICO icon file: Pillow decodes its largest image while opening it, "
-                                         "before any size check, so it is not read; store images as JPEG, PNG or WebP")
+def open_image(data: bytes) -> Image.Image:
+    """Pillow's lazy open (the header only), for content it may read; every image wdsfilter reads
+    (the decode stage, the validator, the report's thumbnails) is opened here."""
+    for magic, what in _REFUSED:
+        if data.startswith(magic):
+            raise DataError("corrupt_image", f"{what}, so it is not read; store images as JPEG, PNG or WebP")
     saved = Image.MAX_IMAGE_PIXELS
     Image.MAX_IMAGE_PIXELS = _PIL_BOMB_LIMIT  # we do the size check ourselves, from the header
     try:
@@ -75,7 +84,7 @@ def decode_image(data: bytes, max_pixels: Optional[int], max_side: Optional[int]
     the image); a larger JPEG is decoded at the smallest DCT scale that keeps both, and its full
     size is kept in img.info[FULL_SIZE]."""
     try:
-        img = _open(data)
+        img = open_image(data)
     except DataError:
         raise
     except Exception as e:
