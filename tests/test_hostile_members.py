@@ -391,6 +391,30 @@ def test_an_eps_is_never_handed_to_ghostscript(tmp_path):
     assert len(out["messages"]) == 1 and "Ghostscript" in out["messages"][0], out
 
 
+def test_a_member_that_is_an_ffconcat_playlist_opens_no_file_of_the_machine(tmp_path, monkeypatch):
+    """FFmpeg picks its demuxer by content: a `.mp4` member holding an ffconcat playlist
+    (`file secret.mp4`) had PyAV open that file, relative to the working folder, and its frames
+    were sampled as the member's (a file of the machine read into scores and thumbnails). Only
+    self-contained formats are read (validate/checks/video.SAFE_FORMATS); a real clip still is."""
+    import pytest
+    from videokit import grey_frame, make_video
+    from wdsfilter.errors import DataError
+    from wdsfilter.score.video import sample_frames
+    clip = make_video([grey_frame(40 * i) for i in range(6)])
+    (tmp_path / "secret.mp4").write_bytes(clip)
+    monkeypatch.chdir(tmp_path)
+    playlist = b"ffconcat version 1.0\nfile secret.mp4\n"
+    with pytest.raises(DataError) as refused:
+        sample_frames(playlist, 3, what="000000.mp4")
+    assert refused.value.reason == "unsupported_video" and "concat" in str(refused.value)
+    assert len(sample_frames(clip, 3).frames) == 3  # the same clip as a member is read
+    url = write_shard(tmp_path / "playlist-000000.tar", [("000000.mp4", playlist), ("000000.txt", "a clip"),
+                                                         ("000001.mp4", clip), ("000001.txt", "a clip")])
+    report = validate([url], jobs=1, image_key="mp4")
+    (finding,) = [f for f in report.findings if f.kind == "corrupt_video"]
+    assert finding.key == "000000" and "concat" in finding.message and not report.passed
+
+
 # -- tar: names of a megabyte ----------------------------------------------------------------------
 
 def test_member_names_longer_than_path_max_are_a_damaged_tar_not_a_memory_bomb(tmp_path):

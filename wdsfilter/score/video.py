@@ -92,7 +92,7 @@ class _Reader:
     def _open(self):
         av = self.av
         try:
-            self.container = open_video(self.data, self.max_pixels)
+            self.container = open_video(self.data, self.max_pixels, self.what)
         except av.error.FFmpegError as e:
             raise DataError("corrupt_video", f"{self.what}: PyAV cannot open it ({e}); {_FIX}") from None
         clips = video_streams(self.container)

@@ -15,8 +15,10 @@ cut short, too large) are the ones the scorers' frame sampler (score/video.py) a
 from __future__ import annotations
 
 import io
+import re
 from typing import Optional
 
+from ...errors import DataError
 from ..findings import FindingLog
 from .media import MediaInfo
 
@@ -34,16 +36,42 @@ MAX_PACKETS = 30_000
 MAX_DECODED_PIXELS = 30_000 * 1280 * 720
 
 
-def open_video(data: bytes, max_pixels):
+# The FFmpeg demuxers a member may be read with: self-contained media containers, elementary
+# streams and single images. FFmpeg picks a demuxer by content, and some of the others open what
+# the bytes name: a member holding `ffconcat version 1.0` + `file clip.mp4` (concat) had a file of
+# the machine's read and scored as the sample's frames; HLS and DASH playlists, IMF and SDP fetch
+# files or URLs too. Those are refused, whatever the member is called.
+SAFE_FORMATS = ("mov,matroska,avi,flv,mpeg,mpegts,mpegvideo,asf,ogg,mxf,nut,rm,dv,wtv,h264,hevc,vvc,h263,m4v,"
+                "ivf,obu,av1,vc1,mjpeg,mpjpeg,yuv4mpegpipe,gif,apng,webp_pipe,png_pipe,jpeg_pipe,gif_pipe,"
+                "bmp_pipe,tiff_pipe,mp3,aac,wav,w64,flac,ac3,eac3,aiff,amr,caf,wv,ape,tta")
+
+
+def open_video(data: bytes, max_pixels, what: str = "the video"):
     """A PyAV container over the bytes, with FFmpeg's max_pixels limit on every stream's decoder
-    (probing decodes frames when the header leaves the size open). Raises PyAV's errors."""
+    (probing decodes frames when the header leaves the size open), read only by a demuxer of
+    SAFE_FORMATS. Raises PyAV's errors; DataError(unsupported_video) for another demuxer."""
 
     import av
+    import av.logging
 
     # `options`, not `stream_options`: a list of per-stream options reaches only as many streams
     # as it has entries, and a file with one stream more hid its frames from the limit.
-    options = {"max_pixels": str(int(max_pixels))} if max_pixels else None
-    return av.open(io.BytesIO(data), "r", metadata_errors="ignore", options=options)
+    options = {"format_whitelist": SAFE_FORMATS}
+    if max_pixels:
+        options["max_pixels"] = str(int(max_pixels))
+    level = av.logging.get_level()
+    av.logging.set_level(av.logging.ERROR)  # PyAV's error then ends with FFmpeg's last error line
+    try:
+        with av.logging.Capture():  # that line, not Python's logging
+            return av.open(io.BytesIO(data), "r", metadata_errors="ignore", options=options)
+    except av.error.ArgumentError as e:  # EINVAL: a refused demuxer, or a probed frame over max_pixels
+        refused = re.search(r"\[(\w+)\] Format not on whitelist", str(e))
+        if refused is None:
+            raise
+        raise DataError("unsupported_video", f"{what}: FFmpeg reads it as {refused.group(1)}, a format that opens the files "
+                                             f"or URLs it names; it is not read: store clips as MP4, WebM or MKV") from None
+    finally:
+        av.logging.set_level(level)
 
 
 def video_streams(container) -> list:
@@ -171,7 +199,7 @@ def check_video(name: str, key: str, data: bytes, options, log: FindingLog, stat
     info = MediaInfo("video")
     max_pixels = options.stage.max_pixels
     try:
-        with open_video(data, max_pixels) as container:
+        with open_video(data, max_pixels, name) as container:
             streams = video_streams(container)
             if not streams:
                 if not under_image_key:
@@ -204,6 +232,9 @@ def check_video(name: str, key: str, data: bytes, options, log: FindingLog, stat
             count, span, decoded = packets(container, stream, options.deep)
             frames = decoded if options.deep and decoded is not None else declared_frames or count
             problem = cut_short(declared_frames, duration, count, span)
+    except DataError as e:  # a demuxer that is not read (open_video); scoring drops it as unsupported_video
+        log.add("corrupt_video", name, key, str(e))
+        return info
     except av.error.ArgumentError as e:  # EINVAL: what FFmpeg's max_pixels check raises
         log.add("oversized_video", name, key, f"a frame is over max_pixels={max_pixels} though the header says "
                                               f"{info.width}x{info.height} (or the frame is invalid): {e}; "
