@@ -41,8 +41,13 @@ class _Group(click.Group):
         previous = _stop_on_sigterm()
         try:
             return super().invoke(ctx)
+        except click.exceptions.UsageError as e:
+            # one line, as every other error (click prints usage, a hint and the error on three)
+            command = e.ctx.command_path if e.ctx is not None else "wdsfilter"
+            click.secho(f"{command}: error: {e.format_message()} (see '{command} --help')", fg="red", err=True)
+            sys.exit(e.exit_code)
         except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort, SystemExit):
-            raise  # click's own usage errors exit 2; commands that exit chose their code
+            raise  # commands that exit chose their code
         except BaseException as e:  # noqa: B036 -- Ctrl-C and bugs get a line and a code too
             if _debug_wanted(ctx):
                 traceback.print_exc(file=sys.stderr)
