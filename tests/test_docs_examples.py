@@ -107,3 +107,41 @@ def test_documented_validate_runs(args, code, monkeypatch):
     monkeypatch.chdir(ROOT)
     result = CliRunner().invoke(main, args)
     assert result.exit_code == code, result.output
+
+
+def _python_calls():
+    """(file:line, function name, keyword names) of each call in the docs' Python blocks."""
+    import ast
+    for path in DOCS:
+        text = path.read_text()
+        for m in re.finditer(r"^```python\n(.*?)^```", text, re.S | re.M):
+            first = text[:m.start()].count("\n") + 2
+            source = re.sub(r",\s*\.\.\.\)", ")", m.group(1))  # `f(a, ...)`: "and so on"
+            for node in ast.walk(ast.parse(source)):
+                if isinstance(node, ast.Call):
+                    name = getattr(node.func, "attr", None) or getattr(node.func, "id", None)
+                    yield (f"{path.name}:{first + node.lineno - 1}", name,
+                           [k.arg for k in node.keywords if k.arg is not None])
+
+
+def test_documented_python_calls_use_keywords_their_functions_take():
+    import inspect
+
+    import wdsfilter
+    from wdsfilter.filtering import filter_scores
+    from wdsfilter.validate import validate
+    functions = {"validate": validate, "filter_scores": filter_scores, "StageConfig": wdsfilter.StageConfig,
+                 "sample_pipeline": wdsfilter.sample_pipeline}
+    try:
+        from wdsfilter.score.scorers.clip import ClipScorer
+        from wdsfilter.score.scorers.ocr import OcrScorer
+        functions.update(ClipScorer=ClipScorer, OcrScorer=OcrScorer)
+    except ImportError:  # the light install: the scorers' snippets are checked where they import
+        pass
+    wrong = []
+    for where, name, keywords in _python_calls():
+        if name not in functions:
+            continue  # loader() and score() take **options, checked when they are called
+        parameters = inspect.signature(functions[name]).parameters
+        wrong += [f"{where}: {name}({k}=...)" for k in keywords if k not in parameters]
+    assert not wrong, "keywords the functions do not take:\n" + "\n".join(wrong)
