@@ -273,3 +273,20 @@ def test_a_misspelt_command_line_is_one_line_exit_2(args, words):
     assert r.returncode == 2 and r.stdout == "", r
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and words in lines[0] and "--help" in lines[0], r.stderr
+
+
+def test_ctrl_c_is_one_line_exit_130_and_score_says_how_to_continue(clean, tmp_path, monkeypatch):
+    import wdsfilter.validate as v
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt()
+    monkeypatch.setattr(v, "validate_urls", ctrl_c)
+    result = CliRunner().invoke(main, ["validate", clean, "-j", "1"])
+    assert result.exit_code == 130 and "wdsfilter validate: error: interrupted (Ctrl-C)" in result.output
+    assert "--resume" not in result.output  # validate has no --resume
+    score = pytest.importorskip("wdsfilter.score")
+    monkeypatch.setattr(score, "build_config", ctrl_c)
+    result = CliRunner().invoke(main, ["score", clean, "--out", str(tmp_path / "o")])
+    assert result.exit_code == 130, result.output
+    assert "interrupted (Ctrl-C); nothing unfinished was marked done; rerun the same command with --resume" \
+        in result.output and len(result.output.strip().splitlines()) == 1

@@ -52,11 +52,20 @@ class _Group(click.Group):
             if _debug_wanted(ctx):
                 traceback.print_exc(file=sys.stderr)
             command = f"wdsfilter {ctx.invoked_subcommand}" if ctx.invoked_subcommand else "wdsfilter"
-            click.secho(f"{command}: error: {describe(e)}", fg="red", err=True)
+            message = describe(e)
+            if isinstance(e, KeyboardInterrupt) and _resumable(ctx.invoked_subcommand):
+                message += "; rerun the same command with --resume to continue"
+            click.secho(f"{command}: error: {message}", fg="red", err=True)
             sys.exit(exit_code_for(e))
         finally:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
+
+
+def _resumable(name) -> bool:
+    """Whether the command can continue a stopped run (it has --resume)."""
+    command = main.commands.get(name) if name else None
+    return command is not None and any("--resume" in p.opts for p in command.params)
 
 
 def _terminated(signum, frame):
