@@ -168,6 +168,11 @@ def test_outputs_that_cannot_be_written_exit_2_before_any_work(run):
     assert r.returncode == 2 and "is a folder; give a file name" in r.stderr
 
 
+def test_resharding_options_without_write_shards_exit_2(tmp_path):
+    r = run_cli("filter", str(tmp_path), "--samples-per-shard", "10", "--prefix", "train")
+    assert r.returncode == 2 and "--samples-per-shard, --prefix only apply with --write-shards" in r.stderr
+
+
 def test_not_a_score_folder_exits_2(tmp_path):
     r = run_cli("filter", str(tmp_path))
     assert r.returncode == 2 and "no done/ folder" in r.stderr
