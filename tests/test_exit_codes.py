@@ -257,3 +257,36 @@ def test_score_run_failures_are_run_errors():
     from wdsfilter.score.modelworker import WorkerError
     for cls in (RunFailedError, DeviceFailedError, DiskFullError, WorkerError, ScorerError):
         assert issubclass(cls, RunError) and exit_code_for(cls("x")) == 3
+
+
+@pytest.mark.parametrize("args, words", [
+    (["validate", "x.tar", "--caption_key", "txt"], "No such option '--caption_key'. Did you mean '--caption-key'?"),
+    (["valdate", "x.tar"], "No such command 'valdate'. Did you mean 'validate'?"),
+    (["validate"], "Missing argument 'PATHS...'"),
+    (["sort-shard", "sample_shards/", "out.tar"], "Invalid value for 'IN'"),
+    (["filter", "scores/", "--top", "clip_score=30%", "--write_shards", "t/"], "No such option '--write_shards'"),
+])
+def test_a_misspelt_command_line_is_one_line_exit_2(args, words):
+    # click prints usage, a hint and the error on three lines; ours are one line, as every error
+    r = subprocess.run([sys.executable, "-m", "wdsfilter", *args], capture_output=True, text=True,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert r.returncode == 2 and r.stdout == "", r
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0] and "--help" in lines[0], r.stderr
+
+
+def test_ctrl_c_is_one_line_exit_130_and_score_says_how_to_continue(clean, tmp_path, monkeypatch):
+    import wdsfilter.validate as v
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt()
+    monkeypatch.setattr(v, "validate_urls", ctrl_c)
+    result = CliRunner().invoke(main, ["validate", clean, "-j", "1"])
+    assert result.exit_code == 130 and "wdsfilter validate: error: interrupted (Ctrl-C)" in result.output
+    assert "--resume" not in result.output  # validate has no --resume
+    score = pytest.importorskip("wdsfilter.score")
+    monkeypatch.setattr(score, "build_config", ctrl_c)
+    result = CliRunner().invoke(main, ["score", clean, "--out", str(tmp_path / "o")])
+    assert result.exit_code == 130, result.output
+    assert "interrupted (Ctrl-C); nothing unfinished was marked done; rerun the same command with --resume" \
+        in result.output and len(result.output.strip().splitlines()) == 1

@@ -168,9 +168,21 @@ def test_outputs_that_cannot_be_written_exit_2_before_any_work(run):
     assert r.returncode == 2 and "is a folder; give a file name" in r.stderr
 
 
+def test_resharding_options_without_write_shards_exit_2(tmp_path):
+    r = run_cli("filter", str(tmp_path), "--samples-per-shard", "10", "--prefix", "train")
+    assert r.returncode == 2 and "--samples-per-shard, --prefix only apply with --write-shards" in r.stderr
+
+
 def test_not_a_score_folder_exits_2(tmp_path):
     r = run_cli("filter", str(tmp_path))
     assert r.returncode == 2 and "no done/ folder" in r.stderr
+    # a file or a missing folder is named as such (it was judged as the --report's parent folder)
+    (tmp_path / "scores.parquet").write_bytes(b"")
+    r = run_cli("filter", str(tmp_path / "scores.parquet"))
+    assert r.returncode == 2 and "is a file, not a score folder" in r.stderr and "--report" not in r.stderr
+    r = run_cli("filter", str(tmp_path / "nothere"))
+    assert r.returncode == 2 and "does not exist" in r.stderr and not (tmp_path / "nothere").exists()
+    assert len(r.stderr.strip().splitlines()) == 1
 
 
 def test_other_settings_in_out_need_overwrite(run, tmp_path):

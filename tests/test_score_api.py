@@ -67,6 +67,7 @@ def test_config_errors_of_score_come_before_torch_is_imported(tmp_path):
     for line in lines:
         assert line.startswith("2 False "), line
     assert "no sample of the first shard" in lines[0] and "caption key 'nope'" in lines[0]
+    assert "use --caption-key txt" in lines[0]  # one line: the fix on it, not on a line below
     assert "unknown scorer 'nosuch'" in lines[1]
     assert "'high' is not a number" in lines[2]
     assert "holds completion markers but no run.json" in lines[3]

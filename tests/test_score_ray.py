@@ -278,3 +278,24 @@ def test_ray_takes_numpy_scores(local_ray, tmp_path):
     assert summary.status == {"scored": 3}
     rows = rows_by_shard(str(out))["s-000000.parquet"]
     assert all(isinstance(r["np_luma"], float) and len(r["np_frames"]) == 2 for r in rows)
+
+
+def test_no_cluster_at_the_address_is_a_config_error(tmp_path, monkeypatch):
+    # `--ray-address auto` with no cluster running ended as 'the run failed: ConnectionError: ...
+    # setting `--address` flag' (exit 3, and a flag wdsfilter does not have).
+    from scorekit import BrightnessScorer
+    from wdsfilter.score import ray_runner
+
+    class NoCluster:
+        @staticmethod
+        def is_initialized():
+            return False
+
+        @staticmethod
+        def init(**kwargs):
+            raise ConnectionError("Could not find any running Ray instance.")
+
+    monkeypatch.setattr(ray_runner, "_ray", lambda: NoCluster)
+    with pytest.raises(ConfigError, match=r"no Ray cluster at address 'auto' \(--ray-address.*ray start --head"):
+        score_on_ray([SHARDS[0]], out=str(tmp_path / "out"), scorers=[BrightnessScorer()], address="auto",
+                     progress=False)

@@ -41,14 +41,22 @@ class _Group(click.Group):
         previous = _stop_on_sigterm()
         try:
             return super().invoke(ctx)
+        except click.exceptions.UsageError as e:
+            # one line, as every other error (click prints usage, a hint and the error on three)
+            command = e.ctx.command_path if e.ctx is not None else "wdsfilter"
+            click.secho(f"{command}: error: {e.format_message()} (see '{command} --help')", fg="red", err=True)
+            sys.exit(e.exit_code)
         except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort, SystemExit):
-            raise  # click's own usage errors exit 2; commands that exit chose their code
+            raise  # commands that exit chose their code
         except BaseException as e:  # noqa: B036 -- Ctrl-C and bugs get a line and a code too
             e = _known_failure(e)
             if _debug_wanted(ctx):
                 traceback.print_exc(file=sys.stderr)
             command = f"wdsfilter {ctx.invoked_subcommand}" if ctx.invoked_subcommand else "wdsfilter"
-            click.secho(f"{command}: error: {describe(e)}", fg="red", err=True)
+            message = describe(e)
+            if isinstance(e, KeyboardInterrupt) and _resumable(ctx.invoked_subcommand):
+                message += "; rerun the same command with --resume to continue"
+            click.secho(f"{command}: error: {message}", fg="red", err=True)
             sys.exit(exit_code_for(e))
         finally:
             if previous is not None:
@@ -67,6 +75,12 @@ def _known_failure(error: BaseException) -> BaseException:
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # torch's handler would raise again mid-report
             return died
     return error
+
+
+def _resumable(name) -> bool:
+    """Whether the command can continue a stopped run (it has --resume)."""
+    command = main.commands.get(name) if name else None
+    return command is not None and any("--resume" in p.opts for p in command.params)
 
 
 def _terminated(signum, frame):

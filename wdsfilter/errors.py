@@ -106,7 +106,7 @@ def describe(error: BaseException) -> str:
     if isinstance(error, Terminated):
         return "terminated (SIGTERM); nothing unfinished was marked done"
     if isinstance(error, KeyboardInterrupt):
-        return "interrupted"
+        return "interrupted (Ctrl-C); nothing unfinished was marked done"
     if isinstance(error, WdsFilterError):
         return text
     if isinstance(error, (OSError, MemoryError)):

@@ -127,11 +127,11 @@ class FirstShardCheck:
                             f"not text; point the caption key at a text field") + (f"; {hint}" if hint else "")
                 if self.census.dotted_share() > 0.5:
                     hint = "member names have dots in their basenames (img.v2.0001.jpg); use rekey='last-dot' (--rekey last-dot)"
-                return (
+                return (  # one line (errors are one line each): the fix first, then what was seen
                     f"no sample of the first shard {self.first_url} has {'an' if what == 'image' else 'a'} {what} under {what} key "
-                    f"'{spec}': every sample would be filtered and the run would hang.\n"
-                    f"  {self.census.describe()}\n"
-                    f"  {hint or 'no ' + what + ' candidate found; check the shards with wdsfilter validate'}")
+                    f"'{spec}' (every sample would be filtered and the run would hang); "
+                    f"{hint or 'no ' + what + ' candidate found; check the shards with wdsfilter validate'} "
+                    f"({self.census.describe()})")
         return None
 
 

@@ -32,6 +32,11 @@ def filter_command(scores_dir, mins, maxes, tops, bottoms, write_shards, samples
     folder of a `wdsfilter score` run (SCORES_DIR, either engine), write an HTML report and,
     with --write-shards, reshard the kept samples. No model is loaded."""
     from .run import filter_scores
+    source = click.get_current_context().get_parameter_source
+    given = [f"--{name.replace('_', '-')}" for name in ("samples_per_shard", "prefix", "overwrite")
+             if source(name) is not click.core.ParameterSource.DEFAULT]
+    if given and write_shards is None:  # they would be ignored, silently
+        raise click.UsageError(f"{', '.join(given)} only apply with --write-shards OUT")
     # Errors go to the group (wdsfilter/cli.py): one line, exit 2 for usage/configuration, 3 when
     # the run failed (a source shard missing or changed, an I/O error).
     result = filter_scores(scores_dir, mins, maxes, tops, bottoms, write_shards=write_shards,

@@ -110,13 +110,13 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
     if write_shards is not None and samples_per_shard < 1:
         from ..errors import ConfigError
         raise ConfigError(f"--samples-per-shard must be >= 1, got {samples_per_shard}")
+    run = ScoreRun.open(scores_dir)  # not a score folder: say so, before its report path is judged
     if not dry_run:  # an output that cannot be written is a usage error, found before any work
         from ..writing import check_output_dir, check_output_file
         if write_shards is not None:
             check_output_dir(write_shards, "--write-shards")
         if report is not None:
             check_output_file(report or os.path.join(scores_dir, "report.html"), "--report")
-    run = ScoreRun.open(scores_dir)
     thresholds = resolve(spec, run)
     result = FilterResult(scores_dir=scores_dir, thresholds=thresholds, shards=len(run.shards),
                           unfinished=run.unfinished, dry_run=dry_run)

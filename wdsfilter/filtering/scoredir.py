@@ -43,6 +43,11 @@ class ScoreRun:
     @classmethod
     def open(cls, folder: str) -> "ScoreRun":
         done = os.path.join(folder, "done")
+        if not os.path.exists(folder):
+            raise ConfigError(f"score folder {folder} does not exist; pass the --out folder of a `wdsfilter score` run")
+        if not os.path.isdir(folder):
+            raise ConfigError(f"{folder} is a file, not a score folder; pass the --out folder of a `wdsfilter score` "
+                              f"run")
         if not os.path.isdir(done):
             raise ConfigError(f"{folder} holds no completed score files (no done/ folder); pass the --out folder "
                               f"of a `wdsfilter score` run")

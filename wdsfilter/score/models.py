@@ -12,12 +12,15 @@ a log line when a folder or hub repo has none; here that is an error.
 """
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import os
+import socket
 import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
+from urllib.parse import urlparse
 
 from ..errors import ConfigError, require
 
@@ -121,9 +124,10 @@ class ClipSource:
             raise ConfigError("empty repository after 'hf-hub:'; expected hf-hub:ORG/REPO")
         download_pretrained_from_hf = require("open_clip.pretrained", "the CLIP scorer").download_pretrained_from_hf
         try:
-            config_path = download_pretrained_from_hf(repo, filename=CONFIG_FILE, cache_dir=cache_dir)
+            with hub_access() as offline:
+                config_path = download_pretrained_from_hf(repo, filename=CONFIG_FILE, cache_dir=cache_dir)
         except Exception as e:
-            raise ConfigError(f"could not fetch {CONFIG_FILE} of hf-hub:{repo} ({type(e).__name__}: {e}). "
+            raise ConfigError(f"could not fetch {CONFIG_FILE} of hf-hub:{repo} ({_why(e, offline)}). "
                               f"{OFFLINE_ADVICE}") from None
         config = _read_json(config_path)
         if "model_cfg" not in config:
@@ -310,36 +314,81 @@ def load_model(source: ClipSource, device: str, cache_dir: Optional[str] = None,
     import open_clip
 
     kwargs: Dict[str, Any] = {"device": device, "precision": precision, "cache_dir": cache_dir}
-    if source.weights == "tag":
-        from open_clip.pretrained import download_pretrained
+    with hub_access() as offline:
+        if source.weights == "tag":
+            from open_clip.pretrained import download_pretrained
+            try:
+                checkpoint = download_pretrained(open_clip.get_pretrained_cfg(source.spec, source.pretrained),
+                                                 cache_dir=cache_dir)
+            except Exception as e:
+                raise ConfigError(f"could not download weights {source.spec} / {source.pretrained!r} "
+                                  f"({_why(e, offline)}). {OFFLINE_ADVICE}") from None
+            if not checkpoint:
+                raise ConfigError(f"no download source for {source.spec} / {source.pretrained!r}. {OFFLINE_ADVICE}")
+            kwargs.update(pretrained=checkpoint, force_quick_gelu=source.quick_gelu)
+        elif source.weights == "file":
+            kwargs.update(pretrained=source.checkpoint)
+        elif source.weights == "hub":
+            from open_clip.pretrained import download_pretrained_from_hf
+            try:  # open_clip would go on with random weights if this failed
+                download_pretrained_from_hf(source.spec[len(HF_HUB):], cache_dir=cache_dir)
+            except Exception as e:
+                raise ConfigError(f"could not download the weights of {source.spec} ({_why(e, offline)}). "
+                                  f"{OFFLINE_ADVICE}") from None
+        if source.weights in ("tag", "file", "random"):
+            _ensure_registered(source.spec, source.model_cfg)
         try:
-            checkpoint = download_pretrained(open_clip.get_pretrained_cfg(source.spec, source.pretrained),
-                                             cache_dir=cache_dir)
-        except Exception as e:
-            raise ConfigError(f"could not download weights {source.spec} / {source.pretrained!r} "
-                              f"({type(e).__name__}: {e}). {OFFLINE_ADVICE}") from None
-        if not checkpoint:
-            raise ConfigError(f"no download source for {source.spec} / {source.pretrained!r}. {OFFLINE_ADVICE}")
-        kwargs.update(pretrained=checkpoint, force_quick_gelu=source.quick_gelu)
-    elif source.weights == "file":
-        kwargs.update(pretrained=source.checkpoint)
-    elif source.weights == "hub":
-        from open_clip.pretrained import download_pretrained_from_hf
-        try:  # open_clip would go on with random weights if this failed
-            download_pretrained_from_hf(source.spec[len(HF_HUB):], cache_dir=cache_dir)
-        except Exception as e:
-            raise ConfigError(f"could not download the weights of {source.spec} ({type(e).__name__}: {e}). "
-                              f"{OFFLINE_ADVICE}") from None
-    if source.weights in ("tag", "file", "random"):
-        _ensure_registered(source.spec, source.model_cfg)
-    try:
-        model = open_clip.create_model(source.spec, **kwargs)
-    except RuntimeError as e:
-        if "state_dict" in str(e) or "size mismatch" in str(e):
-            raise ConfigError(f"checkpoint {kwargs.get('pretrained') or source.checkpoint} does not fit model "
-                              f"{source.spec}: {str(e)[:300]}. Pass the model name the weights were trained with.") from None
-        raise
+            model = open_clip.create_model(source.spec, **kwargs)
+        except RuntimeError as e:
+            if "state_dict" in str(e) or "size mismatch" in str(e):
+                raise ConfigError(f"checkpoint {kwargs.get('pretrained') or source.checkpoint} does not fit model "
+                                  f"{source.spec}: {str(e)[:300]}. Pass the model name the weights were trained "
+                                  "with.") from None
+            raise
     return model.eval()
+
+
+PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "HTTP_PROXY", "http_proxy")
+
+
+def hub_unreachable() -> Optional[str]:
+    """The Hugging Face hub's host name when it does not resolve (no network), else None. Behind a
+    proxy the local resolver says nothing, so the hub is then taken as reachable."""
+    try:
+        from huggingface_hub import constants
+    except ImportError:
+        return None
+    host = urlparse(constants.ENDPOINT).hostname
+    if not host or constants.HF_HUB_OFFLINE or any(os.environ.get(name) for name in PROXY_VARIABLES):
+        return None
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError:
+        return host
+    return None
+
+
+@contextlib.contextmanager
+def hub_access():
+    """Hub downloads inside read only the hub's cache when the hub cannot be reached: without
+    network huggingface_hub retries every candidate file for about 25 s, logging each retry, before
+    the one error. Yields the unreachable host (None when online)."""
+    host = hub_unreachable()
+    if host is None:
+        yield None
+        return
+    from huggingface_hub import constants
+    constants.HF_HUB_OFFLINE = True
+    try:
+        yield host
+    finally:
+        constants.HF_HUB_OFFLINE = False
+
+
+def _why(error: Exception, offline: Optional[str]) -> str:
+    if offline:
+        return f"no network: {offline} does not resolve, and the files are not in the Hugging Face cache"
+    return f"{type(error).__name__}: {error}"
 
 
 def _ensure_registered(name: str, model_cfg: dict) -> None:

@@ -210,7 +210,12 @@ def _run_on_ray(run, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, ad
         if not cfg.progress:  # Ray Data logs its own progress on the driver
             import logging
             logging.getLogger("ray.data").setLevel(logging.WARNING)
-        ray.init(address=address, **dict({"include_dashboard": False, "log_to_driver": False}, **(ray_init or {})))
+        try:
+            ray.init(address=address, **dict({"include_dashboard": False, "log_to_driver": False}, **(ray_init or {})))
+        except ConnectionError as e:  # no cluster there: a setting to change, not a failed run
+            said = str(e).split(". ")[0].rstrip(".")  # Ray's advice names its own flags, not ours
+            raise ConfigError(f"no Ray cluster at address {address!r} (--ray-address: {said}). Start one with "
+                              f"`ray start --head`, or leave the address out to start a local Ray") from None
     try:
         cluster = ray.cluster_resources()
         cluster_gpus = int(cluster.get("GPU", 0))
