@@ -19,10 +19,13 @@ def shard_source(urls: Sequence[str], resampled: bool = False, shuffle_shards: b
     until the epoch's batch count stops it, so that every rank gives the same number of batches."""
     if resampled:
         return [wds.ResampledShards(list(urls), seed=seed, deterministic=True)]
-    stages = [wds.SimpleShardList(list(urls))]
-    if shuffle_shards:  # a new shard order each epoch, the same on every node
+    stages = [wds.SimpleShardList(list(urls)), wds.split_by_node]
+    if shuffle_shards:
+        # A new order each epoch of this rank's own shards. Shuffled before the split, the ranks'
+        # shares were disjoint only if every rank passed the same seed: with seed=rank (a common
+        # habit) ranks shared shards and others were read by none, silently.
         stages.append(wds.detshuffle(bufsize=len(urls), initial=len(urls), seed=seed))
-    stages += [wds.split_by_node, wds.split_by_worker]
+    stages.append(wds.split_by_worker)
     if cycle is not None:
         stages.append(cycle_shards(cycle))
     return stages
