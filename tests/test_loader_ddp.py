@@ -121,6 +121,18 @@ def test_shard_shuffle_seeded_per_rank_neither_shares_nor_skips_shards(tmp_path,
         assert {k[:4] for k in keys[0]}.isdisjoint({k[:4] for k in keys[1]})  # shard prefixes: 0000, 0001, ...
 
 
+def test_a_loader_sized_for_another_world_than_the_split_raises(tmp_path, uneven):
+    # Before: world_size=1 on 2 ranks sized each rank's epoch for the whole dataset (num_samples
+    # and num_batches for one rank) while the shards were split in two: every rank went round its
+    # half twice, silently. Without RANK/WORLD_SIZE, world_size=2 read every shard on every rank.
+    results = run_ranks(tmp_path, uneven, batch_size=4, epoch_samples=33, world_size=1)
+    for rank, r in enumerate(results):
+        assert r["error"].startswith(f"ConfigError: wdsfilter.loader was sized for 1 rank(s) but rank {rank} "
+                                     f"iterates it in a world of 2"), r["error"]
+    with pytest.raises(ConfigError, match="sized for 2 rank"):
+        next(iter(wdsfilter.loader(uneven, batch_size=4, epoch_samples=33, world_size=2)))
+
+
 def test_an_unsized_epoch_on_several_ranks_is_a_config_error(tmp_path, uneven):
     # Before: rank 0 gave 5 batches, rank 1 gave 4; rank 1's next collective met rank 0's fifth
     # batch and the ranks went on out of step (with NCCL: a hang at the end).

@@ -43,6 +43,20 @@ def _rank() -> int:
     return wds.utils.pytorch_worker_info()[0]
 
 
+def _check_world(sized_for: int) -> None:
+    """The ranks the loader was sized for must be those webdataset splits the shards among (RANK and
+    WORLD_SIZE, or torch.distributed, when iterating): a loader built before init_process_group, or
+    given world_size= that the split does not see, read every shard on every rank or sized the
+    epoch for the wrong world, silently."""
+    import webdataset as wds
+    rank, world = wds.utils.pytorch_worker_info()[:2]
+    if world != sized_for:
+        raise ConfigError(
+            f"wdsfilter.loader was sized for {sized_for} rank(s) but rank {rank} iterates it in a world of {world} "
+            f"(what splits the shards): build the loader after init_process_group (or with RANK and WORLD_SIZE "
+            f"set), and pass world_size= only when it is that world.")
+
+
 class _Tokenize:
     """Picklable wrapper (a closure would not survive spawn workers)."""
 
@@ -68,8 +82,10 @@ class WdsLoader:
     """Iterable of batches; wraps a torch DataLoader and exposes the pipeline's counts."""
 
     def __init__(self, dataloader, pipeline, sink: StatsSink, num_batches: Optional[int],
-                 num_samples: Optional[int] = None, watchdog: bool = True, batch_size: int = 0):
+                 num_samples: Optional[int] = None, watchdog: bool = True, batch_size: int = 0,
+                 world: int = 1):
         self.dataloader = dataloader
+        self.world = world  # the ranks num_batches and num_samples were sized for
         self.batch_size = batch_size
         self.watchdog = watchdog  # raise on an epoch that yields nothing (starvation_* not 0)
         self.pipeline = pipeline
@@ -86,6 +102,7 @@ class WdsLoader:
     def __iter__(self):
         # Per epoch, not per loader: persistent workers keep their counts across epochs, so what
         # this epoch gave is its batches, and what came out is the growth of the merged tally.
+        _check_world(self.world)
         out_before = self.stats.samples_out if self.watchdog else 0
         if not getattr(self.dataloader, "persistent_workers", False):  # persistent ones count their own
             set_epoch(self.pipeline, self.epoch)
@@ -251,7 +268,8 @@ def loader(urls, caption_key: Optional[str] = None, image_key: Optional[str] = N
         persistent_workers=persistent_workers and num_workers > 0,
         multiprocessing_context=multiprocessing_context if num_workers > 0 else None, **extra_args)
     return WdsLoader(dataloader, pipeline, sink, num_batches, num_samples,
-                     watchdog=bool(config.starvation_samples or config.starvation_seconds), batch_size=batch_size)
+                     watchdog=bool(config.starvation_samples or config.starvation_seconds), batch_size=batch_size,
+                     world=world)
 
 
 def sizes_json_samples(urls: Sequence[str]) -> Optional[int]:
