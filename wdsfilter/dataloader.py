@@ -18,7 +18,7 @@ from typing import Callable, Optional, Sequence
 
 from .config import StageConfig, config_or_options
 from .errors import ConfigError, StarvationError, require
-from .pipeline import sample_pipeline
+from .pipeline import sample_pipeline, set_epoch
 from .shards import expand_urls
 from .stages import map_dict
 from .tally import StatsSink, Tally
@@ -36,6 +36,25 @@ def _world_size() -> int:
     except ImportError:
         pass
     return 1
+
+
+def _rank() -> int:
+    import webdataset as wds
+    return wds.utils.pytorch_worker_info()[0]
+
+
+def _check_world(sized_for: int) -> None:
+    """The ranks the loader was sized for must be those webdataset splits the shards among (RANK and
+    WORLD_SIZE, or torch.distributed, when iterating): a loader built before init_process_group, or
+    given world_size= that the split does not see, read every shard on every rank or sized the
+    epoch for the wrong world, silently."""
+    import webdataset as wds
+    rank, world = wds.utils.pytorch_worker_info()[:2]
+    if world != sized_for:
+        raise ConfigError(
+            f"wdsfilter.loader was sized for {sized_for} rank(s) but rank {rank} iterates it in a world of {world} "
+            f"(what splits the shards): build the loader after init_process_group (or with RANK and WORLD_SIZE "
+            f"set), and pass world_size= only when it is that world.")
 
 
 class _Tokenize:
@@ -63,8 +82,10 @@ class WdsLoader:
     """Iterable of batches; wraps a torch DataLoader and exposes the pipeline's counts."""
 
     def __init__(self, dataloader, pipeline, sink: StatsSink, num_batches: Optional[int],
-                 num_samples: Optional[int] = None, watchdog: bool = True, batch_size: int = 0):
+                 num_samples: Optional[int] = None, watchdog: bool = True, batch_size: int = 0,
+                 world: int = 1):
         self.dataloader = dataloader
+        self.world = world  # the ranks num_batches and num_samples were sized for
         self.batch_size = batch_size
         self.watchdog = watchdog  # raise on an epoch that yields nothing (starvation_* not 0)
         self.pipeline = pipeline
@@ -73,11 +94,19 @@ class WdsLoader:
         # epoch on this rank, and samples per epoch over all ranks. None when the epoch is unsized.
         self.num_batches = num_batches
         self.num_samples = num_samples
+        self.epoch = 0  # the next epoch; set_epoch(n) to resume
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
 
     def __iter__(self):
         # Per epoch, not per loader: persistent workers keep their counts across epochs, so what
         # this epoch gave is its batches, and what came out is the growth of the merged tally.
+        _check_world(self.world)
         out_before = self.stats.samples_out if self.watchdog else 0
+        if not getattr(self.dataloader, "persistent_workers", False):  # persistent ones count their own
+            set_epoch(self.pipeline, self.epoch)
+        self.epoch += 1
         batches = 0
         for batch in self.dataloader:
             batches += 1
@@ -92,6 +121,11 @@ class WdsLoader:
                     f"batch_size={self.batch_size} per worker, and drop_last=True drops a partial batch; "
                     f"training would run on nothing. Use a smaller batch_size or drop_last=False.")
             raise StarvationError(stats.empty_epoch_message())
+        if self.num_batches is not None and batches != self.num_batches:
+            # Every rank must give the same batch count or DDP waits forever at a collective.
+            raise StarvationError(
+                f"wdsfilter.loader: rank {_rank()} gave {batches} batch(es) this epoch, not num_batches="
+                f"{self.num_batches}: the other ranks would wait for it at their next all-reduce.")
         if sum(stats.dropped.values()) or stats.notes:
             log.warning("wdsfilter loader finished an epoch:\n%s", stats.summary())
 
@@ -176,6 +210,15 @@ def loader(urls, caption_key: Optional[str] = None, image_key: Optional[str] = N
             f"(num_workers={max(len(shard_urls) // world, 1) if len(shard_urls) >= world else 0}), "
             f"more shards, or resampled=True.")
 
+    if epoch_samples is None:
+        epoch_samples = sizes_json_samples(shard_urls)
+    if world > 1 and not resampled and epoch_samples is None:
+        raise ConfigError(
+            f"{world} ranks read an unsized epoch: each rank would stop when its own shards run out, at "
+            f"different batch counts, and DDP would hang at the all-reduce of the longest rank. Pass "
+            f"epoch_samples=N, put a sizes.json beside the shards (`wdsfilter validate --stats-dir`), or "
+            f"use resampled=True with epoch_samples.")
+
     sink = StatsSink()
     tally = Tally(config.starvation_samples, config.starvation_seconds, name="wdsfilter.loader")
     extra, before_decode = [], []
@@ -204,12 +247,11 @@ def loader(urls, caption_key: Optional[str] = None, image_key: Optional[str] = N
         extra.append(_ToTuple(("image", "caption")))
 
     pipeline = sample_pipeline(shard_urls, config, tally, resampled=resampled, shuffle=shuffle, seed=seed,
-                               extra=extra, sink=sink, before_decode=before_decode)
+                               extra=extra, sink=sink, before_decode=before_decode,
+                               cycle=epoch_samples is not None)
     collate = collate_fn or (wds.filters.default_collation_fn if output == "tuple" else _as_list)
-    pipeline.append(wds.batched(batch_size, collation_fn=collate, partial=not drop_last))
+    pipeline.append(batched(batch_size, collate, partial=not drop_last))
 
-    if epoch_samples is None:
-        epoch_samples = sizes_json_samples(shard_urls)
     num_batches = num_samples = None
     if epoch_samples is not None:
         # open_clip's rule (get_wds_dataset): batches per worker rounded up, the epoch is that many
@@ -226,7 +268,8 @@ def loader(urls, caption_key: Optional[str] = None, image_key: Optional[str] = N
         persistent_workers=persistent_workers and num_workers > 0,
         multiprocessing_context=multiprocessing_context if num_workers > 0 else None, **extra_args)
     return WdsLoader(dataloader, pipeline, sink, num_batches, num_samples,
-                     watchdog=bool(config.starvation_samples or config.starvation_seconds), batch_size=batch_size)
+                     watchdog=bool(config.starvation_samples or config.starvation_seconds), batch_size=batch_size,
+                     world=world)
 
 
 def sizes_json_samples(urls: Sequence[str]) -> Optional[int]:
@@ -249,6 +292,25 @@ def sizes_json_samples(urls: Sequence[str]) -> Optional[int]:
         except (OSError, ValueError, KeyError, TypeError):
             return None
     return total or None
+
+
+def _batched(data, size: int, collate: Callable, partial: bool):
+    """webdataset's batched, less its read-ahead: it takes a batch's first sample before it yields the
+    batch before, so on a sized (endless, cut) stream each worker decoded one sample per epoch that
+    no batch carried, and the tally counted it as given to training."""
+    batch = []
+    for sample in data:
+        batch.append(sample)
+        if len(batch) == size:
+            yield collate(batch)
+            batch = []
+    if batch and partial:
+        yield collate(batch)
+
+
+def batched(size: int, collate: Callable, partial: bool = True):
+    import webdataset as wds
+    return wds.pipelinefilter(_batched)(size, collate, partial)
 
 
 def _as_list(samples):
