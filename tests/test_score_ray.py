@@ -27,7 +27,12 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    # The test scorers live in tests/: the workers import them from there (as test_score_ray_faults'
+    # do); registering the kits for pickling by value instead leaks into every later test of the
+    # session (devicekit's SimulatedDevice, rebuilt by value in a worker, lost its registry).
+    here = os.path.dirname(os.path.abspath(__file__))
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([here, os.path.dirname(here)])}})
     yield
     ray.shutdown()
 
@@ -265,13 +270,8 @@ def test_ray_uses_the_engines_planner_for_batch_sizes_and_actors_per_gpu(local_r
 def test_ray_takes_numpy_scores(local_ray, tmp_path):
     # Scores travel from the actors to the driver as JSON: a scorer returning np.float32 failed
     # every batch ("Object of type float32 is not JSON serializable") and nothing was scored.
-    import devicekit
-    import scorekit
-    import shardkit
     from scorekit import NumpyScorer
     from shardkit import image_text_members, write_shard
-    for kit in (scorekit, devicekit, shardkit):  # the workers cannot import the tests' kits
-        ray.cloudpickle.register_pickle_by_value(kit)
     out = tmp_path / "out"
     shard = write_shard(str(tmp_path / "s-000000.tar"), image_text_members(3))
     summary = score_on_ray([shard], out=str(out), scorers=[NumpyScorer()], progress=False)
