@@ -158,6 +158,20 @@ def test_a_rank_whose_shards_read_nothing_raises_naming_rank_and_shards(tmp_path
     assert "error" in results[0]  # rank 0's all-reduce failed when rank 1 left; it did not hang
 
 
+def test_a_rank_whose_samples_are_all_dropped_raises_instead_of_looping(tmp_path, uneven):
+    # Rank 1's shards are read but every sample is dropped (its captions are under `json`, the
+    # loader asks for `txt`; the first-shard key check sees rank 0's shard). Its reader went round
+    # its shards for ever (a pass that read samples was not 'empty') and rank 0 waited.
+    for i, n in ((1, 10), (3, 3)):
+        write_shard(tmp_path / f"s{i}.tar", image_text_members(n, start=1000 * i, text_ext="json"))
+    results = run_ranks(tmp_path, uneven, batch_size=4, epoch_samples=33, starvation_samples=0,
+                        starvation_seconds=0)
+    error = results[1]["error"]
+    assert error.startswith("StarvationError: rank 1/2, DataLoader worker 0/1: a whole pass"), error
+    assert "kept no sample" in error and "s1.tar" in error
+    assert "error" in results[0]
+
+
 def test_resampled_workers_draw_new_shards_every_epoch(tmp_path):
     # Before: fresh (non-persistent) workers each got a copy of ResampledShards whose epoch count was
     # 0, so every epoch replayed the same shards in the same order.

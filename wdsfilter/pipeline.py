@@ -34,18 +34,22 @@ def shard_source(urls: Sequence[str], resampled: bool = False, shuffle_shards: b
 def _cycle_shards(src, tally: Tally):
     """Repeat a reader's shards at the shard level, before batching: batches run on across the
     wrap-around (no partial batch per pass, none lost to drop_last). A whole pass that read no
-    sample raises at once, naming the rank, worker and shards, instead of looping forever or (as
-    webdataset's with_epoch does on an empty pass) ending this rank's epoch early."""
+    sample, or whose samples the stages all dropped (the score filter, a wrong key), raises at once,
+    naming the rank, worker and shards, instead of looping forever or (as webdataset's with_epoch
+    does on an empty pass) ending this rank's epoch early."""
+    def kept() -> int:  # samples read less drops (a shard that cannot be opened counts a drop too)
+        return tally.samples_read - sum(tally.dropped.values())
+
     shards = list(src)
     while shards:
-        read_before = tally.samples_read
+        kept_before = kept()
         yield from shards
-        if tally.samples_read == read_before:
+        if kept() <= kept_before:
             rank, world, worker, workers = wds.utils.pytorch_worker_info()
             names = ", ".join(s["url"] for s in shards[:5]) + (" ..." if len(shards) > 5 else "")
             raise StarvationError(
                 f"rank {rank}/{world}, DataLoader worker {worker}/{workers}: a whole pass over its "
-                f"{len(shards)} shard(s) ({names}) read no sample, so this rank cannot give its epoch's "
+                f"{len(shards)} shard(s) ({names}) kept no sample, so this rank cannot give its epoch's "
                 f"batches and the other ranks would wait for it. Check those shards (`wdsfilter validate`).")
 
 

@@ -54,10 +54,13 @@ class ScoreFilter:
         by_url: Dict[str, str] = {}
         by_stem: Dict[str, Optional[str]] = {}
         changed = []
-        from .score.resume import outputs_intact, source_changed
+        from .score.resume import outputs_intact, source_changed, source_path
         for marker in sorted(glob.glob(os.path.join(done, "*.json"))):
-            with open(marker) as f:
-                info = json.load(f)
+            try:
+                with open(marker) as f:
+                    info = json.load(f)
+            except (OSError, ValueError):  # a damaged marker vouches for nothing: its samples are no_score
+                continue
             path = info.get("score_file") or ""
             if not os.path.isabs(path) and not os.path.exists(path):
                 path = os.path.join(self.scores_dir, "scores", os.path.basename(path))
@@ -65,10 +68,10 @@ class ScoreFilter:
                 path = os.path.join(self.scores_dir, "scores", os.path.basename(path))
             if not outputs_intact(info, self.scores_dir, [path]):  # missing, or damaged since it was written
                 continue
-            url = info.get("url", "")
-            if is_local(url) and os.path.exists(local_path(url)) and source_changed(url, info.get("source")):
+            url, source = info.get("url", ""), source_path(info)  # source: where it was read (absolute)
+            if is_local(source) and os.path.exists(local_path(source)) and source_changed(source, info.get("source")):
                 changed.append(url)
-            by_url[url] = path
+            by_url[url] = by_url[source] = path
             if is_local(url):
                 by_url[os.path.abspath(url)] = path
             stem = shard_stem(url)

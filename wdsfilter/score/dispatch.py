@@ -72,7 +72,7 @@ class Dispatcher:
             while self.pool.in_flight():
                 self.collect(0.5)
             self.collect(0.0)
-        except BaseException as e:
+        except Exception as e:  # not Ctrl-C or SIGTERM: a group-wide one kills the workers too, and it is still the user's stop
             died = dead_decode_worker(getattr(chunks, "_workers", ()), e)  # torch's worker processes
             if died is not None:
                 raise died from e

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import re
+import threading
 from typing import Optional
 
 from ...errors import DataError
@@ -45,6 +46,8 @@ SAFE_FORMATS = ("mov,matroska,avi,flv,mpeg,mpegts,mpegvideo,asf,ogg,mxf,nut,rm,d
                 "ivf,obu,av1,vc1,mjpeg,mpjpeg,yuv4mpegpipe,gif,apng,webp_pipe,png_pipe,jpeg_pipe,gif_pipe,"
                 "bmp_pipe,tiff_pipe,mp3,aac,wav,w64,flac,ac3,eac3,aiff,amr,caf,wv,ape,tta")
 
+_LOG_LEVEL_LOCK = threading.Lock()
+
 
 def open_video(data: bytes, max_pixels, what: str = "the video"):
     """A PyAV container over the bytes, with FFmpeg's max_pixels limit on every stream's decoder
@@ -59,19 +62,21 @@ def open_video(data: bytes, max_pixels, what: str = "the video"):
     options = {"format_whitelist": SAFE_FORMATS}
     if max_pixels:
         options["max_pixels"] = str(int(max_pixels))
-    level = av.logging.get_level()
-    av.logging.set_level(av.logging.ERROR)  # PyAV's error then ends with FFmpeg's last error line
     try:
-        with av.logging.Capture():  # that line, not Python's logging
-            return av.open(io.BytesIO(data), "r", metadata_errors="ignore", options=options)
+        with _LOG_LEVEL_LOCK:  # PyAV's log level is the process's: threads opening videos take turns
+            level = av.logging.get_level()
+            av.logging.set_level(av.logging.ERROR)  # PyAV's error then ends with FFmpeg's last error line
+            try:
+                with av.logging.Capture():  # that line, not Python's logging
+                    return av.open(io.BytesIO(data), "r", metadata_errors="ignore", options=options)
+            finally:
+                av.logging.set_level(level)
     except av.error.ArgumentError as e:  # EINVAL: a refused demuxer, or a probed frame over max_pixels
         refused = re.search(r"\[(\w+)\] Format not on whitelist", str(e))
         if refused is None:
             raise
         raise DataError("unsupported_video", f"{what}: FFmpeg reads it as {refused.group(1)}, a format that opens the files "
                                              f"or URLs it names; it is not read: store clips as MP4, WebM or MKV") from None
-    finally:
-        av.logging.set_level(level)
 
 
 def video_streams(container) -> list:
