@@ -154,9 +154,9 @@ def _thumbnail(data: bytes, ext: str):
             from ..score.video import sample_frames
             image = Image.fromarray(sample_frames(data, 1, max_side=THUMB * 2).frames[0])
         else:
-            from ..images import image_size, open_image
-            w, h = image_size(data)  # the header alone
-            image = open_image(data)  # what is refused (ICO, EPS) is refused here too
+            from ..images import open_image
+            image = open_image(data)  # the header alone, once; what is refused (ICO, EPS) is refused here too
+            w, h = image.size
             if w * h > 64_000_000:  # never decode a decompression bomb for a thumbnail
                 return None, f"image of {w}x{h} pixels: too large to preview"
             image.draft("RGB", (THUMB * 2, THUMB * 2))
