@@ -16,7 +16,7 @@ MEASURE = r"""
 import json, sys
 import numpy as np, pyarrow.parquet
 from wdsfilter.filtering.rules import FilterSpec, resolve
-from wdsfilter.filtering.scoredir import ScoreRun
+from wdsfilter.runfolder import ScoreRun
 
 def hwm():  # peak resident memory (KiB) since the last reset
     with open("/proc/self/status") as f:

@@ -7,25 +7,31 @@
 
 The stage joins each sample with the score files of a `wdsfilter score` run by key. A shard's
 table is read lazily, when the shard's first sample arrives (one shard at a time per worker, so
-memory does not grow with the dataset). Samples with no score row, or whose row has no value for
-a threshold column (the scorer could not score them), are dropped and counted `no_score`; samples
-under a minimum or over a maximum are dropped and counted `filtered_by_score`. Both counts land in the loader's
-Tally like every other drop, so `loader.stats` shows them and the starvation watchdog sees them.
+memory does not grow with the dataset). A sample is kept by the one rule of the scoring run and
+`wdsfilter filter` (runfolder.keep_reason): samples with no score row, a failed or rejected row, or
+no value for a threshold column (the scorer could not score them) are dropped and counted
+`no_score`, also with no threshold at all; samples under a minimum or over a maximum are dropped
+and counted `filtered_by_score`. A score file that cannot be read (damaged since the loader was
+built) counts its shard's samples `no_score`, with the reason, instead of failing the training
+loop. Both counts land in the loader's Tally like every other drop, so `loader.stats` shows them and the starvation watchdog sees them.
 A score file damaged since its marker was written is not used; a local shard that changed since it
-was scored (its marker records its size and modification time) is refused when the loader is built.
+was scored (its marker records its size and modification time) is refused when the loader is built,
+and so is a folder that points outside itself (wdsfilter/runfolder/layout.py). Moved data: a shard
+is matched by the URL the scoring run was given, its absolute path, then its file name; the
+loader never reads a source shard the folder names, only the shards it was given.
 """
 from __future__ import annotations
 
-import glob
-import json
 import os
 from typing import Dict, Iterable, Iterator, Optional, Tuple
 
 from .errors import ConfigError
-from .shards import is_local, local_path, shard_stem
 from .markers import MARKER
+from .runfolder import DamagedRunFolder, ScoreRun, keep_reason, source_changed
+from .runfolder.tables import read_table
+from .shards import is_local, local_path, shard_stem
 from .tally import Tally
-from .thresholds import Thresholds, is_missing
+from .thresholds import Thresholds
 
 STAGE = "score_filter"
 
@@ -40,59 +46,41 @@ class ScoreFilter:
         self.scores_dir = scores_dir
         self.thresholds = Thresholds.build(min_scores, max_scores)
         self.tally = tally if tally is not None else Tally(name="score_filter")
-        self.by_url, self.by_stem = self._index()
-        self._check_columns()
+        self.by_url, self.by_stem, columns = self._index()
+        self._check_columns(columns)
         self._url: Optional[str] = None
         self._table: Optional[Dict[str, Tuple]] = None
+        self._why = ""
 
     # -- index of score files -----------------------------------------------------------------
     def _index(self):
-        done = os.path.join(self.scores_dir, "done")
-        if not os.path.isdir(done):
-            raise ConfigError(f"{self.scores_dir} holds no completed score files (no done/ folder); pass the "
-                              f"--out folder of a `wdsfilter score` run")
+        """url/stem -> score file, from the one reader of a run folder (runfolder.ScoreRun): a
+        folder that is not a finished run, or points outside itself, is a ConfigError here, when
+        the loader is built. A marker's source path is only used where the run's own record names
+        it; a shard is otherwise matched by the URL the run was given, then by its file name."""
+        run = ScoreRun.open(self.scores_dir)
         by_url: Dict[str, str] = {}
         by_stem: Dict[str, Optional[str]] = {}
         changed = []
-        from .score.resume import outputs_intact, source_changed, source_path
-        for marker in sorted(glob.glob(os.path.join(done, "*.json"))):
-            try:
-                with open(marker) as f:
-                    info = json.load(f)
-            except (OSError, ValueError):  # a damaged marker vouches for nothing: its samples are no_score
-                continue
-            path = info.get("score_file") or ""
-            if not os.path.isabs(path) and not os.path.exists(path):
-                path = os.path.join(self.scores_dir, "scores", os.path.basename(path))
-            if not os.path.exists(path):  # the folder was moved: look beside the marker
-                path = os.path.join(self.scores_dir, "scores", os.path.basename(path))
-            if not outputs_intact(info, self.scores_dir, [path]):  # missing, or damaged since it was written
-                continue
-            url, source = info.get("url", ""), source_path(info)  # source: where it was read (absolute)
-            if is_local(source) and os.path.exists(local_path(source)) and source_changed(source, info.get("source")):
+        for shard in run.shards:
+            path, url = shard.score_file, shard.listed_url
+            if shard.trusted and is_local(shard.url) and os.path.exists(local_path(shard.url)) \
+                    and source_changed(shard.url, shard.source):
                 changed.append(url)
-            by_url[url] = by_url[source] = path
+            by_url[url] = path
+            if shard.trusted:
+                by_url[shard.url] = path
             if is_local(url):
                 by_url[os.path.abspath(url)] = path
             stem = shard_stem(url)
             by_stem[stem] = None if stem in by_stem and by_stem[stem] != path else path  # None: ambiguous
-        if not by_url:
-            raise ConfigError(f"{self.scores_dir} holds no completed score files (done/ is empty); "
-                              f"finish or --resume the scoring run first")
         if changed:  # its samples are joined by key with scores of other bytes: refused before training
             raise ConfigError(f"{len(changed)} shard(s) changed since they were scored (size or modification time "
                               f"differ from the completion marker in {self.scores_dir}): {', '.join(changed[:3])}"
                               f"{' ...' if len(changed) > 3 else ''}; score them again (wdsfilter score ... --resume)")
-        return by_url, by_stem
+        return by_url, by_stem, run.columns
 
-    def _check_columns(self) -> None:
-        from .score.outputs import table_columns
-        run_json = os.path.join(self.scores_dir, "run.json")
-        scorers = None
-        if os.path.exists(run_json):
-            with open(run_json) as f:
-                scorers = json.load(f).get("scorers")
-        columns = set(table_columns(sorted(set(self.by_url.values())), scorers))
+    def _check_columns(self, columns) -> None:
         for name, bounds in (("min_scores", self.thresholds.minima), ("max_scores", self.thresholds.maxima)):
             missing = [c for c in bounds if c not in columns]
             if missing:
@@ -107,14 +95,18 @@ class ScoreFilter:
         return self.by_stem.get(shard_stem(url))
 
     def _load(self, url: str) -> None:
-        from .score.outputs import read_table
-        self._url = url
+        """The shard's table, {key: (status, reason, threshold values...)}; None when it has no
+        score file, or one damaged since the loader was built (its samples are counted no_score)."""
+        self._url, self._table, self._why = url, None, f"no score file for this shard in {self.scores_dir}"
         path = self.score_file(url)
         if path is None:
-            self._table = None
             return
-        columns = self.thresholds.columns()
-        t = read_table(path, ["key"] + columns)
+        columns = ["status", "reason", *self.thresholds.columns()]
+        try:
+            t = read_table(path, ["key"] + columns)
+        except DamagedRunFolder as e:  # never an exception into the training loop: the shard has no scores
+            self._why = str(e)
+            return
         table: Dict[str, Tuple] = {}
         for i, key in enumerate(t["key"]):
             if key not in table:  # a key repeated in one shard (a half-sample): its first row
@@ -123,7 +115,7 @@ class ScoreFilter:
 
     # -- the stage ---------------------------------------------------------------------------------
     def __call__(self, data: Iterable[dict]) -> Iterator[dict]:
-        columns = self.thresholds.columns()
+        columns = ["status", "reason", *self.thresholds.columns()]
         for sample in data:
             if MARKER in sample:
                 yield sample
@@ -133,16 +125,14 @@ class ScoreFilter:
                 self._load(url)
             values = None if self._table is None else self._table.get(key)
             if values is None:
-                why = "no score file for this shard" if self._table is None else "no row for this key"
-                self.tally.drop("no_score", STAGE, url, key, f"{why} in {self.scores_dir}")
-                continue
-            if any(is_missing(v) for v in values):
-                self.tally.drop("no_score", STAGE, url, key, "the scoring run could not score this sample")
+                why = self._why if self._table is None else f"no row for this key in {self.scores_dir}"
+                self.tally.drop("no_score", STAGE, url, key, why)
                 continue
             row = dict(zip(columns, values))
-            outside = self.thresholds.first_failure(row)
-            if outside is not None:
-                self.tally.drop("filtered_by_score", STAGE, url, key, outside.explain(row[outside.column]))
+            drop = keep_reason(row, self.thresholds)
+            if drop is not None:
+                self.tally.drop("no_score" if drop.no_score else "filtered_by_score", STAGE, url, key,
+                                drop.explain(row))
                 continue
             yield sample
 

@@ -1,6 +1,6 @@
 """Choosing thresholds after scoring (`wdsfilter filter`), without loading a model.
 
-Modules, one job each: scoredir (a score folder read back), rules (the --min/--max/--top/--bottom
+Modules, one job each (a score folder is read back by wdsfilter/runfolder/): rules (the --min/--max/--top/--bottom
 thresholds, resolved), quantile (exact streaming order statistics), run (judge, count, write),
 reshard (new shards of N samples), report_data and report_html (the HTML report), cli.
 """

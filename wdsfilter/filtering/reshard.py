@@ -24,7 +24,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 from ..errors import ConfigError, RunError
 from ..atomic import write_json as _atomic_json
-from ..score.resume import source_changed
+from ..runfolder import source_changed
 from ..score.shardwriter import BLOCK, RECORD, _local_copy, member_ranges, tar_opener
 from ..shards import is_pipe, is_remote
 from ..shardstats import update_sizes, write_shard_stats

@@ -8,8 +8,9 @@
 A share is resolved over the whole run (every finished shard of the score folder) to the exact
 value v of rank k = ceil(P% of the rows that have a value in COL) (see quantile.py). Rows equal
 to v are all kept, so with ties the kept share can exceed P%: the output says by how much.
-Resolved, every threshold is a minimum or a maximum on a column, judged as the scoring run and
-the loader judge it (a row without a value in a threshold column is never kept).
+Resolved, every threshold is a minimum or a maximum on a column, judged by the one keep rule of
+the scoring run and the loader (runfolder/keep.py: a row without a value in a threshold column,
+and a failed or rejected row, is never kept).
 """
 from __future__ import annotations
 
@@ -17,9 +18,8 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..errors import ConfigError
+from ..runfolder import ScoreRun, keep_reason
 from ..thresholds import Bound, Thresholds, parse_threshold
-
-KEPT_STATUSES = ("scored", "partial")  # rejected and failed rows are never kept
 
 
 def parse_share(text: str, option: str = "--top") -> Tuple[str, float]:
@@ -91,9 +91,9 @@ class Threshold:
 
 
 def resolve(spec: FilterSpec, run) -> List[Threshold]:
-    """Thresholds with every share resolved to its value over `run` (a scoredir.ScoreRun)."""
+    """Thresholds with every share resolved to its value over `run` (a runfolder.ScoreRun)."""
+    from ..runfolder.tables import read_numbers
     from . import quantile
-    from .scoredir import read_numbers
     run.check_columns(spec.columns(), "thresholds")
     numeric = run.numeric_columns()
     flags = [c for c in spec.columns() if c not in numeric]
@@ -123,16 +123,9 @@ def bounds(thresholds: Sequence[Threshold]) -> Tuple[Dict[str, float], Dict[str,
 
 
 def drop_reason(row: dict, thresholds: Sequence[Threshold]) -> Optional[str]:
-    """Why a score row is not kept (None: kept). The first reason only, in a fixed order."""
-    status = row.get("status")
-    if status not in KEPT_STATUSES:
-        what = "rejected" if status == "rejected" else "not scored"
-        return f"{what}: {row.get('reason') or status}"
-    for t in thresholds:
-        reason = t.bound.drop_reason(row.get(t.column))
-        if reason is not None:
-            return reason
-    return None
+    """Why a score row is not kept (None: kept): the first reason of runfolder.keep_reason."""
+    drop = keep_reason(row, [t.bound for t in thresholds])
+    return None if drop is None else drop.reason
 
 
 def resolve_for_loader(scores_dir: str, min_scores: Optional[Dict[str, float]] = None,
@@ -140,7 +133,6 @@ def resolve_for_loader(scores_dir: str, min_scores: Optional[Dict[str, float]] =
                        bottom_scores: Optional[Dict[str, float]] = None) -> Tuple[Dict[str, float], Dict[str, float]]:
     """wdsfilter.loader's shares (top_scores={"clip_score": 30}) resolved as `wdsfilter filter`
     resolves them, merged with its minima and maxima."""
-    from .scoredir import ScoreRun
     spec = FilterSpec(mins=dict(min_scores or {}), maxes=dict(max_scores or {}),
                       tops={c: _percent(p, "top_scores") for c, p in dict(top_scores or {}).items()},
                       bottoms={c: _percent(p, "bottom_scores") for c, p in dict(bottom_scores or {}).items()})

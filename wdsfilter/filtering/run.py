@@ -17,8 +17,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
+from ..runfolder import ScoredShard, ScoreRun
+from ..runfolder.tables import read_batches
 from .rules import FilterSpec, Threshold, bounds, drop_reason, resolve, write_thresholds
-from .scoredir import ScoredShard, ScoreRun
 
 DUPLICATE = "duplicate key in shard"
 
@@ -77,7 +78,6 @@ class FilterResult:
 def judge_shard(shard: ScoredShard, thresholds: Sequence[Threshold], extra: Sequence[str] = ()) -> Iterator[tuple]:
     """(row, reason) per row of one score file, in order; reason None means kept. A key repeated
     in a shard is judged once (its first row), as the loader does."""
-    from .scoredir import read_batches
     columns = ["key", "index", "status", "reason", "message", *[t.column for t in thresholds], *extra]
     seen = set()
     for batch in read_batches(shard.score_file, columns):
@@ -100,17 +100,21 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
                   bottoms: Sequence[str] = (), write_shards: Optional[str] = None, samples_per_shard: int = 1000,
                   prefix: str = "shard", dry_run: bool = False, report: Optional[str] = "",
                   overwrite: bool = False, echo: Optional[Callable[[str], None]] = None,
-                  save_thresholds: bool = True) -> FilterResult:
+                  save_thresholds: bool = True, source_root: Optional[str] = None) -> FilterResult:
     """Judge, count and write (see the module docstring). report: a path, "" for report.html in
     the score folder, None for no report. save_thresholds: write SCORES_DIR/thresholds.json (the
-    resolved thresholds as wdsfilter.loader's keyword arguments)."""
+    resolved thresholds as wdsfilter.loader's keyword arguments). source_root: the folder holding
+    the source shards now (moved since scoring, or a folder received from someone else): each is
+    read there by its file name, never where the folder says."""
     from .reshard import Resharder, Source
     echo = echo or (lambda line: None)
     spec = FilterSpec.parse(mins, maxes, tops, bottoms)  # usage errors before any file is read
     if write_shards is not None and samples_per_shard < 1:
         from ..errors import ConfigError
         raise ConfigError(f"--samples-per-shard must be >= 1, got {samples_per_shard}")
-    run = ScoreRun.open(scores_dir)  # not a score folder: say so, before its report path is judged
+    run = ScoreRun.open(scores_dir, source_root)  # not a score folder: say so, before its report path is judged
+    if not dry_run and (write_shards is not None or report is not None):
+        run.require_sources()  # sources only where the run's own record names them
     if not dry_run:  # an output that cannot be written is a usage error, found before any work
         from ..writing import check_output_dir, check_output_file
         if write_shards is not None:

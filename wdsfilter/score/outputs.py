@@ -1,156 +1,21 @@
-"""What a scoring run writes and reports: per-shard score tables (Parquet, or JSONL on request),
-the run summary (summary.json, score histograms as a PNG and in the terminal).
+"""What a scoring run reports: the run summary (summary.json, score histograms as a PNG and in
+the terminal), read back from its score tables (their format and I/O: wdsfilter/runfolder/tables.py,
+whose names are imported here too, as docs/score.md names `outputs.read_rows`).
 
-Every sample has a row: key, shard, index (order in the shard), status, reason, message, kept,
-then one column per score. status is "scored", "partial" (some scorers failed), "failed" (no
-scorer could score it: reason says why) or "rejected" (dropped by the stages: reason says why).
 The summary is computed from the score files themselves, so a resumed run reports the whole
 dataset, not just the part it scored.
 """
 from __future__ import annotations
 
-import json
 import math
-import threading
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..atomic import atomic_path, write_json
+from ..runfolder.tables import (BASE_FIELDS, EXTENSIONS, STATUSES, arrow_type, json_value,  # noqa: F401
+                                preload_writer, read_rows, read_table, table_columns, write_table)
 from ..thresholds import Thresholds, is_missing
-
-BASE_FIELDS = ("key", "shard", "index", "status", "reason", "message", "kept")
-STATUSES = ("scored", "partial", "failed", "rejected")
-EXTENSIONS = {"parquet": ".parquet", "jsonl": ".jsonl"}
-
-
-# -- tables -------------------------------------------------------------------------------------
-def arrow_type(name: str):
-    """The pyarrow type a scorer declares by name (Scorer.column_types): a pyarrow alias
-    ("float64", "int64", "bool", "string") or "list<alias>"; None for a name that is neither."""
-    import pyarrow as pa
-    inner = name[5:-1] if name.startswith("list<") and name.endswith(">") else None
-    try:
-        return pa.list_(pa.type_for_alias(inner)) if inner is not None else pa.type_for_alias(name)
-    except (ValueError, TypeError):
-        return None
-
-
-def _score_array(values: List[Any], declared: Optional[str] = None):
-    """A score column as an Arrow array (in C, no Python call per value): of its declared type,
-    so every score file of a run has one schema; else of the type pyarrow infers: int64, float64
-    (ints and floats mixed), bool, string, or nested for lists; a column with no value at all is
-    float64, the type a score column has. A NaN is written as null, as JSONL writes it: a missing
-    score, which no threshold passes (thresholds.is_missing), where duckdb and polars would count
-    a NaN as above every threshold."""
-    import pyarrow as pa
-    if declared is not None:
-        return pa.array(values, type=arrow_type(declared), from_pandas=True)
-    arr = pa.array(values, from_pandas=True)
-    return arr.cast(pa.float64()) if pa.types.is_null(arr.type) else arr
-
-
-def preload_writer(fmt: str) -> None:
-    """Warm the table writer in a background thread: pyarrow.parquet, and what pyarrow imports
-    on its first array (pandas, where installed) take ~0.5 s of one core. Done lazily, that
-    stalled the first shard's write; started with the scoring loop, it runs while the main
-    process waits for the decode workers (before the probe, it slowed the probe as much)."""
-    if fmt == "parquet":
-        threading.Thread(target=_warm_parquet, daemon=True, name="wdsfilter-warm-parquet").start()
-
-
-def _warm_parquet() -> None:
-    import pyarrow as pa
-    import pyarrow.parquet  # noqa: F401
-    pa.array([0.0])
-
-
-def write_table(rows: List[dict], columns: Union[Sequence[str], Mapping[str, Optional[str]]], path: str,
-                fmt: str) -> None:
-    """Write rows atomically: a temporary file in the same folder, then rename over `path`.
-    columns: the score columns, or each with its declared type (scorerset.score_columns)."""
-    names = list(BASE_FIELDS) + list(columns)
-    declared = columns if isinstance(columns, Mapping) else {}
-    with atomic_path(path) as tmp:
-        if fmt == "jsonl":
-            with open(tmp, "w") as f:
-                for row in rows:
-                    clean = {k: _json_scalar(row.get(k)) for k in names}
-                    f.write(json.dumps(clean, ensure_ascii=False, default=json_value) + "\n")
-        else:
-            import pyarrow as pa
-            import pyarrow.parquet as pq
-            base_types = {"key": pa.string(), "shard": pa.string(), "index": pa.int64(), "status": pa.string(),
-                          "reason": pa.string(), "message": pa.string(), "kept": pa.bool_()}
-            arrays, fields = [], []
-            for name in names:
-                values = [row.get(name) for row in rows]
-                arr = (pa.array(values, type=base_types[name]) if name in base_types
-                       else _score_array(values, declared.get(name)))
-                arrays.append(arr)
-                fields.append(pa.field(name, arr.type))
-            table = pa.Table.from_arrays(arrays, schema=pa.schema(fields))
-            if table.num_rows:
-                pq.write_table(table, tmp)
-            else:  # a shard with no sample: a file of no row group (HF datasets fails on a row group of 0 rows)
-                pq.ParquetWriter(tmp, table.schema).close()
-
-
-def json_value(o):
-    """json.dumps' `default` for what a scorer may return besides Python values: a numpy scalar
-    (np.float32 from `.mean()`) or array, a torch tensor, as its Python value. json cannot write
-    them, and a JSONL run (and every Ray run, whose scores travel as JSON) ended in an internal
-    error at the first shard, where Parquet took them."""
-    if hasattr(o, "tolist"):
-        return o.tolist()
-    raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
-
-
-def _json_scalar(v):
-    """A JSONL value: a numpy scalar as its Python value, a NaN as null (a missing score)."""
-    if hasattr(v, "tolist") and getattr(v, "ndim", None) == 0:
-        v = v.tolist()
-    return None if isinstance(v, float) and math.isnan(v) else v
-
-
-def read_table(path: str, columns: Optional[Sequence[str]] = None) -> Dict[str, list]:
-    """Column name -> values of one score file (either format)."""
-    if path.endswith(".jsonl"):
-        out: Dict[str, list] = {}
-        with open(path) as f:
-            rows = [json.loads(line) for line in f if line.strip()]
-        names = columns or (list(rows[0]) if rows else list(BASE_FIELDS))
-        for name in names:
-            out[name] = [r.get(name) for r in rows]
-        return out
-    import pyarrow.parquet as pq
-    if columns is not None:
-        present = set(pq.read_schema(path).names)
-        columns = [c for c in columns if c in present]
-    return pq.read_table(path, columns=columns).to_pydict()
-
-
-def table_columns(paths: Sequence[str], scorers: Optional[Sequence[dict]] = None) -> List[str]:
-    """The columns of a run's score files: a Parquet file's schema (one for the run). A JSON Lines
-    file names its columns only in its rows, and a shard with no sample (an empty tar) has an
-    empty one: the first file with a row, else the base fields and the columns of the scorers
-    that run.json lists (`scorers`)."""
-    for path in paths:
-        if path.endswith(".parquet"):
-            import pyarrow.parquet as pq
-            return list(pq.read_schema(path).names)
-        with open(path) as f:
-            for line in f:
-                if line.strip():
-                    return list(json.loads(line))
-    return list(BASE_FIELDS) + [c for s in scorers or () for c in s.get("columns") or ()]
-
-
-def read_rows(path: str) -> List[dict]:
-    cols = read_table(path)
-    names = list(cols)
-    n = len(cols[names[0]]) if names else 0
-    return [{k: cols[k][i] for k in names} for i in range(n)]
 
 
 # -- summary over score files -------------------------------------------------------------------

@@ -1,12 +1,5 @@
-"""Run state on disk: output names per shard, per-shard completion markers, resume checks.
-
-Layout of --out DIR:
-    run.json                 what produced the outputs (scorers, options, thresholds, keys)
-    shards.json              the shards of the latest run (url, name): `wdsfilter filter` names those
-                             without a marker (failed, or not scored yet) instead of leaving them out quietly
-    scores/<shard>.parquet   one score table per shard (or .jsonl)
-    done/<shard>.json        completion marker, written last, after the shard's outputs are in place
-    summary.json, histograms.png
+"""The writer side of a scoring run folder (its layout, records and reader: wdsfilter/runfolder/):
+output names per shard, completion markers, the --resume/--overwrite checks.
 
 A shard is done only when its marker exists, the files it names exist with the sizes the marker
 recorded (a score file cut short or replaced is not trusted), and a local source shard has the
@@ -18,95 +11,19 @@ a marker from its start, so no sample is lost or written twice.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Iterable, List, Optional, Sequence
 
 from ..atomic import remove_temporaries, write_json
 from ..errors import ConfigError
-from ..shards import absolute_url, is_local, split_suffix
+from ..runfolder import layout
+from ..runfolder.layout import Marker, output_sizes, outputs_intact, shard_names, source_changed, source_state
+from ..runfolder.tables import EXTENSIONS, DamagedRunFolder
+from ..shards import split_suffix
 from .config import ScoreConfig
 from .embeddings import folders as embedding_folders
-from .outputs import EXTENSIONS
-
-
-def shard_names(urls: Sequence[str]) -> Dict[str, str]:
-    """url -> output name: the shard's file name without its suffix; when two shards share one
-    (a/00.tar, b/00.tar), each gets a short hash of its path too."""
-    stems = {u: split_suffix(u)[0] for u in urls}
-    counts: Dict[str, int] = {}
-    for stem in stems.values():
-        counts[stem] = counts.get(stem, 0) + 1
-    names = {}
-    for url, stem in stems.items():
-        if counts[stem] > 1:
-            stem = f"{stem}-{hashlib.sha1(os.path.abspath(url).encode()).hexdigest()[:8]}"
-        names[url] = stem
-    return names
-
-
-SHARDS_FILE = "shards.json"
-
-
-def source_state(url: str) -> Optional[dict]:
-    """What a marker records of a local source shard: where it was read (its absolute path, so
-    `wdsfilter filter` finds a shard named by a relative path from any folder), its size and
-    modification time (None for a pipe: or remote shard: not checked)."""
-    if not is_local(url):
-        return None
-    path = absolute_url(url)
-    try:
-        st = os.stat(path)
-    except OSError:
-        return {"path": path}
-    return {"path": path, "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
-
-
-def source_path(info: dict) -> str:
-    """Where a marker's shard is read again: its recorded absolute path, else its URL as given."""
-    return (info.get("source") or {}).get("path") or info.get("url", "")
-
-
-def source_changed(url: str, recorded: Optional[dict]) -> bool:
-    """The local shard `url` is not the one a marker recorded (`recorded`: its source_state then):
-    its size or its modification time differ; a time in whole seconds on either side (a shared
-    filesystem that shows seconds only on another machine: a Ray worker recorded it) is compared
-    to the second. False when nothing was recorded (a pipe: or remote shard, an older marker). The
-    one test of "this shard changed since it was scored", for --resume, `wdsfilter filter` and the
-    loader's score filter."""
-    if not recorded or "bytes" not in recorded:
-        return False
-    now = source_state(url) or {}
-    if now.get("bytes") != recorded["bytes"]:  # a different size, or gone
-        return True
-    a, b = now["mtime_ns"], int(recorded.get("mtime_ns", 0))
-    second = 1_000_000_000
-    if a % second == 0 or b % second == 0:
-        return a // second != b // second
-    return a != b
-
-
-def output_sizes(out: str, paths: Iterable[str]) -> Dict[str, int]:
-    """What a marker records of its shard's output files: size by path relative to `out`."""
-    return {os.path.relpath(p, out): os.path.getsize(p) for p in paths}
-
-
-def outputs_intact(info: dict, out: str, paths: Iterable[str]) -> bool:
-    """Every path exists, with the size the marker `info` recorded for it (markers written before
-    sizes were recorded have none: existence is all they vouch for). The one test of a marker's
-    files, for --resume and for `wdsfilter filter`."""
-    sizes = info.get("sizes") or {}
-    for p in paths:
-        try:
-            size = os.path.getsize(p)
-        except OSError:
-            return False
-        if sizes.get(os.path.relpath(p, out), size) != size:
-            return False
-    return True
-
 
 def _normalise(obj):
     return json.loads(json.dumps(obj, default=str, sort_keys=True))
@@ -121,8 +38,8 @@ class RunState:
         self.urls = list(urls)
         self.names = shard_names(self.urls)
         self.out = cfg.out
-        self.scores_dir = os.path.join(cfg.out, "scores")
-        self.done_dir = os.path.join(cfg.out, "done")
+        self.scores_dir = os.path.join(cfg.out, layout.SCORES)
+        self.done_dir = os.path.join(cfg.out, layout.DONE)
         self.ext = EXTENSIONS[cfg.format]
         self.identity: Optional[dict] = None
         self.writable = not cfg.dry_run
@@ -143,7 +60,7 @@ class RunState:
         return os.path.join(self.scores_dir, self.names[url] + self.ext)
 
     def marker_path(self, url: str) -> str:
-        return os.path.join(self.done_dir, self.names[url] + ".json")
+        return layout.marker_path(self.out, self.names[url])
 
     def filtered_path(self, url: str) -> Optional[str]:
         if not self.cfg.write_shards:
@@ -173,8 +90,7 @@ class RunState:
         run_json = os.path.join(self.out, "run.json")
         markers = self._existing_markers()
         if os.path.exists(run_json):
-            with open(run_json) as f:
-                previous = json.load(f)
+            previous = layout.read_json(self.out, run_json, {})  # not JSON: a ConfigError naming it
             if self.cfg.resume:
                 diff = sorted(k for k in set(previous) | set(self.identity) if previous.get(k) != self.identity.get(k))
                 if diff:
@@ -198,7 +114,19 @@ class RunState:
             os.makedirs(self.cfg.write_shards, exist_ok=True)
         self._remove_temporaries()
         write_json(run_json, self.identity, fsync=True)
-        write_json(os.path.join(self.out, SHARDS_FILE), {"shards": [{"url": u, "name": self.names[u]} for u in self.urls]})
+        layout.write_shard_list(self.out, self.urls, self.names, self._earlier_shards())
+
+    def _earlier_shards(self) -> List[layout.ListedShard]:
+        """The shards of the runs this one resumes that have a marker (a resume over fewer
+        shards): shards.json keeps naming their sources, so `wdsfilter filter` still reads them."""
+        if not self.cfg.resume:
+            return []
+        try:
+            listed = layout.read_shard_list(self.out) or []
+        except ConfigError:  # damaged: this run's shards are what it records
+            return []
+        have = set(layout.marker_names(self.out))
+        return [s for s in listed if s.name in have]
 
     def _score_files(self) -> List[str]:
         if not os.path.isdir(self.scores_dir):
@@ -218,26 +146,26 @@ class RunState:
             remove_temporaries(folder)
 
     # -- markers ----------------------------------------------------------------------------------
-    def _marker(self, url: str) -> Optional[dict]:
+    def _marker(self, url: str) -> Optional[Marker]:
+        """The shard's marker; None when there is none, or it is damaged or names another URL."""
         try:
-            with open(self.marker_path(url)) as f:
-                info = json.load(f)
-        except (OSError, ValueError):
+            marker = layout.read_marker(self.out, self.names[url])
+        except (OSError, DamagedRunFolder):
             return None
-        return info if isinstance(info, dict) and info.get("url") == url else None
+        return marker if marker.url == url else None
 
     def _outputs(self, url: str, embeddings: Iterable[str]) -> List[str]:
         paths = [self.score_path(url)] + ([self.filtered_path(url)] if self.cfg.write_shards else [])
         return paths + [os.path.join(self.out, p) for p in embeddings or []]
 
-    def _changed(self, url: str, info: dict) -> bool:
+    def _changed(self, url: str, marker: Marker) -> bool:
         """The source shard is not what was scored: its size or modification time differ."""
-        return source_changed(url, info.get("source"))
+        return source_changed(url, marker.source)
 
     def is_done(self, url: str) -> bool:
-        info = self._marker(url)
-        return (info is not None and outputs_intact(info, self.out, self._outputs(url, info.get("embeddings")))
-                and not self._changed(url, info))
+        marker = self._marker(url)
+        return (marker is not None and outputs_intact(marker, self.out, self._outputs(url, marker.embeddings))
+                and not self._changed(url, marker))
 
     def pending(self) -> List[str]:
         if not self.cfg.resume:
@@ -255,10 +183,13 @@ class RunState:
         """The completion marker, written last. `source`: where the shard was read (a Ray worker
         reads an absolute path); a local one's size and modification time are recorded, and so are
         the sizes of the outputs, so --resume trusts neither a changed shard nor a damaged output."""
-        data = dict(info, url=url, name=self.names[url], score_file=self.score_path(url),
-                    filtered_shard=self.filtered_path(url), source=source_state(source or url),
-                    sizes=output_sizes(self.out, self._outputs(url, info.get("embeddings"))))
-        write_json(self.marker_path(url), data, fsync=True)
+        name = self.names[url]
+        known = {k: v for k, v in info.items() if k in Marker.__dataclass_fields__}
+        marker = Marker(**known, url=url, name=name, score_file=f"{layout.SCORES}/{name}{self.ext}",
+                        filtered_shard=self.filtered_path(url), source=source_state(source or url),
+                        sizes=output_sizes(self.out, self._outputs(url, info.get("embeddings"))),
+                        extra={k: v for k, v in info.items() if k not in Marker.__dataclass_fields__})
+        layout.write_marker(self.out, marker)
 
     def done_score_files(self) -> List[str]:
         return [self.score_path(u) for u in self.urls if self.is_done(u)]
@@ -268,7 +199,7 @@ class RunState:
         those of the runs it resumed: the summary lists every one, not only this run's."""
         cut = []
         for url in self.urls:
-            info = self._marker(url) if self.is_done(url) else None
-            if info and info.get("error"):
-                cut.append({"url": url, "reason": info["error"]})
+            marker = self._marker(url) if self.is_done(url) else None
+            if marker and marker.error:
+                cut.append({"url": url, "reason": marker.error})
         return cut

@@ -19,6 +19,7 @@ from typing import Dict, List, Optional, Sequence
 
 from ..errors import RunError
 from ..markers import MARKER, REJECT
+from ..runfolder.keep import keep_reason
 from ..thresholds import Thresholds
 from .embeddings import write_embeddings
 from .faults import is_disk_full, read_failed_reason
@@ -58,11 +59,11 @@ def complete_row(row: dict, scorers: Sequence, scores: dict, errors: dict, thres
     thresholds: the run's, or None when it has none (ScoreConfig.row_bounds, decided once per
     run, not per row).
 
-    kept: some scorer scored it and every threshold column is within bounds. A partial row (say a
-    video, which OCR scores and CLIP cannot, or a video cut short, scored from the frames that
-    are there) is kept when the thresholds only involve the scorers
-    that succeeded, so filtering agrees with wdsfilter.loader(scores=...), which judges by the
-    threshold columns alone; without thresholds, kept means every scorer succeeded."""
+    kept: the one rule of `wdsfilter filter` and wdsfilter.loader(scores=...) too
+    (runfolder.keep_reason): some scorer scored it and every threshold column is within bounds.
+    A partial row (say a video, which OCR scores and CLIP cannot, or a video cut short, scored
+    from the frames that are there) is kept when the thresholds only involve the scorers that
+    succeeded, and without thresholds."""
     row.update(scores)
     failed = [s.name for s in scorers if s.name in errors]
     # Scorers that scored, but from incomplete data (prepare() returned scorers.base.Noted).
@@ -74,10 +75,7 @@ def complete_row(row: dict, scorers: Sequence, scores: dict, errors: dict, thres
         row["status"] = "failed" if len(failed) == len(scorers) else "partial"
         row["reason"] = ";".join(dict.fromkeys(reason for reason, _ in problems.values()))
         row["message"] = "; ".join(f"{name}: {message}" for name, (_, message) in problems.items())
-    if thresholds:
-        row["kept"] = row["status"] in ("scored", "partial") and thresholds.passes(row)
-    else:
-        row["kept"] = row["status"] == "scored"
+    row["kept"] = keep_reason(row, thresholds) is None
 
 
 # -- one shard ---------------------------------------------------------------------------------------

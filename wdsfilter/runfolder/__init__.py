@@ -1,0 +1,36 @@
+"""The scoring run folder: what `wdsfilter score --out FOLDER` leaves on disk, with one owner.
+
+    FOLDER/
+      run.json                 what produced the outputs (scorers, options, thresholds, keys):
+                               `--resume` refuses other settings
+      shards.json              the run's shards (url, name, the absolute path a local one was read
+                               from): the run's own record of its sources; shards without a marker
+                               are named as unfinished
+      scores/<name>.parquet    one score table per shard (or .jsonl), rows in the shard's order
+      done/<name>.json         the completion marker (`Marker`), written last, after the shard's
+                               outputs are in place: output sizes, the source shard's path, size
+                               and modification time
+      img_emb/ text_emb/ metadata/   --save-embeddings (score/embeddings.py)
+      summary.json, histograms.png, report.html, thresholds.json
+
+Modules, one job each, below score/ and filtering/ (no torch):
+
+    tables.py   score table I/O (write_table, read_table, read_batches, ...), DamagedRunFolder
+    layout.py   the names, the Marker and ListedShard records, what a folder may point at
+                (score files inside it, sources its own record names), outputs_intact,
+                source_changed
+    reader.py   ScoreRun: the one reader (`wdsfilter filter`, the loader's score filter)
+    keep.py     keep_reason: is a row kept (the scoring run, filter and the loader)
+
+The writer side (`--resume`/`--overwrite` checks, marking shards done) is score/resume.py's RunState,
+which names its files through layout.py.
+"""
+from .keep import KEPT_STATUSES, Drop, keep_reason
+from .layout import (DONE, RUN_JSON, SCORES, SHARDS_FILE, ListedShard, Marker, outputs_intact, shard_names,
+                     source_changed, source_state)
+from .reader import ScoredShard, ScoreRun
+from .tables import DamagedRunFolder
+
+__all__ = ["DONE", "RUN_JSON", "SCORES", "SHARDS_FILE", "KEPT_STATUSES", "Drop", "keep_reason", "ListedShard",
+           "Marker", "outputs_intact", "shard_names", "source_changed", "source_state", "ScoredShard", "ScoreRun",
+           "DamagedRunFolder"]
