@@ -12,7 +12,7 @@ from tools import trace_modules  # noqa: E402
 # ARCHITECTURE.md ("Measured: modules a run enters") lists these, in the order a sample meets them.
 PER_SAMPLE_PATH = {"wdsfilter.reading", "wdsfilter.specs", "wdsfilter.stages", "wdsfilter.images",
                    "wdsfilter.tally", "wdsfilter.score.transport", "wdsfilter.score.dispatch",
-                   "wdsfilter.score.rows"}
+                   "wdsfilter.score.rows", "wdsfilter.runfolder.keep"}
 
 
 def test_the_trace_counts_every_module_a_sample_passes_and_none_it_does_not(capsys):

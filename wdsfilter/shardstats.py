@@ -1,5 +1,6 @@
-"""The files that sit beside written shards so that training tools accept the folder, for every
-command that writes shards (`wdsfilter filter --write-shards`, `wdsfilter score --write-shards`):
+"""The files that sit beside shards so that training tools accept the folder, for every command
+that writes them (`wdsfilter filter --write-shards`, `wdsfilter score --write-shards`,
+`wdsfilter validate --stats-dir`: its own stats content, this module's sizes.json):
 
     OUT/{stem}_stats.json   per shard (00000.tar -> 00000_stats.json, img2dataset's naming):
                             successes (samples, the field DataComp's resharder reads), members,
@@ -59,10 +60,10 @@ def read_sizes(folder: str) -> Dict[str, int]:
     return data if isinstance(data, dict) else {}
 
 
-def update_sizes(folder: str, entries: Dict[str, int]) -> Dict[str, int]:
+def update_sizes(folder: str, entries: Dict[str, Optional[int]]) -> Dict[str, int]:
     """Set `entries` ({shard file name: samples}) in `folder`/sizes.json, keeping the other
-    entries; returns the whole table."""
+    entries (None: remove that entry); returns the whole table. The one writer of sizes.json."""
     with _folder_lock(folder):
-        table = {**read_sizes(folder), **entries}
+        table = {k: v for k, v in {**read_sizes(folder), **entries}.items() if v is not None}
         write_json(os.path.join(folder, SIZES), dict(sorted(table.items())), fsync=True)
     return table

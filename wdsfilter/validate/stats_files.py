@@ -13,7 +13,8 @@ A file we did not write is never destroyed. The stats dir may be the shards' own
 img2dataset keeps its {shard}_stats.json (count, successes, failed_to_download, status_dict, ...):
 such a file is left as it is and ours goes beside it as {shard}_validate.json (a name that
 `*_stats.json` globs do not pick up). An existing sizes.json is merged: the entries of the shards
-validated are set, the others kept.
+validated are set, the others kept (shardstats.update_sizes, under the folder lock every writer of
+sizes.json takes).
 
 A shard whose stream failed (a pipe: command or download that exited non-zero, or stalled: a
 `shard_command_failed` finding) was not read to its end: how many samples came through depends on
@@ -30,6 +31,7 @@ from collections import defaultdict
 from typing import Dict, List, Optional
 
 from ..shards import is_pipe, is_remote, shard_stem
+from ..shardstats import SIZES, update_sizes
 from ..writing import write_text_atomic
 from .formats import escape_data
 from .report import SCHEMA_VERSION, Report
@@ -81,9 +83,8 @@ def write_stats(report: Report, folder: str) -> List[str]:
                 path = os.path.join(out, stem + BESIDE)
             written.append(_write_json(path, data))
             sizes[shard_basename(r.shard)] = r.samples if complete else None
-        sizes_path = os.path.join(out, "sizes.json")
-        merged = {k: v for k, v in {**_read_dict(sizes_path), **sizes}.items() if v is not None}
-        written.append(_write_json(sizes_path, merged))
+        update_sizes(out, sizes)  # merged under the folder lock, as the shard writers merge it
+        written.append(os.path.join(out, SIZES))
     return written
 
 
