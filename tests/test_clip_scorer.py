@@ -279,5 +279,6 @@ def test_a_cut_short_video_is_scored_from_its_frames_and_noted(scorer, tmp_path)
     (scores,) = score_all(scorer, [item["inputs"]["clip"]])
     row = new_row("c", "s.tar", 0)
     complete_row(row, [scorer], scores, item["errors"], Thresholds())
-    assert row["status"] == "partial" and row["reason"] == "corrupt_video" and not row["kept"]
+    # partial (scored from the frames there) is kept without thresholds, as filter and the loader keep it
+    assert row["status"] == "partial" and row["reason"] == "corrupt_video" and row["kept"]
     assert row["message"] == f"clip: {noted.message}" and row["clip_score"] == scores["clip_score"]

@@ -185,7 +185,7 @@ def test_a_cut_short_video_scored_by_ocr_gets_a_partial_row_saying_so(tmp_path):
     assert cut_row["message"] == f"ocr: {finding.message}"
     assert cut_row["ocr_frames"] == 3 and cut_row["ocr_area"] is not None  # scored from what is there
     assert whole["status"] == "scored" and whole["reason"] is None and whole["kept"]
-    assert not cut_row["kept"]  # without thresholds, only fully scored rows are kept (as any partial row)
+    assert cut_row["kept"]  # without thresholds, every row some scorer scored is kept (runfolder.keep_reason)
     # With a threshold, a partial row is judged by its scores, as the loader judges it.
     result = CliRunner().invoke(main, [*args, str(tmp_path / "th"), "--max", "ocr_area=1"])
     assert result.exit_code == 0, result.output

@@ -46,8 +46,8 @@ class ScoreFilter:
         self.scores_dir = scores_dir
         self.thresholds = Thresholds.build(min_scores, max_scores)
         self.tally = tally if tally is not None else Tally(name="score_filter")
-        self.by_url, self.by_stem, columns = self._index()
-        self._check_columns(columns)
+        self.by_url, self.by_stem, run = self._index()
+        self._check_columns(run)
         self._url: Optional[str] = None
         self._table: Optional[Dict[str, Tuple]] = None
         self._why = ""
@@ -78,14 +78,20 @@ class ScoreFilter:
             raise ConfigError(f"{len(changed)} shard(s) changed since they were scored (size or modification time "
                               f"differ from the completion marker in {self.scores_dir}): {', '.join(changed[:3])}"
                               f"{' ...' if len(changed) > 3 else ''}; score them again (wdsfilter score ... --resume)")
-        return by_url, by_stem, run.columns
+        return by_url, by_stem, run
 
-    def _check_columns(self, columns) -> None:
+    def _check_columns(self, run: ScoreRun) -> None:
+        """Every threshold column is a numeric column of the run (as `wdsfilter filter` checks)."""
         for name, bounds in (("min_scores", self.thresholds.minima), ("max_scores", self.thresholds.maxima)):
-            missing = [c for c in bounds if c not in columns]
+            missing = [c for c in bounds if c not in run.columns]
             if missing:
                 raise ConfigError(f"{name} on {missing}, which the score files in {self.scores_dir} do not have; "
-                                  f"their columns: {', '.join(sorted(columns))}")
+                                  f"their columns: {', '.join(sorted(run.columns))}")
+        numeric = run.numeric_columns(self.thresholds.columns())
+        flags = [c for c in self.thresholds.columns() if c not in numeric]
+        if flags:
+            raise ConfigError(f"thresholds on {', '.join(flags)}, which the score files in {self.scores_dir} do not "
+                              f"hold as numbers (in every file)")
 
     def score_file(self, url: str) -> Optional[str]:
         if url in self.by_url:

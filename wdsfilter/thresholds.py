@@ -13,6 +13,7 @@ A missing value (None or NaN: the scorer could not score the sample) never passe
 from __future__ import annotations
 
 import math
+from numbers import Real
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
@@ -24,6 +25,12 @@ def is_missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
+def is_number(v: Any) -> bool:
+    """A value a bound can judge: an int or float (numpy's too), not a bool, not a string (a
+    hand-edited score table may hold one)."""
+    return isinstance(v, Real) and not isinstance(v, bool) and type(v).__name__ != "bool_"
+
+
 @dataclass(frozen=True)
 class Bound:
     column: str
@@ -31,14 +38,15 @@ class Bound:
     minimum: bool  # True: column >= value; False: column <= value
 
     def passes(self, v: Any) -> bool:
-        """v is within this bound (a missing v never is)."""
-        if is_missing(v):
+        """v is within this bound (a missing v, or one that is not a number, never is)."""
+        if is_missing(v) or not is_number(v):
             return False
         return v >= self.value if self.minimum else v <= self.value
 
     def judge(self, v: Any) -> Optional[bool]:
-        """passes(v), or None when v is missing (so callers can count rows without a score apart)."""
-        return None if is_missing(v) else self.passes(v)
+        """passes(v), or None when v is missing or not a number (so callers can count rows
+        without a score apart)."""
+        return None if is_missing(v) or not is_number(v) else self.passes(v)
 
     def drop_reason(self, v: Any) -> Optional[str]:
         """A short reason v fails this bound, for counting per reason ('no clip_score',
@@ -53,7 +61,7 @@ class Bound:
 
     def explain(self, v: Any) -> str:
         """Why v fails this bound, e.g. 'clip_score=0.1 < 0.28'."""
-        if is_missing(v):
+        if is_missing(v) or not is_number(v):
             return f"{self.column} has no score"
         return f"{self.column}={v:.4g} {'<' if self.minimum else '>'} {self.value:g}"
 

@@ -95,9 +95,10 @@ def resolve(spec: FilterSpec, run) -> List[Threshold]:
     from ..runfolder.tables import read_numbers
     from . import quantile
     run.check_columns(spec.columns(), "thresholds")
-    numeric = run.numeric_columns()
+    numeric = run.numeric_columns(spec.columns())
     flags = [c for c in spec.columns() if c not in numeric]
     if flags:
+        numeric = run.numeric_columns()
         raise ConfigError(f"thresholds on {', '.join(flags)}, which {'does' if len(flags) == 1 else 'do'} not hold "
                           f"numbers; numeric score columns: {', '.join(numeric) or 'none'}")
     out = [Threshold(Bound(c, v, True), f"--min {c}={v:g}") for c, v in spec.mins.items()]

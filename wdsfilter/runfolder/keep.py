@@ -16,8 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Optional, Union
 
-from ..thresholds import Bound, Thresholds
-from .tables import is_number
+from ..thresholds import Bound, Thresholds, is_number
 
 KEPT_STATUSES = ("scored", "partial")  # rejected and failed rows are never kept
 

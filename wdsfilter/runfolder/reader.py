@@ -15,7 +15,8 @@ from typing import Dict, Iterator, List, Optional, Sequence
 
 from ..errors import ConfigError
 from . import layout
-from .tables import BASE_FIELDS, DamagedRunFolder, check_schema, is_number, read_batches, table_columns
+from ..thresholds import is_number
+from .tables import BASE_FIELDS, DamagedRunFolder, check_schema, read_batches, table_columns
 
 
 @dataclass(frozen=True)
@@ -98,9 +99,11 @@ class ScoreRun:
             raise ConfigError(f"{what} on {', '.join(missing)}, which the score files in {self.folder} do not have; "
                               f"their columns: {', '.join(self.columns)}")
 
-    def numeric_columns(self) -> List[str]:
-        """Score columns holding numbers in every score file (not the base fields, lists or flags)."""
-        scores = [c for c in self.columns if c not in BASE_FIELDS]
+    def numeric_columns(self, columns: Optional[Sequence[str]] = None) -> List[str]:
+        """Score columns (of `columns`, default all) holding numbers in every score file (not the
+        base fields, lists or flags). A JSON Lines column is numeric when it holds a number and
+        no flag, list or object (a string in it counts as no value, keep.py)."""
+        scores = [c for c in columns or self.columns if c in self.columns and c not in BASE_FIELDS]
         if not self.shards[0].score_file.endswith(".parquet"):
             return [c for c in scores if _jsonl_numeric(self.shards, c)]
         import pyarrow as pa
@@ -124,6 +127,7 @@ def _jsonl_numeric(shards: Sequence[ScoredShard], column: str) -> bool:
     for shard in shards:
         for batch in read_batches(shard.score_file, [column]):
             for v in batch[column]:
-                if v is not None:
-                    return is_number(v)
+                if v is None or isinstance(v, str):
+                    continue
+                return is_number(v)
     return False

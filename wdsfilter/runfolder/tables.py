@@ -16,6 +16,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
 from ..atomic import atomic_path
 from ..errors import ConfigError
+from ..thresholds import is_number
 
 BATCH_ROWS = 65536  # rows read at a time: memory stays flat however large a score file is
 
@@ -249,9 +250,3 @@ def read_numbers(path: str, column: str, rows: int = BATCH_ROWS):
     for batch in read_batches(path, [column], rows):
         values = np.array([v for v in batch[column] if is_number(v)], dtype=np.float64)
         yield values[~np.isnan(values)]
-
-
-def is_number(v: Any) -> bool:
-    """A score a threshold can judge: an int or float (numpy's too), not a bool, not a string."""
-    import numbers
-    return isinstance(v, numbers.Real) and not isinstance(v, bool) and type(v).__name__ != "bool_"
