@@ -19,6 +19,9 @@ from ..thresholds import is_number
 from .tables import BASE_FIELDS, DamagedRunFolder, check_schema, read_batches, table_columns
 
 
+PERMISSIONS = ("allow_pipe", "allow_remote")
+
+
 @dataclass(frozen=True)
 class ScoredShard:
     url: str  # the source shard, where it is read (layout.trusted_source), else as the run named it
@@ -34,7 +37,7 @@ class ScoreRun:
     folder: str
     shards: List[ScoredShard]
     columns: List[str]  # every column of the score files, base fields first
-    stage: Dict = field(default_factory=dict)  # run.json's stage options
+    stage: Dict = field(default_factory=dict)  # run.json's stage options, less its permissions
     unfinished: List[str] = field(default_factory=list)  # shards of the run without a usable score file
     scorers: List[dict] = field(default_factory=list)  # run.json's scorers
 
@@ -79,8 +82,11 @@ class ScoreRun:
             raise ConfigError(f"{folder} holds no completed score files (done/ is empty); finish or --resume the "
                               f"scoring run first")
         scorers = settings.get("scorers") or []
+        # Permissions come from the command line, never from a folder: the run's allow_pipe and
+        # allow_remote do not let `filter` run a command or fetch a URL the folder names.
+        stage = {k: v for k, v in (settings.get("stage") or {}).items() if k not in PERMISSIONS}
         return cls(folder=folder, shards=shards, columns=table_columns([s.score_file for s in shards], scorers),
-                   stage=settings.get("stage") or {}, unfinished=unfinished, scorers=scorers)
+                   stage=stage, unfinished=unfinished, scorers=scorers)
 
     def require_sources(self) -> None:
         """Before any source shard is read (new shards, the report's thumbnails): every one is
