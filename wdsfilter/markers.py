@@ -14,7 +14,8 @@ gets no shard_end (its reader counts it as unreadable_shard).
 """
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import asdict, dataclass
+from typing import Mapping, Optional, Union
 
 MARKER = "__marker__"
 REJECT = "__reject__"  # the reason of a reject marker
@@ -26,10 +27,31 @@ def reject_marker(key: str, url: str, reason: str, message: str) -> dict:
     return {"__key__": key, "__url__": url, MARKER: REJECTED, REJECT: reason, "__message__": message}
 
 
+@dataclass
+class ShardEnd:
+    """What a shard_end marker says of its shard: the record the engines hand to the row model
+    (rows.write_shard), whose completion marker keeps `members` and `error`."""
+    members: int = 0
+    error: Optional[str] = None  # the tar broke here: the rows before it are the shard's
+    failed: Union[bool, str, None] = False  # the stream failed (a pipe: command, a cut download): not done
+    not_a_tar: bool = False  # no member header could be read: not done either
+
+    @classmethod
+    def of(cls, item: Union["ShardEnd", Mapping]) -> "ShardEnd":
+        """From a shard_end marker, or its fields as a dict (the Ray rows carry them as JSON)."""
+        if isinstance(item, cls):
+            return item
+        return cls(members=item.get("members") or 0, error=item.get("error"), failed=item.get("failed") or False,
+                   not_a_tar=bool(item.get("not_a_tar")))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
 def shard_end_marker(url: str, members: int, error: Optional[str], failed: bool = False,
                      not_a_tar: bool = False) -> dict:
     """failed: the shard's stream failed (a pipe: command, a cut download): it is not done.
     not_a_tar: no member header could be read (reading.ShardEnd.not_a_tar): it is not done either."""
-    return {MARKER: SHARD_END, "__url__": url, "__key__": "", "members": members, "error": error, "failed": failed,
-            "not_a_tar": not_a_tar}
+    return {MARKER: SHARD_END, "__url__": url, "__key__": "",
+            **ShardEnd(members, error, failed, not_a_tar).to_dict()}
 

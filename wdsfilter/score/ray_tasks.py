@@ -31,7 +31,7 @@ def read_shard(batch, cfg, scorers, rows_per_block: int = 64) -> Iterator[Dict[s
     message tells the driver how many rows the shard has, how the reader ended and the shard's
     stage counts. Yields column batches of up to rows_per_block rows, so a big shard never sits
     in memory whole."""
-    from ..markers import MARKER, SHARD_END
+    from ..markers import MARKER, SHARD_END, ShardEnd
     from ..pipeline import sample_pipeline
     from ..tally import Tally
     from .transport import Prepare
@@ -47,8 +47,7 @@ def read_shard(batch, cfg, scorers, rows_per_block: int = 64) -> Iterator[Dict[s
         end = None
         for item in pipeline:
             if item.get(MARKER) == SHARD_END:
-                end = {"error": item.get("error"), "members": item.get("members", 0), "failed": item.get("failed"),
-                       "not_a_tar": item.get("not_a_tar", False)}
+                end = ShardEnd.of(item).to_dict()
                 continue
             row = item_row(item, index, scorers, bounds)
             row["shard"] = url  # the URL as the driver knows it (the worker opened `path`)

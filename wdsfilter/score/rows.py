@@ -15,10 +15,10 @@ completion marker (so --resume never trusts a shard whose outputs are not all in
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Union
 
 from ..errors import RunError
-from ..markers import MARKER, REJECT
+from ..markers import MARKER, REJECT, ShardEnd
 from ..runfolder.keep import keep_reason
 from ..thresholds import Thresholds
 from .embeddings import write_embeddings
@@ -105,8 +105,9 @@ class ShardRows:
         return index
 
     def end(self, marker: dict) -> None:
-        self.ended, self.error, self.members = True, marker.get("error"), marker.get("members", 0)
-        self.failed, self.not_a_tar = marker.get("failed"), marker.get("not_a_tar", False)
+        end = ShardEnd.of(marker)
+        self.ended, self.error, self.members = True, end.error, end.members
+        self.failed, self.not_a_tar = end.failed, end.not_a_tar
 
     @property
     def complete(self) -> bool:
@@ -120,16 +121,17 @@ def status_counts(rows: Sequence[dict]) -> Dict[str, int]:
     return counts
 
 
-def write_shard(url: str, rows: List[dict], end: dict, cfg, state, columns: Sequence[str],
+def write_shard(url: str, rows: List[dict], end: Union[ShardEnd, dict], cfg, state, columns: Sequence[str],
                 source: Optional[str] = None, **marker_extra) -> Optional[str]:
     """Write one complete shard's outputs in order (score file, embeddings, filtered shard,
     completion marker). `end` is its shard_end marker (members, error, failed, not_a_tar). Returns None when
     done, else why the shard failed; a failed shard gets no marker, so --resume scores it again.
     A full disk raises (faults.py): the run stops."""
-    if end.get("failed"):  # the stream failed, the shard was not read to its end: no outputs
-        return read_failed_reason(end["failed"])
-    if end.get("not_a_tar"):  # no member header could be read: no outputs, no marker
-        return (f"no member could be read ({end['error']}); is it a tar (a git-lfs pointer file, an HTML "
+    end = ShardEnd.of(end)
+    if end.failed:  # the stream failed, the shard was not read to its end: no outputs
+        return read_failed_reason(end.failed)
+    if end.not_a_tar:  # no member header could be read: no outputs, no marker
+        return (f"no member could be read ({end.error}); is it a tar (a git-lfs pointer file, an HTML "
                 f"error page)? Re-create or re-download it; no marker: --resume reads it again")
     write_table(rows, columns, state.score_path(url), cfg.format)
     embeddings = write_embeddings(cfg.out, state.names[url], rows) or {}
@@ -151,7 +153,7 @@ def write_shard(url: str, rows: List[dict], end: dict, cfg, state, columns: Sequ
                 raise
             return f"filtered shard not written: {e}"
     state.mark_done(url, {"rows": len(rows), "status": status_counts(rows), "kept": sum(bool(r["kept"]) for r in rows),
-                          "members": end.get("members", 0), "error": end.get("error"), "filtered": filtered,
+                          "members": end.members, "error": end.error, "filtered": filtered,
                           # relative to --out: --resume checks they are still there
                           "embeddings": sorted(os.path.relpath(p, cfg.out) for p in embeddings.values()),
                           **marker_extra}, source=source)
