@@ -236,3 +236,26 @@ def test_jsonl_damage_is_named_and_strings_count_as_no_value(scored, tmp_path):
     loader = wdsfilter.loader(shards, batch_size=1, output="dict", scores=str(out))
     score.write_text("[1, 2]\n")
     assert sum(len(b) for b in loader) == 6 and loader.stats.dropped.get("no_score") == 6
+
+
+def test_resume_reads_markers_through_the_same_rules(scored, tmp_path):
+    """--resume: a marker of wrong types is no marker (its shard is scored again, the marker
+    rewritten whole); a damaged run.json is a one-line error naming it, not a JSONDecodeError."""
+    from wdsfilter.score import score
+    base, shards = scored
+    out = shutil.copytree(base / "run-parquet", tmp_path / "run")
+    marker = out / "done" / "part-000001.json"
+    edit_json(marker, rows="six", sizes=[1])
+    old = os.getcwd()
+    os.chdir(base)  # the run's relative shard URLs
+    try:
+        summary = score([os.path.relpath(s, base) for s in shards], out=str(out), scorers=[BrightnessScorer()],
+                        device="cpu", progress=False, workers=0, batch_size=16, resume=True)
+        assert summary.shards_resumed == 1
+        assert json.load(open(marker))["rows"] == 6
+        (out / "run.json").write_text("{broken")
+        with pytest.raises(ConfigError, match="run.json"):
+            score([os.path.relpath(s, base) for s in shards], out=str(out), scorers=[BrightnessScorer()],
+                  device="cpu", progress=False, workers=0, batch_size=16, resume=True)
+    finally:
+        os.chdir(old)
