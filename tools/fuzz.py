@@ -314,7 +314,8 @@ class _Audit:
         elif event in ("os.remove", "os.rmdir", "shutil.rmtree"):
             self.removed.append(os.fsdecode(args[0]) if isinstance(args[0], (str, bytes, os.PathLike)) else "?")
         elif event in ("subprocess.Popen", "os.system", "os.posix_spawn", "os.exec", "os.spawn"):
-            self.commands.append(f"{event}: {str(args)[:200]}")
+            if "ldconfig" not in str(args[0]):  # ctypes.util.find_library's lookup on a first import
+                self.commands.append(f"{event}: {str(args)[:200]}")
 
 
 def _base_folders(root: str) -> Dict[str, str]:
