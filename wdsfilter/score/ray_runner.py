@@ -39,7 +39,7 @@ from ..shards import absolute_url
 from .embeddings import FIELD as EMBEDDINGS
 from .faults import disk_full, is_disk_full, read_failed_reason
 from .outputs import RunSummary
-from .ray_tasks import SHARD_END_ROW, ActorRoster, ScoreActor, finish_shard, measure, plain, read_shard
+from .ray_tasks import LEDGER_FIELDS, SHARD_END_ROW, ActorRoster, ScoreActor, finish_shard, measure, plain, read_shard
 from .rows import BASE_FIELDS
 
 
@@ -93,7 +93,7 @@ class _Collector:
         """Rows of one batch in; (url, rows, end) of every shard this batch completed out."""
         complete = []
         for i in range(len(batch["key"])):
-            row = {f: plain(batch[f][i]) for f in BASE_FIELDS}
+            row = {f: plain(batch[f][i]) for f in (*BASE_FIELDS, *LEDGER_FIELDS)}
             url = row["shard"]
             if row["status"] == SHARD_END_ROW:
                 self.ends[url] = json.loads(row["message"])
@@ -192,7 +192,9 @@ def run_on_ray(shards, cfg, *, actors: Optional[int] = None, gpus_per_actor: Opt
     except Exception as e:
         cause = getattr(e, "cause", e)  # a Ray task's error carries the original as .cause
         if is_disk_full(cause):
-            raise disk_full(cause, "the run's outputs") from None
+            error = disk_full(cause, "the run's outputs")
+            run.record_run_failure(run.todo, error)  # the ledger names what it left, where space allows
+            raise error from None
         raise
     finally:
         run.release_lock()

@@ -15,6 +15,7 @@ import json
 import pickle
 from typing import Dict, Iterator, List, Optional, Sequence
 
+from ..markers import MEMBER, STAGE
 from .embeddings import FIELD as EMBEDDINGS
 from .outputs import json_value
 from .ray_payload import EMPTY, PAYLOAD, PAYLOAD_META, pack_payload, unpack_payload
@@ -22,6 +23,7 @@ from .rows import BASE_FIELDS, complete_row, item_row, new_row, write_shard
 
 PENDING = "__pending__"  # a row whose inputs still need the model
 SHARD_END_ROW = "__shard_end__"  # one per shard: carries the reader's error and member count
+LEDGER_FIELDS = (STAGE, MEMBER)  # row fields the failure ledger reads (ledger.row_entries)
 
 
 # -- decode side: one task per shard --------------------------------------------------------------
@@ -52,6 +54,8 @@ def read_shard(batch, cfg, scorers, rows_per_block: int = 64) -> Iterator[Dict[s
                 continue
             row = item_row(item, index, scorers, bounds)
             row["shard"] = url  # the URL as the driver knows it (the worker opened `path`)
+            for f in LEDGER_FIELDS:  # every row has them: Ray's blocks share one schema
+                row[f] = row.get(f) or ""
             row[PAYLOAD], row[PAYLOAD_META] = EMPTY, b""
             if row["status"] is None:
                 row["status"] = PENDING
@@ -67,7 +71,7 @@ def read_shard(batch, cfg, scorers, rows_per_block: int = 64) -> Iterator[Dict[s
                    "unopened": True}
         end.update(rows=index, dropped=dict(tally.dropped), notes=dict(tally.notes))
         rows.append(dict(new_row("", url, -1, SHARD_END_ROW, message=json.dumps(end)),
-                         **{PAYLOAD: EMPTY, PAYLOAD_META: b""}))
+                         **{PAYLOAD: EMPTY, PAYLOAD_META: b"", **dict.fromkeys(LEDGER_FIELDS, "")}))
         yield _columns(rows)
 
 
@@ -129,6 +133,8 @@ class ScoreActor:
             rows[i]["status"] = None
             complete_row(rows[i], self.scorers, scores, {**loaded[i][1], **errors}, self.bounds)
         out = {f: [r[f] for r in rows] for f in BASE_FIELDS}
+        for f in LEDGER_FIELDS:  # where a rejected row was dropped, for the failure ledger
+            out[f] = [plain(v) or "" for v in batch[f]]
         out[EMBEDDINGS] = [pickle.dumps(r.get(EMBEDDINGS)) for r in rows]  # --save-embeddings (else None)
         for c in self.columns:  # every batch has every column, so Ray's blocks share one schema
             out[c] = [json.dumps(r.get(c), default=json_value) for r in rows]

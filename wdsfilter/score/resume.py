@@ -29,6 +29,7 @@ from ..errors import ConfigError
 from ..shards import absolute_url, is_local, split_suffix
 from .config import ScoreConfig
 from .embeddings import folders as embedding_folders
+from .ledger import MERGED as LEDGER_FILE, folder as ledger_folder
 from .outputs import EXTENSIONS
 
 
@@ -206,15 +207,17 @@ class RunState:
         return [f for f in os.listdir(self.scores_dir) if not f.startswith(".")]
 
     def _clear(self) -> None:
-        for folder in (self.done_dir, self.scores_dir, *embedding_folders(self.out)):
+        for folder in (self.done_dir, self.scores_dir, *embedding_folders(self.out), ledger_folder(self.out)):
             if os.path.isdir(folder):
                 for f in os.listdir(folder):
                     os.remove(os.path.join(folder, f))
+        if os.path.exists(os.path.join(self.out, LEDGER_FILE)):  # the previous run's merged ledger
+            os.remove(os.path.join(self.out, LEDGER_FILE))
 
     def _remove_temporaries(self) -> None:
         """Temporaries of a killed run (atomic.temporary_path) are never complete: delete them."""
         for folder in (self.scores_dir, self.done_dir, self.out, self.cfg.write_shards,
-                       *embedding_folders(self.out)):
+                       *embedding_folders(self.out), ledger_folder(self.out)):
             remove_temporaries(folder)
 
     # -- markers ----------------------------------------------------------------------------------

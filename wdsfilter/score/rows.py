@@ -18,10 +18,11 @@ import os
 from typing import Dict, List, Optional, Sequence
 
 from ..errors import RunError
-from ..markers import MARKER, REJECT
+from ..markers import MARKER, MEMBER, REJECT, STAGE
 from ..thresholds import Thresholds
 from .embeddings import write_embeddings
 from .faults import is_disk_full, read_failed_reason
+from .ledger import row_entries, write_shard_failures
 from .scorers.base import NOTES
 from .outputs import BASE_FIELDS, STATUSES, write_table  # noqa: F401 - the fields are the score file's schema
 from ..shardstats import update_sizes, write_shard_stats
@@ -46,7 +47,11 @@ def item_row(item: dict, index: int, scorers: Sequence, thresholds: Optional[Thr
     scored (status None)."""
     url = item.get("__url__", "")
     if MARKER in item:
-        return new_row(item.get("__key__", ""), url, index, "rejected", item.get(REJECT), item.get("__message__"))
+        key = item.get("__key__", "")
+        row = new_row(key, url, index, "rejected", item.get(REJECT), item.get("__message__"))
+        row[STAGE] = item.get(STAGE) or ""  # for the failure ledger (ledger.py); not a score file column
+        row[MEMBER] = item.get(MEMBER) if item.get(MEMBER) != key else ""
+        return row
     row = new_row(item["__key__"], url, index)
     if not item["inputs"]:
         complete_row(row, scorers, {}, item["errors"], thresholds)
@@ -123,9 +128,10 @@ def status_counts(rows: Sequence[dict]) -> Dict[str, int]:
 
 
 def write_shard(url: str, rows: List[dict], end: dict, cfg, state, columns: Sequence[str],
-                source: Optional[str] = None, **marker_extra) -> Optional[str]:
-    """Write one complete shard's outputs in order (score file, embeddings, filtered shard,
-    completion marker). `end` is its shard_end marker (members, error, failed, not_a_tar). Returns None when
+                source: Optional[str] = None, attempts: Optional[Dict[int, int]] = None,
+                **marker_extra) -> Optional[str]:
+    """Write one complete shard's outputs in order (score file, embeddings, filtered shard, its
+    failure ledger file, completion marker; attempts: ledger.row_entries'). `end` is its shard_end marker (members, error, failed, not_a_tar). Returns None when
     done, else why the shard failed; a failed shard gets no marker, so --resume scores it again.
     A full disk raises (faults.py): the run stops."""
     if end.get("failed"):  # the stream failed, the shard was not read to its end: no outputs
@@ -152,6 +158,8 @@ def write_shard(url: str, rows: List[dict], end: dict, cfg, state, columns: Sequ
             if is_disk_full(e):
                 raise
             return f"filtered shard not written: {e}"
+    # the ledger's file before the marker: a shard trusted as done has its failures listed
+    write_shard_failures(cfg.out, state.names[url], row_entries(rows, attempts))
     state.mark_done(url, {"rows": len(rows), "status": status_counts(rows), "kept": sum(bool(r["kept"]) for r in rows),
                           "members": end.get("members", 0), "error": end.get("error"), "filtered": filtered,
                           # relative to --out: --resume checks they are still there
