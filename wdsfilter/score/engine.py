@@ -67,7 +67,8 @@ class Engine(Run):
         cfg = self.cfg
         tally = Tally(0, 0, name="wdsfilter score")
         pipeline = sample_pipeline(todo, cfg.scoring_stage_config(self.scorers), tally, extra=[Prepare(self.scorers)],
-                                   sink=sink, before_decode=self.only_retried())
+                                   sink=sink, before_decode=self.only_retried(),
+                                   shard_stages=[s.reader() for s in self.only_retried()])
         pipeline.append(Chunk(plan.chunk))
         return torch.utils.data.DataLoader(
             pipeline, batch_size=None, shuffle=False, num_workers=plan.workers, collate_fn=keep_as_is,

@@ -186,10 +186,21 @@ def retry_plan(state, mode: str) -> Dict[str, Dict[int, dict]]:
 class OnlyKeys:
     """Picklable stage (before decoding): in the shards of `keys` ({url: keys}), only the samples
     (and reject markers) of those keys go on; other shards pass whole. What it drops is never
-    decoded, prepared or scored."""
+    decoded, prepared or scored; with its reader() stage, a local shard's other members are not
+    even read."""
 
     def __init__(self, keys: Dict[str, Iterable[str]]):
         self.keys = {url: frozenset(k) for url, k in keys.items()}
+
+    def reader(self):
+        """The shard-list stage that has the reader read only these samples' members, by their
+        offsets, where a shard is a local file (tarsubset.py)."""
+        from ..tarsubset import ReadOnly
+        return ReadOnly(self.keys)
+
+    def opened_as(self, url: str, path: str) -> "OnlyKeys":
+        """The same stage for a shard its reader opens by another name (a Ray worker: its path)."""
+        return OnlyKeys({path: self.keys[url]})
 
     def __call__(self, data):
         from ..markers import MARKER, SHARD_END

@@ -17,6 +17,7 @@ from typing import Dict, Iterator, List, Optional, Sequence
 
 from ..markers import MEMBER, STAGE
 from .embeddings import FIELD as EMBEDDINGS
+from .ledger import write_retried
 from .outputs import json_value
 from .ray_payload import EMPTY, PAYLOAD, PAYLOAD_META, pack_payload, unpack_payload
 from .rows import BASE_FIELDS, complete_row, item_row, new_row, write_shard
@@ -27,12 +28,13 @@ LEDGER_FIELDS = (STAGE, MEMBER)  # row fields the failure ledger reads (ledger.r
 
 
 # -- decode side: one task per shard --------------------------------------------------------------
-def read_shard(batch, cfg, scorers, rows_per_block: int = 64) -> Iterator[Dict[str, list]]:
+def read_shard(batch, cfg, scorers, rows_per_block: int = 64, only=None) -> Iterator[Dict[str, list]]:
     """Ray map_batches generator over shard URLs: every sample's row, with its prepared inputs in
     the PAYLOAD columns (pack_payload) where a model still has to score it, then one SHARD_END_ROW row whose
     message tells the driver how many rows the shard has, how the reader ended and the shard's
     stage counts. Yields column batches of up to rows_per_block rows, so a big shard never sits
-    in memory whole."""
+    in memory whole. only: --retry-failed's stage (ledger.OnlyKeys, by the URLs the driver knows):
+    in its shards only the samples to retry are read on."""
     from ..markers import MARKER, SHARD_END
     from ..pipeline import sample_pipeline
     from ..tally import Tally
@@ -43,7 +45,9 @@ def read_shard(batch, cfg, scorers, rows_per_block: int = 64) -> Iterator[Dict[s
     paths = batch["path"] if "path" in batch else batch["shard"]
     for url, path in zip(list(batch["shard"]), list(paths)):  # rows carry the URL; the worker opens `path`
         tally = Tally(0, 0, name="wdsfilter score (ray)")
-        pipeline = sample_pipeline([path], stage, tally, extra=[Prepare(scorers)])
+        before = [only.opened_as(url, path)] if only is not None and url in only.keys else []
+        pipeline = sample_pipeline([path], stage, tally, extra=[Prepare(scorers)], before_decode=before,
+                                   shard_stages=[s.reader() for s in before])
         rows: List[dict] = []
         index = 0
         end = None
@@ -149,7 +153,7 @@ def plain(v):
 
 
 # -- before planning: one task measures -----------------------------------------------------------
-def measure(cfg, scorers, model_scorers, urls: Sequence[str], device: str) -> dict:
+def measure(cfg, scorers, model_scorers, urls: Sequence[str], device: str, only: Sequence = ()) -> dict:
     """A Ray task (on one GPU, or a CPU slot): what the local engine measures before planning:
     the scorers loaded on `device` (free memory, footprints) and the probe of a few prepared
     samples (activation memory per frame and scorer, speeds), and the node's host numbers."""
@@ -159,7 +163,7 @@ def measure(cfg, scorers, model_scorers, urls: Sequence[str], device: str) -> di
     from .probe import collect_probe
 
     inputs, prep_seconds, scanned = collect_probe(list(urls), cfg.scoring_stage_config(scorers), scorers,
-                                                  cfg.probe_samples, cfg.probe_scan, cfg.probe_seconds)
+                                                  cfg.probe_samples, cfg.probe_scan, cfg.probe_seconds, only)
     runner = ModelRunner(model_scorers, device)
     report = runner.load()
     try:
@@ -172,14 +176,18 @@ def measure(cfg, scorers, model_scorers, urls: Sequence[str], device: str) -> di
 
 # -- per shard: score file, filtered shard, marker --------------------------------------------------
 def finish_shard(url: str, rows: List[dict], end: dict, cfg, state, columns: Sequence[str],
-                 path: Optional[str] = None) -> dict:
+                 path: Optional[str] = None, retry: Optional[Dict[int, dict]] = None) -> dict:
     """A Ray task: the score values back from JSON, rows in shard order, then rows.write_shard
-    (score file, embeddings, filtered shard from `path`, completion marker) as the local engine does."""
+    (score file, embeddings, filtered shard from `path`, completion marker) as the local engine does;
+    with `retry` (--retry-failed: the shard's samples read again), ledger.write_retried."""
     for row in rows:
         for c in columns:
             row[c] = json.loads(row[c])
     rows.sort(key=lambda r: r["index"])
-    failed = write_shard(url, rows, end, cfg, state, columns, source=path, engine="ray")
+    if retry is not None:
+        failed = write_retried(url, rows, end, cfg, state, columns, retry, source=path, engine="ray")
+    else:
+        failed = write_shard(url, rows, end, cfg, state, columns, source=path, engine="ray")
     return {"shard": url, "rows": len(rows), **({"failed": failed} if failed else {})}
 
 
