@@ -296,3 +296,30 @@ class FlakyClip(__import__("wdsfilter.score.scorers.clip", fromlist=["ClipScorer
         if self.prepare_file and sample["__key__"] in _listed(self.prepare_file):
             raise RuntimeError(f"test: prepare breaks on {sample['__key__']}")
         return super().prepare(sample)
+
+
+class ChaosScorer(FlakyScorer):
+    """FlakyScorer that can also die the way processes die, while a file lists the key: a decode
+    worker preparing a key of `decode_kill_file` and a model worker process scoring a key of
+    `model_kill_file` end with os._exit(137), as the kernel's OOM killer ends them (the probe's
+    prepare() in the main process and a model scored in the main process are spared: those
+    would be the run's own death, which the tests bring about with kill -9)."""
+
+    name = "bright"
+
+    def __init__(self, decode_kill_file: str = "", model_kill_file: str = "", **kw):
+        super().__init__(**kw)
+        self.decode_kill_file, self.model_kill_file = decode_kill_file, model_kill_file
+
+    def prepare(self, sample):
+        if self.decode_kill_file and torch.utils.data.get_worker_info() is not None \
+                and sample["__key__"] in _listed(self.decode_kill_file):
+            os._exit(137)
+        return super().prepare(sample)
+
+    def score_batch(self, inputs):
+        import multiprocessing
+        if self.model_kill_file and multiprocessing.parent_process() is not None \
+                and {i["key"] for i in inputs} & _listed(self.model_kill_file):
+            os._exit(137)
+        return super().score_batch(inputs)

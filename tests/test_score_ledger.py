@@ -102,3 +102,12 @@ def test_which_reasons_are_transient_is_decided_in_one_place():
     for reason in ("corrupt_image", "missing_caption", "caption_refused", "not_a_tar"):
         assert not is_transient(reason)
     assert is_transient("caption_refused;out_of_memory")  # two scorers, one of them transient
+
+
+def test_a_scorer_whose_prepare_raises_on_every_sample_stops_the_run(shards, tmp_path):
+    from faultkit import FlakyScorer
+    urls, images = shards
+    every = tmp_path / "every"
+    every.write_text("\n".join(images))
+    with pytest.raises(RuntimeError, match="prepared none: a bug in the scorer"):
+        run(urls, tmp_path / "out", scorers=[FlakyScorer(prepare_file=str(every))])

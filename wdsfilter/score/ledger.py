@@ -42,7 +42,7 @@ FIELDS = ("key", "shard", "index", "member", "stage", "status", "reason", "messa
 # data (corrupt_image, missing_caption, caption_not_text, a scorer's DataError ...): the same
 # bytes fail the same way, so --retry-failed skips them unless asked for `all`.
 TRANSIENT = frozenset({"out_of_memory", "score_error", "prepare_error", "device_error", "worker_died",
-                       "read_failed", "unreadable_remote", "write_failed", "shard_unfinished"})
+                       "read_failed", "unreadable_remote", "write_failed", "disk_full", "shard_unfinished"})
 # A sample's stage, by reason, for rows whose stage no stage recorded.
 SCORE_REASONS = frozenset({"out_of_memory", "score_error"})
 RETRY_MODES = ("transient", "all")
@@ -82,6 +82,8 @@ def shard_entry(url: str, reason_text: str, remote: bool) -> dict:
         reason, stage = "not_a_tar", "read"
     elif text.startswith("filtered shard not written"):
         reason, stage = "write_failed", "write"
+    elif text.startswith("no space left"):
+        reason, stage = "disk_full", "write"
     elif "died" in text or "lost" in text:
         reason, stage = "worker_died", "score"
     elif "device" in text and "failed" in text:

@@ -229,9 +229,11 @@ class RunState:
             return None
         return info if isinstance(info, dict) and info.get("url") == url else None
 
-    def _outputs(self, url: str, embeddings: Iterable[str]) -> List[str]:
+    def _outputs(self, url: str, embeddings: Iterable[str], failures: Optional[str] = None) -> List[str]:
+        """The files a marker vouches for; `failures`: the shard's failure ledger file, relative to
+        --out (markers written before the ledger name none)."""
         paths = [self.score_path(url)] + ([self.filtered_path(url)] if self.cfg.write_shards else [])
-        return paths + [os.path.join(self.out, p) for p in embeddings or []]
+        return paths + [os.path.join(self.out, p) for p in [*(embeddings or []), *([failures] if failures else [])]]
 
     def _changed(self, url: str, info: dict) -> bool:
         """The source shard is not what was scored: its size or modification time differ."""
@@ -239,7 +241,8 @@ class RunState:
 
     def is_done(self, url: str) -> bool:
         info = self._marker(url)
-        return (info is not None and outputs_intact(info, self.out, self._outputs(url, info.get("embeddings")))
+        return (info is not None and outputs_intact(info, self.out, self._outputs(url, info.get("embeddings"),
+                                                                                    info.get("failures")))
                 and not self._changed(url, info))
 
     def pending(self) -> List[str]:
@@ -260,7 +263,7 @@ class RunState:
         the sizes of the outputs, so --resume trusts neither a changed shard nor a damaged output."""
         data = dict(info, url=url, name=self.names[url], score_file=self.score_path(url),
                     filtered_shard=self.filtered_path(url), source=source_state(source or url),
-                    sizes=output_sizes(self.out, self._outputs(url, info.get("embeddings"))))
+                    sizes=output_sizes(self.out, self._outputs(url, info.get("embeddings"), info.get("failures"))))
         write_json(self.marker_path(url), data, fsync=True)
 
     def done_score_files(self) -> List[str]:

@@ -131,8 +131,9 @@ def write_shard(url: str, rows: List[dict], end: dict, cfg, state, columns: Sequ
                 source: Optional[str] = None, attempts: Optional[Dict[int, int]] = None,
                 **marker_extra) -> Optional[str]:
     """Write one complete shard's outputs in order (score file, embeddings, filtered shard, its
-    failure ledger file, completion marker; attempts: ledger.row_entries'). `end` is its shard_end marker (members, error, failed, not_a_tar). Returns None when
-    done, else why the shard failed; a failed shard gets no marker, so --resume scores it again.
+    failure ledger file, completion marker). `end` is its shard_end marker (members, error,
+    failed, not_a_tar); attempts: the ledger's count for retried samples (ledger.row_entries).
+    Returns None when done, else why the shard failed; a failed shard gets no marker, so --resume scores it again.
     A full disk raises (faults.py): the run stops."""
     if end.get("failed"):  # the stream failed, the shard was not read to its end: no outputs
         return read_failed_reason(end["failed"])
@@ -158,11 +159,13 @@ def write_shard(url: str, rows: List[dict], end: dict, cfg, state, columns: Sequ
             if is_disk_full(e):
                 raise
             return f"filtered shard not written: {e}"
-    # the ledger's file before the marker: a shard trusted as done has its failures listed
-    write_shard_failures(cfg.out, state.names[url], row_entries(rows, attempts))
+    # the ledger's file before the marker, which records its size: a shard trusted as done has
+    # its failures listed, never an older attempt's
+    ledger_file = write_shard_failures(cfg.out, state.names[url], row_entries(rows, attempts))
     state.mark_done(url, {"rows": len(rows), "status": status_counts(rows), "kept": sum(bool(r["kept"]) for r in rows),
                           "members": end.get("members", 0), "error": end.get("error"), "filtered": filtered,
                           # relative to --out: --resume checks they are still there
                           "embeddings": sorted(os.path.relpath(p, cfg.out) for p in embeddings.values()),
+                          "failures": os.path.relpath(ledger_file, cfg.out),
                           **marker_extra}, source=source)
     return None

@@ -111,7 +111,6 @@ class Run:
             raise NothingScoredError(nothing_scored_text(summary, len(files), self.state.scores_dir))
         return summary
 
-
     def record_failures(self, unfinished: Sequence[dict] = ()) -> Optional[str]:
         """The failure ledger at the end of a run (ledger.py): an entry for each shard that failed
         (it has no marker, so no file of its own rows), then every shard's file merged into
