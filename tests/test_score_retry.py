@@ -153,8 +153,9 @@ def test_retry_keeps_embeddings_score_files_and_filtered_shards_row_for_row(tiny
     model = "local-dir:" + tiny_clip
 
     def clip(out, **kw):
-        return score(urls, out=str(out), scorers=[FlakyClip(model=model, prepare_file=str(prep))], device="cpu",
-                     progress=False, workers=0, batch_size=4, save_embeddings=True, min_clip=-1.0,
+        scorer = FlakyClip(model=model, prepare_file=str(prep), save_embeddings=True)  # --save-embeddings
+        return score(urls, out=str(out), scorers=[scorer], device="cpu", progress=False, workers=0, batch_size=4,
+                     min_clip=-1.0,
                      write_shards=str(out) + "-kept", **kw)
     prep.write_text("")
     clip(tmp_path / "clean")  # a run without the faults, one shot
