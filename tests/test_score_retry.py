@@ -61,17 +61,18 @@ TRANSIENT = {"s0_00004": "score_error", "s2_00007": "score_error", "s1_00001": "
 DATA = {"s0_00003": "caption_refused", "s1_00002": "corrupt_image", "s1_00005": "missing_caption"}
 
 
-def test_retry_failed_scores_only_the_transient_failures_and_puts_them_in_place(faults, tmp_path):
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_retry_failed_scores_only_the_transient_failures_and_puts_them_in_place(faults, tmp_path, fmt):
     urls, images, scorer, files, log = faults
     out = tmp_path / "out"
-    run(urls, out, scorer)
+    run(urls, out, scorer, format=fmt)
     first = rows_of(out)
     assert {k: e["reason"] for k, e in ledger(out).items()} == {**TRANSIENT, **DATA}
     assert all(ledger(out)[k]["transient"] for k in TRANSIENT) and not any(ledger(out)[k]["transient"] for k in DATA)
     for f in files.values():  # the faults pass
         f.write_text("")
     log.write_text("")
-    summary = run(urls, out, scorer, retry_failed=True)
+    summary = run(urls, out, scorer, retry_failed=True, format=fmt)
     assert set(logged(log)) == set(TRANSIENT)  # only they were read on and scored again (the probe's included)
     assert summary.retried == {"samples": 5, "scored": 5}
     after = rows_of(out)
