@@ -188,3 +188,28 @@ def test_retry_keeps_embeddings_score_files_and_filtered_shards_row_for_row(tiny
         kept = os.path.join(str(out) + "-kept", stem + ".tar")
         assert open(kept, "rb").read() == open(os.path.join(str(tmp_path / "clean") + "-kept", stem + ".tar"),
                                                "rb").read()
+
+
+def test_a_key_that_returns_later_in_the_shard_gets_each_row_back_at_its_place(tmp_path):
+    from shardkit import image_bytes, write_shard
+    dark, light = image_bytes(color=(10, 10, 10)), image_bytes(color=(240, 240, 240))
+    # k1 comes back after more keys than the reader's grouping window holds: a second sample
+    between = [m for i in range(2, 12) for m in ((f"k{i}.jpg", image_bytes()), (f"k{i}.txt", f"caption {i}"))]
+    url = write_shard(str(tmp_path / "s.tar"), [("k0.jpg", image_bytes()), ("k0.txt", "zero"),
+                                                ("k1.jpg", dark), ("k1.txt", "one"), *between,
+                                                ("k1.jpg", light), ("k1.txt", "one again")])
+    broken = tmp_path / "raise"
+    broken.write_text("k1\n")
+    out = tmp_path / "out"
+
+    def scorer():
+        return FlakyScorer(raise_file=str(broken))
+    run([url], out, scorer, workers=0)
+    assert [(e["key"], e["index"]) for e in read_entries(str(out / "failures.parquet"))] == [("k1", 1), ("k1", 12)]
+    broken.write_text("")
+    run([url], out, scorer, workers=0, retry_failed=True)
+    rows = read_rows(str(out / "scores" / "s.parquet"))
+    assert [r["key"] for r in rows] == ["k0", "k1", *[f"k{i}" for i in range(2, 12)], "k1"]
+    assert {r["status"] for r in rows} == {"scored"}
+    assert rows[1]["brightness"] == pytest.approx(expected_brightness(dark), abs=1e-5)
+    assert rows[12]["brightness"] == pytest.approx(expected_brightness(light), abs=1e-5)

@@ -85,3 +85,15 @@ def test_the_pipeline_reads_only_the_marked_samples(tmp_path):
     keys = [s["__key__"] for s in sample_pipeline([url, other], StageConfig(),
                                                   shard_stages=[ReadOnly({url: ["k1", "k4"]})])]
     assert keys == ["k1", "k4", "k9"]  # the other shard is read whole
+
+
+def test_a_wanted_key_that_comes_back_later_is_read_whole(tmp_path):
+    # side by side in a subset, its two samples would be grouped as one
+    from shardkit import write_shard
+    path = write_shard(str(tmp_path / "s.tar"), [("a.txt", "1"), ("b.txt", "2"), ("a.txt", "3")])
+    f = open(path, "rb")
+    assert subset_stream(f, frozenset({"a"}), "first-dot") is f
+    f.close()
+    f = open(path, "rb")
+    assert subset_stream(f, frozenset({"b"}), "first-dot") is not f  # b does not come back
+    f.close()

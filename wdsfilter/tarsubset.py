@@ -35,17 +35,25 @@ class ReadOnly:
 
 def member_spans(f, keys: FrozenSet[str], rekey: str) -> Optional[List[Tuple[int, int]]]:
     """(start, end) byte ranges of the members of `keys` in the seekable plain tar `f`; None
-    when it cannot be walked by seeks (then it is read whole)."""
+    when it cannot be walked by seeks, or when a wanted key comes back after other members: the
+    subset would put its members side by side, where the reader would group them otherwise
+    (then it is read whole)."""
     from .reading import ShardTarInfo
     from .specs import split_name
     spans: List[Tuple[int, int]] = []
+    seen, last = set(), None
     try:
         tar = tarfile.open(fileobj=f, mode="r:", tarinfo=ShardTarInfo)  # plain tar only; seeks past data
         for info in tar:
-            if split_name(info.name, rekey)[0] in keys:
+            key = split_name(info.name, rekey)[0]
+            if key in keys:
+                if key != last and key in seen:
+                    return None  # a returning key: its grouping depends on what lies between
+                seen.add(key)
                 end = info.offset_data + (-(-info.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE if info.isreg()
                                           else 0)
                 spans.append((info.offset, end))
+            last = key
             tar.members = []  # only the spans are kept, not every header of a big shard
         if getattr(tar, "wds_end", "end-of-archive") != "end-of-archive":
             return None  # cut short or a corrupt header: the whole read reports it as it should

@@ -214,21 +214,24 @@ class OnlyKeys:
 
 def merge_retried(url: str, retried: List[dict], plan: Dict[int, dict], state) -> List[dict]:
     """The shard's rows with the retried ones in place: the rows of its score file (and their
-    embeddings, where the run saves them), each retried row put at the index of the failed row of
-    its key (the n-th retried row of a key at the n-th failed index of that key)."""
+    embeddings, where the run saves them), each retried row at the index of its sample. The
+    retry reads every sample of a listed key, in shard order, so the n-th row of a key read back
+    is the n-th row of that key in the score file (a key that returns later in the shard has
+    several); only those the plan lists are replaced."""
     from .outputs import read_rows
     rows = read_rows(state.score_path(url))
     _attach_embeddings(state, url, rows)
-    slots: Dict[str, List[int]] = {}
-    for index in sorted(plan):
-        slots.setdefault(plan[index]["key"], []).append(index)
+    occurrences: Dict[str, List[int]] = {}
+    for row in rows:
+        occurrences.setdefault(row["key"], []).append(row["index"])
     for row in retried:
-        free = slots.get(row["key"])
-        if not free:  # a key the plan did not ask for (a duplicate read back): not this run's to place
+        left = occurrences.get(row["key"])
+        if not left:  # more samples of this key than the first reading had: not this run's to place
             continue
-        index = free.pop(0)
-        row["index"] = index
-        rows[index] = row
+        index = left.pop(0)
+        if index in plan:
+            row["index"] = index
+            rows[index] = row
     return rows
 
 
