@@ -138,7 +138,7 @@ class ScoreActor:
             complete_row(rows[i], self.scorers, scores, {**loaded[i][1], **errors}, self.bounds)
         out = {f: [r[f] for r in rows] for f in BASE_FIELDS}
         for f in LEDGER_FIELDS:  # where a rejected row was dropped, for the failure ledger
-            out[f] = [plain(v) or "" for v in batch[f]]
+            out[f] = [plain(v) or "" for v in batch[f]] if f in batch else [""] * n
         out[EMBEDDINGS] = [pickle.dumps(r.get(EMBEDDINGS)) for r in rows]  # --save-embeddings (else None)
         for c in self.columns:  # every batch has every column, so Ray's blocks share one schema
             out[c] = [json.dumps(r.get(c), default=json_value) for r in rows]
