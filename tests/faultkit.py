@@ -246,3 +246,80 @@ class DecodeExitScorer(BrightnessScorer):
         if self.kill_key and sample["__key__"].endswith(self.kill_key) and os.path.exists(self.trip_file):
             os._exit(137)
         return super().prepare(sample)
+
+
+def _listed(path: str) -> set:
+    try:
+        with open(path) as f:
+            return set(f.read().split())
+    except OSError:
+        return set()
+
+
+class FlakyScorer(BrightnessScorer):
+    """Fails on the samples whose keys a file lists, the way a transient fault does, while the
+    file says so (the run's options stay the same, so --resume and --retry-failed accept them):
+    keys in `raise_file` make score_batch raise a ValueError (a scorer's exception), in
+    `oom_file` a CUDA out-of-memory error at any batch size (out of memory after the back-off's
+    floor), in `prepare_file` make prepare() raise a RuntimeError (a scorer's exception in the
+    decode worker)."""
+
+    name = "bright"
+
+    def __init__(self, raise_file: str = "", oom_file: str = "", prepare_file: str = "", **kw):
+        super().__init__(**kw)
+        self.raise_file, self.oom_file, self.prepare_file = raise_file, oom_file, prepare_file
+
+    def prepare(self, sample):
+        if self.prepare_file and sample["__key__"] in _listed(self.prepare_file):
+            raise RuntimeError(f"test: prepare breaks on {sample['__key__']}")
+        return super().prepare(sample)
+
+    def score_batch(self, inputs):
+        keys = {i["key"] for i in inputs}
+        if self.oom_file and keys & _listed(self.oom_file):
+            raise torch.cuda.OutOfMemoryError(f"test: out of memory with {sorted(keys & _listed(self.oom_file))}")
+        if self.raise_file and keys & _listed(self.raise_file):
+            raise ValueError(f"test: the model breaks on {sorted(keys & _listed(self.raise_file))}")
+        return super().score_batch(inputs)
+
+
+class FlakyClip(__import__("wdsfilter.score.scorers.clip", fromlist=["ClipScorer"]).ClipScorer):
+    """The CLIP scorer, failing (a RuntimeError in prepare(): a transient scorer exception) on the
+    samples whose keys `prepare_file` lists while it lists them."""
+
+    def __init__(self, prepare_file: str = "", **kw):
+        super().__init__(**kw)
+        self.prepare_file = prepare_file
+
+    def prepare(self, sample):
+        if self.prepare_file and sample["__key__"] in _listed(self.prepare_file):
+            raise RuntimeError(f"test: prepare breaks on {sample['__key__']}")
+        return super().prepare(sample)
+
+
+class ChaosScorer(FlakyScorer):
+    """FlakyScorer that can also die the way processes die, while a file lists the key: a decode
+    worker preparing a key of `decode_kill_file` and a model worker process scoring a key of
+    `model_kill_file` end with os._exit(137), as the kernel's OOM killer ends them (the probe's
+    prepare() in the main process and a model scored in the main process are spared: those
+    would be the run's own death, which the tests bring about with kill -9)."""
+
+    name = "bright"
+
+    def __init__(self, decode_kill_file: str = "", model_kill_file: str = "", **kw):
+        super().__init__(**kw)
+        self.decode_kill_file, self.model_kill_file = decode_kill_file, model_kill_file
+
+    def prepare(self, sample):
+        if self.decode_kill_file and torch.utils.data.get_worker_info() is not None \
+                and sample["__key__"] in _listed(self.decode_kill_file):
+            os._exit(137)
+        return super().prepare(sample)
+
+    def score_batch(self, inputs):
+        import multiprocessing
+        if self.model_kill_file and multiprocessing.parent_process() is not None \
+                and {i["key"] for i in inputs} & _listed(self.model_kill_file):
+            os._exit(137)
+        return super().score_batch(inputs)

@@ -21,10 +21,13 @@ MARKER = "__marker__"
 REJECT = "__reject__"  # the reason of a reject marker
 REJECTED = "reject"
 SHARD_END = "shard_end"
+# Where a reject marker's sample was dropped: the stage and the member it named (the failure ledger's).
+STAGE, MEMBER = "__stage__", "__member__"
 
 
-def reject_marker(key: str, url: str, reason: str, message: str) -> dict:
-    return {"__key__": key, "__url__": url, MARKER: REJECTED, REJECT: reason, "__message__": message}
+def reject_marker(key: str, url: str, reason: str, message: str, stage: str = "", member: str = "") -> dict:
+    return {"__key__": key, "__url__": url, MARKER: REJECTED, REJECT: reason, "__message__": message,
+            STAGE: stage, MEMBER: member}
 
 
 @dataclass

@@ -69,19 +69,22 @@ def set_epoch(pipeline: wds.DataPipeline, epoch: int) -> None:
 def sample_pipeline(urls, cfg: Optional[StageConfig] = None, tally: Optional[Tally] = None, *,
                     resampled: bool = False, shuffle: int = 0, seed: int = 0, decode_images: bool = True,
                     extra: Sequence[Callable] = (), sink: Optional[StatsSink] = None,
-                    before_decode: Sequence[Callable] = (), cycle: bool = False) -> wds.DataPipeline:
+                    before_decode: Sequence[Callable] = (), cycle: bool = False,
+                    shard_stages: Sequence[Callable] = ()) -> wds.DataPipeline:
     """urls -> decoded samples {"__key__", "__url__", "image" (PIL) or "video" (bytes), "caption", "json"}.
 
     `extra` stages (map_dict, to_tuple, ...) run after decoding and before the output count, so
     the watchdog sees what finally comes out. `before_decode` stages (the score filter) run in
     shard order before decoding and shuffling: what they drop is never decoded. `cycle`: each
     reader repeats its shards endlessly (the loader's sized epochs cut the stream).
+    `shard_stages` run on the shard list's {"url"} items (tarsubset.ReadOnly: only some samples).
     """
     cfg = cfg or StageConfig()
     tally = tally if tally is not None else Tally(cfg.starvation_samples, cfg.starvation_seconds)
     urls = expand_urls(urls, cfg.allow_pipe, cfg.allow_remote)
     stages = shard_source(urls, resampled, shuffle_shards=bool(shuffle), seed=seed,
                           cycle=tally if cycle and not resampled else None)
+    stages += list(shard_stages)
     stages += sample_stages(cfg, tally, decode_images=decode_images, before_decode=before_decode)
     if shuffle:
         stages.append(wds.shuffle(shuffle, initial=min(shuffle, 1000)))

@@ -22,6 +22,7 @@ from .errors import DataError, UnsafeInputError
 from .markers import shard_end_marker
 from .members import MemberCaps, gunzip_member, is_unsafe_ext
 from .shards import close_shard, is_local, is_pipe, open_shard
+from .tarsubset import ONLY_KEYS, subset_stream
 from .specs import reserved_ext, split_name
 from .tally import Tally
 
@@ -276,6 +277,8 @@ def tar_members(src: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator
             tally.shard_opened(url)
             tally.drop("unreadable_shard", STAGE, url, "", f"{e}; check the path and permissions")
             continue
+        if item.get(ONLY_KEYS) is not None and is_local(url):  # only some samples: read by offsets
+            stream = subset_stream(stream, item[ONLY_KEYS], cfg.rekey)
         tally.shard_opened(url)
         tick = tally.ticker(url)
         end = None

@@ -30,7 +30,7 @@ def _reject(tally: Tally, sample: dict, reason: str, stage: str, member: str, me
     sample a row, its reason included)."""
     tally.drop(reason, stage, sample.get("__url__", ""), member, message)
     if emit:
-        return reject_marker(sample.get("__key__", ""), sample.get("__url__", ""), reason, message)
+        return reject_marker(sample.get("__key__", ""), sample.get("__url__", ""), reason, message, stage, member)
     return None
 
 

@@ -9,6 +9,7 @@ import heapq
 import io
 import itertools
 import math
+import os
 import tarfile
 from collections import OrderedDict
 from typing import Dict, List, Optional, Sequence
@@ -95,9 +96,26 @@ class ReportCollector:
                              "above": above.examples(), "below": below.examples()})
         everything = [e for s in sections for e in s["above"] + s["below"]]
         everything += [e for ex in self.dropped.values() for e in ex]
+        failures = ledger_section(self.run)
+        everything += [e for ex in failures["examples"].values() for e in ex]
         _attach_media(everything, self.run.stage)
         return {"result": result, "columns": {c: stats.get(c, {}) for c in self.numeric}, "sections": sections,
-                "dropped": self.dropped}
+                "dropped": self.dropped, "failures": failures}
+
+
+def ledger_section(run) -> dict:
+    """The run's failure ledger (score/ledger.py) for the report: counts by reason (from
+    failures.parquet) and a few samples of each reason, shown like the dropped ones."""
+    from ..score import ledger
+    by_reason = ledger.summarize(ledger.read_entries(os.path.join(run.folder, ledger.MERGED)))
+    examples: Dict[str, List[dict]] = OrderedDict()
+    for shard in run.shards:
+        for e in ledger.read_entries(ledger.shard_file(run.folder, shard.name)):
+            ex = examples.setdefault(e["reason"], [])
+            if len(ex) < PER_REASON and e["index"] >= 0:
+                ex.append({"url": shard.url, "key": e["key"], "values": {}, "kept": False, "reason": e["reason"],
+                           "message": e["message"]})
+    return {"by_reason": by_reason, "examples": examples}
 
 
 def _attach_media(examples: List[dict], stage: dict) -> None:

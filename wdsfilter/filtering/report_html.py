@@ -167,8 +167,26 @@ def render(data: Dict) -> str:
                                        for r, n in result.reasons.items()) + "</table>")
         for reason, examples in data["dropped"].items():
             out.append(f"<h3>{_e(reason)} ({result.reasons.get(reason, 0)})</h3>" + _grid(examples, None))
+    out += _ledger(data.get("failures") or {})
     out.append(f"<script>{SCRIPT}</script></body></html>")
     return "\n".join(out)
+
+
+def _ledger(failures: Dict) -> List[str]:
+    """The failure ledger's section: not scored, by reason, transient or not (score/ledger.py)."""
+    by_reason = failures.get("by_reason") or {}
+    if not by_reason:
+        return []
+    out = ["<h2>Failure ledger (failures.parquet)</h2><table><tr><th>samples</th><th>shards</th><th>reason</th>"
+           "<th>kind</th></tr>"]
+    out += [f"<tr><td class=n>{s['samples']}</td><td class=n>{s['shards']}</td><td>{_e(r)}</td>"
+            f"<td>{'transient: wdsfilter score --retry-failed' if s['transient'] else 'data'}</td></tr>"
+            for r, s in by_reason.items()]
+    out.append("</table>")
+    for reason, examples in failures.get("examples", {}).items():
+        if examples:
+            out.append(f"<h3>{_e(reason)}</h3>" + _grid(examples, None))
+    return out
 
 
 def write_report(data: Dict, path: str) -> str:

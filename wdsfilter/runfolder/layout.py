@@ -199,6 +199,7 @@ class Marker:
     filtered: Optional[dict] = None  # the filtered shard's counts (score --write-shards)
     filtered_shard: Optional[str] = None
     embeddings: List[str] = field(default_factory=list)  # relative to the run folder
+    failures: Optional[str] = None  # the shard's failure ledger file, relative to the run folder
     source: Optional[dict] = None  # source_state of a local shard where it was read
     sizes: Dict[str, int] = field(default_factory=dict)  # output file (relative to the folder) -> bytes
     engine: Optional[str] = None
@@ -206,7 +207,7 @@ class Marker:
 
     _TYPES = {"url": str, "name": str, "score_file": str, "rows": int, "status": dict, "kept": int,
               "members": int, "error": (str, type(None)), "filtered": (dict, type(None)),
-              "filtered_shard": (str, type(None)), "embeddings": list, "source": (dict, type(None)),
+              "filtered_shard": (str, type(None)), "embeddings": list, "failures": (str, type(None)), "source": (dict, type(None)),
               "sizes": dict, "engine": (str, type(None))}
 
     @classmethod
@@ -227,8 +228,8 @@ class Marker:
                    for k, v in values.get("sizes", {}).items()):
             raise ValueError("'sizes' is not {file: bytes}")
         if not all(isinstance(p, str) and not os.path.isabs(p) and ".." not in p.split("/")
-                   for p in values.get("embeddings", [])):
-            raise ValueError("'embeddings' names a path outside the run folder")
+                   for p in [*values.get("embeddings", []), *([values["failures"]] if values.get("failures") else [])]):
+            raise ValueError("'embeddings' or 'failures' names a path outside the run folder")
         source = values.get("source") or {}
         if not (isinstance(source.get("path", ""), str)
                 and all(isinstance(source.get(k, 0), int) for k in ("bytes", "mtime_ns"))):

@@ -54,6 +54,11 @@ def _echo(text: str) -> None:
 @click.option("--format", "fmt", type=click.Choice(["parquet", "jsonl"]), default="parquet", show_default=True)
 @click.option("--resume", is_flag=True, help="Continue a run in --out: skip shards with a completion marker.")
 @click.option("--overwrite", is_flag=True, help="Start over in an --out that holds a previous run.")
+@click.option("--retry-failed", "retry_failed", is_flag=False, flag_value="transient", default=None,
+              type=click.Choice(["transient", "all"]),
+              help="Score again the samples the failure ledger (OUT/failures.parquet) lists: transient failures "
+                   "(out of memory, a scorer's exception, a dead worker, a broken read), or `all` (data errors "
+                   "too); the rows are replaced in place. Implies --resume.")
 @click.option("--dry-run", is_flag=True, help="Load the models, measure, print the plan; score nothing.")
 @click.option("--rekey", type=click.Choice(REKEY_MODES), default=None,
               help="Member name -> key split: first-dot (webdataset's) or last-dot (dotted basenames) [first-dot].")
@@ -79,7 +84,7 @@ def _echo(text: str) -> None:
 def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frames, frame_reduce, keyframes,
           ocr_backend, ocr_model_dir, ocr_download, min_clip, max_ocr_area, mins, maxes, write_shards,
           save_embeddings, device, gpus, batch_size, workers, replicas, max_memory, headroom, fit, fmt, resume,
-          overwrite, dry_run, caption_key, image_key, rekey, config_file, max_bytes, allow_pipe, allow_remote, engine,
+          overwrite, retry_failed, dry_run, caption_key, image_key, rekey, config_file, max_bytes, allow_pipe, allow_remote, engine,
           ray_address, ray_actors, ray_gpus_per_actor,
           no_progress, no_histograms):
     """Score every sample of SHARDS (folders, globs, brace patterns, .tar files) with CLIP, OCR
@@ -111,7 +116,7 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
                        write_shards=write_shards, save_embeddings=save_embeddings, device=device, gpus=gpus,
                        batch_size=batch_size,
                        workers=workers, replicas=replicas, max_memory=max_memory, headroom=headroom, fit=fit,
-                       format=fmt, resume=resume, overwrite=overwrite, dry_run=dry_run, progress=not no_progress)
+                       format=fmt, resume=resume, overwrite=overwrite, retry_failed=retry_failed, dry_run=dry_run, progress=not no_progress)
     ray_given = [f for f, v in (("--ray-address", ray_address), ("--ray-actors", ray_actors),
                                 ("--ray-gpus-per-actor", ray_gpus_per_actor)) if v is not None]
     if ray_given and engine != "ray":

@@ -102,6 +102,10 @@ class ScoreConfig:
     format: str = "parquet"
     resume: bool = False
     overwrite: bool = False
+    # Score again the samples the failure ledger lists (ledger.py) in a finished run: "transient"
+    # (out of memory, a scorer's exception, a dead worker ...) or "all" (data errors too). Implies
+    # resume: shards without a marker are scored too.
+    retry_failed: Optional[str] = None
     dry_run: bool = False
     progress: bool = True
     histogram_bins: int = 20
@@ -139,6 +143,17 @@ class ScoreConfig:
             raise ConfigError(f"fit must be one of {FIT_POLICIES}, got {self.fit!r}")
         if self.format not in FORMATS:
             raise ConfigError(f"format must be one of {FORMATS}, got {self.format!r}")
+        self.retry_failed = {True: "transient", False: None, "": None}.get(self.retry_failed, self.retry_failed)
+        if self.retry_failed is not None:
+            from .ledger import RETRY_MODES
+            if self.retry_failed not in RETRY_MODES:
+                raise ConfigError(f"retry_failed must be one of {RETRY_MODES} (or True: transient), got "
+                                  f"{self.retry_failed!r}")
+            if self.overwrite:
+                raise ConfigError("retry_failed and overwrite exclude each other: retry_failed continues a run")
+            if self.dry_run:
+                raise ConfigError("retry_failed scores; dry_run scores nothing: drop one of them")
+            self.resume = True
         if self.resume and self.overwrite:
             raise ConfigError("resume and overwrite exclude each other: resume continues a run, overwrite restarts it")
         if self.max_batch < 1 or self.cpu_max_batch < 1:

@@ -23,6 +23,7 @@ from typing import Callable, Dict, Iterable, List, Optional
 
 from ..markers import MARKER, SHARD_END
 from .faults import dead_decode_worker
+from .ledger import write_retried
 from .rows import ShardRows, complete_row, write_shard
 from .run import Run
 from .transport import Batch, open_chunk
@@ -154,9 +155,12 @@ class Dispatcher:
     def _maybe_finish(self, s: ShardRows) -> None:
         if not s.complete:
             return
-        failed = write_shard(s.url, s.rows, {"members": s.members, "error": s.error, "failed": s.failed,
-                                              "not_a_tar": s.not_a_tar}, self.cfg,
-                             self.run.state, self.run.columns)
+        end = {"members": s.members, "error": s.error, "failed": s.failed, "not_a_tar": s.not_a_tar}
+        plan = self.run.retry.get(s.url)  # --retry-failed: these rows go in place of failed ones
+        if plan is not None:
+            failed = write_retried(s.url, s.rows, end, self.cfg, self.run.state, self.run.columns, plan)
+        else:
+            failed = write_shard(s.url, s.rows, end, self.cfg, self.run.state, self.run.columns)
         del self.shards[s.url]
         if failed:
             self.failed.append({"url": s.url, "reason": failed})

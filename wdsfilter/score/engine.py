@@ -19,8 +19,9 @@ from typing import Callable, List, Optional
 from .config import ScoreConfig
 from .devices import make_pool, resolve_devices
 from .dispatch import Dispatcher, open_progress
-from .faults import decode_worker_died, disk_full, is_disk_full
+from .faults import RunFailedError, decode_worker_died, disk_full, is_disk_full
 from .memory import host_status
+from .modelworker import WorkerError
 from .outputs import RunSummary, preload_writer
 from .plan import Plan
 from .planner import make_plan
@@ -39,7 +40,8 @@ class Engine(Run):
     def _probe(self, pool, todo: List[str]) -> ProbeReport:
         cfg = self.cfg
         inputs, prep_seconds, scanned = collect_probe(todo, cfg.scoring_stage_config(self.scorers), self.scorers,
-                                                      cfg.probe_samples, cfg.probe_scan, cfg.probe_seconds)
+                                                      cfg.probe_samples, cfg.probe_scan, cfg.probe_seconds,
+                                                      self.only_retried())
         return ProbeReport.measured(inputs, scanned, prep_seconds, pool.probe)
 
     def _apply(self, pool, plan: Plan) -> dict:
@@ -65,7 +67,8 @@ class Engine(Run):
         cfg = self.cfg
         tally = Tally(0, 0, name="wdsfilter score")
         pipeline = sample_pipeline(todo, cfg.scoring_stage_config(self.scorers), tally, extra=[Prepare(self.scorers)],
-                                   sink=sink)
+                                   sink=sink, before_decode=self.only_retried(),
+                                   shard_stages=[s.reader() for s in self.only_retried()])
         pipeline.append(Chunk(plan.chunk))
         return torch.utils.data.DataLoader(
             pipeline, batch_size=None, shuffle=False, num_workers=plan.workers, collate_fn=keep_as_is,
@@ -94,15 +97,19 @@ class Engine(Run):
     # -- the whole run ---------------------------------------------------------------------------
     def run(self) -> RunSummary:
         try:
-            return self._run()
-        except OSError as e:
-            if is_disk_full(e):  # stop at once, with one clear line (faults.py)
-                raise disk_full(e, "the run's outputs") from None
-            raise
-        except RuntimeError as e:
-            died = decode_worker_died(e)
-            if died is not None:
-                raise died from e
+            try:
+                return self._run()
+            except OSError as e:
+                if is_disk_full(e):  # stop at once, with one clear line (faults.py)
+                    raise disk_full(e, "the run's outputs") from None
+                raise
+            except RuntimeError as e:
+                died = decode_worker_died(e)
+                if died is not None:
+                    raise died from e
+                raise
+        except (RunFailedError, WorkerError) as e:  # a dead worker or device: the ledger names what it left
+            self.record_run_failure(self.todo, e)
             raise
         finally:
             self.release_lock()

@@ -16,6 +16,7 @@ from ..atomic import atomic_path, write_json
 from ..runfolder.tables import (BASE_FIELDS, EXTENSIONS, STATUSES, arrow_type, json_value,  # noqa: F401
                                 preload_writer, read_rows, read_table, table_columns, write_table)
 from ..thresholds import Thresholds, is_missing
+from .ledger import summary_lines
 
 
 # -- summary over score files -------------------------------------------------------------------
@@ -202,6 +203,10 @@ class RunSummary:
     scoring_seconds: float = 0.0  # the scoring loop alone (decode workers and models running)
     dry_run: bool = False
     files: Dict[str, Optional[str]] = field(default_factory=dict)
+    # the failure ledger (ledger.py) by reason: samples, shards, transient
+    failures: Dict[str, dict] = field(default_factory=dict)
+    # --retry-failed: samples retried, now scored, still listed
+    retried: Dict[str, int] = field(default_factory=dict)
 
     @property
     def scored(self) -> int:
@@ -266,6 +271,10 @@ class RunSummary:
                          + (f", no score {th['no_score']}" if th["no_score"] else ""))
         if self.thresholds or self.max_thresholds:
             lines.append(f"  kept {self.kept} of {self.rows} (all thresholds met)")
+        if self.retried:
+            lines.append(f"  retried {self.retried['samples']} failed sample(s): {self.retried['scored']} now scored, "
+                         f"{self.retried['samples'] - self.retried['scored']} still listed")
+        lines += summary_lines(self.failures, self.files.get("failures") or "failures.parquet")
         for f in self.shards_failed:
             lines.append(f"  shard FAILED (no marker; --resume retries it): {f['url']}: {f['reason']}")
         for f in self.shards_cut:

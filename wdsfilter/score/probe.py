@@ -169,14 +169,15 @@ def nbytes(obj: Any) -> int:
 
 
 def collect_probe(urls: Sequence[str], stage_cfg, scorers: Sequence, want: int, scan: int,
-                  max_seconds: float = 30.0):
+                  max_seconds: float = 30.0, only: Sequence = ()):
     """Read, decode and prepare samples in this process until `want` of them were prepared by
     every scorer (or `scan` samples were read, or `max_seconds` passed). Returns (inputs, seconds
-    per sample, samples read)."""
+    per sample, samples read). only: --retry-failed's ledger.OnlyKeys (the probe reads only its samples)."""
     from ..pipeline import sample_pipeline
     from ..tally import Tally
     from .transport import Prepare
-    pipe = sample_pipeline(list(urls), stage_cfg, Tally(), extra=[Prepare(scorers)])
+    pipe = sample_pipeline(list(urls), stage_cfg, Tally(), extra=[Prepare(scorers)], before_decode=only,
+                           shard_stages=[s.reader() for s in only])
     found: List[Dict[str, Any]] = []
     seen = 0
     start = time.perf_counter()

@@ -38,8 +38,9 @@ from ..errors import ConfigError, require
 from ..shards import absolute_url
 from .embeddings import FIELD as EMBEDDINGS
 from .faults import disk_full, is_disk_full, read_failed_reason
+from .ledger import OnlyKeys
 from .outputs import RunSummary
-from .ray_tasks import SHARD_END_ROW, ActorRoster, ScoreActor, finish_shard, measure, plain, read_shard
+from .ray_tasks import LEDGER_FIELDS, SHARD_END_ROW, ActorRoster, ScoreActor, finish_shard, measure, plain, read_shard
 from .rows import BASE_FIELDS
 
 
@@ -69,8 +70,10 @@ def plan_on_ray(ray, run, cfg, urls: Sequence[str], cluster: dict):
     from .planner import make_plan
     gpus = int(cluster.get("GPU", 0))
     task = ray.remote(num_cpus=1, num_gpus=1 if gpus else 0, max_retries=0)(measure)
+    # --retry-failed: the probe reads only the samples to retry, by the paths the task opens
+    only = [OnlyKeys({absolute_url(u): keys for u, keys in s.keys.items()}) for s in run.only_retried()]
     m = ray.get(task.remote(cfg, run.scorers, run.model_scorers, [absolute_url(u) for u in urls],
-                            "cuda:0" if gpus else "cpu"))
+                            "cuda:0" if gpus else "cpu", only))
     host = dict(m["host"])
     if gpus:  # the cores beside each GPU bound its model processes (planner.CORES_PER_GPU_PROCESS)
         host["cpus"] = max(1, int(cluster.get("CPU", host["cpus"]) // gpus))
@@ -93,7 +96,7 @@ class _Collector:
         """Rows of one batch in; (url, rows, end) of every shard this batch completed out."""
         complete = []
         for i in range(len(batch["key"])):
-            row = {f: plain(batch[f][i]) for f in BASE_FIELDS}
+            row = {f: plain(batch[f][i]) for f in (*BASE_FIELDS, *LEDGER_FIELDS)}
             url = row["shard"]
             if row["status"] == SHARD_END_ROW:
                 self.ends[url] = json.loads(row["message"])
@@ -192,7 +195,9 @@ def run_on_ray(shards, cfg, *, actors: Optional[int] = None, gpus_per_actor: Opt
     except Exception as e:
         cause = getattr(e, "cause", e)  # a Ray task's error carries the original as .cause
         if is_disk_full(cause):
-            raise disk_full(cause, "the run's outputs") from None
+            error = disk_full(cause, "the run's outputs")
+            run.record_run_failure(run.todo, error)  # the ledger names what it left, where space allows
+            raise error from None
         raise
     finally:
         run.release_lock()
@@ -255,7 +260,8 @@ def _run_on_ray(run, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, ad
             # Workers open absolute paths: their working folder is not the driver's.
             ds = ray.data.from_items([{"shard": u, "path": absolute_url(u)} for u in todo],
                                      override_num_blocks=len(todo))
-            ds = ds.map_batches(functools.partial(read_shard, cfg=cfg, scorers=run.scorers),
+            only = (run.only_retried() or [None])[0]  # --retry-failed: only its samples are read on
+            ds = ds.map_batches(functools.partial(read_shard, cfg=cfg, scorers=run.scorers, only=only),
                                 batch_size=1, batch_format="numpy", max_retries=RETRIES)
             ds = ds.map_batches(ScoreActor, batch_size=batch_size, batch_format="numpy", concurrency=actors,
                                 num_gpus=gpus_per_actor, num_cpus=cpus_per_actor,
@@ -280,7 +286,7 @@ def _run_on_ray(run, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, ad
                             failed.append({"url": url, "reason": read_failed_reason(end["failed"])})
                         else:  # a tar cut short is listed from its marker (Run.finish)
                             writing.append(finish.remote(url, rows, end, cfg, run.state, run.columns,
-                                                         absolute_url(url)))
+                                                         absolute_url(url), run.retry.get(url)))
                     ready, writing = ray.wait(writing, num_returns=len(writing), timeout=0) if writing else ([], [])
                     done += ray.get(ready)
             finally:

@@ -15,22 +15,26 @@ import json
 import pickle
 from typing import Dict, Iterator, List, Optional, Sequence
 
+from ..markers import MEMBER, STAGE
 from .embeddings import FIELD as EMBEDDINGS
+from .ledger import write_retried
 from .outputs import json_value
 from .ray_payload import EMPTY, PAYLOAD, PAYLOAD_META, pack_payload, unpack_payload
 from .rows import BASE_FIELDS, complete_row, item_row, new_row, write_shard
 
 PENDING = "__pending__"  # a row whose inputs still need the model
 SHARD_END_ROW = "__shard_end__"  # one per shard: carries the reader's error and member count
+LEDGER_FIELDS = (STAGE, MEMBER)  # row fields the failure ledger reads (ledger.row_entries)
 
 
 # -- decode side: one task per shard --------------------------------------------------------------
-def read_shard(batch, cfg, scorers, rows_per_block: int = 64) -> Iterator[Dict[str, list]]:
+def read_shard(batch, cfg, scorers, rows_per_block: int = 64, only=None) -> Iterator[Dict[str, list]]:
     """Ray map_batches generator over shard URLs: every sample's row, with its prepared inputs in
     the PAYLOAD columns (pack_payload) where a model still has to score it, then one SHARD_END_ROW row whose
     message tells the driver how many rows the shard has, how the reader ended and the shard's
     stage counts. Yields column batches of up to rows_per_block rows, so a big shard never sits
-    in memory whole."""
+    in memory whole. only: --retry-failed's stage (ledger.OnlyKeys, by the URLs the driver knows):
+    in its shards only the samples to retry are read on."""
     from ..markers import MARKER, SHARD_END, ShardEnd
     from ..pipeline import sample_pipeline
     from ..tally import Tally
@@ -41,7 +45,9 @@ def read_shard(batch, cfg, scorers, rows_per_block: int = 64) -> Iterator[Dict[s
     paths = batch["path"] if "path" in batch else batch["shard"]
     for url, path in zip(list(batch["shard"]), list(paths)):  # rows carry the URL; the worker opens `path`
         tally = Tally(0, 0, name="wdsfilter score (ray)")
-        pipeline = sample_pipeline([path], stage, tally, extra=[Prepare(scorers)])
+        before = [only.opened_as(url, path)] if only is not None and url in only.keys else []
+        pipeline = sample_pipeline([path], stage, tally, extra=[Prepare(scorers)], before_decode=before,
+                                   shard_stages=[s.reader() for s in before])
         rows: List[dict] = []
         index = 0
         end = None
@@ -51,6 +57,8 @@ def read_shard(batch, cfg, scorers, rows_per_block: int = 64) -> Iterator[Dict[s
                 continue
             row = item_row(item, index, scorers, bounds)
             row["shard"] = url  # the URL as the driver knows it (the worker opened `path`)
+            for f in LEDGER_FIELDS:  # every row has them: Ray's blocks share one schema
+                row[f] = row.get(f) or ""
             row[PAYLOAD], row[PAYLOAD_META] = EMPTY, b""
             if row["status"] is None:
                 row["status"] = PENDING
@@ -66,7 +74,7 @@ def read_shard(batch, cfg, scorers, rows_per_block: int = 64) -> Iterator[Dict[s
                    "unopened": True}
         end.update(rows=index, dropped=dict(tally.dropped), notes=dict(tally.notes))
         rows.append(dict(new_row("", url, -1, SHARD_END_ROW, message=json.dumps(end)),
-                         **{PAYLOAD: EMPTY, PAYLOAD_META: b""}))
+                         **{PAYLOAD: EMPTY, PAYLOAD_META: b"", **dict.fromkeys(LEDGER_FIELDS, "")}))
         yield _columns(rows)
 
 
@@ -128,6 +136,8 @@ class ScoreActor:
             rows[i]["status"] = None
             complete_row(rows[i], self.scorers, scores, {**loaded[i][1], **errors}, self.bounds)
         out = {f: [r[f] for r in rows] for f in BASE_FIELDS}
+        for f in LEDGER_FIELDS:  # where a rejected row was dropped, for the failure ledger
+            out[f] = [plain(v) or "" for v in batch[f]] if f in batch else [""] * n
         out[EMBEDDINGS] = [pickle.dumps(r.get(EMBEDDINGS)) for r in rows]  # --save-embeddings (else None)
         for c in self.columns:  # every batch has every column, so Ray's blocks share one schema
             out[c] = [json.dumps(r.get(c), default=json_value) for r in rows]
@@ -142,7 +152,7 @@ def plain(v):
 
 
 # -- before planning: one task measures -----------------------------------------------------------
-def measure(cfg, scorers, model_scorers, urls: Sequence[str], device: str) -> dict:
+def measure(cfg, scorers, model_scorers, urls: Sequence[str], device: str, only: Sequence = ()) -> dict:
     """A Ray task (on one GPU, or a CPU slot): what the local engine measures before planning:
     the scorers loaded on `device` (free memory, footprints) and the probe of a few prepared
     samples (activation memory per frame and scorer, speeds), and the node's host numbers."""
@@ -152,7 +162,7 @@ def measure(cfg, scorers, model_scorers, urls: Sequence[str], device: str) -> di
     from .probe import collect_probe
 
     inputs, prep_seconds, scanned = collect_probe(list(urls), cfg.scoring_stage_config(scorers), scorers,
-                                                  cfg.probe_samples, cfg.probe_scan, cfg.probe_seconds)
+                                                  cfg.probe_samples, cfg.probe_scan, cfg.probe_seconds, only)
     runner = ModelRunner(model_scorers, device)
     report = runner.load()
     try:
@@ -165,14 +175,18 @@ def measure(cfg, scorers, model_scorers, urls: Sequence[str], device: str) -> di
 
 # -- per shard: score file, filtered shard, marker --------------------------------------------------
 def finish_shard(url: str, rows: List[dict], end: dict, cfg, state, columns: Sequence[str],
-                 path: Optional[str] = None) -> dict:
+                 path: Optional[str] = None, retry: Optional[Dict[int, dict]] = None) -> dict:
     """A Ray task: the score values back from JSON, rows in shard order, then rows.write_shard
-    (score file, embeddings, filtered shard from `path`, completion marker) as the local engine does."""
+    (score file, embeddings, filtered shard from `path`, completion marker) as the local engine does;
+    with `retry` (--retry-failed: the shard's samples read again), ledger.write_retried."""
     for row in rows:
         for c in columns:
             row[c] = json.loads(row[c])
     rows.sort(key=lambda r: r["index"])
-    failed = write_shard(url, rows, end, cfg, state, columns, source=path, engine="ray")
+    if retry is not None:
+        failed = write_retried(url, rows, end, cfg, state, columns, retry, source=path, engine="ray")
+    else:
+        failed = write_shard(url, rows, end, cfg, state, columns, source=path, engine="ray")
     return {"shard": url, "rows": len(rows), **({"failed": failed} if failed else {})}
 
 

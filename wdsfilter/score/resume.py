@@ -24,6 +24,7 @@ from ..runfolder.tables import EXTENSIONS, DamagedRunFolder
 from ..shards import split_suffix
 from .config import ScoreConfig
 from .embeddings import folders as embedding_folders
+from .ledger import MERGED as LEDGER_FILE, folder as ledger_folder
 
 def _normalise(obj):
     return json.loads(json.dumps(obj, default=str, sort_keys=True))
@@ -134,15 +135,17 @@ class RunState:
         return [f for f in os.listdir(self.scores_dir) if not f.startswith(".")]
 
     def _clear(self) -> None:
-        for folder in (self.done_dir, self.scores_dir, *embedding_folders(self.out)):
+        for folder in (self.done_dir, self.scores_dir, *embedding_folders(self.out), ledger_folder(self.out)):
             if os.path.isdir(folder):
                 for f in os.listdir(folder):
                     os.remove(os.path.join(folder, f))
+        if os.path.exists(os.path.join(self.out, LEDGER_FILE)):  # the previous run's merged ledger
+            os.remove(os.path.join(self.out, LEDGER_FILE))
 
     def _remove_temporaries(self) -> None:
         """Temporaries of a killed run (atomic.temporary_path) are never complete: delete them."""
         for folder in (self.scores_dir, self.done_dir, self.out, self.cfg.write_shards,
-                       *embedding_folders(self.out)):
+                       *embedding_folders(self.out), ledger_folder(self.out)):
             remove_temporaries(folder)
 
     # -- markers ----------------------------------------------------------------------------------
@@ -154,9 +157,11 @@ class RunState:
             return None
         return marker if marker.url == url else None
 
-    def _outputs(self, url: str, embeddings: Iterable[str]) -> List[str]:
+    def _outputs(self, url: str, embeddings: Iterable[str], failures: Optional[str] = None) -> List[str]:
+        """The files a marker vouches for; `failures`: the shard's failure ledger file, relative to
+        --out (markers written before the ledger name none)."""
         paths = [self.score_path(url)] + ([self.filtered_path(url)] if self.cfg.write_shards else [])
-        return paths + [os.path.join(self.out, p) for p in embeddings or []]
+        return paths + [os.path.join(self.out, p) for p in [*(embeddings or []), *([failures] if failures else [])]]
 
     def _changed(self, url: str, marker: Marker) -> bool:
         """The source shard is not what was scored: its size or modification time differ."""
@@ -164,7 +169,8 @@ class RunState:
 
     def is_done(self, url: str) -> bool:
         marker = self._marker(url)
-        return (marker is not None and outputs_intact(marker, self.out, self._outputs(url, marker.embeddings))
+        return (marker is not None
+                and outputs_intact(marker, self.out, self._outputs(url, marker.embeddings, marker.failures))
                 and not self._changed(url, marker))
 
     def pending(self) -> List[str]:
@@ -187,7 +193,7 @@ class RunState:
         known = {k: v for k, v in info.items() if k in Marker.__dataclass_fields__}
         marker = Marker(**known, url=url, name=name, score_file=f"{layout.SCORES}/{name}{self.ext}",
                         filtered_shard=self.filtered_path(url), source=source_state(source or url),
-                        sizes=output_sizes(self.out, self._outputs(url, info.get("embeddings"))),
+                        sizes=output_sizes(self.out, self._outputs(url, info.get("embeddings"), info.get("failures"))),
                         extra={k: v for k, v in info.items() if k not in Marker.__dataclass_fields__})
         layout.write_marker(self.out, marker)
 

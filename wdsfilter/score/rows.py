@@ -18,11 +18,12 @@ import os
 from typing import Dict, List, Optional, Sequence, Union
 
 from ..errors import RunError
-from ..markers import MARKER, REJECT, ShardEnd
+from ..markers import MARKER, MEMBER, REJECT, STAGE, ShardEnd
 from ..runfolder.keep import keep_reason
 from ..thresholds import Thresholds
 from .embeddings import write_embeddings
 from .faults import is_disk_full, read_failed_reason
+from .ledger import row_entries, write_shard_failures
 from .scorers.base import NOTES
 from .outputs import BASE_FIELDS, STATUSES, write_table  # noqa: F401 - the fields are the score file's schema
 from ..shardstats import update_sizes, write_shard_stats
@@ -47,7 +48,11 @@ def item_row(item: dict, index: int, scorers: Sequence, thresholds: Optional[Thr
     scored (status None)."""
     url = item.get("__url__", "")
     if MARKER in item:
-        return new_row(item.get("__key__", ""), url, index, "rejected", item.get(REJECT), item.get("__message__"))
+        key = item.get("__key__", "")
+        row = new_row(key, url, index, "rejected", item.get(REJECT), item.get("__message__"))
+        row[STAGE] = item.get(STAGE) or ""  # for the failure ledger (ledger.py); not a score file column
+        row[MEMBER] = item.get(MEMBER) if item.get(MEMBER) != key else ""
+        return row
     row = new_row(item["__key__"], url, index)
     if not item["inputs"]:
         complete_row(row, scorers, {}, item["errors"], thresholds)
@@ -122,10 +127,12 @@ def status_counts(rows: Sequence[dict]) -> Dict[str, int]:
 
 
 def write_shard(url: str, rows: List[dict], end: Union[ShardEnd, dict], cfg, state, columns: Sequence[str],
-                source: Optional[str] = None, **marker_extra) -> Optional[str]:
-    """Write one complete shard's outputs in order (score file, embeddings, filtered shard,
-    completion marker). `end` is its shard_end marker (members, error, failed, not_a_tar). Returns None when
-    done, else why the shard failed; a failed shard gets no marker, so --resume scores it again.
+                source: Optional[str] = None, attempts: Optional[Dict[int, int]] = None,
+                **marker_extra) -> Optional[str]:
+    """Write one complete shard's outputs in order (score file, embeddings, filtered shard, its
+    failure ledger file, completion marker). `end` is its shard_end marker (members, error,
+    failed, not_a_tar); attempts: the ledger's count for retried samples (ledger.row_entries).
+    Returns None when done, else why the shard failed; a failed shard gets no marker, so --resume scores it again.
     A full disk raises (faults.py): the run stops."""
     end = ShardEnd.of(end)
     if end.failed:  # the stream failed, the shard was not read to its end: no outputs
@@ -152,9 +159,13 @@ def write_shard(url: str, rows: List[dict], end: Union[ShardEnd, dict], cfg, sta
             if is_disk_full(e):
                 raise
             return f"filtered shard not written: {e}"
+    # the ledger's file before the marker, which records its size: a shard trusted as done has
+    # its failures listed, never an older attempt's
+    ledger_file = write_shard_failures(cfg.out, state.names[url], row_entries(rows, attempts))
     state.mark_done(url, {"rows": len(rows), "status": status_counts(rows), "kept": sum(bool(r["kept"]) for r in rows),
                           "members": end.members, "error": end.error, "filtered": filtered,
                           # relative to --out: --resume checks they are still there
                           "embeddings": sorted(os.path.relpath(p, cfg.out) for p in embeddings.values()),
+                          "failures": os.path.relpath(ledger_file, cfg.out),
                           **marker_extra}, source=source)
     return None

@@ -17,6 +17,8 @@ from ..specs import utf8_text
 from ..filtering.run import score_report
 from .config import ScoreConfig
 from .faults import disk_full, is_disk_full
+from .ledger import MERGED as LEDGER_FILE, merge as merge_ledger, shard_entry, summarize as summarize_ledger
+from .ledger import OnlyKeys, retry_plan, write_shard_failures
 from .outlock import OutputLock
 from .outputs import RunSummary, plot_histograms, summarize_files, write_summary
 from .resume import RunState
@@ -49,8 +51,14 @@ class Run:
         # One run per --out (outlock.py): taken before the run state, which deletes temporaries.
         self.lock = None if cfg.dry_run else OutputLock(cfg.out).acquire()
         try:
+            if cfg.retry_failed and not os.path.exists(os.path.join(cfg.out, "run.json")):
+                raise ConfigError(f"--retry-failed: {cfg.out} holds no scoring run; score the shards there first")
             self.state = RunState(cfg, self.urls)
             self.todo = self.state.pending()
+            # --retry-failed: url -> {index: ledger entry} of the samples of finished shards to score
+            # again (only those are read on, OnlyKeys); shards without a marker are in todo whole
+            self.retry = retry_plan(self.state, cfg.retry_failed) if cfg.retry_failed else {}
+            self.todo += [u for u in self.urls if u in self.retry and u not in self.todo]
             if self.todo:  # a caption/image key no sample of the first shard has
                 check_keys(self.todo[0], cfg.scoring_stage_config())
             require("torch", "scoring")  # before a scorer's own import asks for it less plainly
@@ -67,6 +75,13 @@ class Run:
             raise
         self.summary = RunSummary(out=cfg.out, shards=len(self.urls), dry_run=cfg.dry_run,
                                   shards_resumed=self.state.resumed_from_markers)
+
+    def only_retried(self) -> list:
+        """The stage that lets only the samples to retry through in their shards (before
+        decoding; ledger.OnlyKeys), or none outside --retry-failed."""
+        if not self.retry:
+            return []
+        return [OnlyKeys({u: [e["key"] for e in plan.values()] for u, plan in self.retry.items()})]
 
     def release_lock(self) -> None:
         if self.lock is not None:
@@ -89,11 +104,38 @@ class Run:
                          "histograms": plot_histograms(summary.columns, cfg.bounds,
                                                        os.path.join(cfg.out, "histograms.png")),
                          "filtered shards": cfg.write_shards}
+        summary.files["failures"] = self.record_failures()
         summary.files["report"] = score_report(cfg.out, cfg.thresholds, cfg.max_thresholds)
         write_summary(summary, summary.files["summary"])
         if summary.scored == 0:
             raise NothingScoredError(nothing_scored_text(summary, len(files), self.state.scores_dir))
         return summary
+
+    def record_failures(self, unfinished: Sequence[dict] = ()) -> Optional[str]:
+        """The failure ledger at the end of a run (ledger.py): an entry for each shard that failed
+        (it has no marker, so no file of its own rows), then every shard's file merged into
+        failures.parquet, summarised by reason. unfinished: shards a failed run left (url, reason)."""
+        if self.cfg.dry_run:
+            return None
+        for f in [*self.summary.shards_failed, *unfinished]:
+            if f["url"] in self.state.names and not self.state.is_done(f["url"]):
+                write_shard_failures(self.cfg.out, self.state.names[f["url"]],
+                                     [shard_entry(f["url"], f["reason"], not is_local(f["url"]))])
+        entries = merge_ledger(self.cfg.out, [self.state.names[u] for u in self.urls])
+        self.summary.failures = summarize_ledger(entries)
+        if self.retry:
+            listed = {(e["shard"], e["index"]) for e in entries}
+            self.summary.retried = {"samples": sum(len(p) for p in self.retry.values()),
+                                    "scored": sum((u, i) not in listed for u, p in self.retry.items() for i in p)}
+        return os.path.join(self.cfg.out, LEDGER_FILE)
+
+    def record_run_failure(self, todo: Sequence[str], error: BaseException) -> None:
+        """A run that stopped (a dead worker or device): its unfinished shards go into the ledger,
+        as far as the disk allows (a full disk stopped it, perhaps)."""
+        try:
+            self.record_failures([{"url": u, "reason": str(error)} for u in todo])
+        except OSError:
+            pass
 
 
 def refuse_in_spawned_worker() -> None:

@@ -60,10 +60,16 @@ class Prepare:
     """Picklable stage: sample -> {"__key__", "__url__", "inputs": {scorer: input}, "errors":
     {scorer: (reason, message)}} (and errors[NOTES]: {scorer: (reason, message)} of inputs
     prepare() returned as Noted, scored from incomplete data). A DataError from prepare() is the sample's reason; any other
-    exception is a bug in the scorer and raises, naming the sample."""
+    exception costs that sample alone (reason prepare_error, transient: `--retry-failed` tries it
+    again), unless the scorer has failed on the first MAX_FAILURES samples and prepared none:
+    that is a bug in the scorer, and it raises, naming the sample."""
+
+    MAX_FAILURES = 8  # as the back-off's limit on score_batch (backoff.Backoff)
 
     def __init__(self, scorers: Sequence):
         self.scorers = list(scorers)
+        self.prepared: Dict[str, int] = {}  # per scorer, in this decode worker
+        self.failures: Dict[str, int] = {}
 
     def __call__(self, data: Iterable[dict]) -> Iterator[dict]:
         for sample in data:
@@ -80,11 +86,16 @@ class Prepare:
                         notes[scorer.name] = (prepared.reason, prepared.message)
                         prepared = prepared.input
                     inputs[scorer.name] = prepared
+                    self.prepared[scorer.name] = self.prepared.get(scorer.name, 0) + 1
                 except DataError as e:
                     errors[scorer.name] = (e.reason, str(e))
-                except Exception as e:
-                    raise type(e)(f"{e} (in {scorer.name}.prepare on sample {sample.get('__key__')!r} of shard "
-                                  f"{sample.get('__url__')})") from e
+                except Exception as e:  # noqa: BLE001 - one sample's, unless the scorer fails on everything
+                    where = f"in {scorer.name}.prepare on sample {sample.get('__key__')!r} of shard {sample.get('__url__')}"
+                    self.failures[scorer.name] = self.failures.get(scorer.name, 0) + 1
+                    if not self.prepared.get(scorer.name) and self.failures[scorer.name] >= self.MAX_FAILURES:
+                        raise type(e)(f"{e} ({where}; it failed on the first {self.MAX_FAILURES} samples and "
+                                      f"prepared none: a bug in the scorer, not bad data)") from e
+                    errors[scorer.name] = ("prepare_error", f"{type(e).__name__}: {e}"[:500])
             if notes:
                 errors[NOTES] = notes
             yield {"__key__": sample["__key__"], "__url__": sample["__url__"], "inputs": inputs, "errors": errors}

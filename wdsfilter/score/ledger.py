@@ -1,0 +1,283 @@
+"""The failure ledger of a scoring run: every sample that did not end in a row of status `scored`,
+and every shard that could not be finished, with a reason, in one table per run.
+
+    OUT/failures/<shard>.parquet   one small file per shard, written (atomically) by
+                                   rows.write_shard after the shard's score file and before its
+                                   completion marker; a failed shard (no marker) gets one row of
+                                   index -1 naming why. Rewritten whenever the shard is scored
+                                   again (--resume, --retry-failed): it always describes the
+                                   shard's current outputs, never an older attempt's.
+    OUT/failures.parquet           all of them merged at the end of the run (Run.finish), for
+                                   pandas, polars or duckdb in one read.
+
+That is the ledger's way of being appended to as the run goes: Parquet files cannot be appended
+to, but a folder of per-shard files can, and a run killed with SIGKILL leaves a complete file for
+every finished shard (`duckdb "SELECT * FROM 'OUT/failures/*.parquet'"` reads them before the
+merge).
+
+Columns: key, shard, index (the row in the shard's score file; -1: the whole shard), member (the
+member a stage refused, where it named one), stage (read, select, decode, prepare, score, write),
+status (the row's: rejected, failed, partial; "shard" for a shard-level entry), reason, message,
+attempts (scoring attempts of the sample so far), transient (whether trying again can help).
+
+The promise (docs/score.md): every sample of every input shard ends in exactly one row of status
+scored, or is listed here. Which reasons are transient is decided in one place, TRANSIENT.
+"""
+from __future__ import annotations
+
+import os
+from typing import Dict, Iterable, List, Optional, Sequence
+
+from ..writing import atomic_path
+from ..markers import MEMBER, STAGE  # noqa: F401 - a row's private fields: where it was dropped
+
+FOLDER = "failures"
+MERGED = "failures.parquet"
+FIELDS = ("key", "shard", "index", "member", "stage", "status", "reason", "message", "attempts", "transient")
+
+# The reasons trying again can cure: out of memory after the back-off reached a batch of one, a
+# scorer that raised on the sample (score_batch, or prepare() with an error that is not a
+# DataError), a device or worker that died under it, a read that broke off (a remote shard, a
+# pipe: command), an output that could not be written. Every other reason is a property of the
+# data (corrupt_image, missing_caption, caption_not_text, a scorer's DataError ...): the same
+# bytes fail the same way, so --retry-failed skips them unless asked for `all`.
+TRANSIENT = frozenset({"out_of_memory", "score_error", "prepare_error", "device_error", "worker_died",
+                       "read_failed", "unreadable_remote", "write_failed", "disk_full", "shard_unfinished"})
+# A sample's stage, by reason, for rows whose stage no stage recorded.
+SCORE_REASONS = frozenset({"out_of_memory", "score_error"})
+RETRY_MODES = ("transient", "all")
+
+
+def is_transient(reason: Optional[str]) -> bool:
+    """A row's reason (several scorers' reasons are ";"-joined) is transient when any part is."""
+    return any(part in TRANSIENT for part in (reason or "").split(";"))
+
+
+# -- entries -------------------------------------------------------------------------------------------
+def row_entries(rows: Iterable[dict], attempts: Optional[Dict[int, int]] = None) -> List[dict]:
+    """The ledger entries of a shard's rows: one per row whose status is not `scored`.
+    attempts: index -> the sample's scoring attempts so far where it has a history (a retry), else 1."""
+    attempts = attempts or {}
+    out = []
+    for r in rows:
+        if r["status"] == "scored":
+            continue
+        reason = r.get("reason") or r["status"]
+        stage = r.get(STAGE) or ("score" if set(reason.split(";")) & SCORE_REASONS else "prepare"
+                                 if r["status"] != "rejected" else "select")
+        out.append({"key": r["key"], "shard": r["shard"], "index": int(r["index"]), "member": r.get(MEMBER) or "",
+                    "stage": stage, "status": r["status"], "reason": reason, "message": r.get("message") or "",
+                    "attempts": attempts.get(int(r["index"]), 1), "transient": is_transient(reason)})
+    return out
+
+
+def shard_entry(url: str, reason_text: str, remote: bool) -> dict:
+    """The one entry of a shard that has no outputs (no marker), from the run's reason for it."""
+    text = reason_text or ""
+    if text.startswith("unreadable"):
+        reason, stage = ("unreadable_remote" if remote else "unreadable_shard"), "read"
+    elif text.startswith("not read to its end"):
+        reason, stage = "read_failed", "read"
+    elif text.startswith("no member could be read"):
+        reason, stage = "not_a_tar", "read"
+    elif text.startswith("filtered shard not written"):
+        reason, stage = "write_failed", "write"
+    elif text.startswith("no space left"):
+        reason, stage = "disk_full", "write"
+    elif "died" in text or "lost" in text:
+        reason, stage = "worker_died", "score"
+    elif "device" in text and "failed" in text:
+        reason, stage = "device_error", "score"
+    else:
+        reason, stage = "shard_unfinished", "score"
+    return {"key": "", "shard": url, "index": -1, "member": "", "stage": stage, "status": "shard", "reason": reason,
+            "message": text, "attempts": 1, "transient": reason in TRANSIENT}
+
+
+# -- files ----------------------------------------------------------------------------------------------
+def folder(out: str) -> str:
+    return os.path.join(out, FOLDER)
+
+
+def shard_file(out: str, name: str) -> str:
+    return os.path.join(out, FOLDER, name + ".parquet")
+
+
+def _schema():
+    import pyarrow as pa
+    return pa.schema([("key", pa.string()), ("shard", pa.string()), ("index", pa.int64()), ("member", pa.string()),
+                      ("stage", pa.string()), ("status", pa.string()), ("reason", pa.string()),
+                      ("message", pa.string()), ("attempts", pa.int64()), ("transient", pa.bool_())])
+
+
+def _write(entries: Sequence[dict], path: str) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    schema = _schema()
+    table = pa.Table.from_pylist(list(entries), schema=schema)
+    with atomic_path(path) as tmp:  # makes the folder
+        if table.num_rows:
+            pq.write_table(table, tmp)
+        else:  # no row group of 0 rows (HF datasets fails on it), as outputs.write_table
+            pq.ParquetWriter(tmp, schema).close()
+
+
+def write_shard_failures(out: str, name: str, entries: Sequence[dict]) -> str:
+    """The shard's ledger file (even when empty: it replaces an older attempt's), atomically."""
+    path = shard_file(out, name)
+    _write(entries, path)
+    return path
+
+
+def read_entries(path: str) -> List[dict]:
+    import pyarrow.parquet as pq
+    try:
+        return pq.read_table(path).to_pylist()
+    except (OSError, ValueError):  # none yet, or a file from before the ledger existed
+        return []
+
+
+def merge(out: str, names: Sequence[str]) -> List[dict]:
+    """failures.parquet: the per-shard files of these shards (the run's) in one file; returns
+    its entries."""
+    entries: List[dict] = []
+    for name in names:
+        entries += read_entries(shard_file(out, name))
+    _write(entries, os.path.join(out, MERGED))
+    return entries
+
+
+def summarize(entries: Sequence[dict]) -> Dict[str, dict]:
+    """By reason: samples listed, shards they are in, and whether the reason is transient;
+    shard-level entries count as shards only (their samples are unknown)."""
+    out: Dict[str, dict] = {}
+    for e in entries:
+        for reason in dict.fromkeys(e["reason"].split(";")):
+            s = out.setdefault(reason, {"samples": 0, "shards": set(), "transient": reason in TRANSIENT})
+            s["samples"] += e["index"] >= 0
+            s["shards"].add(e["shard"])
+    return {r: {**s, "shards": len(s["shards"])}
+            for r, s in sorted(out.items(), key=lambda kv: (-kv[1]["samples"], kv[0]))}
+
+
+def summary_lines(by_reason: Dict[str, dict], path: str) -> List[str]:
+    if not by_reason:
+        return []
+    lines = [f"  failure ledger ({path}), by reason:"]
+    for reason, s in by_reason.items():
+        what = f"{s['samples']} sample(s)" if s["samples"] else f"{s['shards']} whole shard(s)"
+        lines.append(f"    {what:>18}  {reason} ({'transient: --retry-failed' if s['transient'] else 'data'})")
+    return lines
+
+
+# -- --retry-failed ---------------------------------------------------------------------------------------
+def retry_plan(state, mode: str) -> Dict[str, Dict[int, dict]]:
+    """url -> {index: entry} of the sample-level entries to score again, in shards that are done
+    (a shard without a marker is scored again whole, as --resume does). mode: "transient", or
+    "all" (data errors too)."""
+    plan: Dict[str, Dict[int, dict]] = {}
+    for url in state.urls:
+        if not state.is_done(url):
+            continue
+        for e in read_entries(shard_file(state.out, state.names[url])):
+            if e["index"] >= 0 and (mode == "all" or e["transient"]):
+                plan.setdefault(url, {})[int(e["index"])] = e
+    return plan
+
+
+class OnlyKeys:
+    """Picklable stage (before decoding): in the shards of `keys` ({url: keys}), only the samples
+    (and reject markers) of those keys go on; other shards pass whole. What it drops is never
+    decoded, prepared or scored; with its reader() stage, a local shard's other members are not
+    even read."""
+
+    def __init__(self, keys: Dict[str, Iterable[str]]):
+        self.keys = {url: frozenset(k) for url, k in keys.items()}
+
+    def reader(self):
+        """The shard-list stage that has the reader read only these samples' members, by their
+        offsets, where a shard is a local file (tarsubset.py)."""
+        from ..tarsubset import ReadOnly
+        return ReadOnly(self.keys)
+
+    def opened_as(self, url: str, path: str) -> "OnlyKeys":
+        """The same stage for a shard its reader opens by another name (a Ray worker: its path)."""
+        return OnlyKeys({path: self.keys[url]})
+
+    def __call__(self, data):
+        from ..markers import MARKER, SHARD_END
+        for sample in data:
+            wanted = self.keys.get(sample.get("__url__", ""))
+            if wanted is None or sample.get(MARKER) == SHARD_END or sample.get("__key__") in wanted:
+                yield sample
+
+
+def merge_retried(url: str, retried: List[dict], plan: Dict[int, dict], state) -> List[dict]:
+    """The shard's rows with the retried ones in place: the rows of its score file (and their
+    embeddings, where the run saves them), each retried row at the index of its sample. The
+    retry reads every sample of a listed key, in shard order, so the n-th row of a key read back
+    is the n-th row of that key in the score file (a key that returns later in the shard has
+    several); only those the plan lists are replaced."""
+    from .outputs import read_rows
+    rows = read_rows(state.score_path(url))
+    _attach_embeddings(state, url, rows)
+    occurrences: Dict[str, List[int]] = {}
+    for row in rows:
+        occurrences.setdefault(row["key"], []).append(row["index"])
+    for row in retried:
+        left = occurrences.get(row["key"])
+        if not left:  # more samples of this key than the first reading had: not this run's to place
+            continue
+        index = left.pop(0)
+        if index in plan:
+            row["index"] = index
+            rows[index] = row
+    return rows
+
+
+def _attach_embeddings(state, url: str, rows: List[dict]) -> None:
+    """The saved embeddings of a shard's rows back on them (embeddings.FIELD), so that rewriting
+    the shard keeps the vectors of the rows not retried."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from .embeddings import FIELD, FOLDER as EMB, METADATA, PARTS
+    name = state.names[url]
+    meta = os.path.join(state.out, EMB, METADATA, name + ".parquet")
+    if not os.path.exists(meta):
+        return
+    indices = pq.read_table(meta, columns=["index"]).column("index").to_pylist()
+    parts = {part: np.load(os.path.join(state.out, EMB, sub, name + ".npy")) for part, sub in PARTS.items()
+             if os.path.exists(os.path.join(state.out, EMB, sub, name + ".npy"))}
+    for k, index in enumerate(indices):
+        rows[index][FIELD] = {part: table[k] for part, table in parts.items()}
+
+
+def attempts_after_retry(state, url: str, plan: Dict[int, dict]) -> Dict[int, int]:
+    """index -> attempts of the shard's listed samples once this retry is done: one more for
+    those retried, as many as before for the others."""
+    before = {int(e["index"]): int(e["attempts"]) for e in read_entries(shard_file(state.out, state.names[url]))
+              if e["index"] >= 0}
+    return {index: n + (index in plan) for index, n in before.items()}
+
+
+def write_retried(url: str, retried: List[dict], end: dict, cfg, state, columns, plan: Dict[int, dict],
+                  source: Optional[str] = None, **marker_extra) -> Optional[str]:
+    """rows.write_shard for a shard of --retry-failed: `retried` are the rows of the samples read
+    again (`plan`), put in place of the failed ones in the shard's rows (merge_retried); every
+    output of the shard is rewritten, each atomically, the marker last, with the members and
+    error the first reading recorded (the retry read part of the shard). A retry whose read
+    failed writes nothing: the shard keeps its outputs and its ledger."""
+    import json
+
+    from ..markers import ShardEnd
+    from .rows import write_shard
+    end = ShardEnd.of(end)
+    if end.failed or end.not_a_tar:
+        return write_shard(url, retried, end, cfg, state, columns, source=source)  # its reason, nothing written
+    with open(state.marker_path(url)) as f:
+        first = json.load(f)
+    rows = merge_retried(url, retried, plan, state)
+    end = dict(end.to_dict(), members=first.get("members", 0), error=first.get("error"))
+    return write_shard(url, rows, end, cfg, state, columns, source=source,
+                       attempts=attempts_after_retry(state, url, plan), **marker_extra)
