@@ -10,7 +10,7 @@ from devicekit import SimulatedDevice
 from scorekit import ArenaScorer, BrightnessScorer, make_shards
 from wdsfilter import ConfigError
 from wdsfilter.score import ScoreConfig, score
-from wdsfilter.score.config import parse_size
+from wdsfilter.units import parse_size
 from wdsfilter.score.memory import HostMemory
 from wdsfilter.score.planner import WORKER_BASE_BYTES, make_plan
 from wdsfilter.score.probe import ProbeReport

@@ -22,8 +22,9 @@ import math
 from typing import Dict, List, Optional, Tuple
 
 from ..errors import ConfigError
+from ..units import format_size as fs
 from .backoff import GROW_AFTER
-from .config import ScoreConfig, format_size as fs
+from .config import ScoreConfig
 from .plan import DevicePlan, Plan
 from .probe import ProbeReport, input_lines
 

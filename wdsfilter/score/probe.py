@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..markers import MARKER, SHARD_END
-from .config import format_size as fs
+from ..units import format_size as fs
 from .plan import Line
 
 
