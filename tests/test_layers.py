@@ -1,5 +1,6 @@
-"""The package's written layers (ARCHITECTURE.md, "Layers"), checked on every import statement,
-the lazy ones inside functions included: a lower layer never imports a higher one.
+"""The package's shape: its written layers (ARCHITECTURE.md, "Layers"), checked on every import
+statement, the lazy ones inside functions included (a lower layer never imports a higher one), and
+no function over 80 lines. Modules are split by concept, not by size: there is no line limit.
 
     foundation (wdsfilter/*.py: core, media, the run folder) < validate < score < filtering < front doors
 
@@ -123,3 +124,33 @@ def test_imports_of_the_same_or_a_lower_layer_pass():
               "def f():\n    from .. import __version__\n    import wdsfilter.videos\n")
     assert list(imports("wdsfilter.score.run", source))  # it reads them ...
     assert list(upward_imports("wdsfilter.score.run", source, "x.py")) == []  # ... and none is upward
+
+
+MAX_FUNCTION_LINES = 80
+# function -> why it is longer for now
+LONG_FUNCTIONS = {
+    "wdsfilter/dataloader.py:loader": "being reworked into LoaderOptions + a builder (helper loaderstate, issue 21 item 5)",
+}
+
+
+def long_functions(source: str, path: str):
+    """'path:name' -> lines (from `def` to its last line) of each function over the limit."""
+    return {f"{path}:{node.name}": node.end_lineno - node.lineno + 1 for node in ast.walk(ast.parse(source))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES}
+
+
+def test_no_function_is_over_80_lines():
+    found = {}
+    for path, source in package_sources():
+        found.update(long_functions(source, os.path.relpath(path, ROOT).replace(os.sep, "/")))
+    assert {name: n for name, n in found.items() if name not in LONG_FUNCTIONS} == {}
+    assert set(LONG_FUNCTIONS) - set(found) == set(), "allow-list entries no longer needed: remove them"
+
+
+def test_a_long_function_is_found_nested_or_not():
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    source = f"def long():\n{body}\n\nclass C:\n    def short(self):\n        pass\n"
+    assert long_functions(source, "m.py") == {"m.py:long": MAX_FUNCTION_LINES + 1}
+    nested = "def outer():\n" + "".join("    " + line + "\n" for line in source.splitlines())
+    assert set(long_functions(nested, "m.py")) == {"m.py:outer", "m.py:long"}
