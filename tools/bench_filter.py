@@ -8,6 +8,7 @@ is the child's own high-water mark); runs alternate and the best of N is kept.
 
     python tools/bench_filter.py [--rows 4000000] [--files 400] [--runs 3]
     python tools/bench_filter.py --rows 40000 --files 40 --runs 1      # a smoke test
+    python tools/bench_filter.py --root /path/to/other/checkout         # time another version
 
 Goal (issue 21): ratio wdsfilter / duckdb time = R <= 1.0, at no more peak memory.
 """
@@ -62,11 +63,11 @@ def make_run(folder: str, rows: int, files: int, seed: int = 0) -> None:
             json.dump({"url": f"/data/{name}.tar", "name": name, "score_file": path}, fh)
 
 
-def child(command: list) -> dict:
-    """Wall seconds, peak RSS (MiB) and the last output line of one command."""
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+def child(command: list, root: str = ROOT) -> dict:
+    """Wall seconds, peak RSS (MiB) and the first output lines of one command."""
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     start = time.perf_counter()
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT, text=True)
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=root, text=True)
     out, err = proc.stdout.read(), proc.stderr.read()
     _, status, usage = os.wait4(proc.pid, 0)  # this child's own peak RSS (KiB on Linux)
     seconds = time.perf_counter() - start
@@ -82,15 +83,20 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=4_000_000)
     ap.add_argument("--files", type=int, default=400)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--root", default=ROOT, help="the wdsfilter checkout to time (another one: a before/after)")
+    ap.add_argument("--make", nargs=3, metavar=("FOLDER", "ROWS", "FILES"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.make:
+        return make_run(args.make[0], int(args.make[1]), int(args.make[2]))
     with tempfile.TemporaryDirectory() as tmp:
         folder = os.path.join(tmp, "run")
-        make_run(folder, args.rows, args.files)
+        # Made in a child: this process stays small, so no child inherits its peak RSS when forked.
+        subprocess.run([sys.executable, __file__, "--make", folder, str(args.rows), str(args.files)], check=True)
         best: dict = {}
         for _ in range(args.runs):
             for name, command in (("wdsfilter", [a.format(run=folder) for a in WDSFILTER]),
                                   ("duckdb", [sys.executable, "-c", DUCKDB, folder])):
-                got = child(command)
+                got = child(command, args.root)
                 if name not in best or got["seconds"] < best[name]["seconds"]:
                     best[name] = got
     w, d = best["wdsfilter"], best["duckdb"]

@@ -70,11 +70,12 @@ def count_table(path: str, thresholds: Sequence) -> Optional[ShardCounts]:
     # A key repeated in a shard is judged once, at its first row (as judge_shard does).
     keys, names = _codes(table, "key", n)
     open_rows = np.ones(n, dtype=bool)
-    if len(names) < n:
+    if names is None or len(names) < n:
         open_rows[:] = False
         open_rows[np.unique(keys, return_index=True)[1]] = True
         first_seen.append((int(np.argmin(open_rows)), DUPLICATE, int(n - open_rows.sum())))
     status, values = _codes(table, "status", n)
+    values = values.to_pylist() if values is not None else []  # a few distinct statuses
     usable = np.isin(status, [i for i, v in enumerate(values) if v in KEPT_STATUSES])
     not_kept = np.flatnonzero(open_rows & ~usable)
     if len(not_kept):  # rare rows: their reason is the one rule's, row by row
@@ -110,15 +111,14 @@ def _grouped(by_row: List[Tuple[int, str]]) -> List[Tuple[int, str, int]]:
 
 
 def _codes(table, column: str, n: int):
-    """(a dictionary column's codes as float64, NaN for null; its values), the dictionaries unified."""
+    """(a dictionary column's codes as float64, NaN for null; its values as an Arrow array), the
+    dictionaries unified."""
     import numpy as np
-    if column not in table.column_names:
-        return np.full(n, np.nan), []
-    chunks = table.column(column).chunks
-    if not chunks:
-        return np.full(n, np.nan), []
+    chunks = table.column(column).chunks if column in table.column_names else []
+    if not chunks:  # no such column (or no rows): every row null
+        return np.full(n, np.nan), None
     codes = np.concatenate([np.asarray(c.indices.to_numpy(zero_copy_only=False), dtype=np.float64) for c in chunks])
-    return codes, chunks[0].dictionary.to_pylist()
+    return codes, chunks[0].dictionary
 
 
 def _numbers(table, column: str, n: int):
