@@ -123,12 +123,12 @@ class Engine(Run):
             workers: List[dict] = []
             try:
                 reports = pool.start()
-                summary.scorers = list(dict.fromkeys(d for r in reports for d in r["descriptions"]))
+                summary.scorers = list(dict.fromkeys(d for r in reports for d in r.descriptions))
                 for d in summary.scorers:
                     self.echo(f"scorer: {d}")
                 probe = self._probe(pool, todo or self.urls)
                 for r in reports:  # a model in this process (one CPU or simulated device) cannot get replicas
-                    r["in_process"] = bool(pool.in_process)
+                    r.in_process = bool(pool.in_process)
                 plan = make_plan(cfg, reports, probe, host_status(), len(todo or self.urls))
                 summary.plan, summary.plan_text = plan.to_dict(), plan.describe()
                 self.echo(summary.plan_text)
