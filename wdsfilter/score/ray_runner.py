@@ -211,8 +211,9 @@ class RayPlan:
 
 
 @dataclasses.dataclass
-class RayOutcome:
-    """What the stream did (stream -> outcome): shards written, shards failed, the stages' counts."""
+class Streamed:
+    """What the stream did (stream -> outcome): shards written, shards failed, the stages' counts;
+    the run's Outcome is made from it."""
     done: List[dict] = dataclasses.field(default_factory=list)
     failed: List[dict] = dataclasses.field(default_factory=list)
     dropped: Counter = dataclasses.field(default_factory=Counter)
@@ -232,12 +233,12 @@ def _run_on_ray(run, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, ad
         run.summary.scorers = [s.describe() for s in run.scorers]
         plan = _plan(ray, run, cfg, todo, actors, gpus_per_actor, batch_size)
         collector = _Collector(run.columns)
-        outcome = RayOutcome()
+        streamed = Streamed()
         if todo:
             roster = ray.remote(num_cpus=0)(ActorRoster).remote()
             ds = _dataset(ray, run, plan, todo, cpus_per_actor, roster)
-            _stream(ray, ds, run, plan.cfg, collector, roster, outcome)
-        return _outcome(run, todo, start, collector, outcome)
+            _stream(ray, ds, run, plan.cfg, collector, roster, streamed)
+        return _outcome(run, todo, start, collector, streamed)
     finally:
         if started_here:
             ray.shutdown()
@@ -313,10 +314,10 @@ def _dataset(ray, run, plan: RayPlan, todo, cpus_per_actor, roster):
     return ds
 
 
-def _stream(ray, ds, run, cfg, collector: "_Collector", roster, outcome: RayOutcome) -> None:
+def _stream(ray, ds, run, cfg, collector: "_Collector", roster, streamed: Streamed) -> None:
     """The scored rows, shard by shard: each shard whose rows are all in is written by a
     finish_shard task; a shard whose stream failed is listed failed."""
-    done, failed, dropped, notes = outcome.done, outcome.failed, outcome.dropped, outcome.notes
+    done, failed, dropped, notes = streamed.done, streamed.failed, streamed.dropped, streamed.notes
     finish = ray.remote(num_cpus=1)(finish_shard)
     writing = []
     try:
@@ -343,14 +344,14 @@ def _stream(ray, ds, run, cfg, collector: "_Collector", roster, outcome: RayOutc
     done[:] = [r for r in done if not r.get("failed")]
 
 
-def _outcome(run, todo, start: float, collector: "_Collector", outcome: RayOutcome) -> RunSummary:
-    """The run's summary from the stream's outcome, then the local engine's ending."""
-    done, failed = outcome.done, outcome.failed
-    run.summary.shards_scored = len(done)
-    run.summary.samples_this_run = sum(int(r["rows"]) for r in done)
-    run.summary.seconds = run.summary.scoring_seconds = time.perf_counter() - start
+def _outcome(run, todo, start: float, collector: "_Collector", streamed: Streamed) -> RunSummary:
+    """The run's Outcome, from which Run.finish builds the summary as it does for the local engine."""
+    from .run import Outcome
+    done, failed = streamed.done, streamed.failed
+    seconds = time.perf_counter() - start
     finished = {r["shard"] for r in done} | {f["url"] for f in failed}
-    run.summary.shards_failed = failed + [{"url": u, "reason": _unfinished(u, collector)}
-                                             for u in todo if u not in finished]
-    run.summary.stage_counts = {"dropped": dict(outcome.dropped), "notes": dict(outcome.notes)}
-    return run.finish()  # the local engine's summary, histograms and nothing-scored check
+    return run.finish(Outcome(  # the local engine's summary, histograms and nothing-scored check
+        shards_scored=len(done), samples=sum(int(r["rows"]) for r in done),
+        failed=failed + [{"url": u, "reason": _unfinished(u, collector)} for u in todo if u not in finished],
+        stage_counts={"dropped": dict(streamed.dropped), "notes": dict(streamed.notes)},
+        seconds=seconds, scoring_seconds=seconds))
