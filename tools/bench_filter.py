@@ -10,7 +10,8 @@ is the child's own high-water mark); runs alternate and the best of N is kept.
     python tools/bench_filter.py --rows 40000 --files 40 --runs 1      # a smoke test
     python tools/bench_filter.py --root /path/to/other/checkout         # time another version
 
-Goal (issue 21): ratio wdsfilter / duckdb time = R <= 1.0, at no more peak memory.
+Goal (issue 21): ratio wdsfilter / duckdb time = R <= 1.0, at no more peak memory. Needs duckdb
+(pip install 'wdsfilter[bench]'). Results and history: docs/dev.md.
 """
 from __future__ import annotations
 
