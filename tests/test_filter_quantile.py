@@ -116,3 +116,18 @@ def test_kth_smallest_matches_a_full_sort(kind, monkeypatch):
     ordered = np.sort(data)
     for k in [1, 2, len(data) // 3, len(data) // 2, len(data) - 1, len(data)]:
         assert kth_smallest(lambda: iter(chunks), k) == ordered[k - 1], k
+
+
+def test_kth_smallest_over_a_span_wider_than_a_float(monkeypatch):
+    """Values from near -max to near +max (their span overflows a float) and a few subnormals
+    (too close to divide by): the rank is still exact."""
+    import wdsfilter.filtering.quantile as q
+    monkeypatch.setattr(q, "COLLECT", 50)  # histogram passes, not one collection
+    monkeypatch.setattr(q, "BINS", 8)
+    rng = np.random.default_rng(4)
+    data = np.concatenate([rng.normal(size=3000), [-1.7e308, 1.7e308, -1e300, 1e300], np.full(80, 5e-324),
+                           np.full(70, 1e-323), np.zeros(60)])
+    chunks = np.array_split(rng.permutation(data), 5)
+    ordered = np.sort(data)
+    for k in [1, 2, 1500, len(data) - 1, len(data)]:
+        assert kth_smallest(lambda: iter(chunks), k) == ordered[k - 1], k

@@ -294,13 +294,13 @@ def test_decoding_one_clip_is_held_to_a_pixel_budget(tmp_path, monkeypatch):
 
     from wdsfilter.errors import DataError
     from wdsfilter.score import video as score_video
-    from wdsfilter.validate.checks import video as video_check
+    from wdsfilter import videos
 
     data = one_keyframe_webm(64, 600)
     assert score_video.sample_frames(data, 3).frames.shape[0] == 3  # within the real budget
     budget = 100 * 64 * 64  # 100 frames of this clip; sampling its middle needs 300
     monkeypatch.setattr(score_video, "MAX_DECODED_PIXELS", budget)
-    monkeypatch.setattr(video_check, "MAX_DECODED_PIXELS", budget)
+    monkeypatch.setattr(videos, "MAX_DECODED_PIXELS", budget)
     with pytest.raises(DataError) as err:
         score_video.sample_frames(data, 3)
     assert err.value.reason == "corrupt_video" and "gigapixels per clip" in str(err.value)
@@ -395,7 +395,7 @@ def test_a_member_that_is_an_ffconcat_playlist_opens_no_file_of_the_machine(tmp_
     """FFmpeg picks its demuxer by content: a `.mp4` member holding an ffconcat playlist
     (`file secret.mp4`) had PyAV open that file, relative to the working folder, and its frames
     were sampled as the member's (a file of the machine read into scores and thumbnails). Only
-    self-contained formats are read (validate/checks/video.SAFE_FORMATS); a real clip still is."""
+    self-contained formats are read (wdsfilter/videos.SAFE_FORMATS); a real clip still is."""
     import pytest
     from videokit import grey_frame, make_video
     from wdsfilter.errors import DataError

@@ -1,5 +1,6 @@
 """The memory planner: its rules on exact numbers, the measurements on a simulated GPU and on the
 real host, and the refusals/clamps of settings that cannot fit."""
+import dataclasses
 import math
 import os
 import re
@@ -10,8 +11,9 @@ from devicekit import SimulatedDevice
 from scorekit import ArenaScorer, BrightnessScorer, make_shards
 from wdsfilter import ConfigError
 from wdsfilter.score import ScoreConfig, score
-from wdsfilter.score.config import parse_size
+from wdsfilter.units import parse_size
 from wdsfilter.score.memory import HostMemory
+from wdsfilter.score.modelrunner import LoadReport
 from wdsfilter.score.planner import WORKER_BASE_BYTES, make_plan
 from wdsfilter.score.probe import ProbeReport
 
@@ -19,9 +21,9 @@ MiB, GiB = 2**20, 2**30
 
 
 def cuda_report(free=24 * GiB, footprint=2 * GiB, overhead=600 * MiB, device="cuda:0"):
-    return {"device": device, "kind": "cuda", "total": 24 * GiB, "free_before": free, "footprint": footprint,
-            "footprints": {"clip": footprint}, "overhead": overhead, "overhead_estimated": True,
-            "rss": 3 * GiB, "descriptions": ["clip"]}
+    return LoadReport(device=device, kind="cuda", total=24 * GiB, free_before=free, footprint=footprint,
+                      footprints={"clip": footprint}, overhead=overhead, overhead_estimated=True,
+                      rss=3 * GiB, descriptions=["clip"])
 
 
 def probe(fixed=100 * MiB, per=50 * MiB, prepared=600_000):
@@ -125,9 +127,9 @@ def test_decode_workers_follow_cores_shards_and_host_ram():
 
 
 def cpu_report():
-    return {"device": "cpu", "kind": "host", "total": 128 * GiB, "free_before": 100 * GiB, "footprint": 100 * MiB,
-            "footprints": {"clip": 30 * MiB, "ocr": 70 * MiB}, "overhead": 400 * MiB, "overhead_estimated": False,
-            "rss": 1 * GiB, "descriptions": ["clip", "ocr"]}
+    return LoadReport(device="cpu", kind="host", total=128 * GiB, free_before=100 * GiB, footprint=100 * MiB,
+                      footprints={"clip": 30 * MiB, "ocr": 70 * MiB}, overhead=400 * MiB, overhead_estimated=False,
+                      rss=1 * GiB, descriptions=["clip", "ocr"])
 
 
 def test_on_the_cpu_a_scorer_that_is_faster_one_at_a_time_gets_batch_1():
@@ -254,9 +256,9 @@ def test_bad_sizes_raise():
 # -- per-scorer plans, frames, processes per GPU ---------------------------------------------------
 def sim_report(free=80 * GiB, footprints=None, device="sim:g80"):
     footprints = footprints or {"clip": 300 * MiB, "ocr": 200 * MiB}
-    return {"device": device, "kind": "simulated", "total": 80 * GiB, "free_before": free,
-            "footprint": sum(footprints.values()), "footprints": footprints, "overhead": 600 * MiB,
-            "overhead_estimated": True, "rss": 3 * GiB, "descriptions": list(footprints)}
+    return LoadReport(device=device, kind="simulated", total=80 * GiB, free_before=free,
+                      footprint=sum(footprints.values()), footprints=footprints, overhead=600 * MiB,
+                      overhead_estimated=True, rss=3 * GiB, descriptions=list(footprints))
 
 
 def clip_ocr_probe(frames=1, samples=16):
@@ -290,7 +292,7 @@ def test_clip_and_ocr_each_get_their_own_batch_size_and_two_processes_share_the_
     assert s.replicas == 1 and s.scorer_batch["clip"] == 512 and 32 <= s.scorer_batch["ocr"] < 40
     assert "a process more would leave ocr a batch under 32" in small.describe()
     # The model in the main process (one simulated device, LocalPool) cannot get a second process.
-    local = plan({}, reports=[dict(sim_report(), in_process=True)], probe_report=clip_ocr_probe())
+    local = plan({}, reports=[dataclasses.replace(sim_report(), in_process=True)], probe_report=clip_ocr_probe())
     assert local.devices[0].replicas == 1
 
 

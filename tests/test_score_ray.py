@@ -240,14 +240,15 @@ def test_a_batch_size_set_without_a_plan_counts_samples_as_on_the_local_engine()
 
 def test_ray_uses_the_engines_planner_for_batch_sizes_and_actors_per_gpu(local_ray, tiny_clip, tmp_path):
     from wdsfilter.score import ScoreConfig
+    from wdsfilter.score.modelrunner import LoadReport
     from wdsfilter.score.planner import make_plan
     from wdsfilter.score.probe import ProbeReport
     from wdsfilter.score.ray_runner import actor_pool
     GiB, MiB = 2**30, 2**20
     # Actors per GPU are the plan's model processes per GPU: two per GPU where two fit.
-    report = {"device": "cuda:0", "kind": "cuda", "total": 80 * GiB, "free_before": 80 * GiB,
-              "footprint": 500 * MiB, "footprints": {"clip": 500 * MiB}, "overhead": 600 * MiB,
-              "overhead_estimated": True, "rss": 3 * GiB, "descriptions": ["clip"]}
+    report = LoadReport(device="cuda:0", kind="cuda", total=80 * GiB, free_before=80 * GiB,
+                        footprint=500 * MiB, footprints={"clip": 500 * MiB}, overhead=600 * MiB,
+                        overhead_estimated=True, rss=3 * GiB, descriptions=["clip"])
     probe = ProbeReport(samples=16, scanned=16, sizes={"clip": (1, 16)}, peaks={"clip": [52 * MiB, 82 * MiB]},
                         prepared_bytes=200_000, prepare_seconds=0.004, seconds_per_sample=0.001)
     host = {"total": 128 * GiB, "available": 100 * GiB, "cpus": 16}

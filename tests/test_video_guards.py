@@ -23,7 +23,7 @@ from wdsfilter.pipeline import sample_pipeline
 from wdsfilter.score.video import sample_frames
 from wdsfilter.tally import Tally
 from wdsfilter.validate import validate
-from wdsfilter.validate.checks import video as video_check
+from wdsfilter import videos
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -132,13 +132,13 @@ def test_packets_read_per_video_are_capped(tmp_path):
         s = c.add_stream("png", rate=1000)
         s.width = s.height = 2
         s.pix_fmt = "rgb24"
-        for i in range(video_check.MAX_PACKETS + 500):
+        for i in range(videos.MAX_PACKETS + 500):
             p = av.Packet(frame)
             p.stream, p.pts, p.dts, p.time_base = s, i, i, fractions.Fraction(1, 1000)
             c.mux(p)
-    with video_check.open_video(buf.getvalue(), 64_000_000) as container:
-        count, _, _ = video_check.packets(container, container.streams.video[0])
-    assert count == video_check.MAX_PACKETS + 1
+    with videos.open_video(buf.getvalue(), 64_000_000) as container:
+        count, _, _ = videos.packets(container, container.streams.video[0])
+    assert count == videos.MAX_PACKETS + 1
     report = validate(_video_shard(tmp_path, "long-000000.tar", buf.getvalue(), "mov"), image_key="mov", jobs=1)
     assert "corrupt_video" not in report.counts and report.kept == 1
 

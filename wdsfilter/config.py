@@ -7,6 +7,7 @@ from typing import Dict, Optional, Sequence, Tuple
 
 from .errors import ConfigError
 from .specs import DEFAULT_CAPTION_KEY, DEFAULT_IMAGE_KEY, REKEY_MODES, KeySpec
+from .units import parse_size
 
 TOKEN_MODES = ("auto", "normalise", "strip", "keep")
 OVERSIZE_MODES = ("skip", "reduce")
@@ -21,8 +22,6 @@ BYTE_CAPS = {"text": "max_text_bytes", "json": "max_json_bytes", "image": "max_i
 
 def parse_byte_caps(items: Sequence[str]) -> Dict[str, int]:
     """['image=128MiB', 'text=1MB'] -> {"max_image_bytes": ..., "max_text_bytes": ...}."""
-    from .score.config import parse_size  # the one size parser (8GB, 8GiB, 512MiB; light import)
-
     caps = {}
     for item in items:
         kind, sep, size = item.partition("=")

@@ -21,10 +21,6 @@ UNSAFE_EXTS = frozenset({"pyd", "pickle", "pkl", "pth", "pt", "ckpt", "joblib"})
 
 TEXT_EXTS = frozenset({"txt", "text", "caption", "cap", "transcript"})
 JSON_EXTS = frozenset({"json", "jsn"})
-MEMBER_KINDS = ("text", "json", "image", "video", "other")
-
-MiB = 1 << 20
-GiB = 1 << 30
 
 
 @lru_cache(maxsize=4096)

@@ -347,6 +347,54 @@ def _empty(sample: dict, why: str) -> None:
     sample[OVERSIZED] = why
 
 
+def _count_broken_shard(end: ShardEnd, tally: Tally) -> None:
+    if end.not_a_tar:
+        tally.drop("unreadable_shard", STAGE, end.url, end.member,
+                   f"{end.error}; no member could be read. Is it a tar (a git-lfs pointer file, an "
+                   f"HTML error page)? Re-create or re-download it")
+    elif end.error:
+        tally.drop("truncated_tar", STAGE, end.url, end.member,
+                   f"{end.error}; {end.members} member(s) read before the break were kept. "
+                   f"Re-create or re-download this shard")
+
+
+def _member_key(fname: str, url: str, rekey: str, tally: Tally):
+    """(key, lower-cased extension) of a member name, or (None, None) for a name that is no
+    sample's member (counted)."""
+    key, ext = split_name(fname, rekey)
+    if key is None:
+        tally.note("no_extension", STAGE, url, fname, "member has no extension or is a dotfile; ignored")
+        return None, None
+    lext = ext.lower()
+    reserved = reserved_ext(lext)
+    if reserved:
+        tally.note("reserved_extension", STAGE, url, fname, reserved)
+        return None, None
+    return key, lext
+
+
+def _add_member(sample: dict, m: dict, lext: str, caps: MemberCaps, allow_unsafe: bool, tally: Tally):
+    """The member's bytes put into its sample and returned; None where it is not used (screened
+    out, a duplicate name, or its sample already emptied: named, not held)."""
+    url, fname = m["__url__"], m["fname"]
+    screened = m.get("__screened__")
+    lext, skip = screened if screened is not None else screen_member(m, lext, caps, allow_unsafe)
+    if skip is not None:
+        if screened is None:
+            tally.note(skip[0], STAGE, url, fname, skip[1])
+        if skip[0] in EXPLAINING_SKIPS:
+            sample.setdefault("__skipped__", {})[lext] = skip[0]
+        return None
+    if lext in sample:
+        tally.note("duplicate_member", STAGE, url, fname, "duplicate member name; the first was kept")
+        return None
+    if OVERSIZED in sample:  # emptied: its members are named, not held
+        sample[lext] = b""
+        return None
+    data = sample[lext] = m["data"]
+    return data
+
+
 def group_samples(members: Iterable["dict | ShardEnd"], cfg: StageConfig, tally: Tally) -> Iterator[dict]:
     """Members -> samples {"__key__", "__url__", ext: bytes, ...}, extensions lower-cased.
 
@@ -379,26 +427,13 @@ def group_samples(members: Iterable["dict | ShardEnd"], cfg: StageConfig, tally:
             held_total = 0
             emitted.clear()
             last_key = None
-            if m.not_a_tar:
-                tally.drop("unreadable_shard", STAGE, m.url, m.member,
-                           f"{m.error}; no member could be read. Is it a tar (a git-lfs pointer file, an "
-                           f"HTML error page)? Re-create or re-download it")
-            elif m.error:
-                tally.drop("truncated_tar", STAGE, m.url, m.member,
-                           f"{m.error}; {m.members} member(s) read before the break were kept. "
-                           f"Re-create or re-download this shard")
+            _count_broken_shard(m, tally)
             if cfg.emit_rejects:
                 yield shard_end_marker(m.url, m.members, m.error, m.failed, m.not_a_tar)
             continue
         fname, url = m["fname"], m["__url__"]
-        key, ext = split_name(fname, rekey)
+        key, lext = _member_key(fname, url, rekey, tally)
         if key is None:
-            tally.note("no_extension", STAGE, url, fname, "member has no extension or is a dotfile; ignored")
-            continue
-        lext = ext.lower()
-        reserved = reserved_ext(lext)
-        if reserved:
-            tally.note("reserved_extension", STAGE, url, fname, reserved)
             continue
         sample = open_samples.get(key)
         if sample is None:
@@ -416,21 +451,9 @@ def group_samples(members: Iterable["dict | ShardEnd"], cfg: StageConfig, tally:
         elif key != last_key:
             tally.note("nonadjacent_key", STAGE, url, fname, f"members of key {key!r} are not adjacent; merged")
         last_key = key
-        screened = m.get("__screened__")
-        lext, skip = screened if screened is not None else screen_member(m, lext, caps, allow_unsafe)
-        if skip is not None:
-            if screened is None:
-                tally.note(skip[0], STAGE, url, fname, skip[1])
-            if skip[0] in EXPLAINING_SKIPS:
-                sample.setdefault("__skipped__", {})[lext] = skip[0]
+        data = _add_member(sample, m, lext, caps, allow_unsafe, tally)
+        if data is None:
             continue
-        if lext in sample:
-            tally.note("duplicate_member", STAGE, url, fname, "duplicate member name; the first was kept")
-            continue
-        if OVERSIZED in sample:  # emptied: its members are named, not held
-            sample[lext] = b""
-            continue
-        data = sample[lext] = m["data"]
         size = len(data) if isinstance(data, (bytes, bytearray)) else 0
         if size:
             held[key] = held.get(key, 0) + size

@@ -34,11 +34,6 @@ def _reject(tally: Tally, sample: dict, reason: str, stage: str, member: str, me
     return None
 
 
-# Reasons meaning "the spec did not find the field" (a config problem when every sample has it),
-# as opposed to data errors (the field is there but broken).
-SPEC_MISSES = ("missing_caption", "missing_image", "dotted_basename")
-
-
 def _read(src, cfg: StageConfig, tally: Tally):
     return group_samples(tar_members(src, cfg, tally), cfg, tally)
 
@@ -341,11 +336,6 @@ def _watch(data: Iterable[dict], tally: Tally, sink=None, report_every: int = 25
     finally:
         if sink is not None:
             sink.write(tally)
-
-
-def _drop_meta(data: Iterable[dict]) -> Iterator[dict]:
-    for sample in data:
-        yield {k: v for k, v in sample.items() if not k.startswith("__parsed_")}
 
 
 read = pipelinefilter(_read)

@@ -208,12 +208,6 @@ class Tally:
             "examples": {r: [e.__dict__ for e in ex] for r, ex in self.examples.items()},
         }
 
-    @classmethod
-    def from_dict(cls, d: dict) -> "Tally":
-        t = cls()
-        t.merge_dict(d)
-        return t
-
     def merge_dict(self, d: dict) -> None:
         self.samples_read += d.get("samples_read", 0)
         self.samples_out += d.get("samples_out", 0)
@@ -227,9 +221,6 @@ class Tally:
         for r, ex in d.get("examples", {}).items():
             room = MAX_EXAMPLES - len(self.examples[r])
             self.examples[r].extend(Example(**e) for e in ex[:max(room, 0)])
-
-    def merge(self, other: "Tally") -> None:
-        self.merge_dict(other.to_dict())
 
     def summary(self) -> str:
         dropped = sum(n for r, n in self.dropped.items() if r not in SHARD_REASONS)

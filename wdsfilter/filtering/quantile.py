@@ -24,6 +24,21 @@ def _region(values, lo: float, hi: float):
     return values[(values >= lo) & (values <= hi)]
 
 
+def _binning(lo: float, hi: float):
+    """values in [lo, hi] -> their bin, 0..BINS-1. Any mapping that keeps the order will do (each
+    bin's own minimum and maximum are recorded); arithmetic is some 50x faster than a binary search
+    over the edges. Halves, so that a span from near -max to near +max does not overflow; the
+    search stays for a span too narrow to divide by (a few subnormals)."""
+    import numpy as np
+    half_span = hi * 0.5 - lo * 0.5
+    scale = BINS / half_span if half_span > 0 else math.inf
+    if not math.isfinite(scale):
+        edges = np.linspace(lo, hi, BINS + 1)
+        return lambda v: np.clip(np.searchsorted(edges, v, side="right") - 1, 0, BINS - 1)
+    half_lo = lo * 0.5
+    return lambda v: np.clip(((v * 0.5 - half_lo) * scale).astype(np.int64), 0, BINS - 1)
+
+
 def count_range(source: Source) -> Tuple[int, float, float]:
     """(count, min, max) of the values (min and max are nan when there are none)."""
     n, lo, hi = 0, math.inf, -math.inf
@@ -47,13 +62,13 @@ def kth_smallest(source: Source, k: int, stats: Tuple[int, float, float] = None)
         if count <= COLLECT:
             inside = np.concatenate([_region(v, lo, hi) for v in source()] or [np.empty(0)])
             return float(np.partition(inside, k - below - 1)[k - below - 1])
-        edges = np.linspace(lo, hi, BINS + 1)
+        bin_of = _binning(lo, hi)
         counts = np.zeros(BINS, dtype=np.int64)
         mins = np.full(BINS, np.inf)
         maxs = np.full(BINS, -np.inf)
         for values in source():
             inside = _region(values, lo, hi)
-            bins = np.clip(np.searchsorted(edges, inside, side="right") - 1, 0, BINS - 1)
+            bins = bin_of(inside)
             counts += np.bincount(bins, minlength=BINS)
             np.minimum.at(mins, bins, inside)
             np.maximum.at(maxs, bins, inside)

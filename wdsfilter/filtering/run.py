@@ -19,6 +19,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 from ..runfolder import ScoredShard, ScoreRun
 from ..runfolder.tables import read_batches
+from .judge import count_rows, count_table
 from .rules import FilterSpec, Threshold, bounds, drop_reason, resolve, write_thresholds
 
 DUPLICATE = "duplicate key in shard"
@@ -92,6 +93,13 @@ def judge_shard(shard: ScoredShard, thresholds: Sequence[Threshold], extra: Sequ
             yield row, drop_reason(row, thresholds)
 
 
+def _observed(judged: Iterator[tuple], collector, shard) -> Iterator[tuple]:
+    for row, reason in judged:
+        if collector is not None:
+            collector.observe(shard, row, reason)
+        yield row, reason
+
+
 def kept_keys(shard: ScoredShard, thresholds: Sequence[Threshold]) -> List[str]:
     return [row["key"] for row, reason in judge_shard(shard, thresholds) if reason is None]
 
@@ -131,17 +139,13 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
         collector = ReportCollector(run, thresholds)
     reasons: Counter = Counter()
     for shard in run.shards:
-        for row, reason in judge_shard(shard, thresholds, collector.columns if collector else ()):
-            result.rows += 1
-            if reason is None:
-                result.kept += 1
-            else:
-                reasons[reason] += 1
-            for t, c in zip(thresholds, result.counts):
-                ok = t.passes(row.get(t.column))
-                c["no_score" if ok is None else "kept" if ok else "dropped"] += 1
-            if collector is not None:
-                collector.observe(shard, row, reason)
+        # Without a report nothing looks at single rows: a Parquet table is counted column-wise.
+        counts = count_table(shard.score_file, thresholds) if collector is None and \
+            shard.score_file.endswith(".parquet") else None
+        if counts is None:
+            counts = count_rows(_observed(judge_shard(shard, thresholds, collector.columns if collector else ()),
+                                          collector, shard), thresholds)
+        counts.add_to(result, reasons)
     result.reasons = dict(reasons.most_common())
     if dry_run:
         return result

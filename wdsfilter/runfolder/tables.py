@@ -251,9 +251,13 @@ def read_numbers(path: str, column: str, rows: int = BATCH_ROWS):
         if column not in check_schema(path).names:
             return
         try:
-            for batch in pq.ParquetFile(_native(path)).iter_batches(batch_size=rows, columns=[column]):
-                values = batch.column(0).cast("float64").to_numpy(zero_copy_only=False)
-                yield values[~np.isnan(values)]
+            for batch in pq.ParquetFile(_native(path)).iter_batches(batch_size=rows, columns=[column],
+                                                                     use_threads=False):
+                # nulls come out as NaN (no pyarrow.compute cast: its dispatch costs more than the
+                # copy); strings where numbers belong raise ValueError: a damaged file
+                values = np.asarray(batch.column(0).to_numpy(zero_copy_only=False), dtype=np.float64)
+                missing = np.isnan(values)
+                yield values[~missing] if missing.any() else values
         except _arrow_errors() as e:
             raise damaged(path, f"{column}: {type(e).__name__}: {e}") from None
         return

@@ -9,47 +9,10 @@ from typing import Any, Dict, Optional, Sequence, Tuple, Union
 from ..config import StageConfig
 from ..errors import ConfigError
 from ..thresholds import Thresholds
+from ..units import parse_size
 
 FORMATS = ("parquet", "jsonl")
 FIT_POLICIES = ("refuse", "clamp")
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?)(b?)\s*$", re.IGNORECASE)
-_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
-
-
-def parse_size(value: Union[str, int, float, None], what: str = "size") -> Optional[int]:
-    """'8GB' -> 8e9 bytes, '8GiB' or '8G' -> 8 * 2**30, plain numbers are bytes.
-
-    KB/MB/GB/TB are decimal (as disks and cloud quotas count); KiB/GiB and the bare K/M/G/T
-    letters are binary (as nvidia-smi and PyTorch count)."""
-    if value is None or value == "":
-        return None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if value <= 0:
-            raise ConfigError(f"{what} must be positive, got {value}")
-        return int(value)
-    m = _SIZE.match(str(value))
-    if not m:
-        raise ConfigError(f"{what}: cannot read {value!r} as a size; expected e.g. 8GB, 8GiB, 512MiB or a byte count")
-    number, unit, binary, b = m.groups()
-    decimal = bool(b) and not binary and unit != ""
-    base = 1000 if decimal else 1024
-    size = int(float(number) * base ** _POWERS[unit.lower()])
-    if size <= 0:
-        raise ConfigError(f"{what} must be positive, got {value!r}")
-    return size
-
-
-def format_size(n: Optional[float]) -> str:
-    if n is None:
-        return "-"
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
 def _auto_or_int(value, what: str, minimum: int) -> Union[str, int]:
     if value is None or value == "auto":
         return "auto"

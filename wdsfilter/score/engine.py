@@ -27,7 +27,7 @@ from .plan import Plan
 from .planner import make_plan
 from .probe import ProbeReport, collect_probe
 from .rows import NothingScoredError  # noqa: F401 - raised by run(); importable from here as before
-from .run import Run
+from .run import Outcome, Run
 from .transport import Chunk, Prepare, keep_as_is
 
 log = logging.getLogger("wdsfilter")
@@ -130,12 +130,12 @@ class Engine(Run):
             workers: List[dict] = []
             try:
                 reports = pool.start()
-                summary.scorers = list(dict.fromkeys(d for r in reports for d in r["descriptions"]))
+                summary.scorers = list(dict.fromkeys(d for r in reports for d in r.descriptions))
                 for d in summary.scorers:
                     self.echo(f"scorer: {d}")
                 probe = self._probe(pool, todo or self.urls)
                 for r in reports:  # a model in this process (one CPU or simulated device) cannot get replicas
-                    r["in_process"] = bool(pool.in_process)
+                    r.in_process = bool(pool.in_process)
                 plan = make_plan(cfg, reports, probe, host_status(), len(todo or self.urls))
                 summary.plan, summary.plan_text = plan.to_dict(), plan.describe()
                 self.echo(summary.plan_text)
@@ -150,19 +150,20 @@ class Engine(Run):
         else:
             summary.scorers = [s.describe() for s in self.scorers]
             self.echo(f"all {len(self.urls)} shard(s) are already scored; summarising")
+        outcome = Outcome()
         if dispatcher is not None:
-            summary.shards_failed += dispatcher.failed + dispatcher.unfinished()
-            summary.shards_scored = dispatcher.completed
-            summary.samples_this_run = dispatcher.rows_done
-            summary.scoring_seconds = dispatcher.seconds
-        ended = {f["url"] for f in summary.shards_failed}
+            outcome.failed = dispatcher.failed + dispatcher.unfinished()
+            outcome.shards_scored = dispatcher.completed
+            outcome.samples = dispatcher.rows_done
+            outcome.scoring_seconds = dispatcher.seconds
+        ended = {f["url"] for f in outcome.failed}
         for url in todo:
             if not state.is_done(url) and url not in ended:
-                summary.shards_failed.append({"url": url, "reason": _unopened_reason(url, stage_tally)})
-        summary.seconds = time.perf_counter() - start
+                outcome.failed.append({"url": url, "reason": _unopened_reason(url, stage_tally)})
+        outcome.seconds = time.perf_counter() - start
         if stage_tally is not None:
-            summary.stage_counts = {"dropped": dict(stage_tally.dropped), "notes": dict(stage_tally.notes)}
-        return self.finish()
+            outcome.stage_counts = {"dropped": dict(stage_tally.dropped), "notes": dict(stage_tally.notes)}
+        return self.finish(outcome)
 
 
 def _unopened_reason(url: str, stage_tally) -> str:

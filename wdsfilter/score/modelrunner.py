@@ -6,6 +6,7 @@ workers (modelworker.py), the Ray engine in its ScoreActor.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .backoff import Backoff
@@ -21,6 +22,24 @@ Item = Tuple[Any, Dict[str, Any]]
 PROBE_SECONDS = 4.0
 
 
+@dataclass
+class LoadReport:
+    """What a model process measured when it loaded the scorers (ModelRunner.load): what the
+    planner and the plan's lines are given, from either engine."""
+    device: str
+    kind: str  # the memory kind: "cuda", "host", or a registered one ("simulated")
+    total: int  # the device's memory, bytes
+    free_before: int  # free before loading
+    footprint: int  # all scorers' models together
+    footprints: Dict[str, int] = field(default_factory=dict)  # per scorer
+    overhead: int = 0  # what one more model process costs the device (its CUDA context)
+    overhead_estimated: bool = False  # overhead guessed, not measured
+    rss: int = 0  # the process's host memory after loading
+    descriptions: List[str] = field(default_factory=list)  # each scorer's describe()
+    worker: int = 0  # which model process (the pool's number)
+    in_process: bool = False  # loaded in the main process: no replica can be added
+
+
 class ModelRunner:
     def __init__(self, scorers: Sequence, device: str):
         self.scorers = list(scorers)
@@ -33,7 +52,7 @@ class ModelRunner:
         self.seconds = 0.0
 
     # -- measuring --------------------------------------------------------------------------
-    def load(self) -> dict:
+    def load(self) -> LoadReport:
         """Load every scorer; report the device's free memory before and each model's footprint."""
         self.memory = device_memory(self.device)
         self.host = self.memory if isinstance(self.memory, HostMemory) else HostMemory()
@@ -46,10 +65,10 @@ class ModelRunner:
             before, used_before = mem.allocated(), mem.device_used()
             scorer.load(torch_device(self.device))
             footprints[scorer.name] = _grown(mem, before, used_before)
-        return {"device": self.device, "kind": mem.kind, "total": mem.total(), "free_before": free_before,
-                "footprint": sum(footprints.values()), "footprints": footprints, "overhead": overhead,
-                "overhead_estimated": mem.overhead_estimated, "rss": self.host.allocated(),
-                "descriptions": [s.describe() for s in self.scorers]}
+        return LoadReport(device=self.device, kind=mem.kind, total=mem.total(), free_before=free_before,
+                          footprint=sum(footprints.values()), footprints=footprints, overhead=overhead,
+                          overhead_estimated=mem.overhead_estimated, rss=self.host.allocated(),
+                          descriptions=[s.describe() for s in self.scorers])
 
     def probe(self, inputs: List[Dict[str, Any]], max_seconds: float = PROBE_SECONDS) -> dict:
         """Activation memory and time of each scorer at two batch sizes (1 and n), after one

@@ -174,10 +174,6 @@ class ClipSource:
                           f"{', '.join(tags) or 'none'}. {OFFLINE_ADVICE}")
 
     # -- the CPU side, no weights ------------------------------------------------------------
-    def image_transform(self):
-        from open_clip.transform import PreprocessCfg, image_transform_v2
-        return image_transform_v2(PreprocessCfg(**self.preprocess_cfg), is_train=False)
-
     def tokenizer(self):
         import open_clip
         try:

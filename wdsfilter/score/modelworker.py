@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..errors import ConfigError, RunError
 from .faults import DeviceFailedError
 from .memory import registered_device
-from .modelrunner import ModelRunner
+from .modelrunner import LoadReport, ModelRunner
 from .transport import open_items, pack, unpack
 
 
@@ -50,7 +50,7 @@ class LocalPool:
         self.done: List[tuple] = []
         self.busy = False
 
-    def start(self) -> List[dict]:
+    def start(self) -> List[LoadReport]:
         try:
             report = self.runner.load()
         except Exception as e:  # the scorer's own failure (weights, a library), not wdsfilter's bug
@@ -58,13 +58,13 @@ class LocalPool:
                 raise
             raise WorkerError(f"the scorers failed to load on {self.devices[0]}: {type(e).__name__}: "
                               f"{_first_line(str(e))}") from e
-        report["worker"] = 0
+        report.worker = 0
         return [report]
 
     def probe(self, inputs) -> dict:
         return self.runner.probe(inputs)
 
-    def add_replica(self, device: str) -> dict:
+    def add_replica(self, device: str) -> LoadReport:
         raise ConfigError("the in-process model runs one replica; use devices=['cpu', 'cpu'] for more")
 
     def set_queue_depth(self, depth: int) -> None:
@@ -248,13 +248,13 @@ class ProcessPool:
             self._receive(0.5)
         return self.waiting.pop((kind, worker))
 
-    def start(self) -> List[dict]:
+    def start(self) -> List[LoadReport]:
         workers = [self._spawn(d) for d in self.first_devices]
         reports = []
         for w in workers:
             report = self._await("loaded", w)
             self.reported.add(w)
-            report["worker"] = w
+            report.worker = w
             reports.append(report)
         return reports
 
@@ -262,11 +262,11 @@ class ProcessPool:
         """Batches each model worker may hold (the plan's queue depth): one scored, others waiting."""
         self.depth = max(1, int(depth))
 
-    def add_replica(self, device: str) -> dict:
+    def add_replica(self, device: str) -> LoadReport:
         w = self._spawn(device)
         report = self._await("loaded", w)
         self.reported.add(w)
-        report["worker"] = w
+        report.worker = w
         return report
 
     def probe(self, inputs) -> dict:

@@ -19,13 +19,17 @@ The Ray runner calls the same make_plan() with numbers measured in one Ray task.
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from ..errors import ConfigError
+from ..units import format_size as fs
 from .backoff import GROW_AFTER
-from .config import ScoreConfig, format_size as fs
+from .config import ScoreConfig
 from .plan import DevicePlan, Plan
 from .probe import ProbeReport, input_lines
+
+if TYPE_CHECKING:
+    from .modelrunner import LoadReport
 
 # RAM a decode worker holds besides its prefetched samples (interpreter, imports, one shard's
 # tar buffer and a decoded image). An estimate, shown as one in the plan.
@@ -63,7 +67,7 @@ def _round_batch(b: int) -> int:
 
 
 class _Planner:
-    def __init__(self, cfg: ScoreConfig, reports: List[dict], probe: ProbeReport, host: dict, n_shards: int):
+    def __init__(self, cfg: ScoreConfig, reports: List[LoadReport], probe: ProbeReport, host: dict, n_shards: int):
         self.cfg = cfg
         self.reports = reports
         self.probe = probe
@@ -82,9 +86,9 @@ class _Planner:
         self.warnings.append(f"{message}; clamped to {clamped_to}")
 
     # -- per-scorer numbers ------------------------------------------------------------------------
-    def names(self, report: dict) -> List[str]:
+    def names(self, report: LoadReport) -> List[str]:
         """The scorers of a model process (those it loaded), else those the probe measured."""
-        return list(report.get("footprints") or {}) or list(self.acts) or ["model"]
+        return list(report.footprints or {}) or list(self.acts) or ["model"]
 
     def act(self, name: str) -> Tuple[int, int]:
         """(fixed bytes, bytes per frame) of a scorer; (0, 0) where the probe could not measure it."""
@@ -114,14 +118,14 @@ class _Planner:
 
     # -- GPU-like devices ----------------------------------------------------------------------
     def plan_gpu(self, r: dict, n_gpus: int, host_budget: int) -> DevicePlan:
-        cfg, dev = self.cfg, r["device"]
-        budget, why = r["free_before"], f"free {fs(r['free_before'])} of {fs(r['total'])} before loading"
+        cfg, dev = self.cfg, r.device
+        budget, why = r.free_before, f"free {fs(r.free_before)} of {fs(r.total)} before loading"
         if cfg.max_memory and cfg.max_memory < budget:
             budget, why = cfg.max_memory, why + f", capped by max_memory={fs(cfg.max_memory)}"
         keep = int(budget * cfg.headroom)
         usable = budget - keep
         retained = sum(self.probe.retained.values())
-        F, O = r["footprint"] + retained, r["overhead"]
+        F, O = r.footprint + retained, r.overhead
         names = self.names(r)
         acts = {n: self.act(n) for n in names}
         self.lines.append((f"{dev} budget", fs(usable), f"{why}; {fs(keep)} ({cfg.headroom:.0%}) kept as headroom"))
@@ -146,7 +150,7 @@ class _Planner:
                 work = "max(" + ", ".join(f"{n} {fs(f)} + {fs(p)} x {B[n]} {self.unit(n)}"
                                           for n, (f, p) in acts.items()) + ")"
             return (f"{R} x ({fs(F)} model + {work})"
-                    + (f" + {R - 1} x {fs(O)} per extra process" + (" (estimated)" if r['overhead_estimated'] else "")
+                    + (f" + {R - 1} x {fs(O)} per extra process" + (" (estimated)" if r.overhead_estimated else "")
                        if R > 1 else "") + f" = {fs(need(R, B))}")
 
         cap, ones = cfg.max_batch, {n: 1 for n in names}
@@ -189,15 +193,15 @@ class _Planner:
                 B = clamp
                 reasons = {n: f"clamped: {formula(R, B)} fits" for n in names}
         self.batch_lines(dev, B, reasons)
-        return DevicePlan(dev, r["kind"], R, max(B.values()), None, usable, need(R, B), dict(B))
+        return DevicePlan(dev, r.kind, R, max(B.values()), None, usable, need(R, B), dict(B))
 
     def auto_replicas(self, r, n_gpus, host_budget, fit, capped, formula, usable) -> Tuple[int, str]:
         """How many whole model processes (models + the largest scorer working memory) fit the
         device, each scorer keeping a useful batch, within what the cores and host RAM allow."""
         one = fit(1)
-        if r["kind"] == "host" or min(one.values()) < 1:
+        if r.kind == "host" or min(one.values()) < 1:
             return 1, "one model process per device"
-        if r.get("in_process"):
+        if r.in_process:
             return 1, "the model runs in the main process (one simulated device): no process to add"
         want = {n: max(1, min(capped({n: b})[n], REPLICA_MIN_BATCH)) for n, b in one.items()}
         cpus = self.host["cpus"]
@@ -207,9 +211,9 @@ class _Planner:
                 reason = (f"{cpus} cores: {n_gpus * k} GPU model process(es) x {CORES_PER_GPU_PROCESS} cores "
                           f"(2 threads each and the decode workers feeding it) would be more than the host has")
                 break
-            extra_rss = n_gpus * (k - 1) * r["rss"]
+            extra_rss = n_gpus * (k - 1) * r.rss
             if extra_rss > host_budget // 2:
-                reason = (f"host RAM: {n_gpus * (k - 1)} more process(es) of {fs(r['rss'])} would take over half "
+                reason = (f"host RAM: {n_gpus * (k - 1)} more process(es) of {fs(r.rss)} would take over half "
                           f"of the {fs(host_budget)} host budget")
                 break
             got = fit(k)
@@ -247,21 +251,21 @@ class _Planner:
         return small
 
     # -- the host -------------------------------------------------------------------------------
-    def host_budget(self, cpu_reports: List[dict]) -> int:
+    def host_budget(self, cpu_reports: List[LoadReport]) -> int:
         """Host RAM the run may use: available minus headroom, capped by max_memory on the CPU."""
         cfg, host = self.cfg, self.host
         available = host["available"]
         budget = int(available * (1 - cfg.headroom))
         why = f"psutil: {fs(available)} available of {fs(host['total'])}, {cfg.headroom:.0%} kept as headroom"
         if cpu_reports and cfg.max_memory:
-            loaded = sum(r["rss"] for r in cpu_reports)
+            loaded = sum(r.rss for r in cpu_reports)
             if cfg.max_memory - loaded < budget:
                 budget = max(0, cfg.max_memory - loaded)
                 why += f", capped by max_memory={fs(cfg.max_memory)} minus {fs(loaded)} already loaded"
         self.lines.append(("host RAM budget", fs(budget), why))
         return budget
 
-    def plan_cpu(self, cpu_reports: List[dict], host_budget: int) -> List[DevicePlan]:
+    def plan_cpu(self, cpu_reports: List[LoadReport], host_budget: int) -> List[DevicePlan]:
         """One DevicePlan per CPU model worker: each scorer's batch that fits host RAM (or the user's)."""
         cfg = self.cfg
         R = len(cpu_reports)
@@ -303,10 +307,10 @@ class _Planner:
             self.one_by_one = self.small_batches(B)
             B.update(self.one_by_one)
         need = R * self.work(acts, B)
-        return [DevicePlan(r["device"], "host", 1, max(B.values()), None, host_budget, need, dict(B))
+        return [DevicePlan(r.device, "host", 1, max(B.values()), None, host_budget, need, dict(B))
                 for r in cpu_reports]
 
-    def decode_cores(self, cpu_reports: List[dict], small: Dict[str, int],
+    def decode_cores(self, cpu_reports: List[LoadReport], small: Dict[str, int],
                      model_procs: int) -> Tuple[int, str, Optional[float]]:
         """Decode workers the cores allow, why, and the cores decode keeps busy where measured: on
         the CPU the cores are split between decode and model by their measured costs; with GPUs,
@@ -390,12 +394,12 @@ class _Planner:
         """After the measured numbers (input_lines): host RAM, GPUs, CPU batch, queues, decode workers,
         threads, back-off: each step appends its decision and reason to self.lines."""
         probe = self.probe
-        gpu_reports = [r for r in self.reports if r["kind"] != "host"]
-        cpu_reports = [r for r in self.reports if r["kind"] == "host"]
+        gpu_reports = [r for r in self.reports if r.kind != "host"]
+        cpu_reports = [r for r in self.reports if r.kind == "host"]
         host_budget = self.host_budget(cpu_reports)
         devices = [self.plan_gpu(r, len(gpu_reports), host_budget) for r in gpu_reports]
         # Extra GPU replicas are new processes: each costs what the first one's RSS shows.
-        spent = sum((d.replicas - 1) * r["rss"] for d, r in zip(devices, gpu_reports) if d.replicas > 1)
+        spent = sum((d.replicas - 1) * r.rss for d, r in zip(devices, gpu_reports) if d.replicas > 1)
         if cpu_reports:
             cpu_devices = self.plan_cpu(cpu_reports, host_budget)
             spent += cpu_devices[0].need
@@ -438,6 +442,6 @@ def default_min_free_host(cfg, host_total: int) -> int:
     return cfg.min_free_host or max(256 * 2**20, int(0.03 * host_total))
 
 
-def make_plan(cfg: ScoreConfig, reports: List[dict], probe: ProbeReport, host: dict, n_shards: int) -> Plan:
+def make_plan(cfg: ScoreConfig, reports: List[LoadReport], probe: ProbeReport, host: dict, n_shards: int) -> Plan:
     """See the module docstring. `host`: {"total", "available", "cpus"} (memory.host_status())."""
     return _Planner(cfg, reports, probe, host, n_shards).plan()

@@ -20,11 +20,14 @@ import math
 import pickle
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from ..markers import MARKER, SHARD_END
-from .config import format_size as fs
+from ..units import format_size as fs
 from .plan import Line
+
+if TYPE_CHECKING:
+    from .modelrunner import LoadReport
 
 
 @dataclass
@@ -104,18 +107,18 @@ class ProbeReport:
         return ", ".join(f"{n} ({name})" for name, n in larger.items())
 
 
-def input_lines(reports: List[dict], probe: ProbeReport) -> Tuple[List[Line], List[str]]:
+def input_lines(reports: List[LoadReport], probe: ProbeReport) -> Tuple[List[Line], List[str]]:
     """The plan's lines (and warnings) on what was measured: each device's models, each scorer's
     activations, the speeds, the size of a prepared sample and the warm-up memory."""
     lines: List[Line] = []
     warnings: List[str] = []
     seen = set()
     for r in reports:
-        if r["device"] in seen:
+        if r.device in seen:
             continue
-        seen.add(r["device"])
-        parts = ", ".join(f"{n} {fs(b)}" for n, b in r["footprints"].items())
-        lines.append((f"model on {r['device']}", fs(r["footprint"]),
+        seen.add(r.device)
+        parts = ", ".join(f"{n} {fs(b)}" for n, b in r.footprints.items())
+        lines.append((f"model on {r.device}", fs(r.footprint),
                       f"measured: memory allocated after loading minus before; {parts}"))
     p = probe
     if not p.samples:
@@ -139,7 +142,7 @@ def input_lines(reports: List[dict], probe: ProbeReport) -> Tuple[List[Line], Li
                   f"read + decode + prepare in one process, over {p.scanned} samples"))
     lines.append(("prepared sample", fs(p.prepared_bytes), "host memory of one prepared model input"))
     retained = {n: b for n, b in p.retained.items() if b}
-    if retained and any(r["kind"] != "host" for r in reports):
+    if retained and any(r.kind != "host" for r in reports):
         lines.append(("warm-up memory", fs(sum(retained.values())),
                       "left on the device by the first batch (" + ", ".join(
                           f"{n} {fs(b)}" for n, b in retained.items()) + "; workspaces, arenas): "

@@ -203,13 +203,54 @@ def run_on_ray(shards, cfg, *, actors: Optional[int] = None, gpus_per_actor: Opt
         run.release_lock()
 
 
+@dataclasses.dataclass
+class RayPlan:
+    """How the stream runs: the model actors, their device share and batches (plan -> dataset)."""
+    cfg: object  # the run's ScoreConfig, with the plan's batch size where it was planned
+    actors: int
+    gpus_per_actor: float
+    device: str
+    batch_size: int
+    scorer_batch: Optional[Dict[str, int]] = None
+    min_free_host: Optional[int] = None
+
+
+@dataclasses.dataclass
+class Streamed:
+    """What the stream did (stream -> outcome): shards written, shards failed, the stages' counts;
+    the run's Outcome is made from it."""
+    done: List[dict] = dataclasses.field(default_factory=list)
+    failed: List[dict] = dataclasses.field(default_factory=list)
+    dropped: Counter = dataclasses.field(default_factory=Counter)
+    notes: Counter = dataclasses.field(default_factory=Counter)
+
+
 def _run_on_ray(run, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, address, ray_init) -> RunSummary:
-    echo = run.echo
+    """plan -> dataset -> stream -> outcome."""
     todo = run.pending()
     if todo:  # the keys were checked by Run
         for scorer in run.scorers:  # downloads once, on the driver (a shared filesystem), not per actor
             getattr(scorer, "fetch", lambda: None)()
     ray = _ray()
+    started_here = _connect(ray, cfg, address, ray_init)
+    try:
+        start = time.perf_counter()
+        run.summary.scorers = [s.describe() for s in run.scorers]
+        plan = _plan(ray, run, cfg, todo, actors, gpus_per_actor, batch_size)
+        collector = _Collector(run.columns)
+        streamed = Streamed()
+        if todo:
+            roster = ray.remote(num_cpus=0)(ActorRoster).remote()
+            ds = _dataset(ray, run, plan, todo, cpus_per_actor, roster)
+            _stream(ray, ds, run, plan.cfg, collector, roster, streamed)
+        return _outcome(run, todo, start, collector, streamed)
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
+def _connect(ray, cfg, address, ray_init) -> bool:
+    """Starts Ray (or joins the cluster at address) unless it runs already; True if started here."""
     started_here = not ray.is_initialized()
     if started_here:
         if not cfg.progress:  # Ray Data logs its own progress on the driver
@@ -221,91 +262,102 @@ def _run_on_ray(run, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, ad
             said = str(e).split(". ")[0].rstrip(".")  # Ray's advice names its own flags, not ours
             raise ConfigError(f"no Ray cluster at address {address!r} (--ray-address: {said}). Start one with "
                               f"`ray start --head`, or leave the address out to start a local Ray") from None
-    try:
-        cluster = ray.cluster_resources()
-        cluster_gpus = int(cluster.get("GPU", 0))
-        if gpus_per_actor and not cluster_gpus:
-            raise ConfigError(f"gpus_per_actor={gpus_per_actor} but the Ray cluster has no GPU")
-        if batch_size is None and isinstance(cfg.batch_size, int):
-            batch_size = cfg.batch_size
-        start = time.perf_counter()
-        run.summary.scorers = [s.describe() for s in run.scorers]
-        scorer_batch, min_free_host = None, None
-        wants_plan = batch_size is None or (cluster_gpus and gpus_per_actor is None and actors is None)
-        if todo and wants_plan:  # the local engine's planner, on one GPU's (or CPU slot's) measurements
-            if batch_size is not None:
-                cfg = dataclasses.replace(cfg, batch_size=int(batch_size))
-            plan = plan_on_ray(ray, run, cfg, todo, cluster)
-            run.summary.plan, run.summary.plan_text = plan.to_dict(), plan.describe()
-            echo(run.summary.plan_text)
-            echo("ray: the plan's decode workers and prefetch are the local engine's; Ray schedules the read tasks")
-            dp = plan.devices[0]
-            batch_size, scorer_batch, min_free_host = dp.batch_size, dp.scorer_batch, plan.min_free_host
-            replicas = dp.replicas
-        else:
-            replicas = 1
-        actors, gpus_per_actor = actor_pool(cluster_gpus, replicas, actors, gpus_per_actor)
-        device = "cuda:0" if gpus_per_actor else "cpu"  # Ray sets CUDA_VISIBLE_DEVICES per actor
-        batch_size = int(batch_size or (64 if gpus_per_actor else 32))
-        per_scorer = (" (" + ", ".join(f"{n} {b}" for n, b in scorer_batch.items()) + " per scorer call)"
-                      if scorer_batch and len(scorer_batch) > 1 else "")
-        echo(f"ray: {len(todo)} of {len(run.urls)} shard(s) to score with {actors} model actor(s) on {device} "
-             f"({gpus_per_actor:g} GPU each), batch {batch_size}{per_scorer}")
-        done: List[dict] = []
-        failed: List[dict] = []
-        collector = _Collector(run.columns)
-        dropped, notes = Counter(), Counter()
-        if todo:
-            roster = ray.remote(num_cpus=0)(ActorRoster).remote()
-            # Workers open absolute paths: their working folder is not the driver's.
-            ds = ray.data.from_items([{"shard": u, "path": absolute_url(u)} for u in todo],
-                                     override_num_blocks=len(todo))
-            only = (run.only_retried() or [None])[0]  # --retry-failed: only its samples are read on
-            ds = ds.map_batches(functools.partial(read_shard, cfg=cfg, scorers=run.scorers, only=only),
-                                batch_size=1, batch_format="numpy", max_retries=RETRIES)
-            ds = ds.map_batches(ScoreActor, batch_size=batch_size, batch_format="numpy", concurrency=actors,
-                                num_gpus=gpus_per_actor, num_cpus=cpus_per_actor,
-                                max_restarts=-1, max_task_retries=RETRIES,
-                                fn_constructor_kwargs={"cfg": cfg, "scorers": run.model_scorers,
-                                                       "columns": run.columns, "batch_size": batch_size,
-                                                       "device": device, "scorer_batch": scorer_batch,
-                                                       "min_free_host": min_free_host, "roster": roster})
-            # A batch that failed after its retries (its actor died twice, or it raised) is dropped
-            # by Ray Data instead of ending the run: its shard never completes, so it gets no marker.
-            ds.context.max_errored_blocks = -1
-            finish = ray.remote(num_cpus=1)(finish_shard)
-            writing = []
-            try:
-                for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
-                    for url, rows, end in collector.add(batch):
-                        dropped.update(end.get("dropped", {}))
-                        notes.update(end.get("notes", {}))
-                        if end.get("unopened"):  # no outputs and no marker: --resume tries it again
-                            failed.append({"url": url, "reason": f"unreadable: {end['error']}"})
-                        elif end.get("failed"):  # not read to its end: no outputs, no marker either
-                            failed.append({"url": url, "reason": read_failed_reason(end["failed"])})
-                        else:  # a tar cut short is listed from its marker (Run.finish)
-                            writing.append(finish.remote(url, rows, end, cfg, run.state, run.columns,
-                                                         absolute_url(url), run.retry.get(url)))
-                    ready, writing = ray.wait(writing, num_returns=len(writing), timeout=0) if writing else ([], [])
-                    done += ray.get(ready)
-            finally:
-                # The stream has ended: end its actors (see ActorRoster) so that their CPUs and
-                # GPUs are free for the next run in this cluster.
-                end_actors(ray, roster)
-                # Shards whose rows all arrived are written even when the stream fails: --resume keeps them.
-                done += _settle(ray, writing)
-            failed += [{"url": r["shard"], "reason": r["failed"]} for r in done if r.get("failed")]
-            done = [r for r in done if not r.get("failed")]
-        run.summary.shards_scored = len(done)
-        run.summary.samples_this_run = sum(int(r["rows"]) for r in done)
-        run.summary.seconds = run.summary.scoring_seconds = time.perf_counter() - start
-        finished = {r["shard"] for r in done} | {f["url"] for f in failed}
-        run.summary.shards_failed = failed + [{"url": u, "reason": _unfinished(u, collector)}
-                                                 for u in todo if u not in finished]
-        run.summary.stage_counts = {"dropped": dict(dropped), "notes": dict(notes)}
-        return run.finish()  # the local engine's summary, histograms and nothing-scored check
-    finally:
-        if started_here:
-            ray.shutdown()
+    return started_here
 
+
+def _plan(ray, run, cfg, todo, actors, gpus_per_actor, batch_size) -> RayPlan:
+    """The actors and batches: the user's where set, else the local engine's planner."""
+    echo = run.echo
+    cluster = ray.cluster_resources()
+    cluster_gpus = int(cluster.get("GPU", 0))
+    if gpus_per_actor and not cluster_gpus:
+        raise ConfigError(f"gpus_per_actor={gpus_per_actor} but the Ray cluster has no GPU")
+    if batch_size is None and isinstance(cfg.batch_size, int):
+        batch_size = cfg.batch_size
+    scorer_batch, min_free_host = None, None
+    wants_plan = batch_size is None or (cluster_gpus and gpus_per_actor is None and actors is None)
+    if todo and wants_plan:  # the local engine's planner, on one GPU's (or CPU slot's) measurements
+        if batch_size is not None:
+            cfg = dataclasses.replace(cfg, batch_size=int(batch_size))
+        plan = plan_on_ray(ray, run, cfg, todo, cluster)
+        run.summary.plan, run.summary.plan_text = plan.to_dict(), plan.describe()
+        echo(run.summary.plan_text)
+        echo("ray: the plan's decode workers and prefetch are the local engine's; Ray schedules the read tasks")
+        dp = plan.devices[0]
+        batch_size, scorer_batch, min_free_host = dp.batch_size, dp.scorer_batch, plan.min_free_host
+        replicas = dp.replicas
+    else:
+        replicas = 1
+    actors, gpus_per_actor = actor_pool(cluster_gpus, replicas, actors, gpus_per_actor)
+    device = "cuda:0" if gpus_per_actor else "cpu"  # Ray sets CUDA_VISIBLE_DEVICES per actor
+    batch_size = int(batch_size or (64 if gpus_per_actor else 32))
+    per_scorer = (" (" + ", ".join(f"{n} {b}" for n, b in scorer_batch.items()) + " per scorer call)"
+                  if scorer_batch and len(scorer_batch) > 1 else "")
+    echo(f"ray: {len(todo)} of {len(run.urls)} shard(s) to score with {actors} model actor(s) on {device} "
+         f"({gpus_per_actor:g} GPU each), batch {batch_size}{per_scorer}")
+    return RayPlan(cfg, actors, gpus_per_actor, device, batch_size, scorer_batch, min_free_host)
+
+
+def _dataset(ray, run, plan: RayPlan, todo, cpus_per_actor, roster):
+    """The shards to score as a Ray dataset: read_shard tasks, then the ScoreActor pool."""
+    cfg = plan.cfg
+    # Workers open absolute paths: their working folder is not the driver's.
+    ds = ray.data.from_items([{"shard": u, "path": absolute_url(u)} for u in todo],
+                             override_num_blocks=len(todo))
+    only = (run.only_retried() or [None])[0]  # --retry-failed: only its samples are read on
+    ds = ds.map_batches(functools.partial(read_shard, cfg=cfg, scorers=run.scorers, only=only),
+                        batch_size=1, batch_format="numpy", max_retries=RETRIES)
+    ds = ds.map_batches(ScoreActor, batch_size=plan.batch_size, batch_format="numpy", concurrency=plan.actors,
+                        num_gpus=plan.gpus_per_actor, num_cpus=cpus_per_actor,
+                        max_restarts=-1, max_task_retries=RETRIES,
+                        fn_constructor_kwargs={"cfg": cfg, "scorers": run.model_scorers,
+                                               "columns": run.columns, "batch_size": plan.batch_size,
+                                               "device": plan.device, "scorer_batch": plan.scorer_batch,
+                                               "min_free_host": plan.min_free_host, "roster": roster})
+    # A batch that failed after its retries (its actor died twice, or it raised) is dropped
+    # by Ray Data instead of ending the run: its shard never completes, so it gets no marker.
+    ds.context.max_errored_blocks = -1
+    return ds
+
+
+def _stream(ray, ds, run, cfg, collector: "_Collector", roster, streamed: Streamed) -> None:
+    """The scored rows, shard by shard: each shard whose rows are all in is written by a
+    finish_shard task; a shard whose stream failed is listed failed."""
+    done, failed, dropped, notes = streamed.done, streamed.failed, streamed.dropped, streamed.notes
+    finish = ray.remote(num_cpus=1)(finish_shard)
+    writing = []
+    try:
+        for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
+            for url, rows, end in collector.add(batch):
+                dropped.update(end.get("dropped", {}))
+                notes.update(end.get("notes", {}))
+                if end.get("unopened"):  # no outputs and no marker: --resume tries it again
+                    failed.append({"url": url, "reason": f"unreadable: {end['error']}"})
+                elif end.get("failed"):  # not read to its end: no outputs, no marker either
+                    failed.append({"url": url, "reason": read_failed_reason(end["failed"])})
+                else:  # a tar cut short is listed from its marker (Run.finish)
+                    writing.append(finish.remote(url, rows, end, cfg, run.state, run.columns,
+                                                 absolute_url(url), run.retry.get(url)))
+            ready, writing = ray.wait(writing, num_returns=len(writing), timeout=0) if writing else ([], [])
+            done += ray.get(ready)
+    finally:
+        # The stream has ended: end its actors (see ActorRoster) so that their CPUs and
+        # GPUs are free for the next run in this cluster.
+        end_actors(ray, roster)
+        # Shards whose rows all arrived are written even when the stream fails: --resume keeps them.
+        done += _settle(ray, writing)
+    failed += [{"url": r["shard"], "reason": r["failed"]} for r in done if r.get("failed")]
+    done[:] = [r for r in done if not r.get("failed")]
+
+
+def _outcome(run, todo, start: float, collector: "_Collector", streamed: Streamed) -> RunSummary:
+    """The run's Outcome, from which Run.finish builds the summary as it does for the local engine."""
+    from .run import Outcome
+    done, failed = streamed.done, streamed.failed
+    seconds = time.perf_counter() - start
+    finished = {r["shard"] for r in done} | {f["url"] for f in failed}
+    return run.finish(Outcome(  # the local engine's summary, histograms and nothing-scored check
+        shards_scored=len(done), samples=sum(int(r["rows"]) for r in done),
+        failed=failed + [{"url": u, "reason": _unfinished(u, collector)} for u in todo if u not in finished],
+        stage_counts={"dropped": dict(streamed.dropped), "notes": dict(streamed.notes)},
+        seconds=seconds, scoring_seconds=seconds))

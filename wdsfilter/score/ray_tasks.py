@@ -169,7 +169,7 @@ def measure(cfg, scorers, model_scorers, urls: Sequence[str], device: str, only:
         probe = ProbeReport.measured(inputs, scanned, prep_seconds, runner.probe)
     finally:
         runner.unload()
-    report["worker"] = 0
+    report.worker = 0
     return {"report": report, "probe": probe, "host": host_status()}
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import copy
 import logging
 import os
-from typing import Callable, List, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence
 
 from ..errors import ConfigError, require
 from ..keycheck import check_keys
@@ -26,6 +27,18 @@ from .rows import NothingScoredError
 from .scorerset import check_scorer_names, resolve_scorers, run_identity, score_columns
 
 log = logging.getLogger("wdsfilter")
+
+
+@dataclass
+class Outcome:
+    """What an engine's scoring did; each engine returns one and Run.finish builds the summary
+    from it, so both engines fill the same fields the same way."""
+    shards_scored: int = 0  # written (score file, marker) by this run
+    samples: int = 0  # rows of those shards
+    failed: List[dict] = field(default_factory=list)  # {"url", "reason"}: no marker, --resume tries it again
+    stage_counts: Optional[Dict[str, dict]] = None  # {"dropped": {...}, "notes": {...}}, where the stages ran
+    seconds: float = 0.0  # the whole run
+    scoring_seconds: float = 0.0  # the scoring loop alone
 
 
 class Run:
@@ -91,11 +104,18 @@ class Run:
         """The shards to score (all, or those without a completion marker with --resume)."""
         return self.todo
 
-    def finish(self) -> RunSummary:
-        """The summary of every finished shard (read back from the score files, so a resumed run
-        reports the whole dataset), written to summary.json with the histograms. Raises
-        NothingScoredError with the counts when no sample got a score."""
+    def finish(self, outcome: Optional[Outcome] = None) -> RunSummary:
+        """The summary: what the engine did (its Outcome) and every finished shard (read back from
+        the score files, so a resumed run reports the whole dataset), written to summary.json with
+        the histograms and report.html. Raises NothingScoredError with the counts when no sample
+        got a score."""
         cfg, summary = self.cfg, self.summary
+        if outcome is not None:
+            summary.shards_scored, summary.samples_this_run = outcome.shards_scored, outcome.samples
+            summary.shards_failed += outcome.failed
+            summary.seconds, summary.scoring_seconds = outcome.seconds, outcome.scoring_seconds
+            if outcome.stage_counts is not None:
+                summary.stage_counts = outcome.stage_counts
         files = self.state.done_score_files()
         summary.shards_cut = self.state.cut_shards()
         for k, v in summarize_files(files, self.columns, cfg.bounds, cfg.histogram_bins).items():

@@ -18,7 +18,7 @@ the scoring engine writes the reason into the sample's row and goes on.
 The header is not trusted: FFmpeg's own max_pixels check refuses a frame larger than the limit
 before it is decoded (also while probing), packets scanned and frames decoded per clip are capped,
 and a clip whose data ends before its header says is sampled from what is there, with
-SampledFrames.partial saying why (the rules of validate's video check: validate/checks/video.py).
+SampledFrames.partial saying why (the rules of validate's video check: wdsfilter/videos.py).
 """
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 from ..errors import DataError
-from ..validate.checks.video import (MAX_DECODED_PIXELS, MAX_PACKETS, cut_short, declared_duration, limit_decoder,
-                                     open_video, packets, too_large, video_streams)
+from ..videos import (MAX_DECODED_PIXELS, MAX_PACKETS, cut_short, declared_duration, limit_decoder, open_video,
+                      packets, too_large, video_streams)
 
 _FIX = ("drop the sample, or re-encode it (ffmpeg -i in.mp4 -c:v libx264 out.mp4) and rewrite the shard; "
         "`wdsfilter validate` lists every such member")

@@ -1,0 +1,70 @@
+"""`wdsfilter filter` counts a Parquet score file column-wise (judge.count_table) when no report
+looks at its rows: the same counts, and the drop reasons in the same order, as judging it row by
+row with the one keep rule (run.judge_shard -> judge.count_rows)."""
+import math
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from wdsfilter.filtering.judge import count_rows, count_table
+from wdsfilter.filtering.rules import Threshold
+from wdsfilter.filtering.run import judge_shard
+from wdsfilter.runfolder import ScoredShard
+from wdsfilter.thresholds import Bound
+
+
+def score_table(path, n, seed, with_ocr=True, int_column=False):
+    """Every kind of row: scored, partial, rejected, failed and null statuses, repeated keys,
+    null and NaN scores, values tied with the cuts."""
+    rng = np.random.default_rng(seed)
+    keys = [f"{i:05d}" for i in range(n)]
+    for i in rng.choice(n, n // 20, replace=False):  # a key repeated later in the shard
+        keys[i] = keys[max(0, i - 3)]
+    status = rng.choice(["scored", "scored", "scored", "partial", "rejected", "failed"], n).astype(object)
+    status[rng.random(n) < 0.01] = None
+    reason = [None if s in ("scored", "partial") else rng.choice(["corrupt_image", "no_caption", None])
+              for s in status]
+    clip = np.round(rng.normal(0.3, 0.05, n), 2)  # coarse: many rows tie with a cut
+    clip[rng.random(n) < 0.03] = np.nan
+    columns = {"key": pa.array(keys), "index": pa.array(np.arange(n)), "status": pa.array(list(status), pa.string()),
+               "reason": pa.array(reason, pa.string()), "message": pa.nulls(n, pa.string()),
+               "clip_score": pa.array(clip, mask=rng.random(n) < 0.03)}
+    if with_ocr:
+        area = rng.integers(0, 10, n) if int_column else rng.random(n)
+        columns["ocr_area"] = pa.array(area, mask=rng.random(n) < 0.02)
+    pq.write_table(pa.table(columns), path)
+    return ScoredShard(url=f"/data/{seed}.tar", name=str(seed), score_file=str(path))
+
+
+THRESHOLDS = [
+    [],
+    [Threshold(Bound("clip_score", 0.3, True), "--min clip_score=0.3")],
+    [Threshold(Bound("clip_score", 0.28, True), "--top clip_score=60%"),
+     Threshold(Bound("ocr_area", 0.5, False), "--max ocr_area=0.5")],
+    [Threshold(Bound("ocr_area", 4, False), "--max ocr_area=4"),
+     Threshold(Bound("clip_score", 0.35, False), "--bottom clip_score=90%"),
+     Threshold(Bound("clip_score", 0.25, True), "--min clip_score=0.25")],
+]
+
+
+@pytest.mark.parametrize("thresholds", THRESHOLDS, ids=["none", "one", "two", "three"])
+@pytest.mark.parametrize("kind", ["float", "int", "no_ocr_column"])
+def test_a_table_counted_column_wise_matches_row_by_row(tmp_path, thresholds, kind):
+    for seed in range(3):
+        shard = score_table(tmp_path / f"{kind}-{seed}.parquet", 3000, seed, with_ocr=kind != "no_ocr_column",
+                            int_column=kind == "int")
+        by_rows = count_rows(judge_shard(shard, thresholds), thresholds)
+        by_table = count_table(shard.score_file, thresholds)
+        assert by_table == by_rows
+        assert by_rows.rows == 3000 and 0 < len(by_rows.reasons)  # the shard has rows of every kind
+        if thresholds:
+            assert any(r.startswith("no ") for r, _ in by_rows.reasons)
+            assert math.fsum(c["no_score"] for c in by_rows.thresholds) > 0
+
+
+def test_a_table_with_rows_without_a_key_is_left_to_the_row_by_row_count(tmp_path):
+    path = tmp_path / "nokey.parquet"
+    pq.write_table(pa.table({"key": pa.array(["a", None, None]), "status": pa.array(["scored"] * 3)}), path)
+    assert count_table(str(path), []) is None

@@ -1,0 +1,152 @@
+"""The package's shape: its written layers (ARCHITECTURE.md, "Layers"), checked on every import
+statement, the lazy ones inside functions included (a lower layer never imports a higher one), and
+no function over 80 lines. Modules are split by concept, not by size: there is no line limit.
+
+    foundation (wdsfilter/*.py: core, media, the run folder) < validate < score < filtering < front doors
+
+The front doors are `cli.py` (every command), `__main__.py` and `dataloader.py` (`wdsfilter.loader()`,
+which may resolve --top/--bottom thresholds as `wdsfilter filter` does). The package's `__init__.py`
+is foundation: it names the front doors only as strings, imported on first use.
+"""
+import ast
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE = os.path.join(ROOT, "wdsfilter")
+LAYERS = ("foundation", "validate", "score", "filtering", "front door")
+FRONT_DOORS = {"wdsfilter.cli", "wdsfilter.__main__", "wdsfilter.dataloader"}
+
+# (importer, imported) -> why it is still there. Each entry is checked to be still needed, so a fix
+# that removes the import must remove the entry too.
+ALLOWED = {
+    ("wdsfilter.score.run", "wdsfilter.filtering.run"):
+        "the scoring run's report.html is the filter report (score_report); it moves below score once the run "
+        "folder reader and the keep rule it judges rows by are in runfolder.py (helper runfolder)",
+}
+
+
+def module_name(path: str) -> str:
+    rel = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+    return rel[:-len(".__init__")] if rel.endswith(".__init__") else rel
+
+
+def layer(module: str) -> int:
+    if module in FRONT_DOORS:
+        return LAYERS.index("front door")
+    parts = module.split(".")
+    if len(parts) > 1 and parts[1] in ("validate", "score", "filtering"):
+        return LAYERS.index(parts[1])
+    return LAYERS.index("foundation")
+
+
+def _exists(module: str) -> bool:
+    path = os.path.join(ROOT, *module.split("."))
+    return os.path.exists(path + ".py") or os.path.exists(os.path.join(path, "__init__.py"))
+
+
+def _deepest(module: str) -> str:
+    """The module an import loads last: `wdsfilter.score.config.parse_size` -> `wdsfilter.score.config`."""
+    while module and not _exists(module):
+        module = module.rpartition(".")[0]
+    return module
+
+
+def imports(module: str, source: str, is_package: bool = False):
+    """(line, imported module) for every import of a wdsfilter module in the source, at any depth."""
+    package = module if is_package else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parts = parts[:len(parts) - (node.level - 1)]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            # `from wdsfilter.score import engine` loads the module engine; `import X from module` the module
+            names = [f"{base}.{a.name}" if _exists(f"{base}.{a.name}") else base for a in node.names]
+        else:
+            continue
+        for name in names:
+            if name.split(".")[0] == "wdsfilter" and _deepest(name):
+                yield node.lineno, _deepest(name)
+
+
+def upward_imports(module: str, source: str, path: str, is_package: bool = False):
+    """'path:line importer (layer) -> imported (layer)' for each import of a higher layer."""
+    for line, target in imports(module, source, is_package):
+        if layer(target) > layer(module):
+            yield (module, target), (f"{path}:{line} {module} ({LAYERS[layer(module)]}) imports {target} "
+                                     f"({LAYERS[layer(target)]})")
+
+
+def package_sources():
+    for folder, _, files in os.walk(PACKAGE):
+        for name in sorted(files):
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                with open(path, encoding="utf-8") as f:
+                    yield path, f.read()
+
+
+def test_no_module_imports_a_higher_layer():
+    found, used = [], set()
+    for path, source in package_sources():
+        module = module_name(path)
+        for pair, text in upward_imports(module, source, os.path.relpath(path, ROOT), path.endswith("__init__.py")):
+            if pair in ALLOWED:
+                used.add(pair)
+            else:
+                found.append(text)
+    assert found == [], "imports of a higher layer (move what is needed down):\n" + "\n".join(found)
+    assert set(ALLOWED) - used == set(), "allow-list entries no longer needed: remove them"
+
+
+@pytest.mark.parametrize("source, line", [
+    ("import os\n\n\ndef f():\n    from .score import engine\n    return engine\n", 5),  # lazy, relative
+    ("from wdsfilter.filtering.rules import resolve\n", 1),  # absolute, a name from a module
+    ("import wdsfilter.score.config\n", 1),
+    ("class C:\n    def m(self):\n        from . import cli\n", 3),  # a front door
+])
+def test_an_upward_import_is_named_with_its_line(source, line):
+    found = list(upward_imports("wdsfilter.tally", source, "wdsfilter/tally.py"))
+    assert len(found) == 1 and found[0][1].startswith(f"wdsfilter/tally.py:{line} wdsfilter.tally (foundation)")
+
+
+def test_imports_of_the_same_or_a_lower_layer_pass():
+    source = ("from ..errors import ConfigError\nfrom .config import ScoreConfig\nfrom ..validate.findings import KINDS\n"
+              "def f():\n    from .. import __version__\n    import wdsfilter.videos\n")
+    assert list(imports("wdsfilter.score.run", source))  # it reads them ...
+    assert list(upward_imports("wdsfilter.score.run", source, "x.py")) == []  # ... and none is upward
+
+
+MAX_FUNCTION_LINES = 80
+# function -> why it is longer for now
+LONG_FUNCTIONS = {
+    "wdsfilter/dataloader.py:loader": "being reworked into LoaderOptions + a builder (helper loaderstate, issue 21 item 5)",
+}
+
+
+def long_functions(source: str, path: str):
+    """'path:name' -> lines (from `def` to its last line) of each function over the limit."""
+    return {f"{path}:{node.name}": node.end_lineno - node.lineno + 1 for node in ast.walk(ast.parse(source))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES}
+
+
+def test_no_function_is_over_80_lines():
+    found = {}
+    for path, source in package_sources():
+        found.update(long_functions(source, os.path.relpath(path, ROOT).replace(os.sep, "/")))
+    assert {name: n for name, n in found.items() if name not in LONG_FUNCTIONS} == {}
+    assert set(LONG_FUNCTIONS) - set(found) == set(), "allow-list entries no longer needed: remove them"
+
+
+def test_a_long_function_is_found_nested_or_not():
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    source = f"def long():\n{body}\n\nclass C:\n    def short(self):\n        pass\n"
+    assert long_functions(source, "m.py") == {"m.py:long": MAX_FUNCTION_LINES + 1}
+    nested = "def outer():\n" + "".join("    " + line + "\n" for line in source.splitlines())
+    assert set(long_functions(nested, "m.py")) == {"m.py:outer", "m.py:long"}

@@ -1,0 +1,112 @@
+"""Benchmark: `wdsfilter filter RUN --top clip_score=30% --dry-run` against duckdb's
+`quantile_disc` over the same score files.
+
+A synthetic score folder in the layout `wdsfilter score` writes (scores/*.parquet with the base
+fields, done/*.json markers): FILES files of ROWS rows in all, clip_score rounded to 4 decimals
+(ties, 1% nulls). Each side runs as its own command (timed from start to exit; peak RSS
+is the child's own high-water mark); runs alternate and the best of N is kept.
+
+    python tools/bench_filter.py [--rows 4000000] [--files 400] [--runs 3]
+    python tools/bench_filter.py --rows 40000 --files 40 --runs 1      # a smoke test
+    python tools/bench_filter.py --root /path/to/other/checkout         # time another version
+
+Goal (issue 21): ratio wdsfilter / duckdb time = R <= 1.0, at no more peak memory. Needs duckdb
+(pip install 'wdsfilter[bench]'). Results and history: docs/dev.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Each side is one command as a user runs it, timed from its start to its exit (interpreter start and
+# imports included: that is what the user waits for).
+WDSFILTER = [sys.executable, "-m", "wdsfilter", "filter", "{run}", "--top", "clip_score=30%", "--dry-run"]
+DUCKDB = r"""
+import sys
+import duckdb
+files = sys.argv[1] + "/scores/*.parquet"
+# The 70% quantile (its own rank rule: it may differ from --top's k-th largest, k = ceil(0.3 n), by
+# one rank), then the rows it keeps: the two passes `filter --dry-run` makes too.
+cut = duckdb.sql(f"select quantile_disc(clip_score, 0.7) from read_parquet('{files}')").fetchall()[0][0]
+kept = duckdb.sql(f"select count(*) from read_parquet('{files}') where status = 'scored' "
+                  f"and clip_score >= {cut!r}").fetchall()[0][0]
+print(f"cut {cut!r}, kept {kept}")
+"""
+
+
+def make_run(folder: str, rows: int, files: int, seed: int = 0) -> None:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    rng = np.random.default_rng(seed)
+    os.makedirs(os.path.join(folder, "scores"))
+    os.makedirs(os.path.join(folder, "done"))
+    n = rows // files
+    keys = pa.array([f"{i:07d}" for i in range(n)])
+    for f in range(files):
+        clip = np.round(rng.normal(0.3, 0.05, n), 4)
+        null = rng.random(n) < 0.01
+        name = f"shard-{f:06d}"
+        table = pa.table({"key": keys, "shard": pa.array([name] * n), "index": pa.array(np.arange(n)),
+                          "status": pa.array(["scored"] * n), "reason": pa.nulls(n, pa.string()),
+                          "message": pa.nulls(n, pa.string()), "kept": pa.array(np.ones(n, dtype=bool)),
+                          "clip_score": pa.array(clip, mask=null), "ocr_area": pa.array(rng.random(n) ** 3)})
+        path = os.path.join(folder, "scores", name + ".parquet")
+        pq.write_table(table, path)
+        with open(os.path.join(folder, "done", name + ".json"), "w") as fh:
+            json.dump({"url": f"/data/{name}.tar", "name": name, "score_file": path}, fh)
+
+
+def child(command: list, root: str = ROOT) -> dict:
+    """Wall seconds, peak RSS (MiB) and the first output lines of one command."""
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    start = time.perf_counter()
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=root, text=True)
+    out, err = proc.stdout.read(), proc.stderr.read()
+    _, status, usage = os.wait4(proc.pid, 0)  # this child's own peak RSS (KiB on Linux)
+    seconds = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode not in (0, 1):
+        raise SystemExit(f"{command[:4]} failed: {err}")
+    lines = [line.strip() for line in out.splitlines() if line.strip()]
+    return {"seconds": seconds, "peak_mib": usage.ru_maxrss / 1024, "said": " | ".join(lines[:3])}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=4_000_000)
+    ap.add_argument("--files", type=int, default=400)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--root", default=ROOT, help="the wdsfilter checkout to time (another one: a before/after)")
+    ap.add_argument("--make", nargs=3, metavar=("FOLDER", "ROWS", "FILES"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.make:
+        return make_run(args.make[0], int(args.make[1]), int(args.make[2]))
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = os.path.join(tmp, "run")
+        # Made in a child: this process stays small, so no child inherits its peak RSS when forked.
+        subprocess.run([sys.executable, __file__, "--make", folder, str(args.rows), str(args.files)], check=True)
+        best: dict = {}
+        for _ in range(args.runs):
+            for name, command in (("wdsfilter", [a.format(run=folder) for a in WDSFILTER]),
+                                  ("duckdb", [sys.executable, "-c", DUCKDB, folder])):
+                got = child(command, args.root)
+                if name not in best or got["seconds"] < best[name]["seconds"]:
+                    best[name] = got
+    w, d = best["wdsfilter"], best["duckdb"]
+    print(f"{args.rows} rows in {args.files} score files, --top clip_score=30% --dry-run, best of {args.runs}")
+    for name, got in best.items():
+        print(f"  {name:9}: {got['seconds']:.2f} s, peak RSS {got['peak_mib']:.0f} MiB; {got['said']}")
+    print(f"ratio wdsfilter / duckdb time = {w['seconds'] / d['seconds']:.2f} (goal <= 1.0)")
+    print(f"ratio wdsfilter / duckdb peak RSS = {w['peak_mib'] / d['peak_mib']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
