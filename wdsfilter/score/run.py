@@ -21,7 +21,7 @@ from .outlock import OutputLock
 from .outputs import RunSummary, plot_histograms, summarize_files, write_summary
 from .resume import RunState
 from .rows import NothingScoredError
-from .scorerset import check_scorer_names, resolve_scorers, run_identity, score_columns
+from .scorerset import check_before_torch, check_scorer_names, resolve_scorers, run_identity, score_columns
 
 log = logging.getLogger("wdsfilter")
 
@@ -46,6 +46,7 @@ class Run:
         # The checks that need no model come first: a wrong scorer name, output folder or caption
         # key answers before torch is imported (resolving a CLIP scorer imports open_clip).
         check_scorer_names(cfg)
+        check_before_torch(cfg)
         # One run per --out (outlock.py): taken before the run state, which deletes temporaries.
         self.lock = None if cfg.dry_run else OutputLock(cfg.out).acquire()
         try:
