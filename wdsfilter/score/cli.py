@@ -6,6 +6,7 @@ import logging
 import click
 
 from ..errors import RunError
+from ..progress import verbosity, verbosity_options
 from ..specs import REKEY_MODES
 
 
@@ -76,12 +77,13 @@ def _echo(text: str) -> None:
                    "when the cluster has GPUs, else 0].")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @click.option("--no-histograms", is_flag=True, help="No histograms in the terminal summary.")
+@verbosity_options
 def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frames, frame_reduce, keyframes,
           ocr_backend, ocr_model_dir, ocr_download, min_clip, max_ocr_area, mins, maxes, write_shards,
           save_embeddings, device, gpus, batch_size, workers, replicas, max_memory, headroom, fit, fmt, resume,
           overwrite, dry_run, caption_key, image_key, rekey, config_file, max_bytes, allow_pipe, allow_remote, engine,
           ray_address, ray_actors, ray_gpus_per_actor,
-          no_progress, no_histograms):
+          no_progress, no_histograms, quiet, verbose):
     """Score every sample of SHARDS (folders, globs, brace patterns, .tar files) with CLIP, OCR
     or your own scorer; write per-shard score files, a summary and, optionally, filtered shards."""
     from ..config import StageConfig, parse_byte_caps
@@ -91,6 +93,7 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
     from .engine import run_scoring
 
     logging.basicConfig(format="wdsfilter: warning: %(message)s", level=logging.WARNING)
+    level = verbosity(quiet, verbose)
     stage_overrides = {"caption_key": caption_key, "image_key": image_key, "rekey": rekey, "allow_pipe": allow_pipe,
                        "allow_remote": allow_remote, **parse_byte_caps(max_bytes)}
     if config_file:
@@ -111,7 +114,8 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
                        write_shards=write_shards, save_embeddings=save_embeddings, device=device, gpus=gpus,
                        batch_size=batch_size,
                        workers=workers, replicas=replicas, max_memory=max_memory, headroom=headroom, fit=fit,
-                       format=fmt, resume=resume, overwrite=overwrite, dry_run=dry_run, progress=not no_progress)
+                       format=fmt, resume=resume, overwrite=overwrite, dry_run=dry_run, progress=not no_progress,
+                       verbosity=level)
     ray_given = [f for f, v in (("--ray-address", ray_address), ("--ray-actors", ray_actors),
                                 ("--ray-gpus-per-actor", ray_gpus_per_actor)) if v is not None]
     if ray_given and engine != "ray":
@@ -124,7 +128,8 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
                              address=ray_address, echo=_echo)
     else:
         summary = run_scoring(list(shards), cfg, echo=_echo)
-    click.echo(summary.format_text(histograms=not no_histograms, plan=False))
+    # The scorer lines were printed as the run began, unless -q kept them back.
+    click.echo(summary.format_text(histograms=not no_histograms and level > 0, plan=False, scorers=level == 0))
     if summary.shards_failed:  # a failure of the run: those shards have no marker
         raise RunError(f"{len(summary.shards_failed)} shard(s) failed (listed above and in summary.json); "
                        f"run again with --resume to retry them")

@@ -77,7 +77,7 @@ class Engine(Run):
         from ..tally import StatsSink
         sink = StatsSink()
         dispatcher = Dispatcher(self, pool, self._apply(pool, plan), len(todo),
-                                open_progress(self.cfg.progress, len(todo)))
+                                open_progress(self.cfg.progress and self.cfg.verbosity > 0, todo))
         try:
             dispatcher.run_loader(self._loader(plan, todo, sink), then=lambda: preload_writer(self.cfg.format))
         finally:
@@ -116,6 +116,9 @@ class Engine(Run):
                       f"{len(todo)} to score")
         dispatcher = stage_tally = None
         if todo or cfg.dry_run:
+            if cfg.verbosity:  # a first line at once: loading and measuring the models takes a while
+                self.echo(f"{len(todo)} shard(s) to score; loading {', '.join(s.name for s in self.scorers)} and "
+                          f"measuring a probe batch")
             devices = resolve_devices(cfg)
             for scorer in self.scorers:  # downloads once, here, not in every model worker at once
                 getattr(scorer, "fetch", lambda: None)()
@@ -124,14 +127,16 @@ class Engine(Run):
             try:
                 reports = pool.start()
                 summary.scorers = list(dict.fromkeys(d for r in reports for d in r["descriptions"]))
-                for d in summary.scorers:
+                for d in summary.scorers if cfg.verbosity else ():
                     self.echo(f"scorer: {d}")
                 probe = self._probe(pool, todo or self.urls)
                 for r in reports:  # a model in this process (one CPU or simulated device) cannot get replicas
                     r["in_process"] = bool(pool.in_process)
                 plan = make_plan(cfg, reports, probe, host_status(), len(todo or self.urls))
                 summary.plan, summary.plan_text = plan.to_dict(), plan.describe()
-                self.echo(summary.plan_text)
+                shown = cfg.plan_text(plan)
+                if shown:
+                    self.echo(shown)
                 for w in plan.warnings:
                     log.warning(w)
                 if cfg.dry_run:
@@ -142,6 +147,8 @@ class Engine(Run):
             summary.workers = workers
         else:
             summary.scorers = [s.describe() for s in self.scorers]
+            for d in summary.scorers if cfg.verbosity else ():
+                self.echo(f"scorer: {d}")
             self.echo(f"all {len(self.urls)} shard(s) are already scored; summarising")
         if dispatcher is not None:
             summary.shards_failed += dispatcher.failed + dispatcher.unfinished()

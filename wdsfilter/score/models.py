@@ -64,8 +64,8 @@ class ClipSource:
 
     def weights_text(self) -> str:
         text = {"tag": f"pretrained tag {self.pretrained!r} (downloaded on load)",
-                "file": f"checkpoint {self.pretrained}",
-                "folder": f"local folder {self.spec[len(LOCAL_DIR):]} ({os.path.basename(self.checkpoint or '')})",
+                "file": f"checkpoint {os.path.basename(self.pretrained or '')}",
+                "folder": f"local folder ({os.path.basename(self.checkpoint or '')})",
                 "hub": f"Hugging Face Hub {self.spec[len(HF_HUB):]}",
                 "random": "RANDOM weights: scores are meaningless (for throughput/memory tests only)"}[self.weights]
         if self.quick_gelu:

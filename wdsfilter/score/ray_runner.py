@@ -207,7 +207,7 @@ def _run_on_ray(run, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, ad
     ray = _ray()
     started_here = not ray.is_initialized()
     if started_here:
-        if not cfg.progress:  # Ray Data logs its own progress on the driver
+        if not cfg.progress or not cfg.verbosity:  # Ray Data logs its own progress on the driver
             import logging
             logging.getLogger("ray.data").setLevel(logging.WARNING)
         try:
@@ -225,6 +225,8 @@ def _run_on_ray(run, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, ad
             batch_size = cfg.batch_size
         start = time.perf_counter()
         run.summary.scorers = [s.describe() for s in run.scorers]
+        for d in run.summary.scorers if cfg.verbosity else ():
+            echo(f"scorer: {d}")
         scorer_batch, min_free_host = None, None
         wants_plan = batch_size is None or (cluster_gpus and gpus_per_actor is None and actors is None)
         if todo and wants_plan:  # the local engine's planner, on one GPU's (or CPU slot's) measurements
@@ -232,8 +234,11 @@ def _run_on_ray(run, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, ad
                 cfg = dataclasses.replace(cfg, batch_size=int(batch_size))
             plan = plan_on_ray(ray, run, cfg, todo, cluster)
             run.summary.plan, run.summary.plan_text = plan.to_dict(), plan.describe()
-            echo(run.summary.plan_text)
-            echo("ray: the plan's decode workers and prefetch are the local engine's; Ray schedules the read tasks")
+            shown = cfg.plan_text(plan)
+            if shown:
+                echo(shown)
+            if cfg.verbosity >= 2:
+                echo("ray: the plan's decode workers and prefetch are the local engine's; Ray schedules the read tasks")
             dp = plan.devices[0]
             batch_size, scorer_batch, min_free_host = dp.batch_size, dp.scorer_batch, plan.min_free_host
             replicas = dp.replicas

@@ -218,7 +218,8 @@ class ClipScorer(Scorer):
         where = f"device={self.device}, precision={getattr(self, 'resolved_precision', self.precision)}" \
             if self._model is not None else f"not loaded, precision={self.precision}"
         videos = f"videos: {self.frames} {'keyframes' if self.keyframes else 'frames'}, reduce={self.frame_reduce}"
-        return f"clip: model={self.source.spec}, weights={self.source.weights_text()}, {where}, {videos}"
+        # The model as the user named it: an absolute path of the folder made the line too long to read.
+        return f"clip: model={self.model}, weights={self.source.weights_text()}, {where}, {videos}"
 
 
 def _attach_embeddings(rows, image_features, text_features, counts, how: str) -> None:
