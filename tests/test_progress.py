@@ -113,3 +113,14 @@ def test_score_verbose_prints_the_whole_plan_and_quiet_prints_the_result_only(tm
     assert quiet.output.startswith("scored 7 of 7 samples") and quiet.output.count("scorer: bright") == 1
     both = run_score(tmp_path, "-q", "-v", "--overwrite")
     assert both.exit_code == 2 and "exclude each other" in both.output
+
+
+def test_validate_verbose_prints_progress_lines_in_a_log(tmp_path):
+    urls, _ = make_shards(tmp_path / "shards", [3, 4])
+    result = CliRunner().invoke(main, ["validate", *urls, "-j", "1", "-v"])
+    assert result.exit_code in (0, 1), result.output
+    assert "\r" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("validate: 2/2 shards (100%)") and " shards/s, " in last and " samples/s" in last
+    quiet = CliRunner().invoke(main, ["validate", *urls, "-j", "1", "-q"])
+    assert "validate:" not in quiet.stderr
