@@ -11,14 +11,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:  # `tools` must import under plain `pytest` too, not only `python -m pytest`
     sys.path.insert(0, REPO)
 
-# Enough steps that matched captions clearly outscore mismatched ones (tests/test_clip_scorer.py):
-# at 100 steps the mean gap was 0.95-0.97 and a matched pair beat a mismatched one in 96-99% of
-# pairs over seeds 0-2 (the tests ask for > 0.05 and > 70%); 400 steps gave 1.03 and 100%.
-TINY_CLIP_STEPS = 120
-# One thread: the model is too small to gain from two, and torch's threads spin-wait when the
-# cores are busy (parallel CI jobs): with two threads on a loaded 2-core machine a step took
-# ten times the CPU time of one thread.
-TINY_CLIP_THREADS = 1
+# The README's model (tools/make_tiny_clip.py's defaults): enough steps that matched captions
+# clearly outscore mismatched ones (tests/test_clip_scorer.py): at 100 steps the mean gap was
+# 0.95-0.97 and a matched pair beat a mismatched one in 96-99% of pairs over seeds 0-2 (the tests
+# ask for > 0.05 and an AUC >= 0.8); 400 steps gave 1.03 and 100%. One thread: the model is too
+# small to gain from two, and torch's threads spin-wait when the cores are busy (parallel CI
+# jobs): with two threads on a loaded 2-core machine a step took ten times the CPU time of one.
+from tools.make_tiny_clip import DEFAULT_STEPS as TINY_CLIP_STEPS  # noqa: E402
+from tools.make_tiny_clip import DEFAULT_THREADS as TINY_CLIP_THREADS  # noqa: E402
 
 
 def _digest(paths) -> str:

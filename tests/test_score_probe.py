@@ -89,3 +89,26 @@ def test_a_slow_scorers_probe_batch_is_cut_to_the_time_limit_and_a_fast_ones_is_
     assert "probe batches of 1 and 2 samples" in text and "probe batch of 16 (luma), 2 (slow_luma)" in text
     # Without a limit that bites, every scorer is probed on all it is given.
     assert runner.probe(found[:4], max_seconds=60)["sizes"]["slow_luma"] == [1, 4]
+
+
+def test_a_small_jobs_probe_is_a_share_of_it():
+    """The probe's timed work is at most PROBE_SHARE of the job's model time where the job's size is
+    known: a job of 8 samples gets no second probe batch (it was most of an 8-clip job on a CPU); a
+    large one is probed on all 16. Ratios of the same measured time, so no clock decides it."""
+    from wdsfilter.score.modelrunner import PROBE_SHARE, ModelRunner
+    from wdsfilter.score.probe import ProbeReport
+    from wdsfilter.score.probe import input_lines
+    stage = StageConfig(caption_key="txt;json:description", emit_rejects=True)
+    found, _, _ = collect_probe(SHARDS, stage, [LumaScorer()], want=16, scan=100)
+    runner = ModelRunner([LumaScorer()], "cpu")
+    runner.load()
+    assert PROBE_SHARE * 8 < 2 * 2  # 8 samples' share is under two probe samples timed twice
+    small = runner.probe(found, max_seconds=600, job_samples=8)
+    assert small["sizes"] == {"luma": [1, 1]} and len(small["peaks"]["luma"]) == 1
+    assert small["frames"]["luma"] == [1, 1] and len(small["timings"]["luma"]) == 2
+    report = ProbeReport.measured(found, 16, 0.01, lambda inputs: small)
+    assert set(report.scorer_activations()) == {"luma"}
+    lines, _ = input_lines([runner.load()], report)
+    assert lines
+    assert runner.probe(found, max_seconds=600, job_samples=100_000)["sizes"] == {"luma": [1, 16]}
+    assert runner.probe(found, max_seconds=600)["sizes"] == {"luma": [1, 16]}  # size unknown: no share

@@ -24,6 +24,7 @@ from .memory import host_status
 from .outputs import RunSummary, preload_writer
 from .plan import Plan
 from .planner import make_plan
+from ..progress import known_samples
 from .probe import ProbeReport, collect_probe
 from .rows import NothingScoredError  # noqa: F401 - raised by run(); importable from here as before
 from .run import Run
@@ -40,7 +41,14 @@ class Engine(Run):
         cfg = self.cfg
         inputs, prep_seconds, scanned = collect_probe(todo, cfg.scoring_stage_config(self.scorers), self.scorers,
                                                       cfg.probe_samples, cfg.probe_scan, cfg.probe_seconds)
-        return ProbeReport.measured(inputs, scanned, prep_seconds, pool.probe)
+        # The job's size, where it is known, bounds the probe's share of it (ModelRunner.probe):
+        # sizes.json, or the probe itself read every sample before it had what it wanted.
+        job = known_samples(todo)
+        if (job is None and len(inputs) < cfg.probe_samples and scanned < cfg.probe_scan
+                and prep_seconds * scanned <= cfg.probe_seconds):  # not stopped by its time limit
+            job = scanned
+        return ProbeReport.measured(inputs, scanned, prep_seconds,
+                                    lambda probe_inputs: pool.probe(probe_inputs, job_samples=job))
 
     def _apply(self, pool, plan: Plan) -> dict:
         """Start the planned replicas and configure every model worker; returns worker -> batch size."""
