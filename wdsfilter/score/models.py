@@ -167,19 +167,13 @@ class ClipSource:
 
 
 def check_model(model: str, pretrained: Optional[str] = None) -> None:
-    """The checks of `ClipSource.resolve` that need neither torch nor open_clip's import (which
-    imports torch: seconds, tens of them on a busy machine): a local-dir: folder with its config and
-    weights, a built-in name among open_clip's model configs (JSON files read from its package
-    folder), a checkpoint path that exists. Run before anything heavy, so a typo answers at once;
-    pretrained tags and hub repos are checked by resolve."""
-    if not isinstance(model, str) or not model.strip():
-        return  # resolve words it
-    model = model.strip()
+    """resolve's checks that need no torch (open_clip's import imports it: tens of seconds on a busy
+    machine): a local-dir: folder, a built-in name, a checkpoint path. Tags and hub repos: resolve."""
+    model = model.strip() if isinstance(model, str) else ""
     if model.startswith(LOCAL_DIR):
         _local_dir_files(model[len(LOCAL_DIR):])
-        return
-    if model.startswith(HF_HUB) or os.path.isfile(os.path.join(model, CONFIG_FILE)):
-        return
+    if not model or model.startswith((LOCAL_DIR, HF_HUB)) or os.path.isfile(os.path.join(model, CONFIG_FILE)):
+        return  # an empty name: resolve words it
     name = model.replace("/", "-")
     names = builtin_model_names()
     if names is not None and name not in names:
@@ -192,24 +186,17 @@ def check_model(model: str, pretrained: Optional[str] = None) -> None:
 
 
 def builtin_model_names() -> Optional[set]:
-    """open_clip's model names without importing it: the stems of its model_configs/*.json (what
-    its registry loads at import). Where open_clip is already imported, its own list (configs added
-    at run time with add_model_config count too). None when open_clip is not installed (resolve
-    says how to install it)."""
+    """open_clip's model names without importing it: its model_configs/*.json (its own list where it
+    is imported: add_model_config's count too). None without open_clip (resolve says so)."""
     import sys
     if "open_clip" in sys.modules:
         return set(sys.modules["open_clip"].list_models())
     import importlib.util
     try:
         spec = importlib.util.find_spec("open_clip")
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    folder = os.path.join(list(spec.submodule_search_locations)[0], "model_configs")
-    try:
+        folder = os.path.join(list(spec.submodule_search_locations)[0], "model_configs")
         return {f[:-len(".json")] for f in os.listdir(folder) if f.endswith(".json")}
-    except OSError:
+    except (ImportError, ValueError, AttributeError, TypeError, IndexError, OSError):
         return None
 
 
@@ -223,8 +210,7 @@ def _unknown_model(model: str, name: str, names) -> ConfigError:
 
 
 def _local_dir_files(path: str):
-    """(folder, its config, its weights file) of a local-dir: model, or the ConfigError saying
-    what is missing."""
+    """(folder, config, weights file) of a local-dir: model, or a ConfigError naming what is missing."""
     if not path:
         raise ConfigError("empty path after 'local-dir:'; expected local-dir:/path/to/model-folder")
     folder = os.path.abspath(os.path.expanduser(path))
