@@ -186,7 +186,7 @@ def run_on_ray(shards, cfg, *, actors: Optional[int] = None, gpus_per_actor: Opt
                               write_shards=os.path.abspath(cfg.write_shards) if cfg.write_shards else None)
     # The local engine's URLs, scorers, columns, run state, summary and lock; the keys on the first
     # shard to score are checked there, so configuration errors come before Ray starts.
-    run = Run(shards, cfg, echo)
+    run = Run(shards, cfg, echo, engine="ray")
     try:
         return _run_on_ray(run, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, address, ray_init)
     except Exception as e:

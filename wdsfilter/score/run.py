@@ -18,6 +18,7 @@ from ..filtering.run import score_report
 from .config import ScoreConfig
 from .faults import disk_full, is_disk_full
 from .outlock import OutputLock
+from .recipe import write_recipe
 from .outputs import RunSummary, plot_histograms, summarize_files, write_summary
 from .resume import RunState
 from .rows import NothingScoredError
@@ -29,7 +30,7 @@ log = logging.getLogger("wdsfilter")
 class Run:
     """One scoring run's shards, scorers, state and summary; no model is loaded here."""
 
-    def __init__(self, shards, cfg: ScoreConfig, echo: Optional[Callable[[str], None]] = None):
+    def __init__(self, shards, cfg: ScoreConfig, echo: Optional[Callable[[str], None]] = None, engine: str = "local"):
         refuse_in_spawned_worker()
         self.cfg = cfg
         self.echo = echo or (lambda text: None)
@@ -61,6 +62,8 @@ class Run:
             # decode worker (spawn would copy the weights into every one of them).
             self.model_scorers = [copy.deepcopy(s) for s in self.scorers]
             self.state.open(run_identity(cfg, self.scorers))
+            if not cfg.dry_run:  # the resolved recipe: `wdsfilter score --config OUT/run.yaml` runs it again
+                write_recipe(cfg, self.urls, engine)
         except BaseException as e:
             self.release_lock()
             if is_disk_full(e):
