@@ -89,3 +89,18 @@ def test_a_stage_options_file_is_still_a_config_and_a_wrong_key_is_one_line(tmp_
     assert len([line for line in result.output.splitlines() if "error" in line]) == 1
     nothing = cli("--config", str(stage), "--out", str(tmp_path / "c"))
     assert nothing.exit_code == 2 and "no SHARDS" in nothing.output
+
+
+def test_filter_takes_the_threshold_shorthands_of_score(tmp_path):
+    """--min-clip/--max-ocr-area are --min clip_score=X/--max ocr_area=X on filter as on score."""
+    urls, _ = make_shards(tmp_path / "shards", [3])
+    out = str(tmp_path / "out")
+    assert cli(*urls, "--scorer", SCORER, "--out", out).exit_code == 0
+    for short, long in ((["--min-clip", "0.3"], ["--min", "clip_score=0.3"]),
+                        (["--max-ocr-area", "0.1"], ["--max", "ocr_area=0.1"])):
+        a = CliRunner().invoke(main, ["filter", out, "--dry-run", *short])
+        b = CliRunner().invoke(main, ["filter", out, "--dry-run", *long])
+        assert a.exit_code == b.exit_code == 2 and a.output == b.output, (a.output, b.output)
+        assert long[1].split("=")[0] in a.output
+    kept = CliRunner().invoke(main, ["filter", out, "--dry-run", "--min", "brightness=0", "--min-clip", "0.3"])
+    assert kept.exit_code == 2 and "clip_score" in kept.output  # joined to the --min given, not in place of it
