@@ -83,3 +83,10 @@ def test_an_output_that_cannot_be_created_is_a_usage_error(tmp_path, command):
     assert code == 2, output
     assert_one_line_error(output, "/proc/")
     assert not open_clip
+
+
+def test_an_ocr_option_error_answers_before_torch(tmp_path):
+    code, output, _ = run_without_torch(tmp_path, "score", SHARDS, "--out", str(tmp_path / "out"), "--scorer", "ocr",
+                                        "--scorer-opt", "ocr.max_side=10")
+    assert code == 2, output
+    assert_one_line_error(output, "max_side must be >= 32")

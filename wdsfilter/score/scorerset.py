@@ -80,7 +80,10 @@ def check_before_torch(cfg: ScoreConfig) -> None:
             cls = _scorer_class(spec)
             name = spec if spec in REGISTRY else (getattr(cls, "name", "") or spec)
             early = getattr(cls, "early_columns", None)
-            found = early(dict(cfg.scorer_options.get(name, {}))) if early else None
+            try:
+                found = early(dict(cfg.scorer_options.get(name, {}))) if early else None
+            except TypeError:  # an option the scorer does not have: resolve_scorers names its options
+                return
         else:  # an object is built already
             found = spec.columns() if callable(getattr(spec, "columns", None)) else None
         if found is None:

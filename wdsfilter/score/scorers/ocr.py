@@ -118,7 +118,7 @@ class OcrScorer(Scorer):
 
     @classmethod
     def early_columns(cls, options: Dict[str, Any]) -> List[str]:
-        return _columns(options.get("max_area"))
+        return cls(**options).columns()  # torch-free to build: every option is checked before torch
 
     def columns(self) -> List[str]:
         return _columns(self.max_area)
