@@ -96,7 +96,7 @@ def test_score_in_a_log_prints_plain_progress_and_the_plan_in_one_line(tmp_path)
     assert result.exit_code == 0, result.output
     text = result.output
     assert "\r" not in text
-    assert "2 shard(s) to score; loading bright" in text.splitlines()[0]
+    assert "2 shard(s) to score; loading scorekit:BrightnessScorer" in text.splitlines()[0]
     assert text.count("scorer: bright") == 1
     plan = [line for line in text.splitlines() if line.startswith("plan:")]
     assert len(plan) == 1 and "(-v or --dry-run: the whole plan)" in plan[0] and "model on cpu" not in text

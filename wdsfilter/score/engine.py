@@ -124,9 +124,6 @@ class Engine(Run):
                       f"{len(todo)} to score")
         dispatcher = stage_tally = None
         if todo or cfg.dry_run:
-            if cfg.verbosity:  # a first line at once: loading and measuring the models takes a while
-                self.echo(f"{len(todo)} shard(s) to score; loading {', '.join(s.name for s in self.scorers)} and "
-                          f"measuring a probe batch")
             devices = resolve_devices(cfg)
             for scorer in self.scorers:  # downloads once, here, not in every model worker at once
                 getattr(scorer, "fetch", lambda: None)()

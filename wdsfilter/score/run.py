@@ -55,6 +55,9 @@ class Run:
             self.todo = self.state.pending()
             if self.todo:  # a caption/image key no sample of the first shard has
                 check_keys(self.todo[0], cfg.scoring_stage_config())
+            if cfg.verbosity and (self.todo or cfg.dry_run):  # at once, before the imports and the models
+                names = [s if isinstance(s, str) else getattr(s, "name", type(s).__name__) for s in cfg.scorers]
+                self.echo(f"{len(self.todo)} shard(s) to score; loading {', '.join(names)} and measuring a probe batch")
             require("torch", "scoring")  # before a scorer's own import asks for it less plainly
             self.scorers = resolve_scorers(cfg)
             self.columns = score_columns(self.scorers)
