@@ -122,8 +122,11 @@ class Progress:
                 return
             self.last_line = now
             text = self.line(now)
-            self.file.write(f"\r{text}\x1b[K" if self.tty else text + "\n")
-            self.file.flush()
+            try:
+                self.file.write(f"\r{text}\x1b[K" if self.tty else text + "\n")
+                self.file.flush()
+            except (OSError, ValueError):  # stderr closed or gone (a pipe whose reader left): no progress then
+                self.closed = True
 
     def _tick(self, seconds: float) -> None:
         while not self.stop.wait(seconds):
