@@ -75,11 +75,11 @@ class Progress:
         self._draw()
 
     def close(self) -> None:
-        if self.closed:
-            return
         self.stop.set()
         if self.thread is not None:
             self.thread.join()
+        if self.closed:
+            return
         self._draw(force=True)
         with self.lock:
             self.closed = True
