@@ -82,10 +82,13 @@ class Progress:
             return
         self._draw(force=True)
         with self.lock:
+            if self.tty and not self.closed:
+                try:
+                    self.file.write("\n")
+                    self.file.flush()
+                except (OSError, ValueError):
+                    pass
             self.closed = True
-            if self.tty:
-                self.file.write("\n")
-                self.file.flush()
 
     # -- the line --------------------------------------------------------------------------------
     def fraction(self) -> Optional[float]:
