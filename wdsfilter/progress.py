@@ -163,13 +163,15 @@ def known_samples(urls: Iterable[str]) -> Optional[int]:
     return total
 
 
-def verbosity_options(command):
-    """-q/--quiet and -v/--verbose, the same on every command; read them with `verbosity`."""
+def verbosity_options(quiet: str, verbose: str):
+    """-q/--quiet and -v/--verbose, the same flags on every command (each says what they change
+    there); read them with `verbosity`."""
     import click
-    command = click.option("--verbose", "-v", "verbose", is_flag=True,
-                           help="Say more: the whole plan, progress lines in a log too.")(command)
-    return click.option("--quiet", "-q", "quiet", is_flag=True,
-                        help="Say less: no progress, plan or scorer lines; the result and errors only.")(command)
+
+    def options(command):
+        command = click.option("--verbose", "-v", "verbose", is_flag=True, help=verbose)(command)
+        return click.option("--quiet", "-q", "quiet", is_flag=True, help=quiet)(command)
+    return options
 
 
 def verbosity(quiet: bool, verbose: bool) -> int:

@@ -86,7 +86,8 @@ def _given(ctx: click.Context, param: str) -> bool:
                    "when the cluster has GPUs, else 0].")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @click.option("--no-histograms", is_flag=True, help="No histograms in the terminal summary.")
-@verbosity_options
+@verbosity_options(quiet="Say less: the result and errors only (no progress, scorer lines, plan or histograms).",
+                   verbose="Say more: the whole plan (by default one line).")
 def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frames, frame_reduce, keyframes,
           ocr_backend, ocr_model_dir, ocr_download, min_clip, max_ocr_area, mins, maxes, write_shards,
           save_embeddings, device, gpus, batch_size, workers, replicas, max_memory, headroom, fit, fmt, resume,

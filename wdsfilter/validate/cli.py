@@ -44,7 +44,8 @@ from .formats import FORMATS, render, write_report
 @click.option("--progress/--no-progress", default=None,
               help="Progress on stderr: a bar on a terminal, a line every 10 s in a log [default: when stderr is a "
                    "terminal, or with -v].")
-@verbosity_options
+@verbosity_options(quiet="Say less: no progress, and no text summary when the report goes to --output.",
+                   verbose="Say more: progress in a log too (a line every 10 s).")
 def validate_command(paths, caption_key, image_key, rekey, image_token, config_file, max_pixels, max_side, min_side,
                      max_aspect, max_bytes, deep, ranks, loader_workers, allow_pipe, allow_remote, fmt, output, fail_on, jobs,
                      stats_dir, progress, quiet, verbose):
