@@ -86,9 +86,10 @@ def test_matched_captions_score_higher_than_mismatched(scorer, samples):
     assert len(mismatched) >= 10 and len(matched) >= 10
     gap = sum(matched) / len(matched) - sum(mismatched) / len(mismatched)
     assert gap > 0.05, f"matched captions outscore mismatched ones by only {gap:.3f}"
-    # And per pair, not only on average: a random matched sample beats a random mismatched one.
-    wins = sum(m > x for m in matched for x in mismatched) / (len(matched) * len(mismatched))
-    assert wins > 0.7
+    # And per pair, not only on average: a random matched sample beats a random mismatched one
+    # (the AUC of clip_score as a test of caption_matches), as the README's model does everywhere.
+    auc = sum(m > x for m in matched for x in mismatched) / (len(matched) * len(mismatched))
+    assert auc >= 0.8, f"AUC {auc:.3f}"
 
 
 def test_name_plus_checkpoint_path_scores_like_local_dir(scorer, tiny_clip, samples):

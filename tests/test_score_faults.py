@@ -122,6 +122,19 @@ def test_a_pipe_command_that_hangs_is_killed_and_fails_its_shard(shards, tmp_pat
     assert failed and "stalled: it sent nothing for 2s" in failed[0].message and not report.passed
 
 
+def test_a_stalled_command_fails_its_shard_whatever_its_exit_status(shards):
+    """A stall is a failure even where the kill left exit status 0 (a shell whose `wait` returned
+    when its child was killed, before its own kill): the reason then depended on timing."""
+    from wdsfilter.shards import close_shard, open_shard
+    stream = open_shard(f"pipe:cat {shards[0]}", allow_pipe=True, idle_seconds=60)
+    while stream.read(1 << 16):
+        pass
+    stream.stalled = "it sent nothing for 60s (stream_idle_seconds) and was killed"  # as IdleGuard marks it
+    with pytest.raises(OSError, match="sent nothing for 60s"):
+        close_shard(stream)
+    assert stream.status == 0
+
+
 def test_a_download_that_breaks_off_fails_its_shard(shards, tmp_path):
     out = str(tmp_path / "out")
     with broken_download(shards[0], send_fraction=0.6) as (url, control):

@@ -49,7 +49,9 @@ def test_the_probe_runs_no_full_garbage_collection():
 
 
 class SlowLuma(LumaScorer):
-    """LumaScorer at 50 ms a sample: a slow scorer, as OCR is on the CPU. Counts what it scores."""
+    """LumaScorer at 250 ms a sample: a slow scorer, as OCR is on the CPU. Counts what it scores.
+    Slow enough that the fast one's cut (31 ms a sample at max_seconds=1) is far from a busy
+    machine's pauses."""
     name = "slow_luma"
 
     def __init__(self):
@@ -60,7 +62,7 @@ class SlowLuma(LumaScorer):
 
     def score_batch(self, inputs):
         import time
-        time.sleep(0.05 * len(inputs))
+        time.sleep(0.25 * len(inputs))
         self.scored += len(inputs)
         return [{"slow_luma": float(x.mean()) / 255.0} for x in inputs]
 
@@ -75,8 +77,8 @@ def test_a_slow_scorers_probe_batch_is_cut_to_the_time_limit_and_a_fast_ones_is_
     assert len(found) == 16
     runner = ModelRunner([fast, slow], "cpu")
     runner.load()
-    measured = runner.probe(found, max_seconds=0.2)
-    # 16 samples batched and then one at a time would take 1.6 s: the slow one's n is cut to 2.
+    measured = runner.probe(found, max_seconds=1.0)
+    # 16 samples batched and then one at a time would take 8 s: the slow one's n is cut to 2.
     assert measured["sizes"] == {"luma": [1, 16], "slow_luma": [1, 2]}
     assert slow.scored == 1 + 1 + 2 + 2  # warm-up, one, the batch of 2, the 2 one at a time
     assert measured["frames"]["slow_luma"] == [1, 2] and len(measured["peaks"]["slow_luma"]) == 2
@@ -85,5 +87,28 @@ def test_a_slow_scorers_probe_batch_is_cut_to_the_time_limit_and_a_fast_ones_is_
     lines, _ = input_lines([runner.load()], report)
     text = "\n".join(" ".join(line) for line in lines)
     assert "probe batches of 1 and 2 samples" in text and "probe batch of 16 (luma), 2 (slow_luma)" in text
-    # Without a limit that bites, every scorer is probed on all 16.
-    assert runner.probe(found, max_seconds=60)["sizes"]["slow_luma"] == [1, 16]
+    # Without a limit that bites, every scorer is probed on all it is given.
+    assert runner.probe(found[:4], max_seconds=60)["sizes"]["slow_luma"] == [1, 4]
+
+
+def test_a_small_jobs_probe_is_a_share_of_it():
+    """The probe's timed work is at most PROBE_SHARE of the job's model time where the job's size is
+    known: a job of 8 samples gets no second probe batch (it was most of an 8-clip job on a CPU); a
+    large one is probed on all 16. Ratios of the same measured time, so no clock decides it."""
+    from wdsfilter.score.modelrunner import PROBE_SHARE, ModelRunner
+    from wdsfilter.score.probe import ProbeReport
+    from wdsfilter.score.probe import input_lines
+    stage = StageConfig(caption_key="txt;json:description", emit_rejects=True)
+    found, _, _ = collect_probe(SHARDS, stage, [LumaScorer()], want=16, scan=100)
+    runner = ModelRunner([LumaScorer()], "cpu")
+    runner.load()
+    assert PROBE_SHARE * 8 < 2 * 2  # 8 samples' share is under two probe samples timed twice
+    small = runner.probe(found, max_seconds=600, job_samples=8)
+    assert small["sizes"] == {"luma": [1, 1]} and len(small["peaks"]["luma"]) == 1
+    assert small["frames"]["luma"] == [1, 1] and len(small["timings"]["luma"]) == 2
+    report = ProbeReport.measured(found, 16, 0.01, lambda inputs: small)
+    assert set(report.scorer_activations()) == {"luma"}
+    lines, _ = input_lines([runner.load()], report)
+    assert lines
+    assert runner.probe(found, max_seconds=600, job_samples=100_000)["sizes"] == {"luma": [1, 16]}
+    assert runner.probe(found, max_seconds=600)["sizes"] == {"luma": [1, 16]}  # size unknown: no share

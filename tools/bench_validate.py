@@ -153,10 +153,10 @@ def bench(shards: int = 8, copies: int = 24, runs: int = 3, jobs: Optional[int] 
         for name, label in (("file", "raw read (file blocks, 1 process)"), ("tar", "raw read (tarfile members, 1 process)"),
                             ("validate", f"validate (--jobs {jobs_used})")):
             t = best[name]
-            result[name] = {"seconds": round(t, 4), "mb_s": round(mb / t, 1), "samples_s": round(samples / t)}
+            result[name] = {"seconds": significant(t), "mb_s": significant(mb / t), "samples_s": significant(samples / t)}
             out(f"  {label:<40} {t:8.3f}s {mb / t:9.1f} MB/s {samples / t:10.0f} samples/s")
-        result["ratio_file"] = round(best["file"] / best["validate"], 3)
-        result["ratio_tar"] = round(best["tar"] / best["validate"], 3)
+        result["ratio_file"] = significant(best["file"] / best["validate"])
+        result["ratio_tar"] = significant(best["tar"] / best["validate"])
         out(f"  ratio validate/raw: {result['ratio_file']:.3f}x of file blocks, {result['ratio_tar']:.3f}x of tarfile "
             f"members (goal >= 0.5x)")
 
@@ -191,6 +191,12 @@ def main(argv=None) -> Dict:
     if args.json:
         print(json.dumps(result))
     return result
+
+
+def significant(x: float) -> float:
+    """x to 4 significant digits: a ratio or speed measured on a busy machine can be tiny, and
+    rounding to decimal places made it 0.0."""
+    return float(f"{x:.4g}")
 
 
 if __name__ == "__main__":

@@ -224,7 +224,9 @@ class IdleGuard:
             if since is not None and time.monotonic() - since > self.seconds:
                 self.stream.stalled = (f"it sent nothing for {self.seconds:g}s (stream_idle_seconds) and was "
                                        f"killed; check the command or URL")
-                for pid in [*_descendants(proc.pid), proc.pid]:
+                # The command first: killed after its children, a shell's `wait` returns 0 and the
+                # shell could exit 0 before its own kill (under load it did): the status then hid the stall.
+                for pid in [proc.pid, *_descendants(proc.pid)]:
                     try:
                         os.kill(pid, 9)
                     except OSError:
@@ -251,6 +253,8 @@ def close_shard(stream) -> None:
     status = getattr(stream, "status", None)
     if status not in (None, 0):
         raise OSError(f"exit status {status}")
+    if getattr(stream, "stalled", None):  # killed by IdleGuard, whatever status its kill left
+        raise OSError(stream.stalled)
 
 
 def split_suffix(url: str) -> Tuple[str, str]:

@@ -154,3 +154,28 @@ def parse_threshold(text: str, option: str = "--min") -> Tuple[str, float]:
         return column.strip(), float(value)
     except ValueError:
         raise ConfigError(f"{option} {text!r}: {value!r} is not a number") from None
+
+
+# The shorthands of the two usual bounds, the same on `score` and `filter`: option -> (the --min or
+# --max parameter it joins, its column).
+SHORTHANDS = {"min_clip": ("mins", "clip_score"), "max_ocr_area": ("maxes", "ocr_area")}
+
+
+def shorthand_options(command):
+    """--min-clip X and --max-ocr-area X on a command whose --min/--max are `mins`/`maxes`: they
+    join those as clip_score=X and ocr_area=X."""
+    import functools
+
+    import click
+
+    @functools.wraps(command)
+    def with_shorthands(*args, **kwargs):
+        for name, (param, column) in SHORTHANDS.items():
+            value = kwargs.pop(name, None)
+            if value is not None:
+                kwargs[param] = (*kwargs[param], f"{column}={value!r}")
+        return command(*args, **kwargs)
+    with_shorthands = click.option("--max-ocr-area", "max_ocr_area", type=float, default=None,
+                                   help="Keep rows with ocr_area <= X (--max ocr_area=X).")(with_shorthands)
+    return click.option("--min-clip", "min_clip", type=float, default=None,
+                        help="Keep rows with clip_score >= X (--min clip_score=X).")(with_shorthands)

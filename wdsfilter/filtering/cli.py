@@ -4,6 +4,7 @@ from __future__ import annotations
 import click
 
 from ..errors import EXIT_CODES_HELP
+from ..thresholds import shorthand_options
 
 
 @click.command("filter", context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES_HELP)
@@ -29,6 +30,7 @@ from ..errors import EXIT_CODES_HELP
                    "from someone else), never where the folder says.")
 @click.option("--allow-incomplete", is_flag=True,
               help="Exit 0 even when shards of the scoring run have no complete score file (they are left out).")
+@shorthand_options
 def filter_command(scores_dir, mins, maxes, tops, bottoms, write_shards, samples_per_shard, prefix, overwrite,
                    dry_run, report, no_report, allow_incomplete, source_root):
     """Choose thresholds after scoring: count what --min/--max/--top/--bottom keep in the score

@@ -6,6 +6,7 @@ import logging
 import click
 
 from ..errors import RunError
+from ..progress import verbosity, verbosity_options
 from ..specs import REKEY_MODES
 
 
@@ -13,9 +14,16 @@ def _echo(text: str) -> None:
     click.echo(text)
 
 
+def _given(ctx: click.Context, param: str) -> bool:
+    """Whether the option was given on the command line (or in the environment), not a default."""
+    from click.core import ParameterSource
+    return ctx.get_parameter_source(param) not in (None, ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP)
+
+
 @click.command("score", context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("shards", nargs=-1, required=True)
-@click.option("--out", "out", required=True, metavar="DIR", help="Folder for score files, markers and summary.")
+@click.argument("shards", nargs=-1)
+@click.option("--out", "out", default=None, metavar="DIR",
+              help="Folder for score files, markers, summary and run.yaml (required, here or in --config).")
 @click.option("--scorer", "scorers", multiple=True, default=("clip",), show_default=True, metavar="NAME",
               help="clip, ocr, or module:Class; repeat to run several in one pass.")
 @click.option("--model", default=None, help="CLIP model name or local-dir:PATH (clip scorer).")
@@ -64,7 +72,9 @@ def _echo(text: str) -> None:
               help="Member name -> key split: first-dot (webdataset's) or last-dot (dotted basenames) [first-dot].")
 @click.option("--caption-key", default=None, help="Caption spec, e.g. txt or json:description or 'txt;json:caption'.")
 @click.option("--image-key", default=None, help="Image spec, e.g. 'jpg;png;webp'.")
-@click.option("--config", "config_file", default=None, metavar="FILE", help="Stage options (JSON/YAML), as for validate.")
+@click.option("--config", "config_file", default=None, metavar="FILE",
+              help="A run recipe (YAML/JSON: shards, out, scorers, scorer_options, thresholds, stage, engine, ...; "
+                   "every run writes its own to OUT/run.yaml), or stage options only. Options given here override it.")
 @click.option("--max-bytes", "max_bytes", multiple=True, metavar="KIND=SIZE",
               help="Byte cap of one member (text, json, image, video, other; decompressed: a .tar.gz shard), as for validate.")
 @click.option("--allow-pipe", is_flag=True, default=None, help="Allow pipe: shard URLs (they run shell commands).")
@@ -81,42 +91,58 @@ def _echo(text: str) -> None:
                    "when the cluster has GPUs, else 0].")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @click.option("--no-histograms", is_flag=True, help="No histograms in the terminal summary.")
+@verbosity_options(quiet="Say less: the result and errors only (no progress, scorer lines, plan or histograms).",
+                   verbose="Say more: the whole plan (by default one line).")
 def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frames, frame_reduce, keyframes,
           ocr_backend, ocr_model_dir, ocr_download, min_clip, max_ocr_area, mins, maxes, write_shards,
           save_embeddings, device, gpus, batch_size, workers, replicas, max_memory, headroom, fit, fmt, resume,
           overwrite, retry_failed, dry_run, caption_key, image_key, rekey, config_file, max_bytes, allow_pipe, allow_remote, engine,
           ray_address, ray_actors, ray_gpus_per_actor,
-          no_progress, no_histograms):
+          no_progress, no_histograms, quiet, verbose):
     """Score every sample of SHARDS (folders, globs, brace patterns, .tar files) with CLIP, OCR
     or your own scorer; write per-shard score files, a summary and, optionally, filtered shards."""
     from ..config import StageConfig, parse_byte_caps
-    from . import build_config
+    from . import SHORTCUTS, build_config
+    from .recipe import merge, read_recipe
     from ..thresholds import parse_threshold
     from .config import parse_option
     from .engine import run_scoring
 
     logging.basicConfig(format="wdsfilter: warning: %(message)s", level=logging.WARNING)
+    level = verbosity(quiet, verbose)
+    recipe = read_recipe(config_file) if config_file else {}
     stage_overrides = {"caption_key": caption_key, "image_key": image_key, "rekey": rekey, "allow_pipe": allow_pipe,
                        "allow_remote": allow_remote, **parse_byte_caps(max_bytes)}
-    if config_file:
-        stage = StageConfig.from_file(config_file, **stage_overrides)
-    else:
-        stage = StageConfig(**{k: v for k, v in stage_overrides.items() if v is not None})
+    stage = StageConfig(**{**(recipe.get("stage") or {}), **{k: v for k, v in stage_overrides.items() if v is not None}})
     scorer_options = {}
     for text in scorer_opts:
         name, key, value = parse_option(text)
         scorer_options.setdefault(name, {})[key] = value
     minima = dict(parse_threshold(t, "--min") for t in mins)
     maxima = dict(parse_threshold(t, "--max") for t in maxes)
-    cfg = build_config(out, tuple(scorers), min_clip=min_clip, min_scores=minima, max_ocr_area=max_ocr_area,
-                       max_scores=maxima, stage=stage, scorer_options=scorer_options, model=model,
-                       pretrained=pretrained, precision=precision, frames=frames, frame_reduce=frame_reduce,
-                       keyframes=keyframes,
-                       ocr_backend=ocr_backend, ocr_model_dir=ocr_model_dir, ocr_download=ocr_download,
-                       write_shards=write_shards, save_embeddings=save_embeddings, device=device, gpus=gpus,
-                       batch_size=batch_size,
-                       workers=workers, replicas=replicas, max_memory=max_memory, headroom=headroom, fit=fit,
-                       format=fmt, resume=resume, overwrite=overwrite, retry_failed=retry_failed, dry_run=dry_run, progress=not no_progress)
+    # Only the options given on the command line override the recipe (click's defaults do not).
+    ctx = click.get_current_context()
+    options = {"scorers": tuple(scorers), "min_clip": min_clip, "min_scores": minima, "max_ocr_area": max_ocr_area,
+               "max_scores": maxima, "scorer_options": scorer_options, "model": model, "pretrained": pretrained,
+               "precision": precision, "frames": frames, "frame_reduce": frame_reduce, "keyframes": keyframes,
+               "ocr_backend": ocr_backend, "ocr_model_dir": ocr_model_dir, "ocr_download": ocr_download,
+               "write_shards": write_shards, "save_embeddings": save_embeddings, "device": device, "gpus": gpus,
+               "batch_size": batch_size, "workers": workers, "replicas": replicas, "max_memory": max_memory,
+               "headroom": headroom, "fit": fit, "format": fmt}
+    params = {"min_scores": "mins", "max_scores": "maxes", "scorer_options": "scorer_opts", "format": "fmt"}
+    given = {k: v for k, v in options.items() if _given(ctx, params.get(k, k))}
+    merged = merge(recipe, given, SHORTCUTS)
+    shards = list(shards) or recipe.get("shards") or []
+    out = merged.pop("out", None) if out is None else out
+    merged.pop("out", None)
+    if not shards:
+        raise click.UsageError("no SHARDS: give them on the command line or as shards: in --config")
+    if not out:
+        raise click.UsageError("no --out: give it on the command line or as out: in --config")
+    if not _given(ctx, "engine"):
+        engine = recipe.get("engine", engine)
+    cfg = build_config(out, tuple(merged.pop("scorers", ("clip",))), stage=stage, resume=resume, overwrite=overwrite,
+                       retry_failed=retry_failed, dry_run=dry_run, progress=not no_progress, verbosity=level, **merged)
     ray_given = [f for f, v in (("--ray-address", ray_address), ("--ray-actors", ray_actors),
                                 ("--ray-gpus-per-actor", ray_gpus_per_actor)) if v is not None]
     if ray_given and engine != "ray":
@@ -129,7 +155,8 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
                              address=ray_address, echo=_echo)
     else:
         summary = run_scoring(list(shards), cfg, echo=_echo)
-    click.echo(summary.format_text(histograms=not no_histograms, plan=False))
+    # The scorer lines were printed as the run began, unless -q kept them back.
+    click.echo(summary.format_text(histograms=not no_histograms and level > 0, plan=False, scorers=level == 0))
     if summary.shards_failed:  # a failure of the run: those shards have no marker
         raise RunError(f"{len(summary.shards_failed)} shard(s) failed (listed above and in summary.json); "
                        f"run again with --resume to retry them")

@@ -71,6 +71,9 @@ class ScoreConfig:
     retry_failed: Optional[str] = None
     dry_run: bool = False
     progress: bool = True
+    # What the run tells `echo` (the command line: -q 0, default 1, -v 2): 0 nothing, 1 the scorers
+    # and the plan in one line, 2 the whole plan (a dry run always shows it).
+    verbosity: int = 2
     histogram_bins: int = 20
     # Prepared samples used to measure activation memory and speed before planning.
     probe_samples: int = 16
@@ -125,6 +128,8 @@ class ScoreConfig:
             raise ConfigError(f"probe_seconds must be > 0, got {self.probe_seconds}")
         if self.probe_samples < 2:
             raise ConfigError("probe_samples must be >= 2 (two probe batch sizes give the per-sample memory)")
+        if self.verbosity not in (0, 1, 2):
+            raise ConfigError(f"verbosity must be 0 (quiet), 1 or 2 (verbose), got {self.verbosity!r}")
         if self.histogram_bins < 1:
             raise ConfigError("histogram_bins must be >= 1")
         self.device = str(self.device)
@@ -162,6 +167,12 @@ class ScoreConfig:
         """bounds for the row model (rows.complete_row), or None when the run has no thresholds:
         decided once per run by the runners, not per row."""
         return self.bounds or None
+
+    def plan_text(self, plan) -> Optional[str]:
+        """What of the plan is shown at this verbosity: all of it, one line, or nothing."""
+        if self.verbosity >= 2 or (self.dry_run and self.verbosity):
+            return plan.describe()
+        return plan.headline() if self.verbosity else None
 
     def scoring_stage_config(self, scorers: Sequence = ()) -> StageConfig:
         """The stage config of the scoring pipeline: rejects flow on as markers (every sample

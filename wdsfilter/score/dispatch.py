@@ -162,23 +162,23 @@ class Dispatcher:
         else:
             failed = write_shard(s.url, s.rows, end, self.cfg, self.run.state, self.run.columns)
         del self.shards[s.url]
+        if self.progress is not None:
+            self.progress.part_done()
         if failed:
             self.failed.append({"url": s.url, "reason": failed})
             return
         self.completed += 1
-        if self.progress is not None:
-            self.progress.set_postfix_str(f"shards {self.completed}/{self.n_todo}", refresh=False)
 
     def unfinished(self) -> List[dict]:
         """Shards still open when the stream ended (a shard end never came, or rows are missing)."""
         return [{"url": url, "reason": s.error or "shard did not finish"} for url, s in self.shards.items()]
 
 
-def open_progress(enabled: bool, n_shards: int):
+def open_progress(enabled: bool, todo: List[str]):
+    """The progress line of the shards `todo`: in samples where sizes.json beside them counts
+    them, else by shards done (wdsfilter/progress.py)."""
     if not enabled:
         return None
-    from tqdm import tqdm
-    bar = tqdm(unit=" samples", desc="scoring", dynamic_ncols=True, smoothing=0.1)
-    bar.set_postfix_str(f"shards 0/{n_shards}")
-    return bar
+    from ..progress import Progress, known_samples
+    return Progress("scoring", "samples", total=known_samples(todo), parts=len(todo))
 

@@ -25,6 +25,7 @@ from .modelworker import WorkerError
 from .outputs import RunSummary, preload_writer
 from .plan import Plan
 from .planner import make_plan
+from ..progress import known_samples
 from .probe import ProbeReport, collect_probe
 from .rows import NothingScoredError  # noqa: F401 - raised by run(); importable from here as before
 from .run import Outcome, Run
@@ -42,7 +43,14 @@ class Engine(Run):
         inputs, prep_seconds, scanned = collect_probe(todo, cfg.scoring_stage_config(self.scorers), self.scorers,
                                                       cfg.probe_samples, cfg.probe_scan, cfg.probe_seconds,
                                                       self.only_retried())
-        return ProbeReport.measured(inputs, scanned, prep_seconds, pool.probe)
+        # The job's size, where it is known, bounds the probe's share of it (ModelRunner.probe):
+        # sizes.json, or the probe itself read every sample before it had what it wanted.
+        job = known_samples(todo)
+        if (job is None and len(inputs) < cfg.probe_samples and scanned < cfg.probe_scan
+                and prep_seconds * scanned <= cfg.probe_seconds):  # not stopped by its time limit
+            job = scanned
+        return ProbeReport.measured(inputs, scanned, prep_seconds,
+                                    lambda probe_inputs: pool.probe(probe_inputs, job_samples=job))
 
     def _apply(self, pool, plan: Plan) -> dict:
         """Start the planned replicas and configure every model worker; returns worker -> batch size."""
@@ -80,7 +88,7 @@ class Engine(Run):
         from ..tally import StatsSink
         sink = StatsSink()
         dispatcher = Dispatcher(self, pool, self._apply(pool, plan), len(todo),
-                                open_progress(self.cfg.progress, len(todo)))
+                                open_progress(self.cfg.progress and self.cfg.verbosity > 0, todo))
         try:
             dispatcher.run_loader(self._loader(plan, todo, sink), then=lambda: preload_writer(self.cfg.format))
         finally:
@@ -131,14 +139,16 @@ class Engine(Run):
             try:
                 reports = pool.start()
                 summary.scorers = list(dict.fromkeys(d for r in reports for d in r.descriptions))
-                for d in summary.scorers:
+                for d in summary.scorers if cfg.verbosity else ():
                     self.echo(f"scorer: {d}")
                 probe = self._probe(pool, todo or self.urls)
                 for r in reports:  # a model in this process (one CPU or simulated device) cannot get replicas
                     r.in_process = bool(pool.in_process)
                 plan = make_plan(cfg, reports, probe, host_status(), len(todo or self.urls))
                 summary.plan, summary.plan_text = plan.to_dict(), plan.describe()
-                self.echo(summary.plan_text)
+                shown = cfg.plan_text(plan)
+                if shown:
+                    self.echo(shown)
                 for w in plan.warnings:
                     log.warning(w)
                 if cfg.dry_run:
@@ -149,6 +159,8 @@ class Engine(Run):
             summary.workers = workers
         else:
             summary.scorers = [s.describe() for s in self.scorers]
+            for d in summary.scorers if cfg.verbosity else ():
+                self.echo(f"scorer: {d}")
             self.echo(f"all {len(self.urls)} shard(s) are already scored; summarising")
         outcome = Outcome()
         if dispatcher is not None:

@@ -20,6 +20,10 @@ Item = Tuple[Any, Dict[str, Any]]
 # Each scorer's timed probe work stops growing past about this many seconds (OCR on the CPU: a
 # few samples, not 16 twice); the warm-up and the single-sample measurement come on top.
 PROBE_SECONDS = 4.0
+# The probe's timed work is also at most this share of the job's own model time (its samples times
+# the first timed sample), where the job's size is known: on the CPU, OCR's probe was 48% of an
+# 8-clip job's wall time.
+PROBE_SHARE = 0.1
 
 
 @dataclass
@@ -38,6 +42,17 @@ class LoadReport:
     descriptions: List[str] = field(default_factory=list)  # each scorer's describe()
     worker: int = 0  # which model process (the pool's number)
     in_process: bool = False  # loaded in the main process: no replica can be added
+
+
+def probe_batch_size(one: float, size: int, passes: int, max_seconds: float, job_samples: Optional[int]) -> int:
+    """The probe's second batch: `size` inputs, cut to about max_seconds of timed work (`one`:
+    seconds of one input, timed `passes` times) and, where the job's size is known, to PROBE_SHARE
+    of its model time; 1 for a job too small for a second probe batch."""
+    budget = max_seconds if not job_samples else min(max_seconds, PROBE_SHARE * one * job_samples)
+    if one * size * passes > budget:
+        size = min(size, int(budget / (one * passes)))
+        size = 1 if job_samples and size < 2 else max(2, size)
+    return size
 
 
 class ModelRunner:
@@ -70,12 +85,16 @@ class ModelRunner:
                           overhead_estimated=mem.overhead_estimated, rss=self.host.allocated(),
                           descriptions=[s.describe() for s in self.scorers])
 
-    def probe(self, inputs: List[Dict[str, Any]], max_seconds: float = PROBE_SECONDS) -> dict:
+    def probe(self, inputs: List[Dict[str, Any]], max_seconds: float = PROBE_SECONDS,
+              job_samples: Optional[int] = None) -> dict:
         """Activation memory and time of each scorer at two batch sizes (1 and n), after one
         warm-up call, so the timed call is representative and lazy initialisation is not counted
         as activations. n is len(inputs), or fewer for a slow scorer: its timed work at n (the
         batch, and on the CPU the same samples one at a time) is cut to about max_seconds, so the
-        probe of OCR on the CPU does not take longer than a small job itself. `sizes`: each
+        probe of OCR on the CPU does not take longer than a small job itself; where `job_samples`
+        (the samples of the whole job) is known, also to PROBE_SHARE of the job's model time, and a
+        job too small for a second probe batch gets none (n = 1: its memory is planned as if it
+        all scaled with the batch, as after an out-of-memory probe). `sizes`: each
         scorer's (1, n). What the warm-up leaves allocated (cuDNN/cuBLAS workspaces,
         onnxruntime's arena) is reported as `retained`: the planner adds it to the model.
         `frames`: the frames (scorer.frame_count) in each probe batch, so memory is planned per
@@ -115,21 +134,24 @@ class ModelRunner:
                 retained[scorer.name] = _grown(mem, before, used_before) if mem.kind != "host" else 0
                 peak, one = measure(scorer, batch[:1])
                 measured.append(peak)
-                size = len(batch)
-                if one * size * passes > max_seconds:
-                    size = max(2, min(size, int(max_seconds / (one * passes))))
+                size = probe_batch_size(one, len(batch), passes, max_seconds, job_samples)
                 sizes[scorer.name] = [1, size]
                 frames[scorer.name] = [sum(max(1, int(count(x))) for x in batch[:n]) for n in (1, size)]
-                mem.empty_cache()
-                peak, elapsed = measure(scorer, batch[:size])
-                measured.append(peak)
-                seconds += elapsed / size
-                if mem.kind == "host":
-                    # The same inputs one at a time: on a CPU, batching does not always pay.
-                    start = time.perf_counter()
-                    for one_input in batch[:size]:
-                        scorer.score_batch([one_input])
-                    timings[scorer.name] = [(time.perf_counter() - start) / size, elapsed / size]
+                if size == 1:  # a job too small for a second probe batch: the first stands for it
+                    seconds += one
+                    if mem.kind == "host":
+                        timings[scorer.name] = [one, one]
+                else:
+                    mem.empty_cache()
+                    peak, elapsed = measure(scorer, batch[:size])
+                    measured.append(peak)
+                    seconds += elapsed / size
+                    if mem.kind == "host":
+                        # The same inputs one at a time: on a CPU, batching does not always pay.
+                        start = time.perf_counter()
+                        for one_input in batch[:size]:
+                            scorer.score_batch([one_input])
+                        timings[scorer.name] = [(time.perf_counter() - start) / size, elapsed / size]
             except Exception as e:  # noqa: BLE001 - the plan reports it; scoring handles it per sample
                 if sticky_device_error(e):
                     raise device_failed(self.device, sticky_device_error(e)) from e

@@ -64,8 +64,8 @@ class ClipSource:
 
     def weights_text(self) -> str:
         text = {"tag": f"pretrained tag {self.pretrained!r} (downloaded on load)",
-                "file": f"checkpoint {self.pretrained}",
-                "folder": f"local folder {self.spec[len(LOCAL_DIR):]} ({os.path.basename(self.checkpoint or '')})",
+                "file": f"checkpoint {os.path.basename(self.pretrained or '')}",
+                "folder": f"local folder ({os.path.basename(self.checkpoint or '')})",
                 "hub": f"Hugging Face Hub {self.spec[len(HF_HUB):]}",
                 "random": "RANDOM weights: scores are meaningless (for throughput/memory tests only)"}[self.weights]
         if self.quick_gelu:
@@ -97,23 +97,7 @@ class ClipSource:
 
     @classmethod
     def _local_dir(cls, path: str) -> "ClipSource":
-        if not path:
-            raise ConfigError("empty path after 'local-dir:'; expected local-dir:/path/to/model-folder")
-        folder = os.path.abspath(os.path.expanduser(path))
-        config_path = os.path.join(folder, CONFIG_FILE)
-        if not os.path.isdir(folder):
-            raise ConfigError(f"model folder {path!r} (local-dir:) does not exist. {OFFLINE_ADVICE}")
-        if not os.path.isfile(config_path):
-            raise ConfigError(f"model folder {path!r} has no {CONFIG_FILE}; a local-dir: model folder holds "
-                              f"{CONFIG_FILE} (with model_cfg) and the weights. {OFFLINE_ADVICE}")
-        config = _read_json(config_path)
-        if "model_cfg" not in config:
-            raise ConfigError(f"{config_path} has no 'model_cfg' entry (open_clip's local-dir format)")
-        checkpoint = find_checkpoint(folder)
-        if checkpoint is None:
-            # open_clip would log a warning and score with random weights.
-            raise ConfigError(f"model folder {path!r} has a config but no weights "
-                              f"(*{', *'.join(FOLDER_SUFFIXES)}). {OFFLINE_ADVICE}")
+        folder, config, checkpoint = _local_dir_files(path)
         return cls(LOCAL_DIR + folder, "folder", None, config["model_cfg"],
                    _preprocess(config["model_cfg"], config.get("preprocess_cfg")), checkpoint=checkpoint,
                    info=config.get("wdsfilter") or {})
@@ -142,12 +126,7 @@ class ClipSource:
         name = model.replace("/", "-")  # open_clip's own spelling rule (ViT-B/32 -> ViT-B-32)
         model_cfg = open_clip.get_model_config(name)
         if model_cfg is None:
-            if os.path.exists(model) or model.startswith((".", os.sep, "~")):
-                raise ConfigError(f"model {model!r} is not a model folder (no {CONFIG_FILE} in it). {OFFLINE_ADVICE}")
-            close = difflib.get_close_matches(name, open_clip.list_models(), n=3)
-            hub = f" A Hugging Face Hub repo is passed as hf-hub:{model}." if model.count("/") == 1 else ""
-            raise ConfigError(f"unknown CLIP model {model!r}" + (f" (did you mean {', '.join(close)}?)" if close else "")
-                              + f". {NAMES_ADVICE}. A model of your own: --model local-dir:PATH.{hub}")
+            raise _unknown_model(model, name, open_clip.list_models())
         tags = open_clip.list_pretrained_tags_by_model(name)
         if pretrained in (None, ""):
             if not tags:
@@ -181,6 +160,71 @@ class ClipSource:
         except Exception as e:  # an HF tokenizer that needs a download, a malformed folder
             raise ConfigError(f"could not build the tokenizer of {self.spec} ({type(e).__name__}: {e}). "
                               f"{OFFLINE_ADVICE}") from None
+
+
+def check_model(model: str, pretrained: Optional[str] = None) -> None:
+    """resolve's checks that need no torch (open_clip's import imports it: tens of seconds on a busy
+    machine): a local-dir: folder, a built-in name, a checkpoint path. Tags and hub repos: resolve."""
+    model = model.strip() if isinstance(model, str) else ""
+    if model.startswith(LOCAL_DIR):
+        _local_dir_files(model[len(LOCAL_DIR):])
+    if not model or model.startswith((LOCAL_DIR, HF_HUB)) or os.path.isfile(os.path.join(model, CONFIG_FILE)):
+        return  # an empty name: resolve words it
+    name = model.replace("/", "-")
+    names = builtin_model_names()
+    if names is not None and name not in names:
+        raise _unknown_model(model, name, sorted(names))
+    if isinstance(pretrained, str) and pretrained and pretrained != RANDOM and (
+            os.sep in pretrained or pretrained.endswith(CHECKPOINT_SUFFIXES)):
+        path = os.path.abspath(os.path.expanduser(pretrained))
+        if not os.path.exists(path):
+            raise ConfigError(f"checkpoint {pretrained!r} does not exist. {OFFLINE_ADVICE}")
+
+
+def builtin_model_names() -> Optional[set]:
+    """open_clip's model names without importing it: its model_configs/*.json (its own list where it
+    is imported: add_model_config's count too). None without open_clip (resolve says so)."""
+    import sys
+    if "open_clip" in sys.modules:
+        return set(sys.modules["open_clip"].list_models())
+    import importlib.util
+    try:
+        spec = importlib.util.find_spec("open_clip")
+        folder = os.path.join(list(spec.submodule_search_locations)[0], "model_configs")
+        return {f[:-len(".json")] for f in os.listdir(folder) if f.endswith(".json")}
+    except (ImportError, ValueError, AttributeError, TypeError, IndexError, OSError):
+        return None
+
+
+def _unknown_model(model: str, name: str, names) -> ConfigError:
+    if os.path.exists(model) or model.startswith((".", os.sep, "~")):
+        return ConfigError(f"model {model!r} is not a model folder (no {CONFIG_FILE} in it). {OFFLINE_ADVICE}")
+    close = difflib.get_close_matches(name, list(names), n=3)
+    hub = f" A Hugging Face Hub repo is passed as hf-hub:{model}." if model.count("/") == 1 else ""
+    return ConfigError(f"unknown CLIP model {model!r}" + (f" (did you mean {', '.join(close)}?)" if close else "")
+                       + f". {NAMES_ADVICE}. A model of your own: --model local-dir:PATH.{hub}")
+
+
+def _local_dir_files(path: str):
+    """(folder, config, weights file) of a local-dir: model, or a ConfigError naming what is missing."""
+    if not path:
+        raise ConfigError("empty path after 'local-dir:'; expected local-dir:/path/to/model-folder")
+    folder = os.path.abspath(os.path.expanduser(path))
+    config_path = os.path.join(folder, CONFIG_FILE)
+    if not os.path.isdir(folder):
+        raise ConfigError(f"model folder {path!r} (local-dir:) does not exist. {OFFLINE_ADVICE}")
+    if not os.path.isfile(config_path):
+        raise ConfigError(f"model folder {path!r} has no {CONFIG_FILE}; a local-dir: model folder holds "
+                          f"{CONFIG_FILE} (with model_cfg) and the weights. {OFFLINE_ADVICE}")
+    config = _read_json(config_path)
+    if "model_cfg" not in config:
+        raise ConfigError(f"{config_path} has no 'model_cfg' entry (open_clip's local-dir format)")
+    checkpoint = find_checkpoint(folder)
+    if checkpoint is None:
+        # open_clip would log a warning and score with random weights.
+        raise ConfigError(f"model folder {path!r} has a config but no weights "
+                          f"(*{', *'.join(FOLDER_SUFFIXES)}). {OFFLINE_ADVICE}")
+    return folder, config, checkpoint
 
 
 def find_checkpoint(folder: str) -> Optional[str]:

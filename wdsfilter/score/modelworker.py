@@ -61,8 +61,8 @@ class LocalPool:
         report.worker = 0
         return [report]
 
-    def probe(self, inputs) -> dict:
-        return self.runner.probe(inputs)
+    def probe(self, inputs, job_samples=None) -> dict:
+        return self.runner.probe(inputs, job_samples=job_samples)
 
     def add_replica(self, device: str) -> LoadReport:
         raise ConfigError("the in-process model runs one replica; use devices=['cpu', 'cpu'] for more")
@@ -122,7 +122,7 @@ def _worker_main(worker: int, device: str, scorers, inbox, outbox, threads: Opti
                 outbox.put(("result", worker, (msg[1], runner.score(open_items(msg[2])))))
                 del msg  # unmap the chunk buffers before waiting for the next batch
             elif msg[0] == "probe":
-                outbox.put(("probe", worker, runner.probe(unpack(msg[1]))))
+                outbox.put(("probe", worker, runner.probe(unpack(msg[1]), job_samples=msg[2])))
             elif msg[0] == "configure":
                 runner.configure(**msg[1])
                 outbox.put(("configured", worker, None))
@@ -269,8 +269,8 @@ class ProcessPool:
         report.worker = w
         return report
 
-    def probe(self, inputs) -> dict:
-        self.inboxes[0].put(("probe", pack(inputs)))
+    def probe(self, inputs, job_samples=None) -> dict:
+        self.inboxes[0].put(("probe", pack(inputs), job_samples))
         return self._await("probe", 0)
 
     def configure(self, worker: int, **settings) -> None:

@@ -237,9 +237,10 @@ class RunSummary:
         d["batch_sizes"] = self.batch_sizes()
         return d
 
-    def format_text(self, histograms: bool = True, plan: bool = True) -> str:
+    def format_text(self, histograms: bool = True, plan: bool = True, scorers: bool = True) -> str:
         """The terminal summary. plan=False leaves out the scorers and the plan of a dry run (the
-        command line has printed them already, as the run went)."""
+        command line has printed them already, as the run went); scorers=False the scorer lines of
+        a run (printed at its start)."""
         if self.dry_run:
             return "\n".join((([f"scorer: {s}" for s in self.scorers] + [self.plan_text]) if plan else [])
                              + ["dry run: nothing was scored",
@@ -248,7 +249,7 @@ class RunSummary:
                  + (f" ({self.shards_resumed} shard(s) were already done)" if self.shards_resumed else "")
                  + (f"; {len(self.shards_failed)} shard(s) FAILED" if self.shards_failed else "")
                  + (f"; {len(self.shards_cut)} shard(s) CUT SHORT" if self.shards_cut else "")]
-        for s in self.scorers:
+        for s in self.scorers if scorers else ():
             lines.append(f"  scorer: {s}")
         if self.samples_this_run:
             rate = self.samples_this_run / self.scoring_seconds if self.scoring_seconds else 0.0

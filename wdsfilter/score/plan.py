@@ -45,6 +45,13 @@ class Plan:
             out.append(f"  warning: {w}")
         return "\n".join(out)
 
+    def headline(self) -> str:
+        """The plan in one line (the whole of it: describe, with -v or --dry-run)."""
+        devices = "; ".join(f"{d.device}: batch {d.batch_size}" + (f" x {d.replicas} model processes" if d.replicas > 1
+                                                                   else "") for d in self.devices)
+        warned = f", {len(self.warnings)} warning(s) below" if self.warnings else ""
+        return f"plan: {devices}; {self.workers} decode worker(s){warned} (-v or --dry-run: the whole plan)"
+
     def to_dict(self) -> dict:
         return {"devices": [asdict(d) for d in self.devices], "workers": self.workers, "prefetch": self.prefetch,
                 "chunk": self.chunk, "queue_depth": self.queue_depth, "min_free_host": self.min_free_host,

@@ -189,7 +189,7 @@ def run_on_ray(shards, cfg, *, actors: Optional[int] = None, gpus_per_actor: Opt
                               write_shards=os.path.abspath(cfg.write_shards) if cfg.write_shards else None)
     # The local engine's URLs, scorers, columns, run state, summary and lock; the keys on the first
     # shard to score are checked there, so configuration errors come before Ray starts.
-    run = Run(shards, cfg, echo)
+    run = Run(shards, cfg, echo, engine="ray")
     try:
         return _run_on_ray(run, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, address, ray_init)
     except Exception as e:
@@ -236,6 +236,8 @@ def _run_on_ray(run, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, ad
     try:
         start = time.perf_counter()
         run.summary.scorers = [s.describe() for s in run.scorers]
+        for d in run.summary.scorers if cfg.verbosity else ():
+            run.echo(f"scorer: {d}")
         plan = _plan(ray, run, cfg, todo, actors, gpus_per_actor, batch_size)
         collector = _Collector(run.columns)
         streamed = Streamed()
@@ -253,7 +255,7 @@ def _connect(ray, cfg, address, ray_init) -> bool:
     """Starts Ray (or joins the cluster at address) unless it runs already; True if started here."""
     started_here = not ray.is_initialized()
     if started_here:
-        if not cfg.progress:  # Ray Data logs its own progress on the driver
+        if not cfg.progress or not cfg.verbosity:  # Ray Data logs its own progress on the driver
             import logging
             logging.getLogger("ray.data").setLevel(logging.WARNING)
         try:
@@ -281,8 +283,11 @@ def _plan(ray, run, cfg, todo, actors, gpus_per_actor, batch_size) -> RayPlan:
             cfg = dataclasses.replace(cfg, batch_size=int(batch_size))
         plan = plan_on_ray(ray, run, cfg, todo, cluster)
         run.summary.plan, run.summary.plan_text = plan.to_dict(), plan.describe()
-        echo(run.summary.plan_text)
-        echo("ray: the plan's decode workers and prefetch are the local engine's; Ray schedules the read tasks")
+        shown = cfg.plan_text(plan)
+        if shown:
+            echo(shown)
+        if cfg.verbosity >= 2:
+            echo("ray: the plan's decode workers and prefetch are the local engine's; Ray schedules the read tasks")
         dp = plan.devices[0]
         batch_size, scorer_batch, min_free_host = dp.batch_size, dp.scorer_batch, plan.min_free_host
         replicas = dp.replicas

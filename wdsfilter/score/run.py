@@ -21,10 +21,11 @@ from .faults import disk_full, is_disk_full
 from .ledger import MERGED as LEDGER_FILE, merge as merge_ledger, shard_entry, summarize as summarize_ledger
 from .ledger import OnlyKeys, retry_plan, write_shard_failures
 from .outlock import OutputLock
+from .recipe import write_recipe
 from .outputs import RunSummary, plot_histograms, summarize_files, write_summary
 from .resume import RunState
 from .rows import NothingScoredError
-from .scorerset import check_scorer_names, resolve_scorers, run_identity, score_columns
+from .scorerset import check_before_torch, check_scorer_names, resolve_scorers, run_identity, score_columns
 
 log = logging.getLogger("wdsfilter")
 
@@ -44,7 +45,7 @@ class Outcome:
 class Run:
     """One scoring run's shards, scorers, state and summary; no model is loaded here."""
 
-    def __init__(self, shards, cfg: ScoreConfig, echo: Optional[Callable[[str], None]] = None):
+    def __init__(self, shards, cfg: ScoreConfig, echo: Optional[Callable[[str], None]] = None, engine: str = "local"):
         refuse_in_spawned_worker()
         self.cfg = cfg
         self.echo = echo or (lambda text: None)
@@ -61,6 +62,7 @@ class Run:
         # The checks that need no model come first: a wrong scorer name, output folder or caption
         # key answers before torch is imported (resolving a CLIP scorer imports open_clip).
         check_scorer_names(cfg)
+        check_before_torch(cfg)
         # One run per --out (outlock.py): taken before the run state, which deletes temporaries.
         self.lock = None if cfg.dry_run else OutputLock(cfg.out).acquire()
         try:
@@ -74,6 +76,9 @@ class Run:
             self.todo += [u for u in self.urls if u in self.retry and u not in self.todo]
             if self.todo:  # a caption/image key no sample of the first shard has
                 check_keys(self.todo[0], cfg.scoring_stage_config())
+            if cfg.verbosity and (self.todo or cfg.dry_run):  # at once, before the imports and the models
+                names = [s if isinstance(s, str) else getattr(s, "name", type(s).__name__) for s in cfg.scorers]
+                self.echo(f"{len(self.todo)} shard(s) to score; loading {', '.join(names)} and measuring a probe batch")
             require("torch", "scoring")  # before a scorer's own import asks for it less plainly
             self.scorers = resolve_scorers(cfg)
             self.columns = score_columns(self.scorers)
@@ -81,6 +86,8 @@ class Run:
             # decode worker (spawn would copy the weights into every one of them).
             self.model_scorers = [copy.deepcopy(s) for s in self.scorers]
             self.state.open(run_identity(cfg, self.scorers))
+            if not cfg.dry_run:  # the resolved recipe: `wdsfilter score --config OUT/run.yaml` runs it again
+                write_recipe(cfg, self.urls, engine)
         except BaseException as e:
             self.release_lock()
             if is_disk_full(e):

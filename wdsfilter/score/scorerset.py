@@ -66,12 +66,37 @@ def resolve_scorers(cfg: ScoreConfig) -> List[Scorer]:
     names = [s.name for s in scorers]
     if len(set(names)) != len(names) or not all(names):
         raise ConfigError(f"scorers need distinct, non-empty names; got {names}")
-    columns = score_columns(scorers)
+    check_threshold_columns(cfg, score_columns(scorers))
+    return scorers
+
+
+def check_before_torch(cfg: ScoreConfig) -> None:
+    """What can be checked of the scorers before torch is imported (Scorer.early_columns: a CLIP
+    model name or folder) and, where every scorer declares its columns then, the threshold columns:
+    a configuration error answers in a second instead of after the imports and the model load."""
+    columns: List[str] = []
+    for spec in cfg.scorers:
+        if isinstance(spec, str):
+            cls = _scorer_class(spec)
+            name = spec if spec in REGISTRY else (getattr(cls, "name", "") or spec)
+            early = getattr(cls, "early_columns", None)
+            try:
+                found = early(dict(cfg.scorer_options.get(name, {}))) if early else None
+            except TypeError:  # an option the scorer does not have: resolve_scorers names its options
+                return
+        else:  # an object is built already
+            found = spec.columns() if callable(getattr(spec, "columns", None)) else None
+        if found is None:
+            return
+        columns += found
+    check_threshold_columns(cfg, columns)
+
+
+def check_threshold_columns(cfg: ScoreConfig, columns) -> None:
     missing = [c for c in cfg.bounds.columns() if c not in columns]
     if missing:
         raise ConfigError(f"threshold(s) on {missing}, which no scorer of this run writes; "
                           f"score columns: {', '.join(columns)}")
-    return scorers
 
 
 def score_columns(scorers: Sequence[Scorer]) -> Dict[str, Optional[str]]:

@@ -89,12 +89,14 @@ def validate_urls(urls: Sequence[str], options: ValidateOptions, progress: bool 
     started = time.perf_counter()
     results = [None] * len(urls)
     bar = Progress(len(urls)) if progress else None
-    for i, result in run_checks(urls, options):
-        results[i] = result
+    try:
+        for i, result in run_checks(urls, options):
+            results[i] = result
+            if bar is not None:
+                bar.update(result)
+    finally:  # its ticker thread stops with it, also when the run stops on an error
         if bar is not None:
-            bar.update(result)
-    if bar is not None:
-        bar.close()
+            bar.close()
     return Report.build(results, options, time.perf_counter() - started)
 
 

@@ -8,6 +8,7 @@ import click
 from ..config import parse_byte_caps
 from ..errors import EXIT_CODES_HELP
 from ..specs import REKEY_MODES
+from ..progress import verbosity, verbosity_options
 from ..writing import check_output_file
 from . import validate as run_validate
 from .formats import FORMATS, render, write_report
@@ -40,11 +41,14 @@ from .formats import FORMATS, render, write_report
               help="Exit 1 when findings of this severity (or worse) are found.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), help="Shards checked in parallel [default: CPU cores].")
 @click.option("--stats-dir", type=click.Path(file_okay=False), help="Write {shard}_stats.json files and sizes.json here.")
-@click.option("--progress/--no-progress", default=None, help="Progress bar on stderr [default: when stderr is a terminal].")
-@click.option("--quiet", "-q", is_flag=True, help="No text summary when the report goes to --output.")
+@click.option("--progress/--no-progress", default=None,
+              help="Progress on stderr: a bar on a terminal, a line every 10 s in a log [default: when stderr is a "
+                   "terminal, or with -v].")
+@verbosity_options(quiet="Say less: no progress, and no text summary when the report goes to --output.",
+                   verbose="Say more: progress in a log too (a line every 10 s).")
 def validate_command(paths, caption_key, image_key, rekey, image_token, config_file, max_pixels, max_side, min_side,
                      max_aspect, max_bytes, deep, ranks, loader_workers, allow_pipe, allow_remote, fmt, output, fail_on, jobs,
-                     stats_dir, progress, quiet):
+                     stats_dir, progress, quiet, verbose):
     """Check WebDataset shards for what would silently break training.
 
     PATHS: folders (searched recursively), globs, brace patterns (shards-{000..099}.tar), .tar,
@@ -54,8 +58,9 @@ def validate_command(paths, caption_key, image_key, rekey, image_token, config_f
     """
     if output:
         check_output_file(output, "--output")
+    level = verbosity(quiet, verbose)  # -q: no progress, and no text summary when the report goes to --output
     if progress is None:
-        progress = sys.stderr.isatty()
+        progress = level == 2 or (level == 1 and sys.stderr.isatty())
     report = run_validate(
         list(paths), config=config_file, caption_key=caption_key, image_key=image_key, rekey=rekey,
         max_pixels=max_pixels, max_side=max_side, image_token=image_token,

@@ -1,32 +1,27 @@
-"""The progress bar of long runs (stderr): shards done, with shards/s, MB/s and samples/s.
-
-tqdm's own rate flips to s/shard when shards are slow, so the rates are computed here and shown
-in a fixed form."""
+"""validate's progress on stderr: shards done of the total, with shards/s, MB/s and samples/s
+(the line itself, on a terminal or in a log, is wdsfilter/progress.py's)."""
 from __future__ import annotations
 
-import sys
 import time
+
+from ..progress import Progress as Line
 
 
 class Progress:
-    def __init__(self, total: int, file=None):
-        from tqdm import tqdm
-
-        self.started = time.perf_counter()
-        self.shards = self.bytes = self.samples = 0
-        self.bar = tqdm(total=total, unit="shard", file=file or sys.stderr, dynamic_ncols=True, desc="validate")
+    def __init__(self, total: int, file=None, tty=None, interval=None):
+        self.started = time.monotonic()
+        self.bytes = self.samples = 0
+        options = {} if interval is None else {"interval": interval}
+        self.line = Line("validate", "shards", total=total, file=file, tty=tty, extra=self.rates, **options)
 
     def update(self, result) -> None:
-        self.shards += 1
         self.bytes += result.bytes
         self.samples += result.samples
-        self.bar.set_postfix_str(self.rates(), refresh=False)
-        self.bar.update(1)
+        self.line.update(1)
 
     def rates(self) -> str:
-        elapsed = max(time.perf_counter() - self.started, 1e-9)
-        return (f"{self.shards / elapsed:.2f} shards/s, {self.bytes / elapsed / 1e6:.1f} MB/s, "
-                f"{self.samples / elapsed:.0f} samples/s")
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        return f"{self.bytes / elapsed / 1e6:.1f} MB/s, {self.samples / elapsed:.0f} samples/s"
 
     def close(self) -> None:
-        self.bar.close()
+        self.line.close()

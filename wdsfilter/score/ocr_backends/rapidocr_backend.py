@@ -137,7 +137,7 @@ class RapidOcrBackend(DetectorBackend):
         where = self.device or "not loaded"
         if self.provider == "CPUExecutionProvider" and self.device and not self.device.startswith("cpu"):
             where += " (running on CPU: onnxruntime has no CUDA provider)"
-        return f"rapidocr PP-OCRv4 detector ({self.weights_path()}) on {where}"
+        return f"rapidocr PP-OCRv4 detector ({os.path.basename(self.weights_path())}) on {where}"
 
     def detect(self, frames: np.ndarray) -> List[Polygons]:
         import cv2

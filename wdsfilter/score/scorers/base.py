@@ -44,6 +44,14 @@ class Scorer(abc.ABC):
     def columns(self) -> List[str]:
         """Names of the score columns this scorer writes, e.g. ["clip_score"]."""
 
+    @classmethod
+    def early_columns(cls, options: Dict[str, Any]) -> Optional[List[str]]:
+        """The checks of `options` (this scorer's constructor options) that need no model and no
+        heavy import, run before the run imports torch (a wrong model name answers at once), and the
+        columns a scorer built with them writes, so thresholds are checked then too. None: known
+        only once the scorer is built (its thresholds are checked then)."""
+        return None
+
     def column_types(self) -> Dict[str, str]:
         """The Parquet type of score columns, by name: "float64", "int64", "bool", "string" or
         "list<float64>" (any pyarrow type alias, or list<alias>). A declared column has that type

@@ -23,7 +23,7 @@ from ...errors import ConfigError, DataError
 from ...images import FULL_SIZE
 from ...stages import CaptionCleaner
 from ..fastdecode import REDUCING_GAP, ImageTransform
-from ..models import PRECISIONS, ClipSource, load_model, resolve_precision, tokenize
+from ..models import PRECISIONS, ClipSource, check_model, load_model, resolve_precision, tokenize
 from .base import Noted, Scorer
 
 REDUCERS = ("mean", "max", "min")
@@ -36,7 +36,15 @@ class ClipScorer(Scorer):
     name = "clip"
     media = ("image", "video")
 
-    def __init__(self, model: str = "ViT-B-32", pretrained: Optional[str] = None, precision: str = "auto",
+    COLUMNS = ("clip_score", "clip_score_frames", "clip_frames", "clip_truncated")
+    DEFAULT_MODEL = "ViT-B-32"
+
+    @classmethod
+    def early_columns(cls, options: Dict[str, Any]) -> List[str]:
+        check_model(options.get("model", cls.DEFAULT_MODEL), options.get("pretrained"))
+        return list(cls.COLUMNS)
+
+    def __init__(self, model: str = DEFAULT_MODEL, pretrained: Optional[str] = None, precision: str = "auto",
                  config: Optional[StageConfig] = None, cache_dir: Optional[str] = None, frames: int = 3,
                  frame_reduce: str = "mean", keyframes: bool = False, save_embeddings: bool = False,
                  reducing_gap: Optional[float] = REDUCING_GAP):
@@ -85,7 +93,7 @@ class ClipScorer(Scorer):
         return state
 
     def columns(self) -> List[str]:
-        return ["clip_score", "clip_score_frames", "clip_frames", "clip_truncated"]
+        return list(self.COLUMNS)
 
     def column_types(self) -> Dict[str, str]:
         return {"clip_score": "float64", "clip_score_frames": "list<float64>", "clip_frames": "int64",
@@ -210,7 +218,8 @@ class ClipScorer(Scorer):
         where = f"device={self.device}, precision={getattr(self, 'resolved_precision', self.precision)}" \
             if self._model is not None else f"not loaded, precision={self.precision}"
         videos = f"videos: {self.frames} {'keyframes' if self.keyframes else 'frames'}, reduce={self.frame_reduce}"
-        return f"clip: model={self.source.spec}, weights={self.source.weights_text()}, {where}, {videos}"
+        # The model as the user named it: an absolute path of the folder made the line too long to read.
+        return f"clip: model={self.model}, weights={self.source.weights_text()}, {where}, {videos}"
 
 
 def _attach_embeddings(rows, image_features, text_features, counts, how: str) -> None:

@@ -116,9 +116,12 @@ class OcrScorer(Scorer):
         self.max_pixels = (self.config or StageConfig()).max_pixels
         self._area_seconds = 0.0
 
+    @classmethod
+    def early_columns(cls, options: Dict[str, Any]) -> List[str]:
+        return cls(**options).columns()  # torch-free to build: every option is checked before torch
+
     def columns(self) -> List[str]:
-        cols = ["ocr_area", "ocr_area_frames", "ocr_frames"]
-        return cols + ["ocr_keep"] if self.max_area is not None else cols
+        return _columns(self.max_area)
 
     def column_types(self) -> Dict[str, str]:
         return {"ocr_area": "float64", "ocr_area_frames": "list<float64>", "ocr_frames": "int64", "ocr_keep": "bool"}
@@ -258,3 +261,8 @@ class OcrScorer(Scorer):
 def _where(sample: Dict[str, Any]) -> str:
     key, url, ext = sample.get("__key__", "?"), sample.get("__url__", ""), sample.get("__media_ext__", "video")
     return f"sample {key}.{ext}" + (f" of shard {url}" if url else "")
+
+
+def _columns(max_area: Optional[float]) -> List[str]:
+    cols = ["ocr_area", "ocr_area_frames", "ocr_frames"]
+    return cols + ["ocr_keep"] if max_area is not None else cols

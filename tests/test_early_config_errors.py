@@ -1,0 +1,92 @@
+"""Every configuration error answers before torch is imported (issue 24, item 5): exit 2 and one
+line, from a process where importing torch fails, so an error found after the import (a model
+name checked by open_clip, a threshold column checked once the scorers are built) shows up as the
+wrong message. Nothing here is timed: what is slow is the import, and the test forbids it."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARDS = os.path.join(REPO, "sample_shards", "images-000000.tar")
+
+# The command in-process behind a poisoned torch (sys.modules["torch"] = None: any import of it
+# raises), with its exit code and whether open_clip was imported written to a file.
+DRIVER = """
+import json, sys
+sys.modules["torch"] = None
+from wdsfilter.cli import main
+code = 0
+try:
+    main(sys.argv[2:], prog_name="wdsfilter")
+except SystemExit as e:
+    code = e.code
+with open(sys.argv[1], "w") as f:
+    json.dump({"code": code, "open_clip": "open_clip" in sys.modules}, f)
+"""
+
+
+def run_without_torch(tmp_path, *args):
+    result = tmp_path / "result.json"
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", DRIVER, str(result), *args], capture_output=True, text=True,
+                          cwd=str(tmp_path), env=env, timeout=300)
+    outcome = json.loads(result.read_text())
+    return outcome["code"], proc.stdout + proc.stderr, outcome["open_clip"]
+
+
+def assert_one_line_error(output: str, *needles: str) -> None:
+    lines = [line for line in output.splitlines() if line.strip()]
+    errors = [line for line in lines if ": error: " in line]
+    assert len(errors) == 1 and "Traceback" not in output, output
+    for needle in needles:
+        assert needle in errors[0], output
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["--model", "local-dir:no-such-folder"], ["model folder 'no-such-folder' (local-dir:) does not exist"]),
+    (["--model", "ViT-B-99"], ["unknown CLIP model 'ViT-B-99'", "did you mean"]),
+    (["--model", "ViT-B-32", "--pretrained", "/no/such/weights.safetensors"], ["does not exist"]),
+    (["--min", "ocr_area=0.1"], ["threshold(s) on ['ocr_area'], which no scorer of this run writes"]),
+    (["--scorer", "ocr", "--min-clip", "0.2"], ["threshold(s) on ['clip_score']", "ocr_area"]),
+], ids=["missing-local-dir", "unknown-model", "missing-checkpoint", "threshold-column-clip", "threshold-column-ocr"])
+def test_score_configuration_errors_answer_before_torch(tmp_path, args, needles):
+    code, output, open_clip = run_without_torch(tmp_path, "score", SHARDS, "--out", str(tmp_path / "out"), *args)
+    assert code == 2, output
+    assert_one_line_error(output, *needles)
+    assert not open_clip
+    assert not os.path.exists(tmp_path / "out" / "scores")  # nothing was started
+
+
+def test_a_known_model_name_is_taken_before_torch(tmp_path):
+    """The name check reads open_clip's config list without importing it: a good name passes it
+    and the run goes on to the first import of torch (here: refused, as torch is poisoned)."""
+    code, output, _ = run_without_torch(tmp_path, "score", SHARDS, "--out", str(tmp_path / "out"),
+                                        "--model", "ViT-B-32", "--min-clip", "0.2")
+    assert code == 2 and "torch" in output and "unknown CLIP model" not in output and "threshold" not in output, output
+
+
+@pytest.mark.parametrize("command", [
+    ["score", SHARDS, "--out", "{tmp}/out", "--write-shards", "/proc/wds"],
+    ["score", SHARDS, "--out", "/proc/wds-out"],
+    ["validate", SHARDS, "--output", "/proc/nope"],
+], ids=["score-write-shards", "score-out", "validate-output"])
+def test_an_output_that_cannot_be_created_is_a_usage_error(tmp_path, command):
+    """/proc passes os.access for root but refuses new files: the output check creates a probe file."""
+    if not os.path.isdir("/proc"):
+        pytest.skip("no /proc")
+    code, output, open_clip = run_without_torch(tmp_path, *[c.format(tmp=tmp_path) for c in command])
+    assert code == 2, output
+    assert_one_line_error(output, "/proc/")
+    assert not open_clip
+
+
+def test_an_ocr_option_error_answers_before_torch(tmp_path):
+    code, output, _ = run_without_torch(tmp_path, "score", SHARDS, "--out", str(tmp_path / "out"), "--scorer", "ocr",
+                                        "--scorer-opt", "ocr.max_side=10")
+    assert code == 2, output
+    assert_one_line_error(output, "max_side must be >= 32")

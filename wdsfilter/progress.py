@@ -1,0 +1,182 @@
+"""Progress of a long run on stderr, as tqdm users expect it, on a terminal and in a log.
+
+On a terminal: one line redrawn in place (`\\r`), with a bar, done/total, elapsed<ETA and the rate.
+Elsewhere (CI logs, a file, a pipe): a plain line every `interval` seconds and one at the end,
+never a `\\r`, so a log holds readable lines instead of hundreds of frames on one line.
+
+The total is in samples where it is known beforehand (sizes.json beside the shards), else the
+share done is the shards' (`parts`). The rate is always `<unit>/s` (tqdm flips to `s/<unit>` when
+it falls under one, and its unit text read `s/ samples`). A background thread redraws the line
+every second, so the elapsed time moves while a slow batch is scored.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from typing import Dict, Iterable, Optional
+
+BAR_WIDTH = 20
+LOG_INTERVAL = 10.0  # seconds between lines in a log
+MIN_REDRAW = 0.1  # seconds between redraws on a terminal (tqdm's mininterval)
+
+
+def clock(seconds: Optional[float]) -> str:
+    """0:07, 1:02:03 (tqdm's form); '?' when unknown."""
+    if seconds is None:
+        return "?"
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def rate_text(count: float, seconds: float, unit: str) -> str:
+    rate = count / seconds if seconds > 0 else 0.0
+    return f"{rate:.1f} {unit}/s" if rate < 100 else f"{rate:.0f} {unit}/s"
+
+
+class Progress:
+    """done/total of a run in `unit` (samples, shards), and of its `parts` (shards) when given.
+
+    tty: draw in place (default: whether `file` is a terminal). interval: seconds between lines
+    in a log (0: a line at every update, which the tests use). extra(): more text for the line
+    (rates of other units)."""
+
+    def __init__(self, desc: str, unit: str, total: Optional[int] = None, parts: Optional[int] = None,
+                 part_unit: str = "shards", file=None, tty: Optional[bool] = None,
+                 interval: float = LOG_INTERVAL, extra=None):
+        self.desc, self.unit, self.total, self.parts, self.part_unit = desc, unit, total, parts, part_unit
+        self.file = file or sys.stderr
+        self.tty = _isatty(self.file) if tty is None else tty
+        self.interval = interval
+        self.extra = extra
+        self.n = self.parts_done = 0
+        self.started = time.monotonic()
+        self.last_line = 0.0
+        self.lock = threading.Lock()
+        self.closed = False
+        self.stop = threading.Event()
+        self.thread = None
+        tick = 1.0 if self.tty else interval
+        if tick > 0:
+            self.thread = threading.Thread(target=self._tick, args=(tick,), name="wdsfilter-progress", daemon=True)
+            self.thread.start()
+        self._draw(force=True)
+
+    # -- counting ------------------------------------------------------------------------------
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        self._draw()
+
+    def part_done(self, n: int = 1) -> None:
+        self.parts_done += n
+        self._draw()
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join()
+        if self.closed:
+            return
+        self._draw(force=True)
+        with self.lock:
+            if self.tty and not self.closed:
+                try:
+                    self.file.write("\n")
+                    self.file.flush()
+                except (OSError, ValueError):
+                    pass
+            self.closed = True
+
+    # -- the line --------------------------------------------------------------------------------
+    def fraction(self) -> Optional[float]:
+        if self.total:
+            return min(1.0, self.n / self.total)
+        if self.parts:
+            return min(1.0, self.parts_done / self.parts)
+        return None
+
+    def line(self, now: Optional[float] = None) -> str:
+        elapsed = (time.monotonic() if now is None else now) - self.started
+        share = self.fraction()
+        eta = elapsed * (1 - share) / share if share else None
+        done = f"{self.n}/{self.total} {self.unit}" if self.total else f"{self.n} {self.unit}"
+        parts = f", {self.part_unit} {self.parts_done}/{self.parts}" if self.parts else ""
+        extra = f", {self.extra()}" if self.extra else ""
+        rate = rate_text(self.n, elapsed, self.unit)
+        if self.tty:
+            bar = ""
+            if share is not None:
+                filled = int(share * BAR_WIDTH)
+                bar = f"{share * 100:3.0f}%|{'#' * filled}{' ' * (BAR_WIDTH - filled)}| "
+            return f"{self.desc}: {bar}{done} [{clock(elapsed)}<{clock(eta)}, {rate}{parts}{extra}]"
+        percent = f" ({share * 100:.0f}%)" if share is not None else ""
+        return (f"{self.desc}: {done}{percent}{parts}, {rate}{extra}, elapsed {clock(elapsed)}, "
+                f"ETA {clock(eta)}")
+
+    def _draw(self, force: bool = False) -> None:
+        now = time.monotonic()
+        with self.lock:
+            if self.closed:
+                return
+            if not force and now - self.last_line < (MIN_REDRAW if self.tty else self.interval):
+                return
+            self.last_line = now
+            text = self.line(now)
+            try:
+                self.file.write(f"\r{text}\x1b[K" if self.tty else text + "\n")
+                self.file.flush()
+            except (OSError, ValueError):  # stderr closed or gone (a pipe whose reader left): no progress then
+                self.closed = True
+
+    def _tick(self, seconds: float) -> None:
+        while not self.stop.wait(seconds):
+            self._draw(force=True)
+
+
+def _isatty(file) -> bool:
+    try:
+        return bool(file.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+def known_samples(urls: Iterable[str]) -> Optional[int]:
+    """The samples of `urls` by the sizes.json beside them (open_clip's and img2dataset's table,
+    written by validate --stats-dir and --write-shards), or None unless every shard is listed."""
+    from .shards import is_local, local_path
+    from .shardstats import read_sizes
+    tables: Dict[str, Dict[str, int]] = {}
+    total = 0
+    for url in urls:
+        if not is_local(url):
+            return None
+        folder, name = os.path.split(os.path.abspath(local_path(url)))
+        if folder not in tables:
+            tables[folder] = read_sizes(folder)
+        count = tables[folder].get(name)
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            return None
+        total += count
+    return total
+
+
+def verbosity_options(quiet: str, verbose: str):
+    """-q/--quiet and -v/--verbose, the same flags on every command (each says what they change
+    there); read them with `verbosity`."""
+    import click
+
+    def options(command):
+        command = click.option("--verbose", "-v", "verbose", is_flag=True, help=verbose)(command)
+        return click.option("--quiet", "-q", "quiet", is_flag=True, help=quiet)(command)
+    return options
+
+
+def verbosity(quiet: bool, verbose: bool) -> int:
+    """0 (-q), 1 (default) or 2 (-v)."""
+    if quiet and verbose:
+        from .errors import ConfigError
+        raise ConfigError("-q/--quiet and -v/--verbose exclude each other; pass one")
+    return 0 if quiet else 2 if verbose else 1
