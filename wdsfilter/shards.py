@@ -46,6 +46,9 @@ def _check_allowed(url: str, allow_pipe: bool, allow_remote: bool) -> None:
                                f"(--allow-remote) to read over the network.")
 
 
+check_allowed = _check_allowed  # the one rule, for inputs named by a file (a score folder's sources)
+
+
 def expand_urls(paths: Union[str, Sequence[str]], allow_pipe: bool = False, allow_remote: bool = False) -> List[str]:
     """Turn user input into an ordered list of shard URLs; raises ConfigError when none is found."""
     if isinstance(paths, (str, os.PathLike)):

@@ -49,8 +49,9 @@ def _number(v) -> Optional[float]:
 
 
 class ReportCollector:
-    def __init__(self, run, thresholds: Sequence):
+    def __init__(self, run, thresholds: Sequence, allow_pipe: bool = False, allow_remote: bool = False):
         self.run, self.thresholds = run, list(thresholds)
+        self.allow = (allow_pipe, allow_remote)  # this command's permissions, never the folder's
         self.numeric = run.numeric_columns()
         self.columns = self.numeric  # read beside the threshold columns while judging
         self.sides: List[tuple] = []  # (column, label, cut, above: _Nearest, below: _Nearest)
@@ -95,12 +96,12 @@ class ReportCollector:
                              "above": above.examples(), "below": below.examples()})
         everything = [e for s in sections for e in s["above"] + s["below"]]
         everything += [e for ex in self.dropped.values() for e in ex]
-        _attach_media(everything, self.run.stage)
+        _attach_media(everything, self.run.stage, *self.allow)
         return {"result": result, "columns": {c: stats.get(c, {}) for c in self.numeric}, "sections": sections,
                 "dropped": self.dropped}
 
 
-def _attach_media(examples: List[dict], stage: dict) -> None:
+def _attach_media(examples: List[dict], stage: dict, allow_pipe: bool = False, allow_remote: bool = False) -> None:
     """Each example gets `thumb` (a data: URI or None), `caption` and `media_note`."""
     from ..shards import is_pipe, is_remote, open_shard
     caption_spec = KeySpec.parse(stage.get("caption_key") or "txt")
@@ -117,7 +118,7 @@ def _attach_media(examples: List[dict], stage: dict) -> None:
         local = not (is_pipe(url) or is_remote(url))
         try:
             with (open(url[5:] if url.startswith("file:") else url, "rb") if local else
-                  open_shard(url, bool(stage.get("allow_pipe")), bool(stage.get("allow_remote")))) as f, \
+                  open_shard(url, allow_pipe, allow_remote)) as f, \
                     tarfile.open(fileobj=f, mode="r:*" if local else "r|*", tarinfo=ShardTarInfo) as tar:
                 for info in tar:
                     key, ext = split_name(info.name, rekey)

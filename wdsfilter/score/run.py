@@ -89,7 +89,8 @@ class Run:
                          "histograms": plot_histograms(summary.columns, cfg.bounds,
                                                        os.path.join(cfg.out, "histograms.png")),
                          "filtered shards": cfg.write_shards}
-        summary.files["report"] = score_report(cfg.out, cfg.thresholds, cfg.max_thresholds)
+        summary.files["report"] = score_report(cfg.out, cfg.thresholds, cfg.max_thresholds,
+                                               cfg.stage.allow_pipe, cfg.stage.allow_remote)
         write_summary(summary, summary.files["summary"])
         if summary.scored == 0:
             raise NothingScoredError(nothing_scored_text(summary, len(files), self.state.scores_dir))
