@@ -5,6 +5,7 @@ import http.server
 import json
 import os
 import threading
+import time
 from contextlib import contextmanager
 
 import pytest
@@ -113,3 +114,127 @@ def test_filter_reads_no_remote_source_without_allow_remote(tmp_path):
         assert r.returncode == 0, r.stderr
         assert len(hits) > scored
     assert sum(json.load(open(tmp_path / "k" / "sizes.json")).values()) == 6
+
+
+# -- 2. nothing is deleted that filter did not write --------------------------------------------------
+def test_write_shards_into_the_sources_folder_is_refused_and_deletes_nothing(tmp_path):
+    """Source shards named like filter's default prefix (shard-000000.tar ...): --overwrite used
+    to delete every one of them, then fail with 'source shard ... is missing'."""
+    src = tmp_path / "data"
+    made = gnu_tar_shards(str(tmp_path / "make"), [5, 4])
+    src.mkdir()
+    shards = []
+    for i, path in enumerate(made):
+        shards.append(str(src / f"shard-{i:06d}.tar"))
+        os.rename(path, shards[-1])
+    before = {p: open(p, "rb").read() for p in shards}
+    out = score_folder(shards, tmp_path / "scores")
+    for extra in ([], ["--overwrite"]):
+        r = run_cli("filter", out, "--write-shards", str(src), "--no-report", *extra)
+        assert r.returncode == 2 and one_line(r.stderr) and "input shard" in r.stderr, r.stderr
+        assert {p: open(p, "rb").read() for p in shards} == before
+        assert sorted(os.listdir(src)) == sorted(os.path.basename(p) for p in shards)
+
+
+def test_overwrite_replaces_only_what_filters_own_run_wrote(tmp_path):
+    shards = gnu_tar_shards(str(tmp_path), [6, 6])
+    out = score_folder(shards, tmp_path / "scores")
+    dest = tmp_path / "k"
+    dest.mkdir()
+    theirs = {"shard-000001.tar": b"someone else's shard", "sizes.json": b'{"x.tar": 3}', "notes.txt": b"keep me"}
+    for name, data in theirs.items():
+        (dest / name).write_bytes(data)
+    for extra in ([], ["--overwrite"]):  # files filter did not write are never replaced
+        r = run_cli("filter", out, "--write-shards", str(dest), "--samples-per-shard", "4", "--no-report", *extra)
+        assert r.returncode == 2 and one_line(r.stderr) and "did not write" in r.stderr, r.stderr
+        assert {n: (dest / n).read_bytes() for n in theirs} == theirs
+        assert set(os.listdir(dest)) - {".lock"} == set(theirs)  # the lock file is filter's own
+    os.remove(dest / "shard-000001.tar")
+    os.remove(dest / "sizes.json")
+    args = ["filter", out, "--write-shards", str(dest), "--samples-per-shard", "4", "--no-report"]
+    assert run_cli(*args).returncode == 0
+    written = json.load(open(dest / "filter_run.json"))["files"]
+    assert "shard-000002.tar" in written and "notes.txt" not in written
+    # A hand-edited list cannot make --overwrite delete anything else.
+    outside = tmp_path / "outside.txt"
+    outside.write_text("x")
+    run_file = json.load(open(dest / "filter_run.json"))
+    run_file["files"] += ["../outside.txt", str(outside)]
+    json.dump(run_file, open(dest / "filter_run.json", "w"))
+    r = run_cli(*args[:-3], "--samples-per-shard", "5", "--no-report", "--overwrite")
+    assert r.returncode == 0, r.stderr
+    assert outside.exists() and (dest / "notes.txt").read_bytes() == b"keep me"
+    assert sorted(os.listdir(dest)) == sorted(["notes.txt", "filter_run.json", ".lock", "sizes.json"]
+                                              + [f"shard-00000{i}{s}" for i in range(3)
+                                                 for s in (".tar", "_stats.json")])
+
+
+# -- 3. a shard scored again is other data -------------------------------------------------------
+def tar_samples(path):
+    import tarfile
+    with tarfile.open(path) as tar:
+        return len({m.name.split(".")[0] for m in tar if m.isreg()})
+
+
+def test_a_rescored_shard_is_not_reported_whole_and_sizes_json_equals_the_tars(tmp_path):
+    shards = gnu_tar_shards(str(tmp_path), [10, 10])
+    out = score_folder(shards, tmp_path / "scores")
+    dest = tmp_path / "k"
+    args = ["filter", out, "--write-shards", str(dest), "--samples-per-shard", "4", "--no-report"]
+    assert run_cli(*args).returncode == 0
+    # The source changes upstream (5 samples fewer) and `score --resume` rescores it, as documented.
+    fewer = gnu_tar_shards(str(tmp_path / "new"), [5])[0]
+    os.replace(fewer, shards[1])
+    score_folder(shards, tmp_path / "scores", resume=True)
+    r = run_cli(*args)
+    assert r.returncode == 2 and one_line(r.stderr) and "scored again" in r.stderr and "--overwrite" in r.stderr
+    r = run_cli(*args, "--overwrite")
+    assert r.returncode == 0, r.stderr
+    assert "already whole" not in r.stdout and "wrote 15 samples" in r.stdout
+    sizes = json.load(open(dest / "sizes.json"))
+    tars = sorted(f for f in os.listdir(dest) if f.endswith(".tar"))
+    assert sorted(sizes) == tars and {t: tar_samples(dest / t) for t in tars} == sizes
+
+
+# -- 4. one filter run per output folder ----------------------------------------------------------
+def test_a_second_filter_into_the_same_folder_is_refused_while_the_first_holds_it(tmp_path):
+    """The first run reads its source through a pipe: command that waits on a FIFO, so it holds
+    OUT's lock until the test lets it go: no timing decides the outcome."""
+    import fcntl
+    import subprocess
+    import sys
+    from filterkit import REPO
+    shard = gnu_tar_shards(str(tmp_path), [6])[0]
+    out = score_folder([f"pipe:cat {shard}"], tmp_path / "scores", allow_pipe=True)
+    data = open(shard, "rb").read()
+    os.remove(shard)
+    os.mkfifo(shard)  # the same command now waits for the test to write the shard
+    dest = tmp_path / "k"
+    args = ["filter", out, "--allow-pipe", "--write-shards", str(dest), "--no-report"]
+    first = subprocess.Popen([sys.executable, "-m", "wdsfilter", *args], cwd=REPO, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        fifo = None
+        while fifo is None:  # opened once the first run's command reads it: by then it holds the lock
+            assert first.poll() is None, first.communicate()
+            try:
+                fifo = os.fdopen(os.open(shard, os.O_WRONLY | os.O_NONBLOCK), "wb")
+            except OSError:  # ENXIO: no reader yet
+                time.sleep(0.01)
+        os.set_blocking(fifo.fileno(), True)
+        with open(dest / ".lock", "rb") as held:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        second = run_cli(*args)
+        assert second.returncode == 2 and one_line(second.stderr), second.stderr
+        assert "in use by another wdsfilter filter run" in second.stderr and f"pid {first.pid}" in second.stderr
+        fifo.write(data)
+        fifo.close()
+        stdout, stderr = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert first.returncode == 0, stderr
+    assert json.load(open(dest / "sizes.json")) == {"shard-000000.tar": 6}
+    assert tar_samples(dest / "shard-000000.tar") == 6

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Iterator
+from typing import Iterator, Optional, Sequence
 
 from . import atomic
-from .errors import OutputError
+from .errors import ConfigError, OutputError
+from .shards import is_local, local_path
 
 
 def _existing_parent(path: str) -> str:
@@ -52,6 +53,20 @@ def check_output_dir(path: str, option: str) -> None:
         raise OutputError(f"{option} {path!r}: {parent!r} is a file, not a folder")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise OutputError(f"{option} {path!r}: cannot create it in {parent!r} (permission denied)")
+
+
+def refuse_writing_into_inputs(write_shards: Optional[str], urls: Sequence[str]) -> None:
+    """--write-shards into a folder that holds input shards (of `score`, or the sources of the score
+    folder `filter` reads) would replace or delete input shards named like the written ones: the
+    dropped samples gone for good, its img2dataset stats overwritten. Refused before anything is
+    read or written."""
+    if not write_shards:
+        return
+    target = os.path.realpath(write_shards)
+    for url in urls:
+        if is_local(url) and os.path.dirname(os.path.realpath(local_path(url))) == target:
+            raise ConfigError(f"--write-shards {write_shards} is the folder of the input shard {url}: the filtered "
+                              f"shards could overwrite the shards they are read from. Write them to another folder")
 
 
 @contextlib.contextmanager

@@ -93,6 +93,11 @@ def check_sources(urls: Sequence[str], allow_pipe: bool, allow_remote: bool, sco
                                f"and no --write-shards to count only)")
 
 
+def _file_state(path: str) -> list:
+    st = os.stat(path)
+    return [os.path.basename(path), st.st_size, st.st_mtime_ns]
+
+
 def judge_shard(shard: ScoredShard, thresholds: Sequence[Threshold], extra: Sequence[str] = ()) -> Iterator[tuple]:
     """(row, reason) per row of one score file, in order; reason None means kept. A key repeated
     in a shard is judged once (its first row), as the loader does."""
@@ -133,9 +138,10 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
         raise ConfigError(f"--samples-per-shard must be >= 1, got {samples_per_shard}")
     run = ScoreRun.open(scores_dir)  # not a score folder: say so, before its report path is judged
     if not dry_run:  # an output that cannot be written is a usage error, found before any work
-        from ..writing import check_output_dir, check_output_file
+        from ..writing import check_output_dir, check_output_file, refuse_writing_into_inputs
         if write_shards is not None:
             check_output_dir(write_shards, "--write-shards")
+            refuse_writing_into_inputs(write_shards, [s.url for s in run.shards])
         if report is not None:
             check_output_file(report or os.path.join(scores_dir, "report.html"), "--report")
         if write_shards is not None or report is not None:  # the sources are read again: refused before any work
@@ -173,12 +179,15 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
                            allow_pipe, allow_remote)
         identity = {"scores": os.path.abspath(scores_dir), "thresholds": [[t.column, t.minimum, t.value] for t in thresholds],
                     "samples_per_shard": samples_per_shard, "prefix": prefix,
-                    "sources": [s.url for s in run.shards]}
-        whole = writer.prepare(identity, overwrite)
-        if whole:
-            echo(f"resume: {whole} shard(s) in {write_shards} are already whole")
-        sources = (Source(s.url, kept_keys(s, thresholds), s.source) for s in run.shards)
-        result.sizes = writer.write(sources)
+                    "sources": [s.url for s in run.shards],
+                    # what the rows were: a shard scored again (score --resume) is other data
+                    "score_files": [_file_state(s.score_file) for s in run.shards]}
+        with writer.lock():
+            whole = writer.prepare(identity, overwrite, result.kept)
+            if whole:
+                echo(f"resume: {whole} shard(s) in {write_shards} are already whole")
+            sources = (Source(s.url, kept_keys(s, thresholds), s.source) for s in run.shards)
+            result.sizes = writer.write(sources)
         result.files["shards"] = write_shards
     if collector is not None:
         from .report_html import write_report
