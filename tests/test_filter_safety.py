@@ -238,3 +238,48 @@ def test_a_second_filter_into_the_same_folder_is_refused_while_the_first_holds_i
     assert first.returncode == 0, stderr
     assert json.load(open(dest / "sizes.json")) == {"shard-000000.tar": 6}
     assert tar_samples(dest / "shard-000000.tar") == 6
+
+
+# -- 5. any finite or infinite score; bidi controls escaped --------------------------------------
+def no_constant(name):
+    raise AssertionError(f"{name} written into a JSON file")
+
+
+def test_scores_at_the_ends_of_the_floats_are_summarized_reported_and_resumed(tmp_path):
+    """A scorer returning +-sys.float_info.max, inf and NaN (common sentinels): score ended with
+    'internal error: ValueError: cannot convert float NaN to integer' after marking every shard
+    done, and --resume failed the same way for ever. A key with U+202E reversed its report card."""
+    import math
+    import sys
+
+    from scorekit import ExtremeScorer, colored_members, make_shards
+    from shardkit import image_bytes, write_shard
+    from wdsfilter.score import score
+    urls, _ = make_shards(str(tmp_path / "data"), [12])
+    members, _ = colored_members(6, shard=1)
+    evil = "evil\u202egpj_rat"
+    members += [(f"{evil}.jpg", image_bytes(color=(200, 10, 10))), (f"{evil}.txt", "a caption \u202e reversed")]
+    urls.append(write_shard(str(tmp_path / "data" / "shard-0001.tar"), members))
+    for fmt in ("parquet", "jsonl"):
+        out = str(tmp_path / f"scores-{fmt}")
+        for resume in (False, True):
+            summary = score(urls, out=out, scorers=[ExtremeScorer()], device="cpu", progress=False, workers=0,
+                            batch_size=4, format=fmt, resume=resume, min_scores={"extreme": 0.0})
+            st = summary.columns["extreme"]
+            saved = json.load(open(os.path.join(out, "summary.json")), parse_constant=no_constant)
+            assert saved["columns"]["extreme"]["count"] == st["count"]
+            assert st["max"] == sys.float_info.max and st["min"] == -sys.float_info.max
+            assert math.isfinite(st["mean"]) and sum(st["histogram"]["counts"]) == st["count"]
+            assert all(math.isfinite(e) for e in st["histogram"]["edges"])
+            # 19 samples: 3 each of +-max, 3 NaN (missing), 6 infinite, 4 brightness
+            assert st["count"] == 10 and st.get("infinite", 0) == (6 if fmt == "parquet" else 0)  # JSONL: null
+            assert os.path.exists(os.path.join(out, "histograms.png"))
+            assert os.path.exists(os.path.join(out, "report.html"))
+        if fmt == "jsonl":
+            for name in os.listdir(os.path.join(out, "scores")):
+                for line in open(os.path.join(out, "scores", name)):
+                    json.loads(line, parse_constant=no_constant)
+        r = run_cli("filter", out, "--top", "extreme=50%", "--report", str(tmp_path / f"{fmt}.html"))
+        assert r.returncode == 0, r.stderr
+        page = (tmp_path / f"{fmt}.html").read_text(encoding="utf-8")
+        assert "\u202e" not in page and "evil\\u202egpj_rat" in page and "nan" not in page.replace("nanos", "")

@@ -43,7 +43,8 @@ class _Nearest:
 
 
 def _number(v) -> Optional[float]:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
+    """A finite number (an infinity has no distance to a cut value, and no place on the axes)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         return None
     return float(v)
 
