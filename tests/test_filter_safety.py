@@ -283,3 +283,47 @@ def test_scores_at_the_ends_of_the_floats_are_summarized_reported_and_resumed(tm
         assert r.returncode == 0, r.stderr
         page = (tmp_path / f"{fmt}.html").read_text(encoding="utf-8")
         assert "\u202e" not in page and "evil\\u202egpj_rat" in page and "nan" not in page.replace("nanos", "")
+
+
+# -- 6. bounded report -----------------------------------------------------------------------------
+def peak_rss_mb(*args):
+    """(completed process, its peak RSS in MB): `python -m wdsfilter ARGS` run under a wrapper
+    whose only child it is, so RUSAGE_CHILDREN's ru_maxrss is that command's (a bound, no timing)."""
+    import subprocess
+    import sys
+    from filterkit import REPO
+    code = ("import resource, subprocess, sys\n"
+            "r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL)\n"
+            "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024)\n"
+            "sys.exit(r.returncode)\n")
+    r = subprocess.run([sys.executable, "-c", code, sys.executable, "-m", "wdsfilter", *args], capture_output=True,
+                       text=True, cwd=REPO, timeout=300)
+    return r, int(r.stdout.split()[-1])
+
+
+def test_the_report_stays_small_whatever_the_captions(tmp_path):
+    """A .tar.gz of a few MB whose captions are MBs each (3.5 MB: scored; 20 MB: over the text
+    cap, dropped): the report embedded them whole (377 MB from 1.7 MB of shards) and held every
+    shown member of a shard at once."""
+    import io
+    import tarfile
+
+    from shardkit import image_bytes
+    shard = str(tmp_path / "big-captions.tar.gz")
+    with tarfile.open(shard, "w:gz", compresslevel=1) as tar:
+        for i in range(8):
+            caption = ("word " * ((20 << 20) // 5 if i >= 6 else (3_500_000 // 5))).encode()
+            for name, data in ((f"s{i:03d}.jpg", image_bytes(color=(30 * i, 90, 200 - 20 * i))),
+                               (f"s{i:03d}.txt", caption)):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    assert os.path.getsize(shard) < 1 << 20
+    out = score_folder([shard], tmp_path / "scores")
+    page = tmp_path / "r.html"
+    r, rss = peak_rss_mb("filter", out, "--top", "brightness=50%", "--report", str(page))
+    assert r.returncode == 0, r.stderr
+    html = page.read_text(encoding="utf-8")
+    assert os.path.getsize(page) < 2 << 20  # was > 28 MB: every caption whole
+    assert html.count('<img src="data:image/') >= 6 and "characters in all)" in html
+    assert rss < 600, rss

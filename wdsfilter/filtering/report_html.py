@@ -45,8 +45,13 @@ BIDI = dict.fromkeys([0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2
 BIDI = {c: f"\\u{c:04x}" for c in BIDI}
 
 
-def _e(text) -> str:
-    return html.escape(("" if text is None else str(text)).translate(BIDI))
+def _e(text, limit: int = 4000) -> str:
+    """Text as HTML, bidi controls escaped, cut to `limit` characters (a key or a message may be
+    as long as a file holds: the report stays a few KB per example)."""
+    text = "" if text is None else str(text)
+    if len(text) > limit:
+        text = text[:limit] + f" ... ({len(text)} characters)"
+    return html.escape(text.translate(BIDI))
 
 
 def _x(v: float, lo: float, hi: float) -> float:
