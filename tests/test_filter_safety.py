@@ -10,7 +10,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from filterkit import gnu_tar_shards, run_cli, score_folder
+from filterkit import gnu_tar_shards, peak_rss_mb, run_cli, score_folder
 
 
 @contextmanager
@@ -286,21 +286,6 @@ def test_scores_at_the_ends_of_the_floats_are_summarized_reported_and_resumed(tm
 
 
 # -- 6. bounded report -----------------------------------------------------------------------------
-def peak_rss_mb(*args):
-    """(completed process, its peak RSS in MB): `python -m wdsfilter ARGS` run under a wrapper
-    whose only child it is, so RUSAGE_CHILDREN's ru_maxrss is that command's (a bound, no timing)."""
-    import subprocess
-    import sys
-    from filterkit import REPO
-    code = ("import resource, subprocess, sys\n"
-            "r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL)\n"
-            "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024)\n"
-            "sys.exit(r.returncode)\n")
-    r = subprocess.run([sys.executable, "-c", code, sys.executable, "-m", "wdsfilter", *args], capture_output=True,
-                       text=True, cwd=REPO, timeout=300)
-    return r, int(r.stdout.split()[-1])
-
-
 def test_the_report_stays_small_whatever_the_captions(tmp_path):
     """A .tar.gz of a few MB whose captions are MBs each (3.5 MB: scored; 20 MB: over the text
     cap, dropped): the report embedded them whole (377 MB from 1.7 MB of shards) and held every
