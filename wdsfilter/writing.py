@@ -27,17 +27,39 @@ def _existing_parent(path: str) -> str:
     return parent
 
 
+def _probe(folder: str) -> Optional[str]:
+    """Why no file can be created in `folder`, or None. A real file is created and removed:
+    os.access answers yes for root in /proc or on a read-only mount, and the run then failed at
+    its end (exit 3) instead of before any work. Named like every temporary, so a probe left by a
+    kill at this instant is removed by the next run."""
+    import tempfile
+    try:
+        fd, path = tempfile.mkstemp(prefix=".wdsfilter-probe.tmp-", dir=folder)
+    except OSError as e:
+        return e.strerror or type(e).__name__
+    os.close(fd)
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+    return None
+
+
 def check_output_file(path: str, option: str) -> None:
     """The file can be created or replaced (its folder is created when missing)."""
     if os.path.isdir(path):
         raise OutputError(f"{option} {path!r} is a folder; give a file name")
-    if os.path.exists(path) and not os.access(path, os.W_OK):
-        raise OutputError(f"{option} {path!r} exists and is not writable")
+    if os.path.exists(path):
+        try:  # opened for writing without a byte changed: the file itself must take writes
+            os.close(os.open(path, os.O_WRONLY | os.O_APPEND))
+        except OSError as e:
+            raise OutputError(f"{option} {path!r} exists and is not writable ({e.strerror})") from None
     parent = _existing_parent(path)
     if not os.path.isdir(parent):
         raise OutputError(f"{option} {path!r}: {parent!r} is a file, not a folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise OutputError(f"{option} {path!r}: cannot write in {parent!r} (permission denied)")
+    why = _probe(parent)
+    if why:
+        raise OutputError(f"{option} {path!r}: cannot write in {parent!r} ({why})")
 
 
 def check_output_dir(path: str, option: str) -> None:
@@ -45,14 +67,16 @@ def check_output_dir(path: str, option: str) -> None:
     if os.path.exists(path):
         if not os.path.isdir(path):
             raise OutputError(f"{option} {path!r} is a file, not a folder")
-        if not os.access(path, os.W_OK | os.X_OK):
-            raise OutputError(f"{option} {path!r} is not writable")
+        why = _probe(path)
+        if why:
+            raise OutputError(f"{option} {path!r} is not writable ({why})")
         return
     parent = _existing_parent(path)
     if not os.path.isdir(parent):
         raise OutputError(f"{option} {path!r}: {parent!r} is a file, not a folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise OutputError(f"{option} {path!r}: cannot create it in {parent!r} (permission denied)")
+    why = _probe(parent)
+    if why:
+        raise OutputError(f"{option} {path!r}: cannot create it in {parent!r} ({why})")
 
 
 def refuse_writing_into_inputs(write_shards: Optional[str], urls: Sequence[str]) -> None:

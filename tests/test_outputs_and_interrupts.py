@@ -1,0 +1,32 @@
+"""Issue 20, finding 11: outputs that cannot be written are usage errors found before any work
+(a probe file, not os.access, which says yes to root in /proc); validate --jobs stops queued
+shards on Ctrl-C; re-reads of a pipe: shard for written shards go through the idle guard; a
+SIGTERM leaves no shard command running."""
+import os
+
+import pytest
+
+from filterkit import gnu_tar_shards, run_cli
+
+PROC = os.path.isdir("/proc/self")
+
+
+def one_line(stderr):
+    return len(stderr.strip().splitlines()) == 1 and "Traceback" not in stderr
+
+
+@pytest.mark.skipif(not PROC, reason="needs /proc")
+def test_outputs_in_proc_are_usage_errors_before_any_work(tmp_path):
+    shard = gnu_tar_shards(str(tmp_path), [3])[0]
+    r = run_cli("validate", shard, "--output", "/proc/nope")
+    assert r.returncode == 2 and one_line(r.stderr) and "/proc" in r.stderr, r.stderr
+    r = run_cli("validate", shard, "--output", "/proc/self/status")
+    assert r.returncode == 2 and one_line(r.stderr), r.stderr
+    out = tmp_path / "out"
+    r = run_cli("score", shard, "--scorer", "tests.scorekit:BrightnessScorer", "--out", str(out),
+                "--write-shards", "/proc/wds", "--device", "cpu")
+    assert r.returncode == 2 and one_line(r.stderr) and "--write-shards" in r.stderr, r.stderr
+    assert not os.path.exists(out / "scores")  # nothing scored
+    r = run_cli("sort-shard", shard, "/proc/nope.tar")
+    assert r.returncode == 2 and one_line(r.stderr), r.stderr
+    assert not [f for f in os.listdir(tmp_path) if "probe" in f]  # the probe file is removed
