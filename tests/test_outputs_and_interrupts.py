@@ -30,3 +30,24 @@ def test_outputs_in_proc_are_usage_errors_before_any_work(tmp_path):
     r = run_cli("sort-shard", shard, "/proc/nope.tar")
     assert r.returncode == 2 and one_line(r.stderr), r.stderr
     assert not [f for f in os.listdir(tmp_path) if "probe" in f]  # the probe file is removed
+
+
+def test_a_shard_read_again_for_written_shards_goes_through_the_idle_guard(tmp_path):
+    """score's filtered copy (shardwriter.write_filtered) and filter --write-shards read a pipe:
+    shard a second time: that read had no idle guard, so a hung command hung the run for ever.
+    Here the command's input becomes a FIFO nobody writes to once the shard is scored."""
+    import psutil
+
+    from filterkit import score_folder
+    from wdsfilter.filtering import filter_scores
+    from wdsfilter.score.shardwriter import write_filtered
+    shard = gnu_tar_shards(str(tmp_path), [4])[0]
+    url = f"pipe:cat {shard}"
+    out = score_folder([url], tmp_path / "scores", allow_pipe=True)
+    os.remove(shard)
+    os.mkfifo(shard)  # cat now waits for a writer that never comes
+    with pytest.raises(OSError, match="sent nothing for 1s"):
+        write_filtered(url, ["s0_00000"], str(tmp_path / "copy.tar"), allow_pipe=True, idle_seconds=1)
+    with pytest.raises(OSError, match="sent nothing for 1s"):
+        filter_scores(out, write_shards=str(tmp_path / "k"), report=None, allow_pipe=True, stream_idle_seconds=1)
+    assert not [p for p in psutil.process_iter(["cmdline"]) if shard in " ".join(p.info["cmdline"] or [])]

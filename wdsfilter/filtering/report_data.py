@@ -56,9 +56,10 @@ def _number(v) -> Optional[float]:
 
 
 class ReportCollector:
-    def __init__(self, run, thresholds: Sequence, allow_pipe: bool = False, allow_remote: bool = False):
+    def __init__(self, run, thresholds: Sequence, allow_pipe: bool = False, allow_remote: bool = False,
+                 idle_seconds: float = 0.0):
         self.run, self.thresholds = run, list(thresholds)
-        self.allow = (allow_pipe, allow_remote)  # this command's permissions, never the folder's
+        self.allow = (allow_pipe, allow_remote, idle_seconds)  # this command's permissions, never the folder's
         self.numeric = run.numeric_columns()
         self.columns = self.numeric  # read beside the threshold columns while judging
         self.sides: List[tuple] = []  # (column, label, cut, above: _Nearest, below: _Nearest)
@@ -108,7 +109,8 @@ class ReportCollector:
                 "dropped": self.dropped}
 
 
-def _attach_media(examples: List[dict], stage: dict, allow_pipe: bool = False, allow_remote: bool = False) -> None:
+def _attach_media(examples: List[dict], stage: dict, allow_pipe: bool = False, allow_remote: bool = False,
+                  idle_seconds: float = 0.0) -> None:
     """Each example gets `thumb` (a data: URI or None), `caption` and `media_note`."""
     from ..shards import is_pipe, is_remote, open_shard
     caption_spec = KeySpec.parse(stage.get("caption_key") or "txt")
@@ -130,7 +132,7 @@ def _attach_media(examples: List[dict], stage: dict, allow_pipe: bool = False, a
         local = not (is_pipe(url) or is_remote(url))
         try:
             with (open(url[5:] if url.startswith("file:") else url, "rb") if local else
-                  open_shard(url, allow_pipe, allow_remote)) as f, \
+                  open_shard(url, allow_pipe, allow_remote, idle_seconds)) as f, \
                     tarfile.open(fileobj=f, mode="r:*" if local else "r|*", tarinfo=ShardTarInfo) as tar:
                 for info in tar:
                     tar.members = []  # headers are not kept either: a shard of many members stays flat

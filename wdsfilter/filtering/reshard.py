@@ -53,11 +53,12 @@ def shard_name(prefix: str, index: int) -> str:
 
 class Resharder:
     def __init__(self, out: str, per_shard: int, prefix: str = "shard", rekey: str = "first-dot",
-                 allow_pipe: bool = False, allow_remote: bool = False):
+                 allow_pipe: bool = False, allow_remote: bool = False, idle_seconds: float = 0.0):
         if per_shard < 1:
             raise ConfigError(f"--samples-per-shard must be >= 1, got {per_shard}")
         self.out, self.per_shard, self.prefix, self.rekey = out, per_shard, prefix, rekey
         self.allow_pipe, self.allow_remote = allow_pipe, allow_remote
+        self.idle_seconds = idle_seconds
         self.planned: List[str] = []
 
     def lock(self):
@@ -178,7 +179,7 @@ class Resharder:
         path = url[len("file:"):] if url.startswith("file:") else url
         fetched = None
         if is_pipe(url) or is_remote(url):
-            fetched = path = _local_copy(url, self.allow_pipe, self.allow_remote, self.out)
+            fetched = path = _local_copy(url, self.allow_pipe, self.allow_remote, self.out, self.idle_seconds)
         elif not os.path.exists(path):
             raise ReshardError(f"source shard {url} is missing: it was scored but can no longer be read; "
                                f"restore it or score again without it")

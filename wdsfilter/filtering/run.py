@@ -17,6 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
+from ..config import StageConfig
 from .rules import FilterSpec, Threshold, bounds, drop_reason, resolve, write_thresholds
 from .scoredir import ScoredShard, ScoreRun
 
@@ -124,12 +125,15 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
                   bottoms: Sequence[str] = (), write_shards: Optional[str] = None, samples_per_shard: int = 1000,
                   prefix: str = "shard", dry_run: bool = False, report: Optional[str] = "",
                   overwrite: bool = False, echo: Optional[Callable[[str], None]] = None,
-                  save_thresholds: bool = True, allow_pipe: bool = False, allow_remote: bool = False) -> FilterResult:
+                  save_thresholds: bool = True, allow_pipe: bool = False, allow_remote: bool = False,
+                  stream_idle_seconds: float = StageConfig.stream_idle_seconds) -> FilterResult:
     """Judge, count and write (see the module docstring). report: a path, "" for report.html in
     the score folder, None for no report. save_thresholds: write SCORES_DIR/thresholds.json (the
     resolved thresholds as wdsfilter.loader's keyword arguments). allow_pipe, allow_remote: read
     source shards that are `pipe:` commands or remote URLs again (for --write-shards and the
-    report's thumbnails); what the score folder says (run.json) never allows them."""
+    report's thumbnails); what the score folder says (run.json) never allows them.
+    stream_idle_seconds: such a source that sends nothing this long is killed (0: never), as in
+    every other read of a shard (shards.IdleGuard)."""
     from .reshard import Resharder, Source
     echo = echo or (lambda line: None)
     spec = FilterSpec.parse(mins, maxes, tops, bottoms)  # usage errors before any file is read
@@ -153,7 +157,7 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
     collector = None
     if report is not None and not dry_run:
         from .report_data import ReportCollector
-        collector = ReportCollector(run, thresholds, allow_pipe, allow_remote)
+        collector = ReportCollector(run, thresholds, allow_pipe, allow_remote, stream_idle_seconds)
     reasons: Counter = Counter()
     for shard in run.shards:
         for row, reason in judge_shard(shard, thresholds, collector.columns if collector else ()):
@@ -176,7 +180,7 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
     if write_shards is not None:
         stage = run.stage
         writer = Resharder(write_shards, samples_per_shard, prefix, stage.get("rekey", "first-dot"),
-                           allow_pipe, allow_remote)
+                           allow_pipe, allow_remote, stream_idle_seconds)
         identity = {"scores": os.path.abspath(scores_dir), "thresholds": [[t.column, t.minimum, t.value] for t in thresholds],
                     "samples_per_shard": samples_per_shard, "prefix": prefix,
                     "sources": [s.url for s in run.shards],
