@@ -51,3 +51,37 @@ def test_a_shard_read_again_for_written_shards_goes_through_the_idle_guard(tmp_p
     with pytest.raises(OSError, match="sent nothing for 1s"):
         filter_scores(out, write_shards=str(tmp_path / "k"), report=None, allow_pipe=True, stream_idle_seconds=1)
     assert not [p for p in psutil.process_iter(["cmdline"]) if shard in " ".join(p.info["cmdline"] or [])]
+
+
+def test_validate_jobs_starts_no_queued_shard_after_ctrl_c(tmp_path):
+    """Ctrl-C (SIGINT to the process group, as a terminal sends it) while two workers check the
+    first shards: the pool went on to check every queued shard before exiting."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from filterkit import REPO
+    shard = gnu_tar_shards(str(tmp_path), [2])[0]
+    urls = []
+    for i in range(30):
+        source = shard
+        if i < 2:  # the first two wait for a writer: both workers are busy until Ctrl-C
+            source = str(tmp_path / f"fifo-{i}")
+            os.mkfifo(source)
+        urls.append(f"pipe:touch {tmp_path}/started-{i}; cat {source}")
+    proc = subprocess.Popen([sys.executable, "-m", "wdsfilter", "validate", "--allow-pipe", "--jobs", "2", *urls],
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        while not all(os.path.exists(tmp_path / f"started-{i}") for i in range(2)):  # the event: both busy
+            assert proc.poll() is None, proc.stderr.read()
+            time.sleep(0.01)
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    started = len([f for f in os.listdir(tmp_path) if f.startswith("started-")])
+    assert proc.returncode == 130, proc.stderr.read()
+    assert started <= 5, started  # the two running and at most the pool's few already handed out; was 30

@@ -25,13 +25,26 @@ def run_checks(urls: Sequence[str], options: ValidateOptions) -> Iterator[Tuple[
             yield i, check_shard(url, options)
         return
     retry: List[int] = []
-    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context()) as pool:
-        futures = {pool.submit(check_shard, url, options): i for i, url in enumerate(urls)}
+    pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context())
+    futures: dict = {}
+    try:
+        for i, url in enumerate(urls):
+            futures[pool.submit(check_shard, url, options)] = i
         for future in as_completed(futures):
             try:
                 yield futures[future], future.result()
             except BrokenProcessPool:
                 retry.append(futures[future])
+    except BaseException:
+        # Ctrl-C, SIGTERM or a caller that stopped reading: the shards still queued are never
+        # started (leaving the pool's `with` waited for every one of them to be checked). Each
+        # future is cancelled here: shutdown(cancel_futures=True) leaves that to the pool's
+        # thread, which skips it once the pool object is gone (as it is when the error unwinds).
+        for future in futures:
+            future.cancel()
+        pool.shutdown(wait=False)
+        raise
+    pool.shutdown(wait=True)
     for i in sorted(retry):
         yield i, _isolated(urls[i], options)
 
