@@ -85,3 +85,45 @@ def test_validate_jobs_starts_no_queued_shard_after_ctrl_c(tmp_path):
     started = len([f for f in os.listdir(tmp_path) if f.startswith("started-")])
     assert proc.returncode == 130, proc.stderr.read()
     assert started <= 5, started  # the two running and at most the pool's few already handed out; was 30
+
+
+def test_sigterm_while_a_shard_command_runs_leaves_no_command_running(tmp_path):
+    """SIGTERM while a pipe: command (gsutil cat, for a gs:// shard) is being read: closing the
+    stream waited for the command to end (webdataset's timeout: hours), and a command killed
+    with its reader kept running. The command here is a shell and its child that never sends."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from filterkit import REPO
+    tag = f"{tmp_path}/never-sent.tar"
+    os.mkfifo(tag)  # nobody writes: the command waits for ever, as a stuck download does
+    proc = subprocess.Popen([sys.executable, "-m", "wdsfilter", "validate", "--allow-pipe",
+                             f"pipe:cat {tag} | cat; echo {tag}"], cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, start_new_session=True)
+
+    def running():
+        found = []
+        for p in psutil.process_iter(["cmdline", "status"]):
+            if p.pid != proc.pid and tag in " ".join(p.info["cmdline"] or []) \
+                    and p.info["status"] != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        return found
+    try:
+        while not any((p.info["cmdline"] or [""])[0] == "cat" for p in running()):  # the event: it runs
+            assert proc.poll() is None, proc.stderr.read()
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        for p in running():
+            p.kill()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    stderr = proc.stderr.read().decode()
+    assert proc.returncode == 143 and "terminated" in stderr, stderr
+    assert running() == []
