@@ -127,3 +127,40 @@ def test_sigterm_while_a_shard_command_runs_leaves_no_command_running(tmp_path):
     stderr = proc.stderr.read().decode()
     assert proc.returncode == 143 and "terminated" in stderr, stderr
     assert running() == []
+
+
+def test_sigterm_to_validate_jobs_stops_the_workers_commands_too(tmp_path):
+    """SIGTERM reaches the parent only: its workers, each reading a shard whose command never
+    sends, kept the run from exiting (the interpreter waits for them) and their commands alive."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from filterkit import REPO
+    fifos = [f"{tmp_path}/never-{i}.tar" for i in range(2)]
+    for f in fifos:
+        os.mkfifo(f)
+    proc = subprocess.Popen([sys.executable, "-m", "wdsfilter", "validate", "--allow-pipe", "--jobs", "2",
+                             *[f"pipe:cat {f}" for f in fifos]], cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, start_new_session=True)
+
+    def cats():
+        return [p for p in psutil.process_iter(["cmdline", "status"]) if p.info["status"] != psutil.STATUS_ZOMBIE
+                and (p.info["cmdline"] or [""])[0] == "cat" and str(tmp_path) in " ".join(p.info["cmdline"])]
+    try:
+        while len(cats()) < 2:  # the event: both workers' commands run
+            assert proc.poll() is None, proc.stderr.read()
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        for p in cats():
+            p.kill()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 143, proc.stderr.read()
+    assert cats() == []
