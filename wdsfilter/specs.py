@@ -18,6 +18,7 @@ Extensions are matched case-insensitively (samples carry lower-cased extensions)
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -53,7 +54,6 @@ def key_digest(key: str) -> bytes:
     """A fixed-size stand-in for a key in the sets that remember every key of a shard (is it a
     duplicate, did it come back): memory per key stays 49 bytes however long the names are
     (50,000 names of 4,000 characters held 450 MB)."""
-    import hashlib
     return hashlib.blake2b(key.encode("utf-8", "surrogateescape"), digest_size=16).digest()
 
 

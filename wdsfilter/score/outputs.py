@@ -216,7 +216,7 @@ def summarize_files(paths: Sequence[str], columns: Sequence[str], thresholds: Op
 
 def _new_column() -> dict:
     return {"count": 0, "min": None, "max": None, "sum": 0.0, "scaled": 0.0, "true": 0, "false": 0, "kind": None,
-            "integer": True}
+            "integer": True}  # scaled: the sum of the values * 2**-64, which cannot overflow
 
 
 _SCALE = 2.0 ** 64
@@ -225,19 +225,14 @@ _SCALE = 2.0 ** 64
 def position(v: float, lo: float, hi: float) -> float:
     """Where v lies from lo (0) to hi (1), finite for any finite lo < hi, even where hi - lo
     overflows (-max .. max): the halves' difference cannot."""
-    span = hi - lo
-    if math.isfinite(span):
-        return (v - lo) / span
-    return (v / 2 - lo / 2) / (hi / 2 - lo / 2)
+    return (v - lo) / (hi - lo) if math.isfinite(hi - lo) else (v / 2 - lo / 2) / (hi / 2 - lo / 2)
 
 
 def step(lo: float, hi: float, i: int, n: int) -> float:
     """The i-th of n + 1 equal steps from lo to hi, without computing hi - lo (it may overflow)."""
-    span = hi - lo
-    if math.isfinite(span):
-        return lo + span * i / n
-    f = i / n
-    return lo * (1 - f) + hi * f if i < n else hi
+    if math.isfinite(hi - lo):
+        return lo + (hi - lo) * i / n
+    return lo * (1 - i / n) + hi * (i / n) if i < n else hi
 
 
 def _add_values(st: dict, values: Iterable[Any]) -> None:
