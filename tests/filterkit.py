@@ -84,3 +84,15 @@ def run_cli(*args, env=None, timeout=300):
     """`python -m wdsfilter ARGS` in a child process (a real command line)."""
     return subprocess.run([sys.executable, "-m", "wdsfilter", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=REPO, env=env)
+
+
+def peak_rss_mb(*args):
+    """(completed process, its peak RSS in MB): `python -m wdsfilter ARGS` run under a wrapper
+    whose only child it is, so RUSAGE_CHILDREN's ru_maxrss is that command's (a bound, no timing)."""
+    code = ("import resource, subprocess, sys\n"
+            "r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL)\n"
+            "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024)\n"
+            "sys.exit(r.returncode)\n")
+    r = subprocess.run([sys.executable, "-c", code, sys.executable, "-m", "wdsfilter", *args], capture_output=True,
+                       text=True, cwd=REPO, timeout=300)
+    return r, int(r.stdout.split()[-1])

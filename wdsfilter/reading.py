@@ -22,8 +22,8 @@ from .errors import DataError, UnsafeInputError
 from .markers import shard_end_marker
 from .members import MemberCaps, gunzip_member, is_unsafe_ext
 from .shards import close_shard, is_local, is_pipe, open_shard
+from .specs import key_digest, reserved_ext, split_name
 from .tarsubset import ONLY_KEYS, subset_stream
-from .specs import reserved_ext, split_name
 from .tally import Tally
 
 STAGE = "read"
@@ -415,7 +415,7 @@ def group_samples(members: Iterable["dict | ShardEnd"], cfg: StageConfig, tally:
     open_samples: "OrderedDict[str, dict]" = OrderedDict()
     held: dict = {}  # key -> bytes its open sample holds
     held_total = 0
-    emitted: set = set()
+    emitted: set = set()  # digests of the keys whose sample is complete (specs.key_digest)
     last_key = None
     for m in members:
         if isinstance(m, ShardEnd):
@@ -437,7 +437,7 @@ def group_samples(members: Iterable["dict | ShardEnd"], cfg: StageConfig, tally:
             continue
         sample = open_samples.get(key)
         if sample is None:
-            if key in emitted:
+            if key_digest(key) in emitted:
                 tally.note("nonadjacent_key", STAGE, url, fname,
                            f"key {key!r} came back after its sample was complete; it makes a half-sample")
             sample = {"__key__": key, "__url__": url}
@@ -445,7 +445,7 @@ def group_samples(members: Iterable["dict | ShardEnd"], cfg: StageConfig, tally:
             if len(open_samples) > window:
                 done_key, done = open_samples.popitem(last=False)
                 held_total -= held.pop(done_key, 0)
-                emitted.add(done_key)
+                emitted.add(key_digest(done_key))
                 tally.sample_read()
                 yield done
         elif key != last_key:
@@ -465,7 +465,7 @@ def group_samples(members: Iterable["dict | ShardEnd"], cfg: StageConfig, tally:
             while held_total > budget and next(iter(open_samples)) != key:  # never the one being filled
                 done_key, done = open_samples.popitem(last=False)
                 held_total -= held.pop(done_key, 0)
-                emitted.add(done_key)
+                emitted.add(key_digest(done_key))
                 tally.sample_read()
                 yield done
     for sample in open_samples.values():

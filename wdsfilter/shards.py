@@ -46,6 +46,9 @@ def _check_allowed(url: str, allow_pipe: bool, allow_remote: bool) -> None:
                                f"(--allow-remote) to read over the network.")
 
 
+check_allowed = _check_allowed  # the one rule, for inputs named by a file (a score folder's sources)
+
+
 def expand_urls(paths: Union[str, Sequence[str]], allow_pipe: bool = False, allow_remote: bool = False) -> List[str]:
     """Turn user input into an ordered list of shard URLs; raises ConfigError when none is found."""
     if isinstance(paths, (str, os.PathLike)):
@@ -224,13 +227,7 @@ class IdleGuard:
             if since is not None and time.monotonic() - since > self.seconds:
                 self.stream.stalled = (f"it sent nothing for {self.seconds:g}s (stream_idle_seconds) and was "
                                        f"killed; check the command or URL")
-                # The command first: killed after its children, a shell's `wait` returns 0 and the
-                # shell could exit 0 before its own kill (under load it did): the status then hid the stall.
-                for pid in [proc.pid, *_descendants(proc.pid)]:
-                    try:
-                        os.kill(pid, 9)
-                    except OSError:
-                        pass
+                kill_command(proc)
                 return
 
 
@@ -243,12 +240,32 @@ def _descendants(pid: int) -> List[int]:
         return []
 
 
+def kill_command(proc) -> None:
+    """Kill a shard's command and every process it started (a shell's pipeline, gsutil's workers).
+    The command first (its children listed before): killed after its children, a shell's `wait`
+    returns 0 and the shell could exit 0 before its own kill (under load it did), and the status
+    then hid a stall."""
+    for pid in [proc.pid, *_descendants(proc.pid)]:
+        try:
+            os.kill(pid, 9)
+        except OSError:
+            pass
+
+
 def close_shard(stream) -> None:
     """Close a shard's stream; a pipe: command or download that exited non-zero raises OSError,
     whatever its status. webdataset lets 141 (killed by SIGPIPE) and curl's 23 (write error) pass:
     the statuses of a reader that stopped early. wdsfilter reads every shard to its end, so there
     they mean the command failed; and where it stopped early itself (at a broken tar), the shard
-    was not read to its end either."""
+    was not read to its end either.
+    Closed while Ctrl-C or SIGTERM (Terminated) unwinds, the command is killed first: closing
+    waits for it to exit (for hours, webdataset's timeout), and a command left running (gsutil
+    cat of a big object) outlived the run."""
+    import sys
+    from .errors import Terminated
+    proc = getattr(stream, "proc", None)
+    if proc is not None and proc.poll() is None and isinstance(sys.exc_info()[1], (KeyboardInterrupt, Terminated)):
+        kill_command(proc)
     stream.close()
     status = getattr(stream, "status", None)
     if status not in (None, 0):

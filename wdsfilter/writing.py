@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Iterator
+from typing import Iterator, Optional, Sequence
 
 from . import atomic
-from .errors import OutputError
+from .errors import ConfigError, OutputError
+from .shards import is_local, local_path
 
 
 def _existing_parent(path: str) -> str:
@@ -26,17 +27,39 @@ def _existing_parent(path: str) -> str:
     return parent
 
 
+def _probe(folder: str) -> Optional[str]:
+    """Why no file can be created in `folder`, or None. A real file is created and removed:
+    os.access answers yes for root in /proc or on a read-only mount, and the run then failed at
+    its end (exit 3) instead of before any work. Named like every temporary, so a probe left by a
+    kill at this instant is removed by the next run."""
+    import tempfile
+    try:
+        fd, path = tempfile.mkstemp(prefix=".wdsfilter-probe.tmp-", dir=folder)
+    except OSError as e:
+        return e.strerror or type(e).__name__
+    os.close(fd)
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+    return None
+
+
 def check_output_file(path: str, option: str) -> None:
     """The file can be created or replaced (its folder is created when missing)."""
     if os.path.isdir(path):
         raise OutputError(f"{option} {path!r} is a folder; give a file name")
-    if os.path.exists(path) and not os.access(path, os.W_OK):
-        raise OutputError(f"{option} {path!r} exists and is not writable")
+    if os.path.exists(path):
+        try:  # opened for writing without a byte changed: the file itself must take writes
+            os.close(os.open(path, os.O_WRONLY | os.O_APPEND))
+        except OSError as e:
+            raise OutputError(f"{option} {path!r} exists and is not writable ({e.strerror})") from None
     parent = _existing_parent(path)
     if not os.path.isdir(parent):
         raise OutputError(f"{option} {path!r}: {parent!r} is a file, not a folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise OutputError(f"{option} {path!r}: cannot write in {parent!r} (permission denied)")
+    why = _probe(parent)
+    if why:
+        raise OutputError(f"{option} {path!r}: cannot write in {parent!r} ({why})")
 
 
 def check_output_dir(path: str, option: str) -> None:
@@ -44,14 +67,30 @@ def check_output_dir(path: str, option: str) -> None:
     if os.path.exists(path):
         if not os.path.isdir(path):
             raise OutputError(f"{option} {path!r} is a file, not a folder")
-        if not os.access(path, os.W_OK | os.X_OK):
-            raise OutputError(f"{option} {path!r} is not writable")
+        why = _probe(path)
+        if why:
+            raise OutputError(f"{option} {path!r} is not writable ({why})")
         return
     parent = _existing_parent(path)
     if not os.path.isdir(parent):
         raise OutputError(f"{option} {path!r}: {parent!r} is a file, not a folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise OutputError(f"{option} {path!r}: cannot create it in {parent!r} (permission denied)")
+    why = _probe(parent)
+    if why:
+        raise OutputError(f"{option} {path!r}: cannot create it in {parent!r} ({why})")
+
+
+def refuse_writing_into_inputs(write_shards: Optional[str], urls: Sequence[str]) -> None:
+    """--write-shards into a folder that holds input shards (of `score`, or the sources of the score
+    folder `filter` reads) would replace or delete input shards named like the written ones: the
+    dropped samples gone for good, its img2dataset stats overwritten. Refused before anything is
+    read or written."""
+    if not write_shards:
+        return
+    target = os.path.realpath(write_shards)
+    for url in urls:
+        if is_local(url) and os.path.dirname(os.path.realpath(local_path(url))) == target:
+            raise ConfigError(f"--write-shards {write_shards} is the folder of the input shard {url}: the filtered "
+                              f"shards could overwrite the shards they are read from. Write them to another folder")
 
 
 @contextlib.contextmanager

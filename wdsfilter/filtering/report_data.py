@@ -1,7 +1,8 @@
 """What the HTML report shows, gathered while `filter` judges the rows (one pass, bounded memory):
 per threshold the K rows nearest to its value on either side, per drop reason its first K rows,
 per score column a histogram; then one streaming read of each source shard that holds one of
-these rows, for its thumbnail and caption (nothing else of the shard is kept)."""
+these rows, for its thumbnail and caption (nothing else of the shard is kept: one member at a
+time, each image member made into its thumbnail before the next is read, captions cut)."""
 from __future__ import annotations
 
 import base64
@@ -20,7 +21,12 @@ from ..specs import KeySpec, find_caption, is_video, split_name
 PER_SIDE = 6  # thumbnails on each side of a threshold
 PER_REASON = 6  # examples per drop reason
 MAX_REASONS = 24
-MAX_MEMBER = 64 << 20  # members larger than this are not read for a thumbnail
+# What one example may cost, whatever the shards hold: members are read one at a time and dropped
+# once their thumbnail (a few KB) or caption is made, so the report's memory is one member's
+# decode, and its size a few KB per example.
+MAX_MEMBER = 32 << 20  # image/video members larger than this are not read for a thumbnail
+MAX_CAPTION_MEMBER = 16 << 20  # caption members larger than this are not read (the JSON cap of the stages)
+CAPTION_CHARS = 2000  # a caption is cut to this many characters
 THUMB = 160  # thumbnail long side, pixels
 BINS = 40
 
@@ -44,14 +50,17 @@ class _Nearest:
 
 
 def _number(v) -> Optional[float]:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
+    """A finite number (an infinity has no distance to a cut value, and no place on the axes)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         return None
     return float(v)
 
 
 class ReportCollector:
-    def __init__(self, run, thresholds: Sequence):
+    def __init__(self, run, thresholds: Sequence, allow_pipe: bool = False, allow_remote: bool = False,
+                 idle_seconds: float = 0.0):
         self.run, self.thresholds = run, list(thresholds)
+        self.allow = (allow_pipe, allow_remote, idle_seconds)  # this command's permissions, never the folder's
         self.numeric = run.numeric_columns()
         self.columns = self.numeric  # read beside the threshold columns while judging
         self.sides: List[tuple] = []  # (column, label, cut, above: _Nearest, below: _Nearest)
@@ -98,7 +107,7 @@ class ReportCollector:
         everything += [e for ex in self.dropped.values() for e in ex]
         failures = ledger_section(self.run)
         everything += [e for ex in failures["examples"].values() for e in ex]
-        _attach_media(everything, self.run.stage)
+        _attach_media(everything, self.run.stage, *self.allow)
         return {"result": result, "columns": {c: stats.get(c, {}) for c in self.numeric}, "sections": sections,
                 "dropped": self.dropped, "failures": failures}
 
@@ -118,7 +127,8 @@ def ledger_section(run) -> dict:
     return {"by_reason": by_reason, "examples": examples}
 
 
-def _attach_media(examples: List[dict], stage: dict) -> None:
+def _attach_media(examples: List[dict], stage: dict, allow_pipe: bool = False, allow_remote: bool = False,
+                  idle_seconds: float = 0.0) -> None:
     """Each example gets `thumb` (a data: URI or None), `caption` and `media_note`."""
     from ..shards import is_pipe, is_remote, open_shard
     caption_spec = KeySpec.parse(stage.get("caption_key") or "txt")
@@ -127,41 +137,72 @@ def _attach_media(examples: List[dict], stage: dict) -> None:
     by_url: Dict[str, Dict[str, List[dict]]] = OrderedDict()
     for e in examples:
         by_url.setdefault(e["url"], {}).setdefault(e["key"], []).append(e)
-    wanted_exts = set(caption_spec.exts) | set(image_spec.exts)
+    image_exts, caption_exts = set(image_spec.exts), set(caption_spec.exts) - set(image_spec.exts)
     for url, wanted in by_url.items():
-        found: Dict[str, Dict[str, bytes]] = {}
+        # per key: its caption (cut) and each image member's thumbnail; a sample's caption members
+        # are held only until its members end (the next key), one sample at a time
+        captions: Dict[str, Optional[str]] = {}
+        thumbs: Dict[str, Dict[str, tuple]] = {}
+        too_big: Dict[str, int] = {}
+        seen, current, members = 0, None, {}
         # A local file is opened seekable, so tarfile reads the headers and skips over the data of
         # the members not shown (a big shard costs a header walk, not a full read); URLs stream.
         local = not (is_pipe(url) or is_remote(url))
         try:
             with (open(url[5:] if url.startswith("file:") else url, "rb") if local else
-                  open_shard(url, bool(stage.get("allow_pipe")), bool(stage.get("allow_remote")))) as f, \
+                  open_shard(url, allow_pipe, allow_remote, idle_seconds)) as f, \
                     tarfile.open(fileobj=f, mode="r:*" if local else "r|*", tarinfo=ShardTarInfo) as tar:
                 for info in tar:
+                    tar.members = []  # headers are not kept either: a shard of many members stays flat
                     key, ext = split_name(info.name, rekey)
+                    if key != current:
+                        _settle(captions, current, members, caption_spec)
+                        current, members = key, {}
+                        if key in wanted and key not in thumbs:
+                            thumbs[key], seen = {}, seen + 1
                     if key not in wanted:
-                        if len(found) == len(wanted):
+                        if seen == len(wanted):
                             break  # every shown sample of this shard is read
                         continue
                     if not info.isreg() or ext is None:
                         continue
                     ext = ext.lower()
-                    if ext in wanted_exts and info.size <= MAX_MEMBER and ext not in found.get(key, {}):
-                        found.setdefault(key, {})[ext] = tar.extractfile(info).read()
-                    found.setdefault(key, {})
+                    if ext in image_exts and ext not in thumbs[key]:
+                        thumbs[key][ext] = ((None, f"{ext} member of {info.size} bytes: too large to preview")
+                                            if info.size > MAX_MEMBER else
+                                            _thumbnail(tar.extractfile(info).read(), ext))
+                    elif ext in caption_exts and ext not in members:
+                        if info.size > MAX_CAPTION_MEMBER:
+                            too_big.setdefault(key, info.size)
+                        else:
+                            members[ext] = tar.extractfile(info).read()
+                _settle(captions, current, members, caption_spec)
         except Exception as e:  # a report is best effort: say why the pictures are missing
             note = f"shard not readable for the report: {type(e).__name__}: {e}"
             for es in wanted.values():
                 for ex in es:
                     ex.setdefault("media_note", note)
         for key, es in wanted.items():
-            sample = found.get(key, {})
-            caption, _ = find_caption(dict(sample), caption_spec) if sample else (None, None)
-            ref = image_spec.first_present(sample)
-            thumb, note = (None, "no image member") if ref is None else _thumbnail(sample[ref.ext], ref.ext)
+            caption = captions.get(key)
+            if caption is None and key in too_big:
+                caption = f"(a caption member of {too_big[key]} bytes, not shown)"
+            shown = thumbs.get(key, {})
+            ref = image_spec.first_present(shown)
+            thumb, note = (None, "no image member") if ref is None else shown[ref.ext]
             for ex in es:
                 ex.update(caption=caption, thumb=thumb)
                 ex.setdefault("media_note", note)
+
+
+def _settle(captions: Dict[str, Optional[str]], key: Optional[str], members: Dict[str, bytes], spec) -> None:
+    """The caption of `key` from its caption members (bytes then dropped), cut to CAPTION_CHARS;
+    a key whose members come in several runs keeps the first caption found."""
+    if key is None or not members or captions.get(key) is not None:
+        return
+    caption, _ = find_caption(dict(members), spec)
+    if caption is not None and len(caption) > CAPTION_CHARS:
+        caption = caption[:CAPTION_CHARS] + f" ... ({len(caption)} characters in all)"
+    captions[key] = caption
 
 
 def _thumbnail(data: bytes, ext: str):

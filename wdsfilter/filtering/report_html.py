@@ -39,18 +39,31 @@ window.addEventListener('load', function () {
 """
 
 
-def _e(text) -> str:
-    return html.escape("" if text is None else str(text))
+# Bidirectional controls (U+202E RIGHT-TO-LEFT OVERRIDE, isolates, marks) in a key, a caption or a
+# file name would reorder the text after them, the shard's name included: shown escaped (\u202e).
+BIDI = dict.fromkeys([0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)])
+BIDI = {c: f"\\u{c:04x}" for c in BIDI}
+
+
+def _e(text, limit: int = 4000) -> str:
+    """Text as HTML, bidi controls escaped, cut to `limit` characters (a key or a message may be
+    as long as a file holds: the report stays a few KB per example)."""
+    text = "" if text is None else str(text)
+    if len(text) > limit:
+        text = text[:limit] + f" ... ({len(text)} characters)"
+    return html.escape(text.translate(BIDI))
 
 
 def _x(v: float, lo: float, hi: float) -> float:
-    return PAD + (W - 2 * PAD) * ((v - lo) / (hi - lo) if hi > lo else 0.5)
+    from ..score.outputs import position
+    return PAD + (W - 2 * PAD) * (position(min(max(v, lo), hi), lo, hi) if hi > lo else 0.5)
 
 
 def _axis(lo: float, hi: float, ylabel: str) -> List[str]:
+    from ..score.outputs import step
     parts = [f'<line x1="{PAD}" y1="{H - PAD}" x2="{W - PAD}" y2="{H - PAD}" stroke="#999"/>']
     for i in range(5):
-        v = lo + (hi - lo) * i / 4
+        v = step(lo, hi, i, 4)
         x = _x(v, lo, hi)
         parts.append(f'<text x="{x:.1f}" y="{H - PAD + 14}" font-size="10" text-anchor="middle">{v:.4g}</text>')
     parts.append(f'<text x="4" y="12" font-size="10">{_e(ylabel)}</text>')

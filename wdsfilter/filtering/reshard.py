@@ -3,7 +3,9 @@
     OUT/shard-000000.tar, shard-000001.tar, ...   N samples each, the last may be short
     OUT/shard-000000_stats.json                   per shard: successes (samples), members, bytes, sources
     OUT/sizes.json                                {shard file: samples}, written last
-    OUT/filter_run.json                           what the shards were made from (for resuming)
+    OUT/filter_run.json                           what the shards were made from (for resuming: the
+                                                  thresholds, the score files' sizes and times) and
+                                                  the files this run writes (all --overwrite removes)
 
 Each member is copied with its own tar headers (long-name and pax headers included), so names,
 bytes, modes, times and member order within a sample are the source's. A pax global header
@@ -27,7 +29,7 @@ from ..atomic import write_json as _atomic_json
 from ..runfolder import source_changed
 from ..score.shardwriter import BLOCK, RECORD, _local_copy, member_ranges, tar_opener
 from ..shards import is_pipe, is_remote
-from ..shardstats import update_sizes, write_shard_stats
+from ..shardstats import SIZES, stats_path, update_sizes, write_shard_stats
 from ..writing import atomic_path
 
 RUN_FILE = "filter_run.json"
@@ -51,50 +53,97 @@ def shard_name(prefix: str, index: int) -> str:
 
 class Resharder:
     def __init__(self, out: str, per_shard: int, prefix: str = "shard", rekey: str = "first-dot",
-                 allow_pipe: bool = False, allow_remote: bool = False):
+                 allow_pipe: bool = False, allow_remote: bool = False, idle_seconds: float = 0.0):
         if per_shard < 1:
             raise ConfigError(f"--samples-per-shard must be >= 1, got {per_shard}")
         self.out, self.per_shard, self.prefix, self.rekey = out, per_shard, prefix, rekey
         self.allow_pipe, self.allow_remote = allow_pipe, allow_remote
+        self.idle_seconds = idle_seconds
+        self.planned: List[str] = []
+
+    def lock(self):
+        """One filter run per output folder (the lock `score` takes on its --out): two runs at
+        once would delete each other's temporaries and merge their sizes.json."""
+        from ..score.outlock import OutputLock
+        return OutputLock(self.out, command="filter", option="--write-shards")
 
     # -- run state --------------------------------------------------------------------------------
-    def prepare(self, identity: dict, overwrite: bool) -> int:
-        """Create OUT or check that it holds this same run; returns the shards already whole."""
+    def prepare(self, identity: dict, overwrite: bool, kept: int) -> int:
+        """Check that OUT holds this same run, or nothing of ours, or (with overwrite) another run
+        of ours; returns the shards already whole. Call under OUT's lock (lock()). `kept`: the
+        samples to write, so the files this run will write are known before the first one is.
+
+        Nothing is deleted that `wdsfilter filter` did not write: --overwrite removes the files
+        the earlier run's filter_run.json lists, and a file this run would write that it does not
+        list (the folder's own shards, named like ours) is refused, never replaced."""
         os.makedirs(self.out, exist_ok=True)
         run_file = os.path.join(self.out, RUN_FILE)
         identity = json.loads(json.dumps(identity, sort_keys=True))
-        ours = [f for f in os.listdir(self.out) if f.startswith(self.prefix + "-") or f == "sizes.json"]
-        if os.path.exists(run_file):
-            with open(run_file) as f:
-                previous = json.load(f)
-            if previous != identity and not overwrite:
+        previous, owned = self._previous(run_file)
+        planned = self.planned_files(kept)
+        foreign = sorted(f for f in planned if f not in owned and os.path.lexists(os.path.join(self.out, f)))
+        if foreign:
+            raise ConfigError(f"{self.out} already holds {foreign[0]}{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}"
+                              f", which `wdsfilter filter` did not write there (its {RUN_FILE} does not list it); "
+                              f"nothing is replaced that filter did not write: write the shards to another folder "
+                              f"(or another --prefix)")
+        if previous is not None and previous != identity:
+            if not overwrite:
                 diff = sorted(k for k in set(previous) | set(identity) if previous.get(k) != identity.get(k))
-                raise ConfigError(f"{self.out} holds shards filtered with other settings ({', '.join(diff)} differ); "
-                                  f"pass --overwrite to replace them, or another folder")
-            if previous != identity:
-                self._clear(ours)
-        elif ours and not overwrite:
-            raise ConfigError(f"{self.out} already holds {self.prefix}-* shards or sizes.json not written by "
-                              f"`wdsfilter filter`; pass --overwrite to replace them, or another folder")
-        elif ours:
-            self._clear(ours)
+                why = (" (the score files changed since they were written: a shard was scored again)"
+                       if diff == ["score_files"] else "")
+                raise ConfigError(f"{self.out} holds shards filtered with other settings ({', '.join(diff)} differ)"
+                                  f"{why}; pass --overwrite to replace them, or another folder")
+            self._clear(owned)
+            owned = set()
         for f in os.listdir(self.out):  # a killed run's temporaries are never whole
             if f.startswith(".") and ".tmp-" in f:
                 os.remove(os.path.join(self.out, f))
-        _atomic_json(run_file, identity)
+        # Listed before the first is written: a run killed half-way still owns what it wrote.
+        _atomic_json(run_file, {"identity": identity, "files": sorted(set(planned) | owned)})
+        self.planned = planned
         return len(self._whole())
+
+    @staticmethod
+    def _previous(run_file: str):
+        """(the earlier run's identity or None, the file names it lists as written). A file of an
+        older version (the identity alone) or a damaged one vouches for no file."""
+        if not os.path.exists(run_file):
+            return None, set()
+        try:
+            with open(run_file) as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            data = None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{run_file} is damaged (not a JSON object); it says which files `wdsfilter filter` "
+                              f"wrote there, so nothing can be replaced: write the shards to another folder")
+        if not isinstance(data.get("identity"), dict) or not isinstance(data.get("files"), list):
+            return data.get("identity", data), set()
+        # Plain names in OUT only: a hand-edited list cannot point anywhere else.
+        owned = {f for f in data["files"] if isinstance(f, str) and f == os.path.basename(f) and f not in ("", ".", "..")
+                 and f != RUN_FILE}
+        return data["identity"], owned
+
+    def planned_files(self, kept: int) -> List[str]:
+        names = [SIZES]
+        for t in range(-(-kept // self.per_shard)):
+            name = shard_name(self.prefix, t)
+            names += [name, os.path.basename(stats_path(self.out, name))]
+        return names
 
     def _clear(self, names: Iterable[str]) -> None:
         for f in names:
-            os.remove(os.path.join(self.out, f))
+            path = os.path.join(self.out, f)
+            if os.path.lexists(path) and not os.path.isdir(path):
+                os.remove(path)
 
     def _whole(self) -> set:
         whole = set()
-        for f in os.listdir(self.out):
-            if f.startswith(self.prefix + "-") and f.endswith("_stats.json"):
-                index = int(f[len(self.prefix) + 1:-len("_stats.json")])
-                if os.path.exists(os.path.join(self.out, shard_name(self.prefix, index))):
-                    whole.add(index)
+        for t in range(len(self.planned) // 2):
+            name = shard_name(self.prefix, t)
+            if os.path.exists(os.path.join(self.out, name)) and os.path.exists(stats_path(self.out, name)):
+                whole.add(t)
         return whole
 
     # -- writing ----------------------------------------------------------------------------------
@@ -130,7 +179,7 @@ class Resharder:
         path = url[len("file:"):] if url.startswith("file:") else url
         fetched = None
         if is_pipe(url) or is_remote(url):
-            fetched = path = _local_copy(url, self.allow_pipe, self.allow_remote, self.out)
+            fetched = path = _local_copy(url, self.allow_pipe, self.allow_remote, self.out, self.idle_seconds)
         elif not os.path.exists(path):
             raise ReshardError(f"source shard {url} is missing: it was scored but can no longer be read; "
                                f"restore it or score again without it")

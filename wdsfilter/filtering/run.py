@@ -20,6 +20,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence
 from ..runfolder import ScoredShard, ScoreRun
 from ..runfolder.tables import read_batches
 from .judge import count_rows, count_table
+from ..config import StageConfig
 from .rules import FilterSpec, Threshold, bounds, drop_reason, resolve, write_thresholds
 
 DUPLICATE = "duplicate key in shard"
@@ -76,6 +77,30 @@ class FilterResult:
         return "\n".join(lines)
 
 
+def check_sources(urls: Sequence[str], allow_pipe: bool, allow_remote: bool, scores_dir: str) -> None:
+    """Permissions come from this command line, never from the folder (a folder is input, handed
+    over or edited like a shard): a source shard that is a `pipe:` command or a remote URL is read
+    again only when this very call allows it, by the one rule every input obeys (shards.py).
+    Raises UnsafeInputError (exit 2) naming the first refused source, before anything is read."""
+    from ..errors import UnsafeInputError
+    from ..shards import check_allowed
+    refused = []
+    for url in urls:
+        try:
+            check_allowed(url, allow_pipe, allow_remote)
+        except UnsafeInputError as e:
+            refused.append(e)
+    if refused:
+        raise UnsafeInputError(f"the score folder {scores_dir} names {len(refused)} source shard(s) that would be "
+                               f"read again for --write-shards or the report; {refused[0]} (or pass --no-report "
+                               f"and no --write-shards to count only)")
+
+
+def _file_state(path: str) -> list:
+    st = os.stat(path)
+    return [os.path.basename(path), st.st_size, st.st_mtime_ns]
+
+
 def judge_shard(shard: ScoredShard, thresholds: Sequence[Threshold], extra: Sequence[str] = ()) -> Iterator[tuple]:
     """(row, reason) per row of one score file, in order; reason None means kept. A key repeated
     in a shard is judged once (its first row), as the loader does."""
@@ -108,12 +133,18 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
                   bottoms: Sequence[str] = (), write_shards: Optional[str] = None, samples_per_shard: int = 1000,
                   prefix: str = "shard", dry_run: bool = False, report: Optional[str] = "",
                   overwrite: bool = False, echo: Optional[Callable[[str], None]] = None,
-                  save_thresholds: bool = True, source_root: Optional[str] = None) -> FilterResult:
+                  save_thresholds: bool = True, source_root: Optional[str] = None, allow_pipe: bool = False,
+                  allow_remote: bool = False,
+                  stream_idle_seconds: float = StageConfig.stream_idle_seconds) -> FilterResult:
     """Judge, count and write (see the module docstring). report: a path, "" for report.html in
     the score folder, None for no report. save_thresholds: write SCORES_DIR/thresholds.json (the
     resolved thresholds as wdsfilter.loader's keyword arguments). source_root: the folder holding
     the source shards now (moved since scoring, or a folder received from someone else): each is
-    read there by its file name, never where the folder says."""
+    read there by its file name, never where the folder says. allow_pipe, allow_remote: read
+    source shards that are `pipe:` commands or remote URLs again (for --write-shards and the
+    report's thumbnails); what the score folder says (run.json) never allows them.
+    stream_idle_seconds: such a source that sends nothing this long is killed (0: never), as in
+    every other read of a shard (shards.IdleGuard)."""
     from .reshard import Resharder, Source
     echo = echo or (lambda line: None)
     spec = FilterSpec.parse(mins, maxes, tops, bottoms)  # usage errors before any file is read
@@ -124,11 +155,14 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
     if not dry_run and (write_shards is not None or report is not None):
         run.require_sources()  # sources only where the run's own record names them
     if not dry_run:  # an output that cannot be written is a usage error, found before any work
-        from ..writing import check_output_dir, check_output_file
+        from ..writing import check_output_dir, check_output_file, refuse_writing_into_inputs
         if write_shards is not None:
             check_output_dir(write_shards, "--write-shards")
+            refuse_writing_into_inputs(write_shards, [s.url for s in run.shards])
         if report is not None:
             check_output_file(report or os.path.join(scores_dir, "report.html"), "--report")
+        if write_shards is not None or report is not None:  # the sources are read again: refused before any work
+            check_sources([s.url for s in run.shards], allow_pipe, allow_remote, scores_dir)
     thresholds = resolve(spec, run)
     result = FilterResult(scores_dir=scores_dir, thresholds=thresholds, shards=len(run.shards),
                           unfinished=run.unfinished, dry_run=dry_run)
@@ -136,7 +170,7 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
     collector = None
     if report is not None and not dry_run:
         from .report_data import ReportCollector
-        collector = ReportCollector(run, thresholds)
+        collector = ReportCollector(run, thresholds, allow_pipe, allow_remote, stream_idle_seconds)
     reasons: Counter = Counter()
     for shard in run.shards:
         # Without a report nothing looks at single rows: a Parquet table is counted column-wise.
@@ -155,15 +189,18 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
     if write_shards is not None:
         stage = run.stage
         writer = Resharder(write_shards, samples_per_shard, prefix, stage.get("rekey", "first-dot"),
-                           bool(stage.get("allow_pipe")), bool(stage.get("allow_remote")))
+                           allow_pipe, allow_remote, stream_idle_seconds)
         identity = {"scores": os.path.abspath(scores_dir), "thresholds": [[t.column, t.minimum, t.value] for t in thresholds],
                     "samples_per_shard": samples_per_shard, "prefix": prefix,
-                    "sources": [s.url for s in run.shards]}
-        whole = writer.prepare(identity, overwrite)
-        if whole:
-            echo(f"resume: {whole} shard(s) in {write_shards} are already whole")
-        sources = (Source(s.url, kept_keys(s, thresholds), s.source) for s in run.shards)
-        result.sizes = writer.write(sources)
+                    "sources": [s.url for s in run.shards],
+                    # what the rows were: a shard scored again (score --resume) is other data
+                    "score_files": [_file_state(s.score_file) for s in run.shards]}
+        with writer.lock():
+            whole = writer.prepare(identity, overwrite, result.kept)
+            if whole:
+                echo(f"resume: {whole} shard(s) in {write_shards} are already whole")
+            sources = (Source(s.url, kept_keys(s, thresholds), s.source) for s in run.shards)
+            result.sizes = writer.write(sources)
         result.files["shards"] = write_shards
     if collector is not None:
         from .report_html import write_report
@@ -172,13 +209,16 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
     return result
 
 
-def score_report(scores_dir: str, thresholds: Dict[str, float], max_thresholds: Dict[str, float]) -> Optional[str]:
-    """report.html for a finished `wdsfilter score` run, with the run's own thresholds; None
-    (and a warning) when it cannot be written: the scores are what matters."""
+def score_report(scores_dir: str, thresholds: Dict[str, float], max_thresholds: Dict[str, float],
+                 allow_pipe: bool = False, allow_remote: bool = False) -> Optional[str]:
+    """report.html for a finished `wdsfilter score` run, with the run's own thresholds (and the
+    permissions its own command line gave); None (and a warning) when it cannot be written: the
+    scores are what matters."""
     import logging
     try:
         result = filter_scores(scores_dir, mins=[f"{c}={v!r}" for c, v in thresholds.items()],
-                               maxes=[f"{c}={v!r}" for c, v in max_thresholds.items()], save_thresholds=False)
+                               maxes=[f"{c}={v!r}" for c, v in max_thresholds.items()], save_thresholds=False,
+                               allow_pipe=allow_pipe, allow_remote=allow_remote)
         return result.files.get("report")
     except Exception as e:  # noqa: BLE001 - never fail a scoring run for its report
         logging.getLogger("wdsfilter").warning(f"report.html not written: {type(e).__name__}: {e}")

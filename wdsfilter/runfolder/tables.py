@@ -121,10 +121,12 @@ def json_value(o):
 
 
 def _json_scalar(v):
-    """A JSONL value: a numpy scalar as its Python value, a NaN as null (a missing score)."""
+    """A JSONL value: a numpy scalar as its Python value, a NaN or an infinity as null (a missing
+    score). JSON has no infinity: json.dumps would write `Infinity`, which jq, JavaScript and most
+    JSON readers refuse; Parquet keeps infinities."""
     if hasattr(v, "tolist") and getattr(v, "ndim", None) == 0:
         v = v.tolist()
-    return None if isinstance(v, float) and math.isnan(v) else v
+    return None if isinstance(v, float) and not math.isfinite(v) else v
 
 
 def read_table(path: str, columns: Optional[Sequence[str]] = None) -> Dict[str, list]:

@@ -1,4 +1,4 @@
-"""Lock files. One scoring run per output folder: an exclusive lock on `<out>/.lock`, held for
+"""Lock files. One scoring run per output folder (and one `filter --write-shards` run per OUT): an exclusive lock on `<out>/.lock`, held for
 the whole run; and `file_lock`, which makes processes that share a folder take turns (a model
 download into one folder).
 
@@ -49,8 +49,9 @@ class OutputLockedError(ConfigError):
 
 
 class OutputLock:
-    def __init__(self, out: str):
+    def __init__(self, out: str, command: str = "score", option: str = "--out"):
         self.path = os.path.join(out, LOCK_NAME)
+        self.command, self.option = command, option  # who takes it, for the message a second run prints
         self._file = None  # a file object, so a lock dropped without release() is closed by the GC
 
     def acquire(self) -> "OutputLock":
@@ -64,8 +65,8 @@ class OutputLock:
             holder = _read_holder(fd)
             f.close()
             raise OutputLockedError(
-                f"{os.path.dirname(self.path)} is in use by another wdsfilter score run{holder}; wait for it to "
-                f"finish or stop it, or use another --out (a run that was killed holds no lock)") from None
+                f"{os.path.dirname(self.path)} is in use by another wdsfilter {self.command} run{holder}; wait for "
+                f"it to finish or stop it, or use another {self.option} (a run that was killed holds no lock)") from None
         except BaseException:
             f.close()
             raise

@@ -62,21 +62,41 @@ def summarize_files(paths: Sequence[str], columns: Sequence[str], thresholds: Op
             _add_values(stats.setdefault(col, _new_column()), t.get(col, []))
     for col, st in stats.items():
         if st["kind"] == "number" and st["count"]:
-            st["mean"] = st["sum"] / st["count"]
+            # The sum of values near sys.float_info.max (a scorer's sentinel) overflows; the sum of
+            # the values scaled by 2**-64 (exact) cannot, and their mean scaled back is finite.
+            total = st["sum"]
+            st["mean"] = total / st["count"] if math.isfinite(total) else st["scaled"] / st["count"] * _SCALE
             lo, hi, n_bins, per_value = histogram_bins(st["min"], st["max"], st["integer"], bins)
-            st["histogram"] = {"edges": [lo + (hi - lo) * i / n_bins for i in range(n_bins + 1)],
+            st["histogram"] = {"edges": [step(lo, hi, i, n_bins) for i in range(n_bins + 1)],
                                "counts": _bin_counts(paths, col, lo, hi, n_bins)}
             if per_value:
                 st["histogram"]["per_value"] = True
-        st.pop("sum", None)
-        st.pop("integer", None)
+        for internal in ("sum", "scaled", "integer"):
+            st.pop(internal, None)
     return {"rows": rows, "status": dict(status), "reasons": dict(reasons.most_common()), "kept": kept,
             "dropped": rows - kept, "thresholds": {b.column: th for b, th in per_bound if b.minimum},
             "max_thresholds": {b.column: th for b, th in per_bound if not b.minimum}, "columns": stats}
 
 
 def _new_column() -> dict:
-    return {"count": 0, "min": None, "max": None, "sum": 0.0, "true": 0, "false": 0, "kind": None, "integer": True}
+    return {"count": 0, "min": None, "max": None, "sum": 0.0, "scaled": 0.0, "true": 0, "false": 0, "kind": None,
+            "integer": True}  # scaled: the sum of the values * 2**-64, which cannot overflow
+
+
+_SCALE = 2.0 ** 64
+
+
+def position(v: float, lo: float, hi: float) -> float:
+    """Where v lies from lo (0) to hi (1), finite for any finite lo < hi, even where hi - lo
+    overflows (-max .. max): the halves' difference cannot."""
+    return (v - lo) / (hi - lo) if math.isfinite(hi - lo) else (v / 2 - lo / 2) / (hi / 2 - lo / 2)
+
+
+def step(lo: float, hi: float, i: int, n: int) -> float:
+    """The i-th of n + 1 equal steps from lo to hi, without computing hi - lo (it may overflow)."""
+    if math.isfinite(hi - lo):
+        return lo + (hi - lo) * i / n
+    return lo * (1 - i / n) + hi * (i / n) if i < n else hi
 
 
 def _add_values(st: dict, values: Iterable[Any]) -> None:
@@ -97,6 +117,7 @@ def _add_values(st: dict, values: Iterable[Any]) -> None:
             st["integer"] = st["integer"] and isinstance(v, int)
             st["count"] += 1
             st["sum"] += float(v)
+            st["scaled"] += float(v) / _SCALE
             st["min"] = v if st["min"] is None else min(st["min"], v)
             st["max"] = v if st["max"] is None else max(st["max"], v)
 
@@ -109,8 +130,10 @@ def histogram_bins(lowest, highest, integer: bool, bins: int) -> Tuple[float, fl
     per_value = integer and hi - lo + 1 <= bins
     if per_value:
         n_bins, lo, hi = int(hi - lo) + 1, lo - 0.5, hi + 0.5
-    if hi == lo:
-        hi = lo + 1e-9
+    if hi == lo:  # one value: a bin of (almost) no width, above it (below it at the largest float)
+        hi = lo + 1e-9 if lo + 1e-9 > lo else math.nextafter(lo, math.inf)
+        if math.isinf(hi):
+            hi, lo = lo, math.nextafter(lo, -math.inf)
     return lo, hi, n_bins, per_value
 
 
@@ -119,7 +142,7 @@ def _bin_counts(paths: Sequence[str], col: str, lo: float, hi: float, n_bins: in
     counts = [0] * n_bins
     for path in paths:
         for v in _numeric(read_table(path, [col]).get(col, [])):
-            counts[min(n_bins - 1, int((v - lo) / (hi - lo) * n_bins))] += 1
+            counts[max(0, min(n_bins - 1, int(position(v, lo, hi) * n_bins)))] += 1
     return counts
 
 
@@ -155,7 +178,7 @@ def plot_histograms(stats: Dict[str, dict], thresholds: Thresholds, path: str) -
         peak = max(counts) or 1
 
         def x_of(v: float) -> float:
-            return left + (right - left) * ((v - lo) / (hi - lo) if hi > lo else 0.5)
+            return left + (right - left) * (position(v, lo, hi) if hi > lo else 0.5)
 
         for c, a, b in zip(counts, edges, edges[1:]):
             if c:

@@ -147,8 +147,8 @@ def write_shard(url: str, rows: List[dict], end: Union[ShardEnd, dict], cfg, sta
         keep = {r["key"] for r in rows if r["kept"]}
         dest = state.filtered_path(url)
         try:
-            filtered = write_filtered(source or url, keep, dest, cfg.stage.rekey,
-                                      cfg.stage.allow_pipe, cfg.stage.allow_remote)
+            filtered = write_filtered(source or url, keep, dest, cfg.stage.rekey, cfg.stage.allow_pipe,
+                                      cfg.stage.allow_remote, cfg.stage.stream_idle_seconds)
             # the stats and sizes.json entry before the marker: a resumed run that trusts the
             # marker finds them in place; a rescored shard sets its entry again
             folder, name = os.path.split(dest)

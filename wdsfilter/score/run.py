@@ -13,7 +13,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from ..errors import ConfigError, require
 from ..keycheck import check_keys
-from ..shards import expand_urls, is_local, local_path, unique_urls
+from ..shards import expand_urls, is_local, unique_urls
 from ..specs import utf8_text
 from ..filtering.run import score_report
 from .config import ScoreConfig
@@ -25,6 +25,7 @@ from .recipe import write_recipe
 from .outputs import RunSummary, plot_histograms, summarize_files, write_summary
 from .resume import RunState
 from .rows import NothingScoredError
+from ..writing import refuse_writing_into_inputs
 from .scorerset import check_before_torch, check_scorer_names, resolve_scorers, run_identity, score_columns
 
 log = logging.getLogger("wdsfilter")
@@ -132,7 +133,8 @@ class Run:
                                                        os.path.join(cfg.out, "histograms.png")),
                          "filtered shards": cfg.write_shards}
         summary.files["failures"] = self.record_failures()
-        summary.files["report"] = score_report(cfg.out, cfg.thresholds, cfg.max_thresholds)
+        summary.files["report"] = score_report(cfg.out, cfg.thresholds, cfg.max_thresholds,
+                                               cfg.stage.allow_pipe, cfg.stage.allow_remote)
         write_summary(summary, summary.files["summary"])
         if summary.scored == 0:
             raise NothingScoredError(nothing_scored_text(summary, len(files), self.state.scores_dir))
@@ -181,16 +183,3 @@ def nothing_scored_text(summary: RunSummary, finished: int, scores_dir: str) -> 
     lines += [f"  shard {f['url']}: {f['reason']}" for f in summary.shards_failed]
     lines.append(f"  details: {summary.files['summary']} and the score files in {scores_dir}")
     return "\n".join(lines)
-
-
-def refuse_writing_into_inputs(write_shards: Optional[str], urls: Sequence[str]) -> None:
-    """--write-shards into a folder that holds input shards would replace each input shard by its
-    filtered copy (same file name): the dropped samples gone for good, its img2dataset stats
-    overwritten. Refused before anything is read or written."""
-    if not write_shards:
-        return
-    target = os.path.realpath(write_shards)
-    for url in urls:
-        if is_local(url) and os.path.dirname(os.path.realpath(local_path(url))) == target:
-            raise ConfigError(f"--write-shards {write_shards} is the folder of the input shard {url}: the filtered "
-                              f"copies would overwrite the shards they are read from. Write them to another folder")

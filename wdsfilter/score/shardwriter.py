@@ -77,16 +77,21 @@ def member_ranges(path: str, rekey: str) -> Tuple[int, List[Tuple[int, int, str]
     return (first or 0), ranges
 
 
-def _local_copy(url: str, allow_pipe: bool, allow_remote: bool, folder: str) -> str:
+def _local_copy(url: str, allow_pipe: bool, allow_remote: bool, folder: str, idle_seconds: float = 0.0) -> str:
     # ".<...>.tmp-" like every temporary: a killed run's leftovers are removed by the next run.
+    # Read again through the idle guard, as the first read was: a command that hangs is killed.
     fd, tmp = tempfile.mkstemp(prefix=".source.tmp-", suffix=".tar", dir=folder)
     try:
         with os.fdopen(fd, "wb") as out:
-            src = open_shard(url, allow_pipe, allow_remote)
+            src = open_shard(url, allow_pipe, allow_remote, idle_seconds)
             try:
                 shutil.copyfileobj(src, out, 1 << 20)
             finally:
-                close_shard(src)
+                try:
+                    close_shard(src)
+                except OSError as e:
+                    stalled = getattr(src, "stalled", None)
+                    raise OSError(f"{url}, read again: {stalled}" if stalled else f"{url}, read again: {e}") from None
     except BaseException:
         os.remove(tmp)
         raise
@@ -94,13 +99,14 @@ def _local_copy(url: str, allow_pipe: bool, allow_remote: bool, folder: str) -> 
 
 
 def write_filtered(url: str, keep: Iterable[str], dest: str, rekey: str = "first-dot",
-                   allow_pipe: bool = False, allow_remote: bool = False) -> dict:
-    """Write the members of kept keys of shard `url` to `dest` atomically; returns counts."""
+                   allow_pipe: bool = False, allow_remote: bool = False, idle_seconds: float = 0.0) -> dict:
+    """Write the members of kept keys of shard `url` to `dest` atomically; returns counts.
+    idle_seconds: a pipe: command or download read again that sends nothing that long is killed."""
     keep = set(keep)
     source, fetched = local_path(url), None
     if not is_local(url):
         folder = os.path.dirname(os.path.abspath(dest))
-        fetched = source = _local_copy(url, allow_pipe, allow_remote, folder)
+        fetched = source = _local_copy(url, allow_pipe, allow_remote, folder, idle_seconds)
     try:
         with atomic_path(dest) as tmp:
             members, samples = _copy_kept(source, tmp, keep, rekey)

@@ -8,10 +8,13 @@ process is reported as unreadable.
 from __future__ import annotations
 
 import multiprocessing
+import os
+import signal
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from typing import Iterator, List, Sequence, Tuple
 
+from ..errors import Terminated
 from .findings import Finding
 from .options import ValidateOptions
 from .shard_check import ShardResult, check_shard
@@ -25,13 +28,35 @@ def run_checks(urls: Sequence[str], options: ValidateOptions) -> Iterator[Tuple[
             yield i, check_shard(url, options)
         return
     retry: List[int] = []
-    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context()) as pool:
-        futures = {pool.submit(check_shard, url, options): i for i, url in enumerate(urls)}
+    pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context())
+    futures: dict = {}
+    try:
+        for i, url in enumerate(urls):
+            futures[pool.submit(check_shard, url, options)] = i
         for future in as_completed(futures):
             try:
                 yield futures[future], future.result()
             except BrokenProcessPool:
                 retry.append(futures[future])
+    except BaseException as e:
+        # Ctrl-C, SIGTERM or a caller that stopped reading: the shards still queued are never
+        # started (leaving the pool's `with` waited for every one of them to be checked). Each
+        # future is cancelled here: shutdown(cancel_futures=True) leaves that to the pool's
+        # thread, which skips it once the pool object is gone (as it is when the error unwinds).
+        for future in futures:
+            future.cancel()
+        if isinstance(e, Terminated):
+            # SIGTERM reached this process only: the workers are interrupted as by Ctrl-C, so each
+            # stops its shard and kills the shard's command (shards.close_shard) before exiting
+            # (the interpreter's exit waits for them).
+            for process in list((getattr(pool, "_processes", None) or {}).values()):
+                try:
+                    os.kill(process.pid, signal.SIGINT)
+                except OSError:
+                    pass
+        pool.shutdown(wait=False)
+        raise
+    pool.shutdown(wait=True)
     for i in sorted(retry):
         yield i, _isolated(urls[i], options)
 

@@ -19,7 +19,7 @@ from ..census import KeyCensus
 from ..members import MemberCaps
 from ..reading import OVERSIZED, ShardEnd, group_samples, iter_tar, screen_member
 from ..shards import close_shard, is_pipe, is_remote, open_shard
-from ..specs import AUDIO_EXTS, json_path_get, split_name
+from ..specs import AUDIO_EXTS, json_path_get, key_digest, split_name
 from ..stages import CaptionCleaner, select_sample
 from ..tally import Tally
 from . import tar_reader
@@ -144,7 +144,7 @@ class _ShardCheck:
         # key -> None when a sample of the key would be kept, else the drop reason of its first
         # sample. Samples are counted as distinct keys: a key whose members are too far apart for
         # the grouping window reaches the stages as several fragments (a scattered key).
-        self.outcome: Dict[str, Optional[str]] = {}
+        self.outcome: Dict[bytes, Optional[str]] = {}  # by specs.key_digest: every key of the shard
         self.scattered: Dict[str, str] = {}  # scattered key -> its first member that came back
         self.fragments = 0
         self.pending: List[tuple] = []  # (kind, key, Finding or None) of missing_* findings
@@ -262,12 +262,13 @@ class _ShardCheck:
                 media = sample[image.ext]
                 if isinstance(media, MediaInfo) and media.drop:
                     drop = media.drop  # reported with the member
-        if key not in self.outcome:
-            self.outcome[key] = drop
+        digest = key_digest(key)
+        if digest not in self.outcome:
+            self.outcome[digest] = drop
         else:  # a fragment of a key already seen: the window did not reach its other members
             self.scattered.setdefault(key, self._name(sample, next((e for e in sample if not e.startswith("__")), "")))
             if drop is None:
-                self.outcome[key] = None
+                self.outcome[digest] = None
         self._hold(key, held)
 
     def _missing(self, sample: dict, no_caption: bool, no_image: bool) -> List[Finding]:
@@ -307,7 +308,7 @@ class _ShardCheck:
         if key not in self.scattered:
             return False
         spec = self.stage.caption_spec if kind == "missing_caption" else self.stage.image_spec
-        return bool(self.keys.seen.get(key, set()) & set(spec.exts))
+        return bool(self.keys.exts_of(key) & set(spec.exts))
 
     def _name(self, sample: dict, ext: str) -> str:
         return self.keys.name(sample["__key__"], ext)
@@ -329,8 +330,9 @@ class _ShardCheck:
     def dropped(self) -> Counter:
         """Drop reasons per key; a scattered key that no fragment of would be kept is lost to the
         scattering, whatever its fragments lack (the stages count those as missing_caption/_image)."""
-        return Counter("scattered_key" if key in self.scattered else reason
-                       for key, reason in self.outcome.items() if reason is not None)
+        scattered = {key_digest(k) for k in self.scattered}
+        return Counter("scattered_key" if digest in scattered else reason
+                       for digest, reason in self.outcome.items() if reason is not None)
 
     def _shard_end(self) -> Optional[str]:
         end, log = self.end, self.log
@@ -346,7 +348,7 @@ class _ShardCheck:
                     readable = (f"{self.samples} sample(s) ({end.members} members) are readable before the "
                                 f"break, the last one perhaps incomplete")
                 else:  # broke inside end.member: its sample is incomplete if it had members before
-                    partial = 1 if key and key in self.keys.seen else 0
+                    partial = 1 if key and self.keys.exts_of(key) else 0
                     readable = (f"{self.samples - partial} complete sample(s) ({end.members} members) are "
                                 f"readable before the break")
                 log.add("truncated_tar", end.member, key, f"{error}; {readable}. Re-create or re-download this shard")
@@ -372,7 +374,7 @@ class _ShardCheck:
 
     def _scattered_finding(self) -> None:
         n, total = len(self.scattered), self.samples
-        lost = sum(1 for key in self.scattered if self.outcome[key] is not None)
+        lost = sum(1 for key in self.scattered if self.outcome[key_digest(key)] is not None)
         key, member = next(iter(self.scattered.items()))
         self.suggestion = SORT_SUGGESTION
         self.log.add("scattered_key", member, key,
@@ -384,7 +386,7 @@ class _ShardCheck:
                      f"with GNU tar --sort=name")
         # What the fragments lack is in the shard under the asked keys: no other key would help.
         for what, spec in (("caption", self.stage.caption_spec), ("image", self.stage.image_spec)):
-            if any(self.keys.seen.get(k, set()) & set(spec.exts) for k in self.scattered):
+            if any(self.keys.exts_of(k) & set(spec.exts) for k in self.scattered):
                 self.census[what] = KeyCensus()
 
     def _release_pending(self) -> None:

@@ -2,13 +2,14 @@
 
 Checks every name once, in tar order, exactly (no window): the stages merge members of one key
 that are a few members apart, but plain webdataset and most other readers make half-samples.
-Holds the keys of the shard (names only, never bytes) to tell duplicates and returning keys apart.
+Holds the keys of the shard (a 16-byte digest of each, never bytes) to tell duplicates and
+returning keys apart.
 """
 from __future__ import annotations
 
 from typing import Dict, List, Optional, Set, Tuple
 
-from ...specs import is_dotted, reserved_ext, split_name
+from ...specs import is_dotted, key_digest, reserved_ext, split_name
 from ..findings import FindingLog
 
 
@@ -16,12 +17,18 @@ class KeyTracker:
     def __init__(self, rekey: str, log: FindingLog):
         self.rekey = rekey
         self.log = log
-        self.seen: Dict[str, Set[str]] = {}
+        # key digest -> extensions seen: every key of a shard is remembered, so by a fixed-size
+        # digest, not the name (50,000 names of 4,000 characters held 450 MB)
+        self.seen: Dict[bytes, Set[str]] = {}
         self.last_key: Optional[str] = None
         self.first: Optional[Tuple[str, str]] = None  # (member, key) of the first keyed member
         self.last: Optional[Tuple[str, str]] = None
         self._names: Dict[Tuple[str, str], str] = {}  # (key, ext) -> name, only where the case differs
         self.returns: List[Tuple[str, str]] = []  # (member, key) of members whose key came back
+
+    def exts_of(self, key: str) -> Set[str]:
+        """The extensions seen so far under `key` (empty when it was never seen)."""
+        return self.seen.get(key_digest(key), set())
 
     def member(self, name: str) -> Tuple[Optional[str], Optional[str]]:
         """(key, lower-cased extension), or (None, None) for a member webdataset ignores."""
@@ -49,9 +56,10 @@ class KeyTracker:
             log.add("dotted_basename", name, intended,
                     f"webdataset splits at the first dot: key {key!r}, extension {ext!r}, so every "
                     f"'{key}.*' file lands in one sample; --rekey last-dot gives key {intended!r}")
-        exts = self.seen.get(key)
+        digest = key_digest(key)
+        exts = self.seen.get(digest)
         if exts is None:
-            self.seen[key] = {lext}
+            self.seen[digest] = {lext}
         elif lext in exts:
             log.add("duplicate_key", name, key, f"member {name!r} appears again in this shard; the first one is used")
         else:
