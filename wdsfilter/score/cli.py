@@ -63,7 +63,12 @@ def _echo(text: str) -> None:
 @click.option("--max-bytes", "max_bytes", multiple=True, metavar="KIND=SIZE",
               help="Byte cap of one member (text, json, image, video, other; decompressed: a .tar.gz shard), as for validate.")
 @click.option("--allow-pipe", is_flag=True, default=None, help="Allow pipe: shard URLs (they run shell commands).")
-@click.option("--allow-remote", is_flag=True, default=None, help="Allow remote shard URLs.")
+@click.option("--allow-remote/--no-remote", "allow_remote", default=None,
+              help="Read s3://, gs://, hf://, http(s):// shards (the default: a URL you name is read); "
+                   "--no-remote forbids network reads.")
+@click.option("--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
+              help="An fsspec storage option for remote shards (endpoint_url=..., profile=...); repeatable; "
+                   "never written anywhere. See docs/remote.md.")
 @click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="local: this machine's engine (memory planner); ray: Ray Data across a cluster "
                    "(pip install 'wdsfilter[ray]'; shards and --out on a shared filesystem).")
@@ -79,12 +84,13 @@ def _echo(text: str) -> None:
 def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frames, frame_reduce, keyframes,
           ocr_backend, ocr_model_dir, ocr_download, min_clip, max_ocr_area, mins, maxes, write_shards,
           save_embeddings, device, gpus, batch_size, workers, replicas, max_memory, headroom, fit, fmt, resume,
-          overwrite, dry_run, caption_key, image_key, rekey, config_file, max_bytes, allow_pipe, allow_remote, engine,
+          overwrite, dry_run, caption_key, image_key, rekey, config_file, max_bytes, allow_pipe, allow_remote, storage_options, engine,
           ray_address, ray_actors, ray_gpus_per_actor,
           no_progress, no_histograms):
     """Score every sample of SHARDS (folders, globs, brace patterns, .tar files) with CLIP, OCR
     or your own scorer; write per-shard score files, a summary and, optionally, filtered shards."""
     from ..config import StageConfig, parse_byte_caps
+    from ..remote import parse_storage_options
     from . import build_config
     from ..thresholds import parse_threshold
     from .config import parse_option
@@ -92,7 +98,8 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
 
     logging.basicConfig(format="wdsfilter: warning: %(message)s", level=logging.WARNING)
     stage_overrides = {"caption_key": caption_key, "image_key": image_key, "rekey": rekey, "allow_pipe": allow_pipe,
-                       "allow_remote": allow_remote, **parse_byte_caps(max_bytes)}
+                       "allow_remote": allow_remote, "storage_options": parse_storage_options(storage_options) or None,
+                       **parse_byte_caps(max_bytes)}
     if config_file:
         stage = StageConfig.from_file(config_file, **stage_overrides)
     else:

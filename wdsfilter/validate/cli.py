@@ -7,6 +7,7 @@ import click
 
 from ..config import parse_byte_caps
 from ..errors import EXIT_CODES_HELP
+from ..remote import parse_storage_options
 from ..specs import REKEY_MODES
 from ..writing import check_output_file
 from . import validate as run_validate
@@ -32,7 +33,12 @@ from .formats import FORMATS, render, write_report
 @click.option("--ranks", type=click.IntRange(min=1), help="Training ranks (for the too_few_shards check).")
 @click.option("--loader-workers", type=click.IntRange(min=1), help="DataLoader workers per rank.")
 @click.option("--allow-pipe", is_flag=True, help="Accept pipe: URLs (they run shell commands).")
-@click.option("--allow-remote", is_flag=True, help="Accept http(s)/s3/gs/hf URLs.")
+@click.option("--allow-remote/--no-remote", "allow_remote", default=None,
+              help="Read s3://, gs://, hf://, http(s):// shards (the default: a URL you name is read); "
+                   "--no-remote forbids network reads.")
+@click.option("--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
+              help="An fsspec storage option for remote shards (endpoint_url=..., profile=..., anon=true); "
+                   "repeatable; never written anywhere. See docs/remote.md.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True)
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True),
               help="Write the report here; the text summary still goes to stdout.")
@@ -43,8 +49,8 @@ from .formats import FORMATS, render, write_report
 @click.option("--progress/--no-progress", default=None, help="Progress bar on stderr [default: when stderr is a terminal].")
 @click.option("--quiet", "-q", is_flag=True, help="No text summary when the report goes to --output.")
 def validate_command(paths, caption_key, image_key, rekey, image_token, config_file, max_pixels, max_side, min_side,
-                     max_aspect, max_bytes, deep, ranks, loader_workers, allow_pipe, allow_remote, fmt, output, fail_on, jobs,
-                     stats_dir, progress, quiet):
+                     max_aspect, max_bytes, deep, ranks, loader_workers, allow_pipe, allow_remote, storage_options, fmt, output, fail_on,
+                     jobs, stats_dir, progress, quiet):
     """Check WebDataset shards for what would silently break training.
 
     PATHS: folders (searched recursively), globs, brace patterns (shards-{000..099}.tar), .tar,
@@ -59,7 +65,8 @@ def validate_command(paths, caption_key, image_key, rekey, image_token, config_f
     report = run_validate(
         list(paths), config=config_file, caption_key=caption_key, image_key=image_key, rekey=rekey,
         max_pixels=max_pixels, max_side=max_side, image_token=image_token,
-        allow_pipe=allow_pipe or None, allow_remote=allow_remote or None,  # None: the config file decides
+        allow_pipe=allow_pipe or None, allow_remote=allow_remote,  # None: the config file decides
+        storage_options=parse_storage_options(storage_options) or None,
         byte_caps=parse_byte_caps(max_bytes), deep=deep, min_side=min_side, max_aspect=max_aspect, ranks=ranks, loader_workers=loader_workers, fail_on=fail_on, jobs=jobs, stats_dir=stats_dir, progress=progress)
     if output:
         write_report(report, fmt, output)  # whole or not at all

@@ -63,6 +63,7 @@ class ShardResult:
     suggestion: Optional[str] = None
     seconds: float = 0.0
     limit: int = 100
+    remote_retries: int = 0  # reads of a remote shard asked again after a failure
 
     @property
     def kept_share(self) -> Optional[float]:
@@ -88,7 +89,8 @@ class ShardResult:
                 "kept": self.kept, "kept_share": None if self.kept_share is None else round(self.kept_share, 6),
                 "dropped": dict(sorted(self.dropped.items())), "findings": dict(sorted(self.counts.items())),
                 "error": self.error, "images": self.images, "videos": self.videos,
-                "suggestion": self.suggestion, "seconds": round(self.seconds, 4)}
+                "suggestion": self.suggestion, "seconds": round(self.seconds, 4),
+                **({"remote_retries": self.remote_retries} if self.remote_retries else {})}
 
 
 def check_shard(url: str, options: ValidateOptions) -> ShardResult:
@@ -147,6 +149,8 @@ class _ShardCheck:
         self.outcome: Dict[str, Optional[str]] = {}
         self.scattered: Dict[str, str] = {}  # scattered key -> its first member that came back
         self.fragments = 0
+        self.remote_retries = 0
+        self.remote_size: Optional[int] = None
         self.pending: List[tuple] = []  # (kind, key, Finding or None) of missing_* findings
         self.pend_counts: Counter = Counter()
         self.head: List[Finding] = []
@@ -158,10 +162,21 @@ class _ShardCheck:
         started = time.perf_counter()
         url, stage = self.url, self.stage
         try:
-            stream = open_shard(url, stage.allow_pipe, stage.allow_remote, stage.stream_idle_seconds)
-        except OSError as e:
-            self.log.add("unreadable_tar", "", "", f"cannot open the shard: {e}; check the path and permissions")
+            stream = open_shard(url, stage.allow_pipe, stage.allow_remote, stage.stream_idle_seconds,
+                                stage.remote_options(), on_retry=self._retried)
+        except FileNotFoundError as e:
+            if not is_remote(url):
+                return self._unreadable(started, e)
+            self.log.add("remote_object_missing", "", "", f"{e}; fix the URL or upload the shard")
             return self._result(started, str(e))
+        except PermissionError as e:
+            if not is_remote(url):
+                return self._unreadable(started, e)
+            self.log.add("remote_access_denied", "", "", f"{e}; grant read access or pass other credentials")
+            return self._result(started, str(e))
+        except OSError as e:
+            return self._unreadable(started, e)
+        self.remote_size = getattr(stream, "size", None) if is_remote(url) else None
         try:
             # A fresh Tally: the grouping step counts into it, and the findings say it better.
             for sample in group_samples(self._members(self.reader(stream, url, self.caps)), stage, Tally()):
@@ -177,6 +192,13 @@ class _ShardCheck:
                          f"{failed}; {self.members} member(s) were read before it. Check the command or URL")
             error = error or failed
         return self._result(started, error)
+
+    def _unreadable(self, started: float, e: OSError) -> ShardResult:
+        self.log.add("unreadable_tar", "", "", f"cannot open the shard: {e}; check the path and permissions")
+        return self._result(started, str(e))
+
+    def _retried(self, message: str) -> None:
+        self.remote_retries += 1
 
     # -- members -------------------------------------------------------------------------------
     def _members(self, items: Iterable) -> Iterator:
@@ -335,7 +357,12 @@ class _ShardCheck:
     def _shard_end(self) -> Optional[str]:
         end, log = self.end, self.log
         error = end.error if end else None
-        if error:
+        if error and end.failed and is_remote(self.url):
+            # the reader gave up (retries exhausted, the object changed): not the tar's fault
+            log.add("remote_read_failed", end.member or "", "",
+                    f"{end.failed}; {self.samples} sample(s) ({end.members} members) were read before it. "
+                    f"Validate it again")
+        elif error:
             if end.not_a_tar:
                 log.add("unreadable_tar", "", "", f"{error}; no member could be read. Is it a tar (a git-lfs "
                                                   f"pointer file, an HTML error page)? Re-create or re-download it")
@@ -426,7 +453,7 @@ class _ShardCheck:
     def _result(self, started: float, error: Optional[str]) -> ShardResult:
         log = self.log
         first, last = self.keys.first, self.keys.last
-        size = os.path.getsize(self.url) if os.path.isfile(self.url) else 0
+        size = os.path.getsize(self.url) if os.path.isfile(self.url) else (self.remote_size or 0)
         return ShardResult(
             shard=self.url, bytes=size, members=self.members, samples=self.samples, kept=self.kept,
             dropped=dict(self.dropped), counts=dict(log.counts), findings=list(log.items),
@@ -435,4 +462,4 @@ class _ShardCheck:
             last_member=last and last[0], last_key=last and last[1], error=error,
             images=self.images.to_dict(), videos=self.videos.to_dict(),
             census={w: c for w, c in self.census.items() if c.samples}, suggestion=self.suggestion,
-            seconds=time.perf_counter() - started, limit=log.limit)
+            seconds=time.perf_counter() - started, limit=log.limit, remote_retries=self.remote_retries)
