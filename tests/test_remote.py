@@ -307,3 +307,45 @@ def test_a_remote_shard_whose_count_differs_from_sizes_json_is_a_finding(s3, loc
     assert "remote_size_mismatch" not in first.counts
     [finding] = [f for f in second.findings if f.kind == "remote_size_mismatch"]
     assert "records 10 sample(s), the object holds 9" in finding.message
+
+
+def test_score_and_filter_write_shards_from_s3_sources_byte_exact(s3, local, tmp_path):
+    """score --write-shards and filter --write-shards read their kept members from the bucket: the
+    same bytes as from the local shards."""
+    outs = {}
+    for name, source in (("local", local[0]), ("remote", f"s3://{BUCKET}/laion/")):
+        out, kept, again = (str(tmp_path / f"{name}-{x}") for x in ("out", "kept", "again"))
+        r = _cli("score", source, "--scorer", SCORER, "--out", out, "--device", "cpu", "--workers", "0",
+                 "--no-progress", "--min", "brightness=0.3", "--write-shards", kept)
+        assert r.exit_code == 0, r.output
+        r = _cli("filter", out, "--min", "brightness=0.4", "--write-shards", again, "--samples-per-shard", "5",
+                 "--no-report")
+        assert r.exit_code == 0, r.output
+        outs[name] = {}
+        for folder in (kept, again):
+            for path in sorted(glob.glob(os.path.join(folder, "*.tar"))):
+                with open(path, "rb") as f:
+                    outs[name][(os.path.basename(folder).split("-")[-1], os.path.basename(path))] = _members(f)
+    assert len(outs["local"]) >= 4 and outs["remote"] == outs["local"]
+
+
+def test_sort_shard_reads_a_remote_shard(s3, local, tmp_path):
+    _, _, urls = s3
+    r = _cli("sort-shard", urls[0], str(tmp_path / "sorted.tar"))
+    assert r.exit_code == 0, r.output
+    r2 = _cli("sort-shard", local[1][0], str(tmp_path / "sorted-local.tar"))
+    assert r2.exit_code == 0
+    assert open(tmp_path / "sorted.tar", "rb").read() == open(tmp_path / "sorted-local.tar", "rb").read()
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".")]  # its temporary is gone
+    r = _cli("sort-shard", f"s3://{BUCKET}/laion/nope.tar", str(tmp_path / "x.tar"))
+    assert r.exit_code == 2 and "does not exist" in r.output and not (tmp_path / "x.tar").exists()
+
+
+def test_the_loader_reads_s3_shards(s3, local):
+    import wdsfilter
+    loaders = [wdsfilter.loader(source, batch_size=4, num_workers=workers, output="dict", **FAST)
+               for source, workers in ((local[0], 0), (f"s3://{BUCKET}/laion/", 0), (f"s3://{BUCKET}/laion/", 2))]
+    seen = []
+    for loader in loaders:  # workers open their own shards: the order across workers may differ
+        seen.append(sorted((s["__key__"], s["caption"], s["image"].tobytes()) for batch in loader for s in batch))
+    assert len(seen[0]) == 26 and seen[0] == seen[1] == seen[2]

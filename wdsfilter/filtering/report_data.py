@@ -117,7 +117,7 @@ def _attach_media(examples: List[dict], stage: dict) -> None:
         local = not (is_pipe(url) or is_remote(url))
         try:
             with (open(url[5:] if url.startswith("file:") else url, "rb") if local else
-                  open_shard(url, bool(stage.get("allow_pipe")), bool(stage.get("allow_remote")))) as f, \
+                  open_shard(url, bool(stage.get("allow_pipe")), bool(stage.get("allow_remote", True)))) as f, \
                     tarfile.open(fileobj=f, mode="r:*" if local else "r|*", tarinfo=ShardTarInfo) as tar:
                 for info in tar:
                     key, ext = split_name(info.name, rekey)

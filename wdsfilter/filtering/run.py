@@ -147,7 +147,7 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
     if write_shards is not None:
         stage = run.stage
         writer = Resharder(write_shards, samples_per_shard, prefix, stage.get("rekey", "first-dot"),
-                           bool(stage.get("allow_pipe")), bool(stage.get("allow_remote")))
+                           bool(stage.get("allow_pipe")), bool(stage.get("allow_remote", True)))
         identity = {"scores": os.path.abspath(scores_dir), "thresholds": [[t.column, t.minimum, t.value] for t in thresholds],
                     "samples_per_shard": samples_per_shard, "prefix": prefix,
                     "sources": [s.url for s in run.shards]}

@@ -77,12 +77,13 @@ def member_ranges(path: str, rekey: str) -> Tuple[int, List[Tuple[int, int, str]
     return (first or 0), ranges
 
 
-def _local_copy(url: str, allow_pipe: bool, allow_remote: bool, folder: str) -> str:
+def _local_copy(url: str, allow_pipe: bool, allow_remote: bool, folder: str, remote=None) -> str:
     # ".<...>.tmp-" like every temporary: a killed run's leftovers are removed by the next run.
+    # remote: the run's RemoteOptions (storage options, retries) for an s3://, gs://, hf:// source.
     fd, tmp = tempfile.mkstemp(prefix=".source.tmp-", suffix=".tar", dir=folder)
     try:
         with os.fdopen(fd, "wb") as out:
-            src = open_shard(url, allow_pipe, allow_remote)
+            src = open_shard(url, allow_pipe, allow_remote, remote=remote)
             try:
                 shutil.copyfileobj(src, out, 1 << 20)
             finally:
@@ -94,13 +95,13 @@ def _local_copy(url: str, allow_pipe: bool, allow_remote: bool, folder: str) -> 
 
 
 def write_filtered(url: str, keep: Iterable[str], dest: str, rekey: str = "first-dot",
-                   allow_pipe: bool = False, allow_remote: bool = False) -> dict:
+                   allow_pipe: bool = False, allow_remote: bool = True, remote=None) -> dict:
     """Write the members of kept keys of shard `url` to `dest` atomically; returns counts."""
     keep = set(keep)
     source, fetched = local_path(url), None
     if not is_local(url):
         folder = os.path.dirname(os.path.abspath(dest))
-        fetched = source = _local_copy(url, allow_pipe, allow_remote, folder)
+        fetched = source = _local_copy(url, allow_pipe, allow_remote, folder, remote)
     try:
         with atomic_path(dest) as tmp:
             members, samples = _copy_kept(source, tmp, keep, rekey)
