@@ -207,3 +207,58 @@ def clear_http_cache():
         HTTPFileSystem.clear_instance_cache()
     except ImportError:
         pass
+
+
+class FailingProxy:
+    """An HTTP proxy in front of an S3 API server that answers 500 to every request whose path and
+    query contain `fail_when` (say "partNumber=2": the second part of each multipart upload), and
+    forwards the rest unchanged. `url` is the endpoint to give the client."""
+
+    def __init__(self, upstream: str, fail_when: str):
+        import http.client
+        import urllib.parse
+        target = urllib.parse.urlsplit(upstream)
+        proxy = self
+        self.failed = 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _forward(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                if fail_when in self.path:
+                    proxy.failed += 1
+                    FaultServer._status(self, 500)
+                    return
+                conn = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
+                conn.request(self.command, self.path, body=body, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+                self.send_response(resp.status)
+                for k, v in resp.getheaders():
+                    if k.lower() not in ("transfer-encoding", "connection", "content-length", "server", "date"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+                conn.close()
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward  # noqa: N815
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def __enter__(self):
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 pytest.importorskip("s3fs")
 pytest.importorskip("moto")
 
-from remotekit import BUCKET, SECRET, FaultServer, clear_http_cache, s3_server, upload  # noqa: E402
+from remotekit import BUCKET, SECRET, FailingProxy, FaultServer, clear_http_cache, s3_server, upload  # noqa: E402
 from scorekit import make_shards  # noqa: E402
 from wdsfilter.cli import main  # noqa: E402
 from wdsfilter.errors import ConfigError, UnsafeInputError  # noqa: E402
@@ -349,3 +349,40 @@ def test_the_loader_reads_s3_shards(s3, local):
     for loader in loaders:  # workers open their own shards: the order across workers may differ
         seen.append(sorted((s["__key__"], s["caption"], s["image"].tobytes()) for batch in loader for s in batch))
     assert len(seen[0]) == 26 and seen[0] == seen[1] == seen[2]
+
+
+# -- outputs in object stores -----------------------------------------------------------------------
+def test_validate_writes_its_report_and_stats_to_s3(s3, local, tmp_path):
+    _, client, _ = s3
+    report_url, stats_url = f"s3://{BUCKET}/reports/laion.json", f"s3://{BUCKET}/stats/laion"
+    r = _cli("validate", f"s3://{BUCKET}/laion/", "--format", "json", "--output", report_url,
+             "--stats-dir", stats_url, "-q")
+    assert r.exit_code == 1, r.output  # the corrupt image is a finding
+    local_report = tmp_path / "local.json"
+    _cli("validate", local[0], "--format", "json", "--output", str(local_report), "-q")
+    remote = json.loads(client.get_object(Bucket=BUCKET, Key="reports/laion.json")["Body"].read())
+    assert remote["counts"] == json.load(open(local_report))["counts"] and remote["summary"]["shards"] == 3
+    keys = sorted(o["Key"] for o in client.list_objects_v2(Bucket=BUCKET, Prefix="stats/")["Contents"])
+    assert keys == [f"stats/laion/shard-000{i}_stats.json" for i in range(3)] + ["stats/laion/sizes.json"]
+    sizes = json.loads(client.get_object(Bucket=BUCKET, Key="stats/laion/sizes.json")["Body"].read())
+    assert sizes == {"shard-0000.tar": 12, "shard-0001.tar": 9, "shard-0002.tar": 7}
+    # an output bucket that does not exist: exit 2 before any shard is read
+    r = _cli("validate", f"s3://{BUCKET}/laion/", "--output", "s3://no-such-bucket/r.json")
+    assert r.exit_code == 2 and "the bucket 'no-such-bucket' does not exist" in r.output
+
+
+def test_an_object_whose_upload_fails_is_not_left_at_its_name(s3):
+    """A multipart upload whose part keeps failing is aborted: no object at the name, and no
+    upload left open (whose parts a bucket would keep paying for)."""
+    from wdsfilter.remote import RemoteOutputError, write_object
+    endpoint, client, _ = s3
+    data = os.urandom(12 << 20)  # past the 5 MiB block: a multipart upload
+    options = {"default_block_size": 5 << 20, "config_kwargs": {"retries": {"max_attempts": 1}}}
+    with FailingProxy(endpoint, "partNumber=1") as proxy:
+        with pytest.raises((RemoteOutputError, OSError)):
+            write_object(f"s3://{BUCKET}/out/big.bin", data, dict(options, endpoint_url=proxy.url))
+        assert proxy.failed >= 1
+    assert "Contents" not in client.list_objects_v2(Bucket=BUCKET, Prefix="out/")
+    assert not client.list_multipart_uploads(Bucket=BUCKET).get("Uploads")
+    write_object(f"s3://{BUCKET}/out/big.bin", data, options)  # the same write, straight to the server
+    assert client.get_object(Bucket=BUCKET, Key="out/big.bin")["Body"].read() == data

@@ -512,3 +512,64 @@ def _describe(e: BaseException) -> str:
     status = _status(e)
     text = _strip(str(e)) or type(e).__name__
     return f"{type(e).__name__}: {text}" + (f" (HTTP {status})" if status and str(status) not in text else "")
+
+
+# -- writing ----------------------------------------------------------------------------------
+class RemoteOutputError(OSError):
+    """An output in an object store that cannot be written."""
+
+
+def check_output_url(url: str, option: str, storage_options: Optional[Mapping] = None) -> None:
+    """Before any work: the bucket of an output URL exists and these credentials may list it (a
+    write cannot be tried without leaving an object behind). Raises OutputError (exit 2)."""
+    from .errors import OutputError
+    scheme = scheme_of(url)
+    if scheme in ("http", "https"):
+        raise OutputError(f"{option} {redact_url(url)}: a web server cannot be written to; use s3://, gs:// or hf://")
+    fs, path = filesystem(url, storage_options)
+    root = path.split("/", 1)[0]
+    try:
+        if not fs.exists(root):
+            raise OutputError(f"{option} {redact_url(url)}: the bucket {root!r} does not exist (credentials: "
+                              f"{credential_source(url, storage_options)})")
+    except PermissionError as e:
+        raise OutputError(f"{option} {redact_url(url)}: access denied ({_strip(str(e))}); credentials: "
+                          f"{credential_source(url, storage_options)}") from None
+    except OSError as e:
+        raise OutputError(f"{option} {redact_url(url)}: cannot be reached: {type(e).__name__}: {_strip(str(e))}") from None
+
+
+def write_object(url: str, data: bytes, storage_options: Optional[Mapping] = None) -> str:
+    """Write one object whole or not at all: fsspec uploads on close (a multipart upload is
+    completed there); a failure before that aborts the upload, so the name never holds a part."""
+    fs, path = filesystem(url, storage_options)
+    f = fs.open(path, "wb")
+    try:
+        f.write(data)
+    except BaseException:
+        _discard(f)
+        raise
+    try:
+        f.close()
+    except Exception as e:  # noqa: BLE001 - the store's error, named without options
+        _discard(f)
+        raise RemoteOutputError(f"writing {redact_url(url)} failed: {_describe(e)}") from None
+    return url
+
+
+def _discard(f) -> None:
+    try:
+        f.discard()  # s3fs: abort the multipart upload; gcsfs: cancel the resumable upload
+    except Exception:  # noqa: BLE001 - nothing was committed either way
+        pass
+    f.closed = True  # close() would upload what was buffered
+
+
+def read_object(url: str, storage_options: Optional[Mapping] = None, limit: int = 64 << 20) -> Optional[bytes]:
+    """A small object's bytes (a sizes.json, a lock), or None when there is none."""
+    fs, path = filesystem(url, storage_options)
+    try:
+        with fs.open(path, "rb") as f:
+            return f.read(limit)
+    except FileNotFoundError:
+        return None

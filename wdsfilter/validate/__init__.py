@@ -72,7 +72,7 @@ def validate(paths: Union[str, Sequence[str]], *, config: Union[None, str, dict,
                               fail_on=fail_on, jobs=jobs)
     if stats_dir:
         from ..writing import check_output_dir
-        check_output_dir(stats_dir, "--stats-dir")  # before any shard is read
+        check_output_dir(stats_dir, "--stats-dir", stage.storage_options)  # before any shard is read
     # A shard given twice (a folder and a file in it) is validated once, as score scores it once:
     # else it is counted twice, listed twice in the JUnit report, and --stats-dir writes a
     # {stem}-2_stats.json for a shard that does not exist.

@@ -58,15 +58,16 @@ def validate_command(paths, caption_key, image_key, rekey, image_token, config_f
     configuration error (an --output or --stats-dir that cannot be written included, found before
     any shard is read), 3: the run failed. See docs/validate.md.
     """
+    options = parse_storage_options(storage_options) or None
     if output:
-        check_output_file(output, "--output")
+        check_output_file(output, "--output", options)
     if progress is None:
         progress = sys.stderr.isatty()
     report = run_validate(
         list(paths), config=config_file, caption_key=caption_key, image_key=image_key, rekey=rekey,
         max_pixels=max_pixels, max_side=max_side, image_token=image_token,
         allow_pipe=allow_pipe or None, allow_remote=allow_remote,  # None: the config file decides
-        storage_options=parse_storage_options(storage_options) or None,
+        storage_options=options,
         byte_caps=parse_byte_caps(max_bytes), deep=deep, min_side=min_side, max_aspect=max_aspect, ranks=ranks, loader_workers=loader_workers, fail_on=fail_on, jobs=jobs, stats_dir=stats_dir, progress=progress)
     if output:
         write_report(report, fmt, output)  # whole or not at all
