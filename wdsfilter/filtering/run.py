@@ -114,6 +114,8 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
     if not dry_run:  # an output that cannot be written is a usage error, found before any work
         from ..writing import check_output_dir, check_output_file
         if write_shards is not None:
+            from ..remote import refuse_remote_folder
+            refuse_remote_folder(write_shards, "--write-shards")
             check_output_dir(write_shards, "--write-shards")
         if report is not None:
             check_output_file(report or os.path.join(scores_dir, "report.html"), "--report")
