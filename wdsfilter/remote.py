@@ -236,6 +236,10 @@ class RemoteShard:
         self.version = _version(info)
         self.etag = info.get("ETag") or info.get("etag")
         self.kind = "s3" if scheme_of(url) == "s3" else "http" if scheme_of(url) in ("http", "https") else "other"
+        # S3 and HTTP: one GET from the byte reached to the end, its body handed over in chunks
+        # through a bounded queue (readahead * block_bytes); after a failure, a new GET from the
+        # byte reached. Others (gs://, hf://): ranged reads of block_bytes, readahead in flight.
+        self._feed: Optional[_Feed] = None
         self.pos = 0              # bytes handed to the reader
         self._next = 0            # first byte not yet asked for
         self._pending: deque = deque()  # [start, end, future]
@@ -265,7 +269,9 @@ class RemoteShard:
             if self._offset >= len(self._block):
                 if self.pos >= self.size:
                     break
-                self._block, self._offset = self._next_block(), 0
+                self._block, self._offset = (self._next_chunk() if self.kind != "other" else self._next_block()), 0
+                if not self._block:
+                    break
             take = self._block[self._offset:self._offset + n]
             self._offset += len(take)
             self.pos += len(take)
@@ -284,6 +290,9 @@ class RemoteShard:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
+            if self._feed is not None:
+                self._feed.cancel()
+                self._feed = None
             for _, _, fut in self._pending:
                 fut.cancel()
             self._pending.clear()
@@ -296,6 +305,49 @@ class RemoteShard:
 
     def __exit__(self, *exc):
         self.close()
+
+    # -- one streaming GET, resumed at the byte reached ------------------------------------------
+    def _next_chunk(self) -> bytes:
+        chunk_bytes = min(self.options.block_bytes, 1 << 20)
+        while True:
+            if self._feed is None:
+                opener = _s3_stream if self.kind == "s3" else _http_stream
+                depth = max(1, self.options.block_bytes * self.options.readahead // chunk_bytes)
+                self._feed = _Feed(self.fs.loop, opener(self.fs, self.path, self.pos, self.etag, chunk_bytes), depth)
+            try:
+                item = self._feed.get(self.options.idle_seconds or None)
+            except concurrent.futures.TimeoutError:
+                self._drop_feed()
+                self._failed(self.pos, TimeoutError(f"no bytes for {self.options.idle_seconds:g}s (stream_idle_seconds)"))
+                continue
+            if item is _END:
+                if self.pos >= self.size:
+                    return b""
+                self._drop_feed()  # a short read: the answer ended before the object did
+                self._failed(self.pos, OSError(f"short read: the answer ended at byte {self.pos:,} of {self.size:,}"))
+                continue
+            if isinstance(item, BaseException):
+                self._drop_feed()
+                if isinstance(item, ObjectChanged) or _classify(item)[0]:
+                    raise ObjectChanged(f"{self.shown} changed while it was read (at byte {self.pos:,} of "
+                                        f"{self.size:,}: its ETag is no longer {self.etag}); its versions are never "
+                                        f"mixed: read it again") from None
+                if isinstance(item, (FileNotFoundError, PermissionError)):
+                    raise item
+                changed, retryable, wait = _classify(item)
+                if not retryable:
+                    raise OSError(f"{self.shown}: {_describe(item)} at byte {self.pos:,} of {self.size:,}") from None
+                self._failed(self.pos, item, wait)
+                continue
+            if self.pos + len(item) > self.size:
+                item = item[:self.size - self.pos]  # never past the size the shard was opened at
+            self._failures = 0
+            return item
+
+    def _drop_feed(self) -> None:
+        if self._feed is not None:
+            self._feed.cancel()
+            self._feed = None
 
     # -- blocks --------------------------------------------------------------------------------
     def _fill(self) -> None:
@@ -413,6 +465,83 @@ class RemoteShard:
                 fut.set_exception(e)
         threading.Thread(target=run, name="wdsfilter-remote-read", daemon=True).start()
         return fut
+
+
+_END = object()
+
+
+class _Feed:
+    """One streaming GET on fsspec's event loop, its chunks handed to the reading thread through an
+    asyncio queue of `depth` chunks (the bounded read-ahead: the GET waits while it is full)."""
+
+    def __init__(self, loop, chunks, depth: int):
+        self.loop = loop
+        self.queue = asyncio.run_coroutine_threadsafe(_make_queue(depth), loop).result()
+        self.task = asyncio.run_coroutine_threadsafe(self._pump(chunks), loop)
+        self._waiting: Optional[concurrent.futures.Future] = None
+
+    async def _pump(self, chunks) -> None:
+        try:
+            async for chunk in chunks:
+                await self.queue.put(chunk)
+            await self.queue.put(_END)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # noqa: BLE001 - handed to the reader, which sorts it
+            await self.queue.put(e)
+
+    def get(self, timeout: Optional[float]):
+        fut = asyncio.run_coroutine_threadsafe(self.queue.get(), self.loop)
+        try:
+            return fut.result(timeout=timeout)
+        except concurrent.futures.TimeoutError:
+            fut.cancel()
+            raise
+
+    def cancel(self) -> None:
+        self.task.cancel()
+
+
+async def _make_queue(depth: int) -> asyncio.Queue:
+    return asyncio.Queue(maxsize=depth)
+
+
+async def _s3_stream(fs, path: str, start: int, etag: Optional[str], chunk: int):
+    bucket, key, version = fs.split_path(path)
+    kw = {"IfMatch": etag} if etag else {}
+    if version:
+        kw["VersionId"] = version
+    resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-", **kw)
+    body = resp["Body"]
+    try:
+        while True:
+            data = await body.read(chunk)
+            if not data:
+                return
+            yield data
+    finally:
+        body.close()
+
+
+async def _http_stream(fs, url: str, start: int, etag: Optional[str], chunk: int):
+    session = await fs.set_session()
+    kw = dict(fs.kwargs)
+    headers = dict(kw.pop("headers", None) or {})
+    headers["Range"] = f"bytes={start}-"
+    if etag:
+        headers["If-Match"] = etag
+    async with session.get(fs.encode_url(url), headers=headers, **kw) as r:
+        if r.status == 412:
+            raise ObjectChanged(f"HTTP 412: the object's ETag is no longer {etag}")
+        if r.status >= 400:
+            r.raise_for_status()
+        if r.status != 206 and start != 0:
+            raise OSError(f"the server ignored the Range request (HTTP {r.status}); it cannot be resumed")
+        while True:  # what has arrived (at most aiohttp's buffer): a break loses no byte received
+            data = await r.content.readany()
+            if not data:
+                return
+            yield data
 
 
 async def _s3_range(fs, path: str, start: int, end: int, etag: Optional[str]) -> bytes:
