@@ -42,6 +42,10 @@ class ObjectChanged(OSError):
     """The object is not the version the shard was opened at: its bytes are never spliced."""
 
 
+class RangeIgnored(OSError):
+    """A server that answers a Range request with the whole object: a read cannot resume there."""
+
+
 @dataclass(frozen=True)
 class RemoteOptions:
     """How remote shards are read. Picklable: it travels to decode workers and Ray tasks, which
@@ -536,7 +540,8 @@ async def _http_stream(fs, url: str, start: int, etag: Optional[str], chunk: int
         if r.status >= 400:
             r.raise_for_status()
         if r.status != 206 and start != 0:
-            raise OSError(f"the server ignored the Range request (HTTP {r.status}); it cannot be resumed")
+            raise RangeIgnored(f"the server ignored the Range request (HTTP {r.status}), so a read cannot resume "
+                               f"there; serve it with Range support")
         while True:  # what has arrived (at most aiohttp's buffer): a break loses no byte received
             data = await r.content.readany()
             if not data:
@@ -571,7 +576,8 @@ async def _http_range(fs, url: str, start: int, end: int, etag: Optional[str]) -
         if r.status >= 400:
             r.raise_for_status()
         if r.status != 206 and start != 0:
-            raise OSError(f"the server ignored the Range request (HTTP {r.status}); it cannot be resumed")
+            raise RangeIgnored(f"the server ignored the Range request (HTTP {r.status}), so a read cannot resume "
+                               f"there; serve it with Range support")
         want, parts, got = end - start, [], 0
         while got < want:
             chunk = await r.content.read(min(want - got, 1 << 20))
@@ -630,6 +636,8 @@ def _classify(e: BaseException) -> Tuple[bool, bool, Optional[float]]:
     """(the object changed, the read may be retried, seconds the server asked to wait)."""
     status = _status(e)
     text = str(e)
+    if isinstance(e, RangeIgnored):
+        return False, False, None
     if status == 412 or "PreconditionFailed" in text:
         return True, False, None
     if status is not None and 400 <= status < 500 and status not in (408, 429):
