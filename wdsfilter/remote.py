@@ -38,7 +38,12 @@ FSSPEC_SCHEMES = tuple(f"{s}://" for s in SCHEMES)
 MAX_RETRY_AFTER = 300.0  # a server asking for longer than this is waited on no longer
 
 
-class ObjectChanged(OSError):
+class RemoteReadError(OSError):
+    """A remote shard's read that failed for good (retries exhausted, an error not worth a retry):
+    the store's failure, not the tar's; it names the URL, the byte reached and the last error."""
+
+
+class ObjectChanged(RemoteReadError):
     """The object is not the version the shard was opened at: its bytes are never spliced."""
 
 
@@ -262,7 +267,7 @@ class RemoteShard:
             try:
                 data = self._stream.read(-1 if n is None else n)
             except Exception as e:  # noqa: BLE001 - any failure of the plain stream fails the shard
-                raise OSError(f"{self.shown}: {_describe(e)} at byte {self.pos:,} (the server gives no size, so "
+                raise RemoteReadError(f"{self.shown}: {_describe(e)} at byte {self.pos:,} (the server gives no size, so "
                               f"the read cannot resume)") from None
             self.pos += len(data)
             return data
@@ -282,6 +287,15 @@ class RemoteShard:
             n -= len(take)
             parts.append(take)
         return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def peek(self, n: int = 1) -> bytes:
+        """Bytes ahead without consuming them (at least one unless at the end): the compression
+        sniffing reads the first bytes this way."""
+        if self._stream is None and self._offset >= len(self._block) and self.pos < self.size:
+            self._block, self._offset = (self._next_chunk() if self.kind != "other" else self._next_block()), 0
+        if self._stream is not None:
+            return b""
+        return self._block[self._offset:self._offset + max(n, 1)]
 
     def readinto(self, buffer) -> int:
         data = self.read(len(buffer))
@@ -337,10 +351,10 @@ class RemoteShard:
                                         f"{self.size:,}: its ETag is no longer {self.etag}); its versions are never "
                                         f"mixed: read it again") from None
                 if isinstance(item, (FileNotFoundError, PermissionError)):
-                    raise item
+                    raise RemoteReadError(f"{self.shown}: {_describe(item)} at byte {self.pos:,}") from None
                 changed, retryable, wait = _classify(item)
                 if not retryable:
-                    raise OSError(f"{self.shown}: {_describe(item)} at byte {self.pos:,} of {self.size:,}") from None
+                    raise RemoteReadError(f"{self.shown}: {_describe(item)} at byte {self.pos:,} of {self.size:,}") from None
                 self._failed(self.pos, item, wait)
                 continue
             if self.pos + len(item) > self.size:
@@ -378,15 +392,15 @@ class RemoteShard:
                 raise ObjectChanged(f"{self.shown} changed while it was read (at byte {start:,} of {self.size:,}: "
                                     f"its ETag is no longer {self.etag}); its versions are never mixed: read it "
                                     f"again") from None
-            except (FileNotFoundError, PermissionError, IsADirectoryError):
-                raise
+            except (FileNotFoundError, PermissionError, IsADirectoryError) as e:
+                raise RemoteReadError(f"{self.shown}: {_describe(e)} at byte {start:,}") from None
             except Exception as e:  # noqa: BLE001 - sorted by _retryable; the rest fails the shard
                 changed, retryable, wait = _classify(e)
                 if changed:
                     raise ObjectChanged(f"{self.shown} changed while it was read (at byte {start:,} of "
                                         f"{self.size:,}); its versions are never mixed: read it again") from None
                 if not retryable:
-                    raise OSError(f"{self.shown}: {_describe(e)} at byte {start:,} of {self.size:,}") from None
+                    raise RemoteReadError(f"{self.shown}: {_describe(e)} at byte {start:,} of {self.size:,}") from None
                 self._failed(start, e, wait)
                 self._pending[0][2] = self._submit(start, end)
                 continue
@@ -404,7 +418,7 @@ class RemoteShard:
         self._failures += 1
         what = _describe(error)
         if self._failures >= self.options.attempts:
-            raise OSError(f"{self.shown}: gave up after {self._failures} failed reads in a row at byte "
+            raise RemoteReadError(f"{self.shown}: gave up after {self._failures} failed reads in a row at byte "
                           f"{start:,} of {self.size:,}; last error: {what}")
         delay = min(self.options.max_backoff_seconds, self.options.backoff_seconds * 2 ** (self._failures - 1))
         delay *= random.uniform(0.5, 1.0)  # jitter: many readers do not come back at once

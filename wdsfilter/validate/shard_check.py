@@ -18,6 +18,7 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional
 from ..census import KeyCensus
 from ..members import MemberCaps
 from ..reading import OVERSIZED, ShardEnd, group_samples, iter_tar, screen_member
+from ..remote import is_fsspec_url
 from ..shards import close_shard, is_pipe, is_remote, open_shard
 from ..specs import AUDIO_EXTS, json_path_get, split_name
 from ..stages import CaptionCleaner, select_sample
@@ -96,9 +97,10 @@ class ShardResult:
 def check_shard(url: str, options: ValidateOptions) -> ShardResult:
     """Never raises on bad data: every problem becomes a finding of the result.
 
-    Local shards are read by the fast tar_reader; one it finds unusual is read again through
-    reading.iter_tar, the stages' own reader (see tar_reader.py)."""
-    if not (is_pipe(url) or is_remote(url)):
+    Local and remote (s3://, gs://, hf://, http(s)://) shards are read by the fast tar_reader; one it
+    finds unusual is read again through reading.iter_tar, the stages' own reader (see
+    tar_reader.py); pipe: commands run once, through iter_tar."""
+    if not is_pipe(url) and (not is_remote(url) or is_fsspec_url(url)):
         try:
             return _ShardCheck(url, options, tar_reader.iter_members).run()
         except tar_reader.Unusual:
