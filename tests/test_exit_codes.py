@@ -78,7 +78,7 @@ def test_internal_error_one_line_exit_3_traceback_only_with_debug(clean, monkeyp
 def test_io_error_writing_the_report_is_a_run_failure(clean, tmp_path, monkeypatch):
     import wdsfilter.writing as w
 
-    def full(path, text):
+    def full(path, text, storage_options=None):
         raise OSError(28, "No space left on device")
     monkeypatch.setattr(w, "write_text_atomic", full)
     result = CliRunner().invoke(main, ["validate", clean, "-j", "1", "-o", str(tmp_path / "r.json")])

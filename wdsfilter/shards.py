@@ -34,6 +34,12 @@ def is_remote(url: str) -> bool:
     return url.startswith(REMOTE_SCHEMES)
 
 
+def runs_command(url: str) -> bool:
+    """A pipe: command, or a remote URL webdataset fetches with a command (ais://): read once only."""
+    from .remote import is_fsspec_url
+    return is_pipe(url) or (is_remote(url) and not is_fsspec_url(url))
+
+
 def is_local(url: str) -> bool:
     """A path on this machine (or file:PATH), not a pipe: command or a remote URL."""
     return not (is_pipe(url) or is_remote(url))

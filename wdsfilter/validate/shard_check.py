@@ -18,8 +18,7 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional
 from ..census import KeyCensus
 from ..members import MemberCaps
 from ..reading import OVERSIZED, ShardEnd, group_samples, iter_tar, screen_member
-from ..remote import is_fsspec_url
-from ..shards import close_shard, is_pipe, is_remote, open_shard
+from ..shards import close_shard, is_remote, open_shard, runs_command
 from ..specs import AUDIO_EXTS, json_path_get, split_name
 from ..stages import CaptionCleaner, select_sample
 from ..tally import Tally
@@ -97,10 +96,9 @@ class ShardResult:
 def check_shard(url: str, options: ValidateOptions) -> ShardResult:
     """Never raises on bad data: every problem becomes a finding of the result.
 
-    Local and remote (s3://, gs://, hf://, http(s)://) shards are read by the fast tar_reader; one it
-    finds unusual is read again through reading.iter_tar, the stages' own reader (see
-    tar_reader.py); pipe: commands run once, through iter_tar."""
-    if not is_pipe(url) and (not is_remote(url) or is_fsspec_url(url)):
+    Local and remote (s3, gs, hf, http) shards are read by the fast tar_reader; one it finds unusual
+    is read again through reading.iter_tar, the stages' own reader (see tar_reader.py)."""
+    if not runs_command(url):
         try:
             return _ShardCheck(url, options, tar_reader.iter_members).run()
         except tar_reader.Unusual:
@@ -151,8 +149,7 @@ class _ShardCheck:
         self.outcome: Dict[str, Optional[str]] = {}
         self.scattered: Dict[str, str] = {}  # scattered key -> its first member that came back
         self.fragments = 0
-        self.remote_retries = 0
-        self.remote_size: Optional[int] = None
+        self.retries, self.remote_size = [], None  # a remote shard's retry messages, its object's size
         self.pending: List[tuple] = []  # (kind, key, Finding or None) of missing_* findings
         self.pend_counts: Counter = Counter()
         self.head: List[Finding] = []
@@ -165,19 +162,14 @@ class _ShardCheck:
         url, stage = self.url, self.stage
         try:
             stream = open_shard(url, stage.allow_pipe, stage.allow_remote, stage.stream_idle_seconds,
-                                stage.remote_options(), on_retry=self._retried)
-        except FileNotFoundError as e:
-            if not is_remote(url):
-                return self._unreadable(started, e)
-            self.log.add("remote_object_missing", "", "", f"{e}; fix the URL or upload the shard")
+                                stage.remote_options(), on_retry=self.retries.append)
+        except OSError as e:  # a remote shard's message names the credentials used
+            kind = {FileNotFoundError: "remote_object_missing", PermissionError: "remote_access_denied"}.get(type(e))
+            if kind and is_remote(url):
+                self.log.add(kind, "", "", f"{e}; fix the URL, or grant access or pass other credentials")
+            else:
+                self.log.add("unreadable_tar", "", "", f"cannot open the shard: {e}; check the path and permissions")
             return self._result(started, str(e))
-        except PermissionError as e:
-            if not is_remote(url):
-                return self._unreadable(started, e)
-            self.log.add("remote_access_denied", "", "", f"{e}; grant read access or pass other credentials")
-            return self._result(started, str(e))
-        except OSError as e:
-            return self._unreadable(started, e)
         self.remote_size = getattr(stream, "size", None) if is_remote(url) else None
         try:
             # A fresh Tally: the grouping step counts into it, and the findings say it better.
@@ -194,13 +186,6 @@ class _ShardCheck:
                          f"{failed}; {self.members} member(s) were read before it. Check the command or URL")
             error = error or failed
         return self._result(started, error)
-
-    def _unreadable(self, started: float, e: OSError) -> ShardResult:
-        self.log.add("unreadable_tar", "", "", f"cannot open the shard: {e}; check the path and permissions")
-        return self._result(started, str(e))
-
-    def _retried(self, message: str) -> None:
-        self.remote_retries += 1
 
     # -- members -------------------------------------------------------------------------------
     def _members(self, items: Iterable) -> Iterator:
@@ -360,10 +345,8 @@ class _ShardCheck:
         end, log = self.end, self.log
         error = end.error if end else None
         if error and end.failed and is_remote(self.url):
-            # the reader gave up (retries exhausted, the object changed): not the tar's fault
-            log.add("remote_read_failed", end.member or "", "",
-                    f"{end.failed}; {self.samples} sample(s) ({end.members} members) were read before it. "
-                    f"Validate it again")
+            log.add("remote_read_failed", end.member or "", "", f"{end.failed}; {self.samples} sample(s) "
+                    f"({end.members} members) were read before it. Validate it again")
         elif error:
             if end.not_a_tar:
                 log.add("unreadable_tar", "", "", f"{error}; no member could be read. Is it a tar (a git-lfs "
@@ -464,4 +447,4 @@ class _ShardCheck:
             last_member=last and last[0], last_key=last and last[1], error=error,
             images=self.images.to_dict(), videos=self.videos.to_dict(),
             census={w: c for w, c in self.census.items() if c.samples}, suggestion=self.suggestion,
-            seconds=time.perf_counter() - started, limit=log.limit, remote_retries=self.remote_retries)
+            seconds=time.perf_counter() - started, limit=log.limit, remote_retries=len(self.retries))
