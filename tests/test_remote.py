@@ -424,3 +424,38 @@ def test_the_ranged_block_reader_of_gs_and_hf_resumes_too(web, local):
     gets = web.gets("blocks.tar")
     assert all(g.startswith("bytes=") and not g.endswith("-") for g in gets)  # closed ranges of 8 KiB
     assert gets.count("bytes=16384-24575") >= 2  # the block that broke, asked again
+
+
+def test_a_run_on_s3_killed_with_sigkill_resumes_to_the_rows_of_the_local_read(s3, local, tmp_path):
+    """kill -9 of a `wdsfilter score` reading from the bucket (its decode worker too), then
+    --resume: every shard scored once, the rows those of the local shards."""
+    import signal
+    import subprocess as sp
+    tests = os.path.dirname(os.path.abspath(__file__))
+    out = str(tmp_path / "killed")
+    args = [sys.executable, "-m", "wdsfilter", "score", f"s3://{BUCKET}/laion/", "--out", out, "--scorer", SCORER,
+            "--scorer-opt", "bright.delay=0.25", "--device", "cpu", "--batch-size", "4", "--workers", "1",
+            "--no-progress", "--format", "jsonl"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1")
+    proc = sp.Popen(args, env=env, stdout=sp.PIPE, stderr=sp.STDOUT, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not glob.glob(os.path.join(out, "done", "*.json")):
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.monotonic() < deadline, "no shard finished in 120s"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done_at_kill = len(glob.glob(os.path.join(out, "done", "*.json")))
+    assert proc.returncode == -signal.SIGKILL and 1 <= done_at_kill < 3
+    resumed = sp.run(args + ["--resume"], env=env, stdout=sp.PIPE, stderr=sp.STDOUT, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout
+    assert f"resume: {done_at_kill} of 3 shard(s) already done" in resumed.stdout
+    from wdsfilter.score import score
+    from wdsfilter.score.outputs import read_rows
+    score(local[0], out=str(tmp_path / "local"), scorers=[SCORER], device="cpu", workers=0, progress=False,
+          batch_size=4, format="jsonl")
+
+    def rows(folder):
+        return {os.path.basename(p): [{k: v for k, v in r.items() if k != "shard"} for r in read_rows(p)]
+                for p in sorted(glob.glob(os.path.join(folder, "scores", "*.jsonl")))}
+    assert rows(out) == rows(str(tmp_path / "local"))
