@@ -23,9 +23,10 @@ def test_pipe_urls_work_when_allowed(tmp_path):
     assert len(samples) == 3
 
 
-def test_remote_urls_are_refused_by_default():
-    with pytest.raises(UnsafeInputError, match="allow_remote"):
-        expand_urls(["https://example.com/shard-000000.tar"])
+def test_remote_urls_are_refused_when_network_reads_are_forbidden():
+    # A URL the user names is read (docs/remote.md); allow_remote=False (--no-remote) forbids it.
+    with pytest.raises(UnsafeInputError, match="allow_remote=False"):
+        expand_urls(["https://example.com/shard-000000.tar"], allow_remote=False)
 
 
 def test_unsafe_payload_kept_as_bytes_only_when_allowed(tmp_path):

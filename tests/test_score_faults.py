@@ -135,15 +135,23 @@ def test_a_stalled_command_fails_its_shard_whatever_its_exit_status(shards):
     assert stream.status == 0
 
 
+def _fast_retries(tmp_path) -> str:
+    """Stage options that give a failing remote read up quickly (2 tries, 10 ms apart)."""
+    path = tmp_path / "fast-retries.json"
+    path.write_text(json.dumps({"remote_attempts": 2, "remote_backoff_seconds": 0.01}))
+    return str(path)
+
+
 def test_a_download_that_breaks_off_fails_its_shard(shards, tmp_path):
     out = str(tmp_path / "out")
+    fast = _fast_retries(tmp_path)
     with broken_download(shards[0], send_fraction=0.6) as (url, control):
-        result = cli(url, shards[1], "--allow-remote", "--scorer", SCORER, "--out", out)
+        result = cli(url, shards[1], "--allow-remote", "--scorer", SCORER, "--out", out, "--config", fast)
         assert result.exit_code == 3, result.output
         assert f"{url}: not read to its end" in result.output
         assert done_names(out) == ["shard-0001.json"]
         control["fraction"] = 1.0  # served whole, the same URL completes on --resume
-        again = cli(url, shards[1], "--allow-remote", "--scorer", SCORER, "--out", out, "--resume")
+        again = cli(url, shards[1], "--allow-remote", "--scorer", SCORER, "--out", out, "--resume", "--config", fast)
     assert again.exit_code == 0, again.output
     assert done_names(out) == ["shard-0000.json", "shard-0001.json"]
     assert json.load(open(os.path.join(out, "summary.json")))["rows"] == 11

@@ -87,8 +87,8 @@ def test_inputs_brace_glob_folder_and_compressed(tmp_path):
     assert len(validate(str(tmp_path), jobs=1).shards) == 5
     with pytest.raises(UnsafeInputError, match="allow_pipe"):
         validate(f"pipe:cat {urls[0]}")
-    with pytest.raises(UnsafeInputError, match="allow_remote"):
-        validate("https://example.com/shard-000000.tar")
+    with pytest.raises(UnsafeInputError, match="allow_remote=False"):
+        validate("https://example.com/shard-000000.tar", allow_remote=False)
 
 
 def test_unreadable_shards(tmp_path):

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
-from typing import Dict, Optional, Sequence, Tuple
+from dataclasses import dataclass, field, fields
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from .errors import ConfigError
 from .specs import DEFAULT_CAPTION_KEY, DEFAULT_IMAGE_KEY, REKEY_MODES, KeySpec
@@ -77,7 +77,15 @@ class StageConfig:
     # Safety: nothing that executes code unless asked.
     allow_unsafe: bool = False
     allow_pipe: bool = False
-    allow_remote: bool = False
+    # Remote shards (s3://, gs://, hf://, http(s)://) are read when named; False forbids network
+    # reads (CI). storage_options go to the fsspec filesystem (endpoint, profile, key...): they
+    # are never written (to_dict hides their values). The retry settings: remote.RemoteOptions.
+    allow_remote: bool = True
+    storage_options: Dict[str, Any] = field(default_factory=dict)
+    remote_attempts: int = 8
+    remote_backoff_seconds: float = 0.5
+    remote_block_bytes: int = 8 << 20
+    remote_readahead: int = 4
     # A pipe: command or download that sends nothing for this many seconds while it is being read
     # is killed and its shard fails (scoring: no marker), instead of hanging the run. 0 = never.
     stream_idle_seconds: float = 600.0
@@ -130,6 +138,9 @@ class StageConfig:
             if len(floor) != 2 or not all(isinstance(v, int) and v >= 0 for v in floor):
                 raise ConfigError(f"decode_floor must be (short side, long side) in pixels, got {self.decode_floor!r}")
             self.decode_floor = floor
+        if not isinstance(self.storage_options, dict):
+            raise ConfigError(f"storage_options must be a dict of fsspec options, got {type(self.storage_options).__name__}")
+        self.remote_options()  # checks the retry settings
         self.extra_tokens = tuple(self.extra_tokens)
         self.known_image_tokens = tuple(self.known_image_tokens)
 
@@ -140,7 +151,18 @@ class StageConfig:
         return self.token_mode
 
     def to_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """The options as they may be written (run.json, reports): storage option values hidden."""
+        from .remote import redact_options
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["storage_options"] = redact_options(self.storage_options)
+        return d
+
+    def remote_options(self):
+        """How this stage reads remote shards (picklable, for workers that open their own)."""
+        from .remote import RemoteOptions
+        return RemoteOptions(storage_options=dict(self.storage_options), attempts=self.remote_attempts,
+                             backoff_seconds=self.remote_backoff_seconds, block_bytes=self.remote_block_bytes,
+                             readahead=self.remote_readahead, idle_seconds=self.stream_idle_seconds)
 
     @classmethod
     def from_file(cls, path: str, **overrides) -> "StageConfig":

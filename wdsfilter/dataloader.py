@@ -200,7 +200,7 @@ def loader(urls, caption_key: Optional[str] = None, image_key: Optional[str] = N
     if epoch_samples is not None and (not isinstance(epoch_samples, int) or epoch_samples < 1):
         raise ConfigError(f"epoch_samples must be an integer >= 1, got {epoch_samples!r}")
 
-    shard_urls = expand_urls(urls, config.allow_pipe, config.allow_remote)
+    shard_urls = expand_urls(urls, config.allow_pipe, config.allow_remote, config.storage_options)
     world = world_size or _world_size()
     consumers = world * max(num_workers, 1)
     if not resampled and len(shard_urls) < consumers:

@@ -81,7 +81,7 @@ def sample_pipeline(urls, cfg: Optional[StageConfig] = None, tally: Optional[Tal
     """
     cfg = cfg or StageConfig()
     tally = tally if tally is not None else Tally(cfg.starvation_samples, cfg.starvation_seconds)
-    urls = expand_urls(urls, cfg.allow_pipe, cfg.allow_remote)
+    urls = expand_urls(urls, cfg.allow_pipe, cfg.allow_remote, cfg.storage_options)
     stages = shard_source(urls, resampled, shuffle_shards=bool(shuffle), seed=seed,
                           cycle=tally if cycle and not resampled else None)
     stages += list(shard_stages)

@@ -270,7 +270,8 @@ def tar_members(src: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator
     for item in src:
         url = item["url"]
         try:
-            stream = open_shard(url, cfg.allow_pipe, cfg.allow_remote, cfg.stream_idle_seconds)
+            stream = open_shard(url, cfg.allow_pipe, cfg.allow_remote, cfg.stream_idle_seconds, cfg.remote_options(),
+                                on_retry=lambda message, url=url: tally.note("remote_retries", STAGE, url, "", message))
         except UnsafeInputError:
             raise
         except OSError as e:

@@ -1,17 +1,19 @@
 """Which shards to read, and opening them safely.
 
 Accepts folders (searched recursively), globs, brace patterns (`shards-{000..099}.tar`), `.tar`,
-`.tar.gz`/`.tgz`. `pipe:` URLs run shell commands and remote URLs reach the network: both are
-refused unless the user allows them explicitly.
+`.tar.gz`/`.tgz`, locally and in object stores (`s3://bucket/prefix/`, `gs://b/train-*.tar`: listed
+and read by remote.py). `pipe:` URLs run shell commands: refused unless the user allows them.
+Remote URLs are read when the user names them; allow_remote=False (`--no-remote`) forbids them.
 """
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 import stat
 import threading
 import time
-from typing import IO, List, Optional, Sequence, Tuple, Union
+from typing import IO, List, Mapping, Optional, Sequence, Tuple, Union
 
 import braceexpand
 
@@ -32,6 +34,12 @@ def is_remote(url: str) -> bool:
     return url.startswith(REMOTE_SCHEMES)
 
 
+def runs_command(url: str) -> bool:
+    """A pipe: command, or a remote URL webdataset fetches with a command (ais://): read once only."""
+    from .remote import is_fsspec_url
+    return is_pipe(url) or (is_remote(url) and not is_fsspec_url(url))
+
+
 def is_local(url: str) -> bool:
     """A path on this machine (or file:PATH), not a pipe: command or a remote URL."""
     return not (is_pipe(url) or is_remote(url))
@@ -42,15 +50,18 @@ def _check_allowed(url: str, allow_pipe: bool, allow_remote: bool) -> None:
         raise UnsafeInputError(f"refusing {url!r}: pipe: URLs run shell commands. Pass allow_pipe=True "
                                f"(--allow-pipe) if you trust this command.")
     if is_remote(url) and not allow_remote:
-        raise UnsafeInputError(f"refusing {url!r}: remote URLs are off by default. Pass allow_remote=True "
-                               f"(--allow-remote) to read over the network.")
+        from .remote import redact_url
+        raise UnsafeInputError(f"refusing {redact_url(url)!r}: network reads are forbidden here (allow_remote=False, "
+                               f"--no-remote); drop that option to read remote shards.")
 
 
 check_allowed = _check_allowed  # the one rule, for inputs named by a file (a score folder's sources)
 
 
-def expand_urls(paths: Union[str, Sequence[str]], allow_pipe: bool = False, allow_remote: bool = False) -> List[str]:
-    """Turn user input into an ordered list of shard URLs; raises ConfigError when none is found."""
+def expand_urls(paths: Union[str, Sequence[str]], allow_pipe: bool = False, allow_remote: bool = True,
+                storage_options: Optional[Mapping] = None) -> List[str]:
+    """Turn user input into an ordered list of shard URLs; raises ConfigError when none is found
+    (a remote prefix or glob that lists nothing, a missing bucket: before any work)."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [os.fspath(paths)]
     urls: List[str] = []
@@ -59,7 +70,7 @@ def expand_urls(paths: Union[str, Sequence[str]], allow_pipe: bool = False, allo
         if "{" in entry:
             _check_brace_count(entry)
         for item in braceexpand.braceexpand(entry) if "{" in entry else [entry]:
-            urls.extend(_expand_one(item, allow_pipe, allow_remote))
+            urls.extend(_expand_one(item, allow_pipe, allow_remote, storage_options))
     if not urls:
         raise ConfigError(f"no shards found in {list(paths)!r}; expected folders, globs, brace patterns "
                           f"or files ending in {', '.join(SHARD_SUFFIXES)}")
@@ -155,9 +166,12 @@ def _on_disk(path: str) -> str:
     return path
 
 
-def _expand_one(item: str, allow_pipe: bool, allow_remote: bool) -> List[str]:
+def _expand_one(item: str, allow_pipe: bool, allow_remote: bool, storage_options=None) -> List[str]:
     if is_pipe(item) or is_remote(item):
         _check_allowed(item, allow_pipe, allow_remote)
+        from . import remote
+        if remote.is_fsspec_url(item):
+            return remote.list_shards(item, SHARD_SUFFIXES, storage_options)
         return [item]
     item = local_path(item)
     if os.path.isdir(item):
@@ -175,12 +189,21 @@ def _expand_one(item: str, allow_pipe: bool, allow_remote: bool) -> List[str]:
     return [item]
 
 
-def open_shard(url: str, allow_pipe: bool = False, allow_remote: bool = False,
-               idle_seconds: float = 0.0) -> IO[bytes]:
-    """A binary stream of the shard. Local files are opened directly; the rest go through webdataset.
-    idle_seconds: a pipe: command or download that sends nothing for that long while it is being
-    read is killed (IdleGuard), so its shard fails instead of hanging the run; 0 = never."""
+def open_shard(url: str, allow_pipe: bool = False, allow_remote: bool = True,
+               idle_seconds: float = 0.0, remote=None, on_retry=None) -> IO[bytes]:
+    """A binary stream of the shard. Local files are opened directly; s3://, gs://, hf://, http(s)://
+    through remote.py (ranged reads resumed after a failure; `remote`: its RemoteOptions, `on_retry`
+    told of each retry); pipe: commands through webdataset.
+    idle_seconds: a pipe: command or remote read that sends nothing for that long while it is being
+    read is killed (IdleGuard) or retried, so its shard fails instead of hanging the run; 0 = never."""
     _check_allowed(url, allow_pipe, allow_remote)
+    if is_remote(url):
+        from . import remote as _remote
+        if _remote.is_fsspec_url(url):
+            options = remote or _remote.RemoteOptions()
+            if options.idle_seconds != idle_seconds and remote is None:
+                options = dataclasses.replace(options, idle_seconds=idle_seconds)
+            return _remote.open_remote(url, options, on_retry)
     if is_pipe(url) or is_remote(url):
         from webdataset.gopen import gopen
         stream = gopen(url, "rb")

@@ -26,6 +26,7 @@ import click
 
 from .errors import ConfigError, EXIT_CODES_HELP, OutputError
 from .reading import ShardTarInfo
+from .shards import is_remote, open_shard
 from .specs import REKEY_MODES, split_name
 from .writing import check_output_file, atomic_path
 
@@ -60,24 +61,55 @@ def _plain_tar(src: str, folder: str) -> "tuple[str, bool]":
     return tmp, True
 
 
-def sort_shard(src: str, dst: str, rekey: str = "first-dot") -> SortResult:
-    """Write `dst`: the members of `src` ordered by (key, extension). Raises ConfigError for a
-    missing or unreadable input and OutputError for an output that cannot be written."""
+def sort_shard(src: str, dst: str, rekey: str = "first-dot", storage_options=None) -> SortResult:
+    """Write `dst`: the members of `src` (a local path or an s3://, gs://, hf://, http(s):// URL)
+    ordered by (key, extension). Raises ConfigError for a missing or unreadable input and
+    OutputError for an output that cannot be written."""
     if rekey not in REKEY_MODES:
         raise ConfigError(f"rekey must be one of {REKEY_MODES}, got {rekey!r}")
-    if not os.path.isfile(src):
+    remote = is_remote(src)
+    if not remote and not os.path.isfile(src):
         raise ConfigError(f"shard {src!r} does not exist or is not a file")
     check_output_file(dst, "OUT")
-    if os.path.exists(dst) and os.path.samefile(src, dst):
+    if not remote and os.path.exists(dst) and os.path.samefile(src, dst):
         raise OutputError(f"OUT {dst!r} is the input shard; write the sorted shard to another file")
     folder = os.path.dirname(os.path.abspath(dst))
     os.makedirs(folder, exist_ok=True)
-    plain, temporary = _plain_tar(src, folder)
+    fetched = _fetch(src, folder, storage_options) if remote else None
     try:
-        return _rewrite(plain, dst, rekey, src)
+        plain, temporary = _plain_tar(fetched or src, folder)
+        try:
+            return _rewrite(plain, dst, rekey, src)
+        finally:
+            if temporary:
+                os.remove(plain)
     finally:
-        if temporary:
-            os.remove(plain)
+        if fetched:
+            os.remove(fetched)
+
+
+def _fetch(src: str, folder: str, storage_options) -> str:
+    """A remote IN, streamed (resumed after failures) into a temporary beside OUT: the copy reads
+    members by their offsets, in key order, which a stream cannot give."""
+    from .config import StageConfig
+    stage = StageConfig(storage_options=dict(storage_options or {}))
+    fd, tmp = tempfile.mkstemp(prefix=".sort-shard.tmp-", suffix=".tar", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            try:
+                stream = open_shard(src, remote=stage.remote_options())
+            except OSError as e:
+                raise ConfigError(f"cannot read {src}: {e}") from None
+            try:
+                shutil.copyfileobj(stream, out, 1 << 20)
+            except OSError as e:
+                raise OutputError(f"reading {src} failed: {e}") from None
+            finally:
+                stream.close()
+    except BaseException:
+        os.remove(tmp)
+        raise
+    return tmp
 
 
 def _rewrite(plain: str, dst: str, rekey: str, src: str) -> SortResult:
@@ -131,13 +163,16 @@ def _rewrite(plain: str, dst: str, rekey: str, src: str) -> SortResult:
 @click.argument("dst", metavar="OUT", type=click.Path(dir_okay=False))
 @click.option("--rekey", type=click.Choice(REKEY_MODES), default="first-dot", show_default=True,
               help="Member name -> key split, as for validate.")
-def sort_shard_command(src, dst, rekey):
+@click.option("--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
+              help="An fsspec storage option for a remote IN (endpoint_url=..., profile=...); repeatable.")
+def sort_shard_command(src, dst, rekey, storage_options):
     """Rewrite shard IN as OUT with each sample's members next to each other (ordered by key).
 
     The fix for validate's scattered_key error (shards written by `tar -cf x.tar *.txt *.jpg` or in
     directory order). Member bytes and headers are copied unchanged; OUT ending in .tar.gz/.tgz is
     gzip-compressed. OUT appears only when complete."""
-    result = sort_shard(src, dst, rekey)
+    from .remote import parse_storage_options
+    result = sort_shard(src, dst, rekey, parse_storage_options(storage_options))
     click.echo(f"wdsfilter sort-shard: wrote {dst}: {result.members} member(s) of {result.keys} key(s), "
                f"{result.moved} moved" + (f", {result.skipped} non-file member(s) left out" if result.skipped else ""))
 

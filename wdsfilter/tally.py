@@ -34,6 +34,7 @@ HINTS = {
     "truncated_tar": "the tar ends early or is corrupt; samples before the break were kept",
     "unreadable_shard": "the shard could not be opened, or is not a tar at all",
     "shard_command_failed": "the pipe: command or download of the shard failed",
+    "remote_retries": "a read of a remote shard failed and was asked again from the byte it reached (remote_attempts in a row fail the shard)",
     "oversized_sample": "one sample's members add up past max_sample_bytes; its bytes were let go",
     "oversized_member": "a member over its kind's byte cap (max_text_bytes, max_image_bytes, ...); streamed past unread",
     "special_member": "a symbolic link, hard link, device or FIFO member; tar readers do not follow it",

@@ -45,8 +45,12 @@ def _probe(folder: str) -> Optional[str]:
     return None
 
 
-def check_output_file(path: str, option: str) -> None:
-    """The file can be created or replaced (its folder is created when missing)."""
+def check_output_file(path: str, option: str, storage_options=None) -> None:
+    """The file can be created or replaced (its folder is created when missing); an s3://, gs://
+    URL: its bucket exists and can be listed (remote.check_output_url)."""
+    if _is_url(path):
+        from .remote import check_output_url
+        return check_output_url(path, option, storage_options)
     if os.path.isdir(path):
         raise OutputError(f"{option} {path!r} is a folder; give a file name")
     if os.path.exists(path):
@@ -62,8 +66,11 @@ def check_output_file(path: str, option: str) -> None:
         raise OutputError(f"{option} {path!r}: cannot write in {parent!r} ({why})")
 
 
-def check_output_dir(path: str, option: str) -> None:
-    """The folder exists and is writable, or can be created."""
+def check_output_dir(path: str, option: str, storage_options=None) -> None:
+    """The folder exists and is writable, or can be created (a URL: as check_output_file)."""
+    if _is_url(path):
+        from .remote import check_output_url
+        return check_output_url(path, option, storage_options)
     if os.path.exists(path):
         if not os.path.isdir(path):
             raise OutputError(f"{option} {path!r} is a file, not a folder")
@@ -102,10 +109,19 @@ def atomic_path(path: str) -> Iterator[str]:
         yield tmp
 
 
-def write_text_atomic(path: str, text: str) -> str:
-    """Write UTF-8 text whole or not at all. Text that holds lone surrogates (member names that
-    are not UTF-8, decoded with surrogateescape) must be escaped before it gets here."""
+def _is_url(path: str) -> bool:
+    from .remote import is_fsspec_url
+    return is_fsspec_url(path)
+
+
+def write_text_atomic(path: str, text: str, storage_options=None) -> str:
+    """Write UTF-8 text whole or not at all (an s3://, gs:// URL: one object, remote.write_object).
+    Text that holds lone surrogates (member names that are not UTF-8, decoded with
+    surrogateescape) must be escaped before it gets here."""
     data = text.encode("utf-8")  # fails before the temporary exists, never half-way through it
+    if _is_url(path):
+        from .remote import write_object
+        return write_object(path, data, storage_options)
     with atomic_path(path) as tmp:
         with open(tmp, "wb") as f:
             f.write(data)

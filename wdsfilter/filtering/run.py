@@ -157,6 +157,8 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
     if not dry_run:  # an output that cannot be written is a usage error, found before any work
         from ..writing import check_output_dir, check_output_file, refuse_writing_into_inputs
         if write_shards is not None:
+            from ..remote import refuse_remote_folder
+            refuse_remote_folder(write_shards, "--write-shards")
             check_output_dir(write_shards, "--write-shards")
             refuse_writing_into_inputs(write_shards, [s.url for s in run.shards])
         if report is not None:

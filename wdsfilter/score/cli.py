@@ -78,7 +78,12 @@ def _given(ctx: click.Context, param: str) -> bool:
 @click.option("--max-bytes", "max_bytes", multiple=True, metavar="KIND=SIZE",
               help="Byte cap of one member (text, json, image, video, other; decompressed: a .tar.gz shard), as for validate.")
 @click.option("--allow-pipe", is_flag=True, default=None, help="Allow pipe: shard URLs (they run shell commands).")
-@click.option("--allow-remote", is_flag=True, default=None, help="Allow remote shard URLs.")
+@click.option("--allow-remote/--no-remote", "allow_remote", default=None,
+              help="Read s3://, gs://, hf://, http(s):// shards (the default: a URL you name is read); "
+                   "--no-remote forbids network reads.")
+@click.option("--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
+              help="An fsspec storage option for remote shards (endpoint_url=..., profile=...); repeatable; "
+                   "never written anywhere. See docs/remote.md.")
 @click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="local: this machine's engine (memory planner); ray: Ray Data across a cluster "
                    "(pip install 'wdsfilter[ray]'; shards and --out on a shared filesystem).")
@@ -96,12 +101,13 @@ def _given(ctx: click.Context, param: str) -> bool:
 def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frames, frame_reduce, keyframes,
           ocr_backend, ocr_model_dir, ocr_download, min_clip, max_ocr_area, mins, maxes, write_shards,
           save_embeddings, device, gpus, batch_size, workers, replicas, max_memory, headroom, fit, fmt, resume,
-          overwrite, retry_failed, dry_run, caption_key, image_key, rekey, config_file, max_bytes, allow_pipe, allow_remote, engine,
+          overwrite, retry_failed, dry_run, caption_key, image_key, rekey, config_file, max_bytes, allow_pipe, allow_remote, storage_options, engine,
           ray_address, ray_actors, ray_gpus_per_actor,
           no_progress, no_histograms, quiet, verbose):
     """Score every sample of SHARDS (folders, globs, brace patterns, .tar files) with CLIP, OCR
     or your own scorer; write per-shard score files, a summary and, optionally, filtered shards."""
     from ..config import StageConfig, parse_byte_caps
+    from ..remote import parse_storage_options
     from . import SHORTCUTS, build_config
     from .recipe import merge, read_recipe
     from ..thresholds import parse_threshold
@@ -112,7 +118,8 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
     level = verbosity(quiet, verbose)
     recipe = read_recipe(config_file) if config_file else {}
     stage_overrides = {"caption_key": caption_key, "image_key": image_key, "rekey": rekey, "allow_pipe": allow_pipe,
-                       "allow_remote": allow_remote, **parse_byte_caps(max_bytes)}
+                       "allow_remote": allow_remote, "storage_options": parse_storage_options(storage_options) or None,
+                       **parse_byte_caps(max_bytes)}
     stage = StageConfig(**{**(recipe.get("stage") or {}), **{k: v for k, v in stage_overrides.items() if v is not None}})
     scorer_options = {}
     for text in scorer_opts:

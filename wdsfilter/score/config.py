@@ -88,7 +88,10 @@ class ScoreConfig:
     def __post_init__(self):
         if not self.out or not isinstance(self.out, str):
             raise ConfigError("out: a folder for the score files is required (--out DIR)")
+        from ..remote import refuse_remote_folder
         from ..writing import check_output_dir  # an unwritable output is a usage error, before any work
+        refuse_remote_folder(self.out, "--out")
+        refuse_remote_folder(self.write_shards, "--write-shards")
         check_output_dir(self.out, "--out")
         if self.write_shards:
             check_output_dir(self.write_shards, "--write-shards")

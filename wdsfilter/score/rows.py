@@ -148,7 +148,7 @@ def write_shard(url: str, rows: List[dict], end: Union[ShardEnd, dict], cfg, sta
         dest = state.filtered_path(url)
         try:
             filtered = write_filtered(source or url, keep, dest, cfg.stage.rekey, cfg.stage.allow_pipe,
-                                      cfg.stage.allow_remote, cfg.stage.stream_idle_seconds)
+                                      cfg.stage.allow_remote, cfg.stage.stream_idle_seconds, cfg.stage.remote_options())
             # the stats and sizes.json entry before the marker: a resumed run that trusts the
             # marker finds them in place; a rescored shard sets its entry again
             folder, name = os.path.split(dest)

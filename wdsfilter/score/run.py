@@ -50,7 +50,8 @@ class Run:
         refuse_in_spawned_worker()
         self.cfg = cfg
         self.echo = echo or (lambda text: None)
-        self.urls, repeats = unique_urls(expand_urls(shards, cfg.stage.allow_pipe, cfg.stage.allow_remote))
+        self.urls, repeats = unique_urls(expand_urls(shards, cfg.stage.allow_pipe, cfg.stage.allow_remote,
+                                                           cfg.stage.storage_options))
         unnamed = [u for u in self.urls if utf8_text(u) != u]
         if unnamed:  # its path goes into score files, markers and stats, all UTF-8
             raise ConfigError(f"shard path '{utf8_text(unnamed[0])}' is not UTF-8 ({len(unnamed)} such shard(s)): "

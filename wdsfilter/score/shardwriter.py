@@ -77,13 +77,15 @@ def member_ranges(path: str, rekey: str) -> Tuple[int, List[Tuple[int, int, str]
     return (first or 0), ranges
 
 
-def _local_copy(url: str, allow_pipe: bool, allow_remote: bool, folder: str, idle_seconds: float = 0.0) -> str:
+def _local_copy(url: str, allow_pipe: bool, allow_remote: bool, folder: str, idle_seconds: float = 0.0,
+                remote=None) -> str:
     # ".<...>.tmp-" like every temporary: a killed run's leftovers are removed by the next run.
     # Read again through the idle guard, as the first read was: a command that hangs is killed.
+    # remote: the run's RemoteOptions (storage options, retries) for an s3://, gs://, hf:// source.
     fd, tmp = tempfile.mkstemp(prefix=".source.tmp-", suffix=".tar", dir=folder)
     try:
         with os.fdopen(fd, "wb") as out:
-            src = open_shard(url, allow_pipe, allow_remote, idle_seconds)
+            src = open_shard(url, allow_pipe, allow_remote, idle_seconds, remote=remote)
             try:
                 shutil.copyfileobj(src, out, 1 << 20)
             finally:
@@ -99,14 +101,16 @@ def _local_copy(url: str, allow_pipe: bool, allow_remote: bool, folder: str, idl
 
 
 def write_filtered(url: str, keep: Iterable[str], dest: str, rekey: str = "first-dot",
-                   allow_pipe: bool = False, allow_remote: bool = False, idle_seconds: float = 0.0) -> dict:
+                   allow_pipe: bool = False, allow_remote: bool = True, idle_seconds: float = 0.0,
+                   remote=None) -> dict:
     """Write the members of kept keys of shard `url` to `dest` atomically; returns counts.
-    idle_seconds: a pipe: command or download read again that sends nothing that long is killed."""
+    idle_seconds: a pipe: command or download read again that sends nothing that long is killed;
+    remote: the run's RemoteOptions for an s3://, gs://, hf:// source."""
     keep = set(keep)
     source, fetched = local_path(url), None
     if not is_local(url):
         folder = os.path.dirname(os.path.abspath(dest))
-        fetched = source = _local_copy(url, allow_pipe, allow_remote, folder, idle_seconds)
+        fetched = source = _local_copy(url, allow_pipe, allow_remote, folder, idle_seconds, remote)
     try:
         with atomic_path(dest) as tmp:
             members, samples = _copy_kept(source, tmp, keep, rekey)

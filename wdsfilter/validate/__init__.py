@@ -18,7 +18,7 @@ from typing import Optional, Sequence, Union
 
 from ..config import StageConfig
 from ..errors import ConfigError
-from ..shards import expand_urls, unique_urls
+from ..shards import expand_urls, is_remote, unique_urls
 from .findings import ERROR, KINDS, WARNING, Finding
 from .options import ValidateOptions
 from .progress import Progress
@@ -55,25 +55,28 @@ def validate(paths: Union[str, Sequence[str]], *, config: Union[None, str, dict,
              min_side: Optional[int] = None, max_aspect: Optional[float] = None, ranks: Optional[int] = None,
              loader_workers: Optional[int] = None, fail_on: str = "error", jobs: Optional[int] = None,
              uneven_ratio: float = 2.0, max_findings: int = 100, stats_dir: Optional[str] = None,
-             progress: bool = False, byte_caps: Optional[dict] = None) -> Report:
+             progress: bool = False, byte_caps: Optional[dict] = None,
+             storage_options: Optional[dict] = None) -> Report:
     """Check shards (folders, globs, brace patterns, .tar/.tar.gz/.tgz files) and return a Report.
 
     byte_caps: StageConfig byte caps, e.g. {"max_image_bytes": 128 << 20} (config.parse_byte_caps).
+    storage_options: fsspec options for remote shards (s3://, gs://, hf://): endpoint, profile...
     Configuration errors (a malformed key spec, no shard found, a refused pipe:/remote URL) raise at
     once; everything wrong with the data is a finding of the report."""
     stage = stage_config(config, caption_key=caption_key, image_key=image_key, rekey=rekey,
                          max_pixels=max_pixels, max_side=max_side, image_token=image_token,
-                         allow_pipe=allow_pipe, allow_remote=allow_remote, **(byte_caps or {}))
+                         allow_pipe=allow_pipe, allow_remote=allow_remote, storage_options=storage_options,
+                         **(byte_caps or {}))
     options = ValidateOptions(stage=stage, deep=deep, min_side=min_side, max_aspect=max_aspect, ranks=ranks,
                               loader_workers=loader_workers, uneven_ratio=uneven_ratio, max_findings=max_findings,
                               fail_on=fail_on, jobs=jobs)
     if stats_dir:
         from ..writing import check_output_dir
-        check_output_dir(stats_dir, "--stats-dir")  # before any shard is read
+        check_output_dir(stats_dir, "--stats-dir", stage.storage_options)  # before any shard is read
     # A shard given twice (a folder and a file in it) is validated once, as score scores it once:
     # else it is counted twice, listed twice in the JUnit report, and --stats-dir writes a
     # {stem}-2_stats.json for a shard that does not exist.
-    urls, repeats = unique_urls(expand_urls(paths, stage.allow_pipe, stage.allow_remote))
+    urls, repeats = unique_urls(expand_urls(paths, stage.allow_pipe, stage.allow_remote, stage.storage_options))
     if repeats:
         log.warning(f"{len(repeats)} shard(s) given more than once are validated once: "
                     f"{', '.join(repeats[:3])}{' ...' if len(repeats) > 3 else ''}")
@@ -97,6 +100,9 @@ def validate_urls(urls: Sequence[str], options: ValidateOptions, progress: bool 
     finally:  # its ticker thread stops with it, also when the run stops on an error
         if bar is not None:
             bar.close()
+    if any(is_remote(u) for u in urls):
+        from .checks.remote_sizes import check_remote_sizes
+        check_remote_sizes(results, options.stage.storage_options)
     return Report.build(results, options, time.perf_counter() - started)
 
 

@@ -7,6 +7,7 @@ import click
 
 from ..config import parse_byte_caps
 from ..errors import EXIT_CODES_HELP
+from ..remote import parse_storage_options
 from ..specs import REKEY_MODES
 from ..progress import verbosity, verbosity_options
 from ..writing import check_output_file
@@ -33,7 +34,12 @@ from .formats import FORMATS, render, write_report
 @click.option("--ranks", type=click.IntRange(min=1), help="Training ranks (for the too_few_shards check).")
 @click.option("--loader-workers", type=click.IntRange(min=1), help="DataLoader workers per rank.")
 @click.option("--allow-pipe", is_flag=True, help="Accept pipe: URLs (they run shell commands).")
-@click.option("--allow-remote", is_flag=True, help="Accept http(s)/s3/gs/hf URLs.")
+@click.option("--allow-remote/--no-remote", "allow_remote", default=None,
+              help="Read s3://, gs://, hf://, http(s):// shards (the default: a URL you name is read); "
+                   "--no-remote forbids network reads.")
+@click.option("--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
+              help="An fsspec storage option for remote shards (endpoint_url=..., profile=..., anon=true); "
+                   "repeatable; never written anywhere. See docs/remote.md.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True)
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True),
               help="Write the report here; the text summary still goes to stdout.")
@@ -47,7 +53,7 @@ from .formats import FORMATS, render, write_report
 @verbosity_options(quiet="Say less: no progress, and no text summary when the report goes to --output.",
                    verbose="Say more: progress in a log too (a line every 10 s).")
 def validate_command(paths, caption_key, image_key, rekey, image_token, config_file, max_pixels, max_side, min_side,
-                     max_aspect, max_bytes, deep, ranks, loader_workers, allow_pipe, allow_remote, fmt, output, fail_on, jobs,
+                     max_aspect, max_bytes, deep, ranks, loader_workers, allow_pipe, allow_remote, storage_options, fmt, output, fail_on, jobs,
                      stats_dir, progress, quiet, verbose):
     """Check WebDataset shards for what would silently break training.
 
@@ -56,15 +62,17 @@ def validate_command(paths, caption_key, image_key, rekey, image_token, config_f
     configuration error (an --output or --stats-dir that cannot be written included, found before
     any shard is read), 3: the run failed. See docs/validate.md.
     """
+    options = parse_storage_options(storage_options) or None
     if output:
-        check_output_file(output, "--output")
+        check_output_file(output, "--output", options)
     level = verbosity(quiet, verbose)  # -q: no progress, and no text summary when the report goes to --output
     if progress is None:
         progress = level == 2 or (level == 1 and sys.stderr.isatty())
     report = run_validate(
         list(paths), config=config_file, caption_key=caption_key, image_key=image_key, rekey=rekey,
         max_pixels=max_pixels, max_side=max_side, image_token=image_token,
-        allow_pipe=allow_pipe or None, allow_remote=allow_remote or None,  # None: the config file decides
+        allow_pipe=allow_pipe or None, allow_remote=allow_remote,  # None: the config file decides
+        storage_options=options,
         byte_caps=parse_byte_caps(max_bytes), deep=deep, min_side=min_side, max_aspect=max_aspect, ranks=ranks, loader_workers=loader_workers, fail_on=fail_on, jobs=jobs, stats_dir=stats_dir, progress=progress)
     if output:
         write_report(report, fmt, output)  # whole or not at all

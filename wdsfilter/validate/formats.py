@@ -23,9 +23,10 @@ def render(report: Report, fmt: str) -> str:
 
 
 def write_report(report: Report, fmt: str, path: str) -> str:
-    """Write the report to `path` whole or not at all (a temporary file, then rename)."""
+    """Write the report to `path` whole or not at all (a temporary file, then rename; an s3://,
+    gs:// URL: one object, uploaded whole)."""
     from ..writing import write_text_atomic
-    return write_text_atomic(path, render(report, fmt))
+    return write_text_atomic(path, render(report, fmt), report.options.stage.storage_options)
 
 
 # -- names that are not UTF-8 ----------------------------------------------------------------------

@@ -69,8 +69,10 @@ SHARD_PROPERTIES = {
     "videos": VIDEOS,
     "suggestion": {"type": ["string", "null"]},
     "seconds": _NUM,
+    "remote_retries": _INT,
 }
-SHARD = _object(SHARD_PROPERTIES)
+OPTIONAL_SHARD = ("remote_retries",)  # only where a remote read was retried
+SHARD = _object(SHARD_PROPERTIES, required=[k for k in SHARD_PROPERTIES if k not in OPTIONAL_SHARD])
 
 REPORT = dict(_object({
     "schema_version": {"const": SCHEMA_VERSION},
@@ -118,7 +120,8 @@ STATS_FILE = dict(_object(dict(SHARD_PROPERTIES, **{
     "schema_version": {"const": SCHEMA_VERSION},
     "tool": {"const": "wdsfilter validate"},  # tells our files from another tool's {shard}_stats.json
     "listed_findings": {"type": "array", "items": FINDING},
-})), **{"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "wdsfilter validate shard stats"})
+}), required=[k for k in SHARD_PROPERTIES if k not in OPTIONAL_SHARD] + [
+    "successes", "complete", "schema_version", "tool", "listed_findings"]), **{"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "wdsfilter validate shard stats"})
 
 SIZES_FILE = {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "sizes.json",
               "type": "object", "additionalProperties": _INT}

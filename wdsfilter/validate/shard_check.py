@@ -18,7 +18,7 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional
 from ..census import KeyCensus
 from ..members import MemberCaps
 from ..reading import OVERSIZED, ShardEnd, group_samples, iter_tar, screen_member
-from ..shards import close_shard, is_pipe, is_remote, open_shard
+from ..shards import close_shard, is_remote, open_shard, runs_command
 from ..specs import AUDIO_EXTS, json_path_get, key_digest, split_name
 from ..stages import CaptionCleaner, select_sample
 from ..tally import Tally
@@ -63,6 +63,7 @@ class ShardResult:
     suggestion: Optional[str] = None
     seconds: float = 0.0
     limit: int = 100
+    remote_retries: int = 0  # reads of a remote shard asked again after a failure
 
     @property
     def kept_share(self) -> Optional[float]:
@@ -88,15 +89,16 @@ class ShardResult:
                 "kept": self.kept, "kept_share": None if self.kept_share is None else round(self.kept_share, 6),
                 "dropped": dict(sorted(self.dropped.items())), "findings": dict(sorted(self.counts.items())),
                 "error": self.error, "images": self.images, "videos": self.videos,
-                "suggestion": self.suggestion, "seconds": round(self.seconds, 4)}
+                "suggestion": self.suggestion, "seconds": round(self.seconds, 4),
+                **({"remote_retries": self.remote_retries} if self.remote_retries else {})}
 
 
 def check_shard(url: str, options: ValidateOptions) -> ShardResult:
     """Never raises on bad data: every problem becomes a finding of the result.
 
-    Local shards are read by the fast tar_reader; one it finds unusual is read again through
-    reading.iter_tar, the stages' own reader (see tar_reader.py)."""
-    if not (is_pipe(url) or is_remote(url)):
+    Local and remote (s3, gs, hf, http) shards are read by the fast tar_reader; one it finds unusual
+    is read again through reading.iter_tar, the stages' own reader (see tar_reader.py)."""
+    if not runs_command(url):
         try:
             return _ShardCheck(url, options, tar_reader.iter_members).run()
         except tar_reader.Unusual:
@@ -147,6 +149,7 @@ class _ShardCheck:
         self.outcome: Dict[bytes, Optional[str]] = {}  # by specs.key_digest: every key of the shard
         self.scattered: Dict[str, str] = {}  # scattered key -> its first member that came back
         self.fragments = 0
+        self.retries, self.remote_size = [], None  # a remote shard's retry messages, its object's size
         self.pending: List[tuple] = []  # (kind, key, Finding or None) of missing_* findings
         self.pend_counts: Counter = Counter()
         self.head: List[Finding] = []
@@ -158,10 +161,16 @@ class _ShardCheck:
         started = time.perf_counter()
         url, stage = self.url, self.stage
         try:
-            stream = open_shard(url, stage.allow_pipe, stage.allow_remote, stage.stream_idle_seconds)
-        except OSError as e:
-            self.log.add("unreadable_tar", "", "", f"cannot open the shard: {e}; check the path and permissions")
+            stream = open_shard(url, stage.allow_pipe, stage.allow_remote, stage.stream_idle_seconds,
+                                stage.remote_options(), on_retry=self.retries.append)
+        except OSError as e:  # a remote shard's message names the credentials used
+            kind = {FileNotFoundError: "remote_object_missing", PermissionError: "remote_access_denied"}.get(type(e))
+            if kind and is_remote(url):
+                self.log.add(kind, "", "", f"{e}; fix the URL, or grant access or pass other credentials")
+            else:
+                self.log.add("unreadable_tar", "", "", f"cannot open the shard: {e}; check the path and permissions")
             return self._result(started, str(e))
+        self.remote_size = getattr(stream, "size", None) if is_remote(url) else None
         try:
             # A fresh Tally: the grouping step counts into it, and the findings say it better.
             for sample in group_samples(self._members(self.reader(stream, url, self.caps)), stage, Tally()):
@@ -337,7 +346,10 @@ class _ShardCheck:
     def _shard_end(self) -> Optional[str]:
         end, log = self.end, self.log
         error = end.error if end else None
-        if error:
+        if error and end.failed and is_remote(self.url):
+            log.add("remote_read_failed", end.member or "", "", f"{end.failed}; {self.samples} sample(s) "
+                    f"({end.members} members) were read before it. Validate it again")
+        elif error:
             if end.not_a_tar:
                 log.add("unreadable_tar", "", "", f"{error}; no member could be read. Is it a tar (a git-lfs "
                                                   f"pointer file, an HTML error page)? Re-create or re-download it")
@@ -428,7 +440,7 @@ class _ShardCheck:
     def _result(self, started: float, error: Optional[str]) -> ShardResult:
         log = self.log
         first, last = self.keys.first, self.keys.last
-        size = os.path.getsize(self.url) if os.path.isfile(self.url) else 0
+        size = os.path.getsize(self.url) if os.path.isfile(self.url) else (self.remote_size or 0)
         return ShardResult(
             shard=self.url, bytes=size, members=self.members, samples=self.samples, kept=self.kept,
             dropped=dict(self.dropped), counts=dict(log.counts), findings=list(log.items),
@@ -437,4 +449,4 @@ class _ShardCheck:
             last_member=last and last[0], last_key=last and last[1], error=error,
             images=self.images.to_dict(), videos=self.videos.to_dict(),
             census={w: c for w, c in self.census.items() if c.samples}, suggestion=self.suggestion,
-            seconds=time.perf_counter() - started, limit=log.limit)
+            seconds=time.perf_counter() - started, limit=log.limit, remote_retries=len(self.retries))

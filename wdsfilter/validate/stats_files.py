@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import re
 from collections import defaultdict
 from typing import Dict, List, Optional
@@ -60,14 +61,20 @@ def _subfolders(folders: List[str]) -> Dict[str, str]:
 
 
 def write_stats(report: Report, folder: str) -> List[str]:
-    """Writes the files and returns their paths."""
+    """Writes the files and returns their paths. `folder` may be an s3://, gs:// URL: each file is
+    one object, written whole or not at all."""
     groups: Dict[str, list] = defaultdict(list)
     for r in report.shards:
         groups[os.path.dirname(r.shard)].append(r)
     written = []
+    options = report.options.stage.storage_options
+    remote = is_remote(folder)
     for source, sub in _subfolders(list(groups)).items():
-        out = os.path.normpath(os.path.join(folder, sub))
-        os.makedirs(out, exist_ok=True)
+        if remote:
+            out = posixpath.join(folder.rstrip("/"), sub) if sub else folder.rstrip("/")
+        else:
+            out = os.path.normpath(os.path.join(folder, sub))
+            os.makedirs(out, exist_ok=True)
         sizes, used = {}, set()
         for r in groups[source]:
             stem, n = shard_stem(r.shard), 1
@@ -75,39 +82,54 @@ def write_stats(report: Report, folder: str) -> List[str]:
                 n += 1
                 stem = f"{shard_stem(r.shard)}-{n}"
             used.add(stem)
-            complete = not r.counts.get("shard_command_failed")
+            complete = not (r.counts.get("shard_command_failed") or r.counts.get("remote_read_failed"))
             data = dict(successes=r.samples, **r.stats(), schema_version=SCHEMA_VERSION, tool=TOOL,
                         complete=complete, listed_findings=[f.to_dict() for f in r.findings])
-            path = os.path.join(out, f"{stem}_stats.json")
-            if _foreign(path):
-                path = os.path.join(out, stem + BESIDE)
-            written.append(_write_json(path, data))
+            join = posixpath.join if remote else os.path.join
+            path = join(out, f"{stem}_stats.json")
+            if _foreign(path, options):
+                path = join(out, stem + BESIDE)
+            written.append(_write_json(path, data, options))
             sizes[shard_basename(r.shard)] = r.samples if complete else None
-        update_sizes(out, sizes)  # merged under the folder lock, as the shard writers merge it
-        written.append(os.path.join(out, SIZES))
+        if is_remote(out):  # an object store has no folder lock: the file is read, merged and put whole
+            sizes_path = join(out, SIZES)
+            merged = {k: v for k, v in {**(_read_dict(sizes_path, options) or {}), **sizes}.items() if v is not None}
+            written.append(_write_json(sizes_path, merged, options))
+        else:
+            update_sizes(out, sizes)  # merged under the folder lock, as the shard writers merge it
+            written.append(os.path.join(out, SIZES))
     return written
 
 
-def _read_dict(path: str) -> dict:
-    """The JSON object in `path`; {} when there is none."""
+def _read_dict(path: str, options=None) -> Optional[dict]:
+    """The JSON object in `path`; {} when there is none or it is not one; None when no file is there."""
     try:
-        with open(path, "rb") as f:
-            data = json.load(f)
+        if is_remote(path):
+            from ..remote import read_object
+            raw = read_object(path, options)
+            if raw is None:
+                return None
+            data = json.loads(raw)
+        else:
+            if not os.path.lexists(path):
+                return None
+            with open(path, "rb") as f:
+                data = json.load(f)
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
 
 
-def _foreign(path: str) -> bool:
+def _foreign(path: str, options=None) -> bool:
     """True when `path` exists and was not written by this validator (img2dataset's stats, or
     anything that is not our JSON): we must not overwrite it."""
-    if not os.path.lexists(path):
+    data: Optional[dict] = _read_dict(path, options)
+    if data is None:
         return False
-    data: Optional[dict] = _read_dict(path)
     ours = data.get("tool") == TOOL or ("listed_findings" in data and "schema_version" in data)
     return not ours
 
 
-def _write_json(path: str, data) -> str:
+def _write_json(path: str, data, options=None) -> str:
     # escape_data: member names that are not UTF-8 appear as \\xNN instead of failing the write.
-    return write_text_atomic(path, json.dumps(escape_data(data), indent=2, ensure_ascii=False) + "\n")
+    return write_text_atomic(path, json.dumps(escape_data(data), indent=2, ensure_ascii=False) + "\n", options)

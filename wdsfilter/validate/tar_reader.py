@@ -27,6 +27,7 @@ from typing import IO, Iterator, Optional, Tuple
 from ..members import MemberCaps
 from ..decompress import DecompressionCapError, open_layers
 from ..reading import MAX_EXTENDED_HEADER, MAX_NAME, ShardEnd, oversized_member, special_member
+from ..remote import RemoteReadError
 
 BLOCK = 512
 _ZERO = bytes(BLOCK)
@@ -102,15 +103,24 @@ def _file_size(stream: IO[bytes]) -> Optional[int]:
     try:
         return os.fstat(stream.fileno()).st_size
     except (AttributeError, OSError, ValueError):
-        return None
+        size = getattr(stream, "size", None)  # a remote shard (remote.RemoteShard): the object's size
+        return size if isinstance(size, int) else None
 
 
 def iter_members(stream: IO[bytes], url: str, caps: Optional[MemberCaps] = None) -> Iterator["dict | ShardEnd"]:
+    seen = [0, ""]  # members yielded, the last one's name: where a remote read failed
     try:
         import lzma
         opened = open_layers(stream, caps.decompressed if caps else 1 << 62)
-        size = _file_size(stream) if opened is stream else None  # known for a plain local file only
-        yield from _members(opened, url, caps, size)
+        size = _file_size(stream) if opened is stream else None  # known for a plain file or object only
+        for item in _members(opened, url, caps, size):
+            if type(item) is dict:
+                seen[0] += 1
+                seen[1] = item["fname"]
+            yield item
+    except RemoteReadError as e:  # the store failed for good, not the tar: reading it again would not help
+        message = f"{type(e).__name__}: {e} at member {seen[1] or '(header)'}"
+        yield ShardEnd(url, seen[0], message, seen[1], failed=message)
     except (OSError, EOFError, zlib.error, lzma.LZMAError, DecompressionCapError) as e:  # iter_tar words it
         raise Unusual(str(e)) from None
 

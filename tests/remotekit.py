@@ -1,0 +1,264 @@
+"""Real servers on 127.0.0.1 for the remote tests: moto's S3 API server, and a web server of our
+own that serves objects with ETag and Range support and injects the faults a real network has
+(a connection reset at a chosen byte, 503, 429 with Retry-After, a stall, a short read, an object
+replaced between two reads). No test helper here: test files import these."""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.server
+import os
+import re
+import socket
+import struct
+import threading
+from typing import Dict, List, Optional
+
+# Fake credentials for moto; the secret is distinctive so a test can look for it in every output.
+SECRET = "wdsfSECRETx9Q7zK2mVb"
+BUCKET = "wdsf-shards"
+
+
+@contextlib.contextmanager
+def s3_server(monkeypatch=None):
+    """moto's S3 API server on a free loopback port; the AWS chain pointed at it through the
+    environment (AWS_ENDPOINT_URL, as a user of MinIO or R2 sets it). Yields (endpoint, boto3 client)."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+    import logging
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    env = {"AWS_ACCESS_KEY_ID": "wdsftestkey", "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_ENDPOINT_URL": endpoint,
+           "AWS_DEFAULT_REGION": "us-east-1", "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+           "AWS_CONFIG_FILE": os.devnull, "AWS_EC2_METADATA_DISABLED": "true"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        client = boto3.client("s3", endpoint_url=endpoint)
+        client.create_bucket(Bucket=BUCKET)
+        yield endpoint, client
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        server.stop()
+        _clear_fsspec_cache()
+
+
+def _clear_fsspec_cache():
+    """fsspec keeps one filesystem per options: a later server on another port needs a new one."""
+    try:
+        import s3fs
+        s3fs.S3FileSystem.clear_instance_cache()
+    except ImportError:
+        pass
+
+
+def upload(client, folder: str, prefix: str) -> List[str]:
+    """Every file of `folder` (recursively, name order) under s3://BUCKET/prefix/; their URLs."""
+    urls = []
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        for name in sorted(files):
+            path = os.path.join(root, name)
+            key = f"{prefix}/{os.path.relpath(path, folder)}"
+            client.upload_file(path, BUCKET, key)
+            urls.append(f"s3://{BUCKET}/{key}")
+    return urls
+
+
+class FaultServer:
+    """A web server of objects (`put`), each GET answered by the next fault queued for its path
+    (`fail`), or served whole. Faults: ("reset", offset): the body breaks off with a TCP reset at
+    that absolute byte; ("short", offset): the connection closes cleanly there, short of the
+    announced length; ("status", code, retry_after): an error answer; ("stall", offset): the body
+    stops there until the server stops; ("replace", data): the object is replaced before this
+    answer. `requests` records (method, path, Range header) of every request."""
+
+    def __init__(self):
+        self.objects: Dict[str, bytes] = {}
+        self.faults: Dict[str, List[tuple]] = {}
+        self.requests: List[tuple] = []
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_HEAD(self):  # noqa: N802 - the http.server API
+                server._answer(self, head=True)
+
+            def do_GET(self):  # noqa: N802
+                server._answer(self, head=False)
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.httpd.handle_error = lambda *args: None  # the faults break connections on purpose
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stopping.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def put(self, path: str, data: bytes) -> str:
+        with self.lock:
+            self.objects[path] = data
+        return f"{self.url}/{path}"
+
+    def fail(self, path: str, *faults: tuple) -> None:
+        with self.lock:
+            self.faults.setdefault(path, []).extend(faults)
+
+    def gets(self, path: str) -> List[Optional[str]]:
+        """The Range headers of the GETs of `path`, in order."""
+        return [r for m, p, r in self.requests if m == "GET" and p == path]
+
+    def _answer(self, h, head: bool) -> None:
+        path = h.path.lstrip("/")
+        rng = h.headers.get("Range")
+        m = re.match(r"bytes=(\d+)-(\d*)", rng or "")
+        with self.lock:
+            self.requests.append(("HEAD" if head else "GET", path, rng))
+            data = self.objects.get(path)
+            fault = None if head else self._take_fault(path, m, len(data or b""))
+            if fault and fault[0] == "replace":
+                self.objects[path] = data = fault[1]
+                fault = None
+        if data is None:
+            return self._status(h, 404)
+        etag = '"%s"' % hashlib.md5(data).hexdigest()
+        if fault and fault[0] == "status":
+            return self._status(h, fault[1], fault[2] if len(fault) > 2 else None)
+        match = h.headers.get("If-Match")
+        if match and match != etag:
+            return self._status(h, 412)
+        start, end = 0, len(data)
+        if m:
+            start, end = int(m.group(1)), min(len(data), int(m.group(2)) + 1 if m.group(2) else len(data))
+        h.send_response(206 if m else 200)
+        h.send_header("Content-Length", str(end - start))
+        h.send_header("ETag", etag)
+        h.send_header("Accept-Ranges", "bytes")
+        if m:
+            h.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
+        h.end_headers()
+        if head:
+            return
+        stop = fault[1] if fault else end
+        try:
+            h.wfile.write(data[start:stop])
+            h.wfile.flush()
+        except OSError:
+            return
+        if fault is None or stop == end:
+            return
+        if fault[0] == "stall":
+            self.stopping.wait()
+        elif fault[0] == "reset":  # RST, not FIN: linger 0 then close
+            h.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        h.close_connection = True
+        with contextlib.suppress(OSError):
+            h.connection.shutdown(socket.SHUT_RDWR) if fault[0] == "short" else None
+        with contextlib.suppress(OSError):
+            h.connection.close()
+
+    def _take_fault(self, path: str, m, size: int) -> Optional[tuple]:
+        """The first fault queued for `path` that this GET meets: an answer fault (status, replace)
+        meets any GET; a byte fault only a GET whose range holds its byte (reads run in parallel)."""
+        queue = self.faults.get(path) or []
+        start = int(m.group(1)) if m else 0
+        end = min(size, int(m.group(2)) + 1) if m and m.group(2) else size
+        for i, fault in enumerate(queue):
+            if fault[0] in ("status", "replace") or start <= fault[1] < end:
+                return queue.pop(i)
+            break  # faults are met in order
+        return None
+
+    @staticmethod
+    def _status(h, code: int, retry_after: Optional[str] = None) -> None:
+        body = f"error {code}".encode()
+        h.send_response(code)
+        h.send_header("Content-Length", str(len(body)))
+        if retry_after is not None:
+            h.send_header("Retry-After", str(retry_after))
+        h.end_headers()
+        h.wfile.write(body)
+
+
+def clear_http_cache():
+    """fsspec caches one http filesystem (and its info) per options."""
+    try:
+        from fsspec.implementations.http import HTTPFileSystem
+        HTTPFileSystem.clear_instance_cache()
+    except ImportError:
+        pass
+
+
+class FailingProxy:
+    """An HTTP proxy in front of an S3 API server that answers 500 to every request whose path and
+    query contain `fail_when` (say "partNumber=2": the second part of each multipart upload), and
+    forwards the rest unchanged. `url` is the endpoint to give the client."""
+
+    def __init__(self, upstream: str, fail_when: str):
+        import http.client
+        import urllib.parse
+        target = urllib.parse.urlsplit(upstream)
+        proxy = self
+        self.failed = 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _forward(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                if fail_when in self.path:
+                    proxy.failed += 1
+                    FaultServer._status(self, 500)
+                    return
+                conn = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
+                conn.request(self.command, self.path, body=body, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+                self.send_response(resp.status)
+                for k, v in resp.getheaders():
+                    if k.lower() not in ("transfer-encoding", "connection", "content-length", "server", "date"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+                conn.close()
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward  # noqa: N815
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def __enter__(self):
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()

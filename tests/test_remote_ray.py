@@ -1,0 +1,44 @@
+"""The Ray engine on shards in a bucket: its workers open their shards themselves (the driver
+reads none), from moto's S3 server on 127.0.0.1; the rows are the local engine's."""
+import glob
+import os
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="the Ray engine is tested where wdsfilter[ray] is installed")
+pytest.importorskip("s3fs")
+pytest.importorskip("moto")
+
+from remotekit import BUCKET, s3_server, upload  # noqa: E402
+from scorekit import make_shards  # noqa: E402
+from wdsfilter.score import score  # noqa: E402
+from wdsfilter.score.outputs import read_rows  # noqa: E402
+from wdsfilter.score.ray_runner import score_on_ray  # noqa: E402
+
+pytestmark = pytest.mark.slow
+SCORER = "scorekit:BrightnessScorer"
+
+
+def test_ray_workers_read_their_shards_from_s3(tmp_path):
+    folder = str(tmp_path / "shards")
+    make_shards(folder, [10, 7, 5], bad={1: (2,)})
+    here = os.path.dirname(os.path.abspath(__file__))
+    with s3_server() as (endpoint, client):
+        upload(client, folder, "set")
+        env = {k: os.environ[k] for k in os.environ if k.startswith("AWS_")}
+        env["PYTHONPATH"] = os.pathsep.join([here, os.path.dirname(here)])
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+                 runtime_env={"env_vars": env})
+        try:
+            on_ray = score_on_ray(f"s3://{BUCKET}/set/", out=str(tmp_path / "ray"), scorers=[SCORER],
+                                  progress=False, batch_size=4, format="jsonl", remote_backoff_seconds=0.01)
+        finally:
+            ray.shutdown()
+    local = score(folder, out=str(tmp_path / "local"), scorers=[SCORER], device="cpu", workers=0, progress=False,
+                  batch_size=4, format="jsonl")
+    assert on_ray.shards_failed == [] and on_ray.rows == local.rows == 22
+
+    def rows(out):
+        return {os.path.basename(p): [{k: v for k, v in r.items() if k != "shard"} for r in read_rows(p)]
+                for p in sorted(glob.glob(os.path.join(out, "scores", "*.jsonl")))}
+    assert rows(str(tmp_path / "ray")) == rows(str(tmp_path / "local"))

@@ -1,0 +1,348 @@
+"""Shards in object stores and on web servers (s3://, gs://, hf://, http(s)://), through fsspec.
+
+Here: which URLs are remote, their fsspec filesystem, storage options, credential sources named
+without values, listing prefixes and globs, the errors, and writing whole objects. The reader
+(`RemoteShard`, remote_read.py) streams an object with a bounded read-ahead and resumes inside the
+shard when a read fails (a Range request from the byte reached, exponential backoff with jitter,
+`Retry-After` honoured, at most `attempts` failures in a row); every read is tied to the version
+seen when the shard was opened, so two versions of an object are never spliced: the shard fails.
+
+Credentials and endpoints come the standard way (the AWS chain with `AWS_ENDPOINT_URL`, Google's
+application default credentials, `HF_TOKEN`) or from `storage_options` (`--storage-option
+KEY=VALUE`), which are handed to the fsspec filesystem and never written anywhere.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from .errors import ConfigError, require
+
+INSTALL = "pip install 'wdsfilter[remote]'"
+# scheme -> (the module that serves it, the fsspec protocol)
+SCHEMES: Dict[str, Tuple[str, str]] = {
+    "s3": ("s3fs", "s3"), "gs": ("gcsfs", "gs"), "gcs": ("gcsfs", "gs"),
+    "hf": ("huggingface_hub", "hf"), "http": ("aiohttp", "http"), "https": ("aiohttp", "https"),
+}
+FSSPEC_SCHEMES = tuple(f"{s}://" for s in SCHEMES)
+MAX_RETRY_AFTER = 300.0  # a server asking for longer than this is waited on no longer
+
+
+class RemoteReadError(OSError):
+    """A remote shard's read that failed for good (retries exhausted, an error not worth a retry):
+    the store's failure, not the tar's; it names the URL, the byte reached and the last error."""
+
+
+class ObjectChanged(RemoteReadError):
+    """The object is not the version the shard was opened at: its bytes are never spliced."""
+
+
+class RangeIgnored(OSError):
+    """A server that answers a Range request with the whole object: a read cannot resume there."""
+
+
+@dataclass(frozen=True)
+class RemoteOptions:
+    """How remote shards are read. Picklable: it travels to decode workers and Ray tasks, which
+    open their shards themselves."""
+    storage_options: Mapping = field(default_factory=dict)
+    attempts: int = 8              # failed reads in a row before the shard fails
+    backoff_seconds: float = 0.5   # first wait; doubles each time, with jitter, up to max_backoff
+    max_backoff_seconds: float = 30.0
+    block_bytes: int = 8 << 20     # one ranged read
+    readahead: int = 4             # ranged reads in flight (memory: readahead * block_bytes)
+    idle_seconds: float = 600.0    # a read that sends nothing for this long is abandoned and retried; 0 = never
+
+    def __post_init__(self):
+        if not isinstance(self.attempts, int) or self.attempts < 1:
+            raise ConfigError(f"remote_attempts must be >= 1, got {self.attempts!r}")
+        if not isinstance(self.block_bytes, int) or self.block_bytes < 1:
+            raise ConfigError(f"remote_block_bytes must be a positive number of bytes, got {self.block_bytes!r}")
+        if not isinstance(self.readahead, int) or self.readahead < 1:
+            raise ConfigError(f"remote_readahead must be >= 1, got {self.readahead!r}")
+
+
+def scheme_of(url: str) -> str:
+    return url.split("://", 1)[0].lower() if "://" in url else ""
+
+
+def is_fsspec_url(url: str) -> bool:
+    return scheme_of(url) in SCHEMES
+
+
+def filesystem(url: str, storage_options: Optional[Mapping] = None):
+    """(the fsspec filesystem serving `url`, the path it knows the object by). fsspec caches the
+    instance per process and options, so every shard of a run shares one client."""
+    scheme = scheme_of(url)
+    if scheme not in SCHEMES:
+        raise ConfigError(f"{redact_url(url)}: no remote reader for {scheme}:// (known: "
+                          f"{', '.join(sorted(SCHEMES))})")
+    module, protocol = SCHEMES[scheme]
+    fsspec = require("fsspec", f"reading {scheme}:// shards", INSTALL)
+    require(module, f"reading {scheme}:// shards", INSTALL)
+    try:
+        fs = fsspec.filesystem(protocol, **dict(storage_options or {}))
+    except TypeError as e:  # an unknown --storage-option: named without its value
+        raise ConfigError(f"{scheme}://: a storage option was not accepted ({_strip(str(e))}); "
+                          f"options given: {sorted(storage_options or {})}") from None
+    path = url if protocol in ("http", "https") else fs._strip_protocol(url)
+    return fs, path
+
+
+def parse_storage_options(items: Sequence[str]) -> Dict:
+    """`--storage-option KEY=VALUE` (repeatable) -> fsspec storage options. VALUE is JSON when it
+    parses (true, 3, {"a": 1}), text otherwise; a dotted KEY nests (client_kwargs.region_name=x)."""
+    options: Dict = {}
+    for item in items or ():
+        key, sep, value = str(item).partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"--storage-option takes KEY=VALUE, got {key or item!r}")
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            parsed = value
+        node = options
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--storage-option {key}: {p} is given both as a value and as a group")
+        node[leaf] = parsed
+    return options
+
+
+def redact_options(options: Optional[Mapping]) -> Dict:
+    """Storage options as they may be shown or written: the keys, never the values."""
+    return {k: (redact_options(v) if isinstance(v, Mapping) else "<hidden>") for k, v in (options or {}).items()}
+
+
+_USERINFO = re.compile(r"^([a-z0-9+.-]+://)[^/@]*@", re.I)
+
+
+def redact_url(url: str) -> str:
+    """A URL as it may be shown: no user:password@ and no query string (presigned signatures)."""
+    url = _USERINFO.sub(r"\1<hidden>@", url)
+    return url.split("?", 1)[0] + ("?<hidden>" if "?" in url else "")
+
+
+def _strip(text: str) -> str:
+    return " ".join(text.split())[:300]
+
+
+def credential_source(url: str, storage_options: Optional[Mapping] = None) -> str:
+    """Which credentials a request for `url` used, in words (never their values). Read from the
+    options and the environment only: asking the chain itself could reach an instance endpoint."""
+    opts = storage_options or {}
+    scheme = scheme_of(url)
+    given = sorted(k for k in opts if k in ("key", "secret", "token", "anon", "profile", "credentials", "client_kwargs"))
+    if given:
+        return f"storage options ({', '.join(given)})"
+    env = os.environ
+    if scheme == "s3":
+        if env.get("AWS_ACCESS_KEY_ID"):
+            return "the environment (AWS_ACCESS_KEY_ID)"
+        if env.get("AWS_PROFILE"):
+            return f"the AWS profile {env['AWS_PROFILE']!r}"
+        if os.path.exists(env.get("AWS_SHARED_CREDENTIALS_FILE", os.path.expanduser("~/.aws/credentials"))):
+            return "the shared AWS credentials file (default profile)"
+        return "the AWS default chain (no key in the environment or files: an instance role, or none)"
+    if scheme in ("gs", "gcs"):
+        if env.get("GOOGLE_APPLICATION_CREDENTIALS"):
+            return "GOOGLE_APPLICATION_CREDENTIALS"
+        return "Google application default credentials (gcloud auth application-default login), or none"
+    if scheme == "hf":
+        return "HF_TOKEN" if env.get("HF_TOKEN") else "the Hugging Face login cache (huggingface-cli login), or none"
+    return "none (plain HTTP; headers through storage options)"
+
+
+# -- listing ----------------------------------------------------------------------------------
+def list_shards(url: str, suffixes: Sequence[str], storage_options: Optional[Mapping] = None) -> List[str]:
+    """A remote URL -> shard URLs, like a local folder: an object named with a shard suffix is
+    taken as is (opened, and reported if missing, when read); a prefix is listed recursively; a
+    glob is matched. Name order. A prefix or glob that finds nothing, a missing bucket and a
+    forbidden listing are ConfigErrors, raised before any work."""
+    scheme = scheme_of(url)
+    shown = redact_url(url)
+    magic = any(c in url.split("://", 1)[1] for c in "*?[")
+    if url.endswith(tuple(suffixes)) and not magic:
+        return [url]
+    if scheme in ("http", "https"):
+        raise ConfigError(f"{shown}: a web server cannot be listed; name each shard (a brace pattern: "
+                          f"https://host/shards-{{000..099}}.tar)")
+    fs, path = filesystem(url, storage_options)
+    try:
+        found = fs.glob(path) if magic else fs.find(path.rstrip("/") + ("/" if url.endswith("/") else ""))
+    except PermissionError as e:
+        raise ConfigError(f"{shown}: listing is forbidden ({_strip(str(e))}); credentials: "
+                          f"{credential_source(url, storage_options)}") from None
+    except FileNotFoundError:
+        found = []
+    except OSError as e:
+        raise ConfigError(f"{shown}: cannot be listed: {type(e).__name__}: {_strip(str(e))}") from None
+    if isinstance(found, dict):
+        found = list(found)
+    shards = sorted(p for p in found if p.endswith(tuple(suffixes)))
+    if not shards:
+        raise ConfigError(f"no shards found at {shown}: {_missing_why(fs, path, scheme)}; expected objects "
+                          f"ending in {', '.join(suffixes)}")
+    return [f"{scheme}://{p}" for p in shards]
+
+
+def _missing_why(fs, path: str, scheme: str) -> str:
+    root = path.split("/", 1)[0]
+    try:
+        if scheme in ("s3", "gs", "gcs") and not fs.exists(root):
+            return f"the bucket {root!r} does not exist"
+    except OSError as e:
+        return f"the bucket {root!r} cannot be read ({type(e).__name__})"
+    return "the prefix is empty or matches nothing"
+
+
+# -- reading ----------------------------------------------------------------------------------
+def open_remote(url: str, options: Optional[RemoteOptions] = None,
+                on_retry: Optional[Callable[[str], None]] = None):
+    """A binary stream of a remote shard. A missing or forbidden object raises FileNotFoundError
+    or PermissionError (naming the credential source); a missing extra raises ConfigError."""
+    from .remote_read import RemoteShard
+    options = options or RemoteOptions()
+    fs, path = filesystem(url, options.storage_options)
+    return RemoteShard(url, fs, path, options, on_retry)
+
+
+def _status(e: BaseException) -> Optional[int]:
+    """The HTTP status behind an error of aiohttp, botocore (through s3fs's translation) or requests."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        status = getattr(e, "status", None) or getattr(e, "status_code", None)
+        if isinstance(status, int):
+            return status
+        response = getattr(e, "response", None)
+        if isinstance(response, dict):
+            code = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if isinstance(code, int):
+                return code
+        elif response is not None and isinstance(getattr(response, "status_code", None), int):
+            return response.status_code
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def _retry_after(e: BaseException) -> Optional[float]:
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        headers = getattr(e, "headers", None)
+        response = getattr(e, "response", None)
+        if headers is None and isinstance(response, dict):
+            headers = response.get("ResponseMetadata", {}).get("HTTPHeaders")
+        elif headers is None and response is not None:
+            headers = getattr(response, "headers", None)
+        if headers:
+            value = headers.get("Retry-After") or headers.get("retry-after")
+            if value is not None:
+                try:
+                    return max(0.0, float(value))
+                except ValueError:
+                    from email.utils import parsedate_to_datetime
+                    try:
+                        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+                    except (TypeError, ValueError):
+                        return None
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def _classify(e: BaseException) -> Tuple[bool, bool, Optional[float]]:
+    """(the object changed, the read may be retried, seconds the server asked to wait)."""
+    status = _status(e)
+    text = str(e)
+    if isinstance(e, RangeIgnored):
+        return False, False, None
+    if status == 412 or "PreconditionFailed" in text:
+        return True, False, None
+    if status is not None and 400 <= status < 500 and status not in (408, 429):
+        return False, False, None
+    return False, True, _retry_after(e)
+
+
+def _describe(e: BaseException) -> str:
+    status = _status(e)
+    text = _strip(str(e)) or type(e).__name__
+    return f"{type(e).__name__}: {text}" + (f" (HTTP {status})" if status and str(status) not in text else "")
+
+
+# -- writing ----------------------------------------------------------------------------------
+class RemoteOutputError(OSError):
+    """An output in an object store that cannot be written."""
+
+
+def check_output_url(url: str, option: str, storage_options: Optional[Mapping] = None) -> None:
+    """Before any work: the bucket of an output URL exists and these credentials may list it (a
+    write cannot be tried without leaving an object behind). Raises OutputError (exit 2)."""
+    from .errors import OutputError
+    scheme = scheme_of(url)
+    if scheme in ("http", "https"):
+        raise OutputError(f"{option} {redact_url(url)}: a web server cannot be written to; use s3://, gs:// or hf://")
+    fs, path = filesystem(url, storage_options)
+    root = path.split("/", 1)[0]
+    try:
+        if not fs.exists(root):
+            raise OutputError(f"{option} {redact_url(url)}: the bucket {root!r} does not exist (credentials: "
+                              f"{credential_source(url, storage_options)})")
+    except PermissionError as e:
+        raise OutputError(f"{option} {redact_url(url)}: access denied ({_strip(str(e))}); credentials: "
+                          f"{credential_source(url, storage_options)}") from None
+    except OSError as e:
+        raise OutputError(f"{option} {redact_url(url)}: cannot be reached: {type(e).__name__}: {_strip(str(e))}") from None
+
+
+def write_object(url: str, data: bytes, storage_options: Optional[Mapping] = None) -> str:
+    """Write one object whole or not at all: fsspec uploads on close (a multipart upload is
+    completed there); a failure before that aborts the upload, so the name never holds a part."""
+    fs, path = filesystem(url, storage_options)
+    f = fs.open(path, "wb")
+    try:
+        f.write(data)
+    except BaseException:
+        _discard(f)
+        raise
+    try:
+        f.close()
+    except Exception as e:  # noqa: BLE001 - the store's error, named without options
+        _discard(f)
+        raise RemoteOutputError(f"writing {redact_url(url)} failed: {_describe(e)}") from None
+    return url
+
+
+def _discard(f) -> None:
+    try:
+        f.discard()  # s3fs: abort the multipart upload; gcsfs: cancel the resumable upload
+    except Exception:  # noqa: BLE001 - nothing was committed either way
+        pass
+    f.closed = True  # close() would upload what was buffered
+
+
+def read_object(url: str, storage_options: Optional[Mapping] = None, limit: int = 64 << 20) -> Optional[bytes]:
+    """A small object's bytes (a sizes.json, a lock), or None when there is none."""
+    fs, path = filesystem(url, storage_options)
+    try:
+        with fs.open(path, "rb") as f:
+            return f.read(limit)
+    except FileNotFoundError:
+        return None
+
+
+def refuse_remote_folder(path: str, option: str) -> None:
+    """Outputs that are folders of many files written as a run goes (score --out, --write-shards;
+    filter --write-shards) are local only for now: refused at once (exit 2) instead of becoming a
+    local folder named `s3:`. docs/remote.md says how such a folder will work remotely."""
+    if path and is_fsspec_url(str(path)):
+        raise ConfigError(f"{option} {redact_url(str(path))}: writing this folder to an object store is not supported "
+                          f"yet; write it to a local folder and copy it (aws s3 sync DIR s3://...; gcloud storage "
+                          f"rsync -r DIR gs://...). Reports and --stats-dir may be URLs")
