@@ -19,7 +19,8 @@ from typing import Callable, Optional, Sequence, Tuple
 
 from .config import StageConfig, config_or_options
 from .errors import ConfigError, StarvationError, require
-from .pipeline import sample_pipeline, set_epoch
+from .loaderstate import VERSION as STATE_VERSION, Progress, check_settings, check_state, settings
+from .pipeline import sample_pipeline, set_epoch, worker_batches
 from .shards import expand_urls
 from .stages import map_dict
 from .tally import StatsSink, Tally
@@ -80,11 +81,12 @@ class _ToTuple:
 
 
 class WdsLoader:
-    """Iterable of batches; wraps a torch DataLoader and exposes the pipeline's counts."""
+    """Iterable of batches; wraps a torch DataLoader and exposes the pipeline's counts. Saves and
+    restores its place in the epoch: state_dict() / load_state_dict() (wdsfilter.loaderstate)."""
 
     def __init__(self, dataloader, pipeline, sink: StatsSink, num_batches: Optional[int],
                  num_samples: Optional[int] = None, watchdog: bool = True, batch_size: int = 0,
-                 world: int = 1):
+                 world: int = 1, settings: Optional[dict] = None, readers: int = 1):
         self.dataloader = dataloader
         self.world = world  # the ranks num_batches and num_samples were sized for
         self.batch_size = batch_size
@@ -96,6 +98,12 @@ class WdsLoader:
         self.num_batches = num_batches
         self.num_samples = num_samples
         self.epoch = 0  # the next epoch; set_epoch(n) to resume
+        self.settings = settings or {}  # what a saved position depends on (loaderstate.settings)
+        self.readers = readers
+        self._progress: Optional[Progress] = None  # the epoch being iterated
+        self._restored: Optional[Progress] = None  # a mid-epoch position from load_state_dict
+        self._stats_before: dict = {}  # counts of the epochs before the one being iterated
+        self._started = False
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -104,14 +112,30 @@ class WdsLoader:
         # Per epoch, not per loader: persistent workers keep their counts across epochs, so what
         # this epoch gave is its batches, and what came out is the growth of the merged tally.
         _check_world(self.world)
+        progress = self._begin_epoch()
         out_before = self.stats.samples_out if self.watchdog else 0
-        if not getattr(self.dataloader, "persistent_workers", False):  # persistent ones count their own
-            set_epoch(self.pipeline, self.epoch)
-        self.epoch += 1
-        batches = 0
-        for batch in self.dataloader:
-            batches += 1
+        batches_before = progress.batches  # given before a restore
+        for batch, worker in self.dataloader:
+            progress.took(worker)
             yield batch
+        self._progress = None
+        self._end_epoch(progress.batches, progress.batches - batches_before, out_before)
+
+    def _begin_epoch(self) -> Progress:
+        persistent = getattr(self.dataloader, "persistent_workers", False)
+        if not persistent or not self._started:  # persistent workers count their own epochs
+            set_epoch(self.pipeline, self.epoch)
+        self._started = True
+        self._stats_before = self.stats.to_dict()
+        restored, self._restored = self._restored, None
+        progress = restored if restored is not None and restored.epoch == self.epoch \
+            else Progress(self.epoch, self.readers)
+        self.pipeline.place.resume = progress.resume_plan(self.batch_size) if progress.batches else None
+        self.epoch += 1
+        self._progress = progress
+        return progress
+
+    def _end_epoch(self, batches: int, new_batches: int, out_before: int) -> None:
         stats = self.stats
         if self.watchdog and not batches:
             stats.name = "wdsfilter.loader"
@@ -129,6 +153,33 @@ class WdsLoader:
                 f"{self.num_batches}: the other ranks would wait for it at their next all-reduce.")
         if sum(stats.dropped.values()) or stats.notes:
             log.warning("wdsfilter loader finished an epoch:\n%s", stats.summary())
+
+    def state_dict(self) -> dict:
+        """Where this loader is, to save with the model's checkpoint (after batch N, a loader given
+        this state by load_state_dict gives batch N+1 on). Per rank: each rank's readers are at the
+        same batch on every rank of a sized or resampled epoch, so one rank's state restores all."""
+        progress = self._progress or self._restored or Progress(self.epoch, self.readers)
+        return {"version": STATE_VERSION, "rank": _rank(), "settings": self.settings,
+                "position": progress.to_dict(),
+                "stats": self._stats_before if self._progress is not None else self.stats.to_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a state_dict() of a loader built with the same settings (a ConfigError names
+        any that changed). Call it before iterating; the next iteration is the saved epoch's rest."""
+        state = check_state(state)
+        check_settings(state["settings"], self.settings)
+        if self._started and getattr(self.dataloader, "persistent_workers", False):
+            raise ConfigError("load_state_dict on a loader whose persistent workers have started: call it before "
+                              "the first iteration (build a new loader to restore into)")
+        progress = Progress.from_dict(state["position"], self.readers)
+        if self.num_batches is not None and progress.batches >= self.num_batches:
+            progress = Progress(progress.epoch + 1, self.readers)  # saved after the epoch's last batch
+        self.epoch = progress.epoch
+        self._restored = progress if progress.batches else None
+        if state.get("rank") == _rank() and state.get("stats"):  # this rank's counts so far
+            saved = Tally()
+            saved.merge_dict(state["stats"])
+            self.sink.write(saved, "tally-restored")
 
     def __len__(self):
         if self.num_batches is None:
@@ -282,21 +333,22 @@ def build_loader(urls, config: StageConfig, opts: LoaderOptions) -> WdsLoader:
     epoch_samples = opts.epoch_samples if opts.epoch_samples is not None else sizes_json_samples(shard_urls)
     _check_sized(world, opts, epoch_samples)
 
+    bounds = opts.bounds() if opts.filters_by_score else None  # (minima, maxima) of the score filter
     sink = StatsSink()
     tally = Tally(config.starvation_samples, config.starvation_seconds, name="wdsfilter.loader")
     pipeline = sample_pipeline(shard_urls, config, tally, resampled=opts.resampled, shuffle=opts.shuffle,
                                seed=opts.seed, extra=_output_stages(opts), sink=sink,
-                               before_decode=_score_stages(opts, tally), cycle=epoch_samples is not None)
+                               before_decode=_score_stages(opts, bounds, tally), cycle=epoch_samples is not None)
     pipeline.append(batched(opts.batch_size, _collate(opts), partial=not opts.drop_last))
-    num_batches = num_samples = None
+    num_batches = num_samples = per_worker = None
     if epoch_samples is not None:
         # open_clip's rule (get_wds_dataset): batches per worker rounded up, the epoch is that many
         # batches on every worker, and num_samples is what the ranks see together.
         global_batches = math.ceil(epoch_samples / (opts.batch_size * world))
         per_worker = math.ceil(global_batches / opts.readers)
-        pipeline = pipeline.with_epoch(per_worker)
         num_batches = per_worker * opts.readers
         num_samples = num_batches * opts.batch_size * world
+    pipeline.append(worker_batches(pipeline.place, per_worker))  # the epoch's cut per worker
 
     workers = opts.num_workers
     extra_args = {"prefetch_factor": opts.prefetch_factor} if workers > 0 and opts.prefetch_factor is not None else {}
@@ -306,7 +358,8 @@ def build_loader(urls, config: StageConfig, opts: LoaderOptions) -> WdsLoader:
         multiprocessing_context=opts.multiprocessing_context if workers > 0 else None, **extra_args)
     return WdsLoader(dataloader, pipeline, sink, num_batches, num_samples,
                      watchdog=bool(config.starvation_samples or config.starvation_seconds),
-                     batch_size=opts.batch_size, world=world)
+                     batch_size=opts.batch_size, world=world, readers=opts.readers,
+                     settings=settings(shard_urls, opts, world, epoch_samples, config.to_dict(), bounds))
 
 
 def _check_readers(shard_urls: Sequence[str], world: int, opts: LoaderOptions) -> None:
@@ -328,14 +381,13 @@ def _check_sized(world: int, opts: LoaderOptions, epoch_samples: Optional[int]) 
             f"use resampled=True with epoch_samples.")
 
 
-def _score_stages(opts: LoaderOptions, tally: Tally) -> list:
+def _score_stages(opts: LoaderOptions, bounds: Optional[tuple], tally: Tally) -> list:
     """The score filter, if asked for: before decoding and shuffling, so dropped samples are never
     decoded, and score tables are read one shard at a time. Its drops count in the loader's tally."""
-    if not opts.filters_by_score:
+    if bounds is None:
         return []
     from .scorefilter import score_filter
-    minima, maxima = opts.bounds()
-    return [score_filter(opts.scores, minima, tally, maxima)]
+    return [score_filter(opts.scores, bounds[0], tally, bounds[1])]
 
 
 def _output_stages(opts: LoaderOptions) -> list:
