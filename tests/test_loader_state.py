@@ -5,6 +5,7 @@ and its counts (the score filter's drops included) end where the uninterrupted r
 Every comparison is against an uninterrupted loader built the same way in the same test: nothing
 here is a hard-coded order."""
 import json
+import os
 
 import pytest
 
@@ -155,3 +156,64 @@ def test_a_state_from_other_settings_is_refused_naming_what_changed(shards, chan
         other.load_state_dict(state)
     with pytest.raises(ConfigError, match="not a wdsfilter loader state"):
         other.load_state_dict({"epoch": 3})
+
+
+def _rank_resume(rank, world, port, shards, at, out):
+    """One rank: an uninterrupted epoch, then a loader stopped after `at` batches whose rank-0 state
+    (what open_clip's checkpoint, saved by rank 0, holds) restores a new loader on every rank."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
+    kw = dict(batch_size=3, num_workers=2, shuffle=6, seed=3, epoch_samples=48, output="dict")
+    try:
+        full = [keys(b) for b in wdsfilter.loader(shards, **kw)]
+        first = wdsfilter.loader(shards, **kw)
+        it = iter(first)
+        before = [keys(next(it)) for _ in range(at)]
+        state = [first.state_dict()]
+        dist.broadcast_object_list(state, src=0)
+        del it
+        again = wdsfilter.loader(shards, **kw)
+        again.load_state_dict(state[0])
+        result = dict(full=full, before=before, after=[keys(b) for b in again])
+    except Exception as e:  # reported to the test
+        result = {"error": f"{type(e).__name__}: {e}"}
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump(result, f)
+    dist.destroy_process_group()
+
+
+def test_two_ranks_two_workers_resume_gives_one_epoch_none_twice(tmp_path):
+    import time
+    from collections import Counter
+
+    import torch.multiprocessing as mp
+    from test_loader_ddp import HANG_SECONDS, _free_port
+
+    # 8 shards of 6: each of the 2 x 2 readers has 2 shards, 4 batches of 3, the epoch reads each sample once.
+    shards = [write_shard(tmp_path / f"d{i}.tar", image_text_members(6, start=100 * i)) for i in range(8)]
+    out = str(tmp_path / "rank")
+    ctx = mp.spawn(_rank_resume, args=(2, _free_port(), shards, 3, out), nprocs=2, join=False)
+    try:
+        deadline = time.monotonic() + HANG_SECONDS
+        while not ctx.join(timeout=5):
+            assert time.monotonic() < deadline, "the ranks hung"
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+    results = []
+    for rank in range(2):
+        with open(f"{out}.{rank}") as f:
+            results.append(json.load(f))
+    seen = Counter()
+    for rank, r in enumerate(results):
+        assert "error" not in r, r["error"]
+        assert r["before"] + r["after"] == r["full"], rank  # this rank's batches, in order
+        assert len(r["full"]) == 8
+        seen.update(k for batch in r["before"] + r["after"] for k in batch)
+    assert len(seen) == 48 and set(seen.values()) == {1}  # one epoch over both ranks, none twice
