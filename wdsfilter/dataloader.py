@@ -20,7 +20,7 @@ from typing import Callable, Optional, Sequence, Tuple
 from .config import StageConfig, config_or_options
 from .errors import ConfigError, StarvationError, require
 from .loaderstate import VERSION as STATE_VERSION, Progress, check_settings, check_state, settings
-from .pipeline import sample_pipeline, set_epoch, worker_batches
+from .pipeline import Place, SeededTransform, sample_pipeline, set_epoch, worker_batches
 from .shards import expand_urls
 from .stages import map_dict
 from .tally import StatsSink, Tally
@@ -336,9 +336,11 @@ def build_loader(urls, config: StageConfig, opts: LoaderOptions) -> WdsLoader:
     bounds = opts.bounds() if opts.filters_by_score else None  # (minima, maxima) of the score filter
     sink = StatsSink()
     tally = Tally(config.starvation_samples, config.starvation_seconds, name="wdsfilter.loader")
+    place = Place()  # the readers' epoch and worker, shared by the seeded stages
     pipeline = sample_pipeline(shard_urls, config, tally, resampled=opts.resampled, shuffle=opts.shuffle,
-                               seed=opts.seed, extra=_output_stages(opts), sink=sink,
-                               before_decode=_score_stages(opts, bounds, tally), cycle=epoch_samples is not None)
+                               seed=opts.seed, extra=_output_stages(opts, place), sink=sink,
+                               before_decode=_score_stages(opts, bounds, tally), cycle=epoch_samples is not None,
+                               place=place)
     pipeline.append(batched(opts.batch_size, _collate(opts), partial=not opts.drop_last))
     num_batches = num_samples = per_worker = None
     if epoch_samples is not None:
@@ -390,11 +392,11 @@ def _score_stages(opts: LoaderOptions, bounds: Optional[tuple], tally: Tally) ->
     return [score_filter(opts.scores, bounds[0], tally, bounds[1])]
 
 
-def _output_stages(opts: LoaderOptions) -> list:
-    """The user's transform and tokenizer, then the output shape."""
+def _output_stages(opts: LoaderOptions, place: Place) -> list:
+    """The user's transform (its random draws seeded per sample) and tokenizer, then the output shape."""
     fns = {}
     if opts.transform is not None:
-        fns["image"] = opts.transform
+        fns["image"] = SeededTransform(opts.transform, place, opts.seed)
     if opts.tokenizer is not None:
         fns["caption"] = _Tokenize(opts.tokenizer)
     stages = [map_dict(fns)] if fns else []

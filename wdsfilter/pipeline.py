@@ -72,6 +72,7 @@ class Place:
     def __init__(self):
         self.epoch = -1  # the next pass adds one, as webdataset's seeded stages do
         self.worker = 0
+        self.index = 0  # samples this reader passed to the user's transforms this epoch (replayed included)
         # {"epoch", "offset", "batches": {worker: batches given}, "batch_size"}
         self.resume: Optional[dict] = None
 
@@ -79,6 +80,7 @@ class Place:
         """A pass begins (in the process that reads): count the epoch and take the worker's logical
         id, set where webdataset's split_by_worker and ResampledShards read it (WORKER, NUM_WORKERS)."""
         self.epoch += 1
+        self.index = 0
         import torch.utils.data  # imported already (webdataset imports torch)
         info = torch.utils.data.get_worker_info()
         if info is None:
@@ -100,9 +102,34 @@ class Place:
         """Samples this reader gave in the restored epoch before the checkpoint (0 otherwise)."""
         return self.to_skip_batches() * self.resume["batch_size"] if self.restoring else 0
 
-    def seed(self, seed: int) -> int:
+    def seed(self, seed: int, *more) -> int:
         rank = wds.utils.pytorch_worker_info()[0]
-        return wds.utils.make_seed(seed, self.epoch, rank, self.worker)
+        return wds.utils.make_seed(seed, self.epoch, rank, self.worker, *more)
+
+
+class SeededTransform:
+    """The user's image transform with the random generators (torch's, Python's, numpy's) seeded per
+    sample from (seed, epoch, rank, worker, sample index), and given back as they were after it: a
+    random crop is the same on every run and after a restore (whose replayed samples never reach the
+    transform), and the process's own generators (the training loop's, with num_workers=0) are untouched."""
+
+    def __init__(self, transform: Callable, place: Place, seed: int):
+        self.transform, self.place, self.seed = transform, place, seed
+
+    def __call__(self, image):
+        import numpy as np
+        import torch
+        seed = self.place.seed(self.seed, self.place.index)
+        saved = random.getstate(), np.random.get_state()
+        try:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                random.seed(seed)
+                np.random.seed(seed)
+                return self.transform(image)
+        finally:
+            random.setstate(saved[0])
+            np.random.set_state(saved[1])
 
 
 class PlacedSource(wds.PipelineStage):
@@ -141,11 +168,14 @@ def _replay(data, place: Place, tally: Tally):
             for _ in range(skip):
                 if next(data, None) is None:
                     return
+                place.index += 1
                 tally.sample_out()
         finally:
             tally.starvation_samples, tally.starvation_seconds = limits
             tally.waiting()
-    yield from data
+    for sample in data:
+        place.index += 1
+        yield sample
 
 
 replay = wds.pipelinefilter(_replay)
@@ -186,7 +216,8 @@ def set_epoch(pipeline: wds.DataPipeline, epoch: int) -> None:
 def sample_pipeline(urls, cfg: Optional[StageConfig] = None, tally: Optional[Tally] = None, *,
                     resampled: bool = False, shuffle: int = 0, seed: int = 0, decode_images: bool = True,
                     extra: Sequence[Callable] = (), sink: Optional[StatsSink] = None,
-                    before_decode: Sequence[Callable] = (), cycle: bool = False) -> wds.DataPipeline:
+                    before_decode: Sequence[Callable] = (), cycle: bool = False,
+                    place: Optional[Place] = None) -> wds.DataPipeline:
     """urls -> decoded samples {"__key__", "__url__", "image" (PIL) or "video" (bytes), "caption", "json"}.
 
     `extra` stages (map_dict, to_tuple, ...) run after decoding and before the output count, so
@@ -197,7 +228,7 @@ def sample_pipeline(urls, cfg: Optional[StageConfig] = None, tally: Optional[Tal
     cfg = cfg or StageConfig()
     tally = tally if tally is not None else Tally(cfg.starvation_samples, cfg.starvation_seconds)
     urls = expand_urls(urls, cfg.allow_pipe, cfg.allow_remote)
-    place = Place()
+    place = place if place is not None else Place()
     stages = shard_source(urls, resampled, shuffle_shards=bool(shuffle), seed=seed,
                           cycle=tally if cycle and not resampled else None)
     stages[0] = PlacedSource(place, stages[0])
