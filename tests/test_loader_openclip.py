@@ -116,3 +116,94 @@ def test_resampled_starving_counts_distinct_shards_and_keeps_the_key_hint(tmp_pa
     message = str(info.value)
     assert "from 1 shard(s) (opened" in message and "times: resampled)" in message
     assert "use --caption-key json:description" in message
+
+
+def _open_clip_run(json_shards, tiny, epochs, checkpoint=None, save=None, restore_loader=True):
+    """open_clip_train's loop as its main() drives it: train_one_epoch per epoch; with `save`, the
+    checkpoint main() writes after an epoch, the loader's state beside the model's; with `checkpoint`,
+    what main() reads on --resume. Returns the model's parameters."""
+    torch.manual_seed(0)
+    model, preprocess, _ = open_clip.create_model_and_transforms("local-dir:" + tiny, output_dict=True)
+    tokenizer = open_clip.get_tokenizer("local-dir:" + tiny)
+    args = parse_args(["--batch-size", "8", "--workers", "2", "--lr", "1e-3", "--epochs", "2", "--warmup", "1",
+                       "--log-every-n-steps", "100", "--precision", "fp32"])
+    args.device, args.rank, args.local_rank, args.world_size, args.distill, args.wandb = "cpu", 0, 0, 1, False, False
+    loader = wdsfilter.loader(json_shards, caption_key="json:description", transform=preprocess, tokenizer=tokenizer,
+                              batch_size=args.batch_size, num_workers=args.workers, shuffle=16, seed=args.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    scheduler = cosine_lr(optimizer, args.lr, args.warmup, loader.num_batches * args.epochs)
+    start_epoch = 0
+    if checkpoint is not None:  # open_clip_train.main on --resume, and the one line the loader needs
+        saved = torch.load(checkpoint, weights_only=True)
+        start_epoch = saved["epoch"]
+        model.load_state_dict(saved["state_dict"])
+        optimizer.load_state_dict(saved["optimizer"])
+        if restore_loader:
+            loader.load_state_dict(saved["loader"])
+    for epoch in range(start_epoch, epochs):
+        train_mod.train_one_epoch(model, {"train": DataInfo(loader)}, open_clip.create_loss(args), epoch, optimizer,
+                                  None, scheduler, None, args)
+        if save:
+            torch.save({"epoch": epoch + 1, "state_dict": model.state_dict(), "optimizer": optimizer.state_dict(),
+                        "loader": loader.state_dict()}, save)
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def test_open_clip_resume_restores_the_loader_with_the_checkpoint(json_shards, tmp_path):
+    # Epoch 1 shuffles its samples by (seed, epoch): a loader that starts over after --resume would give
+    # epoch 0's order again. Saved with the checkpoint and restored, training goes on as if never stopped.
+    tiny = str(tmp_path / "tiny-clip")
+    make_tiny_clip.write_config(tiny)
+    straight = _open_clip_run(json_shards, tiny, epochs=2)
+    ckpt = str(tmp_path / "epoch_1.pt")
+    _open_clip_run(json_shards, tiny, epochs=1, save=ckpt)
+    resumed = _open_clip_run(json_shards, tiny, epochs=2, checkpoint=ckpt)
+    assert all(torch.equal(straight[n], resumed[n]) for n in straight)
+    # Without the loader's state, epoch 1 is read in epoch 0's order: another model.
+    forgetful = _open_clip_run(json_shards, tiny, epochs=2, checkpoint=ckpt, restore_loader=False)
+    assert not all(torch.equal(straight[n], forgetful[n]) for n in straight)
+
+
+def test_a_training_loop_stopped_mid_epoch_resumes_to_the_same_weights(json_shards, tmp_path):
+    """A loop that checkpoints every few steps (as torchtitan or Lightning do) and is killed between
+    two of them: restored from the last checkpoint, it ends with the weights of a run never stopped."""
+    tiny = str(tmp_path / "tiny-clip")
+    make_tiny_clip.write_config(tiny)
+    ckpt = str(tmp_path / "step.pt")
+
+    def run(stop_after=None, resume=False):
+        torch.manual_seed(0)
+        model, preprocess, _ = open_clip.create_model_and_transforms("local-dir:" + tiny)
+        loader = wdsfilter.loader(json_shards, caption_key="json:description", transform=preprocess,
+                                  tokenizer=open_clip.get_tokenizer("local-dir:" + tiny), batch_size=8, num_workers=2,
+                                  shuffle=16, seed=4)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        loss_fn = open_clip.ClipLoss()
+        step, epoch = 0, 0
+        if resume:
+            saved = torch.load(ckpt, weights_only=True)
+            model.load_state_dict(saved["model"])
+            optimizer.load_state_dict(saved["optimizer"])
+            loader.load_state_dict(saved["loader"])
+            step, epoch = saved["step"], loader.epoch
+        while epoch < 2:
+            for images, texts in loader:
+                loss = loss_fn(*model(images, texts))
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                step += 1
+                if step % 3 == 0:  # the checkpoint, the loader's place in it
+                    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                                "loader": loader.state_dict(), "step": step}, ckpt)
+                if step == stop_after:
+                    return None
+            epoch += 1
+        return step, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    steps, straight = run()
+    assert steps == 16  # 2 epochs of 8 batches
+    run(stop_after=10)  # killed after step 10: the last checkpoint is step 9, mid-epoch 1
+    steps, resumed = run(resume=True)
+    assert steps == 16
+    assert all(torch.equal(straight[n], resumed[n]) for n in straight)

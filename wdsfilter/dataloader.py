@@ -14,11 +14,13 @@ from __future__ import annotations
 import logging
 import math
 import os
-from typing import Callable, Optional, Sequence
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence, Tuple
 
 from .config import StageConfig, config_or_options
 from .errors import ConfigError, StarvationError, require
-from .pipeline import sample_pipeline, set_epoch
+from .loaderstate import VERSION as STATE_VERSION, Progress, check_settings, check_state, settings
+from .pipeline import Place, SeededTransform, sample_pipeline, set_epoch, worker_batches
 from .shards import expand_urls
 from .stages import map_dict
 from .tally import StatsSink, Tally
@@ -79,11 +81,12 @@ class _ToTuple:
 
 
 class WdsLoader:
-    """Iterable of batches; wraps a torch DataLoader and exposes the pipeline's counts."""
+    """Iterable of batches; wraps a torch DataLoader and exposes the pipeline's counts. Saves and
+    restores its place in the epoch: state_dict() / load_state_dict() (wdsfilter.loaderstate)."""
 
     def __init__(self, dataloader, pipeline, sink: StatsSink, num_batches: Optional[int],
                  num_samples: Optional[int] = None, watchdog: bool = True, batch_size: int = 0,
-                 world: int = 1):
+                 world: int = 1, settings: Optional[dict] = None, readers: int = 1):
         self.dataloader = dataloader
         self.world = world  # the ranks num_batches and num_samples were sized for
         self.batch_size = batch_size
@@ -95,6 +98,12 @@ class WdsLoader:
         self.num_batches = num_batches
         self.num_samples = num_samples
         self.epoch = 0  # the next epoch; set_epoch(n) to resume
+        self.settings = settings or {}  # what a saved position depends on (loaderstate.settings)
+        self.readers = readers
+        self._progress: Optional[Progress] = None  # the epoch being iterated
+        self._restored: Optional[Progress] = None  # a mid-epoch position from load_state_dict
+        self._stats_before: dict = {}  # counts of the epochs before the one being iterated
+        self._started = False
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -103,14 +112,30 @@ class WdsLoader:
         # Per epoch, not per loader: persistent workers keep their counts across epochs, so what
         # this epoch gave is its batches, and what came out is the growth of the merged tally.
         _check_world(self.world)
+        progress = self._begin_epoch()
         out_before = self.stats.samples_out if self.watchdog else 0
-        if not getattr(self.dataloader, "persistent_workers", False):  # persistent ones count their own
-            set_epoch(self.pipeline, self.epoch)
-        self.epoch += 1
-        batches = 0
-        for batch in self.dataloader:
-            batches += 1
+        batches_before = progress.batches  # given before a restore
+        for batch, worker in self.dataloader:
+            progress.took(worker)
             yield batch
+        self._progress = None
+        self._end_epoch(progress.batches, progress.batches - batches_before, out_before)
+
+    def _begin_epoch(self) -> Progress:
+        persistent = getattr(self.dataloader, "persistent_workers", False)
+        if not persistent or not self._started:  # persistent workers count their own epochs
+            set_epoch(self.pipeline, self.epoch)
+        self._started = True
+        self._stats_before = self.stats.to_dict()
+        restored, self._restored = self._restored, None
+        progress = restored if restored is not None and restored.epoch == self.epoch \
+            else Progress(self.epoch, self.readers)
+        self.pipeline.place.resume = progress.resume_plan(self.batch_size) if progress.batches else None
+        self.epoch += 1
+        self._progress = progress
+        return progress
+
+    def _end_epoch(self, batches: int, new_batches: int, out_before: int) -> None:
         stats = self.stats
         if self.watchdog and not batches:
             stats.name = "wdsfilter.loader"
@@ -129,6 +154,33 @@ class WdsLoader:
         if sum(stats.dropped.values()) or stats.notes:
             log.warning("wdsfilter loader finished an epoch:\n%s", stats.summary())
 
+    def state_dict(self) -> dict:
+        """Where this loader is, to save with the model's checkpoint (after batch N, a loader given
+        this state by load_state_dict gives batch N+1 on). Per rank: each rank's readers are at the
+        same batch on every rank of a sized or resampled epoch, so one rank's state restores all."""
+        progress = self._progress or self._restored or Progress(self.epoch, self.readers)
+        return {"version": STATE_VERSION, "rank": _rank(), "settings": self.settings,
+                "position": progress.to_dict(),
+                "stats": self._stats_before if self._progress is not None else self.stats.to_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a state_dict() of a loader built with the same settings (a ConfigError names
+        any that changed). Call it before iterating; the next iteration is the saved epoch's rest."""
+        state = check_state(state)
+        check_settings(state["settings"], self.settings)
+        if self._started and getattr(self.dataloader, "persistent_workers", False):
+            raise ConfigError("load_state_dict on a loader whose persistent workers have started: call it before "
+                              "the first iteration (build a new loader to restore into)")
+        progress = Progress.from_dict(state["position"], self.readers)
+        if self.num_batches is not None and progress.batches >= self.num_batches:
+            progress = Progress(progress.epoch + 1, self.readers)  # saved after the epoch's last batch
+        self.epoch = progress.epoch
+        self._restored = progress if progress.batches else None
+        if state.get("rank") == _rank() and state.get("stats"):  # this rank's counts so far
+            saved = Tally()
+            saved.merge_dict(state["stats"])
+            self.sink.write(saved, "tally-restored")
+
     def __len__(self):
         if self.num_batches is None:
             raise TypeError("this loader has no length: pass epoch_samples=N, or put a sizes.json beside the shards")
@@ -142,6 +194,74 @@ class WdsLoader:
     @property
     def tally(self) -> Tally:
         return self.stats
+
+
+@dataclass
+class LoaderOptions:
+    """Every option of `wdsfilter.loader` but the stage options (those are a StageConfig), checked when
+    built. A new option is one field here, its check in __post_init__, and its use in one builder step."""
+    batch_size: int = 32
+    num_workers: int = 0
+    transform: Optional[Callable] = None  # image -> tensor (e.g. open_clip's preprocess)
+    tokenizer: Optional[Callable] = None  # str -> tokens
+    shuffle: int = 0  # sample shuffle buffer (0: none); shards are shuffled too when it is set
+    resampled: bool = False  # every worker draws shards with replacement, endlessly
+    epoch_samples: Optional[int] = None  # samples per epoch over all ranks (None: from sizes.json)
+    drop_last: bool = False
+    seed: int = 0
+    output: str = "tuple"  # "tuple": (images, captions) batches; "dict": lists of sample dicts
+    multiprocessing_context: Optional[str] = None
+    persistent_workers: bool = False
+    world_size: Optional[int] = None  # None: WORLD_SIZE or torch.distributed
+    # Score filtering by a `wdsfilter score` run (see wdsfilter.scorefilter).
+    scores: Optional[str] = None
+    min_scores: Optional[dict] = None
+    min_clip: Optional[float] = None  # min_scores={"clip_score": X}
+    max_scores: Optional[dict] = None
+    max_ocr_area: Optional[float] = None  # max_scores={"ocr_area": X}
+    top_scores: Optional[dict] = None
+    bottom_scores: Optional[dict] = None
+    # Passed to the torch DataLoader.
+    pin_memory: bool = False
+    prefetch_factor: Optional[int] = None
+    collate_fn: Optional[Callable] = None
+
+    def __post_init__(self):
+        if self.output not in ("tuple", "dict"):
+            raise ConfigError(f"output must be 'tuple' or 'dict', got {self.output!r}")
+        if self.batch_size < 1 or self.num_workers < 0:
+            raise ConfigError(f"batch_size must be >= 1 and num_workers >= 0, got {self.batch_size}, {self.num_workers}")
+        if self.prefetch_factor is not None and (not isinstance(self.prefetch_factor, int) or self.prefetch_factor < 1):
+            raise ConfigError(f"prefetch_factor must be an integer >= 1, got {self.prefetch_factor!r}")
+        if self.collate_fn is not None and not callable(self.collate_fn):
+            raise ConfigError(f"collate_fn must be callable, got {type(self.collate_fn).__name__}")
+        if self.epoch_samples is not None and (not isinstance(self.epoch_samples, int) or self.epoch_samples < 1):
+            raise ConfigError(f"epoch_samples must be an integer >= 1, got {self.epoch_samples!r}")
+        if (self.top_scores or self.bottom_scores) and self.scores is None:
+            raise ConfigError("top_scores/bottom_scores need scores=DIR (the --out folder of `wdsfilter score`)")
+
+    @property
+    def readers(self) -> int:
+        """Shard readers per rank: the DataLoader workers, or the main process."""
+        return max(self.num_workers, 1)
+
+    @property
+    def filters_by_score(self) -> bool:
+        return bool(self.scores is not None or self.min_scores or self.max_scores or self.min_clip is not None
+                    or self.max_ocr_area is not None)
+
+    def bounds(self) -> Tuple[dict, dict]:
+        """(minima, maxima) with the min_clip/max_ocr_area shortcuts and top/bottom shares resolved, the
+        shares over the score files exactly as `wdsfilter filter --top/--bottom` resolves them."""
+        minima, maxima = dict(self.min_scores or {}), dict(self.max_scores or {})
+        if self.min_clip is not None:
+            minima["clip_score"] = self.min_clip
+        if self.max_ocr_area is not None:
+            maxima["ocr_area"] = self.max_ocr_area
+        if self.top_scores or self.bottom_scores:
+            from .filtering.rules import resolve_for_loader
+            minima, maxima = resolve_for_loader(self.scores, minima, maxima, self.top_scores, self.bottom_scores)
+        return minima, maxima
 
 
 def loader(urls, caption_key: Optional[str] = None, image_key: Optional[str] = None, *, batch_size: int = 32,
@@ -175,101 +295,119 @@ def loader(urls, caption_key: Optional[str] = None, image_key: Optional[str] = N
     values, resolved over the score files exactly as `wdsfilter filter --top/--bottom` does.
     """
     require("torch", "wdsfilter.loader", "pip install 'wdsfilter[score]' (or torch)")
-    import torch.utils.data
-    import webdataset as wds
+    config = _stage_config(config, caption_key, image_key, config_options)
+    opts = LoaderOptions(
+        batch_size=batch_size, num_workers=num_workers, transform=transform, tokenizer=tokenizer, shuffle=shuffle,
+        resampled=resampled, epoch_samples=epoch_samples, drop_last=drop_last, seed=seed, output=output,
+        multiprocessing_context=multiprocessing_context, persistent_workers=persistent_workers,
+        world_size=world_size, scores=scores, min_scores=min_scores, min_clip=min_clip, max_scores=max_scores,
+        max_ocr_area=max_ocr_area, top_scores=top_scores, bottom_scores=bottom_scores, pin_memory=pin_memory,
+        prefetch_factor=prefetch_factor, collate_fn=collate_fn)
+    return build_loader(urls, config, opts)
 
-    config_or_options(config, dict(config_options, caption_key=caption_key, image_key=image_key))
-    if config is None:
-        opts = dict(config_options)
-        if caption_key:
-            opts["caption_key"] = caption_key
-        if image_key:
-            opts["image_key"] = image_key
-        try:
-            config = StageConfig(**opts)
-        except TypeError as e:
-            raise ConfigError(f"unknown loader option: {e}") from None
-    if output not in ("tuple", "dict"):
-        raise ConfigError(f"output must be 'tuple' or 'dict', got {output!r}")
-    if batch_size < 1 or num_workers < 0:
-        raise ConfigError(f"batch_size must be >= 1 and num_workers >= 0, got {batch_size}, {num_workers}")
-    if prefetch_factor is not None and (not isinstance(prefetch_factor, int) or prefetch_factor < 1):
-        raise ConfigError(f"prefetch_factor must be an integer >= 1, got {prefetch_factor!r}")
-    if collate_fn is not None and not callable(collate_fn):
-        raise ConfigError(f"collate_fn must be callable, got {type(collate_fn).__name__}")
-    if epoch_samples is not None and (not isinstance(epoch_samples, int) or epoch_samples < 1):
-        raise ConfigError(f"epoch_samples must be an integer >= 1, got {epoch_samples!r}")
+
+def _stage_config(config: Optional[StageConfig], caption_key, image_key, options: dict) -> StageConfig:
+    """config=, or the stage options one by one (never both)."""
+    config_or_options(config, dict(options, caption_key=caption_key, image_key=image_key))
+    if config is not None:
+        return config
+    opts = dict(options)
+    if caption_key:
+        opts["caption_key"] = caption_key
+    if image_key:
+        opts["image_key"] = image_key
+    try:
+        return StageConfig(**opts)
+    except TypeError as e:
+        raise ConfigError(f"unknown loader option: {e}") from None
+
+
+def build_loader(urls, config: StageConfig, opts: LoaderOptions) -> WdsLoader:
+    """The loader, top to bottom as open_clip's get_wds_dataset builds its own: shards, the epoch's
+    size, the sample pipeline, batches, the epoch cut per worker, the DataLoader."""
+    import torch.utils.data
 
     shard_urls = expand_urls(urls, config.allow_pipe, config.allow_remote, config.storage_options)
-    world = world_size or _world_size()
-    consumers = world * max(num_workers, 1)
-    if not resampled and len(shard_urls) < consumers:
+    world = opts.world_size or _world_size()
+    _check_readers(shard_urls, world, opts)
+    epoch_samples = opts.epoch_samples if opts.epoch_samples is not None else sizes_json_samples(shard_urls)
+    _check_sized(world, opts, epoch_samples)
+
+    bounds = opts.bounds() if opts.filters_by_score else None  # (minima, maxima) of the score filter
+    sink = StatsSink()
+    tally = Tally(config.starvation_samples, config.starvation_seconds, name="wdsfilter.loader")
+    place = Place()  # the readers' epoch and worker, shared by the seeded stages
+    pipeline = sample_pipeline(shard_urls, config, tally, resampled=opts.resampled, shuffle=opts.shuffle,
+                               seed=opts.seed, extra=_output_stages(opts, place), sink=sink,
+                               before_decode=_score_stages(opts, bounds, tally), cycle=epoch_samples is not None,
+                               place=place)
+    pipeline.append(batched(opts.batch_size, _collate(opts), partial=not opts.drop_last))
+    num_batches = num_samples = per_worker = None
+    if epoch_samples is not None:
+        # open_clip's rule (get_wds_dataset): batches per worker rounded up, the epoch is that many
+        # batches on every worker, and num_samples is what the ranks see together.
+        global_batches = math.ceil(epoch_samples / (opts.batch_size * world))
+        per_worker = math.ceil(global_batches / opts.readers)
+        num_batches = per_worker * opts.readers
+        num_samples = num_batches * opts.batch_size * world
+    pipeline.append(worker_batches(pipeline.place, per_worker))  # the epoch's cut per worker
+
+    workers = opts.num_workers
+    extra_args = {"prefetch_factor": opts.prefetch_factor} if workers > 0 and opts.prefetch_factor is not None else {}
+    dataloader = torch.utils.data.DataLoader(
+        pipeline, batch_size=None, shuffle=False, num_workers=workers, pin_memory=opts.pin_memory,
+        persistent_workers=opts.persistent_workers and workers > 0,
+        multiprocessing_context=opts.multiprocessing_context if workers > 0 else None, **extra_args)
+    return WdsLoader(dataloader, pipeline, sink, num_batches, num_samples,
+                     watchdog=bool(config.starvation_samples or config.starvation_seconds),
+                     batch_size=opts.batch_size, world=world, readers=opts.readers,
+                     settings=settings(shard_urls, opts, world, epoch_samples, config.to_dict(), bounds))
+
+
+def _check_readers(shard_urls: Sequence[str], world: int, opts: LoaderOptions) -> None:
+    consumers = world * opts.readers
+    if not opts.resampled and len(shard_urls) < consumers:
         raise ConfigError(
-            f"{len(shard_urls)} shard(s) for {world} rank(s) x {max(num_workers, 1)} worker(s) = {consumers} "
+            f"{len(shard_urls)} shard(s) for {world} rank(s) x {opts.readers} worker(s) = {consumers} "
             f"readers: some would get no shard and distributed training would hang. Use fewer workers "
             f"(num_workers={max(len(shard_urls) // world, 1) if len(shard_urls) >= world else 0}), "
             f"more shards, or resampled=True.")
 
-    if epoch_samples is None:
-        epoch_samples = sizes_json_samples(shard_urls)
-    if world > 1 and not resampled and epoch_samples is None:
+
+def _check_sized(world: int, opts: LoaderOptions, epoch_samples: Optional[int]) -> None:
+    if world > 1 and not opts.resampled and epoch_samples is None:
         raise ConfigError(
             f"{world} ranks read an unsized epoch: each rank would stop when its own shards run out, at "
             f"different batch counts, and DDP would hang at the all-reduce of the longest rank. Pass "
             f"epoch_samples=N, put a sizes.json beside the shards (`wdsfilter validate --stats-dir`), or "
             f"use resampled=True with epoch_samples.")
 
-    sink = StatsSink()
-    tally = Tally(config.starvation_samples, config.starvation_seconds, name="wdsfilter.loader")
-    extra, before_decode = [], []
+
+def _score_stages(opts: LoaderOptions, bounds: Optional[tuple], tally: Tally) -> list:
+    """The score filter, if asked for: before decoding and shuffling, so dropped samples are never
+    decoded, and score tables are read one shard at a time. Its drops count in the loader's tally."""
+    if bounds is None:
+        return []
+    from .scorefilter import score_filter
+    return [score_filter(opts.scores, bounds[0], tally, bounds[1])]
+
+
+def _output_stages(opts: LoaderOptions, place: Place) -> list:
+    """The user's transform (its random draws seeded per sample) and tokenizer, then the output shape."""
     fns = {}
-    if transform is not None:
-        fns["image"] = transform
-    if tokenizer is not None:
-        fns["caption"] = _Tokenize(tokenizer)
-    if min_clip is not None:  # shortcut for min_scores={"clip_score": min_clip}
-        min_scores = dict(min_scores or {}, clip_score=min_clip)
-    if max_ocr_area is not None:  # shortcut for max_scores={"ocr_area": max_ocr_area}
-        max_scores = dict(max_scores or {}, ocr_area=max_ocr_area)
-    if top_scores or bottom_scores:  # resolved to a minimum/maximum as `wdsfilter filter` resolves them
-        from .filtering.rules import resolve_for_loader
-        if scores is None:
-            raise ConfigError("top_scores/bottom_scores need scores=DIR (the --out folder of `wdsfilter score`)")
-        min_scores, max_scores = resolve_for_loader(scores, min_scores, max_scores, top_scores, bottom_scores)
-    if scores is not None or min_scores or max_scores:
-        from .scorefilter import score_filter
-        # Before decoding and shuffling: dropped samples are never decoded, and score tables are read
-        # one shard at a time. Its drops count in the loader's tally.
-        before_decode.append(score_filter(scores, min_scores or {}, tally, max_scores))
-    if fns:
-        extra.append(map_dict(fns))
-    if output == "tuple":
-        extra.append(_ToTuple(("image", "caption")))
+    if opts.transform is not None:
+        fns["image"] = SeededTransform(opts.transform, place, opts.seed)
+    if opts.tokenizer is not None:
+        fns["caption"] = _Tokenize(opts.tokenizer)
+    stages = [map_dict(fns)] if fns else []
+    if opts.output == "tuple":
+        stages.append(_ToTuple(("image", "caption")))
+    return stages
 
-    pipeline = sample_pipeline(shard_urls, config, tally, resampled=resampled, shuffle=shuffle, seed=seed,
-                               extra=extra, sink=sink, before_decode=before_decode,
-                               cycle=epoch_samples is not None)
-    collate = collate_fn or (wds.filters.default_collation_fn if output == "tuple" else _as_list)
-    pipeline.append(batched(batch_size, collate, partial=not drop_last))
 
-    num_batches = num_samples = None
-    if epoch_samples is not None:
-        # open_clip's rule (get_wds_dataset): batches per worker rounded up, the epoch is that many
-        # batches on every worker, and num_samples is what the ranks see together.
-        global_batches = math.ceil(epoch_samples / (batch_size * world))
-        per_worker = math.ceil(global_batches / max(num_workers, 1))
-        pipeline = pipeline.with_epoch(per_worker)
-        num_batches = per_worker * max(num_workers, 1)
-        num_samples = num_batches * batch_size * world
-
-    extra_args = {"prefetch_factor": prefetch_factor} if num_workers > 0 and prefetch_factor is not None else {}
-    dataloader = torch.utils.data.DataLoader(
-        pipeline, batch_size=None, shuffle=False, num_workers=num_workers, pin_memory=pin_memory,
-        persistent_workers=persistent_workers and num_workers > 0,
-        multiprocessing_context=multiprocessing_context if num_workers > 0 else None, **extra_args)
-    return WdsLoader(dataloader, pipeline, sink, num_batches, num_samples,
-                     watchdog=bool(config.starvation_samples or config.starvation_seconds), batch_size=batch_size,
-                     world=world)
+def _collate(opts: LoaderOptions) -> Callable:
+    import webdataset as wds
+    return opts.collate_fn or (wds.filters.default_collation_fn if opts.output == "tuple" else _as_list)
 
 
 def sizes_json_samples(urls: Sequence[str]) -> Optional[int]:

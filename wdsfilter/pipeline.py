@@ -1,6 +1,8 @@
 """Compose shard lists and stages into a webdataset DataPipeline, read top to bottom."""
 from __future__ import annotations
 
+import os
+import random
 from typing import Callable, Optional, Sequence
 
 import webdataset as wds
@@ -56,21 +58,166 @@ def _cycle_shards(src, tally: Tally):
 cycle_shards = wds.pipelinefilter(_cycle_shards)
 
 
+class Place:
+    """Where one reader (a rank's DataLoader worker, or its main process) is, shared by the stages of
+    its pipeline: the epoch it reads, which worker it is, and, on a restored loader, how many samples
+    of the restored epoch to replay unseen. Every seed of the stream is a function of (seed, epoch,
+    rank, worker), so a reader's stream is the same on every run and a position is one count.
+
+    `worker` is the reader's *logical* id: a loader restored after batch N must give next the batch
+    of the worker that an uninterrupted run would ask next, and torch's DataLoader always starts its
+    round robin at worker 0; so in the restored epoch torch's worker j reads as worker
+    (j + offset) % workers (its shards, its seeds), with offset the worker that was next."""
+
+    def __init__(self):
+        self.epoch = -1  # the next pass adds one, as webdataset's seeded stages do
+        self.worker = 0
+        self.index = 0  # samples this reader passed to the user's transforms this epoch (replayed included)
+        # {"epoch", "offset", "batches": {worker: batches given}, "batch_size"}
+        self.resume: Optional[dict] = None
+
+    def start(self) -> None:
+        """A pass begins (in the process that reads): count the epoch and take the worker's logical
+        id, set where webdataset's split_by_worker and ResampledShards read it (WORKER, NUM_WORKERS)."""
+        self.epoch += 1
+        self.index = 0
+        import torch.utils.data  # imported already (webdataset imports torch)
+        info = torch.utils.data.get_worker_info()
+        if info is None:
+            self.worker = 0
+            return
+        offset = self.resume["offset"] if self.restoring else 0
+        self.worker = (info.id + offset) % info.num_workers
+        os.environ.update(WORKER=str(self.worker), NUM_WORKERS=str(info.num_workers))
+
+    @property
+    def restoring(self) -> bool:
+        return self.resume is not None and self.resume["epoch"] == self.epoch
+
+    def to_skip_batches(self) -> int:
+        """Batches this reader gave in the restored epoch before the checkpoint (0 otherwise)."""
+        return int(self.resume["batches"].get(self.worker, 0)) if self.restoring else 0
+
+    def to_skip(self) -> int:
+        """Samples this reader gave in the restored epoch before the checkpoint (0 otherwise)."""
+        return self.to_skip_batches() * self.resume["batch_size"] if self.restoring else 0
+
+    def seed(self, seed: int, *more) -> int:
+        rank = wds.utils.pytorch_worker_info()[0]
+        return wds.utils.make_seed(seed, self.epoch, rank, self.worker, *more)
+
+
+class SeededTransform:
+    """The user's image transform with the random generators (torch's, Python's, numpy's) seeded per
+    sample from (seed, epoch, rank, worker, sample index), and given back as they were after it: a
+    random crop is the same on every run and after a restore (whose replayed samples never reach the
+    transform), and the process's own generators (the training loop's, with num_workers=0) are untouched."""
+
+    def __init__(self, transform: Callable, place: Place, seed: int):
+        self.transform, self.place, self.seed = transform, place, seed
+
+    def __call__(self, image):
+        import numpy as np
+        import torch
+        seed = self.place.seed(self.seed, self.place.index)
+        saved = random.getstate(), np.random.get_state()
+        try:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                random.seed(seed)
+                np.random.seed(seed)
+                return self.transform(image)
+        finally:
+            random.setstate(saved[0])
+            np.random.set_state(saved[1])
+
+
+class PlacedSource(wds.PipelineStage):
+    """The first stage: starts the reader's pass (Place.start), then its shard source."""
+
+    def __init__(self, place: Place, source):
+        self.place = place
+        self.source = source
+
+    def run(self):
+        self.place.start()
+        return iter(self.source)
+
+
+class SeededShuffle(wds.PipelineStage):
+    """webdataset's sample shuffle with a seeded generator: its own draws from the clock, so no run
+    could give the same order twice and a restored loader could not rebuild its buffer."""
+
+    def __init__(self, place: Place, bufsize: int, initial: int, seed: int):
+        self.place, self.bufsize, self.initial, self.seed = place, bufsize, initial, seed
+
+    def run(self, src):
+        return wds.shuffle(self.bufsize, self.initial, rng=random.Random(self.place.seed(self.seed)))(src)
+
+
+def _replay(data, place: Place, tally: Tally):
+    """On a restored loader: pass over the samples the reader had already given (they were in the
+    batches before the checkpoint), before the user's transforms, so the stream, the shuffle buffer
+    and the counts after them are those of the uninterrupted run. They count as given (they were);
+    the watchdog sleeps meanwhile (a long replay is not a stall)."""
+    data, skip = iter(data), place.to_skip()
+    if skip:
+        limits = tally.starvation_samples, tally.starvation_seconds
+        tally.starvation_samples = tally.starvation_seconds = 0
+        try:
+            for _ in range(skip):
+                if next(data, None) is None:
+                    return
+                place.index += 1
+                tally.sample_out()
+        finally:
+            tally.starvation_samples, tally.starvation_seconds = limits
+            tally.waiting()
+    for sample in data:
+        place.index += 1
+        yield sample
+
+
+replay = wds.pipelinefilter(_replay)
+
+
+def _worker_batches(data, place: Place, per_worker: Optional[int] = None):
+    """Each batch with the worker that made it (so the loader knows each worker's position), and on
+    a sized epoch the cut after the worker's `per_worker` batches, those it gave before a restore
+    included. Like webdataset's with_epoch, it takes no batch past the cut (that would read ahead)."""
+    left = None if per_worker is None else per_worker - place.to_skip_batches()
+    if left is not None and left <= 0:
+        return
+    for batch in data:
+        yield batch, place.worker
+        if left is not None:
+            left -= 1
+            if not left:
+                return
+
+
+worker_batches = wds.pipelinefilter(_worker_batches)
+
+
 def set_epoch(pipeline: wds.DataPipeline, epoch: int) -> None:
     """Make the pipeline's next iteration epoch `epoch` for the seeded shard stages (resampled
     shards, shard shuffle). Each of them counts its own iterations, but a DataLoader that starts
     fresh workers each epoch gives them a fresh copy whose count is always 0: every epoch would
     draw the same shards in the same order."""
     for stage in pipeline.pipeline:
+        stage = stage.source if isinstance(stage, PlacedSource) else stage
         if isinstance(stage, (wds.ResampledShards, wds.detshuffle)):
             stage.epoch = epoch - 1  # they add one as the iteration starts
+    place = getattr(pipeline, "place", None)
+    if place is not None:
+        place.epoch = epoch - 1
 
 
 def sample_pipeline(urls, cfg: Optional[StageConfig] = None, tally: Optional[Tally] = None, *,
                     resampled: bool = False, shuffle: int = 0, seed: int = 0, decode_images: bool = True,
                     extra: Sequence[Callable] = (), sink: Optional[StatsSink] = None,
                     before_decode: Sequence[Callable] = (), cycle: bool = False,
-                    shard_stages: Sequence[Callable] = ()) -> wds.DataPipeline:
+                    shard_stages: Sequence[Callable] = (), place: Optional[Place] = None) -> wds.DataPipeline:
     """urls -> decoded samples {"__key__", "__url__", "image" (PIL) or "video" (bytes), "caption", "json"}.
 
     `extra` stages (map_dict, to_tuple, ...) run after decoding and before the output count, so
@@ -82,14 +229,18 @@ def sample_pipeline(urls, cfg: Optional[StageConfig] = None, tally: Optional[Tal
     cfg = cfg or StageConfig()
     tally = tally if tally is not None else Tally(cfg.starvation_samples, cfg.starvation_seconds)
     urls = expand_urls(urls, cfg.allow_pipe, cfg.allow_remote, cfg.storage_options)
+    place = place if place is not None else Place()
     stages = shard_source(urls, resampled, shuffle_shards=bool(shuffle), seed=seed,
                           cycle=tally if cycle and not resampled else None)
+    stages[0] = PlacedSource(place, stages[0])
     stages += list(shard_stages)
     stages += sample_stages(cfg, tally, decode_images=decode_images, before_decode=before_decode)
     if shuffle:
-        stages.append(wds.shuffle(shuffle, initial=min(shuffle, 1000)))
+        stages.append(SeededShuffle(place, shuffle, min(shuffle, 1000), seed))
+    stages.append(replay(place, tally))  # a restored loader's samples already given (none otherwise)
     stages += list(extra)
     stages.append(watch(tally, sink))
     pipeline = wds.DataPipeline(*stages)
     pipeline.tally = tally
+    pipeline.place = place
     return pipeline
