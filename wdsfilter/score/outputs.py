@@ -243,8 +243,8 @@ def histogram_bins(lowest, highest, integer: bool, bins: int) -> Tuple[float, fl
     per_value = integer and hi - lo + 1 <= bins
     if per_value:
         n_bins, lo, hi = int(hi - lo) + 1, lo - 0.5, hi + 0.5
-    if hi == lo:
-        hi = lo + 1e-9
+    if hi == lo:  # one value: a bin of some width (1e-9 is lost in the rounding of values like 1e18)
+        hi = lo + max(1e-9, abs(lo) * 1e-9)
     return lo, hi, n_bins, per_value
 
 
