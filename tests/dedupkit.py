@@ -35,7 +35,8 @@ def _photo(name: str) -> Image.Image:
         left, right, _ = data.stereo_motorcycle()
         return Image.fromarray(left if name.endswith("left") else right)
     if name.startswith("face_"):  # Labeled Faces in the Wild: small grey faces, upscaled
-        return Image.fromarray(data.lfw_subset()[int(name[5:])]).resize((128, 128), Image.BICUBIC)
+        face = (data.lfw_subset()[int(name[5:])] * 255).round().astype(np.uint8)  # floats in [0, 1]
+        return Image.fromarray(face).resize((128, 128), Image.BICUBIC).convert("RGB")
     img = Image.fromarray(getattr(data, name)())
     if max(img.size) > 800:
         img = img.resize((img.width * 800 // max(img.size), img.height * 800 // max(img.size)), Image.BICUBIC)
