@@ -171,3 +171,51 @@ def test_clip_score_picks_the_survivor_and_semantic_groups(tiny_clip, tmp_path):
     # A byte copy's embedding is its original's: a semantic pair too.
     result = dedup(run, kinds=["semantic"], semantic_threshold=0.999)
     assert result.per_kind["semantic"] >= 2
+
+
+def test_filter_and_loader_keep_the_same_survivors(photos, tmp_path):
+    run, truth, shards = photos
+    evals = tmp_path / "eval"
+    evals.mkdir()
+    (evals / "clock.jpg").write_bytes(jpeg(_photo("clock")))
+    result = dedup(run, evals=[str(evals)])
+    got = marks(run)
+    keep = {k for k, r in got.items() if r["survivor"] and not r["eval_match"]}
+    assert len(keep) == len(truth) - result.duplicates - sum(1 for r in got.values() if r["eval_match"] and r["survivor"])
+    r = CliRunner().invoke(main, ["filter", run, "--dedup", "--write-shards", str(tmp_path / "kept"), "--no-report"])
+    assert r.exit_code == 0, r.output
+    line = next(x for x in r.output.splitlines() if x.strip().startswith("dedup"))
+    assert f"{len(keep)} of {len(truth)} kept" in line, r.output
+    import tarfile
+    written = {m.name.split(".")[0] for f in sorted(os.listdir(tmp_path / "kept")) if f.endswith(".tar")
+               for m in tarfile.open(tmp_path / "kept" / f)}
+    assert written == keep
+    # Combined with a threshold: both rules count, the kept rows are those passing both.
+    r = CliRunner().invoke(main, ["filter", run, "--dedup", "--min", "phash=0", "--dry-run"])
+    assert r.exit_code == 0, r.output
+    both = {k for k in keep if next(x for x in read_all(run) if x["key"] == k)["phash"] >= 0}
+    assert f"all thresholds: {len(both)} of {len(truth)} kept" in r.output, r.output
+    # The loader applies the same rule at training time.
+    import wdsfilter
+    loader = wdsfilter.loader(shards, scores=run, dedup=True, batch_size=1, output="dict", image_key="jpg;png",
+                              num_workers=0, epoch_samples=None)
+    seen = {s["__key__"] for batch in loader for s in batch}
+    assert seen == keep
+    dropped = loader.stats.dropped
+    assert dropped["duplicate"] + dropped["eval_match"] == len(truth) - len(keep) and dropped["eval_match"] >= 1
+
+
+def read_all(run):
+    return [r for f in sorted(os.listdir(os.path.join(run, "scores"))) for r in read_rows(os.path.join(run, "scores", f))]
+
+
+def test_filter_refuses_a_dedup_older_than_the_scores(tmp_path):
+    shards, _ = build(tmp_path / "shards", bases=("coffee",), variants=("copy",), alikes=[])
+    run = score_hash(shards, tmp_path / "run")
+    r = CliRunner().invoke(main, ["filter", run, "--dedup"])
+    assert r.exit_code == 2 and "wdsfilter dedup" in r.output, r.output
+    dedup(run)
+    score_file = os.path.join(run, "scores", sorted(os.listdir(os.path.join(run, "scores")))[0])
+    os.utime(score_file, ns=(1, 1))  # as a re-scored shard: not the file the dedup read
+    r = CliRunner().invoke(main, ["filter", run, "--dedup"])
+    assert r.exit_code != 0 and "older than the score files" in r.output, r.output

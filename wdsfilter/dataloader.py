@@ -152,7 +152,7 @@ def loader(urls, caption_key: Optional[str] = None, image_key: Optional[str] = N
            persistent_workers: bool = False, world_size: Optional[int] = None,
            scores: Optional[str] = None, min_scores: Optional[dict] = None, min_clip: Optional[float] = None,
            max_scores: Optional[dict] = None, max_ocr_area: Optional[float] = None,
-           top_scores: Optional[dict] = None, bottom_scores: Optional[dict] = None,
+           top_scores: Optional[dict] = None, bottom_scores: Optional[dict] = None, dedup: bool = False,
            pin_memory: bool = False, prefetch_factor: Optional[int] = None, collate_fn: Optional[Callable] = None,
            **config_options) -> WdsLoader:
     """Build a DataLoader over WebDataset shards; see the module docstring.
@@ -173,6 +173,8 @@ def loader(urls, caption_key: Optional[str] = None, image_key: Optional[str] = N
     max_ocr_area=X is max_scores={"ocr_area": X}); see wdsfilter.scorefilter.
     top_scores / bottom_scores: {column: percent}, the share of the run to keep by the highest (lowest)
     values, resolved over the score files exactly as `wdsfilter filter --top/--bottom` does.
+    dedup: with scores=, keep only the survivors of `wdsfilter dedup`'s duplicate groups and drop
+    eval matches, as `wdsfilter filter --dedup` does (docs/dedup.md).
     """
     require("torch", "wdsfilter.loader", "pip install 'wdsfilter[score]' (or torch)")
     import torch.utils.data
@@ -236,11 +238,14 @@ def loader(urls, caption_key: Optional[str] = None, image_key: Optional[str] = N
         if scores is None:
             raise ConfigError("top_scores/bottom_scores need scores=DIR (the --out folder of `wdsfilter score`)")
         min_scores, max_scores = resolve_for_loader(scores, min_scores, max_scores, top_scores, bottom_scores)
+    if dedup and scores is None:
+        raise ConfigError("dedup=True needs scores=DIR (the --out folder of `wdsfilter score`, deduplicated with "
+                          "`wdsfilter dedup DIR`)")
     if scores is not None or min_scores or max_scores:
         from .scorefilter import score_filter
         # Before decoding and shuffling: dropped samples are never decoded, and score tables are read
         # one shard at a time. Its drops count in the loader's tally.
-        before_decode.append(score_filter(scores, min_scores or {}, tally, max_scores))
+        before_decode.append(score_filter(scores, min_scores or {}, tally, max_scores, dedup=dedup))
     if fns:
         extra.append(map_dict(fns))
     if output == "tuple":

@@ -34,7 +34,7 @@ class ScoreFilter:
     """Picklable webdataset stage (see the module docstring)."""
 
     def __init__(self, scores_dir: str, min_scores: Dict[str, float], tally: Optional[Tally] = None,
-                 max_scores: Optional[Dict[str, float]] = None):
+                 max_scores: Optional[Dict[str, float]] = None, dedup: bool = False):
         if not scores_dir:
             raise ConfigError("score filtering needs scores=DIR (the --out folder of `wdsfilter score`)")
         self.scores_dir = scores_dir
@@ -42,8 +42,14 @@ class ScoreFilter:
         self.tally = tally if tally is not None else Tally(name="score_filter")
         self.by_url, self.by_stem = self._index()
         self._check_columns()
+        self.dedup = None
+        if dedup:  # `wdsfilter dedup`'s verdicts, the rule `wdsfilter filter --dedup` applies too
+            from .dedup.marks import DedupMarks
+            files = sorted({p for p in self.by_url.values()})
+            self.dedup = DedupMarks(scores_dir, [(_stem(p), p) for p in files])
         self._url: Optional[str] = None
         self._table: Optional[Dict[str, Tuple]] = None
+        self._dropped: Dict[str, str] = {}
 
     # -- index of score files -----------------------------------------------------------------
     def _index(self):
@@ -109,6 +115,7 @@ class ScoreFilter:
     def _load(self, url: str) -> None:
         from .score.outputs import read_table
         self._url = url
+        self._dropped = {}
         path = self.score_file(url)
         if path is None:
             self._table = None
@@ -120,6 +127,8 @@ class ScoreFilter:
             if key not in table:  # a key repeated in one shard (a half-sample): its first row
                 table[key] = tuple(t[c][i] if c in t else None for c in columns)
         self._table = table
+        if self.dedup is not None:
+            self._dropped = {key: reason for key, reason in self.dedup.dropped(_stem(path)).values()}
 
     # -- the stage ---------------------------------------------------------------------------------
     def __call__(self, data: Iterable[dict]) -> Iterator[dict]:
@@ -144,16 +153,25 @@ class ScoreFilter:
             if outside is not None:
                 self.tally.drop("filtered_by_score", STAGE, url, key, outside.explain(row[outside.column]))
                 continue
+            if key in self._dropped:  # "duplicate" or "eval_match"
+                self.tally.drop(self._dropped[key], STAGE, url, key, f"marked by `wdsfilter dedup {self.scores_dir}`")
+                continue
             yield sample
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        state.update(_url=None, _table=None)  # each worker reads the tables it needs
+        state.update(_url=None, _table=None, _dropped={})  # each worker reads the tables it needs
         return state
 
 
+def _stem(score_file: str) -> str:
+    """A shard's output name: its score file's name without the extension."""
+    name = os.path.basename(score_file)
+    return name[:-len(".parquet")] if name.endswith(".parquet") else name.rsplit(".", 1)[0]
+
+
 def score_filter(scores_dir: str, min_scores: Dict[str, float], tally: Optional[Tally] = None,
-                 max_scores: Optional[Dict[str, float]] = None) -> ScoreFilter:
+                 max_scores: Optional[Dict[str, float]] = None, dedup: bool = False) -> ScoreFilter:
     """A stage dropping samples without scores, under `min_scores` or over `max_scores` (column ->
     bound); drops are counted in `tally` (pass the pipeline's, as wdsfilter.loader does)."""
-    return ScoreFilter(scores_dir, min_scores, tally, max_scores)
+    return ScoreFilter(scores_dir, min_scores, tally, max_scores, dedup)

@@ -5,7 +5,7 @@
                             duplicate), kind (exact, near, semantic), survivor, eval_match (null, or
                             "KIND:EVAL IMAGE" it matches)
     dedup/summary.json      settings, groups per kind, rows marked, the largest groups; `shards`:
-                            each shard's rows, so a dedup older than the run's score files is refused
+                            each score file's size and time, so a dedup older than them is refused
 
 A row is dropped when it matches an eval image ("eval_match") or is not its group's survivor
 ("duplicate"); every other row is kept.
@@ -33,11 +33,18 @@ def drop_reason(survivor, eval_match) -> Optional[str]:
     return None
 
 
+def score_file_state(path: str) -> dict:
+    """What the dedup records of a score file, to know it later for the same file."""
+    st = os.stat(path)
+    return {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
 class DedupMarks:
     """The dedup of a run folder, checked against its finished shards."""
 
-    def __init__(self, run_dir: str, shards: Sequence[Tuple[str, int]] = ()):
-        """shards: (output name, rows) of the run's finished shards, when the caller has them."""
+    def __init__(self, run_dir: str, shards: Sequence[Tuple[str, str]] = ()):
+        """shards: (output name, score file) of the run's finished shards: a shard the dedup did not
+        see, or whose score file changed since (--resume, a re-scored shard), is refused."""
         self.folder = os.path.join(run_dir, FOLDER)
         path = os.path.join(self.folder, SUMMARY)
         if not os.path.exists(path):
@@ -45,7 +52,7 @@ class DedupMarks:
         with open(path) as f:
             self.summary = json.load(f)
         known = self.summary.get("shards", {})
-        stale = [name for name, rows in shards if known.get(name) != rows]
+        stale = [name for name, path in shards if known.get(name) != score_file_state(path)]
         if stale:
             raise ConfigError(f"the dedup in {self.folder} is older than the score files of {len(stale)} shard(s) "
                               f"({', '.join(stale[:3])}{' ...' if len(stale) > 3 else ''}); run `wdsfilter dedup "

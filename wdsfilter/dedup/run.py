@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from .groups import KINDS, build_groups
-from .marks import FOLDER, SUMMARY
+from .marks import FOLDER, SUMMARY, score_file_state
 
 NEAR_BITS = 5           # docs/dedup.md: re-encodes, resizes and PNG<->JPEG measured at <= 4 bits, distinct photos >= 16
 SEMANTIC_THRESHOLD = 0.95  # cosine; SemDeDup's eps = 1 - cosine, 0.05
@@ -202,6 +202,6 @@ def _write(rows, groups, matches, result: DedupResult, settings: dict) -> str:
                "duplicates": result.duplicates, "eval_images": result.eval_images,
                "eval_unreadable": result.eval_unreadable, "eval_matches": result.eval_matches,
                "largest": result.largest, "unfinished": result.unfinished,
-               "shards": {s.name: int(rows.starts[i + 1] - rows.starts[i]) for i, s in enumerate(rows.shards)}}
+               "shards": {s.name: score_file_state(s.score_file) for s in rows.shards}}
     write_text_atomic(os.path.join(folder, SUMMARY), json.dumps(summary, indent=1))
     return folder

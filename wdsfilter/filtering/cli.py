@@ -24,10 +24,13 @@ from ..errors import EXIT_CODES_HELP
 @click.option("--report", "report", default="", metavar="PATH",
               help="Where the HTML report goes [SCORES_DIR/report.html].")
 @click.option("--no-report", is_flag=True, help="Write no HTML report.")
+@click.option("--dedup", is_flag=True,
+              help="Keep only the survivor of each duplicate group and drop eval matches, as `wdsfilter dedup "
+                   "SCORES_DIR` marked them (docs/dedup.md).")
 @click.option("--allow-incomplete", is_flag=True,
               help="Exit 0 even when shards of the scoring run have no complete score file (they are left out).")
 def filter_command(scores_dir, mins, maxes, tops, bottoms, write_shards, samples_per_shard, prefix, overwrite,
-                   dry_run, report, no_report, allow_incomplete):
+                   dry_run, report, no_report, dedup, allow_incomplete):
     """Choose thresholds after scoring: count what --min/--max/--top/--bottom keep in the score
     folder of a `wdsfilter score` run (SCORES_DIR, either engine), write an HTML report and,
     with --write-shards, reshard the kept samples. No model is loaded."""
@@ -41,7 +44,7 @@ def filter_command(scores_dir, mins, maxes, tops, bottoms, write_shards, samples
     # the run failed (a source shard missing or changed, an I/O error).
     result = filter_scores(scores_dir, mins, maxes, tops, bottoms, write_shards=write_shards,
                            samples_per_shard=samples_per_shard, prefix=prefix, dry_run=dry_run,
-                           report=None if no_report else report, overwrite=overwrite, echo=click.echo)
+                           report=None if no_report else report, overwrite=overwrite, echo=click.echo, dedup=dedup)
     click.echo(result.format_text())
     if result.unfinished and not allow_incomplete:  # thresholds and shards from part of the data: loud
         from ..errors import RunError

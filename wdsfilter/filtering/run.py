@@ -33,6 +33,7 @@ class FilterResult:
     reasons: Dict[str, int] = field(default_factory=dict)  # dropped rows by their first reason
     shards: int = 0  # score files read
     unfinished: List[str] = field(default_factory=list)  # shards of the scoring run left out (no usable score file)
+    dedup: Optional[Dict[str, int]] = None  # --dedup: kept, duplicate, eval_match (wdsfilter/dedup/marks.py)
     sizes: Optional[Dict[str, int]] = None  # written shards -> samples
     files: Dict[str, str] = field(default_factory=dict)
     dry_run: bool = False
@@ -55,8 +56,12 @@ class FilterResult:
                 lines.append(f"    {t.share:g}% of the {t.scored} rows with a {t.column} is {t.rank} rows; "
                              + (f"{ties} more tie with the cut value {t.value:.6g} and are kept too "
                                 f"(kept share {share:.2f}%)" if ties else "no ties at the cut value"))
+        if self.dedup is not None:
+            d = self.dedup
+            lines.append(f"  dedup (one survivor per duplicate group, no eval match): {d['kept']} of {m} kept, "
+                         f"{m - d['kept']} dropped ({d['duplicate']} duplicates, {d['eval_match']} eval matches)")
         lines.append(f"  all thresholds: {self.kept} of {m} kept, {m - self.kept} dropped"
-                     if self.thresholds else f"  no thresholds: {self.kept} of {m} kept (every scored row), "
+                     if self.thresholds or self.dedup is not None else f"  no thresholds: {self.kept} of {m} kept (every scored row), "
                                              f"{m - self.kept} dropped")
         if self.reasons:
             lines.append("  dropped, by first reason:")
@@ -74,9 +79,11 @@ class FilterResult:
         return "\n".join(lines)
 
 
-def judge_shard(shard: ScoredShard, thresholds: Sequence[Threshold], extra: Sequence[str] = ()) -> Iterator[tuple]:
+def judge_shard(shard: ScoredShard, thresholds: Sequence[Threshold], extra: Sequence[str] = (),
+                dropped: Optional[Dict[int, tuple]] = None) -> Iterator[tuple]:
     """(row, reason) per row of one score file, in order; reason None means kept. A key repeated
-    in a shard is judged once (its first row), as the loader does."""
+    in a shard is judged once (its first row), as the loader does. dropped: --dedup's verdicts,
+    {index: (key, reason)} (wdsfilter/dedup/marks.py), applied after the thresholds."""
     from .scoredir import read_batches
     columns = ["key", "index", "status", "reason", "message", *[t.column for t in thresholds], *extra]
     seen = set()
@@ -89,18 +96,22 @@ def judge_shard(shard: ScoredShard, thresholds: Sequence[Threshold], extra: Sequ
                 yield row, DUPLICATE
                 continue
             seen.add(key)
-            yield row, drop_reason(row, thresholds)
+            reason = drop_reason(row, thresholds)
+            if reason is None and dropped and row["index"] in dropped:
+                reason = dropped[row["index"]][1]
+            yield row, reason
 
 
-def kept_keys(shard: ScoredShard, thresholds: Sequence[Threshold]) -> List[str]:
-    return [row["key"] for row, reason in judge_shard(shard, thresholds) if reason is None]
+def kept_keys(shard: ScoredShard, thresholds: Sequence[Threshold], marks=None) -> List[str]:
+    dropped = marks.dropped(shard.name) if marks is not None else None
+    return [row["key"] for row, reason in judge_shard(shard, thresholds, dropped=dropped) if reason is None]
 
 
 def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str] = (), tops: Sequence[str] = (),
                   bottoms: Sequence[str] = (), write_shards: Optional[str] = None, samples_per_shard: int = 1000,
                   prefix: str = "shard", dry_run: bool = False, report: Optional[str] = "",
                   overwrite: bool = False, echo: Optional[Callable[[str], None]] = None,
-                  save_thresholds: bool = True) -> FilterResult:
+                  save_thresholds: bool = True, dedup: bool = False) -> FilterResult:
     """Judge, count and write (see the module docstring). report: a path, "" for report.html in
     the score folder, None for no report. save_thresholds: write SCORES_DIR/thresholds.json (the
     resolved thresholds as wdsfilter.loader's keyword arguments)."""
@@ -117,6 +128,10 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
             check_output_dir(write_shards, "--write-shards")
         if report is not None:
             check_output_file(report or os.path.join(scores_dir, "report.html"), "--report")
+    marks = None
+    if dedup:  # `wdsfilter dedup`'s verdicts: survivors only, no eval match
+        from ..dedup.marks import DedupMarks
+        marks = DedupMarks(scores_dir, [(s.name, s.score_file) for s in run.shards])
     thresholds = resolve(spec, run)
     result = FilterResult(scores_dir=scores_dir, thresholds=thresholds, shards=len(run.shards),
                           unfinished=run.unfinished, dry_run=dry_run)
@@ -126,9 +141,15 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
         from .report_data import ReportCollector
         collector = ReportCollector(run, thresholds)
     reasons: Counter = Counter()
+    if marks is not None:
+        result.dedup = {"kept": 0, "duplicate": 0, "eval_match": 0}
     for shard in run.shards:
-        for row, reason in judge_shard(shard, thresholds, collector.columns if collector else ()):
+        dropped = marks.dropped(shard.name) if marks is not None else None
+        for row, reason in judge_shard(shard, thresholds, collector.columns if collector else (), dropped):
             result.rows += 1
+            if dropped is not None:
+                verdict = dropped.get(row["index"])
+                result.dedup[verdict[1] if verdict else "kept"] += 1
             if reason is None:
                 result.kept += 1
             else:
@@ -149,12 +170,13 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
         writer = Resharder(write_shards, samples_per_shard, prefix, stage.get("rekey", "first-dot"),
                            bool(stage.get("allow_pipe")), bool(stage.get("allow_remote")))
         identity = {"scores": os.path.abspath(scores_dir), "thresholds": [[t.column, t.minimum, t.value] for t in thresholds],
+                    **({"dedup": marks.summary.get("settings")} if marks is not None else {}),
                     "samples_per_shard": samples_per_shard, "prefix": prefix,
                     "sources": [s.url for s in run.shards]}
         whole = writer.prepare(identity, overwrite)
         if whole:
             echo(f"resume: {whole} shard(s) in {write_shards} are already whole")
-        sources = (Source(s.url, kept_keys(s, thresholds), s.source) for s in run.shards)
+        sources = (Source(s.url, kept_keys(s, thresholds, marks), s.source) for s in run.shards)
         result.sizes = writer.write(sources)
         result.files["shards"] = write_shards
     if collector is not None:
