@@ -219,3 +219,13 @@ def test_filter_refuses_a_dedup_older_than_the_scores(tmp_path):
     os.utime(score_file, ns=(1, 1))  # as a re-scored shard: not the file the dedup read
     r = CliRunner().invoke(main, ["filter", run, "--dedup"])
     assert r.exit_code != 0 and "older than the score files" in r.output, r.output
+
+
+def test_a_resumed_run_dedups_as_a_whole_one(photos, tmp_path):
+    run, truth, shards = photos
+    partial = tmp_path / "resumed"
+    score_hash(shards[:1], partial)
+    score_hash(shards, partial, "--resume")
+    dedup(run)
+    dedup(str(partial))
+    assert marks(run) == marks(str(partial))
