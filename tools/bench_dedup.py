@@ -158,6 +158,13 @@ print(json.dumps({"duplicates": int(dup.sum())}))
 """
 
 
+BASE = """
+import json
+import numpy, pandas, pyarrow.parquet, scipy.sparse.csgraph, faiss, wdsfilter.dedup.run
+print(json.dumps({}))
+"""
+
+
 def same_partition(a: np.ndarray, b: np.ndarray) -> bool:
     """Two labelings of the rows (ours: -1 for a row alone) group the same rows together."""
     b = np.where(np.bincount(b)[b] > 1, b, -1)
@@ -194,14 +201,17 @@ def main() -> None:
         make_run(full, args.rows, args.dim)
         print(f"full: {args.rows} rows ({time.perf_counter() - t:.0f} s to write)")
         plain = measured(PLAIN, full)
+        base = measured(BASE)["rss_mb"]  # the interpreter and the imports: not per row
         per_m = 1e6 / args.rows
+        print(f"  (RSS per million rows below is (peak - {base:.0f} MB of a process that only imports) / rows)")
         for kind in ["exact,near"] + (["semantic"] if "semantic" in kinds else []):
             ours = measured(OURS, full, kind, *common)
             line = (f"  {kind:10s} ours {ours['seconds']:7.2f} s, peak RSS {ours['rss_mb']:7.0f} MB "
-                    f"({ours['rss_mb'] * per_m:.0f} MB per million rows); phases {ours['phases']}")
+                    f"({(ours['rss_mb'] - base) * per_m:.0f} MB per million rows); phases "
+                    f"{ {k: round(v, 2) for k, v in ours['phases'].items()} }")
             if kind == "exact,near":
                 line += (f"\n  {'':10s} plain pandas duplicated() (exact + identical phash only) {plain['seconds']:7.2f} s, "
-                         f"{plain['rss_mb']:7.0f} MB ({plain['rss_mb'] * per_m:.0f} MB per million rows) | "
+                         f"{plain['rss_mb']:7.0f} MB ({(plain['rss_mb'] - base) * per_m:.0f} MB per million rows) | "
                          f"ratio {ours['seconds'] / plain['seconds']:.2f} | duplicates: ours {ours['duplicates']}, "
                          f"plain {plain['duplicates']}")
             print(line)
