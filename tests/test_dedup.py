@@ -134,6 +134,12 @@ def test_eval_matches_are_marked(photos, tmp_path):
             assert match == "near:rocket-small.jpg", (key, kind)
         elif name not in ("coffee", "rocket"):
             assert match is None, (key, name, kind)
+    # report.html: the largest groups and the eval matches as thumbnails read from the shards.
+    report = open(os.path.join(run, "dedup", "report.html")).read()
+    summary = json.load(open(os.path.join(run, "dedup", "summary.json")))
+    shown = sum(len(g["members"]) for g in summary["largest"]) + sum(1 for r in got.values() if r["eval_match"])
+    assert report.count("data:image/jpeg;base64,") == shown and "exact:coffee.jpg" in report
+    assert "near:rocket-small.jpg" in report and "no preview" not in report
 
 
 def test_a_run_without_hashes_is_a_one_line_error(tmp_path):

@@ -204,4 +204,23 @@ def _write(rows, groups, matches, result: DedupResult, settings: dict) -> str:
                "largest": result.largest, "unfinished": result.unfinished,
                "shards": {s.name: score_file_state(s.score_file) for s in rows.shards}}
     write_text_atomic(os.path.join(folder, SUMMARY), json.dumps(summary, indent=1))
+    from .report import write_report
+    matched = [{"shard": rows.shards[s].name, "key": key, "eval_match": m}
+               for s, key, m in _matched_rows(rows, matches)]
+    write_report(folder, json.loads(json.dumps(summary)), {s.name: s.url for s in rows.shards}, matched, rows.stage)
     return folder
+
+
+def _matched_rows(rows, matches):
+    """(shard number, key, match) of the first eval-matched rows (keys read from their score files)."""
+    from ..filtering.scoredir import read_batches
+    from .report import MAX_MATCHES
+    hit = np.flatnonzero(matches != None)[:MAX_MATCHES]  # noqa: E711 -- elementwise over an object array
+    if not len(hit):
+        return []
+    out = []
+    for s in np.unique(rows.shard_of(hit)):
+        lo = int(rows.starts[s])
+        keys = [k for batch in read_batches(rows.shards[s].score_file, ["key"]) for k in batch["key"]]
+        out += [(int(s), keys[r - lo], matches[r]) for r in hit[rows.shard_of(hit) == s]]
+    return out

@@ -12,8 +12,7 @@ compared and memory is one cluster's vectors at a time.
 SemDeDup assigns each vector to one cluster and misses the pairs a border splits: measured on the
 synthetic run of tools/bench_dedup.py (20,000 rows, 10 clusters), one cluster per vector found
 0.897 of the rows an all-pairs search groups; two per vector (twice the comparisons) found them
-all (the same groups). The
-clusters remain a speed/recall trade, not an exact search (docs/dedup.md).
+all (the same groups). The clusters remain a speed/recall trade, not an exact search.
 """
 from __future__ import annotations
 

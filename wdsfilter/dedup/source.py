@@ -35,6 +35,7 @@ class RunRows:
     index: np.ndarray             # each row's index in its shard's score file
     columns: List[str]
     unfinished: List[str]
+    stage: dict = None                    # run.json's stage options (keys, rekey: the report's thumbnails)
     sha: Optional[np.ndarray] = None      # (n, 2) uint64: the first 128 bits of sha256
     has_sha: Optional[np.ndarray] = None
     phash: Optional[np.ndarray] = None    # int64
@@ -74,7 +75,7 @@ def load_rows(folder: str, want_hashes: bool) -> RunRows:
             n += len(batch["index"])
         starts.append(starts[-1] + n)
     rows = RunRows(folder=folder, shards=shards, starts=np.array(starts, dtype=np.int64),
-                   index=_cat(index, np.int64), columns=list(run.columns), unfinished=list(run.unfinished),
+                   index=_cat(index, np.int64), columns=list(run.columns), unfinished=list(run.unfinished), stage=dict(run.stage),
                    clip=_cat(clip, np.float64))
     if hashed:
         rows.sha = np.concatenate(sha) if sha else np.zeros((0, 2), np.uint64)
