@@ -235,3 +235,23 @@ def test_a_resumed_run_dedups_as_a_whole_one(photos, tmp_path):
     dedup(run)
     dedup(str(partial))
     assert marks(run) == marks(str(partial))
+
+
+@pytest.mark.slow
+def test_eval_images_match_semantically_with_the_runs_clip(tiny_clip, tmp_path):
+    shards, truth = build(tmp_path / "shards", bases=("astronaut",), variants=(), alikes=["grass", "coins"])
+    run = score_hash(shards, tmp_path / "run", "--scorer", "clip", "--model", "local-dir:" + tiny_clip,
+                     "--save-embeddings")
+    evals = tmp_path / "eval"
+    evals.mkdir()
+    # A mirrored astronaut: not the bytes, not within the near distance (phash is not mirror
+    # invariant), but the tiny CLIP embeds it very close to the astronaut.
+    from PIL import ImageOps
+    (evals / "mirrored.png").write_bytes(variant(ImageOps.mirror(_photo("astronaut")), b"", "png")[0])
+    exact_near = dedup(run, kinds=["exact", "near"], evals=[str(evals)])
+    assert not exact_near.eval_matches
+    result = dedup(run, evals=[str(evals)])  # cosine 0.983 to the astronaut, <= 0.92 to the others
+    got = marks(run)
+    matched = {truth[k] for k, r in got.items() if r["eval_match"]}
+    assert matched == {("astronaut", "original")} and result.eval_matches == {"semantic": 1}
+    assert all(got[k]["eval_match"] in (None, "semantic:mirrored.png") for k in got)

@@ -18,13 +18,14 @@ from .run import NEAR_BITS, SEMANTIC_THRESHOLD
 @click.option("--semantic-threshold", type=float, default=SEMANTIC_THRESHOLD, show_default=True,
               help="Semantic duplicates: cosine of the image embeddings at least this.")
 @click.option("--eval", "evals", multiple=True, metavar="FOLDER_OR_SHARD",
-              help="Eval images (a folder of images or WebDataset shards): training rows matching one exactly or "
-                   "near are marked and dropped by `filter --dedup`. Repeatable.")
+              help="Eval images (a folder of images or WebDataset shards): training rows matching one exactly, "
+                   "near or (with the semantic kind: the run's CLIP model is loaded) semantically are marked and "
+                   "dropped by `filter --dedup`. Repeatable.")
 def dedup_command(run_dir, kinds, near_bits, semantic_threshold, evals):
     """Find duplicate rows of a `wdsfilter score` run (RUN_DIR, either engine) from its hashes
     (--scorer hash) and saved embeddings (--save-embeddings), keep one survivor per group (the
     highest clip_score, else the first by shard and index) and write RUN_DIR/dedup/. Loads no
-    model."""
+    model, except the run's CLIP to embed --eval images for the semantic kind."""
     from .run import dedup
     result = dedup(run_dir, kinds, near_bits=near_bits, semantic_threshold=semantic_threshold, evals=evals,
                    echo=click.echo)

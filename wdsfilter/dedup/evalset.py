@@ -81,3 +81,51 @@ def _shard_images(path: str) -> Iterator[Tuple[str, bytes]]:
         _, ext = split_name(member["fname"])
         if ext and ext.rsplit(".", 1)[-1].lower() in IMAGE_EXTS:
             yield f"{os.path.basename(path)}/{member['fname']}", member["data"]
+
+
+def clip_of_run(run_dir: str):
+    """The run's CLIP scorer, rebuilt from run.json (the same model and weights), set to hand back
+    image embeddings; loaded on the CPU."""
+    import json
+    path = os.path.join(run_dir, "run.json")
+    scorers = []
+    if os.path.exists(path):
+        with open(path) as f:
+            scorers = json.load(f).get("scorers") or []
+    clip = next((s for s in scorers if s.get("name") == "clip"), None)
+    if clip is None:
+        raise ConfigError(f"semantic eval matching needs the run's CLIP model, and {path} names none; "
+                          f"score with --scorer clip --save-embeddings")
+    from ..score.scorers.clip import ClipScorer
+    opts = clip.get("options", {})
+    scorer = ClipScorer(model=opts.get("model", "ViT-B-32"), pretrained=opts.get("pretrained"),
+                        cache_dir=opts.get("cache_dir"), precision="fp32", save_embeddings=True)
+    scorer.load("cpu")
+    return scorer
+
+
+def embed_eval(scorer, sources: Sequence[str], names: Sequence[str], max_pixels: int = 64_000_000,
+               batch: int = 32) -> np.ndarray:
+    """(len(names), dim) float32 unit image embeddings of the eval images named (those read_eval
+    read), decoded and transformed as the run's CLIP scorer does."""
+    from ..images import decode_image
+    from ..score.embeddings import FIELD
+    wanted = set(names)
+    vectors: dict = {}
+    pending: List[tuple] = []
+
+    def flush():
+        rows = scorer.score_batch([scorer.prepare({"image": img, "caption": "an image"}) for _, img in pending])
+        for (name, _), row in zip(pending, rows):
+            vectors[name] = np.asarray(row[FIELD]["img"], dtype=np.float32)
+        pending.clear()
+
+    for name, data in _images(sources):
+        if name in wanted and name not in vectors:
+            pending.append((name, decode_image(data, max_pixels, floor=scorer.decode_floor())))
+            if len(pending) >= batch:
+                flush()
+    if pending:
+        flush()
+    out = np.stack([vectors[n] for n in names])
+    return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)

@@ -1,6 +1,7 @@
 """`wdsfilter dedup RUN_DIR`: duplicate groups of a scoring run's rows, one survivor each, and the
-rows that match eval images; written to RUN_DIR/dedup/ (marks.py). No model is loaded: the hash
-columns and saved embeddings of the scoring pass are all it reads.
+rows that match eval images; written to RUN_DIR/dedup/ (marks.py). No model is loaded, except the
+run's CLIP for `--eval` with the semantic kind (the eval images must be embedded by the same
+model): the hash columns and saved embeddings of the scoring pass are all it reads.
 
     from wdsfilter.dedup import dedup
     result = dedup("scores/", kinds=["exact", "near"], evals=["imagenet-val/"])
@@ -119,6 +120,10 @@ def dedup(run_dir: str, kinds: Sequence[str] = (), near_bits: int = NEAR_BITS,
         ev = read_eval(evals)
         result.eval_images, result.eval_unreadable = len(ev.names), ev.unreadable
         result.eval_matches = _match_eval(rows, ev, near_bits, matches)
+        if "semantic" in kinds and ev.names:  # the one step that loads a model: the run's CLIP
+            n = _match_eval_semantic(run_dir, rows, ev, evals, float(semantic_threshold), matches)
+            if n:
+                result.eval_matches["semantic"] = n
         echo(f"eval: {len(ev.names)} image(s) read from {', '.join(evals)}")
     result.largest = _largest(rows, groups)
     result.folder = _write(rows, groups, matches, result, dict(near_bits=near_bits, semantic_threshold=semantic_threshold,
@@ -149,6 +154,25 @@ def _match_eval(rows, ev, near_bits: int, matches: np.ndarray) -> Dict[str, int]
                 matches[r] = f"near:{ev.names[e]}"
                 counts["near"] = counts.get("near", 0) + 1
     return counts
+
+
+def _match_eval_semantic(run_dir, rows, ev, evals, threshold: float, matches: np.ndarray) -> int:
+    """Mark rows (not matched yet) whose saved image embedding has cosine >= threshold with an
+    eval image embedded by the run's own CLIP model; how many."""
+    from . import source
+    from .evalset import clip_of_run, embed_eval
+    emb = source.embeddings(rows)
+    evec = embed_eval(clip_of_run(run_dir), evals, ev.names)
+    marked = 0
+    for start, block in emb.blocks(emb.mapped()):
+        sims = block @ evec.T
+        best = sims.argmax(axis=1)
+        for v in np.flatnonzero(sims[np.arange(len(block)), best] >= threshold):
+            r = emb.rows[start + v]
+            if matches[r] is None:
+                matches[r] = f"semantic:{ev.names[best[v]]}"
+                marked += 1
+    return marked
 
 
 def _largest(rows, groups) -> List[dict]:
