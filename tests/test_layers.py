@@ -38,6 +38,8 @@ def layer(module: str) -> int:
     parts = module.split(".")
     if len(parts) > 1 and parts[1] in ("validate", "score", "filtering"):
         return LAYERS.index(parts[1])
+    if len(parts) > 1 and parts[1] == "dedup":  # a command over finished runs, beside filtering
+        return LAYERS.index("filtering")
     return LAYERS.index("foundation")
 
 

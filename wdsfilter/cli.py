@@ -124,6 +124,8 @@ def _attach():
     main.add_command(sort_shard)
     from .filtering.cli import filter_command  # light: reads score files, loads no model
     main.add_command(filter_command)
+    from .dedup.cli import dedup_command  # light: reads score files and embeddings, loads no model
+    main.add_command(dedup_command)
     try:
         from .score.cli import score
         main.add_command(score)

@@ -69,6 +69,10 @@ class StageConfig:
     # reduced DCT scale (1/2, 1/4, 1/8) that keeps both. The scoring engine sets it from its
     # scorers (a 224 px CLIP needs far fewer pixels than a 1024 px photo); None: full size.
     decode_floor: Optional[Tuple[int, int]] = None
+    # Keep an image member's bytes beside its decoded image (sample["__image_bytes__"]): the hash
+    # scorer's sha256 is of the bytes, and the shard is read once. The scoring engine sets it from
+    # its scorers (Scorer.image_bytes).
+    keep_image_bytes: bool = False
     # Special tokens: the image token the user's model expects, and what to do with others.
     image_token: Optional[str] = None
     token_mode: str = "auto"  # auto: normalise when image_token is set, else keep

@@ -221,6 +221,7 @@ class LoaderOptions:
     max_ocr_area: Optional[float] = None  # max_scores={"ocr_area": X}
     top_scores: Optional[dict] = None
     bottom_scores: Optional[dict] = None
+    dedup: bool = False  # with scores=: only the survivors of `wdsfilter dedup` (docs/dedup.md)
     # Passed to the torch DataLoader.
     pin_memory: bool = False
     prefetch_factor: Optional[int] = None
@@ -239,6 +240,9 @@ class LoaderOptions:
             raise ConfigError(f"epoch_samples must be an integer >= 1, got {self.epoch_samples!r}")
         if (self.top_scores or self.bottom_scores) and self.scores is None:
             raise ConfigError("top_scores/bottom_scores need scores=DIR (the --out folder of `wdsfilter score`)")
+        if self.dedup and self.scores is None:
+            raise ConfigError("dedup=True needs scores=DIR (the --out folder of `wdsfilter score`, deduplicated with "
+                              "`wdsfilter dedup DIR`)")
 
     @property
     def readers(self) -> int:
@@ -272,7 +276,7 @@ def loader(urls, caption_key: Optional[str] = None, image_key: Optional[str] = N
            persistent_workers: bool = False, world_size: Optional[int] = None,
            scores: Optional[str] = None, min_scores: Optional[dict] = None, min_clip: Optional[float] = None,
            max_scores: Optional[dict] = None, max_ocr_area: Optional[float] = None,
-           top_scores: Optional[dict] = None, bottom_scores: Optional[dict] = None,
+           top_scores: Optional[dict] = None, bottom_scores: Optional[dict] = None, dedup: bool = False,
            pin_memory: bool = False, prefetch_factor: Optional[int] = None, collate_fn: Optional[Callable] = None,
            **config_options) -> WdsLoader:
     """Build a DataLoader over WebDataset shards; see the module docstring.
@@ -293,6 +297,8 @@ def loader(urls, caption_key: Optional[str] = None, image_key: Optional[str] = N
     max_ocr_area=X is max_scores={"ocr_area": X}); see wdsfilter.scorefilter.
     top_scores / bottom_scores: {column: percent}, the share of the run to keep by the highest (lowest)
     values, resolved over the score files exactly as `wdsfilter filter --top/--bottom` does.
+    dedup: with scores=, keep only the survivors of `wdsfilter dedup`'s duplicate groups and drop
+    eval matches, as `wdsfilter filter --dedup` does (docs/dedup.md).
     """
     require("torch", "wdsfilter.loader", "pip install 'wdsfilter[score]' (or torch)")
     config = _stage_config(config, caption_key, image_key, config_options)
@@ -301,7 +307,7 @@ def loader(urls, caption_key: Optional[str] = None, image_key: Optional[str] = N
         resampled=resampled, epoch_samples=epoch_samples, drop_last=drop_last, seed=seed, output=output,
         multiprocessing_context=multiprocessing_context, persistent_workers=persistent_workers,
         world_size=world_size, scores=scores, min_scores=min_scores, min_clip=min_clip, max_scores=max_scores,
-        max_ocr_area=max_ocr_area, top_scores=top_scores, bottom_scores=bottom_scores, pin_memory=pin_memory,
+        max_ocr_area=max_ocr_area, top_scores=top_scores, bottom_scores=bottom_scores, dedup=dedup, pin_memory=pin_memory,
         prefetch_factor=prefetch_factor, collate_fn=collate_fn)
     return build_loader(urls, config, opts)
 
@@ -389,7 +395,7 @@ def _score_stages(opts: LoaderOptions, bounds: Optional[tuple], tally: Tally) ->
     if bounds is None:
         return []
     from .scorefilter import score_filter
-    return [score_filter(opts.scores, bounds[0], tally, bounds[1])]
+    return [score_filter(opts.scores, bounds[0], tally, bounds[1], dedup=opts.dedup)]
 
 
 def _output_stages(opts: LoaderOptions, place: Place) -> list:

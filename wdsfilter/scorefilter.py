@@ -40,7 +40,7 @@ class ScoreFilter:
     """Picklable webdataset stage (see the module docstring)."""
 
     def __init__(self, scores_dir: str, min_scores: Dict[str, float], tally: Optional[Tally] = None,
-                 max_scores: Optional[Dict[str, float]] = None):
+                 max_scores: Optional[Dict[str, float]] = None, dedup: bool = False):
         if not scores_dir:
             raise ConfigError("score filtering needs scores=DIR (the --out folder of `wdsfilter score`)")
         self.scores_dir = scores_dir
@@ -51,6 +51,11 @@ class ScoreFilter:
         self._url: Optional[str] = None
         self._table: Optional[Dict[str, Tuple]] = None
         self._why = ""
+        self.dedup = None
+        if dedup:  # `wdsfilter dedup`'s verdicts, the rule `wdsfilter filter --dedup` applies too
+            from .runfolder.dedup import DedupMarks
+            self.dedup = DedupMarks(self.scores_dir, [(s.name, s.score_file) for s in run.shards])
+        self._dropped: Dict[str, str] = {}
 
     # -- index of score files -----------------------------------------------------------------
     def _index(self):
@@ -104,6 +109,7 @@ class ScoreFilter:
         """The shard's table, {key: (status, reason, threshold values...)}; None when it has no
         score file, or one damaged since the loader was built (its samples are counted no_score)."""
         self._url, self._table, self._why = url, None, f"no score file for this shard in {self.scores_dir}"
+        self._dropped = {}
         path = self.score_file(url)
         if path is None:
             return
@@ -118,6 +124,8 @@ class ScoreFilter:
             if key not in table:  # a key repeated in one shard (a half-sample): its first row
                 table[key] = tuple(t[c][i] if c in t else None for c in columns)
         self._table = table
+        if self.dedup is not None:
+            self._dropped = {key: reason for key, reason in self.dedup.dropped(_stem(path)).values()}
 
     # -- the stage ---------------------------------------------------------------------------------
     def __call__(self, data: Iterable[dict]) -> Iterator[dict]:
@@ -140,16 +148,25 @@ class ScoreFilter:
                 self.tally.drop("no_score" if drop.no_score else "filtered_by_score", STAGE, url, key,
                                 drop.explain(row))
                 continue
+            if key in self._dropped:  # "duplicate" or "eval_match"
+                self.tally.drop(self._dropped[key], STAGE, url, key, f"marked by `wdsfilter dedup {self.scores_dir}`")
+                continue
             yield sample
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        state.update(_url=None, _table=None)  # each worker reads the tables it needs
+        state.update(_url=None, _table=None, _dropped={})  # each worker reads the tables it needs
         return state
 
 
+def _stem(score_file: str) -> str:
+    """A shard's output name: its score file's name without the extension."""
+    name = os.path.basename(score_file)
+    return name[:-len(".parquet")] if name.endswith(".parquet") else name.rsplit(".", 1)[0]
+
+
 def score_filter(scores_dir: str, min_scores: Dict[str, float], tally: Optional[Tally] = None,
-                 max_scores: Optional[Dict[str, float]] = None) -> ScoreFilter:
+                 max_scores: Optional[Dict[str, float]] = None, dedup: bool = False) -> ScoreFilter:
     """A stage dropping samples without scores, under `min_scores` or over `max_scores` (column ->
     bound); drops are counted in `tally` (pass the pipeline's, as wdsfilter.loader does)."""
-    return ScoreFilter(scores_dir, min_scores, tally, max_scores)
+    return ScoreFilter(scores_dir, min_scores, tally, max_scores, dedup)

@@ -278,13 +278,20 @@ def _clean_captions(data: Iterable[dict], cfg: StageConfig, tally: Tally) -> Ite
         yield sample
 
 
+# Where the decode stage keeps the image member's bytes when StageConfig.keep_image_bytes is set.
+IMAGE_BYTES = "__image_bytes__"
+
+
 def _decode(data: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator[dict]:
     """Decode "image" behind the size guard. Videos stay bytes (the scorers decode frames)."""
     for sample in data:
         if MARKER not in sample and "image" in sample:
             try:
-                sample["image"] = decode_image(sample["image"], cfg.max_pixels, cfg.max_side,
+                raw = sample["image"]
+                sample["image"] = decode_image(raw, cfg.max_pixels, cfg.max_side,
                                                cfg.oversize, cfg.image_mode, cfg.decode_floor)
+                if cfg.keep_image_bytes:
+                    sample[IMAGE_BYTES] = raw
             except DataError as e:
                 member = f"{sample['__key__']}.{sample['__media_ext__']}"
                 marker = _reject(tally, sample, e.reason, "decode", member, str(e), cfg.emit_rejects)

@@ -33,11 +33,14 @@ from ..thresholds import shorthand_options
                    "report's thumbnails). Never taken from the folder: only when you trust the command.")
 @click.option("--allow-remote", is_flag=True,
               help="Read source shards the score folder names by remote URL (http(s)://, s3://, gs://, ...).")
+@click.option("--dedup", is_flag=True,
+              help="Keep only the survivor of each duplicate group and drop eval matches, as `wdsfilter dedup "
+                   "SCORES_DIR` marked them (docs/dedup.md).")
 @click.option("--allow-incomplete", is_flag=True,
               help="Exit 0 even when shards of the scoring run have no complete score file (they are left out).")
 @shorthand_options
 def filter_command(scores_dir, mins, maxes, tops, bottoms, write_shards, samples_per_shard, prefix, overwrite,
-                   dry_run, report, no_report, allow_pipe, allow_remote, allow_incomplete, source_root):
+                   dry_run, report, no_report, allow_pipe, allow_remote, dedup, allow_incomplete, source_root):
     """Choose thresholds after scoring: count what --min/--max/--top/--bottom keep in the score
     folder of a `wdsfilter score` run (SCORES_DIR, either engine), write an HTML report and,
     with --write-shards, reshard the kept samples. No model is loaded."""
@@ -52,7 +55,8 @@ def filter_command(scores_dir, mins, maxes, tops, bottoms, write_shards, samples
     result = filter_scores(scores_dir, mins, maxes, tops, bottoms, write_shards=write_shards,
                            samples_per_shard=samples_per_shard, prefix=prefix, dry_run=dry_run,
                            report=None if no_report else report, overwrite=overwrite, echo=click.echo,
-                           allow_pipe=allow_pipe, allow_remote=allow_remote, source_root=source_root)
+                           allow_pipe=allow_pipe, allow_remote=allow_remote, source_root=source_root,
+                           dedup=dedup)
     click.echo(result.format_text())
     if result.unfinished and not allow_incomplete:  # thresholds and shards from part of the data: loud
         from ..errors import RunError

@@ -36,6 +36,7 @@ class FilterResult:
     reasons: Dict[str, int] = field(default_factory=dict)  # dropped rows by their first reason
     shards: int = 0  # score files read
     unfinished: List[str] = field(default_factory=list)  # shards of the scoring run left out (no usable score file)
+    dedup: Optional[Dict[str, int]] = None  # --dedup: kept, duplicate, eval_match (wdsfilter/runfolder/dedup.py)
     sizes: Optional[Dict[str, int]] = None  # written shards -> samples
     files: Dict[str, str] = field(default_factory=dict)
     dry_run: bool = False
@@ -58,8 +59,12 @@ class FilterResult:
                 lines.append(f"    {t.share:g}% of the {t.scored} rows with a {t.column} is {t.rank} rows; "
                              + (f"{ties} more tie with the cut value {t.value:.6g} and are kept too "
                                 f"(kept share {share:.2f}%)" if ties else "no ties at the cut value"))
+        if self.dedup is not None:
+            d = self.dedup
+            lines.append(f"  dedup (one survivor per duplicate group, no eval match): {d['kept']} of {m} kept, "
+                         f"{m - d['kept']} dropped ({d['duplicate']} duplicates, {d['eval_match']} eval matches)")
         lines.append(f"  all thresholds: {self.kept} of {m} kept, {m - self.kept} dropped"
-                     if self.thresholds else f"  no thresholds: {self.kept} of {m} kept (every scored row), "
+                     if self.thresholds or self.dedup is not None else f"  no thresholds: {self.kept} of {m} kept (every scored row), "
                                              f"{m - self.kept} dropped")
         if self.reasons:
             lines.append("  dropped, by first reason:")
@@ -101,9 +106,11 @@ def _file_state(path: str) -> list:
     return [os.path.basename(path), st.st_size, st.st_mtime_ns]
 
 
-def judge_shard(shard: ScoredShard, thresholds: Sequence[Threshold], extra: Sequence[str] = ()) -> Iterator[tuple]:
+def judge_shard(shard: ScoredShard, thresholds: Sequence[Threshold], extra: Sequence[str] = (),
+                dropped: Optional[Dict[int, tuple]] = None) -> Iterator[tuple]:
     """(row, reason) per row of one score file, in order; reason None means kept. A key repeated
-    in a shard is judged once (its first row), as the loader does."""
+    in a shard is judged once (its first row), as the loader does. dropped: --dedup's verdicts,
+    {index: (key, reason)} (wdsfilter/runfolder/dedup.py), applied after the thresholds."""
     columns = ["key", "index", "status", "reason", "message", *[t.column for t in thresholds], *extra]
     seen = set()
     for batch in read_batches(shard.score_file, columns):
@@ -115,18 +122,41 @@ def judge_shard(shard: ScoredShard, thresholds: Sequence[Threshold], extra: Sequ
                 yield row, DUPLICATE
                 continue
             seen.add(key)
-            yield row, drop_reason(row, thresholds)
+            reason = drop_reason(row, thresholds)
+            if reason is None and dropped and row["index"] in dropped:
+                reason = dropped[row["index"]][1]
+            yield row, reason
 
 
-def _observed(judged: Iterator[tuple], collector, shard) -> Iterator[tuple]:
+def _observed(judged: Iterator[tuple], collector, shard, dropped: Optional[Dict[int, tuple]] = None,
+              dedup_counts: Optional[dict] = None) -> Iterator[tuple]:
     for row, reason in judged:
+        if dropped is not None:  # --dedup: each row's verdict counted (kept, not a survivor, eval match)
+            verdict = dropped.get(row["index"])
+            dedup_counts[verdict[1] if verdict else "kept"] += 1
         if collector is not None:
             collector.observe(shard, row, reason)
         yield row, reason
 
 
-def kept_keys(shard: ScoredShard, thresholds: Sequence[Threshold]) -> List[str]:
-    return [row["key"] for row, reason in judge_shard(shard, thresholds) if reason is None]
+def kept_keys(shard: ScoredShard, thresholds: Sequence[Threshold], marks=None) -> List[str]:
+    dropped = marks.dropped(shard.name) if marks is not None else None
+    return [row["key"] for row, reason in judge_shard(shard, thresholds, dropped=dropped) if reason is None]
+
+
+def _check_outputs(run: ScoreRun, scores_dir: str, write_shards: Optional[str], report: Optional[str],
+                   allow_pipe: bool, allow_remote: bool) -> None:
+    """What filter writes can be written, and the sources it reads again may be: before any work."""
+    from ..writing import check_output_dir, check_output_file, refuse_writing_into_inputs
+    if write_shards is not None:
+        from ..remote import refuse_remote_folder
+        refuse_remote_folder(write_shards, "--write-shards")
+        check_output_dir(write_shards, "--write-shards")
+        refuse_writing_into_inputs(write_shards, [s.url for s in run.shards])
+    if report is not None:
+        check_output_file(report or os.path.join(scores_dir, "report.html"), "--report")
+    if write_shards is not None or report is not None:  # the sources are read again: refused before any work
+        check_sources([s.url for s in run.shards], allow_pipe, allow_remote, scores_dir)
 
 
 def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str] = (), tops: Sequence[str] = (),
@@ -135,7 +165,7 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
                   overwrite: bool = False, echo: Optional[Callable[[str], None]] = None,
                   save_thresholds: bool = True, source_root: Optional[str] = None, allow_pipe: bool = False,
                   allow_remote: bool = False,
-                  stream_idle_seconds: float = StageConfig.stream_idle_seconds) -> FilterResult:
+                  stream_idle_seconds: float = StageConfig.stream_idle_seconds, dedup: bool = False) -> FilterResult:
     """Judge, count and write (see the module docstring). report: a path, "" for report.html in
     the score folder, None for no report. save_thresholds: write SCORES_DIR/thresholds.json (the
     resolved thresholds as wdsfilter.loader's keyword arguments). source_root: the folder holding
@@ -155,16 +185,11 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
     if not dry_run and (write_shards is not None or report is not None):
         run.require_sources()  # sources only where the run's own record names them
     if not dry_run:  # an output that cannot be written is a usage error, found before any work
-        from ..writing import check_output_dir, check_output_file, refuse_writing_into_inputs
-        if write_shards is not None:
-            from ..remote import refuse_remote_folder
-            refuse_remote_folder(write_shards, "--write-shards")
-            check_output_dir(write_shards, "--write-shards")
-            refuse_writing_into_inputs(write_shards, [s.url for s in run.shards])
-        if report is not None:
-            check_output_file(report or os.path.join(scores_dir, "report.html"), "--report")
-        if write_shards is not None or report is not None:  # the sources are read again: refused before any work
-            check_sources([s.url for s in run.shards], allow_pipe, allow_remote, scores_dir)
+        _check_outputs(run, scores_dir, write_shards, report, allow_pipe, allow_remote)
+    marks = None
+    if dedup:  # `wdsfilter dedup`'s verdicts: survivors only, no eval match
+        from ..runfolder.dedup import DedupMarks
+        marks = DedupMarks(scores_dir, [(s.name, s.score_file) for s in run.shards])
     thresholds = resolve(spec, run)
     result = FilterResult(scores_dir=scores_dir, thresholds=thresholds, shards=len(run.shards),
                           unfinished=run.unfinished, dry_run=dry_run)
@@ -174,13 +199,16 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
         from .report_data import ReportCollector
         collector = ReportCollector(run, thresholds, allow_pipe, allow_remote, stream_idle_seconds)
     reasons: Counter = Counter()
+    if marks is not None:
+        result.dedup = {"kept": 0, "duplicate": 0, "eval_match": 0}
     for shard in run.shards:
-        # Without a report nothing looks at single rows: a Parquet table is counted column-wise.
-        counts = count_table(shard.score_file, thresholds) if collector is None and \
+        dropped = marks.dropped(shard.name) if marks is not None else None
+        # Without a report or --dedup nothing looks at single rows: a Parquet table is counted column-wise.
+        counts = count_table(shard.score_file, thresholds) if collector is None and dropped is None and \
             shard.score_file.endswith(".parquet") else None
         if counts is None:
-            counts = count_rows(_observed(judge_shard(shard, thresholds, collector.columns if collector else ()),
-                                          collector, shard), thresholds)
+            judged = judge_shard(shard, thresholds, collector.columns if collector else (), dropped)
+            counts = count_rows(_observed(judged, collector, shard, dropped, result.dedup), thresholds)
         counts.add_to(result, reasons)
     result.reasons = dict(reasons.most_common())
     if dry_run:
@@ -193,6 +221,7 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
         writer = Resharder(write_shards, samples_per_shard, prefix, stage.get("rekey", "first-dot"),
                            allow_pipe, allow_remote, stream_idle_seconds)
         identity = {"scores": os.path.abspath(scores_dir), "thresholds": [[t.column, t.minimum, t.value] for t in thresholds],
+                    **({"dedup": marks.summary.get("settings")} if marks is not None else {}),
                     "samples_per_shard": samples_per_shard, "prefix": prefix,
                     "sources": [s.url for s in run.shards],
                     # what the rows were: a shard scored again (score --resume) is other data
@@ -201,7 +230,7 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
             whole = writer.prepare(identity, overwrite, result.kept)
             if whole:
                 echo(f"resume: {whole} shard(s) in {write_shards} are already whole")
-            sources = (Source(s.url, kept_keys(s, thresholds), s.source) for s in run.shards)
+            sources = (Source(s.url, kept_keys(s, thresholds, marks), s.source) for s in run.shards)
             result.sizes = writer.write(sources)
         result.files["shards"] = write_shards
     if collector is not None:

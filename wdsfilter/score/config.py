@@ -188,7 +188,8 @@ class ScoreConfig:
         # A duck-typed scorer without decode_floor needs the full image.
         floor = combine_floors([getattr(s, "decode_floor", lambda: None)() for s in scorers]) if scorers else None
         return replace(self.stage, emit_rejects=True, starvation_samples=0, starvation_seconds=0.0,
-                       check_first_shard=False, decode_floor=floor)
+                       check_first_shard=False, decode_floor=floor,
+                       keep_image_bytes=any(getattr(s, "image_bytes", False) for s in scorers))
 
 
 def parse_gpus(value) -> Tuple[int, ...]:

@@ -16,6 +16,7 @@ from ..registry import build
 REGISTRY = {
     "clip": "wdsfilter.score.scorers.clip:ClipScorer",
     "ocr": "wdsfilter.score.scorers.ocr:OcrScorer",
+    "hash": "wdsfilter.score.scorers.hash:HashScorer",
 }
 
 

@@ -1,0 +1,22 @@
+"""Exact, near and semantic dedup and eval-set decontamination of a scoring run (docs/dedup.md).
+
+    hashindex.py   exact (sha256) and near (phash, multi-index hashing) pairs
+    semantic.py    cosine pairs of saved CLIP embeddings within k-means clusters (faiss)
+    groups.py      pairs -> groups, one survivor per group
+    evalset.py     eval images hashed like training rows
+    source.py      what is read of the run folder
+    marks.py       RUN_DIR/dedup/ and the drop rule filter --dedup and the loader apply
+    run.py         `dedup()`, the command's work
+    cli.py         `wdsfilter dedup`
+"""
+from __future__ import annotations
+
+
+def __getattr__(name):
+    if name in ("dedup", "DedupResult"):
+        from . import run
+        return getattr(run, name)
+    if name in ("DedupMarks", "drop_reason"):
+        from . import marks
+        return getattr(marks, name)
+    raise AttributeError(name)

@@ -1,0 +1,32 @@
+"""`wdsfilter dedup`: a thin click layer over wdsfilter.dedup.dedup (docs/dedup.md)."""
+from __future__ import annotations
+
+import click
+
+from ..errors import EXIT_CODES_HELP
+from .groups import KINDS
+from .run import NEAR_BITS, SEMANTIC_THRESHOLD
+
+
+@click.command("dedup", context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES_HELP)
+@click.argument("run_dir", metavar="RUN_DIR")
+@click.option("--kind", "kinds", multiple=True, type=click.Choice(KINDS),
+              help="exact (same sha256), near (phash within --near-bits) or semantic (CLIP embedding cosine >= "
+                   "--semantic-threshold). Repeatable. [every kind the run has the data for]")
+@click.option("--near-bits", type=int, default=NEAR_BITS, show_default=True,
+              help="Near duplicates: phashes differing in at most this many of 64 bits.")
+@click.option("--semantic-threshold", type=float, default=SEMANTIC_THRESHOLD, show_default=True,
+              help="Semantic duplicates: cosine of the image embeddings at least this.")
+@click.option("--eval", "evals", multiple=True, metavar="FOLDER_OR_SHARD",
+              help="Eval images (a folder of images or WebDataset shards): training rows matching one exactly, "
+                   "near or (with the semantic kind: the run's CLIP model is loaded) semantically are marked and "
+                   "dropped by `filter --dedup`. Repeatable.")
+def dedup_command(run_dir, kinds, near_bits, semantic_threshold, evals):
+    """Find duplicate rows of a `wdsfilter score` run (RUN_DIR, either engine) from its hashes
+    (--scorer hash) and saved embeddings (--save-embeddings), keep one survivor per group (the
+    highest clip_score, else the first by shard and index) and write RUN_DIR/dedup/. Loads no
+    model, except the run's CLIP to embed --eval images for the semantic kind."""
+    from .run import dedup
+    result = dedup(run_dir, kinds, near_bits=near_bits, semantic_threshold=semantic_threshold, evals=evals,
+                   echo=click.echo)
+    click.echo(result.format_text())
