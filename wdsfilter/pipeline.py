@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 from typing import Callable, Optional, Sequence
 
 import webdataset as wds
@@ -81,8 +82,8 @@ class Place:
         id, set where webdataset's split_by_worker and ResampledShards read it (WORKER, NUM_WORKERS)."""
         self.epoch += 1
         self.index = 0
-        import torch.utils.data  # imported already (webdataset imports torch)
-        info = torch.utils.data.get_worker_info()
+        data = sys.modules.get("torch.utils.data")  # a DataLoader worker has imported it; never import torch here
+        info = data.get_worker_info() if data is not None else None
         if info is None:
             self.worker = 0
             return
