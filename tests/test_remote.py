@@ -325,7 +325,7 @@ def test_score_and_filter_write_shards_from_s3_sources_byte_exact(s3, local, tmp
                  "--no-progress", "--min", "brightness=0.3", "--write-shards", kept)
         assert r.exit_code == 0, r.output
         r = _cli("filter", out, "--min", "brightness=0.4", "--write-shards", again, "--samples-per-shard", "5",
-                 "--no-report")
+                 "--no-report", "--allow-remote")  # a source the folder names: read only when allowed here
         assert r.exit_code == 0, r.output
         outs[name] = {}
         for folder in (kept, again):

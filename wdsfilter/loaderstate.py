@@ -47,7 +47,7 @@ def settings(shard_urls: List[str], opts, world: int, epoch_samples: Optional[in
         "batch_size": opts.batch_size, "world_size": world, "num_workers": opts.num_workers,
         "seed": opts.seed, "shuffle": opts.shuffle, "resampled": opts.resampled,
         "epoch_samples": epoch_samples, "drop_last": opts.drop_last,
-        "score_filter": None if bounds is None else _digest([opts.scores, bounds]),
+        "score_filter": None if bounds is None else _digest([opts.scores, bounds] + (["dedup"] if opts.dedup else [])),
         "stages": _digest(stage_options),
     }
 

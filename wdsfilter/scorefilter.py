@@ -116,7 +116,8 @@ class ScoreFilter:
         columns = ["status", "reason", *self.thresholds.columns()]
         try:
             t = read_table(path, ["key"] + columns)
-        except DamagedRunFolder as e:  # never an exception into the training loop: the shard has no scores
+            dropped = self.dedup.dropped(_stem(path)) if self.dedup is not None else {}
+        except (DamagedRunFolder, ConfigError) as e:  # never an exception into the training loop: no scores
             self._why = str(e)
             return
         table: Dict[str, Tuple] = {}
@@ -124,8 +125,7 @@ class ScoreFilter:
             if key not in table:  # a key repeated in one shard (a half-sample): its first row
                 table[key] = tuple(t[c][i] if c in t else None for c in columns)
         self._table = table
-        if self.dedup is not None:
-            self._dropped = {key: reason for key, reason in self.dedup.dropped(_stem(path)).values()}
+        self._dropped = {key: reason for key, reason in dropped.values()}
 
     # -- the stage ---------------------------------------------------------------------------------
     def __call__(self, data: Iterable[dict]) -> Iterator[dict]:

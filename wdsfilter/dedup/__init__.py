@@ -5,7 +5,7 @@
     groups.py      pairs -> groups, one survivor per group
     evalset.py     eval images hashed like training rows
     source.py      what is read of the run folder
-    marks.py       RUN_DIR/dedup/ and the drop rule filter --dedup and the loader apply
+    (../runfolder/dedup.py: RUN_DIR/dedup/ and the drop rule filter --dedup and the loader apply)
     run.py         `dedup()`, the command's work
     cli.py         `wdsfilter dedup`
 """
@@ -17,6 +17,6 @@ def __getattr__(name):
         from . import run
         return getattr(run, name)
     if name in ("DedupMarks", "drop_reason"):
-        from . import marks
+        from ..runfolder import dedup as marks
         return getattr(marks, name)
     raise AttributeError(name)

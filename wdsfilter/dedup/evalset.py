@@ -86,20 +86,18 @@ def _shard_images(path: str) -> Iterator[Tuple[str, bytes]]:
 def clip_of_run(run_dir: str):
     """The run's CLIP scorer, rebuilt from run.json (the same model and weights), set to hand back
     image embeddings; loaded on the CPU."""
-    import json
+    from ..runfolder.layout import read_run_json
     path = os.path.join(run_dir, "run.json")
-    scorers = []
-    if os.path.exists(path):
-        with open(path) as f:
-            scorers = json.load(f).get("scorers") or []
+    scorers = read_run_json(run_dir).get("scorers") or []  # confined to the folder, damage named
     clip = next((s for s in scorers if s.get("name") == "clip"), None)
     if clip is None:
         raise ConfigError(f"semantic eval matching needs the run's CLIP model, and {path} names none; "
                           f"score with --scorer clip --save-embeddings")
     from ..score.scorers.clip import ClipScorer
     opts = clip.get("options", {})
+    # the folder names the model, never where downloads go (cache_dir: open_clip's default)
     scorer = ClipScorer(model=opts.get("model", "ViT-B-32"), pretrained=opts.get("pretrained"),
-                        cache_dir=opts.get("cache_dir"), precision="fp32", save_embeddings=True)
+                        precision="fp32", save_embeddings=True)
     scorer.load("cpu")
     return scorer
 

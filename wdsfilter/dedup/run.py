@@ -198,7 +198,8 @@ def _write(rows, groups, matches, result: DedupResult, settings: dict) -> str:
 
     from ..runfolder.tables import read_batches
     from ..writing import atomic_path, write_text_atomic
-    folder = os.path.join(rows.folder, FOLDER)
+    from ..runfolder.layout import confined
+    folder = confined(rows.folder, os.path.join(rows.folder, FOLDER))  # never written through a link out
     os.makedirs(folder, exist_ok=True)
     keys_of = {}
     wanted = {m["row"] for g in result.largest for m in g["members"]}

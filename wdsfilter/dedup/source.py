@@ -59,7 +59,8 @@ def open_run(folder: str):
 def load_rows(folder: str, want_hashes: bool) -> RunRows:
     from ..runfolder.tables import read_batches
     run = open_run(folder)
-    shards = [Shard(s.name, s.url, s.score_file) for s in run.shards]
+    # a source the run's own record does not name is never read (its thumbnails are left out)
+    shards = [Shard(s.name, s.url if s.trusted else "", s.score_file) for s in run.shards]
     hashed = want_hashes and "sha256" in run.columns and "phash" in run.columns
     columns = ["index", "clip_score"] + (["sha256", "phash"] if hashed else [])
     index, clip, sha, phash, present, starts = [], [], [], [], [], [0]
@@ -97,18 +98,24 @@ def require_hashes(rows: RunRows, kind: str) -> None:
 
 def embeddings(rows: RunRows):
     """The run's saved image embeddings (semantic.Embeddings), each vector tied to its row."""
+    from ..runfolder.layout import confined
+    from ..runfolder.tables import _arrow_errors, _native, damaged
     from ..score.embeddings import FOLDER, METADATA, PARTS
     from .semantic import Embeddings
     base = os.path.join(rows.folder, FOLDER)
     files, counts, owners = [], [], []
     for s, shard in enumerate(rows.shards):
-        npy = os.path.join(base, PARTS["img"], shard.name + ".npy")
-        meta = os.path.join(base, METADATA, shard.name + ".parquet")
+        npy = confined(rows.folder, os.path.join(base, PARTS["img"], shard.name + ".npy"))
+        meta = confined(rows.folder, os.path.join(base, METADATA, shard.name + ".parquet"))
         if not (os.path.exists(npy) and os.path.exists(meta)):
             continue  # a shard where no sample has a CLIP score has no files
         import pyarrow.parquet as pq
-        wanted = pq.read_table(meta, columns=["index"]).column(0).to_numpy()
-        shape = np.load(npy, mmap_mode="r").shape
+        try:  # files of the run folder: confined, and a damaged one named in one line
+            wanted = pq.read_table(_native(meta), columns=["index"]).column(0).to_numpy()
+            shape = np.load(npy, mmap_mode="r", allow_pickle=False).shape
+        except (_arrow_errors() + (KeyError,)) as e:
+            raise damaged(meta, f"embeddings not as `wdsfilter score --save-embeddings` writes them "
+                                f"({type(e).__name__}: {e})") from None
         if shape[0] != len(wanted):
             raise ConfigError(f"embeddings of shard {shard.name} in {base} are damaged ({shape[0]} vectors, "
                               f"{len(wanted)} metadata rows); score the shard again (--resume after removing "

@@ -116,10 +116,12 @@ def ledger_section(run) -> dict:
     """The run's failure ledger (score/ledger.py) for the report: counts by reason (from
     failures.parquet) and a few samples of each reason, shown like the dropped ones."""
     from ..score import ledger
-    by_reason = ledger.summarize(ledger.read_entries(os.path.join(run.folder, ledger.MERGED)))
+    by_reason = ledger.summarize(ledger.read_entries(os.path.join(run.folder, ledger.MERGED), run.folder))
     examples: Dict[str, List[dict]] = OrderedDict()
     for shard in run.shards:
-        for e in ledger.read_entries(ledger.shard_file(run.folder, shard.name)):
+        if not shard.trusted:  # a source the run's own record does not name is never read
+            continue
+        for e in ledger.read_entries(ledger.shard_file(run.folder, shard.name), run.folder):
             ex = examples.setdefault(e["reason"], [])
             if len(ex) < PER_REASON and e["index"] >= 0:
                 ex.append({"url": shard.url, "key": e["key"], "values": {}, "kept": False, "reason": e["reason"],

@@ -12,7 +12,6 @@ A row is dropped when it matches an eval image ("eval_match") or is not its grou
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import Dict, Iterator, Optional, Sequence, Tuple
 
@@ -44,13 +43,20 @@ class DedupMarks:
 
     def __init__(self, run_dir: str, shards: Sequence[Tuple[str, str]] = ()):
         """shards: (output name, score file) of the run's finished shards: a shard the dedup did not
-        see, or whose score file changed since (--resume, a re-scored shard), is refused."""
-        self.folder = os.path.join(run_dir, FOLDER)
+        see, or whose score file changed since (--resume, a re-scored shard), is refused. The
+        folder's files are read as every run-folder file is (layout.py): confined to the folder,
+        a damaged one named in one line."""
+        from .layout import confined, read_json
+        from .tables import damaged
+        self.run_dir = run_dir
+        self.folder = confined(run_dir, os.path.join(run_dir, FOLDER))
         path = os.path.join(self.folder, SUMMARY)
-        if not os.path.exists(path):
+        summary = read_json(run_dir, path, None)
+        if summary is None:
             raise ConfigError(f"{run_dir} has no dedup results ({path}); run `wdsfilter dedup {run_dir}` first")
-        with open(path) as f:
-            self.summary = json.load(f)
+        if not isinstance(summary, dict) or not isinstance(summary.get("shards", {}), dict):
+            raise damaged(path, "not the summary `wdsfilter dedup` writes; run it again")
+        self.summary = summary
         known = self.summary.get("shards", {})
         stale = [name for name, path in shards if known.get(name) != score_file_state(path)]
         if stale:
@@ -68,9 +74,20 @@ class DedupMarks:
         return out
 
     def _rows(self, name: str) -> Iterator[tuple]:
-        path = os.path.join(self.folder, name + ".parquet")
+        """The shard's marks; DamagedRunFolder when its file is missing (the summary names the
+        shard: every row would be kept silently) or not as `wdsfilter dedup` wrote it."""
+        from .layout import confined
+        from .tables import _arrow_errors, _native, damaged
+        path = confined(self.run_dir, os.path.join(self.folder, name + ".parquet"))
         if not os.path.exists(path):
+            if name in self.summary.get("shards", {}):
+                raise damaged(path, "missing, though dedup/summary.json lists its shard; run `wdsfilter dedup` again")
             return
         import pyarrow.parquet as pq
-        t = pq.read_table(path, columns=["key", "index", "survivor", "eval_match"]).to_pydict()
+        try:
+            t = pq.read_table(_native(path), columns=["key", "index", "survivor", "eval_match"]).to_pydict()
+        except (_arrow_errors() + (KeyError,)) as e:
+            raise damaged(path, f"not as `wdsfilter dedup` writes it ({type(e).__name__}: {e}); run it again") from None
+        if not all(isinstance(i, int) for i in t["index"]):
+            raise damaged(path, "an index that is not a number; run `wdsfilter dedup` again")
         yield from zip(t["key"], t["index"], t["survivor"], t["eval_match"])

@@ -129,12 +129,27 @@ def write_shard_failures(out: str, name: str, entries: Sequence[dict]) -> str:
     return path
 
 
-def read_entries(path: str) -> List[dict]:
+def read_entries(path: str, folder: Optional[str] = None) -> List[dict]:
+    """A ledger file's entries; none for a missing file or one not as the ledger writes it (another
+    schema, wrong types: entries a report or a retry could not use). `folder`: the run folder the
+    file must stay in (a symlink out of it is refused, runfolder.layout.confined)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
+    if folder is not None:
+        from ..runfolder.layout import confined
+        confined(folder, path)
     try:
-        return pq.read_table(path).to_pylist()
-    except (OSError, ValueError):  # none yet, or a file from before the ledger existed
+        entries = pq.read_table(path).to_pylist()
+    except (OSError, ValueError, pa.ArrowException):  # none yet, or a file from before the ledger existed
         return []
+    return [e for e in entries if _well_formed(e)]
+
+
+def _well_formed(e: dict) -> bool:
+    index = e.get("index")
+    return (isinstance(e.get("reason"), str) and isinstance(e.get("shard"), str)
+            and isinstance(index, int) and not isinstance(index, bool)
+            and isinstance(e.get("key"), (str, type(None))) and isinstance(e.get("message"), (str, type(None))))
 
 
 def merge(out: str, names: Sequence[str]) -> List[dict]:

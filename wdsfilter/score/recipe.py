@@ -91,8 +91,11 @@ def recipe_of(cfg: ScoreConfig, urls: Sequence[str], engine: str = "local") -> O
     recipe: Dict[str, Any] = {"shards": [absolute_url(u) for u in urls], "out": os.path.abspath(cfg.out), "scorers": list(cfg.scorers),
                               "scorer_options": cfg.scorer_options,
                               "thresholds": {"min": dict(cfg.thresholds), "max": dict(cfg.max_thresholds)},
+                              # never a permission to run commands (a replay passes --allow-pipe again) nor
+                              # storage options (secrets: a replay passes --storage-option again)
                               "stage": {k: v for k, v in cfg.stage.to_dict().items()
-                                        if v != getattr(stage_defaults, k) and k != "caption_spec"},
+                                        if v != getattr(stage_defaults, k)
+                                        and k not in ("caption_spec", "allow_pipe", "storage_options")},
                               "engine": engine}
     for name in OPTIONS:
         value = getattr(cfg, name)
