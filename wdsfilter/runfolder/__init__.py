@@ -11,6 +11,10 @@
                                outputs are in place: output sizes, the source shard's path, size
                                and modification time
       img_emb/ text_emb/ metadata/   --save-embeddings (score/embeddings.py)
+      failures/<name>.parquet  the shard's failure ledger, written before its marker; failures.parquet
+                               the ledger merged at the end of a run (score/ledger.py)
+      run.yaml                 the run as a recipe (score/recipe.py): `score --config` replays it
+      dedup/                   what `wdsfilter dedup` marked (dedup.py reads it)
       summary.json, histograms.png, report.html, thresholds.json
 
 Modules, one job each, below score/ and filtering/ (no torch):
@@ -21,6 +25,7 @@ Modules, one job each, below score/ and filtering/ (no torch):
                 source_changed
     reader.py   ScoreRun: the one reader (`wdsfilter filter`, the loader's score filter)
     keep.py     keep_reason: is a row kept (the scoring run, filter and the loader)
+    dedup.py    dedup/: its reader and the one drop rule of `filter --dedup` and the loader
 
 The writer side (`--resume`/`--overwrite` checks, marking shards done) is score/resume.py's RunState,
 which names its files through layout.py.
