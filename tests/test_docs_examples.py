@@ -27,6 +27,7 @@ FOREIGN = {
                     "--encode_format", "--resize_mode", "--incremental_mode"},
     "ray start": {"--head", "--num-gpus"},
     "open_clip_train": {"--train-data", "--train-num-samples"},
+    "pip": {"--index-url"},
 }
 OPTION = re.compile(r"(?<![\w-])(--?[a-zA-Z][\w-]*)")
 

@@ -230,7 +230,8 @@ def sample_pipeline(urls, cfg: Optional[StageConfig] = None, tally: Optional[Tal
     cfg = cfg or StageConfig()
     tally = tally if tally is not None else Tally(cfg.starvation_samples, cfg.starvation_seconds)
     urls = expand_urls(urls, cfg.allow_pipe, cfg.allow_remote, cfg.storage_options)
-    place = place if place is not None else Place()
+    restorable = place is not None  # the loader's pipeline: its place can be saved and restored
+    place = place if restorable else Place()
     stages = shard_source(urls, resampled, shuffle_shards=bool(shuffle), seed=seed,
                           cycle=tally if cycle and not resampled else None)
     stages[0] = PlacedSource(place, stages[0])
@@ -238,7 +239,8 @@ def sample_pipeline(urls, cfg: Optional[StageConfig] = None, tally: Optional[Tal
     stages += sample_stages(cfg, tally, decode_images=decode_images, before_decode=before_decode)
     if shuffle:
         stages.append(SeededShuffle(place, shuffle, min(shuffle, 1000), seed))
-    stages.append(replay(place, tally))  # a restored loader's samples already given (none otherwise)
+    if restorable:  # a restored loader's samples already given (none otherwise); not on score's path
+        stages.append(replay(place, tally))
     stages += list(extra)
     stages.append(watch(tally, sink))
     pipeline = wds.DataPipeline(*stages)

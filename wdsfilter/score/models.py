@@ -185,8 +185,10 @@ def builtin_model_names() -> Optional[set]:
     """open_clip's model names without importing it: its model_configs/*.json (its own list where it
     is imported: add_model_config's count too). None without open_clip (resolve says so)."""
     import sys
-    if "open_clip" in sys.modules:
+    if sys.modules.get("open_clip") is not None:
         return set(sys.modules["open_clip"].list_models())
+    if "open_clip" in sys.modules:  # None there: it cannot be imported (resolve names the install)
+        return None
     import importlib.util
     try:
         spec = importlib.util.find_spec("open_clip")
