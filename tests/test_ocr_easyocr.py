@@ -163,7 +163,7 @@ def test_easyocr_through_the_score_command_with_a_local_checkpoint(random_dir, t
     result = CliRunner().invoke(main, ["score", url, "--scorer", "ocr", "--ocr-backend", "easyocr",
                                        "--ocr-model-dir", random_dir, "--no-ocr-download", "--scorer-opt",
                                        'ocr.backend_options={"verify_checksum": false, "min_side": 0}', "--image-key", "png",
-                                       "--device", "cpu", "--out", out, "--no-progress"])
+                                       "--device", "cpu", "--out", out, "--no-progress", "-v"])  # -v: the whole plan
     assert result.exit_code == 0, result.output
     assert "scorer: ocr: easyocr CRAFT detector" in result.output and random_dir in result.output
     footprint = re.search(r"model on cpu +\S+ \S+ +\(measured: .*ocr (\d+\.\d) MiB", result.output)
