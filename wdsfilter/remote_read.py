@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import random
 import threading
 import time
@@ -337,11 +338,14 @@ async def _s3_stream(fs, path: str, start: int, etag: Optional[str], chunk: int)
         body.close()
 
 
-async def _http_stream(fs, url: str, start: int, etag: Optional[str], chunk: int):
+@contextlib.asynccontextmanager
+async def _ranged_get(fs, url: str, start: int, last: str, etag: Optional[str]):
+    """fsspec's http session, one GET of bytes start..last ("": to the end), tied to `etag`: the
+    response once its status says it is that range of that version."""
     session = await fs.set_session()
     kw = dict(fs.kwargs)
     headers = dict(kw.pop("headers", None) or {})
-    headers["Range"] = f"bytes={start}-"
+    headers["Range"] = f"bytes={start}-{last}"
     if etag:
         headers["If-Match"] = etag
     async with session.get(fs.encode_url(url), headers=headers, **kw) as r:
@@ -352,6 +356,11 @@ async def _http_stream(fs, url: str, start: int, etag: Optional[str], chunk: int
         if r.status != 206 and start != 0:
             raise RangeIgnored(f"the server ignored the Range request (HTTP {r.status}), so a read cannot resume "
                                f"there; serve it with Range support")
+        yield r
+
+
+async def _http_stream(fs, url: str, start: int, etag: Optional[str], chunk: int):
+    async with _ranged_get(fs, url, start, "", etag) as r:
         while True:  # what has arrived (at most aiohttp's buffer): a break loses no byte received
             data = await r.content.readany()
             if not data:
@@ -374,20 +383,7 @@ async def _s3_range(fs, path: str, start: int, end: int, etag: Optional[str]) ->
 async def _http_range(fs, url: str, start: int, end: int, etag: Optional[str]) -> bytes:
     """fsspec's http session, our own ranged GET: a server that ignores Range would otherwise send
     the whole object into memory; here at most the range is read."""
-    session = await fs.set_session()
-    kw = dict(fs.kwargs)
-    headers = dict(kw.pop("headers", None) or {})
-    headers["Range"] = f"bytes={start}-{end - 1}"
-    if etag:
-        headers["If-Match"] = etag
-    async with session.get(fs.encode_url(url), headers=headers, **kw) as r:
-        if r.status == 412:
-            raise ObjectChanged(f"HTTP 412: the object's ETag is no longer {etag}")
-        if r.status >= 400:
-            r.raise_for_status()
-        if r.status != 206 and start != 0:
-            raise RangeIgnored(f"the server ignored the Range request (HTTP {r.status}), so a read cannot resume "
-                               f"there; serve it with Range support")
+    async with _ranged_get(fs, url, start, str(end - 1), etag) as r:
         want, parts, got = end - start, [], 0
         while got < want:
             chunk = await r.content.read(min(want - got, 1 << 20))
