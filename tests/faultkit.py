@@ -180,16 +180,10 @@ def temporaries(*folders):
 
 
 @contextmanager
-def weights_server(filename: str, payload: bytes, delay: float = 0.0):
-    """easyocr's download source, served locally: a zip holding `filename`. Yields (URL, hits);
-    hits counts the downloads. `delay` holds every answer back, so racing downloads overlap."""
-    import io
+def counting_server(data: bytes, name: str, delay: float = 0.0):
+    """`data` served on 127.0.0.1 as /NAME; yields (URL, hits): hits lists every request's path.
+    `delay` holds every answer back, so racing requests overlap."""
     import time
-    import zipfile
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
-        z.writestr(filename, payload)
-    data = buf.getvalue()
     hits = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -207,10 +201,23 @@ def weights_server(filename: str, payload: bytes, delay: float = 0.0):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        yield f"http://127.0.0.1:{server.server_port}/craft_mlt_25k.zip", hits
+        yield f"http://127.0.0.1:{server.server_port}/{name}", hits
     finally:
         server.shutdown()
         server.server_close()
+
+
+@contextmanager
+def weights_server(filename: str, payload: bytes, delay: float = 0.0):
+    """easyocr's download source, served locally: a zip holding `filename`. Yields (URL, hits);
+    hits counts the downloads. `delay` holds every answer back, so racing downloads overlap."""
+    import io
+    import zipfile
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+        z.writestr(filename, payload)
+    with counting_server(buf.getvalue(), "craft_mlt_25k.zip", delay) as served:
+        yield served
 
 
 def fetch_easyocr_weights(model_dir: str, url: str, md5: str) -> str:

@@ -1,42 +1,24 @@
 """A score folder is input too (issue 20): `wdsfilter filter`, its report and the loader's score
 filter take their permissions from the command line, never from the folder; `filter` deletes
 only what it wrote, takes a lock on its output folder and rewrites shards whose scores changed."""
-import http.server
 import json
 import os
-import threading
 import time
 from contextlib import contextmanager
 
 import pytest
 
+from faultkit import counting_server
 from filterkit import gnu_tar_shards, peak_rss_mb, run_cli, score_folder
 
 
 @contextmanager
-def counting_server(path):
+def serving(path):
     """`path` served on 127.0.0.1; yields (URL, hits): hits lists every request."""
-    data = open(path, "rb").read()
-    hits = []
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - the http.server API
-            hits.append(self.path)
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}/{os.path.basename(path)}", hits
-    finally:
-        server.shutdown()
-        server.server_close()
+    with open(path, "rb") as f:
+        data = f.read()
+    with counting_server(data, os.path.basename(path)) as served:
+        yield served
 
 
 def one_line(stderr):
@@ -103,7 +85,7 @@ def test_filter_scores_and_the_loader_take_no_permission_from_the_folder(piped, 
 
 def test_filter_reads_no_remote_source_without_allow_remote(tmp_path):
     shard = gnu_tar_shards(str(tmp_path), [6])[0]
-    with counting_server(shard) as (url, hits):
+    with serving(shard) as (url, hits):
         out = score_folder([url], tmp_path / "scores", allow_remote=True)
         scored = len(hits)
         assert scored >= 1
