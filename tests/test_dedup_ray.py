@@ -24,7 +24,7 @@ def test_ray_and_local_runs_dedup_alike(tmp_path):
     shards, truth = build(tmp_path / "shards", bases=("coffee", "rocket", "camera"),
                           variants=("copy", "jpeg_q30", "resize_50", "png"), alikes=["brick", "grass"])
     here = os.path.dirname(os.path.abspath(__file__))
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
              runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([here, os.path.dirname(here)])}})
     try:
         score_on_ray(shards, out=str(tmp_path / "ray"), scorers=["hash"], image_key="jpg;png", progress=False)

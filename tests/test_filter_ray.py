@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 def test_filter_reads_a_ray_run_like_a_local_one(tiny_clip, tmp_path):
     model = "local-dir:" + tiny_clip
     score(SHARDS, out=str(tmp_path / "local"), model=model, device="cpu", workers=0, **OPTIONS)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         score_on_ray(SHARDS, out=str(tmp_path / "ray"), model=model, batch_size=8, **OPTIONS)
     finally:

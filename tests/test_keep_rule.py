@@ -115,7 +115,7 @@ def test_the_ray_engine_keeps_what_filter_and_the_loader_keep(shards, tmp_path):
     from wdsfilter.filtering import filter_scores
     from wdsfilter.score import score_on_ray
     here = os.path.dirname(os.path.abspath(__file__))
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
              runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([here, ROOT])}})
     try:
         for n, (mins, maxes) in enumerate((THRESHOLDS[0], THRESHOLDS[3])):

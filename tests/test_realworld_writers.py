@@ -233,7 +233,7 @@ def test_sizes_json_merge_keeps_entries_of_other_shards(tmp_path):
 def test_ray_write_webdataset_output_passes_and_is_sized(tmp_path):
     ray = pytest.importorskip("ray")
     out = tmp_path / "ray"
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         import numpy as np
         from PIL import Image

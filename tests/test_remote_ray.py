@@ -27,7 +27,7 @@ def test_ray_workers_read_their_shards_from_s3(tmp_path):
         upload(client, folder, "set")
         env = {k: os.environ[k] for k in os.environ if k.startswith("AWS_")}
         env["PYTHONPATH"] = os.pathsep.join([here, os.path.dirname(here)])
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
                  runtime_env={"env_vars": env})
         try:
             on_ray = score_on_ray(f"s3://{BUCKET}/set/", out=str(tmp_path / "ray"), scorers=[SCORER],

@@ -31,7 +31,7 @@ def local_ray():
     # do); registering the kits for pickling by value instead leaks into every later test of the
     # session (devicekit's SimulatedDevice, rebuilt by value in a worker, lost its registry).
     here = os.path.dirname(os.path.abspath(__file__))
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
              runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([here, os.path.dirname(here)])}})
     yield
     ray.shutdown()

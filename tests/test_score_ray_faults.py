@@ -32,7 +32,7 @@ def cpus_free_within(cpus: float, seconds: float) -> bool:
 def local_ray():
     # The test scorers live in tests/: the workers import them from there.
     path = os.pathsep.join([HERE, os.path.dirname(HERE)])
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
              runtime_env={"env_vars": {"PYTHONPATH": path}})
     yield
     ray.shutdown()

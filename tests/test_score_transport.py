@@ -10,6 +10,7 @@ import pickle
 import re
 
 import numpy as np
+import psutil
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -235,8 +236,12 @@ def _shared_memory_held():
     return held
 
 
-def _shm_entries():
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+def _shm_entries(pids=None):
+    """torch's shared-memory files in /dev/shm (named `torch_<pid>_...` by the process that made
+    them); with pids, only those of these processes: the suite runs in parallel processes (xdist)
+    whose own buffers come and go meanwhile."""
+    names = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    return {n for n in names if pids is None or (n.startswith("torch_") and n.split("_")[1] in pids)}
 
 
 def test_a_run_with_model_workers_sends_no_pixels_and_leaks_no_shared_memory(tmp_path, monkeypatch):
@@ -254,7 +259,10 @@ def test_a_run_with_model_workers_sends_no_pixels_and_leaks_no_shared_memory(tmp
     sent = []
     submit = ProcessPool.submit
 
+    ours = {str(os.getpid())}  # this process and its decode and model workers (seen while they run)
+
     def spy(self, worker, batch_id, batch):
+        ours.update(str(p.pid) for p in psutil.Process().children(recursive=True))
         assert isinstance(batch, Batch) and all(b.is_shared() for b in batch.buffers)
         assert tensors_in(batch.items) == 0 and arrays_in(batch.items) == 0
         sent.append((len(batch.items), len(pickle.dumps(batch.items))))
@@ -272,7 +280,7 @@ def test_a_run_with_model_workers_sends_no_pixels_and_leaks_no_shared_memory(tmp
     one("out")
     assert sum(n for n, _ in sent) == 2 * 35 and all(size < 600 * n for n, size in sent)  # 3x32x32 pixels: 3 KB
     assert len(_shared_memory_held()) <= len(held)
-    assert not {e for e in _shm_entries() - shm if e.startswith("torch_")}
+    assert not _shm_entries(ours) - shm
 
 
 @pytest.mark.slow
