@@ -152,7 +152,7 @@ def ray_cluster(ctx):
     saved = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = env["PYTHONPATH"]  # the raylet, and so every worker, inherits it
     try:
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
     finally:
         os.environ.pop("PYTHONPATH") if saved is None else os.environ.update(PYTHONPATH=saved)
     try:
