@@ -117,6 +117,28 @@ class RemoteShard:
     def tell(self) -> int:
         return self.pos
 
+    def seek(self, offset: int, whence: int = 0) -> int:
+        """Moves the read position (sort-shard copies members in key order): inside the chunk in
+        hand for free; elsewhere the next read asks from there (a new GET, or ranged blocks)."""
+        if self._stream is None and whence in (0, 1, 2):
+            target = offset if whence == 0 else self.pos + offset if whence == 1 else self.size + offset
+        else:
+            raise OSError(f"{self.shown}: cannot seek (the server gives no size)")
+        if not 0 <= target <= self.size:
+            raise ValueError(f"seek to {target:,} outside {self.shown} ({self.size:,} bytes)")
+        ahead = target - self.pos
+        if 0 <= ahead <= len(self._block) - self._offset:
+            self._offset += ahead
+            self.pos = target
+            return target
+        self._drop_feed()
+        for _, _, fut in self._pending:
+            fut.cancel()
+        self._pending.clear()
+        self._block, self._offset = b"", 0
+        self.pos = self._next = target
+        return target
+
     def close(self) -> None:
         if not self.closed:
             self.closed = True
