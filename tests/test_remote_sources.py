@@ -57,7 +57,7 @@ def test_a_filtered_shard_streams_its_remote_source_without_a_temporary_copy(web
     write_filtered(path, keep, str(tmp_path / "local.tar"))
     assert (out / "big.tar").read_bytes() == (tmp_path / "local.tar").read_bytes()
     assert os.listdir(out) == ["big.tar"]
-    assert web.gets("big.tar")[0] == "bytes=0-" and len(web.gets("big.tar")) == 3  # index (resumed), copy
+    assert web.gets("big.tar")[0] == "bytes=0-" and len(web.gets("big.tar")) >= 3  # index, resumed, copy
 
 
 def test_memory_does_not_grow_with_the_remote_source_size(web, tmp_path):
