@@ -14,6 +14,7 @@ from contextlib import contextmanager
 
 import torch
 
+from remotekit import FaultServer
 from scorekit import BrightnessScorer
 
 # What PyTorch raises after a kernel fault; the context is unusable afterwards.
@@ -330,3 +331,80 @@ class ChaosScorer(FlakyScorer):
                 and {i["key"] for i in inputs} & _listed(self.model_kill_file):
             os._exit(137)
         return super().score_batch(inputs)
+
+
+class HoldScorer(BrightnessScorer):
+    """Scores like BrightnessScorer, but while `hold_file` exists each batch waits for it to go,
+    after writing a file named after its process into `held_dir` (the event a test waits for: a
+    model worker is mid-batch). Removing `hold_file` lets every held batch go on."""
+
+    name = "bright"
+
+    def __init__(self, hold_file: str = "", held_dir: str = "", **kw):
+        super().__init__(**kw)
+        self.hold_file, self.held_dir = hold_file, held_dir
+
+    def score_batch(self, inputs):
+        if self.hold_file and os.path.exists(self.hold_file):
+            with open(os.path.join(self.held_dir, str(os.getpid())), "w"):
+                pass
+            while os.path.exists(self.hold_file):  # waits for the test's event, not for a time
+                threading.Event().wait(0.05)
+        return super().score_batch(inputs)
+
+
+# -- an S3 API server whose GETs fail ---------------------------------------------------------------
+class S3FaultProxy(FaultServer):
+    """A proxy on 127.0.0.1 in front of an S3 API server (moto's): every request is forwarded
+    unchanged, except a GET of an object (path /BUCKET/KEY) with a fault queued for it (`fail`,
+    the faults of remotekit.FaultServer: a reset or a clean close at an absolute byte, a stall, a
+    status with Retry-After, an object replaced): that GET is answered by FaultServer from the
+    object's bytes as the S3 server holds them now (same ETag: S3's is the MD5 of a plain upload),
+    with the fault. `url` is the endpoint to give the S3 client."""
+
+    def __init__(self, upstream: str):
+        import urllib.parse
+        super().__init__()
+        self.upstream = urllib.parse.urlsplit(upstream)
+
+    def _answer(self, h, head: bool) -> None:
+        import urllib.parse
+        path = urllib.parse.urlsplit(h.path).path.lstrip("/")
+        with self.lock:
+            faulty = not head and bool(self.faults.get(path))
+        if not faulty:
+            return self._forward(h, path)
+        whole = {k: v for k, v in h.headers.items() if k.lower() not in ("connection", "range", "if-match")}
+        status, _, data = self._upstream("GET", h.path, whole)
+        if status != 200:
+            return self._status(h, status)
+        with self.lock:
+            self.objects[path] = data
+        h.path = "/" + path  # FaultServer knows objects by their path alone
+        super()._answer(h, head)
+
+    def _upstream(self, method: str, path: str, headers: dict):
+        import http.client
+        conn = http.client.HTTPConnection(self.upstream.hostname, self.upstream.port, timeout=30)
+        try:
+            conn.request(method, path, headers=headers)
+            resp = conn.getresponse()
+            return resp.status, resp.getheaders(), resp.read()
+        finally:
+            conn.close()
+
+    def _forward(self, h, path: str) -> None:
+        with self.lock:
+            self.requests.append((h.command, path, h.headers.get("Range")))
+        headers = {k: v for k, v in h.headers.items() if k.lower() != "connection"}
+        status, answer_headers, data = self._upstream(h.command, h.path, headers)
+        h.send_response(status)
+        for k, v in answer_headers:  # a HEAD's Content-Length is the object's: kept
+            if k.lower() not in ("transfer-encoding", "connection", "server", "date") and \
+                    (k.lower() != "content-length" or h.command == "HEAD"):
+                h.send_header(k, v)
+        if h.command != "HEAD":
+            h.send_header("Content-Length", str(len(data)))
+        h.end_headers()
+        if h.command != "HEAD":
+            h.wfile.write(data)

@@ -13,7 +13,7 @@ from collections import deque
 from typing import Mapping, Optional, Tuple
 
 from .remote import (MAX_RETRY_AFTER, ObjectChanged, RangeIgnored, RemoteOptions, RemoteReadError, _classify,
-                     _describe, _status, _strip, credential_source, redact_url, scheme_of)
+                     _describe, _status, _strip, credential_source, filesystem, redact_url, scheme_of)
 
 
 def _version(info: Mapping) -> Tuple:
@@ -23,6 +23,20 @@ def _version(info: Mapping) -> Tuple:
             return (info.get("size"), name, str(info[name]))
     lfs = info.get("lfs") or {}
     return (info.get("size"), "sha256", lfs.get("sha256")) if lfs.get("sha256") else (info.get("size"),)
+
+
+def _getter(url: str, fs, options: RemoteOptions):
+    """The filesystem that sends an S3 shard's GETs: one whose botocore and s3fs retries are off,
+    because RemoteShard retries them itself (resumed at the byte reached, counted in
+    remote_retries, Retry-After honoured); botocore would retry a 503 or a 429 unseen, from the
+    start of its range, ignoring Retry-After. Listing and HEAD keep the store's own retries."""
+    if scheme_of(url) != "s3":
+        return fs
+    storage = dict(options.storage_options)
+    storage["config_kwargs"] = dict(storage.get("config_kwargs") or {}, retries={"total_max_attempts": 1})
+    getter = filesystem(url, storage)[0]  # fsspec's instance for these options: the reads' own
+    getter.retries = 1  # s3fs's loop (a class attribute, not an option)
+    return getter
 
 
 class RemoteShard:
@@ -42,6 +56,7 @@ class RemoteShard:
         self.version = _version(info)
         self.etag = info.get("ETag") or info.get("etag")
         self.kind = "s3" if scheme_of(url) == "s3" else "http" if scheme_of(url) in ("http", "https") else "other"
+        self.get_fs = _getter(url, fs, options)
         # S3 and HTTP: one GET from the byte reached to the end, its body handed over in chunks
         # through a bounded queue (readahead * block_bytes); after a failure, a new GET from the
         # byte reached. Others (gs://, hf://): ranged reads of block_bytes, readahead in flight.
@@ -102,6 +117,28 @@ class RemoteShard:
     def tell(self) -> int:
         return self.pos
 
+    def seek(self, offset: int, whence: int = 0) -> int:
+        """Moves the read position (sort-shard copies members in key order): inside the chunk in
+        hand for free; elsewhere the next read asks from there (a new GET, or ranged blocks)."""
+        if self._stream is None and whence in (0, 1, 2):
+            target = offset if whence == 0 else self.pos + offset if whence == 1 else self.size + offset
+        else:
+            raise OSError(f"{self.shown}: cannot seek (the server gives no size)")
+        if not 0 <= target <= self.size:
+            raise ValueError(f"seek to {target:,} outside {self.shown} ({self.size:,} bytes)")
+        ahead = target - self.pos
+        if 0 <= ahead <= len(self._block) - self._offset:
+            self._offset += ahead
+            self.pos = target
+            return target
+        self._drop_feed()
+        for _, _, fut in self._pending:
+            fut.cancel()
+        self._pending.clear()
+        self._block, self._offset = b"", 0
+        self.pos = self._next = target
+        return target
+
     def close(self) -> None:
         if not self.closed:
             self.closed = True
@@ -128,7 +165,8 @@ class RemoteShard:
             if self._feed is None:
                 opener = _s3_stream if self.kind == "s3" else _http_stream
                 depth = max(1, self.options.block_bytes * self.options.readahead // chunk_bytes)
-                self._feed = _Feed(self.fs.loop, opener(self.fs, self.path, self.pos, self.etag, chunk_bytes), depth)
+                self._feed = _Feed(self.get_fs.loop, opener(self.get_fs, self.path, self.pos, self.etag, chunk_bytes),
+                                   depth)
             try:
                 item = self._feed.get(self.options.idle_seconds or None)
             except concurrent.futures.TimeoutError:
@@ -264,7 +302,8 @@ class RemoteShard:
     def _submit(self, start: int, end: int) -> concurrent.futures.Future:
         loop = getattr(self.fs, "loop", None)
         if self.kind == "s3":
-            return asyncio.run_coroutine_threadsafe(_s3_range(self.fs, self.path, start, end, self.etag), loop)
+            return asyncio.run_coroutine_threadsafe(_s3_range(self.get_fs, self.path, start, end, self.etag),
+                                                    self.get_fs.loop)
         if self.kind == "http":
             return asyncio.run_coroutine_threadsafe(_http_range(self.fs, self.path, start, end, self.etag), loop)
         if getattr(self.fs, "async_impl", False) and loop is not None:

@@ -11,6 +11,8 @@ Memory: one pass over the headers keeps (key, name, offsets) per member, never m
 headers; the copy then reads each member's bytes as stored (headers included) by its offsets, so
 a sparse member is written as the input stores it. A compressed input is first decompressed to a
 temporary file beside the output. The output appears only when complete (temporary, then rename).
+A remote plain tar needs no temporary: one streamed read indexes it, a second copies its members
+through the remote reader, jumping to each member (a new GET where the order jumps).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from typing import List
 import click
 
 from .errors import ConfigError, EXIT_CODES_HELP, OutputError
+from .decompress import compression
 from .reading import ShardTarInfo
 from .shards import is_remote, open_shard
 from .specs import REKEY_MODES, split_name
@@ -75,6 +78,10 @@ def sort_shard(src: str, dst: str, rekey: str = "first-dot", storage_options=Non
         raise OutputError(f"OUT {dst!r} is the input shard; write the sorted shard to another file")
     folder = os.path.dirname(os.path.abspath(dst))
     os.makedirs(folder, exist_ok=True)
+    if remote:
+        done = _sort_remote(src, dst, rekey, storage_options)
+        if done is not None:
+            return done
     fetched = _fetch(src, folder, storage_options) if remote else None
     try:
         plain, temporary = _plain_tar(fetched or src, folder)
@@ -88,18 +95,53 @@ def sort_shard(src: str, dst: str, rekey: str = "first-dot", storage_options=Non
             os.remove(fetched)
 
 
-def _fetch(src: str, folder: str, storage_options) -> str:
-    """A remote IN, streamed (resumed after failures) into a temporary beside OUT: the copy reads
-    members by their offsets, in key order, which a stream cannot give."""
+def _open_remote(src: str, storage_options, jumps: bool = False):
+    """jumps: a read that jumps from member to member: a read-ahead of one 1 MiB chunk, so that
+    each jump abandons at most that much of the GET it leaves."""
+    import dataclasses
     from .config import StageConfig
-    stage = StageConfig(storage_options=dict(storage_options or {}))
+    options = StageConfig(storage_options=dict(storage_options or {})).remote_options()
+    if jumps:
+        options = dataclasses.replace(options, readahead=1, block_bytes=min(options.block_bytes, 1 << 20))
+    try:
+        return open_shard(src, remote=options)
+    except OSError as e:
+        raise ConfigError(f"cannot read {src}: {e}") from None
+
+
+def _sort_remote(src: str, dst: str, rekey: str, storage_options):
+    """A remote plain tar, with no temporary: indexed by one streamed read, copied by a second
+    (both at one version of the object). None for a compressed one: its offsets are inside the
+    decompressed stream, which cannot jump back (a temporary, _fetch)."""
+    from .remote import RemoteReadError
+    first = _open_remote(src, storage_options)
+    try:
+        if compression(first.peek(6)[:6]) is not None:
+            return None
+        entries, skipped = _index(first, rekey, src)
+        version = first.version
+    except RemoteReadError as e:
+        raise OutputError(f"reading {src} failed: {e}") from None
+    finally:
+        first.close()
+    again = _open_remote(src, storage_options, jumps=True)
+    try:
+        if again.version != version:
+            raise OutputError(f"{src} changed between its two reads (its index, then its copy); run again")
+        return _write(again, entries, skipped, dst, src)
+    except RemoteReadError as e:
+        raise OutputError(f"reading {src} failed: {e}") from None
+    finally:
+        again.close()
+
+
+def _fetch(src: str, folder: str, storage_options) -> str:
+    """A compressed remote IN, streamed (resumed after failures) into a temporary beside OUT: the
+    copy reads members by their offsets inside the decompressed tar, in key order."""
     fd, tmp = tempfile.mkstemp(prefix=".sort-shard.tmp-", suffix=".tar", dir=folder)
     try:
         with os.fdopen(fd, "wb") as out:
-            try:
-                stream = open_shard(src, remote=stage.remote_options())
-            except OSError as e:
-                raise ConfigError(f"cannot read {src}: {e}") from None
+            stream = _open_remote(src, storage_options)
             try:
                 shutil.copyfileobj(stream, out, 1 << 20)
             except OSError as e:
@@ -113,13 +155,22 @@ def _fetch(src: str, folder: str, storage_options) -> str:
 
 
 def _rewrite(plain: str, dst: str, rekey: str, src: str) -> SortResult:
-    # Names and offsets only: per member its sort key and the byte range of its headers and data
-    # (long-name, pax and sparse-map headers included). No TarInfo is kept: one holds its pax
-    # headers, and 1,500 members with a 1 MB pax comment each held 1.5 GB.
+    entries, skipped = _index(plain, rekey, src)
+    with open(plain, "rb") as f:
+        return _write(f, entries, skipped, dst, src)
+
+
+def _index(plain, rekey: str, src: str):
+    """(entries, skipped) of a tar file, or of a stream read front to back (a remote input).
+    Names and offsets only: per member its sort key and the byte range of its headers and data
+    (long-name, pax and sparse-map headers included). No TarInfo is kept: one holds its pax
+    headers, and 1,500 members with a 1 MB pax comment each held 1.5 GB."""
+    from .remote import RemoteReadError
     entries: List[tuple] = []
     skipped = 0
     try:
-        with tarfile.open(plain, "r:", tarinfo=ShardTarInfo) as tar:
+        with (tarfile.open(plain, "r:", tarinfo=ShardTarInfo) if isinstance(plain, str) else
+              tarfile.open(fileobj=plain, mode="r|", tarinfo=ShardTarInfo)) as tar:
             for i, info in enumerate(tar):
                 tar.members = []
                 if not info.isreg():
@@ -130,13 +181,20 @@ def _rewrite(plain: str, dst: str, rekey: str, src: str) -> SortResult:
                 # tar.offset: where tarfile found the next header, after the data as stored (a
                 # sparse member's stored regions, not its expanded size).
                 entries.append(((key is None, key or "", (ext or "").lower(), i), info.offset, tar.offset))
+    except RemoteReadError:
+        raise  # the store failed: not a tar's fault
     except (tarfile.TarError, EOFError, OSError) as e:
         raise ConfigError(f"cannot read {src!r} as a tar ({type(e).__name__}: {e}); "
                           f"run `wdsfilter validate {src}` to see what is wrong with it") from None
+    return entries, skipped
+
+
+def _write(f, entries: List[tuple], skipped: int, dst: str, src: str) -> SortResult:
+    """dst: the members of `f` (a file, or a remote stream that jumps) in key order."""
     order = sorted(range(len(entries)), key=lambda j: entries[j][0])
     moved = sum(1 for pos, j in enumerate(order) if pos != j)
     written = 0
-    with atomic_path(dst) as tmp, open(plain, "rb") as f:
+    with atomic_path(dst) as tmp:
         # Each member's bytes as stored, headers included: names, modes, times and a sparse
         # member's map unchanged, and a sparse member costs what the input stores, not its
         # expanded size (an 8 GiB hole in a 13 KB tar).

@@ -27,7 +27,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 from ..errors import ConfigError, RunError
 from ..atomic import write_json as _atomic_json
 from ..runfolder import source_changed
-from ..score.shardwriter import BLOCK, RECORD, _local_copy, member_ranges, tar_opener
+from ..score.shardwriter import BLOCK, RECORD, _local_copy, member_ranges, streamed_source, streams, tar_opener
 from ..shards import is_pipe, is_remote
 from ..shardstats import SIZES, stats_path, update_sizes, write_shard_stats
 from ..writing import atomic_path
@@ -174,8 +174,13 @@ class Resharder:
         return sizes
 
     def _samples(self, source: Source):
-        """Per kept key, in order: a reader of its members' byte ranges [(start, end)]."""
+        """Per kept key, in order: a reader of its members' byte ranges [(start, end)]. A remote
+        source is streamed (shardwriter.streamed_source: no temporary copy)."""
         url = source.url
+        if streams(url):
+            with streamed_source(url, self.rekey, self.allow_remote, self.idle_seconds) as (_, _, ranges, src):
+                yield from self._members(source, ranges, src)
+            return
         path = url[len("file:"):] if url.startswith("file:") else url
         fetched = None
         if is_pipe(url) or is_remote(url):
@@ -189,30 +194,34 @@ class Resharder:
                                f"score it again (--resume does)")
         try:
             _, ranges = member_ranges(path, self.rekey)
-            # A key's first run of adjacent members is its sample (the loader judges the key by it);
-            # a later run of the same key is not copied.
-            groups: Dict[str, List[Tuple[int, int]]] = {}
-            last, first_run = None, False
-            for start, end, key in ranges:
-                if key != last:
-                    first_run = key not in groups
-                    if first_run:
-                        groups[key] = []
-                if first_run:
-                    groups[key].append((start, end))
-                last = key
-            missing = [k for k in source.keys if k not in groups]
-            if missing:
-                raise ReshardError(f"source shard {url} has no member with key {missing[0]!r} although its score "
-                                   f"file keeps it ({len(missing)} such key(s)): the shard changed after scoring; "
-                                   f"score it again")
-            opener = tar_opener(path)
-            with opener(path, "rb") as src:
-                for key in sorted(source.keys, key=lambda k: groups[k][0][0]):
-                    yield _Member(src, groups[key])
+            with tar_opener(path)(path, "rb") as src:
+                yield from self._members(source, ranges, src)
         finally:
             if fetched and os.path.exists(fetched):
                 os.remove(fetched)
+
+    @staticmethod
+    def _members(source: Source, ranges, src):
+        """The kept keys' members of `src` (read forward), in tar order."""
+        # A key's first run of adjacent members is its sample (the loader judges the key by it);
+        # a later run of the same key is not copied.
+        groups: Dict[str, List[Tuple[int, int]]] = {}
+        last, first_run = None, False
+        for start, end, key in ranges:
+            if key != last:
+                first_run = key not in groups
+                if first_run:
+                    groups[key] = []
+            if first_run:
+                groups[key].append((start, end))
+            last = key
+        missing = [k for k in source.keys if k not in groups]
+        if missing:
+            raise ReshardError(f"source shard {source.url} has no member with key {missing[0]!r} although its score "
+                               f"file keeps it ({len(missing)} such key(s)): the shard changed after scoring; "
+                               f"score it again")
+        for key in sorted(source.keys, key=lambda k: groups[k][0][0]):
+            yield _Member(src, groups[key])
 
 
 class _Member:

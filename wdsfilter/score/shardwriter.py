@@ -6,10 +6,17 @@ data offset) and the byte ranges of the members of kept keys are copied, headers
 temporary file that is renamed into place. Bytes before the first member (a pax global header)
 are kept too. A compressed shard (gzip, bz2, xz) is read through its decompressor, since the
 offsets are in the tar inside it, and written in the same compression.
+
+A source in an object store or on a web server (s3://, gs://, hf://, http(s)://) is streamed
+twice, front to back, with the remote reader's bounded read-ahead: once to index its members,
+once to copy them (`streamed_source`). No temporary copy, no whole shard in memory; both reads
+must see one version of the object. A pipe: source is still copied to a temporary first (its
+command is not run twice).
 """
 from __future__ import annotations
 
 import bz2
+import contextlib
 import gzip
 import lzma
 import os
@@ -20,12 +27,13 @@ from typing import Iterable, List, Tuple
 
 from ..atomic import atomic_path
 from ..shards import close_shard, is_local, local_path, open_shard
-from ..decompress import compression
+from ..decompress import compression, open_layers
 from ..reading import ShardTarInfo
 from ..specs import split_name
 
 BLOCK = 512
 RECORD = 20 * BLOCK  # tar's record size: archives are padded to a multiple of it
+COPY_CHUNK = 1 << 20
 
 
 class _GzipNoName(gzip.GzipFile):
@@ -54,15 +62,22 @@ def tar_opener(path: str):
         return _OPENERS.get(compression(f.read(6)), open)
 
 
-def member_ranges(path: str, rekey: str) -> Tuple[int, List[Tuple[int, int, str]]]:
+def member_ranges(path, rekey: str) -> Tuple[int, List[Tuple[int, int, str]]]:
     """(offset of the first member, [(start, end, key)] of each regular member), in tar order.
     start is the first header byte (long-name/pax headers included), end the padded data end.
-    A shard cut short yields the members read before the break."""
+    A shard cut short yields the members read before the break. `path`: a file, or a stream read
+    front to back (a remote source; decompressed here), whose failed read is raised, not taken
+    for the shard's end."""
+    from ..remote import RemoteReadError
     ranges: List[Tuple[int, int, str]] = []
     first = None
+    streamed = not isinstance(path, (str, os.PathLike))
     try:
-        with tarfile.open(path, "r:*", tarinfo=ShardTarInfo) as tar:
+        with (tarfile.open(fileobj=path, mode="r|*", tarinfo=ShardTarInfo) if streamed else
+              tarfile.open(path, "r:*", tarinfo=ShardTarInfo)) as tar:
             for info in tar:
+                if streamed:
+                    tar.members = []  # names and offsets only: a TarInfo holds its pax headers
                 if first is None:
                     first = info.offset
                 if not info.isreg():
@@ -72,9 +87,64 @@ def member_ranges(path: str, rekey: str) -> Tuple[int, List[Tuple[int, int, str]
                     continue
                 # where tarfile found the next header: a sparse member's size is its expanded size
                 ranges.append((info.offset, tar.offset, key))
+    except RemoteReadError:
+        raise  # the store failed (or the object changed): not a shard cut short
     except (tarfile.TarError, EOFError, OSError):
         pass  # a cut shard: keep what was indexed; the copy checks each range is complete
     return (first or 0), ranges
+
+
+class _Forward:
+    """A stream read front to back whose seek() goes forward by reading through (a remote source
+    behind its decompressor): the members are copied in tar order, so it never goes back."""
+
+    def __init__(self, f):
+        self.f, self.pos = f, 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.f.read(n)
+        self.pos += len(data)
+        return data
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        if whence != 0 or offset < self.pos:
+            raise OSError(f"a streamed source is read forward only (at byte {self.pos:,}, asked for {offset:,})")
+        while self.pos < offset and self.read(min(offset - self.pos, COPY_CHUNK)):
+            pass
+        return self.pos
+
+
+def streams(url: str) -> bool:
+    """Is `url` a source the writers stream (twice, front to back) rather than copy to a temporary?"""
+    from ..remote import is_fsspec_url
+    return is_fsspec_url(url)
+
+
+@contextlib.contextmanager
+def streamed_source(url: str, rekey: str, allow_remote: bool = True, idle_seconds: float = 0.0, remote=None):
+    """A remote source, read twice with bounded memory and no temporary file: the first read
+    indexes its members, the second is yielded, decompressed and seekable forward, as
+    (its compression or None, offset of the first member, member_ranges, stream). Both reads must
+    see one version of the object: an index of one and the bytes of another are never mixed."""
+    from ..remote import ObjectChanged
+    first = open_shard(url, False, allow_remote, idle_seconds, remote=remote)
+    try:
+        kind = compression(first.peek(6)[:6])
+        preamble_end, ranges = member_ranges(first, rekey)
+        version = first.version
+    finally:
+        first.close()
+    second = open_shard(url, False, allow_remote, idle_seconds, remote=remote)
+    try:
+        if second.version != version:
+            raise ObjectChanged(f"{url} changed between its two reads (its index, then its copy); its versions are "
+                                f"never mixed: write it again")
+        yield kind, preamble_end, ranges, _Forward(open_layers(second, cap=1 << 62))
+    finally:
+        second.close()
 
 
 def _local_copy(url: str, allow_pipe: bool, allow_remote: bool, folder: str, idle_seconds: float = 0.0,
@@ -108,12 +178,17 @@ def write_filtered(url: str, keep: Iterable[str], dest: str, rekey: str = "first
     remote: the run's RemoteOptions for an s3://, gs://, hf:// source."""
     keep = set(keep)
     source, fetched = local_path(url), None
-    if not is_local(url):
+    if not is_local(url) and not streams(url):
         folder = os.path.dirname(os.path.abspath(dest))
         fetched = source = _local_copy(url, allow_pipe, allow_remote, folder, idle_seconds, remote)
     try:
         with atomic_path(dest) as tmp:
-            members, samples = _copy_kept(source, tmp, keep, rekey)
+            if streams(url):
+                with streamed_source(url, rekey, allow_remote, idle_seconds, remote) as (kind, first, ranges, src), \
+                        _OPENERS.get(kind, open)(tmp, "wb") as out:
+                    members, samples = _copy_ranges(src, out, first, ranges, keep)
+            else:
+                members, samples = _copy_kept(source, tmp, keep, rekey)
             if samples < len(keep):  # read again, the shard no longer holds every kept sample
                 raise OSError(f"the shard, read again for its filtered copy, holds {samples} of its {len(keep)} kept "
                               f"sample(s): it changed (or was cut) since it was scored")
@@ -126,35 +201,40 @@ def write_filtered(url: str, keep: Iterable[str], dest: str, rekey: str = "first
 def _copy_kept(source: str, dest: str, keep: set, rekey: str) -> Tuple[int, int]:
     """Copy the preamble and the members of kept keys; returns (members, samples) written."""
     preamble_end, ranges = member_ranges(source, rekey)
-    members = samples = 0
-    seen_keys = set()
     opener = tar_opener(source)
     with opener(source, "rb") as src, opener(dest, "wb") as out:
-        pos = 0
-        written = 0
-        if preamble_end:
-            head = src.read(preamble_end)
-            pos += len(head)
-            if len(head) == preamble_end:
-                out.write(head)
-                written += len(head)
-        for start, end, key in ranges:
-            if key not in keep:
-                continue
-            if start > pos:  # skip what is not kept (a decompressor reads through it)
-                src.seek(start)
-                pos = start
-            data = src.read(end - start)
-            pos += len(data)
-            if len(data) < end - start:
-                break  # the shard ends inside this member: it was not kept by the reader either
-            out.write(data)
-            written += len(data)
-            members += 1
-            if key not in seen_keys:
-                seen_keys.add(key)
-                samples += 1
-        end_blocks = 2 * BLOCK
-        pad = (-(written + end_blocks)) % RECORD
-        out.write(b"\0" * (end_blocks + pad))
+        return _copy_ranges(src, out, preamble_end, ranges, keep)
+
+
+def _copy_ranges(src, out, preamble_end: int, ranges, keep: set) -> Tuple[int, int]:
+    """The preamble and the members of kept keys from `src` (read in tar order) to `out`."""
+    members = samples = 0
+    seen_keys = set()
+    pos = 0
+    written = 0
+    if preamble_end:
+        head = src.read(preamble_end)
+        pos += len(head)
+        if len(head) == preamble_end:
+            out.write(head)
+            written += len(head)
+    for start, end, key in ranges:
+        if key not in keep:
+            continue
+        if start > pos:  # skip what is not kept (a decompressor reads through it)
+            src.seek(start)
+            pos = start
+        data = src.read(end - start)
+        pos += len(data)
+        if len(data) < end - start:
+            break  # the shard ends inside this member: it was not kept by the reader either
+        out.write(data)
+        written += len(data)
+        members += 1
+        if key not in seen_keys:
+            seen_keys.add(key)
+            samples += 1
+    end_blocks = 2 * BLOCK
+    pad = (-(written + end_blocks)) % RECORD
+    out.write(b"\0" * (end_blocks + pad))
     return members, samples
