@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 from ..errors import ConfigError, RunError
 from ..atomic import write_json as _atomic_json
@@ -53,12 +53,14 @@ def shard_name(prefix: str, index: int) -> str:
 
 class Resharder:
     def __init__(self, out: str, per_shard: int, prefix: str = "shard", rekey: str = "first-dot",
-                 allow_pipe: bool = False, allow_remote: bool = False, idle_seconds: float = 0.0):
+                 allow_pipe: bool = False, allow_remote: bool = False, idle_seconds: float = 0.0,
+                 echo: Optional[Callable[[str], None]] = None):
         if per_shard < 1:
             raise ConfigError(f"--samples-per-shard must be >= 1, got {per_shard}")
         self.out, self.per_shard, self.prefix, self.rekey = out, per_shard, prefix, rekey
         self.allow_pipe, self.allow_remote = allow_pipe, allow_remote
         self.idle_seconds = idle_seconds
+        self.echo = echo  # told of each shard written (filter -v)
         self.planned: List[str] = []
 
     def lock(self):
@@ -163,15 +165,20 @@ class Resharder:
                         continue
                     if current is None or current.index != t:
                         if current is not None:
-                            current.close()
+                            self._close(current)
                         current = _OpenShard(self.out, self.prefix, t)
                     current.add(source.url, members)
             pos += count
         if current is not None:
-            current.close()
+            self._close(current)
         sizes = {shard_name(self.prefix, t): min(n, pos - t * n) for t in range(-(-pos // n))}
         update_sizes(self.out, sizes)
         return sizes
+
+    def _close(self, shard: "_OpenShard") -> None:
+        shard.close()
+        if self.echo is not None:
+            self.echo(f"wrote {shard.path}: {shard.samples} samples from {len(shard.sources)} source shard(s)")
 
     def _samples(self, source: Source):
         """Per kept key, in order: a reader of its members' byte ranges [(start, end)]."""

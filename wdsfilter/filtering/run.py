@@ -166,7 +166,8 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
                   overwrite: bool = False, echo: Optional[Callable[[str], None]] = None,
                   save_thresholds: bool = True, source_root: Optional[str] = None, allow_pipe: bool = False,
                   allow_remote: bool = False,
-                  stream_idle_seconds: float = StageConfig.stream_idle_seconds, dedup: bool = False) -> FilterResult:
+                  stream_idle_seconds: float = StageConfig.stream_idle_seconds, dedup: bool = False,
+                  shard_echo: Optional[Callable[[str], None]] = None) -> FilterResult:
     """Judge, count and write (see the module docstring). report: a path, "" for report.html in
     the score folder, None for no report. save_thresholds: write SCORES_DIR/thresholds.json (the
     resolved thresholds as wdsfilter.loader's keyword arguments). source_root: the folder holding
@@ -175,7 +176,7 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
     source shards that are `pipe:` commands or remote URLs again (for --write-shards and the
     report's thumbnails); what the score folder says (run.json) never allows them.
     stream_idle_seconds: such a source that sends nothing this long is killed (0: never), as in
-    every other read of a shard (shards.IdleGuard)."""
+    every other read of a shard (shards.IdleGuard). shard_echo: told of each shard written (-v)."""
     from .reshard import Resharder, Source
     echo = echo or (lambda line: None)
     spec = FilterSpec.parse(mins, maxes, tops, bottoms)  # usage errors before any file is read
@@ -220,7 +221,7 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
     if write_shards is not None:
         stage = run.stage
         writer = Resharder(write_shards, samples_per_shard, prefix, stage.get("rekey", "first-dot"),
-                           allow_pipe, allow_remote, stream_idle_seconds)
+                           allow_pipe, allow_remote, stream_idle_seconds, echo=shard_echo)
         identity = {"scores": os.path.abspath(scores_dir), "thresholds": [[t.column, t.minimum, t.value] for t in thresholds],
                     **({"dedup": marks.summary.get("settings")} if marks is not None else {}),
                     "samples_per_shard": samples_per_shard, "prefix": prefix,
