@@ -109,6 +109,7 @@ def img2dataset_shards(folder, counts, png_every=0, restart_keys=False, duplicat
 
     import webdataset as wds
     from PIL import Image
+    os.makedirs(folder, exist_ok=True)
     paths = []
     for s, n in enumerate(counts):
         path = os.path.join(folder, f"{s:05d}.tar")
