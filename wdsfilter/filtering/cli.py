@@ -22,9 +22,16 @@ from ..thresholds import shorthand_options
               help="Samples per written shard (the last may be short).")
 @click.option("--prefix", default="shard", show_default=True, help="Written shards are PREFIX-000000.tar, ...")
 @click.option("--overwrite", is_flag=True, help="Replace shards in OUT written with other settings.")
+@click.option("--unique-keys", is_flag=True,
+              help="Key the written samples 000000000, 000000001, ... in the order written (unique in OUT, where "
+                   "sources numbered per shard repeat keys); each .json keeps source_key and source_shard.")
+@click.option("--interleave", type=click.IntRange(min=0), default=0, metavar="N",
+              help="Take N source shards at a time in turn, one sample of each (round robin), instead of one "
+                   "source after another. [default: 0, source order]")
 @click.option("--dry-run", is_flag=True, help="Count only: write no shard, report or thresholds file.")
 @click.option("--report", "report", default="", metavar="PATH",
-              help="Where the HTML report goes [SCORES_DIR/report.html].")
+              help="Where the HTML report goes [OUT/report.html with --write-shards, else "
+                   "SCORES_DIR/filter_report.html: the score run's report.html stays].")
 @click.option("--no-report", is_flag=True, help="Write no HTML report.")
 @click.option("--source-root", default=None, metavar="DIR",
               help="Read each source shard from DIR by its file name (data moved since scoring, or a score folder "
@@ -44,14 +51,15 @@ from ..thresholds import shorthand_options
                          "out are still named, on stderr.",
                    verbose="Say more: a line per shard written with --write-shards.")
 def filter_command(scores_dir, mins, maxes, tops, bottoms, write_shards, samples_per_shard, prefix, overwrite,
-                   dry_run, report, no_report, allow_pipe, allow_remote, dedup, allow_incomplete, source_root,
+                   unique_keys, interleave, dry_run, report, no_report, allow_pipe, allow_remote, dedup, allow_incomplete, source_root,
                    quiet, verbose):
     """Choose thresholds after scoring: count what --min/--max/--top/--bottom keep in the score
     folder of a `wdsfilter score` run (SCORES_DIR, either engine), write an HTML report and,
     with --write-shards, reshard the kept samples. No model is loaded."""
     from .run import filter_scores
     source = click.get_current_context().get_parameter_source
-    given = [f"--{name.replace('_', '-')}" for name in ("samples_per_shard", "prefix", "overwrite")
+    given = [f"--{name.replace('_', '-')}" for name in ("samples_per_shard", "prefix", "overwrite", "unique_keys",
+                                                         "interleave")
              if source(name) is not click.core.ParameterSource.DEFAULT]
     if given and write_shards is None:  # they would be ignored, silently
         raise click.UsageError(f"{', '.join(given)} only apply with --write-shards OUT")
@@ -63,7 +71,7 @@ def filter_command(scores_dir, mins, maxes, tops, bottoms, write_shards, samples
                            report=None if no_report else report, overwrite=overwrite,
                            echo=click.echo if level else None, shard_echo=click.echo if level == 2 else None,
                            allow_pipe=allow_pipe, allow_remote=allow_remote, source_root=source_root,
-                           dedup=dedup)
+                           dedup=dedup, unique_keys=unique_keys, interleave=interleave)
     if level:
         click.echo(result.format_text())
     elif result.unfinished:  # -q hides counts, never that part of the run was left out

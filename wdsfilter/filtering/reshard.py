@@ -22,22 +22,20 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, List, Optional, Tuple
+from itertools import islice
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
-from ..errors import ConfigError, RunError
+from ..errors import ConfigError
 from ..atomic import write_json as _atomic_json
 from ..runfolder import source_changed
 from ..score.shardwriter import BLOCK, RECORD, _local_copy, member_ranges, tar_opener
 from ..shards import is_pipe, is_remote
 from ..shardstats import SIZES, stats_path, update_sizes, write_shard_stats
 from ..writing import atomic_path
+from .hfcard import CARD, write_card
+from .rename import Headers, ReshardError, copy_range, copy_renamed
 
 RUN_FILE = "filter_run.json"
-COPY_CHUNK = 1 << 20
-
-
-class ReshardError(RunError):
-    """A source shard does not match its score file any more: the run cannot go on."""
 
 
 @dataclass
@@ -54,14 +52,24 @@ def shard_name(prefix: str, index: int) -> str:
 class Resharder:
     def __init__(self, out: str, per_shard: int, prefix: str = "shard", rekey: str = "first-dot",
                  allow_pipe: bool = False, allow_remote: bool = False, idle_seconds: float = 0.0,
-                 echo: Optional[Callable[[str], None]] = None):
+                 echo: Optional[Callable[[str], None]] = None, unique_keys: bool = False, interleave: int = 0):
         if per_shard < 1:
             raise ConfigError(f"--samples-per-shard must be >= 1, got {per_shard}")
+        if interleave < 0:
+            raise ConfigError(f"--interleave must be >= 0 (source shards taken in turn), got {interleave}")
+        self.unique_keys = unique_keys  # output sample j is key f"{j:09d}" (rename.py)
+        self.interleave = interleave  # >= 2: round robin over that many source shards at a time
         self.out, self.per_shard, self.prefix, self.rekey = out, per_shard, prefix, rekey
         self.allow_pipe, self.allow_remote = allow_pipe, allow_remote
         self.idle_seconds = idle_seconds
         self.echo = echo  # told of each shard written (filter -v)
         self.planned: List[str] = []
+
+    def layout(self) -> dict:
+        """What the written shards depend on beyond the kept keys and N (filter_run.json's
+        identity): left out at their defaults, so a folder written before they existed resumes."""
+        return {**({"unique_keys": True} if self.unique_keys else {}),
+                **({"interleave": self.interleave} if self.interleave > 1 else {})}
 
     def lock(self):
         """One filter run per output folder (the lock `score` takes on its --out): two runs at
@@ -83,6 +91,10 @@ class Resharder:
         identity = json.loads(json.dumps(identity, sort_keys=True))
         previous, owned = self._previous(run_file)
         planned = self.planned_files(kept)
+        # A README.md of the user's own is kept (a dataset card they wrote), and none is written.
+        self.card = not (CARD not in owned and os.path.lexists(os.path.join(self.out, CARD)))
+        if not self.card:
+            planned.remove(CARD)
         foreign = sorted(f for f in planned if f not in owned and os.path.lexists(os.path.join(self.out, f)))
         if foreign:
             raise ConfigError(f"{self.out} already holds {foreign[0]}{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}"
@@ -128,7 +140,7 @@ class Resharder:
         return data["identity"], owned
 
     def planned_files(self, kept: int) -> List[str]:
-        names = [SIZES]
+        names = [SIZES, CARD]
         for t in range(-(-kept // self.per_shard)):
             name = shard_name(self.prefix, t)
             names += [name, os.path.basename(stats_path(self.out, name))]
@@ -142,24 +154,30 @@ class Resharder:
 
     def _whole(self) -> set:
         whole = set()
-        for t in range(len(self.planned) // 2):
+        for t in range(self._shards()):
             name = shard_name(self.prefix, t)
             if os.path.exists(os.path.join(self.out, name)) and os.path.exists(stats_path(self.out, name)):
                 whole.add(t)
         return whole
 
+    def _shards(self) -> int:
+        return sum(1 for f in self.planned if f.endswith(".tar"))
+
     # -- writing ----------------------------------------------------------------------------------
     def write(self, sources: Iterable[Source]) -> Dict[str, int]:
-        """Write every shard not yet whole; returns sizes.json's table."""
+        """Write every shard not yet whole; returns sizes.json's table. Sources are taken in
+        order, or in turn within groups of `interleave`: either way the order (and so the
+        shard of each sample) follows from the kept keys alone, and a resumed run skips a group
+        whose shards are all whole."""
         whole = self._whole()
         n = self.per_shard
         pos = 0
         current: Optional[_OpenShard] = None
-        for source in sources:
-            count = len(source.keys)
+        for group in self._groups(sources):
+            count = sum(len(source.keys) for source in group)
             touched = range(pos // n, (pos + count - 1) // n + 1) if count else range(0)
             if any(t not in whole for t in touched):
-                for j, members in zip(range(pos, pos + count), self._samples(source)):
+                for j, (source, sample) in zip(range(pos, pos + count), self._in_turn(group)):
                     t = j // n
                     if t in whole:
                         continue
@@ -167,13 +185,36 @@ class Resharder:
                         if current is not None:
                             self._close(current)
                         current = _OpenShard(self.out, self.prefix, t)
-                    current.add(source.url, members)
+                    current.add(source.url, sample, f"{j:09d}" if self.unique_keys else None)
             pos += count
         if current is not None:
             self._close(current)
         sizes = {shard_name(self.prefix, t): min(n, pos - t * n) for t in range(-(-pos // n))}
         update_sizes(self.out, sizes)
+        if self.card:
+            write_card(self.out, self.prefix, [stats_path(self.out, name) for name in sizes])
         return sizes
+
+    def _groups(self, sources: Iterable[Source]) -> Iterator[List[Source]]:
+        """The sources one at a time, or `interleave` at a time (their key lists only in memory)."""
+        it = iter(sources)
+        while True:
+            group = list(islice(it, max(1, self.interleave)))
+            if not group:
+                return
+            yield group
+
+    def _in_turn(self, group: List[Source]) -> Iterator[tuple]:
+        """(source, sample) of a group: one sample of each source in turn until all are done
+        (one source: its samples in order). Each source stays open while the group is written."""
+        readers = [(source, self._samples(source)) for source in group]
+        while readers:
+            for reader in list(readers):
+                sample = next(reader[1], None)
+                if sample is None:
+                    readers.remove(reader)
+                else:
+                    yield reader[0], sample
 
     def _close(self, shard: "_OpenShard") -> None:
         shard.close()
@@ -195,18 +236,18 @@ class Resharder:
                                f"differ from its completion marker's): its samples may not be the ones scored; "
                                f"score it again (--resume does)")
         try:
-            _, ranges = member_ranges(path, self.rekey)
+            _, ranges = member_ranges(path, self.rekey, exts=True)
             # A key's first run of adjacent members is its sample (the loader judges the key by it);
             # a later run of the same key is not copied.
-            groups: Dict[str, List[Tuple[int, int]]] = {}
+            groups: Dict[str, List[Tuple[int, int, str]]] = {}
             last, first_run = None, False
-            for start, end, key in ranges:
+            for start, end, key, ext in ranges:
                 if key != last:
                     first_run = key not in groups
                     if first_run:
                         groups[key] = []
                 if first_run:
-                    groups[key].append((start, end))
+                    groups[key].append((start, end, ext))
                 last = key
             missing = [k for k in source.keys if k not in groups]
             if missing:
@@ -215,32 +256,34 @@ class Resharder:
                                    f"score it again")
             opener = tar_opener(path)
             with opener(path, "rb") as src:
+                headers = Headers(src) if self.unique_keys else None
                 for key in sorted(source.keys, key=lambda k: groups[k][0][0]):
-                    yield _Member(src, groups[key])
+                    yield _Member(src, groups[key], key, self.rekey, headers)
         finally:
             if fetched and os.path.exists(fetched):
                 os.remove(fetched)
 
 
 class _Member:
-    """The byte ranges of one sample's members in an open source."""
+    """The byte ranges of one sample's members in an open source: (start, end, extension)."""
 
-    def __init__(self, src, ranges: List[Tuple[int, int]]):
-        self.src, self.ranges = src, ranges
+    def __init__(self, src, ranges: List[Tuple[int, int, str]], key: str, rekey: str, headers=None):
+        self.src, self.ranges, self.key, self.rekey, self.headers = src, ranges, key, rekey, headers
 
-    def copy_to(self, out) -> Tuple[int, int]:
+    @property
+    def fields(self) -> List[str]:
+        """The sample's member extensions (the dataset card's columns); a json is added by --unique-keys."""
+        exts = [ext for _, _, ext in self.ranges]
+        return exts + ["json"] if self.headers is not None and "json" not in (e.lower() for e in exts) else exts
+
+    def copy_to(self, out, new_key: Optional[str] = None, url: str = "") -> Tuple[int, int]:
+        """Copy the members, as stored, or renamed to `new_key` (rename.py); (members, bytes written)."""
+        if new_key is not None:
+            return copy_renamed(self.src, self.headers, [(s, e) for s, e, _ in self.ranges], self.rekey, new_key,
+                                self.key, url, out)
         written = 0
-        for start, end in self.ranges:
-            if self.src.tell() != start:
-                self.src.seek(start)
-            left = end - start
-            while left:
-                data = self.src.read(min(left, COPY_CHUNK))
-                if not data:
-                    raise ReshardError("a source shard ended inside a member it held when it was scored")
-                out.write(data)
-                left -= len(data)
-                written += len(data)
+        for start, end, _ in self.ranges:
+            written += copy_range(self.src, start, end, out)
         return len(self.ranges), written
 
 
@@ -252,13 +295,16 @@ class _OpenShard:
         self.file = open(self._temporary.__enter__(), "wb")
         self.samples = self.members = self.bytes = 0
         self.sources: Dict[str, int] = {}
+        self.fields: Dict[str, int] = {}  # member extension -> samples that have it (the dataset card)
 
-    def add(self, url: str, sample: _Member) -> None:
-        members, written = sample.copy_to(self.file)
+    def add(self, url: str, sample: _Member, new_key: Optional[str] = None) -> None:
+        members, written = sample.copy_to(self.file, new_key, url)
         self.samples += 1
         self.members += members
         self.bytes += written
         self.sources[url] = self.sources.get(url, 0) + 1
+        for field in dict.fromkeys(sample.fields):
+            self.fields[field] = self.fields.get(field, 0) + 1
 
     def close(self) -> None:
         end = 2 * BLOCK + (-(self.bytes + 2 * BLOCK)) % RECORD  # end-of-archive blocks, padded to a record
@@ -267,4 +313,5 @@ class _OpenShard:
         os.fsync(self.file.fileno())  # whole on disk before the stats file says so
         self.file.close()
         self._temporary.__exit__(None, None, None)
-        write_shard_stats(self.folder, os.path.basename(self.path), self.samples, self.members, self.sources)
+        write_shard_stats(self.folder, os.path.basename(self.path), self.samples, self.members, self.sources,
+                          fields=self.fields)

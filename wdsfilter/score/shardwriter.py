@@ -54,9 +54,10 @@ def tar_opener(path: str):
         return _OPENERS.get(compression(f.read(6)), open)
 
 
-def member_ranges(path: str, rekey: str) -> Tuple[int, List[Tuple[int, int, str]]]:
+def member_ranges(path: str, rekey: str, exts: bool = False) -> Tuple[int, List[tuple]]:
     """(offset of the first member, [(start, end, key)] of each regular member), in tar order.
     start is the first header byte (long-name/pax headers included), end the padded data end.
+    exts: (start, end, key, extension) instead (filter's dataset card).
     A shard cut short yields the members read before the break."""
     ranges: List[Tuple[int, int, str]] = []
     first = None
@@ -67,11 +68,11 @@ def member_ranges(path: str, rekey: str) -> Tuple[int, List[Tuple[int, int, str]
                     first = info.offset
                 if not info.isreg():
                     continue
-                key, _ = split_name(info.name, rekey)
+                key, ext = split_name(info.name, rekey)
                 if key is None:
                     continue
                 # where tarfile found the next header: a sparse member's size is its expanded size
-                ranges.append((info.offset, tar.offset, key))
+                ranges.append((info.offset, tar.offset, key, ext) if exts else (info.offset, tar.offset, key))
     except (tarfile.TarError, EOFError, OSError):
         pass  # a cut shard: keep what was indexed; the copy checks each range is complete
     return (first or 0), ranges
