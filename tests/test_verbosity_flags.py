@@ -90,3 +90,17 @@ def test_sort_shard_quiet_and_verbose(tmp_path):
     assert "6 member(s) of 3 key(s)" in verbose.output
     assert "2 of 3 key(s) had members scattered through" in verbose.output
     assert (tmp_path / "q.tar").read_bytes() == (tmp_path / "v.tar").read_bytes()
+
+
+def test_quiet_still_names_shards_left_out(run, tmp_path):
+    import shutil
+    partial = str(tmp_path / "partial")
+    shutil.copytree(run, partial, ignore=shutil.ignore_patterns(".lock", "dedup"))
+    os.remove(os.path.join(partial, "done", sorted(os.listdir(os.path.join(partial, "done")))[-1]))
+    r = invoke("filter", partial, "--no-report", "-q", "--allow-incomplete")
+    assert r.exit_code == 0 and r.stdout == ""
+    assert "1 shard(s) of the scoring run" in r.stderr and "left out" in r.stderr
+    r = invoke("filter", partial, "--no-report", "-q")  # and without --allow-incomplete it still fails, loudly
+    assert r.exit_code == 3 and "--allow-incomplete" in r.stderr
+    r = invoke("dedup", partial, "-q")
+    assert r.exit_code == 0 and r.stdout == "" and "1 shard(s)" in r.stderr
