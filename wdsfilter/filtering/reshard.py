@@ -3,6 +3,7 @@
     OUT/shard-000000.tar, shard-000001.tar, ...   N samples each, the last may be short
     OUT/shard-000000_stats.json                   per shard: successes (samples), members, bytes, sources
     OUT/sizes.json                                {shard file: samples}, written last
+    OUT/README.md                                 the dataset card HF datasets loads OUT by (hfcard.py)
     OUT/filter_run.json                           what the shards were made from (for resuming: the
                                                   thresholds, the score files' sizes and times) and
                                                   the files this run writes (all --overwrite removes)
@@ -11,8 +12,9 @@ Each member is copied with its own tar headers (long-name and pax headers includ
 bytes, modes, times and member order within a sample are the source's. A pax global header
 before a source's first member is not carried over (it would apply to other sources' members).
 
-Kept sample j goes to shard j // N, decided from the score files alone; a shard is written to a
-temporary, fsynced, renamed, then its _stats.json is written. A run killed at any point leaves
+Sources are taken in order, or `--interleave` at a time in turn; with `--unique-keys` sample j
+is renamed j (rename.py). Kept sample j goes to shard j // N, decided from the score files
+alone; a shard is written to a temporary, fsynced, renamed, then its _stats.json is written. A run killed at any point leaves
 whole shards (with their stats) and temporaries; running again deletes the temporaries, skips
 whole shards (and the sources only they need) and writes the rest: the same bytes, nothing lost
 or doubled.
