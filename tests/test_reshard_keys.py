@@ -174,6 +174,12 @@ def test_a_card_of_the_users_is_kept(run, tmp_path):
     assert (dest / "README.md").read_text() == "my own card\n" and (dest / "sizes.json").exists()
     with open(dest / "filter_run.json") as f:
         assert "README.md" not in json.load(f)["files"]  # not ours: --overwrite leaves it too
+    # a report.html of the user's is refused like their own shards (filter's report goes there)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "report.html").write_text("mine")
+    r = CliRunner().invoke(main, ["filter", out, "--write-shards", str(theirs)])
+    assert r.exit_code == 2 and "report.html" in r.output and (theirs / "report.html").read_text() == "mine"
 
 
 def test_one_format_folder_loads_by_hf_inference_and_its_card_names_only_the_shards(tmp_path, offline_hf):

@@ -4,6 +4,7 @@
     OUT/shard-000000_stats.json                   per shard: successes (samples), members, bytes, sources
     OUT/sizes.json                                {shard file: samples}, written last
     OUT/README.md                                 the dataset card HF datasets loads OUT by (hfcard.py)
+    OUT/report.html                               filter's report (unless --report puts it elsewhere)
     OUT/filter_run.json                           what the shards were made from (for resuming: the
                                                   thresholds, the score files' sizes and times) and
                                                   the files this run writes (all --overwrite removes)
@@ -38,6 +39,7 @@ from .hfcard import CARD, write_card
 from .rename import Headers, ReshardError, copy_range, copy_renamed
 
 RUN_FILE = "filter_run.json"
+REPORT = "report.html"  # filter's report goes beside its shards (run.default_report): a file of ours
 
 
 @dataclass
@@ -142,7 +144,7 @@ class Resharder:
         return data["identity"], owned
 
     def planned_files(self, kept: int) -> List[str]:
-        names = [SIZES, CARD]
+        names = [SIZES, CARD, REPORT]
         for t in range(-(-kept // self.per_shard)):
             name = shard_name(self.prefix, t)
             names += [name, os.path.basename(stats_path(self.out, name))]
