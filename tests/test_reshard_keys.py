@@ -195,3 +195,16 @@ def test_one_format_folder_loads_by_hf_inference_and_its_card_names_only_the_sha
     assert 'path: "part-*.tar"' in card and "dtype:" not in card  # the same members everywhere: HF infers them
     ds = datasets.load_dataset(str(tmp_path / "train"), cache_dir=str(tmp_path / "c"))["train"]
     assert ds.num_rows == 7 and set(ds.column_names) == {"jpg", "txt", "json", "__key__", "__url__"}
+
+
+def test_card_declares_columns_only_where_it_can():
+    from wdsfilter.filtering.hfcard import card_text
+    jpg = {"successes": 2, "fields": {"jpg": 2, "txt": 2}}
+    png = {"successes": 1, "fields": {"png": 1, "txt": 1, "cls": 1}}
+    mixed = card_text("shard", [jpg, png])
+    for name, kind in (("jpg", "image"), ("png", "image"), ("txt", "string"), ("cls", "int64"), ("__key__", "string")):
+        assert f'- name: "{name}"\n    dtype: {kind}' in mixed
+    assert "dtype" not in card_text("shard", [jpg, jpg])  # the same members everywhere: HF infers them
+    assert "dtype" not in card_text("shard", [jpg, {"successes": 1, "fields": {"npy": 1, "txt": 1}}])  # no dtype for npy
+    assert "dtype" not in card_text("shard", [jpg, {"successes": 1}])  # a shard's stats without fields: unknown
+    assert 'path: "shard-*.tar"' in mixed
