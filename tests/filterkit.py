@@ -96,3 +96,35 @@ def peak_rss_mb(*args):
     r = subprocess.run([sys.executable, "-c", code, sys.executable, "-m", "wdsfilter", *args], capture_output=True,
                        text=True, cwd=REPO, timeout=300)
     return r, int(r.stdout.split()[-1])
+
+
+def img2dataset_shards(folder, counts, png_every=0, restart_keys=False, duplicate_every=0):
+    """Shards written with webdataset's TarWriter the way img2dataset writes them: per sample an
+    image, its caption (.txt) and a .json of img2dataset's fields (key, url, caption, status, and
+    DataComp's uid). png_every=N: every N-th image is a PNG (jpg+png shards, as img2dataset's
+    --encode_format keeps sources); restart_keys: keys start at 000000 in every shard (writers that
+    number samples per shard), else img2dataset's shard+index keys; duplicate_every=N: every N-th
+    image repeats the first one's bytes. Returns the shard paths."""
+    import io
+
+    import webdataset as wds
+    from PIL import Image
+    os.makedirs(folder, exist_ok=True)
+    paths = []
+    for s, n in enumerate(counts):
+        path = os.path.join(folder, f"{s:05d}.tar")
+        with wds.TarWriter(path) as sink:
+            for i in range(n):
+                key = f"{i:06d}" if restart_keys else f"{s:05d}{i:04d}"
+                seed = 0 if duplicate_every and i % duplicate_every == 0 else 1 + s * 10_000 + i
+                png = bool(png_every) and i % png_every == png_every - 1
+                pixels = np.random.default_rng(seed).integers(0, 256, (24, 32, 3), dtype=np.uint8)  # a phash of its own
+                buf = io.BytesIO()
+                Image.fromarray(pixels).resize((64, 48)).save(buf, "PNG" if png else "JPEG")
+                caption = f"photo {i} of shard {s}: a café sign"  # not ASCII: the text kept as UTF-8
+                meta = {"key": key, "url": f"https://img.example.com/{s}/{i}.{'png' if png else 'jpg'}",
+                        "caption": caption, "status": "success", "uid": f"{s:04x}{i:028x}"}
+                sink.write({"__key__": key, "png" if png else "jpg": buf.getvalue(),
+                            "txt": caption, "json": meta})
+        paths.append(path)
+    return paths

@@ -125,7 +125,8 @@ def test_write_shards_copies_members_byte_for_byte(run, tmp_path):
 
 def test_dry_run_report_and_no_report(run, tmp_path):
     shards, out, rows = run
-    report = os.path.join(out, "report.html")
+    report = os.path.join(out, "filter_report.html")  # beside the score run's own report.html, never over it
+    own = open(os.path.join(out, "report.html"), "rb").read()
     for f in (report, os.path.join(out, "thresholds.json")):
         if os.path.exists(f):
             os.remove(f)
@@ -143,6 +144,7 @@ def test_dry_run_report_and_no_report(run, tmp_path):
     os.remove(report)
     r = run_cli("filter", out, "--min", "brightness=0.3", "--no-report")
     assert r.returncode == 0 and not os.path.exists(report)
+    assert open(os.path.join(out, "report.html"), "rb").read() == own
 
 
 @pytest.mark.parametrize("args,message", [
@@ -217,7 +219,7 @@ def test_shards_scored_by_a_relative_path_are_found_from_another_folder(tmp_path
     r = run_cli("filter", out, "--write-shards", str(tmp_path / "kept"), "--samples-per-shard", "4")
     assert r.returncode == 0, r.stderr
     assert sum(json.load(open(tmp_path / "kept" / "sizes.json")).values()) == 11
-    html = open(os.path.join(out, "report.html"), encoding="utf-8").read()
+    html = open(tmp_path / "kept" / "report.html", encoding="utf-8").read()  # beside the shards it wrote
     cards = html.count('<div class="card ')
     assert cards > 0 and html.count('<img src="data:image/') == cards  # every example's thumbnail was read
 

@@ -146,7 +146,7 @@ def test_overwrite_replaces_only_what_filters_own_run_wrote(tmp_path):
     r = run_cli(*args[:-3], "--samples-per-shard", "5", "--no-report", "--overwrite")
     assert r.returncode == 0, r.stderr
     assert outside.exists() and (dest / "notes.txt").read_bytes() == b"keep me"
-    assert sorted(os.listdir(dest)) == sorted(["notes.txt", "filter_run.json", ".lock", "sizes.json"]
+    assert sorted(os.listdir(dest)) == sorted(["notes.txt", "filter_run.json", ".lock", "sizes.json", "README.md"]
                                               + [f"shard-00000{i}{s}" for i in range(3)
                                                  for s in (".tar", "_stats.json")])
 

@@ -331,7 +331,8 @@ def test_score_file_column_types(tmp_path):
     write_table(rows, list(columns), path, "parquet")
     types = {f.name: str(f.type) for f in pq.read_schema(path)}
     assert types == {"key": "string", "shard": "string", "index": "int64", "status": "string", "reason": "string",
-                     "message": "string", "kept": "bool", "none": "double", "int": "int64", "mixed": "double",
+                     "message": "string", "kept": "bool", "caption": "string", "url": "string", "uid": "string",
+                     "none": "double", "int": "int64", "mixed": "double",
                      "nan": "double", "flag": "bool", "text": "string", "np64": "double", "np32": "float",
                      "list": "list<element: int64>"}
     write_table([], list(columns), path, "parquet")  # a shard with no rows: every score column float64

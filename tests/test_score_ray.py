@@ -300,3 +300,17 @@ def test_no_cluster_at_the_address_is_a_config_error(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"no Ray cluster at address 'auto' \(--ray-address.*ray start --head"):
         score_on_ray([SHARDS[0]], out=str(tmp_path / "out"), scorers=[BrightnessScorer()], address="auto",
                      progress=False)
+
+
+def test_ray_rows_carry_caption_url_and_uid_as_the_engine_does(local_ray, tmp_path):
+    # rows.py builds the text fields for both engines; on Ray they travel read task -> actor -> driver.
+    from filterkit import img2dataset_shards
+    shards = img2dataset_shards(str(tmp_path), [5, 4], png_every=2)
+    options = dict(scorers=["hash"], image_key="jpg;png", progress=False)
+    score_on_ray(shards, out=str(tmp_path / "ray"), **options)
+    score(shards, out=str(tmp_path / "local"), device="cpu", workers=0, **options)
+    ray_rows, local_rows = rows_by_shard(str(tmp_path / "ray")), rows_by_shard(str(tmp_path / "local"))
+    text = {f: [(r["key"], r["caption"], r["url"], r["uid"]) for r in rows] for f, rows in ray_rows.items()}
+    assert text == {f: [(r["key"], r["caption"], r["url"], r["uid"]) for r in rows] for f, rows in local_rows.items()}
+    assert text["00001.parquet"][1] == ("000010001", "photo 1 of shard 1: a café sign",
+                                        "https://img.example.com/1/1.png", f"{1:04x}{1:028x}")

@@ -32,12 +32,14 @@ def stats_path(folder: str, shard_file: str) -> str:
 
 
 def write_shard_stats(folder: str, shard_file: str, samples: int, members: int, sources: Dict[str, int],
-                      size: Optional[int] = None) -> str:
-    """Write `{stem}_stats.json` of the shard `folder/shard_file` (written and closed already)."""
+                      size: Optional[int] = None, fields: Optional[Dict[str, int]] = None) -> str:
+    """Write `{stem}_stats.json` of the shard `folder/shard_file` (written and closed already).
+    fields: {member extension: samples that have it} (filter's shards: the dataset card's features)."""
     path = os.path.join(folder, shard_file)
     return write_json(stats_path(folder, shard_file),
                       {"successes": samples, "members": members,
-                       "bytes": os.path.getsize(path) if size is None else size, "sources": sources})
+                       "bytes": os.path.getsize(path) if size is None else size, "sources": sources,
+                       **({"fields": fields} if fields is not None else {})})
 
 
 @contextmanager

@@ -28,6 +28,7 @@ import click
 
 from .errors import ConfigError, EXIT_CODES_HELP, OutputError
 from .decompress import compression
+from .progress import verbosity, verbosity_options
 from .reading import ShardTarInfo
 from .shards import is_remote, open_shard
 from .specs import REKEY_MODES, split_name
@@ -43,6 +44,8 @@ class SortResult:
     keys: int
     moved: int   # members whose position changed
     skipped: int  # directories, links and other non-file members (readers skip them too)
+    scattered: int = 0  # keys whose members were not next to each other in IN
+    bytes: int = 0  # member bytes copied, headers included
 
 
 def _plain_tar(src: str, folder: str) -> "tuple[str, bool]":
@@ -192,6 +195,11 @@ def _index(plain, rekey: str, src: str):
 def _write(f, entries: List[tuple], skipped: int, dst: str, src: str) -> SortResult:
     """dst: the members of `f` (a file, or a remote stream that jumps) in key order."""
     order = sorted(range(len(entries)), key=lambda j: entries[j][0])
+    seen, scattered, last = set(), set(), None
+    for (no_key, key, _, _), _, _ in entries:  # a key met again after another key's members
+        if not no_key and key != last:
+            (scattered if key in seen else seen).add(key)
+        last = key
     moved = sum(1 for pos, j in enumerate(order) if pos != j)
     written = 0
     with atomic_path(dst) as tmp:
@@ -213,7 +221,8 @@ def _write(f, entries: List[tuple], skipped: int, dst: str, src: str) -> SortRes
                 written += end - start
             out.write(b"\0" * (2 * BLOCK + (-(written + 2 * BLOCK)) % RECORD))  # end of archive, padded
     keys = len({e[0][1] for e in entries if not e[0][0]})
-    return SortResult(members=len(entries), keys=keys, moved=moved, skipped=skipped)
+    return SortResult(members=len(entries), keys=keys, moved=moved, skipped=skipped, scattered=len(scattered),
+                      bytes=written)
 
 
 @click.command("sort-shard", context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES_HELP)
@@ -223,16 +232,23 @@ def _write(f, entries: List[tuple], skipped: int, dst: str, src: str) -> SortRes
               help="Member name -> key split, as for validate.")
 @click.option("--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
               help="An fsspec storage option for a remote IN (endpoint_url=..., profile=...); repeatable.")
-def sort_shard_command(src, dst, rekey, storage_options):
+@verbosity_options(quiet="Say nothing when the shard is written (errors still go to stderr).",
+                   verbose="Say more: the keys that were scattered through IN and the bytes copied.")
+def sort_shard_command(src, dst, rekey, storage_options, quiet, verbose):
     """Rewrite shard IN as OUT with each sample's members next to each other (ordered by key).
 
     The fix for validate's scattered_key error (shards written by `tar -cf x.tar *.txt *.jpg` or in
     directory order). Member bytes and headers are copied unchanged; OUT ending in .tar.gz/.tgz is
     gzip-compressed. OUT appears only when complete."""
     from .remote import parse_storage_options
+    level = verbosity(quiet, verbose)
     result = sort_shard(src, dst, rekey, parse_storage_options(storage_options))
-    click.echo(f"wdsfilter sort-shard: wrote {dst}: {result.members} member(s) of {result.keys} key(s), "
-               f"{result.moved} moved" + (f", {result.skipped} non-file member(s) left out" if result.skipped else ""))
+    if level >= 1:
+        click.echo(f"wdsfilter sort-shard: wrote {dst}: {result.members} member(s) of {result.keys} key(s), "
+                   f"{result.moved} moved" + (f", {result.skipped} non-file member(s) left out" if result.skipped else ""))
+    if level >= 2:
+        click.echo(f"  {result.scattered} of {result.keys} key(s) had members scattered through {src}; "
+                   f"{result.bytes} bytes of members (headers included) copied")
 
 
 sort_shard_cli = sort_shard_command  # the name wdsfilter.cli attaches

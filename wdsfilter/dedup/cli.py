@@ -4,6 +4,7 @@ from __future__ import annotations
 import click
 
 from ..errors import EXIT_CODES_HELP
+from ..progress import verbosity, verbosity_options
 from .groups import KINDS
 from .run import NEAR_BITS, SEMANTIC_THRESHOLD
 
@@ -21,12 +22,20 @@ from .run import NEAR_BITS, SEMANTIC_THRESHOLD
               help="Eval images (a folder of images or WebDataset shards): training rows matching one exactly, "
                    "near or (with the semantic kind: the run's CLIP model is loaded) semantically are marked and "
                    "dropped by `filter --dedup`. Repeatable.")
-def dedup_command(run_dir, kinds, near_bits, semantic_threshold, evals):
+@verbosity_options(quiet="Say nothing on success (RUN_DIR/dedup/summary.json has the counts); a run with shards "
+                         "left out still says so, on stderr.",
+                   verbose="Say more: the largest groups with every member shown, and the seconds of each step.")
+def dedup_command(run_dir, kinds, near_bits, semantic_threshold, evals, quiet, verbose):
     """Find duplicate rows of a `wdsfilter score` run (RUN_DIR, either engine) from its hashes
     (--scorer hash) and saved embeddings (--save-embeddings), keep one survivor per group (the
     highest clip_score, else the first by shard and index) and write RUN_DIR/dedup/. Loads no
     model, except the run's CLIP to embed --eval images for the semantic kind."""
     from .run import dedup
+    level = verbosity(quiet, verbose)
     result = dedup(run_dir, kinds, near_bits=near_bits, semantic_threshold=semantic_threshold, evals=evals,
-                   echo=click.echo)
-    click.echo(result.format_text())
+                   echo=click.echo if level else None)
+    if level:
+        click.echo(result.format_text(verbose=level == 2))
+    elif result.unfinished:  # -q hides counts, never that part of the run was left out
+        click.echo(f"wdsfilter dedup: {len(result.unfinished)} shard(s) of {run_dir} have no complete score file "
+                   f"and were left out", err=True)

@@ -42,7 +42,9 @@ class DedupResult:
     seconds: Dict[str, float] = field(default_factory=dict)
     folder: str = ""
 
-    def format_text(self) -> str:
+    def format_text(self, verbose: bool = False) -> str:
+        """The counts; verbose (-v): every one of the largest groups with its members, and the
+        seconds each step took."""
         lines = [f"{self.rows} rows in {self.shards} finished shard(s) of {self.run_dir}; kinds: {', '.join(self.kinds)}"]
         if self.unfinished:
             lines.append(f"  INCOMPLETE: {len(self.unfinished)} shard(s) of the run have no complete score file and "
@@ -56,9 +58,14 @@ class DedupResult:
             lines.append(f"  eval: {self.eval_images} image(s) compared; rows matching one: {matched}")
             for line in self.eval_unreadable[:5]:
                 lines.append(f"    not read: {line}")
-        for g in self.largest[:3]:
+        shown = 3 if not verbose else len(self.largest)
+        for g in self.largest[:shown]:
+            members = g["members"] if verbose else g["members"][:3]
             lines.append(f"  largest: group {g['group']} ({g['size']} rows, {g['kind']}): "
-                         + ", ".join(f"{m['shard']}/{m['key']}" for m in g["members"][:3]))
+                         + ", ".join(f"{m['shard']}/{m['key']}" + (" (survivor)" if verbose and m.get("survivor") else "")
+                                     for m in members))
+        if verbose and self.seconds:
+            lines.append("  seconds: " + ", ".join(f"{k} {v:.2f}" for k, v in self.seconds.items()))
         lines.append(f"  written: {self.folder} (use `wdsfilter filter {self.run_dir} --dedup`)")
         return "\n".join(lines)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import click
 
 from ..errors import EXIT_CODES_HELP
+from ..progress import verbosity, verbosity_options
 from ..thresholds import shorthand_options
 
 
@@ -21,9 +22,16 @@ from ..thresholds import shorthand_options
               help="Samples per written shard (the last may be short).")
 @click.option("--prefix", default="shard", show_default=True, help="Written shards are PREFIX-000000.tar, ...")
 @click.option("--overwrite", is_flag=True, help="Replace shards in OUT written with other settings.")
+@click.option("--unique-keys", is_flag=True,
+              help="Key the written samples 000000000, 000000001, ... in the order written (unique in OUT, where "
+                   "sources numbered per shard repeat keys); each .json keeps source_key and source_shard.")
+@click.option("--interleave", type=click.IntRange(min=0), default=0, metavar="N",
+              help="Take N source shards at a time in turn, one sample of each (round robin), instead of one "
+                   "source after another. [default: 0, source order]")
 @click.option("--dry-run", is_flag=True, help="Count only: write no shard, report or thresholds file.")
 @click.option("--report", "report", default="", metavar="PATH",
-              help="Where the HTML report goes [SCORES_DIR/report.html].")
+              help="Where the HTML report goes [OUT/report.html with --write-shards, else "
+                   "SCORES_DIR/filter_report.html: the score run's report.html stays].")
 @click.option("--no-report", is_flag=True, help="Write no HTML report.")
 @click.option("--source-root", default=None, metavar="DIR",
               help="Read each source shard from DIR by its file name (data moved since scoring, or a score folder "
@@ -39,25 +47,36 @@ from ..thresholds import shorthand_options
 @click.option("--allow-incomplete", is_flag=True,
               help="Exit 0 even when shards of the scoring run have no complete score file (they are left out).")
 @shorthand_options
+@verbosity_options(quiet="Say nothing on success (the files are still written); shards of the scoring run left "
+                         "out are still named, on stderr.",
+                   verbose="Say more: a line per shard written with --write-shards.")
 def filter_command(scores_dir, mins, maxes, tops, bottoms, write_shards, samples_per_shard, prefix, overwrite,
-                   dry_run, report, no_report, allow_pipe, allow_remote, dedup, allow_incomplete, source_root):
+                   unique_keys, interleave, dry_run, report, no_report, allow_pipe, allow_remote, dedup, allow_incomplete, source_root,
+                   quiet, verbose):
     """Choose thresholds after scoring: count what --min/--max/--top/--bottom keep in the score
     folder of a `wdsfilter score` run (SCORES_DIR, either engine), write an HTML report and,
     with --write-shards, reshard the kept samples. No model is loaded."""
     from .run import filter_scores
     source = click.get_current_context().get_parameter_source
-    given = [f"--{name.replace('_', '-')}" for name in ("samples_per_shard", "prefix", "overwrite")
+    given = [f"--{name.replace('_', '-')}" for name in ("samples_per_shard", "prefix", "overwrite", "unique_keys",
+                                                         "interleave")
              if source(name) is not click.core.ParameterSource.DEFAULT]
     if given and write_shards is None:  # they would be ignored, silently
         raise click.UsageError(f"{', '.join(given)} only apply with --write-shards OUT")
+    level = verbosity(quiet, verbose)
     # Errors go to the group (wdsfilter/cli.py): one line, exit 2 for usage/configuration, 3 when
     # the run failed (a source shard missing or changed, an I/O error).
     result = filter_scores(scores_dir, mins, maxes, tops, bottoms, write_shards=write_shards,
                            samples_per_shard=samples_per_shard, prefix=prefix, dry_run=dry_run,
-                           report=None if no_report else report, overwrite=overwrite, echo=click.echo,
+                           report=None if no_report else report, overwrite=overwrite,
+                           echo=click.echo if level else None, shard_echo=click.echo if level == 2 else None,
                            allow_pipe=allow_pipe, allow_remote=allow_remote, source_root=source_root,
-                           dedup=dedup)
-    click.echo(result.format_text())
+                           dedup=dedup, unique_keys=unique_keys, interleave=interleave)
+    if level:
+        click.echo(result.format_text())
+    elif result.unfinished:  # -q hides counts, never that part of the run was left out
+        click.echo(f"wdsfilter filter: {len(result.unfinished)} shard(s) of the scoring run in {scores_dir} are not "
+                   f"finished and were left out", err=True)
     if result.unfinished and not allow_incomplete:  # thresholds and shards from part of the data: loud
         from ..errors import RunError
         raise RunError(f"{len(result.unfinished)} shard(s) of the scoring run in {scores_dir} are not finished "

@@ -3,6 +3,8 @@
     OUT/shard-000000.tar, shard-000001.tar, ...   N samples each, the last may be short
     OUT/shard-000000_stats.json                   per shard: successes (samples), members, bytes, sources
     OUT/sizes.json                                {shard file: samples}, written last
+    OUT/README.md                                 the dataset card HF datasets loads OUT by (hfcard.py)
+    OUT/report.html                               filter's report (unless --report puts it elsewhere)
     OUT/filter_run.json                           what the shards were made from (for resuming: the
                                                   thresholds, the score files' sizes and times) and
                                                   the files this run writes (all --overwrite removes)
@@ -11,8 +13,9 @@ Each member is copied with its own tar headers (long-name and pax headers includ
 bytes, modes, times and member order within a sample are the source's. A pax global header
 before a source's first member is not carried over (it would apply to other sources' members).
 
-Kept sample j goes to shard j // N, decided from the score files alone; a shard is written to a
-temporary, fsynced, renamed, then its _stats.json is written. A run killed at any point leaves
+Sources are taken in order, or `--interleave` at a time in turn; with `--unique-keys` sample j
+is renamed j (rename.py). Kept sample j goes to shard j // N, decided from the score files
+alone; a shard is written to a temporary, fsynced, renamed, then its _stats.json is written. A run killed at any point leaves
 whole shards (with their stats) and temporaries; running again deletes the temporaries, skips
 whole shards (and the sources only they need) and writes the rest: the same bytes, nothing lost
 or doubled.
@@ -22,22 +25,21 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Tuple
+from itertools import islice
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
-from ..errors import ConfigError, RunError
+from ..errors import ConfigError
 from ..atomic import write_json as _atomic_json
 from ..runfolder import source_changed
 from ..score.shardwriter import BLOCK, RECORD, _local_copy, member_ranges, streamed_source, streams, tar_opener
 from ..shards import is_pipe, is_remote
 from ..shardstats import SIZES, stats_path, update_sizes, write_shard_stats
 from ..writing import atomic_path
+from .hfcard import CARD, write_card
+from .rename import Headers, ReshardError, copy_range, copy_renamed
 
 RUN_FILE = "filter_run.json"
-COPY_CHUNK = 1 << 20
-
-
-class ReshardError(RunError):
-    """A source shard does not match its score file any more: the run cannot go on."""
+REPORT = "report.html"  # filter's report goes beside its shards (run.default_report): a file of ours
 
 
 @dataclass
@@ -53,13 +55,25 @@ def shard_name(prefix: str, index: int) -> str:
 
 class Resharder:
     def __init__(self, out: str, per_shard: int, prefix: str = "shard", rekey: str = "first-dot",
-                 allow_pipe: bool = False, allow_remote: bool = False, idle_seconds: float = 0.0):
+                 allow_pipe: bool = False, allow_remote: bool = False, idle_seconds: float = 0.0,
+                 echo: Optional[Callable[[str], None]] = None, unique_keys: bool = False, interleave: int = 0):
         if per_shard < 1:
             raise ConfigError(f"--samples-per-shard must be >= 1, got {per_shard}")
+        if interleave < 0:
+            raise ConfigError(f"--interleave must be >= 0 (source shards taken in turn), got {interleave}")
+        self.unique_keys = unique_keys  # output sample j is key f"{j:09d}" (rename.py)
+        self.interleave = interleave  # >= 2: round robin over that many source shards at a time
         self.out, self.per_shard, self.prefix, self.rekey = out, per_shard, prefix, rekey
         self.allow_pipe, self.allow_remote = allow_pipe, allow_remote
         self.idle_seconds = idle_seconds
+        self.echo = echo  # told of each shard written (filter -v)
         self.planned: List[str] = []
+
+    def layout(self) -> dict:
+        """What the written shards depend on beyond the kept keys and N (filter_run.json's
+        identity): left out at their defaults, so a folder written before they existed resumes."""
+        return {**({"unique_keys": True} if self.unique_keys else {}),
+                **({"interleave": self.interleave} if self.interleave > 1 else {})}
 
     def lock(self):
         """One filter run per output folder (the lock `score` takes on its --out): two runs at
@@ -81,6 +95,10 @@ class Resharder:
         identity = json.loads(json.dumps(identity, sort_keys=True))
         previous, owned = self._previous(run_file)
         planned = self.planned_files(kept)
+        # A README.md of the user's own is kept (a dataset card they wrote), and none is written.
+        self.card = not (CARD not in owned and os.path.lexists(os.path.join(self.out, CARD)))
+        if not self.card:
+            planned.remove(CARD)
         foreign = sorted(f for f in planned if f not in owned and os.path.lexists(os.path.join(self.out, f)))
         if foreign:
             raise ConfigError(f"{self.out} already holds {foreign[0]}{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}"
@@ -126,7 +144,7 @@ class Resharder:
         return data["identity"], owned
 
     def planned_files(self, kept: int) -> List[str]:
-        names = [SIZES]
+        names = [SIZES, CARD, REPORT]
         for t in range(-(-kept // self.per_shard)):
             name = shard_name(self.prefix, t)
             names += [name, os.path.basename(stats_path(self.out, name))]
@@ -140,38 +158,72 @@ class Resharder:
 
     def _whole(self) -> set:
         whole = set()
-        for t in range(len(self.planned) // 2):
+        for t in range(self._shards()):
             name = shard_name(self.prefix, t)
             if os.path.exists(os.path.join(self.out, name)) and os.path.exists(stats_path(self.out, name)):
                 whole.add(t)
         return whole
 
+    def _shards(self) -> int:
+        return sum(1 for f in self.planned if f.endswith(".tar"))
+
     # -- writing ----------------------------------------------------------------------------------
     def write(self, sources: Iterable[Source]) -> Dict[str, int]:
-        """Write every shard not yet whole; returns sizes.json's table."""
+        """Write every shard not yet whole; returns sizes.json's table. Sources are taken in
+        order, or in turn within groups of `interleave`: either way the order (and so the
+        shard of each sample) follows from the kept keys alone, and a resumed run skips a group
+        whose shards are all whole."""
         whole = self._whole()
         n = self.per_shard
         pos = 0
         current: Optional[_OpenShard] = None
-        for source in sources:
-            count = len(source.keys)
+        for group in self._groups(sources):
+            count = sum(len(source.keys) for source in group)
             touched = range(pos // n, (pos + count - 1) // n + 1) if count else range(0)
             if any(t not in whole for t in touched):
-                for j, members in zip(range(pos, pos + count), self._samples(source)):
+                for j, (source, sample) in zip(range(pos, pos + count), self._in_turn(group)):
                     t = j // n
                     if t in whole:
                         continue
                     if current is None or current.index != t:
                         if current is not None:
-                            current.close()
+                            self._close(current)
                         current = _OpenShard(self.out, self.prefix, t)
-                    current.add(source.url, members)
+                    current.add(source.url, sample, f"{j:09d}" if self.unique_keys else None)
             pos += count
         if current is not None:
-            current.close()
+            self._close(current)
         sizes = {shard_name(self.prefix, t): min(n, pos - t * n) for t in range(-(-pos // n))}
         update_sizes(self.out, sizes)
+        if self.card:
+            write_card(self.out, self.prefix, [stats_path(self.out, name) for name in sizes])
         return sizes
+
+    def _groups(self, sources: Iterable[Source]) -> Iterator[List[Source]]:
+        """The sources one at a time, or `interleave` at a time (their key lists only in memory)."""
+        it = iter(sources)
+        while True:
+            group = list(islice(it, max(1, self.interleave)))
+            if not group:
+                return
+            yield group
+
+    def _in_turn(self, group: List[Source]) -> Iterator[tuple]:
+        """(source, sample) of a group: one sample of each source in turn until all are done
+        (one source: its samples in order). Each source stays open while the group is written."""
+        readers = [(source, self._samples(source)) for source in group]
+        while readers:
+            for reader in list(readers):
+                sample = next(reader[1], None)
+                if sample is None:
+                    readers.remove(reader)
+                else:
+                    yield reader[0], sample
+
+    def _close(self, shard: "_OpenShard") -> None:
+        shard.close()
+        if self.echo is not None:
+            self.echo(f"wrote {shard.path}: {shard.samples} samples from {len(shard.sources)} source shard(s)")
 
     def _samples(self, source: Source):
         """Per kept key, in order: a reader of its members' byte ranges [(start, end)]. A remote
@@ -193,9 +245,35 @@ class Resharder:
                                f"differ from its completion marker's): its samples may not be the ones scored; "
                                f"score it again (--resume does)")
         try:
+<<<<<<< HEAD
             _, ranges = member_ranges(path, self.rekey)
             with tar_opener(path)(path, "rb") as src:
                 yield from self._members(source, ranges, src)
+=======
+            _, ranges = member_ranges(path, self.rekey, exts=True)
+            # A key's first run of adjacent members is its sample (the loader judges the key by it);
+            # a later run of the same key is not copied.
+            groups: Dict[str, List[Tuple[int, int, str]]] = {}
+            last, first_run = None, False
+            for start, end, key, ext in ranges:
+                if key != last:
+                    first_run = key not in groups
+                    if first_run:
+                        groups[key] = []
+                if first_run:
+                    groups[key].append((start, end, ext))
+                last = key
+            missing = [k for k in source.keys if k not in groups]
+            if missing:
+                raise ReshardError(f"source shard {url} has no member with key {missing[0]!r} although its score "
+                                   f"file keeps it ({len(missing)} such key(s)): the shard changed after scoring; "
+                                   f"score it again")
+            opener = tar_opener(path)
+            with opener(path, "rb") as src:
+                headers = Headers(src) if self.unique_keys else None
+                for key in sorted(source.keys, key=lambda k: groups[k][0][0]):
+                    yield _Member(src, groups[key], key, self.rekey, headers)
+>>>>>>> firsthour2
         finally:
             if fetched and os.path.exists(fetched):
                 os.remove(fetched)
@@ -225,24 +303,25 @@ class Resharder:
 
 
 class _Member:
-    """The byte ranges of one sample's members in an open source."""
+    """The byte ranges of one sample's members in an open source: (start, end, extension)."""
 
-    def __init__(self, src, ranges: List[Tuple[int, int]]):
-        self.src, self.ranges = src, ranges
+    def __init__(self, src, ranges: List[Tuple[int, int, str]], key: str, rekey: str, headers=None):
+        self.src, self.ranges, self.key, self.rekey, self.headers = src, ranges, key, rekey, headers
 
-    def copy_to(self, out) -> Tuple[int, int]:
+    @property
+    def fields(self) -> List[str]:
+        """The sample's member extensions (the dataset card's columns); a json is added by --unique-keys."""
+        exts = [ext for _, _, ext in self.ranges]
+        return exts + ["json"] if self.headers is not None and "json" not in (e.lower() for e in exts) else exts
+
+    def copy_to(self, out, new_key: Optional[str] = None, url: str = "") -> Tuple[int, int]:
+        """Copy the members, as stored, or renamed to `new_key` (rename.py); (members, bytes written)."""
+        if new_key is not None:
+            return copy_renamed(self.src, self.headers, [(s, e) for s, e, _ in self.ranges], self.rekey, new_key,
+                                self.key, url, out)
         written = 0
-        for start, end in self.ranges:
-            if self.src.tell() != start:
-                self.src.seek(start)
-            left = end - start
-            while left:
-                data = self.src.read(min(left, COPY_CHUNK))
-                if not data:
-                    raise ReshardError("a source shard ended inside a member it held when it was scored")
-                out.write(data)
-                left -= len(data)
-                written += len(data)
+        for start, end, _ in self.ranges:
+            written += copy_range(self.src, start, end, out)
         return len(self.ranges), written
 
 
@@ -254,13 +333,16 @@ class _OpenShard:
         self.file = open(self._temporary.__enter__(), "wb")
         self.samples = self.members = self.bytes = 0
         self.sources: Dict[str, int] = {}
+        self.fields: Dict[str, int] = {}  # member extension -> samples that have it (the dataset card)
 
-    def add(self, url: str, sample: _Member) -> None:
-        members, written = sample.copy_to(self.file)
+    def add(self, url: str, sample: _Member, new_key: Optional[str] = None) -> None:
+        members, written = sample.copy_to(self.file, new_key, url)
         self.samples += 1
         self.members += members
         self.bytes += written
         self.sources[url] = self.sources.get(url, 0) + 1
+        for field in dict.fromkeys(sample.fields):
+            self.fields[field] = self.fields.get(field, 0) + 1
 
     def close(self) -> None:
         end = 2 * BLOCK + (-(self.bytes + 2 * BLOCK)) % RECORD  # end-of-archive blocks, padded to a record
@@ -269,4 +351,5 @@ class _OpenShard:
         os.fsync(self.file.fileno())  # whole on disk before the stats file says so
         self.file.close()
         self._temporary.__exit__(None, None, None)
-        write_shard_stats(self.folder, os.path.basename(self.path), self.samples, self.members, self.sources)
+        write_shard_stats(self.folder, os.path.basename(self.path), self.samples, self.members, self.sources,
+                          fields=self.fields)

@@ -155,7 +155,7 @@ def _check_outputs(run: ScoreRun, scores_dir: str, write_shards: Optional[str], 
         check_output_dir(write_shards, "--write-shards")
         refuse_writing_into_inputs(write_shards, [s.url for s in run.shards])
     if report is not None:
-        check_output_file(report or os.path.join(scores_dir, "report.html"), "--report")
+        check_output_file(report, "--report")
     if write_shards is not None or report is not None:  # the sources are read again: refused before any work
         check_sources([s.url for s in run.shards], allow_pipe, allow_remote, scores_dir)
 
@@ -166,9 +166,10 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
                   overwrite: bool = False, echo: Optional[Callable[[str], None]] = None,
                   save_thresholds: bool = True, source_root: Optional[str] = None, allow_pipe: bool = False,
                   allow_remote: bool = False,
-                  stream_idle_seconds: float = StageConfig.stream_idle_seconds, dedup: bool = False) -> FilterResult:
-    """Judge, count and write (see the module docstring). report: a path, "" for report.html in
-    the score folder, None for no report. save_thresholds: write SCORES_DIR/thresholds.json (the
+                  stream_idle_seconds: float = StageConfig.stream_idle_seconds, dedup: bool = False,
+                  shard_echo: Optional[Callable] = None, unique_keys: bool = False, interleave: int = 0) -> FilterResult:
+    """Judge, count and write (see the module docstring). report: a path, "" for default_report's,
+    None for no report. unique_keys, interleave, shard_echo: reshard.Resharder's. save_thresholds: write SCORES_DIR/thresholds.json (the
     resolved thresholds as wdsfilter.loader's keyword arguments). source_root: the folder holding
     the source shards now (moved since scoring, or a folder received from someone else): each is
     read there by its file name, never where the folder says. allow_pipe, allow_remote: read
@@ -185,6 +186,7 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
     run = ScoreRun.open(scores_dir, source_root)  # not a score folder: say so, before its report path is judged
     if not dry_run and (write_shards is not None or report is not None):
         run.require_sources()  # sources only where the run's own record names them
+    report = default_report(scores_dir, write_shards) if report == "" else report
     if not dry_run:  # an output that cannot be written is a usage error, found before any work
         _check_outputs(run, scores_dir, write_shards, report, allow_pipe, allow_remote)
     marks = None
@@ -219,11 +221,11 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
             os.path.join(scores_dir, "thresholds.json"), thresholds)
     if write_shards is not None:
         stage = run.stage
-        writer = Resharder(write_shards, samples_per_shard, prefix, stage.get("rekey", "first-dot"),
-                           allow_pipe, allow_remote, stream_idle_seconds)
+        writer = Resharder(write_shards, samples_per_shard, prefix, stage.get("rekey", "first-dot"), allow_pipe,
+                           allow_remote, stream_idle_seconds, shard_echo, unique_keys, interleave)
         identity = {"scores": os.path.abspath(scores_dir), "thresholds": [[t.column, t.minimum, t.value] for t in thresholds],
                     **({"dedup": marks.summary.get("settings")} if marks is not None else {}),
-                    "samples_per_shard": samples_per_shard, "prefix": prefix,
+                    "samples_per_shard": samples_per_shard, "prefix": prefix, **writer.layout(),
                     "sources": [s.url for s in run.shards],
                     # what the rows were: a shard scored again (score --resume) is other data
                     "score_files": [_file_state(s.score_file) for s in run.shards]}
@@ -236,9 +238,16 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
         result.files["shards"] = write_shards
     if collector is not None:
         from .report_html import write_report
-        path = report or os.path.join(scores_dir, "report.html")
-        result.files["report"] = write_report(collector.finish(result), path)
+        result.files["report"] = write_report(collector.finish(result), report)
     return result
+
+
+def default_report(scores_dir: str, write_shards: Optional[str]) -> str:
+    """Where filter's report goes unless --report says: beside what it wrote (the new shards),
+    else filter_report.html in the score folder; never over the score run's own report.html."""
+    from .reshard import REPORT  # one of the files filter owns in OUT: never one of the user's replaced
+    return os.path.join(write_shards, REPORT) if write_shards is not None else \
+        os.path.join(scores_dir, "filter_report.html")
 
 
 def score_report(scores_dir: str, thresholds: Dict[str, float], max_thresholds: Dict[str, float],
@@ -250,6 +259,7 @@ def score_report(scores_dir: str, thresholds: Dict[str, float], max_thresholds: 
     try:
         result = filter_scores(scores_dir, mins=[f"{c}={v!r}" for c, v in thresholds.items()],
                                maxes=[f"{c}={v!r}" for c, v in max_thresholds.items()], save_thresholds=False,
+                               report=os.path.join(scores_dir, "report.html"),
                                allow_pipe=allow_pipe, allow_remote=allow_remote)
         return result.files.get("report")
     except Exception as e:  # noqa: BLE001 - never fail a scoring run for its report

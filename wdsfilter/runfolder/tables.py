@@ -1,7 +1,7 @@
 """Score tables: one file per shard, `scores/<name>.parquet` (or `.jsonl` with --format jsonl).
 
 Every sample has a row: key, shard, index (order in the shard), status, reason, message, kept,
-then one column per score. status is "scored", "partial" (some scorers failed), "failed" (no
+caption, url, uid (TEXT_FIELDS), then one column per score. status is "scored", "partial" (some scorers failed), "failed" (no
 scorer could score it: reason says why) or "rejected" (dropped by the stages: reason says why).
 The scoring run writes them (`write_table`); `wdsfilter filter`, the loader's score filter and
 the run's summary read them here. A file that cannot be read as a score table (not Parquet, a
@@ -33,7 +33,11 @@ def damaged(path: str, what: str) -> DamagedRunFolder:
                             f"shard's marker in done/ and score it again (wdsfilter score ... --resume)")
 
 
-BASE_FIELDS = ("key", "shard", "index", "status", "reason", "message", "kept")
+# What the sample said, beside its scores: the caption as the stages saw it (after clean_captions),
+# and the url and uid of its .json where it has them (img2dataset's and DataComp's metadata), so
+# a user in pandas sees which text got which score (score/rows.py fills them).
+TEXT_FIELDS = ("caption", "url", "uid")
+BASE_FIELDS = ("key", "shard", "index", "status", "reason", "message", "kept", *TEXT_FIELDS)
 STATUSES = ("scored", "partial", "failed", "rejected")
 EXTENSIONS = {"parquet": ".parquet", "jsonl": ".jsonl"}
 
@@ -95,7 +99,8 @@ def write_table(rows: List[dict], columns: Union[Sequence[str], Mapping[str, Opt
             import pyarrow as pa
             import pyarrow.parquet as pq
             base_types = {"key": pa.string(), "shard": pa.string(), "index": pa.int64(), "status": pa.string(),
-                          "reason": pa.string(), "message": pa.string(), "kept": pa.bool_()}
+                          "reason": pa.string(), "message": pa.string(), "kept": pa.bool_(),
+                          **{name: pa.string() for name in TEXT_FIELDS}}
             arrays, fields = [], []
             for name in names:
                 values = [row.get(name) for row in rows]

@@ -3,10 +3,13 @@ in the layout clip-retrieval's `inference` writes and its `index` (autofaiss) an
 
     OUT/embeddings/img_emb/<shard>.npy          float16 (n, dim): image embeddings, L2-normalised
     OUT/embeddings/text_emb/<shard>.npy         float16 (n, dim): caption embeddings, L2-normalised
-    OUT/embeddings/metadata/<shard>.parquet     n rows: key, shard, index, clip_score
+    OUT/embeddings/metadata/<shard>.parquet     n rows: key, shard, index, clip_score, caption, url, uid
 
 so `clip-retrieval index OUT/embeddings INDEX_DIR` builds the image and text indices, and the
-metadata files, read in the same sorted order, name each vector's sample.
+metadata files, read in the same sorted order, name each vector's sample. Their caption and url
+(the score row's: the caption as the stages saw it, the url of the sample's .json, null where it
+has none) are what clip-retrieval's back shows for a hit (its default columns_to_return are url
+and caption), as img2dataset's metadata gives them.
 
 Row i of the three files is one sample that has a CLIP score, in shard order; its `index` is its
 row in the score file (a sample without a CLIP score, rejected or failed, gets no vector: a zero
@@ -25,6 +28,7 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Optional
 
+from ..runfolder.tables import TEXT_FIELDS
 from ..writing import atomic_path
 
 FIELD = "__embeddings__"
@@ -55,7 +59,8 @@ def write_embeddings(out: str, name: str, rows: List[dict]) -> Optional[Dict[str
     meta = pa.table({"key": pa.array([r["key"] for r in embedded], pa.string()),
                      "shard": pa.array([r["shard"] for r in embedded], pa.string()),
                      "index": pa.array([r["index"] for r in embedded], pa.int64()),
-                     "clip_score": pa.array([r.get("clip_score") for r in embedded], pa.float64())})
+                     "clip_score": pa.array([r.get("clip_score") for r in embedded], pa.float64()),
+                     **{f: pa.array([r.get(f) for r in embedded], pa.string()) for f in TEXT_FIELDS}})
     paths[METADATA] = _path(out, METADATA, name + ".parquet")
     with atomic_path(paths[METADATA]) as tmp:
         pq.write_table(meta, tmp)

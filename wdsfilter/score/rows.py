@@ -2,7 +2,7 @@
 engine, engine.py, and the Ray runner, ray_runner.py).
 
 Every sample gets one row: key, shard, index (order in the shard), status, reason, message,
-kept, then one column per score. status:
+kept, caption, url, uid (what the sample said: `sample_text`), then one column per score. status:
     "rejected"  a stage dropped it (reason: the stage's reason), from a reject marker
     "failed"    no scorer could score it (reason: each scorer's reason, ";"-joined)
     "partial"   some scorers did, some did not; or the sample was scored from incomplete data
@@ -26,6 +26,7 @@ from .faults import is_disk_full, read_failed_reason
 from .ledger import row_entries, write_shard_failures
 from .scorers.base import NOTES
 from .outputs import BASE_FIELDS, STATUSES, write_table  # noqa: F401 - the fields are the score file's schema
+from ..runfolder.tables import TEXT_FIELDS
 from ..shardstats import update_sizes, write_shard_stats
 from .shardwriter import write_filtered
 
@@ -35,11 +36,32 @@ class NothingScoredError(RunError):
 
 
 # -- one row -----------------------------------------------------------------------------------------
+TEXT = "text"  # the stream item's field (transport.Prepare) that carries sample_text to the row
+TEXT_LIMIT = 4096  # characters kept of each text field: a shard's rows are held until it ends
+
+
+def sample_text(sample: dict) -> Dict[str, Optional[str]]:
+    """caption, url, uid of a sample after the stages: the caption as the stages saw it (special
+    tokens cleaned, as the scorers get it), the url and uid of its .json where it has them
+    (img2dataset: url, and uid with its --save_additional_columns; DataComp: uid, url). A value
+    that is not text (a uid given as a number is written as its digits) or a json that is not an
+    object gives None. Each is cut at TEXT_LIMIT characters (docs/score.md)."""
+    meta = sample.get("json")
+    meta = meta if isinstance(meta, dict) else {}
+
+    def text(value) -> Optional[str]:
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)
+        return value[:TEXT_LIMIT] if isinstance(value, str) else None
+    return {"caption": text(sample.get("caption")), "url": text(meta.get("url")), "uid": text(meta.get("uid"))}
+
+
 def new_row(key: str, url: str, index: int, status: Optional[str] = None, reason: Optional[str] = None,
-            message: Optional[str] = None) -> dict:
-    """A row; status None means the models still have to score the sample."""
+            message: Optional[str] = None, text: Optional[dict] = None) -> dict:
+    """A row; status None means the models still have to score the sample. text: sample_text's
+    fields (None where the sample was dropped before they were known)."""
     return {"key": key, "shard": url, "index": index, "status": status, "reason": reason, "message": message,
-            "kept": False}
+            "kept": False, **{f: (text or {}).get(f) for f in TEXT_FIELDS}}
 
 
 def item_row(item: dict, index: int, scorers: Sequence, thresholds: Optional[Thresholds]) -> dict:
@@ -53,7 +75,7 @@ def item_row(item: dict, index: int, scorers: Sequence, thresholds: Optional[Thr
         row[STAGE] = item.get(STAGE) or ""  # for the failure ledger (ledger.py); not a score file column
         row[MEMBER] = item.get(MEMBER) if item.get(MEMBER) != key else ""
         return row
-    row = new_row(item["__key__"], url, index)
+    row = new_row(item["__key__"], url, index, text=item.get(TEXT))
     if not item["inputs"]:
         complete_row(row, scorers, {}, item["errors"], thresholds)
     return row

@@ -62,9 +62,10 @@ def tar_opener(path: str):
         return _OPENERS.get(compression(f.read(6)), open)
 
 
-def member_ranges(path, rekey: str) -> Tuple[int, List[Tuple[int, int, str]]]:
+def member_ranges(path, rekey: str, exts: bool = False) -> Tuple[int, List[tuple]]:
     """(offset of the first member, [(start, end, key)] of each regular member), in tar order.
     start is the first header byte (long-name/pax headers included), end the padded data end.
+    exts: (start, end, key, extension) instead (filter's dataset card).
     A shard cut short yields the members read before the break. `path`: a file, or a stream read
     front to back (a remote source; decompressed here), whose failed read is raised, not taken
     for the shard's end."""
@@ -82,11 +83,11 @@ def member_ranges(path, rekey: str) -> Tuple[int, List[Tuple[int, int, str]]]:
                     first = info.offset
                 if not info.isreg():
                     continue
-                key, _ = split_name(info.name, rekey)
+                key, ext = split_name(info.name, rekey)
                 if key is None:
                     continue
                 # where tarfile found the next header: a sparse member's size is its expanded size
-                ranges.append((info.offset, tar.offset, key))
+                ranges.append((info.offset, tar.offset, key, ext) if exts else (info.offset, tar.offset, key))
     except RemoteReadError:
         raise  # the store failed (or the object changed): not a shard cut short
     except (tarfile.TarError, EOFError, OSError):

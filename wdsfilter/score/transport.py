@@ -51,6 +51,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Op
 
 from ..errors import DataError
 from ..markers import MARKER, SHARD_END
+from .rows import TEXT, sample_text
 from .scorers.base import NOTES, Noted
 
 _ALIGN = 64  # every slot starts on a 64-byte boundary, so any dtype can view it
@@ -58,7 +59,7 @@ _ALIGN = 64  # every slot starts on a 64-byte boundary, so any dtype can view it
 
 class Prepare:
     """Picklable stage: sample -> {"__key__", "__url__", "inputs": {scorer: input}, "errors":
-    {scorer: (reason, message)}} (and errors[NOTES]: {scorer: (reason, message)} of inputs
+    {scorer: (reason, message)}, "text": the row's caption, url, uid (rows.sample_text)} (and errors[NOTES]: {scorer: (reason, message)} of inputs
     prepare() returned as Noted, scored from incomplete data). A DataError from prepare() is the sample's reason; any other
     exception costs that sample alone (reason prepare_error, transient: `--retry-failed` tries it
     again), unless the scorer has failed on the first MAX_FAILURES samples and prepared none:
@@ -98,7 +99,8 @@ class Prepare:
                     errors[scorer.name] = ("prepare_error", f"{type(e).__name__}: {e}"[:500])
             if notes:
                 errors[NOTES] = notes
-            yield {"__key__": sample["__key__"], "__url__": sample["__url__"], "inputs": inputs, "errors": errors}
+            yield {"__key__": sample["__key__"], "__url__": sample["__url__"], "inputs": inputs, "errors": errors,
+                   TEXT: sample_text(sample)}
 
 
 class Chunk:
