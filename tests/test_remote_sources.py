@@ -106,3 +106,40 @@ def test_sort_shard_copies_a_remote_plain_tar_by_ranged_reads_not_a_temporary_co
     # its image far ahead, then back), read from the server, not from a local copy.
     starts = [int(r[len("bytes="):].split("-")[0]) for r in web.gets("scattered.tar")]
     assert starts[0] == 0 and len(starts) > len(keys) and len(set(starts)) > len(keys)
+
+
+def test_unique_keys_on_a_streamed_source_renames_as_on_a_local_one(web, tmp_path):
+    """filter --write-shards --unique-keys reads each member's header where the copy is: on a
+    streamed remote source (read forward only) it writes what it writes from the same local shard."""
+    import json
+    import tarfile
+
+    from scorekit import BrightnessScorer, make_shards
+    from wdsfilter.filtering import filter_scores
+    from wdsfilter.score import score
+    urls, _ = make_shards(tmp_path / "src", [6, 5])
+    remote = [web.put(os.path.basename(u), open(u, "rb").read()) for u in urls]
+
+    def members(folder):
+        got = []
+        for name in sorted(f for f in os.listdir(folder) if f.endswith(".tar")):
+            with tarfile.open(os.path.join(folder, name)) as tar:
+                for m in tar.getmembers():
+                    data = tar.extractfile(m).read()
+                    if m.name.endswith(".json"):
+                        meta = json.loads(data)
+                        data = (meta.pop("source_shard").rsplit("/", 1)[-1], meta)
+                    got.append((m.name, data))
+        return got
+
+    outs = {}
+    for name, sources in (("local", urls), ("remote", remote)):
+        run = str(tmp_path / f"run-{name}")
+        score(sources, out=run, scorers=[BrightnessScorer()], device="cpu", workers=0, progress=False)
+        outs[name] = str(tmp_path / f"shards-{name}")
+        filter_scores(run, mins=["brightness=0.3"], write_shards=outs[name], samples_per_shard=4, report=None,
+                      unique_keys=True, allow_remote=True)
+    local, streamed = members(outs["local"]), members(outs["remote"])
+    assert local and streamed == local
+    keys = sorted({n.split(".")[0] for n, _ in local})
+    assert keys == [f"{i:09d}" for i in range(len(keys))]  # renamed: one new key per kept sample

@@ -41,14 +41,16 @@ class Headers:
         self.tar = None
 
     def at(self, start: int) -> tarfile.TarInfo:
+        if self.tar is None:  # opening reads the archive's first header (and a global pax header) from byte 0,
+            if self.src.tell() != 0:  # before the first seek: a streamed source never goes back
+                self.src.seek(0)
+            self.tar = tarfile.open(fileobj=self.src, mode="r:", tarinfo=ShardTarInfo)
+            first, self.tar.firstmember = self.tar.firstmember, None  # else next() hands it back again
+            self.tar.members = []
+            if first is not None and first.offset == start:
+                return first
         if self.src.tell() != start:
             self.src.seek(start)
-        if self.tar is None:  # opening reads the first header: read it from `start` (seeks back once, here)
-            here = self.src.tell()
-            self.src.seek(0)
-            self.tar = tarfile.open(fileobj=self.src, mode="r:", tarinfo=ShardTarInfo)
-            self.tar.firstmember = None  # else next() hands back that first header again
-            self.src.seek(here)
         self.tar.offset = start
         self.tar.members = []  # one header held at a time
         info = self.tar.next()

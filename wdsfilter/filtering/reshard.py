@@ -226,11 +226,12 @@ class Resharder:
             self.echo(f"wrote {shard.path}: {shard.samples} samples from {len(shard.sources)} source shard(s)")
 
     def _samples(self, source: Source):
-        """Per kept key, in order: a reader of its members' byte ranges [(start, end)]. A remote
-        source is streamed (shardwriter.streamed_source: no temporary copy)."""
+        """Per kept key, in order: a reader of its members' byte ranges [(start, end, extension)]. A
+        remote source is streamed (shardwriter.streamed_source: no temporary copy)."""
         url = source.url
         if streams(url):
-            with streamed_source(url, self.rekey, self.allow_remote, self.idle_seconds) as (_, _, ranges, src):
+            with streamed_source(url, self.rekey, self.allow_remote, self.idle_seconds, exts=True) as \
+                    (_, _, ranges, src):
                 yield from self._members(source, ranges, src)
             return
         path = url[len("file:"):] if url.startswith("file:") else url
@@ -245,61 +246,35 @@ class Resharder:
                                f"differ from its completion marker's): its samples may not be the ones scored; "
                                f"score it again (--resume does)")
         try:
-<<<<<<< HEAD
-            _, ranges = member_ranges(path, self.rekey)
+            _, ranges = member_ranges(path, self.rekey, exts=True)
             with tar_opener(path)(path, "rb") as src:
                 yield from self._members(source, ranges, src)
-=======
-            _, ranges = member_ranges(path, self.rekey, exts=True)
-            # A key's first run of adjacent members is its sample (the loader judges the key by it);
-            # a later run of the same key is not copied.
-            groups: Dict[str, List[Tuple[int, int, str]]] = {}
-            last, first_run = None, False
-            for start, end, key, ext in ranges:
-                if key != last:
-                    first_run = key not in groups
-                    if first_run:
-                        groups[key] = []
-                if first_run:
-                    groups[key].append((start, end, ext))
-                last = key
-            missing = [k for k in source.keys if k not in groups]
-            if missing:
-                raise ReshardError(f"source shard {url} has no member with key {missing[0]!r} although its score "
-                                   f"file keeps it ({len(missing)} such key(s)): the shard changed after scoring; "
-                                   f"score it again")
-            opener = tar_opener(path)
-            with opener(path, "rb") as src:
-                headers = Headers(src) if self.unique_keys else None
-                for key in sorted(source.keys, key=lambda k: groups[k][0][0]):
-                    yield _Member(src, groups[key], key, self.rekey, headers)
->>>>>>> firsthour2
         finally:
             if fetched and os.path.exists(fetched):
                 os.remove(fetched)
 
-    @staticmethod
-    def _members(source: Source, ranges, src):
+    def _members(self, source: Source, ranges, src):
         """The kept keys' members of `src` (read forward), in tar order."""
         # A key's first run of adjacent members is its sample (the loader judges the key by it);
         # a later run of the same key is not copied.
-        groups: Dict[str, List[Tuple[int, int]]] = {}
+        groups: Dict[str, List[Tuple[int, int, str]]] = {}
         last, first_run = None, False
-        for start, end, key in ranges:
+        for start, end, key, ext in ranges:
             if key != last:
                 first_run = key not in groups
                 if first_run:
                     groups[key] = []
             if first_run:
-                groups[key].append((start, end))
+                groups[key].append((start, end, ext))
             last = key
         missing = [k for k in source.keys if k not in groups]
         if missing:
             raise ReshardError(f"source shard {source.url} has no member with key {missing[0]!r} although its score "
                                f"file keeps it ({len(missing)} such key(s)): the shard changed after scoring; "
                                f"score it again")
+        headers = Headers(src) if self.unique_keys else None
         for key in sorted(source.keys, key=lambda k: groups[k][0][0]):
-            yield _Member(src, groups[key])
+            yield _Member(src, groups[key], key, self.rekey, headers)
 
 
 class _Member:

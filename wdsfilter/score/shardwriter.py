@@ -125,16 +125,17 @@ def streams(url: str) -> bool:
 
 
 @contextlib.contextmanager
-def streamed_source(url: str, rekey: str, allow_remote: bool = True, idle_seconds: float = 0.0, remote=None):
+def streamed_source(url: str, rekey: str, allow_remote: bool = True, idle_seconds: float = 0.0, remote=None,
+                    exts: bool = False):
     """A remote source, read twice with bounded memory and no temporary file: the first read
     indexes its members, the second is yielded, decompressed and seekable forward, as
-    (its compression or None, offset of the first member, member_ranges, stream). Both reads must
+    (its compression or None, offset of the first member, member_ranges(exts=exts), stream). Both reads must
     see one version of the object: an index of one and the bytes of another are never mixed."""
     from ..remote import ObjectChanged
     first = open_shard(url, False, allow_remote, idle_seconds, remote=remote)
     try:
         kind = compression(first.peek(6)[:6])
-        preamble_end, ranges = member_ranges(first, rekey)
+        preamble_end, ranges = member_ranges(first, rekey, exts=exts)
         version = first.version
     finally:
         first.close()
