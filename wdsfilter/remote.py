@@ -17,8 +17,9 @@ import json
 import os
 import re
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from .errors import ConfigError, require
 
@@ -91,6 +92,30 @@ def filesystem(url: str, storage_options: Optional[Mapping] = None):
                           f"options given: {sorted(storage_options or {})}") from None
     path = url if protocol in ("http", "https") else fs._strip_protocol(url)
     return fs, path
+
+
+@contextmanager
+def storage_defaults(options: Optional[Mapping]) -> Iterator[None]:
+    """While the block runs, `options` are every remote filesystem's defaults (fsspec's own
+    config, which explicit options override): for a command whose remote reads and writes are
+    made in many places (`wdsfilter filter`: the score folder, its sources, the report). Held in
+    memory only, like every storage option."""
+    if not options:
+        yield
+        return
+    import fsspec.config
+    conf = fsspec.config.conf
+    saved = {p: conf.get(p) for p in {proto for _, proto in SCHEMES.values()}}
+    try:
+        for proto in saved:
+            conf[proto] = {**(saved[proto] or {}), **dict(options)}
+        yield
+    finally:
+        for proto, value in saved.items():
+            if value is None:
+                conf.pop(proto, None)
+            else:
+                conf[proto] = value
 
 
 def parse_storage_options(items: Sequence[str]) -> Dict:

@@ -54,7 +54,7 @@ class ScoreFilter:
         self.dedup = None
         if dedup:  # `wdsfilter dedup`'s verdicts, the rule `wdsfilter filter --dedup` applies too
             from .runfolder.dedup import DedupMarks
-            self.dedup = DedupMarks(self.scores_dir, [(s.name, s.score_file) for s in run.shards])
+            self.dedup = DedupMarks(run.folder, [(s.name, s.score_file) for s in run.shards])
         self._dropped: Dict[str, str] = {}
 
     # -- index of score files -----------------------------------------------------------------

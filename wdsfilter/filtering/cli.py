@@ -36,11 +36,15 @@ from ..thresholds import shorthand_options
 @click.option("--dedup", is_flag=True,
               help="Keep only the survivor of each duplicate group and drop eval matches, as `wdsfilter dedup "
                    "SCORES_DIR` marked them (docs/dedup.md).")
+@click.option("--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
+              help="An fsspec storage option for the remote score folder, sources and outputs (endpoint_url=..., "
+                   "anon=true; repeatable; VALUE is JSON when it parses). Never written anywhere.")
 @click.option("--allow-incomplete", is_flag=True,
               help="Exit 0 even when shards of the scoring run have no complete score file (they are left out).")
 @shorthand_options
 def filter_command(scores_dir, mins, maxes, tops, bottoms, write_shards, samples_per_shard, prefix, overwrite,
-                   dry_run, report, no_report, allow_pipe, allow_remote, dedup, allow_incomplete, source_root):
+                   dry_run, report, no_report, allow_pipe, allow_remote, dedup, allow_incomplete, source_root,
+                   storage_options=()):
     """Choose thresholds after scoring: count what --min/--max/--top/--bottom keep in the score
     folder of a `wdsfilter score` run (SCORES_DIR, either engine), write an HTML report and,
     with --write-shards, reshard the kept samples. No model is loaded."""
@@ -52,11 +56,13 @@ def filter_command(scores_dir, mins, maxes, tops, bottoms, write_shards, samples
         raise click.UsageError(f"{', '.join(given)} only apply with --write-shards OUT")
     # Errors go to the group (wdsfilter/cli.py): one line, exit 2 for usage/configuration, 3 when
     # the run failed (a source shard missing or changed, an I/O error).
-    result = filter_scores(scores_dir, mins, maxes, tops, bottoms, write_shards=write_shards,
-                           samples_per_shard=samples_per_shard, prefix=prefix, dry_run=dry_run,
-                           report=None if no_report else report, overwrite=overwrite, echo=click.echo,
-                           allow_pipe=allow_pipe, allow_remote=allow_remote, source_root=source_root,
-                           dedup=dedup)
+    from ..remote import parse_storage_options, storage_defaults
+    with storage_defaults(parse_storage_options(storage_options)):
+        result = filter_scores(scores_dir, mins, maxes, tops, bottoms, write_shards=write_shards,
+                               samples_per_shard=samples_per_shard, prefix=prefix, dry_run=dry_run,
+                               report=None if no_report else report, overwrite=overwrite, echo=click.echo,
+                               allow_pipe=allow_pipe, allow_remote=allow_remote, source_root=source_root,
+                               dedup=dedup)
     click.echo(result.format_text())
     if result.unfinished and not allow_incomplete:  # thresholds and shards from part of the data: loud
         from ..errors import RunError

@@ -190,7 +190,7 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
     marks = None
     if dedup:  # `wdsfilter dedup`'s verdicts: survivors only, no eval match
         from ..runfolder.dedup import DedupMarks
-        marks = DedupMarks(scores_dir, [(s.name, s.score_file) for s in run.shards])
+        marks = DedupMarks(run.folder, [(s.name, s.score_file) for s in run.shards])
     thresholds = resolve(spec, run)
     result = FilterResult(scores_dir=scores_dir, thresholds=thresholds, shards=len(run.shards),
                           unfinished=run.unfinished, dry_run=dry_run)
