@@ -109,7 +109,7 @@ def test_resume_on_a_bucket_after_kill_9_completes_with_the_same_rows(s3, local,
     _, client = s3
     out = f"s3://{BUCKET}/runs/killed"
     args = [sys.executable, "-m", "wdsfilter", "score", local[0], "--out", out, "--scorer", SCORER,
-            "--scorer-opt", "bright.delay=1.0", "--device", "cpu", "--batch-size", "4", "--workers", "0",
+            "--scorer-opt", "bright.delay=0.5", "--device", "cpu", "--batch-size", "4", "--workers", "0",
             "--no-progress", "--format", "jsonl"]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]),
                OMP_NUM_THREADS="1", WDSFILTER_SYNC_SECONDS="0.2")
@@ -221,3 +221,33 @@ def test_filter_storage_options_reach_the_bucket_and_no_secret_is_written(s3, lo
         assert SECRET.encode() not in open(path, "rb").read(), path
     import fsspec.config
     assert "s3" not in fsspec.config.conf  # the options lived for the command only
+
+
+def test_filtered_shards_in_a_bucket_are_the_bytes_of_local_ones(s3, local, tmp_path):
+    """score --write-shards and filter --write-shards into a bucket: the same shards, byte for
+    byte, as written to a local folder; a resumed score run finds them whole."""
+    _, client = s3
+    here = str(tmp_path / "here")
+    assert _score(local[0], here, "--min", "brightness=0.5", "--write-shards", str(tmp_path / "kept")).exit_code == 0
+    r = _score(local[0], f"s3://{BUCKET}/runs/ws", "--min", "brightness=0.5", "--write-shards", f"s3://{BUCKET}/kept/ws")
+    assert r.exit_code == 0, r.output
+    local_files = {os.path.basename(p): open(p, "rb").read() for p in glob.glob(str(tmp_path / "kept" / "*"))}
+    remote_files = {k.rsplit("/", 1)[1]: _get(client, k) for k in _keys(client, "kept/ws/")}
+    assert set(local_files) >= {"shard-0000.tar", "sizes.json"} and remote_files == local_files
+    marker = json.loads(_get(client, "runs/ws/done/shard-0000.json"))
+    assert marker["filtered_shard"] == f"s3://{BUCKET}/kept/ws/shard-0000.tar"
+    assert not any(b"wdsfilter-out-" in _get(client, k) for k in _keys(client, "runs/ws/"))
+    r = _score(local[0], f"s3://{BUCKET}/runs/ws", "--min", "brightness=0.5", "--write-shards",
+               f"s3://{BUCKET}/kept/ws", "--resume")
+    assert r.exit_code == 0 and "3 shard(s) were already done" in r.output, r.output
+    # filter --write-shards from the bucket's run folder into the bucket
+    a = _cli("filter", here, "--min", "brightness=0.6", "--write-shards", str(tmp_path / "refiltered"),
+             "--no-report")
+    b = _cli("filter", f"s3://{BUCKET}/runs/ws", "--min", "brightness=0.6", "--write-shards",
+             f"s3://{BUCKET}/refiltered", "--no-report")
+    assert a.exit_code == b.exit_code == 0, b.output
+    local_files = {os.path.basename(p): open(p, "rb").read() for p in glob.glob(str(tmp_path / "refiltered" / "*"))}
+    remote_files = {k.rsplit("/", 1)[1]: _get(client, k) for k in _keys(client, "refiltered/")}
+    assert local_files and {k: v for k, v in remote_files.items() if k != "filter_run.json"} == \
+        {k: v for k, v in local_files.items() if k != "filter_run.json"}
+    assert "refiltered/.lock.json" not in _keys(client, "refiltered/")

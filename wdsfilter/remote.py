@@ -361,13 +361,3 @@ def read_object(url: str, storage_options: Optional[Mapping] = None, limit: int 
             return f.read(limit)
     except FileNotFoundError:
         return None
-
-
-def refuse_remote_folder(path: str, option: str) -> None:
-    """Outputs that are folders of many files written as a run goes (score --out, --write-shards;
-    filter --write-shards) are local only for now: refused at once (exit 2) instead of becoming a
-    local folder named `s3:`. docs/remote.md says how such a folder will work remotely."""
-    if path and is_fsspec_url(str(path)):
-        raise ConfigError(f"{option} {redact_url(str(path))}: writing this folder to an object store is not supported "
-                          f"yet; write it to a local folder and copy it (aws s3 sync DIR s3://...; gcloud storage "
-                          f"rsync -r DIR gs://...). Reports and --stats-dir may be URLs")

@@ -48,6 +48,8 @@ class RemoteFolder:
         self.local = staging or tempfile.mkdtemp(prefix="wdsfilter-out-")
         self.sent: Dict[str, Tuple[int, int]] = {}  # relative path -> (size, mtime_ns) in the bucket
         self.part_bytes: Optional[int] = None  # a multipart upload's part size (None: the filesystem's own)
+        self.exclude: Tuple[str, ...] = ()  # top-level names of staging that are not this folder's
+        self.before_markers: Optional[Callable[[], object]] = None  # another folder synced before the markers
 
     def remote(self, rel: str) -> str:
         return f"{self.path}/{rel}"
@@ -91,7 +93,7 @@ class RemoteFolder:
         files = {}
         top = os.path.join(self.local, under) if under else self.local
         for root, dirs, names in os.walk(top):
-            dirs.sort()
+            dirs[:] = sorted(d for d in dirs if root != self.local or d not in self.exclude)
             for name in sorted(names):
                 if name in SKIP or is_temporary(name) or name.endswith(".part"):
                     continue
@@ -118,6 +120,8 @@ class RemoteFolder:
         """Upload what changed: deletions first (files under `last` before the others), then every
         other file, then the files under `last` as they were listed BEFORE the others were."""
         ahead = self._local_files(last) if last else {}  # relative to the folder: done/<name>.json
+        if self.before_markers is not None:  # the filtered shards the markers vouch for
+            self.before_markers()
         current = self._local_files()
         gone = [r for r in self.sent if r not in current]
         for rel in sorted(gone, key=lambda r: not r.startswith(last + "/")):

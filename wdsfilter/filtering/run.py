@@ -149,9 +149,7 @@ def _check_outputs(run: ScoreRun, scores_dir: str, write_shards: Optional[str], 
                    allow_pipe: bool, allow_remote: bool) -> None:
     """What filter writes can be written, and the sources it reads again may be: before any work."""
     from ..writing import check_output_dir, check_output_file, refuse_writing_into_inputs
-    if write_shards is not None:
-        from ..remote import refuse_remote_folder
-        refuse_remote_folder(write_shards, "--write-shards")
+    if write_shards is not None:  # a bucket's folder too (reshard.Resharder.lock)
         check_output_dir(write_shards, "--write-shards")
         refuse_writing_into_inputs(write_shards, [s.url for s in run.shards])
     if report is not None:

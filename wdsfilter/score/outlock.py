@@ -248,14 +248,25 @@ class RemoteRunFolder:
     bucket while the run goes (markers last) and at its end; the lock's heartbeat rides on the
     mirror's rounds. The staging folder is removed once the bucket holds all of it."""
 
-    def __init__(self, url: str, storage_options=None, lock: bool = True, interval: Optional[float] = None):
+    SHARDS = ".write-shards"  # staging of a --write-shards URL, inside the run's own (never uploaded with it)
+
+    def __init__(self, url: str, storage_options=None, lock: bool = True, interval: Optional[float] = None,
+                 write_shards: Optional[str] = None, pull_shards: bool = False, command: str = "score",
+                 option: str = "--out"):
         from ..remote_out import RemoteFolder
         self.url = url.rstrip("/")
-        self.mirror, self.synced, self.folder, self.started = None, False, None, False
-        self.lock = RemoteOutputLock(self.url, storage_options).acquire() if lock else None
+        self.mirror, self.synced, self.folder, self.started, self.shards = None, False, None, False, None
+        self.lock = RemoteOutputLock(self.url, storage_options, command, option).acquire() if lock else None
         try:
             self.folder = RemoteFolder(self.url, storage_options)
+            self.folder.exclude = (self.SHARDS,)
             self.folder.pull()
+            if write_shards:  # its files are uploaded before the markers that vouch for them
+                self.shards = RemoteFolder(write_shards, storage_options, os.path.join(self.folder.local, self.SHARDS))
+                os.makedirs(self.shards.local, exist_ok=True)
+                if pull_shards:  # --resume: a shard is done only where its filtered shard is whole
+                    self.shards.pull()
+                self.folder.before_markers = self.shards.sync
         except BaseException:
             self.release()
             raise
@@ -276,7 +287,8 @@ class RemoteRunFolder:
     def public(self, path):
         """A staging path as the run shows it: its URL in the bucket."""
         from ..remote_out import staged_paths
-        return staged_paths(path, [self.folder]) if isinstance(path, str) else path
+        folders = [f for f in (self.shards, self.folder) if f is not None]  # the inner staging first
+        return staged_paths(path, folders) if isinstance(path, str) else path
 
     def publish_text(self, path: Optional[str]) -> None:
         """A text file of the staging folder (the report) rewritten to name the bucket, not staging."""

@@ -187,7 +187,8 @@ def run_on_ray(shards, cfg, *, actors: Optional[int] = None, gpus_per_actor: Opt
         raise ConfigError("dry_run plans the single-machine engine; Ray plans its own cluster (ray status)")
     # Ray workers may run in another folder (or on another node of the shared filesystem).
     cfg = dataclasses.replace(cfg, out=cfg.out if is_fsspec_url(cfg.out) else os.path.abspath(cfg.out),
-                              write_shards=os.path.abspath(cfg.write_shards) if cfg.write_shards else None)
+                              write_shards=cfg.write_shards if not cfg.write_shards or is_fsspec_url(cfg.write_shards)
+                              else os.path.abspath(cfg.write_shards))
     # The local engine's URLs, scorers, columns, run state, summary and lock; the keys on the first
     # shard to score are checked there, so configuration errors come before Ray starts.
     run = Run(shards, cfg, echo, engine="ray")

@@ -69,7 +69,9 @@ class Run:
         # One run per --out (outlock.py): taken before the run state, which deletes temporaries. A
         # remote --out: a lock object, then the run writes a local staging copy mirrored to the bucket.
         self.remote = self._remote_out(cfg)
-        cfg = self.cfg = dataclasses.replace(cfg, out=self.remote.local) if self.remote else cfg
+        if self.remote:
+            cfg = self.cfg = dataclasses.replace(cfg, out=self.remote.local, write_shards=(
+                self.remote.shards.local if self.remote.shards else cfg.write_shards))
         self.lock = None if cfg.dry_run else OutputLock(cfg.out).acquire()
         try:
             if cfg.retry_failed and not os.path.exists(os.path.join(cfg.out, "run.json")):
@@ -91,9 +93,12 @@ class Run:
             # The model side gets its own copies: a loaded model must never be pickled into a
             # decode worker (spawn would copy the weights into every one of them).
             self.model_scorers = [copy.deepcopy(s) for s in self.scorers]
-            self.state.open(run_identity(cfg, self.scorers))
+            if self.remote and self.remote.shards:  # what the bucket's markers name, not the staging folder
+                self.state.shown_write_shards = (self.remote.shards.local, self.remote.shards.url)
+            self.state.open(self._identity())
             if not cfg.dry_run:  # the resolved recipe: `wdsfilter score --config OUT/run.yaml` runs it again
-                write_recipe(cfg, self.urls, engine, self.remote.url if self.remote else None)
+                write_recipe(cfg, self.urls, engine, self.remote and {
+                    "out": self.remote.url, "write_shards": self.remote.shards and self.remote.shards.url})
             if self.remote:
                 self.remote.start()
         except BaseException as e:
@@ -117,9 +122,22 @@ class Run:
     def _remote_out(cfg: ScoreConfig):
         from ..remote import is_fsspec_url
         if not is_fsspec_url(cfg.out):
+            if cfg.write_shards and is_fsspec_url(cfg.write_shards):
+                raise ConfigError("--write-shards in a bucket needs --out in a bucket too (a shard's completion marker "
+                                  "is written after its filtered shard is uploaded); or write both locally")
             return None
         from .outlock import RemoteRunFolder
-        return RemoteRunFolder(cfg.out, cfg.stage.storage_options, lock=not cfg.dry_run)
+        remote_shards = cfg.write_shards if cfg.write_shards and is_fsspec_url(cfg.write_shards) else None
+        if cfg.write_shards and not remote_shards:
+            raise ConfigError("--out in a bucket takes --write-shards in a bucket too (s3://...), or no --write-shards")
+        return RemoteRunFolder(cfg.out, cfg.stage.storage_options, lock=not cfg.dry_run, write_shards=remote_shards,
+                               pull_shards=cfg.resume or bool(cfg.retry_failed))
+
+    def _identity(self) -> dict:
+        identity = run_identity(self.cfg, self.scorers)
+        if self.remote and self.remote.shards:
+            identity["write_shards"] = self.remote.shards.url
+        return identity
 
     def release_lock(self) -> None:
         if self.lock is not None:
