@@ -179,6 +179,11 @@ def test_the_lock_object_refuses_while_its_owner_lives_and_is_taken_over_when_st
     assert r.exit_code == 0, r.output
     keys = _keys(client, "runs/locked/")
     assert "runs/locked/.lock.json" not in keys and "runs/locked/done/shard-0002.json" in keys
+    # --overwrite with one shard: the earlier run's objects of the others are deleted
+    r = _score(local[1][0], f"s3://{BUCKET}/runs/locked", "--overwrite")
+    assert r.exit_code == 0, r.output
+    assert [k for k in _keys(client, "runs/locked/") if "/done/" in k or "/scores/" in k] == \
+        ["runs/locked/done/shard-0000.json", "runs/locked/scores/shard-0000.jsonl"]
     # two runs: the second refuses while the first holds the lock
     from wdsfilter.score.outlock import OutputLockedError, RemoteOutputLock
     first = RemoteOutputLock(f"s3://{BUCKET}/runs/two").acquire()

@@ -138,8 +138,8 @@ class RemoteOutputLock:
         self.storage_options = storage_options
         self.command, self.option = command, option
         self.stale_seconds = STALE_SECONDS if stale_seconds is None else stale_seconds
-        self.info = {"host": socket.gethostname(), "pid": os.getpid(), "run": os.urandom(8).hex(),
-                     "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": command}
+        self.info = {"host": socket.gethostname(), "pidns": _pid_namespace(), "pid": os.getpid(),
+                     "run": os.urandom(8).hex(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": command}
         self.etag: Optional[str] = None
         self.last_beat = 0.0
         self.took_over: Optional[dict] = None  # the stale lock this run replaced
@@ -223,7 +223,10 @@ def _stale(holder: Optional[dict], stale_seconds: float) -> Optional[str]:
         return "unreadable lock"
     if age > stale_seconds:
         return f"no heartbeat for {age:.0f}s"
-    if holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int):
+    # its pid means something here only on this host and in this pid namespace (two containers may
+    # share a host name, never a pid namespace)
+    if holder.get("host") == socket.gethostname() and holder.get("pidns") == _pid_namespace() \
+            and isinstance(holder.get("pid"), int):
         try:
             os.kill(holder["pid"], 0)
         except ProcessLookupError:
@@ -231,6 +234,13 @@ def _stale(holder: Optional[dict], stale_seconds: float) -> Optional[str]:
         except PermissionError:
             pass
     return None
+
+
+def _pid_namespace() -> Optional[str]:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
 
 
 def _short(e: BaseException) -> str:
