@@ -50,6 +50,7 @@ class RemoteFolder:
         self.part_bytes: Optional[int] = None  # a multipart upload's part size (None: the filesystem's own)
         self.exclude: Tuple[str, ...] = ()  # top-level names of staging that are not this folder's
         self.before_markers: Optional[Callable[[], object]] = None  # another folder synced before the markers
+        self._syncing = threading.Lock()  # the mirror's thread and the run's last sync take turns
 
     def remote(self, rel: str) -> str:
         return f"{self.path}/{rel}"
@@ -119,6 +120,10 @@ class RemoteFolder:
     def sync(self, last: str = MARKERS) -> int:
         """Upload what changed: deletions first (files under `last` before the others), then every
         other file, then the files under `last` as they were listed BEFORE the others were."""
+        with self._syncing:
+            return self._sync(last)
+
+    def _sync(self, last: str) -> int:
         ahead = self._local_files(last) if last else {}  # relative to the folder: done/<name>.json
         if self.before_markers is not None:  # the filtered shards the markers vouch for
             self.before_markers()
