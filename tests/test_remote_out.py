@@ -217,6 +217,14 @@ def test_filter_storage_options_reach_the_bucket_and_no_secret_is_written(s3, lo
              "--report", f"s3://{BUCKET}/reports/opts.html")
     assert r.exit_code == 0, r.output
     assert SECRET not in r.output
+    s = _score(local[0], f"s3://{BUCKET}/runs/opts2", *opts)  # the run folder, its lock and mirror: options too
+    assert s.exit_code == 0 and SECRET not in s.output, s.output
+    import wdsfilter
+    options = {"endpoint_url": endpoint, "key": "wdsftestkey", "secret": SECRET}
+    kept = [s["__key__"] for batch in wdsfilter.loader(local[1], scores=f"s3://{BUCKET}/runs/opts2", batch_size=4,
+                                                       output="dict", min_scores={"brightness": 0.5},
+                                                       storage_options=options) for s in batch]
+    assert kept
     assert "reports/opts.html" in _keys(client, "reports/")
     for key in _keys(client, ""):
         assert SECRET.encode() not in _get(client, key), key
