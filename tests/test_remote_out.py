@@ -202,6 +202,19 @@ def test_configuration_errors_are_exit_2_before_any_work(s3, local):
     assert _keys(client, "runs/nothing-here") == []
 
 
+def test_an_out_whose_lock_object_cannot_be_written_is_exit_2_before_any_work(s3, local, tmp_path):
+    """A store that refuses the first write (here every PUT of the lock object fails): exit 2 at
+    once, naming the folder; nothing written in the bucket, no staging folder left."""
+    endpoint, client = s3
+    with FailingProxy(endpoint, ".lock.json") as proxy:
+        r = _score(local[0], f"s3://{BUCKET}/runs/unwritable", "--storage-option", f"endpoint_url={proxy.url}",
+                   "--storage-option", "config_kwargs.retries.max_attempts=1")
+        assert proxy.failed >= 1
+    assert r.exit_code == 2 and f"--out s3://{BUCKET}/runs/unwritable" in r.output, r.output
+    assert "cannot be written" in r.output and "shard(s) to score" not in r.output
+    assert _keys(client, "runs/unwritable") == [] and not os.listdir(tmp_path / "tmp")
+
+
 def test_filter_storage_options_reach_the_bucket_and_no_secret_is_written(s3, local, tmp_path, monkeypatch):
     """filter --storage-option: the endpoint and credentials given only as options (none in the
     environment); the distinctive secret is in no output, object or cached file."""
