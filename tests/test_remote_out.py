@@ -199,6 +199,8 @@ def test_configuration_errors_are_exit_2_before_any_work(s3, local):
     assert r.exit_code == 2 and "the bucket 'no-such-bucket' does not exist" in r.output
     r = _cli("filter", f"s3://{BUCKET}/runs/nothing-here", "--min", "brightness=0.5")
     assert r.exit_code == 2 and "does not exist" in r.output
+    r = _cli("dedup", f"s3://{BUCKET}/runs/nothing-here")
+    assert r.exit_code == 2 and "takes a local run folder" in r.output, r.output
     assert _keys(client, "runs/nothing-here") == []
 
 
