@@ -193,6 +193,33 @@ def test_the_lock_object_refuses_while_its_owner_lives_and_is_taken_over_when_st
     RemoteOutputLock(f"s3://{BUCKET}/runs/two").acquire().release()
 
 
+def test_the_lock_heartbeat_and_a_takeover_race_are_conditional_puts(s3, monkeypatch):
+    """The owner's heartbeat moves the lock's time; of two runs taking over one stale lock, the
+    second's put (If-Match: the stale ETag) fails; an owner whose lock was taken neither renews
+    nor deletes the new owner's lock."""
+    from wdsfilter.score import outlock
+    _, client = s3
+    url, key = f"s3://{BUCKET}/runs/beat", "runs/beat/.lock.json"
+    owner = outlock.RemoteOutputLock(url).acquire()
+    before = json.loads(_get(client, key))["heartbeat"]
+    monkeypatch.setattr(outlock, "HEARTBEAT_SECONDS", 0.0)
+    while json.loads(_get(client, key))["heartbeat"] == before:  # the clock moves on
+        owner.heartbeat()
+    stale = dict(json.loads(_get(client, key)), heartbeat=time.time() - 3600, host="elsewhere")
+    client.put_object(Bucket=BUCKET, Key=key, Body=json.dumps(stale).encode())  # the owner vanished
+    a, b = outlock.RemoteOutputLock(url), outlock.RemoteOutputLock(url)
+    _, stale_etag = b._holder()  # b read the stale lock before a took it over
+    a.acquire()
+    assert a.took_over["host"] == "elsewhere"
+    with pytest.raises(OSError):
+        b._put(IfMatch=stale_etag)
+    owner.heartbeat()  # the vanished owner comes back: its renewal is refused ...
+    owner.release()  # ... and it does not delete a's lock
+    assert json.loads(_get(client, key))["run"] == a.info["run"]
+    a.release()
+    assert _keys(client, "runs/beat/") == []
+
+
 def test_configuration_errors_are_exit_2_before_any_work(s3, local):
     _, client = s3
     r = _score(local[0], "s3://no-such-bucket/run")
