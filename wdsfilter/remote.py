@@ -95,17 +95,19 @@ def filesystem(url: str, storage_options: Optional[Mapping] = None):
 
 
 @contextmanager
-def storage_defaults(options: Optional[Mapping]) -> Iterator[None]:
-    """While the block runs, `options` are every remote filesystem's defaults (fsspec's own
-    config, which explicit options override): for a command whose remote reads and writes are
-    made in many places (`wdsfilter filter`: the score folder, its sources, the report). Held in
-    memory only, like every storage option."""
+def storage_defaults(options: Optional[Mapping], urls: Sequence[str] = ()) -> Iterator[None]:
+    """While the block runs, `options` are the defaults (fsspec's own config, which explicit
+    options override) of the filesystems of `urls`' schemes, or of every object store (s3, gs, hf)
+    when none is remote: for a command whose remote reads and writes are made in many places
+    (`wdsfilter filter`: the score folder, its sources, the report). Held in memory only, like
+    every storage option."""
     if not options:
         yield
         return
     import fsspec.config
     conf = fsspec.config.conf
-    saved = {p: conf.get(p) for p in {proto for _, proto in SCHEMES.values()}}
+    named = {SCHEMES[scheme_of(u)][1] for u in urls if u and is_fsspec_url(u)}
+    saved = {p: conf.get(p) for p in named or ("s3", "gs", "hf")}
     try:
         for proto in saved:
             conf[proto] = {**(saved[proto] or {}), **dict(options)}
