@@ -244,6 +244,24 @@ def test_an_out_whose_lock_object_cannot_be_written_is_exit_2_before_any_work(s3
     assert _keys(client, "runs/unwritable") == [] and not os.listdir(tmp_path / "tmp")
 
 
+def test_uploads_that_keep_failing_fail_the_run_and_no_marker_goes_ahead_of_its_files(s3, local, tmp_path):
+    """Every upload of a score file fails (HTTP 500): the run exits 3, the bucket holds no marker
+    (they follow their score files), and the staging folder is kept for a --resume."""
+    endpoint, client = s3
+    with FailingProxy(endpoint, "/scores/") as proxy:
+        r = _score(local[0], f"s3://{BUCKET}/runs/failing", "--storage-option", f"endpoint_url={proxy.url}",
+                   "--storage-option", "config_kwargs.retries.max_attempts=1")
+        assert proxy.failed >= 1
+    assert r.exit_code == 3 and "uploading" in r.output and "scores/shard-0000.jsonl failed" in r.output, r.output
+    keys = _keys(client, "runs/failing/")
+    assert not [k for k in keys if "/done/" in k or "/scores/" in k] and "runs/failing/run.json" in keys
+    [staging] = glob.glob(str(tmp_path / "tmp" / "wdsfilter-out-*"))
+    assert sorted(os.listdir(os.path.join(staging, "done"))) == [f"shard-000{i}.json" for i in range(3)]
+    r = _score(local[0], f"s3://{BUCKET}/runs/failing", "--resume")  # the store works again
+    assert r.exit_code == 0, r.output
+    assert len([k for k in _keys(client, "runs/failing/done/")]) == 3
+
+
 def test_filter_storage_options_reach_the_bucket_and_no_secret_is_written(s3, local, tmp_path, monkeypatch):
     """filter --storage-option: the endpoint and credentials given only as options (none in the
     environment); the distinctive secret is in no output, object or cached file."""
