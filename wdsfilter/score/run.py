@@ -72,7 +72,12 @@ class Run:
         if self.remote:
             cfg = self.cfg = dataclasses.replace(cfg, out=self.remote.local, write_shards=(
                 self.remote.shards.local if self.remote.shards else cfg.write_shards))
-        self.lock = None if cfg.dry_run else OutputLock(cfg.out).acquire()
+        try:
+            self.lock = None if cfg.dry_run else OutputLock(cfg.out).acquire()
+        except BaseException:
+            if self.remote:  # its lock object is not left to go stale
+                self.remote.release()
+            raise
         try:
             if cfg.retry_failed and not os.path.exists(os.path.join(cfg.out, "run.json")):
                 raise ConfigError(f"--retry-failed: {cfg.out} holds no scoring run; score the shards there first")
