@@ -62,6 +62,7 @@ class RemoteFolder:
     def pull(self) -> int:
         """Download the remote folder into staging; returns how many files."""
         try:
+            self.fs.invalidate_cache(self.path)  # what the bucket holds now, not a listing cached earlier
             found = self.fs.find(self.path + "/")
         except FileNotFoundError:
             found = []
@@ -214,6 +215,7 @@ def pulled(url: str, storage_options=None) -> str:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
         remote = RemoteFolder(url, storage_options, staging=folder)
         try:
+            remote.fs.invalidate_cache(remote.path)
             listed = remote.fs.find(remote.path + "/", detail=True)
         except FileNotFoundError:
             listed = {}

@@ -184,7 +184,10 @@ class RemoteOutputLock:
         return self
 
     def _holder(self):
+        """(the lock's content, its ETag): the ETag read first, so a lock replaced in between is
+        one whose conditional takeover fails, never one taken over unseen."""
         try:
+            self.fs.invalidate_cache(self.path)  # a listing cached by this process is not the lock now
             etag = self.fs.info(self.path).get("ETag")
             return json.loads(self.fs.cat_file(self.path)), etag
         except FileNotFoundError:  # released as we looked
