@@ -30,11 +30,12 @@ import threading
 from typing import Callable, Dict, List, Optional, Tuple
 
 from .atomic import is_temporary
-from .remote import RemoteOutputError, _describe, credential_source, filesystem, redact_url
+from .remote import RemoteOutputError, _describe, credential_source, filesystem, redact_url, scheme_of
 
 log = logging.getLogger("wdsfilter")
 MARKERS = "done"  # the folder whose files are uploaded last (runfolder.layout.DONE)
 SKIP = (".lock", ".lock.json")  # the local flock file, the remote lock object: never mirrored
+PART_BYTES = 16 << 20
 
 
 class RemoteFolder:
@@ -47,7 +48,9 @@ class RemoteFolder:
         self.path = path.rstrip("/")
         self.local = staging or tempfile.mkdtemp(prefix="wdsfilter-out-")
         self.sent: Dict[str, Tuple[int, int]] = {}  # relative path -> (size, mtime_ns) in the bucket
-        self.part_bytes: Optional[int] = None  # a multipart upload's part size (None: the filesystem's own)
+        # A multipart upload's part size: s3fs reads a file below twice its part size (50 MiB) whole
+        # into memory for one PUT; 16 MiB parts bound that to 32 MiB (None: the filesystem's own)
+        self.part_bytes: Optional[int] = PART_BYTES if scheme_of(self.url) in ("s3", "gs", "gcs") else None
         self.exclude: Tuple[str, ...] = ()  # top-level names of staging that are not this folder's
         self.before_markers: Optional[Callable[[], object]] = None  # another folder synced before the markers
         self._syncing = threading.Lock()  # the mirror's thread and the run's last sync take turns
