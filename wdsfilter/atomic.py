@@ -47,6 +47,10 @@ def write_json(path: str, data: Any, *, fsync: bool = False, indent: Optional[in
     """json.dump `data` to `path` atomically; fsync=True flushes it to disk before the rename (a
     completion marker must not outlive a power cut that loses the data it vouches for)."""
     dump_options.setdefault("default", str)
+    from .remote import is_fsspec_url
+    if is_fsspec_url(path):  # one object, whole or not at all (thresholds.json of a run folder in a bucket)
+        from .remote import write_object
+        return write_object(path, json.dumps(data, indent=indent, **dump_options).encode())
     with atomic_path(path) as tmp:
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(data, f, indent=indent, **dump_options)

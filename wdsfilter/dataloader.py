@@ -345,7 +345,7 @@ def build_loader(urls, config: StageConfig, opts: LoaderOptions) -> WdsLoader:
     place = Place()  # the readers' epoch and worker, shared by the seeded stages
     pipeline = sample_pipeline(shard_urls, config, tally, resampled=opts.resampled, shuffle=opts.shuffle,
                                seed=opts.seed, extra=_output_stages(opts, place), sink=sink,
-                               before_decode=_score_stages(opts, bounds, tally), cycle=epoch_samples is not None,
+                               before_decode=_score_stages(opts, bounds, tally, config.storage_options), cycle=epoch_samples is not None,
                                place=place)
     pipeline.append(batched(opts.batch_size, _collate(opts), partial=not opts.drop_last))
     num_batches = num_samples = per_worker = None
@@ -389,13 +389,13 @@ def _check_sized(world: int, opts: LoaderOptions, epoch_samples: Optional[int]) 
             f"use resampled=True with epoch_samples.")
 
 
-def _score_stages(opts: LoaderOptions, bounds: Optional[tuple], tally: Tally) -> list:
+def _score_stages(opts: LoaderOptions, bounds: Optional[tuple], tally: Tally, storage_options=None) -> list:
     """The score filter, if asked for: before decoding and shuffling, so dropped samples are never
     decoded, and score tables are read one shard at a time. Its drops count in the loader's tally."""
     if bounds is None:
         return []
     from .scorefilter import score_filter
-    return [score_filter(opts.scores, bounds[0], tally, bounds[1], dedup=opts.dedup)]
+    return [score_filter(opts.scores, bounds[0], tally, bounds[1], dedup=opts.dedup, storage_options=storage_options)]
 
 
 def _output_stages(opts: LoaderOptions, place: Place) -> list:

@@ -17,8 +17,9 @@ import json
 import os
 import re
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from .errors import ConfigError, require
 
@@ -91,6 +92,32 @@ def filesystem(url: str, storage_options: Optional[Mapping] = None):
                           f"options given: {sorted(storage_options or {})}") from None
     path = url if protocol in ("http", "https") else fs._strip_protocol(url)
     return fs, path
+
+
+@contextmanager
+def storage_defaults(options: Optional[Mapping], urls: Sequence[str] = ()) -> Iterator[None]:
+    """While the block runs, `options` are the defaults (fsspec's own config, which explicit
+    options override) of the filesystems of `urls`' schemes, or of every object store (s3, gs, hf)
+    when none is remote: for a command whose remote reads and writes are made in many places
+    (`wdsfilter filter`: the score folder, its sources, the report). Held in memory only, like
+    every storage option."""
+    if not options:
+        yield
+        return
+    import fsspec.config
+    conf = fsspec.config.conf
+    named = {SCHEMES[scheme_of(u)][1] for u in urls if u and is_fsspec_url(u)}
+    saved = {p: conf.get(p) for p in named or ("s3", "gs", "hf")}
+    try:
+        for proto in saved:
+            conf[proto] = {**(saved[proto] or {}), **dict(options)}
+        yield
+    finally:
+        for proto, value in saved.items():
+            if value is None:
+                conf.pop(proto, None)
+            else:
+                conf[proto] = value
 
 
 def parse_storage_options(items: Sequence[str]) -> Dict:
@@ -336,13 +363,3 @@ def read_object(url: str, storage_options: Optional[Mapping] = None, limit: int 
             return f.read(limit)
     except FileNotFoundError:
         return None
-
-
-def refuse_remote_folder(path: str, option: str) -> None:
-    """Outputs that are folders of many files written as a run goes (score --out, --write-shards;
-    filter --write-shards) are local only for now: refused at once (exit 2) instead of becoming a
-    local folder named `s3:`. docs/remote.md says how such a folder will work remotely."""
-    if path and is_fsspec_url(str(path)):
-        raise ConfigError(f"{option} {redact_url(str(path))}: writing this folder to an object store is not supported "
-                          f"yet; write it to a local folder and copy it (aws s3 sync DIR s3://...; gcloud storage "
-                          f"rsync -r DIR gs://...). Reports and --stats-dir may be URLs")

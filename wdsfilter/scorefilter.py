@@ -40,13 +40,14 @@ class ScoreFilter:
     """Picklable webdataset stage (see the module docstring)."""
 
     def __init__(self, scores_dir: str, min_scores: Dict[str, float], tally: Optional[Tally] = None,
-                 max_scores: Optional[Dict[str, float]] = None, dedup: bool = False):
+                 max_scores: Optional[Dict[str, float]] = None, dedup: bool = False, storage_options=None):
         if not scores_dir:
             raise ConfigError("score filtering needs scores=DIR (the --out folder of `wdsfilter score`)")
         self.scores_dir = scores_dir
         self.thresholds = Thresholds.build(min_scores, max_scores)
         self.tally = tally if tally is not None else Tally(name="score_filter")
-        self.by_url, self.by_stem, run = self._index()
+        # a folder in a bucket (s3://...) is read from a local copy; the options are not kept
+        self.by_url, self.by_stem, run = self._index(storage_options)
         self._check_columns(run)
         self._url: Optional[str] = None
         self._table: Optional[Dict[str, Tuple]] = None
@@ -54,16 +55,16 @@ class ScoreFilter:
         self.dedup = None
         if dedup:  # `wdsfilter dedup`'s verdicts, the rule `wdsfilter filter --dedup` applies too
             from .runfolder.dedup import DedupMarks
-            self.dedup = DedupMarks(self.scores_dir, [(s.name, s.score_file) for s in run.shards])
+            self.dedup = DedupMarks(run.folder, [(s.name, s.score_file) for s in run.shards])
         self._dropped: Dict[str, str] = {}
 
     # -- index of score files -----------------------------------------------------------------
-    def _index(self):
+    def _index(self, storage_options=None):
         """url/stem -> score file, from the one reader of a run folder (runfolder.ScoreRun): a
         folder that is not a finished run, or points outside itself, is a ConfigError here, when
         the loader is built. A marker's source path is only used where the run's own record names
         it; a shard is otherwise matched by the URL the run was given, then by its file name."""
-        run = ScoreRun.open(self.scores_dir)
+        run = ScoreRun.open(self.scores_dir, storage_options=storage_options)
         by_url: Dict[str, str] = {}
         by_stem: Dict[str, Optional[str]] = {}
         changed = []
@@ -166,7 +167,7 @@ def _stem(score_file: str) -> str:
 
 
 def score_filter(scores_dir: str, min_scores: Dict[str, float], tally: Optional[Tally] = None,
-                 max_scores: Optional[Dict[str, float]] = None, dedup: bool = False) -> ScoreFilter:
+                 max_scores: Optional[Dict[str, float]] = None, dedup: bool = False, storage_options=None) -> ScoreFilter:
     """A stage dropping samples without scores, under `min_scores` or over `max_scores` (column ->
     bound); drops are counted in `tally` (pass the pipeline's, as wdsfilter.loader does)."""
-    return ScoreFilter(scores_dir, min_scores, tally, max_scores, dedup)
+    return ScoreFilter(scores_dir, min_scores, tally, max_scores, dedup, storage_options)

@@ -76,6 +76,10 @@ def dedup(run_dir: str, kinds: Sequence[str] = (), near_bits: int = NEAR_BITS,
     """Group duplicates of the kinds asked (default: every kind the run has data for), choose the
     survivors, mark eval matches, write RUN_DIR/dedup/. Returns the counts."""
     from . import source
+    from ..remote import is_fsspec_url, redact_url
+    if is_fsspec_url(run_dir):  # it writes RUN_DIR/dedup/ beside the scores: not through a bucket yet
+        raise ConfigError(f"wdsfilter dedup takes a local run folder; copy {redact_url(run_dir)} first "
+                          f"(aws s3 sync URL DIR), then dedup DIR")
     echo = echo or (lambda line: None)
     unknown = [k for k in kinds if k not in KINDS]
     if unknown:

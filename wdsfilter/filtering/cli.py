@@ -44,6 +44,9 @@ from ..thresholds import shorthand_options
 @click.option("--dedup", is_flag=True,
               help="Keep only the survivor of each duplicate group and drop eval matches, as `wdsfilter dedup "
                    "SCORES_DIR` marked them (docs/dedup.md).")
+@click.option("--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
+              help="An fsspec storage option for the remote score folder, sources and outputs (endpoint_url=..., "
+                   "anon=true; repeatable; VALUE is JSON when it parses). Never written anywhere.")
 @click.option("--allow-incomplete", is_flag=True,
               help="Exit 0 even when shards of the scoring run have no complete score file (they are left out).")
 @shorthand_options
@@ -51,8 +54,8 @@ from ..thresholds import shorthand_options
                          "out are still named, on stderr.",
                    verbose="Say more: a line per shard written with --write-shards.")
 def filter_command(scores_dir, mins, maxes, tops, bottoms, write_shards, samples_per_shard, prefix, overwrite,
-                   unique_keys, interleave, dry_run, report, no_report, allow_pipe, allow_remote, dedup, allow_incomplete, source_root,
-                   quiet, verbose):
+                   unique_keys, interleave, dry_run, report, no_report, allow_pipe, allow_remote, dedup, allow_incomplete,
+                   source_root, quiet, verbose, storage_options=()):
     """Choose thresholds after scoring: count what --min/--max/--top/--bottom keep in the score
     folder of a `wdsfilter score` run (SCORES_DIR, either engine), write an HTML report and,
     with --write-shards, reshard the kept samples. No model is loaded."""
@@ -66,12 +69,14 @@ def filter_command(scores_dir, mins, maxes, tops, bottoms, write_shards, samples
     level = verbosity(quiet, verbose)
     # Errors go to the group (wdsfilter/cli.py): one line, exit 2 for usage/configuration, 3 when
     # the run failed (a source shard missing or changed, an I/O error).
-    result = filter_scores(scores_dir, mins, maxes, tops, bottoms, write_shards=write_shards,
-                           samples_per_shard=samples_per_shard, prefix=prefix, dry_run=dry_run,
-                           report=None if no_report else report, overwrite=overwrite,
-                           echo=click.echo if level else None, shard_echo=click.echo if level == 2 else None,
-                           allow_pipe=allow_pipe, allow_remote=allow_remote, source_root=source_root,
-                           dedup=dedup, unique_keys=unique_keys, interleave=interleave)
+    from ..remote import parse_storage_options, storage_defaults
+    with storage_defaults(parse_storage_options(storage_options), [scores_dir, write_shards, report]):
+        result = filter_scores(scores_dir, mins, maxes, tops, bottoms, write_shards=write_shards,
+                               samples_per_shard=samples_per_shard, prefix=prefix, dry_run=dry_run,
+                               report=None if no_report else report, overwrite=overwrite,
+                               echo=click.echo if level else None, shard_echo=click.echo if level == 2 else None,
+                               allow_pipe=allow_pipe, allow_remote=allow_remote, source_root=source_root,
+                               dedup=dedup, unique_keys=unique_keys, interleave=interleave)
     if level:
         click.echo(result.format_text())
     elif result.unfinished:  # -q hides counts, never that part of the run was left out

@@ -22,6 +22,7 @@ or doubled.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass
@@ -77,9 +78,29 @@ class Resharder:
 
     def lock(self):
         """One filter run per output folder (the lock `score` takes on its --out): two runs at
-        once would delete each other's temporaries and merge their sizes.json."""
+        once would delete each other's temporaries and merge their sizes.json. A folder in a
+        bucket: its lock object, and the run writes a staging copy uploaded as it goes."""
+        from ..remote import is_fsspec_url
         from ..score.outlock import OutputLock
+        if is_fsspec_url(self.out):
+            return self._remote()
         return OutputLock(self.out, command="filter", option="--write-shards")
+
+    @contextlib.contextmanager
+    def _remote(self):
+        from ..score.outlock import RemoteRunFolder
+        url = self.out
+        remote = RemoteRunFolder(url, command="filter", option="--write-shards")  # pulled: resume, ownership
+        try:
+            self.out = remote.local
+            remote.start()
+            yield self
+            remote.sync()  # every shard in the bucket before the run reports success
+        except ConfigError as e:  # "OUT already holds ...": the bucket's name, not the staging copy's
+            raise type(e)(remote.public(str(e))) from None
+        finally:
+            self.out = url
+            remote.release()
 
     # -- run state --------------------------------------------------------------------------------
     def prepare(self, identity: dict, overwrite: bool, kept: int) -> int:

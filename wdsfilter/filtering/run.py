@@ -149,9 +149,7 @@ def _check_outputs(run: ScoreRun, scores_dir: str, write_shards: Optional[str], 
                    allow_pipe: bool, allow_remote: bool) -> None:
     """What filter writes can be written, and the sources it reads again may be: before any work."""
     from ..writing import check_output_dir, check_output_file, refuse_writing_into_inputs
-    if write_shards is not None:
-        from ..remote import refuse_remote_folder
-        refuse_remote_folder(write_shards, "--write-shards")
+    if write_shards is not None:  # a bucket's folder too (reshard.Resharder.lock)
         check_output_dir(write_shards, "--write-shards")
         refuse_writing_into_inputs(write_shards, [s.url for s in run.shards])
     if report is not None:
@@ -192,7 +190,7 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
     marks = None
     if dedup:  # `wdsfilter dedup`'s verdicts: survivors only, no eval match
         from ..runfolder.dedup import DedupMarks
-        marks = DedupMarks(scores_dir, [(s.name, s.score_file) for s in run.shards])
+        marks = DedupMarks(run.folder, [(s.name, s.score_file) for s in run.shards])
     thresholds = resolve(spec, run)
     result = FilterResult(scores_dir=scores_dir, thresholds=thresholds, shards=len(run.shards),
                           unfinished=run.unfinished, dry_run=dry_run)

@@ -42,9 +42,15 @@ class ScoreRun:
     scorers: List[dict] = field(default_factory=list)  # run.json's scorers
 
     @classmethod
-    def open(cls, folder: str, source_root: Optional[str] = None) -> "ScoreRun":
+    def open(cls, folder: str, source_root: Optional[str] = None, storage_options=None) -> "ScoreRun":
         """Read the folder's record (ConfigError when it is not a finished score folder, or
-        points outside itself). source_root: where the source shards are now (layout.py)."""
+        points outside itself). source_root: where the source shards are now (layout.py). A
+        folder in a bucket (s3://...) is read from its local copy, brought up to date
+        (remote_out.pulled), by the same rules."""
+        from ..remote import is_fsspec_url
+        if is_fsspec_url(folder):
+            from ..remote_out import pulled
+            folder = pulled(folder, storage_options)
         if not os.path.exists(folder):
             raise ConfigError(f"score folder {folder} does not exist; pass the --out folder of a `wdsfilter score` run")
         if not os.path.isdir(folder):

@@ -88,13 +88,11 @@ class ScoreConfig:
     def __post_init__(self):
         if not self.out or not isinstance(self.out, str):
             raise ConfigError("out: a folder for the score files is required (--out DIR)")
-        from ..remote import refuse_remote_folder
         from ..writing import check_output_dir  # an unwritable output is a usage error, before any work
-        refuse_remote_folder(self.out, "--out")
-        refuse_remote_folder(self.write_shards, "--write-shards")
-        check_output_dir(self.out, "--out")
+        # an s3:// --out: its bucket is checked here, the write itself when the lock object is taken
+        check_output_dir(self.out, "--out", self.stage.storage_options)
         if self.write_shards:
-            check_output_dir(self.write_shards, "--write-shards")
+            check_output_dir(self.write_shards, "--write-shards", self.stage.storage_options)
         if isinstance(self.scorers, (str, bytes)) or not isinstance(self.scorers, Sequence):
             self.scorers = (self.scorers,)
         self.scorers = tuple(self.scorers)

@@ -35,6 +35,7 @@ from collections import Counter
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import ConfigError, require
+from ..remote import is_fsspec_url
 from ..shards import absolute_url
 from .embeddings import FIELD as EMBEDDINGS
 from .faults import disk_full, is_disk_full, read_failed_reason
@@ -185,13 +186,14 @@ def run_on_ray(shards, cfg, *, actors: Optional[int] = None, gpus_per_actor: Opt
     if cfg.dry_run:
         raise ConfigError("dry_run plans the single-machine engine; Ray plans its own cluster (ray status)")
     # Ray workers may run in another folder (or on another node of the shared filesystem).
-    cfg = dataclasses.replace(cfg, out=os.path.abspath(cfg.out),
-                              write_shards=os.path.abspath(cfg.write_shards) if cfg.write_shards else None)
+    cfg = dataclasses.replace(cfg, out=cfg.out if is_fsspec_url(cfg.out) else os.path.abspath(cfg.out),
+                              write_shards=cfg.write_shards if not cfg.write_shards or is_fsspec_url(cfg.write_shards)
+                              else os.path.abspath(cfg.write_shards))
     # The local engine's URLs, scorers, columns, run state, summary and lock; the keys on the first
     # shard to score are checked there, so configuration errors come before Ray starts.
     run = Run(shards, cfg, echo, engine="ray")
     try:
-        return _run_on_ray(run, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, address, ray_init)
+        return _run_on_ray(run, run.cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, address, ray_init)
     except Exception as e:
         cause = getattr(e, "cause", e)  # a Ray task's error carries the original as .cause
         if is_disk_full(cause):

@@ -104,12 +104,15 @@ def recipe_of(cfg: ScoreConfig, urls: Sequence[str], engine: str = "local") -> O
     return json.loads(json.dumps(recipe, default=str))
 
 
-def write_recipe(cfg: ScoreConfig, urls: Sequence[str], engine: str = "local") -> Optional[str]:
-    """OUT/run.yaml: the run as a recipe (`wdsfilter score --config OUT/run.yaml` runs it again)."""
+def write_recipe(cfg: ScoreConfig, urls: Sequence[str], engine: str = "local",
+                 shown: Optional[Dict[str, str]] = None) -> Optional[str]:
+    """OUT/run.yaml: the run as a recipe (`wdsfilter score --config OUT/run.yaml` runs it again).
+    shown: the out/write_shards it names where they are not cfg's (a bucket's, written through staging)."""
     from ..writing import write_text_atomic
     recipe = recipe_of(cfg, urls, engine)
     if recipe is None:
         return None
+    recipe.update({k: v for k, v in (shown or {}).items() if v})
     path = os.path.join(cfg.out, RECIPE_FILE)
     header = "# wdsfilter score --config this file runs it again (JSON is YAML); command-line options override it\n"
     return write_text_atomic(path, header + json.dumps(recipe, indent=2) + "\n")

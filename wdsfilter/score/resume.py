@@ -45,6 +45,8 @@ class RunState:
         self.identity: Optional[dict] = None
         self.writable = not cfg.dry_run
         self.resumed_from_markers = 0
+        # (staging folder, URL) of a --write-shards in a bucket: markers name the URL (outlock.RemoteRunFolder)
+        self.shown_write_shards: Optional[tuple] = None
         if identity is None:
             self.check_folder()
         else:
@@ -192,10 +194,15 @@ class RunState:
         name = self.names[url]
         known = {k: v for k, v in info.items() if k in Marker.__dataclass_fields__}
         marker = Marker(**known, url=url, name=name, score_file=f"{layout.SCORES}/{name}{self.ext}",
-                        filtered_shard=self.filtered_path(url), source=source_state(source or url),
+                        filtered_shard=self._shown(self.filtered_path(url)), source=source_state(source or url),
                         sizes=output_sizes(self.out, self._outputs(url, info.get("embeddings"), info.get("failures"))),
                         extra={k: v for k, v in info.items() if k not in Marker.__dataclass_fields__})
         layout.write_marker(self.out, marker)
+
+    def _shown(self, path: Optional[str]) -> Optional[str]:
+        if path and self.shown_write_shards and path.startswith(self.shown_write_shards[0] + os.sep):
+            return self.shown_write_shards[1] + "/" + os.path.relpath(path, self.shown_write_shards[0])
+        return path
 
     def done_score_files(self) -> List[str]:
         return [self.score_path(u) for u in self.urls if self.is_done(u)]

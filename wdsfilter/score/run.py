@@ -6,6 +6,7 @@ how a run ends (the summary read back from the score files, histograms, summary.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass, field
@@ -65,8 +66,18 @@ class Run:
         # key answers before torch is imported (resolving a CLIP scorer imports open_clip).
         check_scorer_names(cfg)
         check_before_torch(cfg)
-        # One run per --out (outlock.py): taken before the run state, which deletes temporaries.
-        self.lock = None if cfg.dry_run else OutputLock(cfg.out).acquire()
+        # One run per --out (outlock.py): taken before the run state, which deletes temporaries. A
+        # remote --out: a lock object, then the run writes a local staging copy mirrored to the bucket.
+        self.remote = self._remote_out(cfg)
+        if self.remote:
+            cfg = self.cfg = dataclasses.replace(cfg, out=self.remote.local, write_shards=(
+                self.remote.shards.local if self.remote.shards else cfg.write_shards))
+        try:
+            self.lock = None if cfg.dry_run else OutputLock(cfg.out).acquire()
+        except BaseException:
+            if self.remote:  # its lock object is not left to go stale
+                self.remote.release()
+            raise
         try:
             if cfg.retry_failed and not os.path.exists(os.path.join(cfg.out, "run.json")):
                 raise ConfigError(f"--retry-failed: {cfg.out} holds no scoring run; score the shards there first")
@@ -87,15 +98,22 @@ class Run:
             # The model side gets its own copies: a loaded model must never be pickled into a
             # decode worker (spawn would copy the weights into every one of them).
             self.model_scorers = [copy.deepcopy(s) for s in self.scorers]
-            self.state.open(run_identity(cfg, self.scorers))
+            if self.remote and self.remote.shards:  # what the bucket's markers name, not the staging folder
+                self.state.shown_write_shards = (self.remote.shards.local, self.remote.shards.url)
+            self.state.open(self._identity())
             if not cfg.dry_run:  # the resolved recipe: `wdsfilter score --config OUT/run.yaml` runs it again
-                write_recipe(cfg, self.urls, engine)
+                write_recipe(cfg, self.urls, engine, self.remote and {
+                    "out": self.remote.url, "write_shards": self.remote.shards and self.remote.shards.url})
+            if self.remote:
+                self.remote.start()
         except BaseException as e:
             self.release_lock()
+            if self.remote and isinstance(e, ConfigError):  # "OUT already holds a run": the bucket's name
+                raise type(e)(self.remote.public(str(e))) from None
             if is_disk_full(e):
                 raise disk_full(e, "the run state") from None
             raise
-        self.summary = RunSummary(out=cfg.out, shards=len(self.urls), dry_run=cfg.dry_run,
+        self.summary = RunSummary(out=self.remote.url if self.remote else cfg.out, shards=len(self.urls), dry_run=cfg.dry_run,
                                   shards_resumed=self.state.resumed_from_markers)
 
     def only_retried(self) -> list:
@@ -105,9 +123,33 @@ class Run:
             return []
         return [OnlyKeys({u: [e["key"] for e in plan.values()] for u, plan in self.retry.items()})]
 
+    @staticmethod
+    def _remote_out(cfg: ScoreConfig):
+        from ..remote import is_fsspec_url
+        if not is_fsspec_url(cfg.out):
+            if cfg.write_shards and is_fsspec_url(cfg.write_shards):
+                raise ConfigError("--write-shards in a bucket needs --out in a bucket too (a shard's completion marker "
+                                  "is written after its filtered shard is uploaded); or write both locally")
+            return None
+        from .outlock import RemoteRunFolder
+        remote_shards = cfg.write_shards if cfg.write_shards and is_fsspec_url(cfg.write_shards) else None
+        if cfg.write_shards and not remote_shards:
+            raise ConfigError("--out in a bucket takes --write-shards in a bucket too (s3://...), or no --write-shards")
+        return RemoteRunFolder(cfg.out, cfg.stage.storage_options, lock=not cfg.dry_run, write_shards=remote_shards,
+                               pull_shards=cfg.resume or bool(cfg.retry_failed))
+
+    def _identity(self) -> dict:
+        identity = run_identity(self.cfg, self.scorers)
+        if self.remote and self.remote.shards:
+            identity["write_shards"] = self.remote.shards.url
+        return identity
+
     def release_lock(self) -> None:
         if self.lock is not None:
             self.lock.release()
+            self.lock = None
+        if self.remote is not None:  # the last upload, then the lock object
+            self.remote.release()
 
     def pending(self) -> List[str]:
         """The shards to score (all, or those without a completion marker with --resume)."""
@@ -136,7 +178,13 @@ class Run:
         summary.files["failures"] = self.record_failures()
         summary.files["report"] = score_report(cfg.out, cfg.thresholds, cfg.max_thresholds,
                                                cfg.stage.allow_pipe, cfg.stage.allow_remote)
-        write_summary(summary, summary.files["summary"])
+        if self.remote:  # the summary and report name the bucket's objects, not the staging copy
+            self.remote.publish_text(summary.files["report"])
+            summary.files = {k: self.remote.public(v) for k, v in summary.files.items()}
+            write_summary(summary, os.path.join(cfg.out, "summary.json"))
+            self.remote.sync()  # every object in the bucket before the run reports success
+        else:
+            write_summary(summary, summary.files["summary"])
         if summary.scored == 0:
             raise NothingScoredError(nothing_scored_text(summary, len(files), self.state.scores_dir))
         return summary

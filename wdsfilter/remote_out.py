@@ -1,0 +1,268 @@
+"""A folder of outputs in an object store (`score --out s3://bucket/run/`), written through a local
+staging folder that mirrors it.
+
+Why staging: a run folder is many files, rewritten (shards.json, the failure ledger) and read back
+(--resume, the summary reads every score file) as the run goes; every module that writes one
+writes a local file whole (atomic.py), and the one rule of the folder (runfolder/) stays one rule.
+This module keeps the bucket a faithful copy of that folder:
+
+* `pull()`: before the run, every object of the remote folder is downloaded into staging, so
+  --resume, --overwrite and "this folder already holds a run" are decided on the same files as
+  for a local folder;
+* `sync()`: uploads every file that is new or changed since its last upload, each object whole
+  or not at all (fsspec's put_file: one PUT, or a multipart upload completed at its end and
+  aborted on failure; never a streaming open, which commits what it holds when an exception
+  leaves its `with` block), and completion markers (`done/`) LAST, and only markers that were on
+  disk before the files they vouch for were uploaded: a marker in the bucket always follows its
+  outputs there. Files removed in staging (--overwrite) are deleted in the bucket, markers first.
+
+A `Mirror` runs sync() in a thread every few seconds (so a run killed with SIGKILL leaves its
+finished shards in the bucket), and once more at the end; temporaries are never uploaded.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+import threading
+from typing import Callable, Dict, List, Optional, Tuple
+
+from .atomic import is_temporary
+from .remote import RemoteOutputError, _describe, credential_source, filesystem, redact_url, scheme_of
+
+log = logging.getLogger("wdsfilter")
+MARKERS = "done"  # the folder whose files are uploaded last (runfolder.layout.DONE)
+SKIP = (".lock", ".lock.json")  # the local flock file, the remote lock object: never mirrored
+PART_BYTES = 16 << 20
+
+
+class RemoteFolder:
+    """One remote folder and its local staging copy."""
+
+    def __init__(self, url: str, storage_options=None, staging: Optional[str] = None):
+        self.url = url.rstrip("/")
+        self.storage_options = storage_options
+        self.fs, path = filesystem(self.url, storage_options)
+        self.path = path.rstrip("/")
+        self.local = staging or tempfile.mkdtemp(prefix="wdsfilter-out-")
+        self.sent: Dict[str, Tuple[int, int]] = {}  # relative path -> (size, mtime_ns) in the bucket
+        # A multipart upload's part size: s3fs reads a file below twice its part size (50 MiB) whole
+        # into memory for one PUT; 16 MiB parts bound that to 32 MiB (None: the filesystem's own)
+        self.part_bytes: Optional[int] = PART_BYTES if scheme_of(self.url) in ("s3", "gs", "gcs") else None
+        self.exclude: Tuple[str, ...] = ()  # top-level names of staging that are not this folder's
+        self.before_markers: Optional[Callable[[], object]] = None  # another folder synced before the markers
+        self._syncing = threading.Lock()  # the mirror's thread and the run's last sync take turns
+
+    def remote(self, rel: str) -> str:
+        return f"{self.path}/{rel}"
+
+    def shown(self, rel: str = "") -> str:
+        return redact_url(f"{self.url}/{rel}" if rel else self.url)
+
+    # -- bucket -> staging ------------------------------------------------------------------------
+    def pull(self) -> int:
+        """Download the remote folder into staging; returns how many files."""
+        try:
+            self.fs.invalidate_cache(self.path)  # what the bucket holds now, not a listing cached earlier
+            found = self.fs.find(self.path + "/")
+        except FileNotFoundError:
+            found = []
+        except PermissionError as e:
+            raise RemoteOutputError(f"{self.shown()}: listing is forbidden ({_describe(e)}); credentials: "
+                                    f"{credential_source(self.url, self.storage_options)}") from None
+        n = 0
+        for key in sorted(found):
+            rel = key[len(self.path) + 1:]
+            if not rel or os.path.basename(rel) in SKIP or is_temporary(os.path.basename(rel)) or ".." in rel.split("/"):
+                continue
+            local = os.path.join(self.local, *rel.split("/"))
+            os.makedirs(os.path.dirname(local), exist_ok=True)
+            tmp = local + ".part"
+            try:
+                self.fs.get_file(key, tmp)
+                os.replace(tmp, local)
+            except OSError as e:
+                raise RemoteOutputError(f"reading {self.shown(rel)} failed: {_describe(e)}") from None
+            finally:
+                if os.path.exists(tmp):
+                    os.remove(tmp)
+            st = os.stat(local)
+            self.sent[rel] = (st.st_size, st.st_mtime_ns)
+            n += 1
+        return n
+
+    # -- staging -> bucket ------------------------------------------------------------------------
+    def _local_files(self, under: str = "") -> Dict[str, Tuple[int, int]]:
+        files = {}
+        top = os.path.join(self.local, under) if under else self.local
+        for root, dirs, names in os.walk(top):
+            dirs[:] = sorted(d for d in dirs if root != self.local or d not in self.exclude)
+            for name in sorted(names):
+                if name in SKIP or is_temporary(name) or name.endswith(".part"):
+                    continue
+                path = os.path.join(root, name)
+                try:
+                    st = os.stat(path)
+                except FileNotFoundError:  # replaced or removed as we looked
+                    continue
+                files[os.path.relpath(path, self.local).replace(os.sep, "/")] = (st.st_size, st.st_mtime_ns)
+        return files
+
+    def upload(self, rel: str, stat: Tuple[int, int]) -> None:
+        """One file, whole or not at all (put_file: a completed PUT or multipart upload)."""
+        try:
+            extra = {"chunksize": self.part_bytes} if self.part_bytes else {}
+            self.fs.put_file(os.path.join(self.local, *rel.split("/")), self.remote(rel), **extra)
+        except FileNotFoundError:
+            return  # removed in staging since it was listed: the next sync deletes it
+        except Exception as e:  # noqa: BLE001 - the store's error, named without options
+            raise RemoteOutputError(f"uploading {self.shown(rel)} failed: {_describe(e)}") from None
+        self.sent[rel] = stat
+
+    def sync(self, last: str = MARKERS) -> int:
+        """Upload what changed: deletions first (files under `last` before the others), then every
+        other file, then the files under `last` as they were listed BEFORE the others were."""
+        with self._syncing:
+            return self._sync(last)
+
+    def _sync(self, last: str) -> int:
+        ahead = self._local_files(last) if last else {}  # relative to the folder: done/<name>.json
+        if self.before_markers is not None:  # the filtered shards the markers vouch for
+            self.before_markers()
+        current = self._local_files()
+        gone = [r for r in self.sent if r not in current]
+        for rel in sorted(gone, key=lambda r: not r.startswith(last + "/")):
+            try:
+                self.fs.rm_file(self.remote(rel))
+            except FileNotFoundError:
+                pass
+            except Exception as e:  # noqa: BLE001
+                raise RemoteOutputError(f"deleting {self.shown(rel)} failed: {_describe(e)}") from None
+            self.sent.pop(rel, None)
+        n = 0
+        for rel, stat in current.items():
+            if (not last or not rel.startswith(last + "/")) and self.sent.get(rel) != stat:
+                self.upload(rel, stat)
+                n += 1
+        for rel, stat in ahead.items():
+            if self.sent.get(rel) != stat:
+                self.upload(rel, stat)
+                n += 1
+        return n
+
+    def remove_staging(self) -> None:
+        shutil.rmtree(self.local, ignore_errors=True)
+
+
+class Mirror:
+    """sync() of a RemoteFolder in a thread every `interval` seconds while a run writes its
+    staging folder, `tick` (the lock's heartbeat) on each round; stop() syncs a last time."""
+
+    def __init__(self, folder: RemoteFolder, interval: float = 5.0, tick: Optional[Callable[[], None]] = None):
+        self.folder, self.interval, self.tick = folder, interval, tick
+        self.error: Optional[BaseException] = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="wdsfilter-remote-out", daemon=True)
+
+    def start(self) -> "Mirror":
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                if self.tick is not None:
+                    self.tick()
+                self.folder.sync()
+                self.error = None
+            except Exception as e:  # noqa: BLE001 - tried again next round; stop() raises the last one
+                self.error = e
+                log.warning(f"{self.folder.shown()}: {e} (tried again in {self.interval:g}s)")
+
+    def stop(self) -> None:
+        """Stop the thread, then the last sync (raises RemoteOutputError when it fails)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        self.folder.sync()
+
+
+def staged_paths(text: str, folders: List[RemoteFolder]) -> str:
+    """`text` with each staging path replaced by its remote URL (what a summary names)."""
+    for f in folders:
+        text = text.replace(f.local, f.url)
+    return text
+
+
+def cache_folder(url: str) -> str:
+    """Where a remote run folder is copied to be read: $WDSFILTER_CACHE, else
+    $XDG_CACHE_HOME/wdsfilter (~/.cache/wdsfilter), /remote-runs/<hash of the URL>."""
+    import hashlib
+    root = os.environ.get("WDSFILTER_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "wdsfilter")
+    return os.path.join(root, "remote-runs", hashlib.sha1(url.rstrip("/").encode()).hexdigest()[:16])
+
+
+def pulled(url: str, storage_options=None) -> str:
+    """A local copy of the remote run folder `url` (`wdsfilter filter s3://...`, the loader's
+    `scores=s3://...`), brought up to date: objects whose size or ETag changed are downloaded
+    again, files no longer in the bucket removed. Processes that share the copy take turns (a
+    flock). Returns the local folder, which runfolder's one reader then reads."""
+    import fcntl
+    import json
+    folder = cache_folder(url)
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, ".lock"), "a+b") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        remote = RemoteFolder(url, storage_options, staging=folder)
+        try:
+            remote.fs.invalidate_cache(remote.path)
+            listed = remote.fs.find(remote.path + "/", detail=True)
+        except FileNotFoundError:
+            listed = {}
+        except PermissionError as e:
+            raise RemoteOutputError(f"{remote.shown()}: listing is forbidden ({_describe(e)}); credentials: "
+                                    f"{credential_source(url, storage_options)}") from None
+        if not listed:
+            from .errors import ConfigError
+            raise ConfigError(f"score folder {remote.shown()} does not exist (no object under it); pass the --out "
+                              f"folder of a `wdsfilter score` run")
+        manifest_path = os.path.join(folder, ".manifest.json")
+        try:
+            with open(manifest_path) as f:
+                manifest = json.load(f)
+        except (OSError, ValueError):
+            manifest = {}
+        wanted = {}
+        for key, info in listed.items():
+            rel = key[len(remote.path) + 1:]
+            name = os.path.basename(rel)
+            if rel and name not in SKIP and not is_temporary(name) and ".." not in rel.split("/") \
+                    and not name.startswith(".manifest"):
+                wanted[rel] = f"{info.get('size')}:{info.get('ETag') or info.get('etag') or info.get('mtime')}"
+        for rel in [r for r in manifest if r not in wanted]:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(folder, *rel.split("/")))
+            manifest.pop(rel)
+        for rel, version in sorted(wanted.items()):
+            local = os.path.join(folder, *rel.split("/"))
+            if manifest.get(rel) == version and os.path.exists(local):
+                continue
+            os.makedirs(os.path.dirname(local), exist_ok=True)
+            tmp = local + ".part"
+            try:
+                remote.fs.get_file(remote.remote(rel), tmp)
+                os.replace(tmp, local)
+            except OSError as e:
+                raise RemoteOutputError(f"reading {remote.shown(rel)} failed: {_describe(e)}") from None
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(tmp)
+            manifest[rel] = version
+        with open(manifest_path + ".part", "w") as f:
+            json.dump(manifest, f)
+        os.replace(manifest_path + ".part", manifest_path)
+    return folder
+
