@@ -25,9 +25,10 @@ FOREIGN = {
     "tar": {"--sort", "--sparse", "--dereference"},
     "img2dataset": {"--output_format", "--caption_col", "--save_additional_columns",
                     "--encode_format", "--resize_mode", "--incremental_mode"},
-    "ray start": {"--head", "--num-gpus"},
+    "ray start": {"--head", "--num-gpus", "--address"},
     "open_clip_train": {"--train-data", "--train-num-samples"},
     "pip": {"--index-url"},
+    "pytest": {"--dist"},  # pytest-xdist's
 }
 OPTION = re.compile(r"(?<![\w-])(--?[a-zA-Z][\w-]*)")
 
