@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 from ..runfolder import ScoredShard, ScoreRun
-from ..runfolder.tables import read_batches
+from ..runfolder.tables import in_threads, read_batches
 from .judge import count_rows, count_table
 from ..config import StageConfig
 from .rules import FilterSpec, Threshold, bounds, drop_reason, resolve, write_thresholds
@@ -202,11 +202,14 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
     reasons: Counter = Counter()
     if marks is not None:
         result.dedup = {"kept": 0, "duplicate": 0, "eval_match": 0}
-    for shard in run.shards:
+    # Without a report or --dedup nothing looks at single rows: a Parquet table is counted
+    # column-wise, a few files at a time (pyarrow reads without the GIL); the counts add up in order.
+    tabled = [None] * len(run.shards)
+    if collector is None and marks is None:
+        tabled = in_threads(lambda s: count_table(s.score_file, thresholds) if s.score_file.endswith(".parquet")
+                            else None, run.shards)
+    for shard, counts in zip(run.shards, tabled):
         dropped = marks.dropped(shard.name) if marks is not None else None
-        # Without a report or --dedup nothing looks at single rows: a Parquet table is counted column-wise.
-        counts = count_table(shard.score_file, thresholds) if collector is None and dropped is None and \
-            shard.score_file.endswith(".parquet") else None
         if counts is None:
             judged = judge_shard(shard, thresholds, collector.columns if collector else (), dropped)
             counts = count_rows(_observed(judged, collector, shard, dropped, result.dedup), thresholds)
