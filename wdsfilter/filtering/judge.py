@@ -76,7 +76,8 @@ def _count_table(path: str, thresholds: Sequence) -> Optional[ShardCounts]:
     # a Parquet file of another schema is the reader's one-line error (check_schema); strings as
     # codes: no Python str per row
     pf = open_parquet(path, dictionary=["key", "status"])
-    table = pf.read(columns=[c for c in columns if c in pf.schema_arrow.names], use_threads=False)
+    present = set(pf.schema_arrow.names)
+    table = pf.read(columns=[c for c in columns if c in present], use_threads=False)
     n = table.num_rows
     if read_keys and ("key" not in table.column_names or table.column("key").null_count):
         return None  # rows without a key: judge_shard's own way (each such row a duplicate of the first)
