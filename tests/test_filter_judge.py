@@ -86,3 +86,24 @@ def test_the_writer_records_unique_keys_and_the_count_then_skips_reading_them(tm
         by_table = count_table(path, thresholds)
         assert by_table == count_rows(judge_shard(shard, thresholds), thresholds)
         assert ("duplicate key in shard" in dict(by_table.reasons)) == (not unique_keys(path))
+
+
+def test_filter_scores_takes_a_thresholds_object_as_the_command_line_texts(tmp_path):
+    """filter_scores(thresholds=Thresholds) counts as the same bounds given as --min/--max texts
+    (the scoring run's report passes its own thresholds so, not as strings to parse again)."""
+    import json
+    import os
+
+    from wdsfilter.filtering import filter_scores
+    from wdsfilter.thresholds import Thresholds
+    os.makedirs(tmp_path / "run" / "scores")
+    os.makedirs(tmp_path / "run" / "done")
+    shard = score_table(tmp_path / "run" / "scores" / "s.parquet", 500, 7)
+    with open(tmp_path / "run" / "done" / "s.json", "w") as f:
+        json.dump({"url": shard.url, "name": "s", "score_file": shard.score_file}, f)
+    texts = filter_scores(str(tmp_path / "run"), mins=["clip_score=0.3"], maxes=["ocr_area=0.5"], dry_run=True)
+    typed = filter_scores(str(tmp_path / "run"), thresholds=Thresholds.build({"clip_score": 0.3}, {"ocr_area": 0.5}),
+                          dry_run=True)
+    assert (typed.kept, typed.counts, typed.reasons) == (texts.kept, texts.counts, texts.reasons)
+    assert [t.given for t in typed.thresholds] == ["--min clip_score=0.3", "--max ocr_area=0.5"]
+    assert 0 < typed.kept < 500

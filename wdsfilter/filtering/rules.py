@@ -47,9 +47,12 @@ class FilterSpec:
 
     @classmethod
     def parse(cls, mins: Sequence[str] = (), maxes: Sequence[str] = (), tops: Sequence[str] = (),
-              bottoms: Sequence[str] = ()) -> "FilterSpec":
-        return cls(mins=dict(parse_threshold(t, "--min") for t in mins),
-                   maxes=dict(parse_threshold(t, "--max") for t in maxes),
+              bottoms: Sequence[str] = (), thresholds: Optional[Thresholds] = None) -> "FilterSpec":
+        """From the command line's COL=X and COL=P% texts; `thresholds`' minima and maxima come
+        first (a text for the same column replaces its bound)."""
+        given = thresholds or Thresholds()
+        return cls(mins={**given.minima, **dict(parse_threshold(t, "--min") for t in mins)},
+                   maxes={**given.maxima, **dict(parse_threshold(t, "--max") for t in maxes)},
                    tops=dict(parse_share(t, "--top") for t in tops),
                    bottoms=dict(parse_share(t, "--bottom") for t in bottoms))
 
