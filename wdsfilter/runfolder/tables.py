@@ -196,32 +196,38 @@ def _arrow_errors():
 # Footers read once per version of a file: opening a run checks every file's schema, and the
 # thresholds' pass and the counting pass read it again (400 files: 4 footer reads each cost more
 # than reading their columns). Bounded: a run of more files reads some footers again.
-_FOOTERS: "OrderedDict[tuple, object]" = OrderedDict()
+_FOOTERS: "OrderedDict[tuple, list]" = OrderedDict()  # version -> [FileMetaData, its checked Arrow schema]
 _FOOTERS_LOCK = threading.Lock()
 FOOTERS_KEPT = 4096
 
 
-def parquet_metadata(path: str):
-    """The pyarrow FileMetaData of a Parquet score file (its schema and row count), read once per
-    version of the file (path, size, modification time); DamagedRunFolder when it is not Parquet."""
+def _footer(path: str) -> list:
+    """[FileMetaData, None or the Arrow schema check_schema accepted], read once per version of
+    the file (path, size, modification time); DamagedRunFolder when it is not Parquet."""
     import pyarrow.parquet as pq
     try:
         st = os.stat(path)
         version = (path, st.st_size, st.st_mtime_ns)
     except OSError:
         version = None
-    metadata = _FOOTERS.get(version) if version else None
-    if metadata is None:
+    entry = _FOOTERS.get(version) if version else None
+    if entry is None:
         try:
-            metadata = pq.read_metadata(_native(path))
+            entry = [pq.read_metadata(_native(path)), None]
         except _arrow_errors() as e:
             raise damaged(path, f"not a Parquet file: {type(e).__name__}: {e}") from None
         if version:
             with _FOOTERS_LOCK:
-                _FOOTERS[version] = metadata
+                _FOOTERS[version] = entry
                 while len(_FOOTERS) > FOOTERS_KEPT:
                     _FOOTERS.popitem(last=False)
-    return metadata
+    return entry
+
+
+def parquet_metadata(path: str):
+    """The pyarrow FileMetaData of a Parquet score file (its schema and row count), read once per
+    version of the file; DamagedRunFolder when it is not Parquet."""
+    return _footer(path)[0]
 
 
 def unique_keys(path: str) -> bool:
@@ -243,9 +249,11 @@ def open_parquet(path: str, dictionary: Sequence[str] = ()):
 def check_schema(path: str):
     """The Arrow schema of a Parquet score file; DamagedRunFolder when it is not Parquet or lacks
     a base field with its type (a Parquet file of another schema put in its place)."""
-    metadata = parquet_metadata(path)
+    entry = _footer(path)
+    if entry[1] is not None:  # this version of the file was checked already
+        return entry[1]
     try:
-        schema = metadata.schema.to_arrow_schema()
+        schema = entry[0].schema.to_arrow_schema()
     except _arrow_errors() as e:
         raise damaged(path, f"not a Parquet file: {type(e).__name__}: {e}") from None
     for name, kind in _BASE_TYPES.items():
@@ -253,6 +261,7 @@ def check_schema(path: str):
             raise damaged(path, f"no {name!r} column")
         if str(schema.field(name).type) not in (kind, "large_string", "null"):
             raise damaged(path, f"its {name!r} column holds {schema.field(name).type}, not {kind}")
+    entry[1] = schema
     return schema
 
 
