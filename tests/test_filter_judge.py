@@ -68,3 +68,42 @@ def test_a_table_with_rows_without_a_key_is_left_to_the_row_by_row_count(tmp_pat
     path = tmp_path / "nokey.parquet"
     pq.write_table(pa.table({"key": pa.array(["a", None, None]), "status": pa.array(["scored"] * 3)}), path)
     assert count_table(str(path), []) is None
+
+
+def test_the_writer_records_unique_keys_and_the_count_then_skips_reading_them(tmp_path):
+    """write_table records in the footer that no key repeats; count_table then reads no key column
+    (most of its reading) and still counts as row by row; a table with a repeated key has no such
+    record, and its duplicate is counted as one."""
+    from wdsfilter.runfolder.tables import unique_keys, write_table
+    thresholds = THRESHOLDS[2]
+    for keys in (["a", "b", "c", "d"], ["a", "b", "a", "d"]):
+        rows = [{"key": k, "index": i, "status": "scored", "clip_score": 0.2 + 0.05 * i, "ocr_area": 0.1 * i}
+                for i, k in enumerate(keys)]
+        path = str(tmp_path / f"{''.join(keys)}.parquet")
+        write_table(rows, {"clip_score": "float64", "ocr_area": "float64"}, path, "parquet")
+        shard = ScoredShard(url="/data/x.tar", name="x", score_file=path)
+        assert unique_keys(path) == (len(set(keys)) == len(keys))
+        by_table = count_table(path, thresholds)
+        assert by_table == count_rows(judge_shard(shard, thresholds), thresholds)
+        assert ("duplicate key in shard" in dict(by_table.reasons)) == (not unique_keys(path))
+
+
+def test_filter_scores_takes_a_thresholds_object_as_the_command_line_texts(tmp_path):
+    """filter_scores(thresholds=Thresholds) counts as the same bounds given as --min/--max texts
+    (the scoring run's report passes its own thresholds so, not as strings to parse again)."""
+    import json
+    import os
+
+    from wdsfilter.filtering import filter_scores
+    from wdsfilter.thresholds import Thresholds
+    os.makedirs(tmp_path / "run" / "scores")
+    os.makedirs(tmp_path / "run" / "done")
+    shard = score_table(tmp_path / "run" / "scores" / "s.parquet", 500, 7)
+    with open(tmp_path / "run" / "done" / "s.json", "w") as f:
+        json.dump({"url": shard.url, "name": "s", "score_file": shard.score_file}, f)
+    texts = filter_scores(str(tmp_path / "run"), mins=["clip_score=0.3"], maxes=["ocr_area=0.5"], dry_run=True)
+    typed = filter_scores(str(tmp_path / "run"), thresholds=Thresholds.build({"clip_score": 0.3}, {"ocr_area": 0.5}),
+                          dry_run=True)
+    assert (typed.kept, typed.counts, typed.reasons) == (texts.kept, texts.counts, texts.reasons)
+    assert [t.given for t in typed.thresholds] == ["--min clip_score=0.3", "--max ocr_area=0.5"]
+    assert 0 < typed.kept < 500

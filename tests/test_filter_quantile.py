@@ -1,5 +1,6 @@
-"""--top/--bottom cuts are exact ranks over the whole run, and computing them streams: memory does
-not grow with the number of rows (measured as the peak RSS of a child process)."""
+"""--top/--bottom cuts are exact ranks over the whole run. A column of up to quantile.IN_MEMORY_ROWS
+rows is held whole (8 bytes a row) and read once; a larger one streams: memory does not grow with
+the number of rows (measured as the peak RSS of a child process)."""
 import json
 import math
 import os
@@ -26,6 +27,8 @@ with open("/proc/self/clear_refs", "w") as f:  # reset the peak: the imports' ow
     f.write("5")
 base = hwm()
 run = ScoreRun.open(sys.argv[1])
+import wdsfilter.filtering.quantile
+wdsfilter.filtering.quantile.IN_MEMORY_ROWS = int(sys.argv[3])  # 0: every run streams
 if sys.argv[2] == "stream":
     spec = FilterSpec.parse(tops=["clip_score=30%"], bottoms=["ocr_area=7.5%"])
     cuts = {t.column: t.value for t in resolve(spec, run)}
@@ -68,9 +71,9 @@ def synthetic_run(folder, rows, files, seed=0):
     return np.concatenate(clips), np.concatenate(areas)
 
 
-def measure(folder, mode="stream"):
-    r = subprocess.run([sys.executable, "-c", MEASURE, folder, mode], capture_output=True, text=True, cwd=REPO,
-                       timeout=600)
+def measure(folder, mode="stream", in_memory_rows=0):
+    r = subprocess.run([sys.executable, "-c", MEASURE, folder, mode, str(in_memory_rows)], capture_output=True,
+                       text=True, cwd=REPO, timeout=600)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
@@ -95,6 +98,29 @@ def test_exact_and_flat_in_memory_over_millions_of_rows(tmp_path):
           f"{control['growth_kib'] / 1024:.1f} MiB")
     assert control["growth_kib"] > 40 * 1024  # the measure sees a column held in memory (32 MB + sort copy)
     assert got_big["growth_kib"] - got_small["growth_kib"] < 8 * 1024, (got_small, got_big)
+    # Held whole (the run fits IN_MEMORY_ROWS): the same cuts, one column of float64 at a time.
+    held = measure(str(tmp_path / "big"), in_memory_rows=4_000_000)
+    print(f"held whole: {held['growth_kib'] / 1024:.1f} MiB at 4 M rows")
+    assert held["cuts"] == expected_cuts(*big)
+    # Beyond what the streaming cut's imports and reads take (got_small): 8 bytes a row, and the
+    # reads in flight (a file's column per thread).
+    assert held["growth_kib"] - got_small["growth_kib"] < 4_000_000 * 8 / 1024 + 16 * 1024, (held, got_small)
+
+
+@pytest.mark.parametrize("top", [True, False])
+def test_share_value_held_whole_is_the_streaming_value(top, monkeypatch):
+    """The two ways to a share's cut (a column held whole, partitioned; the streaming histogram
+    passes) give the same value and rank, ties and one-row shares included."""
+    import wdsfilter.filtering.quantile as q
+    from wdsfilter.filtering.quantile import bottom_share_value, share_value, top_share_value
+    monkeypatch.setattr(q, "COLLECT", 50)
+    monkeypatch.setattr(q, "BINS", 8)
+    rng = np.random.default_rng(5)
+    for data in (np.round(rng.normal(0.3, 0.05, 3001), 3), rng.integers(0, 5, 999).astype(float), np.array([0.5])):
+        chunks = np.array_split(data, 7)
+        for percent in (0.01, 7.5, 30, 50, 99.9, 100):
+            streamed = (top_share_value if top else bottom_share_value)(lambda: iter(chunks), percent)
+            assert share_value(data.copy(), percent, top) == streamed, (percent, len(data))
 
 
 @pytest.mark.parametrize("kind", ["normal", "ties", "adjacent", "single"])

@@ -88,3 +88,19 @@ def test_filtering_judges_with_the_same_bounds():
     assert drop_reason({**ok, "ocr_area": float("nan")}, ts) == "no ocr_area"
     assert drop_reason({**ok, "status": "failed", "reason": "scorer_error"}, ts) == "not scored: scorer_error"
     assert ts[0].passes(None) is None and ts[2].passes(0.6) is False
+
+
+def test_shorthands_expand_once_the_same_for_score_filter_and_the_loader(tmp_path):
+    """min_clip / max_ocr_area become clip_score / ocr_area bounds by one expansion: the scoring
+    run's config, filter's command line and the loader's options give the same bounds."""
+    from wdsfilter.dataloader import LoaderOptions
+    from wdsfilter.score import build_config
+    from wdsfilter.thresholds import expand_shorthands
+    lo, hi = expand_shorthands({"clip_score": 0.1, "brightness": 0.5}, None, min_clip=0.28, max_ocr_area=0.2)
+    assert (lo, hi) == ({"clip_score": 0.28, "brightness": 0.5}, {"ocr_area": 0.2})
+    assert expand_shorthands(None, None, min_clip=None, max_ocr_area=None) == ({}, {})
+    cfg = build_config(str(tmp_path / "out"), ("clip", "ocr"), min_clip=0.28, max_ocr_area=0.2,
+                       min_scores={"brightness": 0.5})
+    assert (cfg.thresholds, cfg.max_thresholds) == ({"brightness": 0.5, "clip_score": 0.28}, {"ocr_area": 0.2})
+    options = LoaderOptions(min_clip=0.28, max_ocr_area=0.2, min_scores={"brightness": 0.5})
+    assert options.bounds() == (cfg.thresholds, cfg.max_thresholds)

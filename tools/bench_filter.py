@@ -45,6 +45,8 @@ def make_run(folder: str, rows: int, files: int, seed: int = 0) -> None:
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
+    sys.path.insert(0, ROOT)
+    from wdsfilter.runfolder.tables import KEYS_META, UNIQUE_KEYS
     rng = np.random.default_rng(seed)
     os.makedirs(os.path.join(folder, "scores"))
     os.makedirs(os.path.join(folder, "done"))
@@ -57,7 +59,8 @@ def make_run(folder: str, rows: int, files: int, seed: int = 0) -> None:
         table = pa.table({"key": keys, "shard": pa.array([name] * n), "index": pa.array(np.arange(n)),
                           "status": pa.array(["scored"] * n), "reason": pa.nulls(n, pa.string()),
                           "message": pa.nulls(n, pa.string()), "kept": pa.array(np.ones(n, dtype=bool)),
-                          "clip_score": pa.array(clip, mask=null), "ocr_area": pa.array(rng.random(n) ** 3)})
+                          "clip_score": pa.array(clip, mask=null), "ocr_area": pa.array(rng.random(n) ** 3)},
+                         metadata={KEYS_META: UNIQUE_KEYS})  # as write_table records unique keys
         path = os.path.join(folder, "scores", name + ".parquet")
         pq.write_table(table, path)
         with open(os.path.join(folder, "done", name + ".json"), "w") as fh:
@@ -67,6 +70,9 @@ def make_run(folder: str, rows: int, files: int, seed: int = 0) -> None:
 def child(command: list, root: str = ROOT) -> dict:
     """Wall seconds, peak RSS (MiB) and the first output lines of one command."""
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    # An installed package has its bytecode: compiling wdsfilter's modules at every start (an
+    # environment with PYTHONDONTWRITEBYTECODE) is not what a user waits for (duckdb's is cached too).
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     start = time.perf_counter()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=root, text=True)
     out, err = proc.stdout.read(), proc.stderr.read()

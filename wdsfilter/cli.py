@@ -25,8 +25,45 @@ def _debug_wanted(ctx: click.Context) -> bool:
     return bool(ctx.meta.get("wdsfilter.debug")) or os.environ.get("WDSFILTER_DEBUG", "") not in ("", "0")
 
 
+# Each command's module, imported when the command runs (or a listing, --help or `main.commands`
+# needs them all): `wdsfilter filter` does not wait for the validator's decoders or the scoring
+# engine to import (start-up is part of what tools/bench_filter.py times).
+COMMANDS = {"validate": ("validate.cli", "validate"), "sort-shard": ("sortshard", "sort_shard_cli"),
+            "filter": ("filtering.cli", "filter_command"), "dedup": ("dedup.cli", "dedup_command"),
+            "score": ("score.cli", "score")}
+
+
 class _Group(click.Group):
     """Maps every error a command raises to one clear line and its exit code."""
+
+    @property
+    def commands(self):
+        for name in list(COMMANDS):
+            self._load(name)
+        return self._commands
+
+    @commands.setter
+    def commands(self, value):
+        self._commands = value
+
+    def _load(self, name: str) -> None:
+        if name in self._commands or name not in COMMANDS:
+            return
+        import importlib
+        module, attribute = COMMANDS[name]
+        try:
+            command = getattr(importlib.import_module(f"{__package__}.{module}"), attribute)
+        except ImportError:
+            if name != "score":
+                raise  # the light core: its import errors surface
+            command = _not_yet("score", "the scoring engine")
+        if not command.epilog:  # every command's --help states the exit codes
+            command.epilog = EXIT_CODES_HELP
+        self._commands[name] = command
+
+    def get_command(self, ctx, cmd_name):
+        self._load(cmd_name)
+        return self._commands.get(cmd_name)
 
     def parse_args(self, ctx, args):
         # --debug is accepted after the command name too (`wdsfilter validate x --debug`), for
@@ -109,34 +146,12 @@ def main():
     """Validate, filter and score WebDataset shards for image-text and video-text training."""
 
 
-def _not_yet(name: str, issue: str):
-    @main.command(name, context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
-                  help=f"(not implemented yet: {issue})")
+def _not_yet(name: str, issue: str) -> click.Command:
     def command():
         raise click.UsageError(f"'wdsfilter {name}' is not implemented yet ({issue}).")
-    return command
+    return click.Command(name, callback=command, help=f"(not implemented yet: {issue})",
+                         context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 
-
-def _attach():
-    from .sortshard import sort_shard_cli as sort_shard
-    from .validate.cli import validate  # the validator is part of the light core: import errors surface
-    main.add_command(validate)
-    main.add_command(sort_shard)
-    from .filtering.cli import filter_command  # light: reads score files, loads no model
-    main.add_command(filter_command)
-    from .dedup.cli import dedup_command  # light: reads score files and embeddings, loads no model
-    main.add_command(dedup_command)
-    try:
-        from .score.cli import score
-        main.add_command(score)
-    except ImportError:
-        _not_yet("score", "the scoring engine")
-    for command in main.commands.values():  # every command's --help states the exit codes
-        if not command.epilog:
-            command.epilog = EXIT_CODES_HELP
-
-
-_attach()
 
 if __name__ == "__main__":
     main()

@@ -196,3 +196,52 @@ def config_or_options(config, options: dict, name: str = "config", kind: str = "
     if config is not None and given:
         raise ConfigError(f"pass either {name}={kind}(...) or individual options, not both "
                           f"(got {name}= and {', '.join(sorted(given))})")
+
+
+# -- the stage options on the command line ------------------------------------------------------------
+# Declared once for every command that reads shards (`validate`, `score`): flag, parameter, its
+# click settings and help. Each sets the StageConfig field of its name (max_bytes: several, by
+# parse_byte_caps; storage_options: parsed by remote.parse_storage_options).
+STAGE_OPTIONS = (
+    ("--caption-key", "caption_key", {}, "Caption key spec, e.g. txt, json:description, 'txt;json:caption' "
+                                         "[default: txt]."),
+    ("--image-key", "image_key", {}, "Image key spec, e.g. 'jpg;png;webp' or mp4 [default: jpg;png;jpeg;webp]."),
+    ("--rekey", "rekey", {"type": "rekey"}, "Member name -> key split: first-dot (webdataset's) or last-dot "
+                                            "(dotted basenames) [default: first-dot]."),
+    ("--image-token", "image_token", {}, "The image token your model expects, e.g. '<__dj__image>'; others are "
+                                         "reported (validate) or normalised (token_mode)."),
+    ("--max-pixels", "max_pixels", {"type": "positive"}, "Size guard, from headers [default: 64000000]."),
+    ("--max-bytes", "max_bytes", {"multiple": True, "metavar": "KIND=SIZE"},
+     "Byte cap of one member, KIND text, json, image, video, other, or decompressed (a .tar.gz shard); over it a "
+     "member is skipped unread. Repeatable [defaults: docs/stages.md]."),
+    ("--allow-pipe", "allow_pipe", {"is_flag": True}, "Accept pipe: URLs (they run shell commands)."),
+    ("--allow-remote/--no-remote", "allow_remote", {}, "Read s3://, gs://, hf://, http(s):// shards (the default: "
+                                                       "a URL you name is read); --no-remote forbids network reads."),
+    ("--storage-option", "storage_options", {"multiple": True, "metavar": "KEY=VALUE"},
+     "An fsspec storage option for remote shards (endpoint_url=..., profile=..., anon=true); repeatable; never "
+     "written anywhere. See docs/remote.md."),
+)
+
+
+def stage_options(command):
+    """The STAGE_OPTIONS on a click command; every one is None (or empty) when not given, so a
+    config file or recipe decides (stage_overrides)."""
+    import click
+    types = {"rekey": click.Choice(REKEY_MODES), "positive": click.IntRange(min=1)}
+    for flag, name, settings, help_text in reversed(STAGE_OPTIONS):
+        settings = dict(settings)
+        if "type" in settings:
+            settings["type"] = types[settings["type"]]
+        if not settings.get("multiple"):
+            settings["default"] = None
+        command = click.option(flag, name, help=help_text, **settings)(command)
+    return command
+
+
+def stage_overrides(**given) -> Dict[str, Any]:
+    """StageConfig fields from the STAGE_OPTIONS' values (as click passes them): only those given."""
+    from .remote import parse_storage_options
+    values = dict(given)
+    caps = parse_byte_caps(values.pop("max_bytes", None) or ())
+    values["storage_options"] = parse_storage_options(values.pop("storage_options", None) or ()) or None
+    return {**{k: v for k, v in values.items() if v is not None}, **caps}

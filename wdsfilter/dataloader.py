@@ -257,11 +257,9 @@ class LoaderOptions:
     def bounds(self) -> Tuple[dict, dict]:
         """(minima, maxima) with the min_clip/max_ocr_area shortcuts and top/bottom shares resolved, the
         shares over the score files exactly as `wdsfilter filter --top/--bottom` resolves them."""
-        minima, maxima = dict(self.min_scores or {}), dict(self.max_scores or {})
-        if self.min_clip is not None:
-            minima["clip_score"] = self.min_clip
-        if self.max_ocr_area is not None:
-            maxima["ocr_area"] = self.max_ocr_area
+        from .thresholds import expand_shorthands
+        minima, maxima = expand_shorthands(self.min_scores, self.max_scores, min_clip=self.min_clip,
+                                           max_ocr_area=self.max_ocr_area)
         if self.top_scores or self.bottom_scores:
             from .filtering.rules import resolve_for_loader
             minima, maxima = resolve_for_loader(self.scores, minima, maxima, self.top_scores, self.bottom_scores)

@@ -31,15 +31,24 @@ def stats_path(folder: str, shard_file: str) -> str:
     return os.path.join(folder, f"{shard_stem(shard_file)}_stats.json")
 
 
+def write_stats_file(path: str, data: dict, storage_options=None) -> str:
+    """The one writer of a `{stem}_stats.json` (the written shards', validate's): JSON, whole or
+    not at all, in a local folder or as one object of an s3://, gs:// URL. Text that holds lone
+    surrogates (member names that are not UTF-8) is escaped by the caller."""
+    from .writing import write_text_atomic
+    return write_text_atomic(path, json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n",
+                             storage_options)
+
+
 def write_shard_stats(folder: str, shard_file: str, samples: int, members: int, sources: Dict[str, int],
                       size: Optional[int] = None, fields: Optional[Dict[str, int]] = None) -> str:
     """Write `{stem}_stats.json` of the shard `folder/shard_file` (written and closed already).
     fields: {member extension: samples that have it} (filter's shards: the dataset card's features)."""
     path = os.path.join(folder, shard_file)
-    return write_json(stats_path(folder, shard_file),
-                      {"successes": samples, "members": members,
-                       "bytes": os.path.getsize(path) if size is None else size, "sources": sources,
-                       **({"fields": fields} if fields is not None else {})})
+    return write_stats_file(stats_path(folder, shard_file),
+                            {"successes": samples, "members": members,
+                             "bytes": os.path.getsize(path) if size is None else size, "sources": sources,
+                             **({"fields": fields} if fields is not None else {})})
 
 
 @contextmanager
@@ -62,9 +71,23 @@ def read_sizes(folder: str) -> Dict[str, int]:
     return data if isinstance(data, dict) else {}
 
 
-def update_sizes(folder: str, entries: Dict[str, Optional[int]]) -> Dict[str, int]:
+def update_sizes(folder: str, entries: Dict[str, Optional[int]], storage_options=None) -> Dict[str, int]:
     """Set `entries` ({shard file name: samples}) in `folder`/sizes.json, keeping the other
-    entries (None: remove that entry); returns the whole table. The one writer of sizes.json."""
+    entries (None: remove that entry); returns the whole table. The one writer of sizes.json.
+    `folder` may be an s3://, gs:// URL: an object store has no folder lock, so the object is read,
+    merged and put whole (the last writer wins)."""
+    from .shards import is_remote
+    if is_remote(folder):
+        from .remote import read_object
+        path = folder.rstrip("/") + "/" + SIZES
+        try:
+            raw = read_object(path, storage_options)
+            data = json.loads(raw) if raw is not None else {}
+        except (OSError, ValueError):
+            data = {}
+        table = {k: v for k, v in {**(data if isinstance(data, dict) else {}), **entries}.items() if v is not None}
+        write_stats_file(path, table, storage_options)
+        return table
     with _folder_lock(folder):
         table = {k: v for k, v in {**read_sizes(folder), **entries}.items() if v is not None}
         write_json(os.path.join(folder, SIZES), dict(sorted(table.items())), fsync=True)

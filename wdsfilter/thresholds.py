@@ -156,9 +156,21 @@ def parse_threshold(text: str, option: str = "--min") -> Tuple[str, float]:
         raise ConfigError(f"{option} {text!r}: {value!r} is not a number") from None
 
 
-# The shorthands of the two usual bounds, the same on `score` and `filter`: option -> (the --min or
-# --max parameter it joins, its column).
-SHORTHANDS = {"min_clip": ("mins", "clip_score"), "max_ocr_area": ("maxes", "ocr_area")}
+# The shorthands of the two usual bounds, the same on `score`, `filter` and wdsfilter.loader:
+# option -> (a minimum?, its column).
+SHORTHANDS = {"min_clip": (True, "clip_score"), "max_ocr_area": (False, "ocr_area")}
+
+
+def expand_shorthands(minima: Optional[Mapping] = None, maxima: Optional[Mapping] = None,
+                      **shorthands: Optional[float]) -> Tuple[Dict, Dict]:
+    """(minima, maxima) with the SHORTHANDS given (min_clip=X, max_ocr_area=X; None: not given)
+    set on their columns: the one expansion of them (score, filter, the loader)."""
+    lo, hi = dict(minima or {}), dict(maxima or {})
+    for name, value in shorthands.items():
+        if value is not None:
+            minimum, column = SHORTHANDS[name]
+            (lo if minimum else hi)[column] = value
+    return lo, hi
 
 
 def shorthand_options(command):
@@ -170,10 +182,9 @@ def shorthand_options(command):
 
     @functools.wraps(command)
     def with_shorthands(*args, **kwargs):
-        for name, (param, column) in SHORTHANDS.items():
-            value = kwargs.pop(name, None)
-            if value is not None:
-                kwargs[param] = (*kwargs[param], f"{column}={value!r}")
+        lo, hi = expand_shorthands(**{name: kwargs.pop(name, None) for name in SHORTHANDS})
+        kwargs["mins"] = (*kwargs["mins"], *(f"{c}={v!r}" for c, v in lo.items()))
+        kwargs["maxes"] = (*kwargs["maxes"], *(f"{c}={v!r}" for c, v in hi.items()))
         return command(*args, **kwargs)
     with_shorthands = click.option("--max-ocr-area", "max_ocr_area", type=float, default=None,
                                    help="Keep rows with ocr_area <= X (--max ocr_area=X).")(with_shorthands)

@@ -64,25 +64,29 @@ def count_table(path: str, thresholds: Sequence) -> Optional[ShardCounts]:
 
 def _count_table(path: str, thresholds: Sequence) -> Optional[ShardCounts]:
     import numpy as np
-    import pyarrow.parquet as pq
 
     from ..runfolder.keep import KEPT_STATUSES
-    from ..runfolder.tables import check_schema
+    from ..runfolder.tables import open_parquet, unique_keys
     from .rules import drop_reason
     from .run import DUPLICATE
-    check_schema(path)  # a Parquet file of another schema is the reader's one-line error
-    columns = list(dict.fromkeys(["key", "status", "reason", *[t.column for t in thresholds]]))
-    pf = pq.ParquetFile(path, read_dictionary=["key", "status"])  # strings as codes: no Python str per row
-    table = pf.read(columns=[c for c in columns if c in pf.schema_arrow.names], use_threads=False)
+    # The keys are read only when the writer did not record that none repeats (most of the read).
+    read_keys = not unique_keys(path)
+    columns = list(dict.fromkeys([*(["key"] if read_keys else []), "status", "reason",
+                                  *[t.column for t in thresholds]]))
+    # a Parquet file of another schema is the reader's one-line error (check_schema); strings as
+    # codes: no Python str per row
+    pf = open_parquet(path, dictionary=["key", "status"])
+    present = set(pf.schema_arrow.names)
+    table = pf.read(columns=[c for c in columns if c in present], use_threads=False)
     n = table.num_rows
-    if "key" not in table.column_names or table.column("key").null_count:
+    if read_keys and ("key" not in table.column_names or table.column("key").null_count):
         return None  # rows without a key: judge_shard's own way (each such row a duplicate of the first)
     table = table.unify_dictionaries()
     first_seen: List[Tuple[int, str, int]] = []  # (first row, reason, rows)
     # A key repeated in a shard is judged once, at its first row (as judge_shard does).
-    keys, names = _codes(table, "key", n)
     open_rows = np.ones(n, dtype=bool)
-    if names is None or len(names) < n:
+    keys, names = _codes(table, "key", n) if read_keys else (None, None)
+    if read_keys and (names is None or len(names) < n):
         open_rows[:] = False
         open_rows[np.unique(keys, return_index=True)[1]] = True
         first_seen.append((int(np.argmin(open_rows)), DUPLICATE, int(n - open_rows.sum())))
@@ -126,17 +130,20 @@ def _codes(table, column: str, n: int):
     """(a dictionary column's codes as float64, NaN for null; its values as an Arrow array), the
     dictionaries unified."""
     import numpy as np
+
+    from ..runfolder.tables import float_values
     chunks = table.column(column).chunks if column in table.column_names else []
     if not chunks:  # no such column (or no rows): every row null
         return np.full(n, np.nan), None
-    codes = np.concatenate([np.asarray(c.indices.to_numpy(zero_copy_only=False), dtype=np.float64) for c in chunks])
+    codes = np.concatenate([float_values(c.indices) for c in chunks])
     return codes, chunks[0].dictionary
 
 
 def _numbers(table, column: str, n: int):
     """The column as float64, a missing value (null, NaN, no such column) as NaN."""
     import numpy as np
+
+    from ..runfolder.tables import float_values
     if column not in table.column_names:
         return np.full(n, np.nan)
-    # Nulls come out as NaN; integers as float64, as the quantile reads them (read_numbers).
-    return np.asarray(table.column(column).to_numpy(zero_copy_only=False), dtype=np.float64)
+    return float_values(table.column(column))  # as the quantile reads them (read_numbers)

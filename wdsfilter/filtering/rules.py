@@ -47,9 +47,12 @@ class FilterSpec:
 
     @classmethod
     def parse(cls, mins: Sequence[str] = (), maxes: Sequence[str] = (), tops: Sequence[str] = (),
-              bottoms: Sequence[str] = ()) -> "FilterSpec":
-        return cls(mins=dict(parse_threshold(t, "--min") for t in mins),
-                   maxes=dict(parse_threshold(t, "--max") for t in maxes),
+              bottoms: Sequence[str] = (), thresholds: Optional[Thresholds] = None) -> "FilterSpec":
+        """From the command line's COL=X and COL=P% texts; `thresholds`' minima and maxima come
+        first (a text for the same column replaces its bound)."""
+        given = thresholds or Thresholds()
+        return cls(mins={**given.minima, **dict(parse_threshold(t, "--min") for t in mins)},
+                   maxes={**given.maxima, **dict(parse_threshold(t, "--max") for t in maxes)},
                    tops=dict(parse_share(t, "--top") for t in tops),
                    bottoms=dict(parse_share(t, "--bottom") for t in bottoms))
 
@@ -92,8 +95,6 @@ class Threshold:
 
 def resolve(spec: FilterSpec, run) -> List[Threshold]:
     """Thresholds with every share resolved to its value over `run` (a runfolder.ScoreRun)."""
-    from ..runfolder.tables import read_numbers
-    from . import quantile
     run.check_columns(spec.columns(), "thresholds")
     numeric = run.numeric_columns(spec.columns())
     flags = [c for c in spec.columns() if c not in numeric]
@@ -105,16 +106,32 @@ def resolve(spec: FilterSpec, run) -> List[Threshold]:
     out += [Threshold(Bound(c, v, False), f"--max {c}={v:g}") for c, v in spec.maxes.items()]
     for shares, top in ((spec.tops, True), (spec.bottoms, False)):
         for column, percent in shares.items():
-            def source(column=column):
-                return (v for s in run.shards for v in read_numbers(s.score_file, column))
-            stats = quantile.count_range(source)
             given = f"--{'top' if top else 'bottom'} {column}={percent:g}%"
-            if not stats[0]:
+            value, k, scored = _share(run, column, percent, top)
+            if not scored:
                 raise ConfigError(f"{given}: no row of {run.folder} has a value in {column}")
-            pick = quantile.top_share_value if top else quantile.bottom_share_value
-            value, k = pick(source, percent, stats)
-            out.append(Threshold(Bound(column, value, top), given, share=percent, rank=k, scored=stats[0]))
+            out.append(Threshold(Bound(column, value, top), given, share=percent, rank=k, scored=scored))
     return out
+
+
+def _share(run, column: str, percent: float, top: bool) -> Tuple[Optional[float], int, int]:
+    """(v, k, rows with a value) of a --top/--bottom share over the run: the column held whole
+    when it fits (one read of each file), else the streaming exact quantile (quantile.py)."""
+    from ..runfolder.tables import column_numbers, read_numbers
+    from . import quantile
+    values = column_numbers([s.score_file for s in run.shards], column, quantile.IN_MEMORY_ROWS)
+    if values is not None:
+        if not len(values):
+            return None, 0, 0
+        return (*quantile.share_value(values, percent, top), len(values))
+
+    def source():
+        return (v for s in run.shards for v in read_numbers(s.score_file, column))
+    stats = quantile.count_range(source)
+    if not stats[0]:
+        return None, 0, 0
+    pick = quantile.top_share_value if top else quantile.bottom_share_value
+    return (*pick(source, percent, stats), stats[0])
 
 
 def bounds(thresholds: Sequence[Threshold]) -> Tuple[Dict[str, float], Dict[str, float]]:

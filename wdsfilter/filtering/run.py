@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 from ..runfolder import ScoredShard, ScoreRun
-from ..runfolder.tables import read_batches
+from ..runfolder.tables import in_threads, read_batches
 from .judge import count_rows, count_table
 from ..config import StageConfig
+from ..thresholds import Thresholds
 from .rules import FilterSpec, Threshold, bounds, drop_reason, resolve, write_thresholds
 
 DUPLICATE = "duplicate key in shard"
@@ -165,7 +166,8 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
                   save_thresholds: bool = True, source_root: Optional[str] = None, allow_pipe: bool = False,
                   allow_remote: bool = False,
                   stream_idle_seconds: float = StageConfig.stream_idle_seconds, dedup: bool = False,
-                  shard_echo: Optional[Callable] = None, unique_keys: bool = False, interleave: int = 0) -> FilterResult:
+                  shard_echo: Optional[Callable] = None, unique_keys: bool = False, interleave: int = 0,
+                  thresholds: Optional[Thresholds] = None) -> FilterResult:
     """Judge, count and write (see the module docstring). report: a path, "" for default_report's,
     None for no report. unique_keys, interleave, shard_echo: reshard.Resharder's. save_thresholds: write SCORES_DIR/thresholds.json (the
     resolved thresholds as wdsfilter.loader's keyword arguments). source_root: the folder holding
@@ -174,10 +176,11 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
     source shards that are `pipe:` commands or remote URLs again (for --write-shards and the
     report's thumbnails); what the score folder says (run.json) never allows them.
     stream_idle_seconds: such a source that sends nothing this long is killed (0: never), as in
-    every other read of a shard (shards.IdleGuard)."""
+    every other read of a shard (shards.IdleGuard). thresholds: minima and maxima as a
+    thresholds.Thresholds (the scoring run's own), with those of mins/maxes."""
     from .reshard import Resharder, Source
     echo = echo or (lambda line: None)
-    spec = FilterSpec.parse(mins, maxes, tops, bottoms)  # usage errors before any file is read
+    spec = FilterSpec.parse(mins, maxes, tops, bottoms, thresholds)  # usage errors before any file is read
     if write_shards is not None and samples_per_shard < 1:
         from ..errors import ConfigError
         raise ConfigError(f"--samples-per-shard must be >= 1, got {samples_per_shard}")
@@ -191,7 +194,7 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
     if dedup:  # `wdsfilter dedup`'s verdicts: survivors only, no eval match
         from ..runfolder.dedup import DedupMarks
         marks = DedupMarks(run.folder, [(s.name, s.score_file) for s in run.shards])
-    thresholds = resolve(spec, run)
+    thresholds = resolve(spec, run)  # from here: every bound resolved (rules.Threshold), shares included
     result = FilterResult(scores_dir=scores_dir, thresholds=thresholds, shards=len(run.shards),
                           unfinished=run.unfinished, dry_run=dry_run)
     result.counts = [{"kept": 0, "dropped": 0, "no_score": 0} for _ in thresholds]
@@ -199,19 +202,7 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
     if report is not None and not dry_run:
         from .report_data import ReportCollector
         collector = ReportCollector(run, thresholds, allow_pipe, allow_remote, stream_idle_seconds)
-    reasons: Counter = Counter()
-    if marks is not None:
-        result.dedup = {"kept": 0, "duplicate": 0, "eval_match": 0}
-    for shard in run.shards:
-        dropped = marks.dropped(shard.name) if marks is not None else None
-        # Without a report or --dedup nothing looks at single rows: a Parquet table is counted column-wise.
-        counts = count_table(shard.score_file, thresholds) if collector is None and dropped is None and \
-            shard.score_file.endswith(".parquet") else None
-        if counts is None:
-            judged = judge_shard(shard, thresholds, collector.columns if collector else (), dropped)
-            counts = count_rows(_observed(judged, collector, shard, dropped, result.dedup), thresholds)
-        counts.add_to(result, reasons)
-    result.reasons = dict(reasons.most_common())
+    _count(run, thresholds, collector, marks, result)
     if dry_run:
         return result
     if thresholds and save_thresholds:
@@ -248,6 +239,27 @@ def default_report(scores_dir: str, write_shards: Optional[str]) -> str:
         os.path.join(scores_dir, "filter_report.html")
 
 
+def _count(run: ScoreRun, thresholds: Sequence[Threshold], collector, marks, result: FilterResult) -> None:
+    """Every finished shard's rows judged and counted into `result` (rows, kept, per threshold,
+    reasons; --dedup's verdicts)."""
+    reasons: Counter = Counter()
+    if marks is not None:
+        result.dedup = {"kept": 0, "duplicate": 0, "eval_match": 0}
+    # Without a report or --dedup nothing looks at single rows: a Parquet table is counted
+    # column-wise, a few files at a time (pyarrow reads without the GIL); the counts add up in order.
+    tabled = [None] * len(run.shards)
+    if collector is None and marks is None:
+        tabled = in_threads(lambda s: count_table(s.score_file, thresholds) if s.score_file.endswith(".parquet")
+                            else None, run.shards)
+    for shard, counts in zip(run.shards, tabled):
+        dropped = marks.dropped(shard.name) if marks is not None else None
+        if counts is None:
+            judged = judge_shard(shard, thresholds, collector.columns if collector else (), dropped)
+            counts = count_rows(_observed(judged, collector, shard, dropped, result.dedup), thresholds)
+        counts.add_to(result, reasons)
+    result.reasons = dict(reasons.most_common())
+
+
 def score_report(scores_dir: str, thresholds: Dict[str, float], max_thresholds: Dict[str, float],
                  allow_pipe: bool = False, allow_remote: bool = False) -> Optional[str]:
     """report.html for a finished `wdsfilter score` run, with the run's own thresholds (and the
@@ -255,9 +267,8 @@ def score_report(scores_dir: str, thresholds: Dict[str, float], max_thresholds: 
     scores are what matters."""
     import logging
     try:
-        result = filter_scores(scores_dir, mins=[f"{c}={v!r}" for c, v in thresholds.items()],
-                               maxes=[f"{c}={v!r}" for c, v in max_thresholds.items()], save_thresholds=False,
-                               report=os.path.join(scores_dir, "report.html"),
+        result = filter_scores(scores_dir, thresholds=Thresholds.build(thresholds, max_thresholds),
+                               save_thresholds=False, report=os.path.join(scores_dir, "report.html"),
                                allow_pipe=allow_pipe, allow_remote=allow_remote)
         return result.files.get("report")
     except Exception as e:  # noqa: BLE001 - never fail a scoring run for its report

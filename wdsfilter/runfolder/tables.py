@@ -14,6 +14,7 @@ import math
 import os
 import sys
 import threading
+from collections import OrderedDict
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
 from ..atomic import atomic_path
@@ -38,6 +39,9 @@ def damaged(path: str, what: str) -> DamagedRunFolder:
 # a user in pandas sees which text got which score (score/rows.py fills them).
 TEXT_FIELDS = ("caption", "url", "uid")
 BASE_FIELDS = ("key", "shard", "index", "status", "reason", "message", "kept", *TEXT_FIELDS)
+# In a Parquet score file's footer (key-value metadata) when no key repeats in the table: a reader
+# that only needs to know that (filter's counts) skips reading the key column, half of its reading.
+KEYS_META, UNIQUE_KEYS = b"wdsfilter.keys", b"unique"
 STATUSES = ("scored", "partial", "failed", "rejected")
 EXTENSIONS = {"parquet": ".parquet", "jsonl": ".jsonl"}
 
@@ -108,7 +112,10 @@ def write_table(rows: List[dict], columns: Union[Sequence[str], Mapping[str, Opt
                        else _score_array(values, declared.get(name)))
                 arrays.append(arr)
                 fields.append(pa.field(name, arr.type))
-            table = pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+            keys = [row.get("key") for row in rows]
+            unique = None not in keys and len(set(keys)) == len(keys)
+            table = pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata={KEYS_META: UNIQUE_KEYS} if unique
+                                                                  else None))
             if table.num_rows:
                 pq.write_table(table, tmp)
             else:  # a shard with no sample: a file of no row group (HF datasets fails on a row group of 0 rows)
@@ -191,12 +198,67 @@ def _arrow_errors():
     return (pa.ArrowException, OSError, ValueError, TypeError)
 
 
+# Footers read once per version of a file: opening a run checks every file's schema, and the
+# thresholds' pass and the counting pass read it again (400 files: 4 footer reads each cost more
+# than reading their columns). Bounded: a run of more files reads some footers again.
+_FOOTERS: "OrderedDict[tuple, list]" = OrderedDict()  # version -> [FileMetaData, its checked Arrow schema]
+_FOOTERS_LOCK = threading.Lock()
+FOOTERS_KEPT = 4096
+
+
+def _footer(path: str) -> list:
+    """[FileMetaData, None or the Arrow schema check_schema accepted], read once per version of
+    the file (path, size, modification time); DamagedRunFolder when it is not Parquet."""
+    import pyarrow.parquet as pq
+    try:
+        st = os.stat(path)
+        version = (path, st.st_size, st.st_mtime_ns)
+    except OSError:
+        version = None
+    entry = _FOOTERS.get(version) if version else None
+    if entry is None:
+        try:
+            entry = [pq.read_metadata(_native(path)), None]
+        except _arrow_errors() as e:
+            raise damaged(path, f"not a Parquet file: {type(e).__name__}: {e}") from None
+        if version:
+            with _FOOTERS_LOCK:
+                _FOOTERS[version] = entry
+                while len(_FOOTERS) > FOOTERS_KEPT:
+                    _FOOTERS.popitem(last=False)
+    return entry
+
+
+def parquet_metadata(path: str):
+    """The pyarrow FileMetaData of a Parquet score file (its schema and row count), read once per
+    version of the file; DamagedRunFolder when it is not Parquet."""
+    return _footer(path)[0]
+
+
+def unique_keys(path: str) -> bool:
+    """The writer recorded that no key of this Parquet score file repeats (KEYS_META)."""
+    return (parquet_metadata(path).metadata or {}).get(KEYS_META) == UNIQUE_KEYS
+
+
+def open_parquet(path: str, dictionary: Sequence[str] = ()):
+    """A pyarrow ParquetFile of a score file whose schema check_schema accepts (its footer read
+    once), `dictionary` columns read as dictionary arrays (strings as codes)."""
+    import pyarrow.parquet as pq
+    check_schema(path)
+    try:
+        return pq.ParquetFile(_native(path), metadata=parquet_metadata(path), read_dictionary=list(dictionary) or None)
+    except _arrow_errors() as e:
+        raise damaged(path, f"{type(e).__name__}: {e}") from None
+
+
 def check_schema(path: str):
     """The Arrow schema of a Parquet score file; DamagedRunFolder when it is not Parquet or lacks
     a base field with its type (a Parquet file of another schema put in its place)."""
-    import pyarrow.parquet as pq
+    entry = _footer(path)
+    if entry[1] is not None:  # this version of the file was checked already
+        return entry[1]
     try:
-        schema = pq.read_schema(_native(path))
+        schema = entry[0].schema.to_arrow_schema()
     except _arrow_errors() as e:
         raise damaged(path, f"not a Parquet file: {type(e).__name__}: {e}") from None
     for name, kind in _BASE_TYPES.items():
@@ -204,6 +266,7 @@ def check_schema(path: str):
             raise damaged(path, f"no {name!r} column")
         if str(schema.field(name).type) not in (kind, "large_string", "null"):
             raise damaged(path, f"its {name!r} column holds {schema.field(name).type}, not {kind}")
+    entry[1] = schema
     return schema
 
 
@@ -228,11 +291,10 @@ def read_batches(path: str, columns: Sequence[str], rows: int = BATCH_ROWS) -> I
     """One score file, `rows` rows at a time, as {column: values}; a column the file lacks is None."""
     columns = list(dict.fromkeys(columns))
     if path.endswith(".parquet"):
-        import pyarrow.parquet as pq
         schema = check_schema(path)
         present = [c for c in columns if c in schema.names]
         try:
-            for batch in pq.ParquetFile(_native(path)).iter_batches(batch_size=rows, columns=present):
+            for batch in open_parquet(path).iter_batches(batch_size=rows, columns=present):
                 data = batch.to_pydict()
                 n = batch.num_rows
                 yield {c: data[c] if c in data else [None] * n for c in columns}
@@ -254,15 +316,11 @@ def read_numbers(path: str, column: str, rows: int = BATCH_ROWS):
     values (null, NaN) left out."""
     import numpy as np
     if path.endswith(".parquet"):
-        import pyarrow.parquet as pq
         if column not in check_schema(path).names:
             return
         try:
-            for batch in pq.ParquetFile(_native(path)).iter_batches(batch_size=rows, columns=[column],
-                                                                     use_threads=False):
-                # nulls come out as NaN (no pyarrow.compute cast: its dispatch costs more than the
-                # copy); strings where numbers belong raise ValueError: a damaged file
-                values = np.asarray(batch.column(0).to_numpy(zero_copy_only=False), dtype=np.float64)
+            for batch in open_parquet(path).iter_batches(batch_size=rows, columns=[column], use_threads=False):
+                values = float_values(batch.column(0))
                 missing = np.isnan(values)
                 yield values[~missing] if missing.any() else values
         except _arrow_errors() as e:
@@ -271,3 +329,83 @@ def read_numbers(path: str, column: str, rows: int = BATCH_ROWS):
     for batch in read_batches(path, [column], rows):
         values = np.array([v for v in batch[column] if is_number(v)], dtype=np.float64)
         yield values[~np.isnan(values)]
+
+
+def float_values(array):
+    """A numeric Arrow array (or chunked array) as float64 numpy, a null as NaN, integers as
+    float64. Read from the Arrow buffers: pyarrow's to_numpy imports pandas (~1 s, for a command
+    that otherwise takes less); strings where numbers belong raise ValueError: a damaged file."""
+    import numpy as np
+    chunks = getattr(array, "chunks", None)
+    if chunks is None:
+        return _float_chunk(array)
+    if len(chunks) == 1:
+        return _float_chunk(chunks[0])
+    return np.concatenate([_float_chunk(c) for c in chunks]) if chunks else np.empty(0)
+
+
+def _float_chunk(array):
+    import numpy as np
+    import pyarrow as pa
+    n, offset, kind = len(array), array.offset, array.type
+    if pa.types.is_null(kind):
+        return np.full(n, np.nan)
+    if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)) or pa.types.is_float16(kind):
+        return np.asarray(array.to_numpy(zero_copy_only=False), dtype=np.float64)  # the general way
+    validity, data = array.buffers()[:2]
+    dtype = np.dtype(f"{'f' if pa.types.is_floating(kind) else 'i' if pa.types.is_signed_integer(kind) else 'u'}"
+                     f"{kind.bit_width // 8}")
+    values = np.frombuffer(data, dtype=dtype, count=offset + n)[offset:].astype(np.float64)
+    if array.null_count:
+        valid = np.unpackbits(np.frombuffer(validity, dtype=np.uint8), count=offset + n, bitorder="little")[offset:]
+        values[valid == 0] = np.nan
+    return values
+
+
+def in_threads(function, items: Sequence, threads: int = 0) -> list:
+    """[function(item) for item in items], a few at a time in threads (pyarrow reads and
+    decompresses without the GIL), results in order; the first error is raised."""
+    items = list(items)
+    threads = threads or min(4, os.cpu_count() or 1, len(items))
+    if threads <= 1:
+        return [function(item) for item in items]
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(threads, thread_name_prefix="wdsfilter-tables") as pool:
+        return list(pool.map(function, items))
+
+
+def column_numbers(paths: Sequence[str], column: str, limit: int):
+    """Every value of a numeric column over Parquet score files as one float64 numpy array,
+    missing values (null, NaN) left out, each file read once (in threads); None when the files
+    hold more than `limit` rows (their footers say) or one is not Parquet: read_numbers streams
+    those. Peak memory: 8 bytes a row, plus one file's column per thread."""
+    import numpy as np
+    if not all(p.endswith(".parquet") for p in paths):
+        return None
+    counts = [parquet_metadata(p).num_rows for p in paths]
+    if sum(counts) > limit:
+        return None
+    out = np.empty(sum(counts))
+    starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+    def fill(i: int) -> int:
+        """The file's values at the start of its slice; how many there are."""
+        path = paths[i]
+        if column not in check_schema(path).names:
+            return 0
+        try:
+            values = float_values(open_parquet(path).read(columns=[column], use_threads=False).column(0))
+        except _arrow_errors() as e:
+            raise damaged(path, f"{column}: {type(e).__name__}: {e}") from None
+        if len(values) != counts[i]:
+            raise damaged(path, f"{len(values)} rows where its footer says {counts[i]}")
+        values = values[~np.isnan(values)]
+        out[starts[i]:starts[i] + len(values)] = values
+        return len(values)
+    import pyarrow as pa
+    end = 0
+    for start, n in zip(starts, in_threads(fill, range(len(paths)))):  # the slices moved together, in place
+        out[end:end + n] = out[start:start + n]
+        end += n
+    pa.default_memory_pool().release_unused()  # the reads' buffers, which the pool would keep
+    return out[:end]

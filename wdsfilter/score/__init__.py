@@ -129,15 +129,10 @@ def score_bounds(score_opts: Dict[str, Any], min_clip: Optional[float], min_scor
                  max_scores: Optional[Dict[str, float]], max_ocr_area: Optional[float]):
     """(minima, maxima) per column from every way of giving them; takes thresholds= and
     max_thresholds= out of `score_opts`."""
-    minima = dict(min_scores or {})
-    minima.update(score_opts.pop("thresholds", {}) or {})
-    if min_clip is not None:
-        minima["clip_score"] = min_clip
-    maxima = dict(max_scores or {})
-    maxima.update(score_opts.pop("max_thresholds", {}) or {})
-    if max_ocr_area is not None:
-        maxima["ocr_area"] = max_ocr_area
-    return minima, maxima
+    from ..thresholds import expand_shorthands
+    minima = {**(min_scores or {}), **(score_opts.pop("thresholds", {}) or {})}
+    maxima = {**(max_scores or {}), **(score_opts.pop("max_thresholds", {}) or {})}
+    return expand_shorthands(minima, maxima, min_clip=min_clip, max_ocr_area=max_ocr_area)
 
 
 def build_config(out: Optional[str] = None, scorers: Sequence = ("clip",), *, min_clip: Optional[float] = None,

@@ -7,7 +7,7 @@ import click
 
 from ..errors import RunError
 from ..progress import verbosity, verbosity_options
-from ..specs import REKEY_MODES
+from ..config import stage_options
 
 
 def _echo(text: str) -> None:
@@ -69,22 +69,10 @@ def _given(ctx: click.Context, param: str) -> bool:
                    "(out of memory, a scorer's exception, a dead worker, a broken read), or `all` (data errors "
                    "too); the rows are replaced in place. Implies --resume.")
 @click.option("--dry-run", is_flag=True, help="Load the models, measure, print the plan; score nothing.")
-@click.option("--rekey", type=click.Choice(REKEY_MODES), default=None,
-              help="Member name -> key split: first-dot (webdataset's) or last-dot (dotted basenames) [first-dot].")
-@click.option("--caption-key", default=None, help="Caption spec, e.g. txt or json:description or 'txt;json:caption'.")
-@click.option("--image-key", default=None, help="Image spec, e.g. 'jpg;png;webp'.")
+@stage_options
 @click.option("--config", "config_file", default=None, metavar="FILE",
               help="A run recipe (YAML/JSON: shards, out, scorers, scorer_options, thresholds, stage, engine, ...; "
                    "every run writes its own to OUT/run.yaml), or stage options only. Options given here override it.")
-@click.option("--max-bytes", "max_bytes", multiple=True, metavar="KIND=SIZE",
-              help="Byte cap of one member (text, json, image, video, other; decompressed: a .tar.gz shard), as for validate.")
-@click.option("--allow-pipe", is_flag=True, default=None, help="Allow pipe: shard URLs (they run shell commands).")
-@click.option("--allow-remote/--no-remote", "allow_remote", default=None,
-              help="Read s3://, gs://, hf://, http(s):// shards (the default: a URL you name is read); "
-                   "--no-remote forbids network reads.")
-@click.option("--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
-              help="An fsspec storage option for remote shards (endpoint_url=..., profile=...); repeatable; "
-                   "never written anywhere. See docs/remote.md.")
 @click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="local: this machine's engine (memory planner); ray: Ray Data across a cluster "
                    "(pip install 'wdsfilter[ray]'; shards and --out on a shared filesystem).")
@@ -102,13 +90,13 @@ def _given(ctx: click.Context, param: str) -> bool:
 def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frames, frame_reduce, keyframes,
           ocr_backend, ocr_model_dir, ocr_download, min_clip, max_ocr_area, mins, maxes, write_shards,
           save_embeddings, device, gpus, batch_size, workers, replicas, max_memory, headroom, fit, fmt, resume,
-          overwrite, retry_failed, dry_run, caption_key, image_key, rekey, config_file, max_bytes, allow_pipe, allow_remote, storage_options, engine,
+          overwrite, retry_failed, dry_run, caption_key, image_key, rekey, image_token, max_pixels, config_file,
+          max_bytes, allow_pipe, allow_remote, storage_options, engine,
           ray_address, ray_actors, ray_gpus_per_actor,
           no_progress, no_histograms, quiet, verbose):
     """Score every sample of SHARDS (folders, globs, brace patterns, .tar files) with CLIP, OCR
     or your own scorer; write per-shard score files, a summary and, optionally, filtered shards."""
-    from ..config import StageConfig, parse_byte_caps
-    from ..remote import parse_storage_options
+    from ..config import StageConfig, stage_overrides
     from . import SHORTCUTS, build_config
     from .recipe import merge, read_recipe
     from ..thresholds import parse_threshold
@@ -118,10 +106,10 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
     logging.basicConfig(format="wdsfilter: warning: %(message)s", level=logging.WARNING)
     level = verbosity(quiet, verbose)
     recipe = read_recipe(config_file) if config_file else {}
-    stage_overrides = {"caption_key": caption_key, "image_key": image_key, "rekey": rekey, "allow_pipe": allow_pipe,
-                       "allow_remote": allow_remote, "storage_options": parse_storage_options(storage_options) or None,
-                       **parse_byte_caps(max_bytes)}
-    stage = StageConfig(**{**(recipe.get("stage") or {}), **{k: v for k, v in stage_overrides.items() if v is not None}})
+    given_stage = stage_overrides(caption_key=caption_key, image_key=image_key, rekey=rekey, image_token=image_token,
+                                  max_pixels=max_pixels, max_bytes=max_bytes, allow_pipe=allow_pipe,
+                                  allow_remote=allow_remote, storage_options=storage_options)
+    stage = StageConfig(**{**(recipe.get("stage") or {}), **given_stage})
     scorer_options = {}
     for text in scorer_opts:
         name, key, value = parse_option(text)

@@ -21,7 +21,7 @@ import gc
 import time
 from typing import Callable, Dict, Iterable, List, Optional
 
-from ..markers import MARKER, SHARD_END
+from ..markers import MARKER, SHARD_END, ShardEnd
 from .faults import dead_decode_worker
 from .ledger import write_retried
 from .rows import ShardRows, complete_row, write_shard
@@ -155,7 +155,7 @@ class Dispatcher:
     def _maybe_finish(self, s: ShardRows) -> None:
         if not s.complete:
             return
-        end = {"members": s.members, "error": s.error, "failed": s.failed, "not_a_tar": s.not_a_tar}
+        end = ShardEnd(members=s.members, error=s.error, failed=s.failed, not_a_tar=s.not_a_tar)
         plan = self.run.retry.get(s.url)  # --retry-failed: these rows go in place of failed ones
         if plan is not None:
             failed = write_retried(s.url, s.rows, end, self.cfg, self.run.state, self.run.columns, plan)

@@ -5,10 +5,9 @@ import sys
 
 import click
 
-from ..config import parse_byte_caps
+from ..config import parse_byte_caps, stage_options
 from ..errors import EXIT_CODES_HELP
 from ..remote import parse_storage_options
-from ..specs import REKEY_MODES
 from ..progress import verbosity, verbosity_options
 from ..writing import check_output_file
 from . import validate as run_validate
@@ -17,29 +16,15 @@ from .formats import FORMATS, render, write_report
 
 @click.command("validate", context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES_HELP)
 @click.argument("paths", nargs=-1, required=True)
-@click.option("--caption-key", help="Caption key spec, e.g. txt, json:description, 'txt;json:caption' [default: txt].")
-@click.option("--image-key", help="Image key spec, e.g. 'jpg;png;webp' or mp4 [default: jpg;png;jpeg;webp].")
-@click.option("--rekey", type=click.Choice(REKEY_MODES), help="Member name -> key split [default: first-dot].")
-@click.option("--image-token", help="The image token your model expects, e.g. '<__dj__image>'; others are reported.")
+@stage_options
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
-              help="StageConfig file (JSON or YAML); the options above override it.")
-@click.option("--max-pixels", type=click.IntRange(min=1), help="Size guard, from headers [default: 64000000].")
+              help="StageConfig file (JSON or YAML); the stage options override it.")
 @click.option("--max-side", type=click.IntRange(min=1), help="Largest allowed image side.")
 @click.option("--min-side", type=click.IntRange(min=1), help="Warn on images with a side below this.")
 @click.option("--max-aspect", type=click.FloatRange(min=1), help="Warn on images with long/short side above this.")
-@click.option("--max-bytes", "max_bytes", multiple=True, metavar="KIND=SIZE",
-              help="Byte cap of one member, KIND text, json, image, video, other, or decompressed (a .tar.gz shard); "
-                   "over it a member is skipped unread. Repeatable [defaults: docs/stages.md].")
 @click.option("--deep", is_flag=True, help="Decode every image and video frame instead of headers + end-of-data check.")
 @click.option("--ranks", type=click.IntRange(min=1), help="Training ranks (for the too_few_shards check).")
 @click.option("--loader-workers", type=click.IntRange(min=1), help="DataLoader workers per rank.")
-@click.option("--allow-pipe", is_flag=True, help="Accept pipe: URLs (they run shell commands).")
-@click.option("--allow-remote/--no-remote", "allow_remote", default=None,
-              help="Read s3://, gs://, hf://, http(s):// shards (the default: a URL you name is read); "
-                   "--no-remote forbids network reads.")
-@click.option("--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
-              help="An fsspec storage option for remote shards (endpoint_url=..., profile=..., anon=true); "
-                   "repeatable; never written anywhere. See docs/remote.md.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True)
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True),
               help="Write the report here; the text summary still goes to stdout.")

@@ -14,7 +14,7 @@ img2dataset keeps its {shard}_stats.json (count, successes, failed_to_download, 
 such a file is left as it is and ours goes beside it as {shard}_validate.json (a name that
 `*_stats.json` globs do not pick up). An existing sizes.json is merged: the entries of the shards
 validated are set, the others kept (shardstats.update_sizes, under the folder lock every writer of
-sizes.json takes).
+sizes.json takes; both files are written by shardstats, the one writer of the files beside shards).
 
 A shard whose stream failed (a pipe: command or download that exited non-zero, or stalled: a
 `shard_command_failed` finding) was not read to its end: how many samples came through depends on
@@ -32,8 +32,7 @@ from collections import defaultdict
 from typing import Dict, List, Optional
 
 from ..shards import is_pipe, is_remote, shard_stem
-from ..shardstats import SIZES, update_sizes
-from ..writing import write_text_atomic
+from ..shardstats import SIZES, update_sizes, write_stats_file
 from .formats import escape_data
 from .report import SCHEMA_VERSION, Report
 
@@ -69,6 +68,7 @@ def write_stats(report: Report, folder: str) -> List[str]:
     written = []
     options = report.options.stage.storage_options
     remote = is_remote(folder)
+    join = posixpath.join if remote else os.path.join
     for source, sub in _subfolders(list(groups)).items():
         if remote:
             out = posixpath.join(folder.rstrip("/"), sub) if sub else folder.rstrip("/")
@@ -85,19 +85,13 @@ def write_stats(report: Report, folder: str) -> List[str]:
             complete = not (r.counts.get("shard_command_failed") or r.counts.get("remote_read_failed"))
             data = dict(successes=r.samples, **r.stats(), schema_version=SCHEMA_VERSION, tool=TOOL,
                         complete=complete, listed_findings=[f.to_dict() for f in r.findings])
-            join = posixpath.join if remote else os.path.join
             path = join(out, f"{stem}_stats.json")
             if _foreign(path, options):
                 path = join(out, stem + BESIDE)
             written.append(_write_json(path, data, options))
             sizes[shard_basename(r.shard)] = r.samples if complete else None
-        if is_remote(out):  # an object store has no folder lock: the file is read, merged and put whole
-            sizes_path = join(out, SIZES)
-            merged = {k: v for k, v in {**(_read_dict(sizes_path, options) or {}), **sizes}.items() if v is not None}
-            written.append(_write_json(sizes_path, merged, options))
-        else:
-            update_sizes(out, sizes)  # merged under the folder lock, as the shard writers merge it
-            written.append(os.path.join(out, SIZES))
+        update_sizes(out, sizes, options)  # merged as the shard writers merge it (under the folder lock)
+        written.append(join(out, SIZES))
     return written
 
 
@@ -132,4 +126,4 @@ def _foreign(path: str, options=None) -> bool:
 
 def _write_json(path: str, data, options=None) -> str:
     # escape_data: member names that are not UTF-8 appear as \\xNN instead of failing the write.
-    return write_text_atomic(path, json.dumps(escape_data(data), indent=2, ensure_ascii=False) + "\n", options)
+    return write_stats_file(path, escape_data(data), options)

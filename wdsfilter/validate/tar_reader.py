@@ -108,59 +108,67 @@ def _file_size(stream: IO[bytes]) -> Optional[int]:
 
 
 def iter_members(stream: IO[bytes], url: str, caps: Optional[MemberCaps] = None) -> Iterator["dict | ShardEnd"]:
-    seen = [0, ""]  # members yielded, the last one's name: where a remote read failed
     try:
         import lzma
         opened = open_layers(stream, caps.decompressed if caps else 1 << 62)
         size = _file_size(stream) if opened is stream else None  # known for a plain file or object only
-        for item in _members(opened, url, caps, size):
-            if type(item) is dict:
-                seen[0] += 1
-                seen[1] = item["fname"]
-            yield item
-    except RemoteReadError as e:  # the store failed for good, not the tar: reading it again would not help
-        message = f"{type(e).__name__}: {e} at member {seen[1] or '(header)'}"
-        yield ShardEnd(url, seen[0], message, seen[1], failed=message)
+        yield from _members(opened, url, caps, size)  # no wrapper per member: _members counts what it yields
+    except RemoteReadError as e:  # opening it failed, before any member
+        yield _remote_failed(url, e, 0, "")
     except (OSError, EOFError, zlib.error, lzma.LZMAError, DecompressionCapError) as e:  # iter_tar words it
         raise Unusual(str(e)) from None
+
+
+def _remote_failed(url: str, error: RemoteReadError, items: int, name: str) -> ShardEnd:
+    """The store failed for good, not the tar (reading it again would not help): the shard ends
+    after the `items` items yielded, the last one `name`."""
+    message = f"{type(error).__name__}: {error} at member {name or '(header)'}"
+    return ShardEnd(url, items, message, name, failed=message)
 
 
 def _members(f: IO[bytes], url: str, caps: Optional[MemberCaps], file_size: Optional[int]) -> Iterator["dict | ShardEnd"]:
     read = f.read
     count, offset, last = 0, 0, ""
-    while True:
-        header, offset = _header(read, offset)
-        if header is _END:
-            yield _end(f, url, count, offset, last)
-            return
-        if header is _CORRUPT:
-            yield ShardEnd(url, count, _corrupt_header_text(offset, last), last)
-            return
-        kind, name, link, size, blocks = header
-        if kind in _REGULAR:
-            if file_size is not None and offset + size > file_size:
-                raise Unusual("declared size past the end of the file")  # never allocated; iter_tar words it
-            why = caps.over(name, size) if caps is not None and size > caps.floor else None
-            if why:
-                _skip(f, blocks)
-                item = oversized_member(name, why, url)
+    items, named = 0, ""  # the items yielded and the last one's name: where a remote read failed
+    try:
+        while True:
+            header, offset = _header(read, offset)
+            if header is _END:
+                yield _end(f, url, count, offset, last)
+                return
+            if header is _CORRUPT:
+                yield ShardEnd(url, count, _corrupt_header_text(offset, last), last)
+                return
+            kind, name, link, size, blocks = header
+            if kind in _REGULAR:
+                if file_size is not None and offset + size > file_size:
+                    raise Unusual("declared size past the end of the file")  # never allocated; iter_tar words it
+                why = caps.over(name, size) if caps is not None and size > caps.floor else None
+                if why:
+                    _skip(f, blocks)
+                    item = oversized_member(name, why, url)
+                else:
+                    data = read(size)
+                    pad = blocks - size
+                    if len(data) < size or (pad and len(read(pad)) < pad):
+                        raise Unusual("cut in member data")  # iter_tar names the member in the stages' words
+                    item = {"fname": name, "data": data, "__url__": url}
+                offset += blocks
+                count += 1
+                last = named = name
+                items += 1
+                yield item
+            elif kind in _NO_DATA:
+                last = name
+                if kind in _SPECIAL:
+                    what = _SPECIAL[kind] + (f" to {link!r}" if kind in (b"1", b"2") else "")
+                    items += 1
+                    named = name
+                    yield special_member(name, what, url)
             else:
-                data = read(size)
-                pad = blocks - size
-                if len(data) < size or (pad and len(read(pad)) < pad):
-                    raise Unusual("cut in member data")  # iter_tar names the member in the stages' words
-                item = {"fname": name, "data": data, "__url__": url}
-            offset += blocks
-            count += 1
-            last = name
-            yield item
-        elif kind in _NO_DATA:
-            last = name
-            if kind in _SPECIAL:
-                what = _SPECIAL[kind] + (f" to {link!r}" if kind in (b"1", b"2") else "")
-                yield special_member(name, what, url)
-        else:
-            raise Unusual(f"member type {kind!r}")
+                raise Unusual(f"member type {kind!r}")
+    except RemoteReadError as e:
+        yield _remote_failed(url, e, items, named)
 
 
 # What _header() finds instead of a member: the end-of-archive block, a header with a bad checksum.
