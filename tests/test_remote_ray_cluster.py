@@ -124,7 +124,7 @@ def wait_for(what: str, ready, proc, timeout: float = 180) -> None:
 def test_a_worker_node_killed_mid_run_loses_nothing_and_resume_completes_it(tmp_path):
     folder = str(tmp_path / "shards")
     make_shards(folder, [6, 6, 6, 6, 5], bad={2: (3,)})
-    out = str(tmp_path / "out")  # the run folder: one variable, so a remote --out is one change
+    out = f"s3://{BUCKET}/runs/two-node"  # the run folder in the bucket too (its staging copy on this host)
     hold, held = tmp_path / "hold", tmp_path / "held"
     held.mkdir()
     hold.touch()
@@ -166,11 +166,22 @@ def test_a_worker_node_killed_mid_run_loses_nothing_and_resume_completes_it(tmp_
             assert run.returncode == 0 or (run.returncode == 3 and "--resume" in last), said
             resumed = subprocess.run(command + ["--resume"], env=env, capture_output=True, text=True, timeout=300)
             assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+            fetched = download(client, "runs/two-node/", str(tmp_path / "fetched"))
         finally:
             for node in reversed(nodes):
                 node.close()
     local = str(tmp_path / "local")
     score(folder, out=local, scorers=["scorekit:BrightnessScorer"], device="cpu", workers=0, progress=False,
           batch_size=3, format="jsonl")
-    assert sorted(os.listdir(os.path.join(out, "done"))) == sorted(os.listdir(os.path.join(local, "done")))
-    assert rows(out) == rows(local) and sum(map(len, rows(out).values())) == 29
+    assert sorted(os.listdir(os.path.join(fetched, "done"))) == sorted(os.listdir(os.path.join(local, "done")))
+    assert rows(fetched) == rows(local) and sum(map(len, rows(fetched).values())) == 29
+
+
+def download(client, prefix: str, folder: str) -> str:
+    """Every object under prefix in the test bucket, as files under folder."""
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
+    for item in (obj for page in pages for obj in page.get("Contents", ())):
+        path = os.path.join(folder, item["Key"][len(prefix):])
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        client.download_file(BUCKET, item["Key"], path)
+    return folder
