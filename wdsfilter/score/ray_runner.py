@@ -31,6 +31,7 @@ import json
 import os
 import pickle
 import time
+import warnings
 from collections import Counter
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -257,16 +258,43 @@ def _connect(ray, cfg, address, ray_init) -> bool:
     """Starts Ray (or joins the cluster at address) unless it runs already; True if started here."""
     started_here = not ray.is_initialized()
     if started_here:
+        import logging
         if not cfg.progress or not cfg.verbosity:  # Ray Data logs its own progress on the driver
-            import logging
             logging.getLogger("ray.data").setLevel(logging.WARNING)
+        if cfg.verbosity < 2:  # and its warnings about its own arguments (deprecations)
+            logging.getLogger("ray.data").setLevel(logging.ERROR)
+        quiet = {} if cfg.verbosity >= 2 else {"logging_level": logging.WARNING}  # "Connecting to ..." lines
         try:
-            ray.init(address=address, **dict({"include_dashboard": False, "log_to_driver": False}, **(ray_init or {})))
+            ray.init(address=address, **dict({"include_dashboard": False, "log_to_driver": False}, **quiet,
+                                             **(ray_init or {})))
         except ConnectionError as e:  # no cluster there: a setting to change, not a failed run
             said = str(e).split(". ")[0].rstrip(".")  # Ray's advice names its own flags, not ours
             raise ConfigError(f"no Ray cluster at address {address!r} (--ray-address: {said}). Start one with "
                               f"`ray start --head`, or leave the address out to start a local Ray") from None
+    if cfg.verbosity < 2:
+        _one_line_errors()
     return started_here
+
+
+class _OneLine:
+    """A log filter: a record with a traceback (Ray Data logs a batch lost with its node, which
+    the run's summary names with its shard) is shown as its first line; -v shows it whole."""
+
+    def filter(self, record) -> bool:
+        if record.exc_info or record.exc_text or "\n" in record.getMessage():
+            record.msg, record.args = record.getMessage().splitlines()[0] + " (the whole message: -v)", ()
+            record.exc_info = record.exc_text = None
+        return True
+
+
+def _one_line_errors() -> None:
+    """Ray Data's console handler (its log file keeps every traceback) gets _OneLine, once."""
+    import logging
+
+    import ray.data  # noqa: F401 - configures the "ray.data" logger and its handlers
+    for handler in logging.getLogger("ray.data").handlers:
+        if "File" not in type(handler).__name__ and not any(isinstance(f, _OneLine) for f in handler.filters):
+            handler.addFilter(_OneLine())
 
 
 def _plan(ray, run, cfg, todo, actors, gpus_per_actor, batch_size) -> RayPlan:
@@ -312,6 +340,9 @@ def _dataset(ray, run, plan: RayPlan, todo, cpus_per_actor, roster):
     ds = ray.data.from_items([{"shard": u, "path": absolute_url(u)} for u in todo],
                              override_num_blocks=len(todo))
     only = (run.only_retried() or [None])[0]  # --retry-failed: only its samples are read on
+    # Ray 2.5x deprecates passing remote options by keyword (removed in 2.64, which setup.cfg
+    # excludes): a warning for us, not for the user.
+    warnings.filterwarnings("ignore", category=DeprecationWarning, module=__name__)
     ds = ds.map_batches(functools.partial(read_shard, cfg=cfg, scorers=run.scorers, only=only),
                         batch_size=1, batch_format="numpy", max_retries=RETRIES)
     ds = ds.map_batches(ScoreActor, batch_size=plan.batch_size, batch_format="numpy", concurrency=plan.actors,
