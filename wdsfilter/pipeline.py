@@ -16,7 +16,7 @@ from .tally import StatsSink, Tally
 
 
 def shard_source(urls: Sequence[str], resampled: bool = False, shuffle_shards: bool = False, seed: int = 0,
-                 cycle: Optional[Tally] = None) -> list:
+                 cycle: Optional[Tally] = None, place: Optional["Place"] = None) -> list:
     """Shard-list stages: resampled shards (every worker draws its own), or a list split by node
     and by DataLoader worker. With `cycle` (the reader's tally), each reader goes round its shards
     until the epoch's batch count stops it, so that every rank gives the same number of batches."""
@@ -30,16 +30,17 @@ def shard_source(urls: Sequence[str], resampled: bool = False, shuffle_shards: b
         stages.append(wds.detshuffle(bufsize=len(urls), initial=len(urls), seed=seed))
     stages.append(wds.split_by_worker)
     if cycle is not None:
-        stages.append(cycle_shards(cycle))
+        stages.append(cycle_shards(cycle, place))
     return stages
 
 
-def _cycle_shards(src, tally: Tally):
+def _cycle_shards(src, tally: Tally, place: Optional["Place"] = None):
     """Repeat a reader's shards at the shard level, before batching: batches run on across the
     wrap-around (no partial batch per pass, none lost to drop_last). A whole pass that read no
     sample, or whose samples the stages all dropped (the score filter, a wrong key), raises at once,
     naming the rank, worker and shards, instead of looping forever or (as webdataset's with_epoch
-    does on an empty pass) ending this rank's epoch early."""
+    does on an empty pass) ending this rank's epoch early. `place.passes` counts the passes (the
+    sample shuffle keeps them apart)."""
     def kept() -> int:  # samples read less drops (a shard that cannot be opened counts a drop too)
         return tally.samples_read - sum(tally.dropped.values())
 
@@ -47,6 +48,8 @@ def _cycle_shards(src, tally: Tally):
     while shards:
         kept_before = kept()
         yield from shards
+        if place is not None:
+            place.passes += 1
         if kept() <= kept_before:
             rank, world, worker, workers = wds.utils.pytorch_worker_info()
             names = ", ".join(s["url"] for s in shards[:5]) + (" ..." if len(shards) > 5 else "")
@@ -74,6 +77,7 @@ class Place:
         self.epoch = -1  # the next pass adds one, as webdataset's seeded stages do
         self.worker = 0
         self.index = 0  # samples this reader passed to the user's transforms this epoch (replayed included)
+        self.passes = 0  # passes over its shards this reader finished this epoch (cycle_shards)
         # {"epoch", "offset", "batches": {worker: batches given}, "batch_size"}
         self.resume: Optional[dict] = None
 
@@ -81,7 +85,7 @@ class Place:
         """A pass begins (in the process that reads): count the epoch and take the worker's logical
         id, set where webdataset's split_by_worker and ResampledShards read it (WORKER, NUM_WORKERS)."""
         self.epoch += 1
-        self.index = 0
+        self.index = self.passes = 0
         data = sys.modules.get("torch.utils.data")  # a DataLoader worker has imported it; never import torch here
         info = data.get_worker_info() if data is not None else None
         if info is None:
@@ -153,7 +157,33 @@ class SeededShuffle(wds.PipelineStage):
         self.place, self.bufsize, self.initial, self.seed = place, bufsize, initial, seed
 
     def run(self, src):
-        return wds.shuffle(self.bufsize, self.initial, rng=random.Random(self.place.seed(self.seed)))(src)
+        rng = random.Random(self.place.seed(self.seed))
+        for one_pass in _passes(iter(src), self.place):
+            yield from wds.shuffle(self.bufsize, self.initial, rng=rng)(one_pass)
+
+
+_END = object()
+
+
+def _passes(src, place: Place):
+    """The stream cut where a sized epoch's reader starts its next pass over its shards (place.passes
+    grew), each pass an iterator: the shuffle buffer drains at the end of each pass. One buffer
+    across the wrap-around gave samples of the next pass in this epoch (some twice, some never, when
+    the epoch asked for no more than one pass). A sample reaches the shuffle before the reader opens
+    the next shard (no stage in between reads ahead across shards), so the count tells its pass."""
+    first = next(src, _END)
+    while first is not _END:
+        current, after = place.passes, [_END]
+
+        def this_pass(first=first, current=current, after=after):
+            yield first
+            for sample in src:
+                if place.passes != current:
+                    after[0] = sample
+                    return
+                yield sample
+        yield this_pass()
+        first = after[0]
 
 
 def _replay(data, place: Place, tally: Tally):
@@ -233,7 +263,7 @@ def sample_pipeline(urls, cfg: Optional[StageConfig] = None, tally: Optional[Tal
     restorable = place is not None  # the loader's pipeline: its place can be saved and restored
     place = place if restorable else Place()
     stages = shard_source(urls, resampled, shuffle_shards=bool(shuffle), seed=seed,
-                          cycle=tally if cycle and not resampled else None)
+                          cycle=tally if cycle and not resampled else None, place=place)
     stages[0] = PlacedSource(place, stages[0])
     stages += list(shard_stages)
     stages += sample_stages(cfg, tally, decode_images=decode_images, before_decode=before_decode)
