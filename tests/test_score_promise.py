@@ -1,22 +1,29 @@
 """The scoring run's promise, as a property over random fault scenarios (tests/promisekit.py):
 after a fault that ends the run (kill -9 of the run at a random point, of a decode worker, of a
-model worker, a full disk), `--resume` and `--retry-failed`, every sample of every shard has one
-row, equal to a one-shot run's (status, reason, kept, score), the failure ledger lists exactly the
-rows not scored, and the filtered shards are the one-shot run's byte for byte. Each seed also
-draws data errors, scorer exceptions (score_batch and prepare) and out-of-memory on random samples
-and at random batch sizes (a simulated GPU). `python tools/fuzz_promise.py` runs many seeds."""
+model worker, a full disk), connection resets mid-shard on shards read over HTTP (one shard's
+reads reset until its retry budget is spent), `--resume` and `--retry-failed`, every sample of
+every shard has one row, equal to a one-shot run's (status, reason, kept, score), the failure
+ledger lists exactly the rows not scored, and the filtered shards are the one-shot run's byte for
+byte. Each seed also draws data errors, scorer exceptions (score_batch and prepare) and
+out-of-memory on random samples and at random batch sizes (a simulated GPU).
+`python tools/fuzz_promise.py` runs many seeds.
+
+Kept cheap: the runs that are not killed -9 run in the test's process, the killed ones in a forked
+child (no interpreter to start); only the model worker case starts model worker processes."""
 import pytest
 
 import promisekit
 
-# One seed per way a run can end, the rest of each scenario drawn from the seed (14 and 30 also
-# kill -9 their first --retry-failed).
-CASES = [(11, "run"), (12, "decode_worker"), (13, "model_worker"), (14, "full_disk"), (30, None)]
+# One seed per way a run can end, the rest of each scenario drawn from the seed: 11 and 30 read
+# their shards over HTTP with resets mid-shard, one shard of each failing its reads until the
+# retry budget is spent; 14 and 30 also kill -9 their first --retry-failed.
+CASES = [(11, "run", True), (12, "decode_worker", False), (13, "model_worker", False), (14, "full_disk", False),
+         (30, None, True)]
 
 
-@pytest.mark.parametrize("seed,kill", CASES, ids=[str(k) for _, k in CASES])
-def test_the_promise_holds_after_faults_resume_and_retry(seed, kill, tmp_path):
-    sc = promisekit.Scenario.draw(seed, kill)
+@pytest.mark.parametrize("seed,kill,remote", CASES, ids=[f"{k}{'-remote' * r}" for _, k, r in CASES])
+def test_the_promise_holds_after_faults_resume_and_retry(seed, kill, remote, tmp_path):
+    sc = promisekit.Scenario.draw(seed, kill, remote)
     if kill == "full_disk":
         from faultkit import small_tmpfs
         with small_tmpfs(tmp_path / "small", "1m") as disk:
@@ -33,3 +40,6 @@ def test_the_promise_holds_after_faults_resume_and_retry(seed, kill, tmp_path):
         assert outcome.first_exit == 3 and outcome.first_whole == ["disk_full"], outcome.steps
     if kill == "run":
         assert outcome.first_exit in (-9, 0), outcome.steps  # killed, or done before the point came
+    if remote and kill is None:  # the first run read every shard: it met every reset, and one shard failed
+        assert sc.give_up >= 1 and outcome.first_whole == ["read_failed"], outcome.steps
+        assert outcome.resets_met >= sum(len(r) for r in sc.resets.values()) + promisekit.REMOTE_ATTEMPTS
