@@ -4,14 +4,15 @@ from __future__ import annotations
 import os
 import random
 import sys
-from typing import Callable, Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import webdataset as wds
 
 from .config import StageConfig
 from .errors import StarvationError
+from .markers import MARKER
 from .shards import expand_urls
-from .stages import sample_stages, watch
+from .stages import decode, sample_stages, watch
 from .tally import StatsSink, Tally
 
 
@@ -78,14 +79,20 @@ class Place:
         self.worker = 0
         self.index = 0  # samples this reader passed to the user's transforms this epoch (replayed included)
         self.passes = 0  # passes over its shards this reader finished this epoch (cycle_shards)
-        # {"epoch", "offset", "batches": {worker: batches given}, "batch_size"}
+        # The decode stage's count: samples it was given this epoch, images it decoded, and those it
+        # dropped since the last batch ([index, reason]; the batch reports them, see `report`).
+        self.raw = self.decodes = 0
+        self.new_drops: list = []
+        # {"epoch", "offset", "batches": {worker: batches given}, "batch_size",
+        #  "decoded": {worker: {"raw": samples decoded, "drops": [[index, reason], ...]}}}
         self.resume: Optional[dict] = None
 
     def start(self) -> None:
         """A pass begins (in the process that reads): count the epoch and take the worker's logical
         id, set where webdataset's split_by_worker and ResampledShards read it (WORKER, NUM_WORKERS)."""
         self.epoch += 1
-        self.index = self.passes = 0
+        self.index = self.passes = self.raw = self.decodes = 0
+        self.new_drops = []
         data = sys.modules.get("torch.utils.data")  # a DataLoader worker has imported it; never import torch here
         info = data.get_worker_info() if data is not None else None
         if info is None:
@@ -106,6 +113,20 @@ class Place:
     def to_skip(self) -> int:
         """Samples this reader gave in the restored epoch before the checkpoint (0 otherwise)."""
         return self.to_skip_batches() * self.resume["batch_size"] if self.restoring else 0
+
+    def decoded_before(self) -> Tuple[int, Dict[int, str]]:
+        """On a restored epoch: how many of this reader's first samples the decode stage had seen by
+        the checkpoint, and which of them it dropped (index -> reason); (0, {}) otherwise."""
+        if not self.restoring:
+            return 0, {}
+        mine = (self.resume.get("decoded") or {}).get(self.worker) or {}
+        return int(mine.get("raw", 0)), {int(i): reason for i, reason in mine.get("drops", ())}
+
+    def report(self) -> Tuple[int, list]:
+        """What a batch tells the main process of its reader's decoding: the samples the decode stage
+        has seen this epoch, and those it dropped since the last batch."""
+        drops, self.new_drops = self.new_drops, []
+        return self.raw, drops
 
     def seed(self, seed: int, *more) -> int:
         rank = wds.utils.pytorch_worker_info()[0]
@@ -186,11 +207,68 @@ def _passes(src, place: Place):
         first = after[0]
 
 
-def _replay(data, place: Place, tally: Tally):
+LAZY = "__decode_later__"  # a restored reader's sample, decoded only if the replay does not pass over it
+
+
+class _Decoder:
+    """The decode stage (stages.decode) for one sample: what it gives, and the reason when it dropped
+    the sample (None when it kept it)."""
+
+    def __init__(self, cfg: StageConfig, tally: Tally):
+        self.stage, self.tally = decode(cfg, tally), tally
+
+    def __call__(self, sample: dict) -> Tuple[list, Optional[str]]:
+        before = dict(self.tally.dropped)
+        out = list(self.stage(iter((sample,))))
+        if any(MARKER not in s for s in out):
+            return out, None
+        return out, next((r for r, n in self.tally.dropped.items() if n != before.get(r, 0)), "decode_error")
+
+
+def _placed_decode(data, cfg: StageConfig, tally: Tally, place: Place):
+    """The decode stage of a restorable loader. It counts the samples it is given (place.raw) and
+    notes those it drops with their reason (place.new_drops; each batch reports them), so a saved
+    position says which of a reader's samples survived decoding. On a restored epoch the samples
+    before that count are not decoded: those it had dropped are dropped again with their reason
+    (counted, not decoded), the others go on undecoded (LAZY): the replay passes over the ones the
+    reader had given and decodes the rest (those in the shuffle buffer) after it. The stream into
+    the shuffle is the same samples in the same order, so the replay stays exact. With emit_rejects
+    (reject markers flow on) every sample is decoded again."""
+    decoder = _Decoder(cfg, tally)
+    upto, drops = place.decoded_before() if not cfg.emit_rejects else (0, {})
+    for sample in data:
+        if MARKER in sample:
+            yield sample
+            continue
+        index = place.raw
+        place.raw += 1
+        if index < upto:
+            if index in drops:
+                member = f"{sample.get('__key__')}.{sample.get('__media_ext__')}"
+                tally.drop(drops[index], "decode", sample.get("__url__", ""), member,
+                           "dropped before the restored position; not decoded again")
+                continue
+            if "image" in sample:
+                sample[LAZY] = True
+            yield sample
+            continue
+        if "image" in sample:
+            place.decodes += 1
+        out, reason = decoder(sample)
+        if reason is not None:
+            place.new_drops.append([index, reason])
+        yield from out
+
+
+placed_decode = wds.pipelinefilter(_placed_decode)
+
+
+def _replay(data, place: Place, tally: Tally, cfg: Optional[StageConfig] = None):
     """On a restored loader: pass over the samples the reader had already given (they were in the
     batches before the checkpoint), before the user's transforms, so the stream, the shuffle buffer
     and the counts after them are those of the uninterrupted run. They count as given (they were);
-    the watchdog sleeps meanwhile (a long replay is not a stall)."""
+    the watchdog sleeps meanwhile (a long replay is not a stall). The samples the decode stage let
+    through undecoded (LAZY) are decoded here if they are not passed over."""
     data, skip = iter(data), place.to_skip()
     if skip:
         limits = tally.starvation_samples, tally.starvation_seconds
@@ -204,7 +282,16 @@ def _replay(data, place: Place, tally: Tally):
         finally:
             tally.starvation_samples, tally.starvation_seconds = limits
             tally.waiting()
+    decoder = _Decoder(cfg or StageConfig(), tally)
     for sample in data:
+        if LAZY in sample:  # decoded before the checkpoint, so it decodes now
+            del sample[LAZY]
+            place.decodes += 1
+            out, _ = decoder(sample)
+            for decoded in out:
+                place.index += 1
+                yield decoded
+            continue
         place.index += 1
         yield sample
 
@@ -213,14 +300,15 @@ replay = wds.pipelinefilter(_replay)
 
 
 def _worker_batches(data, place: Place, per_worker: Optional[int] = None):
-    """Each batch with the worker that made it (so the loader knows each worker's position), and on
+    """Each batch with the worker that made it (so the loader knows each worker's position) and its
+    decode stage's report (Place.report), and on
     a sized epoch the cut after the worker's `per_worker` batches, those it gave before a restore
     included. Like webdataset's with_epoch, it takes no batch past the cut (that would read ahead)."""
     left = None if per_worker is None else per_worker - place.to_skip_batches()
     if left is not None and left <= 0:
         return
     for batch in data:
-        yield batch, place.worker
+        yield batch, place.worker, place.report()
         if left is not None:
             left -= 1
             if not left:
@@ -266,11 +354,13 @@ def sample_pipeline(urls, cfg: Optional[StageConfig] = None, tally: Optional[Tal
                           cycle=tally if cycle and not resampled else None, place=place)
     stages[0] = PlacedSource(place, stages[0])
     stages += list(shard_stages)
-    stages += sample_stages(cfg, tally, decode_images=decode_images, before_decode=before_decode)
+    stages += sample_stages(cfg, tally, decode_images=decode_images and not restorable, before_decode=before_decode)
+    if decode_images and restorable:  # a restored loader decodes only what it will give
+        stages.append(placed_decode(cfg, tally, place))
     if shuffle:
         stages.append(SeededShuffle(place, shuffle, min(shuffle, 1000), seed))
     if restorable:  # a restored loader's samples already given (none otherwise); not on score's path
-        stages.append(replay(place, tally))
+        stages.append(replay(place, tally, cfg))
     stages += list(extra)
     stages.append(watch(tally, sink))
     pipeline = wds.DataPipeline(*stages)
