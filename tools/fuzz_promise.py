@@ -62,7 +62,8 @@ def main() -> int:
         start = time.perf_counter()
         sc, outcome, found = one(seed, folder)
         took = time.perf_counter() - start
-        remote = f", remote ({outcome.resets_met} resets, shard {sc.give_up} fails)" if sc.remote else ""
+        fails = f"shard {sc.give_up} fails" if sc.give_up >= 1 else "no shard fails"
+        remote = f", remote ({outcome.resets_met} resets met, {fails})" if sc.remote else ""
         print(f"seed {seed}: kill {sc.kill}{remote}, {sum(sc.sizes)} samples, first run exit {outcome.first_exit}: "
               f"{'OK' if not found else 'BROKEN'} ({took:.1f}s)", flush=True)
         if found:
