@@ -301,9 +301,9 @@ replay = wds.pipelinefilter(_replay)
 
 def _worker_batches(data, place: Place, per_worker: Optional[int] = None):
     """Each batch with the worker that made it (so the loader knows each worker's position) and its
-    decode stage's report (Place.report), and on
-    a sized epoch the cut after the worker's `per_worker` batches, those it gave before a restore
-    included. Like webdataset's with_epoch, it takes no batch past the cut (that would read ahead)."""
+    decode stage's report (Place.report), and on a sized epoch the cut after the worker's
+    `per_worker` batches, those it gave before a restore included. Like webdataset's with_epoch, it
+    takes no batch past the cut (that would read ahead)."""
     left = None if per_worker is None else per_worker - place.to_skip_batches()
     if left is not None and left <= 0:
         return
