@@ -21,8 +21,8 @@ compares the result with a one-shot run of the same shards without faults: same 
 order, same statuses, reasons, kept flags and scores, the ledger listing exactly the rows not
 scored, the same filtered shards byte for byte.
 
-The run that is killed -9 runs in a forked child process (`run_killable`), so kill -9 ends it and
-not the test; worker deaths (os._exit of a decode or model worker) end only the worker, so those
+The run that is killed -9 runs in a child process (`run_killable`, from a fork server that
+imported torch once), so kill -9 ends it and not the test; worker deaths (os._exit of a decode or model worker) end only the worker, so those
 runs run in the test's process. `python promisekit.py CONFIG.json` runs one run from a file.
 """
 from __future__ import annotations
@@ -154,41 +154,50 @@ def run_here(urls: List[str], out: str, opts: dict, **kw):
 
 def run_killable(urls: List[str], out: str, opts: dict, kill_after: Optional[int] = None, log: str = "",
                  timeout: float = 300.0, **kw) -> int:
-    """A run in a forked child process (torch and the package already imported: no interpreter to
-    start), in a session of its own; with kill_after, kill -9 it once `log` holds that many scored
-    samples. Returns its exit status (-9 when killed)."""
-    pid = os.fork()
-    if pid == 0:  # the child: the run, then out without the parent's exit handlers
-        code = 3
-        try:
-            os.setsid()
-            code = _run_child(urls, out, {**opts, **kw})
-        finally:
-            os._exit(code)
+    """A run in a child process, in a session of its own; with kill_after, kill -9 it once `log`
+    holds that many scored samples. Returns its exit status (-9 when killed). The child comes from
+    a fork server that imported torch and the package once (no interpreter to start per run), not
+    from this process (its threads and open connections, the test's web server's among them, are
+    no child's business: a forked copy of them once left a keep-alive connection half-open)."""
+    proc = _forkserver().Process(target=_killable_child, args=(urls, out, {**opts, **kw}), daemon=False)
+    proc.start()
     deadline = time.monotonic() + timeout
     try:
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
+        while proc.exitcode is None:
             if kill_after is not None and _lines(log) >= kill_after:
-                os.kill(pid, signal.SIGKILL)  # the run's main process, as the OOM killer does
-                _, status = os.waitpid(pid, 0)
+                os.kill(proc.pid, signal.SIGKILL)  # the run's main process, as the OOM killer does
                 break
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the run did not end in {timeout:.0f}s")
-            time.sleep(0.02)
+            proc.join(0.02)
+        proc.join()
         # Its workers would notice their main process is gone within torch's 5 s check and exit;
         # they write nothing (the main process writes every output), so they go at once here.
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
-        _wait_group_gone(pid)
-        return os.waitstatus_to_exitcode(status)
+            os.killpg(proc.pid, signal.SIGKILL)
+        _wait_group_gone(proc.pid)
+        return proc.exitcode
     finally:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, 0)
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.join()
+
+
+_CONTEXT = None
+
+
+def _forkserver():
+    global _CONTEXT
+    if _CONTEXT is None:
+        import multiprocessing
+        _CONTEXT = multiprocessing.get_context("forkserver")
+        _CONTEXT.set_forkserver_preload(["torch", "faultkit", "promisekit", "wdsfilter.score"])
+    return _CONTEXT
+
+
+def _killable_child(urls: List[str], out: str, opts: dict) -> None:
+    os.setsid()  # its own process group: killpg ends its workers with it
+    sys.exit(_run_child(urls, out, opts))
 
 
 def _run_child(urls: List[str], out: str, opts: dict) -> int:
