@@ -10,33 +10,37 @@ and refused captions), random transient faults on random samples (a scorer's exc
 score_batch and in prepare, out of memory at any batch size), out of memory at random batch sizes
 (a simulated GPU of random size: devicekit), and at most one fault that ends the run: kill -9 of
 the run at a random point, kill -9 (os._exit) of a decode worker or of a model worker, a full
-disk (a small tmpfs). `play` runs it: the faulty run, then `--resume` with the run-ending fault
+disk (a small tmpfs). In remote scenarios the shards are read over HTTP from a web server on
+127.0.0.1 (remotekit.FaultServer) that resets connections mid-shard at random bytes (each read
+resumed from the byte it reached), and may keep resetting one shard's reads until the retry
+budget (remote_attempts) is spent, so that the shard fails (read_failed, transient).
+`play` runs it: the faulty run, then `--resume` with the run-ending fault and the network's
 gone (the sample faults still there), then `--retry-failed` with every fault gone (in some
 scenarios a first --retry-failed is killed -9 at a random point, and run again); `violations`
 compares the result with a one-shot run of the same shards without faults: same rows in the same
 order, same statuses, reasons, kept flags and scores, the ledger listing exactly the rows not
 scored, the same filtered shards byte for byte.
 
-Run as a script, it is the run that may be killed: `python promisekit.py CONFIG.json` (a
-subprocess, so kill -9 and os._exit end it and not the test).
+The run that is killed -9 runs in a child process (`run_killable`, from a fork server that
+imported torch once), so kill -9 ends it and not the test; worker deaths (os._exit of a decode or model worker) end only the worker, so those
+runs run in the test's process. `python promisekit.py CONFIG.json` runs one run from a file.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 SCORER = "faultkit:ChaosScorer"
 KILLS = ("run", "decode_worker", "model_worker", "full_disk", None)
 MB = 1 << 20
+REMOTE_ATTEMPTS = 3  # failed reads in a row before a remote shard fails
 
 
 @dataclass
@@ -58,9 +62,12 @@ class Scenario:
     blob: int  # bytes of an extra member per sample (the full disk needs big filtered shards)
     min_brightness: float
     retry_kill_after: int  # > 0: kill -9 the first --retry-failed after this many samples were scored
+    remote: bool = False  # the shards are read over HTTP from a server that resets connections
+    resets: Dict[str, List[float]] = field(default_factory=dict)  # shard -> resets in the first run, at these fractions of its bytes
+    give_up: int = -1  # >= 1: every read of this shard in the first run is reset (remote_attempts spent)
 
     @classmethod
-    def draw(cls, seed: int, kill: object = "random") -> "Scenario":
+    def draw(cls, seed: int, kill: object = "random", remote: object = "random") -> "Scenario":
         rng = random.Random(seed)
         kill = rng.choice(KILLS) if kill == "random" else kill
         sizes = [rng.randint(4, 12) for _ in range(rng.randint(2, 4))]
@@ -76,7 +83,7 @@ class Scenario:
         clean = [f"s{s}_{i:05d}" for s, n in enumerate(sizes) for i in range(n) if (s, i) not in taken]
         faulty = rng.sample(clean, k=min(len(clean) - 1, rng.randint(0, max(1, len(clean) // 4))))
         cut = [rng.randint(0, 2) for _ in faulty]
-        return cls(seed=seed, kill=kill, sizes=sizes, bad=bad, no_caption=no_caption, refused=refused,
+        sc = cls(seed=seed, kill=kill, sizes=sizes, bad=bad, no_caption=no_caption, refused=refused,
                    raise_keys=[k for k, c in zip(faulty, cut) if c == 0], oom_keys=[k for k, c in zip(faulty, cut) if c == 1],
                    prep_keys=[k for k, c in zip(faulty, cut) if c == 2],
                    victim=rng.choice([k for k in clean if k not in faulty] or clean),
@@ -85,6 +92,13 @@ class Scenario:
                    blob=150_000 if kill == "full_disk" else 0,
                    min_brightness=0.0 if kill == "full_disk" else rng.choice([0.0, 0.3, 0.5]),
                    retry_kill_after=rng.choice([0, rng.randint(1, max(1, len(faulty)))]))
+        # drawn last, so that the other draws of a seed are what they were before remote reads came
+        sc.remote = rng.random() < 0.5 if remote == "random" else bool(remote)
+        if sc.remote:
+            sc.resets = {str(s): sorted(rng.random() for _ in range(rng.randint(0, 2))) for s in range(len(sizes))}
+            # never the first shard: the run reads it before it starts (the key check) and stops there
+            sc.give_up = rng.choice([-1, rng.randrange(1, len(sizes))])
+        return sc
 
 
 # -- the shards and the run's options ------------------------------------------------------------------
@@ -122,7 +136,8 @@ def arm(files: Dict[str, str], sc: Optional[Scenario], kills: bool = True) -> No
 def options(sc: Scenario, files: Dict[str, str], log: str, write_shards: str) -> dict:
     """The run's options: the same for every run of a scenario (the reference's too), so
     --resume and --retry-failed accept them; the faults are switched by the files' contents."""
-    return {"scorers": [SCORER], "progress": False, "write_shards": write_shards,
+    remote = {"remote_attempts": REMOTE_ATTEMPTS, "remote_backoff_seconds": 0.01} if sc.remote else {}
+    return {"scorers": [SCORER], "progress": False, "write_shards": write_shards, **remote,
             "min_scores": {"brightness": sc.min_brightness},
             "scorer_options": {"bright": {
                 "raise_file": files["raise"], "oom_file": files["oom"], "prepare_file": files["prep"],
@@ -139,33 +154,60 @@ def run_here(urls: List[str], out: str, opts: dict, **kw):
 
 def run_killable(urls: List[str], out: str, opts: dict, kill_after: Optional[int] = None, log: str = "",
                  timeout: float = 300.0, **kw) -> int:
-    """A run in a subprocess (this module as a script); with kill_after, kill -9 it once `log`
-    holds that many scored samples. Returns its exit status (-9 when killed)."""
-    config = os.path.join(os.path.dirname(out), "run-config.json")
-    with open(config, "w") as f:
-        json.dump({"urls": urls, "out": out, "options": {**opts, **kw}}, f)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, ROOT, os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), config], env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    """A run in a child process, in a session of its own; with kill_after, kill -9 it once `log`
+    holds that many scored samples. Returns its exit status (-9 when killed). The child comes from
+    a fork server that imported torch and the package once (no interpreter to start per run), not
+    from this process (its threads and open connections, the test's web server's among them, are
+    no child's business: a forked copy of them once left a keep-alive connection half-open)."""
+    proc = _forkserver().Process(target=_killable_child, args=(urls, out, {**opts, **kw}), daemon=False)
+    proc.start()
     deadline = time.monotonic() + timeout
     try:
-        while proc.poll() is None:
+        while proc.exitcode is None:
             if kill_after is not None and _lines(log) >= kill_after:
                 os.kill(proc.pid, signal.SIGKILL)  # the run's main process, as the OOM killer does
-                proc.wait()
                 break
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the run did not end in {timeout:.0f}s")
-            time.sleep(0.02)
-        proc.wait()
-        _wait_group_gone(proc.pid)  # its workers notice their main process is gone, and exit
-        return proc.returncode
-    finally:
-        try:
+            proc.join(0.02)
+        proc.join()
+        # Its workers would notice their main process is gone within torch's 5 s check and exit;
+        # they write nothing (the main process writes every output), so they go at once here.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        proc.stderr.close()
+        _wait_group_gone(proc.pid)
+        return proc.exitcode
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.join()
+
+
+_CONTEXT = None
+
+
+def _forkserver():
+    global _CONTEXT
+    if _CONTEXT is None:
+        import multiprocessing
+        _CONTEXT = multiprocessing.get_context("forkserver")
+        _CONTEXT.set_forkserver_preload(["torch", "faultkit", "promisekit", "wdsfilter.score"])
+    return _CONTEXT
+
+
+def _killable_child(urls: List[str], out: str, opts: dict) -> None:
+    os.setsid()  # its own process group: killpg ends its workers with it
+    sys.exit(_run_child(urls, out, opts))
+
+
+def _run_child(urls: List[str], out: str, opts: dict) -> int:
+    from wdsfilter.errors import RunError
+    try:
+        run_here(urls, out, opts)
+    except RunError as e:
+        print(f"run failed: {e}", file=sys.stderr)
+        return 3
+    return 0
 
 
 def _lines(path: str) -> int:
@@ -195,13 +237,38 @@ class Outcome:
     first_exit: Optional[int] = None
     steps: List[str] = field(default_factory=list)
     first_whole: List[str] = field(default_factory=list)  # reasons of the shards the first run left
+    resets_met: int = 0  # connection resets the first run's reads met (remote scenarios)
 
 
 def play(sc: Scenario, folder: str, small_disk=None) -> Outcome:
     """The reference run, the faulty run, --resume, --retry-failed. small_disk: (mount, grow) of a
     small filesystem for the full disk (faultkit.small_tmpfs)."""
+    with contextlib.ExitStack() as stack:
+        urls = build_shards(sc, os.path.join(folder, "shards"))
+        web = None
+        if sc.remote:
+            from remotekit import FaultServer
+            web = stack.enter_context(FaultServer())
+            urls = [web.put(os.path.basename(u), open(u, "rb").read()) for u in urls]
+        return _play(sc, folder, urls, web, small_disk)
+
+
+def _network_faults(sc: Scenario, web) -> int:
+    """Queue the first run's connection resets (remotekit.FaultServer: a reset meets the next GET
+    whose range holds its byte, whichever of the run's reads that is); returns how many."""
+    for s, fractions in sc.resets.items():
+        name = f"shard-{int(s):04d}.tar"
+        size = len(web.objects[name])
+        web.fail(name, *[("reset", int(f * size)) for f in fractions])
+    if sc.give_up >= 1:
+        name = f"shard-{sc.give_up:04d}.tar"
+        web.fail(name, *[("reset", len(web.objects[name]) // 2)] * 100)  # more than every read's budget
+    return sum(len(q) for q in web.faults.values())
+
+
+def _play(sc: Scenario, folder: str, urls: List[str], web, small_disk) -> Outcome:
+    from wdsfilter.errors import RunError
     from wdsfilter.score.faults import DiskFullError
-    urls = build_shards(sc, os.path.join(folder, "shards"))
     files = fault_files(folder)
     log = os.path.join(folder, "scored.log")
     ref, out = os.path.join(folder, "ref"), os.path.join(folder, "out")
@@ -214,25 +281,28 @@ def play(sc: Scenario, folder: str, small_disk=None) -> Outcome:
     opts = options(sc, files, log, kept)
     outcome = Outcome(urls, out, ref)
     arm(files, sc)
+    queued = _network_faults(sc, web) if web is not None else 0
     open(log, "w").close()
     sized = {"workers": sc.workers, "batch_size": sc.batch_size}
     if sc.kill == "run":
         outcome.first_exit = run_killable(urls, out, opts, kill_after=sc.kill_after, log=log, **sized)
-    elif sc.kill == "decode_worker":
-        outcome.first_exit = run_killable(urls, out, opts, **sized)
-    elif sc.kill == "model_worker":  # two model worker processes, one of which dies
-        outcome.first_exit = run_killable(urls, out, opts, devices=["cpu", "cpu"], **sized)
     else:
+        # A worker's death (decode or model) ends its own process only: the run goes on here and fails.
+        devices = {"devices": ("cpu", "cpu")} if sc.kill == "model_worker" else {}  # two model worker processes
         try:
-            run_here(urls, out, opts, **sized)
+            run_here(urls, out, opts, **devices, **sized)
             outcome.first_exit = 0
-        except DiskFullError:
+        except (DiskFullError, RunError):
             outcome.first_exit = 3
     outcome.steps.append(f"first run: exit {outcome.first_exit}")
     from wdsfilter.score.ledger import MERGED, read_entries
     outcome.first_whole = sorted({e["reason"] for e in read_entries(os.path.join(out, MERGED)) if e["index"] == -1})
     if small_disk is not None:
         small_disk[1]("64m")  # space freed
+    if web is not None:
+        outcome.resets_met = queued - sum(len(q) for q in web.faults.values())
+        outcome.steps.append(f"network: {outcome.resets_met} connection reset(s) met")
+        web.faults.clear()  # the network is back
     arm(files, sc, kills=False)  # the run-ending fault is gone; the samples' faults are still there
     summary = run_here(urls, out, opts, resume=True, **sized)
     outcome.steps.append(f"resume: {summary.shards_scored} shard(s) scored, failures {summary.failures}")
@@ -302,20 +372,14 @@ def describe(sc: Scenario) -> str:
 
 
 def _main(config_path: str) -> int:
-    """The killable run: `python promisekit.py CONFIG.json`."""
+    """A run from a config file: `python promisekit.py CONFIG.json` ({"urls", "out", "options"})."""
     import faultkit  # noqa: F401 - the scorer's module, importable by its name
-    from wdsfilter.errors import RunError
     with open(config_path) as f:
         config = json.load(f)
     opts = config["options"]
     if "devices" in opts:
         opts["devices"] = tuple(opts["devices"])
-    try:
-        run_here(config["urls"], config["out"], opts)
-    except RunError as e:
-        print(f"run failed: {e}", file=sys.stderr)
-        return 3
-    return 0
+    return _run_child(config["urls"], config["out"], opts)
 
 
 if __name__ == "__main__":

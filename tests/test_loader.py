@@ -109,3 +109,17 @@ def test_a_later_empty_epoch_raises_with_persistent_workers(tmp_path):
         f.write(f"version https://git-lfs.github.com/spec/v1\noid sha256:{'4a' * 32}\nsize 20480\n")
     with pytest.raises(StarvationError, match="the epoch ended with no sample"):
         list(loader)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_sized_shuffled_epoch_gives_each_sample_at_most_once(tmp_path, workers):
+    # A sized epoch goes round each reader's shards (cycle_shards); the shuffle buffer filled across
+    # the wrap-around, so samples of the next pass came out in this epoch: some twice, others never.
+    # Each reader's share is its whole quota (two workers: two shards, 5 batches of 4 each).
+    urls = [write_shard(tmp_path / f"e{i}.tar", image_text_members(10, start=100 * i)) for i in range(4)]
+    loader = wdsfilter.loader(urls, batch_size=4, num_workers=workers, shuffle=16, seed=3,
+                              epoch_samples=40, output="dict")
+    for _ in range(2):
+        seen = [s["__key__"] for batch in loader for s in batch]
+        assert len(seen) == 40
+        assert len(set(seen)) == len(seen), sorted(k for k in seen if seen.count(k) > 1)

@@ -70,6 +70,34 @@ def test_resume_after_n_batches_gives_the_uninterrupted_rest(shards, workers, sh
         assert counts(again.stats) == counts(full.stats)
 
 
+def test_a_restore_decodes_only_the_samples_it_will_give(tmp_path):
+    # The restored reader passes over the samples it gave without decoding them: those the decode
+    # stage dropped before the position (corrupt JPEGs) are dropped again from the saved list, the
+    # others in the shuffle buffer are decoded after the replay. num_workers=0: the reader is this
+    # process, so its count of decoded images (Place.decodes) is the loader's.
+    shards = gnu_tar_shards(str(tmp_path), [9, 8, 7], corrupt=[(0, 2), (1, 1), (2, 4)])
+
+    def make():
+        return wdsfilter.loader(shards, batch_size=3, num_workers=0, shuffle=5, seed=4, output="dict")
+    full = make()
+    whole = [keys(b) for b in full]
+    decoded_whole = full.pipeline.place.decodes
+    assert decoded_whole == 9 + 8 + 7  # every image once, the corrupt ones included
+    at = 4
+    before, after, again = interrupted(make, at, epochs_after=1)
+    assert before + after == whole
+    saved = again.state_dict()["position"]  # the epoch is over: the next one's (nothing decoded yet)
+    assert saved["epoch"] == 1
+    first = make()
+    it = iter(first)
+    for _ in range(at):
+        next(it)
+    drops = first.state_dict()["position"]["decoded"]["0"]["drops"]
+    assert sorted(reason for _, reason in drops) == ["corrupt_image", "corrupt_image"]  # two were behind
+    assert again.pipeline.place.decodes == decoded_whole - at * 3 - len(drops)
+    assert counts(again.stats) == counts(full.stats)  # the corrupt ones counted, with their reason
+
+
 def test_shuffled_epochs_are_reproducible_from_the_seed(shards):
     # The sample shuffle drew from the clock: no two runs gave the same order, so no position could
     # be restored. Seeded by (seed, epoch, rank, worker) it is the same on every run.

@@ -4,8 +4,10 @@ tests/test_score_promise.py; the scenarios and the check are tests/promisekit.py
 Each seed draws shards with data errors, transient faults on random samples (scorer exceptions
 in score_batch and prepare, out of memory at any batch size), a simulated GPU of random size (out
 of memory at random batch sizes) and at most one fault that ends the run (kill -9 of the run at a
-random point, of a decode worker or of a model worker; a full disk where a tmpfs can be mounted);
-the run is resumed, its failures retried, and the result compared with a one-shot run.
+random point, of a decode worker or of a model worker; a full disk where a tmpfs can be mounted); about half
+of the seeds read their shards over HTTP from a server on 127.0.0.1 that resets connections
+mid-shard at random bytes (one shard's reads, in some, until its retry budget is spent); the run
+is resumed, its failures retried, and the result compared with a one-shot run.
 
     python tools/fuzz_promise.py [--seeds 50] [--first 0] [--keep DIR]
 
@@ -60,7 +62,9 @@ def main() -> int:
         start = time.perf_counter()
         sc, outcome, found = one(seed, folder)
         took = time.perf_counter() - start
-        print(f"seed {seed}: kill {sc.kill}, {sum(sc.sizes)} samples, first run exit {outcome.first_exit}: "
+        fails = f"shard {sc.give_up} fails" if sc.give_up >= 1 else "no shard fails"
+        remote = f", remote ({outcome.resets_met} resets met, {fails})" if sc.remote else ""
+        print(f"seed {seed}: kill {sc.kill}{remote}, {sum(sc.sizes)} samples, first run exit {outcome.first_exit}: "
               f"{'OK' if not found else 'BROKEN'} ({took:.1f}s)", flush=True)
         if found:
             broken += 1

@@ -115,8 +115,8 @@ class WdsLoader:
         progress = self._begin_epoch()
         out_before = self.stats.samples_out if self.watchdog else 0
         batches_before = progress.batches  # given before a restore
-        for batch, worker in self.dataloader:
-            progress.took(worker)
+        for batch, worker, decoded in self.dataloader:
+            progress.took(worker, decoded)
             yield batch
         self._progress = None
         self._end_epoch(progress.batches, progress.batches - batches_before, out_before)

@@ -21,6 +21,7 @@ from typing import Dict, List, Optional
 from .errors import ConfigError
 
 VERSION = 1
+MAX_DROPS = 1000  # decode drops kept per worker and epoch; past them a restore decodes from the last kept count
 
 # The settings a position depends on, in the words of the error (what changed -> what to do).
 SETTINGS = {
@@ -85,14 +86,27 @@ class Progress:
     workers: int  # readers on this rank (DataLoader workers, or 1)
     given: Dict[int, int] = field(default_factory=dict)
     last: Optional[int] = None
+    # per worker, what its decode stage had seen: {"raw": samples, "drops": [[index, reason], ...]}, so
+    # that a restored reader does not decode the samples it gave again (pipeline._placed_decode)
+    decoded: Dict[int, dict] = field(default_factory=dict)
 
     @property
     def batches(self) -> int:
         return sum(self.given.values())
 
-    def took(self, worker: int) -> None:
+    def took(self, worker: int, report: Optional[tuple] = None) -> None:
+        """A batch of `worker`; report: its decode stage's (samples seen, new drops) (Place.report)."""
         self.given[worker] = self.given.get(worker, 0) + 1
         self.last = worker
+        if report is None:
+            return
+        raw, drops = report
+        mine = self.decoded.setdefault(worker, {"raw": 0, "drops": []})
+        if len(mine["drops"]) + len(drops) > MAX_DROPS:
+            mine["full"] = True  # bounded: the count stays where the list was whole
+        if not mine.get("full"):
+            mine["raw"] = raw
+            mine["drops"] += drops
 
     @property
     def next_worker(self) -> int:
@@ -102,17 +116,21 @@ class Progress:
         """What each reader of the restored epoch needs (pipeline.Place.resume): in torch's round
         robin, which starts at worker 0, worker j reads as worker (j + offset) % workers."""
         return {"epoch": self.epoch, "offset": self.next_worker, "batches": dict(self.given),
-                "batch_size": batch_size}
+                "batch_size": batch_size,
+                "decoded": {w: {"raw": d["raw"], "drops": list(d["drops"])} for w, d in self.decoded.items()}}
 
     def to_dict(self) -> dict:
         return {"epoch": self.epoch, "batches": self.batches,
-                "workers": {str(w): n for w, n in sorted(self.given.items())}, "next_worker": self.next_worker}
+                "workers": {str(w): n for w, n in sorted(self.given.items())}, "next_worker": self.next_worker,
+                "decoded": {str(w): {**d, "drops": [list(x) for x in d["drops"]]} for w, d in sorted(self.decoded.items())}}
 
     @classmethod
     def from_dict(cls, d: dict, workers: int) -> "Progress":
         given = {int(w): int(n) for w, n in (d.get("workers") or {}).items()}
         last = None if not given else (int(d["next_worker"]) - 1) % workers
-        return cls(int(d["epoch"]), workers, given, last)
+        decoded = {int(w): {**x, "raw": int(x["raw"]), "drops": [[int(i), str(r)] for i, r in x["drops"]]}
+                   for w, x in (d.get("decoded") or {}).items()}  # none in a state saved before it came
+        return cls(int(d["epoch"]), workers, given, last, decoded)
 
 
 def check_state(state) -> dict:

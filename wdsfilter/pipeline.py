@@ -4,19 +4,20 @@ from __future__ import annotations
 import os
 import random
 import sys
-from typing import Callable, Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import webdataset as wds
 
 from .config import StageConfig
 from .errors import StarvationError
+from .markers import MARKER
 from .shards import expand_urls
-from .stages import sample_stages, watch
+from .stages import decode, sample_stages, watch
 from .tally import StatsSink, Tally
 
 
 def shard_source(urls: Sequence[str], resampled: bool = False, shuffle_shards: bool = False, seed: int = 0,
-                 cycle: Optional[Tally] = None) -> list:
+                 cycle: Optional[Tally] = None, place: Optional["Place"] = None) -> list:
     """Shard-list stages: resampled shards (every worker draws its own), or a list split by node
     and by DataLoader worker. With `cycle` (the reader's tally), each reader goes round its shards
     until the epoch's batch count stops it, so that every rank gives the same number of batches."""
@@ -30,16 +31,17 @@ def shard_source(urls: Sequence[str], resampled: bool = False, shuffle_shards: b
         stages.append(wds.detshuffle(bufsize=len(urls), initial=len(urls), seed=seed))
     stages.append(wds.split_by_worker)
     if cycle is not None:
-        stages.append(cycle_shards(cycle))
+        stages.append(cycle_shards(cycle, place))
     return stages
 
 
-def _cycle_shards(src, tally: Tally):
+def _cycle_shards(src, tally: Tally, place: Optional["Place"] = None):
     """Repeat a reader's shards at the shard level, before batching: batches run on across the
     wrap-around (no partial batch per pass, none lost to drop_last). A whole pass that read no
     sample, or whose samples the stages all dropped (the score filter, a wrong key), raises at once,
     naming the rank, worker and shards, instead of looping forever or (as webdataset's with_epoch
-    does on an empty pass) ending this rank's epoch early."""
+    does on an empty pass) ending this rank's epoch early. `place.passes` counts the passes (the
+    sample shuffle keeps them apart)."""
     def kept() -> int:  # samples read less drops (a shard that cannot be opened counts a drop too)
         return tally.samples_read - sum(tally.dropped.values())
 
@@ -47,6 +49,8 @@ def _cycle_shards(src, tally: Tally):
     while shards:
         kept_before = kept()
         yield from shards
+        if place is not None:
+            place.passes += 1
         if kept() <= kept_before:
             rank, world, worker, workers = wds.utils.pytorch_worker_info()
             names = ", ".join(s["url"] for s in shards[:5]) + (" ..." if len(shards) > 5 else "")
@@ -74,14 +78,21 @@ class Place:
         self.epoch = -1  # the next pass adds one, as webdataset's seeded stages do
         self.worker = 0
         self.index = 0  # samples this reader passed to the user's transforms this epoch (replayed included)
-        # {"epoch", "offset", "batches": {worker: batches given}, "batch_size"}
+        self.passes = 0  # passes over its shards this reader finished this epoch (cycle_shards)
+        # The decode stage's count: samples it was given this epoch, images it decoded, and those it
+        # dropped since the last batch ([index, reason]; the batch reports them, see `report`).
+        self.raw = self.decodes = 0
+        self.new_drops: list = []
+        # {"epoch", "offset", "batches": {worker: batches given}, "batch_size",
+        #  "decoded": {worker: {"raw": samples decoded, "drops": [[index, reason], ...]}}}
         self.resume: Optional[dict] = None
 
     def start(self) -> None:
         """A pass begins (in the process that reads): count the epoch and take the worker's logical
         id, set where webdataset's split_by_worker and ResampledShards read it (WORKER, NUM_WORKERS)."""
         self.epoch += 1
-        self.index = 0
+        self.index = self.passes = self.raw = self.decodes = 0
+        self.new_drops = []
         data = sys.modules.get("torch.utils.data")  # a DataLoader worker has imported it; never import torch here
         info = data.get_worker_info() if data is not None else None
         if info is None:
@@ -102,6 +113,20 @@ class Place:
     def to_skip(self) -> int:
         """Samples this reader gave in the restored epoch before the checkpoint (0 otherwise)."""
         return self.to_skip_batches() * self.resume["batch_size"] if self.restoring else 0
+
+    def decoded_before(self) -> Tuple[int, Dict[int, str]]:
+        """On a restored epoch: how many of this reader's first samples the decode stage had seen by
+        the checkpoint, and which of them it dropped (index -> reason); (0, {}) otherwise."""
+        if not self.restoring:
+            return 0, {}
+        mine = (self.resume.get("decoded") or {}).get(self.worker) or {}
+        return int(mine.get("raw", 0)), {int(i): reason for i, reason in mine.get("drops", ())}
+
+    def report(self) -> Tuple[int, list]:
+        """What a batch tells the main process of its reader's decoding: the samples the decode stage
+        has seen this epoch, and those it dropped since the last batch."""
+        drops, self.new_drops = self.new_drops, []
+        return self.raw, drops
 
     def seed(self, seed: int, *more) -> int:
         rank = wds.utils.pytorch_worker_info()[0]
@@ -153,14 +178,97 @@ class SeededShuffle(wds.PipelineStage):
         self.place, self.bufsize, self.initial, self.seed = place, bufsize, initial, seed
 
     def run(self, src):
-        return wds.shuffle(self.bufsize, self.initial, rng=random.Random(self.place.seed(self.seed)))(src)
+        rng = random.Random(self.place.seed(self.seed))
+        for one_pass in _passes(iter(src), self.place):
+            yield from wds.shuffle(self.bufsize, self.initial, rng=rng)(one_pass)
 
 
-def _replay(data, place: Place, tally: Tally):
+_END = object()
+
+
+def _passes(src, place: Place):
+    """The stream cut where a sized epoch's reader starts its next pass over its shards (place.passes
+    grew), each pass an iterator: the shuffle buffer drains at the end of each pass. One buffer
+    across the wrap-around gave samples of the next pass in this epoch (some twice, some never, when
+    the epoch asked for no more than one pass). A sample reaches the shuffle before the reader opens
+    the next shard (no stage in between reads ahead across shards), so the count tells its pass."""
+    first = next(src, _END)
+    while first is not _END:
+        current, after = place.passes, [_END]
+
+        def this_pass(first=first, current=current, after=after):
+            yield first
+            for sample in src:
+                if place.passes != current:
+                    after[0] = sample
+                    return
+                yield sample
+        yield this_pass()
+        first = after[0]
+
+
+LAZY = "__decode_later__"  # a restored reader's sample, decoded only if the replay does not pass over it
+
+
+class _Decoder:
+    """The decode stage (stages.decode) for one sample: what it gives, and the reason when it dropped
+    the sample (None when it kept it)."""
+
+    def __init__(self, cfg: StageConfig, tally: Tally):
+        self.stage, self.tally = decode(cfg, tally), tally
+
+    def __call__(self, sample: dict) -> Tuple[list, Optional[str]]:
+        before = dict(self.tally.dropped)
+        out = list(self.stage(iter((sample,))))
+        if any(MARKER not in s for s in out):
+            return out, None
+        return out, next((r for r, n in self.tally.dropped.items() if n != before.get(r, 0)), "decode_error")
+
+
+def _placed_decode(data, cfg: StageConfig, tally: Tally, place: Place):
+    """The decode stage of a restorable loader. It counts the samples it is given (place.raw) and
+    notes those it drops with their reason (place.new_drops; each batch reports them), so a saved
+    position says which of a reader's samples survived decoding. On a restored epoch the samples
+    before that count are not decoded: those it had dropped are dropped again with their reason
+    (counted, not decoded), the others go on undecoded (LAZY): the replay passes over the ones the
+    reader had given and decodes the rest (those in the shuffle buffer) after it. The stream into
+    the shuffle is the same samples in the same order, so the replay stays exact. With emit_rejects
+    (reject markers flow on) every sample is decoded again."""
+    decoder = _Decoder(cfg, tally)
+    upto, drops = place.decoded_before() if not cfg.emit_rejects else (0, {})
+    for sample in data:
+        if MARKER in sample:
+            yield sample
+            continue
+        index = place.raw
+        place.raw += 1
+        if index < upto:
+            if index in drops:
+                member = f"{sample.get('__key__')}.{sample.get('__media_ext__')}"
+                tally.drop(drops[index], "decode", sample.get("__url__", ""), member,
+                           "dropped before the restored position; not decoded again")
+                continue
+            if "image" in sample:
+                sample[LAZY] = True
+            yield sample
+            continue
+        if "image" in sample:
+            place.decodes += 1
+        out, reason = decoder(sample)
+        if reason is not None:
+            place.new_drops.append([index, reason])
+        yield from out
+
+
+placed_decode = wds.pipelinefilter(_placed_decode)
+
+
+def _replay(data, place: Place, tally: Tally, cfg: Optional[StageConfig] = None):
     """On a restored loader: pass over the samples the reader had already given (they were in the
     batches before the checkpoint), before the user's transforms, so the stream, the shuffle buffer
     and the counts after them are those of the uninterrupted run. They count as given (they were);
-    the watchdog sleeps meanwhile (a long replay is not a stall)."""
+    the watchdog sleeps meanwhile (a long replay is not a stall). The samples the decode stage let
+    through undecoded (LAZY) are decoded here if they are not passed over."""
     data, skip = iter(data), place.to_skip()
     if skip:
         limits = tally.starvation_samples, tally.starvation_seconds
@@ -174,7 +282,16 @@ def _replay(data, place: Place, tally: Tally):
         finally:
             tally.starvation_samples, tally.starvation_seconds = limits
             tally.waiting()
+    decoder = _Decoder(cfg or StageConfig(), tally)
     for sample in data:
+        if LAZY in sample:  # decoded before the checkpoint, so it decodes now
+            del sample[LAZY]
+            place.decodes += 1
+            out, _ = decoder(sample)
+            for decoded in out:
+                place.index += 1
+                yield decoded
+            continue
         place.index += 1
         yield sample
 
@@ -183,14 +300,15 @@ replay = wds.pipelinefilter(_replay)
 
 
 def _worker_batches(data, place: Place, per_worker: Optional[int] = None):
-    """Each batch with the worker that made it (so the loader knows each worker's position), and on
-    a sized epoch the cut after the worker's `per_worker` batches, those it gave before a restore
-    included. Like webdataset's with_epoch, it takes no batch past the cut (that would read ahead)."""
+    """Each batch with the worker that made it (so the loader knows each worker's position) and its
+    decode stage's report (Place.report), and on a sized epoch the cut after the worker's
+    `per_worker` batches, those it gave before a restore included. Like webdataset's with_epoch, it
+    takes no batch past the cut (that would read ahead)."""
     left = None if per_worker is None else per_worker - place.to_skip_batches()
     if left is not None and left <= 0:
         return
     for batch in data:
-        yield batch, place.worker
+        yield batch, place.worker, place.report()
         if left is not None:
             left -= 1
             if not left:
@@ -233,14 +351,16 @@ def sample_pipeline(urls, cfg: Optional[StageConfig] = None, tally: Optional[Tal
     restorable = place is not None  # the loader's pipeline: its place can be saved and restored
     place = place if restorable else Place()
     stages = shard_source(urls, resampled, shuffle_shards=bool(shuffle), seed=seed,
-                          cycle=tally if cycle and not resampled else None)
+                          cycle=tally if cycle and not resampled else None, place=place)
     stages[0] = PlacedSource(place, stages[0])
     stages += list(shard_stages)
-    stages += sample_stages(cfg, tally, decode_images=decode_images, before_decode=before_decode)
+    stages += sample_stages(cfg, tally, decode_images=decode_images and not restorable, before_decode=before_decode)
+    if decode_images and restorable:  # a restored loader decodes only what it will give
+        stages.append(placed_decode(cfg, tally, place))
     if shuffle:
         stages.append(SeededShuffle(place, shuffle, min(shuffle, 1000), seed))
     if restorable:  # a restored loader's samples already given (none otherwise); not on score's path
-        stages.append(replay(place, tally))
+        stages.append(replay(place, tally, cfg))
     stages += list(extra)
     stages.append(watch(tally, sink))
     pipeline = wds.DataPipeline(*stages)
