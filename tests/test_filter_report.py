@@ -139,12 +139,16 @@ def assert_round(labels, lo, hi):
     values = [float(v) for v in labels]
     assert 3 <= len(values) <= 7, labels
     step = values[1] - values[0]
-    assert np.allclose(np.diff(values), step), labels
-    mantissa = step / 10 ** math.floor(math.log10(step))
-    assert any(math.isclose(mantissa, m) for m in (1, 2, 2.5, 5)), (labels, step)
-    assert values == [round(k * step, 12) for k in range(math.ceil(lo / step - 1e-9), math.floor(hi / step + 1e-9) + 1)], \
+    assert np.allclose(np.diff(values), step, rtol=1e-6), labels
+    exp = math.floor(math.log10(step) + 1e-6)
+    mantissa = step / 10.0 ** exp
+    assert any(math.isclose(mantissa, m, rel_tol=1e-6) for m in (1, 2, 2.5, 5, 10)), (labels, step)
+    mantissa = min((1, 2, 2.5, 5, 10), key=lambda m: abs(m - mantissa))
+    step = mantissa * 10.0 ** exp  # not the labels' difference: they are rounded
+    multiples = range(math.ceil(lo / step - 1e-9), math.floor(hi / step + 1e-9) + 1)
+    assert len(multiples) == len(values) and np.allclose(values, [k * step for k in multiples], rtol=1e-9), \
         (labels, lo, hi)
-    digits = max(0, -math.floor(math.log10(step) + 1e-9) + (math.isclose(mantissa, 2.5) and step < 10))
+    digits = max(0, -exp + (math.isclose(mantissa, 2.5) and step < 10))
     assert all(len(v.partition(".")[2]) == digits for v in labels), labels
 
 
@@ -224,3 +228,29 @@ def test_each_card_names_the_threshold_that_dropped_its_row(run, tmp_path):
     assert {"kept", "dropped: brightness < 0.35", "dropped: bright_frames > 2"} <= seen
     frames = charts(dom)["histogram"][1]
     assert [t for t, _ in ticks(frames, "x")] == ["1", "2", "3"]  # one bin per value
+
+
+def test_tick_values_are_round_over_any_range():
+    """nice_ticks over ranges of every scale (seeded random ones, the report's -0.08753 .. 0.8264,
+    whole numbers, one value, the ends of the floats): round steps, every multiple in the range,
+    the digits the step needs."""
+    import sys
+
+    from wdsfilter.filtering.report_html import nice_ticks
+    rng = np.random.default_rng(0)
+    ranges = [(-0.08753, 0.8264), (0.02235, 0.8264), (0.21, 0.33), (0.0, 1.0), (-3.0, 250.0)]
+    for _ in range(300):
+        lo = float(rng.normal() * 10.0 ** rng.integers(-3, 6))
+        ranges.append((lo, lo + float(rng.random() * 10.0 ** rng.integers(-3, 6)) + 1e-3))
+    for lo, hi in ranges:
+        labels = [t for _, t in nice_ticks(lo, hi, 7)]
+        if len(labels) >= 3 and "e" not in "".join(labels):
+            assert_round(labels, lo, hi)
+        else:  # a narrow range far from zero, or a huge one: still multiples of one round step
+            values = [v for v, _ in nice_ticks(lo, hi, 7)]
+            assert 2 <= len(values) <= 7 and all(lo - 1e-9 * abs(lo) <= v <= hi + 1e-9 * abs(hi) for v in values)
+    assert [t for _, t in nice_ticks(0.5, 3.5, 7, integer=True)] == ["1", "2", "3"]
+    assert [t for _, t in nice_ticks(0, 13, 5, integer=True)] == ["0", "5", "10"]
+    assert nice_ticks(0.4, 0.4 + 1e-9) == [(0.4, "0.4")]  # a column of one value
+    big = nice_ticks(-sys.float_info.max, sys.float_info.max)
+    assert len(big) == 5 and all(np.isfinite(v) for v, _ in big) and "nan" not in str(big)

@@ -94,7 +94,7 @@ def nice_ticks(lo: float, hi: float, most: int = 6, integer: bool = False) -> Li
     if not math.isfinite(span):
         from ..score.outputs import step
         return [(step(lo, hi, i, 4), f"{step(lo, hi, i, 4):.3g}") for i in range(5)]
-    if span <= 1e-9 * max(1.0, abs(lo)):
+    if span <= 2e-9 * max(1.0, abs(lo)):  # histogram_bins widens a one-value column by 1e-9
         return [(lo, f"{lo:.6g}")]
     raw = span / (most - 1)  # a step this large or larger leaves at most `most` values in the range
     exp = math.floor(math.log10(raw))
