@@ -64,6 +64,55 @@ def browse(page, tmp_path, name, screenshot=True):
     return dom.stdout, np.asarray(Image.open(io.BytesIO(shot.read_bytes())).convert("RGB"))
 
 
+def section(page, title):
+    """The HTML between a <p>title</p> and the next <p> or heading."""
+    start = page.index(f"<p>{title}</p>")
+    rest = page[start + len(title) + 7:]
+    end = min([i for i in (rest.find("<p>"), rest.find("<h2"), rest.find("<h3")) if i >= 0] or [len(rest)])
+    return rest[:end]
+
+
+def keys_in(html):
+    return re.findall(r'<div class="meta">([^<]+) in [^<]+</div>', html)
+
+
+def test_score_writes_the_report_with_its_thresholds(run):
+    out, rows = run
+    page = open(os.path.join(out, "report.html"), encoding="utf-8").read()
+    assert "brightness &gt;= 0.35 (--min brightness=0.35)" in page
+    kept = sum(1 for r in rows if r["kept"])
+    assert f"<b>{kept} of {len(rows)} kept</b>" in page
+
+
+def test_report_is_self_contained_with_the_samples_beside_each_threshold(run, tmp_path):
+    out, rows = run
+    path = tmp_path / "r.html"
+    r = run_cli("filter", out, "--top", "brightness=30%", "--report", str(path))
+    assert r.returncode == 0, r.stderr
+    page = path.read_text(encoding="utf-8")
+    # No network: every image is a data: URI, no external script, style or link.
+    assert not re.search(r'(src|href)="(?!data:)', page) and "http://" not in page and "https://" not in page
+    imgs = re.findall(r'<img src="data:image/jpeg;base64,[A-Za-z0-9+/=]+"', page)
+    assert len(imgs) >= 12
+    scored = sorted(((r["brightness"], r["key"]) for r in rows if r["brightness"] is not None), reverse=True)
+    cut = scored[math.ceil(len(scored) * 0.3) - 1][0]
+    above = sorted((v, k) for v, k in scored if v >= cut)[:6]
+    below = sorted(((v, k) for v, k in scored if v < cut), reverse=True)[:6]
+    assert keys_in(section(page, f"at or just above {cut:.6g}:")) == [k for _, k in above]
+    assert keys_in(section(page, f"just below {cut:.6g}:")) == [k for _, k in below]
+    # Captions come from the source shards (gnu_tar_shards writes "caption I of shard S").
+    for _, key in above:
+        shard, index = key[1:].split("_")
+        assert f">caption {int(index)} of shard {shard}</div>" in section(page, f"at or just above {cut:.6g}:")
+    # Histogram and kept-share chart per column, the threshold drawn (line title and label) on both.
+    assert page.count("<svg") == 2 and page.count(f"min {cut:.4g}<") == 4
+    # Dropped rows per reason, with the rows that could not be scored.
+    assert "<h3>not scored: caption_refused (1)</h3>" in page and "<h3>rejected: corrupt_image (1)</h3>" in page
+    assert "refuse-me" in page
+
+
+
+
 CARD = re.compile(r'<div class="card (kept|dropped)"[^>]*>.*?<div class="verdict">(.*?)</div>'
                   r'<div class="cap">.*?</div><div class="meta">(.*?) in [^<]*</div></div>', re.S)
 
@@ -161,13 +210,14 @@ def test_a_real_browser_draws_round_axes_with_row_counts_and_no_label_over_anoth
 
 @needs_chromium
 def test_each_card_names_the_threshold_that_dropped_its_row(run, tmp_path):
-    """`filter --min brightness=0.35 --max bright_frames=2`: a card above the brightness cut whose
+    """`filter --min brightness=0.35 --max brightness=0.4 --max bright_frames=2`: a card above the brightness cut whose
     row has 3 frames says "dropped: bright_frames > 2" (looked at in the screenshot,
     two-thresholds.png with WDSFILTER_REPORT_SHOT: green and red borders match the verdicts);
     bright_frames, now thresholded, gets its section, integer ticks."""
     out, rows = run
     path = tmp_path / "two.html"
-    r = run_cli("filter", out, "--min", "brightness=0.35", "--max", "bright_frames=2", "--report", str(path))
+    r = run_cli("filter", out, "--min", "brightness=0.35", "--max", "brightness=0.4", "--max", "bright_frames=2",
+                "--report", str(path))
     assert r.returncode == 0, r.stderr
     dom, _ = browse(str(path), tmp_path, "two-thresholds", screenshot=False)
     assert 'data-overlaps="0"' in dom, re.findall(r'data-overlaps="[^"]*"', dom)
@@ -178,11 +228,14 @@ def test_each_card_names_the_threshold_that_dropped_its_row(run, tmp_path):
         if row["brightness"] is None:
             continue  # not scored: its own reason
         fails = [f for f, bad in (("brightness < 0.35", row["brightness"] < 0.35),
+                                  ("brightness > 0.4", row["brightness"] > 0.4),
                                   ("bright_frames > 2", row["bright_frames"] > 2)) if bad]
         assert (verdict == "kept") == (not fails) == (border == "kept"), (key, verdict)
         assert not fails or verdict in {f"dropped: {f}" for f in fails}, (key, verdict, fails)
         seen.add(verdict)
-    assert {"kept", "dropped: brightness < 0.35", "dropped: bright_frames > 2"} <= seen
+    assert {"kept", "dropped: brightness < 0.35", "dropped: brightness > 0.4", "dropped: bright_frames > 2"} <= seen
+    # the minimum's and the maximum's labels, 0.05 apart on one axis, one above the other (no overlap above)
+    assert len(re.findall(r'<text class="cut"[^>]*>(?:min 0.35|max 0.4)</text>', dom)) == 4
     frames = charts(dom)["histogram"][1]
     assert [t for t, _ in ticks(frames, "x")] == ["1", "2", "3"]  # one bin per value
 
