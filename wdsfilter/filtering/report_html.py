@@ -141,16 +141,18 @@ def _y_axis(ticks: List[Tuple[float, str]], top: float, title: str) -> List[str]
 
 
 def _threshold_lines(cuts: List[tuple], lo: float, hi: float) -> List[str]:
-    parts = []
-    for i, (value, label, color) in enumerate(cuts):  # a minimum and a maximum: labels one above the other
+    """Each threshold's dashed line, then the labels over every line (a minimum and a maximum on
+    one axis: labels one above the other, each with a halo, readable over bars and lines)."""
+    lines, labels = [], []
+    for i, (value, label, color) in enumerate(cuts):
         x = _x(min(max(value, lo), hi), lo, hi)
         right = x > W - RIGHT - 90  # near the right edge the label goes left of its line
-        parts.append(f'<line x1="{x:.1f}" y1="{TOP}" x2="{x:.1f}" y2="{H - BOTTOM}" stroke="{color}" stroke-width="2" '
+        lines.append(f'<line x1="{x:.1f}" y1="{TOP}" x2="{x:.1f}" y2="{H - BOTTOM}" stroke="{color}" stroke-width="2" '
                      f'stroke-dasharray="5,3"><title>{_e(label)}</title></line>')
-        parts.append(f'<text class="cut" x="{x - 3 if right else x + 3:.1f}" y="{TOP + 10 + 12 * i}" font-size="10" '
-                     f'fill="{color}" text-anchor="{"end" if right else "start"}" stroke="#fafafa" stroke-width="3" '
-                     f'paint-order="stroke">{_e(label)}</text>')  # a halo: readable over the bars
-    return parts
+        labels.append(f'<text class="cut" x="{x - 3 if right else x + 3:.1f}" y="{TOP + 10 + 12 * i}" font-size="10" '
+                      f'fill="{color}" text-anchor="{"end" if right else "start"}" stroke="#fafafa" stroke-width="3" '
+                      f'paint-order="stroke">{_e(label)}</text>')
+    return lines + labels
 
 
 def _svg(parts: List[str], kind: str) -> str:
