@@ -112,7 +112,7 @@ def dedup(run_dir: str, kinds: Sequence[str] = (), near_bits: int = NEAR_BITS,
     if "semantic" in kinds:
         from .semantic import semantic_pairs
         t = time.perf_counter()
-        a, b, clusters = semantic_pairs(source.embeddings(rows), float(semantic_threshold))
+        a, b, clusters = semantic_pairs(source.embeddings(rows), float(semantic_threshold), seconds=result.seconds)
         pairs["semantic"] = (a, b)
         result.seconds["semantic"] = time.perf_counter() - t
     groups = build_groups(rows.count, pairs, rows.clip)

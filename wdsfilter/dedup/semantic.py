@@ -21,8 +21,9 @@ trade, not an exact search.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
-from typing import Iterator, List, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -93,8 +94,12 @@ def _assigner(faiss, centroids: np.ndarray):
     return index
 
 
-def semantic_pairs(emb: Embeddings, threshold: float, seed: int = 0) -> Tuple[np.ndarray, np.ndarray, int]:
-    """(a, b, clusters): row numbers of pairs with cosine >= threshold found within a cluster."""
+def semantic_pairs(emb: Embeddings, threshold: float, seed: int = 0,
+                   seconds: Optional[Dict[str, float]] = None) -> Tuple[np.ndarray, np.ndarray, int]:
+    """(a, b, clusters): row numbers of pairs with cosine >= threshold found within a cluster;
+    `seconds` gets the time of each step (semantic_kmeans, semantic_assign, semantic_search)."""
+    seconds = {} if seconds is None else seconds
+    t = time.perf_counter()
     n = emb.count
     if n < 2:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), 0
@@ -110,12 +115,14 @@ def semantic_pairs(emb: Embeddings, threshold: float, seed: int = 0) -> Tuple[np
         sample = np.sort(rng.choice(n, min(n, TRAIN_ROWS, k * TRAIN_PER_CLUSTER), replace=False))
         km = faiss.Kmeans(dim, k, niter=NITER, seed=seed, spherical=True, verbose=False)
         km.train(emb.take(mapped, sample))
+        seconds["semantic_kmeans"], t = time.perf_counter() - t, time.perf_counter()
         index = _assigner(faiss, km.centroids)
         probes = min(PROBES, k)
         assign = np.zeros((n, probes), dtype=np.int32)
         for start, block in emb.blocks(mapped):
             assign[start:start + len(block)] = index.search(block, probes)[1]
         assign = np.maximum(assign, 0)  # a coarse search finding fewer than PROBES: -1, counted as cluster 0
+        seconds["semantic_assign"], t = time.perf_counter() - t, time.perf_counter()
     # Per cluster c: its home vectors (nearest centroid c) against every vector with c among its
     # PROBES nearest, so a pair whose homes differ still meets when one's home is the other's
     # second nearest, each comparison made once.
@@ -143,6 +150,7 @@ def semantic_pairs(emb: Embeddings, threshold: float, seed: int = 0) -> Tuple[np
             other = (q != h) & (sims >= threshold)
             a.append(emb.rows[q[other]])
             b.append(emb.rows[h[other]])
+    seconds["semantic_search"] = time.perf_counter() - t
     if not a:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), k
     return np.concatenate(a), np.concatenate(b), k
