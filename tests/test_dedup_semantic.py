@@ -58,8 +58,9 @@ def test_cluster_search_finds_the_all_pairs_groups(planted):
 
 
 def test_coarse_assignment_through_an_ivf_over_the_centroids(planted, monkeypatch):
-    """Past COARSE_FROM centroids a vector is compared with the centroids of a few coarse lists
-    only (lowered here so 6,000 rows take that path): pairs found are real, nearly all found."""
+    """Past COARSE_FROM centroids, a two-level k-means: sqrt(k) top clusters, each split into its
+    share of the k, and a vector compared with the centroids of COARSE_PROBES top clusters only
+    (lowered here so 6,000 rows take that path): pairs found are real, nearly all found."""
     emb, vec = planted
     n = len(vec)
     monkeypatch.setattr(semantic, "CLUSTER_ROWS", 200)
@@ -67,7 +68,7 @@ def test_coarse_assignment_through_an_ivf_over_the_centroids(planted, monkeypatc
     monkeypatch.setattr(semantic, "COARSE_PROBES", 2)  # 2 of its 5 coarse lists: an approximate assignment
     truth_grouped = grouped(n, *np.nonzero(vec @ vec.T >= 0.95))[1]
     a, b, clusters = semantic_pairs(emb, 0.95)
-    assert clusters == 30
+    assert abs(clusters - 30) <= 2  # each top cluster's share of the 30, rounded
     a, b = a // 2, b // 2
     assert ((vec[a] * vec[b]).sum(axis=1) >= 0.95 - 1e-6).all()
     found = grouped(n, a, b)[1]

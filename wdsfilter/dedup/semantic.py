@@ -6,7 +6,7 @@ compared and memory is one cluster's vectors at a time.
        centroid (at most TRAIN_ROWS): ~CLUSTER_ROWS rows per cluster, at most MAX_CLUSTERS;
     2. every vector's PROBES nearest centroids, read a block at a time from the memory-mapped .npy
        files of the run (clip-retrieval's layout, score/embeddings.py): all centroids compared up
-       to COARSE_FROM of them, past that through an IVF over the centroids (_assigner);
+       to COARSE_FROM of them, past that a two-level k-means and an IVF over it (_clusters);
     3. per cluster, its home vectors (nearest centroid) in a faiss flat inner-product index, and a
        range search (cosine >= t) of every vector having that centroid among its PROBES nearest:
        a pair split by a border meets when one's home is among the other's nearest; each cluster
@@ -34,7 +34,7 @@ TRAIN_PER_CLUSTER = 64  # sample vectors per centroid (faiss asks for at least 3
 NITER = 10
 CLUSTER_ROWS = 1_000
 MAX_CLUSTERS = TRAIN_ROWS // 40  # 5,000 (5 million rows): faiss's 39 sample vectors a centroid; past it clusters grow
-COARSE_FROM = 1_024     # more centroids than this (a million rows): assigned through an IVF over the centroids
+COARSE_FROM = 256       # more centroids than this (256,000 rows): two-level k-means (_clusters)
 COARSE_PROBES = 8
 BLOCK = 4_096
 PROBES = 3  # clusters each vector is compared in (its nearest centroids)
@@ -76,21 +76,35 @@ def _normalise(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(norms, 1e-12)  # a video's mean embedding has a norm below 1
 
 
-def _assigner(faiss, centroids: np.ndarray):
-    """An index over the centroids answering each vector's PROBES nearest. Up to COARSE_FROM
-    centroids, exact (flat); past that an IVF over the centroids themselves (sqrt(k) lists, the
-    COARSE_PROBES nearest scanned), so a vector is compared with about 2 sqrt(k) * COARSE_PROBES
-    centroids instead of all k: the assignment grows as n^1.5 instead of n^2 / CLUSTER_ROWS."""
-    k, dim = centroids.shape
+def _kmeans(faiss, x: np.ndarray, k: int, seed: int) -> np.ndarray:
+    if k <= 1 or len(x) <= k:
+        return _normalise(x.mean(axis=0, keepdims=True)) if k <= 1 else x
+    km = faiss.Kmeans(x.shape[1], k, niter=NITER, seed=seed, spherical=True, verbose=False)
+    km.train(x)
+    return km.centroids
+
+
+def _clusters(faiss, x: np.ndarray, k: int, seed: int):
+    """About k spherical k-means centroids of the sample x and an index answering each vector's
+    nearest ones. Up to COARSE_FROM centroids: one k-means, every centroid compared (flat). Past
+    that, two levels (as NeMo Curator's and faiss' hierarchical k-means): sqrt(k) top centroids,
+    then each top cluster's sample split into its share of the k, and an IVF whose lists are the
+    top clusters (COARSE_PROBES of them scanned): training and assignment cost about sqrt(k) a
+    vector instead of k, so they grow as n^1.5, not n^2."""
+    dim = x.shape[1]
     if k <= COARSE_FROM:
         index = faiss.IndexFlatIP(dim)
-    else:
-        lists = int(np.sqrt(k))
-        index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, lists, faiss.METRIC_INNER_PRODUCT)
-        index.cp.min_points_per_centroid = 1  # k centroids into sqrt(k) lists: no "too few points" warning
-        index.train(centroids)
-        index.nprobe = COARSE_PROBES
-    index.add(centroids)
+        index.add(_kmeans(faiss, x, k, seed))
+        return index
+    top = _kmeans(faiss, x, int(np.sqrt(k)), seed)
+    quantizer = faiss.IndexFlatIP(dim)
+    quantizer.add(top)
+    home = quantizer.search(x, 1)[1][:, 0]
+    fine = [_kmeans(faiss, x[home == j], int(round(k * np.mean(home == j))), seed) for j in range(len(top))]
+    index = faiss.IndexIVFFlat(quantizer, dim, len(top), faiss.METRIC_INNER_PRODUCT)
+    index.is_trained = True  # its lists are the top clusters; each fine centroid joins its nearest
+    index.add(np.concatenate([f for f in fine if len(f)]).astype(np.float32))
+    index.nprobe = COARSE_PROBES
     return index
 
 
@@ -113,10 +127,9 @@ def semantic_pairs(emb: Embeddings, threshold: float, seed: int = 0,
         # training costs sample x k x NITER, not n x k.
         rng = np.random.default_rng(seed)
         sample = np.sort(rng.choice(n, min(n, TRAIN_ROWS, k * TRAIN_PER_CLUSTER), replace=False))
-        km = faiss.Kmeans(dim, k, niter=NITER, seed=seed, spherical=True, verbose=False)
-        km.train(emb.take(mapped, sample))
+        index = _clusters(faiss, emb.take(mapped, sample), k, seed)
+        k = index.ntotal
         seconds["semantic_kmeans"], t = time.perf_counter() - t, time.perf_counter()
-        index = _assigner(faiss, km.centroids)
         probes = min(PROBES, k)
         assign = np.zeros((n, probes), dtype=np.int32)
         for start, block in emb.blocks(mapped):
