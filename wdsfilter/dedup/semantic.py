@@ -77,6 +77,7 @@ def _normalise(x: np.ndarray) -> np.ndarray:
 
 
 def _kmeans(faiss, x: np.ndarray, k: int, seed: int) -> np.ndarray:
+    """k spherical centroids of x (its normalised mean for one; x itself when it has no more rows)."""
     if k <= 1 or len(x) <= k:
         return _normalise(x.mean(axis=0, keepdims=True)) if k <= 1 else x
     km = faiss.Kmeans(x.shape[1], k, niter=NITER, seed=seed, spherical=True, verbose=False)
@@ -87,7 +88,7 @@ def _kmeans(faiss, x: np.ndarray, k: int, seed: int) -> np.ndarray:
 def _clusters(faiss, x: np.ndarray, k: int, seed: int):
     """About k spherical k-means centroids of the sample x and an index answering each vector's
     nearest ones. Up to COARSE_FROM centroids: one k-means, every centroid compared (flat). Past
-    that, two levels (as NeMo Curator's and faiss' hierarchical k-means): sqrt(k) top centroids,
+    that, two levels (as faiss.contrib.clustering.two_level_clustering does): sqrt(k) top centroids,
     then each top cluster's sample split into its share of the k, and an IVF whose lists are the
     top clusters (COARSE_PROBES of them scanned): training and assignment cost about sqrt(k) a
     vector instead of k, so they grow as n^1.5, not n^2."""
@@ -100,10 +101,12 @@ def _clusters(faiss, x: np.ndarray, k: int, seed: int):
     quantizer = faiss.IndexFlatIP(dim)
     quantizer.add(top)
     home = quantizer.search(x, 1)[1][:, 0]
-    fine = [_kmeans(faiss, x[home == j], int(round(k * np.mean(home == j))), seed) for j in range(len(top))]
+    share = np.bincount(home, minlength=len(top))
+    fine = [_kmeans(faiss, x[home == j], int(round(k * share[j] / len(x))), seed)
+            for j in range(len(top)) if share[j]]  # a top cluster no sample vector chose adds none
     index = faiss.IndexIVFFlat(quantizer, dim, len(top), faiss.METRIC_INNER_PRODUCT)
     index.is_trained = True  # its lists are the top clusters; each fine centroid joins its nearest
-    index.add(np.concatenate([f for f in fine if len(f)]).astype(np.float32))
+    index.add(np.concatenate(fine).astype(np.float32))
     index.nprobe = COARSE_PROBES
     return index
 
