@@ -255,3 +255,40 @@ def test_eval_images_match_semantically_with_the_runs_clip(tiny_clip, tmp_path):
     matched = {truth[k] for k, r in got.items() if r["eval_match"]}
     assert matched == {("astronaut", "original")} and result.eval_matches == {"semantic": 1}
     assert all(got[k]["eval_match"] in (None, "semantic:mirrored.png") for k in got)
+
+
+def test_groups_per_kind_add_up_to_the_total_and_a_group_names_every_kind_of_its_rows(photos):
+    """Each group is counted once, under the kinds of its rows (each row's closest link): a photo's
+    group with its byte copy and its re-encodes is exact+near, never just "exact"; the printed
+    counts add up to the printed total, and the rows per kind to the rows in groups."""
+    import re
+    run, truth, _ = photos
+    r = CliRunner().invoke(main, ["dedup", run])
+    assert r.exit_code == 0, r.output
+    m = re.search(r"(\d+) duplicate group\(s\), by the kinds of their rows: (.*)", r.output)
+    counts = {k: int(n) for n, k in re.findall(r"(\d+) ([a-z+]+)", m.group(2))}
+    assert sum(counts.values()) == int(m.group(1)) > 0
+    m = re.search(r"(\d+) row\(s\) in groups, by their closest link: (.*)", r.output)
+    rows_per_kind = {k: int(n) for n, k in re.findall(r"(\d+) ([a-z]+)", m.group(2))}
+    got = marks(run)
+    by_group = {}
+    for key, row in got.items():
+        if row["group"] is not None:
+            by_group.setdefault(row["group"], []).append(key)
+    assert sum(rows_per_kind.values()) == int(m.group(1)) == sum(len(k) for k in by_group.values())
+    # The expected kind of each group from the planted truth: "exact" when it holds a photo's
+    # original and its byte copy, "near" when it holds anything else (re-encodes, resizes, crops,
+    # the stereo pair).
+    expected = {}
+    for g, keys in by_group.items():
+        variants = {truth[k][1] for k in keys}
+        byte_copies = {"original", "copy"} if {"original", "copy"} <= variants else set()
+        expected[g] = "+".join(k for k, present in (("exact", byte_copies), ("near", variants - byte_copies))
+                               if present)
+    assert "exact+near" in expected.values() and "near" in expected.values()
+    assert counts == {k: list(expected.values()).count(k) for k in set(expected.values())}
+    summary = json.load(open(os.path.join(run, "dedup", "summary.json")))
+    assert summary["per_kind"] == counts and summary["rows_per_kind"] == rows_per_kind
+    assert all(g["kind"] == expected[g["group"]] for g in summary["largest"])
+    assert sum(rows_per_kind.values()) == sum(1 for r in got.values() if r["group"] is not None)
+    assert rows_per_kind == {k: sum(1 for r in got.values() if r["kind"] == k) for k in rows_per_kind}

@@ -1,54 +1,99 @@
-"""RUN_DIR/dedup/report.html: the largest duplicate groups and the eval matches, as rows of
-thumbnails (read from the source shards, as `wdsfilter filter`'s report reads them), so a
-placeholder image repeated 10,000 times or a leaked eval image is seen, not only counted.
-Self-contained (thumbnails inlined); best effort: a shard that cannot be read gets a note."""
+"""The dedup section of a report: the largest duplicate groups and the eval matches of a run, as
+rows of thumbnails (read from the source shards by the filter report's reader), so a placeholder
+image repeated 10,000 times or a leaked eval image is seen, not only counted. One section, two
+pages: `wdsfilter filter --report` (and score's report.html) shows it when RUN_DIR/dedup/ exists
+(`section_data`), and `wdsfilter dedup` writes it alone as RUN_DIR/dedup/report.html
+(`write_report`). Best effort: a shard that cannot be read gets a note on its cards."""
 from __future__ import annotations
 
-import html
 import os
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 MAX_MATCHES = 30
 
 
+def section_data(run) -> Optional[dict]:
+    """The section for a report of `run` (runfolder.ScoreRun), its thumbnails still to attach
+    (report_data._attach_media over section["examples"]); None where `wdsfilter dedup` has not
+    run. Eval matches are read from dedup/<shard>.parquet (runfolder/dedup.py, their one reader);
+    a dedup older than the score files is shown with a note saying so."""
+    from ..errors import ConfigError
+    from ..runfolder.dedup import FOLDER, SUMMARY, DedupMarks
+    if not os.path.exists(os.path.join(run.folder, FOLDER, SUMMARY)):
+        return None
+    note = None
+    try:
+        try:
+            marks = DedupMarks(run.folder, [(s.name, s.score_file) for s in run.shards])
+        except ConfigError as e:  # stale: still worth seeing, with the warning
+            note, marks = str(e), DedupMarks(run.folder)
+        matches = []
+        for shard in run.shards:
+            for key, _, match in marks.eval_matches(shard.name):
+                matches.append({"shard": shard.name, "key": key, "eval_match": match})
+            if len(matches) > MAX_MATCHES:
+                break
+    except Exception as e:  # noqa: BLE001 - a damaged dedup folder costs the section, not the report
+        return {"note": f"dedup results not readable: {type(e).__name__}: {e}", "examples": []}
+    return build(marks.summary, {s.name: s.url for s in run.shards}, matches, note)
+
+
+def build(summary: dict, urls: Dict[str, str], matches: List[dict], note: Optional[str] = None) -> dict:
+    """The section from dedup/summary.json's content, the source shard of each shard name and the
+    rows matching an eval image ({"shard", "key", "eval_match"}); its cards' examples in
+    section["examples"] (the report_html card's fields)."""
+    def example(m: dict, verdict: str, kept: bool) -> dict:
+        return {"url": urls.get(m["shard"], ""), "key": m.get("key"), "values": {}, "kept": kept,
+                "verdict": verdict, "shard": m["shard"]}
+    groups = [dict(g, cards=[example(m, "survivor" if m["survivor"] else "duplicate (not the survivor)",
+                                     bool(m["survivor"])) for m in g.get("members", [])])
+              for g in summary.get("largest", [])]
+    shown = [example(m, f"eval match: {m['eval_match']}", False) for m in matches[:MAX_MATCHES]]
+    examples = [c for g in groups for c in g["cards"]] + shown
+    return {"summary": summary, "groups": groups, "matches": shown, "more_matches": len(matches) > MAX_MATCHES,
+            "note": note, "examples": [e for e in examples if e["url"] and e["key"] is not None]}
+
+
+def section_html(section: dict) -> List[str]:
+    from ..filtering.report_html import _e, _grid
+    out = ['<h2 id="dedup">Duplicates and eval matches (wdsfilter dedup)</h2>']
+    if section.get("note"):
+        out.append(f'<p class="note">{_e(section["note"])}</p>')
+    summary = section.get("summary")
+    if not summary:
+        return out
+    kinds = ", ".join(f"{n} {k}" for k, n in summary.get("per_kind", {}).items()) or "none"
+    out.append(f"<p>{summary['rows']} rows; {summary['groups']} duplicate group(s) ({_e(kinds)}); "
+               f"{summary['duplicates']} row(s) are duplicates of a survivor "
+               f"(<code>wdsfilter filter --dedup</code> keeps the survivors and drops the eval matches).</p>")
+    out.append('<p class="meta">settings: ' + _e(", ".join(f"{k}={v}" for k, v in summary.get("settings", {}).items()))
+               + "</p><h3>Largest groups</h3>")
+    if not section["groups"]:
+        out.append("<p>no duplicate groups</p>")
+    for g in section["groups"]:
+        shown = len(g["cards"])
+        out.append(f'<p class="group">group {g["group"]}: {g["size"]} rows ({_e(g["kind"])})'
+                   f'{f", the first {shown} shown" if shown < g["size"] else ""}</p>' + _grid(g["cards"], None))
+    matched = ", ".join(f"{n} {k}" for k, n in summary.get("eval_matches", {}).items()) or "none"
+    out.append(f"<h3>Eval matches</h3><p>{summary.get('eval_images', 0)} eval image(s) compared; rows matching "
+               f"one: {_e(matched)}{f' (the first {MAX_MATCHES} shown)' if section['more_matches'] else ''}</p>"
+               + (_grid(section["matches"], None) if section["matches"] else ""))
+    return out
+
+
 def write_report(folder: str, summary: dict, urls: Dict[str, str], matches: List[dict], stage: dict) -> str:
-    """summary: dedup/summary.json's content; urls: shard output name -> source shard; matches:
-    {"shard", "key", "index", "eval_match"} of rows matching an eval image."""
+    """RUN_DIR/dedup/report.html: the section alone. summary: dedup/summary.json's content; urls:
+    shard output name -> source shard; matches: {"shard", "key", "eval_match"} of rows matching
+    an eval image."""
     from ..filtering.report_data import _attach_media  # the one reader of thumbnails from shards
+    from ..filtering.report_html import CSS, _e
     from ..writing import write_text_atomic
-    examples = []
-    for g in summary["largest"]:
-        for m in g["members"]:
-            m["url"] = urls.get(m["shard"], "")
-            examples.append(m)
-    shown = [dict(m, url=urls.get(m["shard"], "")) for m in matches[:MAX_MATCHES]]
-    examples += shown
-    _attach_media([e for e in examples if e["url"] and e.get("key") is not None], stage)
-    e = html.escape
-    out = ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>dedup</title><style>",
-           "body{font-family:sans-serif;margin:1em} .row{display:flex;gap:8px;flex-wrap:wrap;margin:.5em 0 1.5em}",
-           ".card{width:170px;font-size:12px;border:2px solid #ccc;padding:4px} .kept{border-color:#2a2}",
-           ".dropped{border-color:#c33} img{max-width:160px;max-height:160px} .note{color:#888}</style></head><body>",
-           f"<h1>Dedup of {e(os.path.dirname(folder))}</h1>",
-           f"<p>{summary['rows']} rows; {summary['groups']} duplicate groups ({e(str(summary['per_kind']))}); "
-           f"{summary['duplicates']} rows are duplicates of a survivor; settings {e(str(summary['settings']))}</p>",
-           "<h2>Largest groups</h2>"]
-    for g in summary["largest"]:
-        out.append(f"<h3>group {g['group']}: {g['size']} rows ({e(g['kind'])})</h3><div class=\"row\">")
-        out += [_card(m, "survivor" if m["survivor"] else "duplicate", m["survivor"]) for m in g["members"]]
-        out.append("</div>")
-    out.append(f"<h2>Eval matches</h2><p>{summary['eval_images']} eval images compared; matches "
-               f"{e(str(summary['eval_matches']))}{' (the first %d shown)' % MAX_MATCHES if len(matches) > MAX_MATCHES else ''}</p>")
-    out.append("<div class=\"row\">" + "".join(_card(m, m["eval_match"], False) for m in shown) + "</div>")
+    section = build(summary, urls, matches)
+    _attach_media(section["examples"], stage)
+    out = ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>dedup</title>"
+           f"<style>{CSS}</style></head><body><h1>Dedup of {_e(os.path.dirname(folder))}</h1>"]
+    out += section_html(section)
     out.append("</body></html>")
     path = os.path.join(folder, "report.html")
     write_text_atomic(path, "\n".join(out))
     return path
-
-
-def _card(m: dict, label: str, kept: bool) -> str:
-    e = html.escape
-    img = (f'<img src="{m["thumb"]}" alt="{e(str(m.get("key")))}">' if m.get("thumb")
-           else f'<div class="note">{e(m.get("media_note") or "no preview")}</div>')
-    return (f'<div class="card {"kept" if kept else "dropped"}">{img}<div><b>{e(label)}</b></div>'
-            f'<div>{e(str(m.get("key")))} in {e(m["shard"])}</div></div>')

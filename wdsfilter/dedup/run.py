@@ -33,7 +33,8 @@ class DedupResult:
     shards: int = 0
     unfinished: List[str] = field(default_factory=list)
     groups: int = 0
-    per_kind: Dict[str, int] = field(default_factory=dict)
+    per_kind: Dict[str, int] = field(default_factory=dict)  # groups per group kind ("exact+near"): adds up to groups
+    rows_per_kind: Dict[str, int] = field(default_factory=dict)  # rows in groups per closest link
     duplicates: int = 0       # rows that are not their group's survivor
     eval_images: int = 0
     eval_unreadable: List[str] = field(default_factory=list)
@@ -49,10 +50,14 @@ class DedupResult:
         if self.unfinished:
             lines.append(f"  INCOMPLETE: {len(self.unfinished)} shard(s) of the run have no complete score file and "
                          f"were left out: {', '.join(self.unfinished[:3])}")
-        for k in self.kinds:
-            lines.append(f"  {k}: {self.per_kind.get(k, 0)} group(s)")
-        lines.append(f"  {self.groups} duplicate group(s) in all; {self.duplicates} row(s) are duplicates of a "
-                     f"survivor, {self.rows - self.duplicates} kept")
+        # Each group counted once, under the kinds of its rows, so the counts add up to the total.
+        by_kind = ", ".join(f"{n} {k}" for k, n in self.per_kind.items()) or "none"
+        lines.append(f"  {self.groups} duplicate group(s), by the kinds of their rows: {by_kind}")
+        if self.rows_per_kind:
+            in_groups = sum(self.rows_per_kind.values())
+            lines.append(f"  {in_groups} row(s) in groups, by their closest link: "
+                         + ", ".join(f"{n} {k}" for k, n in self.rows_per_kind.items()))
+        lines.append(f"  {self.duplicates} row(s) are duplicates of a survivor, {self.rows - self.duplicates} kept")
         if self.eval_images or self.eval_unreadable:
             matched = ", ".join(f"{n} {k}" for k, n in self.eval_matches.items()) or "none"
             lines.append(f"  eval: {self.eval_images} image(s) compared; rows matching one: {matched}")
@@ -118,12 +123,13 @@ def dedup(run_dir: str, kinds: Sequence[str] = (), near_bits: int = NEAR_BITS,
     if "semantic" in kinds:
         from .semantic import semantic_pairs
         t = time.perf_counter()
-        a, b, clusters = semantic_pairs(source.embeddings(rows), float(semantic_threshold))
+        a, b, clusters = semantic_pairs(source.embeddings(rows), float(semantic_threshold), seconds=result.seconds)
         pairs["semantic"] = (a, b)
         result.seconds["semantic"] = time.perf_counter() - t
     groups = build_groups(rows.count, pairs, rows.clip)
     result.groups = len(groups.sizes)
     result.per_kind = groups.per_kind
+    result.rows_per_kind = groups.rows_per_kind
     result.duplicates = int((~groups.survivor).sum())
     matches = np.full(rows.count, None, dtype=object)
     if evals:
@@ -195,7 +201,7 @@ def _largest(rows, groups) -> List[dict]:
     for g in top:
         members = np.flatnonzero(groups.group == g)[:8]
         shard = rows.shard_of(members)
-        out.append({"group": int(g), "size": int(groups.sizes[g]), "kind": KINDS[int(groups.kind[members].min())],
+        out.append({"group": int(g), "size": int(groups.sizes[g]), "kind": groups.group_kind[g],
                     "members": [{"shard": rows.shards[s].name, "index": int(rows.index[m]), "row": int(m),
                                  "survivor": bool(groups.survivor[m])} for m, s in zip(members, shard)]})
     return out
@@ -235,6 +241,7 @@ def _write(rows, groups, matches, result: DedupResult, settings: dict) -> str:
         for m in g["members"]:
             m["key"] = keys_of.get(m.pop("row"))
     summary = {"settings": settings, "rows": result.rows, "groups": result.groups, "per_kind": result.per_kind,
+               "rows_per_kind": result.rows_per_kind,
                "duplicates": result.duplicates, "eval_images": result.eval_images,
                "eval_unreadable": result.eval_unreadable, "eval_matches": result.eval_matches,
                "largest": result.largest, "unfinished": result.unfinished,

@@ -29,6 +29,7 @@ MAX_CAPTION_MEMBER = 16 << 20  # caption members larger than this are not read (
 CAPTION_CHARS = 2000  # a caption is cut to this many characters
 THUMB = 160  # thumbnail long side, pixels
 BINS = 40
+IDENTIFIERS = ("phash",)
 
 
 class _Nearest:
@@ -61,7 +62,8 @@ class ReportCollector:
                  idle_seconds: float = 0.0):
         self.run, self.thresholds = run, list(thresholds)
         self.allow = (allow_pipe, allow_remote, idle_seconds)  # this command's permissions, never the folder's
-        self.numeric = run.numeric_columns()
+        # phash (the hash scorer) is a number that names an image, not a score: no histogram
+        self.numeric = [c for c in run.numeric_columns() if c not in IDENTIFIERS]
         self.columns = self.numeric  # read beside the threshold columns while judging
         self.sides: List[tuple] = []  # (column, label, cut, above: _Nearest, below: _Nearest)
         for t in self.thresholds:
@@ -97,19 +99,33 @@ class ReportCollector:
                 "reason": reason, "message": row.get("message")}
 
     def finish(self, result) -> dict:
+        from ..dedup.report import section_data
         from ..score.outputs import summarize_files
         stats = summarize_files([s.score_file for s in self.run.shards], self.numeric, {}, BINS)["columns"]
+        counts = count_columns(stats, self.thresholds)
         sections = []
         for column, label, cut, above, below in self.sides:
-            sections.append({"column": column, "label": label, "cut": cut,
-                             "above": above.examples(), "below": below.examples()})
+            if column not in counts:  # a count column is one line: no thumbnails
+                sections.append({"column": column, "label": label, "cut": cut,
+                                 "above": above.examples(), "below": below.examples()})
         everything = [e for s in sections for e in s["above"] + s["below"]]
         everything += [e for ex in self.dropped.values() for e in ex]
         failures = ledger_section(self.run)
         everything += [e for ex in failures["examples"].values() for e in ex]
+        dedup = section_data(self.run)  # None where `wdsfilter dedup` has not run
+        if dedup is not None:
+            everything += dedup["examples"]
         _attach_media(everything, self.run.stage, *self.allow)
-        return {"result": result, "columns": {c: stats.get(c, {}) for c in self.numeric}, "sections": sections,
-                "dropped": self.dropped, "failures": failures}
+        return {"result": result, "columns": {c: stats.get(c, {}) for c in self.numeric if c not in counts},
+                "count_columns": {c: stats[c] for c in counts}, "sections": sections,
+                "dropped": self.dropped, "failures": failures, "dedup": dedup}
+
+
+def count_columns(stats: Dict[str, dict], thresholds: Sequence) -> List[str]:
+    """Columns the report gives one line, not a section: whole numbers of a few values (one
+    histogram bin per value: frame counts, ocr_frames, clip_frames) that no threshold names."""
+    return [c for c, st in stats.items() if (st.get("histogram") or {}).get("per_value")
+            and not any(t.column == c for t in thresholds)]
 
 
 def ledger_section(run) -> dict:

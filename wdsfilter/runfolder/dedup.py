@@ -73,6 +73,10 @@ class DedupMarks:
                 out[index] = (key, reason)
         return out
 
+    def eval_matches(self, name: str) -> Iterator[Tuple[str, int, str]]:
+        """(key, index, what it matches) of the shard's rows that match an eval image."""
+        return ((key, index, match) for key, index, _, match in self._rows(name) if match)
+
     def _rows(self, name: str) -> Iterator[tuple]:
         """The shard's marks; DamagedRunFolder when its file is missing (the summary names the
         shard: every row would be kept silently) or not as `wdsfilter dedup` wrote it."""
