@@ -27,6 +27,9 @@ from ..models import PRECISIONS, ClipSource, check_model, load_model, resolve_pr
 from .base import Noted, Scorer
 
 REDUCERS = ("mean", "max", "min")
+# Private output (scorers.base.private): the caption's L2-normalised fp32 embedding, on the model's
+# device, for dependent scorers (tmars scores masked frames against it without encoding it again).
+TEXT = "__clip_text__"
 # Video frames are scaled to this long side while they are decoded; the model's own transform
 # then resizes them to its input size (224 for most CLIPs), so larger frames would only cost time.
 VIDEO_MAX_SIDE = 512
@@ -193,6 +196,7 @@ class ClipScorer(Scorer):
             # fp16 overflow (a model trained in bf16 with very large activations): say what to do.
             raise DataError("non_finite_score", f"the embeddings overflowed in {self.resolved_precision}; "
                             f"score with --precision bf16 or fp32")
+        per_sample_text = text_features
         text_features = text_features.repeat_interleave(torch.tensor(counts, device=text_features.device), dim=0)
         per_frame = (image_features * text_features).sum(dim=-1).clamp(-1.0, 1.0).cpu().tolist()
         rows, start = [], 0
@@ -200,7 +204,8 @@ class ClipScorer(Scorer):
             frames = per_frame[start:start + n]
             start += n
             rows.append({"clip_score": _reduce(frames, self.frame_reduce), "clip_score_frames": frames,
-                         "clip_frames": n, "clip_truncated": bool(x["truncated"])})
+                         "clip_frames": n, "clip_truncated": bool(x["truncated"]),
+                         TEXT: per_sample_text[len(rows)]})
         if self.save_embeddings:
             _attach_embeddings(rows, image_features, text_features, counts, self.frame_reduce)
         return rows
