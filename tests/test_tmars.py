@@ -1,0 +1,165 @@
+"""The tmars scorer (wdsfilter/score/scorers/tmars.py) against an independent oracle: real photos
+from scikit-image's wheel, the same photos with a caption-like text drawn by PIL, one local run of
+`--scorer tmars` (rapidocr, the tiny CLIP model), and open_clip's own preprocess and encode on an
+image the test masks itself from the boxes the OCR scorer reports for it."""
+from __future__ import annotations
+
+import io
+import os
+
+import numpy as np
+import pytest
+
+skimage_data = pytest.importorskip("skimage.data")
+pytest.importorskip("rapidocr_onnxruntime")
+
+import open_clip  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import webdataset as wds  # noqa: E402
+from PIL import Image, ImageDraw, ImageFont  # noqa: E402
+
+from wdsfilter.score import score  # noqa: E402
+from wdsfilter.score.outputs import read_rows  # noqa: E402
+from wdsfilter.score.scorers.ocr import BOXES, OcrScorer  # noqa: E402
+
+pytestmark = pytest.mark.slow  # the OCR detector and the tiny CLIP model
+
+PHOTOS = ("astronaut", "rocket")  # photos rapidocr finds no text in at this size
+SIZE = (240, 160)
+RING = 3  # the tmars default: the band around a box whose mean colour fills it
+
+
+def photo(name: str) -> Image.Image:
+    a = getattr(skimage_data, name)()
+    return Image.fromarray(np.ascontiguousarray(a[..., :3])).resize(SIZE, Image.Resampling.BICUBIC)
+
+
+def with_text(img: Image.Image) -> Image.Image:
+    img = img.copy()
+    draw = ImageDraw.Draw(img)
+    draw.text((14, 62), "SALE 50% OFF", fill=(255, 255, 40), font=ImageFont.load_default(size=28),
+              stroke_width=2, stroke_fill=(0, 0, 0))
+    return img
+
+
+def caption(name: str) -> str:
+    return f"a photo of the {name}"
+
+
+def oracle_mask(image: np.ndarray, polygons) -> tuple:
+    """The test's own T-MARS mask: each polygon's whole-pixel bounding box filled with the rounded
+    mean colour of the pixels within RING of it that lie in no box. Returns (masked, boxes)."""
+    h, w = image.shape[:2]
+    boxes = []
+    for p in polygons:
+        x0, y0 = int(np.floor(p[:, 0].min())), int(np.floor(p[:, 1].min()))
+        x1, y1 = int(np.ceil(p[:, 0].max())), int(np.ceil(p[:, 1].max()))
+        boxes.append((max(0, x0), max(0, y0), min(w, x1), min(h, y1)))
+    inside = np.zeros((h, w), bool)
+    for x0, y0, x1, y1 in boxes:
+        inside[y0:y1, x0:x1] = True
+    out = image.copy()
+    for x0, y0, x1, y1 in boxes:
+        near = np.zeros((h, w), bool)
+        near[max(0, y0 - RING):y1 + RING, max(0, x0 - RING):x1 + RING] = True
+        ring = near & ~inside
+        out[y0:y1, x0:x1] = np.rint(image[ring].astype(np.float64).mean(axis=0)).astype(np.uint8)
+    return out, boxes
+
+
+@pytest.fixture(scope="module")
+def images():
+    out = {}
+    for name in PHOTOS:
+        out[name] = photo(name)
+        out[name + "-text"] = with_text(out[name])
+    return out
+
+
+@pytest.fixture(scope="module")
+def rows(images, tiny_clip, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tmars")
+    shard = str(folder / "photos-000000.tar")
+    with wds.TarWriter(shard) as writer:
+        for key, img in images.items():
+            buf = io.BytesIO()
+            img.save(buf, "PNG")
+            writer.write({"__key__": key, "png": buf.getvalue(), "txt": caption(key.split("-")[0])})
+    out = str(folder / "out")
+    score([shard], out, ("tmars",), model="local-dir:" + tiny_clip, workers=0, progress=False)
+    (name,) = os.listdir(os.path.join(out, "scores"))
+    return {r["key"]: r for r in read_rows(os.path.join(out, "scores", name))}
+
+
+@pytest.fixture(scope="module")
+def ocr_boxes(images):
+    """The boxes the OCR scorer reports for each text photo, asked here on its own."""
+    ocr = OcrScorer(backend="rapidocr")
+    ocr.load("cpu")
+    keys = [k for k in images if k.endswith("-text")]
+    outputs = ocr.score_batch([ocr.prepare({"image": images[k]}) for k in keys])
+    return {k: out[BOXES][0] for k, out in zip(keys, outputs)}
+
+
+@pytest.fixture(scope="module")
+def cosine(tiny_clip):
+    model, _, preprocess = open_clip.create_model_and_transforms("local-dir:" + tiny_clip)
+    tokenizer = open_clip.get_tokenizer("local-dir:" + tiny_clip)
+    model.eval()
+
+    def cos(img: Image.Image, text: str) -> float:
+        with torch.no_grad():
+            a = F.normalize(model.encode_image(preprocess(img)[None]), dim=-1)
+            b = F.normalize(model.encode_text(tokenizer([text])), dim=-1)
+        return float((a * b).sum())
+    return cos
+
+
+def test_the_run_adds_ocr_and_clip_and_writes_the_masked_columns(rows):
+    row = rows["astronaut-text"]
+    assert row["status"] == "scored"
+    for column in ("ocr_area", "clip_score", "clip_score_masked", "clip_score_masked_frames", "masked_share",
+                   "masked_boxes"):
+        assert column in row
+
+
+def test_masked_score_is_open_clips_score_of_the_image_masked_by_the_test(rows, images, ocr_boxes, cosine):
+    for name in PHOTOS:
+        key = name + "-text"
+        polygons = ocr_boxes[key]
+        assert polygons, f"rapidocr found no text on {key}"
+        masked, boxes = oracle_mask(np.asarray(images[key]), polygons)
+        row = rows[key]
+        # The boxes tmars filled are the OCR scorer's, in the image's pixels.
+        assert row["masked_boxes"] == [float(v) for b in boxes for v in b]
+        expected = cosine(Image.fromarray(masked), caption(name))
+        assert abs(row["clip_score_masked"] - expected) < 1e-4, (key, row["clip_score_masked"], expected)
+        covered = np.zeros(masked.shape[:2], bool)
+        for x0, y0, x1, y1 in boxes:
+            covered[y0:y1, x0:x1] = True
+        assert row["masked_share"] == pytest.approx(covered.mean())
+        # The text moved the score, and masking it moves it back away from the text's.
+        assert row["clip_score_masked"] != row["clip_score"]
+
+
+def test_text_free_photos_keep_their_clip_score_exactly(rows):
+    for name in PHOTOS:
+        row = rows[name]
+        assert row["masked_share"] == 0.0 and row["masked_boxes"] == []
+        assert row["clip_score_masked"] == row["clip_score"]
+        assert row["clip_score_masked_frames"] == row["clip_score_frames"]
+
+
+def test_the_mask_changes_no_pixel_outside_the_reported_boxes(images, ocr_boxes):
+    from wdsfilter.score.masking import box_rects, mask_frame
+    for key, polygons in ocr_boxes.items():
+        image = np.asarray(images[key])
+        rects = box_rects(polygons, image.shape[1], image.shape[0])
+        masked, covered = mask_frame(image, rects)
+        inside = np.zeros(image.shape[:2], bool)
+        for x0, y0, x1, y1 in rects:
+            inside[y0:y1, x0:x1] = True
+        assert covered == inside.sum() > 0
+        assert np.array_equal(masked[~inside], image[~inside])
+        assert np.array_equal(masked, oracle_mask(image, polygons)[0])
