@@ -78,7 +78,8 @@ def images():
 
 
 @pytest.fixture(scope="module")
-def rows(images, tiny_clip, tmp_path_factory):
+def run(images, tiny_clip, tmp_path_factory):
+    """One local run of `--scorer tmars` on the photos: (its folder, its rows by key)."""
     folder = tmp_path_factory.mktemp("tmars")
     shard = str(folder / "photos-000000.tar")
     with wds.TarWriter(shard) as writer:
@@ -89,7 +90,12 @@ def rows(images, tiny_clip, tmp_path_factory):
     out = str(folder / "out")
     score([shard], out, ("tmars",), model="local-dir:" + tiny_clip, workers=0, progress=False)
     (name,) = os.listdir(os.path.join(out, "scores"))
-    return {r["key"]: r for r in read_rows(os.path.join(out, "scores", name))}
+    return out, {r["key"]: r for r in read_rows(os.path.join(out, "scores", name))}
+
+
+@pytest.fixture(scope="module")
+def rows(run):
+    return run[1]
 
 
 @pytest.fixture(scope="module")
@@ -122,6 +128,18 @@ def test_the_run_adds_ocr_and_clip_and_writes_the_masked_columns(rows):
     for column in ("ocr_area", "clip_score", "clip_score_masked", "clip_score_masked_frames", "masked_share",
                    "masked_boxes"):
         assert column in row
+
+
+def test_the_plan_counts_both_models_and_the_masked_frames_working_memory(run):
+    import json
+    with open(os.path.join(run[0], "summary.json")) as f:
+        plan = json.load(f)["plan"]
+    lines = {what: (value, why) for what, value, why in plan["lines"]}
+    model = lines["model on cpu"][1]
+    assert "ocr " in model and "clip " in model and "tmars 0 B" in model  # tmars shares clip's model
+    # Probed with every frame masked (attach(probe=True)): its working memory is not left at zero.
+    assert not lines["tmars activations"][0].startswith("0 B")
+    assert set(plan["devices"][0]["scorer_batch"]) == {"ocr", "clip", "tmars"}
 
 
 def test_masked_score_is_open_clips_score_of_the_image_masked_by_the_test(rows, images, ocr_boxes, cosine):
@@ -163,3 +181,59 @@ def test_the_mask_changes_no_pixel_outside_the_reported_boxes(images, ocr_boxes)
         assert covered == inside.sum() > 0
         assert np.array_equal(masked[~inside], image[~inside])
         assert np.array_equal(masked, oracle_mask(image, polygons)[0])
+
+
+def _bound(clip):
+    from wdsfilter.score.scorers.tmars import TmarsScorer
+    tmars = TmarsScorer()
+    tmars.bind({"clip": clip, "ocr": OcrScorer(backend="rapidocr")})
+    return tmars
+
+
+def _video_upstream(clip, frames, polygons, text):
+    """What the model runner hands tmars for a video: OCR's frames and boxes, CLIP's row."""
+    from wdsfilter.score.scorers.base import Upstream
+    from wdsfilter.score.scorers.ocr import OcrInput
+    tokens = clip.source.tokenizer()([text])[0]
+    pixels = torch.stack([clip.transform(f) for f in frames])
+    row = clip.score_batch([{"image": pixels, "tokens": tokens, "truncated": False}])[0] if clip._model else None
+    return {"ocr": Upstream(OcrInput(frames, "video"), {BOXES: polygons}), "clip": Upstream(None, row)}
+
+
+def test_a_video_is_masked_per_frame_and_reduced_as_frame_reduce_says(images, tiny_clip, cosine):
+    from wdsfilter.score.scorers.clip import ClipScorer
+    frames = np.stack([np.asarray(images[k]) for k in ("astronaut", "astronaut-text", "rocket")])
+    box = np.array([[12.4, 60.0], [226.0, 60.0], [226.0, 96.7], [12.4, 96.7]])  # where the text was drawn
+    polygons = [[], [box], []]
+    for how in ("min", "max"):
+        clip = ClipScorer("local-dir:" + tiny_clip, frame_reduce=how)
+        clip.load("cpu")
+        tmars = _bound(clip)
+        upstream = _video_upstream(clip, frames, polygons, caption("astronaut"))
+        x = tmars.attach("video", upstream)
+        assert tmars.frame_count(x) == 1  # only the frame with text goes through the model
+        row = tmars.score_batch([x])[0]
+        clip_frames = upstream["clip"].output["clip_score_frames"]
+        got = row["clip_score_masked_frames"]
+        assert got[0] == clip_frames[0] and got[2] == clip_frames[2]
+        masked, _ = oracle_mask(frames[1], [box])
+        assert abs(got[1] - cosine(Image.fromarray(masked), caption("astronaut"))) < 1e-4
+        assert row["clip_score_masked"] == (min(got) if how == "min" else max(got))
+        assert row["masked_boxes"] is None and row["masked_share"] == pytest.approx(
+            (226 - 12) * (97 - 60) / (SIZE[0] * SIZE[1]) if how == "max" else 0.0)
+
+
+def test_samples_without_text_need_no_model_call(images, tiny_clip):
+    from wdsfilter.score.scorers.base import Upstream
+    from wdsfilter.score.scorers.clip import TEXT, ClipScorer
+    clip = ClipScorer("local-dir:" + tiny_clip)  # never loaded: a model call would fail
+    tmars = _bound(clip)
+    frames = np.stack([np.asarray(images["rocket"])] * 2)
+    clip_row = {"clip_score_frames": [0.25, 0.125], TEXT: None}
+    from wdsfilter.score.scorers.ocr import OcrInput
+    x = tmars.attach("video", {"ocr": Upstream(OcrInput(frames, "video"), {BOXES: [[], []]}),
+                               "clip": Upstream(None, clip_row)})
+    assert tmars.frame_count(x) == 0
+    row = tmars.score_batch([x])[0]
+    assert row["clip_score_masked_frames"] == [0.25, 0.125] and row["clip_score_masked"] == 0.1875
+    assert row["masked_share"] == 0.0
