@@ -237,3 +237,56 @@ def test_samples_without_text_need_no_model_call(images, tiny_clip):
     row = tmars.score_batch([x])[0]
     assert row["clip_score_masked_frames"] == [0.25, 0.125] and row["clip_score_masked"] == 0.1875
     assert row["masked_share"] == 0.0
+
+
+def _written_keys(folder) -> set:
+    import tarfile
+    keys = set()
+    for name in os.listdir(folder):
+        if name.endswith(".tar"):
+            with tarfile.open(os.path.join(folder, name)) as tar:
+                keys |= {m.name.split(".")[0] for m in tar.getmembers()}
+    return keys
+
+
+def test_filter_takes_clip_score_masked_like_any_column(run, tmp_path):
+    from wdsfilter.filtering.run import filter_scores
+    out, rows = run
+    ranked = sorted(rows, key=lambda k: rows[k]["clip_score_masked"], reverse=True)
+    cut = rows[ranked[2]]["clip_score_masked"]
+    result = filter_scores(out, mins=[f"clip_score_masked={cut!r}"], write_shards=str(tmp_path / "min"),
+                           report=None, save_thresholds=False)
+    assert result.kept == 3 and _written_keys(tmp_path / "min") == set(ranked[:3])
+    result = filter_scores(out, tops=["clip_score_masked=50%"], write_shards=str(tmp_path / "top"), report=None,
+                           save_thresholds=False)
+    assert result.kept == 2 and _written_keys(tmp_path / "top") == set(ranked[:2])
+
+
+def test_the_report_shows_the_largest_drops_original_beside_masked(run, tmp_path):
+    import base64
+    from wdsfilter.filtering.run import filter_scores
+    out, rows = run
+    path = str(tmp_path / "report.html")
+    filter_scores(out, mins=["clip_score=-1"], report=path, save_thresholds=False)
+    page = open(path, encoding="utf-8").read()
+    section = page.split("Text masked (T-MARS)")[1].split("<h2")[0]
+    masked = [k for k in rows if rows[k]["masked_boxes"]]
+    by_drop = sorted(masked, key=lambda k: rows[k]["clip_score"] - rows[k]["clip_score_masked"], reverse=True)
+    assert [k for k in rows if f">{k} in " in section] and \
+        sorted(by_drop, key=lambda k: section.index(f">{k} in ")) == by_drop
+    assert section.count('alt="original"') == section.count('alt="masked"') == len(masked)
+    # The masked thumbnail is the original one with the boxes filled: changed inside them only.
+    card = section.split(f">{by_drop[0]} in ")[0].rsplit('class="card masked"', 1)[1]
+    thumbs = [np.asarray(Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[1]))).convert("RGB"), float)
+              for uri in (card.split('src="')[1].split('"')[0], card.split('src="')[2].split('"')[0])]
+    scale = thumbs[0].shape[1] / SIZE[0]
+    inside = np.zeros(thumbs[0].shape[:2], bool)
+    b = rows[by_drop[0]]["masked_boxes"]
+    for i in range(0, len(b), 4):
+        inside[int(b[i + 1] * scale) + 1:int(b[i + 3] * scale) - 1, int(b[i] * scale) + 1:int(b[i + 2] * scale) - 1] = True
+    near = np.zeros_like(inside)
+    for i in range(0, len(b), 4):
+        near[max(0, int(b[i + 1] * scale) - 4):int(b[i + 3] * scale) + 4,
+             max(0, int(b[i] * scale) - 4):int(b[i + 2] * scale) + 4] = True
+    diff = np.abs(thumbs[0] - thumbs[1]).mean(axis=2)
+    assert diff[inside].mean() > 20 and diff[~near].mean() < 3

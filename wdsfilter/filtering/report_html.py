@@ -180,6 +180,8 @@ def render(data: Dict) -> str:
                                        for r, n in result.reasons.items()) + "</table>")
         for reason, examples in data["dropped"].items():
             out.append(f"<h3>{_e(reason)} ({result.reasons.get(reason, 0)})</h3>" + _grid(examples, None))
+    from .report_masked import masked_section
+    out += masked_section(data.get("masked") or [])
     out += _ledger(data.get("failures") or {})
     out.append(f"<script>{SCRIPT}</script></body></html>")
     return "\n".join(out)
