@@ -113,6 +113,24 @@ def test_a_users_dependent_scorer_gets_the_required_outputs_on_the_local_engine(
         assert r["sha256"].startswith(expected[r["key"]][:16])
 
 
+def test_resume_and_back_off_stay_per_scorer_with_a_dependent(tmp_path):
+    urls, images = make_shards(str(tmp_path / "in"), [3, 3])
+    out = str(tmp_path / "out")
+    opts = dict(caption_key="txt", workers=0, progress=False)
+    first = score(urls[:1], out, ("test_tmars_deps:CaptionHash",), **opts)
+    assert first.shards_scored == 1
+    # The run's identity is the expanded set (hash added): naming it too resumes the same run.
+    again = score(urls, out, ("hash", "test_tmars_deps:CaptionHash"), resume=True, **opts)
+    assert again.shards_resumed == 1 and again.shards_scored == 1
+    with pytest.raises(ConfigError):  # another set of scorers is another run
+        score(urls, out, ("hash",), resume=True, **opts)
+    from wdsfilter.score.scorers.hash import HashScorer
+    runner = ModelRunner([HashScorer(), CaptionHash()], "cpu")
+    runner.load()
+    runner.configure(8, scorer_batch={"hash": 2, "caption_hash": 4})
+    assert {n: b.batch_size for n, b in runner.backoffs.items()} == {"hash": 2, "caption_hash": 4}
+
+
 @pytest.mark.slow
 def test_a_users_dependent_scorer_gets_the_required_outputs_on_ray(tmp_path):
     ray = pytest.importorskip("ray")

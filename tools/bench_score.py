@@ -75,7 +75,7 @@ def _ocr(args):
 
 
 BENCH_SCORERS = {"clip": _clip, "ocr": _ocr}
-PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "camera", "horse", "immunohistochemistry", "motorcycle")
+PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "camera", "retina", "immunohistochemistry", "motorcycle")
 
 
 def text_photo_shards(folder: str, shards: int, per_shard: int, share: float = 0.5) -> list:
