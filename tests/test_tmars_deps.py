@@ -150,3 +150,11 @@ def test_a_users_dependent_scorer_gets_the_required_outputs_on_ray(tmp_path):
     for r in rows:
         n = len(f"sample {int(r['key'].split('_')[1])} of shard {r['key'][1]}")
         assert r["status"] == "scored" and r["caption_hash"] == f"{n}:{expected[r['key']]}"
+
+
+def test_tmars_keeps_the_reduced_scale_decoding_of_clip_and_ocr(tiny_clip):
+    floors = []
+    for names in (("ocr", "clip"), ("tmars",)):
+        cfg = build_config("out", names, model="local-dir:" + tiny_clip)
+        floors.append(cfg.scoring_stage_config(resolve_scorers(cfg)).decode_floor)
+    assert floors[0] == floors[1] is not None

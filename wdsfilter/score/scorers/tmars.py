@@ -86,6 +86,10 @@ class TmarsScorer(Scorer):
                               f"ocr {ocr.keyframes}); set --frames/--keyframes, not clip.frames or ocr.frames")
         self._clip, self._ocr = clip, ocr
 
+    def decode_floor(self) -> Tuple[int, int]:
+        """No floor of its own: it masks the OCR scorer's frames, decoded as OCR and CLIP need."""
+        return (0, 0)
+
     # -- CPU side ------------------------------------------------------------------------------
     def prepare(self, sample: Dict[str, Any]) -> Any:
         # The pixels are the OCR scorer's prepared frames (attach): nothing is decoded here.
