@@ -102,6 +102,7 @@ def rows(run):
 def ocr_boxes(images):
     """The boxes the OCR scorer reports for each text photo, asked here on its own."""
     ocr = OcrScorer(backend="rapidocr")
+    ocr.hand_boxes()  # as tmars asks it to
     ocr.load("cpu")
     keys = [k for k in images if k.endswith("-text")]
     outputs = ocr.score_batch([ocr.prepare({"image": images[k]}) for k in keys])

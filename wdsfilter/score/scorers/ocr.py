@@ -53,9 +53,9 @@ class OcrInput:
     full_size: Optional[Tuple[int, int]] = None
 
 
-# Private output (scorers.base.private): per frame, the kept text polygons ((K, 2) float arrays of
-# x, y) in the sample's original image coordinates (OcrInput.full_size), for dependent scorers
-# (tmars). Never a column.
+# Private output (scorers.base.private), once a dependent scorer asked (hand_boxes): per frame, the
+# kept text polygons ((K, 2) float arrays of x, y) in the sample's original image coordinates
+# (OcrInput.full_size), for dependent scorers (tmars). Never a column.
 BOXES = "__ocr_boxes__"
 
 
@@ -125,6 +125,12 @@ class OcrScorer(Scorer):
                 self.reader = None
         self.max_pixels = (self.config or StageConfig()).max_pixels
         self._area_seconds = 0.0
+        self._boxes = False  # hand_boxes(): a dependent scorer reads the kept polygons
+
+    def hand_boxes(self) -> None:
+        """Add the kept polygons to every output as the private BOXES (a dependent scorer's bind()
+        asks: tmars); without it the outputs are the columns alone."""
+        self._boxes = True
 
     @classmethod
     def early_columns(cls, options: Dict[str, Any]) -> List[str]:
@@ -236,9 +242,14 @@ class OcrScorer(Scorer):
             t0 = time.perf_counter()
             for (i, j), polys in zip(where, polygons):
                 ratios[i][j] = area_ratio(polys, w, h, self.area_method)
-                boxes[i][j] = _to_original(polys, w, h, inputs[i].full_size)
+                if self._boxes:
+                    boxes[i][j] = _to_original(polys, w, h, inputs[i].full_size)
             self._area_seconds += time.perf_counter() - t0
-        return [dict(self._row(r), **{BOXES: b}) for r, b in zip(ratios, boxes)]
+        rows = [self._row(r) for r in ratios]
+        if self._boxes:
+            for row, b in zip(rows, boxes):
+                row[BOXES] = b
+        return rows
 
     def _row(self, frame_ratios: List[float]) -> Dict[str, Any]:
         area = float(_REDUCE[self.frame_reduce](frame_ratios))

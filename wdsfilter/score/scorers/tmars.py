@@ -84,6 +84,8 @@ class TmarsScorer(Scorer):
             raise ConfigError(f"tmars compares OCR's video frames with CLIP's: both need the same frames "
                               f"(clip {clip.frames}, ocr {ocr.frames}) and keyframes (clip {clip.keyframes}, "
                               f"ocr {ocr.keyframes}); set --frames/--keyframes, not clip.frames or ocr.frames")
+        ocr.hand_boxes()  # the private outputs attach() reads
+        clip.hand_text()
         self._clip, self._ocr = clip, ocr
 
     def decode_floor(self) -> Tuple[int, int]:
