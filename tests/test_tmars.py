@@ -79,7 +79,7 @@ def images():
 
 @pytest.fixture(scope="module")
 def run(images, tiny_clip, tmp_path_factory):
-    """One local run of `--scorer tmars` on the photos: (its folder, its rows by key)."""
+    """One local run of `--scorer tmars` on the photos: (its folder, its rows by key, the shard)."""
     folder = tmp_path_factory.mktemp("tmars")
     shard = str(folder / "photos-000000.tar")
     with wds.TarWriter(shard) as writer:
@@ -90,7 +90,7 @@ def run(images, tiny_clip, tmp_path_factory):
     out = str(folder / "out")
     score([shard], out, ("tmars",), model="local-dir:" + tiny_clip, workers=0, progress=False)
     (name,) = os.listdir(os.path.join(out, "scores"))
-    return out, {r["key"]: r for r in read_rows(os.path.join(out, "scores", name))}
+    return out, {r["key"]: r for r in read_rows(os.path.join(out, "scores", name))}, shard
 
 
 @pytest.fixture(scope="module")
@@ -252,7 +252,7 @@ def _written_keys(folder) -> set:
 
 def test_filter_takes_clip_score_masked_like_any_column(run, tmp_path):
     from wdsfilter.filtering.run import filter_scores
-    out, rows = run
+    out, rows, _ = run
     ranked = sorted(rows, key=lambda k: rows[k]["clip_score_masked"], reverse=True)
     cut = rows[ranked[2]]["clip_score_masked"]
     result = filter_scores(out, mins=[f"clip_score_masked={cut!r}"], write_shards=str(tmp_path / "min"),
@@ -266,7 +266,7 @@ def test_filter_takes_clip_score_masked_like_any_column(run, tmp_path):
 def test_the_report_shows_the_largest_drops_original_beside_masked(run, tmp_path):
     import base64
     from wdsfilter.filtering.run import filter_scores
-    out, rows = run
+    out, rows, _ = run
     path = str(tmp_path / "report.html")
     filter_scores(out, mins=["clip_score=-1"], report=path, save_thresholds=False)
     page = open(path, encoding="utf-8").read()
@@ -291,3 +291,22 @@ def test_the_report_shows_the_largest_drops_original_beside_masked(run, tmp_path
              max(0, int(b[i] * scale) - 4):int(b[i + 2] * scale) + 4] = True
     diff = np.abs(thumbs[0] - thumbs[1]).mean(axis=2)
     assert diff[inside].mean() > 20 and diff[~near].mean() < 3
+
+
+def test_ray_gives_the_local_engines_masked_scores(run, tiny_clip, tmp_path):
+    ray = pytest.importorskip("ray")
+    from wdsfilter.score.ray_runner import score_on_ray
+    _, rows, shard = run
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        score_on_ray([shard], out=str(tmp_path / "ray"), scorers=("tmars",), model="local-dir:" + tiny_clip,
+                     progress=False)
+    finally:
+        ray.shutdown()
+    (name,) = os.listdir(tmp_path / "ray" / "scores")
+    got = {r["key"]: r for r in read_rows(str(tmp_path / "ray" / "scores" / name))}
+    assert sorted(got) == sorted(rows)
+    for key, row in rows.items():
+        assert got[key]["status"] == "scored" and got[key]["masked_boxes"] == row["masked_boxes"]
+        assert abs(got[key]["clip_score_masked"] - row["clip_score_masked"]) < 1e-5
+        assert (got[key]["clip_score_masked"] == got[key]["clip_score"]) == (not row["masked_boxes"])
