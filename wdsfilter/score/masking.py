@@ -46,14 +46,16 @@ def mask_frame(frame: np.ndarray, rects: List[Rect], ring: int = RING) -> Tuple[
     for x0, y0, x1, y1 in rects:
         covered[y0:y1, x0:x1] = True
     out = np.array(frame, dtype=np.uint8, copy=True)
-    if not rects:
-        return out, 0
-    pixels = frame.reshape(h, w, -1).astype(np.float64)
-    outside = ~covered
-    fallback = pixels[outside].mean(axis=0) if outside.any() else pixels.reshape(-1, pixels.shape[2]).mean(axis=0)
+    fallback = None
     for x0, y0, x1, y1 in rects:
         ys, xs = slice(max(0, y0 - ring), min(h, y1 + ring)), slice(max(0, x0 - ring), min(w, x1 + ring))
-        around = outside[ys, xs]  # the ring: the widened rect less every box's pixels
-        colour = pixels[ys, xs][around].mean(axis=0) if around.any() else fallback
+        around = ~covered[ys, xs]  # the ring: the widened rect less every box's pixels
+        if around.any():  # sums of integers are exact in float64: the mean does not depend on their order
+            colour = frame[ys, xs][around].mean(axis=0, dtype=np.float64)
+        else:
+            if fallback is None:  # computed once, only for a frame that needs it
+                outside = ~covered
+                fallback = (frame[outside] if outside.any() else frame.reshape(h * w, -1)).mean(axis=0, dtype=np.float64)
+            colour = fallback
         out[y0:y1, x0:x1] = np.clip(np.rint(colour), 0, 255).astype(np.uint8)
     return out, int(covered.sum())
