@@ -6,6 +6,7 @@ spend its time?
                                 [--ocr-backend rapidocr] [--frames 3] [--ocr-copies 4] [--json out.json]
                                 [--ocr-min-side 736] [--ocr-min-text-score 0.5|none]
     python tools/bench_score.py --quick      # 2 shards x 1 copy, 1 run: under a minute on 2 cores
+    python tools/bench_score.py --scorer tmars [--shards 2 --copies 2]   # tmars / (clip+ocr) time
 
 For each scorer (clip; ocr on the OCR images and the videos together), in one run, on the same
 shards (sample_shards/ replicated with fresh keys), the same model and the same batch size, it
@@ -74,6 +75,88 @@ def _ocr(args):
 
 
 BENCH_SCORERS = {"clip": _clip, "ocr": _ocr}
+PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "camera", "retina", "immunohistochemistry", "motorcycle")
+
+
+def text_photo_shards(folder: str, shards: int, per_shard: int, share: float = 0.5) -> list:
+    """Shards of scikit-image's photos (its wheel, no download) at 320x240 JPEG, a `share` of them
+    with a caption-like text drawn on by PIL: what tmars masks."""
+    import io
+
+    import numpy as np
+    import skimage.data
+    import webdataset as wds
+    from PIL import Image, ImageDraw, ImageFont
+    os.makedirs(folder, exist_ok=True)
+    urls, n = [], 0
+    font = ImageFont.load_default(size=30)
+    for s in range(shards):
+        url = os.path.join(folder, f"photos-{s:06d}.tar")
+        with wds.TarWriter(url) as writer:
+            for _ in range(per_shard):
+                name = PHOTOS[n % len(PHOTOS)]
+                a = getattr(skimage.data, name if name != "motorcycle" else "stereo_motorcycle")()
+                a = a[0] if isinstance(a, tuple) else a
+                a = np.stack([a] * 3, -1) if a.ndim == 2 else a[..., :3]
+                img = Image.fromarray(np.ascontiguousarray(a)).convert("RGB").resize((320, 240))
+                if int((n + 1) * share) > int(n * share):  # a `share` of the photos, spread evenly
+                    ImageDraw.Draw(img).text((20, 90 + 10 * (n % 5)), f"SALE {n % 90 + 10}% OFF", font=font,
+                                             fill=(255, 255, 255), stroke_width=2, stroke_fill=(0, 0, 0))
+                buf = io.BytesIO()
+                img.save(buf, "JPEG", quality=90)
+                writer.write({"__key__": f"p{n:06d}", "jpg": buf.getvalue(), "txt": f"a photo of a {name}"})
+                n += 1
+        urls.append(url)
+    return urls
+
+
+def tmars_cost(args) -> dict:
+    """--scorer tmars: the extra cost of tmars over clip+ocr, on the same shards, model and device,
+    measured side by side (runs alternate, best of --runs): the model side alone (ModelRunner.score
+    on the same prepared samples, with and without tmars: where tmars adds work) and end to end
+    (score() with --scorer ocr --scorer clip, then --scorer tmars). Goal: <= 1.3 when half the
+    images hold text."""
+    from wdsfilter.pipeline import sample_pipeline
+    from wdsfilter.score import build_config, score
+    from wdsfilter.score.modelrunner import ModelRunner
+    from wdsfilter.score.scorerset import resolve_scorers
+    from wdsfilter.score.transport import Prepare
+    from wdsfilter.tally import Tally
+    model = _clip(args)[0]().model
+    tmp = tempfile.mkdtemp(prefix="bench-tmars-")
+    try:
+        urls = text_photo_shards(os.path.join(tmp, "shards"), args.shards, 4 * args.copies)
+        common = dict(model=model, pretrained=args.pretrained, device=args.device, batch_size=args.batch_size,
+                      workers=args.workers, progress=False, caption_key="txt", ocr_backend=args.ocr_backend)
+        cfg = build_config(os.path.join(tmp, "model-only"), ("tmars",), **common)
+        scorers = resolve_scorers(cfg)
+        stage = cfg.scoring_stage_config(scorers)
+        items = [(i, x["inputs"]) for i, x in enumerate(sample_pipeline(urls, stage, Tally(), extra=[Prepare(scorers)]))
+                 if "inputs" in x and len(x["inputs"]) == 3]
+        runners = {"clip+ocr": ModelRunner(scorers[:2], args.device), "tmars": ModelRunner(scorers, args.device)}
+        batch = 8 if args.batch_size == "auto" else int(args.batch_size)
+        for runner in runners.values():
+            runner.load()
+            runner.configure(batch)
+        texts = sum(1 for _, s, _ in runners["tmars"].score(items) if s.get("masked_share"))
+        best = {}
+        for run in range(args.runs):
+            for label, scorer_names in (("clip+ocr", ("ocr", "clip")), ("tmars", ("tmars",))):
+                t = time.perf_counter()
+                for i in range(0, len(items), batch):
+                    runners[label].score(items[i:i + batch])
+                best[f"model {label}"] = min(best.get(f"model {label}", float("inf")), time.perf_counter() - t)
+                summary = score(urls, out=os.path.join(tmp, f"{label}-{run}"), scorers=scorer_names, **common)
+                best[f"e2e {label}"] = min(best.get(f"e2e {label}", float("inf")), summary.scoring_seconds)
+        ratios = {k: best[f"{k} tmars"] / best[f"{k} clip+ocr"] for k in ("model", "e2e")}
+        print(f"bench_score: tmars over clip+ocr, {len(items)} photos ({texts} with text masked), device "
+              f"{args.device}, best of {args.runs}")
+        for k, what in (("model", "model side (ModelRunner.score, batch %d)" % batch), ("e2e", "end to end (score())")):
+            print(f"  {what}: clip+ocr {best[k + ' clip+ocr']:.2f} s, tmars {best[k + ' tmars']:.2f} s, "
+                  f"ratio tmars / clip+ocr = {ratios[k]:.3f} (goal <= 1.3)")
+        return {"samples": len(items), "with_text": texts, "seconds": best, "ratios": ratios}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def make_shards(folder: str, patterns, shards: int, copies: int) -> list:
@@ -251,7 +334,8 @@ def ocr_breakdown(args, batch: int) -> dict:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--scorer", choices=["all", *sorted(BENCH_SCORERS)], default="all")
+    ap.add_argument("--scorer", choices=["all", *sorted(BENCH_SCORERS), "tmars"], default="all",
+                    help="tmars: the extra cost of tmars over clip+ocr as a ratio (tmars_cost)")
     ap.add_argument("--model", default=None, help="clip: model (default: the tiny local model, built if missing)")
     ap.add_argument("--pretrained", default=None)
     ap.add_argument("--device", default="cpu")
@@ -275,6 +359,8 @@ def main(argv=None) -> dict:
     if args.quick:
         args.shards, args.copies, args.runs, args.ocr_copies = 2, 1, 1, 1
 
+    if args.scorer == "tmars":
+        return tmars_cost(args)
     results = {}
     names = sorted(BENCH_SCORERS) if args.scorer == "all" else [args.scorer]
     for name in names:

@@ -73,8 +73,14 @@ class ReportCollector:
             if not any(t.column == c for t in self.thresholds):
                 self.sides.append((c, f"{c}: highest and lowest", None, _Nearest(PER_SIDE), _Nearest(PER_SIDE)))
         self.dropped: Dict[str, List[dict]] = OrderedDict()
+        from .report_masked import COLUMNS, MaskedDrops
+        self.masked = MaskedDrops.for_run(run)  # a tmars run: the largest drops when text is masked
+        if self.masked is not None:
+            self.columns = self.numeric + [c for c in COLUMNS if c not in self.numeric]
 
     def observe(self, shard, row: dict, reason: Optional[str]) -> None:
+        if self.masked is not None:
+            self.masked.observe(shard, row)
         example = None
         for column, _, cut, above, below in self.sides:
             v = _number(row.get(column))
@@ -118,7 +124,8 @@ class ReportCollector:
         _attach_media(everything, self.run.stage, *self.allow)
         return {"result": result, "columns": {c: stats.get(c, {}) for c in self.numeric if c not in counts},
                 "count_columns": {c: stats[c] for c in counts}, "sections": sections,
-                "dropped": self.dropped, "failures": failures, "dedup": dedup}
+                "dropped": self.dropped, "failures": failures, "dedup": dedup,
+                "masked": self.masked.finish(self.run.stage, *self.allow) if self.masked is not None else []}
 
 
 def count_columns(stats: Dict[str, dict], thresholds: Sequence) -> List[str]:

@@ -224,7 +224,7 @@ def _grid(examples: List[dict], column: Optional[str]) -> str:
 
 def render(data: Dict) -> str:
     """The page: the counts, each score column's section, the one line of the count columns, then
-    the sections of what was dropped, the failure ledger and the run's dedup. A new section is a
+    the sections of what was dropped, tmars' largest drops, the failure ledger and the run's dedup. A new section is a
     function returning lines, added to the list below."""
     result = data["result"]
     out = ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
@@ -235,6 +235,7 @@ def render(data: Dict) -> str:
     for column, st in data["columns"].items():
         out += _column(column, st, result, data["sections"])
     out += _dropped(result, data["dropped"])
+    out += _masked(data.get("masked") or [])
     out += _ledger(data.get("failures") or {})
     out += _dedup(data.get("dedup"))
     out.append(f"<script>{SCRIPT}</script></body></html>")
@@ -311,6 +312,12 @@ def _dropped(result, dropped: Dict[str, List[dict]]) -> List[str]:
     for reason, examples in dropped.items():
         out.append(f"<h3>{_e(reason)} ({result.reasons.get(reason, 0)})</h3>" + _grid(examples, None))
     return out
+
+
+def _masked(pairs: List[dict]) -> List[str]:
+    """tmars: the rows whose clip_score drops most with their text masked (report_masked.py)."""
+    from .report_masked import masked_section
+    return masked_section(pairs)
 
 
 def _dedup(section: Optional[dict]) -> List[str]:

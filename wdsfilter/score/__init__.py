@@ -149,6 +149,8 @@ def build_config(out: Optional[str] = None, scorers: Sequence = ("clip",), *, mi
                                    max_ocr_area=max_ocr_area, stage=stage), "config", "ScoreConfig")
     if config is not None:
         return config
+    from .scorerset import with_required
+    scorers = with_required(scorers)  # --scorer tmars brings ocr and clip, so their shortcuts apply
     names = [s if isinstance(s, str) else getattr(s, "name", "") for s in (scorers if not isinstance(scorers, str) else [scorers])]
     given_scorer_options = dict(options.pop("scorer_options", {}) or {})
     opts = sort_options(names, options, given_scorer_options)

@@ -25,8 +25,8 @@ def _given(ctx: click.Context, param: str) -> bool:
 @click.option("--out", "out", default=None, metavar="DIR",
               help="Folder for score files, markers, summary and run.yaml (required, here or in --config).")
 @click.option("--scorer", "scorers", multiple=True, default=("clip",), show_default=True, metavar="NAME",
-              help="clip, ocr, hash (sha256 + phash for `wdsfilter dedup`), or module:Class; repeat to run several "
-                   "in one pass.")
+              help="clip, ocr, hash (sha256 + phash for `wdsfilter dedup`), tmars (CLIP score with the text masked; "
+                   "brings ocr and clip), or module:Class; repeat to run several in one pass.")
 @click.option("--model", default=None, help="CLIP model name or local-dir:PATH (clip scorer).")
 @click.option("--pretrained", default=None, metavar="TAG_OR_PATH", help="CLIP weights tag or file (clip scorer).")
 @click.option("--precision", type=click.Choice(["auto", "fp32", "fp16", "bf16"]), default=None,

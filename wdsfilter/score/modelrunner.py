@@ -9,11 +9,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from ..errors import DataError
 from .backoff import Backoff
 from .embeddings import FIELD as EMBEDDINGS
 from .faults import DeviceFailedError, device_failed, sticky_device_error
 from .memory import HostMemory, device_memory, is_oom, torch_device
-from .scorers.base import overridden
+from .scorers.base import Upstream, overridden
 
 # One work item: (row reference, {scorer name: prepared input}).
 Item = Tuple[Any, Dict[str, Any]]
@@ -76,7 +77,11 @@ class ModelRunner:
         free_before = mem.free()
         overhead = mem.process_overhead()
         footprints = {}
+        by_name = {s.name: s for s in self.scorers}
         for scorer in self.scorers:
+            required = getattr(scorer, "requires", ()) or ()
+            if required:  # the run orders them first (scorerset.with_required): loaded by now
+                scorer.bind({r: by_name[r] for r in required})
             before, used_before = mem.allocated(), mem.device_used()
             scorer.load(torch_device(self.device))
             footprints[scorer.name] = _grown(mem, before, used_before)
@@ -95,21 +100,19 @@ class ModelRunner:
         (the samples of the whole job) is known, also to PROBE_SHARE of the job's model time, and a
         job too small for a second probe batch gets none (n = 1: its memory is planned as if it
         all scaled with the batch, as after an out-of-memory probe). `sizes`: each
-        scorer's (1, n). What the warm-up leaves allocated (cuDNN/cuBLAS workspaces,
-        onnxruntime's arena) is reported as `retained`: the planner adds it to the model.
-        `frames`: the frames (scorer.frame_count) in each probe batch, so memory is planned per
-        frame and a k-frame video costs k frames."""
+        scorer's (1, n). What the warm-up leaves allocated (cuDNN/cuBLAS workspaces, onnxruntime's
+        arena) is reported as `retained`: the planner adds it to the model.
+        `frames`: each probe batch's frames (scorer.frame_count): a k-frame video costs k frames.
+        A dependent scorer (Scorer.requires) is probed on its attach(probe=True) inputs."""
         import torch
-        mem = self.memory
+        mem, passes = self.memory, (2 if self.memory.kind == "host" else 1)  # on the CPU the larger batch is timed twice
         sizes: Dict[str, List[int]] = {}
         peaks: Dict[str, List[int]] = {}
         timings: Dict[str, List[float]] = {}  # seconds per sample one at a time, then batched
         retained: Dict[str, int] = {}
-        errors: Dict[str, str] = {}
-        frames: Dict[str, List[int]] = {}
-        seconds = 0.0
-        oom_at = None
-        passes = 2 if mem.kind == "host" else 1  # on the CPU the larger batch is timed twice
+        errors, frames = {}, {}  # scorer -> its probe error; scorer -> frames of its probe batches
+        outputs: Dict[str, List[dict]] = {}  # each scorer's last probe batch: what a dependent's probe reads
+        seconds, oom_at = 0.0, None
 
         def measure(scorer, batch) -> Tuple[int, float]:
             """(peak bytes above what was allocated before, seconds) of one scored batch: the
@@ -118,12 +121,15 @@ class ModelRunner:
             base, used_base = mem.allocated(), mem.device_used()
             mem.reset_peak()
             start = time.perf_counter()
-            scorer.score_batch(batch)
+            outputs[scorer.name] = scorer.score_batch(batch)
             elapsed = time.perf_counter() - start
             return max(0, mem.peak() - base, _grown(mem, base, used_base)), elapsed
 
         for scorer in self.scorers:
-            batch = [inp[scorer.name] for inp in inputs]
+            batch = self._probe_batch(scorer, inputs, outputs)
+            if not batch:  # a scorer it requires failed its probe: planned as unmeasured
+                errors[scorer.name], peaks[scorer.name] = "not probed: a scorer it requires failed its probe", []
+                continue
             count = getattr(scorer, "frame_count", lambda _: 1)
             measured: List[int] = []
             size = 1
@@ -165,6 +171,21 @@ class ModelRunner:
                 "seconds_per_sample": seconds,
                 "threads": torch.get_num_threads(), "oom_at": oom_at, "errors": errors}
 
+    @staticmethod
+    def _probe_batch(scorer, inputs: List[Dict[str, Any]], outputs: Dict[str, List[dict]]) -> List[Any]:
+        """A scorer's probe inputs; a dependent's attached to what its required scorers' largest
+        probe batch gave, in the costliest form (attach(probe=True))."""
+        required = getattr(scorer, "requires", ()) or ()
+        if not required:
+            return [inp[scorer.name] for inp in inputs]
+        batch = []
+        for k, inp in enumerate(inputs):
+            if not all(k < len(outputs.get(r, ())) for r in required):
+                break
+            batch.append(scorer.attach(inp[scorer.name], {r: Upstream(inp[r], outputs[r][k]) for r in required},
+                                       probe=True))
+        return batch
+
     # -- scoring ------------------------------------------------------------------------------
     def configure(self, batch_size: int, threads: Optional[int] = None, min_free_host: Optional[int] = None,
                   scorer_batch: Optional[Dict[str, int]] = None) -> None:
@@ -195,18 +216,22 @@ class ModelRunner:
         start = time.perf_counter()
         scores: List[dict] = [{} for _ in items]
         errors: List[dict] = [{} for _ in items]
+        # Each sample's whole output per scorer (private keys too) while the batch is scored: what
+        # a dependent scorer's attach() is given. Dropped with the batch.
+        outputs: List[Dict[str, dict]] = [{} for _ in items]
         for scorer in self.scorers:
             batch_key = overridden(scorer, "batch_key")  # None: all of this scorer's inputs are one group
+            inputs_of = self._inputs(scorer, items, outputs, errors)
             groups: Dict[Any, List[int]] = {}
-            for k, (_, inputs) in enumerate(items):
-                if scorer.name in inputs:
-                    groups.setdefault(batch_key(inputs[scorer.name]) if batch_key else None, []).append(k)
+            for k, x in inputs_of.items():
+                groups.setdefault(batch_key(x) if batch_key else None, []).append(k)
             columns = scorer.columns()
             for members in groups.values():
-                outcomes = self.backoffs[scorer.name].run([items[k][1][scorer.name] for k in members])
+                outcomes = self.backoffs[scorer.name].run([inputs_of[k] for k in members])
                 for k, outcome in zip(members, outcomes):
                     if outcome[0] == "ok":
                         scores[k].update({c: outcome[1].get(c) for c in columns})
+                        outputs[k][scorer.name] = outcome[1]
                         if EMBEDDINGS in outcome[1]:  # --save-embeddings: written beside the score file
                             scores[k][EMBEDDINGS] = outcome[1][EMBEDDINGS]
                     else:
@@ -215,6 +240,31 @@ class ModelRunner:
         self.samples += len(items)
         self.seconds += time.perf_counter() - start
         return [(item[0], s, e) for item, s, e in zip(items, scores, errors)]
+
+    @staticmethod
+    def _inputs(scorer, items: List[Item], outputs: List[Dict[str, dict]], errors: List[dict]) -> Dict[int, Any]:
+        """{item index: this scorer's input} of the items it has an input for. A dependent scorer's
+        is attached to its required scorers' inputs and outputs (Scorer.attach); an item a required
+        scorer has no output for gets this scorer's error instead, with that scorer's reason."""
+        required = getattr(scorer, "requires", ()) or ()
+        out: Dict[int, Any] = {}
+        for k, (_, inputs) in enumerate(items):
+            if scorer.name not in inputs:
+                continue
+            if not required:
+                out[k] = inputs[scorer.name]
+                continue
+            failed = next((r for r in required if r not in outputs[k]), None)
+            if failed is not None:
+                reason, message = errors[k].get(failed, ("required_scorer_failed", "it could not prepare this sample"))
+                errors[k][scorer.name] = (reason, f"needs the {failed} scorer's output: {message}")
+                continue
+            try:
+                out[k] = scorer.attach(inputs[scorer.name], {r: Upstream(inputs.get(r), outputs[k][r])
+                                                             for r in required})
+            except DataError as e:
+                errors[k][scorer.name] = (e.reason, str(e))
+        return out
 
     def stats(self) -> dict:
         return {"device": self.device, "batches": self.batches, "samples": self.samples,

@@ -31,11 +31,62 @@ def _scorer_class(spec: str):
     return resolve(REGISTRY, spec, "scorer", own=OWN)
 
 
+def _spec_name(spec) -> str:
+    if not isinstance(spec, str):
+        return getattr(spec, "name", "")
+    return spec if spec in REGISTRY else (getattr(_scorer_class(spec), "name", "") or spec)
+
+
+def with_required(specs: Sequence) -> tuple:
+    """The scorer specs (names, "module:Class" paths or objects) with the scorers they require
+    (Scorer.requires) added by their registered names, and ordered so that each scorer comes after
+    the ones it requires (otherwise as given): `--scorer tmars` runs ocr, clip, tmars. Imports a
+    named class only to read its `requires` (no model, no torch)."""
+    specs = [specs] if isinstance(specs, str) else list(specs)
+    by_name = {_spec_name(spec): spec for spec in specs}
+    out: list = []
+    state: Dict[str, str] = {}
+
+    def visit(name: str, spec, chain: List[str]) -> None:
+        if state.get(name) == "done":
+            return
+        if state.get(name) == "visiting":
+            raise ConfigError(f"scorers require each other in a circle: {' -> '.join(chain + [name])}")
+        state[name] = "visiting"
+        required = getattr(spec if not isinstance(spec, str) else _scorer_class(spec), "requires", ()) or ()
+        for req in required:
+            if req not in by_name:
+                if req not in REGISTRY:
+                    raise ConfigError(f"scorer {name!r} requires the scorer {req!r}, which is not registered: "
+                                      f"pass it too (--scorer module:Class)")
+                by_name[req] = req
+            visit(req, by_name[req], chain + [name])
+        state[name] = "done"
+        out.append(spec)
+
+    for spec in specs:
+        visit(_spec_name(spec), spec, [])
+    return tuple(out)
+
+
+def bind_required(scorers: Sequence[Scorer]) -> None:
+    """Hand each scorer with `requires` the required scorer objects of this run (Scorer.bind):
+    when the scorers are resolved (their checks), and in each model process after loading."""
+    by_name = {s.name: s for s in scorers}
+    for s in scorers:
+        required = getattr(s, "requires", ()) or ()
+        if required:
+            missing = [r for r in required if r not in by_name]
+            if missing:
+                raise ConfigError(f"scorer {s.name!r} requires {missing}, which this run does not have")
+            s.bind({r: by_name[r] for r in required})
+
+
 def resolve_scorers(cfg: ScoreConfig) -> List[Scorer]:
     """Scorer instances (unloaded) for cfg.scorers; options and threshold columns checked."""
     scorers = []
     used_options = set()
-    for spec in cfg.scorers:
+    for spec in with_required(cfg.scorers):
         if not isinstance(spec, str):
             if not all(hasattr(spec, a) for a in ("prepare", "load", "score_batch", "columns")):
                 raise ConfigError(f"{spec!r} is not a Scorer (it needs prepare, load, score_batch, columns)")
@@ -66,6 +117,7 @@ def resolve_scorers(cfg: ScoreConfig) -> List[Scorer]:
     names = [s.name for s in scorers]
     if len(set(names)) != len(names) or not all(names):
         raise ConfigError(f"scorers need distinct, non-empty names; got {names}")
+    bind_required(scorers)
     check_threshold_columns(cfg, score_columns(scorers))
     return scorers
 
@@ -75,7 +127,7 @@ def check_before_torch(cfg: ScoreConfig) -> None:
     model name or folder) and, where every scorer declares its columns then, the threshold columns:
     a configuration error answers in a second instead of after the imports and the model load."""
     columns: List[str] = []
-    for spec in cfg.scorers:
+    for spec in with_required(cfg.scorers):
         if isinstance(spec, str):
             cls = _scorer_class(spec)
             name = spec if spec in REGISTRY else (getattr(cls, "name", "") or spec)

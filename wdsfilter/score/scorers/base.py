@@ -17,6 +17,7 @@ REGISTRY = {
     "clip": "wdsfilter.score.scorers.clip:ClipScorer",
     "ocr": "wdsfilter.score.scorers.ocr:OcrScorer",
     "hash": "wdsfilter.score.scorers.hash:HashScorer",
+    "tmars": "wdsfilter.score.scorers.tmars:TmarsScorer",
 }
 
 
@@ -35,11 +36,32 @@ class Noted(NamedTuple):
 NOTES = "__notes__"
 
 
+class Upstream(NamedTuple):
+    """What a dependent scorer is given of a scorer it requires, for the same sample (attach()):
+    that scorer's prepared input (as its score_batch received it: the pixels decoded once, in
+    the decode worker) and its whole output dict, the private keys included (see Scorer.requires)."""
+    input: Any
+    output: Dict[str, Any]
+
+
+def private(key: str) -> bool:
+    """Output keys that start with "__" are handed to dependent scorers only: never a column."""
+    return key.startswith("__")
+
+
 class Scorer(abc.ABC):
     #: short name used on the command line and as the prefix of its score columns
     name: str = ""
     #: sample fields this scorer reads after decoding: "image" (PIL) and/or "video" (bytes)
     media: Sequence[str] = ("image",)
+    #: names of the scorers whose outputs this one reads for the same sample, e.g. ("ocr", "clip").
+    #: A run given this scorer adds the required ones it lacks (built with their options), runs
+    #: them first, and hands this scorer their inputs and outputs through attach() in the model
+    #: worker, where both engines score (modelrunner.py): nothing is decoded or sent twice. A
+    #: required scorer's output dict may carry private keys (starting with "__", e.g. the OCR
+    #: boxes), which dependents see and score files never do. A sample a required scorer failed
+    #: on is not scored by this one (its row says why). Each scorer keeps its own back-off.
+    requires: Sequence[str] = ()
 
     @abc.abstractmethod
     def columns(self) -> List[str]:
@@ -81,6 +103,20 @@ class Scorer(abc.ABC):
     def score_batch(self, inputs: List[Any]) -> List[Dict[str, Any]]:
         """Score prepared inputs; one dict {column: value} per input, in order. May raise
         torch.cuda.OutOfMemoryError, which the engine's back-off handles (halve and retry)."""
+
+    def bind(self, required: Dict[str, "Scorer"]) -> None:
+        """A scorer with `requires`: the required scorer objects of this run, by name. Called when
+        the run's scorers are resolved (check that they fit together here: a ConfigError before
+        any model loads) and again in each model process after they loaded and before this
+        scorer's load(), so a dependent may use their loaded models (it must not pickle them)."""
+
+    def attach(self, prepared: Any, upstream: Dict[str, Upstream], probe: bool = False) -> Any:
+        """A scorer with `requires`, in the model worker: the input score_batch() is given for one
+        sample, from this scorer's own prepared input and the required scorers' Upstream (input,
+        output) for that sample. probe=True: the planner's probe asks for the input that costs
+        most (e.g. every frame sent through the model), so the plan holds for every sample.
+        Return `prepared` unchanged where nothing is needed."""
+        return prepared
 
     def decode_floor(self) -> Optional[Tuple[int, int]]:
         """(short side, long side) of the smallest decoded image prepare() works from: the engine

@@ -27,6 +27,9 @@ from ..models import PRECISIONS, ClipSource, check_model, load_model, resolve_pr
 from .base import Noted, Scorer
 
 REDUCERS = ("mean", "max", "min")
+# Private output (scorers.base.private), once a dependent scorer asked (hand_text): the caption's
+# L2-normalised fp32 embedding, on the model's device, for dependent scorers (tmars scores masked frames against it without encoding it again).
+TEXT = "__clip_text__"
 # Video frames are scaled to this long side while they are decoded; the model's own transform
 # then resizes them to its input size (224 for most CLIPs), so larger frames would only cost time.
 VIDEO_MAX_SIDE = 512
@@ -76,6 +79,7 @@ class ClipScorer(Scorer):
         self.cleaner = CaptionCleaner(cfg.image_token, "strip", cfg.known_image_tokens, cfg.extra_tokens)
         self.source = ClipSource.resolve(model, pretrained, cache_dir)  # raises ConfigError at once
         self.reducing_gap = reducing_gap
+        self._text = False  # hand_text(): a dependent scorer reads the caption embeddings
         # uint8 pixels from the decode workers; normalised on the model's device (score_batch).
         self.transform = ImageTransform(self.source.preprocess_cfg, reducing_gap)
         self.device: Optional[str] = None
@@ -98,6 +102,11 @@ class ClipScorer(Scorer):
     def column_types(self) -> Dict[str, str]:
         return {"clip_score": "float64", "clip_score_frames": "list<float64>", "clip_frames": "int64",
                 "clip_truncated": "bool"}
+
+    def hand_text(self) -> None:
+        """Add each caption's normalised embedding to the outputs as the private TEXT (a dependent
+        scorer's bind() asks: tmars); without it the outputs are the columns (and embeddings)."""
+        self._text = True
 
     @property
     def context_length(self) -> int:
@@ -193,6 +202,7 @@ class ClipScorer(Scorer):
             # fp16 overflow (a model trained in bf16 with very large activations): say what to do.
             raise DataError("non_finite_score", f"the embeddings overflowed in {self.resolved_precision}; "
                             f"score with --precision bf16 or fp32")
+        per_sample_text = text_features
         text_features = text_features.repeat_interleave(torch.tensor(counts, device=text_features.device), dim=0)
         per_frame = (image_features * text_features).sum(dim=-1).clamp(-1.0, 1.0).cpu().tolist()
         rows, start = [], 0
@@ -201,6 +211,8 @@ class ClipScorer(Scorer):
             start += n
             rows.append({"clip_score": _reduce(frames, self.frame_reduce), "clip_score_frames": frames,
                          "clip_frames": n, "clip_truncated": bool(x["truncated"])})
+            if self._text:
+                rows[-1][TEXT] = per_sample_text[len(rows) - 1]
         if self.save_embeddings:
             _attach_embeddings(rows, image_features, text_features, counts, self.frame_reduce)
         return rows

@@ -30,6 +30,7 @@ import numpy as np
 
 from ...config import StageConfig
 from ...errors import ConfigError, DataError
+from ...images import FULL_SIZE
 from ..geometry import AREA_METHODS, area_ratio
 from ..ocr_backends.base import BACKENDS, DetectorBackend, make_backend
 from ..ocr_backends.reader import BoxReader
@@ -47,6 +48,15 @@ class OcrInput:
     media: str                  # "image" or "video"
     times: Tuple[float, ...] = ()   # frame timestamps in seconds (videos)
     decode_seconds: float = 0.0     # time spent in prepare (video demux/decode/convert, image resize)
+    # An image's (width, height) before any reduced-scale decode or max_side resize: the boxes are
+    # handed to dependent scorers in these coordinates (None: the frames' own, as for videos).
+    full_size: Optional[Tuple[int, int]] = None
+
+
+# Private output (scorers.base.private), once a dependent scorer asked (hand_boxes): per frame, the
+# kept text polygons ((K, 2) float arrays of x, y) in the sample's original image coordinates
+# (OcrInput.full_size), for dependent scorers (tmars). Never a column.
+BOXES = "__ocr_boxes__"
 
 
 @dataclass(eq=False)  # identity equality keeps it hashable, like every other Scorer
@@ -115,6 +125,12 @@ class OcrScorer(Scorer):
                 self.reader = None
         self.max_pixels = (self.config or StageConfig()).max_pixels
         self._area_seconds = 0.0
+        self._boxes = False  # hand_boxes(): a dependent scorer reads the kept polygons
+
+    def hand_boxes(self) -> None:
+        """Add the kept polygons to every output as the private BOXES (a dependent scorer's bind()
+        asks: tmars); without it the outputs are the columns alone."""
+        self._boxes = True
 
     @classmethod
     def early_columns(cls, options: Dict[str, Any]) -> List[str]:
@@ -139,8 +155,10 @@ class OcrScorer(Scorer):
         image = sample.get("image")
         if image is None:
             raise DataError("missing_image", "the OCR scorer needs an image or a video (this sample has neither)")
+        full = getattr(image, "info", {}).get(FULL_SIZE) or getattr(image, "size", None)
         frame = self._image_array(image)
-        return OcrInput(frame[None], "image", (), time.perf_counter() - t0)
+        full = tuple(int(v) for v in full) if full else (frame.shape[1], frame.shape[0])
+        return OcrInput(frame[None], "image", (), time.perf_counter() - t0, full)
 
     def _image_array(self, image) -> np.ndarray:
         from PIL import Image
@@ -215,6 +233,7 @@ class OcrScorer(Scorer):
             for j in range(len(x.frames)):
                 groups[tuple(x.frames.shape[1:3])].append((i, j))
         ratios: List[List[float]] = [[0.0] * len(x.frames) for x in inputs]
+        boxes: List[list] = [[[] for _ in x.frames] for x in inputs]
         for (h, w), where in groups.items():
             batch = np.stack([inputs[i].frames[j] for i, j in where])
             polygons = self.detector.detect(batch)
@@ -223,8 +242,14 @@ class OcrScorer(Scorer):
             t0 = time.perf_counter()
             for (i, j), polys in zip(where, polygons):
                 ratios[i][j] = area_ratio(polys, w, h, self.area_method)
+                if self._boxes:
+                    boxes[i][j] = _to_original(polys, w, h, inputs[i].full_size)
             self._area_seconds += time.perf_counter() - t0
-        return [self._row(r) for r in ratios]
+        rows = [self._row(r) for r in ratios]
+        if self._boxes:
+            for row, b in zip(rows, boxes):
+                row[BOXES] = b
+        return rows
 
     def _row(self, frame_ratios: List[float]) -> Dict[str, Any]:
         area = float(_REDUCE[self.frame_reduce](frame_ratios))
@@ -256,6 +281,13 @@ class OcrScorer(Scorer):
                 else "boxes not read")
         return (f"ocr: {self.detector.describe()}, {read}, {frames}, max_side={self.max_side}, "
                 f"area={self.area_method}{limit}")
+
+
+def _to_original(polys, width: int, height: int, full_size: Optional[Tuple[int, int]]) -> List[np.ndarray]:
+    """The polygons of a width x height frame as (K, 2) float64 arrays in `full_size` coordinates."""
+    sx, sy = (full_size[0] / width, full_size[1] / height) if full_size else (1.0, 1.0)
+    scale = np.array([sx, sy], dtype=np.float64)
+    return [np.asarray(p, dtype=np.float64).reshape(-1, 2) * scale for p in polys]
 
 
 def _where(sample: Dict[str, Any]) -> str:
