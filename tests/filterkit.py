@@ -10,7 +10,7 @@ import tarfile
 import numpy as np
 
 from shardkit import image_bytes
-from wdsfilter.score.outputs import read_rows
+from wdsfilter.runfolder.tables import read_rows
 from wdsfilter.score.shardwriter import member_ranges
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

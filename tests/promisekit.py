@@ -321,7 +321,7 @@ def violations(o: Outcome, kept: Optional[str] = None) -> List[str]:
     """What breaks the promise in o.out, compared with the one-shot run o.ref; [] when it holds.
     kept: where the faulty run wrote its filtered shards (default OUT-kept)."""
     from wdsfilter.score.ledger import MERGED, read_entries, shard_file
-    from wdsfilter.score.outputs import read_rows
+    from wdsfilter.runfolder.tables import read_rows
     from wdsfilter.score.resume import shard_names
     bad: List[str] = []
     names = shard_names(o.urls)

@@ -13,7 +13,7 @@ from filterkit import score_folder
 from wdsfilter.cli import main
 from wdsfilter.dedup import dedup
 from wdsfilter.dedup.hashindex import near_pairs
-from wdsfilter.score.outputs import read_rows
+from wdsfilter.runfolder.tables import read_rows
 
 
 def score_hash(shards, out, *args):

@@ -10,7 +10,7 @@ import pytest
 
 from wdsfilter.filtering.judge import count_rows, count_table
 from wdsfilter.filtering.rules import Threshold
-from wdsfilter.filtering.run import judge_shard
+from wdsfilter.filtering.apply import judge_shard
 from wdsfilter.runfolder import ScoredShard
 from wdsfilter.thresholds import Bound
 

@@ -315,7 +315,7 @@ def test_score_gives_deep_json_a_row_and_reads_gzipped_captions(tmp_path):
     (invalid_json), the .txt.gz caption is scored, and the run completes."""
     from scorekit import BrightnessScorer
     from wdsfilter.score import score
-    from wdsfilter.score.outputs import read_rows
+    from wdsfilter.runfolder.tables import read_rows
     url = write_shard(tmp_path / "shard-0000.tar", [
         ("a.jpg", image_bytes()), ("a.json", {"caption": "plain"}),
         ("b.jpg", image_bytes()), ("b.json", DEEP),

@@ -12,7 +12,7 @@ import pytest
 from scorekit import BrightnessScorer, ByteLengthScorer
 from shardkit import image_bytes, write_shard
 from wdsfilter.runfolder import keep_reason
-from wdsfilter.score.outputs import read_rows
+from wdsfilter.runfolder.tables import read_rows
 from wdsfilter.thresholds import Thresholds
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

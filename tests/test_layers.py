@@ -21,7 +21,7 @@ FRONT_DOORS = {"wdsfilter.cli", "wdsfilter.__main__", "wdsfilter.dataloader"}
 # (importer, imported) -> why it is still there. Each entry is checked to be still needed, so a fix
 # that removes the import must remove the entry too.
 ALLOWED = {
-    ("wdsfilter.score.run", "wdsfilter.filtering.run"):
+    ("wdsfilter.score.runner", "wdsfilter.filtering.apply"):
         "the scoring run's report.html is the filter report (score_report); it moves below score once the run "
         "folder reader and the keep rule it judges rows by are in runfolder.py (helper runfolder)",
 }
@@ -120,8 +120,8 @@ def test_an_upward_import_is_named_with_its_line(source, line):
 def test_imports_of_the_same_or_a_lower_layer_pass():
     source = ("from ..errors import ConfigError\nfrom .config import ScoreConfig\nfrom ..validate.findings import KINDS\n"
               "def f():\n    from .. import __version__\n    import wdsfilter.videos\n")
-    assert list(imports("wdsfilter.score.run", source))  # it reads them ...
-    assert list(upward_imports("wdsfilter.score.run", source, "x.py")) == []  # ... and none is upward
+    assert list(imports("wdsfilter.score.runner", source))  # it reads them ...
+    assert list(upward_imports("wdsfilter.score.runner", source, "x.py")) == []  # ... and none is upward
 
 
 MAX_FUNCTION_LINES = 80

@@ -150,7 +150,7 @@ def test_easyocr_through_the_score_command_with_a_local_checkpoint(random_dir, t
     from click.testing import CliRunner
     from shardkit import write_shard
     from wdsfilter.cli import main
-    from wdsfilter.score.outputs import read_rows
+    from wdsfilter.runfolder.tables import read_rows
     buf = []
     for i, words in enumerate(["SALE", None, "OPEN", None]):
         frame = text_frame(words, width=160, height=120, size=24, xy=(10, 40)) if words else \

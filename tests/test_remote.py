@@ -119,7 +119,7 @@ def test_a_missing_object_is_a_finding_naming_the_credentials(s3):
 
 def test_score_on_s3_gives_the_rows_of_the_local_read(s3, local, tmp_path):
     from wdsfilter.score import score
-    from wdsfilter.score.outputs import read_rows
+    from wdsfilter.runfolder.tables import read_rows
     _, _, urls = s3
     rows = {}
     for name, shards, workers in (("local", local[0], 0), ("remote", f"s3://{BUCKET}/laion/", 0),
@@ -449,7 +449,7 @@ def test_a_run_on_s3_killed_with_sigkill_resumes_to_the_rows_of_the_local_read(s
     assert resumed.returncode == 0, resumed.stdout
     assert f"resume: {done_at_kill} of 3 shard(s) already done" in resumed.stdout
     from wdsfilter.score import score
-    from wdsfilter.score.outputs import read_rows
+    from wdsfilter.runfolder.tables import read_rows
     score(local[0], out=str(tmp_path / "local"), scorers=[SCORER], device="cpu", workers=0, progress=False,
           batch_size=4, format="jsonl")
 

@@ -13,7 +13,7 @@ pytest.importorskip("moto")
 from remotekit import BUCKET, s3_server, upload  # noqa: E402
 from scorekit import make_shards  # noqa: E402
 from wdsfilter.score import score  # noqa: E402
-from wdsfilter.score.outputs import read_rows  # noqa: E402
+from wdsfilter.runfolder.tables import read_rows  # noqa: E402
 from wdsfilter.score.ray_runner import score_on_ray  # noqa: E402
 
 pytestmark = pytest.mark.slow

@@ -23,7 +23,7 @@ pytest.importorskip("moto")
 from remotekit import BUCKET, s3_server, upload  # noqa: E402
 from scorekit import make_shards  # noqa: E402
 from wdsfilter.score import score  # noqa: E402
-from wdsfilter.score.outputs import read_rows  # noqa: E402
+from wdsfilter.runfolder.tables import read_rows  # noqa: E402
 
 pytestmark = pytest.mark.slow
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -116,7 +116,7 @@ def test_validate_through_faults_finds_what_it_finds_on_disk_and_counts_the_retr
 
 def test_score_through_faults_gives_the_rows_of_the_local_read_and_counts_the_retries(s3, local, tmp_path):
     from wdsfilter.score import score
-    from wdsfilter.score.outputs import read_rows
+    from wdsfilter.runfolder.tables import read_rows
     proxy, urls, paths = s3
     # All on the last shard: the first shards are also read before the run (the key check, the
     # probe), and those reads would meet the faults first.

@@ -12,7 +12,7 @@ from wdsfilter.pipeline import sample_pipeline
 from wdsfilter.score import score
 from wdsfilter.score.backoff import Backoff
 from wdsfilter.score.memory import HostMemory
-from wdsfilter.score.outputs import read_rows
+from wdsfilter.runfolder.tables import read_rows
 
 MiB = 2**20
 

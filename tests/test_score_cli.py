@@ -13,7 +13,7 @@ import wdsfilter
 from wdsfilter.cli import main
 from wdsfilter.specs import split_name
 from wdsfilter.score import score
-from wdsfilter.score.outputs import read_rows
+from wdsfilter.runfolder.tables import read_rows
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SS = os.path.join(REPO, "sample_shards")

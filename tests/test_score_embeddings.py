@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from wdsfilter.cli import main
-from wdsfilter.score.outputs import read_rows
+from wdsfilter.runfolder.tables import read_rows
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SS = os.path.join(REPO, "sample_shards")

@@ -16,7 +16,7 @@ from wdsfilter import ConfigError
 from wdsfilter.score import score
 from wdsfilter.score.backoff import ScorerError
 from wdsfilter.score.engine import NothingScoredError
-from wdsfilter.score.outputs import read_rows
+from wdsfilter.runfolder.tables import read_rows
 
 
 def rows_by_key(out, fmt="parquet"):
@@ -321,7 +321,7 @@ def test_score_file_column_types(tmp_path):
     # A score column's Parquet type follows its values; one with no value at all is float64.
     import numpy as np
     import pyarrow.parquet as pq
-    from wdsfilter.score.outputs import write_table
+    from wdsfilter.runfolder.tables import write_table
     columns = {"none": [None, None, None], "int": [1, None, 3], "mixed": [1, 2.5, None], "nan": [0.5, float("nan"), None],
                "flag": [True, None, False], "text": ["a", None, "b"], "np64": [np.float64(1.5), 2, None],
                "np32": [np.float32(1.5), None, np.float32(2)], "list": [[1, 2], None, [3]]}

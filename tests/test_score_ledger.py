@@ -10,7 +10,7 @@ from scorekit import BrightnessScorer, make_shards
 from shardkit import write_shard
 from wdsfilter.score import score
 from wdsfilter.score.ledger import TRANSIENT, is_transient
-from wdsfilter.score.outputs import read_rows
+from wdsfilter.runfolder.tables import read_rows
 
 
 def run(urls, out, scorers=None, **kw):

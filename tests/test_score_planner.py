@@ -352,7 +352,7 @@ def test_two_model_processes_on_a_simulated_gpu_with_room_and_one_on_a_gpu_witho
     assert "a process more would leave bright a batch under" in summary.plan_text
     assert sorted(w["device"] for w in summary.workers) == ["sim:cramped", "sim:room", "sim:room"]
     assert summary.scored == len(images)
-    from wdsfilter.score.outputs import read_rows
+    from wdsfilter.runfolder.tables import read_rows
     folder = tmp_path / "o" / "scores"
     rows = [r for f in sorted(os.listdir(folder)) for r in read_rows(str(folder / f))]
     assert collections.Counter(r["key"] for r in rows) == collections.Counter(images.keys())

@@ -11,7 +11,7 @@ import wdsfilter  # noqa: E402
 from scorekit import FrameCounter  # noqa: E402
 from wdsfilter.errors import ConfigError  # noqa: E402
 from wdsfilter.score import score  # noqa: E402
-from wdsfilter.score.outputs import read_rows  # noqa: E402
+from wdsfilter.runfolder.tables import read_rows  # noqa: E402
 from wdsfilter.score.ray_runner import score_on_ray  # noqa: E402
 from wdsfilter.scorefilter import score_filter  # noqa: E402
 

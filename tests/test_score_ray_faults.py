@@ -103,7 +103,7 @@ def test_ray_ledger_and_retry_failed_give_the_one_shot_rows(local_ray, tmp_path)
     from faultkit import FlakyScorer
     from wdsfilter.score import score
     from wdsfilter.score.ledger import read_entries
-    from wdsfilter.score.outputs import read_rows
+    from wdsfilter.runfolder.tables import read_rows
     urls, _ = make_shards(tmp_path / "shards", [8, 7], refused={0: (3,)}, bad={1: (2,)})
     files = {k: tmp_path / k for k in ("raise", "oom", "prep")}
     files["raise"].write_text("s0_00005\n")

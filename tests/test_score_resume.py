@@ -11,7 +11,7 @@ import pytest
 
 from scorekit import BrightnessScorer, make_shards
 from wdsfilter.score import score
-from wdsfilter.score.outputs import read_rows
+from wdsfilter.runfolder.tables import read_rows
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 

@@ -13,7 +13,7 @@ from scorekit import expected_brightness, make_shards
 from wdsfilter.cli import main
 from wdsfilter.score import score
 from wdsfilter.score.ledger import read_entries
-from wdsfilter.score.outputs import read_rows
+from wdsfilter.runfolder.tables import read_rows
 
 
 def rows_of(out):

@@ -334,7 +334,7 @@ class FramesScorer:
 def test_numpy_frames_score_the_same_through_model_worker_processes(tmp_path):
     from scorekit import make_shards
     from wdsfilter.score import score
-    from wdsfilter.score.outputs import read_rows
+    from wdsfilter.runfolder.tables import read_rows
 
     urls, _ = make_shards(tmp_path / "shards", [9, 6])
 

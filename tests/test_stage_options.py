@@ -8,7 +8,7 @@ from click.testing import CliRunner
 from shardkit import image_text_members, write_shard
 from wdsfilter.cli import main
 from wdsfilter.config import STAGE_OPTIONS, StageConfig
-from wdsfilter.score.outputs import read_rows
+from wdsfilter.runfolder.tables import read_rows
 
 
 def test_validate_and_score_take_every_stage_option():

@@ -13,7 +13,7 @@ import webdataset as wds
 from filterkit import img2dataset_shards
 from shardkit import image_bytes
 from wdsfilter.score import score
-from wdsfilter.score.outputs import read_rows
+from wdsfilter.runfolder.tables import read_rows
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ import webdataset as wds  # noqa: E402
 from PIL import Image, ImageDraw, ImageFont  # noqa: E402
 
 from wdsfilter.score import score  # noqa: E402
-from wdsfilter.score.outputs import read_rows  # noqa: E402
+from wdsfilter.runfolder.tables import read_rows  # noqa: E402
 from wdsfilter.score.scorers.ocr import BOXES, OcrScorer  # noqa: E402
 
 pytestmark = pytest.mark.slow  # the OCR detector and the tiny CLIP model
@@ -251,7 +251,7 @@ def _written_keys(folder) -> set:
 
 
 def test_filter_takes_clip_score_masked_like_any_column(run, tmp_path):
-    from wdsfilter.filtering.run import filter_scores
+    from wdsfilter.filtering.apply import filter_scores
     out, rows, _ = run
     ranked = sorted(rows, key=lambda k: rows[k]["clip_score_masked"], reverse=True)
     cut = rows[ranked[2]]["clip_score_masked"]
@@ -265,7 +265,7 @@ def test_filter_takes_clip_score_masked_like_any_column(run, tmp_path):
 
 def test_the_report_shows_the_largest_drops_original_beside_masked(run, tmp_path):
     import base64
-    from wdsfilter.filtering.run import filter_scores
+    from wdsfilter.filtering.apply import filter_scores
     out, rows, _ = run
     path = str(tmp_path / "report.html")
     filter_scores(out, mins=["clip_score=-1"], report=path, save_thresholds=False)

@@ -13,7 +13,7 @@ from scorekit import make_shards
 from wdsfilter.errors import ConfigError
 from wdsfilter.score import build_config, score
 from wdsfilter.score.modelrunner import ModelRunner
-from wdsfilter.score.outputs import read_rows
+from wdsfilter.runfolder.tables import read_rows
 from wdsfilter.score.scorers.base import Scorer, Upstream
 from wdsfilter.score.scorerset import resolve_scorers, with_required
 

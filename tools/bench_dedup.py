@@ -160,7 +160,7 @@ print(json.dumps({"duplicates": int(dup.sum())}))
 
 BASE = """
 import json
-import numpy, pandas, pyarrow.parquet, scipy.sparse.csgraph, faiss, wdsfilter.dedup.run
+import numpy, pandas, pyarrow.parquet, scipy.sparse.csgraph, faiss, wdsfilter.dedup.find
 print(json.dumps({}))
 """
 

@@ -171,7 +171,7 @@ class _TimedLoader:
 
 def _warm(folder: str, scorer) -> None:
     """Write one score file first: its imports (pyarrow) are paid once per run, not per sample."""
-    from wdsfilter.score.outputs import write_table
+    from wdsfilter.runfolder.tables import write_table
     row = {"key": "k", "shard": "s", "index": 0, "status": "scored", "reason": None, "message": None, "kept": True}
     row.update({c: [0.0] if c.endswith("_frames") else 0.0 for c in scorer.columns()})
     write_table([row], scorer.columns(), os.path.join(folder, "warm.parquet"), "parquet")

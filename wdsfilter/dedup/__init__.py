@@ -6,7 +6,7 @@
     evalset.py     eval images hashed like training rows
     source.py      what is read of the run folder
     (../runfolder/dedup.py: RUN_DIR/dedup/ and the drop rule filter --dedup and the loader apply)
-    run.py         `dedup()`, the command's work
+    find.py        `dedup()`, the command's work
     cli.py         `wdsfilter dedup`
 """
 from __future__ import annotations
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 def __getattr__(name):
     if name in ("dedup", "DedupResult"):
-        from . import run
-        return getattr(run, name)
+        from . import find
+        return getattr(find, name)
     if name in ("DedupMarks", "drop_reason"):
         from ..runfolder import dedup as marks
         return getattr(marks, name)

@@ -6,7 +6,7 @@ import click
 from ..errors import EXIT_CODES_HELP
 from ..progress import verbosity, verbosity_options
 from .groups import KINDS
-from .run import NEAR_BITS, SEMANTIC_THRESHOLD
+from .find import NEAR_BITS, SEMANTIC_THRESHOLD
 
 
 @click.command("dedup", context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES_HELP)
@@ -30,7 +30,7 @@ def dedup_command(run_dir, kinds, near_bits, semantic_threshold, evals, quiet, v
     (--scorer hash) and saved embeddings (--save-embeddings), keep one survivor per group (the
     highest clip_score, else the first by shard and index) and write RUN_DIR/dedup/. Loads no
     model, except the run's CLIP to embed --eval images for the semantic kind."""
-    from .run import dedup
+    from .find import dedup
     level = verbosity(quiet, verbose)
     result = dedup(run_dir, kinds, near_bits=near_bits, semantic_threshold=semantic_threshold, evals=evals,
                    echo=click.echo if level else None)

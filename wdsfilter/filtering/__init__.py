@@ -5,6 +5,6 @@ thresholds, resolved), quantile (exact streaming order statistics), run (judge, 
 reshard (new shards of N samples), report_data and report_html (the HTML report), cli.
 """
 from .rules import FilterSpec, Threshold, resolve_for_loader
-from .run import FilterResult, filter_scores
+from .apply import FilterResult, filter_scores
 
 __all__ = ["filter_scores", "FilterResult", "FilterSpec", "Threshold", "resolve_for_loader"]

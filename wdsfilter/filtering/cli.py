@@ -59,7 +59,7 @@ def filter_command(scores_dir, mins, maxes, tops, bottoms, write_shards, samples
     """Choose thresholds after scoring: count what --min/--max/--top/--bottom keep in the score
     folder of a `wdsfilter score` run (SCORES_DIR, either engine), write an HTML report and,
     with --write-shards, reshard the kept samples. No model is loaded."""
-    from .run import filter_scores
+    from .apply import filter_scores
     source = click.get_current_context().get_parameter_source
     given = [f"--{name.replace('_', '-')}" for name in ("samples_per_shard", "prefix", "overwrite", "unique_keys",
                                                          "interleave")

@@ -68,7 +68,7 @@ def _count_table(path: str, thresholds: Sequence) -> Optional[ShardCounts]:
     from ..runfolder.keep import KEPT_STATUSES
     from ..runfolder.tables import open_parquet, unique_keys
     from .rules import drop_reason
-    from .run import DUPLICATE
+    from .apply import DUPLICATE
     # The keys are read only when the writer did not record that none repeats (most of the read).
     read_keys = not unique_keys(path)
     columns = list(dict.fromkeys([*(["key"] if read_keys else []), "status", "reason",

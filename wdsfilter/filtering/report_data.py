@@ -106,7 +106,7 @@ class ReportCollector:
 
     def finish(self, result) -> dict:
         from ..dedup.report import section_data
-        from ..score.outputs import summarize_files
+        from ..score.statistics import summarize_files
         stats = summarize_files([s.score_file for s in self.run.shards], self.numeric, {}, BINS)["columns"]
         counts = count_columns(stats, self.thresholds)
         sections = []

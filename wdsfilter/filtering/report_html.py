@@ -73,7 +73,7 @@ def _e(text, limit: int = 4000) -> str:
 
 
 def _x(v: float, lo: float, hi: float) -> float:
-    from ..score.outputs import position
+    from ..score.statistics import position
     return LEFT + (W - LEFT - RIGHT) * (position(min(max(v, lo), hi), lo, hi) if hi > lo else 0.5)
 
 
@@ -92,7 +92,7 @@ def nice_ticks(lo: float, hi: float, most: int = 6, integer: bool = False) -> Li
     column of one value) gets its one value; one whose width overflows, 5 steps labelled short."""
     span = hi - lo
     if not math.isfinite(span):
-        from ..score.outputs import step
+        from ..score.statistics import step
         return [(step(lo, hi, i, 4), f"{step(lo, hi, i, 4):.3g}") for i in range(5)]
     if span <= 2e-9 * max(1.0, abs(lo)):  # histogram_bins widens a one-value column by 1e-9
         return [(lo, f"{lo:.6g}")]

@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from ..config import StageConfig, config_or_options
 from ..errors import ConfigError
 from .config import ScoreConfig
-from .outputs import RunSummary
+from .summary import RunSummary
 
 __all__ = ["score", "ScoreConfig", "RunSummary", "build_config", "NothingScoredError", "Scorer", "ClipScorer",
            "OcrScorer", "DetectorBackend", "score_on_ray"]

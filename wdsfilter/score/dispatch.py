@@ -25,7 +25,7 @@ from ..markers import MARKER, SHARD_END, ShardEnd
 from .faults import dead_decode_worker
 from .ledger import write_retried
 from .rows import ShardRows, complete_row, write_shard
-from .run import Run
+from .runner import Run
 from .transport import Batch, open_chunk
 
 

@@ -5,7 +5,7 @@
     model workers        ModelRunner: score_batch through the OOM back-off                (modelworker.py)
 
 A run: check the keys on the first shard (before any model loads), start the model workers,
-probe memory and speed on a few prepared samples, plan (planner.py), score, summarise (run.py).
+probe memory and speed on a few prepared samples, plan (planner.py), score, summarise (runner.py).
 Memory is bounded by construction: the DataLoader holds workers x prefetch chunks, the
 dispatcher at most two batches of pending samples, each model worker its planned queue depth.
 """
@@ -22,13 +22,14 @@ from .dispatch import Dispatcher, open_progress
 from .faults import RunFailedError, decode_worker_died, disk_full, is_disk_full
 from .memory import host_status
 from .modelworker import WorkerError
-from .outputs import RunSummary, preload_writer
+from ..runfolder.tables import preload_writer
+from .summary import RunSummary
 from .plan import Plan
 from .planner import make_plan
 from ..progress import known_samples
 from .probe import ProbeReport, collect_probe
 from .rows import NothingScoredError  # noqa: F401 - raised by run(); importable from here as before
-from .run import Outcome, Run
+from .runner import Outcome, Run
 from .transport import Chunk, Prepare, keep_as_is
 
 log = logging.getLogger("wdsfilter")

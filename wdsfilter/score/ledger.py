@@ -233,7 +233,7 @@ def merge_retried(url: str, retried: List[dict], plan: Dict[int, dict], state) -
     retry reads every sample of a listed key, in shard order, so the n-th row of a key read back
     is the n-th row of that key in the score file (a key that returns later in the shard has
     several); only those the plan lists are replaced."""
-    from .outputs import read_rows
+    from ..runfolder.tables import read_rows
     rows = read_rows(state.score_path(url))
     _attach_embeddings(state, url, rows)
     occurrences: Dict[str, List[int]] = {}

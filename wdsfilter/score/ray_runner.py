@@ -41,7 +41,7 @@ from ..shards import absolute_url
 from .embeddings import FIELD as EMBEDDINGS
 from .faults import disk_full, is_disk_full, read_failed_reason
 from .ledger import OnlyKeys
-from .outputs import RunSummary
+from .summary import RunSummary
 from .ray_tasks import LEDGER_FIELDS, SHARD_END_ROW, ActorRoster, ScoreActor, finish_shard, measure, plain, read_shard
 from .rows import BASE_FIELDS
 
@@ -182,7 +182,7 @@ def run_on_ray(shards, cfg, *, actors: Optional[int] = None, gpus_per_actor: Opt
                cpus_per_actor: float = 1.0, batch_size: Optional[int] = None, address: Optional[str] = None,
                ray_init: Optional[dict] = None, echo: Optional[Callable[[str], None]] = None) -> RunSummary:
     """score_on_ray with a ScoreConfig (what `wdsfilter score --engine ray` builds)."""
-    from .run import Run
+    from .runner import Run
 
     if cfg.dry_run:
         raise ConfigError("dry_run plans the single-machine engine; Ray plans its own cluster (ray status)")
@@ -390,7 +390,7 @@ def _stream(ray, ds, run, cfg, collector: "_Collector", roster, streamed: Stream
 
 def _outcome(run, todo, start: float, collector: "_Collector", streamed: Streamed) -> RunSummary:
     """The run's Outcome, from which Run.finish builds the summary as it does for the local engine."""
-    from .run import Outcome
+    from .runner import Outcome
     done, failed = streamed.done, streamed.failed
     seconds = time.perf_counter() - start
     finished = {r["shard"] for r in done} | {f["url"] for f in failed}

@@ -18,7 +18,7 @@ from typing import Dict, Iterator, List, Optional, Sequence
 from ..markers import MEMBER, STAGE
 from .embeddings import FIELD as EMBEDDINGS
 from .ledger import write_retried
-from .outputs import json_value
+from ..runfolder.tables import json_value
 from .ray_payload import EMPTY, PAYLOAD, PAYLOAD_META, pack_payload, unpack_payload
 from .rows import BASE_FIELDS, complete_row, item_row, new_row, write_shard
 

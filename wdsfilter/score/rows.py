@@ -25,7 +25,7 @@ from .embeddings import write_embeddings
 from .faults import is_disk_full, read_failed_reason
 from .ledger import row_entries, write_shard_failures
 from .scorers.base import NOTES
-from .outputs import BASE_FIELDS, STATUSES, write_table  # noqa: F401 - the fields are the score file's schema
+from ..runfolder.tables import BASE_FIELDS, STATUSES, write_table  # noqa: F401 - the fields are the score file's schema
 from ..runfolder.tables import TEXT_FIELDS
 from ..shardstats import update_sizes, write_shard_stats
 from .shardwriter import write_filtered

@@ -12,7 +12,7 @@ from typing import Dict, List, Optional, Sequence
 
 from ..errors import ConfigError
 from .config import ScoreConfig
-from .outputs import BASE_FIELDS, arrow_type
+from ..runfolder.tables import BASE_FIELDS, arrow_type
 from .registry import check_name, resolve
 from .scorers.base import REGISTRY, Scorer, make_scorer, overridden
 

@@ -8,7 +8,7 @@
 
 Per frame, the detector finds text boxes (small frames enlarged to its working size first,
 ocr_backends/base.working_scale), each box is read by rapidocr's recogniser and kept when it is
-read as text with confidence >= min_text_score (ocr_backends/reader.py; None: keep every box
+read as text with confidence >= min_text_score (ocr_backends/recognizer.py; None: keep every box
 unread), and the area is the union of the kept boxes and polygons (overlaps counted once, clipped to the frame)
 over the frame's area (wdsfilter/score/geometry.py), so it is in [0, 1] and does not depend on
 the frame's resolution; that is why frames can be scaled down to `max_side` first, which bounds
@@ -33,7 +33,7 @@ from ...errors import ConfigError, DataError
 from ...images import FULL_SIZE
 from ..geometry import AREA_METHODS, area_ratio
 from ..ocr_backends.base import BACKENDS, DetectorBackend, make_backend
-from ..ocr_backends.reader import BoxReader
+from ..ocr_backends.recognizer import BoxReader
 from .base import Noted, Scorer
 
 FRAME_REDUCE = ("mean", "max", "min")

@@ -16,14 +16,15 @@ from ..errors import ConfigError, require
 from ..keycheck import check_keys
 from ..shards import expand_urls, is_local, unique_urls
 from ..specs import utf8_text
-from ..filtering.run import score_report
+from ..filtering.apply import score_report
 from .config import ScoreConfig
 from .faults import disk_full, is_disk_full
 from .ledger import MERGED as LEDGER_FILE, merge as merge_ledger, shard_entry, summarize as summarize_ledger
 from .ledger import OnlyKeys, retry_plan, write_shard_failures
 from .outlock import OutputLock
 from .recipe import write_recipe
-from .outputs import RunSummary, plot_histograms, summarize_files, write_summary
+from .statistics import plot_histograms, summarize_files
+from .summary import RunSummary, write_summary
 from .resume import RunState
 from .rows import NothingScoredError
 from ..writing import refuse_writing_into_inputs

@@ -1,0 +1,134 @@
+"""The run summary: summary.json and the terminal's closing lines, built once from an engine's
+outcome and the statistics of the score tables (statistics.py)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional
+
+from ..atomic import write_json
+from ..runfolder.tables import STATUSES
+from .ledger import summary_lines
+from .statistics import text_histogram
+
+
+# -- the run summary ------------------------------------------------------------------------------
+@dataclass
+class RunSummary:
+    out: str
+    shards: int = 0  # shards in the input
+    shards_scored: int = 0  # completed by this run
+    shards_resumed: int = 0  # already complete (skipped with resume)
+    shards_failed: List[dict] = field(default_factory=list)  # could not be read at all
+    shards_cut: List[dict] = field(default_factory=list)  # scored up to a break in the tar (url, reason)
+    rows: int = 0
+    status: Dict[str, int] = field(default_factory=dict)
+    reasons: Dict[str, int] = field(default_factory=dict)
+    kept: int = 0
+    dropped: int = 0
+    thresholds: Dict[str, dict] = field(default_factory=dict)  # minimum per column: kept/dropped/no_score
+    max_thresholds: Dict[str, dict] = field(default_factory=dict)  # maximum per column: the same counts
+    columns: Dict[str, dict] = field(default_factory=dict)
+    scorers: List[str] = field(default_factory=list)
+    plan: Dict[str, Any] = field(default_factory=dict)
+    plan_text: str = ""
+    workers: List[dict] = field(default_factory=list)
+    stage_counts: Dict[str, Any] = field(default_factory=dict)
+    samples_this_run: int = 0
+    seconds: float = 0.0  # the whole run: start-up, model load, probe, scoring, summary
+    scoring_seconds: float = 0.0  # the scoring loop alone (decode workers and models running)
+    dry_run: bool = False
+    files: Dict[str, Optional[str]] = field(default_factory=dict)
+    # the failure ledger (ledger.py) by reason: samples, shards, transient
+    failures: Dict[str, dict] = field(default_factory=dict)
+    # --retry-failed: samples retried, now scored, still listed
+    retried: Dict[str, int] = field(default_factory=dict)
+
+    @property
+    def scored(self) -> int:
+        return self.status.get("scored", 0) + self.status.get("partial", 0)
+
+    @property
+    def samples_per_second(self) -> float:
+        return self.samples_this_run / self.seconds if self.seconds else 0.0
+
+    def batch_sizes(self) -> List[dict]:
+        """Planned and finally used batch size per model worker and scorer (in frames for a scorer
+        that counts them: an image is one frame), how often the back-off halved it and why, and
+        how often it grew back."""
+        out = []
+        for w in self.workers:
+            for name, b in (w.get("backoff") or {}).items():
+                halved = [e for e in b["events"] if e["kind"] != "grow"]
+                out.append({"worker": w.get("worker"), "device": w.get("device"), "scorer": name,
+                            "planned": b["planned_batch_size"], "final": b["final_batch_size"],
+                            "halvings": len(halved), "causes": sorted({e["kind"] for e in halved}),
+                            "grown": len(b["events"]) - len(halved)})
+        return out
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["scored"] = self.scored
+        d["samples_per_second"] = round(self.samples_per_second, 2)
+        d["batch_sizes"] = self.batch_sizes()
+        return d
+
+    def format_text(self, histograms: bool = True, plan: bool = True, scorers: bool = True) -> str:
+        """The terminal summary. plan=False leaves out the scorers and the plan of a dry run (the
+        command line has printed them already, as the run went); scorers=False the scorer lines of
+        a run (printed at its start)."""
+        if self.dry_run:
+            return "\n".join((([f"scorer: {s}" for s in self.scorers] + [self.plan_text]) if plan else [])
+                             + ["dry run: nothing was scored",
+                                f"shards: {self.shards} ({self.shards_resumed} already done)"])
+        lines = [f"scored {self.scored} of {self.rows} samples in {self.shards} shard(s)"
+                 + (f" ({self.shards_resumed} shard(s) were already done)" if self.shards_resumed else "")
+                 + (f"; {len(self.shards_failed)} shard(s) FAILED" if self.shards_failed else "")
+                 + (f"; {len(self.shards_cut)} shard(s) CUT SHORT" if self.shards_cut else "")]
+        for s in self.scorers if scorers else ():
+            lines.append(f"  scorer: {s}")
+        if self.samples_this_run:
+            rate = self.samples_this_run / self.scoring_seconds if self.scoring_seconds else 0.0
+            lines.append(f"  this run: {self.samples_this_run} samples in {self.seconds:.1f}s = "
+                         f"{self.samples_per_second:.1f} samples/s ({rate:.1f} samples/s while scoring, "
+                         f"after start-up, model load and probe)")
+        for b in self.batch_sizes():
+            extra = f", halved {b['halvings']}x ({', '.join(b['causes'])})" if b["halvings"] else ""
+            extra += f", grown back {b['grown']}x" if b.get("grown") else ""
+            lines.append(f"  batch size on {b['device']} (worker {b['worker']}, {b['scorer']}): "
+                         f"planned {b['planned']}, final {b['final']}{extra}")
+        lines.append("  status: " + ", ".join(f"{k} {self.status.get(k, 0)}" for k in STATUSES))
+        if self.reasons:
+            lines.append("  not scored / partly scored, by reason:")
+            for reason, n in self.reasons.items():
+                lines.append(f"    {n:>8}  {reason}")
+        for col, th in [*self.thresholds.items(), *self.max_thresholds.items()]:
+            bound = f">= {th['min']:g}" if "min" in th else f"<= {th['max']:g}"
+            lines.append(f"  {col} {bound}: kept {th['kept']}, dropped {th['dropped']}"
+                         + (f", no score {th['no_score']}" if th["no_score"] else ""))
+        if self.thresholds or self.max_thresholds:
+            lines.append(f"  kept {self.kept} of {self.rows} (all thresholds met)")
+        if self.retried:
+            lines.append(f"  retried {self.retried['samples']} failed sample(s): {self.retried['scored']} now scored, "
+                         f"{self.retried['samples'] - self.retried['scored']} still listed")
+        lines += summary_lines(self.failures, self.files.get("failures") or "failures.parquet")
+        for f in self.shards_failed:
+            lines.append(f"  shard FAILED (no marker; --resume retries it): {f['url']}: {f['reason']}")
+        for f in self.shards_cut:
+            lines.append(f"  shard CUT SHORT (the samples before the break were scored, the rest have no row; "
+                         f"re-create or re-download it): {f['url']}: {f['reason']}")
+        for col, st in self.columns.items():
+            if st.get("kind") == "number" and st.get("count"):
+                lines.append(f"  {col}: n={st['count']} min={st['min']:.4g} mean={st['mean']:.4g} max={st['max']:.4g}"
+                             + (f" (and {st['infinite']} infinite, left out)" if st.get("infinite") else ""))
+                if histograms and st.get("histogram"):
+                    lines.extend(text_histogram(st["histogram"]))
+            elif st.get("kind") == "bool":
+                lines.append(f"  {col}: true {st['true']}, false {st['false']}")
+        for name, path in self.files.items():
+            if path:
+                lines.append(f"  {name}: {path}")
+        return "\n".join(lines)
+
+
+def write_summary(summary: RunSummary, path: str) -> None:
+    write_json(path, summary.to_dict(), indent=2)
