@@ -59,6 +59,15 @@ def _clear_fsspec_cache():
         pass
 
 
+def three_shards(tmp_path_factory):
+    """(folder, urls): three shards on disk (12, 9 and 7 samples), one with a corrupt image and one
+    with a sample without caption: what the remote tests read from a bucket and compare locally."""
+    from scorekit import make_shards
+    folder = str(tmp_path_factory.mktemp("local"))
+    urls, _ = make_shards(folder, [12, 9, 7], bad={1: (3,)}, no_caption={2: (4,)})
+    return folder, urls
+
+
 def upload(client, folder: str, prefix: str) -> List[str]:
     """Every file of `folder` (recursively, name order) under s3://BUCKET/prefix/; their URLs."""
     urls = []

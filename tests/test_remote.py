@@ -16,8 +16,7 @@ from click.testing import CliRunner
 pytest.importorskip("s3fs")
 pytest.importorskip("moto")
 
-from remotekit import BUCKET, SECRET, FailingProxy, FaultServer, clear_http_cache, s3_server, upload  # noqa: E402
-from scorekit import make_shards  # noqa: E402
+from remotekit import BUCKET, FailingProxy, FaultServer, SECRET, clear_http_cache, s3_server, three_shards, upload  # noqa: E402
 from wdsfilter.cli import main  # noqa: E402
 from wdsfilter.errors import ConfigError, UnsafeInputError  # noqa: E402
 from wdsfilter.remote import ObjectChanged, RemoteOptions, open_remote, parse_storage_options  # noqa: E402
@@ -30,10 +29,7 @@ FAST = dict(remote_backoff_seconds=0.01, remote_block_bytes=16 << 10, remote_rea
 
 @pytest.fixture(scope="module")
 def local(tmp_path_factory):
-    """Three shards on disk, one of them with a corrupt image and a sample without caption."""
-    folder = str(tmp_path_factory.mktemp("local"))
-    urls, _ = make_shards(folder, [12, 9, 7], bad={1: (3,)}, no_caption={2: (4,)})
-    return folder, urls
+    return three_shards(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

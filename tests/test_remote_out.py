@@ -15,8 +15,7 @@ from click.testing import CliRunner
 pytest.importorskip("s3fs")
 pytest.importorskip("moto")
 
-from remotekit import BUCKET, SECRET, FailingProxy, s3_server  # noqa: E402
-from scorekit import make_shards  # noqa: E402
+from remotekit import BUCKET, FailingProxy, SECRET, s3_server, three_shards  # noqa: E402
 from wdsfilter.cli import main  # noqa: E402
 
 SCORER = "scorekit:BrightnessScorer"
@@ -25,9 +24,7 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 
 @pytest.fixture(scope="module")
 def local(tmp_path_factory):
-    folder = str(tmp_path_factory.mktemp("local"))
-    urls, _ = make_shards(folder, [12, 9, 7], bad={1: (3,)}, no_caption={2: (4,)})
-    return folder, urls
+    return three_shards(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

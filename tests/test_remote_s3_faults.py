@@ -15,8 +15,7 @@ pytest.importorskip("s3fs")
 pytest.importorskip("moto")
 
 from faultkit import S3FaultProxy  # noqa: E402
-from remotekit import s3_server, upload  # noqa: E402
-from scorekit import make_shards  # noqa: E402
+from remotekit import s3_server, three_shards, upload  # noqa: E402
 from wdsfilter.remote import RemoteOptions, open_remote  # noqa: E402
 from wdsfilter.validate import validate  # noqa: E402
 
@@ -25,10 +24,7 @@ SCORER = "scorekit:BrightnessScorer"
 
 @pytest.fixture(scope="module")
 def local(tmp_path_factory):
-    """Three shards on disk, one with a corrupt image and one with a sample without caption."""
-    folder = str(tmp_path_factory.mktemp("local"))
-    urls, _ = make_shards(folder, [12, 9, 7], bad={1: (3,)}, no_caption={2: (4,)})
-    return folder, urls
+    return three_shards(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
