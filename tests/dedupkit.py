@@ -119,3 +119,16 @@ def hamming_matrix(values) -> np.ndarray:
     u = np.asarray(values, dtype=np.int64).view(np.uint64)
     x = u[:, None] ^ u[None, :]
     return np.unpackbits(x.astype(">u8").view(np.uint8).reshape(len(u), len(u), 8), axis=2).sum(axis=2)
+
+
+
+def dedup_of_another_file(run: str) -> None:
+    """Make the dedup in `run` one that read another version of the first score file (as after
+    scoring its shard again): the size it recorded stays, its time and sha256 are another file's."""
+    import json
+    path = os.path.join(run, "dedup", "summary.json")
+    summary = json.load(open(path))
+    name = sorted(summary["shards"])[0]
+    summary["shards"][name].update(mtime_ns=-1, sha256="0" * 64)
+    with open(path, "w") as f:
+        json.dump(summary, f)

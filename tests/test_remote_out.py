@@ -224,7 +224,7 @@ def test_configuration_errors_are_exit_2_before_any_work(s3, local):
     r = _cli("filter", f"s3://{BUCKET}/runs/nothing-here", "--min", "brightness=0.5")
     assert r.exit_code == 2 and "does not exist" in r.output
     r = _cli("dedup", f"s3://{BUCKET}/runs/nothing-here")
-    assert r.exit_code == 2 and "takes a local run folder" in r.output, r.output
+    assert r.exit_code == 2 and "holds no scoring run" in r.output, r.output
     assert _keys(client, "runs/nothing-here") == []
 
 
@@ -321,3 +321,41 @@ def test_filtered_shards_in_a_bucket_are_the_bytes_of_local_ones(s3, local, tmp_
     assert local_files and {k: v for k, v in remote_files.items() if k != "filter_run.json"} == \
         {k: v for k, v in local_files.items() if k != "filter_run.json"}
     assert "refiltered/.lock.json" not in _keys(client, "refiltered/")
+
+
+def test_dedup_on_a_bucket_folder_marks_what_it_marks_locally_and_filter_drops_the_same(s3, tmp_path):
+    """`wdsfilter dedup s3://...` (issue 25 item 7): the folder pulled under its lock object, deduped,
+    its dedup/ uploaded whole; the marks are the local run's, and `filter --dedup` on the bucket
+    keeps what it keeps locally."""
+    from dedupkit import build
+    _, client = s3
+    shards, _ = build(tmp_path / "shards", bases=("coffee", "rocket"), variants=("copy", "jpeg_q30"),
+                      alikes=["brick"])
+    here, there = str(tmp_path / "here"), f"s3://{BUCKET}/runs/dedup"
+    for out in (here, there):
+        r = _cli("score", *shards, "--scorer", "hash", "--image-key", "jpg;png", "--out", out, "--device", "cpu",
+                 "--workers", "0", "--no-progress", "--format", "jsonl")
+        assert r.exit_code == 0, r.output
+    a, b = _cli("dedup", here), _cli("dedup", there)
+    assert a.exit_code == b.exit_code == 0, b.output
+    assert a.output.replace(here, "X") == b.output.replace(there, "X")  # the same counts, the bucket named
+    keys = _keys(client, "runs/dedup/dedup/")
+    assert "runs/dedup/dedup/summary.json" in keys and "runs/dedup/.lock.json" not in _keys(client, "runs/dedup/")
+    import pyarrow.parquet as pq
+    marked = []
+    for name in sorted(n for n in os.listdir(os.path.join(here, "dedup")) if n.endswith(".parquet")):
+        local = pq.read_table(os.path.join(here, "dedup", name)).to_pylist()
+        assert pq.read_table(pa_buffer(_get(client, f"runs/dedup/dedup/{name}"))).to_pylist() == local
+        marked += local
+    assert marked and any(not r["survivor"] for r in marked)  # the planted copies were found
+    for k in keys:
+        assert b"wdsfilter-out-" not in _get(client, k), k  # names the bucket, never the staging copy
+    f_here, f_there = _cli("filter", here, "--dedup", "--dry-run"), _cli("filter", there, "--dedup", "--dry-run")
+    assert f_here.exit_code == f_there.exit_code == 0, f_there.output
+    assert f_here.output.replace(here, "X") == f_there.output.replace(there, "X")
+    assert "duplicate" in f_there.output
+
+
+def pa_buffer(data: bytes):
+    import pyarrow as pa
+    return pa.BufferReader(data)

@@ -22,18 +22,25 @@ from .find import NEAR_BITS, SEMANTIC_THRESHOLD
               help="Eval images (a folder of images or WebDataset shards): training rows matching one exactly, "
                    "near or (with the semantic kind: the run's CLIP model is loaded) semantically are marked and "
                    "dropped by `filter --dedup`. Repeatable.")
+@click.option("--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
+              help="An fsspec storage option for a RUN_DIR in a bucket (s3://...; endpoint_url=..., repeatable; "
+                   "VALUE is JSON when it parses). Never written anywhere.")
 @verbosity_options(quiet="Say nothing on success (RUN_DIR/dedup/summary.json has the counts); a run with shards "
                          "left out still says so, on stderr.",
                    verbose="Say more: the largest groups with every member shown, and the seconds of each step.")
-def dedup_command(run_dir, kinds, near_bits, semantic_threshold, evals, quiet, verbose):
+def dedup_command(run_dir, kinds, near_bits, semantic_threshold, evals, storage_options, quiet, verbose):
     """Find duplicate rows of a `wdsfilter score` run (RUN_DIR, either engine) from its hashes
     (--scorer hash) and saved embeddings (--save-embeddings), keep one survivor per group (the
-    highest clip_score, else the first by shard and index) and write RUN_DIR/dedup/. Loads no
-    model, except the run's CLIP to embed --eval images for the semantic kind."""
+    highest clip_score, else the first by shard and index) and write RUN_DIR/dedup/ (RUN_DIR may be
+    in a bucket: s3://...). Loads no model, except the run's CLIP to embed --eval images for the
+    semantic kind."""
+    from ..remote import parse_storage_options, storage_defaults
     from .find import dedup
     level = verbosity(quiet, verbose)
-    result = dedup(run_dir, kinds, near_bits=near_bits, semantic_threshold=semantic_threshold, evals=evals,
-                   echo=click.echo if level else None)
+    options = parse_storage_options(storage_options)
+    with storage_defaults(options, [run_dir]):  # the folder, and the sources its report shows
+        result = dedup(run_dir, kinds, near_bits=near_bits, semantic_threshold=semantic_threshold, evals=evals,
+                       echo=click.echo if level else None, storage_options=options)
     if level:
         click.echo(result.format_text(verbose=level == 2))
     elif result.unfinished:  # -q hides counts, never that part of the run was left out

@@ -77,14 +77,45 @@ class DedupResult:
 
 def dedup(run_dir: str, kinds: Sequence[str] = (), near_bits: int = NEAR_BITS,
           semantic_threshold: float = SEMANTIC_THRESHOLD, evals: Sequence[str] = (),
-          echo: Optional[Callable[[str], None]] = None) -> DedupResult:
+          echo: Optional[Callable[[str], None]] = None, storage_options=None) -> DedupResult:
     """Group duplicates of the kinds asked (default: every kind the run has data for), choose the
-    survivors, mark eval matches, write RUN_DIR/dedup/. Returns the counts."""
+    survivors, mark eval matches, write RUN_DIR/dedup/. Returns the counts. A run folder in a
+    bucket (s3://...) is pulled into a staging copy under its lock object, as `score --out`
+    does (score/outlock.py), deduped there, and its dedup/ uploaded whole before this returns."""
+    from ..remote import is_fsspec_url
+    if is_fsspec_url(run_dir):
+        return _dedup_in_bucket(run_dir, storage_options, dict(kinds=kinds, near_bits=near_bits,
+                                                               semantic_threshold=semantic_threshold,
+                                                               evals=evals, echo=echo))
+    return _dedup(run_dir, kinds, near_bits, semantic_threshold, evals, echo)
+
+
+def _dedup_in_bucket(url: str, storage_options, options: dict) -> DedupResult:
+    from ..remote import filesystem, redact_url
+    from ..runfolder.layout import RUN_JSON
+    from ..score.outlock import RemoteRunFolder
+    fs, path = filesystem(url, storage_options)
+    if not fs.exists(path.rstrip("/") + "/" + RUN_JSON):  # before the lock object is written there
+        raise ConfigError(f"{redact_url(url)} holds no scoring run ({RUN_JSON} is missing); give the --out of a "
+                          f"`wdsfilter score` run")
+    staged = RemoteRunFolder(url, storage_options, command="dedup", option="RUN_DIR")
+    try:
+        staged.start()
+        result = _dedup(staged.local, **options)
+        for name in (SUMMARY, "report.html"):  # they name the bucket's folder, not the staging copy
+            staged.publish_text(os.path.join(staged.local, FOLDER, name))
+        staged.sync()  # RUN_DIR/dedup/ in the bucket before the command reports it
+    except ConfigError as e:
+        raise type(e)(staged.public(str(e))) from None
+    finally:
+        staged.release()
+    result.run_dir, result.folder = url.rstrip("/"), staged.public(result.folder)
+    return result
+
+
+def _dedup(run_dir: str, kinds: Sequence[str], near_bits: int, semantic_threshold: float, evals: Sequence[str],
+           echo: Optional[Callable[[str], None]]) -> DedupResult:
     from . import source
-    from ..remote import is_fsspec_url, redact_url
-    if is_fsspec_url(run_dir):  # it writes RUN_DIR/dedup/ beside the scores: not through a bucket yet
-        raise ConfigError(f"wdsfilter dedup takes a local run folder; copy {redact_url(run_dir)} first "
-                          f"(aws s3 sync URL DIR), then dedup DIR")
     echo = echo or (lambda line: None)
     unknown = [k for k in kinds if k not in KINDS]
     if unknown:

@@ -5,7 +5,7 @@
                             duplicate), kind (exact, near, semantic), survivor, eval_match (null, or
                             "KIND:EVAL IMAGE" it matches)
     dedup/summary.json      settings, groups per kind, rows marked, the largest groups; `shards`:
-                            each score file's size and time, so a dedup older than them is refused
+                            each score file's size, time and sha256, so a dedup older than them is refused
 
 A row is dropped when it matches an eval image ("eval_match") or is not its group's survivor
 ("duplicate"); every other row is kept.
@@ -33,9 +33,30 @@ def drop_reason(survivor, eval_match) -> Optional[str]:
 
 
 def score_file_state(path: str) -> dict:
-    """What the dedup records of a score file, to know it later for the same file."""
+    """What the dedup records of a score file, to know it later for the same file: its size and
+    time, and its sha256 for a copy of the folder (a bucket's run folder read back has other times)."""
     st = os.stat(path)
-    return {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+    return {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": _sha256(path)}
+
+
+def same_score_file(recorded, path: str) -> bool:
+    """Is `path` the score file the dedup recorded? The same size and time, or (a copy) the same
+    size and bytes; the bytes are read only when the time differs."""
+    if not isinstance(recorded, dict):
+        return False
+    st = os.stat(path)
+    if recorded.get("bytes") != st.st_size:
+        return False
+    return recorded.get("mtime_ns") == st.st_mtime_ns or recorded.get("sha256") == _sha256(path)
+
+
+def _sha256(path: str) -> str:
+    import hashlib
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 class DedupMarks:
@@ -58,7 +79,7 @@ class DedupMarks:
             raise damaged(path, "not the summary `wdsfilter dedup` writes; run it again")
         self.summary = summary
         known = self.summary.get("shards", {})
-        stale = [name for name, path in shards if known.get(name) != score_file_state(path)]
+        stale = [name for name, path in shards if not same_score_file(known.get(name), path)]
         if stale:
             raise ConfigError(f"the dedup in {self.folder} is older than the score files of {len(stale)} shard(s) "
                               f"({', '.join(stale[:3])}{' ...' if len(stale) > 3 else ''}); run `wdsfilter dedup "
