@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from filterkit import gnu_tar_shards, run_cli
+from filterkit import REPO, gnu_tar_shards, run_cli
 
 PROC = os.path.isdir("/proc/self")
 
@@ -23,8 +23,9 @@ def test_outputs_in_proc_are_usage_errors_before_any_work(tmp_path):
     r = run_cli("validate", shard, "--output", "/proc/self/status")
     assert r.returncode == 2 and one_line(r.stderr), r.stderr
     out = tmp_path / "out"
-    r = run_cli("score", shard, "--scorer", "tests.scorekit:BrightnessScorer", "--out", str(out),
-                "--write-shards", "/proc/wds", "--device", "cpu")
+    kits = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(REPO, "tests"), REPO]))  # the test scorer
+    r = run_cli("score", shard, "--scorer", "scorekit:BrightnessScorer", "--out", str(out),
+                "--write-shards", "/proc/wds", "--device", "cpu", env=kits)
     assert r.returncode == 2 and one_line(r.stderr) and "--write-shards" in r.stderr, r.stderr
     assert not os.path.exists(out / "scores")  # nothing scored
     r = run_cli("sort-shard", shard, "/proc/nope.tar")

@@ -155,7 +155,10 @@ class OcrScorer(Scorer):
         image = sample.get("image")
         if image is None:
             raise DataError("missing_image", "the OCR scorer needs an image or a video (this sample has neither)")
-        full = getattr(image, "info", {}).get(FULL_SIZE) or getattr(image, "size", None)
+        # a decoded PIL image's size (or the size it had before a reduced-scale decode); an array's
+        # .size is its element count, not a size: its shape says it below
+        full = getattr(image, "info", {}).get(FULL_SIZE) or (None if isinstance(image, np.ndarray)
+                                                              else getattr(image, "size", None))
         frame = self._image_array(image)
         full = tuple(int(v) for v in full) if full else (frame.shape[1], frame.shape[0])
         return OcrInput(frame[None], "image", (), time.perf_counter() - t0, full)
