@@ -97,3 +97,23 @@ def test_watchdog_inside_dataloader_workers(captionless_shards, context):
     """, timeout=240)
     assert "RAISED" in proc.stdout, proc.stderr
     assert "100 samples read" in proc.stdout and "missing_caption" in proc.stdout
+
+
+def test_a_watched_stream_left_open_at_exit_prints_nothing(tmp_path):
+    # A training script that stops iterating leaves the watch generator open; the interpreter
+    # closes it at exit, after `open` is gone: its last tally write must not print a traceback
+    # ("Exception ignored in: <generator object _watch> ... NameError: name 'open'").
+    script = textwrap.dedent(f"""
+        from wdsfilter.stages import _watch
+        from wdsfilter.tally import StatsSink, Tally
+        sink = StatsSink({str(tmp_path)!r})
+        streams = [_watch(iter([{{"__key__": "a"}}, {{"__key__": "b"}}]), Tally(), sink=sink) for _ in range(20)]
+        for stream in streams:
+            next(stream)
+        class Holder:
+            pass
+        Holder.streams = streams
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
