@@ -26,7 +26,7 @@ from typing import List
 
 import click
 
-from .errors import ConfigError, EXIT_CODES_HELP, OutputError
+from .errors import ConfigError, EXIT_CODES_HELP, OutputError, RunError
 from .decompress import compression
 from .progress import verbosity, verbosity_options
 from .reading import ShardTarInfo
@@ -69,8 +69,9 @@ def _plain_tar(src: str, folder: str) -> "tuple[str, bool]":
 
 def sort_shard(src: str, dst: str, rekey: str = "first-dot", storage_options=None) -> SortResult:
     """Write `dst`: the members of `src` (a local path or an s3://, gs://, hf://, http(s):// URL)
-    ordered by (key, extension). Raises ConfigError for a missing or unreadable input and
-    OutputError for an output that cannot be written."""
+    ordered by (key, extension). Raises ConfigError for a missing or unreadable input,
+    OutputError for an output that cannot be written, and RunError (exit 3) when a remote IN's
+    read fails or the object changes while it is read."""
     if rekey not in REKEY_MODES:
         raise ConfigError(f"rekey must be one of {REKEY_MODES}, got {rekey!r}")
     remote = is_remote(src)
@@ -124,16 +125,16 @@ def _sort_remote(src: str, dst: str, rekey: str, storage_options):
         entries, skipped = _index(first, rekey, src)
         version = first.version
     except RemoteReadError as e:
-        raise OutputError(f"reading {src} failed: {e}") from None
+        raise RunError(f"reading {src} failed: {e}") from None
     finally:
         first.close()
     again = _open_remote(src, storage_options, jumps=True)
     try:
         if again.version != version:
-            raise OutputError(f"{src} changed between its two reads (its index, then its copy); run again")
+            raise RunError(f"{src} changed between its two reads (its index, then its copy); run again")
         return _write(again, entries, skipped, dst, src)
     except RemoteReadError as e:
-        raise OutputError(f"reading {src} failed: {e}") from None
+        raise RunError(f"reading {src} failed: {e}") from None
     finally:
         again.close()
 
@@ -148,7 +149,7 @@ def _fetch(src: str, folder: str, storage_options) -> str:
             try:
                 shutil.copyfileobj(stream, out, 1 << 20)
             except OSError as e:
-                raise OutputError(f"reading {src} failed: {e}") from None
+                raise RunError(f"reading {src} failed: {e}") from None
             finally:
                 stream.close()
     except BaseException:
