@@ -39,3 +39,30 @@ def test_sort_shard_of_a_remote_shard_that_changes_while_read_exits_3(web, tmp_p
     assert result.exit_code == 3, result.output
     assert "scattered.tar" in result.output
     assert not os.path.exists(tmp_path / "sorted.tar")
+
+
+def test_a_reshard_that_fails_half_way_closes_and_removes_its_open_shard(tmp_path):
+    """A source that lost a kept key stops the reshard (ReshardError) while the shard the earlier
+    source's samples went to is still open: it is closed and its temporary removed at once, not
+    left open until the interpreter collects it."""
+    import gc
+    import warnings
+
+    from shardkit import image_text_members
+    from wdsfilter.filtering.rename import ReshardError
+    from wdsfilter.filtering.reshard import Resharder, Source
+    a = write_shard(str(tmp_path / "a.tar"), image_text_members(3))
+    b = write_shard(str(tmp_path / "b.tar"), image_text_members(2, start=3))
+    out = tmp_path / "out"
+    writer = Resharder(str(out), per_shard=10)
+    writer.prepare({"run": 1}, overwrite=False, kept=6)
+    sources = [Source(a, ["000000", "000001", "000002"]), Source(b, ["000003", "000004", "000009"])]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        with pytest.raises(ReshardError, match="000009") as failed:
+            writer.write(sources)
+        # the traceback (which holds the writer's frame) is alive: nothing may wait for it to go
+        assert sorted(os.listdir(out)) == ["filter_run.json"]
+        del failed
+        gc.collect()
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)]

@@ -198,20 +198,25 @@ class Resharder:
         n = self.per_shard
         pos = 0
         current: Optional[_OpenShard] = None
-        for group in self._groups(sources):
-            count = sum(len(source.keys) for source in group)
-            touched = range(pos // n, (pos + count - 1) // n + 1) if count else range(0)
-            if any(t not in whole for t in touched):
-                for j, (source, sample) in zip(range(pos, pos + count), self._in_turn(group)):
-                    t = j // n
-                    if t in whole:
-                        continue
-                    if current is None or current.index != t:
-                        if current is not None:
-                            self._close(current)
-                        current = _OpenShard(self.out, self.prefix, t)
-                    current.add(source.url, sample, f"{j:09d}" if self.unique_keys else None)
-            pos += count
+        try:
+            for group in self._groups(sources):
+                count = sum(len(source.keys) for source in group)
+                touched = range(pos // n, (pos + count - 1) // n + 1) if count else range(0)
+                if any(t not in whole for t in touched):
+                    for j, (source, sample) in zip(range(pos, pos + count), self._in_turn(group)):
+                        t = j // n
+                        if t in whole:
+                            continue
+                        if current is None or current.index != t:
+                            if current is not None:
+                                self._close(current)
+                            current = _OpenShard(self.out, self.prefix, t)
+                        current.add(source.url, sample, f"{j:09d}" if self.unique_keys else None)
+                pos += count
+        except BaseException:
+            if current is not None:  # closed and its temporary removed now, not when collected
+                current.abort()
+            raise
         if current is not None:
             self._close(current)
         sizes = {shard_name(self.prefix, t): min(n, pos - t * n) for t in range(-(-pos // n))}
@@ -330,6 +335,7 @@ class _OpenShard:
         self.samples = self.members = self.bytes = 0
         self.sources: Dict[str, int] = {}
         self.fields: Dict[str, int] = {}  # member extension -> samples that have it (the dataset card)
+        self._finished = False  # closed (renamed into place) or aborted (removed)
 
     def add(self, url: str, sample: _Member, new_key: Optional[str] = None) -> None:
         members, written = sample.copy_to(self.file, new_key, url)
@@ -340,11 +346,24 @@ class _OpenShard:
         for field in dict.fromkeys(sample.fields):
             self.fields[field] = self.fields.get(field, 0) + 1
 
+    def abort(self) -> None:
+        """The run failed while this shard was open: close it and remove its temporary (once)."""
+        if self._finished:
+            return
+        self._finished = True
+        self.file.close()
+        self._temporary.__exit__(RuntimeError, RuntimeError("reshard failed"), None)
+
     def close(self) -> None:
-        end = 2 * BLOCK + (-(self.bytes + 2 * BLOCK)) % RECORD  # end-of-archive blocks, padded to a record
-        self.file.write(b"\0" * end)
-        self.file.flush()
-        os.fsync(self.file.fileno())  # whole on disk before the stats file says so
+        try:
+            end = 2 * BLOCK + (-(self.bytes + 2 * BLOCK)) % RECORD  # end-of-archive blocks, padded to a record
+            self.file.write(b"\0" * end)
+            self.file.flush()
+            os.fsync(self.file.fileno())  # whole on disk before the stats file says so
+        except BaseException:
+            self.abort()
+            raise
+        self._finished = True
         self.file.close()
         self._temporary.__exit__(None, None, None)
         write_shard_stats(self.folder, os.path.basename(self.path), self.samples, self.members, self.sources,
