@@ -66,3 +66,25 @@ def test_a_reshard_that_fails_half_way_closes_and_removes_its_open_shard(tmp_pat
         del failed
         gc.collect()
     assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
+
+
+@pytest.mark.parametrize("unique_keys", [False, True])
+def test_a_source_cut_inside_a_kept_member_is_named_with_its_sample(tmp_path, unique_keys):
+    """A source shard that ends inside a member the score file keeps (a cut copy, a shard rewritten
+    since; no marker to compare with) stops the reshard with one line naming the shard, the sample
+    and what to do, as stored or renamed (--unique-keys)."""
+    from shardkit import image_text_members
+    from wdsfilter.filtering.rename import ReshardError
+    from wdsfilter.filtering.reshard import Resharder, Source
+    path = write_shard(str(tmp_path / "cut.tar"), image_text_members(3))
+    import tarfile
+    with tarfile.open(path) as tar:
+        last = tar.getmembers()[-1]  # 000002.txt: its header kept, its data cut short
+    with open(path, "r+b") as f:
+        f.truncate(last.offset_data + 5)
+    writer = Resharder(str(tmp_path / "out"), per_shard=10, unique_keys=unique_keys)
+    writer.prepare({"run": 1}, overwrite=False, kept=3)
+    with pytest.raises(ReshardError) as failed:
+        writer.write([Source(path, ["000000", "000001", "000002"])])
+    message = str(failed.value)
+    assert "\n" not in message and path in message and "000002" in message and "score it again" in message and "ends inside a member" in message

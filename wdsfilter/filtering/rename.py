@@ -31,6 +31,14 @@ class ReshardError(RunError):
     """A source shard does not match its score file any more: the run cannot go on."""
 
 
+class SourceCut(ReshardError):
+    """The source ends inside a member it held when it was scored; the copy of the sample
+    (reshard._Member.copy_to) says which shard and sample."""
+
+    def __init__(self):
+        super().__init__("the shard ends inside a member it held when it was scored")
+
+
 class Headers:
     """Member headers of an open source, parsed where a member starts (long names and pax
     headers included). Parsing only moves forward from where the copy is, so a compressed
@@ -55,7 +63,7 @@ class Headers:
         self.tar.members = []  # one header held at a time
         info = self.tar.next()
         if info is None:
-            raise ReshardError("a source shard ended inside a member it held when it was scored")
+            raise SourceCut()
         return info
 
 
@@ -67,7 +75,7 @@ def copy_range(src, start: int, end: int, out) -> int:
     while left:
         data = src.read(min(left, COPY_CHUNK))
         if not data:
-            raise ReshardError("a source shard ended inside a member it held when it was scored")
+            raise SourceCut()
         out.write(data)
         left -= len(data)
     return end - start
@@ -117,7 +125,7 @@ def _with_origin(data: bytes, origin: dict) -> bytes:
 def _read(src, size: int) -> bytes:
     data = src.read(size)
     if len(data) != size:
-        raise ReshardError("a source shard ended inside a member it held when it was scored")
+        raise SourceCut()
     return data
 
 

@@ -37,7 +37,7 @@ from ..shards import is_pipe, is_remote
 from ..shardstats import SIZES, stats_path, update_sizes, write_shard_stats
 from ..writing import atomic_path
 from .hfcard import CARD, write_card
-from .rename import Headers, ReshardError, copy_range, copy_renamed
+from .rename import Headers, ReshardError, SourceCut, copy_range, copy_renamed
 
 RUN_FILE = "filter_run.json"
 REPORT = "report.html"  # filter's report goes beside its shards (run.default_report): a file of ours
@@ -317,13 +317,18 @@ class _Member:
 
     def copy_to(self, out, new_key: Optional[str] = None, url: str = "") -> Tuple[int, int]:
         """Copy the members, as stored, or renamed to `new_key` (rename.py); (members, bytes written)."""
-        if new_key is not None:
-            return copy_renamed(self.src, self.headers, [(s, e) for s, e, _ in self.ranges], self.rekey, new_key,
-                                self.key, url, out)
-        written = 0
-        for start, end, _ in self.ranges:
-            written += copy_range(self.src, start, end, out)
-        return len(self.ranges), written
+        try:
+            if new_key is not None:
+                return copy_renamed(self.src, self.headers, [(s, e) for s, e, _ in self.ranges], self.rekey, new_key,
+                                    self.key, url, out)
+            written = 0
+            for start, end, _ in self.ranges:
+                written += copy_range(self.src, start, end, out)
+            return len(self.ranges), written
+        except SourceCut:
+            raise ReshardError(f"source shard {url} ends inside a member of sample {self.key!r}, which its score "
+                               f"file keeps: the shard was cut or changed since it was scored; restore it, or "
+                               f"score it again") from None
 
 
 class _OpenShard:
