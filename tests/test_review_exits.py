@@ -88,3 +88,25 @@ def test_a_source_cut_inside_a_kept_member_is_named_with_its_sample(tmp_path, un
         writer.write([Source(path, ["000000", "000001", "000002"])])
     message = str(failed.value)
     assert "\n" not in message and path in message and "000002" in message and "score it again" in message and "ends inside a member" in message
+
+
+def test_reshard_errors_never_show_a_source_urls_password_or_query(web, tmp_path):
+    """A source URL's user:password@ and query string (a presigned signature) stay out of the
+    reshard's error lines, as out of every other message (remote.redact_url)."""
+    from shardkit import image_text_members
+    from wdsfilter.filtering.rename import ReshardError
+    from wdsfilter.filtering.reshard import Resharder, Source
+    path = write_shard(str(tmp_path / "a.tar"), image_text_members(2))
+    # (the test server keeps the object under its path and query)
+    url = web.put("a.tar?sig=t0ken", open(path, "rb").read()).replace("http://", "http://reader:s3cret@")
+    writer = Resharder(str(tmp_path / "out"), per_shard=10, allow_remote=True)
+    writer.prepare({"run": 1}, overwrite=False, kept=3)
+    with pytest.raises(ReshardError) as failed:
+        writer.write([Source(url, ["000000", "000001", "000007"])])
+    message = str(failed.value)
+    assert "000007" in message and "a.tar" in message
+    assert "s3cret" not in message and "t0ken" not in message
+    # and the written shards' _stats.json (published with them) name the source the same way
+    writer.write([Source(url, ["000000", "000001"])])
+    written = "".join(open(os.path.join(tmp_path, "out", f), errors="replace").read() for f in os.listdir(tmp_path / "out"))
+    assert "a.tar" in written and "s3cret" not in written and "t0ken" not in written

@@ -90,7 +90,7 @@ def copy_renamed(src, headers: Headers, ranges: List[Tuple[int, int]], rekey: st
     for start, _ in ranges:
         info = headers.at(start)
         if info.issparse():
-            raise ReshardError(f"member {info.name!r} of {url} is a sparse file, which --unique-keys cannot rename; "
+            raise ReshardError(f"member {info.name!r} of {origin['source_shard']} is a sparse file, which --unique-keys cannot rename; "
                                f"write the shards without --unique-keys")
         ext = split_name(info.name, rekey)[1] or ""
         first = first or info

@@ -32,6 +32,7 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 from ..errors import ConfigError
 from ..atomic import write_json as _atomic_json
 from ..runfolder import source_changed
+from ..remote import redact_url
 from ..score.shardwriter import BLOCK, RECORD, _local_copy, member_ranges, streamed_source, streams, tar_opener
 from ..shards import is_pipe, is_remote
 from ..shardstats import SIZES, stats_path, update_sizes, write_shard_stats
@@ -295,7 +296,7 @@ class Resharder:
             last = key
         missing = [k for k in source.keys if k not in groups]
         if missing:
-            raise ReshardError(f"source shard {source.url} has no member with key {missing[0]!r} although its score "
+            raise ReshardError(f"source shard {redact_url(source.url)} has no member with key {missing[0]!r} although its score "
                                f"file keeps it ({len(missing)} such key(s)): the shard changed after scoring; "
                                f"score it again")
         headers = Headers(src) if self.unique_keys else None
@@ -326,7 +327,7 @@ class _Member:
                 written += copy_range(self.src, start, end, out)
             return len(self.ranges), written
         except SourceCut:
-            raise ReshardError(f"source shard {url} ends inside a member of sample {self.key!r}, which its score "
+            raise ReshardError(f"source shard {redact_url(url)} ends inside a member of sample {self.key!r}, which its score "
                                f"file keeps: the shard was cut or changed since it was scored; restore it, or "
                                f"score it again") from None
 
@@ -347,7 +348,8 @@ class _OpenShard:
         self.samples += 1
         self.members += members
         self.bytes += written
-        self.sources[url] = self.sources.get(url, 0) + 1
+        shown = redact_url(url)  # _stats.json is published with the shards: no password, no signed query
+        self.sources[shown] = self.sources.get(shown, 0) + 1
         for field in dict.fromkeys(sample.fields):
             self.fields[field] = self.fields.get(field, 0) + 1
 
