@@ -41,7 +41,7 @@ from .hfcard import CARD, write_card
 from .rename import Headers, ReshardError, SourceCut, copy_range, copy_renamed
 
 RUN_FILE = "filter_run.json"
-REPORT = "report.html"  # filter's report goes beside its shards (run.default_report): a file of ours
+REPORT = "report.html"  # filter's report goes beside its shards (apply.default_report): a file of ours
 
 
 @dataclass
