@@ -32,10 +32,7 @@ from .progress import verbosity, verbosity_options
 from .reading import ShardTarInfo
 from .shards import is_remote, open_shard
 from .specs import REKEY_MODES, split_name
-from .writing import check_output_file, atomic_path
-
-BLOCK, RECORD = 512, 10240  # tar's block and record sizes: an archive ends in two zero blocks, padded
-COPY_CHUNK = 1 << 20
+from .writing import atomic_path, check_output_file, copy_range, tar_end
 
 
 @dataclass
@@ -210,17 +207,12 @@ def _write(f, entries: List[tuple], skipped: int, dst: str, src: str) -> SortRes
         with (gzip.GzipFile(tmp, "wb", mtime=0) if dst.endswith((".tar.gz", ".tgz")) else open(tmp, "wb")) as out:
             for j in order:
                 _, start, end = entries[j]
-                f.seek(start)
-                left = end - start
-                while left:
-                    data = f.read(min(left, COPY_CHUNK))
-                    if not data:
-                        raise ConfigError(f"{src!r} ends inside a member; run `wdsfilter validate {src}` to see "
-                                          f"what is wrong with it")
-                    out.write(data)
-                    left -= len(data)
-                written += end - start
-            out.write(b"\0" * (2 * BLOCK + (-(written + 2 * BLOCK)) % RECORD))  # end of archive, padded
+                try:
+                    written += copy_range(f, start, end, out)
+                except EOFError:
+                    raise ConfigError(f"{src!r} ends inside a member; run `wdsfilter validate {src}` to see "
+                                      f"what is wrong with it") from None
+            out.write(tar_end(written))
     keys = len({e[0][1] for e in entries if not e[0][0]})
     return SortResult(members=len(entries), keys=keys, moved=moved, skipped=skipped, scattered=len(scattered),
                       bytes=written)

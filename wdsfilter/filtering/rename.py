@@ -20,10 +20,9 @@ from typing import List, Optional, Tuple
 
 from ..errors import RunError
 from ..reading import ShardTarInfo
-from ..score.shardwriter import BLOCK
 from ..specs import split_name
+from ..writing import TAR_BLOCK as BLOCK, copy_range as _copy_range
 
-COPY_CHUNK = 1 << 20
 JSON_LIMIT = 16 << 20  # a .json bigger than this is copied as it is (never read whole)
 
 
@@ -68,17 +67,11 @@ class Headers:
 
 
 def copy_range(src, start: int, end: int, out) -> int:
-    """Copy src[start:end] to out; the bytes copied."""
-    if src.tell() != start:
-        src.seek(start)
-    left = end - start
-    while left:
-        data = src.read(min(left, COPY_CHUNK))
-        if not data:
-            raise SourceCut()
-        out.write(data)
-        left -= len(data)
-    return end - start
+    """Copy src[start:end] to out (writing.copy_range); SourceCut where the source ends first."""
+    try:
+        return _copy_range(src, start, end, out)
+    except EOFError:
+        raise SourceCut() from None
 
 
 def copy_renamed(src, headers: Headers, ranges: List[Tuple[int, int]], rekey: str, new_key: str, old_key: str,

@@ -33,10 +33,10 @@ from ..errors import ConfigError
 from ..atomic import write_json as _atomic_json
 from ..runfolder import source_changed
 from ..remote import redact_url
-from ..score.shardwriter import BLOCK, RECORD, _local_copy, member_ranges, streamed_source, streams, tar_opener
+from ..score.shardwriter import _local_copy, member_ranges, streamed_source, streams, tar_opener
 from ..shards import is_pipe, is_remote
 from ..shardstats import SIZES, stats_path, update_sizes, write_shard_stats
-from ..writing import atomic_path
+from ..writing import atomic_path, tar_end
 from .hfcard import CARD, write_card
 from .rename import Headers, ReshardError, SourceCut, copy_range, copy_renamed
 
@@ -363,8 +363,7 @@ class _OpenShard:
 
     def close(self) -> None:
         try:
-            end = 2 * BLOCK + (-(self.bytes + 2 * BLOCK)) % RECORD  # end-of-archive blocks, padded to a record
-            self.file.write(b"\0" * end)
+            self.file.write(tar_end(self.bytes))
             self.file.flush()
             os.fsync(self.file.fileno())  # whole on disk before the stats file says so
         except BaseException:

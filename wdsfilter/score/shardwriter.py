@@ -31,9 +31,7 @@ from ..decompress import compression, open_layers
 from ..reading import ShardTarInfo
 from ..specs import split_name
 
-BLOCK = 512
-RECORD = 20 * BLOCK  # tar's record size: archives are padded to a multiple of it
-COPY_CHUNK = 1 << 20
+from ..writing import COPY_CHUNK, tar_end
 
 
 class _GzipNoName(gzip.GzipFile):
@@ -236,7 +234,5 @@ def _copy_ranges(src, out, preamble_end: int, ranges, keep: set) -> Tuple[int, i
         if key not in seen_keys:
             seen_keys.add(key)
             samples += 1
-    end_blocks = 2 * BLOCK
-    pad = (-(written + end_blocks)) % RECORD
-    out.write(b"\0" * (end_blocks + pad))
+    out.write(tar_end(written))
     return members, samples
