@@ -110,3 +110,13 @@ def test_reshard_errors_never_show_a_source_urls_password_or_query(web, tmp_path
     writer.write([Source(url, ["000000", "000001"])])
     written = "".join(open(os.path.join(tmp_path, "out", f), errors="replace").read() for f in os.listdir(tmp_path / "out"))
     assert "a.tar" in written and "s3cret" not in written and "t0ken" not in written
+
+
+def test_sort_shard_errors_never_show_the_urls_password_or_query(web, tmp_path):
+    path = _scattered(tmp_path / "scattered.tar")
+    other = open(_scattered(tmp_path / "other.tar", "other"), "rb").read()
+    url = web.put("s.tar?sig=t0ken", open(path, "rb").read()).replace("http://", "http://reader:s3cret@")
+    web.fail("s.tar?sig=t0ken", ("short", 2048), ("replace", other))
+    result = CliRunner().invoke(main, ["sort-shard", url, str(tmp_path / "sorted.tar")])
+    assert result.exit_code == 3 and "s.tar" in result.output, result.output
+    assert "s3cret" not in result.output and "t0ken" not in result.output

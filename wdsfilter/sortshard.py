@@ -30,6 +30,7 @@ from .errors import ConfigError, EXIT_CODES_HELP, OutputError, RunError
 from .decompress import compression
 from .progress import verbosity, verbosity_options
 from .reading import ShardTarInfo
+from .remote import redact_url
 from .shards import is_remote, open_shard
 from .specs import REKEY_MODES, split_name
 from .writing import atomic_path, check_output_file, copy_range, tar_end
@@ -87,7 +88,7 @@ def sort_shard(src: str, dst: str, rekey: str = "first-dot", storage_options=Non
     try:
         plain, temporary = _plain_tar(fetched or src, folder)
         try:
-            return _rewrite(plain, dst, rekey, src)
+            return _rewrite(plain, dst, rekey, redact_url(src) if remote else src)
         finally:
             if temporary:
                 os.remove(plain)
@@ -107,7 +108,7 @@ def _open_remote(src: str, storage_options, jumps: bool = False):
     try:
         return open_shard(src, remote=options)
     except OSError as e:
-        raise ConfigError(f"cannot read {src}: {e}") from None
+        raise ConfigError(f"cannot read {redact_url(src)}: {e}") from None
 
 
 def _sort_remote(src: str, dst: str, rekey: str, storage_options):
@@ -119,19 +120,19 @@ def _sort_remote(src: str, dst: str, rekey: str, storage_options):
     try:
         if compression(first.peek(6)[:6]) is not None:
             return None
-        entries, skipped = _index(first, rekey, src)
+        entries, skipped = _index(first, rekey, redact_url(src))
         version = first.version
     except RemoteReadError as e:
-        raise RunError(f"reading {src} failed: {e}") from None
+        raise RunError(f"reading {redact_url(src)} failed: {e}") from None
     finally:
         first.close()
     again = _open_remote(src, storage_options, jumps=True)
     try:
         if again.version != version:
-            raise RunError(f"{src} changed between its two reads (its index, then its copy); run again")
-        return _write(again, entries, skipped, dst, src)
+            raise RunError(f"{redact_url(src)} changed between its two reads (its index, then its copy); run again")
+        return _write(again, entries, skipped, dst, redact_url(src))
     except RemoteReadError as e:
-        raise RunError(f"reading {src} failed: {e}") from None
+        raise RunError(f"reading {redact_url(src)} failed: {e}") from None
     finally:
         again.close()
 
@@ -146,7 +147,7 @@ def _fetch(src: str, folder: str, storage_options) -> str:
             try:
                 shutil.copyfileobj(stream, out, 1 << 20)
             except OSError as e:
-                raise RunError(f"reading {src} failed: {e}") from None
+                raise RunError(f"reading {redact_url(src)} failed: {e}") from None
             finally:
                 stream.close()
     except BaseException:
@@ -240,7 +241,7 @@ def sort_shard_command(src, dst, rekey, storage_options, quiet, verbose):
         click.echo(f"wdsfilter sort-shard: wrote {dst}: {result.members} member(s) of {result.keys} key(s), "
                    f"{result.moved} moved" + (f", {result.skipped} non-file member(s) left out" if result.skipped else ""))
     if level >= 2:
-        click.echo(f"  {result.scattered} of {result.keys} key(s) had members scattered through {src}; "
+        click.echo(f"  {result.scattered} of {result.keys} key(s) had members scattered through {redact_url(src)}; "
                    f"{result.bytes} bytes of members (headers included) copied")
 
 
