@@ -120,3 +120,29 @@ def test_sort_shard_errors_never_show_the_urls_password_or_query(web, tmp_path):
     result = CliRunner().invoke(main, ["sort-shard", url, str(tmp_path / "sorted.tar")])
     assert result.exit_code == 3 and "s.tar" in result.output, result.output
     assert "s3cret" not in result.output and "t0ken" not in result.output
+
+
+def test_filter_from_a_bucket_resumes_its_shards_from_any_working_folder(tmp_path, monkeypatch):
+    """filter's record of what the shards were made from names a score folder in a bucket by its
+    URL: the same command run from another working folder resumes (the shards are whole) instead
+    of refusing them as 'filtered with other settings' (os.path.abspath('s3://...') depends on
+    the working folder)."""
+    pytest.importorskip("moto")
+    pytest.importorskip("s3fs")
+    from remotekit import BUCKET, s3_server
+    from scorekit import make_shards
+    monkeypatch.setenv("WDSFILTER_CACHE", str(tmp_path / "cache"))
+    shards, _ = make_shards(str(tmp_path / "src"), [6])
+    with s3_server():
+        run = f"s3://{BUCKET}/runs/cwd"
+        r = CliRunner().invoke(main, ["score", shards[0], "--scorer", "scorekit:BrightnessScorer", "--out", run,
+                                      "--device", "cpu", "--workers", "0", "--no-progress", "--format", "jsonl"])
+        assert r.exit_code == 0, r.output
+        out = str(tmp_path / "kept")
+        for cwd in ("a", "b"):
+            os.makedirs(tmp_path / cwd)
+            monkeypatch.chdir(tmp_path / cwd)
+            r = CliRunner().invoke(main, ["filter", run, "--min", "brightness=0.3", "--write-shards", out,
+                                          "--no-report"])
+            assert r.exit_code == 0, r.output
+        assert "already whole" in r.output

@@ -212,7 +212,8 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
         stage = run.stage
         writer = Resharder(write_shards, samples_per_shard, prefix, stage.get("rekey", "first-dot"), allow_pipe,
                            allow_remote, stream_idle_seconds, shard_echo, unique_keys, interleave)
-        identity = {"scores": os.path.abspath(scores_dir), "thresholds": [[t.column, t.minimum, t.value] for t in thresholds],
+        from ..remote import is_fsspec_url  # a bucket's folder by its URL (abspath would add the working folder)
+        identity = {"scores": scores_dir if is_fsspec_url(scores_dir) else os.path.abspath(scores_dir), "thresholds": [[t.column, t.minimum, t.value] for t in thresholds],
                     **({"dedup": marks.summary.get("settings")} if marks is not None else {}),
                     "samples_per_shard": samples_per_shard, "prefix": prefix, **writer.layout(),
                     "sources": [s.url for s in run.shards],
