@@ -100,7 +100,7 @@ def copy_renamed(src, headers: Headers, ranges: List[Tuple[int, int]], rekey: st
         written += _pad(out, info.size)
         members += 1
     if not has_json:
-        written += _add(out, f"{new_key}.json", json.dumps(origin, ensure_ascii=False).encode(), first)
+        written += _add(out, f"{new_key}.json", _json_bytes(origin), first)
         members += 1
     return members, written
 
@@ -112,7 +112,16 @@ def _with_origin(data: bytes, origin: dict) -> bytes:
         return data
     if not isinstance(meta, dict):
         return data
-    return json.dumps({**meta, **origin}, ensure_ascii=False).encode()
+    return _json_bytes({**meta, **origin})
+
+
+def _json_bytes(value) -> bytes:
+    """UTF-8 JSON; text that is not valid Unicode (a lone surrogate: a caption cut inside an
+    emoji's escape pair) is written as its \\u escape, as the source had it."""
+    try:
+        return json.dumps(value, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return json.dumps(value).encode()
 
 
 def _read(src, size: int) -> bytes:
