@@ -169,3 +169,23 @@ def test_unique_keys_renames_samples_whose_text_is_not_valid_unicode(tmp_path):
     assert metas["000000000.json"] == {"caption": "cut \ud83d", "uid": "u0", "source_key": "000000",
                                        "source_shard": path}
     assert metas["000000001.json"] == {"source_key": "caf\\xe9", "source_shard": path}
+
+
+def test_score_keeps_a_sample_whose_json_text_is_not_valid_unicode(tmp_path):
+    """The score file's caption, url and uid columns (rows.sample_text): a .json whose url or
+    caption holds a lone surrogate escape (a caption cut inside an emoji's pair) is written with
+    that escape as text, not a UnicodeEncodeError that fails the shard."""
+    import json
+
+    from shardkit import image_bytes
+    members = [("a.jpg", image_bytes()), ("a.txt", "fine"),
+               ("b.jpg", image_bytes()), ("b.txt", "also fine"),
+               ("b.json", b'{"url": "http://x/cut-\\ud83d", "uid": "u\\udce9"}')]
+    shard = write_shard(str(tmp_path / "odd-0000.tar"), members)
+    out = str(tmp_path / "scores")
+    r = CliRunner().invoke(main, ["score", shard, "--scorer", "scorekit:BrightnessScorer", "--out", out,
+                                  "--device", "cpu", "--workers", "0", "--no-progress", "--format", "jsonl"])
+    assert r.exit_code == 0, r.output
+    rows = {row["key"]: row for row in map(json.loads, open(os.path.join(out, "scores", "odd-0000.jsonl")))}
+    assert rows["b"]["status"] == "scored" and rows["b"]["url"] == "http://x/cut-\\ud83d"
+    assert rows["b"]["uid"] == "u\\udce9" and rows["a"]["url"] is None

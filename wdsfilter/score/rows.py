@@ -45,14 +45,20 @@ def sample_text(sample: dict) -> Dict[str, Optional[str]]:
     tokens cleaned, as the scorers get it), the url and uid of its .json where it has them
     (img2dataset: url, and uid with its --save_additional_columns; DataComp: uid, url). A value
     that is not text (a uid given as a number is written as its digits) or a json that is not an
-    object gives None. Each is cut at TEXT_LIMIT characters (docs/score.md)."""
+    object gives None. Each is cut at TEXT_LIMIT characters (docs/score.md); a lone surrogate is
+    written as its \\u escape."""
     meta = sample.get("json")
     meta = meta if isinstance(meta, dict) else {}
 
     def text(value) -> Optional[str]:
         if isinstance(value, int) and not isinstance(value, bool):
             value = str(value)
-        return value[:TEXT_LIMIT] if isinstance(value, str) else None
+        if not isinstance(value, str):
+            return None
+        value = value[:TEXT_LIMIT]
+        # a lone surrogate (a JSON "\ud83d": a caption cut inside an emoji's pair) is no UTF-8, which
+        # every score file writer needs: written as its escape, as the .json had it
+        return value if value.isascii() else value.encode("utf-8", "backslashreplace").decode("utf-8")
     return {"caption": text(sample.get("caption")), "url": text(meta.get("url")), "uid": text(meta.get("uid"))}
 
 
