@@ -174,7 +174,8 @@ def test_unique_keys_renames_samples_whose_text_is_not_valid_unicode(tmp_path):
 def test_score_keeps_a_sample_whose_json_text_is_not_valid_unicode(tmp_path):
     """The score file's caption, url and uid columns (rows.sample_text): a .json whose url or
     caption holds a lone surrogate escape (a caption cut inside an emoji's pair) is written with
-    that escape as text, not a UnicodeEncodeError that fails the shard."""
+    U+FFFD in its place, as the caption is (specs.no_lone_surrogates), not a UnicodeEncodeError
+    that fails the run."""
     import json
 
     from shardkit import image_bytes
@@ -187,5 +188,5 @@ def test_score_keeps_a_sample_whose_json_text_is_not_valid_unicode(tmp_path):
                                   "--device", "cpu", "--workers", "0", "--no-progress", "--format", "jsonl"])
     assert r.exit_code == 0, r.output
     rows = {row["key"]: row for row in map(json.loads, open(os.path.join(out, "scores", "odd-0000.jsonl")))}
-    assert rows["b"]["status"] == "scored" and rows["b"]["url"] == "http://x/cut-\\ud83d"
-    assert rows["b"]["uid"] == "u\\udce9" and rows["a"]["url"] is None
+    assert rows["b"]["status"] == "scored" and rows["b"]["url"] == "http://x/cut-\ufffd"
+    assert rows["b"]["uid"] == "u\ufffd" and rows["a"]["url"] is None

@@ -27,6 +27,7 @@ from .ledger import row_entries, write_shard_failures
 from .scorers.base import NOTES
 from ..runfolder.tables import BASE_FIELDS, STATUSES, write_table  # noqa: F401 - the fields are the score file's schema
 from ..runfolder.tables import TEXT_FIELDS
+from ..specs import no_lone_surrogates
 from ..shardstats import update_sizes, write_shard_stats
 from .shardwriter import write_filtered
 
@@ -45,8 +46,8 @@ def sample_text(sample: dict) -> Dict[str, Optional[str]]:
     tokens cleaned, as the scorers get it), the url and uid of its .json where it has them
     (img2dataset: url, and uid with its --save_additional_columns; DataComp: uid, url). A value
     that is not text (a uid given as a number is written as its digits) or a json that is not an
-    object gives None. Each is cut at TEXT_LIMIT characters (docs/score.md); a lone surrogate is
-    written as its \\u escape."""
+    object gives None. Each is cut at TEXT_LIMIT characters (docs/score.md); a lone surrogate becomes
+    U+FFFD (specs.no_lone_surrogates, as for the caption)."""
     meta = sample.get("json")
     meta = meta if isinstance(meta, dict) else {}
 
@@ -55,10 +56,7 @@ def sample_text(sample: dict) -> Dict[str, Optional[str]]:
             value = str(value)
         if not isinstance(value, str):
             return None
-        value = value[:TEXT_LIMIT]
-        # a lone surrogate (a JSON "\ud83d": a caption cut inside an emoji's pair) is no UTF-8, which
-        # every score file writer needs: written as its escape, as the .json had it
-        return value if value.isascii() else value.encode("utf-8", "backslashreplace").decode("utf-8")
+        return no_lone_surrogates(value[:TEXT_LIMIT])  # a JSON "\ud83d" no score file writer takes
     return {"caption": text(sample.get("caption")), "url": text(meta.get("url")), "uid": text(meta.get("uid"))}
 
 
