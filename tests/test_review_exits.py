@@ -190,3 +190,28 @@ def test_score_keeps_a_sample_whose_json_text_is_not_valid_unicode(tmp_path):
     rows = {row["key"]: row for row in map(json.loads, open(os.path.join(out, "scores", "odd-0000.jsonl")))}
     assert rows["b"]["status"] == "scored" and rows["b"]["url"] == "http://x/cut-\ufffd"
     assert rows["b"]["uid"] == "u\ufffd" and rows["a"]["url"] is None
+
+
+def test_a_bucket_gets_sizes_json_and_stats_only_after_the_shards_they_count(tmp_path):
+    """An output folder mirrored to a bucket (filter/score --write-shards s3://...): in each round
+    the shards go up before the `_stats.json` and `sizes.json` that count them, whatever their
+    names sort as ('train-...' after 'sizes.json'); an upload that fails leaves no sizes.json
+    naming a shard the bucket lacks."""
+    pytest.importorskip("moto")
+    pytest.importorskip("s3fs")
+    from remotekit import BUCKET, FailingProxy, s3_server
+    from wdsfilter.remote import RemoteOutputError
+    from wdsfilter.remote_out import RemoteFolder
+    staging = tmp_path / "staging"
+    os.makedirs(staging)
+    (staging / "train-000000.tar").write_bytes(b"\0" * 10240)
+    (staging / "train-000000_stats.json").write_text('{"successes": 1}')
+    (staging / "sizes.json").write_text('{"train-000000.tar": 1}')
+    with s3_server() as (endpoint, client):
+        options = {"config_kwargs": {"retries": {"max_attempts": 1}}}
+        with FailingProxy(endpoint, "train-000000.tar") as proxy:
+            folder = RemoteFolder(f"s3://{BUCKET}/kept", dict(options, endpoint_url=proxy.url), str(staging))
+            with pytest.raises(RemoteOutputError, match="train-000000.tar"):
+                folder.sync()
+        listed = client.list_objects_v2(Bucket=BUCKET, Prefix="kept/").get("Contents", [])
+        assert [o["Key"] for o in listed] == []
