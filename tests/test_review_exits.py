@@ -215,3 +215,22 @@ def test_a_bucket_gets_sizes_json_and_stats_only_after_the_shards_they_count(tmp
                 folder.sync()
         listed = client.list_objects_v2(Bucket=BUCKET, Prefix="kept/").get("Contents", [])
         assert [o["Key"] for o in listed] == []
+
+
+def test_dedup_of_a_bucket_folder_rejects_its_options_before_taking_the_folder(tmp_path, monkeypatch):
+    """A configuration error answers at once (exit 2) for a RUN_DIR in a bucket too: an unknown kind
+    is named before the lock object is written and the folder pulled (a store that refuses the
+    lock would otherwise be the error the user sees)."""
+    pytest.importorskip("moto")
+    pytest.importorskip("s3fs")
+    from remotekit import BUCKET, FailingProxy, s3_server
+    from wdsfilter.dedup import dedup
+    from wdsfilter.errors import ConfigError
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    with s3_server() as (endpoint, client):
+        client.put_object(Bucket=BUCKET, Key="runs/d/run.json", Body=b"{}")
+        options = {"config_kwargs": {"retries": {"max_attempts": 1}}}
+        with FailingProxy(endpoint, ".lock.json") as proxy:
+            with pytest.raises(ConfigError, match="unknown dedup kind"):
+                dedup(f"s3://{BUCKET}/runs/d", kinds=["nearish"], storage_options=dict(options, endpoint_url=proxy.url))
+            assert proxy.failed == 0  # no lock object was asked for
