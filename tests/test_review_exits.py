@@ -234,3 +234,23 @@ def test_dedup_of_a_bucket_folder_rejects_its_options_before_taking_the_folder(t
             with pytest.raises(ConfigError, match="unknown dedup kind"):
                 dedup(f"s3://{BUCKET}/runs/d", kinds=["nearish"], storage_options=dict(options, endpoint_url=proxy.url))
             assert proxy.failed == 0  # no lock object was asked for
+
+
+def test_filter_outputs_never_hold_a_source_urls_password_or_query(web, tmp_path):
+    """filter --write-shards from a score run whose sources are URLs with user:password@: nothing
+    in OUT (the shards' _stats.json, filter_run.json, the card) holds it."""
+    from scorekit import make_shards
+    [path], _ = make_shards(str(tmp_path / "src"), [5])
+    url = web.put("shard-0000.tar", open(path, "rb").read()).replace("http://", "http://reader:s3cret@")
+    run = str(tmp_path / "run")
+    r = CliRunner().invoke(main, ["score", url, "--scorer", "scorekit:BrightnessScorer", "--out", run, "--device",
+                                  "cpu", "--workers", "0", "--no-progress", "--format", "jsonl"])
+    assert r.exit_code == 0, r.output
+    out = tmp_path / "kept"
+    r = CliRunner().invoke(main, ["filter", run, "--write-shards", str(out), "--allow-remote", "--no-report"])
+    assert r.exit_code == 0 and "s3cret" not in r.output, r.output
+    names = os.listdir(out)
+    assert "filter_run.json" in names and any(n.endswith("_stats.json") for n in names)
+    for name in names:
+        data = open(out / name, "rb").read()
+        assert b"s3cret" not in data, name
