@@ -12,7 +12,8 @@ This module keeps the bucket a faithful copy of that folder:
 * `sync()`: uploads every file that is new or changed since its last upload, each object whole
   or not at all (fsspec's put_file: one PUT, or a multipart upload completed at its end and
   aborted on failure; never a streaming open, which commits what it holds when an exception
-  leaves its `with` block), and completion markers (`done/`) LAST, and only markers that were on
+  leaves its `with` block), a shard's `_stats.json` and `sizes.json` after the shards they count,
+  and completion markers (`done/`) LAST, and only markers that were on
   disk before the files they vouch for were uploaded: a marker in the bucket always follows its
   outputs there. Files removed in staging (--overwrite) are deleted in the bucket, markers first.
 
@@ -142,7 +143,9 @@ class RemoteFolder:
                 raise RemoteOutputError(f"deleting {self.shown(rel)} failed: {_describe(e)}") from None
             self.sent.pop(rel, None)
         n = 0
-        for rel, stat in current.items():
+        # the shards before the _stats.json and sizes.json that count them (a stable sort: os.walk's
+        # order otherwise), whatever their names sort as
+        for rel, stat in sorted(current.items(), key=lambda item: _counts_others(item[0])):
             if (not last or not rel.startswith(last + "/")) and self.sent.get(rel) != stat:
                 self.upload(rel, stat)
                 n += 1
@@ -154,6 +157,13 @@ class RemoteFolder:
 
     def remove_staging(self) -> None:
         shutil.rmtree(self.local, ignore_errors=True)
+
+
+def _counts_others(rel: str) -> bool:
+    """A file that vouches for others in its folder: a shard's `_stats.json`, `sizes.json`."""
+    from .shardstats import SIZES
+    name = rel.rsplit("/", 1)[-1]
+    return name == SIZES or name.endswith("_stats.json")
 
 
 class Mirror:

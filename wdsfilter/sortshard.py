@@ -26,16 +26,14 @@ from typing import List
 
 import click
 
-from .errors import ConfigError, EXIT_CODES_HELP, OutputError
+from .errors import ConfigError, EXIT_CODES_HELP, OutputError, RunError
 from .decompress import compression
 from .progress import verbosity, verbosity_options
 from .reading import ShardTarInfo
+from .remote import redact_url
 from .shards import is_remote, open_shard
 from .specs import REKEY_MODES, split_name
-from .writing import check_output_file, atomic_path
-
-BLOCK, RECORD = 512, 10240  # tar's block and record sizes: an archive ends in two zero blocks, padded
-COPY_CHUNK = 1 << 20
+from .writing import atomic_path, check_output_file, copy_range, tar_end
 
 
 @dataclass
@@ -69,8 +67,9 @@ def _plain_tar(src: str, folder: str) -> "tuple[str, bool]":
 
 def sort_shard(src: str, dst: str, rekey: str = "first-dot", storage_options=None) -> SortResult:
     """Write `dst`: the members of `src` (a local path or an s3://, gs://, hf://, http(s):// URL)
-    ordered by (key, extension). Raises ConfigError for a missing or unreadable input and
-    OutputError for an output that cannot be written."""
+    ordered by (key, extension). Raises ConfigError for a missing or unreadable input,
+    OutputError for an output that cannot be written, and RunError (exit 3) when a remote IN's
+    read fails or the object changes while it is read."""
     if rekey not in REKEY_MODES:
         raise ConfigError(f"rekey must be one of {REKEY_MODES}, got {rekey!r}")
     remote = is_remote(src)
@@ -89,7 +88,7 @@ def sort_shard(src: str, dst: str, rekey: str = "first-dot", storage_options=Non
     try:
         plain, temporary = _plain_tar(fetched or src, folder)
         try:
-            return _rewrite(plain, dst, rekey, src)
+            return _rewrite(plain, dst, rekey, redact_url(src) if remote else src)
         finally:
             if temporary:
                 os.remove(plain)
@@ -109,7 +108,7 @@ def _open_remote(src: str, storage_options, jumps: bool = False):
     try:
         return open_shard(src, remote=options)
     except OSError as e:
-        raise ConfigError(f"cannot read {src}: {e}") from None
+        raise ConfigError(f"cannot read {redact_url(src)}: {e}") from None
 
 
 def _sort_remote(src: str, dst: str, rekey: str, storage_options):
@@ -121,19 +120,19 @@ def _sort_remote(src: str, dst: str, rekey: str, storage_options):
     try:
         if compression(first.peek(6)[:6]) is not None:
             return None
-        entries, skipped = _index(first, rekey, src)
+        entries, skipped = _index(first, rekey, redact_url(src))
         version = first.version
     except RemoteReadError as e:
-        raise OutputError(f"reading {src} failed: {e}") from None
+        raise RunError(f"reading {redact_url(src)} failed: {e}") from None
     finally:
         first.close()
     again = _open_remote(src, storage_options, jumps=True)
     try:
         if again.version != version:
-            raise OutputError(f"{src} changed between its two reads (its index, then its copy); run again")
-        return _write(again, entries, skipped, dst, src)
+            raise RunError(f"{redact_url(src)} changed between its two reads (its index, then its copy); run again")
+        return _write(again, entries, skipped, dst, redact_url(src))
     except RemoteReadError as e:
-        raise OutputError(f"reading {src} failed: {e}") from None
+        raise RunError(f"reading {redact_url(src)} failed: {e}") from None
     finally:
         again.close()
 
@@ -148,7 +147,7 @@ def _fetch(src: str, folder: str, storage_options) -> str:
             try:
                 shutil.copyfileobj(stream, out, 1 << 20)
             except OSError as e:
-                raise OutputError(f"reading {src} failed: {e}") from None
+                raise RunError(f"reading {redact_url(src)} failed: {e}") from None
             finally:
                 stream.close()
     except BaseException:
@@ -209,17 +208,12 @@ def _write(f, entries: List[tuple], skipped: int, dst: str, src: str) -> SortRes
         with (gzip.GzipFile(tmp, "wb", mtime=0) if dst.endswith((".tar.gz", ".tgz")) else open(tmp, "wb")) as out:
             for j in order:
                 _, start, end = entries[j]
-                f.seek(start)
-                left = end - start
-                while left:
-                    data = f.read(min(left, COPY_CHUNK))
-                    if not data:
-                        raise ConfigError(f"{src!r} ends inside a member; run `wdsfilter validate {src}` to see "
-                                          f"what is wrong with it")
-                    out.write(data)
-                    left -= len(data)
-                written += end - start
-            out.write(b"\0" * (2 * BLOCK + (-(written + 2 * BLOCK)) % RECORD))  # end of archive, padded
+                try:
+                    written += copy_range(f, start, end, out)
+                except EOFError:
+                    raise ConfigError(f"{src!r} ends inside a member; run `wdsfilter validate {src}` to see "
+                                      f"what is wrong with it") from None
+            out.write(tar_end(written))
     keys = len({e[0][1] for e in entries if not e[0][0]})
     return SortResult(members=len(entries), keys=keys, moved=moved, skipped=skipped, scattered=len(scattered),
                       bytes=written)
@@ -247,7 +241,7 @@ def sort_shard_command(src, dst, rekey, storage_options, quiet, verbose):
         click.echo(f"wdsfilter sort-shard: wrote {dst}: {result.members} member(s) of {result.keys} key(s), "
                    f"{result.moved} moved" + (f", {result.skipped} non-file member(s) left out" if result.skipped else ""))
     if level >= 2:
-        click.echo(f"  {result.scattered} of {result.keys} key(s) had members scattered through {src}; "
+        click.echo(f"  {result.scattered} of {result.keys} key(s) had members scattered through {redact_url(src)}; "
                    f"{result.bytes} bytes of members (headers included) copied")
 
 

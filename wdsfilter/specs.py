@@ -257,11 +257,11 @@ def find_caption(sample: dict, spec: KeySpec):
         if not value.strip():
             reason = "empty_caption"
             continue
-        return _no_lone_surrogates(value), None
+        return no_lone_surrogates(value), None
     return None, reason
 
 
-def _no_lone_surrogates(text: str) -> str:
+def no_lone_surrogates(text: str) -> str:
     """JSON may escape half of a UTF-16 pair ("\\ud83d", an emoji cut by a JavaScript substring):
     json.loads keeps it as a lone surrogate, which no UTF-8 writer (Parquet, JSON lines, the HTML
     report, a tokenizer's encode) accepts. It becomes U+FFFD, as a UTF-8 decoder treats bad bytes."""

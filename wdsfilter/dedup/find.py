@@ -83,6 +83,7 @@ def dedup(run_dir: str, kinds: Sequence[str] = (), near_bits: int = NEAR_BITS,
     bucket (s3://...) is pulled into a staging copy under its lock object, as `score --out`
     does (score/outlock.py), deduped there, and its dedup/ uploaded whole before this returns."""
     from ..remote import is_fsspec_url
+    _check_options(kinds, near_bits, semantic_threshold)  # before a bucket's folder is locked and pulled
     if is_fsspec_url(run_dir):
         return _dedup_in_bucket(run_dir, storage_options, dict(kinds=kinds, near_bits=near_bits,
                                                                semantic_threshold=semantic_threshold,
@@ -113,10 +114,7 @@ def _dedup_in_bucket(url: str, storage_options, options: dict) -> DedupResult:
     return result
 
 
-def _dedup(run_dir: str, kinds: Sequence[str], near_bits: int, semantic_threshold: float, evals: Sequence[str],
-           echo: Optional[Callable[[str], None]]) -> DedupResult:
-    from . import source
-    echo = echo or (lambda line: None)
+def _check_options(kinds: Sequence[str], near_bits: int, semantic_threshold: float) -> None:
     unknown = [k for k in kinds if k not in KINDS]
     if unknown:
         raise ConfigError(f"unknown dedup kind(s) {unknown}; choose from {', '.join(KINDS)}")
@@ -124,6 +122,12 @@ def _dedup(run_dir: str, kinds: Sequence[str], near_bits: int, semantic_threshol
         raise ConfigError(f"near distance must be a number of bits from 0 to 32, got {near_bits!r}")
     if not -1.0 <= float(semantic_threshold) <= 1.0:
         raise ConfigError(f"semantic threshold is a cosine in [-1, 1], got {semantic_threshold!r}")
+
+
+def _dedup(run_dir: str, kinds: Sequence[str], near_bits: int, semantic_threshold: float, evals: Sequence[str],
+           echo: Optional[Callable[[str], None]]) -> DedupResult:
+    from . import source
+    echo = echo or (lambda line: None)
     t0 = time.perf_counter()
     rows = source.load_rows(run_dir, want_hashes=True)
     if kinds:

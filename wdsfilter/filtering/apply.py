@@ -212,10 +212,11 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
         stage = run.stage
         writer = Resharder(write_shards, samples_per_shard, prefix, stage.get("rekey", "first-dot"), allow_pipe,
                            allow_remote, stream_idle_seconds, shard_echo, unique_keys, interleave)
-        identity = {"scores": os.path.abspath(scores_dir), "thresholds": [[t.column, t.minimum, t.value] for t in thresholds],
+        from ..remote import is_fsspec_url, redact_url  # a bucket's folder by its URL (not abspath's)
+        identity = {"scores": scores_dir if is_fsspec_url(scores_dir) else os.path.abspath(scores_dir), "thresholds": [[t.column, t.minimum, t.value] for t in thresholds],
                     **({"dedup": marks.summary.get("settings")} if marks is not None else {}),
                     "samples_per_shard": samples_per_shard, "prefix": prefix, **writer.layout(),
-                    "sources": [s.url for s in run.shards],
+                    "sources": [redact_url(s.url) for s in run.shards],  # OUT is published: no password
                     # what the rows were: a shard scored again (score --resume) is other data
                     "score_files": [_file_state(s.score_file) for s in run.shards]}
         with writer.lock():

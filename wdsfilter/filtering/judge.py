@@ -1,7 +1,7 @@
 """A shard's score rows counted against the thresholds: rows, kept, drops per reason, and per
 threshold kept/dropped/without a score; what `wdsfilter filter` reports.
 
-Two ways to the same counts: row by row (`count_rows`, over run.judge_shard, which the HTML report
+Two ways to the same counts: row by row (`count_rows`, over apply.judge_shard, which the HTML report
 needs to see every row) and a whole Parquet table at once with numpy over pyarrow's columns
 (`count_table`), which `filter` uses when no report looks at the rows: 4 million rows in 400 files
 are counted at the speed of the file reads, not of a Python loop per row. Which row is kept, and
@@ -35,7 +35,7 @@ class ShardCounts:
 
 
 def count_rows(judged: Iterable[tuple], thresholds: Sequence) -> ShardCounts:
-    """Counts of (row, reason) pairs, reason None for a kept row (run.judge_shard)."""
+    """Counts of (row, reason) pairs, reason None for a kept row (apply.judge_shard)."""
     out = ShardCounts(thresholds=[{"kept": 0, "dropped": 0, "no_score": 0} for _ in thresholds])
     reasons: Counter = Counter()
     for row, reason in judged:

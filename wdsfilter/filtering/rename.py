@@ -20,15 +20,22 @@ from typing import List, Optional, Tuple
 
 from ..errors import RunError
 from ..reading import ShardTarInfo
-from ..score.shardwriter import BLOCK
 from ..specs import split_name
+from ..writing import TAR_BLOCK as BLOCK, copy_range as _copy_range
 
-COPY_CHUNK = 1 << 20
 JSON_LIMIT = 16 << 20  # a .json bigger than this is copied as it is (never read whole)
 
 
 class ReshardError(RunError):
     """A source shard does not match its score file any more: the run cannot go on."""
+
+
+class SourceCut(ReshardError):
+    """The source ends inside a member it held when it was scored; the copy of the sample
+    (reshard._Member.copy_to) says which shard and sample."""
+
+    def __init__(self):
+        super().__init__("the shard ends inside a member it held when it was scored")
 
 
 class Headers:
@@ -55,22 +62,16 @@ class Headers:
         self.tar.members = []  # one header held at a time
         info = self.tar.next()
         if info is None:
-            raise ReshardError("a source shard ended inside a member it held when it was scored")
+            raise SourceCut()
         return info
 
 
 def copy_range(src, start: int, end: int, out) -> int:
-    """Copy src[start:end] to out; the bytes copied."""
-    if src.tell() != start:
-        src.seek(start)
-    left = end - start
-    while left:
-        data = src.read(min(left, COPY_CHUNK))
-        if not data:
-            raise ReshardError("a source shard ended inside a member it held when it was scored")
-        out.write(data)
-        left -= len(data)
-    return end - start
+    """Copy src[start:end] to out (writing.copy_range); SourceCut where the source ends first."""
+    try:
+        return _copy_range(src, start, end, out)
+    except EOFError:
+        raise SourceCut() from None
 
 
 def copy_renamed(src, headers: Headers, ranges: List[Tuple[int, int]], rekey: str, new_key: str, old_key: str,
@@ -82,7 +83,7 @@ def copy_renamed(src, headers: Headers, ranges: List[Tuple[int, int]], rekey: st
     for start, _ in ranges:
         info = headers.at(start)
         if info.issparse():
-            raise ReshardError(f"member {info.name!r} of {url} is a sparse file, which --unique-keys cannot rename; "
+            raise ReshardError(f"member {info.name!r} of {origin['source_shard']} is a sparse file, which --unique-keys cannot rename; "
                                f"write the shards without --unique-keys")
         ext = split_name(info.name, rekey)[1] or ""
         first = first or info
@@ -99,7 +100,7 @@ def copy_renamed(src, headers: Headers, ranges: List[Tuple[int, int]], rekey: st
         written += _pad(out, info.size)
         members += 1
     if not has_json:
-        written += _add(out, f"{new_key}.json", json.dumps(origin, ensure_ascii=False).encode(), first)
+        written += _add(out, f"{new_key}.json", _json_bytes(origin), first)
         members += 1
     return members, written
 
@@ -111,13 +112,22 @@ def _with_origin(data: bytes, origin: dict) -> bytes:
         return data
     if not isinstance(meta, dict):
         return data
-    return json.dumps({**meta, **origin}, ensure_ascii=False).encode()
+    return _json_bytes({**meta, **origin})
+
+
+def _json_bytes(value) -> bytes:
+    """UTF-8 JSON; text that is not valid Unicode (a lone surrogate: a caption cut inside an
+    emoji's escape pair) is written as its \\u escape, as the source had it."""
+    try:
+        return json.dumps(value, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return json.dumps(value).encode()
 
 
 def _read(src, size: int) -> bytes:
     data = src.read(size)
     if len(data) != size:
-        raise ReshardError("a source shard ended inside a member it held when it was scored")
+        raise SourceCut()
     return data
 
 

@@ -32,15 +32,16 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 from ..errors import ConfigError
 from ..atomic import write_json as _atomic_json
 from ..runfolder import source_changed
-from ..score.shardwriter import BLOCK, RECORD, _local_copy, member_ranges, streamed_source, streams, tar_opener
+from ..remote import redact_url
+from ..score.shardwriter import _local_copy, member_ranges, streamed_source, streams, tar_opener
 from ..shards import is_pipe, is_remote
 from ..shardstats import SIZES, stats_path, update_sizes, write_shard_stats
-from ..writing import atomic_path
+from ..writing import atomic_path, tar_end
 from .hfcard import CARD, write_card
-from .rename import Headers, ReshardError, copy_range, copy_renamed
+from .rename import Headers, ReshardError, SourceCut, copy_range, copy_renamed
 
 RUN_FILE = "filter_run.json"
-REPORT = "report.html"  # filter's report goes beside its shards (run.default_report): a file of ours
+REPORT = "report.html"  # filter's report goes beside its shards (apply.default_report): a file of ours
 
 
 @dataclass
@@ -198,20 +199,25 @@ class Resharder:
         n = self.per_shard
         pos = 0
         current: Optional[_OpenShard] = None
-        for group in self._groups(sources):
-            count = sum(len(source.keys) for source in group)
-            touched = range(pos // n, (pos + count - 1) // n + 1) if count else range(0)
-            if any(t not in whole for t in touched):
-                for j, (source, sample) in zip(range(pos, pos + count), self._in_turn(group)):
-                    t = j // n
-                    if t in whole:
-                        continue
-                    if current is None or current.index != t:
-                        if current is not None:
-                            self._close(current)
-                        current = _OpenShard(self.out, self.prefix, t)
-                    current.add(source.url, sample, f"{j:09d}" if self.unique_keys else None)
-            pos += count
+        try:
+            for group in self._groups(sources):
+                count = sum(len(source.keys) for source in group)
+                touched = range(pos // n, (pos + count - 1) // n + 1) if count else range(0)
+                if any(t not in whole for t in touched):
+                    for j, (source, sample) in zip(range(pos, pos + count), self._in_turn(group)):
+                        t = j // n
+                        if t in whole:
+                            continue
+                        if current is None or current.index != t:
+                            if current is not None:
+                                self._close(current)
+                            current = _OpenShard(self.out, self.prefix, t)
+                        current.add(source.url, sample, f"{j:09d}" if self.unique_keys else None)
+                pos += count
+        except BaseException:
+            if current is not None:  # closed and its temporary removed now, not when collected
+                current.abort()
+            raise
         if current is not None:
             self._close(current)
         sizes = {shard_name(self.prefix, t): min(n, pos - t * n) for t in range(-(-pos // n))}
@@ -290,7 +296,7 @@ class Resharder:
             last = key
         missing = [k for k in source.keys if k not in groups]
         if missing:
-            raise ReshardError(f"source shard {source.url} has no member with key {missing[0]!r} although its score "
+            raise ReshardError(f"source shard {redact_url(source.url)} has no member with key {missing[0]!r} although its score "
                                f"file keeps it ({len(missing)} such key(s)): the shard changed after scoring; "
                                f"score it again")
         headers = Headers(src) if self.unique_keys else None
@@ -312,13 +318,18 @@ class _Member:
 
     def copy_to(self, out, new_key: Optional[str] = None, url: str = "") -> Tuple[int, int]:
         """Copy the members, as stored, or renamed to `new_key` (rename.py); (members, bytes written)."""
-        if new_key is not None:
-            return copy_renamed(self.src, self.headers, [(s, e) for s, e, _ in self.ranges], self.rekey, new_key,
-                                self.key, url, out)
-        written = 0
-        for start, end, _ in self.ranges:
-            written += copy_range(self.src, start, end, out)
-        return len(self.ranges), written
+        try:
+            if new_key is not None:
+                return copy_renamed(self.src, self.headers, [(s, e) for s, e, _ in self.ranges], self.rekey, new_key,
+                                    self.key, url, out)
+            written = 0
+            for start, end, _ in self.ranges:
+                written += copy_range(self.src, start, end, out)
+            return len(self.ranges), written
+        except SourceCut:
+            raise ReshardError(f"source shard {redact_url(url)} ends inside a member of sample {self.key!r}, which its score "
+                               f"file keeps: the shard was cut or changed since it was scored; restore it, or "
+                               f"score it again") from None
 
 
 class _OpenShard:
@@ -330,21 +341,35 @@ class _OpenShard:
         self.samples = self.members = self.bytes = 0
         self.sources: Dict[str, int] = {}
         self.fields: Dict[str, int] = {}  # member extension -> samples that have it (the dataset card)
+        self._finished = False  # closed (renamed into place) or aborted (removed)
 
     def add(self, url: str, sample: _Member, new_key: Optional[str] = None) -> None:
         members, written = sample.copy_to(self.file, new_key, url)
         self.samples += 1
         self.members += members
         self.bytes += written
-        self.sources[url] = self.sources.get(url, 0) + 1
+        shown = redact_url(url)  # _stats.json is published with the shards: no password, no signed query
+        self.sources[shown] = self.sources.get(shown, 0) + 1
         for field in dict.fromkeys(sample.fields):
             self.fields[field] = self.fields.get(field, 0) + 1
 
+    def abort(self) -> None:
+        """The run failed while this shard was open: close it and remove its temporary (once)."""
+        if self._finished:
+            return
+        self._finished = True
+        self.file.close()
+        self._temporary.__exit__(RuntimeError, RuntimeError("reshard failed"), None)
+
     def close(self) -> None:
-        end = 2 * BLOCK + (-(self.bytes + 2 * BLOCK)) % RECORD  # end-of-archive blocks, padded to a record
-        self.file.write(b"\0" * end)
-        self.file.flush()
-        os.fsync(self.file.fileno())  # whole on disk before the stats file says so
+        try:
+            self.file.write(tar_end(self.bytes))
+            self.file.flush()
+            os.fsync(self.file.fileno())  # whole on disk before the stats file says so
+        except BaseException:
+            self.abort()
+            raise
+        self._finished = True
         self.file.close()
         self._temporary.__exit__(None, None, None)
         write_shard_stats(self.folder, os.path.basename(self.path), self.samples, self.members, self.sources,

@@ -118,7 +118,7 @@ def _write(entries: Sequence[dict], path: str) -> None:
     with atomic_path(path) as tmp:  # makes the folder
         if table.num_rows:
             pq.write_table(table, tmp)
-        else:  # no row group of 0 rows (HF datasets fails on it), as outputs.write_table
+        else:  # no row group of 0 rows (HF datasets fails on it), as runfolder.tables.write_table
             pq.ParquetWriter(tmp, schema).close()
 
 

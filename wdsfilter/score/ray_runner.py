@@ -15,7 +15,7 @@ memory (its backpressure) and retries failed tasks.
 
 This module is the driver; what runs on Ray's workers is in ray_tasks.py (read_shard, ScoreActor,
 measure, finish_shard), the payload columns in ray_payload.py. Rows, shard completion and the run
-state are the local engine's own (rows.py, run.Run), so `--resume`, `wdsfilter.loader(scores=...)`
+state are the local engine's own (rows.py, runner.Run), so `--resume`, `wdsfilter.loader(scores=...)`
 and the summary work on it unchanged. The shards and the output folder must be reachable from
 every node (a shared filesystem); Ray moves only the rows.
 

@@ -27,6 +27,7 @@ from .ledger import row_entries, write_shard_failures
 from .scorers.base import NOTES
 from ..runfolder.tables import BASE_FIELDS, STATUSES, write_table  # noqa: F401 - the fields are the score file's schema
 from ..runfolder.tables import TEXT_FIELDS
+from ..specs import no_lone_surrogates
 from ..shardstats import update_sizes, write_shard_stats
 from .shardwriter import write_filtered
 
@@ -45,14 +46,17 @@ def sample_text(sample: dict) -> Dict[str, Optional[str]]:
     tokens cleaned, as the scorers get it), the url and uid of its .json where it has them
     (img2dataset: url, and uid with its --save_additional_columns; DataComp: uid, url). A value
     that is not text (a uid given as a number is written as its digits) or a json that is not an
-    object gives None. Each is cut at TEXT_LIMIT characters (docs/score.md)."""
+    object gives None. Each is cut at TEXT_LIMIT characters (docs/score.md); a lone surrogate becomes
+    U+FFFD (specs.no_lone_surrogates, as for the caption)."""
     meta = sample.get("json")
     meta = meta if isinstance(meta, dict) else {}
 
     def text(value) -> Optional[str]:
         if isinstance(value, int) and not isinstance(value, bool):
             value = str(value)
-        return value[:TEXT_LIMIT] if isinstance(value, str) else None
+        if not isinstance(value, str):
+            return None
+        return no_lone_surrogates(value[:TEXT_LIMIT])  # a JSON "\ud83d" no score file writer takes
     return {"caption": text(sample.get("caption")), "url": text(meta.get("url")), "uid": text(meta.get("uid"))}
 
 

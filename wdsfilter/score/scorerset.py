@@ -31,10 +31,13 @@ def _scorer_class(spec: str):
     return resolve(REGISTRY, spec, "scorer", own=OWN)
 
 
-def _spec_name(spec) -> str:
+def _spec_name(spec, cls=None) -> str:
+    """The name a scorer spec goes by (its options, --scorer-option NAME.KEY, `requires`): a
+    registered name itself, else its class's `name` (or the spec where it has none). cls: the
+    spec's class where the caller resolved it already."""
     if not isinstance(spec, str):
         return getattr(spec, "name", "")
-    return spec if spec in REGISTRY else (getattr(_scorer_class(spec), "name", "") or spec)
+    return spec if spec in REGISTRY else (getattr(cls or _scorer_class(spec), "name", "") or spec)
 
 
 def with_required(specs: Sequence) -> tuple:
@@ -96,7 +99,7 @@ def resolve_scorers(cfg: ScoreConfig) -> List[Scorer]:
             scorers.append(spec)
             continue
         cls = _scorer_class(spec)
-        name = spec if spec in REGISTRY else (getattr(cls, "name", "") or spec)
+        name = _spec_name(spec, cls)
         options = dict(cfg.scorer_options.get(name, {}))
         used_options.add(name)
         param = inspect.signature(cls).parameters.get("config")
@@ -130,7 +133,7 @@ def check_before_torch(cfg: ScoreConfig) -> None:
     for spec in with_required(cfg.scorers):
         if isinstance(spec, str):
             cls = _scorer_class(spec)
-            name = spec if spec in REGISTRY else (getattr(cls, "name", "") or spec)
+            name = _spec_name(spec, cls)
             early = getattr(cls, "early_columns", None)
             try:
                 found = early(dict(cfg.scorer_options.get(name, {}))) if early else None

@@ -31,9 +31,7 @@ from ..decompress import compression, open_layers
 from ..reading import ShardTarInfo
 from ..specs import split_name
 
-BLOCK = 512
-RECORD = 20 * BLOCK  # tar's record size: archives are padded to a multiple of it
-COPY_CHUNK = 1 << 20
+from ..writing import COPY_CHUNK, tar_end
 
 
 class _GzipNoName(gzip.GzipFile):
@@ -131,7 +129,7 @@ def streamed_source(url: str, rekey: str, allow_remote: bool = True, idle_second
     indexes its members, the second is yielded, decompressed and seekable forward, as
     (its compression or None, offset of the first member, member_ranges(exts=exts), stream). Both reads must
     see one version of the object: an index of one and the bytes of another are never mixed."""
-    from ..remote import ObjectChanged
+    from ..remote import ObjectChanged, redact_url
     first = open_shard(url, False, allow_remote, idle_seconds, remote=remote)
     try:
         kind = compression(first.peek(6)[:6])
@@ -142,7 +140,7 @@ def streamed_source(url: str, rekey: str, allow_remote: bool = True, idle_second
     second = open_shard(url, False, allow_remote, idle_seconds, remote=remote)
     try:
         if second.version != version:
-            raise ObjectChanged(f"{url} changed between its two reads (its index, then its copy); its versions are "
+            raise ObjectChanged(f"{redact_url(url)} changed between its two reads (its index, then its copy); its versions are "
                                 f"never mixed: write it again")
         yield kind, preamble_end, ranges, _Forward(open_layers(second, cap=1 << 62))
     finally:
@@ -236,7 +234,5 @@ def _copy_ranges(src, out, preamble_end: int, ranges, keep: set) -> Tuple[int, i
         if key not in seen_keys:
             seen_keys.add(key)
             samples += 1
-    end_blocks = 2 * BLOCK
-    pad = (-(written + end_blocks)) % RECORD
-    out.write(b"\0" * (end_blocks + pad))
+    out.write(tar_end(written))
     return members, samples
