@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from filterkit import REPO
-from wdsfilter.filtering.quantile import kth_smallest
+from wdsfilter.runfolder.quantile import kth_smallest
 
 MEASURE = r"""
 import json, sys
 import numpy as np, pyarrow.parquet
-from wdsfilter.filtering.rules import FilterSpec, resolve
+from wdsfilter.runfolder.shares import FilterSpec, resolve
 from wdsfilter.runfolder import ScoreRun
 
 def hwm():  # peak resident memory (KiB) since the last reset
@@ -27,8 +27,8 @@ with open("/proc/self/clear_refs", "w") as f:  # reset the peak: the imports' ow
     f.write("5")
 base = hwm()
 run = ScoreRun.open(sys.argv[1])
-import wdsfilter.filtering.quantile
-wdsfilter.filtering.quantile.IN_MEMORY_ROWS = int(sys.argv[3])  # 0: every run streams
+import wdsfilter.runfolder.quantile
+wdsfilter.runfolder.quantile.IN_MEMORY_ROWS = int(sys.argv[3])  # 0: every run streams
 if sys.argv[2] == "stream":
     spec = FilterSpec.parse(tops=["clip_score=30%"], bottoms=["ocr_area=7.5%"])
     cuts = {t.column: t.value for t in resolve(spec, run)}
@@ -111,8 +111,8 @@ def test_exact_and_flat_in_memory_over_millions_of_rows(tmp_path):
 def test_share_value_held_whole_is_the_streaming_value(top, monkeypatch):
     """The two ways to a share's cut (a column held whole, partitioned; the streaming histogram
     passes) give the same value and rank, ties and one-row shares included."""
-    import wdsfilter.filtering.quantile as q
-    from wdsfilter.filtering.quantile import bottom_share_value, share_value, top_share_value
+    import wdsfilter.runfolder.quantile as q
+    from wdsfilter.runfolder.quantile import bottom_share_value, share_value, top_share_value
     monkeypatch.setattr(q, "COLLECT", 50)
     monkeypatch.setattr(q, "BINS", 8)
     rng = np.random.default_rng(5)
@@ -125,7 +125,7 @@ def test_share_value_held_whole_is_the_streaming_value(top, monkeypatch):
 
 @pytest.mark.parametrize("kind", ["normal", "ties", "adjacent", "single"])
 def test_kth_smallest_matches_a_full_sort(kind, monkeypatch):
-    import wdsfilter.filtering.quantile as q
+    import wdsfilter.runfolder.quantile as q
     monkeypatch.setattr(q, "COLLECT", 50)  # force several narrowing passes on small data
     monkeypatch.setattr(q, "BINS", 8)
     rng = np.random.default_rng(3)
@@ -147,7 +147,7 @@ def test_kth_smallest_matches_a_full_sort(kind, monkeypatch):
 def test_kth_smallest_over_a_span_wider_than_a_float(monkeypatch):
     """Values from near -max to near +max (their span overflows a float) and a few subnormals
     (too close to divide by): the rank is still exact."""
-    import wdsfilter.filtering.quantile as q
+    import wdsfilter.runfolder.quantile as q
     monkeypatch.setattr(q, "COLLECT", 50)  # histogram passes, not one collection
     monkeypatch.setattr(q, "BINS", 8)
     rng = np.random.default_rng(4)
