@@ -16,6 +16,7 @@ and a failed or rejected row, is never kept).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -94,8 +95,10 @@ class Threshold:
         return f"{self.column} {'>=' if self.minimum else '<='} {self.value:.6g}"
 
 
-def resolve(spec: FilterSpec, run) -> List[Threshold]:
-    """Thresholds with every share resolved to its value over `run` (a runfolder.ScoreRun)."""
+def resolve(spec: FilterSpec, run, empty_keeps_none: bool = False) -> List[Threshold]:
+    """Thresholds with every share resolved to its value over `run` (a runfolder.ScoreRun).
+    A share over a column no row has a value in is a ConfigError, or with empty_keeps_none (the
+    end of a scoring run, whose rows are what they are) a bound no row passes."""
     run.check_columns(spec.columns(), "thresholds")
     numeric = run.numeric_columns(spec.columns())
     flags = [c for c in spec.columns() if c not in numeric]
@@ -109,8 +112,10 @@ def resolve(spec: FilterSpec, run) -> List[Threshold]:
         for column, percent in shares.items():
             given = f"--{'top' if top else 'bottom'} {column}={percent:g}%"
             value, k, scored = _share(run, column, percent, top)
-            if not scored:
+            if not scored and not empty_keeps_none:
                 raise ConfigError(f"{given}: no row of {run.folder} has a value in {column}")
+            if not scored:  # a row without a value never passes a bound: no row is kept
+                value = math.inf if top else -math.inf
             out.append(Threshold(Bound(column, value, top), given, share=percent, rank=k, scored=scored))
     return out
 
@@ -147,19 +152,30 @@ def resolve_for_loader(scores_dir: str, min_scores: Optional[Dict[str, float]] =
     """wdsfilter.loader's shares (top_scores={"clip_score": 30}) resolved as `wdsfilter filter`
     resolves them, merged with its minima and maxima."""
     spec = FilterSpec(mins=dict(min_scores or {}), maxes=dict(max_scores or {}),
-                      tops={c: _percent(p, "top_scores") for c, p in dict(top_scores or {}).items()},
-                      bottoms={c: _percent(p, "bottom_scores") for c, p in dict(bottom_scores or {}).items()})
+                      tops={c: check_percent(p, "top_scores") for c, p in dict(top_scores or {}).items()},
+                      bottoms={c: check_percent(p, "bottom_scores") for c, p in dict(bottom_scores or {}).items()})
     from .reader import ScoreRun
     return bounds(resolve(spec, ScoreRun.open(scores_dir)))
 
 
-def _percent(value, name: str) -> float:
+def resolve_over_run(folder: str, minima: Dict[str, float], maxima: Dict[str, float], tops: Dict[str, float],
+                     bottoms: Dict[str, float]) -> List[Threshold]:
+    """The thresholds of a scoring run (`wdsfilter score --top ...`) resolved over its folder when
+    it ends: the same values `wdsfilter filter FOLDER --min ... --top ...` resolves."""
+    from .reader import ScoreRun
+    spec = FilterSpec(mins=dict(minima), maxes=dict(maxima), tops=dict(tops), bottoms=dict(bottoms))
+    return resolve(spec, ScoreRun.open(folder), empty_keeps_none=True)
+
+
+def check_percent(value, name: str) -> float:
+    """A share's percent (30, 30.0 or "30%") as a float in (0, 100]; else a ConfigError naming
+    `name` (the option or keyword it came from)."""
     try:
-        percent = float(str(value).rstrip("%"))
+        percent = float(str(value).strip().rstrip("%"))
     except ValueError:
         raise ConfigError(f"{name}: {value!r} is not a percentage") from None
     if not 0 < percent <= 100:
-        raise ConfigError(f"{name}: {value!r} must be in (0, 100]")
+        raise ConfigError(f"{name}: {value!r} must be in (0, 100]%")
     return percent
 
 
