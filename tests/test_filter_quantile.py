@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from filterkit import REPO
-from wdsfilter.runfolder.quantile import kth_smallest
+from wdsfilter.runfolder.quantile import kth_smallest, share_value
 
 MEASURE = r"""
 import json, sys
@@ -157,3 +157,30 @@ def test_kth_smallest_over_a_span_wider_than_a_float(monkeypatch):
     ordered = np.sort(data)
     for k in [1, 2, 1500, len(data) - 1, len(data)]:
         assert kth_smallest(lambda: iter(chunks), k) == ordered[k - 1], k
+
+
+@pytest.mark.parametrize("kind", ["normal", "ties", "sorted", "periodic", "huge", "equal", "missing"])
+def test_a_share_of_a_column_held_in_pieces_is_share_value(kind, monkeypatch):
+    """`filter` counts from each file's column held in memory (judge.ShardTable) and takes its
+    shares from those pieces (quantile.share_of_chunks: a sampled bracket, one pass, partition),
+    NaN for missing values: the same (v, k) as share_value over the values, and n the values
+    counted. Periodic data whose period is the sample's spacing makes the sample miss the rank
+    (the fallback: the whole column partitioned)."""
+    import wdsfilter.runfolder.quantile as q
+    monkeypatch.setattr(q, "SAMPLE", 400)
+    rng = np.random.default_rng(6)
+    data = {"normal": np.round(rng.normal(0.3, 0.05, 4001), 4), "ties": rng.integers(0, 5, 3000).astype(float),
+            "sorted": np.sort(rng.normal(size=3000)),
+            "periodic": np.where(np.arange(4000) % 10 == 0, 0.0, np.arange(4000.0)), "huge": rng.random(2000) * 1.7e308 * rng.choice([-1, 1], 2000),
+            "equal": np.full(500, 0.25), "missing": np.full(300, np.nan)}[kind]
+    data[rng.random(len(data)) < 0.05] = np.nan
+    values, before = data[~np.isnan(data)], data.copy()
+    for parts in (1, 7):
+        chunks = np.array_split(data, parts)
+        for percent in (0.01, 7.5, 30, 50, 99.9, 100):
+            for top in (True, False):
+                got = q.share_of_chunks(chunks, percent, top)
+                assert not np.isnan(data).all() or got[2] == 0
+                if len(values):
+                    assert got == (*share_value(values.copy(), percent, top), len(values)), (percent, top, parts)
+    assert np.array_equal(data, before, equal_nan=True)  # the pieces were not reordered

@@ -95,10 +95,8 @@ class Threshold:
         return f"{self.column} {'>=' if self.minimum else '<='} {self.value:.6g}"
 
 
-def resolve(spec: FilterSpec, run, empty_keeps_none: bool = False) -> List[Threshold]:
-    """Thresholds with every share resolved to its value over `run` (a runfolder.ScoreRun).
-    A share over a column no row has a value in is a ConfigError, or with empty_keeps_none (the
-    end of a scoring run, whose rows are what they are) a bound no row passes."""
+def check_spec(spec: FilterSpec, run) -> None:
+    """Every threshold column is a numeric score column of `run`'s files (a ConfigError naming it)."""
     run.check_columns(spec.columns(), "thresholds")
     numeric = run.numeric_columns(spec.columns())
     flags = [c for c in spec.columns() if c not in numeric]
@@ -106,12 +104,25 @@ def resolve(spec: FilterSpec, run, empty_keeps_none: bool = False) -> List[Thres
         numeric = run.numeric_columns()
         raise ConfigError(f"thresholds on {', '.join(flags)}, which {'does' if len(flags) == 1 else 'do'} not hold "
                           f"numbers; numeric score columns: {', '.join(numeric) or 'none'}")
+
+
+def resolve(spec: FilterSpec, run, empty_keeps_none: bool = False,
+            held: Optional[Dict[str, list]] = None) -> List[Threshold]:
+    """Thresholds with every share resolved to its value over `run` (a runfolder.ScoreRun).
+    A share over a column no row has a value in is a ConfigError, or with empty_keeps_none (the
+    end of a scoring run, whose rows are what they are) a bound no row passes. held: a column's
+    values over the whole run already in memory (float64 arrays, NaN for no value), not read again."""
+    check_spec(spec, run)
     out = [Threshold(Bound(c, v, True), f"--min {c}={v:g}") for c, v in spec.mins.items()]
     out += [Threshold(Bound(c, v, False), f"--max {c}={v:g}") for c, v in spec.maxes.items()]
     for shares, top in ((spec.tops, True), (spec.bottoms, False)):
         for column, percent in shares.items():
             given = f"--{'top' if top else 'bottom'} {column}={percent:g}%"
-            value, k, scored = _share(run, column, percent, top)
+            if held is not None and column in held:
+                from .quantile import share_of_chunks
+                value, k, scored = share_of_chunks(held[column], percent, top)
+            else:
+                value, k, scored = _share(run, column, percent, top)
             if not scored and not empty_keeps_none:
                 raise ConfigError(f"{given}: no row of {run.folder} has a value in {column}")
             if not scored:  # a row without a value never passes a bound: no row is kept
