@@ -54,8 +54,11 @@ def summarize_files(paths: Sequence[str], columns: Sequence[str], thresholds: Op
                 reasons.update(str(r).split(";"))
         # the one keep rule with these thresholds (the run's, its shares resolved), not the `kept`
         # column, which a share resolved at the end of the run did not decide
-        judged = [c for c in ("status", "reason", *thresholds.columns()) if c in t]
-        kept += sum(1 for i in range(n) if keep_reason({c: t[c][i] for c in judged}, thresholds) is None)
+        if thresholds:
+            judged = [c for c in ("status", "reason", *thresholds.columns()) if c in t]
+            kept += sum(1 for i in range(n) if keep_reason({c: t[c][i] for c in judged}, thresholds) is None)
+        else:  # no threshold: the rule asks the status only
+            kept += sum(1 for s in t["status"] if keep_reason({"status": s}) is None)
         for bound, th in per_bound:
             for v in t.get(bound.column, [None] * n):
                 th["no_score" if is_missing(v) else "kept" if bound.passes(v) else "dropped"] += 1
