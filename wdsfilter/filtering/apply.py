@@ -239,9 +239,10 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
 def default_report(scores_dir: str, write_shards: Optional[str]) -> str:
     """Where filter's report goes unless --report says: beside what it wrote (the new shards),
     else filter_report.html in the score folder; never over the score run's own report.html."""
+    if write_shards is None:
+        return os.path.join(scores_dir, "filter_report.html")
     from .reshard import REPORT  # one of the files filter owns in OUT: never one of the user's replaced
-    return os.path.join(write_shards, REPORT) if write_shards is not None else \
-        os.path.join(scores_dir, "filter_report.html")
+    return os.path.join(write_shards, REPORT)
 
 
 def _read_tables(run: ScoreRun, spec: FilterSpec) -> Optional[list]:
