@@ -53,8 +53,16 @@ def assert_one_line_error(output: str, *needles: str) -> None:
     (["--model", "ViT-B-32", "--pretrained", "/no/such/weights.safetensors"], ["does not exist"]),
     (["--min", "ocr_area=0.1"], ["threshold(s) on ['ocr_area'], which no scorer of this run writes"]),
     (["--scorer", "ocr", "--min-clip", "0.2"], ["threshold(s) on ['clip_score']", "ocr_area"]),
-], ids=["missing-local-dir", "unknown-model", "missing-checkpoint", "threshold-column-clip", "threshold-column-ocr"])
+    (["--top", "ocr_area=30%"], ["threshold(s) on ['ocr_area'], which no scorer of this run writes"]),
+    (["--top", "clip_score=130%"], ["--top 'clip_score=130%'", "must be in (0, 100]%"]),
+    (["--bottom", "clip_score=0%"], ["--bottom 'clip_score=0%'", "must be in (0, 100]%"]),
+    (["--top", "clip_score=30"], ["--top expects COLUMN=P% (e.g. clip_score=30%)"]),
+    (["--top", "clip_score=30%", "--write-shards", "{tmp}/kept"],
+     ["--write-shards with --top clip_score=...%", "wdsfilter filter", "--top clip_score=P% --write-shards DIR"]),
+], ids=["missing-local-dir", "unknown-model", "missing-checkpoint", "threshold-column-clip", "threshold-column-ocr",
+        "top-column", "top-over-100", "bottom-zero", "top-no-percent", "top-with-write-shards"])
 def test_score_configuration_errors_answer_before_torch(tmp_path, args, needles):
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     code, output, open_clip = run_without_torch(tmp_path, "score", SHARDS, "--out", str(tmp_path / "out"), *args)
     assert code == 2, output
     assert_one_line_error(output, *needles)

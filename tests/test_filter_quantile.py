@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from filterkit import REPO
-from wdsfilter.filtering.quantile import kth_smallest
+from wdsfilter.runfolder.quantile import kth_smallest, share_value
 
 MEASURE = r"""
 import json, sys
 import numpy as np, pyarrow.parquet
-from wdsfilter.filtering.rules import FilterSpec, resolve
+from wdsfilter.runfolder.shares import FilterSpec, resolve
 from wdsfilter.runfolder import ScoreRun
 
 def hwm():  # peak resident memory (KiB) since the last reset
@@ -27,8 +27,8 @@ with open("/proc/self/clear_refs", "w") as f:  # reset the peak: the imports' ow
     f.write("5")
 base = hwm()
 run = ScoreRun.open(sys.argv[1])
-import wdsfilter.filtering.quantile
-wdsfilter.filtering.quantile.IN_MEMORY_ROWS = int(sys.argv[3])  # 0: every run streams
+import wdsfilter.runfolder.quantile
+wdsfilter.runfolder.quantile.IN_MEMORY_ROWS = int(sys.argv[3])  # 0: every run streams
 if sys.argv[2] == "stream":
     spec = FilterSpec.parse(tops=["clip_score=30%"], bottoms=["ocr_area=7.5%"])
     cuts = {t.column: t.value for t in resolve(spec, run)}
@@ -111,8 +111,8 @@ def test_exact_and_flat_in_memory_over_millions_of_rows(tmp_path):
 def test_share_value_held_whole_is_the_streaming_value(top, monkeypatch):
     """The two ways to a share's cut (a column held whole, partitioned; the streaming histogram
     passes) give the same value and rank, ties and one-row shares included."""
-    import wdsfilter.filtering.quantile as q
-    from wdsfilter.filtering.quantile import bottom_share_value, share_value, top_share_value
+    import wdsfilter.runfolder.quantile as q
+    from wdsfilter.runfolder.quantile import bottom_share_value, share_value, top_share_value
     monkeypatch.setattr(q, "COLLECT", 50)
     monkeypatch.setattr(q, "BINS", 8)
     rng = np.random.default_rng(5)
@@ -125,7 +125,7 @@ def test_share_value_held_whole_is_the_streaming_value(top, monkeypatch):
 
 @pytest.mark.parametrize("kind", ["normal", "ties", "adjacent", "single"])
 def test_kth_smallest_matches_a_full_sort(kind, monkeypatch):
-    import wdsfilter.filtering.quantile as q
+    import wdsfilter.runfolder.quantile as q
     monkeypatch.setattr(q, "COLLECT", 50)  # force several narrowing passes on small data
     monkeypatch.setattr(q, "BINS", 8)
     rng = np.random.default_rng(3)
@@ -147,7 +147,7 @@ def test_kth_smallest_matches_a_full_sort(kind, monkeypatch):
 def test_kth_smallest_over_a_span_wider_than_a_float(monkeypatch):
     """Values from near -max to near +max (their span overflows a float) and a few subnormals
     (too close to divide by): the rank is still exact."""
-    import wdsfilter.filtering.quantile as q
+    import wdsfilter.runfolder.quantile as q
     monkeypatch.setattr(q, "COLLECT", 50)  # histogram passes, not one collection
     monkeypatch.setattr(q, "BINS", 8)
     rng = np.random.default_rng(4)
@@ -157,3 +157,30 @@ def test_kth_smallest_over_a_span_wider_than_a_float(monkeypatch):
     ordered = np.sort(data)
     for k in [1, 2, 1500, len(data) - 1, len(data)]:
         assert kth_smallest(lambda: iter(chunks), k) == ordered[k - 1], k
+
+
+@pytest.mark.parametrize("kind", ["normal", "ties", "sorted", "periodic", "huge", "equal", "missing"])
+def test_a_share_of_a_column_held_in_pieces_is_share_value(kind, monkeypatch):
+    """`filter` counts from each file's column held in memory (judge.ShardTable) and takes its
+    shares from those pieces (quantile.share_of_chunks: a sampled bracket, one pass, partition),
+    NaN for missing values: the same (v, k) as share_value over the values, and n the values
+    counted. Periodic data whose period is the sample's spacing makes the sample miss the rank
+    (the fallback: the whole column partitioned)."""
+    import wdsfilter.runfolder.quantile as q
+    monkeypatch.setattr(q, "SAMPLE", 400)
+    rng = np.random.default_rng(6)
+    data = {"normal": np.round(rng.normal(0.3, 0.05, 4001), 4), "ties": rng.integers(0, 5, 3000).astype(float),
+            "sorted": np.sort(rng.normal(size=3000)),
+            "periodic": np.where(np.arange(4000) % 10 == 0, 0.0, np.arange(4000.0)), "huge": rng.random(2000) * 1.7e308 * rng.choice([-1, 1], 2000),
+            "equal": np.full(500, 0.25), "missing": np.full(300, np.nan)}[kind]
+    data[rng.random(len(data)) < 0.05] = np.nan
+    values, before = data[~np.isnan(data)], data.copy()
+    for parts in (1, 7):
+        chunks = np.array_split(data, parts)
+        for percent in (0.01, 7.5, 30, 50, 99.9, 100):
+            for top in (True, False):
+                got = q.share_of_chunks(chunks, percent, top)
+                assert not np.isnan(data).all() or got[2] == 0
+                if len(values):
+                    assert got == (*share_value(values.copy(), percent, top), len(values)), (percent, top, parts)
+    assert np.array_equal(data, before, equal_nan=True)  # the pieces were not reordered

@@ -132,3 +132,43 @@ def test_the_ray_engine_keeps_what_filter_and_the_loader_keep(shards, tmp_path):
             assert loader_kept(shards, out, mins, maxes) == by_score
     finally:
         ray.shutdown()
+
+
+@pytest.mark.parametrize("tops,bottoms,mins", [({"brightness": 40}, {}, {}),
+                                                ({"brightness": 50}, {"caption_bytes": 70}, {"brightness": 0.2})],
+                         ids=["top", "top-bottom-min"])
+def test_score_with_a_share_keeps_what_filter_and_the_loader_keep(shards, tmp_path, tops, bottoms, mins):
+    """`score --top/--bottom`: the shares are resolved over the run's rows when it ends, by the
+    code `filter` resolves them with; the run's kept count, its thresholds.json, `filter --top`
+    and the loader (its top_scores, or thresholds.json's bounds) keep the same samples."""
+    import json
+
+    from wdsfilter.filtering import filter_scores
+    from wdsfilter.score import score
+    out = str(tmp_path / "out")
+    score([str(s) for s in shards], out=out, scorers=SCORERS, device="cpu", progress=False, workers=0,
+          batch_size=16, thresholds=mins, top_shares=tops, bottom_shares=bottoms)
+    rows, _ = score_kept(out)
+    # the rule, spelled out: the k-th largest (smallest) value of the rows with a value, k = ceil(P% of them)
+    lo, hi = dict(mins), {}
+    for shares, top in ((tops, True), (bottoms, False)):
+        for c, p in shares.items():
+            values = sorted((r[c] for r in rows if r[c] is not None), reverse=top)
+            cut = values[-(-len(values) * p // 100) - 1]
+            (lo if top else hi)[c] = max(lo.get(c, cut), cut) if top else cut
+    expected = {r["key"] for r in rows if keep_reason(r, Thresholds.build(lo, hi)) is None}
+    assert expected and len(expected) < sum(r["status"] in ("scored", "partial") for r in rows)
+
+    summary = json.load(open(os.path.join(out, "summary.json")))
+    assert summary["kept"] == len(expected)
+    saved = json.load(open(os.path.join(out, "thresholds.json")))
+    assert saved == {"min_scores": lo, "max_scores": hi}
+    result = filter_scores(out, mins=[f"{c}={v}" for c, v in mins.items()],
+                           tops=[f"{c}={p}%" for c, p in tops.items()], bottoms=[f"{c}={p}%" for c, p in bottoms.items()],
+                           write_shards=str(tmp_path / "filtered"), report=None)
+    assert result.kept == len(expected) and tar_keys(str(tmp_path / "filtered")) == expected
+    assert loader_kept(shards, out, saved["min_scores"], saved["max_scores"]) == expected
+    import wdsfilter
+    loader = wdsfilter.loader([str(s) for s in shards], batch_size=1, output="dict", scores=out, min_scores=mins,
+                              top_scores=tops, bottom_scores=bottoms)
+    assert {s["__key__"] for batch in loader for s in batch} == expected

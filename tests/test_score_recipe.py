@@ -104,3 +104,29 @@ def test_filter_takes_the_threshold_shorthands_of_score(tmp_path):
         assert long[1].split("=")[0] in a.output
     kept = CliRunner().invoke(main, ["filter", out, "--dry-run", "--min", "brightness=0", "--min-clip", "0.3"])
     assert kept.exit_code == 2 and "clip_score" in kept.output  # joined to the --min given, not in place of it
+
+
+def test_score_top_keeps_what_filter_top_keeps_and_its_recipe_replays_it(tmp_path):
+    """`score --top COL=P%` (issue 24 item 4): the share resolved over the run when it ends, the
+    run's kept count the one `filter RUN --top COL=P%` gives; run.yaml carries it (top:), and the
+    replay resolves the same cut; the command line's share replaces the recipe's."""
+    urls, _ = make_shards(tmp_path / "shards", [5, 6])
+    first = str(tmp_path / "first")
+    result = cli(*urls, "--scorer", SCORER, "--top", "brightness=30%", "--out", first)
+    assert result.exit_code == 0, result.output
+    assert "--top brightness=30%: 4 of the 11 rows with a brightness -> brightness >=" in result.output
+    summary = json.load(open(os.path.join(first, "summary.json")))
+    filtered = CliRunner().invoke(main, ["filter", first, "--top", "brightness=30%", "--dry-run"])
+    assert filtered.exit_code == 0, filtered.output
+    assert f"all thresholds: {summary['kept']} of 11 kept" in filtered.output and summary["kept"] >= 4
+    cut = summary["thresholds"]["brightness"]["min"]
+    assert cut == sorted(b for _, b, _ in table(first))[-4]  # the 4th largest of 11: ceil(30% of 11)
+    recipe = read_recipe(os.path.join(first, RECIPE_FILE))
+    assert recipe["thresholds"] == {"min": {}, "max": {}, "top": {"brightness": 30.0}}
+    again = str(tmp_path / "again")
+    assert cli("--config", os.path.join(first, RECIPE_FILE), "--out", again).exit_code == 0
+    assert json.load(open(os.path.join(again, "summary.json")))["thresholds"] == summary["thresholds"]
+    over = str(tmp_path / "over")
+    assert cli("--config", os.path.join(first, RECIPE_FILE), "--out", over, "--top", "brightness=60%").exit_code == 0
+    assert read_recipe(os.path.join(over, RECIPE_FILE))["thresholds"]["top"] == {"brightness": 60.0}
+    assert json.load(open(os.path.join(over, "summary.json")))["kept"] >= 7  # ceil(60% of 11)

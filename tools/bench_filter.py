@@ -4,11 +4,14 @@
 A synthetic score folder in the layout `wdsfilter score` writes (scores/*.parquet with the base
 fields, done/*.json markers): FILES files of ROWS rows in all, clip_score rounded to 4 decimals
 (ties, 1% nulls). Each side runs as its own command (timed from start to exit; peak RSS
-is the child's own high-water mark); runs alternate and the best of N is kept.
+is the child's own high-water mark, CPU the child's user + system seconds, all threads); runs
+alternate and the best of N is kept. On a machine shared with other work the wall times swing
+with the load: the CPU seconds say what each side costs, whatever else runs.
 
     python tools/bench_filter.py [--rows 4000000] [--files 400] [--runs 3]
     python tools/bench_filter.py --rows 40000 --files 40 --runs 1      # a smoke test
     python tools/bench_filter.py --root /path/to/other/checkout         # time another version
+    python tools/bench_filter.py --before /path/to/old/checkout         # and an older one beside it
 
 Goal (issue 21): ratio wdsfilter / duckdb time = R <= 1.0, at no more peak memory. Needs duckdb
 (pip install 'wdsfilter[bench]'). Results and history: docs/dev.md.
@@ -82,7 +85,8 @@ def child(command: list, root: str = ROOT) -> dict:
     if proc.returncode not in (0, 1):
         raise SystemExit(f"{command[:4]} failed: {err}")
     lines = [line.strip() for line in out.splitlines() if line.strip()]
-    return {"seconds": seconds, "peak_mib": usage.ru_maxrss / 1024, "said": " | ".join(lines[:3])}
+    return {"seconds": seconds, "cpu": usage.ru_utime + usage.ru_stime, "peak_mib": usage.ru_maxrss / 1024,
+            "said": " | ".join(lines[:3])}
 
 
 def main() -> None:
@@ -91,6 +95,7 @@ def main() -> None:
     ap.add_argument("--files", type=int, default=400)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--root", default=ROOT, help="the wdsfilter checkout to time (another one: a before/after)")
+    ap.add_argument("--before", default=None, help="an older checkout, timed beside --root in the same runs")
     ap.add_argument("--make", nargs=3, metavar=("FOLDER", "ROWS", "FILES"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.make:
@@ -101,16 +106,27 @@ def main() -> None:
         subprocess.run([sys.executable, __file__, "--make", folder, str(args.rows), str(args.files)], check=True)
         best: dict = {}
         for _ in range(args.runs):
-            for name, command in (("wdsfilter", [a.format(run=folder) for a in WDSFILTER]),
-                                  ("duckdb", [sys.executable, "-c", DUCKDB, folder])):
-                got = child(command, args.root)
+            sides = [("wdsfilter", [a.format(run=folder) for a in WDSFILTER], args.root),
+                     ("duckdb", [sys.executable, "-c", DUCKDB, folder], args.root)]
+            if args.before:
+                sides.append(("before", [a.format(run=folder) for a in WDSFILTER], args.before))
+            for name, command, root in sides:
+                got = child(command, root)
+                cpu = min(got["cpu"], best[name]["cpu"]) if name in best else got["cpu"]
                 if name not in best or got["seconds"] < best[name]["seconds"]:
                     best[name] = got
+                best[name]["cpu"] = cpu  # the least CPU of the runs (the wall time's run may be another)
     w, d = best["wdsfilter"], best["duckdb"]
     print(f"{args.rows} rows in {args.files} score files, --top clip_score=30% --dry-run, best of {args.runs}")
     for name, got in best.items():
-        print(f"  {name:9}: {got['seconds']:.2f} s, peak RSS {got['peak_mib']:.0f} MiB; {got['said']}")
+        print(f"  {name:9}: {got['seconds']:.2f} s (CPU {got['cpu']:.2f} s), peak RSS {got['peak_mib']:.0f} MiB; "
+              f"{got['said']}")
     print(f"ratio wdsfilter / duckdb time = {w['seconds'] / d['seconds']:.2f} (goal <= 1.0)")
+    print(f"ratio wdsfilter / duckdb CPU = {w['cpu'] / d['cpu']:.2f}")
+    if args.before:
+        b = best["before"]
+        print(f"ratio before / duckdb time = {b['seconds'] / d['seconds']:.2f}, CPU = {b['cpu'] / d['cpu']:.2f}, "
+              f"peak RSS = {b['peak_mib'] / d['peak_mib']:.2f}")
     print(f"ratio wdsfilter / duckdb peak RSS = {w['peak_mib'] / d['peak_mib']:.2f}")
 
 

@@ -261,7 +261,7 @@ class LoaderOptions:
         minima, maxima = expand_shorthands(self.min_scores, self.max_scores, min_clip=self.min_clip,
                                            max_ocr_area=self.max_ocr_area)
         if self.top_scores or self.bottom_scores:
-            from .filtering.rules import resolve_for_loader
+            from .runfolder.shares import resolve_for_loader
             minima, maxima = resolve_for_loader(self.scores, minima, maxima, self.top_scores, self.bottom_scores)
         return minima, maxima
 

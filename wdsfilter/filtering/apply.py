@@ -178,7 +178,6 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
     stream_idle_seconds: such a source that sends nothing this long is killed (0: never), as in
     every other read of a shard (shards.IdleGuard). thresholds: minima and maxima as a
     thresholds.Thresholds (the scoring run's own), with those of mins/maxes."""
-    from .reshard import Resharder, Source
     echo = echo or (lambda line: None)
     spec = FilterSpec.parse(mins, maxes, tops, bottoms, thresholds)  # usage errors before any file is read
     if write_shards is not None and samples_per_shard < 1:
@@ -194,7 +193,12 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
     if dedup:  # `wdsfilter dedup`'s verdicts: survivors only, no eval match
         from ..runfolder.dedup import DedupMarks
         marks = DedupMarks(run.folder, [(s.name, s.score_file) for s in run.shards])
-    thresholds = resolve(spec, run)  # from here: every bound resolved (rules.Threshold), shares included
+    # Counted column-wise (no report, no --dedup): each score file read once, its threshold columns
+    # held for the shares too (judge.ShardTable), instead of a read to resolve and one to count.
+    tables = _read_tables(run, spec) if marks is None and (report is None or dry_run) else None
+    held = ({c: [t.numbers[c] for t in tables] for c in spec.columns()}
+            if tables is not None and all(t is not None for t in tables) else None)
+    thresholds = resolve(spec, run, held=held)  # from here: every bound resolved (rules.Threshold), shares included
     result = FilterResult(scores_dir=scores_dir, thresholds=thresholds, shards=len(run.shards),
                           unfinished=run.unfinished, dry_run=dry_run)
     result.counts = [{"kept": 0, "dropped": 0, "no_score": 0} for _ in thresholds]
@@ -202,13 +206,14 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
     if report is not None and not dry_run:
         from .report_data import ReportCollector
         collector = ReportCollector(run, thresholds, allow_pipe, allow_remote, stream_idle_seconds)
-    _count(run, thresholds, collector, marks, result)
+    _count(run, thresholds, collector, marks, result, tables)
     if dry_run:
         return result
     if thresholds and save_thresholds:
         result.files["thresholds (loader keyword arguments)"] = write_thresholds(
             os.path.join(scores_dir, "thresholds.json"), thresholds)
     if write_shards is not None:
+        from .reshard import Resharder, Source  # imports the score package's shard writer: only to write
         stage = run.stage
         writer = Resharder(write_shards, samples_per_shard, prefix, stage.get("rekey", "first-dot"), allow_pipe,
                            allow_remote, stream_idle_seconds, shard_echo, unique_keys, interleave)
@@ -235,21 +240,44 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
 def default_report(scores_dir: str, write_shards: Optional[str]) -> str:
     """Where filter's report goes unless --report says: beside what it wrote (the new shards),
     else filter_report.html in the score folder; never over the score run's own report.html."""
+    if write_shards is None:
+        return os.path.join(scores_dir, "filter_report.html")
     from .reshard import REPORT  # one of the files filter owns in OUT: never one of the user's replaced
-    return os.path.join(write_shards, REPORT) if write_shards is not None else \
-        os.path.join(scores_dir, "filter_report.html")
+    return os.path.join(write_shards, REPORT)
 
 
-def _count(run: ScoreRun, thresholds: Sequence[Threshold], collector, marks, result: FilterResult) -> None:
+def _read_tables(run: ScoreRun, spec: FilterSpec) -> Optional[list]:
+    """A judge.ShardTable per finished shard (None for a file the column-wise path cannot count),
+    read a few at a time in threads; None for a run with a JSON Lines file or of more rows than
+    quantile.IN_MEMORY_ROWS (its footers say): its shares stream and its files are counted one by one."""
+    from ..runfolder.quantile import IN_MEMORY_ROWS
+    from ..runfolder.shares import check_spec
+    from ..runfolder.tables import parquet_metadata
+    from .judge import read_shard_table
+    if not all(s.score_file.endswith(".parquet") for s in run.shards):
+        return None
+    from ..runfolder.tables import check_schema
+    in_threads(lambda s: check_schema(s.score_file), run.shards)  # the footers, read (and kept) a few at a time
+    check_spec(spec, run)  # a threshold on a column the files lack: said before the reads
+    if sum(parquet_metadata(s.score_file).num_rows for s in run.shards) > IN_MEMORY_ROWS:
+        return None
+    columns = spec.columns()
+    return in_threads(lambda s: read_shard_table(s.score_file, columns), run.shards)
+
+
+def _count(run: ScoreRun, thresholds: Sequence[Threshold], collector, marks, result: FilterResult,
+           tables: Optional[list] = None) -> None:
     """Every finished shard's rows judged and counted into `result` (rows, kept, per threshold,
-    reasons; --dedup's verdicts)."""
+    reasons; --dedup's verdicts). tables: _read_tables' (the files read already)."""
     reasons: Counter = Counter()
     if marks is not None:
         result.dedup = {"kept": 0, "duplicate": 0, "eval_match": 0}
     # Without a report or --dedup nothing looks at single rows: a Parquet table is counted
     # column-wise, a few files at a time (pyarrow reads without the GIL); the counts add up in order.
     tabled = [None] * len(run.shards)
-    if collector is None and marks is None:
+    if tables is not None and collector is None and marks is None:
+        tabled = [t.count(thresholds) if t is not None else None for t in tables]
+    elif collector is None and marks is None:
         tabled = in_threads(lambda s: count_table(s.score_file, thresholds) if s.score_file.endswith(".parquet")
                             else None, run.shards)
     for shard, counts in zip(run.shards, tabled):

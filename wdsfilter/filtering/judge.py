@@ -55,14 +55,56 @@ def count_table(path: str, thresholds: Sequence) -> Optional[ShardCounts]:
     """The counts of count_rows(judge_shard(...)) for one Parquet score file, read column-wise;
     None for a file whose rows lack keys, or that this fast path cannot read as written (count it
     row by row: the run folder's reader names what is damaged)."""
+    table = read_shard_table(path, [t.column for t in thresholds])
+    return None if table is None else table.count(thresholds)
+
+
+@dataclass
+class ShardTable:
+    """What count_table needs of one Parquet score file, read once: what does not depend on the
+    thresholds' values (rows, the rows kept by their status and key, the drops that come first)
+    and the threshold columns as float64 (NaN: no value). `wdsfilter filter --top` reads every
+    file once into these, resolves its shares from `numbers` and counts from them."""
+    rows: int
+    first_seen: List[Tuple[int, str, int]]  # (first row, reason, rows) of the drops before the thresholds
+    open_rows: object  # bool numpy array: rows still kept after status and duplicate keys
+    numbers: Dict[str, object]  # threshold column -> float64 numpy array, NaN where missing
+
+    def count(self, thresholds: Sequence) -> ShardCounts:
+        """ShardCounts of this file against resolved thresholds (rules.Threshold)."""
+        import numpy as np
+        n = self.rows
+        open_rows, first_seen = self.open_rows.copy(), list(self.first_seen)
+        out = ShardCounts(rows=n)
+        for t in thresholds:
+            values = self.numbers[t.column]
+            missing = np.isnan(values)
+            with np.errstate(invalid="ignore"):  # NaN compares False
+                passes = (values >= t.value if t.minimum else values <= t.value) & ~missing
+            kept, no_score = int(passes.sum()), int(missing.sum())
+            out.thresholds.append({"kept": kept, "dropped": n - kept - no_score, "no_score": no_score})
+            for rows, value in ((open_rows & missing, None), (open_rows & ~missing & ~passes, True)):
+                if rows.any():
+                    i = int(np.argmax(rows))
+                    first_seen.append((i, t.bound.drop_reason(None if value is None else values[i].item()),
+                                       int(rows.sum())))
+            open_rows &= passes
+        out.kept = int(open_rows.sum())
+        out.reasons = [(reason, rows) for _, reason, rows in sorted(first_seen, key=lambda x: x[0])]
+        return out
+
+
+def read_shard_table(path: str, columns: Sequence[str]) -> Optional[ShardTable]:
+    """A ShardTable of one Parquet score file with `columns` (the threshold columns); None where
+    count_table would be None."""
     from ..runfolder.tables import _arrow_errors
     try:
-        return _count_table(path, thresholds)
+        return _read_shard_table(path, columns)
     except _arrow_errors():
         return None
 
 
-def _count_table(path: str, thresholds: Sequence) -> Optional[ShardCounts]:
+def _read_shard_table(path: str, columns: Sequence[str]) -> Optional[ShardTable]:
     import numpy as np
 
     from ..runfolder.keep import KEPT_STATUSES
@@ -71,13 +113,12 @@ def _count_table(path: str, thresholds: Sequence) -> Optional[ShardCounts]:
     from .apply import DUPLICATE
     # The keys are read only when the writer did not record that none repeats (most of the read).
     read_keys = not unique_keys(path)
-    columns = list(dict.fromkeys([*(["key"] if read_keys else []), "status", "reason",
-                                  *[t.column for t in thresholds]]))
+    wanted = list(dict.fromkeys([*(["key"] if read_keys else []), "status", *columns]))
     # a Parquet file of another schema is the reader's one-line error (check_schema); strings as
     # codes: no Python str per row
     pf = open_parquet(path, dictionary=["key", "status"])
     present = set(pf.schema_arrow.names)
-    table = pf.read(columns=[c for c in columns if c in present], use_threads=False)
+    table = pf.read(columns=[c for c in wanted if c in present], use_threads=False)
     n = table.num_rows
     if read_keys and ("key" not in table.column_names or table.column("key").null_count):
         return None  # rows without a key: judge_shard's own way (each such row a duplicate of the first)
@@ -94,29 +135,15 @@ def _count_table(path: str, thresholds: Sequence) -> Optional[ShardCounts]:
     values = values.to_pylist() if values is not None else []  # a few distinct statuses
     usable = np.isin(status, [i for i, v in enumerate(values) if v in KEPT_STATUSES])
     not_kept = np.flatnonzero(open_rows & ~usable)
-    if len(not_kept):  # rare rows: their reason is the one rule's, row by row
-        reason = table.column("reason").to_pylist() if "reason" in table.column_names else [None] * n
+    if len(not_kept):  # rare rows: their reason is the one rule's, row by row (the column read for them only)
+        reason = pf.read(columns=["reason"], use_threads=False).column(0).to_pylist() \
+            if "reason" in present else [None] * n
         by_row = [(int(i), drop_reason({"status": None if np.isnan(status[i]) else values[int(status[i])],
                                         "reason": reason[i]}, ())) for i in not_kept]
         first_seen += _grouped(by_row)
     open_rows &= usable
-    out = ShardCounts(rows=n)
-    for t in thresholds:
-        values = _numbers(table, t.column, n)
-        missing = np.isnan(values)
-        with np.errstate(invalid="ignore"):  # NaN compares False
-            passes = (values >= t.value if t.minimum else values <= t.value) & ~missing
-        kept, no_score = int(passes.sum()), int(missing.sum())
-        out.thresholds.append({"kept": kept, "dropped": n - kept - no_score, "no_score": no_score})
-        for rows, value in ((open_rows & missing, None), (open_rows & ~missing & ~passes, True)):
-            if rows.any():
-                i = int(np.argmax(rows))
-                first_seen.append((i, t.bound.drop_reason(None if value is None else values[i].item()),
-                                   int(rows.sum())))
-        open_rows &= passes
-    out.kept = int(open_rows.sum())
-    out.reasons = [(reason, rows) for _, reason, rows in sorted(first_seen, key=lambda x: x[0])]
-    return out
+    numbers = {c: _numbers(table, c, n) for c in dict.fromkeys(columns)}
+    return ShardTable(n, first_seen, open_rows, numbers)
 
 
 def _grouped(by_row: List[Tuple[int, str]]) -> List[Tuple[int, str, int]]:

@@ -47,6 +47,11 @@ def _given(ctx: click.Context, param: str) -> bool:
 @click.option("--max-ocr-area", type=float, default=None, help="Keep samples with ocr_area <= X (share of the frame).")
 @click.option("--min", "mins", multiple=True, metavar="COLUMN=X", help="Keep samples with COLUMN >= X. Repeatable.")
 @click.option("--max", "maxes", multiple=True, metavar="COLUMN=X", help="Keep samples with COLUMN <= X. Repeatable.")
+@click.option("--top", "tops", multiple=True, metavar="COLUMN=P%",
+              help="Keep the P% of scored samples with the highest COLUMN, resolved over the whole run when it "
+                   "ends (as `wdsfilter filter --top`; not with --write-shards). Repeatable.")
+@click.option("--bottom", "bottoms", multiple=True, metavar="COLUMN=P%",
+              help="Keep the P% of scored samples with the lowest COLUMN (as --top). Repeatable.")
 @click.option("--write-shards", default=None, metavar="DIR", help="Write filtered shards (original bytes) here.")
 @click.option("--save-embeddings", is_flag=True, default=None,
               help="clip: also write float16 image/caption embeddings in clip-retrieval's layout: "
@@ -88,7 +93,8 @@ def _given(ctx: click.Context, param: str) -> bool:
 @verbosity_options(quiet="Say less: the result and errors only (no progress, scorer lines, plan or histograms).",
                    verbose="Say more: the whole plan (by default one line).")
 def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frames, frame_reduce, keyframes,
-          ocr_backend, ocr_model_dir, ocr_download, min_clip, max_ocr_area, mins, maxes, write_shards,
+          ocr_backend, ocr_model_dir, ocr_download, min_clip, max_ocr_area, mins, maxes, tops, bottoms,
+          write_shards,
           save_embeddings, device, gpus, batch_size, workers, replicas, max_memory, headroom, fit, fmt, resume,
           overwrite, retry_failed, dry_run, caption_key, image_key, rekey, image_token, max_pixels, config_file,
           max_bytes, allow_pipe, allow_remote, storage_options, engine,
@@ -99,6 +105,7 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
     from ..config import StageConfig, stage_overrides
     from . import SHORTCUTS, build_config
     from .recipe import merge, read_recipe
+    from ..runfolder.shares import parse_share
     from ..thresholds import parse_threshold
     from .config import parse_option
     from .engine import run_scoring
@@ -116,16 +123,20 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
         scorer_options.setdefault(name, {})[key] = value
     minima = dict(parse_threshold(t, "--min") for t in mins)
     maxima = dict(parse_threshold(t, "--max") for t in maxes)
+    top_shares = dict(parse_share(t, "--top") for t in tops)
+    bottom_shares = dict(parse_share(t, "--bottom") for t in bottoms)
     # Only the options given on the command line override the recipe (click's defaults do not).
     ctx = click.get_current_context()
     options = {"scorers": tuple(scorers), "min_clip": min_clip, "min_scores": minima, "max_ocr_area": max_ocr_area,
-               "max_scores": maxima, "scorer_options": scorer_options, "model": model, "pretrained": pretrained,
+               "max_scores": maxima, "top_shares": top_shares, "bottom_shares": bottom_shares,
+               "scorer_options": scorer_options, "model": model, "pretrained": pretrained,
                "precision": precision, "frames": frames, "frame_reduce": frame_reduce, "keyframes": keyframes,
                "ocr_backend": ocr_backend, "ocr_model_dir": ocr_model_dir, "ocr_download": ocr_download,
                "write_shards": write_shards, "save_embeddings": save_embeddings, "device": device, "gpus": gpus,
                "batch_size": batch_size, "workers": workers, "replicas": replicas, "max_memory": max_memory,
                "headroom": headroom, "fit": fit, "format": fmt}
-    params = {"min_scores": "mins", "max_scores": "maxes", "scorer_options": "scorer_opts", "format": "fmt"}
+    params = {"min_scores": "mins", "max_scores": "maxes", "top_shares": "tops", "bottom_shares": "bottoms",
+              "scorer_options": "scorer_opts", "format": "fmt"}
     given = {k: v for k, v in options.items() if _given(ctx, params.get(k, k))}
     merged = merge(recipe, given, SHORTCUTS)
     shards = list(shards) or recipe.get("shards") or []

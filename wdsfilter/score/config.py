@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..config import StageConfig
 from ..errors import ConfigError
@@ -38,6 +38,12 @@ class ScoreConfig:
     # scored it and every threshold column has a value within its bounds.
     thresholds: Dict[str, float] = field(default_factory=dict)
     max_thresholds: Dict[str, float] = field(default_factory=dict)
+    # Shares of the run (--top COL=P%, --bottom COL=P%: percent per column). Known only when every
+    # row is scored: resolved at the end of the run over its rows (runfolder/shares.py) for its
+    # summary, report and thresholds.json; a row's `kept` column, written while scoring, judges
+    # the minima and maxima only (docs/score.md).
+    top_shares: Dict[str, float] = field(default_factory=dict)
+    bottom_shares: Dict[str, float] = field(default_factory=dict)
     # Filtered copies of the shards (original member bytes of kept samples) go here.
     write_shards: Optional[str] = None
     # Model devices: "auto" (cuda when available, else cpu), "cpu", "cuda", "cuda:N".
@@ -154,6 +160,7 @@ class ScoreConfig:
                                       + "".join(f" or {k}:NAME" for k in DEVICE_KINDS))
         bounds = Thresholds.build(self.thresholds, self.max_thresholds)
         self.thresholds, self.max_thresholds = dict(bounds.minima), dict(bounds.maxima)
+        self._check_shares()
         self.scorer_options = {str(k): dict(v) for k, v in dict(self.scorer_options).items()}
         if not isinstance(self.stage, StageConfig):
             raise ConfigError("stage must be a StageConfig")
@@ -162,6 +169,26 @@ class ScoreConfig:
     def bounds(self) -> Thresholds:
         """thresholds and max_thresholds as one Thresholds (the keep test of a row)."""
         return Thresholds(dict(self.thresholds), dict(self.max_thresholds))
+
+    def _check_shares(self) -> None:
+        from ..runfolder.shares import check_percent
+        self.top_shares = {str(c): check_percent(p, f"--top {c}") for c, p in dict(self.top_shares or {}).items()}
+        self.bottom_shares = {str(c): check_percent(p, f"--bottom {c}")
+                              for c, p in dict(self.bottom_shares or {}).items()}
+        if self.write_shards and self.shares:  # the shards are written as rows are scored, before the cut is known
+            c, option = self.shares[0]
+            raise ConfigError(f"--write-shards with {option} {c}=...%: a share is known only when the whole run is "
+                              f"scored, after the shards are written; score without --write-shards, then run "
+                              f"`wdsfilter filter {self.out} {option} {c}=P% --write-shards DIR`")
+
+    @property
+    def shares(self) -> List[Tuple[str, str]]:
+        """(column, "--top" or "--bottom") of every share given."""
+        return [(c, "--top") for c in self.top_shares] + [(c, "--bottom") for c in self.bottom_shares]
+
+    def threshold_columns(self) -> List[str]:
+        """Every column a threshold or a share names, each once."""
+        return list(dict.fromkeys([*self.bounds.columns(), *(c for c, _ in self.shares)]))
 
     @property
     def row_bounds(self) -> Optional[Thresholds]:

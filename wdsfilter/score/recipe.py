@@ -5,7 +5,7 @@ every run writes to OUT/run.yaml, so `wdsfilter score --config OUT/run.yaml` run
     out: out/scores
     scorers: [clip, ocr]
     scorer_options: {clip: {model: "local-dir:models/tiny-clip"}, ocr: {max_side: 640}}
-    thresholds: {min: {clip_score: 0.2}, max: {ocr_area: 0.1}}
+    thresholds: {min: {clip_score: 0.2}, max: {ocr_area: 0.1}, top: {clip_score: 30}}
     stage: {caption_key: "txt;json:description"}
     write_shards: filtered/
     engine: local
@@ -34,6 +34,8 @@ ENGINES = ("local", "ray")
 OPTIONS = ("write_shards", "device", "gpus", "devices", "batch_size", "workers", "replicas", "prefetch", "max_memory",
            "headroom", "fit", "format", "max_batch", "cpu_max_batch", "min_free_host", "histogram_bins",
            "probe_samples", "probe_scan", "probe_seconds", "worker_start")
+# thresholds: {min: {COLUMN: X}, max: ..., top: {COLUMN: PERCENT}, bottom: ...} -> build_config's keywords
+THRESHOLD_KEYS = {"min": "min_scores", "max": "max_scores", "top": "top_shares", "bottom": "bottom_shares"}
 KEYS = ("shards", "out", "scorers", "scorer_options", "thresholds", "stage", "engine") + OPTIONS
 
 
@@ -70,8 +72,10 @@ def read_recipe(path: str) -> Dict[str, Any]:
     if data.get("engine", "local") not in ENGINES:
         raise ConfigError(f"--config {path}: engine must be one of {ENGINES}, got {data['engine']!r}")
     thresholds = data.get("thresholds") or {}
-    if not isinstance(thresholds, dict) or set(thresholds) - {"min", "max"}:
-        raise ConfigError(f"--config {path}: thresholds is {{min: {{COLUMN: X}}, max: {{COLUMN: X}}}}")
+    if not isinstance(thresholds, dict) or set(thresholds) - set(THRESHOLD_KEYS) \
+            or not all(isinstance(v or {}, dict) for v in thresholds.values()):
+        raise ConfigError(f"--config {path}: thresholds is {{min: {{COLUMN: X}}, max: {{COLUMN: X}}, "
+                          f"top: {{COLUMN: PERCENT}}, bottom: {{COLUMN: PERCENT}}}}")
     for key in ("scorer_options", "stage"):
         if not isinstance(data.get(key) or {}, dict):
             raise ConfigError(f"--config {path}: {key} is a mapping")
@@ -90,7 +94,10 @@ def recipe_of(cfg: ScoreConfig, urls: Sequence[str], engine: str = "local") -> O
     from ..shards import absolute_url
     recipe: Dict[str, Any] = {"shards": [absolute_url(u) for u in urls], "out": os.path.abspath(cfg.out), "scorers": list(cfg.scorers),
                               "scorer_options": cfg.scorer_options,
-                              "thresholds": {"min": dict(cfg.thresholds), "max": dict(cfg.max_thresholds)},
+                              "thresholds": {"min": dict(cfg.thresholds), "max": dict(cfg.max_thresholds),
+                                             # shares only where given: a recipe without them reads as before
+                                             **({"top": dict(cfg.top_shares)} if cfg.top_shares else {}),
+                                             **({"bottom": dict(cfg.bottom_shares)} if cfg.bottom_shares else {})},
                               # never a permission to run commands (a replay passes --allow-pipe again) nor
                               # storage options (secrets: a replay passes --storage-option again)
                               "stage": {k: v for k, v in cfg.stage.to_dict().items()
@@ -130,7 +137,7 @@ def merge(recipe: Dict[str, Any], given: Dict[str, Any], shortcuts: Dict[str, Li
         options.setdefault(name, {}).update(extra)
     out["scorer_options"] = options
     thresholds = recipe.get("thresholds") or {}
-    out["min_scores"] = {**(thresholds.get("min") or {}), **(given.pop("min_scores", None) or {})}
-    out["max_scores"] = {**(thresholds.get("max") or {}), **(given.pop("max_scores", None) or {})}
+    for key, name in THRESHOLD_KEYS.items():  # per column: the command line's bound replaces the file's
+        out[name] = {**(thresholds.get(key) or {}), **(given.pop(name, None) or {})}
     out.update(given)
     return out

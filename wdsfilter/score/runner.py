@@ -16,6 +16,7 @@ from ..errors import ConfigError, require
 from ..keycheck import check_keys
 from ..shards import expand_urls, is_local, unique_urls
 from ..specs import utf8_text
+from ..thresholds import Thresholds
 from ..filtering.apply import score_report
 from .config import ScoreConfig
 from .faults import disk_full, is_disk_full
@@ -170,14 +171,17 @@ class Run:
                 summary.stage_counts = outcome.stage_counts
         files = self.state.done_score_files()
         summary.shards_cut = self.state.cut_shards()
-        for k, v in summarize_files(files, self.columns, cfg.bounds, cfg.histogram_bins).items():
+        bounds = self.resolved_bounds(bool(files))
+        for k, v in summarize_files(files, self.columns, bounds, cfg.histogram_bins).items():
             setattr(summary, k, v)
         summary.files = {"scores": self.state.scores_dir, "summary": os.path.join(cfg.out, "summary.json"),
-                         "histograms": plot_histograms(summary.columns, cfg.bounds,
+                         "histograms": plot_histograms(summary.columns, bounds,
                                                        os.path.join(cfg.out, "histograms.png")),
                          "filtered shards": cfg.write_shards}
         summary.files["failures"] = self.record_failures()
-        summary.files["report"] = score_report(cfg.out, cfg.thresholds, cfg.max_thresholds,
+        if cfg.shares and files:
+            summary.files["thresholds"] = os.path.join(cfg.out, "thresholds.json")
+        summary.files["report"] = score_report(cfg.out, bounds.minima, bounds.maxima,
                                                cfg.stage.allow_pipe, cfg.stage.allow_remote)
         if self.remote:  # the summary and report name the bucket's objects, not the staging copy
             self.remote.publish_text(summary.files["report"])
@@ -189,6 +193,21 @@ class Run:
         if summary.scored == 0:
             raise NothingScoredError(nothing_scored_text(summary, len(files), self.state.scores_dir))
         return summary
+
+    def resolved_bounds(self, any_files: bool) -> Thresholds:
+        """The run's minima and maxima with its shares (--top/--bottom) resolved over every finished
+        row, as `wdsfilter filter` resolves them (runfolder/shares.py), written to OUT/thresholds.json
+        (the loader's keyword arguments); cfg.bounds when the run has no share (or no row yet)."""
+        cfg = self.cfg
+        if not cfg.shares or not any_files:
+            return cfg.bounds
+        from ..runfolder.shares import resolve_over_run, write_thresholds
+        thresholds = resolve_over_run(cfg.out, cfg.thresholds, cfg.max_thresholds, cfg.top_shares, cfg.bottom_shares)
+        for t in thresholds:
+            if t.share is not None:
+                self.echo(f"{t.given}: {t.rank} of the {t.scored} rows with a {t.column} -> {t.describe()}")
+        write_thresholds(os.path.join(cfg.out, "thresholds.json"), thresholds)
+        return Thresholds.strictest(t.bound for t in thresholds)
 
     def record_failures(self, unfinished: Sequence[dict] = ()) -> Optional[str]:
         """The failure ledger at the end of a run (ledger.py): an entry for each shard that failed

@@ -148,7 +148,7 @@ def check_before_torch(cfg: ScoreConfig) -> None:
 
 
 def check_threshold_columns(cfg: ScoreConfig, columns) -> None:
-    missing = [c for c in cfg.bounds.columns() if c not in columns]
+    missing = [c for c in cfg.threshold_columns() if c not in columns]
     if missing:
         raise ConfigError(f"threshold(s) on {missing}, which no scorer of this run writes; "
                           f"score columns: {', '.join(columns)}")

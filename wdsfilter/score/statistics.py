@@ -12,6 +12,7 @@ from collections import Counter
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..atomic import atomic_path
+from ..runfolder.keep import keep_reason
 from ..runfolder.tables import read_table
 from ..thresholds import Thresholds, is_missing
 
@@ -44,14 +45,20 @@ def summarize_files(paths: Sequence[str], columns: Sequence[str], thresholds: Op
                  for b in thresholds.bounds()]
     stats: Dict[str, dict] = {}
     for path in paths:
-        t = read_table(path, ["status", "reason", "kept"] + list(columns))
+        t = read_table(path, ["status", "reason"] + list(columns))
         n = len(t["status"])
         rows += n
         status.update(t["status"])
         for r in t["reason"]:
             if r:
                 reasons.update(str(r).split(";"))
-        kept += sum(1 for k in t["kept"] if k)
+        # the one keep rule with these thresholds (the run's, its shares resolved), not the `kept`
+        # column, which a share resolved at the end of the run did not decide
+        if thresholds:
+            judged = [c for c in ("status", "reason", *thresholds.columns()) if c in t]
+            kept += sum(1 for i in range(n) if keep_reason({c: t[c][i] for c in judged}, thresholds) is None)
+        else:  # no threshold: the rule asks the status only
+            kept += sum(1 for s in t["status"] if keep_reason({"status": s}) is None)
         for bound, th in per_bound:
             for v in t.get(bound.column, [None] * n):
                 th["no_score" if is_missing(v) else "kept" if bound.passes(v) else "dropped"] += 1

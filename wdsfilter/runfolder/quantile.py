@@ -11,7 +11,10 @@ The rank is exact: the value returned is the k-th smallest value read, no interp
 
 A run whose column fits in IN_MEMORY_ROWS rows is read once instead (runfolder.tables.column_numbers:
 8 bytes a row) and the rank taken with numpy's partition (`share_value`): the same value, one read
-of each file instead of a pass per narrowing.
+of each file instead of a pass per narrowing. Where the column is held already, in pieces with NaN
+for missing values (`wdsfilter filter` keeps each file's threshold columns to count them),
+`share_of_chunks` takes the rank from them without a copy of the column: one histogram pass, then
+the values of the one bin that holds the rank, partitioned.
 """
 from __future__ import annotations
 
@@ -123,3 +126,41 @@ def share_value(values, percent: float, top: bool) -> Tuple[float, int]:
     i = n - k if top else k - 1  # the k-th largest is the (n - k + 1)-th smallest
     values.partition(i)
     return float(values[i]), k
+
+
+SAMPLE = 1 << 16  # values looked at to bracket the rank before the one pass over the column
+
+
+def share_of_chunks(chunks, percent: float, top: bool) -> Tuple[float, int, int]:
+    """(v, k, n) of a --top (top) or --bottom share over float64 arrays held in memory, NaN for a
+    missing value (left out of n): the (v, k) of share_value over the values, n the values counted.
+    The arrays are not changed. An evenly spaced sample of SAMPLE values brackets the rank with a
+    margin; one pass counts the values under the bracket and keeps those inside it, and the rank is
+    taken there with numpy's partition (exact). Memory beyond the arrays: the bracket's values, a
+    few per cent of the column; a bracket that misses the rank (values in an adversarial order)
+    costs one copy of the column, partitioned whole."""
+    import numpy as np
+    chunks = [c for c in chunks if len(c)]
+    total = sum(len(c) for c in chunks)
+    step = max(1, total // SAMPLE)
+    sample = np.concatenate([c[::step] for c in chunks] or [np.empty(0)])
+    sample = np.sort(sample[~np.isnan(sample)])
+    counted = [(int(np.count_nonzero(~np.isnan(c))), c) for c in chunks]
+    n = sum(m for m, _ in counted)
+    if not n:
+        return math.nan, 0, 0
+    k = share_rank(n, percent)
+    rank = n - k + 1 if top else k  # 1-based, among the values in ascending order
+    if len(sample):
+        m = len(sample)
+        at, margin = (rank - 0.5) / n * m, 4 * math.sqrt(m) + 8
+        lo = sample[max(0, int(at - margin))] if at - margin > 0 else -math.inf
+        hi = sample[min(m - 1, int(at + margin))] if at + margin < m - 1 else math.inf
+        below = sum(int(np.count_nonzero(c < lo)) for _, c in counted)
+        if below < rank:
+            with np.errstate(invalid="ignore"):
+                inside = np.concatenate([c[(c >= lo) & (c <= hi)] for _, c in counted])
+            if rank - below <= len(inside):
+                return float(np.partition(inside, rank - below - 1)[rank - below - 1]), k, n
+    values = np.concatenate([c[~np.isnan(c)] for _, c in counted])  # the bracket missed: the whole column
+    return float(np.partition(values, rank - 1)[rank - 1]), k, n
