@@ -86,12 +86,37 @@ def filesystem(url: str, storage_options: Optional[Mapping] = None):
     fsspec = require("fsspec", f"reading {scheme}:// shards", INSTALL)
     require(module, f"reading {scheme}:// shards", INSTALL)
     try:
-        fs = fsspec.filesystem(protocol, **dict(storage_options or {}))
+        if protocol == "gs" and _gcs_emulator(storage_options):
+            fs = _gcs_emulated(storage_options)
+        else:
+            fs = fsspec.filesystem(protocol, **dict(storage_options or {}))
     except TypeError as e:  # an unknown --storage-option: named without its value
         raise ConfigError(f"{scheme}://: a storage option was not accepted ({_strip(str(e))}); "
                           f"options given: {sorted(storage_options or {})}") from None
     path = url if protocol in ("http", "https") else fs._strip_protocol(url)
     return fs, path
+
+
+def _gcs_emulator(storage_options: Optional[Mapping]) -> Optional[str]:
+    """The GCS emulator's address (STORAGE_EMULATOR_HOST, or an endpoint_url storage option), or
+    None for Google's own service."""
+    endpoint = (storage_options or {}).get("endpoint_url") or os.environ.get("STORAGE_EMULATOR_HOST")
+    return None if endpoint in (None, "", "default") or "googleapis.com" in str(endpoint) else str(endpoint)
+
+
+def _gcs_emulated(storage_options: Optional[Mapping]):
+    """gcsfs's filesystem for an emulator (fake-gcs-server, gcp-storage-emulator). Two differences
+    from Google's service: gcsfs's default class asks Google's storage control API (gRPC, its own
+    address) for each bucket's layout, which an emulator does not serve (60 s of retries per
+    bucket, not cached): the core class is used; and no credentials are looked up unless given
+    (`token=`), as Google's client does for STORAGE_EMULATOR_HOST (the lookup would ask a cloud
+    metadata server)."""
+    import fsspec.config
+    from gcsfs.core import GCSFileSystem
+    options = dict(storage_options or {})
+    if "token" not in options and "token" not in (fsspec.config.conf.get("gs") or {}):
+        options["token"] = "anon"
+    return GCSFileSystem(**options)
 
 
 @contextmanager
