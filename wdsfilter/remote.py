@@ -88,6 +88,8 @@ def filesystem(url: str, storage_options: Optional[Mapping] = None):
     try:
         if protocol == "gs" and _gcs_emulator(storage_options):
             fs = _gcs_emulated(storage_options)
+        elif protocol == "hf":
+            fs = fsspec.filesystem(protocol, **_hf_options(storage_options))
         else:
             fs = fsspec.filesystem(protocol, **dict(storage_options or {}))
     except TypeError as e:  # an unknown --storage-option: named without its value
@@ -117,6 +119,16 @@ def _gcs_emulated(storage_options: Optional[Mapping]):
     if "token" not in options and "token" not in (fsspec.config.conf.get("gs") or {}):
         options["token"] = "anon"
     return GCSFileSystem(**options)
+
+
+def _hf_options(storage_options: Optional[Mapping]) -> Dict:
+    """HfFileSystem's options: HF_ENDPOINT (a mirror, a private Hub) read when the filesystem is
+    made, not only when huggingface_hub was first imported (which another library may have done
+    before the variable was set). HF_TOKEN is read by huggingface_hub at each request."""
+    options = dict(storage_options or {})
+    if not options.get("endpoint") and os.environ.get("HF_ENDPOINT"):
+        options["endpoint"] = os.environ["HF_ENDPOINT"].rstrip("/")
+    return options
 
 
 @contextmanager
@@ -235,6 +247,9 @@ def list_shards(url: str, suffixes: Sequence[str], storage_options: Optional[Map
     except FileNotFoundError:
         found = []
     except OSError as e:
+        if _status(e) in (401, 403):  # huggingface_hub's HTTP errors are OSErrors, not PermissionErrors
+            raise ConfigError(f"{shown}: listing is forbidden (HTTP {_status(e)}); credentials: "
+                              f"{credential_source(url, storage_options)}") from None
         raise ConfigError(f"{shown}: cannot be listed: {type(e).__name__}: {_strip(str(e))}") from None
     if isinstance(found, dict):
         found = list(found)
@@ -246,12 +261,24 @@ def list_shards(url: str, suffixes: Sequence[str], storage_options: Optional[Map
 
 
 def _missing_why(fs, path: str, scheme: str) -> str:
+    if scheme == "hf":
+        return _hf_missing_why(fs, path)
     root = path.split("/", 1)[0]
     try:
         if scheme in ("s3", "gs", "gcs") and not fs.exists(root):
             return f"the bucket {root!r} does not exist"
     except OSError as e:
         return f"the bucket {root!r} cannot be read ({type(e).__name__})"
+    return "the prefix is empty or matches nothing"
+
+
+def _hf_missing_why(fs, path: str) -> str:
+    try:
+        fs.resolve_path(path)
+    except FileNotFoundError as e:
+        return f"{_strip(str(e))} (credentials: {credential_source('hf://' + path)})"
+    except (OSError, ValueError, NotImplementedError) as e:
+        return f"hf://{path} cannot be read ({type(e).__name__}: {_strip(str(e))})"
     return "the prefix is empty or matches nothing"
 
 
@@ -340,7 +367,11 @@ def check_output_url(url: str, option: str, storage_options: Optional[Mapping] =
     from .errors import OutputError
     scheme = scheme_of(url)
     if scheme in ("http", "https"):
-        raise OutputError(f"{option} {redact_url(url)}: a web server cannot be written to; use s3://, gs:// or hf://")
+        raise OutputError(f"{option} {redact_url(url)}: a web server cannot be written to; use s3:// or gs://")
+    if scheme == "hf":  # each write would be a commit, and a repo has no conditional put for the lock
+        raise OutputError(f"{option} {redact_url(url)}: the Hugging Face Hub is not written to directly (every "
+                          f"object would be a commit, and it has no conditional put for a run's lock); write "
+                          f"locally or to a bucket, then upload with `huggingface-cli upload`")
     fs, path = filesystem(url, storage_options)
     root = path.split("/", 1)[0]
     try:
