@@ -134,16 +134,30 @@ def test_a_read_reset_mid_shard_resumes_inside_it_through_a_fault_proxy(gcs, loc
             size = os.path.getsize(local[1][0])
             block = 8 << 10
             mid = size // 2 // block * block  # the start of the block that holds the middle byte
-            proxy.fail(path, ("reset", mid + 100))
+            proxy.fail(path, ("reset", mid + 100), ("status", 503, "0"))
             with open(local[1][0], "rb") as f:
                 expected = _members(f)
             stream = open_shard(urls[0], remote=RemoteOptions(block_bytes=block, readahead=1, backoff_seconds=0.01))
             assert _members(stream) == expected
+            assert stream.retries == 2  # ours, counted: gcsfs's own retry loop is not in the way
             starts = [int(r.split("=")[1].split("-")[0]) for r in proxy.gets(path) if r]
-            assert starts.count(mid) == 2 and mid > 0  # that block again, nothing before it
-            assert starts.count(0) == 1 and len(starts) == len(set(starts)) + 1
+            assert starts.count(mid) == 3 and mid > 0  # that block again (twice), nothing before it
+            assert starts.count(0) == 1 and len(starts) == len(set(starts)) + 2
         finally:
             clear_gcsfs_cache()
+
+
+def test_an_object_replaced_mid_read_fails_the_shard_never_spliced(gcs, local):
+    from wdsfilter.remote import ObjectChanged
+    _, fs, _ = gcs
+    with open(local[1][1], "rb") as f:
+        data = f.read()
+    fs.pipe_file(f"{BUCKET}/swap/shard.tar", data)
+    stream = open_shard(f"gs://{BUCKET}/swap/shard.tar", remote=RemoteOptions(block_bytes=4096, readahead=1))
+    assert stream.read(4096) == data[:4096]
+    fs.pipe_file(f"{BUCKET}/swap/shard.tar", data[::-1])  # a new generation, the same size
+    with pytest.raises(ObjectChanged, match=r"changed while it was read \(at byte [0-9,]+ of"):  # the 412, not the end check
+        stream.read()
 
 
 def test_a_run_folder_on_gs_holds_the_local_rows_and_its_lock_refuses_a_second_run(gcs, local, staging):

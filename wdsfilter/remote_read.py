@@ -55,6 +55,8 @@ class RemoteShard:
         self._stream = fs.open(path, "rb", block_size=0) if self.size is None else None
         self.version = _version(info)
         self.etag = info.get("ETag") or info.get("etag")
+        # gs://: each ranged read asks for this generation (`generation=`), and is sent by us (_gcs_range)
+        self.generation = info.get("generation") if scheme_of(url) in ("gs", "gcs") else None
         self.kind = "s3" if scheme_of(url) == "s3" else "http" if scheme_of(url) in ("http", "https") else "other"
         self.get_fs = _getter(url, fs, options)
         # S3 and HTTP: one GET from the byte reached to the end, its body handed over in chunks
@@ -306,6 +308,8 @@ class RemoteShard:
                                                     self.get_fs.loop)
         if self.kind == "http":
             return asyncio.run_coroutine_threadsafe(_http_range(self.fs, self.path, start, end, self.etag), loop)
+        if self.generation is not None:
+            return asyncio.run_coroutine_threadsafe(_gcs_range(self.fs, self.path, start, end, self.generation), loop)
         if getattr(self.fs, "async_impl", False) and loop is not None:
             return asyncio.run_coroutine_threadsafe(self.fs._cat_file(self.path, start=start, end=end), loop)
         fut: concurrent.futures.Future = concurrent.futures.Future()
@@ -423,6 +427,38 @@ async def _http_range(fs, url: str, start: int, end: int, etag: Optional[str]) -
     """fsspec's http session, our own ranged GET: a server that ignores Range would otherwise send
     the whole object into memory; here at most the range is read."""
     async with _ranged_get(fs, url, start, str(end - 1), etag) as r:
+        want, parts, got = end - start, [], 0
+        while got < want:
+            chunk = await r.content.read(min(want - got, 1 << 20))
+            if not chunk:
+                break
+            parts.append(chunk)
+            got += len(chunk)
+        return b"".join(parts)
+
+
+async def _gcs_range(fs, path: str, start: int, end: int, generation) -> bytes:
+    """gcsfs's session and credentials, our own ranged GET of one generation of a GCS object (the
+    one the shard was opened at: `generation=`), so two versions are never spliced: once the object
+    is replaced or deleted that generation is gone (HTTP 404; a versioned bucket still serves it).
+    Not gcsfs's _cat_file: its own retry loop (6 tries, 1 to 32 s apart, from the start of the
+    range) would retry unseen, uncounted in remote_retries and deaf to Retry-After; here every
+    failure comes back to RemoteShard, which retries it."""
+    await fs._set_session()
+    url = fs.url(path, generation=generation)
+    headers = fs._get_headers({"Range": f"bytes={start}-{end - 1}"})
+    async with fs.session.get(url, headers=headers, params=fs._get_params({}),
+                              timeout=fs.requests_timeout) as r:
+        if r.status in (404, 412):
+            raise ObjectChanged(f"HTTP {r.status}: generation {generation} of the object is no longer there "
+                                f"(replaced or deleted)")
+        if r.status in (401, 403):
+            raise PermissionError(f"HTTP {r.status}: access denied")
+        if r.status >= 400:
+            r.raise_for_status()  # ClientResponseError: its status and headers (Retry-After) are read
+        if r.status != 206 and start != 0:
+            raise RangeIgnored(f"the server ignored the Range request (HTTP {r.status}), so a read cannot resume "
+                               f"there")
         want, parts, got = end - start, [], 0
         while got < want:
             chunk = await r.content.read(min(want - got, 1 << 20))
