@@ -220,3 +220,41 @@ def test_the_gs_lock_is_created_and_taken_over_with_generation_preconditions(gcs
     a.release()
     fs.invalidate_cache()
     assert not fs.exists(key)
+
+
+def test_shards_reports_and_stats_written_to_gs_are_the_bytes_of_local_ones(gcs, local, staging):
+    """score --write-shards and filter --write-shards into the bucket give the shards a local
+    folder gets, byte for byte; validate --output and --stats-dir write their objects there."""
+    _, fs, _ = gcs
+    here = str(staging / "here")
+
+    def objects(prefix):
+        fs.invalidate_cache()
+        return {k.rsplit("/", 1)[1]: fs.cat_file(k) for k in fs.find(f"{BUCKET}/{prefix}/")}
+
+    def files(folder):
+        return {os.path.basename(p): open(p, "rb").read() for p in glob.glob(os.path.join(folder, "*"))}
+    assert _score(local[0], here, "--min", "brightness=0.5", "--write-shards", str(staging / "kept")).exit_code == 0
+    r = _score(f"gs://{BUCKET}/laion/", f"gs://{BUCKET}/runs/ws", "--min", "brightness=0.5",
+               "--write-shards", f"gs://{BUCKET}/kept/ws")
+    assert r.exit_code == 0, r.output
+    assert set(files(staging / "kept")) >= {"shard-0000.tar", "sizes.json"}
+    local_kept, remote_kept = files(staging / "kept"), objects("kept/ws")
+    assert {k: v for k, v in remote_kept.items() if k.endswith(".tar")} == \
+        {k: v for k, v in local_kept.items() if k.endswith(".tar")}
+    a = _cli("filter", here, "--min", "brightness=0.6", "--write-shards", str(staging / "refiltered"), "--no-report",
+             "--allow-remote")
+    b = _cli("filter", f"gs://{BUCKET}/runs/ws", "--min", "brightness=0.6", "--write-shards",
+             f"gs://{BUCKET}/refiltered", "--no-report", "--allow-remote")
+    assert a.exit_code == b.exit_code == 0, b.output
+    local_files, remote_files = files(staging / "refiltered"), objects("refiltered")
+    assert any(k.endswith(".tar") for k in local_files)
+    assert {k: v for k, v in remote_files.items() if k.endswith(".tar")} == \
+        {k: v for k, v in local_files.items() if k.endswith(".tar")}
+    assert ".lock.json" not in remote_files
+    r = _cli("validate", f"gs://{BUCKET}/laion/", "--format", "json", "--output", f"gs://{BUCKET}/reports/v.json",
+             "--stats-dir", f"gs://{BUCKET}/stats")
+    assert r.exit_code == 1, r.output  # findings: the corrupt image, the missing caption
+    report = json.loads(objects("reports")["v.json"])
+    assert len(report["shards"]) == 3
+    assert set(objects("stats")) == {f"shard-000{i}_stats.json" for i in range(3)} | {"sizes.json"}
