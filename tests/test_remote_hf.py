@@ -135,6 +135,32 @@ def test_score_on_hf_gives_the_rows_of_the_local_read_and_writes_no_token(hub, l
     assert server.unknown == [] and set(server.auth) == {f"Bearer {TOKEN}"}
 
 
+def test_a_read_reset_mid_shard_resumes_inside_it_through_a_fault_proxy(hub, local, monkeypatch):
+    """A proxy in front of the Hub resets the connection of one ranged read in the middle of the
+    shard: that block is asked again (not the shard from byte 0), the retry is ours (counted), the
+    members are byte-exact, and the token went through the proxy to the Hub."""
+    from faultkit import S3FaultProxy
+    server, urls = hub
+    with S3FaultProxy(server.url) as proxy:
+        monkeypatch.setenv("HF_ENDPOINT", proxy.url)
+        clear_hf_cache()
+        try:
+            path = f"datasets/{REPO}/resolve/main/data/train/shard-0000.tar"
+            size, block = os.path.getsize(local[1][0]), 8 << 10
+            mid = size // 2 // block * block
+            proxy.fail(path, ("reset", mid + 100))
+            with open(local[1][0], "rb") as f:
+                expected = _members(f)
+            stream = open_shard(urls[0], remote=RemoteOptions(block_bytes=block, readahead=1, backoff_seconds=0.01))
+            assert _members(stream) == expected
+            assert stream.retries == 1
+            starts = [int(r.split("=")[1].split("-")[0]) for r in proxy.gets(path) if r]
+            assert starts.count(mid) == 2 and mid > 0 and starts.count(0) == 1
+        finally:
+            clear_hf_cache()
+    assert set(server.auth) == {f"Bearer {TOKEN}"}
+
+
 def test_a_wrong_token_is_exit_2_naming_hf_token_never_its_value(hub, monkeypatch):
     server, _ = hub
     monkeypatch.setenv("HF_TOKEN", "hf_wrongWRONGwrong")
