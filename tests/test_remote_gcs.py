@@ -258,3 +258,18 @@ def test_shards_reports_and_stats_written_to_gs_are_the_bytes_of_local_ones(gcs,
     report = json.loads(objects("reports")["v.json"])
     assert len(report["shards"]) == 3
     assert set(objects("stats")) == {f"shard-000{i}_stats.json" for i in range(3)} | {"sizes.json"}
+
+
+def test_the_loader_and_sort_shard_read_gs_shards(gcs, local, tmp_path):
+    import wdsfilter
+    urls = gcs[-1]
+    loaders = [wdsfilter.loader(source, batch_size=4, num_workers=workers, output="dict", **FAST)
+               for source, workers in ((local[0], 0), (f"gs://{BUCKET}/laion/", 0), (f"gs://{BUCKET}/laion/", 2))]
+    seen = []
+    for loader in loaders:  # workers open their own shards: the order across workers may differ
+        seen.append(sorted((s["__key__"], s["caption"], s["image"].tobytes()) for batch in loader for s in batch))
+    assert len(seen[0]) == 26 and seen[0] == seen[1] == seen[2]
+    r = _cli("sort-shard", urls[0], str(tmp_path / "sorted.tar"))
+    assert r.exit_code == 0, r.output
+    assert _cli("sort-shard", local[1][0], str(tmp_path / "sorted-local.tar")).exit_code == 0
+    assert open(tmp_path / "sorted.tar", "rb").read() == open(tmp_path / "sorted-local.tar", "rb").read()

@@ -185,3 +185,18 @@ def test_outputs_to_hf_are_refused_with_one_line_before_torch(tmp_path, local, c
     assert code == 2, output
     assert_one_line_error(output, "the Hugging Face Hub is not written to directly", "huggingface-cli upload")
     assert not (tmp_path / "out").exists()
+
+
+def test_the_loader_and_sort_shard_read_hf_shards(hub, local, tmp_path):
+    import wdsfilter
+    urls = hub[-1]
+    loaders = [wdsfilter.loader(source, batch_size=4, num_workers=workers, output="dict", **FAST)
+               for source, workers in ((local[0], 0), (f"hf://datasets/{REPO}/data/", 0), (f"hf://datasets/{REPO}/data/", 2))]
+    seen = []
+    for loader in loaders:  # workers open their own shards: the order across workers may differ
+        seen.append(sorted((s["__key__"], s["caption"], s["image"].tobytes()) for batch in loader for s in batch))
+    assert len(seen[0]) == 26 and seen[0] == seen[1] == seen[2]
+    r = _cli("sort-shard", urls[0], str(tmp_path / "sorted.tar"))
+    assert r.exit_code == 0, r.output
+    assert _cli("sort-shard", local[1][0], str(tmp_path / "sorted-local.tar")).exit_code == 0
+    assert open(tmp_path / "sorted.tar", "rb").read() == open(tmp_path / "sorted-local.tar", "rb").read()
