@@ -7,10 +7,13 @@ Served (huggingface_hub 2.x, hf_api.py / hf_file_system.py):
 * `GET /api/datasets/{repo}/tree/{rev}[/{path}]?recursive=..`: the listing (`list_repo_tree`);
 * `POST /api/datasets/{repo}/paths-info/{rev}`: the info of named paths (`get_paths_info`);
 * `GET|HEAD /datasets/{repo}/resolve/{rev}/{path}`: the bytes, with Range (`HfFileSystemFile`).
-Anything else is answered 404 and recorded in `unknown`. Every request's Authorization header is
-recorded in `auth`; with `token` set, a request without `Bearer <token>` is answered 401."""
+And `GET /api/agent-harnesses` (the registry huggingface_hub's user-agent code asks the endpoint for
+once a process), answered with an empty one. Anything else is answered 404 and recorded in
+`unknown`. Every repo request's Authorization header is recorded in `auth`; with `token` set, a
+request without `Bearer <token>` is answered 401."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.server
 import json
@@ -65,6 +68,8 @@ class HubServer:
         split = urllib.parse.urlsplit(h.path)
         path, query = urllib.parse.unquote(split.path), urllib.parse.parse_qs(split.query)
         body = h.rfile.read(int(h.headers.get("Content-Length") or 0)) if h.command == "POST" else b""
+        if path == "/api/agent-harnesses":  # huggingface_hub's user-agent registry, asked once a process: none
+            return self._json(h, {"standardEnvVars": [], "harnesses": {}})
         with self.lock:
             self.auth.append(h.headers.get("Authorization"))
             self.requests.append((h.command, path, h.headers.get("Range")))
@@ -179,6 +184,24 @@ class HubServer:
         h.end_headers()
         if h.command != "HEAD":
             h.wfile.write(data)
+
+
+@contextlib.contextmanager
+def hub_endpoint(url: str):
+    """HF_ENDPOINT pointed at `url` for the block, as a user of a mirror sets it. huggingface_hub
+    itself reads the variable only when first imported (often before a test runs: open_clip
+    imports it); wdsfilter reads it whenever it makes a filesystem, which is what is tested. Its
+    constant is left alone: huggingface_hub builds resolve URLs from a template made at import."""
+    import os
+    saved = os.environ.get("HF_ENDPOINT")
+    os.environ["HF_ENDPOINT"] = url
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("HF_ENDPOINT", None)
+        else:
+            os.environ["HF_ENDPOINT"] = saved
 
 
 def clear_hf_cache() -> None:

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 pytest.importorskip("huggingface_hub")
 
-from hubkit import HubServer, clear_hf_cache  # noqa: E402
+from hubkit import HubServer, clear_hf_cache, hub_endpoint  # noqa: E402
 from remotekit import three_shards  # noqa: E402
 from test_early_config_errors import assert_one_line_error, run_without_torch  # noqa: E402
 from wdsfilter.cli import main  # noqa: E402
@@ -35,9 +35,9 @@ def local(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def hub(local):
-    saved = {k: os.environ.get(k) for k in ("HF_ENDPOINT", "HF_TOKEN", "HF_HUB_DISABLE_TELEMETRY", "HF_HUB_OFFLINE")}
-    with HubServer(token=TOKEN) as server:
-        os.environ.update(HF_ENDPOINT=server.url, HF_TOKEN=TOKEN, HF_HUB_DISABLE_TELEMETRY="1")
+    saved = {k: os.environ.get(k) for k in ("HF_TOKEN", "HF_HUB_DISABLE_TELEMETRY", "HF_HUB_OFFLINE")}
+    with HubServer(token=TOKEN) as server, hub_endpoint(server.url):
+        os.environ.update(HF_TOKEN=TOKEN, HF_HUB_DISABLE_TELEMETRY="1")
         os.environ.pop("HF_HUB_OFFLINE", None)
         clear_hf_cache()
         urls = []
