@@ -161,6 +161,14 @@ def test_a_read_reset_mid_shard_resumes_inside_it_through_a_fault_proxy(hub, loc
     assert set(server.auth) == {f"Bearer {TOKEN}"}
 
 
+@pytest.mark.parametrize("command", [["filter", "hf://datasets/wdsf-org/runs/x", "--min", "brightness=0.5"],
+                                     ["dedup", "hf://datasets/wdsf-org/runs/x"]], ids=["filter", "dedup"])
+def test_a_run_folder_on_the_hub_is_refused_in_place_with_one_line_before_torch(tmp_path, command):
+    code, output, _ = run_without_torch(tmp_path, *command)
+    assert code == 2, output
+    assert_one_line_error(output, "a run folder on the Hub is not used in place", "huggingface-cli download")
+
+
 def test_a_wrong_token_is_exit_2_naming_hf_token_never_its_value(hub, monkeypatch):
     server, _ = hub
     monkeypatch.setenv("HF_TOKEN", "hf_wrongWRONGwrong")

@@ -368,10 +368,9 @@ def check_output_url(url: str, option: str, storage_options: Optional[Mapping] =
     scheme = scheme_of(url)
     if scheme in ("http", "https"):
         raise OutputError(f"{option} {redact_url(url)}: a web server cannot be written to; use s3:// or gs://")
-    if scheme == "hf":  # each write would be a commit, and a repo has no conditional put for the lock
-        raise OutputError(f"{option} {redact_url(url)}: the Hugging Face Hub is not written to directly (every "
-                          f"object would be a commit, and it has no conditional put for a run's lock); write "
-                          f"locally or to a bucket, then upload with `huggingface-cli upload`")
+    if scheme == "hf":
+        raise OutputError(f"{option} {redact_url(url)}: {HUB_NOT_WRITTEN}; write locally or to a bucket, then "
+                          f"upload with `huggingface-cli upload`")
     fs, path = filesystem(url, storage_options)
     root = path.split("/", 1)[0]
     try:
@@ -383,6 +382,19 @@ def check_output_url(url: str, option: str, storage_options: Optional[Mapping] =
                           f"{credential_source(url, storage_options)}") from None
     except OSError as e:
         raise OutputError(f"{option} {redact_url(url)}: cannot be reached: {type(e).__name__}: {_strip(str(e))}") from None
+
+
+HUB_NOT_WRITTEN = ("the Hugging Face Hub is not written to directly (every object would be a commit, and it has "
+                   "no conditional put for a run's lock)")
+
+
+def refuse_hub_run_folder(url: str) -> None:
+    """A run folder on the Hub (hf://) used in place: `filter`, `dedup` and the loader's scores=
+    write into the folder or take its lock. ConfigError (exit 2) saying to download it."""
+    if scheme_of(url) == "hf":
+        raise ConfigError(f"{redact_url(url)}: a run folder on the Hub is not used in place ({HUB_NOT_WRITTEN}); "
+                          f"download it (huggingface-cli download ORG/NAME --repo-type dataset --local-dir DIR) "
+                          f"and pass DIR")
 
 
 def write_object(url: str, data: bytes, storage_options: Optional[Mapping] = None) -> str:

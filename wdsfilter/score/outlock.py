@@ -287,7 +287,9 @@ class RemoteRunFolder:
     def __init__(self, url: str, storage_options=None, lock: bool = True, interval: Optional[float] = None,
                  write_shards: Optional[str] = None, pull_shards: bool = False, command: str = "score",
                  option: str = "--out"):
+        from ..remote import refuse_hub_run_folder
         from ..remote_out import RemoteFolder
+        refuse_hub_run_folder(url)
         self.url = url.rstrip("/")
         self.mirror, self.synced, self.folder, self.started, self.shards = None, False, None, False, None
         self.lock = RemoteOutputLock(self.url, storage_options, command, option).acquire() if lock else None
