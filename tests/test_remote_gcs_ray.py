@@ -38,7 +38,7 @@ def test_ray_workers_read_their_shards_from_gs_and_hf(tmp_path, monkeypatch):
         upload(fs, folder, "set")
         for p in paths:
             with open(p, "rb") as f:
-                hub.put("wdsf-org/set", f"data/{os.path.basename(p)}", f.read())
+                hub.put("wdsf-org/set", f"data/{os.path.basename(p).replace('shard-', 'hf-')}", f.read())
         monkeypatch.setenv("HF_TOKEN", TOKEN)
         clear_hf_cache()
         env = {"STORAGE_EMULATOR_HOST": endpoint, "HF_ENDPOINT": hub.url, "HF_TOKEN": TOKEN,
@@ -46,9 +46,10 @@ def test_ray_workers_read_their_shards_from_gs_and_hf(tmp_path, monkeypatch):
         ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
                  runtime_env={"env_vars": env})
         try:
-            summaries = {name: score_on_ray(url, out=str(tmp_path / name), scorers=[SCORER], progress=False,
-                                            batch_size=4, format="jsonl", remote_backoff_seconds=0.01)
-                         for name, url in (("gs", f"gs://{BUCKET}/set/"), ("hf", "hf://datasets/wdsf-org/set/data/"))}
+            # one run over both stores (one Ray start): shard-000N from gs://, hf-000N from hf://
+            summary = score_on_ray([f"gs://{BUCKET}/set/", "hf://datasets/wdsf-org/set/data/"],
+                                   out=str(tmp_path / "ray"), scorers=[SCORER], progress=False, batch_size=4,
+                                   format="jsonl", remote_backoff_seconds=0.01)
         finally:
             ray.shutdown()
             clear_hf_cache()
@@ -56,7 +57,8 @@ def test_ray_workers_read_their_shards_from_gs_and_hf(tmp_path, monkeypatch):
     assert hub.requests and all(p.startswith(("/api/datasets/wdsf-org/set", "/datasets/wdsf-org/set/"))
                                 for _, p, _ in hub.requests)
     assert local.rows == 22
-    for name, summary in summaries.items():
-        assert summary.shards_failed == [] and summary.rows == 22, name
-        assert _rows(str(tmp_path / name)) == _rows(str(tmp_path / "local")), name
+    assert summary.shards_failed == [] and summary.rows == 44
+    rows, expected = _rows(str(tmp_path / "ray")), _rows(str(tmp_path / "local"))
+    assert len(expected) == 3 and {k: v for k, v in rows.items() if k.startswith("shard-")} == expected
+    assert {k.replace("hf-", "shard-"): v for k, v in rows.items() if k.startswith("hf-")} == expected
     assert auth == {f"Bearer {TOKEN}"} and hub.unknown == []
