@@ -86,12 +86,49 @@ def filesystem(url: str, storage_options: Optional[Mapping] = None):
     fsspec = require("fsspec", f"reading {scheme}:// shards", INSTALL)
     require(module, f"reading {scheme}:// shards", INSTALL)
     try:
-        fs = fsspec.filesystem(protocol, **dict(storage_options or {}))
+        if protocol == "gs" and _gcs_emulator(storage_options):
+            fs = _gcs_emulated(storage_options)
+        elif protocol == "hf":
+            fs = fsspec.filesystem(protocol, **_hf_options(storage_options))
+        else:
+            fs = fsspec.filesystem(protocol, **dict(storage_options or {}))
     except TypeError as e:  # an unknown --storage-option: named without its value
         raise ConfigError(f"{scheme}://: a storage option was not accepted ({_strip(str(e))}); "
                           f"options given: {sorted(storage_options or {})}") from None
     path = url if protocol in ("http", "https") else fs._strip_protocol(url)
     return fs, path
+
+
+def _gcs_emulator(storage_options: Optional[Mapping]) -> Optional[str]:
+    """The GCS emulator's address (STORAGE_EMULATOR_HOST, or an endpoint_url storage option), or
+    None for Google's own service."""
+    endpoint = (storage_options or {}).get("endpoint_url") or os.environ.get("STORAGE_EMULATOR_HOST")
+    return None if endpoint in (None, "", "default") or "googleapis.com" in str(endpoint) else str(endpoint)
+
+
+def _gcs_emulated(storage_options: Optional[Mapping]):
+    """gcsfs's filesystem for an emulator (fake-gcs-server, gcp-storage-emulator). Two differences
+    from Google's service: gcsfs's default class asks Google's storage control API (gRPC, its own
+    address) for each bucket's layout, which an emulator does not serve (60 s of retries per
+    bucket, not cached): the core class is used; and no credentials are looked up unless given
+    (`token=`), as Google's client does for STORAGE_EMULATOR_HOST (the lookup would ask a cloud
+    metadata server)."""
+    import fsspec.config
+    from gcsfs.core import GCSFileSystem
+    options = dict(storage_options or {})
+    if "token" not in options and "token" not in (fsspec.config.conf.get("gs") or {}):
+        options["token"] = "anon"
+    return GCSFileSystem(**options)
+
+
+def _hf_options(storage_options: Optional[Mapping]) -> Dict:
+    """HfFileSystem's options: HF_ENDPOINT (a mirror, a private Hub) read when the filesystem is
+    made, not only when huggingface_hub was first imported (which another library may have done
+    before the variable was set). HF_TOKEN is read by huggingface_hub at each request."""
+    options = dict(storage_options or {})
+    if not options.get("endpoint") and os.environ.get("HF_ENDPOINT"):
+        options["endpoint"] = os.environ["HF_ENDPOINT"].rstrip("/")
+    return options
 
 
 @contextmanager
@@ -210,6 +247,9 @@ def list_shards(url: str, suffixes: Sequence[str], storage_options: Optional[Map
     except FileNotFoundError:
         found = []
     except OSError as e:
+        if _status(e) in (401, 403):  # huggingface_hub's HTTP errors are OSErrors, not PermissionErrors
+            raise ConfigError(f"{shown}: listing is forbidden (HTTP {_status(e)}); credentials: "
+                              f"{credential_source(url, storage_options)}") from None
         raise ConfigError(f"{shown}: cannot be listed: {type(e).__name__}: {_strip(str(e))}") from None
     if isinstance(found, dict):
         found = list(found)
@@ -221,12 +261,24 @@ def list_shards(url: str, suffixes: Sequence[str], storage_options: Optional[Map
 
 
 def _missing_why(fs, path: str, scheme: str) -> str:
+    if scheme == "hf":
+        return _hf_missing_why(fs, path)
     root = path.split("/", 1)[0]
     try:
         if scheme in ("s3", "gs", "gcs") and not fs.exists(root):
             return f"the bucket {root!r} does not exist"
     except OSError as e:
         return f"the bucket {root!r} cannot be read ({type(e).__name__})"
+    return "the prefix is empty or matches nothing"
+
+
+def _hf_missing_why(fs, path: str) -> str:
+    try:
+        fs.resolve_path(path)
+    except FileNotFoundError as e:
+        return f"{_strip(str(e))} (credentials: {credential_source('hf://' + path)})"
+    except (OSError, ValueError, NotImplementedError) as e:
+        return f"hf://{path} cannot be read ({type(e).__name__}: {_strip(str(e))})"
     return "the prefix is empty or matches nothing"
 
 
@@ -315,7 +367,10 @@ def check_output_url(url: str, option: str, storage_options: Optional[Mapping] =
     from .errors import OutputError
     scheme = scheme_of(url)
     if scheme in ("http", "https"):
-        raise OutputError(f"{option} {redact_url(url)}: a web server cannot be written to; use s3://, gs:// or hf://")
+        raise OutputError(f"{option} {redact_url(url)}: a web server cannot be written to; use s3:// or gs://")
+    if scheme == "hf":
+        raise OutputError(f"{option} {redact_url(url)}: {HUB_NOT_WRITTEN}; write locally or to a bucket, then "
+                          f"upload with `huggingface-cli upload`")
     fs, path = filesystem(url, storage_options)
     root = path.split("/", 1)[0]
     try:
@@ -327,6 +382,19 @@ def check_output_url(url: str, option: str, storage_options: Optional[Mapping] =
                           f"{credential_source(url, storage_options)}") from None
     except OSError as e:
         raise OutputError(f"{option} {redact_url(url)}: cannot be reached: {type(e).__name__}: {_strip(str(e))}") from None
+
+
+HUB_NOT_WRITTEN = ("the Hugging Face Hub is not written to directly (every object would be a commit, and it has "
+                   "no conditional put for a run's lock)")
+
+
+def refuse_hub_run_folder(url: str) -> None:
+    """A run folder on the Hub (hf://) used in place: `filter`, `dedup` and the loader's scores=
+    write into the folder or take its lock. ConfigError (exit 2) saying to download it."""
+    if scheme_of(url) == "hf":
+        raise ConfigError(f"{redact_url(url)}: a run folder on the Hub is not used in place ({HUB_NOT_WRITTEN}); "
+                          f"download it (huggingface-cli download ORG/NAME --repo-type dataset --local-dir DIR) "
+                          f"and pass DIR")
 
 
 def write_object(url: str, data: bytes, storage_options: Optional[Mapping] = None) -> str:

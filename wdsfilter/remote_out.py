@@ -222,6 +222,8 @@ def pulled(url: str, storage_options=None) -> str:
     flock). Returns the local folder, which runfolder's one reader then reads."""
     import fcntl
     import json
+    from .remote import refuse_hub_run_folder
+    refuse_hub_run_folder(url)
     folder = cache_folder(url)
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, ".lock"), "a+b") as lock:

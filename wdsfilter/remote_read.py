@@ -55,6 +55,10 @@ class RemoteShard:
         self._stream = fs.open(path, "rb", block_size=0) if self.size is None else None
         self.version = _version(info)
         self.etag = info.get("ETag") or info.get("etag")
+        # gs://: each ranged read asks for this generation (`generation=`), and is sent by us (_gcs_range)
+        self.generation = info.get("generation") if scheme_of(url) in ("gs", "gcs") else None
+        # hf://: each ranged read is our own GET of the file's resolve URL (_hf_range)
+        self.hf_url = fs.url(path) if scheme_of(url) == "hf" else None
         self.kind = "s3" if scheme_of(url) == "s3" else "http" if scheme_of(url) in ("http", "https") else "other"
         self.get_fs = _getter(url, fs, options)
         # S3 and HTTP: one GET from the byte reached to the end, its body handed over in chunks
@@ -306,6 +310,8 @@ class RemoteShard:
                                                     self.get_fs.loop)
         if self.kind == "http":
             return asyncio.run_coroutine_threadsafe(_http_range(self.fs, self.path, start, end, self.etag), loop)
+        if self.generation is not None:
+            return asyncio.run_coroutine_threadsafe(_gcs_range(self.fs, self.path, start, end, self.generation), loop)
         if getattr(self.fs, "async_impl", False) and loop is not None:
             return asyncio.run_coroutine_threadsafe(self.fs._cat_file(self.path, start=start, end=end), loop)
         fut: concurrent.futures.Future = concurrent.futures.Future()
@@ -314,7 +320,8 @@ class RemoteShard:
             if not fut.set_running_or_notify_cancel():
                 return
             try:
-                fut.set_result(self.fs.cat_file(self.path, start=start, end=end))
+                fut.set_result(_hf_range(self.fs, self.hf_url, start, end) if self.hf_url
+                               else self.fs.cat_file(self.path, start=start, end=end))
             except BaseException as e:  # noqa: BLE001 - handed to the reader
                 fut.set_exception(e)
         threading.Thread(target=run, name="wdsfilter-remote-read", daemon=True).start()
@@ -430,4 +437,62 @@ async def _http_range(fs, url: str, start: int, end: int, etag: Optional[str]) -
                 break
             parts.append(chunk)
             got += len(chunk)
+        return b"".join(parts)
+
+
+async def _gcs_range(fs, path: str, start: int, end: int, generation) -> bytes:
+    """gcsfs's session and credentials, our own ranged GET of one generation of a GCS object (the
+    one the shard was opened at: `generation=`), so two versions are never spliced: once the object
+    is replaced or deleted that generation is gone (HTTP 404; a versioned bucket still serves it).
+    Not gcsfs's _cat_file: its own retry loop (6 tries, 1 to 32 s apart, from the start of the
+    range) would retry unseen, uncounted in remote_retries and deaf to Retry-After; here every
+    failure comes back to RemoteShard, which retries it."""
+    await fs._set_session()
+    url = fs.url(path, generation=generation)
+    headers = fs._get_headers({"Range": f"bytes={start}-{end - 1}"})
+    async with fs.session.get(url, headers=headers, params=fs._get_params({}),
+                              timeout=fs.requests_timeout) as r:
+        if r.status in (404, 412):
+            raise ObjectChanged(f"HTTP {r.status}: generation {generation} of the object is no longer there "
+                                f"(replaced or deleted)")
+        if r.status in (401, 403):
+            raise PermissionError(f"HTTP {r.status}: access denied")
+        if r.status >= 400:
+            r.raise_for_status()  # ClientResponseError: its status and headers (Retry-After) are read
+        if r.status != 206 and start != 0:
+            raise RangeIgnored(f"the server ignored the Range request (HTTP {r.status}), so a read cannot resume "
+                               f"there")
+        want, parts, got = end - start, [], 0
+        while got < want:
+            chunk = await r.content.read(min(want - got, 1 << 20))
+            if not chunk:
+                break
+            parts.append(chunk)
+            got += len(chunk)
+        return b"".join(parts)
+
+
+def _hf_range(fs, url: str, start: int, end: int) -> bytes:
+    """huggingface_hub's HTTP session and headers (HF_TOKEN as a bearer token), our own ranged GET
+    of a file's `resolve` URL (redirects followed, as to the Hub's CDN). Not HfFileSystem's
+    cat_file: its buffered file reads ahead past the range asked for, and huggingface_hub's
+    http_backoff retries a broken connection, a 5xx or a 429 unseen, from the start; here every
+    failure comes back to RemoteShard, which retries it (counted, Retry-After honoured)."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session, hf_raise_for_status
+    headers = {**fs._api._build_hf_headers(), "Range": f"bytes={start}-{end - 1}"}
+    with get_session().stream("GET", url, headers=headers, follow_redirects=True,
+                              timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT) as r:
+        if r.status_code >= 400:
+            r.read()
+            hf_raise_for_status(r)  # HfHubHTTPError: its response's status and Retry-After are read
+        if r.status_code != 206 and start != 0:
+            raise RangeIgnored(f"the server ignored the Range request (HTTP {r.status_code}), so a read cannot "
+                               f"resume there")
+        want, parts, got = end - start, [], 0
+        for chunk in r.iter_bytes():
+            parts.append(chunk[:want - got])
+            got += len(parts[-1])
+            if got >= want:
+                break
         return b"".join(parts)

@@ -94,7 +94,9 @@ def dedup(run_dir: str, kinds: Sequence[str] = (), near_bits: int = NEAR_BITS,
 def _dedup_in_bucket(url: str, storage_options, options: dict) -> DedupResult:
     from ..remote import filesystem, redact_url
     from ..runfolder.layout import RUN_JSON
+    from ..remote import refuse_hub_run_folder
     from ..score.outlock import RemoteRunFolder
+    refuse_hub_run_folder(url)  # before the folder is read
     fs, path = filesystem(url, storage_options)
     if not fs.exists(path.rstrip("/") + "/" + RUN_JSON):  # before the lock object is written there
         raise ConfigError(f"{redact_url(url)} holds no scoring run ({RUN_JSON} is missing); give the --out of a "

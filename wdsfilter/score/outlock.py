@@ -135,6 +135,7 @@ class RemoteOutputLock:
         from ..remote import filesystem
         self.url = url.rstrip("/") + "/" + REMOTE_LOCK_NAME
         self.fs, self.path = filesystem(self.url, storage_options)
+        self.gcs = self.url.split("://", 1)[0] in ("gs", "gcs")  # its conditions are generations, not ETags
         self.storage_options = storage_options
         self.command, self.option = command, option
         self.stale_seconds = STALE_SECONDS if stale_seconds is None else stale_seconds
@@ -148,8 +149,12 @@ class RemoteOutputLock:
         return json.dumps({**self.info, "heartbeat": time.time()}).encode()
 
     def _put(self, **conditions) -> None:
-        out = self.fs.pipe_file(self.path, self._body(), **conditions)
-        self.etag = (out or {}).get("ETag") if isinstance(out, dict) else None
+        if self.gcs:  # GCS: the same conditions as generations (0: must not exist)
+            self.etag = _gcs_put(self.fs, self.path, self._body(),
+                                 "0" if conditions.get("mode") == "create" else conditions.get("IfMatch"))
+        else:
+            out = self.fs.pipe_file(self.path, self._body(), **conditions)
+            self.etag = (out or {}).get("ETag") if isinstance(out, dict) else None
         self.last_beat = time.monotonic()
 
     def acquire(self) -> "RemoteOutputLock":
@@ -188,7 +193,7 @@ class RemoteOutputLock:
         one whose conditional takeover fails, never one taken over unseen."""
         try:
             self.fs.invalidate_cache(self.path)  # a listing cached by this process is not the lock now
-            etag = self.fs.info(self.path).get("ETag")
+            etag = self.fs.info(self.path).get("generation" if self.gcs else "ETag")
             return json.loads(self.fs.cat_file(self.path)), etag
         except FileNotFoundError:  # released as we looked
             return None, None
@@ -214,6 +219,22 @@ class RemoteOutputLock:
             except OSError:
                 pass  # left behind: stale in STALE_SECONDS, or at once for a run on this host
         self.etag, self.last_beat = None, 0.0
+
+
+def _gcs_put(fs, path: str, data: bytes, generation: Optional[str]) -> Optional[str]:
+    """One GCS object written in one request, conditional on its generation (`ifGenerationMatch`:
+    "0" = must not exist, else exactly that version; None = unconditional): GCS's form of S3's
+    If-None-Match / If-Match. gcsfs offers only the "0" case (mode="create"). A failed condition is
+    HTTP 412, which gcsfs raises as FileExistsError. Returns the new generation."""
+    bucket, key, _ = fs.split_path(path)
+    meta = json.dumps({"name": key})
+    body = (f"--==0==\nContent-Type: application/json; charset=UTF-8\n\n{meta}\n--==0==\n"
+            f"Content-Type: application/json\n\n").encode() + data + b"\n--==0==--"
+    kw = {"ifGenerationMatch": str(generation)} if generation is not None else {}
+    out = fs.call("POST", f"{fs._location}/upload/storage/v1/b/{bucket}/o", uploadType="multipart",
+                  headers={"Content-Type": 'multipart/related; boundary="==0=="'}, data=body, json_out=True, **kw)
+    fs.invalidate_cache(path)
+    return str(out.get("generation")) if out.get("generation") is not None else None
 
 
 def _stale(holder: Optional[dict], stale_seconds: float) -> Optional[str]:
@@ -266,7 +287,9 @@ class RemoteRunFolder:
     def __init__(self, url: str, storage_options=None, lock: bool = True, interval: Optional[float] = None,
                  write_shards: Optional[str] = None, pull_shards: bool = False, command: str = "score",
                  option: str = "--out"):
+        from ..remote import refuse_hub_run_folder
         from ..remote_out import RemoteFolder
+        refuse_hub_run_folder(url)
         self.url = url.rstrip("/")
         self.mirror, self.synced, self.folder, self.started, self.shards = None, False, None, False, None
         self.lock = RemoteOutputLock(self.url, storage_options, command, option).acquire() if lock else None
