@@ -16,6 +16,7 @@ from ..errors import ConfigError, require
 from ..keycheck import check_keys
 from ..shards import expand_urls, is_local, unique_urls
 from ..specs import utf8_text
+from ..tally import Tally
 from ..filtering.apply import score_report
 from .config import ScoreConfig
 from .faults import disk_full, is_disk_full
@@ -70,6 +71,8 @@ class Run:
         # One run per --out (outlock.py): taken before the run state, which deletes temporaries. A
         # remote --out: a lock object, then the run writes a local staging copy mirrored to the bucket.
         self.remote = self._remote_out(cfg)
+        # The reads before scoring (the key check, the probe): their remote retries, for the summary
+        self.before = Tally(0, 0, name="wdsfilter score (before scoring)")
         if self.remote:
             cfg = self.cfg = dataclasses.replace(cfg, out=self.remote.local, write_shards=(
                 self.remote.shards.local if self.remote.shards else cfg.write_shards))
@@ -89,7 +92,7 @@ class Run:
             self.retry = retry_plan(self.state, cfg.retry_failed) if cfg.retry_failed else {}
             self.todo += [u for u in self.urls if u in self.retry and u not in self.todo]
             if self.todo:  # a caption/image key no sample of the first shard has
-                check_keys(self.todo[0], cfg.scoring_stage_config())
+                check_keys(self.todo[0], cfg.scoring_stage_config(), self.before)
             if cfg.verbosity and (self.todo or cfg.dry_run):  # at once, before the imports and the models
                 names = [s if isinstance(s, str) else getattr(s, "name", type(s).__name__) for s in cfg.scorers]
                 self.echo(f"{len(self.todo)} shard(s) to score; loading {', '.join(names)} and measuring a probe batch")
@@ -168,6 +171,7 @@ class Run:
             summary.seconds, summary.scoring_seconds = outcome.seconds, outcome.scoring_seconds
             if outcome.stage_counts is not None:
                 summary.stage_counts = outcome.stage_counts
+        self._count_early_retries(summary)
         files = self.state.done_score_files()
         summary.shards_cut = self.state.cut_shards()
         for k, v in summarize_files(files, self.columns, cfg.bounds, cfg.histogram_bins).items():
@@ -189,6 +193,18 @@ class Run:
         if summary.scored == 0:
             raise NothingScoredError(nothing_scored_text(summary, len(files), self.state.scores_dir))
         return summary
+
+    def _count_early_retries(self, summary: RunSummary) -> None:
+        """The remote retries of the reads before scoring (the key check, the probe) join the
+        scoring's in the summary: one tally of a run's retries. Only retries: the samples those
+        reads saw are read again by the scoring, which counts their drops."""
+        early = self.before.notes.get("remote_retries", 0)
+        if early:
+            counts = summary.stage_counts or {"dropped": {}, "notes": {}}
+            notes = counts.setdefault("notes", {})
+            notes["remote_retries"] = notes.get("remote_retries", 0) + early
+            summary.stage_counts = counts
+            self.before.notes["remote_retries"] = 0  # counted once, if finish runs again
 
     def record_failures(self, unfinished: Sequence[dict] = ()) -> Optional[str]:
         """The failure ledger at the end of a run (ledger.py): an entry for each shard that failed
