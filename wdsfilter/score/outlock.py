@@ -160,11 +160,17 @@ class RemoteOutputLock:
             return self
         except FileExistsError:
             pass
-        except PermissionError as e:
-            raise ConfigError(f"{self.option} {folder}: cannot write there ({_short(e)}); credentials: "
+        except PermissionError as e:  # the run's first write: it probes the folder before any work
+            raise ConfigError(f"{self.option} {folder}: access denied for writing ({_short(e)}); credentials: "
                               f"{_credentials(self)}") from None
         except OSError as e:
             raise ConfigError(f"{self.option} {folder}: the lock object cannot be written ({_short(e)})") from None
+        except Exception as e:  # noqa: BLE001 - botocore's errors are no OSError
+            from ..remote import missing_credentials, no_credentials
+            if no_credentials(e):
+                raise ConfigError(f"{self.option} {folder}: cannot be written: "
+                                  f"{missing_credentials(self.url, self.storage_options)}") from None
+            raise
         holder, etag = self._holder()
         why = _stale(holder, self.stale_seconds)
         if holder is not None and why is None:
