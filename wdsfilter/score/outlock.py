@@ -222,6 +222,23 @@ class RemoteOutputLock:
         self.etag, self.last_beat = None, 0.0
 
 
+# What --resume reads to decide which shards are done (run.json, the shard list, the recipe, the
+# markers, the per-shard failure ledgers their markers vouch for and the end merges) and the marks
+# of an earlier dedup (the report reads them): the rest of a bucket's run folder stays there.
+STATE_FILES = ("run.json", "shards.json", "run.yaml")
+STATE_FOLDERS = ("done", "failures", "dedup")
+
+
+def _not_state(rel: str) -> bool:
+    return rel not in STATE_FILES and rel.split("/", 1)[0] not in STATE_FOLDERS
+
+
+def _not_sidecar(rel: str) -> bool:
+    """A --write-shards folder's filtered shards stay in the bucket; its JSON sidecars (sizes.json,
+    which a rescored shard's entry is merged into, per-shard stats) come down."""
+    return not rel.endswith(".json")
+
+
 def _stale(holder: Optional[dict], stale_seconds: float) -> Optional[str]:
     """Why a lock's owner is gone, or None while it lives."""
     if holder is None:
@@ -271,7 +288,7 @@ class RemoteRunFolder:
 
     def __init__(self, url: str, storage_options=None, lock: bool = True, interval: Optional[float] = None,
                  write_shards: Optional[str] = None, pull_shards: bool = False, command: str = "score",
-                 option: str = "--out"):
+                 option: str = "--out", lazy: bool = False):
         from ..remote_out import RemoteFolder
         self.url = url.rstrip("/")
         self.mirror, self.synced, self.folder, self.started, self.shards = None, False, None, False, None
@@ -279,12 +296,14 @@ class RemoteRunFolder:
         try:
             self.folder = RemoteFolder(self.url, storage_options)
             self.folder.exclude = (self.SHARDS,)
-            self.folder.pull()
+            # lazy (--resume): only what decides which shards are done comes down; finished shards'
+            # score files, embeddings and filtered shards stay in the bucket (their sizes known)
+            self.folder.pull(keep_in_bucket=_not_state if lazy else None)
             if write_shards:  # its files are uploaded before the markers that vouch for them
                 self.shards = RemoteFolder(write_shards, storage_options, os.path.join(self.folder.local, self.SHARDS))
                 os.makedirs(self.shards.local, exist_ok=True)
                 if pull_shards:  # --resume: a shard is done only where its filtered shard is whole
-                    self.shards.pull()
+                    self.shards.pull(keep_in_bucket=_not_sidecar if lazy else None)
                 self.folder.before_markers = self.shards.sync
         except BaseException:
             self.release()
@@ -295,6 +314,18 @@ class RemoteRunFolder:
     @property
     def local(self) -> str:
         return self.folder.local
+
+    def size_of(self, path: str) -> int:
+        """A staging path's size, or that of the bucket object it stands for (runfolder's markers
+        check their files' sizes through this: a finished shard's files need not come down)."""
+        if self.shards is not None and path.startswith(self.shards.local + os.sep):
+            return self.shards.size_of(path)
+        return self.folder.size_of(path)
+
+    def fetch(self, paths) -> int:
+        """The held objects among staging `paths`, downloaded now (the end of a run reads every
+        score file): how many."""
+        return self.folder.fetch(paths)
 
     def start(self) -> None:
         """Mirror the staging folder from now on (after run.json and shards.json are written)."""

@@ -85,7 +85,7 @@ class Run:
         try:
             if cfg.retry_failed and not os.path.exists(os.path.join(cfg.out, "run.json")):
                 raise ConfigError(f"--retry-failed: {cfg.out} holds no scoring run; score the shards there first")
-            self.state = RunState(cfg, self.urls)
+            self.state = RunState(cfg, self.urls, size_of=self.remote.size_of if self.remote else os.path.getsize)
             self.todo = self.state.pending()
             # --retry-failed: url -> {index: ledger entry} of the samples of finished shards to score
             # again (only those are read on, OnlyKeys); shards without a marker are in todo whole
@@ -139,8 +139,11 @@ class Run:
         remote_shards = cfg.write_shards if cfg.write_shards and is_fsspec_url(cfg.write_shards) else None
         if cfg.write_shards and not remote_shards:
             raise ConfigError("--out in a bucket takes --write-shards in a bucket too (s3://...), or no --write-shards")
+        # --resume pulls only the folder's state (lazy): finished shards' files stay in the bucket.
+        # --retry-failed rewrites finished shards' score files, so it pulls them all.
         return RemoteRunFolder(cfg.out, cfg.stage.storage_options, lock=not cfg.dry_run, write_shards=remote_shards,
-                               pull_shards=cfg.resume or bool(cfg.retry_failed))
+                               pull_shards=cfg.resume or bool(cfg.retry_failed),
+                               lazy=cfg.resume and not cfg.retry_failed)
 
     def _identity(self) -> dict:
         identity = run_identity(self.cfg, self.scorers)
@@ -173,6 +176,8 @@ class Run:
                 summary.stage_counts = outcome.stage_counts
         self._count_early_retries(summary)
         files = self.state.done_score_files()
+        if self.remote:  # finished shards' score files left in the bucket by --resume: read now
+            self.remote.fetch(files)
         summary.shards_cut = self.state.cut_shards()
         for k, v in summarize_files(files, self.columns, cfg.bounds, cfg.histogram_bins).items():
             setattr(summary, k, v)
