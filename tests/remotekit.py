@@ -32,6 +32,10 @@ def s3_server(monkeypatch=None):
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
+    # moto keeps its buckets per process, not per server: without a reset, an earlier test's objects
+    # (another module's shards under the same prefix) would be listed by this one
+    import urllib.request
+    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", data=b"", method="POST"))
     env = {"AWS_ACCESS_KEY_ID": "wdsftestkey", "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_ENDPOINT_URL": endpoint,
            "AWS_DEFAULT_REGION": "us-east-1", "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
            "AWS_CONFIG_FILE": os.devnull, "AWS_EC2_METADATA_DISABLED": "true"}

@@ -160,3 +160,18 @@ def test_forbidden_reads_name_the_credential_source(iam, creds, source):
     assert report["shards"][0]["findings"] == {"remote_access_denied": 1}
     message = report["findings"][0]["message"]
     assert "access denied" in message and f"credentials: {SOURCES[source]}" in message, message
+
+
+def test_a_refused_validate_output_is_found_late_and_names_the_credentials(iam, creds, local):
+    """validate's --output and --stats-dir are written at the end (a probe object would stay behind
+    where the user may not delete): refused, one line, exit 3, naming the object, the refused write
+    and the credential source; nothing written."""
+    creds("reader", "env")
+    secret = iam[1]["reader"][1]
+    for option, url in (("--output", f"s3://{BUCKET}/reports/r.json"), ("--stats-dir", f"s3://{BUCKET}/stats/")):
+        r = _cli("validate", local[0], option, url, "--format", "json")
+        assert r.exit_code == 3 and secret not in r.output, r.output
+        line = _one_error_line(r.output)
+        assert f"writing s3://{BUCKET}/" in line and "access denied for writing" in line, line
+        assert f"credentials: {SOURCES['env']}" in line
+    assert _bucket_keys(iam, "reports/") == [] and _bucket_keys(iam, "stats/") == []

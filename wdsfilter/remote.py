@@ -388,8 +388,18 @@ def write_object(url: str, data: bytes, storage_options: Optional[Mapping] = Non
         f.close()
     except Exception as e:  # noqa: BLE001 - the store's error, named without options
         _discard(f)
-        raise RemoteOutputError(f"writing {redact_url(url)} failed: {_describe(e)}") from None
+        raise RemoteOutputError(f"writing {redact_url(url)} failed: {write_failure(e, url, storage_options)}") from None
     return url
+
+
+def write_failure(e: BaseException, url: str, storage_options: Optional[Mapping] = None) -> str:
+    """Why a write to `url` failed, in words; a refusal or no credentials names the credential
+    source (never a value)."""
+    if no_credentials(e):
+        return missing_credentials(url, storage_options)
+    if isinstance(e, PermissionError) or _status(e) in (401, 403):
+        return f"access denied for writing ({_describe(e)}); credentials: {credential_source(url, storage_options)}"
+    return _describe(e)
 
 
 def _discard(f) -> None:

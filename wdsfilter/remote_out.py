@@ -30,7 +30,7 @@ import threading
 from typing import Callable, Dict, List, Optional, Tuple
 
 from .atomic import is_temporary
-from .remote import RemoteOutputError, _describe, credential_source, filesystem, redact_url, scheme_of
+from .remote import RemoteOutputError, _describe, credential_source, filesystem, redact_url, scheme_of, write_failure
 
 log = logging.getLogger("wdsfilter")
 MARKERS = "done"  # the folder whose files are uploaded last (runfolder.layout.DONE)
@@ -61,16 +61,6 @@ class RemoteFolder:
     def _rel(self, path: str) -> Optional[str]:
         rel = os.path.relpath(path, self.local)
         return None if rel.startswith("..") else rel.replace(os.sep, "/")
-
-    def size_of(self, path: str) -> int:
-        """The size of a staging path: the file's, or the bucket object's it stands for (held)."""
-        try:
-            return os.path.getsize(path)
-        except FileNotFoundError:
-            rel = self._rel(path)
-            if rel in self.held:
-                return self.held[rel]
-            raise
 
     def fetch(self, paths) -> int:
         """Bring the held objects among staging `paths` into staging (downloaded to a temporary,
@@ -164,7 +154,8 @@ class RemoteFolder:
         except FileNotFoundError:
             return  # removed in staging since it was listed: the next sync deletes it
         except Exception as e:  # noqa: BLE001 - the store's error, named without options
-            raise RemoteOutputError(f"uploading {self.shown(rel)} failed: {_describe(e)}") from None
+            raise RemoteOutputError(f"uploading {self.shown(rel)} failed: "
+                                    f"{write_failure(e, self.url, self.storage_options)}") from None
         self.sent[rel] = stat
         self.held.pop(rel, None)  # replaced by staging's
 
@@ -201,6 +192,24 @@ class RemoteFolder:
 
     def remove_staging(self) -> None:
         shutil.rmtree(self.local, ignore_errors=True)
+
+
+class StagedSizes:
+    """A staging path's size: the file's, else that of the bucket object it stands for (an object
+    a pull left in the bucket: RemoteFolder.held). A file in staging comes first, so a snapshot of
+    the held sizes stays right. Picklable: the run state that checks markers with it goes to Ray
+    tasks."""
+
+    def __init__(self, folders: List[RemoteFolder]):
+        self.held = {os.path.join(f.local, *rel.split("/")): size for f in folders for rel, size in f.held.items()}
+
+    def __call__(self, path: str) -> int:
+        try:
+            return os.path.getsize(path)
+        except FileNotFoundError:
+            if path in self.held:
+                return self.held[path]
+            raise
 
 
 class Mirror:

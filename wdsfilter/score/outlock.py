@@ -315,12 +315,11 @@ class RemoteRunFolder:
     def local(self) -> str:
         return self.folder.local
 
-    def size_of(self, path: str) -> int:
-        """A staging path's size, or that of the bucket object it stands for (runfolder's markers
-        check their files' sizes through this: a finished shard's files need not come down)."""
-        if self.shards is not None and path.startswith(self.shards.local + os.sep):
-            return self.shards.size_of(path)
-        return self.folder.size_of(path)
+    def sizes(self):
+        """A staging path's size, or that of the bucket object it stands for (the run state checks
+        markers' files through it: a finished shard's files need not come down). Picklable."""
+        from ..remote_out import StagedSizes
+        return StagedSizes([f for f in (self.folder, self.shards) if f is not None])
 
     def fetch(self, paths) -> int:
         """The held objects among staging `paths`, downloaded now (the end of a run reads every

@@ -49,7 +49,7 @@ class RunState:
         # (staging folder, URL) of a --write-shards in a bucket: markers name the URL (outlock.RemoteRunFolder)
         self.shown_write_shards: Optional[tuple] = None
         # a marker's files' sizes: a bucket's run folder resumed keeps finished shards' files in the
-        # bucket, their sizes known (outlock.RemoteRunFolder.size_of)
+        # bucket, their sizes known (outlock.RemoteRunFolder.sizes)
         self.size_of = size_of
         if identity is None:
             self.check_folder()

@@ -85,7 +85,7 @@ class Run:
         try:
             if cfg.retry_failed and not os.path.exists(os.path.join(cfg.out, "run.json")):
                 raise ConfigError(f"--retry-failed: {cfg.out} holds no scoring run; score the shards there first")
-            self.state = RunState(cfg, self.urls, size_of=self.remote.size_of if self.remote else os.path.getsize)
+            self.state = RunState(cfg, self.urls, size_of=self.remote.sizes() if self.remote else os.path.getsize)
             self.todo = self.state.pending()
             # --retry-failed: url -> {index: ledger entry} of the samples of finished shards to score
             # again (only those are read on, OnlyKeys); shards without a marker are in todo whole
