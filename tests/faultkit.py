@@ -360,12 +360,18 @@ class S3FaultProxy(FaultServer):
     the faults of remotekit.FaultServer: a reset or a clean close at an absolute byte, a stall, a
     status with Retry-After, an object replaced): that GET is answered by FaultServer from the
     object's bytes as the S3 server holds them now (same ETag: S3's is the MD5 of a plain upload),
-    with the fault. `url` is the endpoint to give the S3 client."""
+    with the fault. `url` is the endpoint to give the S3 client; `requests` and `body_bytes` count
+    what went through."""
 
     def __init__(self, upstream: str):
+        import collections
         import urllib.parse
         super().__init__()
         self.upstream = urllib.parse.urlsplit(upstream)
+        self.body_bytes = collections.Counter()  # path -> bytes of the GET answers forwarded
+        handler = self.httpd.RequestHandlerClass  # writes are forwarded as they are (counted in requests)
+        handler.do_PUT = handler.do_POST = handler.do_DELETE = \
+            lambda h: self._forward(h, urllib.parse.urlsplit(h.path).path.lstrip("/"))  # noqa: N815
 
     def _answer(self, h, head: bool) -> None:
         import urllib.parse
@@ -383,11 +389,11 @@ class S3FaultProxy(FaultServer):
         h.path = "/" + path  # FaultServer knows objects by their path alone
         super()._answer(h, head)
 
-    def _upstream(self, method: str, path: str, headers: dict):
+    def _upstream(self, method: str, path: str, headers: dict, body: "bytes | None" = None):
         import http.client
         conn = http.client.HTTPConnection(self.upstream.hostname, self.upstream.port, timeout=30)
         try:
-            conn.request(method, path, headers=headers)
+            conn.request(method, path, body=body, headers=headers)
             resp = conn.getresponse()
             return resp.status, resp.getheaders(), resp.read()
         finally:
@@ -397,7 +403,8 @@ class S3FaultProxy(FaultServer):
         with self.lock:
             self.requests.append((h.command, path, h.headers.get("Range")))
         headers = {k: v for k, v in h.headers.items() if k.lower() != "connection"}
-        status, answer_headers, data = self._upstream(h.command, h.path, headers)
+        length = int(h.headers.get("Content-Length") or 0)
+        status, answer_headers, data = self._upstream(h.command, h.path, headers, h.rfile.read(length) if length else None)
         h.send_response(status)
         for k, v in answer_headers:  # a HEAD's Content-Length is the object's: kept
             if k.lower() not in ("transfer-encoding", "connection", "server", "date") and \
@@ -406,5 +413,8 @@ class S3FaultProxy(FaultServer):
         if h.command != "HEAD":
             h.send_header("Content-Length", str(len(data)))
         h.end_headers()
+        if h.command == "GET":
+            with self.lock:
+                self.body_bytes[path] += len(data)
         if h.command != "HEAD":
             h.wfile.write(data)

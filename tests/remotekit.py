@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import http.server
+import json
 import os
 import re
 import socket
@@ -31,6 +32,10 @@ def s3_server(monkeypatch=None):
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
+    # moto keeps its buckets per process, not per server: without a reset, an earlier test's objects
+    # (another module's shards under the same prefix) would be listed by this one
+    import urllib.request
+    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", data=b"", method="POST"))
     env = {"AWS_ACCESS_KEY_ID": "wdsftestkey", "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_ENDPOINT_URL": endpoint,
            "AWS_DEFAULT_REGION": "us-east-1", "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
            "AWS_CONFIG_FILE": os.devnull, "AWS_EC2_METADATA_DISABLED": "true"}
@@ -271,3 +276,52 @@ class FailingProxy:
     def __exit__(self, *exc):
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+# -- an S3 server that enforces IAM ----------------------------------------------------------------
+READ_POLICY = {"Version": "2012-10-17", "Statement": [
+    {"Effect": "Allow", "Action": ["s3:ListBucket", "s3:GetBucketLocation"], "Resource": f"arn:aws:s3:::{BUCKET}"},
+    {"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": f"arn:aws:s3:::{BUCKET}/*"}]}
+
+
+@contextlib.contextmanager
+def iam_s3_server(folder: str, prefix: str = "shards"):
+    """moto's S3 server in its own process (its access control is a process-wide setting) that
+    enforces IAM: the files of `folder` uploaded under s3://BUCKET/prefix/ and two IAM users
+    created while moto still lets every request through, then access control switched on
+    (moto-api/reset-auth 0: INITIAL_NO_AUTH_ACTION_COUNT=0 from then on, so every request is
+    checked against its signer's policies). Yields (endpoint, users): users["reader"] may list the
+    bucket and read its objects, users["nobody"] has no policy at all; each is (key id, secret)."""
+    import subprocess
+    import sys
+    import urllib.request
+    import boto3
+    code = ("import logging, sys, threading; logging.getLogger('werkzeug').setLevel(logging.ERROR)\n"
+            "from moto.server import ThreadedMotoServer\n"
+            "s = ThreadedMotoServer(ip_address='127.0.0.1', port=0, verbose=False); s.start()\n"
+            "print(s.get_host_and_port()[1], flush=True); sys.stdin.read()\n")  # lives until its stdin closes
+    env = {k: v for k, v in os.environ.items() if k != "INITIAL_NO_AUTH_ACTION_COUNT"}
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+                            text=True)
+    try:
+        endpoint = f"http://127.0.0.1:{int(proc.stdout.readline())}"
+        setup = {"endpoint_url": endpoint, "region_name": "us-east-1", "aws_access_key_id": "setup",
+                 "aws_secret_access_key": "setup"}
+        s3, iam = boto3.client("s3", **setup), boto3.client("iam", **setup)
+        s3.create_bucket(Bucket=BUCKET)
+        upload(s3, folder, prefix)
+        users = {}
+        for user in ("reader", "nobody"):
+            iam.create_user(UserName=user)
+            if user == "reader":
+                iam.put_user_policy(UserName=user, PolicyName="read", PolicyDocument=json.dumps(READ_POLICY))
+            key = iam.create_access_key(UserName=user)["AccessKey"]
+            users[user] = (key["AccessKeyId"], key["SecretAccessKey"])
+        urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset-auth", data=b"0", method="POST",
+                                                      headers={"Content-Type": "text/plain"}))
+        yield endpoint, users
+    finally:
+        proc.stdin.close()
+        proc.terminate()
+        proc.wait(timeout=30)
+        _clear_fsspec_cache()

@@ -359,3 +359,52 @@ def test_dedup_on_a_bucket_folder_marks_what_it_marks_locally_and_filter_drops_t
 def pa_buffer(data: bytes):
     import pyarrow as pa
     return pa.BufferReader(data)
+
+
+def test_resume_on_a_bucket_pulls_only_the_run_state_and_gives_a_local_resumes_rows(s3, local, tmp_path):
+    """--resume on a bucket's run folder: before scoring, only run.json, shards.json, run.yaml,
+    the markers and the failure ledgers come down; the finished shards' filtered shards (and the
+    old summary, report and histograms) never do; their score files are read once, at the end,
+    for the statistics; none of their objects is written again. Rows, filtered shards and summary
+    are those of a local resume."""
+    from faultkit import S3FaultProxy
+    endpoint, client = s3
+    here, url, kept = str(tmp_path / "here"), f"s3://{BUCKET}/runs/lazy", f"s3://{BUCKET}/kept/lazy"
+    args = ("--min", "brightness=0.5")
+    assert _score(local[0], here, *args, "--write-shards", str(tmp_path / "kept")).exit_code == 0
+    assert _score(local[0], url, *args, "--write-shards", kept).exit_code == 0
+    # shard-0001 left unfinished in both folders: its marker gone
+    os.remove(os.path.join(here, "done", "shard-0001.json"))
+    client.delete_object(Bucket=BUCKET, Key="runs/lazy/done/shard-0001.json")
+    folder = {k: client.head_object(Bucket=BUCKET, Key=k)["ContentLength"] for k in _keys(client, "runs/lazy/")}
+    shards = {k: client.head_object(Bucket=BUCKET, Key=k)["ContentLength"] for k in _keys(client, "kept/lazy/")}
+    with S3FaultProxy(endpoint) as proxy:
+        r = _score(local[0], url, *args, "--write-shards", kept, "--resume", "--storage-option",
+                   f"endpoint_url={proxy.url}")
+        assert r.exit_code == 0 and "2 of 3 shard(s) already done" in r.output, r.output
+        got = {p[len(BUCKET) + 1:]: n for p, n in proxy.body_bytes.items() if p.startswith(BUCKET + "/")}
+        written = {p[len(BUCKET) + 1:] for m, p, _ in proxy.requests if m in ("PUT", "POST") and p.startswith(BUCKET + "/")}
+    assert _cli("score", local[0], "--scorer", SCORER, "--out", here, "--device", "cpu", "--workers", "0",
+                "--no-progress", "--batch-size", "4", "--format", "jsonl", *args, "--write-shards",
+                str(tmp_path / "kept"), "--resume").exit_code == 0
+    finished = ("shard-0000", "shard-0002")
+    assert not [k for k in got if k.startswith("kept/lazy/") and k.endswith(".tar")]  # no filtered shard came down
+    assert not {"runs/lazy/report.html", "runs/lazy/histograms.png", "runs/lazy/summary.json"} & set(got)
+    assert {f"runs/lazy/scores/{n}.jsonl" for n in finished} <= set(got)  # read for the statistics, at the end
+    down, whole = sum(got.values()), sum(folder.values()) + sum(shards.values())
+    assert down < whole / 2, (down, whole)
+    for n in finished:  # the finished shards' objects are the bucket's, untouched
+        assert not {f"runs/lazy/scores/{n}.jsonl", f"runs/lazy/done/{n}.json", f"kept/lazy/{n}.tar"} & written
+    assert {"runs/lazy/scores/shard-0001.jsonl", "runs/lazy/done/shard-0001.json", "kept/lazy/shard-0001.tar"} <= written
+    # the same rows, filtered shards and summary as the local resume
+    remote_rows = _rows({k.rsplit("/", 1)[1]: _get(client, k).decode() for k in _keys(client, "runs/lazy/scores/")})
+    local_rows = _rows({os.path.basename(p): open(p).read() for p in glob.glob(os.path.join(here, "scores", "*"))})
+    assert len(local_rows) == 3 and remote_rows == local_rows
+    assert {k.rsplit("/", 1)[1]: _get(client, k) for k in _keys(client, "kept/lazy/")} == \
+        {os.path.basename(p): open(p, "rb").read() for p in glob.glob(str(tmp_path / "kept" / "*"))}
+    summaries = [json.loads(_get(client, "runs/lazy/summary.json")), json.load(open(os.path.join(here, "summary.json")))]
+    for s in summaries:
+        for k in ("out", "files", "seconds", "scoring_seconds", "started", "finished", "host", "workers", "devices",
+                  "plan", "plan_text", "samples_per_second", "probe", "scorers"):
+            s.pop(k, None)
+    assert summaries[0] == summaries[1]

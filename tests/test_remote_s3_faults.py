@@ -129,3 +129,20 @@ def test_score_through_faults_gives_the_rows_of_the_local_read_and_counts_the_re
     assert len(rows["local"]) == 3 and rows["s3"] == rows["local"]
     assert summaries["s3"].stage_counts["notes"]["remote_retries"] >= 5
     assert not any(proxy.faults.get(p) for p in paths)
+
+
+def test_retries_of_the_reads_before_scoring_are_counted_in_the_summary(s3, local, tmp_path):
+    """The key check (and then the probe) read the first shard before any scoring: a reset there
+    is retried like any read, and counted in the summary's remote_retries with the scoring's."""
+    from wdsfilter.score import score
+    proxy, urls, paths = s3
+    before = len(proxy.gets(paths[0]))
+    proxy.fail(paths[0], ("reset", 700))  # inside the first sample: the key check's first read meets it
+    summary = score(urls, out=str(tmp_path / "out"), scorers=[SCORER], device="cpu", workers=0, progress=False,
+                    batch_size=4, format="jsonl", **stage(proxy, stream_idle_seconds=120))
+    assert not proxy.faults[paths[0]]
+    # the read that met the reset began at byte 0 and was asked again from a byte at most 700
+    first, again, *_ = ranges_after(proxy, paths[0], before)
+    assert first == 0 and again <= 700
+    assert summary.shards_failed == [] and summary.shards_scored == 3
+    assert summary.stage_counts["notes"]["remote_retries"] == 1

@@ -201,8 +201,8 @@ def _strip(text: str) -> str:
 def credential_source(url: str, storage_options: Optional[Mapping] = None) -> str:
     """Which credentials a request for `url` used, in words (never their values). Read from the
     options and the environment only: asking the chain itself could reach an instance endpoint."""
-    opts = storage_options or {}
     scheme = scheme_of(url)
+    opts = storage_options or _defaults(scheme)
     given = sorted(k for k in opts if k in ("key", "secret", "token", "anon", "profile", "credentials", "client_kwargs"))
     if given:
         return f"storage options ({', '.join(given)})"
@@ -212,7 +212,7 @@ def credential_source(url: str, storage_options: Optional[Mapping] = None) -> st
             return "the environment (AWS_ACCESS_KEY_ID)"
         if env.get("AWS_PROFILE"):
             return f"the AWS profile {env['AWS_PROFILE']!r}"
-        if os.path.exists(env.get("AWS_SHARED_CREDENTIALS_FILE", os.path.expanduser("~/.aws/credentials"))):
+        if _nonempty(env.get("AWS_SHARED_CREDENTIALS_FILE", os.path.expanduser("~/.aws/credentials"))):
             return "the shared AWS credentials file (default profile)"
         return "the AWS default chain (no key in the environment or files: an instance role, or none)"
     if scheme in ("gs", "gcs"):
@@ -222,6 +222,39 @@ def credential_source(url: str, storage_options: Optional[Mapping] = None) -> st
     if scheme == "hf":
         return "HF_TOKEN" if env.get("HF_TOKEN") else "the Hugging Face login cache (huggingface-cli login), or none"
     return "none (plain HTTP; headers through storage options)"
+
+
+def _defaults(scheme: str) -> Mapping:
+    """The storage options in force for `scheme` without explicit ones (storage_defaults above)."""
+    try:
+        import fsspec.config
+    except ImportError:
+        return {}
+    return fsspec.config.conf.get(SCHEMES.get(scheme, ("", ""))[1]) or {}
+
+
+def _nonempty(path: str) -> bool:
+    try:
+        return os.path.getsize(path) > 0  # /dev/null (credentials turned off) holds none
+    except OSError:
+        return False
+
+
+def no_credentials(e: BaseException) -> bool:
+    """The client found no credentials at all (botocore's NoCredentialsError, PartialCredentialsError
+    and ProfileNotFound, google-auth's DefaultCredentialsError): told apart from a refusal."""
+    return type(e).__name__ in ("NoCredentialsError", "PartialCredentialsError", "ProfileNotFound",
+                                "DefaultCredentialsError")
+
+
+def missing_credentials(url: str, storage_options: Optional[Mapping] = None) -> str:
+    """What to say when no credentials were found for `url` (never a value: there is none)."""
+    how = {"s3": "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or --storage-option key=... "
+                 "--storage-option secret=... (anon=true for a public bucket)",
+           "gs": "GOOGLE_APPLICATION_CREDENTIALS or `gcloud auth application-default login` (token=anon for a "
+                 "public bucket)",
+           "hf": "HF_TOKEN or `huggingface-cli login`"}.get(SCHEMES.get(scheme_of(url), ("", ""))[1], "--storage-option")
+    return f"no credentials were found (looked in: {credential_source(url, storage_options)}); set {how}"
 
 
 # -- listing ----------------------------------------------------------------------------------
@@ -251,6 +284,10 @@ def list_shards(url: str, suffixes: Sequence[str], storage_options: Optional[Map
             raise ConfigError(f"{shown}: listing is forbidden (HTTP {_status(e)}); credentials: "
                               f"{credential_source(url, storage_options)}") from None
         raise ConfigError(f"{shown}: cannot be listed: {type(e).__name__}: {_strip(str(e))}") from None
+    except Exception as e:  # noqa: BLE001 - botocore's errors are no OSError
+        if no_credentials(e):
+            raise ConfigError(f"{shown}: cannot be listed: {missing_credentials(url, storage_options)}") from None
+        raise
     if isinstance(found, dict):
         found = list(found)
     shards = sorted(p for p in found if p.endswith(tuple(suffixes)))
@@ -373,15 +410,23 @@ def check_output_url(url: str, option: str, storage_options: Optional[Mapping] =
                           f"upload with `huggingface-cli upload`")
     fs, path = filesystem(url, storage_options)
     root = path.split("/", 1)[0]
+    shown = f"{option} {redact_url(url)}"
     try:
-        if not fs.exists(root):
-            raise OutputError(f"{option} {redact_url(url)}: the bucket {root!r} does not exist (credentials: "
-                              f"{credential_source(url, storage_options)})")
+        if not fs.exists(root):  # False also when the lookup is refused (s3fs): info() says which
+            fs.info(root)
+            raise FileNotFoundError(root)
+    except FileNotFoundError:
+        raise OutputError(f"{shown}: the bucket {root!r} does not exist (credentials: "
+                          f"{credential_source(url, storage_options)})") from None
     except PermissionError as e:
-        raise OutputError(f"{option} {redact_url(url)}: access denied ({_strip(str(e))}); credentials: "
-                          f"{credential_source(url, storage_options)}") from None
+        raise OutputError(f"{shown}: access denied for writing: the bucket {root!r} cannot even be looked up "
+                          f"({_strip(str(e))}); credentials: {credential_source(url, storage_options)}") from None
     except OSError as e:
-        raise OutputError(f"{option} {redact_url(url)}: cannot be reached: {type(e).__name__}: {_strip(str(e))}") from None
+        raise OutputError(f"{shown}: cannot be reached: {type(e).__name__}: {_strip(str(e))}") from None
+    except Exception as e:  # noqa: BLE001 - botocore's errors are no OSError
+        if no_credentials(e):
+            raise OutputError(f"{shown}: cannot be written: {missing_credentials(url, storage_options)}") from None
+        raise
 
 
 HUB_NOT_WRITTEN = ("the Hugging Face Hub is not written to directly (every object would be a commit, and it has "
@@ -411,8 +456,18 @@ def write_object(url: str, data: bytes, storage_options: Optional[Mapping] = Non
         f.close()
     except Exception as e:  # noqa: BLE001 - the store's error, named without options
         _discard(f)
-        raise RemoteOutputError(f"writing {redact_url(url)} failed: {_describe(e)}") from None
+        raise RemoteOutputError(f"writing {redact_url(url)} failed: {write_failure(e, url, storage_options)}") from None
     return url
+
+
+def write_failure(e: BaseException, url: str, storage_options: Optional[Mapping] = None) -> str:
+    """Why a write to `url` failed, in words; a refusal or no credentials names the credential
+    source (never a value)."""
+    if no_credentials(e):
+        return missing_credentials(url, storage_options)
+    if isinstance(e, PermissionError) or _status(e) in (401, 403):
+        return f"access denied for writing ({_describe(e)}); credentials: {credential_source(url, storage_options)}"
+    return _describe(e)
 
 
 def _discard(f) -> None:

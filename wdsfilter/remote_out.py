@@ -31,7 +31,7 @@ import threading
 from typing import Callable, Dict, List, Optional, Tuple
 
 from .atomic import is_temporary
-from .remote import RemoteOutputError, _describe, credential_source, filesystem, redact_url, scheme_of
+from .remote import RemoteOutputError, _describe, credential_source, filesystem, redact_url, scheme_of, write_failure
 
 log = logging.getLogger("wdsfilter")
 MARKERS = "done"  # the folder whose files are uploaded last (runfolder.layout.DONE)
@@ -55,6 +55,37 @@ class RemoteFolder:
         self.exclude: Tuple[str, ...] = ()  # top-level names of staging that are not this folder's
         self.before_markers: Optional[Callable[[], object]] = None  # another folder synced before the markers
         self._syncing = threading.Lock()  # the mirror's thread and the run's last sync take turns
+        # relative path -> size: objects of the bucket's folder not copied into staging (pull's
+        # keep_in_bucket). Never deleted by a sync: they are not staging's to remove.
+        self.held: Dict[str, int] = {}
+
+    def _rel(self, path: str) -> Optional[str]:
+        rel = os.path.relpath(path, self.local)
+        return None if rel.startswith("..") else rel.replace(os.sep, "/")
+
+    def fetch(self, paths) -> int:
+        """Bring the held objects among staging `paths` into staging (downloaded to a temporary,
+        renamed), recorded as the bucket's: they are read, never uploaded again. Returns how many."""
+        n = 0
+        for path in paths:
+            rel = self._rel(path)
+            if rel not in self.held or os.path.exists(path):
+                continue
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = path + ".part"
+            try:
+                self.fs.get_file(self.remote(rel), tmp)
+                os.replace(tmp, path)
+            except OSError as e:
+                raise RemoteOutputError(f"reading {self.shown(rel)} failed: {_describe(e)}") from None
+            finally:
+                if os.path.exists(tmp):
+                    os.remove(tmp)
+            st = os.stat(path)
+            self.sent[rel] = (st.st_size, st.st_mtime_ns)
+            self.held.pop(rel, None)
+            n += 1
+        return n
 
     def remote(self, rel: str) -> str:
         return f"{self.path}/{rel}"
@@ -63,13 +94,15 @@ class RemoteFolder:
         return redact_url(f"{self.url}/{rel}" if rel else self.url)
 
     # -- bucket -> staging ------------------------------------------------------------------------
-    def pull(self) -> int:
-        """Download the remote folder into staging; returns how many files."""
+    def pull(self, keep_in_bucket: Optional[Callable[[str], bool]] = None) -> int:
+        """Download the remote folder into staging; returns how many files. keep_in_bucket(rel):
+        the objects left where they are (their sizes known, `held`: --resume needs no finished
+        shard's score file or filtered shard, only its marker; `fetch` brings one when it is read)."""
         try:
             self.fs.invalidate_cache(self.path)  # what the bucket holds now, not a listing cached earlier
-            found = self.fs.find(self.path + "/")
+            found = self.fs.find(self.path + "/", detail=True)
         except FileNotFoundError:
-            found = []
+            found = {}
         except PermissionError as e:
             raise RemoteOutputError(f"{self.shown()}: listing is forbidden ({_describe(e)}); credentials: "
                                     f"{credential_source(self.url, self.storage_options)}") from None
@@ -77,6 +110,9 @@ class RemoteFolder:
         for key in sorted(found):
             rel = key[len(self.path) + 1:]
             if not rel or os.path.basename(rel) in SKIP or is_temporary(os.path.basename(rel)) or ".." in rel.split("/"):
+                continue
+            if keep_in_bucket is not None and keep_in_bucket(rel):
+                self.held[rel] = int(found[key].get("size") or 0)
                 continue
             local = os.path.join(self.local, *rel.split("/"))
             os.makedirs(os.path.dirname(local), exist_ok=True)
@@ -119,8 +155,10 @@ class RemoteFolder:
         except FileNotFoundError:
             return  # removed in staging since it was listed: the next sync deletes it
         except Exception as e:  # noqa: BLE001 - the store's error, named without options
-            raise RemoteOutputError(f"uploading {self.shown(rel)} failed: {_describe(e)}") from None
+            raise RemoteOutputError(f"uploading {self.shown(rel)} failed: "
+                                    f"{write_failure(e, self.url, self.storage_options)}") from None
         self.sent[rel] = stat
+        self.held.pop(rel, None)  # replaced by staging's
 
     def sync(self, last: str = MARKERS) -> int:
         """Upload what changed: deletions first (files under `last` before the others), then every
@@ -164,6 +202,24 @@ def _counts_others(rel: str) -> bool:
     from .shardstats import SIZES
     name = rel.rsplit("/", 1)[-1]
     return name == SIZES or name.endswith("_stats.json")
+
+
+class StagedSizes:
+    """A staging path's size: the file's, else that of the bucket object it stands for (an object
+    a pull left in the bucket: RemoteFolder.held). A file in staging comes first, so a snapshot of
+    the held sizes stays right. Picklable: the run state that checks markers with it goes to Ray
+    tasks."""
+
+    def __init__(self, folders: List[RemoteFolder]):
+        self.held = {os.path.join(f.local, *rel.split("/")): size for f in folders for rel, size in f.held.items()}
+
+    def __call__(self, path: str) -> int:
+        try:
+            return os.path.getsize(path)
+        except FileNotFoundError:
+            if path in self.held:
+                return self.held[path]
+            raise
 
 
 class Mirror:

@@ -13,7 +13,8 @@ from collections import deque
 from typing import Mapping, Optional, Tuple
 
 from .remote import (MAX_RETRY_AFTER, ObjectChanged, RangeIgnored, RemoteOptions, RemoteReadError, _classify,
-                     _describe, _status, _strip, credential_source, filesystem, redact_url, scheme_of)
+                     _describe, _status, _strip, credential_source, filesystem, missing_credentials, no_credentials,
+                     redact_url, scheme_of)
 
 
 def _version(info: Mapping) -> Tuple:
@@ -294,6 +295,9 @@ class RemoteShard:
             raise PermissionError(f"{self.shown}: access denied ({_strip(str(e))}); credentials: "
                                   f"{credential_source(self.url, self.options.storage_options)}") from None
         except Exception as e:  # noqa: BLE001
+            if no_credentials(e):  # a shard that cannot be read with no credentials: "access denied"
+                raise PermissionError(f"{self.shown}: {missing_credentials(self.url, self.options.storage_options)}") \
+                    from None
             status = _status(e)
             if status in (401, 403):
                 raise PermissionError(f"{self.shown}: access denied (HTTP {status}); credentials: "

@@ -24,7 +24,7 @@ import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 from ..atomic import write_json
 from ..errors import ConfigError
@@ -288,13 +288,15 @@ def output_sizes(out: str, paths: Iterable[str]) -> Dict[str, int]:
     return {os.path.relpath(p, out): os.path.getsize(p) for p in paths}
 
 
-def outputs_intact(marker: Marker, out: str, paths: Iterable[str]) -> bool:
+def outputs_intact(marker: Marker, out: str, paths: Iterable[str],
+                   size_of: Callable[[str], int] = os.path.getsize) -> bool:
     """Every path exists, with the size the marker recorded for it (markers written before sizes
     were recorded have none: existence is all they vouch for). The one test of a marker's files,
-    for --resume, `wdsfilter filter` and the loader's score filter."""
+    for --resume, `wdsfilter filter` and the loader's score filter. size_of: a file's size (a
+    bucket's run folder: the object's, for files left in the bucket)."""
     for p in paths:
         try:
-            size = os.path.getsize(p)
+            size = size_of(p)
         except OSError:
             return False
         if marker.sizes.get(os.path.relpath(p, out), size) != size:

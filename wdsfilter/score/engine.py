@@ -43,7 +43,7 @@ class Engine(Run):
         cfg = self.cfg
         inputs, prep_seconds, scanned = collect_probe(todo, cfg.scoring_stage_config(self.scorers), self.scorers,
                                                       cfg.probe_samples, cfg.probe_scan, cfg.probe_seconds,
-                                                      self.only_retried())
+                                                      self.only_retried(), self.before)
         # The job's size, where it is known, bounds the probe's share of it (ModelRunner.probe):
         # sizes.json, or the probe itself read every sample before it had what it wanted.
         job = known_samples(todo)

@@ -165,11 +165,17 @@ class RemoteOutputLock:
             return self
         except FileExistsError:
             pass
-        except PermissionError as e:
-            raise ConfigError(f"{self.option} {folder}: cannot write there ({_short(e)}); credentials: "
+        except PermissionError as e:  # the run's first write: it probes the folder before any work
+            raise ConfigError(f"{self.option} {folder}: access denied for writing ({_short(e)}); credentials: "
                               f"{_credentials(self)}") from None
         except OSError as e:
             raise ConfigError(f"{self.option} {folder}: the lock object cannot be written ({_short(e)})") from None
+        except Exception as e:  # noqa: BLE001 - botocore's errors are no OSError
+            from ..remote import missing_credentials, no_credentials
+            if no_credentials(e):
+                raise ConfigError(f"{self.option} {folder}: cannot be written: "
+                                  f"{missing_credentials(self.url, self.storage_options)}") from None
+            raise
         holder, etag = self._holder()
         why = _stale(holder, self.stale_seconds)
         if holder is not None and why is None:
@@ -237,6 +243,23 @@ def _gcs_put(fs, path: str, data: bytes, generation: Optional[str]) -> Optional[
     return str(out.get("generation")) if out.get("generation") is not None else None
 
 
+# What --resume reads to decide which shards are done (run.json, the shard list, the recipe, the
+# markers, the per-shard failure ledgers their markers vouch for and the end merges) and the marks
+# of an earlier dedup (the report reads them): the rest of a bucket's run folder stays there.
+STATE_FILES = ("run.json", "shards.json", "run.yaml")
+STATE_FOLDERS = ("done", "failures", "dedup")
+
+
+def _not_state(rel: str) -> bool:
+    return rel not in STATE_FILES and rel.split("/", 1)[0] not in STATE_FOLDERS
+
+
+def _not_sidecar(rel: str) -> bool:
+    """A --write-shards folder's filtered shards stay in the bucket; its JSON sidecars (sizes.json,
+    which a rescored shard's entry is merged into, per-shard stats) come down."""
+    return not rel.endswith(".json")
+
+
 def _stale(holder: Optional[dict], stale_seconds: float) -> Optional[str]:
     """Why a lock's owner is gone, or None while it lives."""
     if holder is None:
@@ -286,7 +309,7 @@ class RemoteRunFolder:
 
     def __init__(self, url: str, storage_options=None, lock: bool = True, interval: Optional[float] = None,
                  write_shards: Optional[str] = None, pull_shards: bool = False, command: str = "score",
-                 option: str = "--out"):
+                 option: str = "--out", lazy: bool = False):
         from ..remote import refuse_hub_run_folder
         from ..remote_out import RemoteFolder
         refuse_hub_run_folder(url)
@@ -296,12 +319,14 @@ class RemoteRunFolder:
         try:
             self.folder = RemoteFolder(self.url, storage_options)
             self.folder.exclude = (self.SHARDS,)
-            self.folder.pull()
+            # lazy (--resume): only what decides which shards are done comes down; finished shards'
+            # score files, embeddings and filtered shards stay in the bucket (their sizes known)
+            self.folder.pull(keep_in_bucket=_not_state if lazy else None)
             if write_shards:  # its files are uploaded before the markers that vouch for them
                 self.shards = RemoteFolder(write_shards, storage_options, os.path.join(self.folder.local, self.SHARDS))
                 os.makedirs(self.shards.local, exist_ok=True)
                 if pull_shards:  # --resume: a shard is done only where its filtered shard is whole
-                    self.shards.pull()
+                    self.shards.pull(keep_in_bucket=_not_sidecar if lazy else None)
                 self.folder.before_markers = self.shards.sync
         except BaseException:
             self.release()
@@ -312,6 +337,17 @@ class RemoteRunFolder:
     @property
     def local(self) -> str:
         return self.folder.local
+
+    def sizes(self):
+        """A staging path's size, or that of the bucket object it stands for (the run state checks
+        markers' files through it: a finished shard's files need not come down). Picklable."""
+        from ..remote_out import StagedSizes
+        return StagedSizes([f for f in (self.folder, self.shards) if f is not None])
+
+    def fetch(self, paths) -> int:
+        """The held objects among staging `paths`, downloaded now (the end of a run reads every
+        score file): how many."""
+        return self.folder.fetch(paths)
 
     def start(self) -> None:
         """Mirror the staging folder from now on (after run.json and shards.json are written)."""

@@ -172,14 +172,15 @@ def nbytes(obj: Any) -> int:
 
 
 def collect_probe(urls: Sequence[str], stage_cfg, scorers: Sequence, want: int, scan: int,
-                  max_seconds: float = 30.0, only: Sequence = ()):
+                  max_seconds: float = 30.0, only: Sequence = (), tally=None):
     """Read, decode and prepare samples in this process until `want` of them were prepared by
     every scorer (or `scan` samples were read, or `max_seconds` passed). Returns (inputs, seconds
-    per sample, samples read). only: --retry-failed's ledger.OnlyKeys (the probe reads only its samples)."""
+    per sample, samples read). only: --retry-failed's ledger.OnlyKeys (the probe reads only its samples).
+    tally: where its notes go (a remote read's retries, which the run's summary counts)."""
     from ..pipeline import sample_pipeline
     from ..tally import Tally
     from .transport import Prepare
-    pipe = sample_pipeline(list(urls), stage_cfg, Tally(), extra=[Prepare(scorers)], before_decode=only,
+    pipe = sample_pipeline(list(urls), stage_cfg, Tally() if tally is None else tally, extra=[Prepare(scorers)], before_decode=only,
                            shard_stages=[s.reader() for s in only])
     found: List[Dict[str, Any]] = []
     seen = 0

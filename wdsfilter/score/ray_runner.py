@@ -76,6 +76,7 @@ def plan_on_ray(ray, run, cfg, urls: Sequence[str], cluster: dict):
     only = [OnlyKeys({absolute_url(u): keys for u, keys in s.keys.items()}) for s in run.only_retried()]
     m = ray.get(task.remote(cfg, run.scorers, run.model_scorers, [absolute_url(u) for u in urls],
                             "cuda:0" if gpus else "cpu", only))
+    run.before.notes["remote_retries"] += m.get("remote_retries", 0)
     host = dict(m["host"])
     if gpus:  # the cores beside each GPU bound its model processes (planner.CORES_PER_GPU_PROCESS)
         host["cpus"] = max(1, int(cluster.get("CPU", host["cpus"]) // gpus))

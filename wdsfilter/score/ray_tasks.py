@@ -160,9 +160,11 @@ def measure(cfg, scorers, model_scorers, urls: Sequence[str], device: str, only:
     from .modelrunner import ModelRunner
     from .planner import ProbeReport
     from .probe import collect_probe
+    from ..tally import Tally
 
+    tally = Tally()
     inputs, prep_seconds, scanned = collect_probe(list(urls), cfg.scoring_stage_config(scorers), scorers,
-                                                  cfg.probe_samples, cfg.probe_scan, cfg.probe_seconds, only)
+                                                  cfg.probe_samples, cfg.probe_scan, cfg.probe_seconds, only, tally)
     runner = ModelRunner(model_scorers, device)
     report = runner.load()
     try:
@@ -170,7 +172,8 @@ def measure(cfg, scorers, model_scorers, urls: Sequence[str], device: str, only:
     finally:
         runner.unload()
     report.worker = 0
-    return {"report": report, "probe": probe, "host": host_status()}
+    return {"report": report, "probe": probe, "host": host_status(),
+            "remote_retries": tally.notes.get("remote_retries", 0)}  # the run's summary counts them
 
 
 # -- per shard: score file, filtered shard, marker --------------------------------------------------

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Iterable, List, Optional, Sequence
+from typing import Callable, Iterable, List, Optional, Sequence
 
 from ..atomic import remove_temporaries, write_json
 from ..errors import ConfigError
@@ -31,7 +31,8 @@ def _normalise(obj):
 
 
 class RunState:
-    def __init__(self, cfg: ScoreConfig, urls: Sequence[str], identity: Optional[dict] = None):
+    def __init__(self, cfg: ScoreConfig, urls: Sequence[str], identity: Optional[dict] = None,
+                 size_of: Callable[[str], int] = os.path.getsize):
         """Paths and markers at once; with `identity`, also open() the folder. Without it, the
         folder is only checked (check_folder), so that happens before any model is resolved,
         and open(identity) follows once the scorers are known."""
@@ -47,6 +48,9 @@ class RunState:
         self.resumed_from_markers = 0
         # (staging folder, URL) of a --write-shards in a bucket: markers name the URL (outlock.RemoteRunFolder)
         self.shown_write_shards: Optional[tuple] = None
+        # a marker's files' sizes: a bucket's run folder resumed keeps finished shards' files in the
+        # bucket, their sizes known (outlock.RemoteRunFolder.sizes)
+        self.size_of = size_of
         if identity is None:
             self.check_folder()
         else:
@@ -172,7 +176,8 @@ class RunState:
     def is_done(self, url: str) -> bool:
         marker = self._marker(url)
         return (marker is not None
-                and outputs_intact(marker, self.out, self._outputs(url, marker.embeddings, marker.failures))
+                and outputs_intact(marker, self.out, self._outputs(url, marker.embeddings, marker.failures),
+                                   self.size_of)
                 and not self._changed(url, marker))
 
     def pending(self) -> List[str]:

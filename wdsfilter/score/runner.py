@@ -17,6 +17,7 @@ from ..keycheck import check_keys
 from ..shards import expand_urls, is_local, unique_urls
 from ..specs import utf8_text
 from ..thresholds import Thresholds
+from ..tally import Tally
 from ..filtering.apply import score_report
 from .config import ScoreConfig
 from .faults import disk_full, is_disk_full
@@ -71,6 +72,8 @@ class Run:
         # One run per --out (outlock.py): taken before the run state, which deletes temporaries. A
         # remote --out: a lock object, then the run writes a local staging copy mirrored to the bucket.
         self.remote = self._remote_out(cfg)
+        # The reads before scoring (the key check, the probe): their remote retries, for the summary
+        self.before = Tally(0, 0, name="wdsfilter score (before scoring)")
         if self.remote:
             cfg = self.cfg = dataclasses.replace(cfg, out=self.remote.local, write_shards=(
                 self.remote.shards.local if self.remote.shards else cfg.write_shards))
@@ -83,14 +86,14 @@ class Run:
         try:
             if cfg.retry_failed and not os.path.exists(os.path.join(cfg.out, "run.json")):
                 raise ConfigError(f"--retry-failed: {cfg.out} holds no scoring run; score the shards there first")
-            self.state = RunState(cfg, self.urls)
+            self.state = RunState(cfg, self.urls, size_of=self.remote.sizes() if self.remote else os.path.getsize)
             self.todo = self.state.pending()
             # --retry-failed: url -> {index: ledger entry} of the samples of finished shards to score
             # again (only those are read on, OnlyKeys); shards without a marker are in todo whole
             self.retry = retry_plan(self.state, cfg.retry_failed) if cfg.retry_failed else {}
             self.todo += [u for u in self.urls if u in self.retry and u not in self.todo]
             if self.todo:  # a caption/image key no sample of the first shard has
-                check_keys(self.todo[0], cfg.scoring_stage_config())
+                check_keys(self.todo[0], cfg.scoring_stage_config(), self.before)
             if cfg.verbosity and (self.todo or cfg.dry_run):  # at once, before the imports and the models
                 names = [s if isinstance(s, str) else getattr(s, "name", type(s).__name__) for s in cfg.scorers]
                 self.echo(f"{len(self.todo)} shard(s) to score; loading {', '.join(names)} and measuring a probe batch")
@@ -137,8 +140,11 @@ class Run:
         remote_shards = cfg.write_shards if cfg.write_shards and is_fsspec_url(cfg.write_shards) else None
         if cfg.write_shards and not remote_shards:
             raise ConfigError("--out in a bucket takes --write-shards in a bucket too (s3://...), or no --write-shards")
+        # --resume pulls only the folder's state (lazy): finished shards' files stay in the bucket.
+        # --retry-failed rewrites finished shards' score files, so it pulls them all.
         return RemoteRunFolder(cfg.out, cfg.stage.storage_options, lock=not cfg.dry_run, write_shards=remote_shards,
-                               pull_shards=cfg.resume or bool(cfg.retry_failed))
+                               pull_shards=cfg.resume or bool(cfg.retry_failed),
+                               lazy=cfg.resume and not cfg.retry_failed)
 
     def _identity(self) -> dict:
         identity = run_identity(self.cfg, self.scorers)
@@ -169,7 +175,10 @@ class Run:
             summary.seconds, summary.scoring_seconds = outcome.seconds, outcome.scoring_seconds
             if outcome.stage_counts is not None:
                 summary.stage_counts = outcome.stage_counts
+        self._count_early_retries(summary)
         files = self.state.done_score_files()
+        if self.remote:  # finished shards' score files left in the bucket by --resume: read now
+            self.remote.fetch(files)
         summary.shards_cut = self.state.cut_shards()
         bounds = self.resolved_bounds(bool(files))
         for k, v in summarize_files(files, self.columns, bounds, cfg.histogram_bins).items():
@@ -208,6 +217,19 @@ class Run:
                 self.echo(f"{t.given}: {t.rank} of the {t.scored} rows with a {t.column} -> {t.describe()}")
         write_thresholds(os.path.join(cfg.out, "thresholds.json"), thresholds)
         return Thresholds.strictest(t.bound for t in thresholds)
+
+
+    def _count_early_retries(self, summary: RunSummary) -> None:
+        """The remote retries of the reads before scoring (the key check, the probe) join the
+        scoring's in the summary: one tally of a run's retries. Only retries: the samples those
+        reads saw are read again by the scoring, which counts their drops."""
+        early = self.before.notes.get("remote_retries", 0)
+        if early:
+            counts = summary.stage_counts or {"dropped": {}, "notes": {}}
+            notes = counts.setdefault("notes", {})
+            notes["remote_retries"] = notes.get("remote_retries", 0) + early
+            summary.stage_counts = counts
+            self.before.notes["remote_retries"] = 0  # counted once, if finish runs again
 
     def record_failures(self, unfinished: Sequence[dict] = ()) -> Optional[str]:
         """The failure ledger at the end of a run (ledger.py): an entry for each shard that failed
