@@ -30,29 +30,35 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(rank, world, port, shards, kw, epochs, out):
+def _rank_main(rank, world, port, shards, kws, epochs, out):
+    """One rank: a loader for each of `kws` in turn (one process group, as a script that builds a
+    new loader per phase), each iterated `epochs` times; writes a result per loader."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
-    result = {"epochs": []}
-    try:
-        kw = dict(kw)
-        if kw.pop("seed_per_rank", False):  # what training scripts that seed by rank pass
-            kw["seed"] = 1 + 7 * rank
-        loader = wdsfilter.loader(shards, output="dict", **kw)
-        result.update(num_batches=loader.num_batches, num_samples=loader.num_samples)
-        for _ in range(epochs):
-            sizes, keys = [], []
-            for batch in loader:
-                sizes.append(len(batch))
-                keys += [s["__key__"] for s in batch]
-                step = torch.ones(1)
-                dist.all_reduce(step)  # the training step's collective: every rank must reach it
-            result["epochs"].append({"sizes": sizes, "keys": keys})
-    except Exception as e:  # reported to the test; the other rank then fails its collective, not hangs
-        result["error"] = f"{type(e).__name__}: {e}"
+    results = []
+    for kw in kws:
+        result = {"epochs": []}
+        results.append(result)
+        try:
+            kw = dict(kw)
+            if kw.pop("seed_per_rank", False):  # what training scripts that seed by rank pass
+                kw["seed"] = 1 + 7 * rank
+            loader = wdsfilter.loader(shards, output="dict", **kw)
+            result.update(num_batches=loader.num_batches, num_samples=loader.num_samples)
+            for _ in range(epochs):
+                sizes, keys = [], []
+                for batch in loader:
+                    sizes.append(len(batch))
+                    keys += [s["__key__"] for s in batch]
+                    step = torch.ones(1)
+                    dist.all_reduce(step)  # the training step's collective: every rank must reach it
+                result["epochs"].append({"sizes": sizes, "keys": keys})
+        except Exception as e:  # reported to the test; the other rank then fails its collective, not hangs
+            result["error"] = f"{type(e).__name__}: {e}"
+            break  # the process group is broken: the later loaders are not run
     with open(f"{out}.{rank}", "w") as f:
-        json.dump(result, f)
+        json.dump(results, f)
     try:
         dist.destroy_process_group()
     except Exception:
@@ -61,8 +67,14 @@ def _rank_main(rank, world, port, shards, kw, epochs, out):
 
 def run_ranks(tmp_path, shards, epochs=1, **kw):
     """Per rank: {"num_batches", "num_samples", "epochs": [{"sizes", "keys"}], "error"?}."""
+    return [r[0] for r in run_ranks_each(tmp_path, shards, [kw], epochs)]
+
+
+def run_ranks_each(tmp_path, shards, kws, epochs=1):
+    """run_ranks for several loader settings in one pair of rank processes (each spawned rank
+    imports torch and wdsfilter: seconds of CPU): per rank, a result per settings."""
     out = str(tmp_path / "rank")
-    ctx = mp.spawn(_rank_main, args=(2, _free_port(), shards, kw, epochs, out), nprocs=2, join=False)
+    ctx = mp.spawn(_rank_main, args=(2, _free_port(), shards, kws, epochs, out), nprocs=2, join=False)
     try:
         deadline = time.monotonic() + HANG_SECONDS
         while not ctx.join(timeout=5):  # False while a rank is still running
@@ -89,36 +101,41 @@ def uneven(tmp_path):
             for i, n in enumerate([10, 10, 10, 3])]
 
 
-@pytest.mark.parametrize("workers,drop_last", [(0, False), (2, False), (2, True)])
-def test_uneven_ranks_give_exactly_num_batches_full_batches(tmp_path, uneven, workers, drop_last):
+SETTINGS = [(0, False), (2, False), (2, True)]  # (num_workers, drop_last)
+
+
+def test_uneven_ranks_give_exactly_num_batches_full_batches(tmp_path, uneven):
     # Before: rank 1 ended its epoch early (drop_last: worker 1's 3 samples never made a batch and
     # webdataset's with_epoch stops on an empty pass: 3 batches against 6) or gave partial batches
-    # mid-epoch (num_samples overstated what was yielded).
-    results = run_ranks(tmp_path, uneven, epochs=2, batch_size=4, epoch_samples=33, num_workers=workers,
-                        drop_last=drop_last)
-    for rank, r in enumerate(results):
-        assert "error" not in r, r["error"]
-        for epoch in r["epochs"]:
-            assert len(epoch["sizes"]) == r["num_batches"], (rank, epoch["sizes"])
-            assert set(epoch["sizes"]) == {4}, (rank, epoch["sizes"])
-        assert r["num_samples"] == r["num_batches"] * 4 * 2
-    # Nothing lost: each rank reads all of its own shards (the short one goes round them again).
-    seen = set(results[0]["epochs"][0]["keys"]) | set(results[1]["epochs"][0]["keys"])
-    assert len(seen) == 33
-    assert not set(results[0]["epochs"][0]["keys"]) & set(results[1]["epochs"][0]["keys"])
+    # mid-epoch (num_samples overstated what was yielded). Every setting in one pair of ranks.
+    each = run_ranks_each(tmp_path, uneven, [dict(batch_size=4, epoch_samples=33, num_workers=workers,
+                                                  drop_last=drop_last) for workers, drop_last in SETTINGS], epochs=2)
+    for n, setting in enumerate(SETTINGS):
+        results = [each[rank][n] for rank in range(2)]
+        for rank, r in enumerate(results):
+            assert "error" not in r, (setting, r["error"])
+            for epoch in r["epochs"]:
+                assert len(epoch["sizes"]) == r["num_batches"], (setting, rank, epoch["sizes"])
+                assert set(epoch["sizes"]) == {4}, (setting, rank, epoch["sizes"])
+            assert r["num_samples"] == r["num_batches"] * 4 * 2, setting
+        # Nothing lost: each rank reads all of its own shards (the short one goes round them again).
+        seen = set(results[0]["epochs"][0]["keys"]) | set(results[1]["epochs"][0]["keys"])
+        assert len(seen) == 33, setting
+        assert not set(results[0]["epochs"][0]["keys"]) & set(results[1]["epochs"][0]["keys"]), setting
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_shard_shuffle_seeded_per_rank_neither_shares_nor_skips_shards(tmp_path, workers):
+def test_shard_shuffle_seeded_per_rank_neither_shares_nor_skips_shards(tmp_path):
     # Before: shards were shuffled before the split by rank, so ranks with different seeds took
     # overlapping shares: 12 of 40 samples on both ranks, 16 on neither, nothing said.
     shards = [write_shard(tmp_path / f"g{i}.tar", image_text_members(5, start=100 * i)) for i in range(8)]
-    results = run_ranks(tmp_path, shards, epochs=2, batch_size=5, epoch_samples=40, shuffle=10,
-                        seed_per_rank=True, num_workers=workers)
-    for e in range(2):
-        keys = [set(r["epochs"][e]["keys"]) for r in results]
-        assert not keys[0] & keys[1]
-        assert {k[:4] for k in keys[0]}.isdisjoint({k[:4] for k in keys[1]})  # shard prefixes: 0000, 0001, ...
+    each = run_ranks_each(tmp_path, shards, [dict(batch_size=5, epoch_samples=40, shuffle=10, seed_per_rank=True,
+                                                  num_workers=workers) for workers in (0, 2)], epochs=2)
+    for n, workers in enumerate((0, 2)):
+        results = [each[rank][n] for rank in range(2)]
+        for e in range(2):
+            keys = [set(r["epochs"][e]["keys"]) for r in results]
+            assert not keys[0] & keys[1], workers
+            assert {k[:4] for k in keys[0]}.isdisjoint({k[:4] for k in keys[1]}), workers  # shard prefixes: 0000, ...
 
 
 def test_a_loader_sized_for_another_world_than_the_split_raises(tmp_path, uneven):

@@ -21,6 +21,9 @@ SHARDS = [os.path.join(SS, p) for p in ("images-000000.tar", "json-captions-0000
                                         "broken/truncated-000000.tar", "broken/corrupt-jpeg-000000.tar",
                                         "broken/text-only-image-only-000000.tar")]
 OPTIONS = dict(caption_key="txt;json:description", min_clip=0.5, progress=False)
+# The tests of shard handling (unreadable shards, pipe commands) score with a light test scorer:
+# a model actor that imports open_clip and loads CLIP costs several CPU seconds more per run.
+LIGHT = dict(caption_key="txt;json:description", scorers=["scorekit:BrightnessScorer"], progress=False)
 
 pytestmark = pytest.mark.slow
 
@@ -42,12 +45,23 @@ def rows_by_shard(out):
     return {f: read_rows(os.path.join(folder, f)) for f in sorted(os.listdir(folder))}
 
 
-def test_ray_gives_the_engine_rows_scores_and_filtered_shards(local_ray, tiny_clip, tmp_path):
+@pytest.fixture(scope="module")
+def engines(local_ray, tiny_clip, tmp_path_factory):
+    """The sample shards scored once by each engine, filtered shards written: (folder, local summary,
+    Ray summary); folder/"local" and folder/"ray" are the runs, "-kept" their filtered shards. Several
+    tests compare with it, instead of each scoring the same shards on Ray again (a run starts its
+    model actor, which imports open_clip and loads the model)."""
+    folder = tmp_path_factory.mktemp("engines")
     model = "local-dir:" + tiny_clip
-    local = score(SHARDS, out=str(tmp_path / "local"), model=model, device="cpu",
-                  write_shards=str(tmp_path / "local-kept"), **OPTIONS)
-    on_ray = score_on_ray(SHARDS, out=str(tmp_path / "ray"), model=model,
-                          write_shards=str(tmp_path / "ray-kept"), batch_size=8, **OPTIONS)
+    local = score(SHARDS, out=str(folder / "local"), model=model, device="cpu",
+                  write_shards=str(folder / "local-kept"), **OPTIONS)
+    on_ray = score_on_ray(SHARDS, out=str(folder / "ray"), model=model,
+                          write_shards=str(folder / "ray-kept"), batch_size=8, **OPTIONS)
+    return folder, local, on_ray
+
+
+def test_ray_gives_the_engine_rows_scores_and_filtered_shards(engines):
+    tmp_path, local, on_ray = engines
     expected, got = rows_by_shard(str(tmp_path / "local")), rows_by_shard(str(tmp_path / "ray"))
     assert sorted(got) == sorted(expected) and len(got) == len(SHARDS)
     for name, rows in expected.items():
@@ -71,19 +85,31 @@ def test_ray_gives_the_engine_rows_scores_and_filtered_shards(local_ray, tiny_cl
     assert streamed == kept_keys
 
 
-def test_relative_shard_paths_complete_and_their_rows_name_the_url_given(local_ray, tiny_clip, tmp_path,
-                                                                         monkeypatch):
+@pytest.fixture(scope="module")
+def planned_relative(local_ray, tiny_clip, tmp_path_factory):
+    """One shard given by a path relative to the working folder, no batch size (so one Ray task
+    measures and the planner decides): (the URL given, its run folder, summary, echoed lines)."""
+    url, lines = os.path.join("sample_shards", "images-000000.tar"), []
+    out = str(tmp_path_factory.mktemp("planned-relative") / "ray")
+    cwd = os.getcwd()
+    os.chdir(REPO)
+    try:
+        summary = score_on_ray([url], out=out, model="local-dir:" + tiny_clip, echo=lines.append, **OPTIONS)
+    finally:
+        os.chdir(cwd)
+    return url, out, summary, lines
+
+
+def test_relative_shard_paths_complete_and_their_rows_name_the_url_given(planned_relative):
     # Ray workers open the shard by its absolute path; the rows must still carry the URL the
     # driver was given, or no shard ever completes (every row counted as lost).
-    monkeypatch.chdir(REPO)
-    url = os.path.join("sample_shards", "images-000000.tar")
-    summary = score_on_ray([url], out=str(tmp_path / "ray"), model="local-dir:" + tiny_clip, **OPTIONS)
+    url, out, summary, _ = planned_relative
     assert summary.shards_scored == 1 and summary.shards_failed == [] and summary.rows > 0
-    rows = rows_by_shard(str(tmp_path / "ray"))["images-000000.parquet"]
+    rows = rows_by_shard(out)["images-000000.parquet"]
     assert {r["shard"] for r in rows} == {url}
 
 
-def test_ray_resume_scores_only_the_unfinished_shards(local_ray, tiny_clip, tmp_path):
+def test_ray_resume_scores_only_the_unfinished_shards(engines, tiny_clip, tmp_path):
     model, out = "local-dir:" + tiny_clip, str(tmp_path / "ray")
     first = score_on_ray(SHARDS[:2], out=out, model=model, **OPTIONS)
     assert first.shards_scored == 2
@@ -92,26 +118,25 @@ def test_ray_resume_scores_only_the_unfinished_shards(local_ray, tiny_clip, tmp_
     assert second.shards_resumed == 2 and second.shards_scored == len(SHARDS) - 2
     after = rows_by_shard(out)
     assert all(after[name] == rows for name, rows in before.items())
-    full = score_on_ray(SHARDS, out=str(tmp_path / "full"), model=model, **OPTIONS)
-    assert after.keys() == rows_by_shard(str(tmp_path / "full")).keys() and full.rows == second.rows
+    folder, _, full = engines  # the same shards scored in one run
+    assert after.keys() == rows_by_shard(str(folder / "ray")).keys() and full.rows == second.rows
 
 
-def test_a_shard_that_cannot_be_opened_is_failed_not_done_and_the_stage_counts_arrive(local_ray, tiny_clip,
-                                                                                      tmp_path):
+def test_a_shard_that_cannot_be_opened_is_failed_not_done_and_the_stage_counts_arrive(local_ray, tmp_path):
     import socket
     sock_path = str(tmp_path / "socket-000000.tar")  # exists, but open() fails (ENXIO), even for root
     server = socket.socket(socket.AF_UNIX)
     server.bind(sock_path)
     try:
-        model, out = "local-dir:" + tiny_clip, str(tmp_path / "ray")
-        summary = score_on_ray([SHARDS[2], sock_path], out=out, model=model, **OPTIONS)
+        out = str(tmp_path / "ray")
+        summary = score_on_ray([SHARDS[2], sock_path], out=out, **LIGHT)
         assert summary.shards_scored == 1
         assert [f["url"] for f in summary.shards_failed] == [sock_path]
         assert summary.shards_failed[0]["reason"].startswith("unreadable:")
         assert sorted(os.listdir(os.path.join(out, "done"))) == ["truncated-000000.json"]
         # The truncated shard's stage count comes back from its Ray task.
         assert summary.stage_counts["dropped"].get("truncated_tar") == 1
-        again = score_on_ray([SHARDS[2], sock_path], out=out, model=model, resume=True, **OPTIONS)
+        again = score_on_ray([SHARDS[2], sock_path], out=out, resume=True, **LIGHT)
         assert again.shards_resumed == 1 and [f["url"] for f in again.shards_failed] == [sock_path]
     finally:
         server.close()
@@ -128,23 +153,22 @@ def test_a_shard_without_captions_after_the_first_is_scored_as_data(local_ray, t
         score_on_ray([no_captions, SHARDS[0]], out=str(tmp_path / "bad"), model="local-dir:" + tiny_clip, **OPTIONS)
 
 
-def test_a_pipe_shard_that_fails_when_written_again_is_failed_not_fatal(local_ray, tiny_clip, tmp_path):
+def test_a_pipe_shard_that_fails_when_written_again_is_failed_not_fatal(local_ray, tmp_path):
     # The command prints the shard whenever it is read (key check, reading) and fails only while the
     # filtered shard is written (the writer's local copy `.source.tmp-*` exists then).
     kept = tmp_path / "kept"
     broken = f"pipe:if ls {kept}/.source.tmp-* >/dev/null 2>&1; then exit 1; else cat {SHARDS[0]}; fi"
-    summary = score_on_ray([broken, SHARDS[1]], out=str(tmp_path / "ray"), model="local-dir:" + tiny_clip,
-                           write_shards=str(tmp_path / "kept"), allow_pipe=True, **OPTIONS)
+    summary = score_on_ray([broken, SHARDS[1]], out=str(tmp_path / "ray"), write_shards=str(tmp_path / "kept"),
+                           allow_pipe=True, **LIGHT)
     assert [f["url"] for f in summary.shards_failed] == [broken] and summary.shards_scored == 1
     assert "filtered shard not written" in summary.shards_failed[0]["reason"]
     assert sorted(os.listdir(tmp_path / "kept")) == ["json-captions-000000.tar", "json-captions-000000_stats.json",
                                                      "sizes.json"]
 
 
-def test_a_pipe_shard_whose_command_fails_is_failed_without_a_marker(local_ray, tiny_clip, tmp_path):
+def test_a_pipe_shard_whose_command_fails_is_failed_without_a_marker(local_ray, tmp_path):
     broken = f"pipe:cat {SHARDS[0]}; exit 1"  # the whole tar, then an error: not read to its end
-    summary = score_on_ray([broken, SHARDS[1]], out=str(tmp_path / "ray"), model="local-dir:" + tiny_clip,
-                           allow_pipe=True, **OPTIONS)
+    summary = score_on_ray([broken, SHARDS[1]], out=str(tmp_path / "ray"), allow_pipe=True, **LIGHT)
     assert [f["url"] for f in summary.shards_failed] == [broken] and summary.shards_scored == 1
     assert "not read to its end" in summary.shards_failed[0]["reason"]
     assert os.listdir(tmp_path / "ray" / "done") == ["json-captions-000000.json"]
@@ -157,7 +181,7 @@ def test_ray_refuses_gpu_actors_on_a_cluster_without_gpus(local_ray, tiny_clip, 
                      **OPTIONS)
 
 
-def test_cli_engine_ray_writes_what_the_api_writes(local_ray, tiny_clip, tmp_path):
+def test_cli_engine_ray_writes_what_the_api_writes(engines, tiny_clip, tmp_path):
     from click.testing import CliRunner
     from wdsfilter.cli import main
     model = "local-dir:" + tiny_clip
@@ -167,10 +191,11 @@ def test_cli_engine_ray_writes_what_the_api_writes(local_ray, tiny_clip, tmp_pat
     assert result.exit_code == 0, result.output
     assert "ray: 3 of 3 shard(s) to score with 1 model actor(s) on cpu" in result.output
     assert "batch 4" in result.output and "clip_score >= 0.5: kept" in result.output
-    score_on_ray(SHARDS[:3], out=str(tmp_path / "api"), model=model, **OPTIONS)
-    cli, api = rows_by_shard(str(tmp_path / "cli")), rows_by_shard(str(tmp_path / "api"))
-    assert cli.keys() == api.keys()
-    for name in api:  # batches of 4 vs 32: the same rows, scores equal up to float rounding
+    folder, _, _ = engines  # the API's run of these shards (and two more), batch 8
+    cli = rows_by_shard(str(tmp_path / "cli"))
+    api = {name: rows for name, rows in rows_by_shard(str(folder / "ray")).items() if name in cli}
+    assert sorted(cli) == sorted(os.path.basename(s)[:-4] + ".parquet" for s in SHARDS[:3]) and cli.keys() == api.keys()
+    for name in api:  # batches of 4 vs 8: the same rows, scores equal up to float rounding
         assert [dict(r, clip_score=None, clip_score_frames=None) for r in cli[name]] == \
                [dict(r, clip_score=None, clip_score_frames=None) for r in api[name]]
         assert all(abs((a["clip_score"] or 0) - (b["clip_score"] or 0)) < 1e-5 for a, b in zip(cli[name], api[name]))
@@ -238,7 +263,7 @@ def test_a_batch_size_set_without_a_plan_counts_samples_as_on_the_local_engine()
     assert actor.runner.backoffs["frames"].planned == 12 and scorer.calls == [12, 12]
 
 
-def test_ray_uses_the_engines_planner_for_batch_sizes_and_actors_per_gpu(local_ray, tiny_clip, tmp_path):
+def test_ray_uses_the_engines_planner_for_batch_sizes_and_actors_per_gpu(planned_relative):
     from wdsfilter.score import ScoreConfig
     from wdsfilter.score.modelrunner import LoadReport
     from wdsfilter.score.planner import make_plan
@@ -258,9 +283,7 @@ def test_ray_uses_the_engines_planner_for_batch_sizes_and_actors_per_gpu(local_r
     assert actor_pool(8, 2, actors=4) == (4, 0.5) and actor_pool(8, 2, gpus_per_actor=1.0) == (8, 1.0)
     assert actor_pool(0, 1) == (1, 0.0)
     # On this CPU cluster, with no batch size given, one Ray task measures and the planner decides.
-    lines = []
-    summary = score_on_ray(SHARDS[:1], out=str(tmp_path / "ray"), model="local-dir:" + tiny_clip, echo=lines.append,
-                           **OPTIONS)
+    _, _, summary, lines = planned_relative
     text = "\n".join(lines)
     assert "plan:" in text and re.search(r"cpu batch size +\d+", text) and "activations" in text
     planned = summary.plan["devices"][0]
