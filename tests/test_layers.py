@@ -20,11 +20,7 @@ FRONT_DOORS = {"wdsfilter.cli", "wdsfilter.__main__", "wdsfilter.dataloader"}
 
 # (importer, imported) -> why it is still there. Each entry is checked to be still needed, so a fix
 # that removes the import must remove the entry too.
-ALLOWED = {
-    ("wdsfilter.score.runner", "wdsfilter.filtering.apply"):
-        "the scoring run's report.html is the filter report (score_report); it moves below score once the run "
-        "folder reader and the keep rule it judges rows by are in runfolder.py (helper runfolder)",
-}
+ALLOWED: dict = {}  # none today
 
 
 def module_name(path: str) -> str:

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..errors import ConfigError
-from ..runfolder import ScoreRun, keep_reason
+from ..runfolder import ScoreRun
+from ..runfolder.judge import Threshold, bounds, given_thresholds  # noqa: F401 - judged below filtering
 from ..thresholds import Bound, Thresholds, parse_threshold
 
 
@@ -63,47 +64,9 @@ class FilterSpec:
         return bool(self.mins or self.maxes or self.tops or self.bottoms)
 
 
-@dataclass
-class Threshold:
-    """One resolved threshold: a thresholds.Bound (COL >= value or COL <= value, judged by the one
-    rule in wdsfilter/thresholds.py) and where it came from."""
-    bound: Bound
-    given: str  # as the user wrote it: "--top clip_score=30%"
-    share: Optional[float] = None  # top/bottom: the percent asked for
-    rank: Optional[int] = None  # top/bottom: rows the share asks for (k)
-    scored: Optional[int] = None  # top/bottom: rows with a value in the column (the share's base)
-
-    @property
-    def column(self) -> str:
-        return self.bound.column
-
-    @property
-    def minimum(self) -> bool:
-        return self.bound.minimum
-
-    @property
-    def value(self) -> float:
-        return self.bound.value
-
-    def passes(self, v) -> Optional[bool]:
-        """True/False, or None when the row has no value in the column."""
-        return self.bound.judge(v)
-
-    def describe(self) -> str:
-        return f"{self.column} {'>=' if self.minimum else '<='} {self.value:.6g}"
-
-
 def resolve(spec: FilterSpec, run) -> List[Threshold]:
     """Thresholds with every share resolved to its value over `run` (a runfolder.ScoreRun)."""
-    run.check_columns(spec.columns(), "thresholds")
-    numeric = run.numeric_columns(spec.columns())
-    flags = [c for c in spec.columns() if c not in numeric]
-    if flags:
-        numeric = run.numeric_columns()
-        raise ConfigError(f"thresholds on {', '.join(flags)}, which {'does' if len(flags) == 1 else 'do'} not hold "
-                          f"numbers; numeric score columns: {', '.join(numeric) or 'none'}")
-    out = [Threshold(Bound(c, v, True), f"--min {c}={v:g}") for c, v in spec.mins.items()]
-    out += [Threshold(Bound(c, v, False), f"--max {c}={v:g}") for c, v in spec.maxes.items()]
+    out = given_thresholds(run, spec.mins, spec.maxes, spec.columns())
     for shares, top in ((spec.tops, True), (spec.bottoms, False)):
         for column, percent in shares.items():
             given = f"--{'top' if top else 'bottom'} {column}={percent:g}%"
@@ -132,18 +95,6 @@ def _share(run, column: str, percent: float, top: bool) -> Tuple[Optional[float]
         return None, 0, 0
     pick = quantile.top_share_value if top else quantile.bottom_share_value
     return (*pick(source, percent, stats), stats[0])
-
-
-def bounds(thresholds: Sequence[Threshold]) -> Tuple[Dict[str, float], Dict[str, float]]:
-    """(min_scores, max_scores) as wdsfilter.loader takes them: the strictest bound per column."""
-    th = Thresholds.strictest(t.bound for t in thresholds)
-    return th.minima, th.maxima
-
-
-def drop_reason(row: dict, thresholds: Sequence[Threshold]) -> Optional[str]:
-    """Why a score row is not kept (None: kept): the first reason of runfolder.keep_reason."""
-    drop = keep_reason(row, [t.bound for t in thresholds])
-    return None if drop is None else drop.reason
 
 
 def resolve_for_loader(scores_dir: str, min_scores: Optional[Dict[str, float]] = None,
