@@ -2,7 +2,7 @@
 statement, the lazy ones inside functions included (a lower layer never imports a higher one), and
 no function over 80 lines. Modules are split by concept, not by size: there is no line limit.
 
-    foundation (wdsfilter/*.py: core, media, the run folder) < validate < score < filtering < front doors
+    foundation (wdsfilter/*.py: core, media, the run folder, the run's report) < validate < score < filtering < front doors
 
 The front doors are `cli.py` (every command), `__main__.py` and `dataloader.py` (`wdsfilter.loader()`,
 which may resolve --top/--bottom thresholds as `wdsfilter filter` does). The package's `__init__.py`
