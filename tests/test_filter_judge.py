@@ -8,9 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from wdsfilter.filtering.judge import count_rows, count_table
-from wdsfilter.filtering.rules import Threshold
-from wdsfilter.filtering.apply import judge_shard
+from wdsfilter.runfolder.judge import Threshold, count_rows, count_table, judge_shard
 from wdsfilter.runfolder import ScoredShard
 from wdsfilter.thresholds import Bound
 

@@ -106,7 +106,7 @@ def test_hash_with_clip_and_save_embeddings(tiny_clip, tmp_path):
 
 def test_summary_histogram_of_one_large_value():
     # Two samples with one phash (a clip and its still frame) made the summary divide by zero.
-    from wdsfilter.score.statistics import _bin_counts, histogram_bins
+    from wdsfilter.report.statistics import _bin_counts, histogram_bins
     v = -7283425521061696308
     lo, hi, n, _ = histogram_bins(v, v, True, 20)
     assert hi > lo and 0 <= int((v - lo) / (hi - lo) * n) <= n

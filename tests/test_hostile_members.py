@@ -147,7 +147,7 @@ def test_a_lying_stream_past_the_64th_is_held_to_max_pixels_too(tmp_path):
     out = _child(f"""
         import json, sys, tarfile
         sys.modules["torch"] = None
-        from wdsfilter.score.video import sample_frames
+        from wdsfilter.frames import sample_frames
         from wdsfilter.validate import validate
         report = validate([{url!r}], image_key="mov", jobs=1)
         frames = sample_frames(tarfile.open({url!r}).extractfile("000000.mov").read(), 2).frames
@@ -293,7 +293,7 @@ def test_decoding_one_clip_is_held_to_a_pixel_budget(tmp_path, monkeypatch):
     import pytest
 
     from wdsfilter.errors import DataError
-    from wdsfilter.score import video as score_video
+    from wdsfilter import frames as score_video
     from wdsfilter import videos
 
     data = one_keyframe_webm(64, 600)
@@ -399,7 +399,7 @@ def test_a_member_that_is_an_ffconcat_playlist_opens_no_file_of_the_machine(tmp_
     import pytest
     from videokit import grey_frame, make_video
     from wdsfilter.errors import DataError
-    from wdsfilter.score.video import sample_frames
+    from wdsfilter.frames import sample_frames
     clip = make_video([grey_frame(40 * i) for i in range(6)])
     (tmp_path / "secret.mp4").write_bytes(clip)
     monkeypatch.chdir(tmp_path)

@@ -77,7 +77,7 @@ def test_a_killed_writers_temporary_is_recognised_and_removed(tmp_path):
 
 def test_filtering_judges_with_the_same_bounds():
     # wdsfilter filter's resolved thresholds are thresholds.Bound objects: one rule for both.
-    from wdsfilter.filtering.rules import Threshold, bounds, drop_reason
+    from wdsfilter.runfolder.judge import Threshold, bounds, drop_reason
     ts = [Threshold(Bound("clip_score", 0.2, True), "--min clip_score=0.2"),
           Threshold(Bound("clip_score", 0.3, True), "--top clip_score=30%"),
           Threshold(Bound("ocr_area", 0.5, False), "--max ocr_area=0.5")]

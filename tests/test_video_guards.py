@@ -20,7 +20,7 @@ from videokit import h264_mp4
 from wdsfilter import StageConfig
 from wdsfilter.errors import DataError
 from wdsfilter.pipeline import sample_pipeline
-from wdsfilter.score.video import sample_frames
+from wdsfilter.frames import sample_frames
 from wdsfilter.tally import Tally
 from wdsfilter.validate import validate
 from wdsfilter import videos
@@ -81,7 +81,7 @@ def test_a_header_that_understates_the_frame_size_is_refused_before_decoding(tmp
         # This process's own peak (VmHWM): getrusage's ru_maxrss keeps the forking parent's peak.
         peak_mb = lambda: int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) / 1024
         from wdsfilter.errors import DataError
-        from wdsfilter.score.video import sample_frames
+        from wdsfilter.frames import sample_frames
         from wdsfilter.validate import validate
         report = validate([{url!r}], image_key="mov", jobs=1)
         data = tarfile.open({url!r}).extractfile("000000.mov").read()

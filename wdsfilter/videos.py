@@ -1,5 +1,5 @@
 """The one opener of a video clip and the rules of reading one, with PyAV: used by validate's
-video check (validate/checks/video.py) and the scorers' frame sampler (score/video.py), so both
+video check (validate/checks/video.py) and the scorers' frame sampler (frames.py), so both
 refuse, bound and call "cut short" the same clips.
 
 The container header is not trusted: PyAV opens every video with FFmpeg's own `max_pixels` limit

@@ -1,5 +1,5 @@
 """`wdsfilter filter`: judge every score row against thresholds chosen after scoring, count,
-and optionally write the kept samples into new shards (reshard.py) and a report (report_html.py).
+and optionally write the kept samples into new shards (reshard.py) and a report (wdsfilter/report/).
 
     from wdsfilter.filtering import filter_scores
     result = filter_scores("scores/", tops=["clip_score=30%"], maxes=["ocr_area=0.2"],
@@ -13,132 +13,18 @@ number of rows.
 from __future__ import annotations
 
 import os
-from collections import Counter
-from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 from ..runfolder import ScoredShard, ScoreRun
-from ..runfolder.tables import in_threads, read_batches
-from .judge import count_rows, count_table
+from ..runfolder.judge import FilterResult, Threshold, count_run, judge_shard
+from ..runfolder.reader import check_sources
 from ..config import StageConfig
 from ..thresholds import Thresholds
-from .rules import FilterSpec, Threshold, bounds, drop_reason, resolve, write_thresholds
-
-DUPLICATE = "duplicate key in shard"
-
-
-@dataclass
-class FilterResult:
-    scores_dir: str
-    rows: int = 0
-    kept: int = 0
-    thresholds: List[Threshold] = field(default_factory=list)
-    counts: List[Dict[str, int]] = field(default_factory=list)  # per threshold: kept, dropped, no_score
-    reasons: Dict[str, int] = field(default_factory=dict)  # dropped rows by their first reason
-    shards: int = 0  # score files read
-    unfinished: List[str] = field(default_factory=list)  # shards of the scoring run left out (no usable score file)
-    dedup: Optional[Dict[str, int]] = None  # --dedup: kept, duplicate, eval_match (wdsfilter/runfolder/dedup.py)
-    sizes: Optional[Dict[str, int]] = None  # written shards -> samples
-    files: Dict[str, str] = field(default_factory=dict)
-    dry_run: bool = False
-
-    def format_text(self) -> str:
-        m = self.rows
-        lines = [f"{m} rows in {self.shards} finished shard(s) of {self.scores_dir}"]
-        if self.unfinished:
-            n = len(self.unfinished)
-            lines.append(f"  INCOMPLETE: {n} shard(s) of the scoring run have no complete score file (failed, not "
-                         f"scored yet, or the file is missing or damaged): their samples are not counted or written; "
-                         f"finish them with `wdsfilter score ... --resume`: "
-                         f"{', '.join(self.unfinished[:3])}{' ...' if n > 3 else ''}")
-        for t, c in zip(self.thresholds, self.counts):
-            extra = f" ({c['no_score']} of them without a {t.column})" if c["no_score"] else ""
-            lines.append(f"  {t.describe()} ({t.given}): {c['kept']} of {m} kept, {m - c['kept']} dropped{extra}")
-            if t.share is not None:
-                ties = c["kept"] - t.rank
-                share = 100.0 * c["kept"] / t.scored
-                lines.append(f"    {t.share:g}% of the {t.scored} rows with a {t.column} is {t.rank} rows; "
-                             + (f"{ties} more tie with the cut value {t.value:.6g} and are kept too "
-                                f"(kept share {share:.2f}%)" if ties else "no ties at the cut value"))
-        if self.dedup is not None:
-            d = self.dedup
-            lines.append(f"  dedup (one survivor per duplicate group, no eval match): {d['kept']} of {m} kept, "
-                         f"{m - d['kept']} dropped ({d['duplicate']} duplicates, {d['eval_match']} eval matches)")
-        lines.append(f"  all thresholds: {self.kept} of {m} kept, {m - self.kept} dropped"
-                     if self.thresholds or self.dedup is not None else f"  no thresholds: {self.kept} of {m} kept (every scored row), "
-                                             f"{m - self.kept} dropped")
-        if self.reasons:
-            lines.append("  dropped, by first reason:")
-            lines += [f"    {n:>8}  {r}" for r, n in self.reasons.items()]
-        if self.sizes is not None:
-            lines.append(f"  wrote {sum(self.sizes.values())} samples into {len(self.sizes)} shard(s)")
-        if self.dry_run:
-            lines.append("  dry run: nothing written")
-        for name, path in self.files.items():
-            lines.append(f"  {name}: {path}")
-        mins, maxes = bounds(self.thresholds)
-        if self.thresholds:
-            lines.append(f"  in training: wdsfilter.loader(shards, scores={self.scores_dir!r}, "
-                         f"min_scores={mins!r}, max_scores={maxes!r})")
-        return "\n".join(lines)
-
-
-def check_sources(urls: Sequence[str], allow_pipe: bool, allow_remote: bool, scores_dir: str) -> None:
-    """Permissions come from this command line, never from the folder (a folder is input, handed
-    over or edited like a shard): a source shard that is a `pipe:` command or a remote URL is read
-    again only when this very call allows it (--allow-pipe, --allow-remote: a folder could
-    otherwise make filter run any command or fetch any URL it names). Raises UnsafeInputError
-    (exit 2) naming the first refused source, before anything is read."""
-    from ..errors import UnsafeInputError
-    from ..remote import redact_url
-    from ..shards import is_pipe, is_remote
-    refused = [u for u in urls if (is_pipe(u) and not allow_pipe) or (is_remote(u) and not allow_remote)]
-    if refused:
-        first = refused[0]
-        flag = ("--allow-pipe (allow_pipe=True: it runs that command)" if is_pipe(first)
-                else "--allow-remote (allow_remote=True)")
-        raise UnsafeInputError(f"the score folder {scores_dir} names {len(refused)} source shard(s) that would be "
-                               f"read again for --write-shards or the report, such as {redact_url(first)!r}; a "
-                               f"folder never grants that: pass {flag} if you trust it, or --no-report and no "
-                               f"--write-shards to count only")
-
+from .rules import FilterSpec, resolve, write_thresholds
 
 def _file_state(path: str) -> list:
     st = os.stat(path)
     return [os.path.basename(path), st.st_size, st.st_mtime_ns]
-
-
-def judge_shard(shard: ScoredShard, thresholds: Sequence[Threshold], extra: Sequence[str] = (),
-                dropped: Optional[Dict[int, tuple]] = None) -> Iterator[tuple]:
-    """(row, reason) per row of one score file, in order; reason None means kept. A key repeated
-    in a shard is judged once (its first row), as the loader does. dropped: --dedup's verdicts,
-    {index: (key, reason)} (wdsfilter/runfolder/dedup.py), applied after the thresholds."""
-    columns = ["key", "index", "status", "reason", "message", *[t.column for t in thresholds], *extra]
-    seen = set()
-    for batch in read_batches(shard.score_file, columns):
-        names = list(batch)
-        for i in range(len(batch["key"])):
-            row = {c: batch[c][i] for c in names}
-            key = row["key"]
-            if key in seen:
-                yield row, DUPLICATE
-                continue
-            seen.add(key)
-            reason = drop_reason(row, thresholds)
-            if reason is None and dropped and row["index"] in dropped:
-                reason = dropped[row["index"]][1]
-            yield row, reason
-
-
-def _observed(judged: Iterator[tuple], collector, shard, dropped: Optional[Dict[int, tuple]] = None,
-              dedup_counts: Optional[dict] = None) -> Iterator[tuple]:
-    for row, reason in judged:
-        if dropped is not None:  # --dedup: each row's verdict counted (kept, not a survivor, eval match)
-            verdict = dropped.get(row["index"])
-            dedup_counts[verdict[1] if verdict else "kept"] += 1
-        if collector is not None:
-            collector.observe(shard, row, reason)
-        yield row, reason
 
 
 def kept_keys(shard: ScoredShard, thresholds: Sequence[Threshold], marks=None) -> List[str]:
@@ -204,9 +90,9 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
     result.counts = [{"kept": 0, "dropped": 0, "no_score": 0} for _ in thresholds]
     collector = None
     if report is not None and not dry_run:
-        from .report_data import ReportCollector
+        from ..report.collect import ReportCollector
         collector = ReportCollector(run, thresholds, allow_pipe, allow_remote, stream_idle_seconds)
-    _count(run, thresholds, collector, marks, result, tables)
+    count_run(run, thresholds, collector, marks, result, tables)
     if dry_run:
         return result
     if thresholds and save_thresholds:
@@ -232,7 +118,7 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
             result.sizes = writer.write(sources)
         result.files["shards"] = write_shards
     if collector is not None:
-        from .report_html import write_report
+        from ..report.page import write_report
         result.files["report"] = write_report(collector.finish(result), report)
     return result
 
@@ -253,7 +139,8 @@ def _read_tables(run: ScoreRun, spec: FilterSpec) -> Optional[list]:
     from ..runfolder.quantile import IN_MEMORY_ROWS
     from ..runfolder.shares import check_spec
     from ..runfolder.tables import parquet_metadata
-    from .judge import read_shard_table
+    from ..runfolder.judge import read_shard_table
+    from ..runfolder.tables import in_threads
     if not all(s.score_file.endswith(".parquet") for s in run.shards):
         return None
     from ..runfolder.tables import check_schema
@@ -264,42 +151,3 @@ def _read_tables(run: ScoreRun, spec: FilterSpec) -> Optional[list]:
     columns = spec.columns()
     return in_threads(lambda s: read_shard_table(s.score_file, columns), run.shards)
 
-
-def _count(run: ScoreRun, thresholds: Sequence[Threshold], collector, marks, result: FilterResult,
-           tables: Optional[list] = None) -> None:
-    """Every finished shard's rows judged and counted into `result` (rows, kept, per threshold,
-    reasons; --dedup's verdicts). tables: _read_tables' (the files read already)."""
-    reasons: Counter = Counter()
-    if marks is not None:
-        result.dedup = {"kept": 0, "duplicate": 0, "eval_match": 0}
-    # Without a report or --dedup nothing looks at single rows: a Parquet table is counted
-    # column-wise, a few files at a time (pyarrow reads without the GIL); the counts add up in order.
-    tabled = [None] * len(run.shards)
-    if tables is not None and collector is None and marks is None:
-        tabled = [t.count(thresholds) if t is not None else None for t in tables]
-    elif collector is None and marks is None:
-        tabled = in_threads(lambda s: count_table(s.score_file, thresholds) if s.score_file.endswith(".parquet")
-                            else None, run.shards)
-    for shard, counts in zip(run.shards, tabled):
-        dropped = marks.dropped(shard.name) if marks is not None else None
-        if counts is None:
-            judged = judge_shard(shard, thresholds, collector.columns if collector else (), dropped)
-            counts = count_rows(_observed(judged, collector, shard, dropped, result.dedup), thresholds)
-        counts.add_to(result, reasons)
-    result.reasons = dict(reasons.most_common())
-
-
-def score_report(scores_dir: str, thresholds: Dict[str, float], max_thresholds: Dict[str, float],
-                 allow_pipe: bool = False, allow_remote: bool = False) -> Optional[str]:
-    """report.html for a finished `wdsfilter score` run, with the run's own thresholds (and the
-    permissions its own command line gave); None (and a warning) when it cannot be written: the
-    scores are what matters."""
-    import logging
-    try:
-        result = filter_scores(scores_dir, thresholds=Thresholds.build(thresholds, max_thresholds),
-                               save_thresholds=False, report=os.path.join(scores_dir, "report.html"),
-                               allow_pipe=allow_pipe, allow_remote=allow_remote)
-        return result.files.get("report")
-    except Exception as e:  # noqa: BLE001 - never fail a scoring run for its report
-        logging.getLogger("wdsfilter").warning(f"report.html not written: {type(e).__name__}: {e}")
-        return None

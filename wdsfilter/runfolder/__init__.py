@@ -12,7 +12,7 @@
                                and modification time
       img_emb/ text_emb/ metadata/   --save-embeddings (score/embeddings.py)
       failures/<name>.parquet  the shard's failure ledger, written before its marker; failures.parquet
-                               the ledger merged at the end of a run (score/ledger.py)
+                               the ledger merged at the end of a run (score/ledger.py, failures.py)
       run.yaml                 the run as a recipe (score/recipe.py): `score --config` replays it
       dedup/                   what `wdsfilter dedup` marked (dedup.py reads it)
       summary.json, histograms.png, report.html, thresholds.json
@@ -25,6 +25,9 @@ Modules, one job each, below score/ and filtering/ (no torch):
                 source_changed
     reader.py   ScoreRun: the one reader (`wdsfilter filter`, the loader's score filter)
     keep.py     keep_reason: is a row kept (the scoring run, filter and the loader)
+    judge.py    a run's rows judged by keep_reason against resolved thresholds and counted
+                (FilterResult): `wdsfilter filter` and the run's report (wdsfilter/report/)
+    failures.py the failure ledger's files as read (score/ledger.py writes them)
     dedup.py    dedup/: its reader and the one drop rule of `filter --dedup` and the loader
 
 The writer side (`--resume`/`--overwrite` checks, marking shards done) is score/resume.py's RunState,

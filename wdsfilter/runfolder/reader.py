@@ -143,3 +143,23 @@ def _jsonl_numeric(shards: Sequence[ScoredShard], column: str) -> bool:
                     continue
                 return is_number(v)
     return False
+
+
+def check_sources(urls: Sequence[str], allow_pipe: bool, allow_remote: bool, scores_dir: str) -> None:
+    """Permissions come from this command line, never from the folder (a folder is input, handed
+    over or edited like a shard): a source shard that is a `pipe:` command or a remote URL is read
+    again only when this very call allows it (--allow-pipe, --allow-remote: a folder could
+    otherwise make filter run any command or fetch any URL it names). Raises UnsafeInputError
+    (exit 2) naming the first refused source, before anything is read."""
+    from ..errors import UnsafeInputError
+    from ..remote import redact_url
+    from ..shards import is_pipe, is_remote
+    refused = [u for u in urls if (is_pipe(u) and not allow_pipe) or (is_remote(u) and not allow_remote)]
+    if refused:
+        first = refused[0]
+        flag = ("--allow-pipe (allow_pipe=True: it runs that command)" if is_pipe(first)
+                else "--allow-remote (allow_remote=True)")
+        raise UnsafeInputError(f"the score folder {scores_dir} names {len(refused)} source shard(s) that would be "
+                               f"read again for --write-shards or the report, such as {redact_url(first)!r}; a "
+                               f"folder never grants that: pass {flag} if you trust it, or --no-report and no "
+                               f"--write-shards to count only")

@@ -131,6 +131,12 @@ def resolve(spec: FilterSpec, run, empty_keeps_none: bool = False,
     return out
 
 
+def given_thresholds(run, mins: Dict[str, float], maxes: Dict[str, float]) -> List[Threshold]:
+    """The thresholds given as values (--min, --max, a scoring run's own), each column checked to
+    be a numeric score column of `run` (a ConfigError naming the numeric ones)."""
+    return resolve(FilterSpec(mins=dict(mins), maxes=dict(maxes)), run)
+
+
 def _share(run, column: str, percent: float, top: bool) -> Tuple[Optional[float], int, int]:
     """(v, k, rows with a value) of a --top/--bottom share over the run: the column held whole
     when it fits (one read of each file), else the streaming exact quantile (quantile.py)."""

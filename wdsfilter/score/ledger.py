@@ -30,19 +30,11 @@ from typing import Dict, Iterable, List, Optional, Sequence
 
 from ..writing import atomic_path
 from ..markers import MEMBER, STAGE  # noqa: F401 - a row's private fields: where it was dropped
+# the run folder's failures/ files, their reader and summary (runfolder/failures.py: the report reads them too)
+from ..runfolder.failures import FOLDER, MERGED, TRANSIENT, folder, read_entries, shard_file, summarize  # noqa: F401
 
-FOLDER = "failures"
-MERGED = "failures.parquet"
 FIELDS = ("key", "shard", "index", "member", "stage", "status", "reason", "message", "attempts", "transient")
 
-# The reasons trying again can cure: out of memory after the back-off reached a batch of one, a
-# scorer that raised on the sample (score_batch, or prepare() with an error that is not a
-# DataError), a device or worker that died under it, a read that broke off (a remote shard, a
-# pipe: command), an output that could not be written. Every other reason is a property of the
-# data (corrupt_image, missing_caption, caption_not_text, a scorer's DataError ...): the same
-# bytes fail the same way, so --retry-failed skips them unless asked for `all`.
-TRANSIENT = frozenset({"out_of_memory", "score_error", "prepare_error", "device_error", "worker_died",
-                       "read_failed", "unreadable_remote", "write_failed", "disk_full", "shard_unfinished"})
 # A sample's stage, by reason, for rows whose stage no stage recorded.
 SCORE_REASONS = frozenset({"out_of_memory", "score_error"})
 RETRY_MODES = ("transient", "all")
@@ -95,14 +87,6 @@ def shard_entry(url: str, reason_text: str, remote: bool) -> dict:
 
 
 # -- files ----------------------------------------------------------------------------------------------
-def folder(out: str) -> str:
-    return os.path.join(out, FOLDER)
-
-
-def shard_file(out: str, name: str) -> str:
-    return os.path.join(out, FOLDER, name + ".parquet")
-
-
 def _schema():
     import pyarrow as pa
     return pa.schema([("key", pa.string()), ("shard", pa.string()), ("index", pa.int64()), ("member", pa.string()),
@@ -129,29 +113,6 @@ def write_shard_failures(out: str, name: str, entries: Sequence[dict]) -> str:
     return path
 
 
-def read_entries(path: str, folder: Optional[str] = None) -> List[dict]:
-    """A ledger file's entries; none for a missing file or one not as the ledger writes it (another
-    schema, wrong types: entries a report or a retry could not use). `folder`: the run folder the
-    file must stay in (a symlink out of it is refused, runfolder.layout.confined)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    if folder is not None:
-        from ..runfolder.layout import confined
-        confined(folder, path)
-    try:
-        entries = pq.read_table(path).to_pylist()
-    except (OSError, ValueError, pa.ArrowException):  # none yet, or a file from before the ledger existed
-        return []
-    return [e for e in entries if _well_formed(e)]
-
-
-def _well_formed(e: dict) -> bool:
-    index = e.get("index")
-    return (isinstance(e.get("reason"), str) and isinstance(e.get("shard"), str)
-            and isinstance(index, int) and not isinstance(index, bool)
-            and isinstance(e.get("key"), (str, type(None))) and isinstance(e.get("message"), (str, type(None))))
-
-
 def merge(out: str, names: Sequence[str]) -> List[dict]:
     """failures.parquet: the per-shard files of these shards (the run's) in one file; returns
     its entries."""
@@ -160,19 +121,6 @@ def merge(out: str, names: Sequence[str]) -> List[dict]:
         entries += read_entries(shard_file(out, name))
     _write(entries, os.path.join(out, MERGED))
     return entries
-
-
-def summarize(entries: Sequence[dict]) -> Dict[str, dict]:
-    """By reason: samples listed, shards they are in, and whether the reason is transient;
-    shard-level entries count as shards only (their samples are unknown)."""
-    out: Dict[str, dict] = {}
-    for e in entries:
-        for reason in dict.fromkeys(e["reason"].split(";")):
-            s = out.setdefault(reason, {"samples": 0, "shards": set(), "transient": reason in TRANSIENT})
-            s["samples"] += e["index"] >= 0
-            s["shards"].add(e["shard"])
-    return {r: {**s, "shards": len(s["shards"])}
-            for r, s in sorted(out.items(), key=lambda kv: (-kv[1]["samples"], kv[0]))}
 
 
 def summary_lines(by_reason: Dict[str, dict], path: str) -> List[str]:

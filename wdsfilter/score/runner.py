@@ -18,14 +18,14 @@ from ..shards import expand_urls, is_local, unique_urls
 from ..specs import utf8_text
 from ..thresholds import Thresholds
 from ..tally import Tally
-from ..filtering.apply import score_report
 from .config import ScoreConfig
 from .faults import disk_full, is_disk_full
 from .ledger import MERGED as LEDGER_FILE, merge as merge_ledger, shard_entry, summarize as summarize_ledger
 from .ledger import OnlyKeys, retry_plan, write_shard_failures
 from .outlock import OutputLock
 from .recipe import write_recipe
-from .statistics import plot_histograms, summarize_files
+from ..report import run_report
+from ..report.statistics import plot_histograms, summarize_files
 from .summary import RunSummary, write_summary
 from .resume import RunState
 from .rows import NothingScoredError
@@ -190,8 +190,7 @@ class Run:
         summary.files["failures"] = self.record_failures()
         if cfg.shares and files:
             summary.files["thresholds"] = os.path.join(cfg.out, "thresholds.json")
-        summary.files["report"] = score_report(cfg.out, bounds.minima, bounds.maxima,
-                                               cfg.stage.allow_pipe, cfg.stage.allow_remote)
+        summary.files["report"] = run_report(cfg.out, bounds, cfg.stage.allow_pipe, cfg.stage.allow_remote)
         if self.remote:  # the summary and report name the bucket's objects, not the staging copy
             self.remote.publish_text(summary.files["report"])
             summary.files = {k: self.remote.public(v) for k, v in summary.files.items()}

@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional
 from ..atomic import write_json
 from ..runfolder.tables import STATUSES
 from .ledger import summary_lines
-from .statistics import text_histogram
+from ..report.statistics import text_histogram
 
 
 # -- the run summary ------------------------------------------------------------------------------

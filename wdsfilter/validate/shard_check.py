@@ -13,7 +13,7 @@ import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, Iterator, List, Optional
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Union
 
 from ..census import KeyCensus
 from ..members import MemberCaps
@@ -146,7 +146,7 @@ class _ShardCheck:
         # key -> None when a sample of the key would be kept, else the drop reason of its first
         # sample. Samples are counted as distinct keys: a key whose members are too far apart for
         # the grouping window reaches the stages as several fragments (a scattered key).
-        self.outcome: Dict[bytes, Optional[str]] = {}  # by specs.key_digest: every key of the shard
+        self.outcome: Dict[Union[str, bytes], Optional[str]] = {}  # by specs.key_digest: every key of the shard
         self.scattered: Dict[str, str] = {}  # scattered key -> its first member that came back
         self.fragments = 0
         self.retries, self.remote_size = [], None  # a remote shard's retry messages, its object's size

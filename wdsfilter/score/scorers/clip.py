@@ -140,7 +140,7 @@ class ClipScorer(Scorer):
 
     def _video_frames(self, sample: Dict[str, Any]):
         import torch
-        from ..video import sample_frames
+        from ...frames import sample_frames
 
         key, url = sample.get("__key__", "?"), sample.get("__url__", "")
         what = f"sample {key}.{sample.get('__media_ext__', 'video')}" + (f" of shard {url}" if url else "")

@@ -65,7 +65,7 @@ class HashScorer(Scorer):
         video = sample.get("video")
         if video is None:
             raise DataError("missing_image", "the hash scorer needs an image or a video (this sample has neither)")
-        from ..video import sample_frames
+        from ...frames import sample_frames
         from PIL import Image
 
         key, url = sample.get("__key__", "?"), sample.get("__url__", "")

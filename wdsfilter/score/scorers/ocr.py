@@ -146,7 +146,7 @@ class OcrScorer(Scorer):
     def prepare(self, sample: Dict[str, Any]) -> Any:
         t0 = time.perf_counter()
         if sample.get("video") is not None:
-            from ..video import sample_frames
+            from ...frames import sample_frames
             what = _where(sample)
             sampled = sample_frames(sample["video"], self.frames, keyframes=self.keyframes, max_side=self.max_side,
                                     max_pixels=self.max_pixels, what=what)

@@ -6,7 +6,7 @@ A scorer built on two others (Scorer.requires = ("ocr", "clip")): in the model w
 they scored a batch, it is given, per sample, the OCR scorer's frames (the pixels decoded once,
 in the decode worker) and kept text boxes, and the CLIP scorer's per-frame scores and caption
 embedding. Each frame with text has every box filled with the mean colour around it
-(score/masking.py) and goes through the CLIP scorer's own transform and image tower (its model,
+(masking.py) and goes through the CLIP scorer's own transform and image tower (its model,
 loaded once: no second copy); its score is the cosine with the caption embedding CLIP computed.
 A frame without text keeps CLIP's score exactly, with no model call.
 
@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from ...errors import ConfigError, DataError
-from ..masking import RING, Rect, box_rects, mask_frame
+from ...masking import RING, Rect, box_rects, mask_frame
 from .base import Scorer, Upstream
 
 COLUMNS = ("clip_score_masked", "clip_score_masked_frames", "masked_share", "masked_boxes")

@@ -2,12 +2,12 @@
 
 Checks every name once, in tar order, exactly (no window): the stages merge members of one key
 that are a few members apart, but plain webdataset and most other readers make half-samples.
-Holds the keys of the shard (a 16-byte digest of each, never bytes) to tell duplicates and
-returning keys apart.
+Holds the keys of the shard (specs.key_digest: a short key as it is, a long one as a 16-byte
+digest; never member bytes) to tell duplicates and returning keys apart.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple, Union
 
 from ...specs import is_dotted, key_digest, reserved_ext, split_name
 from ..findings import FindingLog
@@ -17,9 +17,9 @@ class KeyTracker:
     def __init__(self, rekey: str, log: FindingLog):
         self.rekey = rekey
         self.log = log
-        # key digest -> extensions seen: every key of a shard is remembered, so by a fixed-size
-        # digest, not the name (50,000 names of 4,000 characters held 450 MB)
-        self.seen: Dict[bytes, Set[str]] = {}
+        # key digest -> extensions seen: every key of a shard is remembered, so by a bounded
+        # stand-in, not a long name (50,000 names of 4,000 characters held 450 MB)
+        self.seen: Dict[Union[str, bytes], Set[str]] = {}
         self.last_key: Optional[str] = None
         self.first: Optional[Tuple[str, str]] = None  # (member, key) of the first keyed member
         self.last: Optional[Tuple[str, str]] = None

@@ -7,7 +7,7 @@ files cut short in transfer that open cleanly (a Matroska/WebM header keeps the 
 MP4/MOV moov atom the full frame count) and counts frames where the header has no count.
 
 The opener and the reading rules (open, cut short, too large) are `wdsfilter/videos.py`'s,
-which the scorers' frame sampler (score/video.py) uses too.
+which the scorers' frame sampler (frames.py) uses too.
 """
 from __future__ import annotations
 

@@ -73,7 +73,7 @@ def _e(text, limit: int = 4000) -> str:
 
 
 def _x(v: float, lo: float, hi: float) -> float:
-    from ..score.statistics import position
+    from .statistics import position
     return LEFT + (W - LEFT - RIGHT) * (position(min(max(v, lo), hi), lo, hi) if hi > lo else 0.5)
 
 
@@ -92,7 +92,7 @@ def nice_ticks(lo: float, hi: float, most: int = 6, integer: bool = False) -> Li
     column of one value) gets its one value; one whose width overflows, 5 steps labelled short."""
     span = hi - lo
     if not math.isfinite(span):
-        from ..score.statistics import step
+        from .statistics import step
         return [(step(lo, hi, i, 4), f"{step(lo, hi, i, 4):.3g}") for i in range(5)]
     if span <= 2e-9 * max(1.0, abs(lo)):  # histogram_bins widens a one-value column by 1e-9
         return [(lo, f"{lo:.6g}")]
@@ -259,7 +259,7 @@ def _totals(result) -> List[str]:
 
 
 def count_line(column: str, st: dict, rows: int) -> str:
-    """One line for a count column (report_data.count_columns: ocr_frames, clip_frames): its values
+    """One line for a count column (collect.count_columns: ocr_frames, clip_frames): its values
     by rows, most rows first ("3 in 118 rows, 1 in 2 rows")."""
     hist = st["histogram"]
     lo = hist["edges"][0] + 0.5  # one bin per value, from the lowest value - 0.5
@@ -315,8 +315,8 @@ def _dropped(result, dropped: Dict[str, List[dict]]) -> List[str]:
 
 
 def _masked(pairs: List[dict]) -> List[str]:
-    """tmars: the rows whose clip_score drops most with their text masked (report_masked.py)."""
-    from .report_masked import masked_section
+    """tmars: the rows whose clip_score drops most with their text masked (masked.py)."""
+    from .masked import masked_section
     return masked_section(pairs)
 
 
@@ -324,7 +324,7 @@ def _dedup(section: Optional[dict]) -> List[str]:
     """The run's dedup (RUN_DIR/dedup/, when `wdsfilter dedup` ran): dedup/report.py's section."""
     if not section:
         return []
-    from ..dedup.report import section_html
+    from .dedup import section_html
     return section_html(section)
 
 

@@ -1,6 +1,6 @@
 """The report's text-masking section, for a run with the tmars scorer (score/scorers/tmars.py):
 the samples whose CLIP score drops most when their text is masked, each shown as its image beside
-the same image masked as the scorer masked it (score/masking.py, from the row's masked_boxes in
+the same image masked as the scorer masked it (masking.py, from the row's masked_boxes in
 the image's original pixels). Gathered while `filter` judges the rows (a bounded heap), then one
 streaming read of each source shard that holds one of them (one member at a time)."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections import OrderedDict
 from typing import Dict, List, Optional
 
 from ..specs import KeySpec, find_caption, split_name
-from .report_data import CAPTION_CHARS, MAX_MEMBER, _Nearest, _number, _thumbnail
+from .collect import CAPTION_CHARS, MAX_MEMBER, _Nearest, _number, _thumbnail
 
 COLUMNS = ["clip_score", "clip_score_masked", "masked_boxes"]  # read beside the thresholds' columns
 SHOWN = 8  # samples shown
@@ -84,7 +84,7 @@ def _read_images(url: str, wanted: Dict[str, dict], stage: dict, allow_pipe: boo
 
 def _pair(data: bytes, ext: str, boxes: List[float]):
     """(original thumbnail, masked thumbnail, note): the masked image is the decoded image with
-    the row's rectangles filled by score/masking.py, the scorer's own rule."""
+    the row's rectangles filled by masking.py, the scorer's own rule."""
     original, note = _thumbnail(data, ext) if len(data) <= MAX_MEMBER else (None, "too large to preview")
     if original is None:
         return None, None, note
@@ -92,7 +92,7 @@ def _pair(data: bytes, ext: str, boxes: List[float]):
     from PIL import Image
 
     from ..images import open_image
-    from ..score.masking import box_rects, mask_frame
+    from ..masking import box_rects, mask_frame
     image = open_image(data).convert("RGB")  # _thumbnail refused what is too large to decode
     pixels = np.asarray(image)
     corners = [np.array([[boxes[i], boxes[i + 1]], [boxes[i + 2], boxes[i + 3]]]) for i in range(0, len(boxes) - 3, 4)]

@@ -73,7 +73,7 @@ class ReportCollector:
             if not any(t.column == c for t in self.thresholds):
                 self.sides.append((c, f"{c}: highest and lowest", None, _Nearest(PER_SIDE), _Nearest(PER_SIDE)))
         self.dropped: Dict[str, List[dict]] = OrderedDict()
-        from .report_masked import COLUMNS, MaskedDrops
+        from .masked import COLUMNS, MaskedDrops
         self.masked = MaskedDrops.for_run(run)  # a tmars run: the largest drops when text is masked
         if self.masked is not None:
             self.columns = self.numeric + [c for c in COLUMNS if c not in self.numeric]
@@ -105,8 +105,8 @@ class ReportCollector:
                 "reason": reason, "message": row.get("message")}
 
     def finish(self, result) -> dict:
-        from ..dedup.report import section_data
-        from ..score.statistics import summarize_files
+        from .dedup import section_data
+        from .statistics import summarize_files
         stats = summarize_files([s.score_file for s in self.run.shards], self.numeric, {}, BINS)["columns"]
         counts = count_columns(stats, self.thresholds)
         sections = []
@@ -136,9 +136,9 @@ def count_columns(stats: Dict[str, dict], thresholds: Sequence) -> List[str]:
 
 
 def ledger_section(run) -> dict:
-    """The run's failure ledger (score/ledger.py) for the report: counts by reason (from
+    """The run's failure ledger (runfolder/failures.py) for the report: counts by reason (from
     failures.parquet) and a few samples of each reason, shown like the dropped ones."""
-    from ..score import ledger
+    from ..runfolder import failures as ledger
     by_reason = ledger.summarize(ledger.read_entries(os.path.join(run.folder, ledger.MERGED), run.folder))
     examples: Dict[str, List[dict]] = OrderedDict()
     for shard in run.shards:
@@ -235,7 +235,7 @@ def _thumbnail(data: bytes, ext: str):
     from PIL import Image
     try:
         if is_video(ext, asked=True):
-            from ..score.video import sample_frames
+            from ..frames import sample_frames
             image = Image.fromarray(sample_frames(data, 1, max_side=THUMB * 2).frames[0])
         else:
             from ..images import open_image

@@ -28,8 +28,8 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from ..errors import DataError
-from ..videos import (MAX_DECODED_PIXELS, MAX_PACKETS, cut_short, declared_duration, limit_decoder, open_video,
+from .errors import DataError
+from .videos import (MAX_DECODED_PIXELS, MAX_PACKETS, cut_short, declared_duration, limit_decoder, open_video,
                       packets, too_large, video_streams)
 
 _FIX = ("drop the sample, or re-encode it (ffmpeg -i in.mp4 -c:v libx264 out.mp4) and rewrite the shard; "

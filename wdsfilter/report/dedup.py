@@ -14,7 +14,7 @@ MAX_MATCHES = 30
 
 def section_data(run) -> Optional[dict]:
     """The section for a report of `run` (runfolder.ScoreRun), its thumbnails still to attach
-    (report_data._attach_media over section["examples"]); None where `wdsfilter dedup` has not
+    (collect._attach_media over section["examples"]); None where `wdsfilter dedup` has not
     run. Eval matches are read from dedup/<shard>.parquet (runfolder/dedup.py, their one reader);
     a dedup older than the score files is shown with a note saying so."""
     from ..errors import ConfigError
@@ -41,7 +41,7 @@ def section_data(run) -> Optional[dict]:
 def build(summary: dict, urls: Dict[str, str], matches: List[dict], note: Optional[str] = None) -> dict:
     """The section from dedup/summary.json's content, the source shard of each shard name and the
     rows matching an eval image ({"shard", "key", "eval_match"}); its cards' examples in
-    section["examples"] (the report_html card's fields)."""
+    section["examples"] (the page.py card's fields)."""
     def example(m: dict, verdict: str, kept: bool) -> dict:
         return {"url": urls.get(m["shard"], ""), "key": m.get("key"), "values": {}, "kept": kept,
                 "verdict": verdict, "shard": m["shard"]}
@@ -55,7 +55,7 @@ def build(summary: dict, urls: Dict[str, str], matches: List[dict], note: Option
 
 
 def section_html(section: dict) -> List[str]:
-    from ..filtering.report_html import _e, _grid
+    from .page import _e, _grid
     out = ['<h2 id="dedup">Duplicates and eval matches (wdsfilter dedup)</h2>']
     if section.get("note"):
         out.append(f'<p class="note">{_e(section["note"])}</p>')
@@ -85,8 +85,8 @@ def write_report(folder: str, summary: dict, urls: Dict[str, str], matches: List
     """RUN_DIR/dedup/report.html: the section alone. summary: dedup/summary.json's content; urls:
     shard output name -> source shard; matches: {"shard", "key", "eval_match"} of rows matching
     an eval image."""
-    from ..filtering.report_data import _attach_media  # the one reader of thumbnails from shards
-    from ..filtering.report_html import CSS, _e
+    from .collect import _attach_media  # the one reader of thumbnails from shards
+    from .page import CSS, _e
     from ..writing import write_text_atomic
     section = build(summary, urls, matches)
     _attach_media(section["examples"], stage)
