@@ -5,7 +5,22 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+pytest.importorskip("fsspec")
+pytest.importorskip("aiohttp")
+
+from remotekit import FaultServer, clear_http_cache  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def web():
+    clear_http_cache()
+    with FaultServer() as server:
+        yield server
+    clear_http_cache()
 
 
 def _python(code: str) -> str:
@@ -24,3 +39,30 @@ def test_ctrl_c_asks_only_the_stopped_command_whether_it_resumes():
     assert answers == [False, False, False]
     assert "wdsfilter.validate.cli" in loaded
     assert not {"wdsfilter.score.cli", "wdsfilter.filtering.cli", "wdsfilter.dedup.cli"} & set(loaded), loaded
+
+
+def _score(url, out, *extra):
+    from click.testing import CliRunner
+    from wdsfilter.cli import main
+    return CliRunner().invoke(main, ["score", url, "--scorer", "scorekit:BrightnessScorer", "--out", str(out),
+                                     "--device", "cpu", "--workers", "0", "--no-progress", "--format", "jsonl", *extra])
+
+
+def _written(folder) -> str:
+    texts = []
+    for root, _, files in os.walk(folder):
+        texts += [open(os.path.join(root, f), errors="replace").read() for f in files if not f.endswith(".tar")]
+    return "".join(texts)
+
+
+def test_score_write_shards_stats_never_hold_a_source_urls_password(web, tmp_path):
+    """score --write-shards: each filtered shard's _stats.json (published with the shards) names
+    its source without the URL's user:password@ (remote.redact_url, as filter does)."""
+    from scorekit import make_shards
+    shards, _ = make_shards(str(tmp_path / "src"), [4])
+    url = web.put("a.tar", open(shards[0], "rb").read()).replace("http://", "http://reader:s3cret@")
+    result = _score(url, tmp_path / "run", "--write-shards", str(tmp_path / "kept"))
+    assert result.exit_code == 0, result.output
+    stats = [os.path.join(r, f) for r, _, fs in os.walk(tmp_path / "kept") for f in fs if f.endswith("_stats.json")]
+    assert stats and all("a.tar" in open(p).read() for p in stats)
+    assert "s3cret" not in "".join(open(p).read() for p in stats)
