@@ -66,3 +66,25 @@ def test_score_write_shards_stats_never_hold_a_source_urls_password(web, tmp_pat
     stats = [os.path.join(r, f) for r, _, fs in os.walk(tmp_path / "kept") for f in fs if f.endswith("_stats.json")]
     assert stats and all("a.tar" in open(p).read() for p in stats)
     assert "s3cret" not in "".join(open(p).read() for p in stats)
+
+
+def test_a_presigned_web_url_is_one_shard_and_its_signature_is_never_shown(web, tmp_path):
+    """A presigned https URL (a `?` query holding the signature) names one shard: validate and
+    score read it instead of refusing it as a glob of a web server; its query stays out of their
+    messages and of the files published beside the shards (stats, sizes.json, filtered shards)."""
+    from scorekit import make_shards
+    from click.testing import CliRunner
+    from wdsfilter.cli import main
+    shards, _ = make_shards(str(tmp_path / "src"), [4])
+    # (the test server keeps the object under its path and query; `*` and `?` in it are no glob)
+    url = web.put("a.tar?X-Amz-Signature=SeCrEt99*&X-Amz-Date=2?", open(shards[0], "rb").read())
+    checked = CliRunner().invoke(main, ["validate", url, "--stats-dir", str(tmp_path / "stats")])
+    assert checked.exit_code == 0 and "4 samples" in checked.output, checked.output
+    assert "SeCrEt99" not in checked.output
+    assert json.load(open(tmp_path / "stats" / "sizes.json")) == {"a.tar": 4}
+    assert "a.tar" in _written(tmp_path / "stats") and "SeCrEt99" not in _written(tmp_path / "stats")
+    scored = _score(url, tmp_path / "run", "--write-shards", str(tmp_path / "kept"))
+    assert scored.exit_code == 0 and "scored 4 of 4 samples" in scored.output, scored.output
+    assert "SeCrEt99" not in scored.output
+    assert os.path.exists(tmp_path / "run" / "scores" / "a.jsonl") and os.path.exists(tmp_path / "kept" / "a.tar")
+    assert "SeCrEt99" not in _written(tmp_path / "kept")
