@@ -211,7 +211,8 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
     if write_shards is not None:
         stage = run.stage
         writer = Resharder(write_shards, samples_per_shard, prefix, stage.get("rekey", "first-dot"), allow_pipe,
-                           allow_remote, stream_idle_seconds, shard_echo, unique_keys, interleave)
+                           allow_remote, stream_idle_seconds, shard_echo, unique_keys, interleave,
+                           writes_report=report is not None and _same_path(report, default_report(scores_dir, write_shards)))
         from ..remote import is_fsspec_url, redact_url  # a bucket's folder by its URL (not abspath's)
         identity = {"scores": scores_dir if is_fsspec_url(scores_dir) else os.path.abspath(scores_dir), "thresholds": [[t.column, t.minimum, t.value] for t in thresholds],
                     **({"dedup": marks.summary.get("settings")} if marks is not None else {}),
@@ -230,6 +231,12 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
         from .report_html import write_report
         result.files["report"] = write_report(collector.finish(result), report)
     return result
+
+
+def _same_path(a: str, b: str) -> bool:
+    from ..remote import is_fsspec_url
+    return a.rstrip("/") == b.rstrip("/") if is_fsspec_url(a) or is_fsspec_url(b) else \
+        os.path.abspath(a) == os.path.abspath(b)
 
 
 def default_report(scores_dir: str, write_shards: Optional[str]) -> str:
