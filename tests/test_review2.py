@@ -162,3 +162,29 @@ def test_a_kept_member_is_copied_in_chunks_whatever_its_size(tmp_path):
     assert counts["samples"] == 1
     with tarfile.open(tmp_path / "cut.tar") as tar:
         assert [m.name for m in tar] == ["b.txt", "b.bin"]
+
+
+def test_filter_from_a_bucket_resumes_its_shards_with_a_fresh_cache(tmp_path, monkeypatch):
+    """filter_run.json records each score file by its content (size, sha256), not its local copy's
+    time: `filter --write-shards` of a bucket's score folder, run again with a fresh cache (another
+    machine), resumes (the shards are whole) instead of refusing them as 'filtered with other
+    settings'."""
+    pytest.importorskip("moto")
+    pytest.importorskip("s3fs")
+    from click.testing import CliRunner
+    from remotekit import BUCKET, s3_server
+    from scorekit import make_shards
+    from wdsfilter.cli import main
+    shards, _ = make_shards(str(tmp_path / "src"), [6])
+    with s3_server():
+        run = f"s3://{BUCKET}/runs/fresh"
+        monkeypatch.setenv("WDSFILTER_CACHE", str(tmp_path / "cache0"))
+        assert _score(shards[0], run).exit_code == 0
+        out = str(tmp_path / "kept")
+        for cache in ("cache1", "cache2"):
+            monkeypatch.setenv("WDSFILTER_CACHE", str(tmp_path / cache))
+            r = CliRunner().invoke(main, ["filter", run, "--min", "brightness=0.3", "--write-shards", out,
+                                          "--no-report"])
+            assert r.exit_code == 0, r.output
+        assert "already whole" in r.output
+    assert "mtime" not in open(os.path.join(out, "filter_run.json")).read()

@@ -104,8 +104,11 @@ def check_sources(urls: Sequence[str], allow_pipe: bool, allow_remote: bool, sco
 
 
 def _file_state(path: str) -> list:
-    st = os.stat(path)
-    return [os.path.basename(path), st.st_size, st.st_mtime_ns]
+    # what the file holds, not when it was written: a bucket's score folder is read through a local
+    # copy whose times are the copy's (another machine, a fresh cache); the dedup's rule for a copy
+    from ..runfolder.dedup import score_file_state
+    state = score_file_state(path)
+    return [os.path.basename(path), state["bytes"], state["sha256"]]
 
 
 def judge_shard(shard: ScoredShard, thresholds: Sequence[Threshold], extra: Sequence[str] = (),
