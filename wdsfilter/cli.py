@@ -116,7 +116,8 @@ def _known_failure(error: BaseException) -> BaseException:
 
 def _resumable(name) -> bool:
     """Whether the command can continue a stopped run (it has --resume)."""
-    command = main.commands.get(name) if name else None
+    # by its name: `main.commands` would import every command's module on the way out
+    command = main.get_command(None, name) if name in COMMANDS else None
     return command is not None and any("--resume" in p.opts for p in command.params)
 
 

@@ -166,9 +166,28 @@ def _on_disk(path: str) -> str:
     return path
 
 
+def web_path(url: str) -> str:
+    """An http(s) URL without its query string (a presigned URL's signature): the part that names
+    the object, where its shard suffix is, and the only part that could hold a glob. Other URLs
+    and paths are returned as they are."""
+    return url.split("?", 1)[0] if url.lower().startswith(("http://", "https://")) else url
+
+
+def shown_url(url: str) -> str:
+    """A shard as it may be shown or published: a remote URL without its user:password@ and query
+    (remote.redact_url); a local path (whose name may hold a `?`) as it is."""
+    if not is_remote(url):
+        return url
+    from .remote import redact_url
+    return redact_url(url)
+
+
 def _expand_one(item: str, allow_pipe: bool, allow_remote: bool, storage_options=None) -> List[str]:
     if is_pipe(item) or is_remote(item):
         _check_allowed(item, allow_pipe, allow_remote)
+        path = web_path(item)
+        if path != item and path.endswith(SHARD_SUFFIXES) and not any(c in path for c in "*?["):
+            return [item]  # a signed URL of one shard: its query's `?`, `*`, `[` are no glob
         from . import remote
         if remote.is_fsspec_url(item):
             return remote.list_shards(item, SHARD_SUFFIXES, storage_options)
@@ -301,7 +320,7 @@ def split_suffix(url: str) -> Tuple[str, str]:
     """'a/b/00.tar.gz' -> ('00', '.tar.gz'): the shard's file name and its shard suffix ('.tar'
     when it has none of SHARD_SUFFIXES). The stem names a shard's outputs (score file, marker,
     stats file, filtered copy)."""
-    base = os.path.basename(url.rstrip("/"))
+    base = os.path.basename(web_path(url).rstrip("/"))
     for suffix in sorted(SHARD_SUFFIXES, key=len, reverse=True):
         if base.endswith(suffix):
             return base[: -len(suffix)], suffix

@@ -23,8 +23,11 @@ from ..thresholds import Thresholds
 from .rules import FilterSpec, resolve, write_thresholds
 
 def _file_state(path: str) -> list:
-    st = os.stat(path)
-    return [os.path.basename(path), st.st_size, st.st_mtime_ns]
+    # what the file holds, not when it was written: a bucket's score folder is read through a local
+    # copy whose times are the copy's (another machine, a fresh cache); the dedup's rule for a copy
+    from ..runfolder.dedup import score_file_state
+    state = score_file_state(path)
+    return [os.path.basename(path), state["bytes"], state["sha256"]]
 
 
 def kept_keys(shard: ScoredShard, thresholds: Sequence[Threshold], marks=None) -> List[str]:
@@ -102,7 +105,8 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
         from .reshard import Resharder, Source  # imports the score package's shard writer: only to write
         stage = run.stage
         writer = Resharder(write_shards, samples_per_shard, prefix, stage.get("rekey", "first-dot"), allow_pipe,
-                           allow_remote, stream_idle_seconds, shard_echo, unique_keys, interleave)
+                           allow_remote, stream_idle_seconds, shard_echo, unique_keys, interleave,
+                           writes_report=report is not None and _same_path(report, default_report(scores_dir, write_shards)))
         from ..remote import is_fsspec_url, redact_url  # a bucket's folder by its URL (not abspath's)
         identity = {"scores": scores_dir if is_fsspec_url(scores_dir) else os.path.abspath(scores_dir), "thresholds": [[t.column, t.minimum, t.value] for t in thresholds],
                     **({"dedup": marks.summary.get("settings")} if marks is not None else {}),
@@ -121,6 +125,12 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
         from ..report.page import write_report
         result.files["report"] = write_report(collector.finish(result), report)
     return result
+
+
+def _same_path(a: str, b: str) -> bool:
+    from ..remote import is_fsspec_url
+    return a.rstrip("/") == b.rstrip("/") if is_fsspec_url(a) or is_fsspec_url(b) else \
+        os.path.abspath(a) == os.path.abspath(b)
 
 
 def default_report(scores_dir: str, write_shards: Optional[str]) -> str:

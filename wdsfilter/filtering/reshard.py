@@ -58,7 +58,8 @@ def shard_name(prefix: str, index: int) -> str:
 class Resharder:
     def __init__(self, out: str, per_shard: int, prefix: str = "shard", rekey: str = "first-dot",
                  allow_pipe: bool = False, allow_remote: bool = False, idle_seconds: float = 0.0,
-                 echo: Optional[Callable[[str], None]] = None, unique_keys: bool = False, interleave: int = 0):
+                 echo: Optional[Callable[[str], None]] = None, unique_keys: bool = False, interleave: int = 0,
+                 writes_report: bool = True):
         if per_shard < 1:
             raise ConfigError(f"--samples-per-shard must be >= 1, got {per_shard}")
         if interleave < 0:
@@ -70,6 +71,9 @@ class Resharder:
         self.idle_seconds = idle_seconds
         self.echo = echo  # told of each shard written (filter -v)
         self.planned: List[str] = []
+        # report.html is ours only when the run's report goes to OUT (not --report elsewhere, not
+        # --no-report): a user's own file of that name is otherwise neither refused nor deleted
+        self.writes_report = writes_report
 
     def layout(self) -> dict:
         """What the written shards depend on beyond the kept keys and N (filter_run.json's
@@ -166,7 +170,7 @@ class Resharder:
         return data["identity"], owned
 
     def planned_files(self, kept: int) -> List[str]:
-        names = [SIZES, CARD, REPORT]
+        names = [SIZES, CARD] + ([REPORT] if self.writes_report else [])
         for t in range(-(-kept // self.per_shard)):
             name = shard_name(self.prefix, t)
             names += [name, os.path.basename(stats_path(self.out, name))]

@@ -14,6 +14,7 @@ from .backoff import Backoff
 from .embeddings import FIELD as EMBEDDINGS
 from .faults import DeviceFailedError, device_failed, sticky_device_error
 from .memory import HostMemory, device_memory, is_oom, torch_device
+from .scorerset import bind_one
 from .scorers.base import Upstream, overridden
 
 # One work item: (row reference, {scorer name: prepared input}).
@@ -79,9 +80,8 @@ class ModelRunner:
         footprints = {}
         by_name = {s.name: s for s in self.scorers}
         for scorer in self.scorers:
-            required = getattr(scorer, "requires", ()) or ()
-            if required:  # the run orders them first (scorerset.with_required): loaded by now
-                scorer.bind({r: by_name[r] for r in required})
+            # the run orders required scorers first (scorerset.with_required): loaded by now
+            bind_one(scorer, by_name)
             before, used_before = mem.allocated(), mem.device_used()
             scorer.load(torch_device(self.device))
             footprints[scorer.name] = _grown(mem, before, used_before)

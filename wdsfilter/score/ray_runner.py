@@ -342,17 +342,19 @@ def _dataset(ray, run, plan: RayPlan, todo, cpus_per_actor, roster):
                              override_num_blocks=len(todo))
     only = (run.only_retried() or [None])[0]  # --retry-failed: only its samples are read on
     # Ray 2.5x deprecates passing remote options by keyword (removed in 2.64, which setup.cfg
-    # excludes): a warning for us, not for the user.
-    warnings.filterwarnings("ignore", category=DeprecationWarning, module=__name__)
-    ds = ds.map_batches(functools.partial(read_shard, cfg=cfg, scorers=run.scorers, only=only),
-                        batch_size=1, batch_format="numpy", max_retries=RETRIES)
-    ds = ds.map_batches(ScoreActor, batch_size=plan.batch_size, batch_format="numpy", concurrency=plan.actors,
-                        num_gpus=plan.gpus_per_actor, num_cpus=cpus_per_actor,
-                        max_restarts=-1, max_task_retries=RETRIES,
-                        fn_constructor_kwargs={"cfg": cfg, "scorers": run.model_scorers,
-                                               "columns": run.columns, "batch_size": plan.batch_size,
-                                               "device": plan.device, "scorer_batch": plan.scorer_batch,
-                                               "min_free_host": plan.min_free_host, "roster": roster})
+    # excludes): a warning for us, not for the user; silenced for these calls only (a
+    # process-wide filter would outlive the run and pile up, one per run).
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=__name__)
+        ds = ds.map_batches(functools.partial(read_shard, cfg=cfg, scorers=run.scorers, only=only),
+                            batch_size=1, batch_format="numpy", max_retries=RETRIES)
+        ds = ds.map_batches(ScoreActor, batch_size=plan.batch_size, batch_format="numpy", concurrency=plan.actors,
+                            num_gpus=plan.gpus_per_actor, num_cpus=cpus_per_actor,
+                            max_restarts=-1, max_task_retries=RETRIES,
+                            fn_constructor_kwargs={"cfg": cfg, "scorers": run.model_scorers,
+                                                   "columns": run.columns, "batch_size": plan.batch_size,
+                                                   "device": plan.device, "scorer_batch": plan.scorer_batch,
+                                                   "min_free_host": plan.min_free_host, "roster": roster})
     # A batch that failed after its retries (its actor died twice, or it raised) is dropped
     # by Ray Data instead of ending the run: its shard never completes, so it gets no marker.
     ds.context.max_errored_blocks = -1

@@ -18,6 +18,7 @@ import os
 from typing import Dict, List, Optional, Sequence, Union
 
 from ..errors import RunError
+from ..remote import redact_url
 from ..markers import MARKER, MEMBER, REJECT, STAGE, ShardEnd
 from ..runfolder.keep import keep_reason
 from ..thresholds import Thresholds
@@ -178,7 +179,8 @@ def write_shard(url: str, rows: List[dict], end: Union[ShardEnd, dict], cfg, sta
             # the stats and sizes.json entry before the marker: a resumed run that trusts the
             # marker finds them in place; a rescored shard sets its entry again
             folder, name = os.path.split(dest)
-            write_shard_stats(folder, name, filtered["samples"], filtered["members"], {url: filtered["samples"]},
+            # _stats.json is published with the shards: the source without password or signed query
+            write_shard_stats(folder, name, filtered["samples"], filtered["members"], {redact_url(url): filtered["samples"]},
                               filtered["bytes"])
             update_sizes(folder, {name: filtered["samples"]})
         except OSError as e:  # the shard cannot be read again (a pipe: command failed): no marker

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import inspect
 import os
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence
 
 from ..errors import ConfigError
 from .config import ScoreConfig
@@ -77,12 +77,18 @@ def bind_required(scorers: Sequence[Scorer]) -> None:
     when the scorers are resolved (their checks), and in each model process after loading."""
     by_name = {s.name: s for s in scorers}
     for s in scorers:
-        required = getattr(s, "requires", ()) or ()
-        if required:
-            missing = [r for r in required if r not in by_name]
-            if missing:
-                raise ConfigError(f"scorer {s.name!r} requires {missing}, which this run does not have")
-            s.bind({r: by_name[r] for r in required})
+        bind_one(s, by_name)
+
+
+def bind_one(scorer: Scorer, by_name: Mapping[str, Scorer]) -> None:
+    """Hand one scorer with `requires` its required scorers from `by_name` (this run's scorers by
+    name); a scorer without `requires` is left alone."""
+    required = getattr(scorer, "requires", ()) or ()
+    if required:
+        missing = [r for r in required if r not in by_name]
+        if missing:
+            raise ConfigError(f"scorer {scorer.name!r} requires {missing}, which this run does not have")
+        scorer.bind({r: by_name[r] for r in required})
 
 
 def resolve_scorers(cfg: ScoreConfig) -> List[Scorer]:

@@ -31,7 +31,7 @@ from ..decompress import compression, open_layers
 from ..reading import ShardTarInfo
 from ..specs import split_name
 
-from ..writing import COPY_CHUNK, tar_end
+from ..writing import COPY_CHUNK, copy_range, tar_end
 
 
 class _GzipNoName(gzip.GzipFile):
@@ -218,18 +218,32 @@ def _copy_ranges(src, out, preamble_end: int, ranges, keep: set) -> Tuple[int, i
         if len(head) == preamble_end:
             out.write(head)
             written += len(head)
-    for start, end, key in ranges:
+    last = len(ranges) - 1
+    for i, (start, end, key) in enumerate(ranges):
         if key not in keep:
             continue
         if start > pos:  # skip what is not kept (a decompressor reads through it)
             src.seek(start)
             pos = start
-        data = src.read(end - start)
-        pos += len(data)
-        if len(data) < end - start:
-            break  # the shard ends inside this member: it was not kept by the reader either
-        out.write(data)
-        written += len(data)
+        # Copied a chunk at a time: memory bounded whatever the member's size. A member the index
+        # found another header after is whole (unless the source changed: EOFError, the write
+        # fails); only the last one may be cut short, so it goes through a spooled copy that is
+        # written out once its length is known: nothing half-copied reaches the shard.
+        if i < last:
+            try:
+                pos += copy_range(src, start, end, out)
+            except EOFError as e:
+                raise OSError(f"the shard, read again for its filtered copy, ends inside the member at byte "
+                              f"{start:,} ({e}): it changed since it was scored") from None
+        else:
+            with tempfile.SpooledTemporaryFile(max_size=4 * COPY_CHUNK) as held:
+                try:
+                    pos += copy_range(src, start, end, held)
+                except EOFError:
+                    break  # the shard ends inside this member: it was not kept by the reader either
+                held.seek(0)
+                shutil.copyfileobj(held, out, COPY_CHUNK)
+        written += end - start
         members += 1
         if key not in seen_keys:
             seen_keys.add(key)

@@ -9,6 +9,7 @@ import xml.etree.ElementTree as ET
 from collections import defaultdict
 from typing import Dict, List
 
+from ..shards import shown_url
 from .findings import ERROR, KINDS, at_level
 from .report import Report
 
@@ -119,7 +120,7 @@ def _shard_table(report: Report) -> List[str]:
     clean = [r for r in report.shards if not (r.counts or r.kept_share != 1)]
     shown = (flagged + clean)[:TEXT_SHARDS]
     base = _common_folder([r.shard for r in report.shards])
-    names = [os.path.relpath(r.shard, base) if base else r.shard for r in shown]
+    names = [os.path.relpath(r.shard, base) if base else shown_url(r.shard) for r in shown]
     width = max(20, min(60, max(len(n) for n in names)))
     where = f" (in {base}{os.sep})" if base else ""
     lines = ["", f"Shards: {len(flagged)} with findings or drops, {len(clean)} clean{where}",

@@ -31,7 +31,7 @@ import re
 from collections import defaultdict
 from typing import Dict, List, Optional
 
-from ..shards import is_pipe, is_remote, shard_stem
+from ..shards import is_pipe, is_remote, shard_stem, shown_url, web_path
 from ..shardstats import SIZES, update_sizes, write_stats_file
 from .formats import escape_data
 from .report import SCHEMA_VERSION, Report
@@ -41,7 +41,7 @@ BESIDE = "_validate.json"  # our stats file's suffix where another tool's {shard
 
 
 def shard_basename(url: str) -> str:
-    return url.rstrip("/").rsplit("/", 1)[-1]
+    return web_path(url).rstrip("/").rsplit("/", 1)[-1]
 
 
 def _subfolders(folders: List[str]) -> Dict[str, str]:
@@ -64,7 +64,7 @@ def write_stats(report: Report, folder: str) -> List[str]:
     one object, written whole or not at all."""
     groups: Dict[str, list] = defaultdict(list)
     for r in report.shards:
-        groups[os.path.dirname(r.shard)].append(r)
+        groups[os.path.dirname(web_path(r.shard))].append(r)
     written = []
     options = report.options.stage.storage_options
     remote = is_remote(folder)
@@ -85,6 +85,7 @@ def write_stats(report: Report, folder: str) -> List[str]:
             complete = not (r.counts.get("shard_command_failed") or r.counts.get("remote_read_failed"))
             data = dict(successes=r.samples, **r.stats(), schema_version=SCHEMA_VERSION, tool=TOOL,
                         complete=complete, listed_findings=[f.to_dict() for f in r.findings])
+            data["shard"] = shown_url(r.shard)  # published beside the shards: no password, no signed query
             path = join(out, f"{stem}_stats.json")
             if _foreign(path, options):
                 path = join(out, stem + BESIDE)
