@@ -88,6 +88,7 @@ def test_a_presigned_web_url_is_one_shard_and_its_signature_is_never_shown(web, 
     assert "SeCrEt99" not in scored.output
     assert os.path.exists(tmp_path / "run" / "scores" / "a.jsonl") and os.path.exists(tmp_path / "kept" / "a.tar")
     assert "SeCrEt99" not in _written(tmp_path / "kept")
+    assert "SeCrEt99" not in open(tmp_path / "run" / "report.html").read()  # the cards name the shard
 
 
 def test_a_users_report_html_in_out_is_not_filters_when_the_report_goes_elsewhere(tmp_path):

@@ -11,6 +11,7 @@ import os
 from collections import OrderedDict
 from typing import Dict, List, Optional
 
+from ..shards import shown_url
 from ..specs import KeySpec, find_caption, split_name
 from .collect import CAPTION_CHARS, MAX_MEMBER, _Nearest, _number, _thumbnail
 
@@ -119,6 +120,6 @@ def masked_section(examples: List[dict]) -> List[str]:
         out.append(f'<div class="card masked" style="width:350px">{images}<div><b>clip_score {e["clip_score"]:.4g} &rarr; '
                    f'{e["clip_score_masked"]:.4g}</b> (drop {e["clip_score"] - e["clip_score_masked"]:.4g})</div>'
                    f'<div class="cap">{e_(caption if caption is not None else "(no caption)")}</div>'
-                   f'<div class="meta">{e_(e["key"])} in {e_(os.path.basename(e["url"]))}</div></div>')
+                   f'<div class="meta">{e_(e["key"])} in {e_(os.path.basename(shown_url(e["url"])))}</div></div>')
     out.append("</div>")
     return out

@@ -14,6 +14,8 @@ import math
 import os
 from typing import Dict, List, Optional, Tuple
 
+from ..shards import shown_url
+
 W, H = 640, 190  # chart size in SVG units
 LEFT, RIGHT, TOP, BOTTOM = 52, 16, 20, 30  # margins: the y labels, the x labels, the axis titles
 
@@ -213,7 +215,7 @@ def _card(e: dict, column: Optional[str]) -> str:
             + (f'<div><b>{_e(head)}</b></div>' if head else "")
             + f'<div class="verdict">{_e(verdict(e))}</div>'
             f'<div class="cap">{_e(caption if caption is not None else "(no caption)")}</div>'
-            f'<div class="meta">{_e(e["key"])} in {_e(os.path.basename(e["url"]))}</div></div>')
+            f'<div class="meta">{_e(e["key"])} in {_e(os.path.basename(shown_url(e["url"])))}</div></div>')
 
 
 def _grid(examples: List[dict], column: Optional[str]) -> str:
