@@ -190,6 +190,7 @@ def test_the_gs_lock_is_created_and_taken_over_with_generation_preconditions(gcs
     """Of two runs, one creates the lock (ifGenerationMatch=0); the heartbeat and a takeover are
     conditional on the generation read: of two runs taking over one stale lock, the second fails;
     an owner whose lock was taken neither renews nor deletes the new owner's."""
+    from wdsfilter.remote import LockLostError
     from wdsfilter.score import outlock
     _, fs, _ = gcs
     url, key = f"gs://{BUCKET}/runs/beat", f"{BUCKET}/runs/beat/.lock.json"
@@ -213,7 +214,8 @@ def test_the_gs_lock_is_created_and_taken_over_with_generation_preconditions(gcs
         b._put(IfMatch=stale_generation)
     with pytest.raises(FileExistsError):
         b._put(mode="create")
-    owner.heartbeat()  # refused: its generation is gone
+    with pytest.raises(LockLostError):
+        owner.heartbeat()  # refused: its generation is gone, and the lock another run's
     owner.release()
     fs.invalidate_cache(key)
     assert json.loads(fs.cat_file(key))["run"] == a.info["run"]

@@ -193,7 +193,8 @@ def test_the_lock_object_refuses_while_its_owner_lives_and_is_taken_over_when_st
 def test_the_lock_heartbeat_and_a_takeover_race_are_conditional_puts(s3, monkeypatch):
     """The owner's heartbeat moves the lock's time; of two runs taking over one stale lock, the
     second's put (If-Match: the stale ETag) fails; an owner whose lock was taken neither renews
-    nor deletes the new owner's lock."""
+    nor deletes the new owner's lock, and its renewal says the lock was lost."""
+    from wdsfilter.remote import LockLostError
     from wdsfilter.score import outlock
     _, client = s3
     url, key = f"s3://{BUCKET}/runs/beat", "runs/beat/.lock.json"
@@ -210,11 +211,41 @@ def test_the_lock_heartbeat_and_a_takeover_race_are_conditional_puts(s3, monkeyp
     assert a.took_over["host"] == "elsewhere"
     with pytest.raises(OSError):
         b._put(IfMatch=stale_etag)
-    owner.heartbeat()  # the vanished owner comes back: its renewal is refused ...
+    with pytest.raises(LockLostError, match="took over this run's lock"):
+        owner.heartbeat()  # the vanished owner comes back: its renewal is refused, and it knows ...
     owner.release()  # ... and it does not delete a's lock
     assert json.loads(_get(client, key))["run"] == a.info["run"]
     a.release()
     assert _keys(client, "runs/beat/") == []
+
+
+def test_a_run_whose_lock_was_taken_over_uploads_nothing_more(s3, monkeypatch):
+    """A run stalled past the stale time loses its folder to the run that took its lock over: its
+    mirror's next heartbeat says so and stops, and neither a later sync nor the last one at the
+    end uploads anything into the folder that is now the other run's."""
+    from wdsfilter.remote import LockLostError
+    from wdsfilter.score import outlock
+    _, client = s3
+    url, key = f"s3://{BUCKET}/runs/lost", "runs/lost/.lock.json"
+    stalled = outlock.RemoteRunFolder(url, interval=3600)  # the mirror's rounds are driven by hand
+    with open(os.path.join(stalled.local, "first.json"), "w") as f:
+        f.write("{}")
+    stalled.sync()
+    assert "runs/lost/first.json" in _keys(client, "runs/lost/")
+    stale = dict(json.loads(_get(client, key)), heartbeat=time.time() - 3600)
+    client.put_object(Bucket=BUCKET, Key=key, Body=json.dumps(stale).encode())  # stalled for an hour
+    other = outlock.RemoteOutputLock(url).acquire()
+    monkeypatch.setattr(outlock, "HEARTBEAT_SECONDS", 0.0)
+    with pytest.raises(LockLostError):
+        stalled.lock.heartbeat()
+    with open(os.path.join(stalled.local, "second.json"), "w") as f:
+        f.write("{}")
+    with pytest.raises(LockLostError, match="nothing more was uploaded"):
+        stalled.sync()
+    stalled.release()  # the last sync is refused too; the other run's lock stays
+    assert "runs/lost/second.json" not in _keys(client, "runs/lost/")
+    assert json.loads(_get(client, key))["run"] == other.info["run"]
+    other.release()
 
 
 def test_configuration_errors_are_exit_2_before_any_work(s3, local):

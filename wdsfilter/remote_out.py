@@ -31,7 +31,7 @@ import threading
 from typing import Callable, Dict, List, Optional, Tuple
 
 from .atomic import is_temporary
-from .remote import RemoteOutputError, _describe, credential_source, filesystem, redact_url, scheme_of, write_failure
+from .remote import LockLostError, RemoteOutputError, _describe, credential_source, filesystem, redact_url, scheme_of, write_failure
 
 log = logging.getLogger("wdsfilter")
 MARKERS = "done"  # the folder whose files are uploaded last (runfolder.layout.DONE)
@@ -229,6 +229,7 @@ class Mirror:
     def __init__(self, folder: RemoteFolder, interval: float = 5.0, tick: Optional[Callable[[], None]] = None):
         self.folder, self.interval, self.tick = folder, interval, tick
         self.error: Optional[BaseException] = None
+        self.lost: Optional[BaseException] = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="wdsfilter-remote-out", daemon=True)
 
@@ -243,15 +244,22 @@ class Mirror:
                     self.tick()
                 self.folder.sync()
                 self.error = None
+            except LockLostError as e:  # the folder is another run's now: not one more upload
+                self.lost = e
+                log.error(str(e))
+                return
             except Exception as e:  # noqa: BLE001 - tried again next round; stop() raises the last one
                 self.error = e
                 log.warning(f"{self.folder.shown()}: {e} (tried again in {self.interval:g}s)")
 
     def stop(self) -> None:
-        """Stop the thread, then the last sync (raises RemoteOutputError when it fails)."""
+        """Stop the thread, then the last sync (raises RemoteOutputError when it fails, and the
+        tick's LockLostError, syncing nothing, when the lock was lost)."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
+        if self.lost is not None:
+            raise self.lost
         self.folder.sync()
 
 

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from typing import Iterator, Optional
 
 from ..errors import ConfigError
+from ..remote import LockLostError
 
 LOCK_NAME = ".lock"
 log = logging.getLogger("wdsfilter")
@@ -144,6 +145,7 @@ class RemoteOutputLock:
         self.etag: Optional[str] = None
         self.last_beat = 0.0
         self.took_over: Optional[dict] = None  # the stale lock this run replaced
+        self.lost: Optional[str] = None  # why the lock is another run's now (heartbeat)
 
     def _body(self) -> bytes:
         return json.dumps({**self.info, "heartbeat": time.time()}).encode()
@@ -208,14 +210,31 @@ class RemoteOutputLock:
 
     def heartbeat(self) -> None:
         """Rewrite the lock with the time now (at most every HEARTBEAT_SECONDS), conditional on
-        it being this run's: a run whose lock was taken over says so."""
-        if self.etag is None and self.last_beat == 0.0 or time.monotonic() - self.last_beat < HEARTBEAT_SECONDS:
+        it being this run's. A lock another run took over (this one was stalled past STALE_SECONDS)
+        is LockLostError: from then on the folder is the other run's, and this one writes no more
+        into it. A store that gives no ETag gets the lock read back first instead."""
+        if self.lost or self.etag is None and self.last_beat == 0.0 \
+                or time.monotonic() - self.last_beat < HEARTBEAT_SECONDS:
             return
         try:
+            if not self.etag:
+                self._check_still_ours()
             self._put(**({"IfMatch": self.etag} if self.etag else {}))
+        except LockLostError:
+            raise
         except OSError as e:
+            self._check_still_ours()
             log.warning(f"{self.url}: the lock could not be renewed ({_short(e)}); another run may take it over")
             self.last_beat = time.monotonic()
+
+    def _check_still_ours(self) -> None:
+        holder, _ = self._holder()
+        if holder is not None and holder.get("run") != self.info["run"]:
+            from ..remote import redact_url
+            self.lost = (f"{redact_url(self.url)}: another wdsfilter {holder.get('command', 'run')} (pid "
+                         f"{holder.get('pid')} on {holder.get('host')}) took over this run's lock while it was "
+                         f"stalled; nothing more was uploaded")
+            raise LockLostError(self.lost)
 
     def release(self) -> None:
         holder, _ = self._holder()
@@ -372,8 +391,11 @@ class RemoteRunFolder:
                 f.write(self.public(text))
 
     def sync(self) -> None:
-        """Everything the run wrote, uploaded now (RemoteOutputError when an upload fails)."""
+        """Everything the run wrote, uploaded now (RemoteOutputError when an upload fails;
+        LockLostError, uploading nothing, when another run took the folder over)."""
         if self.lock is not None:
+            if self.lock.lost:
+                raise LockLostError(self.lock.lost)
             self.folder.sync()
             self.synced = True
 
