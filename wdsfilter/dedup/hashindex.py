@@ -103,18 +103,24 @@ def _probe(queries: np.ndarray, table: np.ndarray, shift: int, width: int, low_b
     width) probed with `masks`; the table's band values all share their bits above `low_bits`
     with the queries' band values flipped by the masks. same: both sides are one set, each
     unordered pair is given once (mask 0: i < j; else from the value lacking the mask's top bit)."""
-    band = ((queries >> np.uint64(shift)) & np.uint64((1 << width) - 1)).astype(np.int64)
     low = (1 << low_bits) - 1
-    tlow = ((table >> np.uint64(shift)) & np.uint64(low)).astype(np.int64)
-    order = np.argsort(tlow, kind="stable")
-    counts = np.bincount(tlow, minlength=1 << low_bits)
-    starts = np.cumsum(counts) - counts
+    index = np.int32 if max(len(queries), len(table), 1 << width) < 2**31 else np.int64  # half the bytes to move
+    band = ((queries >> np.uint64(shift)) & np.uint64((1 << width) - 1)).astype(index)
+    band_low = band & index(low)
+    tlow = ((table >> np.uint64(shift)) & np.uint64(low)).astype(index)
+    order = np.argsort(tlow, kind="stable").astype(index)
+    # Queries in band order: the probes of each mask then read the table's counts nearly in order
+    # (2-3x faster than random reads of a table larger than the caches).
+    qorder = order if same and table is queries else np.argsort(band_low, kind="stable").astype(index)
+    band, band_low, qvalues = band[qorder], band_low[qorder], queries[qorder]
+    counts = np.bincount(tlow, minlength=1 << low_bits).astype(index)
+    starts = np.cumsum(counts, dtype=np.int64) - counts
     for mask in masks.tolist():
-        probe = (band ^ mask) & low
+        probe = band_low ^ index(mask & low)  # the mask's bits above low_bits chose the table's bucket
         c = counts[probe]
-        if same and mask:  # each unordered pair once: from the value whose band lacks the mask's top bit
-            c = np.where(band & (1 << (mask.bit_length() - 1)), 0, c)
         rows = np.flatnonzero(c)
+        if same and mask:  # each unordered pair once: from the value whose band lacks the mask's top bit
+            rows = rows[(band[rows] >> (mask.bit_length() - 1)) & 1 == 0]
         if not len(rows):
             continue
         # Expand (value, every member of the probed bucket) in blocks of about `block` pairs.
@@ -124,11 +130,12 @@ def _probe(queries: np.ndarray, table: np.ndarray, shift: int, width: int, low_b
             hi = int(np.searchsorted(cum, (cum[lo - 1] if lo else 0) + block, side="right"))
             hi = max(hi, lo + 1)
             r = rows[lo:hi]
-            cr = c[r]
+            cr = c[r].astype(np.int64)
             i = np.repeat(r, cr)
             offset = np.arange(len(i)) - np.repeat(np.cumsum(cr) - cr, cr)
             j = order[np.repeat(starts[probe[r]], cr) + offset]
-            keep = np.bitwise_count(queries[i] ^ table[j]) <= k
+            keep = np.bitwise_count(qvalues[i] ^ table[j]) <= k
+            i = qorder[i]
             if same and not mask:
                 keep &= i < j
             if keep.any():

@@ -132,17 +132,28 @@ def _arrow_batches(path: str, columns: List[str]):
 
 
 def _nulls(array) -> np.ndarray:
-    return np.asarray(array.is_null(), dtype=bool)
+    """Which values of an arrow array are null, from its validity bitmap (no pandas import)."""
+    import pyarrow as pa
+    n = len(array)
+    if pa.types.is_null(array.type):
+        return np.ones(n, dtype=bool)
+    if not array.null_count:
+        return np.zeros(n, dtype=bool)
+    bits = np.unpackbits(np.frombuffer(array.buffers()[0], dtype=np.uint8), bitorder="little")
+    return ~bits[array.offset:array.offset + n].astype(bool)
 
 
 def _numbers(array, dtype, missing) -> np.ndarray:
+    """A numeric arrow array as numpy, nulls as `missing`, read from its buffer (Array.to_numpy
+    would import pandas: seconds of a short command)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     if pa.types.is_null(array.type):
         return np.full(len(array), missing, dtype=dtype)
+    array = array.cast(pa.from_numpy_dtype(np.dtype(dtype)))
     if array.null_count:
         array = pc.fill_null(array, missing)
-    return np.asarray(array.to_numpy(zero_copy_only=False)).astype(dtype, copy=False)
+    return np.frombuffer(array.buffers()[1], dtype=dtype)[array.offset:array.offset + len(array)]
 
 
 def _sha_prefix(array):
