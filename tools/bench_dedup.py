@@ -13,7 +13,7 @@ process):
      duplicated() on sha256 and on phash: exact and identical-phash only, since pandas has no
      Hamming search; all-pairs cosine is out of reach at this size, so semantic has no plain baseline);
   3. with --scale, exact + near at each row count, ours (within --memory-mb) beside plain: how the
-     peak RSS grows with the rows;
+     peak RSS grows with the rows; with --before, an earlier checkout's dedup on the same rows;
 `ratio` is our time over the other's, and RSS is also given per million rows.
 """
 from __future__ import annotations
@@ -93,11 +93,12 @@ def make_run(folder: str, rows: int, dim: int, seed: int = 0, embeddings: bool =
                        os.path.join(folder, "embeddings", "metadata", name + ".parquet"))
 
 
-def measured(code: str, *args: str) -> dict:
-    """Run `code` in a fresh Python process; its JSON line, plus its wall time and peak RSS."""
+def measured(code: str, *args: str, root: str = ROOT) -> dict:
+    """Run `code` in a fresh Python process (importing wdsfilter from `root`); its JSON line, plus
+    its wall time and peak RSS."""
     t = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, cwd=ROOT,
-                            env=dict(os.environ, PYTHONPATH=ROOT))
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, cwd=root,
+                            env=dict(os.environ, PYTHONPATH=root))
     out = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
     if status:
@@ -113,8 +114,9 @@ import numpy as np
 import pyarrow.parquet as pq, os
 from wdsfilter.dedup import dedup
 run, kinds = sys.argv[1], sys.argv[2].split(",")
-r = dedup(run, kinds=kinds, near_bits=int(sys.argv[3]), semantic_threshold=float(sys.argv[4]),
-          memory_mb=int(sys.argv[5]))
+import inspect
+budget = {"memory_mb": int(sys.argv[5])} if "memory_mb" in inspect.signature(dedup).parameters else {}
+r = dedup(run, kinds=kinds, near_bits=int(sys.argv[3]), semantic_threshold=float(sys.argv[4]), **budget)
 if sys.argv[6] == "no-labels":  # the labels below would be this process's peak, not dedup()'s
     print(json.dumps({"groups": r.groups, "duplicates": r.duplicates, "per_kind": r.per_kind, "phases": r.seconds}))
     sys.exit(0)
@@ -198,6 +200,8 @@ def main() -> None:
     p.add_argument("--dim", type=int, default=512)
     p.add_argument("--kinds", default="exact,near,semantic")
     p.add_argument("--memory-mb", type=int, default=512, help="dedup's working budget (--memory-mb)")
+    p.add_argument("--before", default="", help="a folder holding an earlier wdsfilter package (git archive of "
+                                                  "an older commit): its dedup measured on the same full runs")
     p.add_argument("--scale", default="", help="comma-separated row counts: exact + near at each, ours and plain "
                                                  "side by side, to show how RSS grows with the rows")
     args = p.parse_args()
@@ -242,6 +246,12 @@ def main() -> None:
                              f"ratio {ours['seconds'] / plain['seconds']:.2f} | duplicates: ours {ours['duplicates']}, "
                              f"plain {plain['duplicates']}")
                 print(line, flush=True)
+            if args.before:
+                old = measured(OURS, full, "exact,near", *common, "no-labels", root=args.before)
+                print(f"  {'':10s} before ({args.before}) {old['seconds']:7.2f} s, peak RSS {old['rss_mb']:7.0f} MB "
+                      f"({(old['rss_mb'] - base) * per_m:.0f} MB per million rows) | ratio to plain "
+                      f"{old['seconds'] / plain['seconds']:.2f} | duplicates {old['duplicates']}; phases "
+                      f"{ {k: round(v, 2) for k, v in old['phases'].items()} }", flush=True)
             shutil.rmtree(full)
 
 

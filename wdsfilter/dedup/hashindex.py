@@ -58,13 +58,25 @@ def sha_prefix(digests: Sequence) -> np.ndarray:
 
 
 def first_rows(keys: List[np.ndarray], rows: np.ndarray) -> np.ndarray:
-    """Per record, the smallest row among the records whose keys are all equal to its own."""
-    order = np.lexsort((rows, *reversed(keys)))
+    """Per record, the smallest row among the records whose keys are all equal to its own
+    (records come in row order)."""
+    # One stable sort by the first key keeps equal values in row order; the other keys differ
+    # within a run of equal first keys only for different digests sharing 64 bits (none in
+    # practice): then the full sort by every key.
+    order = np.argsort(keys[0], kind="stable")
     new = np.zeros(len(rows), dtype=bool)
     new[:1] = True
-    for k in keys:
+    ks = keys[0][order]
+    new[1:] = ks[1:] != ks[:-1]
+    for k in keys[1:]:
         ks = k[order]
-        new[1:] |= ks[1:] != ks[:-1]
+        if (~new[1:] & (ks[1:] != ks[:-1])).any():
+            order = np.lexsort((rows, *reversed(keys)))
+            new[1:] = False
+            for k2 in keys:
+                ks = k2[order]
+                new[1:] |= ks[1:] != ks[:-1]
+            break
     sorted_rows = rows[order]
     out = np.empty_like(rows)
     out[order] = sorted_rows[np.flatnonzero(new)][np.cumsum(new) - 1]
@@ -103,7 +115,13 @@ def _probe(queries: np.ndarray, table: np.ndarray, shift: int, width: int, low_b
     width) probed with `masks`; the table's band values all share their bits above `low_bits`
     with the queries' band values flipped by the masks. same: both sides are one set, each
     unordered pair is given once (mask 0: i < j; else from the value lacking the mask's top bit)."""
+    # The direct table is keyed by the low `low_bits` bits, or fewer when the table holds fewer
+    # values (about two per slot at most: its size follows the bucket's, not 2^width): values
+    # that share the kept bits share a slot and the full check sorts them out; the masks are cut
+    # to the kept bits (each distinct cut probed once, in the order given).
+    low_bits = min(low_bits, max(1, len(table).bit_length()))
     low = (1 << low_bits) - 1
+    masks = np.array(list(dict.fromkeys((masks & low).tolist())), dtype=np.int64)
     index = np.int32 if max(len(queries), len(table), 1 << width) < 2**31 else np.int64  # half the bytes to move
     band = ((queries >> np.uint64(shift)) & np.uint64((1 << width) - 1)).astype(index)
     band_low = band & index(low)
@@ -114,15 +132,30 @@ def _probe(queries: np.ndarray, table: np.ndarray, shift: int, width: int, low_b
     qorder = order if same and table is queries else np.argsort(band_low, kind="stable").astype(index)
     band, band_low, qvalues = band[qorder], band_low[qorder], queries[qorder]
     counts = np.bincount(tlow, minlength=1 << low_bits).astype(index)
-    starts = np.cumsum(counts, dtype=np.int64) - counts
+    starts = (np.cumsum(counts) - counts).astype(index)
     for mask in masks.tolist():
-        probe = band_low ^ index(mask & low)  # the mask's bits above low_bits chose the table's bucket
+        probe = band_low ^ index(mask)  # the mask's bits above low_bits chose the table's bucket
         c = counts[probe]
         rows = np.flatnonzero(c)
         if same and mask:  # each unordered pair once: from the value whose band lacks the mask's top bit
             rows = rows[(band[rows] >> (mask.bit_length() - 1)) & 1 == 0]
         if not len(rows):
             continue
+        # Most probed buckets hold one value (the bands are as wide as the rows are many): those
+        # pairs need no expansion.
+        single = c[rows] == 1
+        if single.any():
+            i = rows[single]
+            j = order[starts[probe[i]]]
+            keep = np.bitwise_count(qvalues[i] ^ table[j]) <= k
+            i = qorder[i]
+            if same and not mask:
+                keep &= i < j
+            if keep.any():
+                yield i[keep], j[keep]
+            rows = rows[~single]
+            if not len(rows):
+                continue
         # Expand (value, every member of the probed bucket) in blocks of about `block` pairs.
         cum = np.cumsum(c[rows])
         lo = 0
@@ -176,10 +209,11 @@ def near_distinct(space, values, count: int, k: int, pairs: Pairs) -> None:
             q = buckets.read(a)
             for h in np.unique(highs).tolist():
                 b = a ^ h
-                if not buckets.sizes[b]:
+                # Two files are searched once, from the one lacking the top bit of their difference.
+                if not buckets.sizes[b] or (h and a >> (h.bit_length() - 1) & 1):
                     continue
                 t = q if h == 0 else buckets.read(b)
-                for i, j in _probe(q["v"], t["v"], shift, width, low_bits, masks[highs == h], k, same=True,
+                for i, j in _probe(q["v"], t["v"], shift, width, low_bits, masks[highs == h], k, same=h == 0,
                                    block=block):
                     pairs(q["r"][i], t["r"][j])
         for a in range(buckets.count):
