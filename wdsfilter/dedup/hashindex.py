@@ -58,12 +58,10 @@ def sha_prefix(digests: Sequence) -> np.ndarray:
 
 
 def first_rows(keys: List[np.ndarray], rows: np.ndarray) -> np.ndarray:
-    """Per record, the smallest row among the records whose keys are all equal to its own
-    (records come in row order)."""
-    # One stable sort by the first key keeps equal values in row order; the other keys differ
-    # within a run of equal first keys only for different digests sharing 64 bits (none in
-    # practice): then the full sort by every key.
-    order = np.argsort(keys[0], kind="stable")
+    """Per record, the smallest row among the records whose keys are all equal to its own."""
+    # One sort by the first key; the other keys differ within a run of equal first keys only for
+    # different digests sharing 64 bits (none in practice): then the full sort by every key.
+    order = np.argsort(keys[0])
     new = np.zeros(len(rows), dtype=bool)
     new[:1] = True
     ks = keys[0][order]
@@ -71,15 +69,16 @@ def first_rows(keys: List[np.ndarray], rows: np.ndarray) -> np.ndarray:
     for k in keys[1:]:
         ks = k[order]
         if (~new[1:] & (ks[1:] != ks[:-1])).any():
-            order = np.lexsort((rows, *reversed(keys)))
+            order = np.lexsort(tuple(reversed(keys)))
             new[1:] = False
             for k2 in keys:
                 ks = k2[order]
                 new[1:] |= ks[1:] != ks[:-1]
             break
-    sorted_rows = rows[order]
+    runs = np.flatnonzero(new)
+    first = np.minimum.reduceat(rows[order], runs) if len(runs) else rows[:0]
     out = np.empty_like(rows)
-    out[order] = sorted_rows[np.flatnonzero(new)][np.cumsum(new) - 1]
+    out[order] = first[np.cumsum(new) - 1]
     return out
 
 
@@ -116,20 +115,20 @@ def _probe(queries: np.ndarray, table: np.ndarray, shift: int, width: int, low_b
     with the queries' band values flipped by the masks. same: both sides are one set, each
     unordered pair is given once (mask 0: i < j; else from the value lacking the mask's top bit)."""
     # The direct table is keyed by the low `low_bits` bits, or fewer when the table holds fewer
-    # values (about two per slot at most: its size follows the bucket's, not 2^width): values
+    # values (half a value per slot or fewer: its size follows the bucket's, not 2^width): values
     # that share the kept bits share a slot and the full check sorts them out; the masks are cut
     # to the kept bits (each distinct cut probed once, in the order given).
-    low_bits = min(low_bits, max(1, len(table).bit_length()))
+    low_bits = min(low_bits, len(table).bit_length() + 1)
     low = (1 << low_bits) - 1
     masks = np.array(list(dict.fromkeys((masks & low).tolist())), dtype=np.int64)
     index = np.int32 if max(len(queries), len(table), 1 << width) < 2**31 else np.int64  # half the bytes to move
     band = ((queries >> np.uint64(shift)) & np.uint64((1 << width) - 1)).astype(index)
     band_low = band & index(low)
     tlow = ((table >> np.uint64(shift)) & np.uint64(low)).astype(index)
-    order = np.argsort(tlow, kind="stable").astype(index)
+    order = np.argsort(tlow).astype(index)
     # Queries in band order: the probes of each mask then read the table's counts nearly in order
     # (2-3x faster than random reads of a table larger than the caches).
-    qorder = order if same and table is queries else np.argsort(band_low, kind="stable").astype(index)
+    qorder = order if same and table is queries else np.argsort(band_low).astype(index)
     band, band_low, qvalues = band[qorder], band_low[qorder], queries[qorder]
     counts = np.bincount(tlow, minlength=1 << low_bits).astype(index)
     starts = (np.cumsum(counts) - counts).astype(index)

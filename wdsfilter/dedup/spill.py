@@ -15,7 +15,7 @@ from typing import Iterator, List, Tuple
 import numpy as np
 
 MEMORY_MB = 512    # the default working budget of the exact and near passes (beyond 5 bytes a row)
-MAX_BUCKETS = 4096  # files open at once while spreading records
+MAX_BUCKETS = 4096  # files open at once while spreading records (bucket numbers fit 16 bits)
 
 
 def buckets_for(records: int, bytes_per_record: int, budget: int) -> int:
@@ -90,7 +90,8 @@ class Buckets:
             self._files[0].write(records.tobytes())
             self.sizes[0] += len(records)
             return
-        order = np.argsort(bucket, kind="stable")  # rows stay in row order within a bucket
+        # Rows stay in row order within a bucket (a stable sort: a radix sort on 16 bits).
+        order = np.argsort(bucket.astype(np.uint16), kind="stable")
         counts = np.bincount(bucket, minlength=self.count)
         records = records[order]
         ends = np.cumsum(counts)
