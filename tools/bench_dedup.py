@@ -97,15 +97,25 @@ def measured(code: str, *args: str, root: str = ROOT) -> dict:
     """Run `code` in a fresh Python process (importing wdsfilter from `root`); its JSON line, plus
     its wall time and peak RSS."""
     t = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, cwd=root,
+    proc = subprocess.Popen([sys.executable, "-c", code + PEAK, *args], stdout=subprocess.PIPE, cwd=root,
                             env=dict(os.environ, PYTHONPATH=root))
     out = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    if status:
-        raise SystemExit(f"benchmark step failed ({status}): {code[:60]}")
-    result = json.loads(out.decode().strip().splitlines()[-1])
-    result.update(seconds=time.perf_counter() - t, rss_mb=usage.ru_maxrss / 1024)
+    if proc.wait():
+        raise SystemExit(f"benchmark step failed ({proc.returncode}): {code[:60]}")
+    lines = out.decode().strip().splitlines()
+    result = json.loads(lines[-2])
+    result.update(seconds=time.perf_counter() - t, rss_mb=json.loads(lines[-1])["peak_mb"])
     return result
+
+
+# The child's own peak RSS (VmHWM of its process image). Not wait4's ru_maxrss: Linux carries
+# the pre-exec image's peak into it, and the child starts as a copy of this process (which holds
+# the synthetic run's arrays: ~190 bytes a row), so ru_maxrss grew with the rows whatever the step.
+PEAK = """
+for _line in open("/proc/self/status"):
+    if _line.startswith("VmHWM:"):
+        print(json.dumps({"peak_mb": int(_line.split()[1]) / 1024}))
+"""
 
 
 OURS = """
@@ -117,14 +127,12 @@ run, kinds = sys.argv[1], sys.argv[2].split(",")
 import inspect
 budget = {"memory_mb": int(sys.argv[5])} if "memory_mb" in inspect.signature(dedup).parameters else {}
 r = dedup(run, kinds=kinds, near_bits=int(sys.argv[3]), semantic_threshold=float(sys.argv[4]), **budget)
-if sys.argv[6] == "no-labels":  # the labels below would be this process's peak, not dedup()'s
-    print(json.dumps({"groups": r.groups, "duplicates": r.duplicates, "per_kind": r.per_kind, "phases": r.seconds}))
-    sys.exit(0)
 labels = []
 for f in sorted(os.listdir(os.path.join(run, "dedup"))):
-    if f.endswith(".parquet"):
+    if sys.argv[6] == "labels" and f.endswith(".parquet"):  # (not on full runs: this process's peak is dedup()'s)
         labels += pq.read_table(os.path.join(run, "dedup", f), columns=["group"]).column(0).to_pylist()
-np.save(os.path.join(run, "labels.npy"), np.array([-1 if g is None else g for g in labels]))
+if labels:
+    np.save(os.path.join(run, "labels.npy"), np.array([-1 if g is None else g for g in labels]))
 print(json.dumps({"groups": r.groups, "duplicates": r.duplicates, "per_kind": r.per_kind, "phases": r.seconds}))
 """
 
