@@ -30,7 +30,7 @@ def run_folder(folder, rng, n=4_000, shards=3):
     copies = np.flatnonzero(rng.random(n) < 0.08)
     src = rng.integers(0, n, len(copies))
     sha[copies], phash[copies] = sha[src], phash[src]
-    placeholder = rng.choice(n, 1_200, replace=False)
+    placeholder = rng.choice(n, min(n, 1_200), replace=False)
     sha[placeholder], phash[placeholder] = sha[0], phash[0]
     clip = np.round(rng.random(n), 2)  # ties
     clip[rng.random(n) < 0.1] = np.nan
@@ -120,3 +120,16 @@ def test_union_find_gives_the_connected_components():
     first = np.full(truth.max() + 1, n)
     np.minimum.at(first, truth, np.arange(n))
     assert (uf.parent == first[truth]).all()  # every row points at the first row of its component
+
+
+def test_a_budget_too_small_is_a_usage_error_before_anything_is_written(tmp_path):
+    from click.testing import CliRunner
+
+    from wdsfilter.cli import main
+    run_folder(tmp_path / "run", np.random.default_rng(1), n=50, shards=1)
+    r = CliRunner().invoke(main, ["dedup", str(tmp_path / "run"), "--memory-mb", "8"])
+    assert r.exit_code == 2 and "memory budget" in r.output and "at least 16" in r.output, r.output
+    assert "Traceback" not in r.output and not os.path.exists(tmp_path / "run" / "dedup")
+    r = CliRunner().invoke(main, ["dedup", str(tmp_path / "run"), "--memory-mb", "16"])
+    assert r.exit_code == 0, r.output
+    assert os.listdir(tmp_path / "run" / "dedup") and not os.path.exists(tmp_path / "run" / "dedup" / "tmp")
