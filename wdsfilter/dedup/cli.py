@@ -7,6 +7,7 @@ from ..errors import EXIT_CODES_HELP
 from ..progress import verbosity, verbosity_options
 from .groups import KINDS
 from .find import NEAR_BITS, SEMANTIC_THRESHOLD
+from .spill import MEMORY_MB
 
 
 @click.command("dedup", context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES_HELP)
@@ -22,13 +23,16 @@ from .find import NEAR_BITS, SEMANTIC_THRESHOLD
               help="Eval images (a folder of images or WebDataset shards): training rows matching one exactly, "
                    "near or (with the semantic kind: the run's CLIP model is loaded) semantically are marked and "
                    "dropped by `filter --dedup`. Repeatable.")
+@click.option("--memory-mb", type=int, default=MEMORY_MB, show_default=True,
+              help="Working memory of the exact and near passes; records beyond it wait in RUN_DIR/dedup/tmp "
+                   "(the rows also cost 5 bytes each, a duplicate group about 40).")
 @click.option("--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
               help="An fsspec storage option for a RUN_DIR in a bucket (s3://...; endpoint_url=..., repeatable; "
                    "VALUE is JSON when it parses). Never written anywhere.")
 @verbosity_options(quiet="Say nothing on success (RUN_DIR/dedup/summary.json has the counts); a run with shards "
                          "left out still says so, on stderr.",
                    verbose="Say more: the largest groups with every member shown, and the seconds of each step.")
-def dedup_command(run_dir, kinds, near_bits, semantic_threshold, evals, storage_options, quiet, verbose):
+def dedup_command(run_dir, kinds, near_bits, semantic_threshold, evals, memory_mb, storage_options, quiet, verbose):
     """Find duplicate rows of a `wdsfilter score` run (RUN_DIR, either engine) from its hashes
     (--scorer hash) and saved embeddings (--save-embeddings), keep one survivor per group (the
     highest clip_score, else the first by shard and index) and write RUN_DIR/dedup/ (RUN_DIR may be
@@ -40,7 +44,8 @@ def dedup_command(run_dir, kinds, near_bits, semantic_threshold, evals, storage_
     options = parse_storage_options(storage_options)
     with storage_defaults(options, [run_dir]):  # the folder, and the sources its report shows
         result = dedup(run_dir, kinds, near_bits=near_bits, semantic_threshold=semantic_threshold, evals=evals,
-                       echo=click.echo if level else None, storage_options=options)
+                       echo=click.echo if level else None, storage_options=options,
+                       memory_mb=memory_mb)
     if level:
         click.echo(result.format_text(verbose=level == 2))
     elif result.unfinished:  # -q hides counts, never that part of the run was left out

@@ -17,7 +17,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from ..errors import ConfigError
-from .groups import KINDS, build_groups
+from .groups import KINDS, Groups, UnionFind
+from .spill import MEMORY_MB
 from ..runfolder.dedup import FOLDER, SUMMARY, score_file_state
 
 NEAR_BITS = 5           # docs/dedup.md: re-encodes, resizes and PNG<->JPEG measured at <= 4 bits, distinct photos >= 16
@@ -77,18 +78,21 @@ class DedupResult:
 
 def dedup(run_dir: str, kinds: Sequence[str] = (), near_bits: int = NEAR_BITS,
           semantic_threshold: float = SEMANTIC_THRESHOLD, evals: Sequence[str] = (),
-          echo: Optional[Callable[[str], None]] = None, storage_options=None) -> DedupResult:
+          echo: Optional[Callable[[str], None]] = None, storage_options=None,
+          memory_mb: int = MEMORY_MB) -> DedupResult:
     """Group duplicates of the kinds asked (default: every kind the run has data for), choose the
-    survivors, mark eval matches, write RUN_DIR/dedup/. Returns the counts. A run folder in a
+    survivors, mark eval matches, write RUN_DIR/dedup/. Returns the counts. The exact and near
+    passes work within `memory_mb` (records beyond it wait in RUN_DIR/dedup/tmp, removed at the
+    end), plus 5 bytes a row and about 40 a group. A run folder in a
     bucket (s3://...) is pulled into a staging copy under its lock object, as `score --out`
     does (score/outlock.py), deduped there, and its dedup/ uploaded whole before this returns."""
     from ..remote import is_fsspec_url
-    _check_options(kinds, near_bits, semantic_threshold)  # before a bucket's folder is locked and pulled
+    _check_options(kinds, near_bits, semantic_threshold, memory_mb)  # before a bucket's folder is locked and pulled
     if is_fsspec_url(run_dir):
         return _dedup_in_bucket(run_dir, storage_options, dict(kinds=kinds, near_bits=near_bits,
                                                                semantic_threshold=semantic_threshold,
-                                                               evals=evals, echo=echo))
-    return _dedup(run_dir, kinds, near_bits, semantic_threshold, evals, echo)
+                                                               evals=evals, echo=echo, memory_mb=memory_mb))
+    return _dedup(run_dir, kinds, near_bits, semantic_threshold, evals, echo, memory_mb)
 
 
 def _dedup_in_bucket(url: str, storage_options, options: dict) -> DedupResult:
@@ -116,7 +120,7 @@ def _dedup_in_bucket(url: str, storage_options, options: dict) -> DedupResult:
     return result
 
 
-def _check_options(kinds: Sequence[str], near_bits: int, semantic_threshold: float) -> None:
+def _check_options(kinds: Sequence[str], near_bits: int, semantic_threshold: float, memory_mb: int = MEMORY_MB) -> None:
     unknown = [k for k in kinds if k not in KINDS]
     if unknown:
         raise ConfigError(f"unknown dedup kind(s) {unknown}; choose from {', '.join(KINDS)}")
@@ -124,93 +128,115 @@ def _check_options(kinds: Sequence[str], near_bits: int, semantic_threshold: flo
         raise ConfigError(f"near distance must be a number of bits from 0 to 32, got {near_bits!r}")
     if not -1.0 <= float(semantic_threshold) <= 1.0:
         raise ConfigError(f"semantic threshold is a cosine in [-1, 1], got {semantic_threshold!r}")
+    if isinstance(memory_mb, bool) or not isinstance(memory_mb, int) or memory_mb < 16:
+        raise ConfigError(f"the dedup memory budget is a number of MB, at least 16, got {memory_mb!r}")
 
 
 def _dedup(run_dir: str, kinds: Sequence[str], near_bits: int, semantic_threshold: float, evals: Sequence[str],
-           echo: Optional[Callable[[str], None]]) -> DedupResult:
+           echo: Optional[Callable[[str], None]], memory_mb: int = MEMORY_MB) -> DedupResult:
     from . import source
     echo = echo or (lambda line: None)
     t0 = time.perf_counter()
-    rows = source.load_rows(run_dir, want_hashes=True)
+    rows = source.load_rows(run_dir, want_hashes=True, memory_mb=memory_mb)
+    try:
+        return _find(rows, run_dir, kinds, near_bits, semantic_threshold, evals, echo, t0)
+    finally:
+        rows.space.close()
+
+
+def _find(rows, run_dir: str, kinds: Sequence[str], near_bits: int, semantic_threshold: float, evals: Sequence[str],
+          echo: Callable[[str], None], t0: float) -> DedupResult:
+    from . import source
     if kinds:
         kinds = list(dict.fromkeys(kinds))
         if {"exact", "near"} & set(kinds):
             source.require_hashes(rows, " and ".join(k for k in kinds if k != "semantic"))
     else:  # every kind the run has the data for
-        kinds = (["exact", "near"] if rows.phash is not None else []) + \
+        kinds = (["exact", "near"] if rows.hashed else []) + \
                 (["semantic"] if source.has_embeddings(run_dir) else [])
         if not kinds:
             raise ConfigError(f"{run_dir} has neither hashes nor embeddings to dedup by; {source.HASH_HINT}, "
                               f"or add --save-embeddings for semantic dedup")
-    if evals and rows.phash is None:
+    if evals and not rows.hashed:
         raise ConfigError(f"--eval matching needs the run's hashes; {source.HASH_HINT}")
     result = DedupResult(run_dir=run_dir, kinds=list(kinds), rows=rows.count, shards=len(rows.shards),
                          unfinished=rows.unfinished)
     result.seconds["read"] = time.perf_counter() - t0
-    pairs = {}
+    # Pairs of each kind join the union-find as they are found (closest kind first), never kept.
+    uf = UnionFind(rows.count)
     if "exact" in kinds:
-        from .hashindex import exact_pairs
-        pairs["exact"] = exact_pairs(rows.sha, np.flatnonzero(rows.has_sha))
-    if "near" in kinds:
-        from .hashindex import near_pairs
+        from .hashindex import exact_pass
         t = time.perf_counter()
-        pairs["near"] = near_pairs(rows.phash, np.flatnonzero(rows.has_phash), near_bits)
+        exact_pass(rows, rows.space, lambda a, b: uf.union(a, b, "exact"))
+        result.seconds["exact"] = time.perf_counter() - t
+    if "near" in kinds:
+        from .hashindex import near_pass
+        t = time.perf_counter()
+        near_pass(rows, rows.space, near_bits, lambda a, b: uf.union(a, b, "near"))
         result.seconds["near"] = time.perf_counter() - t
     clusters = 0
     if "semantic" in kinds:
         from .semantic import semantic_pairs
         t = time.perf_counter()
         a, b, clusters = semantic_pairs(source.embeddings(rows), float(semantic_threshold), seconds=result.seconds)
-        pairs["semantic"] = (a, b)
+        uf.union(a, b, "semantic")
         result.seconds["semantic"] = time.perf_counter() - t
-    groups = build_groups(rows.count, pairs, rows.clip)
+    t = time.perf_counter()
+    chunk = rows.space.rows_per_chunk(64)
+    groups = Groups(uf, rows.clip.read, chunk)
     result.groups = len(groups.sizes)
     result.per_kind = groups.per_kind
     result.rows_per_kind = groups.rows_per_kind
-    result.duplicates = int((~groups.survivor).sum())
-    matches = np.full(rows.count, None, dtype=object)
+    result.duplicates = groups.duplicates
+    result.seconds["groups"] = time.perf_counter() - t
+    matches: Dict[int, str] = {}  # row -> "KIND:EVAL_IMAGE"
     if evals:
         from .evalset import read_eval
         ev = read_eval(evals)
         result.eval_images, result.eval_unreadable = len(ev.names), ev.unreadable
-        result.eval_matches = _match_eval(rows, ev, near_bits, matches)
+        result.eval_matches = _match_eval(rows, ev, near_bits, matches, chunk)
         if "semantic" in kinds and ev.names:  # the one step that loads a model: the run's CLIP
             n = _match_eval_semantic(run_dir, rows, ev, evals, float(semantic_threshold), matches)
             if n:
                 result.eval_matches["semantic"] = n
         echo(f"eval: {len(ev.names)} image(s) read from {', '.join(evals)}")
+    t = time.perf_counter()
     result.largest = _largest(rows, groups)
     result.folder = _write(rows, groups, matches, result, dict(near_bits=near_bits, semantic_threshold=semantic_threshold,
                                                                 kinds=list(kinds), clusters=clusters, evals=list(evals)))
+    result.seconds["write"] = time.perf_counter() - t
     result.seconds["total"] = time.perf_counter() - t0
     return result
 
 
-def _match_eval(rows, ev, near_bits: int, matches: np.ndarray) -> Dict[str, int]:
+def _match_eval(rows, ev, near_bits: int, matches: Dict[int, str], chunk: int) -> Dict[str, int]:
     """Mark each row matching an eval image "KIND:NAME" (exact before near); counts per kind."""
     from .hashindex import near_cross
+    from .source import HAS_PHASH, HAS_SHA
     counts: Dict[str, int] = {}
     if not ev.names:
         return counts
     sha = ev.sha_array()
     by_sha = {(int(h), int(lo)): name for (h, lo), name in zip(sha, ev.names)}
-    hit = np.flatnonzero(rows.has_sha & np.isin(rows.sha[:, 0], sha[:, 0]))
-    for r in hit:
-        name = by_sha.get((int(rows.sha[r, 0]), int(rows.sha[r, 1])))
-        if name is not None:
-            matches[r] = f"exact:{name}"
-            counts["exact"] = counts.get("exact", 0) + 1
-    candidates = np.flatnonzero(rows.has_phash)
     table = np.array(ev.phash, dtype=np.int64).view(np.uint64)
-    for i, j in near_cross(rows.phash[candidates].view(np.uint64), table, near_bits):
-        for r, e in zip(candidates[i], j):
-            if matches[r] is None:
-                matches[r] = f"near:{ev.names[e]}"
-                counts["near"] = counts.get("near", 0) + 1
+    for lo, digests in rows.sha.chunks(chunk):
+        has = rows.has.read(lo, lo + len(digests))
+        for r in np.flatnonzero((has & HAS_SHA).astype(bool) & np.isin(digests[:, 0], sha[:, 0])).tolist():
+            name = by_sha.get((int(digests[r, 0]), int(digests[r, 1])))
+            if name is not None:
+                matches[lo + r] = f"exact:{name}"
+                counts["exact"] = counts.get("exact", 0) + 1
+        values = rows.phash.read(lo, lo + len(digests))
+        candidates = np.flatnonzero(has & HAS_PHASH)
+        for i, j in near_cross(values[candidates], table, near_bits):
+            for r, e in zip((lo + candidates[i]).tolist(), j.tolist()):
+                if r not in matches:
+                    matches[r] = f"near:{ev.names[e]}"
+                    counts["near"] = counts.get("near", 0) + 1
     return counts
 
 
-def _match_eval_semantic(run_dir, rows, ev, evals, threshold: float, matches: np.ndarray) -> int:
+def _match_eval_semantic(run_dir, rows, ev, evals, threshold: float, matches: Dict[int, str]) -> int:
     """Mark rows (not matched yet) whose saved image embedding has cosine >= threshold with an
     eval image embedded by the run's own CLIP model; how many."""
     from . import source
@@ -222,8 +248,8 @@ def _match_eval_semantic(run_dir, rows, ev, evals, threshold: float, matches: np
         sims = block @ evec.T
         best = sims.argmax(axis=1)
         for v in np.flatnonzero(sims[np.arange(len(block)), best] >= threshold):
-            r = emb.rows[start + v]
-            if matches[r] is None:
+            r = int(emb.rows[start + v])
+            if r not in matches:
                 matches[r] = f"semantic:{ev.names[best[v]]}"
                 marked += 1
     return marked
@@ -234,13 +260,14 @@ def _largest(rows, groups) -> List[dict]:
     if not len(groups.sizes):
         return []
     top = np.argsort(-groups.sizes, kind="stable")[:LARGEST]
+    members = groups.members(top, 8)
     out = []
-    for g in top:
-        members = np.flatnonzero(groups.group == g)[:8]
-        shard = rows.shard_of(members)
-        out.append({"group": int(g), "size": int(groups.sizes[g]), "kind": groups.group_kind[g],
-                    "members": [{"shard": rows.shards[s].name, "index": int(rows.index[m]), "row": int(m),
-                                 "survivor": bool(groups.survivor[m])} for m, s in zip(members, shard)]})
+    for g in top.tolist():
+        rows_of = np.array(members[g], dtype=np.int64)
+        out.append({"group": g, "size": int(groups.sizes[g]), "kind": groups.group_kind[g],
+                    "members": [{"shard": rows.shards[s].name, "index": int(rows.index.read(m, m + 1)[0]), "row": m,
+                                 "survivor": bool(groups.best[g] == m)}
+                                for m, s in zip(rows_of.tolist(), rows.shard_of(rows_of).tolist())]})
     return out
 
 
@@ -250,28 +277,34 @@ def _write(rows, groups, matches, result: DedupResult, settings: dict) -> str:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from ..runfolder.tables import read_batches
     from ..writing import atomic_path, write_text_atomic
     from ..runfolder.layout import confined
     folder = confined(rows.folder, os.path.join(rows.folder, FOLDER))  # never written through a link out
     os.makedirs(folder, exist_ok=True)
     keys_of = {}
     wanted = {m["row"] for g in result.largest for m in g["members"]}
+    kind_names = pa.array(KINDS, pa.string())
+    matched = np.array(sorted(matches), dtype=np.int64)
     for s, shard in enumerate(rows.shards):
         lo, hi = int(rows.starts[s]), int(rows.starts[s + 1])
-        keys = [k for batch in read_batches(shard.score_file, ["key"]) for k in batch["key"]]
+        keys = _keys(shard.score_file)
         for r in wanted:
             if lo <= r < hi:
-                keys_of[r] = keys[r - lo]
-        g = groups.group[lo:hi]
-        kind = groups.kind[lo:hi]
+                keys_of[r] = keys[r - lo].as_py()
+        g, kind, survivor = groups.rows(lo, hi)
+        evals = None
+        here = matched[np.searchsorted(matched, lo):np.searchsorted(matched, hi)].tolist()
+        if here:
+            evals = [None] * (hi - lo)
+            for r in here:
+                evals[r - lo] = matches[r]
         table = pa.table({
-            "key": pa.array(keys, pa.string()),
-            "index": pa.array(rows.index[lo:hi], pa.int64()),
+            "key": keys,
+            "index": pa.array(rows.index.read(lo, hi), pa.int64()),
             "group": pa.array(g, pa.int64(), mask=g < 0),
-            "kind": pa.array([KINDS[k] if k >= 0 else None for k in kind.tolist()], pa.string()),
-            "survivor": pa.array(groups.survivor[lo:hi], pa.bool_()),
-            "eval_match": pa.array(matches[lo:hi].tolist(), pa.string())})
+            "kind": kind_names.take(pa.array(np.maximum(kind, 0), pa.int8(), mask=kind < 0)),
+            "survivor": pa.array(survivor, pa.bool_()),
+            "eval_match": pa.nulls(hi - lo, pa.string()) if evals is None else pa.array(evals, pa.string())})
         with atomic_path(os.path.join(folder, shard.name + ".parquet")) as tmp:
             pq.write_table(table, tmp)
     for g in result.largest:
@@ -291,16 +324,24 @@ def _write(rows, groups, matches, result: DedupResult, settings: dict) -> str:
     return folder
 
 
-def _matched_rows(rows, matches):
+def _keys(score_file: str):
+    """A score file's key column, as one arrow string array (no Python object a row)."""
+    import pyarrow as pa
+
+    from .source import _arrow_batches
+    parts = [b["key"].cast(pa.string()) for b in _arrow_batches(score_file, ["key"])]
+    return pa.concat_arrays(parts) if parts else pa.array([], pa.string())
+
+
+def _matched_rows(rows, matches: Dict[int, str]):
     """(shard number, key, match) of the first eval-matched rows (keys read from their score files)."""
-    from ..runfolder.tables import read_batches
     from ..report.dedup import MAX_MATCHES
-    hit = np.flatnonzero(matches != None)[:MAX_MATCHES]  # noqa: E711 -- elementwise over an object array
+    hit = np.array(sorted(matches)[:MAX_MATCHES], dtype=np.int64)
     if not len(hit):
         return []
     out = []
-    for s in np.unique(rows.shard_of(hit)):
+    for s in np.unique(rows.shard_of(hit)).tolist():
         lo = int(rows.starts[s])
-        keys = [k for batch in read_batches(rows.shards[s].score_file, ["key"]) for k in batch["key"]]
-        out += [(int(s), keys[r - lo], matches[r]) for r in hit[rows.shard_of(hit) == s]]
+        keys = _keys(rows.shards[s].score_file)
+        out += [(s, keys[r - lo].as_py(), matches[r]) for r in hit[rows.shard_of(hit) == s].tolist()]
     return out

@@ -14,7 +14,7 @@ from typing import List, Optional
 import numpy as np
 
 from ..errors import ConfigError
-from .hashindex import sha_prefix
+from .spill import Column
 
 HASH_HINT = "score the run with `wdsfilter score ... --scorer hash` (it adds sha256 and phash)"
 EMBED_HINT = "score the run with `wdsfilter score ... --scorer clip --save-embeddings`"
@@ -29,25 +29,34 @@ class Shard:
 
 @dataclass
 class RunRows:
+    """The rows' columns, each one file of RUN_DIR/dedup/tmp in row order (spill.Column): read in
+    ranges, never all at once."""
     folder: str
     shards: List[Shard]
     starts: np.ndarray            # first row number of each shard; last: the total
-    index: np.ndarray             # each row's index in its shard's score file
+    index: "Column"               # int64: each row's index in its shard's score file
+    clip: "Column"                # float64, NaN where missing
     columns: List[str]
     unfinished: List[str]
     stage: dict = None                    # run.json's stage options (keys, rekey: the report's thumbnails)
-    sha: Optional[np.ndarray] = None      # (n, 2) uint64: the first 128 bits of sha256
-    has_sha: Optional[np.ndarray] = None
-    phash: Optional[np.ndarray] = None    # int64
-    has_phash: Optional[np.ndarray] = None
-    clip: Optional[np.ndarray] = None     # float64, NaN where missing
+    sha: Optional["Column"] = None        # (n, 2) uint64: the first 128 bits of sha256 (0 where missing)
+    phash: Optional["Column"] = None      # uint64 (0 where missing)
+    has: Optional["Column"] = None        # uint8: HAS_SHA | HAS_PHASH
+    space: object = None                  # spill.Workspace holding the column files
 
     @property
     def count(self) -> int:
         return int(self.starts[-1])
 
+    @property
+    def hashed(self) -> bool:
+        return self.phash is not None
+
     def shard_of(self, rows: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.starts, rows, side="right") - 1
+
+
+HAS_SHA, HAS_PHASH = 1, 2
 
 
 def open_run(folder: str):
@@ -56,42 +65,123 @@ def open_run(folder: str):
     return ScoreRun.open(folder)
 
 
-def load_rows(folder: str, want_hashes: bool) -> RunRows:
-    from ..runfolder.tables import read_batches
-    run = open_run(folder)
+def load_rows(folder: str, want_hashes: bool, memory_mb: int) -> RunRows:
+    """Read the finished shards' columns once, a batch at a time, into column files of
+    RUN_DIR/dedup/tmp (rows.space: the caller closes it): vectorised (arrow arrays to numpy), no
+    Python object a row."""
+    from ..runfolder.layout import confined
+    from .spill import Workspace
+    run = open_run(folder)  # before anything is written: a folder that is no run stays untouched
+    space = Workspace(confined(folder, os.path.join(folder, "dedup", "tmp")), memory_mb)
+    try:
+        rows = _read(run, folder, want_hashes, space)
+    except BaseException:
+        space.close()
+        raise
+    rows.space = space
+    return rows
+
+
+def _read(run, folder: str, want_hashes: bool, space) -> RunRows:
     # a source the run's own record does not name is never read (its thumbnails are left out)
     shards = [Shard(s.name, s.url if s.trusted else "", s.score_file) for s in run.shards]
     hashed = want_hashes and "sha256" in run.columns and "phash" in run.columns
     columns = ["index", "clip_score"] + (["sha256", "phash"] if hashed else [])
-    index, clip, sha, phash, present, starts = [], [], [], [], [], [0]
+    index, clip = Column(space.path("index"), np.int64), Column(space.path("clip"), np.float64)
+    if hashed:
+        sha = Column(space.path("sha"), np.uint64, width=2)
+        phash, has = Column(space.path("phash"), np.uint64), Column(space.path("has"), np.uint8)
+    starts = [0]
     for s in shards:
         n = 0
-        for batch in read_batches(s.score_file, columns):
-            index.append(np.asarray(batch["index"], dtype=np.int64))
-            clip.append(np.array([np.nan if v is None else v for v in batch["clip_score"]], dtype=np.float64))
+        for batch in _arrow_batches(s.score_file, columns):
+            index.append(_numbers(batch["index"], np.int64, 0))
+            clip.append(_numbers(batch["clip_score"], np.float64, np.nan))
             if hashed:
-                sha.append(sha_prefix(batch["sha256"]))
-                phash.append(np.array([0 if v is None else v for v in batch["phash"]], dtype=np.int64))
-                present.append(np.array([v is not None for v in batch["phash"]], dtype=bool))
+                prefix, valid = _sha_prefix(batch["sha256"])
+                sha.append(prefix)
+                present = ~_nulls(batch["phash"])
+                phash.append(_numbers(batch["phash"], np.int64, 0).view(np.uint64))
+                has.append(valid * np.uint8(HAS_SHA) | present * np.uint8(HAS_PHASH))
             n += len(batch["index"])
         starts.append(starts[-1] + n)
     rows = RunRows(folder=folder, shards=shards, starts=np.array(starts, dtype=np.int64),
-                   index=_cat(index, np.int64), columns=list(run.columns), unfinished=list(run.unfinished), stage=dict(run.stage),
-                   clip=_cat(clip, np.float64))
+                   index=index.done(), clip=clip.done(), columns=list(run.columns),
+                   unfinished=list(run.unfinished), stage=dict(run.stage))
     if hashed:
-        rows.sha = np.concatenate(sha) if sha else np.zeros((0, 2), np.uint64)
-        rows.has_sha = rows.sha.any(axis=1)
-        rows.phash = _cat(phash, np.int64)
-        rows.has_phash = _cat(present, bool)
+        rows.sha, rows.phash, rows.has = sha.done(), phash.done(), has.done()
     return rows
 
 
-def _cat(parts, dtype) -> np.ndarray:
-    return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
+def _arrow_batches(path: str, columns: List[str]):
+    """{column: arrow array} batches of one score file (a column it lacks: all null)."""
+    import pyarrow as pa
+
+    from ..runfolder.tables import _arrow_errors, check_schema, damaged, open_parquet, read_batches
+    if not path.endswith(".parquet"):
+        for batch in read_batches(path, columns):
+            yield {c: pa.array(v) for c, v in batch.items()}
+        return
+    present = [c for c in columns if c in check_schema(path).names]
+    try:
+        for batch in open_parquet(path).iter_batches(columns=present):
+            n = batch.num_rows
+            yield {c: batch.column(c) if c in present else pa.nulls(n) for c in columns}
+    except _arrow_errors() as e:
+        raise damaged(path, f"{type(e).__name__}: {e}") from None
+
+
+def _nulls(array) -> np.ndarray:
+    """Which values of an arrow array are null, from its validity bitmap (no pandas import)."""
+    import pyarrow as pa
+    n = len(array)
+    if pa.types.is_null(array.type):
+        return np.ones(n, dtype=bool)
+    if not array.null_count:
+        return np.zeros(n, dtype=bool)
+    bits = np.unpackbits(np.frombuffer(array.buffers()[0], dtype=np.uint8), bitorder="little")
+    return ~bits[array.offset:array.offset + n].astype(bool)
+
+
+def _numbers(array, dtype, missing) -> np.ndarray:
+    """A numeric arrow array as numpy, nulls as `missing`, read from its buffer (Array.to_numpy
+    would import pandas: seconds of a short command)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    if pa.types.is_null(array.type):
+        return np.full(len(array), missing, dtype=dtype)
+    array = array.cast(pa.from_numpy_dtype(np.dtype(dtype)))
+    if array.null_count:
+        array = pc.fill_null(array, missing)
+    return np.frombuffer(array.buffers()[1], dtype=dtype)[array.offset:array.offset + len(array)]
+
+
+def _sha_prefix(array):
+    """(n, 2) uint64 of each digest's first 128 bits, and which rows have a valid one."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from .hashindex import hex_prefix, sha_prefix
+    n = len(array)
+    valid = ~_nulls(array)
+    if pa.types.is_null(array.type):
+        return np.zeros((n, 2), np.uint64), valid
+    if pa.types.is_string(array.type) and not array.null_count and n:  # the hash scorer's: 64 hex digits each
+        offsets = np.frombuffer(array.buffers()[1], dtype=np.int32)[array.offset:array.offset + n + 1]
+        if offsets[-1] - offsets[0] == 64 * n and (np.diff(offsets) == 64).all():
+            data = np.frombuffer(array.buffers()[2], dtype=np.uint8)[offsets[0]:offsets[-1]]
+            return hex_prefix(data.reshape(n, 64)[:, :32], valid)
+    text = pc.utf8_rpad(pc.utf8_slice_codeunits(pc.fill_null(array.cast(pa.string()), ""), 0, 32), 32, "-")
+    offsets = np.frombuffer(text.buffers()[1], dtype=np.int32)[text.offset:text.offset + n + 1]
+    if offsets[-1] - offsets[0] != 32 * n:  # a digest with non-ASCII characters: the slow way
+        prefix = sha_prefix(array.to_pylist())
+        return prefix, valid & prefix.any(axis=1)
+    chars = np.frombuffer(text.buffers()[2], dtype=np.uint8)[offsets[0]:offsets[-1]].reshape(n, 32)
+    return hex_prefix(chars, valid)
 
 
 def require_hashes(rows: RunRows, kind: str) -> None:
-    if rows.phash is None:
+    if not rows.hashed:
         raise ConfigError(f"{kind} dedup needs the sha256 and phash columns, which the score files in "
                           f"{rows.folder} do not have; {HASH_HINT}")
 
@@ -120,8 +210,8 @@ def embeddings(rows: RunRows):
             raise ConfigError(f"embeddings of shard {shard.name} in {base} are damaged ({shape[0]} vectors, "
                               f"{len(wanted)} metadata rows); score the shard again (--resume after removing "
                               f"its done/ marker)")
-        lo, hi = rows.starts[s], rows.starts[s + 1]
-        position = lo + np.searchsorted(rows.index[lo:hi], wanted)  # score files are in index order
+        lo, hi = int(rows.starts[s]), int(rows.starts[s + 1])
+        position = lo + np.searchsorted(rows.index.read(lo, hi), wanted)  # score files are in index order
         files.append(npy)
         counts.append(len(wanted))
         owners.append(position)
