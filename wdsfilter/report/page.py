@@ -323,7 +323,7 @@ def _masked(pairs: List[dict]) -> List[str]:
 
 
 def _dedup(section: Optional[dict]) -> List[str]:
-    """The run's dedup (RUN_DIR/dedup/, when `wdsfilter dedup` ran): dedup/report.py's section."""
+    """The run's dedup (RUN_DIR/dedup/, when `wdsfilter dedup` ran): report/dedup.py's section."""
     if not section:
         return []
     from .dedup import section_html
