@@ -6,7 +6,7 @@ from tools import fuzz
 
 
 def test_mutated_shards_never_crash_or_hang():
-    counts = fuzz.run(240, seed=12345, timeout=20.0, rotate=True)
+    counts = fuzz.run(240, seed=12345, timeout=120.0, rotate=True)  # a hang guard: never hit by load
     assert counts.shards == 240 and set(counts.mutations) == set(fuzz.MUTATIONS)
     assert not counts.crashes, "\n".join(counts.crashes[:3])
     assert not counts.hangs, counts.hangs[:3]
