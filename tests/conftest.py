@@ -7,11 +7,7 @@ import sys
 
 import pytest
 
-# No traffic beyond loopback: huggingface_hub asks its endpoint (read once, at its import) about
-# each process; aimed at a closed loopback port, a stray request fails at once. The hf:// tests
-# start their own Hub (tests/hubkit.py) and name it per test. No telemetry either.
-os.environ.setdefault("HF_ENDPOINT", "http://127.0.0.1:9")
-os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")  # no traffic beyond loopback
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:  # `tools` must import under plain `pytest` too, not only `python -m pytest`

@@ -29,6 +29,7 @@ FOREIGN = {
     "open_clip_train": {"--train-data", "--train-num-samples"},
     "pip": {"--index-url"},
     "pytest": {"--dist"},  # pytest-xdist's
+    "huggingface-cli": {"--repo-type", "--local-dir"},
 }
 OPTION = re.compile(r"(?<![\w-])(--?[a-zA-Z][\w-]*)")
 
