@@ -175,17 +175,21 @@ def _read_shard_table(path: str, columns: Sequence[str]) -> Optional[ShardTable]
     from .keep import KEPT_STATUSES
     from .tables import open_parquet, unique_keys
     # The keys are read only when the writer did not record that none repeats (most of the read).
-    read_keys = not unique_keys(path)
-    wanted = list(dict.fromkeys([*(["key"] if read_keys else []), "status", *columns]))
     # a Parquet file of another schema is the reader's one-line error (check_schema); strings as
-    # codes: no Python str per row
+    # codes: no Python str per row; the footer read by this open (once)
     pf = open_parquet(path, dictionary=["key", "status"])
+    read_keys = not unique_keys(path)
+    # The status column is read only when the footer's statistics do not say every row has one kept status.
+    by_footer = _footer_all_kept(pf.metadata, pf.schema_arrow)
+    wanted = list(dict.fromkeys([*(["key"] if read_keys else []), *([] if by_footer else ["status"]), *columns]))
+    wanted = wanted or ["status"]
     present = set(pf.schema_arrow.names)
     table = pf.read(columns=[c for c in wanted if c in present], use_threads=False)
     n = table.num_rows
     if read_keys and ("key" not in table.column_names or table.column("key").null_count):
         return None  # rows without a key: judge_shard's own way (each such row a duplicate of the first)
-    table = table.unify_dictionaries()
+    if any(table.column(c).num_chunks > 1 for c in ("key", "status") if c in table.column_names):
+        table = table.unify_dictionaries()  # one dictionary per column for _codes
     first_seen: List[Tuple[int, str, int]] = []  # (first row, reason, rows)
     # A key repeated in a shard is judged once, at its first row (as judge_shard does).
     open_rows = np.ones(n, dtype=bool)
@@ -194,10 +198,13 @@ def _read_shard_table(path: str, columns: Sequence[str]) -> Optional[ShardTable]
         open_rows[:] = False
         open_rows[np.unique(keys, return_index=True)[1]] = True
         first_seen.append((int(np.argmin(open_rows)), DUPLICATE, int(n - open_rows.sum())))
-    status, values = _codes(table, "status", n)
-    values = values.to_pylist() if values is not None else []  # a few distinct statuses
-    usable = np.isin(status, [i for i, v in enumerate(values) if v in KEPT_STATUSES])
-    not_kept = np.flatnonzero(open_rows & ~usable)
+    if by_footer or _all_kept(table):  # every status this file holds keeps its row: no code per row looked at
+        usable, not_kept = True, ()
+    else:
+        status, values = _codes(table, "status", n)
+        values = values.to_pylist() if values is not None else []  # a few distinct statuses
+        usable = np.isin(status, [i for i, v in enumerate(values) if v in KEPT_STATUSES])
+        not_kept = np.flatnonzero(open_rows & ~usable)
     if len(not_kept):  # rare rows: their reason is the one rule's, row by row (the column read for them only)
         reason = pf.read(columns=["reason"], use_threads=False).column(0).to_pylist() \
             if "reason" in present else [None] * n
@@ -207,6 +214,39 @@ def _read_shard_table(path: str, columns: Sequence[str]) -> Optional[ShardTable]
     open_rows &= usable
     numbers = {c: _numbers(table, c, n) for c in dict.fromkeys(columns)}
     return ShardTable(n, first_seen, open_rows, numbers)
+
+
+def _footer_all_kept(metadata, schema) -> bool:
+    """The writer's statistics in the footer (read already) say that every row group's status
+    column holds one kept status and no null: the column need not be read. Like the unique keys
+    the writer records (tables.KEYS_META), what the file says of itself; a footer without them
+    (another writer, no statistics) is read the ordinary way."""
+    from .keep import KEPT_STATUSES
+    index = schema.get_field_index("status")
+    if index < 0:
+        return False
+    for i in range(metadata.num_row_groups):
+        group = metadata.row_group(i)
+        if index >= group.num_columns:
+            return False
+        chunk = group.column(index)
+        stats = chunk.statistics
+        if chunk.path_in_schema != "status" or stats is None or not stats.has_min_max or not stats.has_null_count \
+                or stats.null_count != 0 or stats.num_values != group.num_rows or stats.min != stats.max \
+                or stats.min not in KEPT_STATUSES:
+            return False
+    return True
+
+
+def _all_kept(table) -> bool:
+    """No row's status is null and every value of the status dictionaries is a kept status."""
+    from .keep import KEPT_STATUSES
+    if "status" not in table.column_names:
+        return table.num_rows == 0
+    import pyarrow as pa
+    column = table.column("status")
+    return pa.types.is_dictionary(column.type) and column.null_count == 0 and all(v in KEPT_STATUSES for c in column.chunks
+                                          for v in c.dictionary.to_pylist())
 
 
 def _grouped(by_row: List[Tuple[int, str]]) -> List[Tuple[int, str, int]]:

@@ -30,6 +30,7 @@ class ScoredShard:
     source: Optional[dict] = None  # what the marker recorded of a local source shard (layout.source_changed)
     listed_url: str = ""  # the shard's URL as the scoring run was given it
     trusted: bool = True  # the run's own record names `url` (else it is never read)
+    rows: int = 0  # the rows its marker counted (0: not recorded); the file's footer has the true count
 
 
 @dataclass
@@ -83,7 +84,7 @@ class ScoreRun:
                 continue
             source = layout.trusted_source(marker, listed, source_root)
             shards.append(ScoredShard(url=source or marker.url, name=name, score_file=path, source=marker.source,
-                                      listed_url=marker.url, trusted=source is not None))
+                                      listed_url=marker.url, trusted=source is not None, rows=marker.rows))
         unfinished += [s.url for s in record or () if s.name not in set(names)]
         if not shards:
             raise ConfigError(f"{folder} holds no completed score files (done/ is empty); finish or --resume the "
