@@ -55,3 +55,34 @@ def test_a_dry_run_share_reads_each_score_file_once(tmp_path):
     assert got["reasons"] == {f"clip_score < {cut:.4g}": int(((clip < cut) & (area <= 0.5)).sum()),
                               "ocr_area > 0.5": int((area > 0.5).sum()),
                               "no clip_score": int((np.isnan(clip) & (area <= 0.5)).sum())}
+
+
+def test_a_run_past_the_held_rows_streams_whether_its_markers_count_rows_or_not(tmp_path, monkeypatch):
+    """quantile.IN_MEMORY_ROWS bounds the rows filter holds: a run whose markers count more is not
+    read into memory; one whose markers do not count them (older, hand-made: rows 0) is found past
+    the limit as the reads add up, and streams. Either way the cut and the counts are the same."""
+    sys.path.insert(0, REPO)
+    import wdsfilter.filtering.apply as apply
+    import wdsfilter.runfolder.quantile as quantile
+    from tools.bench_filter import make_run
+    from wdsfilter.filtering import filter_scores
+    folder = str(tmp_path / "run")
+    make_run(folder, 6000, 6, seed=4)  # markers without a row count
+    held = []
+    real = apply._read_tables
+    monkeypatch.setattr(apply, "_read_tables", lambda run, spec: held.append(real(run, spec)) or held[-1])
+
+    def run():
+        r = filter_scores(folder, tops=["clip_score=30%"], maxes=["ocr_area=0.5"], dry_run=True)
+        return r.kept, r.rows, r.thresholds[1].value, r.reasons
+    whole = run()
+    assert held[-1] is not None and len(held[-1]) == 6
+    monkeypatch.setattr(quantile, "IN_MEMORY_ROWS", 2500)
+    assert run() == whole and held[-1] is None  # found by the reads
+    for name in os.listdir(os.path.join(folder, "done")):  # as `wdsfilter score` writes them: rows counted
+        path = os.path.join(folder, "done", name)
+        marker = json.load(open(path))
+        json.dump({**marker, "rows": 1000}, open(path, "w"))
+    assert run() == whole and held[-1] is None
+    monkeypatch.setattr(quantile, "IN_MEMORY_ROWS", 6000)
+    assert run() == whole and held[-1] is not None
