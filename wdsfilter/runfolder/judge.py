@@ -144,17 +144,18 @@ class ShardTable:
         for t in thresholds:
             values = self.numbers[t.column]
             missing = np.isnan(values)
-            with np.errstate(invalid="ignore"):  # NaN compares False
-                passes = (values >= t.value if t.minimum else values <= t.value) & ~missing
-            kept, no_score = int(passes.sum()), int(missing.sum())
+            with np.errstate(invalid="ignore"):  # NaN compares False: a missing value never passes
+                passes = values >= t.value if t.minimum else values <= t.value
+            kept, no_score = int(np.count_nonzero(passes)), int(np.count_nonzero(missing))
             out.thresholds.append({"kept": kept, "dropped": n - kept - no_score, "no_score": no_score})
-            for rows, value in ((open_rows & missing, None), (open_rows & ~missing & ~passes, True)):
-                if rows.any():
+            failing = open_rows & ~passes
+            for rows, value in ((failing & missing, None), (failing & ~missing, True)):
+                count = int(np.count_nonzero(rows))
+                if count:
                     i = int(np.argmax(rows))
-                    first_seen.append((i, t.bound.drop_reason(None if value is None else values[i].item()),
-                                       int(rows.sum())))
+                    first_seen.append((i, t.bound.drop_reason(None if value is None else values[i].item()), count))
             open_rows &= passes
-        out.kept = int(open_rows.sum())
+        out.kept = int(np.count_nonzero(open_rows))
         out.reasons = [(reason, rows) for _, reason, rows in sorted(first_seen, key=lambda x: x[0])]
         return out
 

@@ -247,7 +247,7 @@ class Marker:
         """ValueError naming the first field that is not what `wdsfilter score` writes."""
         if not isinstance(data, dict):
             raise ValueError("not a JSON object")
-        known = {f.name for f in fields(cls)} - {"extra"}
+        known = _MARKER_FIELDS
         values = {k: v for k, v in data.items() if k in known and v is not None or k in ("error", "source")}
         for key in ("url", "name", "score_file"):
             if key not in values:
@@ -271,6 +271,9 @@ class Marker:
     def to_json(self) -> dict:
         data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
         return {**data, **self.extra}
+
+
+_MARKER_FIELDS = frozenset(f.name for f in fields(Marker)) - {"extra"}
 
 
 def marker_path(folder: str, name: str) -> str:
