@@ -174,17 +174,18 @@ def _read_shard_table(path: str, columns: Sequence[str]) -> Optional[ShardTable]
     import numpy as np
 
     from .keep import KEPT_STATUSES
-    from .tables import open_parquet, unique_keys
-    # The keys are read only when the writer did not record that none repeats (most of the read).
+    from .tables import check_schema, open_parquet, unique_keys
     # a Parquet file of another schema is the reader's one-line error (check_schema); strings as
     # codes: no Python str per row; the footer read by this open (once)
     pf = open_parquet(path, dictionary=["key", "status"])
+    schema = check_schema(path)  # the footer's, as checked (kept: pf.schema_arrow converts it again)
+    # The keys are read only when the writer did not record that none repeats (most of the read),
+    # the status only when the footer's statistics do not say every row has one kept status.
     read_keys = not unique_keys(path)
-    # The status column is read only when the footer's statistics do not say every row has one kept status.
-    by_footer = _footer_all_kept(pf.metadata, pf.schema_arrow)
+    by_footer = _footer_all_kept(pf.metadata, schema)
     wanted = list(dict.fromkeys([*(["key"] if read_keys else []), *([] if by_footer else ["status"]), *columns]))
     wanted = wanted or ["status"]
-    present = set(pf.schema_arrow.names)
+    present = set(schema.names)
     table = pf.read(columns=[c for c in wanted if c in present], use_threads=False)
     n = table.num_rows
     if read_keys and ("key" not in table.column_names or table.column("key").null_count):
