@@ -86,3 +86,41 @@ def test_a_run_past_the_held_rows_streams_whether_its_markers_count_rows_or_not(
     assert run() == whole and held[-1] is None
     monkeypatch.setattr(quantile, "IN_MEMORY_ROWS", 6000)
     assert run() == whole and held[-1] is not None
+
+
+BLAS_CHILD = r"""
+import json, os, sys
+if sys.argv[2] == "filter":
+    from click.testing import CliRunner
+    from wdsfilter.cli import main
+    result = CliRunner().invoke(main, ["filter", sys.argv[1], "--top", "clip_score=30%", "--dry-run"])
+    assert result.exit_code == 0, result.output
+import numpy  # noqa: F401 - the plain import: the control
+# OpenBLAS's threads carry the process's name; pyarrow's allocator thread (jemalloc_bg_thd) is not counted
+names = [open(f"/proc/self/task/{t}/comm").read() for t in os.listdir("/proc/self/task")]
+print(json.dumps({"threads": names.count(open("/proc/self/comm").read()), "env": os.environ.get("OPENBLAS_NUM_THREADS")}))
+"""
+
+
+def test_filter_loads_numpy_without_blas_threads_and_leaves_the_environment(tmp_path):
+    """`wdsfilter filter` imports numpy with OpenBLAS at one thread (no linear algebra; the threads
+    cost a tenth of a dry run's CPU), puts the environment back for what it starts, and leaves a
+    user's own OPENBLAS_NUM_THREADS alone."""
+    sys.path.insert(0, REPO)
+    from tools.bench_filter import make_run
+    folder = str(tmp_path / "run")
+    make_run(folder, 600, 3, seed=5)
+    base = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    base.pop("OPENBLAS_NUM_THREADS", None)
+
+    def child(mode, **env):
+        proc = subprocess.run([sys.executable, "-c", BLAS_CHILD, folder, mode], capture_output=True, text=True,
+                              env={**base, **env}, cwd=REPO, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+    plain, filtered = child("plain"), child("filter")
+    assert filtered["env"] is None and plain["env"] is None
+    assert filtered["threads"] == 1  # the main thread: the command's reading threads are gone, no BLAS thread
+    if (os.cpu_count() or 1) > 1:
+        assert plain["threads"] > 1  # the control: OpenBLAS starts its threads on a plain import
+    assert child("filter", OPENBLAS_NUM_THREADS="2")["env"] == "2"
