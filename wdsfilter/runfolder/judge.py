@@ -183,7 +183,9 @@ def _read_shard_table(path: str, columns: Sequence[str]) -> Optional[ShardTable]
     # the status only when the footer's statistics do not say every row has one kept status.
     read_keys = not unique_keys(path)
     by_footer = _footer_all_kept(pf.metadata, schema)
-    wanted = list(dict.fromkeys([*(["key"] if read_keys else []), *([] if by_footer else ["status"]), *columns]))
+    # (with the status, its reason: what a row not kept is dropped for, in the same read)
+    wanted = list(dict.fromkeys([*(["key"] if read_keys else []), *([] if by_footer else ["status", "reason"]),
+                                 *columns]))
     wanted = wanted or ["status"]
     present = set(schema.names)
     table = pf.read(columns=[c for c in wanted if c in present], use_threads=False)
@@ -207,11 +209,16 @@ def _read_shard_table(path: str, columns: Sequence[str]) -> Optional[ShardTable]
         values = values.to_pylist() if values is not None else []  # a few distinct statuses
         usable = np.isin(status, [i for i, v in enumerate(values) if v in KEPT_STATUSES])
         not_kept = np.flatnonzero(open_rows & ~usable)
-    if len(not_kept):  # rare rows: their reason is the one rule's, row by row (the column read for them only)
-        reason = pf.read(columns=["reason"], use_threads=False).column(0).to_pylist() \
-            if "reason" in present else [None] * n
-        by_row = [(int(i), drop_reason({"status": None if np.isnan(status[i]) else values[int(status[i])],
-                                        "reason": reason[i]}, ())) for i in not_kept]
+    if len(not_kept):  # rare rows: their reason is the one rule's, once per distinct (status, reason)
+        column = table.column("reason") if "reason" in table.column_names else None
+        said: Dict[tuple, str] = {}
+        by_row = []
+        for i, code in zip(not_kept.tolist(), status[not_kept].tolist()):
+            # the few rows' values only (a Python value per row of the column cost more than the rest)
+            row = (None if code != code else values[int(code)], None if column is None else column[i].as_py())
+            if row not in said:  # (a NaN code: no status)
+                said[row] = drop_reason({"status": row[0], "reason": row[1]}, ())
+            by_row.append((i, said[row]))
         first_seen += _grouped(by_row)
     open_rows &= usable
     numbers = {c: _numbers(table, c, n) for c in dict.fromkeys(columns)}
