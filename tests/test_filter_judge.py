@@ -137,3 +137,16 @@ def test_the_status_column_is_read_only_where_the_footer_leaves_it_open(tmp_path
         by_table = count_table(path, thresholds)
         assert by_table == count_rows(judge_shard(shard, thresholds), thresholds)
         assert by_table.kept < n if thresholds or "rejected" in statuses else by_table.kept == n
+
+
+def test_reasons_that_are_not_strings_are_left_to_the_row_by_row_count(tmp_path):
+    """A reason column of numbers (not what `wdsfilter score` writes) cannot be read as codes: the
+    column-wise count steps aside (None) and the row-by-row judge counts the file."""
+    path = str(tmp_path / "odd.parquet")
+    pq.write_table(pa.table({"key": pa.array(["a", "b", "c"]), "index": pa.array([0, 1, 2]),
+                             "status": pa.array(["scored", "rejected", "failed"]), "reason": pa.array([None, 7, 8]),
+                             "clip_score": pa.array([0.5, 0.1, None])}), path)
+    assert count_table(path, []) is None
+    shard = ScoredShard(url="/data/x.tar", name="x", score_file=path)
+    by_rows = count_rows(judge_shard(shard, []), [])
+    assert by_rows.rows == 3 and by_rows.kept == 1

@@ -188,11 +188,15 @@ def _read_shard_table(path: str, columns: Sequence[str]) -> Optional[ShardTable]
                                  *columns]))
     wanted = wanted or ["status"]
     present = set(schema.names)
+    if not by_footer and "reason" in present:  # the reasons as codes too: opened again on the footer it read
+        pf = open_parquet(path, dictionary=["key", "status", "reason"])
     table = pf.read(columns=[c for c in wanted if c in present], use_threads=False)
     n = table.num_rows
     if read_keys and ("key" not in table.column_names or table.column("key").null_count):
         return None  # rows without a key: judge_shard's own way (each such row a duplicate of the first)
-    if any(table.column(c).num_chunks > 1 for c in ("key", "status") if c in table.column_names):
+    if "reason" in table.column_names and not _is_dictionary(table.column("reason")):
+        return None  # reasons that are not strings (not what `wdsfilter score` writes): row by row
+    if any(table.column(c).num_chunks > 1 for c in ("key", "status", "reason") if c in table.column_names):
         table = table.unify_dictionaries()  # one dictionary per column for _codes
     first_seen: List[Tuple[int, str, int]] = []  # (first row, reason, rows)
     # A key repeated in a shard is judged once, at its first row (as judge_shard does).
@@ -209,17 +213,8 @@ def _read_shard_table(path: str, columns: Sequence[str]) -> Optional[ShardTable]
         values = values.to_pylist() if values is not None else []  # a few distinct statuses
         usable = np.isin(status, [i for i, v in enumerate(values) if v in KEPT_STATUSES])
         not_kept = np.flatnonzero(open_rows & ~usable)
-    if len(not_kept):  # rare rows: their reason is the one rule's, once per distinct (status, reason)
-        column = table.column("reason") if "reason" in table.column_names else None
-        said: Dict[tuple, str] = {}
-        by_row = []
-        for i, code in zip(not_kept.tolist(), status[not_kept].tolist()):
-            # the few rows' values only (a Python value per row of the column cost more than the rest)
-            row = (None if code != code else values[int(code)], None if column is None else column[i].as_py())
-            if row not in said:  # (a NaN code: no status)
-                said[row] = drop_reason({"status": row[0], "reason": row[1]}, ())
-            by_row.append((i, said[row]))
-        first_seen += _grouped(by_row)
+    if len(not_kept):  # rows not kept by their status: the one rule's reason, once per distinct (status, reason)
+        first_seen += _status_drops(not_kept, status[not_kept], values, table, n)
     open_rows &= usable
     numbers = {c: _numbers(table, c, n) for c in dict.fromkeys(columns)}
     return ShardTable(n, first_seen, open_rows, numbers)
@@ -258,11 +253,29 @@ def _all_kept(table) -> bool:
                                           for v in c.dictionary.to_pylist())
 
 
-def _grouped(by_row: List[Tuple[int, str]]) -> List[Tuple[int, str, int]]:
-    counts: Dict[str, List[int]] = {}
-    for i, reason in by_row:
-        counts.setdefault(reason, [i, 0])[1] += 1
-    return [(i, reason, n) for reason, (i, n) in counts.items()]
+def _is_dictionary(column) -> bool:
+    import pyarrow as pa
+    return pa.types.is_dictionary(column.type)
+
+
+def _status_drops(rows, status, statuses: list, table, n: int) -> List[Tuple[int, str, int]]:
+    """(first row, reason, rows) of the rows not kept by their status (`rows`, their status codes
+    `status`), grouped by drop_reason's text, which is asked once per distinct (status, reason)."""
+    import numpy as np
+    reasons, given = _codes(table, "reason", n)
+    given = given.to_pylist() if given is not None else []
+    s = np.where(np.isnan(status), -1, status).astype(np.int64)  # -1: no status, no reason
+    r = reasons[rows]
+    r = np.where(np.isnan(r), -1, r).astype(np.int64)
+    _, first, counts = np.unique((s + 1) * (len(given) + 1) + (r + 1), return_index=True, return_counts=True)
+    out: Dict[str, List[int]] = {}
+    for f, c in zip(first.tolist(), counts.tolist()):
+        text = drop_reason({"status": statuses[s[f]] if s[f] >= 0 else None,
+                            "reason": given[r[f]] if r[f] >= 0 else None}, ())
+        row = int(rows[f])
+        seen = out.setdefault(text, [row, 0])
+        seen[0], seen[1] = min(seen[0], row), seen[1] + c
+    return [(row, text, c) for text, (row, c) in out.items()]
 
 
 def _codes(table, column: str, n: int):
