@@ -177,7 +177,7 @@ def _read_shard_table(path: str, columns: Sequence[str]) -> Optional[ShardTable]
     from .tables import check_schema, open_parquet, unique_keys
     # a Parquet file of another schema is the reader's one-line error (check_schema); strings as
     # codes: no Python str per row; the footer read by this open (once)
-    pf = open_parquet(path, dictionary=["key", "status"])
+    pf = open_parquet(path, dictionary=["key", "status", "reason"])
     schema = check_schema(path)  # the footer's, as checked (kept: pf.schema_arrow converts it again)
     # The keys are read only when the writer did not record that none repeats (most of the read),
     # the status only when the footer's statistics do not say every row has one kept status.
@@ -188,8 +188,6 @@ def _read_shard_table(path: str, columns: Sequence[str]) -> Optional[ShardTable]
                                  *columns]))
     wanted = wanted or ["status"]
     present = set(schema.names)
-    if not by_footer and "reason" in present:  # the reasons as codes too: opened again on the footer it read
-        pf = open_parquet(path, dictionary=["key", "status", "reason"])
     table = pf.read(columns=[c for c in wanted if c in present], use_threads=False)
     n = table.num_rows
     if read_keys and ("key" not in table.column_names or table.column("key").null_count):

@@ -251,9 +251,9 @@ def unique_keys(path: str) -> bool:
 
 def open_parquet(path: str, dictionary: Sequence[str] = ()):
     """A pyarrow ParquetFile of a score file whose schema check_schema accepts, `dictionary`
-    columns read as dictionary arrays (strings as codes). The footer is read once per version
-    of the file: by this open when no one read it before (then kept for check_schema,
-    parquet_metadata and the next open)."""
+    columns (those the file has) read as dictionary arrays (strings as codes). The footer is read
+    once per version of the file: by this open when no one read it before (then kept for
+    check_schema, parquet_metadata and the next open)."""
     import pyarrow.parquet as pq
     version = _version(path)
     entry = _FOOTERS.get(version) if version else None
@@ -264,6 +264,11 @@ def open_parquet(path: str, dictionary: Sequence[str] = ()):
                             read_dictionary=list(dictionary) or None, pre_buffer=False)
     except _arrow_errors() as e:
         raise damaged(path, f"{'' if entry else 'not a Parquet file: '}{type(e).__name__}: {e}") from None
+    except KeyError:  # pyarrow refuses a `dictionary` column the file lacks: opened again without it
+        names = set(_footer(path)[0].schema.names)
+        if all(c in names for c in dictionary):
+            raise
+        return open_parquet(path, [c for c in dictionary if c in names])
     if entry is None:
         _remember(version, pf.metadata)
     check_schema(path)
