@@ -105,3 +105,48 @@ def test_filter_scores_takes_a_thresholds_object_as_the_command_line_texts(tmp_p
     assert (typed.kept, typed.counts, typed.reasons) == (texts.kept, texts.counts, texts.reasons)
     assert [t.given for t in typed.thresholds] == ["--min clip_score=0.3", "--max ocr_area=0.5"]
     assert 0 < typed.kept < 500
+
+
+@pytest.mark.parametrize("statuses,stats,footer_says", [
+    (["scored"], True, True),  # the footer's statistics say every row is kept: the status column is not read
+    (["scored", "partial"], True, False),  # every status in its dictionary is kept
+    (["scored", "partial"], False, False),
+    (["scored", "rejected"], True, False),  # the rejected rows coded row by row
+    (["scored"], False, False),  # no statistics: read
+])
+def test_the_status_column_is_read_only_where_the_footer_leaves_it_open(tmp_path, statuses, stats, footer_says):
+    """count_table skips the status column where every row group's statistics say one kept status
+    and no null, and where its dictionary holds kept statuses only; the counts stay row by row's."""
+    from wdsfilter.runfolder.judge import _footer_all_kept
+    rng = np.random.default_rng(7)
+    n = 4000
+    status = [statuses[0]] * n if len(statuses) == 1 else list(rng.choice(statuses, n))
+    if "rejected" in statuses:
+        status[:5] = ["scored", "rejected", "scored", "rejected", "scored"]
+    clip = np.round(rng.normal(0.3, 0.05, n), 2)
+    table = pa.table({"key": pa.array([f"{i:05d}" for i in range(n)]), "index": pa.array(np.arange(n)),
+                      "status": pa.array(status, pa.string()), "reason": pa.nulls(n, pa.string()),
+                      "clip_score": pa.array(clip, mask=rng.random(n) < 0.02)})
+    path = str(tmp_path / "t.parquet")
+    pq.write_table(table, path, row_group_size=1000, write_statistics=stats)  # four row groups
+    pf = pq.ParquetFile(path)
+    assert pf.metadata.num_row_groups == 4
+    assert _footer_all_kept(pf.metadata, pf.schema_arrow) == footer_says
+    shard = ScoredShard(url="/data/x.tar", name="x", score_file=path)
+    for thresholds in THRESHOLDS[:2]:
+        by_table = count_table(path, thresholds)
+        assert by_table == count_rows(judge_shard(shard, thresholds), thresholds)
+        assert by_table.kept < n if thresholds or "rejected" in statuses else by_table.kept == n
+
+
+def test_reasons_that_are_not_strings_are_left_to_the_row_by_row_count(tmp_path):
+    """A reason column of numbers (not what `wdsfilter score` writes) cannot be read as codes: the
+    column-wise count steps aside (None) and the row-by-row judge counts the file."""
+    path = str(tmp_path / "odd.parquet")
+    pq.write_table(pa.table({"key": pa.array(["a", "b", "c"]), "index": pa.array([0, 1, 2]),
+                             "status": pa.array(["scored", "rejected", "failed"]), "reason": pa.array([None, 7, 8]),
+                             "clip_score": pa.array([0.5, 0.1, None])}), path)
+    assert count_table(path, []) is None
+    shard = ScoredShard(url="/data/x.tar", name="x", score_file=path)
+    by_rows = count_rows(judge_shard(shard, []), [])
+    assert by_rows.rows == 3 and by_rows.kept == 1

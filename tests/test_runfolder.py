@@ -126,6 +126,34 @@ def test_a_symlink_out_of_the_folder_is_refused(run, tmp_path):
     assert filter_cli(out, "--no-report", "--dry-run").exit_code == 2
 
 
+def test_confinement_resolves_each_folder_once_with_the_same_rule(run, tmp_path):
+    """layout.Confinement (a directory resolved once, an lstat per file) refuses and allows what a
+    realpath of every file would: scores/ and done/ as links out are refused; a link that stays in
+    the folder, and a folder reached through a link, are read."""
+    out, shards = run
+    # a link inside the folder, to a file inside it: allowed
+    os.makedirs(out / "kept")
+    shutil.move(out / "scores" / "part-000000.parquet", out / "kept" / "part-000000.parquet")
+    os.symlink(out / "kept" / "part-000000.parquet", out / "scores" / "part-000000.parquet")
+    # the folder itself through a link: allowed
+    os.symlink(out, tmp_path / "via-link")
+    for folder in (out, tmp_path / "via-link"):
+        result = filter_cli(folder, "--no-report", "--dry-run")
+        assert result.exit_code == 0 and "12 of 12 kept" in result.output
+    # scores/ (a folder of plain files) a link out of the run folder: refused
+    shutil.move(out / "scores", tmp_path / "scores-outside")
+    os.symlink(tmp_path / "scores-outside", out / "scores")
+    result = filter_cli(out, "--no-report", "--dry-run")
+    assert result.exit_code == 2 and "leads out of the run folder" in result.output
+    os.remove(out / "scores")
+    shutil.move(tmp_path / "scores-outside", out / "scores")
+    # done/ too
+    shutil.move(out / "done", tmp_path / "done-outside")
+    os.symlink(tmp_path / "done-outside", out / "done")
+    result = filter_cli(out, "--no-report", "--dry-run")
+    assert result.exit_code == 2 and "leads out of the run folder" in result.output
+
+
 def test_a_source_the_run_did_not_record_is_never_read(run, tmp_path):
     out, shards = run
     os.makedirs(tmp_path / "evil")

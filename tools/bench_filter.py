@@ -12,6 +12,7 @@ with the load: the CPU seconds say what each side costs, whatever else runs.
     python tools/bench_filter.py --rows 40000 --files 40 --runs 1      # a smoke test
     python tools/bench_filter.py --root /path/to/other/checkout         # time another version
     python tools/bench_filter.py --before /path/to/old/checkout         # and an older one beside it
+    python tools/bench_filter.py --rejected 0.01                        # 1% rejected rows in every file
 
 Goal (issue 21): ratio wdsfilter / duckdb time = R <= 1.0, at no more peak memory. Needs duckdb
 (pip install 'wdsfilter[bench]'). Results and history: docs/dev.md.
@@ -44,7 +45,7 @@ print(f"cut {cut!r}, kept {kept}")
 """
 
 
-def make_run(folder: str, rows: int, files: int, seed: int = 0) -> None:
+def make_run(folder: str, rows: int, files: int, seed: int = 0, rejected: float = 0.0) -> None:
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -59,10 +60,14 @@ def make_run(folder: str, rows: int, files: int, seed: int = 0) -> None:
         clip = np.round(rng.normal(0.3, 0.05, n), 4)
         null = rng.random(n) < 0.01
         name = f"shard-{f:06d}"
+        # rows the stages rejected (no score: the status column is then read); none drawn by default, so
+        # the default run is the one earlier sessions measured
+        dropped = rng.random(n) < rejected if rejected else np.zeros(n, dtype=bool)
         table = pa.table({"key": keys, "shard": pa.array([name] * n), "index": pa.array(np.arange(n)),
-                          "status": pa.array(["scored"] * n), "reason": pa.nulls(n, pa.string()),
+                          "status": pa.array(np.where(dropped, "rejected", "scored").tolist(), pa.string()),
+                          "reason": pa.array(np.where(dropped, "corrupt_image", None).tolist(), pa.string()),
                           "message": pa.nulls(n, pa.string()), "kept": pa.array(np.ones(n, dtype=bool)),
-                          "clip_score": pa.array(clip, mask=null), "ocr_area": pa.array(rng.random(n) ** 3)},
+                          "clip_score": pa.array(clip, mask=null | dropped), "ocr_area": pa.array(rng.random(n) ** 3)},
                          metadata={KEYS_META: UNIQUE_KEYS})  # as write_table records unique keys
         path = os.path.join(folder, "scores", name + ".parquet")
         pq.write_table(table, path)
@@ -96,14 +101,18 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--root", default=ROOT, help="the wdsfilter checkout to time (another one: a before/after)")
     ap.add_argument("--before", default=None, help="an older checkout, timed beside --root in the same runs")
-    ap.add_argument("--make", nargs=3, metavar=("FOLDER", "ROWS", "FILES"), help=argparse.SUPPRESS)
+    ap.add_argument("--rejected", type=float, default=0.0,
+                    help="the share of rows (in every file) the stages rejected: 0, the default, a clean run whose "
+                         "footers say every row is scored (the status column is then not read)")
+    ap.add_argument("--make", nargs=4, metavar=("FOLDER", "ROWS", "FILES", "REJECTED"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.make:
-        return make_run(args.make[0], int(args.make[1]), int(args.make[2]))
+        return make_run(args.make[0], int(args.make[1]), int(args.make[2]), rejected=float(args.make[3]))
     with tempfile.TemporaryDirectory() as tmp:
         folder = os.path.join(tmp, "run")
         # Made in a child: this process stays small, so no child inherits its peak RSS when forked.
-        subprocess.run([sys.executable, __file__, "--make", folder, str(args.rows), str(args.files)], check=True)
+        subprocess.run([sys.executable, __file__, "--make", folder, str(args.rows), str(args.files), str(args.rejected)],
+                       check=True)
         best: dict = {}
         for _ in range(args.runs):
             sides = [("wdsfilter", [a.format(run=folder) for a in WDSFILTER], args.root),
@@ -117,7 +126,8 @@ def main() -> None:
                     best[name] = got
                 best[name]["cpu"] = cpu  # the least CPU of the runs (the wall time's run may be another)
     w, d = best["wdsfilter"], best["duckdb"]
-    print(f"{args.rows} rows in {args.files} score files, --top clip_score=30% --dry-run, best of {args.runs}")
+    print(f"{args.rows} rows in {args.files} score files ({args.rejected:.0%} rejected), --top clip_score=30% "
+          f"--dry-run, best of {args.runs}")
     for name, got in best.items():
         print(f"  {name:9}: {got['seconds']:.2f} s (CPU {got['cpu']:.2f} s), peak RSS {got['peak_mib']:.0f} MiB; "
               f"{got['said']}")

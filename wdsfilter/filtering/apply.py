@@ -144,20 +144,30 @@ def default_report(scores_dir: str, write_shards: Optional[str]) -> str:
 
 def _read_tables(run: ScoreRun, spec: FilterSpec) -> Optional[list]:
     """A judge.ShardTable per finished shard (None for a file the column-wise path cannot count),
-    read a few at a time in threads; None for a run with a JSON Lines file or of more rows than
-    quantile.IN_MEMORY_ROWS (its footers say): its shares stream and its files are counted one by one."""
-    from ..runfolder.quantile import IN_MEMORY_ROWS
-    from ..runfolder.shares import check_spec
-    from ..runfolder.tables import parquet_metadata
+    read a few at a time in threads, each file opened once (its footer with its columns); None for
+    a run with a JSON Lines file or of more rows than quantile.IN_MEMORY_ROWS (as its markers
+    count them, or as the reads find): its shares stream and its files are counted one by one."""
+    import threading
+
     from ..runfolder.judge import read_shard_table
+    from ..runfolder.quantile import IN_MEMORY_ROWS
     from ..runfolder.tables import in_threads
     if not all(s.score_file.endswith(".parquet") for s in run.shards):
         return None
-    from ..runfolder.tables import check_schema
-    in_threads(lambda s: check_schema(s.score_file), run.shards)  # the footers, read (and kept) a few at a time
-    check_spec(spec, run)  # a threshold on a column the files lack: said before the reads
-    if sum(parquet_metadata(s.score_file).num_rows for s in run.shards) > IN_MEMORY_ROWS:
+    run.check_columns(spec.columns(), "thresholds")  # a column the files lack: said before the reads
+    if sum(s.rows for s in run.shards) > IN_MEMORY_ROWS:
         return None
-    columns = spec.columns()
-    return in_threads(lambda s: read_shard_table(s.score_file, columns), run.shards)
+    left, lock = [IN_MEMORY_ROWS], threading.Lock()  # rows that may still be held: memory bounded by the reads
 
+    def read(shard: ScoredShard):
+        if left[0] < 0:
+            return None
+        table = read_shard_table(shard.score_file, columns)
+        with lock:
+            left[0] -= table.rows if table is not None else 0
+        return table
+    columns = spec.columns()
+    tables = in_threads(read, run.shards)
+    # resolve() checks every file's column types (check_spec; the footers read by now): a column
+    # that does not hold numbers in one file made its table None, and is named there
+    return None if left[0] < 0 else tables

@@ -1,6 +1,9 @@
 """`wdsfilter filter`: a thin click layer over wdsfilter.filtering.filter_scores (docs/filter.md)."""
 from __future__ import annotations
 
+import os
+import sys
+
 import click
 
 from ..errors import EXIT_CODES_HELP
@@ -59,6 +62,7 @@ def filter_command(scores_dir, mins, maxes, tops, bottoms, write_shards, samples
     """Choose thresholds after scoring: count what --min/--max/--top/--bottom keep in the score
     folder of a `wdsfilter score` run (SCORES_DIR, either engine), write an HTML report and,
     with --write-shards, reshard the kept samples. No model is loaded."""
+    _numpy_without_blas_threads()
     from .apply import filter_scores
     source = click.get_current_context().get_parameter_source
     given = [f"--{name.replace('_', '-')}" for name in ("samples_per_shard", "prefix", "overwrite", "unique_keys",
@@ -86,3 +90,18 @@ def filter_command(scores_dir, mins, maxes, tops, bottoms, write_shards, samples
         from ..errors import RunError
         raise RunError(f"{len(result.unfinished)} shard(s) of the scoring run in {scores_dir} are not finished "
                        f"(listed above): finish them with `wdsfilter score ... --resume`, or pass --allow-incomplete")
+
+
+def _numpy_without_blas_threads() -> None:
+    """Import numpy (pyarrow imports it anyway) with OpenBLAS at one thread: filter does no linear
+    algebra, and OpenBLAS starting a thread per core when it loads costs ~0.05 s of CPU on 2 cores,
+    a tenth of a dry run over 4 M rows (tools/bench_filter.py). The setting is this process's
+    own: the environment is put back at once, so what filter starts (a `pipe:` source) gets the
+    user's; a user's own OPENBLAS_NUM_THREADS is left as it is."""
+    if "numpy" in sys.modules or "OPENBLAS_NUM_THREADS" in os.environ:
+        return
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    try:
+        import numpy  # noqa: F401
+    finally:
+        del os.environ["OPENBLAS_NUM_THREADS"]

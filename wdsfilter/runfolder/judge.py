@@ -144,17 +144,18 @@ class ShardTable:
         for t in thresholds:
             values = self.numbers[t.column]
             missing = np.isnan(values)
-            with np.errstate(invalid="ignore"):  # NaN compares False
-                passes = (values >= t.value if t.minimum else values <= t.value) & ~missing
-            kept, no_score = int(passes.sum()), int(missing.sum())
+            with np.errstate(invalid="ignore"):  # NaN compares False: a missing value never passes
+                passes = values >= t.value if t.minimum else values <= t.value
+            kept, no_score = int(np.count_nonzero(passes)), int(np.count_nonzero(missing))
             out.thresholds.append({"kept": kept, "dropped": n - kept - no_score, "no_score": no_score})
-            for rows, value in ((open_rows & missing, None), (open_rows & ~missing & ~passes, True)):
-                if rows.any():
+            failing = open_rows & ~passes
+            for rows, value in ((failing & missing, None), (failing & ~missing, True)):
+                count = int(np.count_nonzero(rows))
+                if count:
                     i = int(np.argmax(rows))
-                    first_seen.append((i, t.bound.drop_reason(None if value is None else values[i].item()),
-                                       int(rows.sum())))
+                    first_seen.append((i, t.bound.drop_reason(None if value is None else values[i].item()), count))
             open_rows &= passes
-        out.kept = int(open_rows.sum())
+        out.kept = int(np.count_nonzero(open_rows))
         out.reasons = [(reason, rows) for _, reason, rows in sorted(first_seen, key=lambda x: x[0])]
         return out
 
@@ -173,19 +174,28 @@ def _read_shard_table(path: str, columns: Sequence[str]) -> Optional[ShardTable]
     import numpy as np
 
     from .keep import KEPT_STATUSES
-    from .tables import open_parquet, unique_keys
-    # The keys are read only when the writer did not record that none repeats (most of the read).
-    read_keys = not unique_keys(path)
-    wanted = list(dict.fromkeys([*(["key"] if read_keys else []), "status", *columns]))
+    from .tables import check_schema, open_parquet, unique_keys
     # a Parquet file of another schema is the reader's one-line error (check_schema); strings as
-    # codes: no Python str per row
-    pf = open_parquet(path, dictionary=["key", "status"])
-    present = set(pf.schema_arrow.names)
+    # codes: no Python str per row; the footer read by this open (once)
+    pf = open_parquet(path, dictionary=["key", "status", "reason"])
+    schema = check_schema(path)  # the footer's, as checked (kept: pf.schema_arrow converts it again)
+    # The keys are read only when the writer did not record that none repeats (most of the read),
+    # the status only when the footer's statistics do not say every row has one kept status.
+    read_keys = not unique_keys(path)
+    by_footer = _footer_all_kept(pf.metadata, schema)
+    # (with the status, its reason: what a row not kept is dropped for, in the same read)
+    wanted = list(dict.fromkeys([*(["key"] if read_keys else []), *([] if by_footer else ["status", "reason"]),
+                                 *columns]))
+    wanted = wanted or ["status"]
+    present = set(schema.names)
     table = pf.read(columns=[c for c in wanted if c in present], use_threads=False)
     n = table.num_rows
     if read_keys and ("key" not in table.column_names or table.column("key").null_count):
         return None  # rows without a key: judge_shard's own way (each such row a duplicate of the first)
-    table = table.unify_dictionaries()
+    if "reason" in table.column_names and not _is_dictionary(table.column("reason")):
+        return None  # reasons that are not strings (not what `wdsfilter score` writes): row by row
+    if any(table.column(c).num_chunks > 1 for c in ("key", "status", "reason") if c in table.column_names):
+        table = table.unify_dictionaries()  # one dictionary per column for _codes
     first_seen: List[Tuple[int, str, int]] = []  # (first row, reason, rows)
     # A key repeated in a shard is judged once, at its first row (as judge_shard does).
     open_rows = np.ones(n, dtype=bool)
@@ -194,26 +204,76 @@ def _read_shard_table(path: str, columns: Sequence[str]) -> Optional[ShardTable]
         open_rows[:] = False
         open_rows[np.unique(keys, return_index=True)[1]] = True
         first_seen.append((int(np.argmin(open_rows)), DUPLICATE, int(n - open_rows.sum())))
-    status, values = _codes(table, "status", n)
-    values = values.to_pylist() if values is not None else []  # a few distinct statuses
-    usable = np.isin(status, [i for i, v in enumerate(values) if v in KEPT_STATUSES])
-    not_kept = np.flatnonzero(open_rows & ~usable)
-    if len(not_kept):  # rare rows: their reason is the one rule's, row by row (the column read for them only)
-        reason = pf.read(columns=["reason"], use_threads=False).column(0).to_pylist() \
-            if "reason" in present else [None] * n
-        by_row = [(int(i), drop_reason({"status": None if np.isnan(status[i]) else values[int(status[i])],
-                                        "reason": reason[i]}, ())) for i in not_kept]
-        first_seen += _grouped(by_row)
+    if by_footer or _all_kept(table):  # every status this file holds keeps its row: no code per row looked at
+        usable, not_kept = True, ()
+    else:
+        status, values = _codes(table, "status", n)
+        values = values.to_pylist() if values is not None else []  # a few distinct statuses
+        usable = np.isin(status, [i for i, v in enumerate(values) if v in KEPT_STATUSES])
+        not_kept = np.flatnonzero(open_rows & ~usable)
+    if len(not_kept):  # rows not kept by their status: the one rule's reason, once per distinct (status, reason)
+        first_seen += _status_drops(not_kept, status[not_kept], values, table, n)
     open_rows &= usable
     numbers = {c: _numbers(table, c, n) for c in dict.fromkeys(columns)}
     return ShardTable(n, first_seen, open_rows, numbers)
 
 
-def _grouped(by_row: List[Tuple[int, str]]) -> List[Tuple[int, str, int]]:
-    counts: Dict[str, List[int]] = {}
-    for i, reason in by_row:
-        counts.setdefault(reason, [i, 0])[1] += 1
-    return [(i, reason, n) for reason, (i, n) in counts.items()]
+def _footer_all_kept(metadata, schema) -> bool:
+    """The writer's statistics in the footer (read already) say that every row group's status
+    column holds one kept status and no null: the column need not be read. Like the unique keys
+    the writer records (tables.KEYS_META), what the file says of itself; a footer without them
+    (another writer, no statistics) is read the ordinary way."""
+    from .keep import KEPT_STATUSES
+    index = schema.get_field_index("status")
+    if index < 0:
+        return False
+    for i in range(metadata.num_row_groups):
+        group = metadata.row_group(i)
+        if index >= group.num_columns:
+            return False
+        chunk = group.column(index)
+        stats = chunk.statistics
+        if chunk.path_in_schema != "status" or stats is None or not stats.has_min_max or not stats.has_null_count \
+                or stats.null_count != 0 or stats.num_values != group.num_rows or stats.min != stats.max \
+                or stats.min not in KEPT_STATUSES:
+            return False
+    return True
+
+
+def _all_kept(table) -> bool:
+    """No row's status is null and every value of the status dictionaries is a kept status."""
+    from .keep import KEPT_STATUSES
+    if "status" not in table.column_names:
+        return table.num_rows == 0
+    import pyarrow as pa
+    column = table.column("status")
+    return pa.types.is_dictionary(column.type) and column.null_count == 0 and all(v in KEPT_STATUSES for c in column.chunks
+                                          for v in c.dictionary.to_pylist())
+
+
+def _is_dictionary(column) -> bool:
+    import pyarrow as pa
+    return pa.types.is_dictionary(column.type)
+
+
+def _status_drops(rows, status, statuses: list, table, n: int) -> List[Tuple[int, str, int]]:
+    """(first row, reason, rows) of the rows not kept by their status (`rows`, their status codes
+    `status`), grouped by drop_reason's text, which is asked once per distinct (status, reason)."""
+    import numpy as np
+    reasons, given = _codes(table, "reason", n)
+    given = given.to_pylist() if given is not None else []
+    s = np.where(np.isnan(status), -1, status).astype(np.int64)  # -1: no status, no reason
+    r = reasons[rows]
+    r = np.where(np.isnan(r), -1, r).astype(np.int64)
+    _, first, counts = np.unique((s + 1) * (len(given) + 1) + (r + 1), return_index=True, return_counts=True)
+    out: Dict[str, List[int]] = {}
+    for f, c in zip(first.tolist(), counts.tolist()):
+        text = drop_reason({"status": statuses[s[f]] if s[f] >= 0 else None,
+                            "reason": given[r[f]] if r[f] >= 0 else None}, ())
+        row = int(rows[f])
+        seen = out.setdefault(text, [row, 0])
+        seen[0], seen[1] = min(seen[0], row), seen[1] + c
+    return [(row, text, c) for text, (row, c) in out.items()]
 
 
 def _codes(table, column: str, n: int):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
@@ -55,22 +56,53 @@ def shard_names(urls: Sequence[str]) -> Dict[str, str]:
 # -- confinement ---------------------------------------------------------------------------------------
 def inside(folder: str, path: str) -> bool:
     """`path`, with every symlink resolved, lies in `folder` (itself resolved)."""
-    root = os.path.realpath(folder)
-    return os.path.realpath(path).startswith(root.rstrip(os.sep) + os.sep)
+    return _within(os.path.realpath(folder), os.path.realpath(path))
+
+
+def _within(root: str, resolved: str) -> bool:
+    return resolved.startswith(root.rstrip(os.sep) + os.sep)
 
 
 def confined(folder: str, path: str) -> str:
     """`path` if it stays in the run folder; else a ConfigError naming it."""
-    if os.path.lexists(path) and not inside(folder, path):
-        raise ConfigError(f"{path} leads out of the run folder {folder} (a symlink to {os.path.realpath(path)}); "
+    return Confinement(folder)(path)
+
+
+class Confinement:
+    """`confined` for the many files of one folder (a run's 400 markers and score files): each
+    directory is resolved once, and a file that is not a symlink lies where its directory does,
+    so it costs one lstat instead of a realpath (a symlink is resolved whole, as by `inside`)."""
+
+    def __init__(self, folder: str):
+        self.folder = folder
+        self._root: Optional[str] = None
+        self._dirs: Dict[str, bool] = {}  # directory -> it lies in the folder (or is it)
+
+    def _dir_inside(self, head: str) -> bool:
+        ok = self._dirs.get(head)
+        if ok is None:
+            self._root = self._root or os.path.realpath(self.folder)
+            resolved = os.path.realpath(head)
+            ok = self._dirs[head] = resolved == self._root or _within(self._root, resolved)
+        return ok
+
+    def __call__(self, path: str) -> str:
+        try:
+            st = os.lstat(path)
+        except OSError:  # nothing there (os.path.lexists): nothing to lead out
+            return path
+        head, base = os.path.split(path)
+        if (not stat.S_ISLNK(st.st_mode) and base not in ("", ".", "..") and self._dir_inside(head)) \
+                or inside(self.folder, path):
+            return path
+        raise ConfigError(f"{path} leads out of the run folder {self.folder} (a symlink to {os.path.realpath(path)}); "
                           f"a run folder's files stay inside it: replace the link with the file, or score again")
-    return path
 
 
-def read_json(folder: str, path: str, default: Any = None) -> Any:
+def read_json(folder: str, path: str, default: Any = None, confine: Optional[Confinement] = None) -> Any:
     """A JSON file of the run folder (confined); `default` when there is none; DamagedRunFolder
-    when it is not JSON."""
-    confined(folder, path)
+    when it is not JSON. confine: the folder's Confinement, for many files."""
+    (confine or Confinement(folder))(path)
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
@@ -215,7 +247,7 @@ class Marker:
         """ValueError naming the first field that is not what `wdsfilter score` writes."""
         if not isinstance(data, dict):
             raise ValueError("not a JSON object")
-        known = {f.name for f in fields(cls)} - {"extra"}
+        known = _MARKER_FIELDS
         values = {k: v for k, v in data.items() if k in known and v is not None or k in ("error", "source")}
         for key in ("url", "name", "score_file"):
             if key not in values:
@@ -241,6 +273,9 @@ class Marker:
         return {**data, **self.extra}
 
 
+_MARKER_FIELDS = frozenset(f.name for f in fields(Marker)) - {"extra"}
+
+
 def marker_path(folder: str, name: str) -> str:
     return os.path.join(folder, DONE, name + ".json")
 
@@ -253,11 +288,11 @@ def marker_names(folder: str) -> List[str]:
     return sorted(f[:-5] for f in os.listdir(done) if f.endswith(".json") and not f.startswith("."))
 
 
-def read_marker(folder: str, name: str) -> Marker:
+def read_marker(folder: str, name: str, confine: Optional[Confinement] = None) -> Marker:
     """done/<name>.json; DamagedRunFolder when it is not a marker of that name (FileNotFoundError
     when there is none; a ConfigError when it is a symlink out of the folder)."""
     path = marker_path(folder, name)
-    data = read_json(folder, path, FileNotFoundError)
+    data = read_json(folder, path, FileNotFoundError, confine)
     if data is FileNotFoundError:
         raise FileNotFoundError(path)
     try:
@@ -273,14 +308,14 @@ def write_marker(folder: str, marker: Marker) -> None:
     write_json(marker_path(folder, marker.name), marker.to_json(), fsync=True)
 
 
-def score_file(folder: str, marker: Marker) -> str:
+def score_file(folder: str, marker: Marker, confine: Optional[Confinement] = None) -> str:
     """The marker's score file, FOLDER/scores/<name>.<ext> (see the module docstring)."""
     head, base = os.path.split(os.path.normpath(marker.score_file.replace("\\", "/")))
     if os.path.basename(head) != SCORES or base not in {marker.name + ext for ext in EXTENSIONS.values()}:
         raise ConfigError(f"{marker_path(folder, marker.name)} names the score file {marker.score_file!r}, which is "
                           f"not the run's scores/{marker.name}.parquet or .jsonl; a run folder's files stay "
                           f"inside it: restore the marker or score the shard again")
-    return confined(folder, os.path.join(folder, SCORES, base))
+    return (confine or Confinement(folder))(os.path.join(folder, SCORES, base))
 
 
 def output_sizes(out: str, paths: Iterable[str]) -> Dict[str, int]:

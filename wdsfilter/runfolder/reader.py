@@ -30,6 +30,7 @@ class ScoredShard:
     source: Optional[dict] = None  # what the marker recorded of a local source shard (layout.source_changed)
     listed_url: str = ""  # the shard's URL as the scoring run was given it
     trusted: bool = True  # the run's own record names `url` (else it is never read)
+    rows: int = 0  # the rows its marker counted (0: not recorded); the file's footer has the true count
 
 
 @dataclass
@@ -59,11 +60,12 @@ class ScoreRun:
         if source_root is not None and not os.path.isdir(source_root):
             raise ConfigError(f"--source-root {source_root} is not a folder; pass the folder that holds the source "
                               f"shards now")
-        done = layout.confined(folder, os.path.join(folder, layout.DONE))
+        confine = layout.Confinement(folder)  # one folder's rule, each directory resolved once
+        done = confine(os.path.join(folder, layout.DONE))
         if not os.path.isdir(done):
             raise ConfigError(f"{folder} holds no completed score files (no done/ folder); pass the --out folder "
                               f"of a `wdsfilter score` run")
-        layout.confined(folder, os.path.join(folder, layout.SCORES))
+        confine(os.path.join(folder, layout.SCORES))
         settings = layout.read_run_json(folder)
         record = layout.read_shard_list(folder)
         listed = None if record is None else {s.name: s for s in record}
@@ -72,17 +74,17 @@ class ScoreRun:
         names = layout.marker_names(folder)
         for name in names:
             try:
-                marker = layout.read_marker(folder, name)
+                marker = layout.read_marker(folder, name, confine)
             except (DamagedRunFolder, FileNotFoundError):  # vouches for nothing: its shard is unfinished
                 unfinished.append(listed[name].url if listed and name in listed else name)
                 continue
-            path = layout.score_file(folder, marker)
+            path = layout.score_file(folder, marker, confine)
             if not layout.outputs_intact(marker, folder, [path]):  # missing, or damaged since it was written
                 unfinished.append(marker.url)
                 continue
             source = layout.trusted_source(marker, listed, source_root)
             shards.append(ScoredShard(url=source or marker.url, name=name, score_file=path, source=marker.source,
-                                      listed_url=marker.url, trusted=source is not None))
+                                      listed_url=marker.url, trusted=source is not None, rows=marker.rows))
         unfinished += [s.url for s in record or () if s.name not in set(names)]
         if not shards:
             raise ConfigError(f"{folder} holds no completed score files (done/ is empty); finish or --resume the "

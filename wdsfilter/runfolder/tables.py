@@ -206,26 +206,35 @@ _FOOTERS_LOCK = threading.Lock()
 FOOTERS_KEPT = 4096
 
 
+def _version(path: str) -> Optional[tuple]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return path, st.st_size, st.st_mtime_ns
+
+
+def _remember(version: Optional[tuple], metadata) -> list:
+    entry = [metadata, None]
+    if version:
+        with _FOOTERS_LOCK:
+            _FOOTERS[version] = entry
+            while len(_FOOTERS) > FOOTERS_KEPT:
+                _FOOTERS.popitem(last=False)
+    return entry
+
+
 def _footer(path: str) -> list:
     """[FileMetaData, None or the Arrow schema check_schema accepted], read once per version of
     the file (path, size, modification time); DamagedRunFolder when it is not Parquet."""
     import pyarrow.parquet as pq
-    try:
-        st = os.stat(path)
-        version = (path, st.st_size, st.st_mtime_ns)
-    except OSError:
-        version = None
+    version = _version(path)
     entry = _FOOTERS.get(version) if version else None
     if entry is None:
         try:
-            entry = [pq.read_metadata(_native(path)), None]
+            entry = _remember(version, pq.read_metadata(_native(path)))
         except _arrow_errors() as e:
             raise damaged(path, f"not a Parquet file: {type(e).__name__}: {e}") from None
-        if version:
-            with _FOOTERS_LOCK:
-                _FOOTERS[version] = entry
-                while len(_FOOTERS) > FOOTERS_KEPT:
-                    _FOOTERS.popitem(last=False)
     return entry
 
 
@@ -241,14 +250,29 @@ def unique_keys(path: str) -> bool:
 
 
 def open_parquet(path: str, dictionary: Sequence[str] = ()):
-    """A pyarrow ParquetFile of a score file whose schema check_schema accepts (its footer read
-    once), `dictionary` columns read as dictionary arrays (strings as codes)."""
+    """A pyarrow ParquetFile of a score file whose schema check_schema accepts, `dictionary`
+    columns (those the file has) read as dictionary arrays (strings as codes). The footer is read
+    once per version of the file: by this open when no one read it before (then kept for
+    check_schema, parquet_metadata and the next open)."""
     import pyarrow.parquet as pq
-    check_schema(path)
+    version = _version(path)
+    entry = _FOOTERS.get(version) if version else None
     try:
-        return pq.ParquetFile(_native(path), metadata=parquet_metadata(path), read_dictionary=list(dictionary) or None)
+        # pre_buffer off: a score file's few column chunks read as they are decoded (the
+        # read-ahead's asynchronous I/O cost more than the reads of a small file)
+        pf = pq.ParquetFile(_native(path), metadata=entry[0] if entry else None,
+                            read_dictionary=list(dictionary) or None, pre_buffer=False)
     except _arrow_errors() as e:
-        raise damaged(path, f"{type(e).__name__}: {e}") from None
+        raise damaged(path, f"{'' if entry else 'not a Parquet file: '}{type(e).__name__}: {e}") from None
+    except KeyError:  # pyarrow refuses a `dictionary` column the file lacks: opened again without it
+        names = set(_footer(path)[0].schema.names)
+        if all(c in names for c in dictionary):
+            raise
+        return open_parquet(path, [c for c in dictionary if c in names])
+    if entry is None:
+        _remember(version, pf.metadata)
+    check_schema(path)
+    return pf
 
 
 def check_schema(path: str):
