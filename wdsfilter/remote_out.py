@@ -71,16 +71,7 @@ class RemoteFolder:
             rel = self._rel(path)
             if rel not in self.held or os.path.exists(path):
                 continue
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            tmp = path + ".part"
-            try:
-                self.fs.get_file(self.remote(rel), tmp)
-                os.replace(tmp, path)
-            except OSError as e:
-                raise RemoteOutputError(f"reading {self.shown(rel)} failed: {_describe(e)}") from None
-            finally:
-                if os.path.exists(tmp):
-                    os.remove(tmp)
+            _download(self, rel, path)
             st = os.stat(path)
             self.sent[rel] = (st.st_size, st.st_mtime_ns)
             self.held.pop(rel, None)
@@ -115,16 +106,7 @@ class RemoteFolder:
                 self.held[rel] = int(found[key].get("size") or 0)
                 continue
             local = os.path.join(self.local, *rel.split("/"))
-            os.makedirs(os.path.dirname(local), exist_ok=True)
-            tmp = local + ".part"
-            try:
-                self.fs.get_file(key, tmp)
-                os.replace(tmp, local)
-            except OSError as e:
-                raise RemoteOutputError(f"reading {self.shown(rel)} failed: {_describe(e)}") from None
-            finally:
-                if os.path.exists(tmp):
-                    os.remove(tmp)
+            _download(self, rel, local)
             st = os.stat(local)
             self.sent[rel] = (st.st_size, st.st_mtime_ns)
             n += 1
@@ -263,6 +245,20 @@ class Mirror:
         self.folder.sync()
 
 
+def _download(folder: RemoteFolder, rel: str, path: str) -> None:
+    """The object `rel` of `folder` written whole at `path` (a temporary, renamed) or not at all."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".part"
+    try:
+        folder.fs.get_file(folder.remote(rel), tmp)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise RemoteOutputError(f"reading {folder.shown(rel)} failed: {_describe(e)}") from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+
+
 def staged_paths(text: str, folders: List[RemoteFolder]) -> str:
     """`text` with each staging path replaced by its remote URL (what a summary names)."""
     for f in folders:
@@ -326,16 +322,7 @@ def pulled(url: str, storage_options=None) -> str:
             local = os.path.join(folder, *rel.split("/"))
             if manifest.get(rel) == version and os.path.exists(local):
                 continue
-            os.makedirs(os.path.dirname(local), exist_ok=True)
-            tmp = local + ".part"
-            try:
-                remote.fs.get_file(remote.remote(rel), tmp)
-                os.replace(tmp, local)
-            except OSError as e:
-                raise RemoteOutputError(f"reading {remote.shown(rel)} failed: {_describe(e)}") from None
-            finally:
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(tmp)
+            _download(remote, rel, local)
             manifest[rel] = version
         with open(manifest_path + ".part", "w") as f:
             json.dump(manifest, f)

@@ -430,18 +430,23 @@ async def _s3_range(fs, path: str, start: int, end: int, etag: Optional[str]) ->
         resp["Body"].close()
 
 
+async def _read_up_to(content, want: int) -> bytes:
+    """At most `want` bytes of an aiohttp response body, a MB at a time (fewer: it ended early)."""
+    parts, got = [], 0
+    while got < want:
+        chunk = await content.read(min(want - got, 1 << 20))
+        if not chunk:
+            break
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
+
+
 async def _http_range(fs, url: str, start: int, end: int, etag: Optional[str]) -> bytes:
     """fsspec's http session, our own ranged GET: a server that ignores Range would otherwise send
     the whole object into memory; here at most the range is read."""
     async with _ranged_get(fs, url, start, str(end - 1), etag) as r:
-        want, parts, got = end - start, [], 0
-        while got < want:
-            chunk = await r.content.read(min(want - got, 1 << 20))
-            if not chunk:
-                break
-            parts.append(chunk)
-            got += len(chunk)
-        return b"".join(parts)
+        return await _read_up_to(r.content, end - start)
 
 
 async def _gcs_range(fs, path: str, start: int, end: int, generation) -> bytes:
@@ -466,14 +471,7 @@ async def _gcs_range(fs, path: str, start: int, end: int, generation) -> bytes:
         if r.status != 206 and start != 0:
             raise RangeIgnored(f"the server ignored the Range request (HTTP {r.status}), so a read cannot resume "
                                f"there")
-        want, parts, got = end - start, [], 0
-        while got < want:
-            chunk = await r.content.read(min(want - got, 1 << 20))
-            if not chunk:
-                break
-            parts.append(chunk)
-            got += len(chunk)
-        return b"".join(parts)
+        return await _read_up_to(r.content, end - start)
 
 
 def _hf_range(fs, url: str, start: int, end: int) -> bytes:
