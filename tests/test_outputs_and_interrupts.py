@@ -165,3 +165,46 @@ def test_sigterm_to_validate_jobs_stops_the_workers_commands_too(tmp_path):
             proc.wait()
     assert proc.returncode == 143, proc.stderr.read()
     assert cats() == []
+
+
+def test_validate_jobs_kills_a_worker_the_interrupt_did_not_stop(tmp_path, monkeypatch):
+    """A worker that does not stop on Ctrl-C (here it ignores SIGINT, as one the interrupt reached
+    where it could not act on it) is killed with its shard's command a bounded time after the
+    interrupt: before, the interpreter's exit waited for it without end (a hang seen once in CI)."""
+    import signal
+    import time
+
+    import psutil
+
+    from wdsfilter import StageConfig
+    from wdsfilter.validate import runner
+    from wdsfilter.validate.options import ValidateOptions
+    shard = gnu_tar_shards(str(tmp_path), [2])[0]
+    fifo = str(tmp_path / "never.tar")
+    os.mkfifo(fifo)
+    options = ValidateOptions(stage=StageConfig(allow_pipe=True, check_first_shard=False), jobs=2)
+    monkeypatch.setattr(runner, "STRAGGLER_SECONDS", 2.0)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # the forked workers inherit it
+    try:
+        checks = runner.run_checks([shard, f"pipe:cat {fifo}"], options)
+        first, _ = next(checks)  # the plain shard is done; the other worker waits on its command
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert first == 0
+    workers = psutil.Process().children()
+
+    def commands():
+        found = []
+        for worker in workers:
+            try:
+                found += [p for p in worker.children(recursive=True) if p.name() == "cat"]
+            except psutil.Error:  # a worker or command that just exited
+                pass
+        return found
+    while not commands():  # the event: the worker's command runs
+        time.sleep(0.01)
+    commands = commands()
+    with pytest.raises(KeyboardInterrupt):
+        checks.throw(KeyboardInterrupt)  # Ctrl-C in the parent, while it waits for results
+    gone, alive = psutil.wait_procs(workers + commands, timeout=60)
+    assert alive == [], alive

@@ -10,14 +10,19 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
-from typing import Iterator, List, Sequence, Tuple
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 from ..errors import Terminated
+from ..shards import kill_command
 from .findings import Finding
 from .options import ValidateOptions
 from .shard_check import ShardResult, check_shard
+
+
+STRAGGLER_SECONDS = 30.0  # after Ctrl-C or SIGTERM, how long a worker may take to stop its shard
 
 
 def run_checks(urls: Sequence[str], options: ValidateOptions) -> Iterator[Tuple[int, ShardResult]]:
@@ -45,20 +50,35 @@ def run_checks(urls: Sequence[str], options: ValidateOptions) -> Iterator[Tuple[
         # thread, which skips it once the pool object is gone (as it is when the error unwinds).
         for future in futures:
             future.cancel()
+        processes = list((getattr(pool, "_processes", None) or {}).values())
         if isinstance(e, Terminated):
             # SIGTERM reached this process only: the workers are interrupted as by Ctrl-C, so each
             # stops its shard and kills the shard's command (shards.close_shard) before exiting
             # (the interpreter's exit waits for them).
-            for process in list((getattr(pool, "_processes", None) or {}).values()):
+            for process in processes:
                 try:
                     os.kill(process.pid, signal.SIGINT)
                 except OSError:
                     pass
         pool.shutdown(wait=False)
+        if isinstance(e, (KeyboardInterrupt, Terminated)):
+            _stop_stragglers(processes)
         raise
     pool.shutdown(wait=True)
     for i in sorted(retry):
         yield i, _isolated(urls[i], options)
+
+
+def _stop_stragglers(processes, seconds: Optional[float] = None) -> None:
+    """Workers still running STRAGGLER_SECONDS after an interrupt (one the interrupt did not stop:
+    it came where the worker could not act on it, or the worker ignores it) are killed with the
+    commands they started: the interpreter's exit would otherwise wait for them without end."""
+    deadline = time.monotonic() + (STRAGGLER_SECONDS if seconds is None else seconds)
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+    for process in processes:
+        if process.is_alive():
+            kill_command(process)
 
 
 def _isolated(url: str, options: ValidateOptions) -> ShardResult:
