@@ -3,11 +3,17 @@ import fcntl
 import hashlib
 import os
 import shutil
+import signal
 import sys
 
 import pytest
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")  # no traffic beyond loopback
+# A suite started in the background by a shell without job control (`cmd &` in a script) inherits
+# SIGINT ignored, and so would every command a test starts: the tests that press Ctrl-C then wait
+# for ever. Ctrl-C is put back for the suite's processes (their commands get the default again).
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:  # `tools` must import under plain `pytest` too, not only `python -m pytest`
