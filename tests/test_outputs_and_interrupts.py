@@ -184,6 +184,7 @@ def test_validate_jobs_kills_a_worker_the_interrupt_did_not_stop(tmp_path, monke
     os.mkfifo(fifo)
     options = ValidateOptions(stage=StageConfig(allow_pipe=True, check_first_shard=False), jobs=2)
     monkeypatch.setattr(runner, "STRAGGLER_SECONDS", 2.0)
+    before = {p.pid for p in psutil.Process().children()}  # this process's others (earlier tests')
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # the forked workers inherit it
     try:
         checks = runner.run_checks([shard, f"pipe:cat {fifo}"], options)
@@ -191,7 +192,7 @@ def test_validate_jobs_kills_a_worker_the_interrupt_did_not_stop(tmp_path, monke
     finally:
         signal.signal(signal.SIGINT, previous)
     assert first == 0
-    workers = psutil.Process().children()
+    workers = [p for p in psutil.Process().children() if p.pid not in before]  # the pool's
 
     def commands():
         found = []
