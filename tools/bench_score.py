@@ -180,13 +180,17 @@ def decode_only(urls, stage, factory, plan) -> int:
     return sum(1 for chunk in loader for item in unpack(chunk) if "inputs" in item and item["inputs"])
 
 
-def prepared_inputs(urls, stage, factory) -> list:
+def prepared_inputs(urls, stage, factory, limit=None) -> list:
+    """Prepared inputs of the samples of `urls` (the first `limit` only, if given)."""
+    import itertools
+
     from wdsfilter.pipeline import sample_pipeline
     from wdsfilter.score.transport import Prepare
     from wdsfilter.tally import Tally
     scorer = factory()
     items = sample_pipeline(urls, stage, Tally(), extra=[Prepare([scorer])])
-    return [item["inputs"][scorer.name] for item in items if "inputs" in item and scorer.name in item["inputs"]]
+    prepared = (item["inputs"][scorer.name] for item in items if "inputs" in item and scorer.name in item["inputs"])
+    return list(itertools.islice(prepared, limit))
 
 
 def model_only(scorer, inputs, batch: int) -> int:

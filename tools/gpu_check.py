@@ -3,6 +3,8 @@
     python tools/gpu_check.py                    # a CUDA machine: about 20 minutes, real sizes
     python tools/gpu_check.py --dry-run-cpu      # every step's logic on the CPU, tiny sizes (tests)
     python tools/gpu_check.py --only 1,3,7 --json table.json
+    python tools/gpu_check.py --quick --deadline 450 --keep /tmp/gc   # inside a 15-minute GPU lease
+                                                                      # (tools/gpu_lease.sh)
 
 Steps 5 and 6 live in tools/gpu_check_faults.py. Step 6 on CUDA runs `ray start --head` and, at
 the end, `ray stop` (which stops every Ray on the machine: use a machine of its own); its dry mode
@@ -14,11 +16,16 @@ samples `nvidia-smi` every second while it runs, and reads the run's summary.jso
 files. It prints one row per step: what was measured, the pass line, PASS/FAIL (SKIP where the
 machine cannot run it, e.g. step 1's "nothing on GPU 0" with one GPU).
 
+Steps run in the order --only gives (most telling first); with --deadline a step whose estimated
+time no longer fits is not started and gets a SKIP row saying so. The table is written to --json
+after every step, so a lease that ends mid-run still leaves the rows already measured.
+
 Data: shards of 1280x720 JPEGs (--dry-run-cpu: 64x48) with captions, every fourth with rendered
 text, made here with PIL and webdataset's TarWriter, then replicated with fresh keys. Models:
 open_clip architectures with random weights (--pretrained random: no model hub), the tiny local
-CLIP (tools/make_tiny_clip.py) for score equality; --dry-run-cpu uses a tiny random open_clip ViT
-saved as a local-dir: folder.
+CLIP (tools/make_tiny_clip.py) for score equality, and a randomly initialised CRAFT saved as
+easyocr's craft_mlt_25k.pth for OCR; --dry-run-cpu uses a tiny random open_clip ViT saved as a
+local-dir: folder.
 """
 from __future__ import annotations
 
@@ -41,11 +48,15 @@ sys.path.insert(0, ROOT)
 
 REAL = {"width": 1280, "height": 720, "unique": 512, "shards": 8, "copies": 4, "big_model": "ViT-L-14",
         "fast_model": "ViT-B-32", "oom_batch": 12288, "throughput_copies": 24, "timeout": 600,
-        "sticky_unique": 64, "sticky_batch": 32, "ray_shards": 8, "ray_batch": 128}
+        "sticky_unique": 64, "sticky_batch": 32, "ray_shards": 8, "ray_batch": 128, "oom_fraction": 0.1}
 DRY = {"width": 64, "height": 48, "unique": 24, "shards": 2, "copies": 1, "big_model": None, "fast_model": None,
        "oom_batch": 64, "throughput_copies": 1, "timeout": 1800,  # a hang guard only: under load 40 a
        # dry Ray run took over 300 s on 2 cores (its outcome must not depend on the load)
-       "sticky_unique": 2, "sticky_batch": 2, "ray_shards": 8, "ray_batch": 8}
+       "sticky_unique": 2, "sticky_batch": 2, "ray_shards": 8, "ray_batch": 8, "oom_fraction": 1.0}
+# The real sizes scaled to a 15-minute lease: 4,096 samples for steps 1-3, 16,384 for throughput.
+QUICK = dict(REAL, unique=128, shards=4, copies=8, throughput_copies=32, timeout=150)
+# Seconds each step takes at QUICK sizes on an H100 machine (estimates, for --deadline).
+ESTIMATE = {1: 60, 2: 80, 3: 50, 4: 150, 5: 45, 6: 110, 7: 30}
 
 
 @dataclass
@@ -106,6 +117,7 @@ class Sampler(threading.Thread):
         import psutil
         self.proc, self.gpu = psutil.Process(pid), gpu
         self.memory: Dict[int, int] = {}      # pid -> most MiB seen
+        self.last: Dict[int, int] = {}        # pid -> MiB at the last sample that listed it
         self.util: List[float] = []
         self.main_cpu: List[float] = []
         self.spawned: set = set()             # model workers (multiprocessing spawn)
@@ -130,6 +142,7 @@ class Sampler(threading.Thread):
                 for line in _smi("--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"):
                     pid, mib = (int(x) for x in line.split(",")[:2])
                     self.memory[pid] = max(self.memory.get(pid, 0), mib)
+                    self.last[pid] = mib
                 self.util += [float(x) for x in _smi("--query-gpu=utilization.gpu", "--format=csv,noheader,nounits")]
 
     def stop(self):
@@ -164,12 +177,20 @@ def run_score(urls, out: str, args: List[str], gpu: bool, timeout: float, overwr
         proc.kill()
         stdout, stderr = proc.communicate()
     sampler.stop()
+    _keep_log(out, cmd, proc.returncode, stdout, stderr)
     summary = {}
     if os.path.isfile(os.path.join(out, "summary.json")):
         with open(os.path.join(out, "summary.json")) as f:
             summary = json.load(f)
     return {"rc": proc.returncode, "stdout": stdout, "stderr": stderr, "summary": summary, "sampler": sampler,
             "seconds": time.perf_counter() - start, "main_pid": proc.pid}
+
+
+def _keep_log(out: str, cmd: List[str], rc: int, stdout: str, stderr: str) -> None:
+    """Each run's command line, exit code and output, beside its output folder (OUT.log, appended:
+    a resumed run follows the first), for reading a failed step afterwards."""
+    with open(out.rstrip("/") + ".log", "a") as f:
+        f.write(f"$ {' '.join(cmd)}\n# rc {rc}\n--- stdout\n{stdout}\n--- stderr\n{stderr}\n")
 
 
 def _scores(out: str) -> Dict[str, float]:
@@ -191,8 +212,17 @@ def _batches(summary: dict, scorer: str = "clip") -> List[dict]:
 
 
 # -- the steps ---------------------------------------------------------------------------------
+def clip_alone(ctx) -> dict:
+    """The big CLIP model alone on the step-1 shards: step 1 watches it, step 2a compares it with the
+    plan (the same run, made once)."""
+    if "clip-alone" not in ctx.runs:
+        ctx.runs["clip-alone"] = run_score(ctx.urls, ctx.out("plan-a"), ctx.clip_args(ctx.big), ctx.gpu,
+                                           ctx.size["timeout"])
+    return ctx.runs["clip-alone"]
+
+
 def step_placement(ctx) -> List[Row]:
-    r = run_score(ctx.urls, ctx.out("placement"), ctx.clip_args(ctx.big), ctx.gpu, ctx.size["timeout"])
+    r = clip_alone(ctx)
     s = r["sampler"]
     holders = set(s.memory)
     wrong = holders & ({r["main_pid"]} | s.forked)
@@ -203,13 +233,27 @@ def step_placement(ctx) -> List[Row]:
     return [Row("1 placement", measured, "only model-worker PIDs hold GPU memory; no CUDA re-init error", ok)]
 
 
+def ocr_args(ctx, fp16: bool = False) -> List[str]:
+    """easyocr with the random CRAFT (no download, our own checkpoint: no checksum); frames at
+    their own size in the dry run (64x48 enlarged to 736 would make the CPU run slow)."""
+    options = {"verify_checksum": False}
+    if fp16:
+        options["fp16"] = True
+    if not ctx.gpu:
+        options["min_side"] = 0
+    return ["--ocr-backend", "easyocr", "--ocr-model-dir", ctx.craft, "--no-ocr-download",
+            "--scorer-opt", "ocr.backend_options=" + json.dumps(options)]
+
+
 def step_plan(ctx) -> List[Row]:
     rows = []
-    for label, scorers in (("a clip", ["--scorer", "clip"]), ("b clip+ocr", ["--scorer", "clip", "--scorer", "ocr",
-                                                                               "--ocr-backend", ctx.ocr_backend])):
-        args = [a for a in ctx.clip_args(ctx.big) if a != "--scorer" and a != "clip"] + scorers
-        dry = run_score(ctx.urls, ctx.out(f"plan-dry-{label[0]}"), args + ["--dry-run"], ctx.gpu, ctx.size["timeout"])
-        real = run_score(ctx.urls, ctx.out(f"plan-{label[0]}"), args, ctx.gpu, ctx.size["timeout"])
+    clip_only = [a for a in ctx.clip_args(ctx.big) if a not in ("--scorer", "clip")]
+    for label, urls, args in (("a clip", ctx.urls, clip_only + ["--scorer", "clip"]),
+                              ("b clip+ocr", ctx.urls[:1], clip_only + ["--scorer", "clip", "--scorer", "ocr"]
+                               + ocr_args(ctx))):
+        dry = run_score(urls, ctx.out(f"plan-dry-{label[0]}"), args + ["--dry-run"], ctx.gpu, ctx.size["timeout"])
+        real = clip_alone(ctx) if label[0] == "a" else run_score(urls, ctx.out(f"plan-{label[0]}"), args, ctx.gpu,
+                                                                 ctx.size["timeout"])
         # A dry run prints its plan and writes no summary; the real run's summary holds the same
         # planner's plan, which is what its workers were configured with.
         plan = real["summary"].get("plan", {})
@@ -220,31 +264,48 @@ def step_plan(ctx) -> List[Row]:
         same = bool(batches) and all(b["planned"] == b["final"] and not b["events"] for b in batches)
         ocr = _batches(real["summary"], "ocr")
         own = not ocr or any(b["planned"] != o["planned"] for b in batches for o in ocr) or label[0] == "a"
-        measured = (f"rc {dry['rc']}/{real['rc']}; peak/plan per worker {worst:.2f}" if ctx.gpu else
+        measured = (f"rc {dry['rc']}/{real['rc']}; peak/plan per worker {worst:.2f} (plan {_mib(need)}, peaks "
+                    f"{_mib(peaks)})" if ctx.gpu else
                     f"rc {dry['rc']}/{real['rc']}; plan need {sorted(need.values())} (no GPU: peaks not sampled)")
         measured += f"; clip batch planned/final {[(b['planned'], b['final']) for b in batches]}"
         if ocr:
-            measured += f"; ocr batch {[o['planned'] for o in ocr]}"
+            measured += f"; ocr batch planned/final {[(o['planned'], o['final']) for o in ocr]}"
         ok = dry["rc"] == 0 and real["rc"] == 0 and same and (worst <= 1.10 if ctx.gpu else True)
         rows.append(Row(f"2{label[0]} plan vs reality ({label[2:]})", measured,
                         "peak <= plan + 10%; planned batch == final; clip batch its own", ok and (own or not ctx.gpu)))
     return rows
 
 
+def _mib(sizes: Dict) -> str:
+    return ", ".join(f"{v / 2**20:.0f} MiB" for v in sizes.values()) or "-"
+
+
 def step_oom(ctx) -> List[Row]:
-    args = ctx.clip_args(ctx.big) + ["--batch-size", str(ctx.size["oom_batch"]), "--fit", "clamp"]
+    # The planner reads the card's free memory (cudaMemGetInfo) and clamps the batch to what fits
+    # it, so on an 80 GB card a batch of 12,288 may simply fit. CappedClip lets its model worker use
+    # only a share of the card (PyTorch's own per-process cap, set after loading): the planned batch
+    # then meets a real OutOfMemoryError from PyTorch's allocator, as when another job takes memory.
+    model = ["--scorer", "tools.gpu_check_faults:CappedClip", "--scorer-opt", f"clip.model={ctx.big}",
+             "--scorer-opt", f"clip.memory_fraction={ctx.size['oom_fraction']}", "--caption-key", "txt",
+             "--device", ctx.device]
+    if not ctx.big.startswith("local-dir:"):
+        model += ["--scorer-opt", "clip.pretrained=random"]
+    args = model + ["--batch-size", str(ctx.size["oom_batch"]), "--fit", "clamp"]
     r = run_score(ctx.urls, ctx.out("oom"), args, ctx.gpu, ctx.size["timeout"])
     batches = _batches(r["summary"])
     events = [e for b in batches for e in b["events"]]
     rows = r["summary"].get("rows", 0)
     scored = r["summary"].get("status", {}).get("scored", 0)
     escaped = "autocast" in r["stderr"] and "Traceback" in r["stderr"]
+    s = r["sampler"]
+    held = {pid: (s.memory[pid], s.last[pid]) for pid in s.memory}
     measured = (f"rc {r['rc']}; {len(events)} out-of-memory event(s); batch {[(b['planned'], b['final']) for b in batches]}"
-                f"; {scored}/{rows} scored")
+                f"; {scored}/{rows} scored; GPU MiB per pid peak/last seen {held or '-'}")
+    released = all(last < peak for peak, last in held.values()) if ctx.gpu else True
     ok = r["rc"] == 0 and scored == rows > 0 and not escaped and (
-        bool(events) and all(b["final"] <= b["planned"] // 2 for b in batches) if ctx.gpu else True)
+        bool(events) and all(b["final"] <= b["planned"] // 2 for b in batches) and released if ctx.gpu else True)
     return [Row("3 out-of-memory back-off", measured, ">= 1 OOM event, every input scored, batch halved, no error "
-                "escaping autocast", ok)]
+                "escaping autocast, memory released after the event", ok)]
 
 
 def step_throughput(ctx) -> List[Row]:
@@ -267,6 +328,17 @@ def step_throughput(ctx) -> List[Row]:
                 ok = ok and e2e >= 5000
         rows.append(Row(f"4 throughput {model if ctx.gpu else 'tiny'}", measured,
                         "e2e >= 0.8 x min(model, decode); B/32 >= 5000/s; main < 50% CPU", ok))
+    rates = {}
+    for fp16 in ((False, True) if ctx.gpu else (False,)):
+        r = run_score(ctx.urls[:1], ctx.out(f"ocr-fp16-{fp16}"), ["--scorer", "ocr", "--caption-key", "txt",
+                      "--device", ctx.device] + ocr_args(ctx, fp16), ctx.gpu, ctx.size["timeout"])
+        summary = r["summary"]
+        rates[fp16] = (r["rc"], summary.get("samples_this_run", 0) / max(summary.get("scoring_seconds", 0) or 1e-9, 1e-9),
+                       [(o["planned"], o["final"]) for o in _batches(summary, "ocr")])
+    measured = "; ".join(f"fp16 {'on' if k else 'off'}: rc {rc}, {rate:.0f} frames/s, batch {b}"
+                         for k, (rc, rate, b) in rates.items())
+    rows.append(Row("4 throughput ocr (easyocr)", measured, "both run (frames/s recorded)",
+                    all(rc == 0 and rate > 0 for rc, rate, _ in rates.values())))
     return rows
 
 
@@ -284,11 +356,13 @@ def _decode_and_model_rates(ctx, model: str, summary: dict):
     start = time.perf_counter()
     n = decode_only(ctx.big_urls, stage, factory, plan)
     decode = n / (time.perf_counter() - start)
-    inputs = prepared_inputs(ctx.big_urls[:1], stage, factory)
+    # Model only: a few hundred prepared samples, reused so that every batch is a full one.
+    few = prepared_inputs(ctx.urls[:1], stage, factory, limit=512)
+    batch = plan["devices"][0]["batch_size"]
+    inputs = (few * (1 + max(4 * batch, 2048) // max(1, len(few))))[:max(4 * batch, 2048)]
     scorer = factory()
     device = plan["devices"][0]["device"]
     scorer.load(device)
-    batch = plan["devices"][0]["batch_size"]
     model_only(scorer, inputs[:batch], batch)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -338,7 +412,8 @@ class Context:
     big: str = ""
     fast: str = ""
     tiny: str = ""
-    ocr_backend: str = "rapidocr"
+    craft: str = ""  # folder of the random CRAFT checkpoint (easyocr's craft_mlt_25k.pth)
+    runs: Dict[str, dict] = field(default_factory=dict)  # runs shared by steps (steps 1 and 2a)
     e2e: Dict[str, float] = field(default_factory=dict)  # step 4's end-to-end samples/s per model (step 6)
 
     @property
@@ -365,17 +440,21 @@ def print_table(rows: List[Row], echo=print) -> None:
 def main(argv=None) -> List[Row]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dry-run-cpu", action="store_true", help="every step's logic on the CPU, tiny sizes")
-    ap.add_argument("--only", default=None, help="steps to run, e.g. 1,3,7")
+    ap.add_argument("--quick", action="store_true", help="the real sizes scaled to a 15-minute GPU lease")
+    ap.add_argument("--only", default=None, help="steps to run, in this order, e.g. 7,1,3")
+    ap.add_argument("--deadline", type=float, default=None,
+                    help="seconds: start no step whose estimate would end past this (it gets a SKIP row)")
     ap.add_argument("--tiny-clip", default=None, help="folder of the tiny local CLIP (default: build it)")
     ap.add_argument("--keep", default=None, help="work folder to keep (default: a temporary one)")
-    ap.add_argument("--json", default=None)
+    ap.add_argument("--json", default=None, help="write the table here (after every step)")
     args = ap.parse_args(argv)
+    begun = time.perf_counter()
     import torch
     gpu = not args.dry_run_cpu
     if gpu and not torch.cuda.is_available():
         sys.exit("gpu_check: no CUDA device; run with --dry-run-cpu to check the steps' logic on the CPU")
     root = args.keep or tempfile.mkdtemp(prefix="gpu-check-")
-    size = DRY if args.dry_run_cpu else REAL
+    size = DRY if args.dry_run_cpu else (QUICK if args.quick else REAL)
     try:
         ctx = Context(root, gpu, size)
         ctx.urls = make_shards(os.path.join(root, "shards"), size)
@@ -383,26 +462,54 @@ def main(argv=None) -> List[Row]:
         dry_model = tiny_random_clip(os.path.join(root, "tiny-random")) if args.dry_run_cpu else None
         ctx.big, ctx.fast = size["big_model"] or dry_model, size["fast_model"] or dry_model
         ctx.tiny = "local-dir:" + (args.tiny_clip or _tiny_clip(root)) if (gpu or args.tiny_clip) else dry_model
-        steps = sorted(int(s) for s in args.only.split(",")) if args.only else sorted(STEPS)
+        ctx.craft = random_craft(os.path.join(root, "craft"))
+        steps = [int(s) for s in args.only.split(",")] if args.only else sorted(STEPS)
         rows: List[Row] = []
         for n in steps:
+            spent = time.perf_counter() - begun
+            if args.deadline is not None and spent + ESTIMATE[n] > args.deadline:
+                rows.append(Row(f"{n} {STEPS[n].__name__[5:]}", f"not run: {spent:.0f} s spent, about {ESTIMATE[n]} s "
+                                f"needed, deadline {args.deadline:.0f} s", "-", None))
+                print(f"gpu_check: step {n} not started (deadline)", flush=True)
+                continue
             start = time.perf_counter()
-            new = STEPS[n](ctx)
+            print(f"gpu_check: step {n} starts at {start - begun:.0f} s", flush=True)
+            try:
+                new = STEPS[n](ctx)
+            except Exception as e:  # one broken step must not lose the others' rows
+                import traceback
+                traceback.print_exc()
+                new = [Row(f"{n} {STEPS[n].__name__[5:]}", f"the step raised {type(e).__name__}: {e}", "-", False)]
             for row in new:
                 row.measured += f" ({time.perf_counter() - start:.0f} s)"
                 print(f"gpu_check: {row.step}: {row.verdict()}: {row.measured}", flush=True)
             rows += new
+            _write_json(args.json, rows)
         if gpu:
             print(f"GPU: {torch.cuda.get_device_name(0)}; driver {(_smi('--query-gpu=driver_version', '--format=csv,noheader') or ['?'])[0]}"
                   f"; torch {torch.__version__}")
         print_table(rows)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump([r.__dict__ for r in rows], f, indent=2)
+        _write_json(args.json, rows)
         return rows
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def _write_json(path: Optional[str], rows: List[Row]) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump([r.__dict__ for r in rows], f, indent=2)
+
+
+def random_craft(folder: str) -> str:
+    """A randomly initialised CRAFT from easyocr's own class, saved under the file name easyocr's
+    loader expects (no download; the scorer is told not to check the release checksum)."""
+    import torch
+    from easyocr.craft import CRAFT
+    os.makedirs(folder, exist_ok=True)
+    torch.save(CRAFT().state_dict(), os.path.join(folder, "craft_mlt_25k.pth"))
+    return folder
 
 
 def _tiny_clip(root: str) -> str:

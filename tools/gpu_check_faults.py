@@ -47,6 +47,24 @@ class StickyClip(ClipScorer):
         return super().score_batch(inputs)
 
 
+class CappedClip(ClipScorer):
+    """The step-3 scorer: CLIP whose model worker may use only `memory_fraction` of the GPU
+    (torch.cuda.set_per_process_memory_fraction, set once the model is loaded). The planner plans
+    from the card's free memory, which the cap does not change, so its batch meets a real
+    OutOfMemoryError from PyTorch's allocator. On a CPU it is plain CLIP."""
+    name = "clip"
+
+    def __init__(self, memory_fraction: float = 0.1, **kw):
+        super().__init__(**kw)
+        self.memory_fraction = float(memory_fraction)
+
+    def load(self, device: str) -> None:
+        super().load(device)
+        if device.startswith("cuda") and self.memory_fraction < 1:
+            import torch
+            torch.cuda.set_per_process_memory_fraction(self.memory_fraction, torch.device(device))
+
+
 def device_side_assert(device: str) -> None:
     """A real device-side assert on CUDA (raised at the synchronize); its text on a CPU."""
     import torch
@@ -140,13 +158,13 @@ def ray_cluster(ctx):
     from tools.gpu_check import ROOT
     env = {"PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
     if ctx.gpu:
-        ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
-        subprocess.run([ray_bin, "start", "--head", "--num-gpus=1", "--port=6379", "--include-dashboard=false",
+        ray_bin = [sys.executable, "-m", "ray.scripts.scripts"]  # Ray's CLI, also where no `ray` script is
+        subprocess.run([*ray_bin, "start", "--head", "--num-gpus=1", "--port=6379", "--include-dashboard=false",
                         "--disable-usage-stats"], check=True, capture_output=True, env=dict(os.environ, **env))
         try:
             yield dict(env, RAY_ADDRESS="127.0.0.1:6379")
         finally:
-            subprocess.run([ray_bin, "stop"], capture_output=True)
+            subprocess.run([*ray_bin, "stop"], capture_output=True)
         return
     import ray
     saved = os.environ.get("PYTHONPATH")
