@@ -9,6 +9,7 @@ sample was scored twice, across processes too.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
@@ -270,3 +271,18 @@ class FrameCounter:
     def score_batch(self, inputs):
         self.calls.append(sum(x["frames"] for x in inputs))
         return [{"n_frames": x["frames"]} for x in inputs]
+
+
+class AllocConfScorer(BrightnessScorer):
+    """Brightness, and at load the CUDA allocator settings its model process starts with (both
+    names PyTorch reads), written to `record`."""
+    name = "allocconf"
+
+    def __init__(self, record: str = "", **kw):
+        super().__init__(**kw)
+        self.record = record
+
+    def load(self, device):
+        with open(self.record, "w") as f:
+            json.dump({n: os.environ.get(n) for n in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}, f)
+        super().load(device)

@@ -61,3 +61,23 @@ def test_dry_run_ray_survives_an_actor_killed_mid_run(capsys):
     assert "killed pid" in row.measured and "rc 0, 8/8 marked" in row.measured
     import ray
     assert not ray.is_initialized()  # the tool shut its Ray down
+
+
+@pytest.mark.slow
+def test_dry_run_plan_rows_and_easyocr_throughput_with_a_random_craft(capsys):
+    # Step 2b and step 4's OCR row run easyocr with a CRAFT checkpoint built from easyocr's class
+    # (no download, no checksum), as they do on a GPU lease.
+    rows = gpu_check.main(["--dry-run-cpu", "--only", "2"])
+    out = capsys.readouterr().out
+    assert [r.step for r in rows] == ["2a plan vs reality (clip)", "2b plan vs reality (clip+ocr)"]
+    assert all(r.ok is True for r in rows), out
+    assert "ocr batch planned/final" in rows[1].measured
+
+
+def test_a_step_that_would_end_past_the_deadline_is_skipped_not_started(capsys):
+    rows = gpu_check.main(["--dry-run-cpu", "--only", "7,5", "--deadline", "1"])
+    out = capsys.readouterr().out
+    assert [r.verdict() for r in rows] == ["SKIP", "SKIP"], out
+    assert [r.step for r in rows] == ["7 equality", "5 sticky"]
+    assert all("not run" in r.measured and "deadline 1 s" in r.measured for r in rows)
+    assert "score" not in out.replace("score equality", "")  # no run started

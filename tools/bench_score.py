@@ -165,19 +165,28 @@ def make_shards(folder: str, patterns, shards: int, copies: int) -> list:
     return replicate(folder, sample_members(patterns), shards, copies)
 
 
-def decode_only(urls, stage, factory, plan) -> int:
-    """The engine's decode side alone (same stages, workers, prefetch, chunks)."""
+def decode_only(urls, stage, factory, plan, timed_from_first=False):
+    """The engine's decode side alone (same stages, workers, prefetch, chunks): samples prepared.
+    timed_from_first: (samples after the first chunk, seconds since it came), so the workers'
+    start-up is left out as the engine's scoring_seconds leave it out."""
     import torch.utils.data
     from wdsfilter.pipeline import sample_pipeline
-    from wdsfilter.score.transport import Chunk, Prepare, keep_as_is
+    from wdsfilter.score.transport import Chunk, Prepare, keep_as_is, unpack
     from wdsfilter.tally import Tally
     pipeline = sample_pipeline(urls, stage, Tally(), extra=[Prepare([factory()])])
     pipeline.append(Chunk(plan["chunk"]))
     workers = plan["workers"]
     loader = torch.utils.data.DataLoader(pipeline, batch_size=None, num_workers=workers, collate_fn=keep_as_is,
                                          prefetch_factor=plan["prefetch"] if workers else None)
-    from wdsfilter.score.transport import unpack
-    return sum(1 for chunk in loader for item in unpack(chunk) if "inputs" in item and item["inputs"])
+    counts = []
+    start = None
+    for chunk in loader:
+        if start is None:
+            start = time.perf_counter()
+        counts.append(sum(1 for item in unpack(chunk) if "inputs" in item and item["inputs"]))
+    if not timed_from_first:
+        return sum(counts)
+    return sum(counts[1:]), time.perf_counter() - start if start is not None else 0.0
 
 
 def prepared_inputs(urls, stage, factory, limit=None) -> list:

@@ -13,7 +13,7 @@ from ..errors import DataError
 from .backoff import Backoff
 from .embeddings import FIELD as EMBEDDINGS
 from .faults import DeviceFailedError, device_failed, sticky_device_error
-from .memory import HostMemory, device_memory, is_oom, torch_device
+from .memory import HostMemory, device_memory, is_oom, prefer_expandable_segments, torch_device
 from .scorerset import bind_one
 from .scorers.base import Upstream, overridden
 
@@ -71,6 +71,8 @@ class ModelRunner:
     # -- measuring --------------------------------------------------------------------------
     def load(self) -> LoadReport:
         """Load every scorer; report the device's free memory before and each model's footprint."""
+        if self.device.startswith("cuda"):
+            prefer_expandable_segments()  # a Ray actor's first CUDA use is here
         self.memory = device_memory(self.device)
         self.host = self.memory if isinstance(self.memory, HostMemory) else HostMemory()
         mem = self.memory

@@ -106,6 +106,8 @@ def _worker_main(worker: int, device: str, scorers, inbox, outbox, threads: Opti
     `sim`: the DeviceMemory of a registered device kind (memory.DEVICE_KINDS: the tests' simulated
     GPU), else None; unpickling it registers it in this process."""
     try:
+        from .memory import prefer_expandable_segments
+        prefer_expandable_segments()
         import torch
         if threads:
             torch.set_num_threads(threads)
