@@ -162,7 +162,7 @@ def one_value_text(hist: dict) -> Optional[str]:
     if "one_value" not in hist:
         return None
     n = sum(hist["counts"])
-    return f"all {n} values are {hist['one_value']:.6g}" if n > 1 else f"one value, {hist['one_value']:.6g}"
+    return f"all {n} values are {hist['one_value']:.6g}" if n > 1 else f"one value: {hist['one_value']:.6g}"
 
 
 def text_histogram(hist: dict, width: int = 40) -> List[str]:
