@@ -95,3 +95,14 @@ def test_report_html_says_the_one_value_instead_of_drawing_charts(run):
     assert section("brightness").count("<svg") == 2  # its histogram and kept share
     # a whole-number column of one value and no threshold: the counts line, as any count column
     assert "flat_int: 3 in 12 rows" in page
+
+
+def test_a_column_of_a_single_row_says_one_value(tmp_path):
+    urls, _ = make_shards(str(tmp_path / "data"), [1])
+    out = str(tmp_path / "out")
+    r = CliRunner().invoke(main, ["score", *urls, "--scorer", "scorekit:FlatScorer", "--out", out, "--device", "cpu",
+                                  "--workers", "0", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert lines[lines.index("  flat_gaps: n=1 min=0.25 mean=0.25 max=0.25") + 1] == "    one value: 0.25"
+    assert '<p class="meta">one value: 0.25</p>' in open(os.path.join(out, "report.html")).read()
