@@ -1,4 +1,5 @@
-"""Shared fixtures. `tiny_clip`: a tiny open_clip model trained on the sample shards, built once."""
+"""Shared fixtures. `tiny_clip`: a tiny open_clip model trained on the sample shards, built once;
+`web`: our fault-injecting web server (remotekit.FaultServer) for one test."""
 import fcntl
 import hashlib
 import os
@@ -35,6 +36,18 @@ def _digest(paths) -> str:
         with open(path, "rb") as f:
             h.update(hashlib.sha256(f.read()).digest())
     return h.hexdigest()[:12]
+
+
+@pytest.fixture
+def web():
+    """A FaultServer on 127.0.0.1 for one test, fsspec's cached http filesystem cleared before and
+    after (it would keep the last test's objects' sizes and ETags). The test module skips itself
+    without fsspec and aiohttp (pytest.importorskip)."""
+    from remotekit import FaultServer, clear_http_cache
+    clear_http_cache()
+    with FaultServer() as server:
+        yield server
+    clear_http_cache()
 
 
 @pytest.fixture(scope="session")

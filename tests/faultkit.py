@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 import torch
 
-from remotekit import FaultServer
+from remotekit import FaultServer, LoopbackServer
 from scorekit import BrightnessScorer
 
 # What PyTorch raises after a kernel fault; the context is unusable afterwards.
@@ -122,14 +122,8 @@ def broken_download(path: str, send_fraction: float = 0.5, announce_length: bool
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}/{os.path.basename(path)}", control
-    finally:
-        server.shutdown()
-        server.server_close()
+    with LoopbackServer(Handler) as server:
+        yield f"{server.url}/{os.path.basename(path)}", control
 
 
 torch.set_num_threads(1)
@@ -199,13 +193,8 @@ def counting_server(data: bytes, name: str, delay: float = 0.0):
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}/{name}", hits
-    finally:
-        server.shutdown()
-        server.server_close()
+    with LoopbackServer(Handler) as server:
+        yield f"{server.url}/{name}", hits
 
 
 @contextmanager

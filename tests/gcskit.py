@@ -5,12 +5,13 @@ files import these."""
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 import subprocess
 import time
 import urllib.request
 from typing import List
+
+from remotekit import environment, files_under
 
 BUCKET = "wdsf-gcs"
 
@@ -31,7 +32,6 @@ def gcs_server():
     proc = subprocess.Popen([_binary(), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
                              "-port", str(port), "-external-url", endpoint, "-log-level", "error"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    saved = os.environ.get("STORAGE_EMULATOR_HOST")
     try:
         deadline = time.monotonic() + 30
         while True:  # ready when it answers a bucket listing (it starts in well under a second)
@@ -42,17 +42,13 @@ def gcs_server():
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"fake-gcs-server did not start (exit {proc.poll()})") from None
                 time.sleep(0.05)
-        os.environ["STORAGE_EMULATOR_HOST"] = endpoint
-        clear_gcsfs_cache()
-        from wdsfilter.remote import filesystem
-        fs = filesystem(f"gs://{BUCKET}")[0]
-        fs.mkdir(BUCKET)
-        yield endpoint, fs
+        with environment(STORAGE_EMULATOR_HOST=endpoint):
+            clear_gcsfs_cache()
+            from wdsfilter.remote import filesystem
+            fs = filesystem(f"gs://{BUCKET}")[0]
+            fs.mkdir(BUCKET)
+            yield endpoint, fs
     finally:
-        if saved is None:
-            os.environ.pop("STORAGE_EMULATOR_HOST", None)
-        else:
-            os.environ["STORAGE_EMULATOR_HOST"] = saved
         proc.terminate()
         proc.wait(timeout=30)
         clear_gcsfs_cache()
@@ -67,11 +63,7 @@ def clear_gcsfs_cache() -> None:
 def upload(fs, folder: str, prefix: str) -> List[str]:
     """Every file of `folder` (recursively, name order) under gs://BUCKET/prefix/; their URLs."""
     urls = []
-    for root, dirs, files in os.walk(folder):
-        dirs.sort()
-        for name in sorted(files):
-            path = os.path.join(root, name)
-            key = f"{prefix}/{os.path.relpath(path, folder)}"
-            fs.put_file(path, f"{BUCKET}/{key}")
-            urls.append(f"gs://{BUCKET}/{key}")
+    for path, key in files_under(folder, prefix):
+        fs.put_file(path, f"{BUCKET}/{key}")
+        urls.append(f"gs://{BUCKET}/{key}")
     return urls

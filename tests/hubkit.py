@@ -13,7 +13,6 @@ once a process), answered with an empty one. Anything else is answered 404 and r
 request without `Bearer <token>` is answered 401."""
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import http.server
 import json
@@ -22,10 +21,12 @@ import threading
 import urllib.parse
 from typing import Dict, List, Optional
 
+from remotekit import LoopbackServer, environment
+
 SHA = "0123456789abcdef0123456789abcdef01234567"  # the one revision's commit
 
 
-class HubServer:
+class HubServer(LoopbackServer):
     def __init__(self, token: Optional[str] = None):
         self.repos: Dict[str, Dict[str, bytes]] = {}  # "org/name" -> path in repo -> bytes
         self.token = token
@@ -46,17 +47,7 @@ class HubServer:
 
             do_HEAD = do_POST = do_GET  # noqa: N815
 
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-
-    def __enter__(self):
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().__init__(Handler)
 
     def put(self, repo: str, path: str, data: bytes) -> str:
         with self.lock:
@@ -186,22 +177,13 @@ class HubServer:
             h.wfile.write(data)
 
 
-@contextlib.contextmanager
-def hub_endpoint(url: str):
-    """HF_ENDPOINT pointed at `url` for the block, as a user of a mirror sets it. huggingface_hub
-    itself reads the variable only when first imported (often before a test runs: open_clip
-    imports it); wdsfilter reads it whenever it makes a filesystem, which is what is tested. Its
-    constant is left alone: huggingface_hub builds resolve URLs from a template made at import."""
-    import os
-    saved = os.environ.get("HF_ENDPOINT")
-    os.environ["HF_ENDPOINT"] = url
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("HF_ENDPOINT", None)
-        else:
-            os.environ["HF_ENDPOINT"] = saved
+def hub_endpoint(url: str, **more: Optional[str]):
+    """HF_ENDPOINT pointed at `url` for the block (and the variables in `more` set, None: unset),
+    as a user of a mirror sets it. huggingface_hub itself reads the variable only when first
+    imported (often before a test runs: open_clip imports it); wdsfilter reads it whenever it makes
+    a filesystem, which is what is tested. Its constant is left alone: huggingface_hub builds
+    resolve URLs from a template made at import."""
+    return environment(HF_ENDPOINT=url, **more)
 
 
 def clear_hf_cache() -> None:

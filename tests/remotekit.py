@@ -13,11 +13,50 @@ import re
 import socket
 import struct
 import threading
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional, Tuple
 
 # Fake credentials for moto; the secret is distinctive so a test can look for it in every output.
 SECRET = "wdsfSECRETx9Q7zK2mVb"
 BUCKET = "wdsf-shards"
+
+
+@contextlib.contextmanager
+def environment(**values: Optional[str]):
+    """The process environment with `values` set (None: unset) for the block, then put back as it
+    was: how the clients are pointed at a test server, as a user points them at a mirror or an
+    emulator (AWS_ENDPOINT_URL, STORAGE_EMULATOR_HOST, HF_ENDPOINT). A module-scoped fixture's
+    server outlives a test, so pytest's monkeypatch (per test) does not fit."""
+    def put(pairs):
+        for k, v in pairs.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    saved = {k: os.environ.get(k) for k in values}
+    try:
+        put(values)
+        yield
+    finally:
+        put(saved)
+
+
+class LoopbackServer:
+    """An HTTP server of `handler` (a BaseHTTPRequestHandler class) on a free port of 127.0.0.1,
+    answering from a thread between __enter__ and __exit__. Its answering threads are daemons: an
+    answer held back on purpose (a stall) does not hold up the stop. `url`: its base URL."""
+
+    def __init__(self, handler):
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def __enter__(self):
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
 
 
 @contextlib.contextmanager
@@ -32,25 +71,18 @@ def s3_server(monkeypatch=None):
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
-    # moto keeps its buckets per process, not per server: without a reset, an earlier test's objects
-    # (another module's shards under the same prefix) would be listed by this one
-    import urllib.request
-    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", data=b"", method="POST"))
-    env = {"AWS_ACCESS_KEY_ID": "wdsftestkey", "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_ENDPOINT_URL": endpoint,
-           "AWS_DEFAULT_REGION": "us-east-1", "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
-           "AWS_CONFIG_FILE": os.devnull, "AWS_EC2_METADATA_DISABLED": "true"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
     try:
-        client = boto3.client("s3", endpoint_url=endpoint)
-        client.create_bucket(Bucket=BUCKET)
-        yield endpoint, client
+        # moto keeps its buckets per process, not per server: without a reset, an earlier test's
+        # objects (another module's shards under the same prefix) would be listed by this one
+        import urllib.request
+        urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", data=b"", method="POST"))
+        with environment(AWS_ACCESS_KEY_ID="wdsftestkey", AWS_SECRET_ACCESS_KEY=SECRET, AWS_ENDPOINT_URL=endpoint,
+                         AWS_DEFAULT_REGION="us-east-1", AWS_SHARED_CREDENTIALS_FILE=os.devnull,
+                         AWS_CONFIG_FILE=os.devnull, AWS_EC2_METADATA_DISABLED="true"):
+            client = boto3.client("s3", endpoint_url=endpoint)
+            client.create_bucket(Bucket=BUCKET)
+            yield endpoint, client
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
         server.stop()
         _clear_fsspec_cache()
 
@@ -73,20 +105,26 @@ def three_shards(tmp_path_factory):
     return folder, urls
 
 
-def upload(client, folder: str, prefix: str) -> List[str]:
-    """Every file of `folder` (recursively, name order) under s3://BUCKET/prefix/; their URLs."""
-    urls = []
+def files_under(folder: str, prefix: str) -> Iterator[Tuple[str, str]]:
+    """(path, key) of every file of `folder`, recursively in name order; key: the file's path
+    below `prefix`, as an upload to a bucket names it."""
     for root, dirs, files in os.walk(folder):
         dirs.sort()
         for name in sorted(files):
             path = os.path.join(root, name)
-            key = f"{prefix}/{os.path.relpath(path, folder)}"
-            client.upload_file(path, BUCKET, key)
-            urls.append(f"s3://{BUCKET}/{key}")
+            yield path, f"{prefix}/{os.path.relpath(path, folder)}"
+
+
+def upload(client, folder: str, prefix: str) -> List[str]:
+    """Every file of `folder` (recursively, name order) under s3://BUCKET/prefix/; their URLs."""
+    urls = []
+    for path, key in files_under(folder, prefix):
+        client.upload_file(path, BUCKET, key)
+        urls.append(f"s3://{BUCKET}/{key}")
     return urls
 
 
-class FaultServer:
+class FaultServer(LoopbackServer):
     """A web server of objects (`put`), each GET answered by the next fault queued for its path
     (`fail`), or served whole. Faults: ("reset", offset): the body breaks off with a TCP reset at
     that absolute byte; ("short", offset): the connection closes cleanly there, short of the
@@ -114,20 +152,12 @@ class FaultServer:
             def do_GET(self):  # noqa: N802
                 server._answer(self, head=False)
 
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
+        super().__init__(Handler)
         self.httpd.handle_error = lambda *args: None  # the faults break connections on purpose
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
 
     def __exit__(self, *exc):
-        self.stopping.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.stopping.set()  # a stalled answer ends
+        super().__exit__(*exc)
 
     def put(self, path: str, data: bytes) -> str:
         with self.lock:
@@ -223,7 +253,7 @@ def clear_http_cache():
         pass
 
 
-class FailingProxy:
+class FailingProxy(LoopbackServer):
     """An HTTP proxy in front of an S3 API server that answers 500 to every request whose path and
     query contain `fail_when` (say "partNumber=2": the second part of each multipart upload), and
     forwards the rest unchanged. `url` is the endpoint to give the client."""
@@ -265,17 +295,7 @@ class FailingProxy:
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward  # noqa: N815
 
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-
-    def __enter__(self):
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().__init__(Handler)
 
 
 # -- an S3 server that enforces IAM ----------------------------------------------------------------

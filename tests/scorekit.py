@@ -158,6 +158,22 @@ class ExtremeScorer(BrightnessScorer):
         return out
 
 
+class FlatScorer(BrightnessScorer):
+    """Columns of one value, as an OCR run on images without text gives (every ocr_area 0.0):
+    `flat` 0.0 everywhere, `flat_int` 3, `flat_gaps` 0.25 or missing (NaN, None) in turn, and
+    `no_value` missing everywhere."""
+
+    name = "flat"
+
+    def columns(self):
+        return ["flat", "flat_int", "flat_gaps", "no_value"]
+
+    def score_batch(self, inputs):
+        gaps = (0.25, math.nan, None)
+        return [{"flat": 0.0, "flat_int": 3, "flat_gaps": gaps[int(i["key"][-5:]) % 3], "no_value": math.nan}
+                for i in inputs]
+
+
 class BrokenScorer(BrightnessScorer):
     """Fails on every batch with a non-memory error: a bug, which must stop the run."""
 

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 pytest.importorskip("s3fs")
 pytest.importorskip("moto")
 
-from remotekit import BUCKET, FailingProxy, FaultServer, SECRET, clear_http_cache, s3_server, three_shards, upload  # noqa: E402
+from remotekit import BUCKET, FailingProxy, SECRET, s3_server, three_shards, upload  # noqa: E402
 from wdsfilter.cli import main  # noqa: E402
 from wdsfilter.errors import ConfigError, UnsafeInputError  # noqa: E402
 from wdsfilter.remote import ObjectChanged, RemoteOptions, open_remote, parse_storage_options  # noqa: E402
@@ -132,14 +132,6 @@ def test_score_on_s3_gives_the_rows_of_the_local_read(s3, local, tmp_path):
 
 
 # -- faults: our own web server ---------------------------------------------------------------------
-@pytest.fixture
-def web(local):
-    clear_http_cache()
-    with FaultServer() as server:
-        yield server
-    clear_http_cache()
-
-
 OPTS = RemoteOptions(block_bytes=8192, readahead=2, backoff_seconds=0.01, idle_seconds=2)
 
 

@@ -35,10 +35,8 @@ def local(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def hub(local):
-    saved = {k: os.environ.get(k) for k in ("HF_TOKEN", "HF_HUB_DISABLE_TELEMETRY", "HF_HUB_OFFLINE")}
-    with HubServer(token=TOKEN) as server, hub_endpoint(server.url):
-        os.environ.update(HF_TOKEN=TOKEN, HF_HUB_DISABLE_TELEMETRY="1")
-        os.environ.pop("HF_HUB_OFFLINE", None)
+    with HubServer(token=TOKEN) as server, \
+            hub_endpoint(server.url, HF_TOKEN=TOKEN, HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_OFFLINE=None):
         clear_hf_cache()
         urls = []
         for path in local[1]:
@@ -48,11 +46,6 @@ def hub(local):
         try:
             yield server, urls
         finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
             clear_hf_cache()
 
 

@@ -13,19 +13,10 @@ pytest.importorskip("fsspec")
 pytest.importorskip("aiohttp")
 
 from faultkit import big_shards  # noqa: E402
-from remotekit import FaultServer, clear_http_cache  # noqa: E402
 from wdsfilter.remote import ObjectChanged, RemoteOptions  # noqa: E402
 from wdsfilter.score.shardwriter import member_ranges, write_filtered  # noqa: E402
 
 OPTS = RemoteOptions(block_bytes=256 << 10, readahead=2, backoff_seconds=0.01, idle_seconds=1)
-
-
-@pytest.fixture
-def web():
-    clear_http_cache()
-    with FaultServer() as server:
-        yield server
-    clear_http_cache()
 
 
 def kept_keys(path):

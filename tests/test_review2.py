@@ -10,17 +10,8 @@ import pytest
 pytest.importorskip("fsspec")
 pytest.importorskip("aiohttp")
 
-from remotekit import FaultServer, clear_http_cache  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture
-def web():
-    clear_http_cache()
-    with FaultServer() as server:
-        yield server
-    clear_http_cache()
 
 
 def _python(code: str) -> str:

@@ -9,17 +9,8 @@ from click.testing import CliRunner
 pytest.importorskip("fsspec")
 pytest.importorskip("aiohttp")
 
-from remotekit import FaultServer, clear_http_cache  # noqa: E402
 from shardkit import image_bytes, write_shard  # noqa: E402
 from wdsfilter.cli import main  # noqa: E402
-
-
-@pytest.fixture
-def web():
-    clear_http_cache()
-    with FaultServer() as server:
-        yield server
-    clear_http_cache()
 
 
 def _scattered(path, text="caption"):

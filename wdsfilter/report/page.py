@@ -287,12 +287,19 @@ def _column(column: str, st: dict, result, sections: List[dict]) -> List[str]:
     hist = st.get("histogram")
     if not hist:
         return out + ['<p class="meta">no values</p>']
-    out.append(f'<p class="meta">n={st["count"]}, min={st["min"]:.4g}, mean={st["mean"]:.4g}, max={st["max"]:.4g}</p>')
+    from .statistics import one_value_text
+    one = one_value_text(hist)
+    if one:  # no charts: an axis of no width, its ends labelled with values no row has
+        out.append(f'<p class="meta">{_e(one)}</p>')
+    else:
+        out.append(f'<p class="meta">n={st["count"]}, min={st["min"]:.4g}, mean={st["mean"]:.4g}, '
+                   f'max={st["max"]:.4g}</p>')
     mine = [t for t in result.thresholds if t.column == column]
     cuts = [(t.value, f"{'min' if t.minimum else 'max'} {t.value:.4g}", "#c22" if t.minimum else "#82c")
             for t in mine]
     minimum = not mine or any(t.minimum for t in mine)
-    out.append('<div class="charts">' + histogram_svg(hist, cuts) + kept_share_svg(hist, cuts, minimum) + "</div>")
+    if not one:
+        out.append('<div class="charts">' + histogram_svg(hist, cuts) + kept_share_svg(hist, cuts, minimum) + "</div>")
     for s in sections:
         if s["column"] != column:
             continue

@@ -75,6 +75,8 @@ def summarize_files(paths: Sequence[str], columns: Sequence[str], thresholds: Op
                                "counts": _bin_counts(paths, col, lo, hi, n_bins)}
             if per_value:
                 st["histogram"]["per_value"] = True
+            if st["min"] == st["max"]:  # a range of no width: the terminal, PNG and report say it in words
+                st["histogram"]["one_value"] = st["min"]
         for internal in ("sum", "scaled", "integer"):
             st.pop(internal, None)
     return {"rows": rows, "status": dict(status), "reasons": dict(reasons.most_common()), "kept": kept,
@@ -105,9 +107,10 @@ def step(lo: float, hi: float, i: int, n: int) -> float:
 
 def _add_values(st: dict, values: Iterable[Any]) -> None:
     """Count one file's values of a column into its statistics (booleans, or finite numbers:
-    count, sum, range, whether all are integers; infinities only counted, as `infinite`)."""
+    count, sum, range, whether all are integers; infinities only counted, as `infinite`). A
+    column of other values (a hash's text) is kind "other"; one of only None/NaN keeps kind None."""
     for v in values:
-        if v is None:
+        if is_missing(v):
             continue
         if isinstance(v, bool):
             st["kind"] = st["kind"] or "bool"
@@ -124,6 +127,8 @@ def _add_values(st: dict, values: Iterable[Any]) -> None:
             st["scaled"] += float(v) / _SCALE
             st["min"] = v if st["min"] is None else min(st["min"], v)
             st["max"] = v if st["max"] is None else max(st["max"], v)
+        else:
+            st["kind"] = st["kind"] or "other"
 
 
 def histogram_bins(lowest, highest, integer: bool, bins: int) -> Tuple[float, float, int, bool]:
@@ -134,7 +139,8 @@ def histogram_bins(lowest, highest, integer: bool, bins: int) -> Tuple[float, fl
     per_value = integer and hi - lo + 1 <= bins
     if per_value:
         n_bins, lo, hi = int(hi - lo) + 1, lo - 0.5, hi + 0.5
-    if hi == lo:  # one value: a bin of (almost) no width, above it (below it at the largest float)
+    if hi == lo:  # one value: one bin of (almost) no width, above it (below it at the largest float)
+        n_bins = 1
         hi = lo + 1e-9 if lo + 1e-9 > lo else math.nextafter(lo, math.inf)
         if math.isinf(hi):
             hi, lo = lo, math.nextafter(lo, -math.inf)
@@ -150,7 +156,18 @@ def _bin_counts(paths: Sequence[str], col: str, lo: float, hi: float, n_bins: in
     return counts
 
 
+def one_value_text(hist: dict) -> Optional[str]:
+    """"all 1024 values are 0" for a column of one value (None otherwise): its histogram would be
+    one bar on an axis of no width, whose end labels (0 .. 1e-09) are values no row has."""
+    if "one_value" not in hist:
+        return None
+    n = sum(hist["counts"])
+    return f"all {n} values are {hist['one_value']:.6g}" if n > 1 else f"one value: {hist['one_value']:.6g}"
+
+
 def text_histogram(hist: dict, width: int = 40) -> List[str]:
+    if one_value_text(hist):
+        return [f"    {one_value_text(hist)}"]
     counts, edges = hist["counts"], hist["edges"]
     top = max(counts) or 1
     lines = []
@@ -180,6 +197,12 @@ def plot_histograms(stats: Dict[str, dict], thresholds: Thresholds, path: str) -
         lo, hi = edges[0], edges[-1]
         left, right, bottom = margin, width - 10, y0 + panel - 20
         peak = max(counts) or 1
+        bounds = ", ".join(b for b in (f"min {minima[col]:g}" if col in minima else "",
+                                       f"max {maxima[col]:g}" if col in maxima else "") if b)
+        if one_value_text(st["histogram"]):  # no axis: its ends would be values no row has
+            draw.text((left, y0 + 6), f"{col}" + (f"  [{bounds}]" if bounds else ""), fill="black")
+            draw.text((left, (y0 + top + bottom) // 2), one_value_text(st["histogram"]), fill="black")
+            continue
 
         def x_of(v: float) -> float:
             return left + (right - left) * (position(v, lo, hi) if hi > lo else 0.5)
@@ -192,8 +215,6 @@ def plot_histograms(stats: Dict[str, dict], thresholds: Thresholds, path: str) -
         for v, colour in ((minima.get(col), (220, 30, 30)), (maxima.get(col), (140, 40, 160))):
             if v is not None and lo <= v <= hi:
                 draw.line([x_of(v), y0 + top, x_of(v), bottom], fill=colour, width=2)
-        bounds = ", ".join(b for b in (f"min {minima[col]:g}" if col in minima else "",
-                                       f"max {maxima[col]:g}" if col in maxima else "") if b)
         draw.text((left, y0 + 6), f"{col} (n={st['count']}, mean={st['mean']:.4g})" + (f"  [{bounds}]" if bounds else ""),
                   fill="black")
         draw.text((left, bottom + 4), f"{lo:.4g}", fill="black")

@@ -124,6 +124,8 @@ class RunSummary:
                     lines.extend(text_histogram(st["histogram"]))
             elif st.get("kind") == "bool":
                 lines.append(f"  {col}: true {st['true']}, false {st['false']}")
+            elif st.get("kind") in (None, "number"):  # only None/NaN (or infinities): said, not left out
+                lines.append(f"  {col}: no values" + (f" ({st['infinite']} infinite)" if st.get("infinite") else ""))
         for name, path in self.files.items():
             if path:
                 lines.append(f"  {name}: {path}")
