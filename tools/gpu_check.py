@@ -58,8 +58,8 @@ DRY = {"width": 64, "height": 48, "unique": 24, "shards": 2, "copies": 1, "big_m
 # Throughput reads 16 shards: a shard is read by one decode worker, so fewer shards than cores leave
 # cores idle (the first H100 run read 4 shards with 4 workers: 1,452 samples/s for B/32).
 QUICK = dict(REAL, unique=128, shards=4, copies=8, throughput_copies=8, timeout=150)
-# Seconds each step takes at QUICK sizes on an H100 machine (estimates, for --deadline).
-ESTIMATE = {1: 60, 2: 80, 3: 50, 4: 150, 5: 45, 6: 110, 7: 30}
+# Seconds each step took at QUICK sizes on the first H100 run (6: an estimate; it has not run), for --deadline.
+ESTIMATE = {1: 45, 2: 125, 3: 50, 4: 270, 5: 80, 6: 120, 7: 55}
 
 
 @dataclass
