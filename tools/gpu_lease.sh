@@ -2,7 +2,8 @@
 # tools/gpu_check.py inside a short GPU lease (the workplace's `device` tool; ../shared/GPU_CHECKLIST.md).
 # The leased machine's image has PyTorch, torchvision, pillow, pyarrow, opencv ... but not
 # webdataset, open_clip, easyocr or Ray, and no network: the caller carries them in .whl/ (wheels
-# for its Python, a slimmed Ray as ray-slim.tar.xz, the tiny CLIP as tiny-clip/). This installs
+# for its Python, a slimmed Ray as ray-slim.tar.xz, the tiny CLIP as tiny-clip/: tools/gpu_wheels.sh
+# makes them). This installs
 # them into /tmp/site, runs the steps in the order given under a deadline (a step that would not
 # fit is skipped, not cut off), and leaves under $OUT: table.json (written after every step),
 # log.txt, gpu.txt and runs.tgz (each run's output folder and its OUT.log with command and stderr).
