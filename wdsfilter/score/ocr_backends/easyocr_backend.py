@@ -7,7 +7,8 @@ cannot take a checkpoint whose MD5 differs from the release (a fine-tuned CRAFT)
 easyocr's own code instead: `easyocr.detection.get_detector` with device="cpu" (easyocr's
 torch.load + copyStateDict, no DataParallel on that path), then move the bare CRAFT module to the
 worker's device ourselves. Pre- and post-processing are easyocr's own functions (resize_aspect_ratio,
-normalizeMeanVariance, getDetBoxes, adjustResultCoordinates), run on a whole batch of frames; on
+normalizeMeanVariance, adjustResultCoordinates; getDetBoxes as craft_boxes.det_boxes, the same
+boxes, each component worked on in its own window rather than the whole map), run on a whole batch; on
 CUDA the preprocessing is done on the device instead (torch_preprocess: the same resize, padding
 and normalisation in torch), because on the first GPU run (H100) the model process spent all its
 time preparing float32 batches on the host while the GPU waited.
@@ -29,6 +30,7 @@ import numpy as np
 
 from ...errors import ConfigError
 from ..staging import Staging
+from .craft_boxes import det_boxes
 from .base import MIN_SIDE, DetectorBackend, Polygons, parse_device, working_scale
 
 log = logging.getLogger("wdsfilter")
@@ -227,7 +229,7 @@ class EasyOcrBackend(DetectorBackend):
     def detect(self, frames: np.ndarray) -> List[Polygons]:
         import cv2
         import torch
-        from easyocr.craft_utils import adjustResultCoordinates, getDetBoxes
+        from easyocr.craft_utils import adjustResultCoordinates
         from easyocr.imgproc import normalizeMeanVariance, resize_aspect_ratio
 
         frames = self._frames(frames)
@@ -259,8 +261,8 @@ class EasyOcrBackend(DetectorBackend):
         out = []
         with self._timed("postprocess"):
             for maps in y:
-                boxes, _, _ = getDetBoxes(maps[:, :, 0], maps[:, :, 1], self.text_threshold, self.link_threshold,
-                                          self.low_text, poly=False)
+                boxes = det_boxes(maps[:, :, 0], maps[:, :, 1], self.text_threshold, self.link_threshold,
+                                  self.low_text)
                 boxes = adjustResultCoordinates(boxes, 1 / ratio, 1 / ratio)
                 out.append([np.asarray(b, dtype=np.float64).reshape(-1, 2) for b in boxes])
         return out
