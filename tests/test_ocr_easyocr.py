@@ -244,3 +244,16 @@ def test_easyocr_through_the_score_command_with_a_local_checkpoint(random_dir, t
                                        "--ocr-model-dir", str(tmp_path / "none"), "--no-ocr-download",
                                        "--image-key", "png", "--device", "cpu", "--out", str(tmp_path / "o2")])
     assert result.exit_code == 2 and FILENAME in result.output and "--ocr-backend rapidocr" in result.output
+
+
+def test_bench_times_both_preprocessings_and_both_box_extractions(random_dir):
+    """tools/bench_ocr.py's easyocr rows run the real code both ways on the same batches (no
+    forward: cheap), and its getDetBoxes comparison checks that the boxes are the same."""
+    from tools import bench_ocr
+    s = easy(random_dir, min_side=256)
+    s.load("cpu")
+    frames = [np.stack([text_frame("SALE", width=160, height=120)] * 2), text_frame("OPEN", width=200, height=150)[None]]
+    p = bench_ocr.compare_preprocessing(s, frames, batch=4, repeat=1)
+    assert p["device"] == "cpu" and all(p[k + "_ms_per_frame"] > 0 for k in ("easyocr", "upload", "torch"))
+    boxes = bench_ocr.compare_box_extraction(components=(0, 10), repeat=1)
+    assert [b["same_boxes"] for b in boxes] == [True, True] and boxes[1]["boxes"] == 10
