@@ -33,10 +33,10 @@ def craft_state():
     return CRAFT().state_dict()  # building CRAFT takes a second or two: once per module
 
 
-def save_craft(directory, last_bias=None, prefix=""):
+def save_craft(directory, last_bias=None, prefix="", state=None):
     """A CRAFT state dict from easyocr's own class. last_bias: zero the last conv and set its bias,
     so both score maps are that constant everywhere. prefix="module.": as DataParallel saves it."""
-    state = {k: v.clone() for k, v in craft_state().items()}
+    state = {k: v.clone() for k, v in (state or craft_state()).items()}
     if last_bias is not None:
         state["conv_cls.8.weight"].zero_()
         state["conv_cls.8.bias"].fill_(last_bias)
@@ -108,6 +108,74 @@ def test_constant_checkpoints_cover_all_or_nothing(tmp_path):
     assert [r["ocr_area"] for r in empty] == [0.0, 0.0]
 
 
+def boxes_craft(frame, mag_ratio, low_text=0.4):
+    """The random CRAFT with its last layer rescaled so that boxes appear and follow the picture:
+    its text map spans ~0.05 (nothing would pass the thresholds), so it is stretched to put the
+    top 15% of this frame's values over low_text and the top 1% at low_text + 0.6 (over
+    text_threshold 0.7); the link map is off (-1), so boxes are the text map's components."""
+    from easyocr.imgproc import normalizeMeanVariance, resize_aspect_ratio
+    state = {k: v.clone() for k, v in craft_state().items()}
+    net = CRAFT()
+    net.load_state_dict(state)
+    resized, _, _ = resize_aspect_ratio(frame, 2560, interpolation=__import__("cv2").INTER_LINEAR, mag_ratio=mag_ratio)
+    with torch.inference_mode():
+        text = net.eval()(torch.from_numpy(normalizeMeanVariance(resized))[None].permute(0, 3, 1, 2))[0][0, ..., 0]
+    p85, p99 = np.percentile(text.numpy(), [85, 99])
+    stretch = 0.6 / (p99 - p85)
+    weight, bias = state["conv_cls.8.weight"], state["conv_cls.8.bias"]
+    weight[0] *= stretch
+    bias[0] = stretch * (bias[0] - p85) + low_text
+    weight[1].zero_()
+    bias[1] = -1.0
+    return state
+
+
+def test_craft_finds_the_same_boxes_after_torch_preprocessing(tmp_path):
+    """What runs on CUDA (torch_preprocess: uint8 frames resized and normalised by torch) against
+    easyocr's own preprocessing, through the same CRAFT on a CPU: the score maps differ by about a
+    hundredth of their spread (inputs one grey level apart on ~10% of values,
+    tests/test_ocr_preprocess.py), and detect() finds the same boxes, each corner within a pixel or
+    two of the frame (thresholding a map that moved a little moves a component's edge by at most a
+    map pixel, two frame pixels at these enlargements)."""
+    from easyocr.imgproc import normalizeMeanVariance, resize_aspect_ratio
+    from skimage import data
+    from wdsfilter.score.ocr_backends.base import make_backend
+    from wdsfilter.score.ocr_backends.easyocr_backend import torch_preprocess
+    sale = text_frame("SALE 50%", width=240, height=160, size=30)
+    frames = [sale, np.ascontiguousarray(data.coffee()[::3, ::3][:130, :190]),  # odd sizes, enlarged to 256
+              np.ascontiguousarray(np.repeat(data.text()[::2, ::2, None], 3, axis=2))]  # handwriting, grey
+    # min_side 256 rather than 736: the same enlarge-and-map-back path on a seventh of the pixels.
+    options = {"download": False, "verify_checksum": False, "min_side": 256}
+    mag = make_backend("easyocr", **options)._magnification(*sale.shape[:2])
+    folder = save_craft(tmp_path / "craft", state=boxes_craft(sale, mag))
+    backends = [make_backend("easyocr", model_dir=folder, torch_preprocess=on, **options) for on in (False, True)]
+    for b in backends:
+        b.load("cpu")
+    easy, ours = backends
+    assert easy._staging is None and ours._staging is not None  # on a CPU easyocr's code unless asked
+    assert pickle.loads(pickle.dumps(ours))._staging is None
+    counts = []
+    for frame in frames:
+        ratio, height, width = ours._resize(*frame.shape[:2])
+        resized, _, _ = resize_aspect_ratio(frame, ours.canvas_size, interpolation=__import__("cv2").INTER_LINEAR,
+                                            mag_ratio=ours._magnification(*frame.shape[:2]))
+        with torch.inference_mode():
+            maps_easy = ours._model(torch.from_numpy(normalizeMeanVariance(resized))[None].permute(0, 3, 1, 2))[0]
+            maps_ours = ours._model(torch_preprocess(torch.from_numpy(frame[None].copy()), height, width,
+                                                     torch.float32))[0]
+        text_easy, text_ours = maps_easy[0, ..., 0].numpy(), maps_ours[0, ..., 0].numpy()
+        spread = np.percentile(text_easy, 99) - np.percentile(text_easy, 1)
+        assert np.abs(text_ours - text_easy).max() < 0.03 * spread
+        boxes_easy, boxes_ours = easy.detect(frame[None])[0], ours.detect(frame[None])[0]
+        assert len(boxes_ours) == len(boxes_easy)
+        for a, b in zip(sorted(boxes_easy, key=lambda p: p.min(0).tolist()),
+                        sorted(boxes_ours, key=lambda p: p.min(0).tolist())):
+            assert np.abs(a - b).max() <= 2.0
+        counts.append(len(boxes_easy))
+    assert min(counts) >= 2  # boxes to compare on every frame (measured: 3, 4 and 7)
+    assert ours.timings["preprocess"] > 0 and ours.timings["forward"] > 0
+
+
 def test_release_checksum_is_enforced_unless_turned_off(random_dir):
     s = OcrScorer(backend="easyocr", model_dir=random_dir, download=False)  # verify_checksum on
     with pytest.raises(ConfigError, match="checksum"):
@@ -176,3 +244,16 @@ def test_easyocr_through_the_score_command_with_a_local_checkpoint(random_dir, t
                                        "--ocr-model-dir", str(tmp_path / "none"), "--no-ocr-download",
                                        "--image-key", "png", "--device", "cpu", "--out", str(tmp_path / "o2")])
     assert result.exit_code == 2 and FILENAME in result.output and "--ocr-backend rapidocr" in result.output
+
+
+def test_bench_times_both_preprocessings_and_both_box_extractions(random_dir):
+    """tools/bench_ocr.py's easyocr rows run the real code both ways on the same batches (no
+    forward: cheap), and its getDetBoxes comparison checks that the boxes are the same."""
+    from tools import bench_ocr
+    s = easy(random_dir, min_side=256)
+    s.load("cpu")
+    frames = [np.stack([text_frame("SALE", width=160, height=120)] * 2), text_frame("OPEN", width=200, height=150)[None]]
+    p = bench_ocr.compare_preprocessing(s, frames, batch=4, repeat=1)
+    assert p["device"] == "cpu" and all(p[k + "_ms_per_frame"] > 0 for k in ("easyocr", "upload", "torch"))
+    boxes = bench_ocr.compare_box_extraction(components=(0, 10), repeat=1)
+    assert [b["same_boxes"] for b in boxes] == [True, True] and boxes[1]["boxes"] == 10

@@ -15,7 +15,10 @@ samples that share a batch_key. In one process, so the shares add up:
                 recogniser (min_text_score; in seconds_by_stage as "read") and the polygon union
 
 and frames/s end to end. It also times both area methods (shapely, raster) on the polygons the
-detector found, and with --memory measures the detector's peak memory per input pixel.
+detector found, and with --memory measures the detector's peak memory per input pixel. With easyocr
+it also times the preprocessing both ways on the same frames (compare_preprocessing): easyocr's on
+the host against the host's share of torch_preprocess (the uint8 upload), which runs on CUDA, and
+turning score maps into boxes with easyocr's getDetBoxes against craft_boxes.det_boxes.
 --min-side and --min-text-score set the scorer's small-frame enlarging (0: off) and box reading
 (none: every detected box counts, not read); by default the scorer's own defaults are timed.
 easyocr without downloaded
@@ -140,6 +143,107 @@ def compare_area_methods(scorer, prepared: list, repeat: int = 20) -> dict:
     return out
 
 
+def compare_preprocessing(scorer, frame_arrays: list, batch: int, repeat: int = 3) -> dict:
+    """easyocr only: the detector's preprocessing per frame, both ways side by side on the same
+    batches (frames of one size, `batch` at a time, as score_batch hands them over):
+
+      easyocr   easyocr's own (cv2 resize, float32 normalise, np.stack, permute) on the host, and
+                on CUDA the float32 batch's copy to the device (synchronised): what ran before
+      upload    torch_preprocess's host share: the uint8 batch into the staging buffer (pinned on
+                CUDA, then an asynchronous copy; on a CPU a plain copy)
+      torch     torch_preprocess itself on the detector's device (synchronised on CUDA): on a
+                CUDA device the GPU's work, on a CPU the same work on the host cores
+
+    On a CPU machine only `easyocr` vs `upload` says something about a GPU run: the host's work
+    per frame before and after (the device's share, and the copies, need a GPU)."""
+    import numpy as np
+    import torch
+    from wdsfilter.score.ocr_backends.easyocr_backend import torch_preprocess
+    from wdsfilter.score.staging import Staging
+
+    det = scorer.detector
+    param = next(det._model.parameters())
+    cuda = param.device.type == "cuda"
+    staging = Staging.for_device(param.device)
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize(param.device)
+
+    def easyocr_way(frames):
+        import cv2
+        from easyocr.imgproc import normalizeMeanVariance, resize_aspect_ratio
+        mag = det._magnification(*frames.shape[1:3])
+        x = torch.from_numpy(np.stack([normalizeMeanVariance(resize_aspect_ratio(
+            f, det.canvas_size, interpolation=cv2.INTER_LINEAR, mag_ratio=mag)[0]) for f in frames])).permute(0, 3, 1, 2)
+        if cuda:
+            x.to(param.device, param.dtype)
+            sync()
+
+    groups = {}
+    for frames_ in frame_arrays:  # (N, H, W, 3) per sample
+        groups.setdefault(frames_.shape[1:], []).append(frames_)
+    batches_ = [np.concatenate(g[i:i + batch]) for g in groups.values() for i in range(0, len(g), batch)]
+    seconds = {"easyocr": 0.0, "upload": 0.0, "torch": 0.0}
+    frames = 0
+    for _ in range(repeat):
+        for frames_ in batches_:
+            t0 = time.perf_counter()
+            easyocr_way(frames_)
+            t1 = time.perf_counter()
+            pixels = staging.to_device([torch.from_numpy(frames_)], param.device)
+            t2 = time.perf_counter()
+            sync()  # the upload's DMA is not the host's time: wait for it outside both timers
+            t3 = time.perf_counter()
+            _, height, width = det._resize(*frames_.shape[1:3])
+            with torch.inference_mode():
+                torch_preprocess(pixels, height, width, param.dtype)
+            sync()
+            t4 = time.perf_counter()
+            seconds["easyocr"] += t1 - t0
+            seconds["upload"] += t2 - t1
+            seconds["torch"] += t4 - t3
+            frames += len(frames_)
+    staging.release()
+    out = {k + "_ms_per_frame": v / frames * 1e3 for k, v in seconds.items()}
+    out["host_ratio"] = seconds["easyocr"] / max(seconds["upload"], 1e-12)
+    out["device"] = str(param.device)
+    return out
+
+
+def compare_box_extraction(components=(0, 10, 30, 100), height=368, width=654, repeat=5) -> list:
+    """easyocr's getDetBoxes against craft_boxes.det_boxes (the backend's), per frame, side by side
+    on score maps of the size a 1280x720 frame gives at short side 736, with `components` text
+    blobs: easyocr's cost grows as components x map pixels, det_boxes' as the components' windows."""
+    import cv2
+    import numpy as np
+    from easyocr.craft_utils import getDetBoxes
+    from wdsfilter.score.ocr_backends.craft_boxes import det_boxes
+    rng = np.random.default_rng(0)
+    out = []
+    for n in components:
+        text = np.zeros((height, width), np.float32)
+        for _ in range(n):
+            y, x = int(rng.integers(10, height - 10)), int(rng.integers(10, width - 30))
+            text[y - 4:y + 4, x:x + 20] = 0.9
+        text = cv2.GaussianBlur(text, (5, 5), 2)
+        link = np.zeros_like(text)
+        seconds = {}
+        for name, fn in (("easyocr", lambda: getDetBoxes(text, link, 0.7, 0.4, 0.4)[0]),
+                         ("ours", lambda: det_boxes(text, link, 0.7, 0.4, 0.4))):
+            t = time.perf_counter()
+            for _ in range(repeat):
+                boxes = fn()
+            seconds[name] = (time.perf_counter() - t) / repeat
+            seconds[name + "_boxes"] = boxes
+        same = len(seconds["easyocr_boxes"]) == len(seconds["ours_boxes"]) and all(
+            np.array_equal(a, b) for a, b in zip(seconds["easyocr_boxes"], seconds["ours_boxes"]))
+        out.append({"components": n, "boxes": len(seconds["ours_boxes"]), "same_boxes": same,
+                    "easyocr_ms": seconds["easyocr"] * 1e3, "ours_ms": seconds["ours"] * 1e3,
+                    "ratio": seconds["easyocr"] / max(seconds["ours"], 1e-12)})
+    return out
+
+
 def _peak_rss_during(fn):
     """Peak resident memory growth while fn runs: a thread samples RSS every 0.5 ms (the CPU
     allocators hand memory back between layers, so an end-of-call reading misses the peak)."""
@@ -232,9 +336,17 @@ def main(argv=None) -> dict:
             samples = load_samples(kind, args.copies)
             run(scorer, samples[: min(len(samples), args.batch)], args.batch)  # warm-up (session, caches)
             r = run(scorer, samples, args.batch)
-            areas = compare_area_methods(scorer, r.pop("prepared")[:16])
+            prepared = r.pop("prepared")
+            areas = compare_area_methods(scorer, prepared[:16])
             rows = r.pop("rows")
             r["area_methods"] = areas
+            if args.backend == "easyocr":
+                import cv2
+                import numpy as np
+                r["preprocessing"] = compare_preprocessing(scorer, [x.frames for x in prepared], args.batch)
+                # Also at 1280x720, the frames of the first GPU run (enlarged to 1308x736 there).
+                r["preprocessing_1280x720"] = compare_preprocessing(
+                    scorer, [np.stack([cv2.resize(f, (1280, 720)) for f in x.frames]) for x in prepared], args.batch)
             r["mean_ocr_area"] = sum(x["ocr_area"] for x in rows) / len(rows)
             results[kind] = r
             s = r["share"]
@@ -246,6 +358,18 @@ def main(argv=None) -> dict:
             print(f"         area union: shapely {areas['shapely']['us_per_frame']:.0f} us/frame, raster "
                   f"{areas['raster']['us_per_frame']:.0f} us/frame, max |difference| {areas['max_abs_diff']:.4f}, "
                   f"{areas['polygons_per_frame']:.1f} polygons/frame")
+            for label, key in (("these frames", "preprocessing"), ("at 1280x720", "preprocessing_1280x720")):
+                if key in r:
+                    p = r[key]
+                    print(f"         preprocessing per frame, {label}: easyocr's (host) {p['easyocr_ms_per_frame']:.2f} "
+                          f"ms, uint8 upload (host) {p['upload_ms_per_frame']:.2f} ms = {p['host_ratio']:.0f}x less "
+                          f"host time; torch_preprocess on {p['device']} {p['torch_ms_per_frame']:.2f} ms")
+        if args.backend == "easyocr":
+            results["box_extraction"] = compare_box_extraction()
+            for b in results["box_extraction"]:
+                print(f"  boxes from 368x654 score maps, {b['components']} text blobs ({b['boxes']} boxes, the same: "
+                      f"{b['same_boxes']}): easyocr's getDetBoxes {b['easyocr_ms']:.1f} ms, det_boxes "
+                      f"{b['ours_ms']:.1f} ms per frame = {b['ratio']:.1f}x")
         if args.memory:
             results["memory"] = measure_memory(scorer, args.device)
             for m in results["memory"]:

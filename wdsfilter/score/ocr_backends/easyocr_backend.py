@@ -7,7 +7,11 @@ cannot take a checkpoint whose MD5 differs from the release (a fine-tuned CRAFT)
 easyocr's own code instead: `easyocr.detection.get_detector` with device="cpu" (easyocr's
 torch.load + copyStateDict, no DataParallel on that path), then move the bare CRAFT module to the
 worker's device ourselves. Pre- and post-processing are easyocr's own functions (resize_aspect_ratio,
-normalizeMeanVariance, getDetBoxes, adjustResultCoordinates), run on a whole batch of frames.
+normalizeMeanVariance, adjustResultCoordinates; getDetBoxes as craft_boxes.det_boxes, the same
+boxes, each component worked on in its own window rather than the whole map), run on a whole batch; on
+CUDA the preprocessing is done on the device instead (torch_preprocess: the same resize, padding
+and normalisation in torch), because on the first GPU run (H100) the model process spent all its
+time preparing float32 batches on the host while the GPU waited.
 
 Weights: craft_mlt_25k.pth in `model_dir` (default: easyocr's, $EASYOCR_MODULE_PATH/model or
 ~/.EasyOCR/model). With download=True a missing or damaged file is fetched by easyocr's own
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 import zipfile
 from dataclasses import dataclass
 from typing import List, Optional
@@ -24,11 +29,40 @@ from typing import List, Optional
 import numpy as np
 
 from ...errors import ConfigError
+from ..staging import Staging
+from .craft_boxes import det_boxes
 from .base import MIN_SIDE, DetectorBackend, Polygons, parse_device, working_scale
 
 log = logging.getLogger("wdsfilter")
 
 NETWORK = "craft"
+# easyocr.imgproc.normalizeMeanVariance's defaults, which easyocr's own pipeline uses.
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+
+
+def torch_preprocess(frames, height: int, width: int, dtype):
+    """easyocr's resize_aspect_ratio + normalizeMeanVariance in torch, on whatever device `frames`
+    is on: (B, H, W, 3) uint8 -> the (B, 3, height+pad, width+pad) network input in `dtype`.
+
+    height, width: the resized size (EasyOcrBackend._resize, easyocr's rule). Bilinear as
+    cv2.INTER_LINEAR (half-pixel centres: align_corners=False; no antialiasing when reducing),
+    rounded to whole grey levels as cv2 does for a uint8 frame: the values then differ from
+    easyocr's by at most one grey level, where cv2's fixed-point weights round the other way
+    (tests/test_ocr_preprocess.py). Zeros are padded at the bottom and right to a multiple of 32
+    before normalising, as resize_aspect_ratio does, so the padding is -mean/std as in easyocr.
+    Arithmetic in float32 (easyocr's), then cast to the network's dtype."""
+    import torch
+    import torch.nn.functional as F
+
+    # NCHW view of the NHWC frames (channels_last), the layout easyocr's permuted batch had too.
+    x = frames.permute(0, 3, 1, 2).float()
+    if tuple(x.shape[-2:]) != (height, width):
+        x = F.interpolate(x, size=(height, width), mode="bilinear", align_corners=False, antialias=False).round_()
+    x = F.pad(x, (0, -width % 32, 0, -height % 32))
+    mean = torch.tensor([m * 255.0 for m in MEAN], dtype=torch.float32, device=x.device).view(1, 3, 1, 1)
+    std = torch.tensor([s * 255.0 for s in STD], dtype=torch.float32, device=x.device).view(1, 3, 1, 1)
+    return x.sub_(mean).div_(std).to(dtype)
 
 
 def _easyocr_config():
@@ -70,8 +104,17 @@ class EasyOcrBackend(DetectorBackend):
     link_threshold: float = 0.4
     low_text: float = 0.4
     fp16: bool = False                # half precision on CUDA: half the activation memory
+    # Resize and normalise with torch on the model's device (torch_preprocess) instead of easyocr's
+    # cv2/numpy on the host. None: on CUDA only, where uint8 frames cross to the device (a quarter
+    # of float32's bytes) and the host is free for the next batch; on a CPU easyocr's own code
+    # runs. True: on any device (the tests compare both on a CPU).
+    torch_preprocess: Optional[bool] = None
 
     name = "easyocr"
+
+    def __post_init__(self):
+        super().__post_init__()
+        self._staging: Optional[Staging] = None  # set by load() where torch_preprocess runs
 
     def model_directory(self) -> str:
         if self.model_dir:
@@ -87,11 +130,16 @@ class EasyOcrBackend(DetectorBackend):
         where the frame is small (working_scale); resize_aspect_ratio caps it at canvas_size."""
         return max(self.mag_ratio, working_scale(height, width, self.min_side, None, self.canvas_size))
 
-    def _net_size(self, height: int, width: int):
-        """CRAFT's input size for a frame: easyocr's resize_aspect_ratio rule, padded to 32."""
+    def _resize(self, height: int, width: int):
+        """easyocr's resize_aspect_ratio rule for a frame: (ratio, resized height, resized width),
+        before padding; the same float ratio easyocr returns (adjustResultCoordinates reads it)."""
         target = min(self._magnification(height, width) * max(height, width), self.canvas_size)
         ratio = target / max(height, width)
-        h, w = int(height * ratio), int(width * ratio)
+        return ratio, int(height * ratio), int(width * ratio)
+
+    def _net_size(self, height: int, width: int):
+        """CRAFT's input size for a frame: the resized size padded to 32."""
+        _, h, w = self._resize(height, width)
         return h + (-h % 32), w + (-w % 32)
 
     def fetch(self) -> str:
@@ -160,6 +208,20 @@ class EasyOcrBackend(DetectorBackend):
         net.eval()
         self._model = net
         self.device = device
+        on_device = kind == "cuda" if self.torch_preprocess is None else self.torch_preprocess
+        # Pinned buffers and non_blocking copies on CUDA (the CLIP scorer's uint8 path).
+        self._staging = Staging.for_device(device) if on_device else None
+
+    def unload(self) -> None:
+        if self._staging is not None:
+            self._staging.release()
+        self._staging = None
+        super().unload()
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state["_staging"] = None  # pinned host buffers stay in the model worker
+        return state
 
     def describe(self) -> str:
         return f"easyocr CRAFT detector ({self.weights_path()}) on {self.device or 'not loaded'}"
@@ -167,28 +229,40 @@ class EasyOcrBackend(DetectorBackend):
     def detect(self, frames: np.ndarray) -> List[Polygons]:
         import cv2
         import torch
-        from easyocr.craft_utils import adjustResultCoordinates, getDetBoxes
+        from easyocr.craft_utils import adjustResultCoordinates
         from easyocr.imgproc import normalizeMeanVariance, resize_aspect_ratio
 
         frames = self._frames(frames)
+        param = next(self._model.parameters())
+        # On CUDA this times the host's share only (the copy into the pinned buffer, launching the
+        # kernels): the device's work runs asynchronously and is counted in forward.
         with self._timed("preprocess"):
-            batch, ratio = [], 1.0
-            mag = self._magnification(*frames.shape[1:3])
-            for f in frames:  # same size in, same size (and ratio) out
-                resized, ratio, _ = resize_aspect_ratio(f, self.canvas_size, interpolation=cv2.INTER_LINEAR,
-                                                        mag_ratio=mag)
-                batch.append(normalizeMeanVariance(resized))
-            x = torch.from_numpy(np.stack(batch)).permute(0, 3, 1, 2)
+            if self._staging is not None:
+                ratio, height, width = self._resize(*frames.shape[1:3])
+                with warnings.catch_warnings():
+                    # Decoded frames are often read-only arrays; they are only read here (copied
+                    # into the staging buffer), so torch's warning about writing to them is moot.
+                    warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+                    pixels = self._staging.to_device([torch.from_numpy(np.ascontiguousarray(frames))], param.device)
+                with torch.inference_mode():
+                    x = torch_preprocess(pixels, height, width, param.dtype)
+            else:
+                batch, ratio = [], 1.0
+                mag = self._magnification(*frames.shape[1:3])
+                for f in frames:  # same size in, same size (and ratio) out
+                    resized, ratio, _ = resize_aspect_ratio(f, self.canvas_size, interpolation=cv2.INTER_LINEAR,
+                                                            mag_ratio=mag)
+                    batch.append(normalizeMeanVariance(resized))
+                x = torch.from_numpy(np.stack(batch)).permute(0, 3, 1, 2)
         with self._timed("forward"):
-            param = next(self._model.parameters())
             with torch.inference_mode():
                 y, _ = self._model(x.to(param.device, param.dtype))
                 y = y.float().cpu().numpy()  # (B, H/2, W/2, 2): text and link score maps
         out = []
         with self._timed("postprocess"):
             for maps in y:
-                boxes, _, _ = getDetBoxes(maps[:, :, 0], maps[:, :, 1], self.text_threshold, self.link_threshold,
-                                          self.low_text, poly=False)
+                boxes = det_boxes(maps[:, :, 0], maps[:, :, 1], self.text_threshold, self.link_threshold,
+                                  self.low_text)
                 boxes = adjustResultCoordinates(boxes, 1 / ratio, 1 / ratio)
                 out.append([np.asarray(b, dtype=np.float64).reshape(-1, 2) for b in boxes])
         return out
