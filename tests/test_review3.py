@@ -50,3 +50,38 @@ def test_the_streaming_share_of_a_column_with_an_infinity_takes_a_few_passes(mon
         value, k = (quantile.top_share_value if top else quantile.bottom_share_value)(source, percent)
         assert (value, k) == quantile.share_value(values.copy(), percent, top)
         assert len(passes) < 30, len(passes)
+
+
+def _unreadable_presigned(web, tmp_path) -> str:
+    """A presigned URL of a real shard that the server refuses (403, not retried)."""
+    from scorekit import make_shards
+    shards, _ = make_shards(str(tmp_path / "src"), [4])
+    path = "a.tar?X-Amz-Signature=SeCrEt99"
+    url = web.put(path, open(shards[0], "rb").read())
+    web.fail(path, *[("status", 403, None)] * 20)
+    return url
+
+
+def test_validate_names_a_refused_presigned_shard_without_its_signature(web, tmp_path):
+    """validate's Details line names the shard of each finding: shown as the shard table shows it
+    (shards.shown_url), never with its query."""
+    from click.testing import CliRunner
+
+    from wdsfilter.cli import main
+    r = CliRunner().invoke(main, ["validate", _unreadable_presigned(web, tmp_path)])
+    assert r.exit_code == 1 and "remote_read_failed" in r.output and "403" in r.output, r.output
+    assert "SeCrEt99" not in r.output, r.output
+
+
+def test_score_names_a_refused_presigned_shard_without_its_signature(web, tmp_path):
+    """score's lines for a shard that failed (the summary's FAILED line, the nothing-scored error)
+    show its URL redacted."""
+    from click.testing import CliRunner
+
+    from wdsfilter.cli import main
+    r = CliRunner().invoke(main, ["score", _unreadable_presigned(web, tmp_path), "--scorer",
+                                  "scorekit:BrightnessScorer", "--out", str(tmp_path / "run"), "--device", "cpu",
+                                  "--workers", "0", "--no-progress", "--format", "jsonl"])
+    text = r.output + str(r.exception or "")
+    assert r.exit_code == 3 and "403" in text and "a.tar?<hidden>" in text, text
+    assert "SeCrEt99" not in text, text
