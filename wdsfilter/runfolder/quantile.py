@@ -70,6 +70,21 @@ def kth_smallest(source: Source, k: int, stats: Tuple[int, float, float] = None)
         if count <= COLLECT:
             inside = np.concatenate([_region(v, lo, hi) for v in source()] or [np.empty(0)])
             return float(np.partition(inside, k - below - 1)[k - below - 1])
+        if math.isinf(lo) or math.isinf(hi):  # the bins need finite ends: an infinite end is peeled off
+            end = lo if math.isinf(lo) else hi
+            at_end = sum(int((v == end).sum()) for v in source())
+            if end == lo:
+                if k - below <= at_end:
+                    return lo
+                below += at_end
+                count -= at_end
+                lo = min(float(v[(v > lo) & (v <= hi)].min()) for v in source() if ((v > lo) & (v <= hi)).any())
+            else:
+                if k - below > count - at_end:
+                    return hi
+                count -= at_end
+                hi = max(float(v[(v >= lo) & (v < hi)].max()) for v in source() if ((v >= lo) & (v < hi)).any())
+            continue
         bin_of = _binning(lo, hi)
         counts = np.zeros(BINS, dtype=np.int64)
         mins = np.full(BINS, np.inf)

@@ -270,6 +270,7 @@ def refuse_in_spawned_worker() -> None:
 def nothing_scored_text(summary: RunSummary, finished: int, scores_dir: str) -> str:
     lines = [f"no sample was scored: {summary.rows} row(s) in {finished} finished shard(s) of {summary.shards}"]
     lines += [f"  {n} {r}" for r, n in summary.reasons.items()]
-    lines += [f"  shard {f['url']}: {f['reason']}" for f in summary.shards_failed]
+    from ..shards import shown_url
+    lines += [f"  shard {shown_url(f['url'])}: {f['reason']}" for f in summary.shards_failed]
     lines.append(f"  details: {summary.files['summary']} and the score files in {scores_dir}")
     return "\n".join(lines)

@@ -154,10 +154,24 @@ def check_before_torch(cfg: ScoreConfig) -> None:
 
 
 def check_threshold_columns(cfg: ScoreConfig, columns) -> None:
+    """Every threshold and share column is one a scorer writes; where `columns` holds the declared
+    types (score_columns), one declared as numbers: the end of the run resolves the shares with
+    `wdsfilter filter`'s rule (runfolder.shares.check_spec), which refuses any other column, and
+    that after every shard was scored."""
     missing = [c for c in cfg.threshold_columns() if c not in columns]
     if missing:
         raise ConfigError(f"threshold(s) on {missing}, which no scorer of this run writes; "
                           f"score columns: {', '.join(columns)}")
+    if isinstance(columns, Mapping):
+        import pyarrow as pa
+        declared = {c: arrow_type(columns[c]) for c in cfg.threshold_columns() if columns[c] is not None}
+        flags = [c for c, t in declared.items() if t is not None and not (pa.types.is_floating(t) or
+                                                                           pa.types.is_integer(t))]
+        if flags:
+            numeric = [c for c, t in columns.items() if t is None or pa.types.is_floating(arrow_type(t))
+                       or pa.types.is_integer(arrow_type(t))]
+            raise ConfigError(f"threshold(s) on {', '.join(flags)}, which {'does' if len(flags) == 1 else 'do'} not "
+                              f"hold numbers; numeric score columns: {', '.join(numeric) or 'none'}")
 
 
 def score_columns(scorers: Sequence[Scorer]) -> Dict[str, Optional[str]]:

@@ -9,6 +9,7 @@ from ..atomic import write_json
 from ..runfolder.tables import STATUSES
 from .ledger import summary_lines
 from ..report.statistics import text_histogram
+from ..shards import shown_url
 
 
 # -- the run summary ------------------------------------------------------------------------------
@@ -112,10 +113,10 @@ class RunSummary:
                          f"{self.retried['samples'] - self.retried['scored']} still listed")
         lines += summary_lines(self.failures, self.files.get("failures") or "failures.parquet")
         for f in self.shards_failed:
-            lines.append(f"  shard FAILED (no marker; --resume retries it): {f['url']}: {f['reason']}")
+            lines.append(f"  shard FAILED (no marker; --resume retries it): {shown_url(f['url'])}: {f['reason']}")
         for f in self.shards_cut:
             lines.append(f"  shard CUT SHORT (the samples before the break were scored, the rest have no row; "
-                         f"re-create or re-download it): {f['url']}: {f['reason']}")
+                         f"re-create or re-download it): {shown_url(f['url'])}: {f['reason']}")
         for col, st in self.columns.items():
             if st.get("kind") == "number" and st.get("count"):
                 lines.append(f"  {col}: n={st['count']} min={st['min']:.4g} mean={st['mean']:.4g} max={st['max']:.4g}"

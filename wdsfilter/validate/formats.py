@@ -96,7 +96,7 @@ def to_text(report: Report) -> str:
         for k in order:
             lines.append(f"  {k} ({KINDS[k][0]}, {counts[k]}): {KINDS[k][1]}")
             for f in by_kind[k][:TEXT_EXAMPLES]:
-                where = " ".join(p for p in (f.shard, f"member {f.member}" if f.member else "",
+                where = " ".join(p for p in (shown_url(f.shard) if f.shard else "", f"member {f.member}" if f.member else "",
                                              f"key {f.key!r}" if f.key and f.key != f.member else "") if p)
                 lines.append(f"    {where or '(all shards)'}: {f.message}")
             if counts[k] > TEXT_EXAMPLES:
