@@ -294,3 +294,16 @@ def test_the_report_stays_small_whatever_the_captions(tmp_path):
     assert os.path.getsize(page) < 2 << 20  # was > 28 MB: every caption whole
     assert html.count('<img src="data:image/') >= 6 and "characters in all)" in html
     assert rss < 600, rss
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_a_named_pipe_planted_in_the_run_folder_is_refused_not_waited_on(tmp_path):
+    shard = gnu_tar_shards(str(tmp_path), [4])[0]
+    out = score_folder([shard], tmp_path / "scores")
+    score_file = os.path.join(out, "scores", sorted(os.listdir(os.path.join(out, "scores")))[0])
+    os.remove(score_file)
+    os.mkfifo(score_file)  # opening it for reading would block until someone writes
+    for args in (["--dry-run"], ["--write-shards", str(tmp_path / "kept"), "--no-report"]):
+        r = run_cli("filter", out, *args, timeout=120)
+        assert r.returncode == 2 and one_line(r.stderr), r.stderr
+        assert "not a regular file" in r.stderr and os.path.basename(score_file) in r.stderr

@@ -94,9 +94,23 @@ class Confinement:
         head, base = os.path.split(path)
         if (not stat.S_ISLNK(st.st_mode) and base not in ("", ".", "..") and self._dir_inside(head)) \
                 or inside(self.folder, path):
+            _plain(path, st)
             return path
         raise ConfigError(f"{path} leads out of the run folder {self.folder} (a symlink to {os.path.realpath(path)}); "
                           f"a run folder's files stay inside it: replace the link with the file, or score again")
+
+
+def _plain(path: str, st: os.stat_result) -> None:
+    """A run folder's entries are files and folders: opening a named pipe (or a device) a handed-over
+    folder planted would wait for ever, or read without end."""
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            st = os.stat(path)
+        except OSError:  # a dangling link: reading it fails with its own message
+            return
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+        raise ConfigError(f"{path} in the run folder is not a regular file (a named pipe, socket or device); "
+                          f"a run folder holds only files and folders: remove it, or score again")
 
 
 def read_json(folder: str, path: str, default: Any = None, confine: Optional[Confinement] = None) -> Any:
