@@ -4,16 +4,6 @@ import pytest
 pytest.importorskip("fsspec")
 pytest.importorskip("aiohttp")
 
-from remotekit import FaultServer, clear_http_cache  # noqa: E402
-
-
-@pytest.fixture
-def web():
-    clear_http_cache()
-    with FaultServer() as server:
-        yield server
-    clear_http_cache()
-
 
 @pytest.mark.parametrize("status", [403, 404, 500])
 def test_a_failed_read_of_a_presigned_url_never_shows_its_signature(web, status):
@@ -104,3 +94,15 @@ def test_score_refuses_a_threshold_on_a_column_that_holds_no_numbers_before_scor
                                   value, "--device", "cpu", "--workers", "0", "--no-progress"])
     assert r.exit_code == 2 and "sha256" in r.output and "not hold numbers" in r.output, r.output
     assert not os.path.exists(tmp_path / "run" / "done") or not os.listdir(tmp_path / "run" / "done")
+
+
+def test_a_password_holding_an_at_sign_never_shows_in_validates_lines(web, tmp_path):
+    """The userinfo of a URL ends at the last "@" before the host: with user:p@ss@host, "ss@" is
+    password too (redact_url cut at the first "@" and showed the rest)."""
+    from click.testing import CliRunner
+
+    from wdsfilter.cli import main
+    url = _unreadable_presigned(web, tmp_path).replace("://", "://reader:Pa@SeCrEt77@", 1)
+    r = CliRunner().invoke(main, ["validate", url])
+    assert r.exit_code == 1 and "remote_read_failed" in r.output, r.output
+    assert "SeCrEt77" not in r.output and "<hidden>@" in r.output, r.output

@@ -185,7 +185,8 @@ def redact_options(options: Optional[Mapping]) -> Dict:
     return {k: (redact_options(v) if isinstance(v, Mapping) else "<hidden>") for k, v in (options or {}).items()}
 
 
-_USERINFO = re.compile(r"^([a-z0-9+.-]+://)[^/@]*@", re.I)
+# The userinfo ends at the LAST "@" before the path (a password may hold an unencoded "@").
+_USERINFO = re.compile(r"^([a-z0-9+.-]+://)[^/?#]*@", re.I)
 
 
 def redact_url(url: str) -> str:
