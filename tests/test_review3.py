@@ -106,3 +106,17 @@ def test_a_password_holding_an_at_sign_never_shows_in_validates_lines(web, tmp_p
     r = CliRunner().invoke(main, ["validate", url])
     assert r.exit_code == 1 and "remote_read_failed" in r.output, r.output
     assert "SeCrEt77" not in r.output and "<hidden>@" in r.output, r.output
+
+
+@pytest.mark.parametrize("fmt", ["json", "junit"])
+def test_validates_json_and_junit_reports_hold_no_presigned_signature(web, tmp_path, fmt):
+    """The reports CI publishes name each shard as the text report does (shards.shown_url)."""
+    from click.testing import CliRunner
+
+    from wdsfilter.cli import main
+    out = tmp_path / f"report.{fmt}"
+    r = CliRunner().invoke(main, ["validate", _unreadable_presigned(web, tmp_path), "--format", fmt, "--output", str(out)])
+    import html
+    text = html.unescape(out.read_text())  # JUnit is XML: <hidden> is written &lt;hidden&gt;
+    assert r.exit_code == 1 and "remote_read_failed" in text and "a.tar?<hidden>" in text, text
+    assert "SeCrEt99" not in text and "SeCrEt99" not in r.output

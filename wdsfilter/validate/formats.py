@@ -139,7 +139,17 @@ def _shard_table(report: Report) -> List[str]:
 
 # -- json ----------------------------------------------------------------------------------------
 def to_json(report: Report) -> str:
-    return json.dumps(escape_data(report.to_dict()), indent=2, ensure_ascii=False) + "\n"
+    return json.dumps(escape_data(_shown_shards(report.to_dict())), indent=2, ensure_ascii=False) + "\n"
+
+
+def _shown_shards(data):
+    """The report with every shard URL as it may be published (shards.shown_url: no password, no
+    presigned signature): JSON and JUnit reports are CI artefacts, read by more people than the run."""
+    if isinstance(data, dict):
+        return {k: shown_url(v) if k == "shard" and isinstance(v, str) else _shown_shards(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_shown_shards(v) for v in data]
+    return data
 
 
 # -- junit ---------------------------------------------------------------------------------------
@@ -154,7 +164,7 @@ def to_junit(report: Report) -> str:
     """One testcase per shard (and one for the layout checks); findings at the failing level are a
     <failure>, the others go to <system-out>."""
     fail_on = report.options.fail_on
-    cases = [(r.shard, r.findings, r.counts, r.seconds) for r in report.shards]
+    cases = [(shown_url(r.shard), r.findings, r.counts, r.seconds) for r in report.shards]
     layout_counts: Dict[str, int] = defaultdict(int)
     for f in report.layout:
         layout_counts[f.kind] += 1
