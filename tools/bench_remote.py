@@ -110,9 +110,10 @@ def validate_seconds(paths, jobs):
 
 
 def peak_memory(prefix: str, jobs: int) -> dict:
-    code = ("import json, resource, wdsfilter;"
-            f"r = wdsfilter.validate({prefix!r}, jobs={jobs});"
-            "print(json.dumps({'self': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,"
+    from tools.benchkit import OWN_PEAK_KB
+    code = (OWN_PEAK_KB + "\nimport json, resource, wdsfilter\n"
+            f"r = wdsfilter.validate({prefix!r}, jobs={jobs})\n"
+            "print(json.dumps({'self': own_peak_kb() // 1024,"
             "'worker': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024, 'shards': len(r.shards)}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])

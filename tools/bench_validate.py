@@ -37,7 +37,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from tools.benchkit import replicate  # noqa: E402
+from tools.benchkit import OWN_PEAK_KB, replicate  # noqa: E402
 
 
 
@@ -102,13 +102,13 @@ def run_validate(urls: List[str], jobs: Optional[int]):
     return validate(urls, jobs=jobs)
 
 
-_MEMORY_PROBE = """
+_MEMORY_PROBE = OWN_PEAK_KB + """
 import json, resource, sys
 from wdsfilter.validate import validate
 report = validate(sys.argv[1], jobs=None if sys.argv[2] == "0" else int(sys.argv[2]))
 kb = lambda who: resource.getrusage(who).ru_maxrss  # KiB on Linux
 print(json.dumps({"shards": len(report.shards), "samples": report.samples, "passed": report.passed,
-                  "parent_mb": kb(resource.RUSAGE_SELF) / 1024, "worker_mb": kb(resource.RUSAGE_CHILDREN) / 1024}))
+                  "parent_mb": own_peak_kb() / 1024, "worker_mb": kb(resource.RUSAGE_CHILDREN) / 1024}))
 """
 
 

@@ -37,3 +37,19 @@ def replicate(folder: str, members: Sequence[Tuple[str, bytes]], shards: int, co
                     tar.addfile(info, io.BytesIO(data))
         urls.append(url)
     return urls
+
+
+# Source of own_peak_kb() for the memory probes the benchmarks start with `python -c`: a process's
+# own peak RSS (VmHWM). Linux keeps ru_maxrss across fork and exec, so RUSAGE_SELF in a child
+# reports the launching process's size (a pytest worker's 2 GB after the model tests).
+OWN_PEAK_KB = """
+import resource as _resource
+
+
+def own_peak_kb():
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return _resource.getrusage(_resource.RUSAGE_SELF).ru_maxrss
+"""
