@@ -37,7 +37,7 @@ def test_a_run_writes_its_recipe_and_the_recipe_runs_it_again(tmp_path):
     recipe = read_recipe(os.path.join(first, RECIPE_FILE))
     assert recipe["shards"] == [os.path.abspath(u) for u in urls] and recipe["scorers"] == [SCORER]
     assert recipe["scorer_options"] == {"bright": {"size": 4}}
-    assert recipe["thresholds"] == {"min": {"brightness": 0.3}, "max": {}}
+    assert recipe["thresholds"] == {"min": {"brightness": 0.3}}  # only the rules set (wdsfilter.Selection.to_dict)
     assert recipe["stage"] == {"caption_key": "txt;json:caption"} and recipe["device"] == "cpu" and recipe["engine"] == "local"
     again = str(tmp_path / "again")
     replay = cli("--config", os.path.join(first, RECIPE_FILE), "--out", again)  # no shard, no scorer given
@@ -122,7 +122,7 @@ def test_score_top_keeps_what_filter_top_keeps_and_its_recipe_replays_it(tmp_pat
     cut = summary["thresholds"]["brightness"]["min"]
     assert cut == sorted(b for _, b, _ in table(first))[-4]  # the 4th largest of 11: ceil(30% of 11)
     recipe = read_recipe(os.path.join(first, RECIPE_FILE))
-    assert recipe["thresholds"] == {"min": {}, "max": {}, "top": {"brightness": 30.0}}
+    assert recipe["thresholds"] == {"top": {"brightness": 30.0}}
     again = str(tmp_path / "again")
     assert cli("--config", os.path.join(first, RECIPE_FILE), "--out", again).exit_code == 0
     assert json.load(open(os.path.join(again, "summary.json")))["thresholds"] == summary["thresholds"]

@@ -71,7 +71,7 @@ def test_filter_counts_thresholds_on_a_run_with_text_columns(shards, tmp_path):
     score(shards, out=out, scorers=["hash"], device="cpu", workers=0, progress=False, image_key="jpg;png")
     run = ScoreRun.open(out)
     assert {"caption", "url", "uid"} <= set(run.columns) and not {"caption", "url", "uid"} & set(run.numeric_columns())
-    result = filter_scores(out, tops=["phash=50%"], report=None)
+    result = filter_scores(out, top_shares={"phash": 50}, report=None)
     assert result.rows == 15 and 0 < result.kept < 15
 
 

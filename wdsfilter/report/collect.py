@@ -67,6 +67,8 @@ class ReportCollector:
         self.columns = self.numeric  # read beside the threshold columns while judging
         self.sides: List[tuple] = []  # (column, label, cut, above: _Nearest, below: _Nearest)
         for t in self.thresholds:
+            if not t.numeric:  # a text column's rule has no cut to show rows beside
+                continue
             self.sides.append((t.column, f"{t.describe()} ({t.given})", t.value, _Nearest(PER_SIDE),
                                _Nearest(PER_SIDE)))
         for c in self.numeric:  # no threshold: the highest and the lowest rows show the range

@@ -5,7 +5,7 @@ every run writes to OUT/run.yaml, so `wdsfilter score --config OUT/run.yaml` run
     out: out/scores
     scorers: [clip, ocr]
     scorer_options: {clip: {model: "local-dir:models/tiny-clip"}, ocr: {max_side: 640}}
-    thresholds: {min: {clip_score: 0.2}, max: {ocr_area: 0.1}, top: {clip_score: 30}}
+    thresholds: {min: {clip_score: 0.2}, max: {ocr_area: 0.1}, top: {clip_score: 30}}   # wdsfilter.Selection
     stage: {caption_key: "txt;json:description"}
     write_shards: filtered/
     engine: local
@@ -34,34 +34,13 @@ ENGINES = ("local", "ray")
 OPTIONS = ("write_shards", "device", "gpus", "devices", "batch_size", "workers", "replicas", "prefetch", "max_memory",
            "headroom", "fit", "format", "max_batch", "cpu_max_batch", "min_free_host", "histogram_bins",
            "probe_samples", "probe_scan", "probe_seconds", "worker_start")
-# thresholds: {min: {COLUMN: X}, max: ..., top: {COLUMN: PERCENT}, bottom: ...} -> build_config's keywords
-THRESHOLD_KEYS = {"min": "min_scores", "max": "max_scores", "top": "top_shares", "bottom": "bottom_shares"}
 KEYS = ("shards", "out", "scorers", "scorer_options", "thresholds", "stage", "engine") + OPTIONS
 
 
 def read_recipe(path: str) -> Dict[str, Any]:
     """The recipe in `path`, its keys checked; a file of stage options only is {"stage": ...}."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as e:
-        raise ConfigError(f"--config {path}: {e.strerror or e}") from None
-    try:  # run.yaml is JSON after its comment lines
-        data = json.loads("\n".join(line for line in text.splitlines() if not line.startswith("#")))
-    except ValueError:
-        if not path.endswith((".yaml", ".yml")):
-            raise ConfigError(f"--config {path}: not JSON (a YAML file is named .yaml or .yml)") from None
-        try:
-            import yaml
-        except ImportError:
-            raise ConfigError(f"--config {path}: reading YAML needs PyYAML (pip install pyyaml), or use JSON") from None
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            raise ConfigError(f"--config {path}: not valid YAML ({str(e).splitlines()[0]})") from None
-    data = data or {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"--config {path}: expected a mapping of options, got {type(data).__name__}")
+    from ..config import read_mapping
+    data = read_mapping(path, f"--config {path}")
     stage_fields = {f.name for f in fields(StageConfig)}
     if data and set(data) <= stage_fields:
         return {"stage": data}
@@ -71,11 +50,11 @@ def read_recipe(path: str) -> Dict[str, Any]:
                           f"(stage options go under stage:)")
     if data.get("engine", "local") not in ENGINES:
         raise ConfigError(f"--config {path}: engine must be one of {ENGINES}, got {data['engine']!r}")
-    thresholds = data.get("thresholds") or {}
-    if not isinstance(thresholds, dict) or set(thresholds) - set(THRESHOLD_KEYS) \
-            or not all(isinstance(v or {}, dict) for v in thresholds.values()):
+    if not isinstance(data.get("thresholds") or {}, dict):
         raise ConfigError(f"--config {path}: thresholds is {{min: {{COLUMN: X}}, max: {{COLUMN: X}}, "
-                          f"top: {{COLUMN: PERCENT}}, bottom: {{COLUMN: PERCENT}}}}")
+                          f"top: {{COLUMN: PERCENT}}, bottom: {{COLUMN: PERCENT}}, equal: {{COLUMN: VALUE}}}}")
+    from ..selection import Selection
+    Selection.from_dict(data.get("thresholds"), f"--config {path}")  # its rules checked now, read where used
     for key in ("scorer_options", "stage"):
         if not isinstance(data.get(key) or {}, dict):
             raise ConfigError(f"--config {path}: {key} is a mapping")
@@ -94,10 +73,7 @@ def recipe_of(cfg: ScoreConfig, urls: Sequence[str], engine: str = "local") -> O
     from ..shards import absolute_url
     recipe: Dict[str, Any] = {"shards": [absolute_url(u) for u in urls], "out": os.path.abspath(cfg.out), "scorers": list(cfg.scorers),
                               "scorer_options": cfg.scorer_options,
-                              "thresholds": {"min": dict(cfg.thresholds), "max": dict(cfg.max_thresholds),
-                                             # shares only where given: a recipe without them reads as before
-                                             **({"top": dict(cfg.top_shares)} if cfg.top_shares else {}),
-                                             **({"bottom": dict(cfg.bottom_shares)} if cfg.bottom_shares else {})},
+                              "thresholds": cfg.selection.to_dict(),
                               # never a permission to run commands (a replay passes --allow-pipe again) nor
                               # storage options (secrets: a replay passes --storage-option again)
                               "stage": {k: v for k, v in cfg.stage.to_dict().items()
@@ -127,7 +103,8 @@ def write_recipe(cfg: ScoreConfig, urls: Sequence[str], engine: str = "local",
 
 def merge(recipe: Dict[str, Any], given: Dict[str, Any], shortcuts: Dict[str, List[tuple]]) -> Dict[str, Any]:
     """build_config's keywords from a recipe and the options given on the command line (only those
-    given: the command line wins). `given` uses build_config's names; shortcuts: its SHORTCUTS."""
+    given: the command line wins). `given` uses build_config's names; shortcuts: its SHORTCUTS. The
+    recipe's thresholds are not among them: the command line merges them as a Selection."""
     out = {k: v for k, v in recipe.items() if k not in ("shards", "thresholds", "stage", "engine")}
     options = {name: dict(v) for name, v in (recipe.get("scorer_options") or {}).items()}
     for key in given:
@@ -136,8 +113,5 @@ def merge(recipe: Dict[str, Any], given: Dict[str, Any], shortcuts: Dict[str, Li
     for name, extra in (given.pop("scorer_options", None) or {}).items():
         options.setdefault(name, {}).update(extra)
     out["scorer_options"] = options
-    thresholds = recipe.get("thresholds") or {}
-    for key, name in THRESHOLD_KEYS.items():  # per column: the command line's bound replaces the file's
-        out[name] = {**(thresholds.get(key) or {}), **(given.pop(name, None) or {})}
     out.update(given)
     return out
