@@ -10,6 +10,7 @@ columns), `wdsfilter dedup RUN`, then `filter RUN <rules> --write-shards OUT` an
 `wdsfilter.loader(shards, scores=RUN, **thresholds)` for every kind of rule. Before the fix,
 thresholds.json carried no dedup: the loader gave back the duplicates `--write-shards` left out.
 """
+import hashlib
 import io
 import json
 import os
@@ -75,7 +76,8 @@ def run(tmp_path_factory):
         for n, writer in enumerate(writers):
             for shard, key, data, caption in samples:
                 if shard == n:
-                    writer.write({"__key__": key, "jpg": data, "json": {"text": caption, "uid": f"{int(key):032x}"}})
+                    uid = hashlib.md5(key.encode()).hexdigest()  # 128 bits, as DataComp's uids
+                    writer.write({"__key__": key, "jpg": data, "json": {"text": caption, "uid": uid}})
     finally:
         for writer in writers:
             writer.close()
@@ -192,8 +194,8 @@ def test_the_report_lists_every_rule_dedup_included_with_the_loader_call(run, tm
     result = CliRunner().invoke(main, ["filter", out, "--recipe", "datacomp-basic", "--dedup", "--report", report])
     assert result.exit_code == 0, result.output
     page = open(report).read()
-    for given in ("--min min_side=200 (recipe datacomp-basic)", "--max aspect_ratio=3 (recipe datacomp-basic)",
-                  "--equal caption_language=en (recipe datacomp-basic)", "--dedup"):
+    for given in ("datacomp-basic: --min min_side=200", "datacomp-basic: --max aspect_ratio=3",
+                  "datacomp-basic: --equal caption_language=en", "--dedup"):
         assert given in page
     assert "dedup=True" in page and "wdsfilter.loader(shards" in page
 
@@ -226,7 +228,7 @@ def test_flags_keywords_and_files_build_the_same_selection(tmp_path):
     mine = Selection.parse(recipes=[str(recipe)], maxes=["aspect_ratio=2"])
     assert mine.minima["min_side"] == 300 and mine.maxima["aspect_ratio"] == 2 and mine.top == {"clip_score": 30}
     assert mine.equal == {"caption_language": ("en",)} and mine.minima["caption_words"] == 3
-    assert mine.given("min", "caption_words") == "--min caption_words=3 (recipe datacomp-basic)"
+    assert mine.given("min", "caption_words") == "datacomp-basic: --min caption_words=3"
     assert mine.given("max", "aspect_ratio") == "--max aspect_ratio=2"  # the flag replaced the recipe's rule
     assert Selection.from_dict(mine.to_dict(), "x") == mine
 
@@ -278,3 +280,93 @@ def test_a_recipe_on_a_run_without_its_columns_names_the_scorers(run, tmp_path):
     with pytest.raises(ConfigError, match=r"thresholds on clip_score, .* the recipe .*clip-basic.yaml reads the "
                                           r"columns of --scorer clip: score with them"):
         filter_scores(out, recipe=str(recipe), dry_run=True)
+
+
+# -- DataComp: the basic recipe and the subset file ---------------------------------------------------
+def _datacomp_basic_uids(shards):
+    """DataComp's load_uids_with_basic_filter_helper (mlfoundations/datacomp baselines/apply_filter.py)
+    over the source shards, its pandas code kept: the caption and uid from each .json, the image
+    size from the image itself, the language as scorekit's stand-in for fastText says."""
+    import numpy as np
+    import pandas as pd
+    import webdataset as wds
+    from PIL import Image
+    from scorekit import STOPWORDS
+    rows = []
+    for s in wds.WebDataset(shards, shardshuffle=False):
+        meta = json.loads(s["json"])
+        w, h = Image.open(io.BytesIO(s["jpg"])).size
+        rows.append({"uid": meta["uid"], "text": meta["text"], "original_width": w, "original_height": h})
+    df = pd.DataFrame(rows)
+
+    def language(text):
+        hits = {lang: sum(w.lower() in stop for w in text.split()) for lang, stop in STOPWORDS.items()}
+        return max(hits, key=hits.get) if any(hits.values()) else "und"
+    fasttext_lang_pred = df.text.apply(language)
+    caption_num_words = df.text.apply(lambda x: len(x.split()))
+    caption_num_chars = df.text.apply(lambda x: len(x))
+    uid_int = df.uid.apply(int, base=16)
+    uid_upper_uint64 = (uid_int // 2**64).astype("uint64")
+    uid_lower_uint64 = (uid_int % 2**64).astype("uint64")
+    inds_array = np.array(list(zip(uid_upper_uint64, uid_lower_uint64)), "u8,u8")
+    english_mask = fasttext_lang_pred == "en"
+    caption_mask = (caption_num_words > 2) & (caption_num_chars > 5)
+    min_image_dim = np.minimum(df.original_width, df.original_height)
+    max_image_dim = np.maximum(df.original_width, df.original_height)
+    aspect_ratio = max_image_dim / min_image_dim
+    image_mask = (min_image_dim >= 200) & (aspect_ratio <= 3.0)
+    uids = inds_array[english_mask & caption_mask & image_mask]
+    uids.sort()  # apply_filter: uids.sort(); np.save(args.save_path, uids)
+    return uids
+
+
+def test_the_datacomp_basic_recipe_exports_the_uids_datacomps_code_selects(run, tmp_path):
+    """`filter --recipe datacomp-basic --export-uids` gives, byte for byte as np.save writes it, the
+    array DataComp's own basic filter builds over the same samples; its resharder, reading the file
+    as it does (np.load, dtype u16, np.searchsorted per sample's .json uid), keeps exactly the
+    samples `filter` wrote."""
+    import numpy as np
+    import webdataset as wds
+    shards, out = run
+    path = str(tmp_path / "basic.npy")
+    r = CliRunner().invoke(main, ["filter", out, "--recipe", "datacomp-basic", "--export-uids", path,
+                                  "--write-shards", str(tmp_path / "train"), "--no-report"])
+    assert r.exit_code == 0, r.output
+    theirs = _datacomp_basic_uids(shards)
+    assert 0 < len(theirs) < 14
+    ours = np.load(path)
+    assert ours.dtype == np.dtype("u8,u8") and ours.shape == theirs.shape and (ours == theirs).all()
+    buf = io.BytesIO()
+    np.save(buf, theirs)
+    assert open(path, "rb").read() == buf.getvalue()
+    assert f"uids of the {len(theirs)} kept samples: {path}" in r.output
+    # DataComp's resharder (resharder.py load_subset, process_example), reading it back
+    u16 = np.dtype("u8,u8")
+    with open(path, "rb") as f:
+        assert f.read(6) == b"\x93NUMPY"
+    subset = np.load(path, mmap_mode="r")
+    assert subset.dtype == u16
+    resharded = []
+    for s in wds.WebDataset(shards, shardshuffle=False):
+        key_u16 = np.array([divmod(int(json.loads(s["json"])["uid"], 16), 2**64)], u16)[0]
+        if np.searchsorted(subset, key_u16, "right") - np.searchsorted(subset, key_u16, "left") > 0:
+            resharded.append(s["__key__"])
+    assert sorted(resharded) == sorted(_tar_keys(str(tmp_path / "train")))
+
+
+def test_export_uids_without_uids_says_so_in_one_line(tmp_path):
+    import webdataset as wds
+
+    from wdsfilter.score import score
+    from shardkit import image_bytes
+    shard = str(tmp_path / "plain-000000.tar")
+    with wds.TarWriter(shard) as sink:
+        for i in range(3):
+            sink.write({"__key__": f"{i:03d}", "jpg": image_bytes(), "txt": f"caption {i}"})
+    out = str(tmp_path / "run")
+    score([shard], out=out, scorers=[BrightnessScorer()], device="cpu", workers=0, progress=False)
+    r = CliRunner().invoke(main, ["filter", out, "--export-uids", str(tmp_path / "u.npy")])
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+    assert "has a uid" in r.output and not (tmp_path / "u.npy").exists()
+    r = CliRunner().invoke(main, ["filter", out, "--export-uids", str(tmp_path / "u.txt")])
+    assert r.exit_code == 2 and "name it FILE.npy" in r.output

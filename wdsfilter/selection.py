@@ -244,12 +244,12 @@ class Selection:
         return [*self.bounds.bounds(), *(Match(c, v) for c, v in self.equal.items())]
 
     def given(self, kind: str, column: str) -> str:
-        """A rule as the user wrote it: '--top clip_score=30%', '--min min_side=200 (recipe datacomp-basic)'."""
+        """A rule as the user wrote it: '--top clip_score=30%', 'datacomp-basic: --min min_side=200'."""
         value = {"min": self.minima, "max": self.maxima, "top": self.top, "bottom": self.bottom,
                  "equal": self.equal}[kind][column]
         text = ",".join(value) if kind == "equal" else f"{value:g}%" if kind in ("top", "bottom") else f"{value:g}"
         origin = self.origins.get(f"{kind} {column}")
-        return f"--{kind} {column}={text}" + (f" (recipe {origin})" if origin else "")
+        return (f"{origin}: " if origin else "") + f"--{kind} {column}={text}"
 
     def describe(self) -> str:
         parts = [self.given(kind, c) for kind in KINDS for c in self.rules_of(kind)]

@@ -73,6 +73,10 @@ def export_kept_uids(path: str, run, thresholds: Sequence, marks=None) -> Dict[s
     from ..remote import is_fsspec_url
     from ..writing import atomic_path
     pairs, without = kept_uid_pairs(run, thresholds, marks)
+    if without and not len(pairs):
+        raise ConfigError(f"--export-uids: none of the {without} kept sample(s) of {run.folder} has a uid (the .json "
+                          f"uid DataComp and img2dataset write, as 32 hex digits): nothing to name to DataComp's "
+                          f"resharder; no file written")
     pairs = np.unique(pairs)  # sorted as DataComp sorts them (by high, then low), each uid once
     data = io.BytesIO()  # a file object: np.save would add .npy to a temporary's name
     np.save(data, pairs)

@@ -36,7 +36,7 @@ class Threshold:
     """One resolved rule: a thresholds.Bound (COL >= value or COL <= value) or Match (a text
     column's values), judged by the one rule in wdsfilter/runfolder/keep.py, and where it came from."""
     bound: Union[Bound, Match]
-    given: str  # as the user wrote it: "--top clip_score=30%", "--min min_side=200 (recipe datacomp-basic)"
+    given: str  # as the user wrote it: "--top clip_score=30%", "datacomp-basic: --min min_side=200"
     share: Optional[float] = None  # top/bottom: the percent asked for
     rank: Optional[int] = None  # top/bottom: rows the share asks for (k)
     scored: Optional[int] = None  # top/bottom: rows with a value in the column (the share's base)
