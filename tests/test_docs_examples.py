@@ -31,6 +31,7 @@ FOREIGN = {
     "uv pip": {"--compile-bytecode"},
     "pytest": {"--dist"},  # pytest-xdist's
     "huggingface-cli": {"--repo-type", "--local-dir"},
+    "DataComp's resharder.py": {"--subset-file"},
 }
 OPTION = re.compile(r"(?<![\w-])(--?[a-zA-Z][\w-]*)")
 

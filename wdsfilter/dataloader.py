@@ -152,8 +152,11 @@ class WdsLoader:
             raise StarvationError(
                 f"wdsfilter.loader: rank {_rank()} gave {batches} batch(es) this epoch, not num_batches="
                 f"{self.num_batches}: the other ranks would wait for it at their next all-reduce.")
-        if sum(stats.dropped.values()) or stats.notes:
+        # once per epoch: data problems at WARNING, the drops the rules asked for (scores, dedup) at INFO
+        if stats.problems():
             log.warning("wdsfilter loader finished an epoch:\n%s", stats.summary())
+        elif sum(stats.dropped.values()):
+            log.info("wdsfilter loader finished an epoch:\n%s", stats.summary())
 
     def state_dict(self) -> dict:
         """Where this loader is, to save with the model's checkpoint (after batch N, a loader given

@@ -56,11 +56,13 @@ def validate(paths: Union[str, Sequence[str]], *, config: Union[None, str, dict,
              loader_workers: Optional[int] = None, fail_on: str = "error", jobs: Optional[int] = None,
              uneven_ratio: float = 2.0, max_findings: int = 100, stats_dir: Optional[str] = None,
              progress: bool = False, byte_caps: Optional[dict] = None,
-             storage_options: Optional[dict] = None) -> Report:
+             storage_options: Optional[dict] = None, max_drop=None) -> Report:
     """Check shards (folders, globs, brace patterns, .tar/.tar.gz/.tgz files) and return a Report.
 
     byte_caps: StageConfig byte caps, e.g. {"max_image_bytes": 128 << 20} (config.parse_byte_caps).
     storage_options: fsspec options for remote shards (s3://, gs://, hf://): endpoint, profile...
+    max_drop: the share of samples that may be lost to per-sample errors (corrupt_image, ...)
+    before the verdict fails: "1%" (or 1), {"corrupt_image": 0.5}, or texts as --max-drop takes them.
     Configuration errors (a malformed key spec, no shard found, a refused pipe:/remote URL) raise at
     once; everything wrong with the data is a finding of the report."""
     stage = stage_config(config, caption_key=caption_key, image_key=image_key, rekey=rekey,
@@ -69,7 +71,7 @@ def validate(paths: Union[str, Sequence[str]], *, config: Union[None, str, dict,
                          **(byte_caps or {}))
     options = ValidateOptions(stage=stage, deep=deep, min_side=min_side, max_aspect=max_aspect, ranks=ranks,
                               loader_workers=loader_workers, uneven_ratio=uneven_ratio, max_findings=max_findings,
-                              fail_on=fail_on, jobs=jobs)
+                              fail_on=fail_on, jobs=jobs, max_drop=max_drop)
     if stats_dir:
         from ..writing import check_output_dir
         check_output_dir(stats_dir, "--stats-dir", stage.storage_options)  # before any shard is read

@@ -30,6 +30,10 @@ from .formats import FORMATS, render, write_report
               help="Write the report here; the text summary still goes to stdout.")
 @click.option("--fail-on", type=click.Choice(["error", "warning"]), default="error", show_default=True,
               help="Exit 1 when findings of this severity (or worse) are found.")
+@click.option("--max-drop", "max_drop", multiple=True, metavar="P%|KIND=P%",
+              help="Pass although samples are lost to per-sample errors (corrupt_image, corrupt_video, "
+                   "oversized_image, ...), up to P% of the samples: overall (1%) or per kind (corrupt_image=0.5%). "
+                   "Whole-shard problems still fail. Repeatable.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), help="Shards checked in parallel [default: CPU cores].")
 @click.option("--stats-dir", type=click.Path(file_okay=False), help="Write {shard}_stats.json files and sizes.json here.")
 @click.option("--progress/--no-progress", default=None,
@@ -38,8 +42,8 @@ from .formats import FORMATS, render, write_report
 @verbosity_options(quiet="Say less: no progress, and no text summary when the report goes to --output.",
                    verbose="Say more: progress in a log too (a line every 10 s).")
 def validate_command(paths, caption_key, image_key, rekey, image_token, config_file, max_pixels, max_side, min_side,
-                     max_aspect, max_bytes, deep, ranks, loader_workers, allow_pipe, allow_remote, storage_options, fmt, output, fail_on, jobs,
-                     stats_dir, progress, quiet, verbose):
+                     max_aspect, max_bytes, deep, ranks, loader_workers, allow_pipe, allow_remote, storage_options, fmt, output, fail_on,
+                     max_drop, jobs, stats_dir, progress, quiet, verbose):
     """Check WebDataset shards for what would silently break training.
 
     PATHS: folders (searched recursively), globs, brace patterns (shards-{000..099}.tar), .tar,
@@ -58,7 +62,8 @@ def validate_command(paths, caption_key, image_key, rekey, image_token, config_f
         max_pixels=max_pixels, max_side=max_side, image_token=image_token,
         allow_pipe=allow_pipe or None, allow_remote=allow_remote,  # None: the config file decides
         storage_options=options,
-        byte_caps=parse_byte_caps(max_bytes), deep=deep, min_side=min_side, max_aspect=max_aspect, ranks=ranks, loader_workers=loader_workers, fail_on=fail_on, jobs=jobs, stats_dir=stats_dir, progress=progress)
+        byte_caps=parse_byte_caps(max_bytes), deep=deep, min_side=min_side, max_aspect=max_aspect, ranks=ranks, loader_workers=loader_workers, fail_on=fail_on, jobs=jobs, stats_dir=stats_dir, progress=progress,
+        max_drop=max_drop or None)
     if output:
         write_report(report, fmt, output)  # whole or not at all
         if not quiet:
