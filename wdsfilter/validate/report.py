@@ -59,9 +59,17 @@ class Report:
 
     @property
     def tolerated(self) -> Dict[str, int]:
-        """Kinds at the failing level that --max-drop lets pass, with their counts."""
-        return {k: n for k, n in sorted(self.counts.items())
-                if at_level(k, self.options.fail_on) and self.options.tolerance(k) is not None}
+        """Kinds at the failing level that --max-drop lets pass (within their tolerance), with their counts."""
+        o, n = self.options, self.samples
+        over_all = o.drop_limit is not None and n - self.kept > o.drop_limit * n
+        out = {}
+        for k, count in sorted(self.counts.items()):
+            limit = o.tolerance(k)
+            if limit is None or not at_level(k, o.fail_on) or count > limit * n \
+                    or (k not in o.drop_limits and over_all):
+                continue
+            out[k] = count
+        return out
 
     # -- totals ----------------------------------------------------------------------------------
     @property
