@@ -134,9 +134,16 @@ def resolve_scorers(cfg: ScoreConfig) -> List[Scorer]:
 def check_before_torch(cfg: ScoreConfig) -> None:
     """What can be checked of the scorers before torch is imported (Scorer.early_columns: a CLIP
     model name or folder) and, where every scorer declares its columns then, the threshold columns:
-    a configuration error answers in a second instead of after the imports and the model load."""
+    a configuration error answers in a second instead of after the imports and the model load.
+    Every scorer's optional dependencies (Scorer.needs) are checked first."""
+    from ..errors import require
+    specs = with_required(cfg.scorers)
+    for spec in specs:
+        cls = _scorer_class(spec) if isinstance(spec, str) else type(spec)
+        for module, install in getattr(cls, "needs", ()) or ():
+            require(module, f"the {_spec_name(spec, cls) if isinstance(spec, str) else spec.name} scorer", install)
     columns: List[str] = []
-    for spec in with_required(cfg.scorers):
+    for spec in specs:
         if isinstance(spec, str):
             cls = _scorer_class(spec)
             name = _spec_name(spec, cls)

@@ -34,6 +34,7 @@ class HashScorer(Scorer):
     name = "hash"
     media = ("image", "video")
     image_bytes = True  # the decode stage keeps the member's bytes (StageConfig.keep_image_bytes)
+    needs = (("imagehash", INSTALL),)  # checked before torch and the models (scorerset.check_before_torch)
 
     def __init__(self, frames: int = 3, keyframes: bool = False, config: Optional[StageConfig] = None):
         """frames, keyframes: how a video's frames are sampled for its frame-reduced phash."""
