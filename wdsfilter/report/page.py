@@ -356,10 +356,11 @@ def _ledger(failures: Dict) -> List[str]:
     out += [f"<tr><td class=n>{s['samples']}</td><td class=n>{s['shards']}</td><td>{_e(r)}</td>"
             f"<td>{'transient: wdsfilter score --retry-failed' if s['transient'] else 'data'}</td></tr>"
             for r, s in by_reason.items()]
-    out.append("</table>")
+    out.append("</table><p class=\"meta\">Rejected and failed samples are shown above, under \"Dropped, by "
+               "reason\"; partly scored ones (kept) below.</p>")
     for reason, examples in failures.get("examples", {}).items():
         if examples:
-            out.append(f"<h3>{_e(reason)}</h3>" + _grid(examples, None))
+            out.append(f"<h3>{_e(reason)} (partly scored)</h3>" + _grid(examples, None))
     return out
 
 

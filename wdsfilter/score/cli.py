@@ -166,7 +166,8 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
     else:
         summary = run_scoring(list(shards), cfg, echo=_echo)
     # The scorer lines were printed as the run began, unless -q kept them back.
-    click.echo(summary.format_text(histograms=not no_histograms and level > 0, plan=False, scorers=level == 0))
+    click.echo(summary.format_text(histograms=not no_histograms and level > 0, plan=False, scorers=level == 0,
+                                   quiet=level == 0))
     if summary.shards_failed:  # a failure of the run: those shards have no marker
         raise RunError(f"{len(summary.shards_failed)} shard(s) failed (listed above and in summary.json); "
                        f"run again with --resume to retry them")
