@@ -11,7 +11,8 @@ table is read lazily, when the shard's first sample arrives (one shard at a time
 memory does not grow with the dataset). A sample is kept by the one rule of the scoring run and
 `wdsfilter filter` (runfolder.keep_reason): samples with no score row, a failed or rejected row, or
 no value for a rule's column (the scorer could not score them) are dropped and counted
-`no_score`, also with no rule at all, and a rejected row by its reason (`rejected: corrupt_image`);
+`no_score`, also with no rule at all, and a rejected row by its reason (`rejected: corrupt_image`,
+never decoded here);
 samples under a minimum, over a maximum or of another text value (`equal=`) are dropped and counted
 `filtered_by_score`, and with dedup=True the duplicates and eval matches `wdsfilter dedup` marked
 as `duplicate` and `eval_match`. A score file that cannot be read (damaged since the loader was
@@ -158,11 +159,11 @@ class ScoreFilter:
 
 
 def _drop_counted(drop, row: dict) -> tuple:
-    """(the reason a dropped sample is counted under): a rejected row by the stage's reason (as the
-    loader's own stages would count it: `corrupt_image`), a row without a score `no_score`, a
-    rule's drop `filtered_by_score`."""
-    if row.get("status") == "rejected" and row.get("reason"):
-        return (str(row["reason"]),)
+    """(the reason a dropped sample is counted under): a row the scoring run rejected by that
+    reason, as keep_reason words it (`rejected: corrupt_image`: a problem of the data, not a missing
+    score), a row without a score `no_score`, a rule's drop `filtered_by_score`."""
+    if row.get("status") == "rejected":
+        return (drop.reason,)
     return ("no_score" if drop.no_score else "filtered_by_score",)
 
 

@@ -242,7 +242,8 @@ class Tally:
                 ex = self.examples.get(reason) or []
                 where = f" e.g. {ex[0].shard} member {ex[0].member}" if ex and ex[0].member else (
                     f" e.g. {ex[0].shard}" if ex else "")
-                lines.append(f"  {title} {count:>7} {reason}: {HINTS.get(reason, '')}{where}")
+                hint = HINTS.get(reason) or HINTS.get(reason.rpartition("rejected: ")[2], "")  # the score filter's
+                lines.append(f"  {title} {count:>7} {reason}: {hint}{where}")
         return "\n".join(lines)
 
 

@@ -75,7 +75,7 @@ def item_row(item: dict, index: int, scorers: Sequence, thresholds: Optional[Seq
     url = item.get("__url__", "")
     if MARKER in item:
         key = item.get("__key__", "")
-        row = new_row(key, url, index, "rejected", item.get(REJECT), item.get("__message__"))
+        row = new_row(key, url, index, "rejected", item.get(REJECT), item.get("__message__"), text=sample_text(item))
         row[STAGE] = item.get(STAGE) or ""  # for the failure ledger (ledger.py); not a score file column
         row[MEMBER] = item.get(MEMBER) if item.get(MEMBER) != key else ""
         return row
