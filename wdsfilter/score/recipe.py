@@ -23,18 +23,16 @@ import os
 from dataclasses import fields
 from typing import Any, Dict, List, Optional, Sequence
 
-from ..config import StageConfig
+from ..config import PATHS_FROM, RECIPE_FILE, StageConfig, resolve_recipe_paths  # run.yaml's name and paths
 from ..errors import ConfigError
 from .config import ScoreConfig
-
-RECIPE_FILE = "run.yaml"
 ENGINES = ("local", "ray")
 # ScoreConfig fields a recipe may set beside the ones it spells itself (never resume/overwrite/
 # dry_run: a replay says those on its command line).
 OPTIONS = ("write_shards", "device", "gpus", "devices", "batch_size", "workers", "replicas", "prefetch", "max_memory",
            "headroom", "fit", "format", "max_batch", "cpu_max_batch", "min_free_host", "histogram_bins",
            "probe_samples", "probe_scan", "probe_seconds", "worker_start")
-KEYS = ("shards", "out", "scorers", "scorer_options", "thresholds", "stage", "engine") + OPTIONS
+KEYS = ("shards", "out", "scorers", "scorer_options", "thresholds", "stage", "engine", PATHS_FROM) + OPTIONS
 
 
 def read_recipe(path: str) -> Dict[str, Any]:
@@ -60,18 +58,27 @@ def read_recipe(path: str) -> Dict[str, Any]:
             raise ConfigError(f"--config {path}: {key} is a mapping")
     if isinstance(data.get("shards"), str):
         data["shards"] = [data["shards"]]
-    return data
+    return resolve_recipe_paths(data, path)
 
 
-def recipe_of(cfg: ScoreConfig, urls: Sequence[str], engine: str = "local") -> Optional[Dict[str, Any]]:
+def recipe_of(cfg: ScoreConfig, urls: Sequence[str], engine: str = "local",
+              relative: bool = True) -> Optional[Dict[str, Any]]:
     """The resolved recipe of a run (None where a scorer was passed as an object: its options are
-    not known)."""
+    not known). relative: a local path given relative (shards, out, write_shards) is written
+    relative to OUT, where run.yaml is (`paths_from: run.yaml`), so a moved folder still replays;
+    one given absolute stays absolute."""
     if not all(isinstance(s, str) for s in cfg.scorers):
         return None
     defaults = ScoreConfig.__dataclass_fields__
     stage_defaults = StageConfig()
-    from ..shards import absolute_url
-    recipe: Dict[str, Any] = {"shards": [absolute_url(u) for u in urls], "out": os.path.abspath(cfg.out), "scorers": list(cfg.scorers),
+    from ..shards import absolute_url, is_local, local_path
+    out = os.path.abspath(cfg.out)
+
+    def where(path: str) -> str:
+        if not relative or not is_local(path) or path.startswith("file:") or os.path.isabs(local_path(path)):
+            return absolute_url(path)
+        return os.path.relpath(os.path.abspath(local_path(path)), out)
+    recipe: Dict[str, Any] = {"shards": [where(u) for u in urls], "out": where(cfg.out), "scorers": list(cfg.scorers),
                               "scorer_options": cfg.scorer_options,
                               "thresholds": cfg.selection.to_dict(),
                               # never a permission to run commands (a replay passes --allow-pipe again) nor
@@ -84,6 +91,10 @@ def recipe_of(cfg: ScoreConfig, urls: Sequence[str], engine: str = "local") -> O
         value = getattr(cfg, name)
         if value != defaults[name].default:
             recipe[name] = list(value) if isinstance(value, tuple) else value
+    if cfg.write_shards:
+        recipe["write_shards"] = where(cfg.write_shards)
+    if relative:
+        recipe[PATHS_FROM] = RECIPE_FILE
     return json.loads(json.dumps(recipe, default=str))
 
 
@@ -92,7 +103,7 @@ def write_recipe(cfg: ScoreConfig, urls: Sequence[str], engine: str = "local",
     """OUT/run.yaml: the run as a recipe (`wdsfilter score --config OUT/run.yaml` runs it again).
     shown: the out/write_shards it names where they are not cfg's (a bucket's, written through staging)."""
     from ..writing import write_text_atomic
-    recipe = recipe_of(cfg, urls, engine)
+    recipe = recipe_of(cfg, urls, engine, relative=not any((shown or {}).values()))  # a bucket's: absolute
     if recipe is None:
         return None
     recipe.update({k: v for k, v in (shown or {}).items() if v})
@@ -105,7 +116,7 @@ def merge(recipe: Dict[str, Any], given: Dict[str, Any], shortcuts: Dict[str, Li
     """build_config's keywords from a recipe and the options given on the command line (only those
     given: the command line wins). `given` uses build_config's names; shortcuts: its SHORTCUTS. The
     recipe's thresholds are not among them: the command line merges them as a Selection."""
-    out = {k: v for k, v in recipe.items() if k not in ("shards", "thresholds", "stage", "engine")}
+    out = {k: v for k, v in recipe.items() if k not in ("shards", "thresholds", "stage", "engine", PATHS_FROM)}
     options = {name: dict(v) for name, v in (recipe.get("scorer_options") or {}).items()}
     for key in given:
         for scorer, option in shortcuts.get(key, ()):  # --model replaces the recipe's clip.model

@@ -15,10 +15,11 @@ from .formats import FORMATS, render, write_report
 
 
 @click.command("validate", context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES_HELP)
-@click.argument("paths", nargs=-1, required=True)
+@click.argument("paths", nargs=-1)
 @stage_options
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
-              help="StageConfig file (JSON or YAML); the stage options override it.")
+              help="StageConfig file (JSON or YAML), or a scoring run's OUT/run.yaml: its stage options and, "
+                   "without PATHS, its shards. The stage options here override it.")
 @click.option("--max-side", type=click.IntRange(min=1), help="Largest allowed image side.")
 @click.option("--min-side", type=click.IntRange(min=1), help="Warn on images with a side below this.")
 @click.option("--max-aspect", type=click.FloatRange(min=1), help="Warn on images with long/short side above this.")
@@ -47,7 +48,7 @@ def validate_command(paths, caption_key, image_key, rekey, image_token, config_f
     """Check WebDataset shards for what would silently break training.
 
     PATHS: folders (searched recursively), globs, brace patterns (shards-{000..099}.tar), .tar,
-    .tar.gz/.tgz files. Exit code 0: clean, 1: findings at the --fail-on level, 2: usage or
+    .tar.gz/.tgz files; or none, with --config OUT/run.yaml (a scoring run's shards). Exit code 0: clean, 1: findings at the --fail-on level, 2: usage or
     configuration error (an --output or --stats-dir that cannot be written included, found before
     any shard is read), 3: the run failed. See docs/validate.md.
     """
