@@ -168,6 +168,24 @@ class TextShapeScorer(Scorer):
         return [dict(i) for i in inputs]
 
 
+class SmallFloorScorer(BrightnessScorer):
+    """BrightnessScorer that asks for small decodes (Scorer.decode_floor): a JPEG reaches it at
+    1/8 scale where that keeps 16 px, so its brightness (8x8 NEAREST samples) depends on the DCT
+    scale it was decoded at, as a CLIP score does."""
+
+    name = "small"
+
+    def columns(self):
+        return ["small_brightness", "small_wide"]
+
+    def decode_floor(self):
+        return (16, 16)
+
+    def score_batch(self, inputs):
+        return [{"small_brightness": r["brightness"], "small_wide": r["bright_wide"]}
+                for r in super().score_batch(inputs)]
+
+
 class NumpyScorer(BrightnessScorer):
     """What a custom scorer often returns: numpy scalars (np.float32 from .mean()) and arrays."""
 

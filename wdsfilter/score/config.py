@@ -220,10 +220,14 @@ class ScoreConfig:
         scale they all can use (Scorer.decode_floor)."""
         from .fastdecode import combine_floors
         # A duck-typed scorer without decode_floor needs the full image.
-        floor = combine_floors([getattr(s, "decode_floor", lambda: None)() for s in scorers]) if scorers else None
+        floors = [getattr(s, "decode_floor", lambda: None)() for s in scorers]
+        floor = combine_floors(floors) if scorers else None
+        # Scorers of different floors: the member's bytes stay, so each one is given the pixels it
+        # would get alone (transport.OwnPixels decodes them again at its own scale).
+        differ = floor is not None and len({tuple(f) if f else None for f in floors}) > 1
         return replace(self.stage, emit_rejects=True, starvation_samples=0, starvation_seconds=0.0,
                        check_first_shard=False, decode_floor=floor,
-                       keep_image_bytes=any(getattr(s, "image_bytes", False) for s in scorers))
+                       keep_image_bytes=differ or any(getattr(s, "image_bytes", False) for s in scorers))
 
 
 def parse_gpus(value) -> Tuple[int, ...]:
