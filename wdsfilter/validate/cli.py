@@ -53,6 +53,8 @@ def validate_command(paths, caption_key, image_key, rekey, image_token, config_f
     any shard is read), 3: the run failed. See docs/validate.md.
     """
     options = parse_storage_options(storage_options) or None
+    if not paths and not config_file:
+        raise click.UsageError("Missing argument 'PATHS...' (or --config OUT/run.yaml, a scoring run's shards)")
     if output:
         check_output_file(output, "--output", options)
     level = verbosity(quiet, verbose)  # -q: no progress, and no text summary when the report goes to --output
