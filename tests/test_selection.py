@@ -370,3 +370,21 @@ def test_export_uids_without_uids_says_so_in_one_line(tmp_path):
     assert "has a uid" in r.output and not (tmp_path / "u.npy").exists()
     r = CliRunner().invoke(main, ["filter", out, "--export-uids", str(tmp_path / "u.txt")])
     assert r.exit_code == 2 and "name it FILE.npy" in r.output
+
+
+def test_the_loader_logs_the_drops_it_was_asked_for_at_info(run, caplog):
+    """issue 35 item 13: score rules and dedup are what the user asked for: logged at INFO, once
+    per epoch; only problems of the data (a rejected row, a missing score) at WARNING."""
+    import logging
+
+    import wdsfilter
+    shards, out = run
+    with caplog.at_level(logging.INFO, logger="wdsfilter"):
+        loader = wdsfilter.loader(shards, batch_size=1, output="dict", scores=out, caption_key="json:text",
+                                  image_key="jpg", dedup=True, min_scores={"brightness": 0.4})
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            assert [s for b in loader for s in b]
+    assert set(loader.stats.dropped) == {"filtered_by_score", "duplicate"}
+    epochs = [r for r in caplog.records if "finished an epoch" in r.getMessage()]
+    assert len(epochs) == 2 and {r.levelno for r in epochs} == {logging.INFO}

@@ -227,7 +227,9 @@ RECIPE_FILE = "run.yaml"
 def resolve_recipe_paths(data: dict, path: str) -> dict:
     """A recipe's shards, out and write_shards as this process can open them: where the file says
     `paths_from: run.yaml` (every run.yaml a run writes), a relative local path is relative to the
-    file's own folder; in a recipe written by hand, to the current folder, as on the command line."""
+    file's own folder (read back relative to the current folder: still given relative, so a
+    replay's own run.yaml names them relative again); in a recipe written by hand, to the current
+    folder, as on the command line."""
     if data.get(PATHS_FROM) != RECIPE_FILE:
         return data
     base = os.path.dirname(os.path.abspath(path))
@@ -235,7 +237,7 @@ def resolve_recipe_paths(data: dict, path: str) -> dict:
     def resolved(value):
         if not isinstance(value, str) or "://" in value or value.startswith(("pipe:", "file:")) or os.path.isabs(value):
             return value
-        return os.path.normpath(os.path.join(base, value))
+        return os.path.relpath(os.path.join(base, value))
     out = dict(data)
     if isinstance(out.get("shards"), list):
         out["shards"] = [resolved(s) for s in out["shards"]]
