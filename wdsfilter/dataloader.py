@@ -255,8 +255,8 @@ class LoaderOptions:
     def resolved(self, storage_options=None) -> Selection:
         """The selection with its shares resolved over the score files, exactly as `wdsfilter
         filter --top/--bottom` resolves them (runfolder/shares.py)."""
-        from .runfolder.shares import resolve_for_loader
-        return resolve_for_loader(self.scores, self.selection, storage_options)
+        from .runfolder.shares import loader_selection
+        return loader_selection(self.scores, self.selection, storage_options)
 
 
 def loader(urls, caption_key: Optional[str] = None, image_key: Optional[str] = None, *, batch_size: int = 32,

@@ -44,11 +44,14 @@ class ScoreFilter:
     """Picklable webdataset stage (see the module docstring)."""
 
     def __init__(self, scores_dir: str, selection: Selection, tally: Optional[Tally] = None, storage_options=None):
-        """selection: the rules with their shares resolved (runfolder/shares.resolve_for_loader)."""
+        """selection: the rules with their shares resolved (runfolder/shares.loader_selection)."""
         if not scores_dir:
             raise ConfigError("score filtering needs scores=DIR (the --out folder of `wdsfilter score`)")
+        if not isinstance(selection, Selection):
+            raise ConfigError(f"ScoreFilter takes a wdsfilter.Selection (score_filter() takes min_scores=, ...), got "
+                              f"{type(selection).__name__}")
         if selection.shares:
-            raise ConfigError("resolve the shares first (runfolder/shares.resolve_for_loader)")
+            raise ConfigError("resolve the shares first (runfolder/shares.loader_selection)")
         self.scores_dir = scores_dir
         self.selection = selection
         self.rules = selection.row_rules()  # judged by the one keep rule, in order
@@ -179,6 +182,6 @@ def score_filter(scores_dir: str, min_scores: Optional[Dict[str, float]] = None,
     """A stage dropping samples without scores, under `min_scores` or over `max_scores` (column ->
     bound), and by the other rules of a wdsfilter.Selection's keywords (equal=, top_shares=, ...,
     the shares resolved here); drops are counted in `tally` (pass the pipeline's, as wdsfilter.loader does)."""
-    from .runfolder.shares import resolve_for_loader
+    from .runfolder.shares import loader_selection
     selection = Selection.from_keywords(min_scores=min_scores, max_scores=max_scores, dedup=dedup, **rules)
-    return ScoreFilter(scores_dir, resolve_for_loader(scores_dir, selection, storage_options), tally, storage_options)
+    return ScoreFilter(scores_dir, loader_selection(scores_dir, selection, storage_options), tally, storage_options)

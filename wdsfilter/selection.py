@@ -95,8 +95,8 @@ def _shares(given, name: str) -> Dict[str, float]:
 
 @dataclass(frozen=True)
 class Selection:
-    """The rules, as given (shares as percents) or resolved (no shares: `resolved` in
-    runfolder/shares.py). Checked when built; `origins` names the recipe a rule came from."""
+    """The rules, as given (shares as percents) or resolved (no shares: runfolder/shares.py's
+    `Resolved.selection`). Checked when built; `origins` names the recipe a rule came from."""
     minima: Dict[str, float] = field(default_factory=dict)
     maxima: Dict[str, float] = field(default_factory=dict)
     top: Dict[str, float] = field(default_factory=dict)  # column -> percent
@@ -111,10 +111,6 @@ class Selection:
         set_ = object.__setattr__
         set_(self, "minima", dict(bounds.minima))
         set_(self, "maxima", dict(bounds.maxima))
-        self._check_rest()
-
-    def _check_rest(self) -> None:
-        set_ = object.__setattr__
         set_(self, "top", _shares(self.top, "top_shares"))
         set_(self, "bottom", _shares(self.bottom, "bottom_shares"))
         try:

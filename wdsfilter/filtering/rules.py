@@ -5,5 +5,5 @@ rule drops a row is runfolder/judge.drop_reason (the one keep rule, runfolder/ke
 """
 from ..runfolder.judge import drop_reason  # noqa: F401
 from ..runfolder.shares import (FilterSpec, Resolved, Threshold, bounds, parse_share, resolve,  # noqa: F401
-                                resolve_for_loader, resolve_selection, write_thresholds)
+                                loader_selection, resolve_for_loader, resolve_selection, write_thresholds)
 from ..selection import Selection  # noqa: F401

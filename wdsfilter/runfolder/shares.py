@@ -187,7 +187,7 @@ def bounds(thresholds: Sequence[Threshold]) -> Tuple[Dict[str, float], Dict[str,
     return th.minima, th.maxima
 
 
-def resolve_for_loader(scores_dir: str, selection: Selection, storage_options=None) -> Selection:
+def loader_selection(scores_dir: str, selection: Selection, storage_options=None) -> Selection:
     """wdsfilter.loader's selection with its shares (top_shares={"clip_score": 30}) resolved as
     `wdsfilter filter` resolves them: the same values."""
     if not selection.shares:
@@ -195,6 +195,16 @@ def resolve_for_loader(scores_dir: str, selection: Selection, storage_options=No
     from .reader import ScoreRun
     run = ScoreRun.open(scores_dir, storage_options=storage_options)
     return resolve_selection(selection, run, marks=False).selection
+
+
+def resolve_for_loader(scores_dir: str, min_scores: Optional[Dict[str, float]] = None,
+                       max_scores: Optional[Dict[str, float]] = None, top_scores: Optional[Dict[str, float]] = None,
+                       bottom_scores: Optional[Dict[str, float]] = None) -> Tuple[Dict[str, float], Dict[str, float]]:
+    """(minima, maxima) of the loader's rules with the shares resolved: the function before
+    loader_selection (a Selection in, a Selection out), kept for its callers."""
+    rules = loader_selection(scores_dir, Selection(minima=dict(min_scores or {}), maxima=dict(max_scores or {}),
+                                                   top=dict(top_scores or {}), bottom=dict(bottom_scores or {})))
+    return dict(rules.minima), dict(rules.maxima)
 
 
 def resolve_over_run(folder: str, selection: Selection) -> Resolved:
