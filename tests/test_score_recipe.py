@@ -112,9 +112,12 @@ def test_score_top_keeps_what_filter_top_keeps_and_its_recipe_replays_it(tmp_pat
     replay resolves the same cut; the command line's share replaces the recipe's."""
     urls, _ = make_shards(tmp_path / "shards", [5, 6])
     first = str(tmp_path / "first")
-    result = cli(*urls, "--scorer", SCORER, "--top", "brightness=30%", "--out", first)
+    result = CliRunner().invoke(main, ["score", *urls, "--scorer", SCORER, "--top", "brightness=30%", "--out", first,
+                                       "--device", "cpu", "--workers", "0", "--no-progress"])
     assert result.exit_code == 0, result.output
     assert "--top brightness=30%: 4 of the 11 rows with a brightness -> brightness >=" in result.output
+    quiet = cli(*urls, "--scorer", SCORER, "--top", "brightness=30%", "--out", str(tmp_path / "quiet"))
+    assert quiet.output.strip().splitlines() == [quiet.output.strip()] and quiet.output.startswith("scored 11 of 11")
     summary = json.load(open(os.path.join(first, "summary.json")))
     filtered = CliRunner().invoke(main, ["filter", first, "--top", "brightness=30%", "--dry-run"])
     assert filtered.exit_code == 0, filtered.output

@@ -213,7 +213,7 @@ class Run:
         from ..runfolder.shares import resolve_over_run, write_thresholds
         resolved = resolve_over_run(cfg.out, cfg.selection)
         for t in resolved.thresholds:
-            if t.share is not None:
+            if t.share is not None and cfg.verbosity:  # -q: the one-line result only
                 self.echo(f"{t.given}: {t.rank} of the {t.scored} rows with a {t.column} -> {t.describe()}")
         write_thresholds(os.path.join(cfg.out, "thresholds.json"), resolved.selection)
         return resolved.selection
