@@ -306,6 +306,19 @@ def warn_renamed(old: str, new: str, where: str = "") -> None:
                   f"wdsfilter.loader, score() and filter_scores())", DeprecationWarning, stacklevel=level)
 
 
+def text_and_recipe_options(command):
+    """--equal COL=VALUE and --recipe NAME|FILE on a command (`score`, `filter`): declared once,
+    given to Selection.parse as equals= and recipes=."""
+    import click
+    command = click.option("--recipe", "recipes", multiple=True, metavar="NAME|FILE",
+                           help="Apply a recipe's rules: datacomp-basic (DataComp's basic filter), or a YAML file in "
+                                "the words of these flags (docs/filter.md); a flag here replaces the recipe's rule "
+                                "on its column. Repeatable.")(command)
+    return click.option("--equal", "equals", multiple=True, metavar="COL=VALUE",
+                        help="Keep rows whose text column COL is VALUE (caption_language=en; VALUE,VALUE for "
+                             "several). Repeatable.")(command)
+
+
 def from_recipes(names: Iterable[str], _seen: tuple = ()) -> Selection:
     """The rules of the recipes `names` (shipped names or files), later ones over earlier ones."""
     from .recipes import load_recipe

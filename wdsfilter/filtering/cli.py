@@ -8,6 +8,7 @@ import click
 
 from ..errors import EXIT_CODES_HELP
 from ..progress import verbosity, verbosity_options
+from ..selection import text_and_recipe_options
 from ..thresholds import shorthand_options
 
 
@@ -19,12 +20,7 @@ from ..thresholds import shorthand_options
               help="Keep the P% of scored rows with the highest COL (ties with the cut value kept too). Repeatable.")
 @click.option("--bottom", "bottoms", multiple=True, metavar="COL=P%",
               help="Keep the P% of scored rows with the lowest COL (ties kept too). Repeatable.")
-@click.option("--equal", "equals", multiple=True, metavar="COL=VALUE",
-              help="Keep rows whose text column COL is VALUE (caption_language=en; VALUE,VALUE for several). "
-                   "Repeatable.")
-@click.option("--recipe", "recipes", multiple=True, metavar="NAME|FILE",
-              help="Apply a recipe's rules: datacomp-basic (DataComp's basic filter), or a YAML file in the words "
-                   "of these flags (docs/filter.md); a flag here replaces the recipe's rule on its column.")
+@text_and_recipe_options
 @click.option("--write-shards", default=None, metavar="OUT",
               help="Write the kept samples (original members and bytes) into new shards here.")
 @click.option("--samples-per-shard", type=int, default=1000, show_default=True,

@@ -8,6 +8,7 @@ import click
 from ..errors import RunError
 from ..progress import verbosity, verbosity_options
 from ..config import stage_options
+from ..selection import text_and_recipe_options
 
 
 def _echo(text: str) -> None:
@@ -52,12 +53,7 @@ def _given(ctx: click.Context, param: str) -> bool:
                    "ends (as `wdsfilter filter --top`; not with --write-shards). Repeatable.")
 @click.option("--bottom", "bottoms", multiple=True, metavar="COLUMN=P%",
               help="Keep the P% of scored samples with the lowest COLUMN (as --top). Repeatable.")
-@click.option("--equal", "equals", multiple=True, metavar="COLUMN=VALUE",
-              help="Keep samples whose text COLUMN is VALUE (caption_language=en; VALUE,VALUE for several). "
-                   "Repeatable.")
-@click.option("--recipe", "recipes", multiple=True, metavar="NAME|FILE",
-              help="The rules of a recipe (datacomp-basic, or a YAML file in the words of these flags; "
-                   "docs/filter.md); the flags here replace its rule on a column.")
+@text_and_recipe_options
 @click.option("--write-shards", default=None, metavar="DIR", help="Write filtered shards (original bytes) here.")
 @click.option("--save-embeddings", is_flag=True, default=None,
               help="clip: also write float16 image/caption embeddings in clip-retrieval's layout: "
