@@ -147,7 +147,7 @@ class EasyOcrBackend(DetectorBackend):
         parent before model workers start; workers that still find them missing (a Ray actor on
         another node) take turns under a lock in the model folder and find them there after the
         first download."""
-        from ..outlock import file_lock
+        from ...atomic import file_lock
         path = self.weights_path()
         if os.path.isfile(path) and not self.verify_checksum:
             return path
