@@ -263,9 +263,14 @@ class StatsSink:
     def write(self, tally: Tally, name: Optional[str] = None) -> None:
         name = name or f"tally-{os.getpid()}"
         tmp = os.path.join(self.folder, f".{name}.tmp")
-        with open(tmp, "w") as f:
-            json.dump(tally.to_dict(), f)
-        os.replace(tmp, os.path.join(self.folder, f"{name}.json"))
+        try:
+            with open(tmp, "w") as f:
+                json.dump(tally.to_dict(), f)
+            os.replace(tmp, os.path.join(self.folder, f"{name}.json"))
+        except FileNotFoundError:
+            if os.path.isdir(self.folder):
+                raise
+            # removed: the run that reads it ended (a stage's last write as its generator is closed)
 
     def read(self) -> Tally:
         total = Tally()

@@ -263,7 +263,7 @@ class Lease:
                                  f"again") from None
         self.took_over = holder or {}
         if holder is not None and not holder.get("released"):
-            log.warning(f"{self.shown}: took over the lock of a run that is gone ({why}:{describe_holder(holder)})")
+            log.warning(f"{self.shown}: took over the lock of a run that is gone{describe_holder(holder)}: {why}")
 
     def _unwritable(self, e: BaseException) -> BaseException:
         from ..remote import credential_source, missing_credentials, no_credentials
