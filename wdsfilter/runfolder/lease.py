@@ -128,6 +128,7 @@ class _DiskRecord:
 
     def create(self, data: bytes) -> str:
         with self._guard():
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)  # a claim's record lies deeper (claims/<shard>.json)
             tmp = atomic.temporary_path(self.path)
             try:
                 with open(tmp, "wb") as f:
@@ -147,9 +148,13 @@ class _DiskRecord:
             if version != expect:
                 raise Conflict(f"{self.path} is not the version read ({'deleted' if version is None else 'replaced'})")
             tmp = atomic.temporary_path(self.path)
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, self.path)
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, self.path)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(tmp)  # a full disk: none left behind
         return hashlib.sha1(data).hexdigest()
 
 
@@ -432,6 +437,8 @@ def stale_reason(holder: Optional[dict], stale: float) -> Optional[str]:
     # share a host name, never a pid namespace); a pid reused since shows another start time
     if holder.get("host") == socket.gethostname() and holder.get("pidns") == _pid_namespace() \
             and isinstance(holder.get("pid"), int):
+        if holder["pid"] == os.getpid() and holder.get("token") not in _LIVE:
+            return "this process let go of it (its release could not be written)"
         started = _process_start(holder["pid"])
         if started is None and not _exists(holder["pid"]):
             return "its process is dead"

@@ -22,7 +22,7 @@ from .config import ScoreConfig
 from .faults import disk_full, is_disk_full
 from .ledger import MERGED as LEDGER_FILE, merge as merge_ledger, shard_entry, summarize as summarize_ledger
 from .ledger import OnlyKeys, retry_plan, write_shard_failures
-from ..runfolder.lease import Lease
+from ..runfolder.lease import Lease, LeaseLostError
 from .recipe import write_recipe
 from ..report import run_report
 from ..report.statistics import plot_histograms, summarize_files
@@ -154,6 +154,13 @@ class Run:
         if self.remote and self.remote.shards:
             identity["write_shards"] = self.remote.shards.url
         return identity
+
+    def check_lease(self) -> None:
+        """LeaseLostError as soon as the lease's heartbeat found the folder taken over (or its
+        lock deleted): scoring on would be for nothing, as nothing more may be written."""
+        lease = self.lock or (self.remote.lock if self.remote else None)
+        if lease is not None and lease.lost:
+            raise LeaseLostError(lease.lost)
 
     def release_lock(self) -> None:
         if self.lock is not None:
