@@ -140,11 +140,16 @@ def _condition(expect: Optional[str]) -> str:
 
 
 def _precondition_failed(e: BaseException) -> bool:
-    cause = e.__cause__ or e.__context__
-    response = getattr(cause, "response", None) or getattr(e, "response", None) or {}
-    code = (response.get("Error") or {}).get("Code") if isinstance(response, dict) else None
-    status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode") if isinstance(response, dict) else None
-    return code == "PreconditionFailed" or status == 412 or "PreconditionFailed" in str(e) or "412" in str(e)[:40]
+    """HTTP 412: botocore's PreconditionFailed (s3fs wraps it in an OSError), or a client error
+    carrying that status."""
+    for err in (e, e.__cause__, e.__context__):
+        response = getattr(err, "response", None)
+        if isinstance(response, dict) and ((response.get("Error") or {}).get("Code") == "PreconditionFailed"
+                                           or (response.get("ResponseMetadata") or {}).get("HTTPStatusCode") == 412):
+            return True
+        if 412 in (getattr(err, "code", None), getattr(err, "status", None)):
+            return True
+    return "PreconditionFailed" in str(e)
 
 
 def _not_implemented(e: BaseException) -> bool:

@@ -218,7 +218,7 @@ class Lease:
         from ..remote import is_fsspec_url
         self.folder = folder.rstrip("/") if is_fsspec_url(folder) else folder
         self.record = (_BucketRecord(f"{self.folder}/{name}", storage_options) if is_fsspec_url(folder)
-                       else _DiskRecord(folder, name))
+                       else _DiskRecord(os.path.abspath(folder), name))  # absolute: a Ray worker's Fence reads it
         self.storage_options = storage_options
         self.command, self.option = command, option
         self.stale = stale if stale is not None else stale_seconds()
@@ -272,6 +272,8 @@ class Lease:
 
     def _unwritable(self, e: BaseException) -> BaseException:
         from ..remote import credential_source, missing_credentials, no_credentials
+        if not self.record.remote and isinstance(e, OSError):
+            return ConfigError(f"{self.option} {self.shown}: the lock {LEASE_NAME} cannot be written ({_short(e)})")
         if isinstance(e, PermissionError):
             return ConfigError(f"{self.option} {self.shown}: access denied for writing ({_short(e)}); credentials: "
                                f"{credential_source(self.folder, self.storage_options)}")
