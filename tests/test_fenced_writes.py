@@ -256,3 +256,36 @@ def test_an_upload_or_delete_over_another_writers_object_is_refused(kind, tmp_pa
     (staging / "done" / "c.json").write_bytes(b"changed")
     mirror.sync()  # replaced: its version was taken from the object that held this file's bytes
     assert get("refused/answer-lost/done/c.json") == b"changed"
+
+
+def _write_in_worker(fence, path):
+    """A worker process's write (as a Ray task writes a shard): its Fence installed, then a write."""
+    from wdsfilter.atomic import write_json
+    from wdsfilter.runfolder.lease import LeaseLostError
+    fence.install()
+    try:
+        write_json(path, {})
+        return "written"
+    except LeaseLostError as e:
+        return str(e)
+
+
+def test_a_write_from_another_process_is_fenced_by_the_record(tmp_path):
+    """A process that holds no heartbeat of its own (a Ray worker, given the run state) reads the
+    record before each write into a local folder: while the run holds it the write lands, once
+    another run does it is refused, naming that run."""
+    import multiprocessing
+    from wdsfilter.runfolder.lease import Lease
+    out = str(tmp_path / "out")
+    lease = Lease(out).acquire()
+    fence = lease.guard([out])
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        assert pool.apply(_write_in_worker, (fence, os.path.join(out, "a.json"))) == "written"
+        record = os.path.join(out, ".lock.json")
+        taker = dict(json.load(open(record)), token="another", pid=4242, host="elsewhere", started="then")
+        json.dump(taker, open(record, "w"))  # another run holds it now
+        said = pool.apply(_write_in_worker, (fence, os.path.join(out, "b.json")))
+    assert "held by another run (pid 4242 on elsewhere, started then)" in said
+    assert sorted(os.listdir(out)) == [".lock", ".lock.json", "a.json"]
+    lease.release()
+    assert json.load(open(record))["token"] == "another"  # not this run's to release

@@ -347,7 +347,8 @@ class Lease:
         return LeaseLostError(self.lost)
 
     def fence(self, folders: Iterable[str] = ()) -> "Fence":
-        return Fence(self.token, None if self.record.remote else self.record.path, tuple(folders))
+        return Fence(self.token, None if self.record.remote else self.record.path,
+                     tuple(os.path.abspath(f) for f in folders))
 
     def guard(self, folders: Iterable[str]) -> "Fence":
         """Fence every atomic write into `folders` (atomic.py) by this lease, in this process;
