@@ -57,9 +57,8 @@ SKIMAGE_TEXT = ("text", "page")
 SKIMAGE_FREE = ("horse", "camera", "astronaut", "coffee", "chelsea", "rocket", "brick", "grass", "gravel", "logo",
                 "moon", "stereo_motorcycle", "retina", "hubble_deep_field", "cell", "immunohistochemistry")
 QUALITIES = (70, 75, 80, 85, 90, 92, 95, 98, 100)
-VARIANTS = ("rapidocr", "rapidocr-sure-only", "rapidocr-detector-confident", "rapidocr-unread", "easyocr",
-            "rapidocr3")
-DEFAULT_VARIANTS = ("rapidocr", "rapidocr-sure-only", "rapidocr-detector-confident", "easyocr", "rapidocr3")
+BACKENDS = ("rapidocr", "easyocr", "rapidocr3")
+GATES = ("default", "sure-only", "detector-confident", "unread")
 SETS = ("skimage", "rendered", "shards")
 SHARD = os.path.join(REPO, "sample_shards", "ocr-images-000000.tar")
 
@@ -174,81 +173,107 @@ def jpeg(array: np.ndarray, quality: int) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(buf.getvalue())).convert("RGB"))
 
 
-# -- scorers --------------------------------------------------------------------------------------
-def make_scorer(variant: str, threads: int = 0, max_side: Optional[int] = 1280):
-    """The OcrScorer of a variant (module docstring), not loaded."""
+# -- one backend's detections and readings ------------------------------------------------------
+def make_scorer(backend: str, threads: int = 0, max_side: Optional[int] = 1280):
+    """The OcrScorer of a backend (module docstring), not loaded: its detector and its reader."""
     from wdsfilter.score.scorers.ocr import OcrScorer
     threads_opt = {"threads": threads} if threads else {}
-    if variant == "rapidocr":
+    if backend == "rapidocr":
         return OcrScorer(backend="rapidocr", max_side=max_side, backend_options=threads_opt)
-    if variant in ("rapidocr-sure-only", "rapidocr-detector-confident"):
-        return OcrScorer(backend="rapidocr", max_side=max_side, weak_text_score=None, backend_options=threads_opt)
-    if variant == "rapidocr-unread":
-        return OcrScorer(backend="rapidocr", max_side=max_side, min_text_score=None, backend_options=threads_opt)
-    if variant == "easyocr":
+    if backend == "easyocr":
         return OcrScorer(backend="easyocr", max_side=max_side, download=False)
-    if variant == "rapidocr3":
+    if backend == "rapidocr3":
         import rapidocr  # pip install rapidocr (the 3.x wheel)
         models = os.path.join(os.path.dirname(rapidocr.__file__), "models")
-        det = [f for f in os.listdir(models) if "det" in f and f.endswith(".onnx")]
-        rec = [f for f in os.listdir(models) if "rec" in f and f.endswith(".onnx")]
+        det = sorted(f for f in os.listdir(models) if "_det" in f and f.endswith(".onnx"))
+        rec = sorted(f for f in os.listdir(models) if "_rec" in f and f.endswith(".onnx"))
         s = OcrScorer(backend="rapidocr", max_side=max_side,
                       backend_options={**threads_opt, "model_path": os.path.join(models, det[0])})
-        if s.reader is not None:
-            s.reader.model_path = os.path.join(models, rec[0])
+        s.reader.model_path = os.path.join(models, rec[0])
         return s
-    raise SystemExit(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
+    raise SystemExit(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
 
 
-def detector_confident_area(scorer, frame: np.ndarray, min_det: float = 0.7) -> float:
-    """rapidocr-detector-confident: the boxes the default reader keeps plus those the detector
-    scored >= min_det (DBPostProcess's box score) however they were read."""
+def detector_scores(scorer, frame: np.ndarray, polys) -> List[float]:
+    """rapidocr: DBPostProcess's own score of each box detect() returned (the mean text probability
+    inside the box before it is grown), from the same network input."""
     import cv2
-    from wdsfilter.score.geometry import area_ratio
     from wdsfilter.score.ocr_backends.rapidocr_backend import _big_enough
     det = scorer.detector
+    if det.name != "rapidocr":
+        return [float("nan")] * len(polys)
     height, width = frame.shape[:2]
     h, w = det._resized_size(height, width)
     x = cv2.resize(frame, (w, h)).astype(np.float32) * np.float32(det._pre.scale)
     x = (x - det._pre.mean.astype(np.float32)) / det._pre.std.astype(np.float32)
     pred = det._model.run(None, {det._input: np.ascontiguousarray(x.transpose(2, 0, 1)[None])})[0]
     boxes, scores = det._post(pred, (height, width))
-    pairs = [(b.astype(np.float64), s) for b, s in zip(boxes, scores) if _big_enough(b)]
-    kept_ids = {id(b) for b in scorer.reader.keep(frame, [b for b, _ in pairs])}
-    kept = [b for b, s in pairs if id(b) in kept_ids or s >= min_det]
-    return area_ratio(kept, width, height, scorer.area_method)
+    scores = [float(sc) for b, sc in zip(boxes, scores) if _big_enough(b)]
+    return scores if len(scores) == len(polys) else [float("nan")] * len(polys)
 
 
-def score_variant(variant: str, sets: Sequence[str], qualities: Sequence[int], threads: int,
-                  max_side: Optional[int]) -> dict:
-    """One variant on every photo at every quality, in this process: areas, seconds, peak RSS."""
-    scorer = make_scorer(variant, threads, max_side)
+def observe(backend: str, sets: Sequence[str], qualities: Sequence[int], threads: int,
+            max_side: Optional[int]) -> dict:
+    """Every photo at every quality through one backend, in this process: per photo its frame
+    size, the detected polygons, how the reader read each and the detector's box scores; the
+    seconds of detection and reading together; the peak RSS."""
+    scorer = make_scorer(backend, threads, max_side)
     t0 = time.perf_counter()
     scorer.load("cpu")
     load_seconds = time.perf_counter() - t0
     shots = photos(sets)
-    areas: Dict[str, Dict[str, float]] = {}
+    seen: Dict[str, Dict[str, dict]] = {}
     seconds = 0.0
     for q in qualities:
-        row = areas.setdefault(str(q), {})
+        row = seen.setdefault(str(q), {})
         for name, _, array in shots:
             t = time.perf_counter()
             prepared = scorer.prepare({"image": jpeg(array, q)})
-            if variant == "rapidocr-detector-confident":
-                row[name] = detector_confident_area(scorer, prepared.frames[0])
-            else:
-                row[name] = scorer.score_batch([prepared])[0]["ocr_area"]
+            frame = prepared.frames[0]
+            polys = scorer.detector.detect(prepared.frames)[0]
+            read = scorer.reader.read(frame, polys)
             seconds += time.perf_counter() - t
-    return {"variant": variant, "describe": scorer.describe(), "areas": areas,
+            row[name] = {"size": [int(frame.shape[1]), int(frame.shape[0])],
+                         "polys": [np.asarray(p).round(2).tolist() for p in polys], "read": read,
+                         "det": detector_scores(scorer, frame, polys) if "detector-confident" in GATES else []}
+    return {"backend": backend, "describe": scorer.describe(), "seen": seen,
             "text": {name: has for name, has, _ in shots}, "seconds": seconds,
             "photos": len(shots) * len(qualities), "load_seconds": load_seconds, "peak_rss_kb": own_peak_kb()}
 
 
-def summarise(result: dict) -> List[dict]:
+# -- gates: which read boxes count ----------------------------------------------------------------
+def gate_boxes(gate: str, read: Sequence, det: Sequence[float]) -> List[int]:
+    """The boxes a gate keeps (GATES)."""
+    from wdsfilter.score.ocr_backends.recognizer import text_boxes
+    from wdsfilter.score.scorers.ocr import OcrScorer
+    d = OcrScorer.__dataclass_fields__
+    sure, weak, k = d["min_text_score"].default, d["weak_text_score"].default, d["min_weak_boxes"].default
+    if gate == "default":
+        return text_boxes(read, sure, weak, k)
+    if gate == "sure-only":
+        return text_boxes(read, sure)
+    if gate == "detector-confident":
+        return sorted(set(text_boxes(read, sure)) | {i for i, s in enumerate(det) if s >= 0.7})
+    if gate == "unread":
+        return list(range(len(read)))
+    raise SystemExit(f"unknown gate {gate!r}; choose from {', '.join(GATES)}")
+
+
+def areas(observed: dict, gate: str) -> Dict[str, Dict[str, float]]:
+    from wdsfilter.score.geometry import area_ratio
+    out: Dict[str, Dict[str, float]] = {}
+    for q, row in observed["seen"].items():
+        out[q] = {}
+        for name, o in row.items():
+            kept = [np.asarray(o["polys"][i], dtype=np.float64) for i in gate_boxes(gate, o["read"], o["det"])]
+            out[q][name] = area_ratio(kept, o["size"][0], o["size"][1], "shapely")
+    return out
+
+
+def summarise(by_quality: Dict[str, Dict[str, float]], text: Dict[str, bool]) -> List[dict]:
     """Per quality: recall, false positives, ranked (every text photo above every other), margin."""
     out = []
-    text = result["text"]
-    for q, row in result["areas"].items():
+    for q, row in by_quality.items():
         with_text = {n: v for n, v in row.items() if text[n]}
         without = {n: v for n, v in row.items() if not text[n]}
         lowest = min(with_text, key=with_text.get) if with_text else None
@@ -260,59 +285,67 @@ def summarise(result: dict) -> List[dict]:
     return out
 
 
-def run_variant(variant: str, args) -> Optional[dict]:
-    """A variant in its own process (its own peak RSS); None where it cannot run here."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--one", variant, "--sets", ",".join(args.sets),
+def run_backend(backend: str, args) -> Optional[dict]:
+    """A backend in its own process (its own peak RSS); None where it cannot run here."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--one", backend, "--sets", ",".join(args.sets),
            "--qualities", ",".join(map(str, args.qualities)), "--threads", str(args.threads),
            "--max-side", str(args.max_side)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["?"])[-1]
-        print(f"  {variant}: not measured ({last})", flush=True)
+        print(f"{backend}: not measured ({last})", flush=True)
         return None
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def print_result(result: dict) -> None:
-    per_1000 = 1000 * result["seconds"] / max(1, result["photos"])
-    print(f"{result['variant']}: {result['describe']}")
-    print(f"  {per_1000:.0f} s per 1,000 photos (load {result['load_seconds']:.1f} s), "
-          f"peak RSS {result['peak_rss_kb'] / 1024:.0f} MiB")
-    for s in summarise(result):
-        q = "PNG" if s["quality"] >= 100 else f"q{s['quality']}"
-        lo, hi = s["lowest_text"], s["highest_other"]
-        fp = ", ".join(s["false_positives"]) or "none"
-        print(f"  {q:>4}: recall {s['recall']}/{s['texts']}, false positives {len(s['false_positives'])}/{s['others']} "
-              f"({fp}), ranked {'yes' if s['ranked'] else 'NO'}: lowest text {lo[0]} {lo[1]:.3f}, "
-              f"highest other {hi[0]} {hi[1]:.3f}")
+def print_result(observed: dict, gates: Sequence[str]) -> None:
+    per_1000 = 1000 * observed["seconds"] / max(1, observed["photos"])
+    print(f"{observed['backend']}: {observed['describe']}")
+    print(f"  {per_1000:.0f} s per 1,000 photos (detect + read every box; load {observed['load_seconds']:.1f} s), "
+          f"peak RSS {observed['peak_rss_kb'] / 1024:.0f} MiB", flush=True)
+    for gate in gates:
+        if gate == "detector-confident" and observed["backend"] != "rapidocr":
+            continue
+        print(f"  gate {gate}:")
+        for s in summarise(areas(observed, gate), observed["text"]):
+            q = "PNG" if s["quality"] >= 100 else f"q{s['quality']}"
+            lo, hi = s["lowest_text"], s["highest_other"]
+            fp = ", ".join(s["false_positives"]) or "none"
+            print(f"    {q:>4}: recall {s['recall']}/{s['texts']}, false positives {len(s['false_positives'])}/"
+                  f"{s['others']} ({fp}); ranked {'yes' if s['ranked'] else 'NO'}: lowest text {lo[0]} {lo[1]:.3f}, "
+                  f"highest other {hi[0]} {hi[1]:.3f}", flush=True)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> List[dict]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--variants", default=",".join(DEFAULT_VARIANTS))
+    p.add_argument("--backends", default=",".join(BACKENDS))
+    p.add_argument("--gates", default=",".join(GATES))
     p.add_argument("--sets", default=",".join(SETS))
     p.add_argument("--qualities", default=",".join(map(str, QUALITIES)))
     p.add_argument("--threads", type=int, default=0, help="onnxruntime threads (0: all cores)")
     p.add_argument("--max-side", type=int, default=1280)
-    p.add_argument("--json", default=None, help="write every area here")
-    p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a variant's own process
+    p.add_argument("--json", default=None, help="write every detection and reading here")
+    p.add_argument("--from-json", default=None, help="apply the gates to a --json file instead of measuring")
+    p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a backend's own process
     args = p.parse_args(argv)
     args.sets = [s for s in args.sets.split(",") if s]
     args.qualities = [int(q) for q in args.qualities.split(",") if q]
+    gates = [g for g in args.gates.split(",") if g]
     if args.one:
-        print(json.dumps(score_variant(args.one, args.sets, args.qualities, args.threads, args.max_side)))
+        print(json.dumps(observe(args.one, args.sets, args.qualities, args.threads, args.max_side)))
         return []
-    results = []
-    print(f"measure_ocr: sets {', '.join(args.sets)}; qualities {', '.join(map(str, args.qualities))} "
-          f"(100 = PNG); each variant in its own process, one after another", flush=True)
-    for variant in args.variants.split(","):
-        result = run_variant(variant, args)
-        if result is not None:
-            print_result(result)
-            results.append(result)
+    if args.from_json:
+        with open(args.from_json) as f:
+            results = json.load(f)
+    else:
+        print(f"measure_ocr: sets {', '.join(args.sets)}; qualities {', '.join(map(str, args.qualities))} "
+              f"(100 = PNG); each backend in its own process, one after another", flush=True)
+        results = [r for r in (run_backend(b, args) for b in args.backends.split(",") if b) if r is not None]
+    for observed in results:
+        print_result(observed, gates)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+            json.dump(results, f)
     return results
 
 
