@@ -51,7 +51,9 @@ if REPO not in sys.path:
 
 from tools.benchkit import OWN_PEAK_KB  # noqa: E402
 
-exec(OWN_PEAK_KB)  # defines own_peak_kb()
+_probe: dict = {}
+exec(OWN_PEAK_KB, _probe)  # benchkit's own_peak_kb(): this process's peak RSS (VmHWM)
+own_peak_kb = _probe["own_peak_kb"]
 
 SKIMAGE_TEXT = ("text", "page")
 SKIMAGE_FREE = ("horse", "camera", "astronaut", "coffee", "chelsea", "rocket", "brick", "grass", "gravel", "logo",
