@@ -131,7 +131,7 @@ class Engine(Run):
             devices = resolve_devices(cfg)
             for scorer in self.scorers:  # downloads once, here, not in every model worker at once
                 getattr(scorer, "fetch", lambda: None)()
-            pool = make_pool(devices, self.model_scorers)
+            pool = make_pool(devices, self.model_scorers, replicas=cfg.replicas)
             workers: List[dict] = []
             try:
                 reports = pool.start()
