@@ -21,8 +21,9 @@ Each photo is saved as JPEG at each quality (100 means PNG: the pixels as they a
 again; the clips are scored as they are (H.264), once. A backend runs in its own process (its
 peak RSS, VmHWM, is its own) and records, per photo and frame, the detected boxes and how the
 reader read each; the gates are then applied to the same readings. The backends take turns, one
-process per quality (the clips first), so a change of machine load falls on each alike and their
-seconds are side by side. Per backend, gate and quality it prints recall (text photos scored
+process per quality (the clips last), so a change of machine load falls on each alike and their
+seconds are side by side (--parts FILE keeps each process's result, so a stopped run goes on
+where it stopped). Per backend, gate and quality it prints recall (text photos scored
 above 0), false positives (photos without text above 0), whether every text photo scores above
 every photo without text, the lowest text photo and the highest other one; per backend the
 seconds per 1,000 samples of each set (prepare, detection and reading; a clip is 3 frames), the
@@ -356,21 +357,34 @@ def run_backend(backend: str, args, sets: Sequence[str], qualities: Sequence[int
 
 
 def measure(backends: Sequence[str], args) -> List[dict]:
-    """Each backend on every set and quality, taking turns: the clips first, then one process per
-    quality, the order of the backends reversed each turn."""
-    turns = ([(["videos"], [])] if "videos" in args.sets else []) + \
-        [([s for s in args.sets if s in PHOTO_SETS], [q]) for q in args.qualities]
+    """Each backend on every set and quality, taking turns: one process per quality (in the order
+    given), then the clips, the order of the backends reversed each turn. With --parts, each
+    process's result is appended to that file as it ends, and a run started again with the same
+    file skips what it holds (a long run survives being stopped)."""
+    turns = [([s for s in args.sets if s in PHOTO_SETS], [q]) for q in args.qualities] + \
+        ([(["videos"], [])] if "videos" in args.sets else [])
+    done: Dict[Tuple[str, str], dict] = {}
+    if args.parts and os.path.exists(args.parts):
+        with open(args.parts) as f:
+            for line in f:
+                part = json.loads(line)
+                done[(part["backend"], part["turn"])] = part["observed"]
     parts: Dict[str, List[dict]] = {b: [] for b in backends}
     for i, (sets, qualities) in enumerate(turns):
         if not sets:
             continue
+        turn = f"{','.join(sets)}@{','.join(map(str, qualities))}"
         for b in (backends if i % 2 == 0 else list(reversed(backends))):
-            if b in parts:
-                part = run_backend(b, args, sets, qualities)
-                if part is None:
-                    del parts[b]  # it cannot run here: said once
-                else:
-                    parts[b].append(part)
+            if b not in parts:
+                continue
+            part = done.get((b, turn)) or run_backend(b, args, sets, qualities)
+            if part is None:
+                del parts[b]  # it cannot run here: said once
+                continue
+            parts[b].append(part)
+            if args.parts and (b, turn) not in done:
+                with open(args.parts, "a") as f:
+                    f.write(json.dumps({"backend": b, "turn": turn, "observed": part}) + "\n")
         print(f"  measured {', '.join(sets)} {'at q' + str(qualities[0]) if qualities else ''} "
               f"(load {os.getloadavg()[0]:.1f})", flush=True)
     return [merge(p) for p in parts.values() if p]
@@ -413,6 +427,18 @@ def print_ratios(results: Sequence[dict]) -> None:
               f"{observed['peak_rss_kb'] / results[0]['peak_rss_kb']:.1f}x", flush=True)
 
 
+def read_results(path: str) -> List[dict]:
+    """A --json file, or a --parts file (each backend's parts merged: what a run measured so far)."""
+    with open(path) as f:
+        if not path.endswith(".jsonl"):
+            return json.load(f)
+        by_backend: Dict[str, List[dict]] = {}
+        for line in f:
+            part = json.loads(line)
+            by_backend.setdefault(part["backend"], []).append(part["observed"])
+    return [merge(parts) for parts in by_backend.values()]
+
+
 def main(argv: Optional[Sequence[str]] = None) -> List[dict]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--backends", default=",".join(BACKENDS))
@@ -422,7 +448,8 @@ def main(argv: Optional[Sequence[str]] = None) -> List[dict]:
     p.add_argument("--threads", type=int, default=0, help="onnxruntime threads (0: all cores)")
     p.add_argument("--max-side", type=int, default=1280)
     p.add_argument("--json", default=None, help="write every detection and reading here")
-    p.add_argument("--from-json", default=None, help="apply the gates to a --json file instead of measuring")
+    p.add_argument("--from-json", default=None, help="apply the gates to a --json (or --parts .jsonl) file instead of measuring")
+    p.add_argument("--parts", default=None, help="append each process's result here; skip those it holds")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a backend's own process
     args = p.parse_args(argv)
     args.sets = [s for s in args.sets.split(",") if s]
@@ -432,8 +459,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[dict]:
         print(json.dumps(observe(args.one, args.sets, args.qualities, args.threads, args.max_side)))
         return []
     if args.from_json:
-        with open(args.from_json) as f:
-            results = json.load(f)
+        results = read_results(args.from_json)
     else:
         print(f"measure_ocr: sets {', '.join(args.sets)}; qualities {', '.join(map(str, args.qualities))} "
               f"(100 = PNG); the backends take turns, each in its own process (load {os.getloadavg()[0]:.1f})",
