@@ -302,3 +302,15 @@ class AllocConfScorer(BrightnessScorer):
         with open(self.record, "w") as f:
             json.dump({n: os.environ.get(n) for n in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}, f)
         super().load(device)
+
+
+class LocalFileScorer(BrightnessScorer):
+    """BrightnessScorer that says it reads a file of this machine (`path`, Scorer.local_files) and
+    cannot read a copy elsewhere (no relocate): refused on a Ray cluster whose nodes lack it."""
+
+    def __init__(self, path: str = "", **options):
+        super().__init__(**options)
+        self.path = path
+
+    def local_files(self):
+        return [self.path] if self.path else []

@@ -42,8 +42,10 @@ from .embeddings import FIELD as EMBEDDINGS
 from .faults import disk_full, is_disk_full, read_failed_reason
 from .ledger import OnlyKeys
 from .summary import RunSummary
-from .ray_tasks import LEDGER_FIELDS, SHARD_END_ROW, ActorRoster, ScoreActor, finish_shard, measure, plain, read_shard
-from .rows import BASE_FIELDS
+from .ledger import write_retried
+from .ray_files import NodeInputs, survey
+from .ray_tasks import LEDGER_FIELDS, NODE, SHARD_END_ROW, ActorRoster, ScoreActor, measure, plain, read_shard
+from .rows import BASE_FIELDS, write_shard
 
 
 def _ray():
@@ -64,18 +66,25 @@ def actor_pool(cluster_gpus: int, replicas: int, actors: Optional[int] = None,
     return actors, gpus_per_actor
 
 
-def plan_on_ray(ray, run, cfg, urls: Sequence[str], cluster: dict):
+def plan_on_ray(ray, run, cfg, urls: Sequence[str], cluster: dict, inputs: Optional[NodeInputs] = None):
     """make_plan (planner.py) on numbers measured on the cluster: one GPU's free memory and the
     scorers' footprints and per-frame activations there (or a CPU slot's), with the cores of the
     cluster per GPU as the host's. Returns the Plan; its first DevicePlan holds the batch sizes and
-    the model processes per GPU (replicas: actors per GPU)."""
+    the model processes per GPU (replicas: actors per GPU). Where only the driver's node reads
+    the shards (inputs.pin_reads), the driver reads the probe's samples and the task gets them."""
     from .planner import make_plan
+    from .probe import collect_probe
     gpus = int(cluster.get("GPU", 0))
     task = ray.remote(num_cpus=1, num_gpus=1 if gpus else 0, max_retries=0)(measure)
     # --retry-failed: the probe reads only the samples to retry, by the paths the task opens
     only = [OnlyKeys({absolute_url(u): keys for u, keys in s.keys.items()}) for s in run.only_retried()]
-    m = ray.get(task.remote(cfg, run.scorers, run.model_scorers, [absolute_url(u) for u in urls],
-                            "cuda:0" if gpus else "cpu", only))
+    paths = [absolute_url(u) for u in urls]
+    collected = None
+    if inputs is not None and inputs.pin_reads:
+        collected = collect_probe(paths, cfg.scoring_stage_config(run.scorers), run.scorers, cfg.probe_samples,
+                                  cfg.probe_scan, cfg.probe_seconds, only, run.before)
+    m = ray.get(task.remote(cfg, run.scorers, run.model_scorers, paths, "cuda:0" if gpus else "cpu", only,
+                            inputs, collected))
     run.before.notes["remote_retries"] += m.get("remote_retries", 0)
     host = dict(m["host"])
     if gpus:  # the cores beside each GPU bound its model processes (planner.CORES_PER_GPU_PROCESS)
@@ -99,7 +108,7 @@ class _Collector:
         """Rows of one batch in; (url, rows, end) of every shard this batch completed out."""
         complete = []
         for i in range(len(batch["key"])):
-            row = {f: plain(batch[f][i]) for f in (*BASE_FIELDS, *LEDGER_FIELDS)}
+            row = {f: plain(batch[f][i]) for f in (*BASE_FIELDS, *LEDGER_FIELDS, NODE)}
             url = row["shard"]
             if row["status"] == SHARD_END_ROW:
                 self.ends[url] = json.loads(row["message"])
@@ -135,23 +144,6 @@ def end_actors(ray, roster) -> None:
             ray.kill(actor)
         except Exception:  # noqa: BLE001 - already dead
             pass
-
-
-def _settle(ray, refs: list) -> List[dict]:
-    """The results of finish_shard tasks once every one has ended. ray.get raises at the first
-    failed task (a full disk) while the others may still be writing; the run must not return
-    (and its caller clean up or retry) with outputs still being written behind it."""
-    if refs:
-        ray.wait(refs, num_returns=len(refs))
-    results, error = [], None
-    for ref in refs:
-        try:
-            results.append(ray.get(ref))
-        except Exception as e:  # noqa: BLE001 - raised below, after every task has ended
-            error = error or e
-    if error is not None:
-        raise error
-    return results
 
 
 def _unfinished(url: str, collector: "_Collector") -> str:
@@ -242,12 +234,14 @@ def _run_on_ray(run, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, ad
         run.summary.scorers = [s.describe() for s in run.scorers]
         for d in run.summary.scorers if cfg.verbosity else ():
             run.echo(f"scorer: {d}")
-        plan = _plan(ray, run, cfg, todo, actors, gpus_per_actor, batch_size)
+        # what the nodes see of the driver's disk: the local shards, the scorers' model files
+        inputs = survey(ray, run.scorers, todo, run.echo) if todo else None
+        plan = _plan(ray, run, cfg, todo, actors, gpus_per_actor, batch_size, inputs)
         collector = _Collector(run.columns)
         streamed = Streamed()
         if todo:
             roster = ray.remote(num_cpus=0)(ActorRoster).remote()
-            ds = _dataset(ray, run, plan, todo, cpus_per_actor, roster)
+            ds = _dataset(ray, run, plan, todo, cpus_per_actor, roster, inputs)
             _stream(ray, ds, run, plan.cfg, collector, roster, streamed)
         return _outcome(run, todo, start, collector, streamed)
     finally:
@@ -298,7 +292,7 @@ def _one_line_errors() -> None:
             handler.addFilter(_OneLine())
 
 
-def _plan(ray, run, cfg, todo, actors, gpus_per_actor, batch_size) -> RayPlan:
+def _plan(ray, run, cfg, todo, actors, gpus_per_actor, batch_size, inputs=None) -> RayPlan:
     """The actors and batches: the user's where set, else the local engine's planner."""
     echo = run.echo
     cluster = ray.cluster_resources()
@@ -312,7 +306,7 @@ def _plan(ray, run, cfg, todo, actors, gpus_per_actor, batch_size) -> RayPlan:
     if todo and wants_plan:  # the local engine's planner, on one GPU's (or CPU slot's) measurements
         if batch_size is not None:
             cfg = dataclasses.replace(cfg, batch_size=int(batch_size))
-        plan = plan_on_ray(ray, run, cfg, todo, cluster)
+        plan = plan_on_ray(ray, run, cfg, todo, cluster, inputs)
         run.summary.plan, run.summary.plan_text = plan.to_dict(), plan.describe()
         shown = cfg.plan_text(plan)
         if shown:
@@ -334,8 +328,9 @@ def _plan(ray, run, cfg, todo, actors, gpus_per_actor, batch_size) -> RayPlan:
     return RayPlan(cfg, actors, gpus_per_actor, device, batch_size, scorer_batch, min_free_host)
 
 
-def _dataset(ray, run, plan: RayPlan, todo, cpus_per_actor, roster):
-    """The shards to score as a Ray dataset: read_shard tasks, then the ScoreActor pool."""
+def _dataset(ray, run, plan: RayPlan, todo, cpus_per_actor, roster, inputs: Optional[NodeInputs] = None):
+    """The shards to score as a Ray dataset: read_shard tasks (on the driver's node where only it
+    reads the local shards), then the ScoreActor pool."""
     cfg = plan.cfg
     # Workers open absolute paths: their working folder is not the driver's.
     ds = ray.data.from_items([{"shard": u, "path": absolute_url(u)} for u in todo],
@@ -346,15 +341,18 @@ def _dataset(ray, run, plan: RayPlan, todo, cpus_per_actor, roster):
     # process-wide filter would outlive the run and pile up, one per run).
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=DeprecationWarning, module=__name__)
-        ds = ds.map_batches(functools.partial(read_shard, cfg=cfg, scorers=run.scorers, only=only),
-                            batch_size=1, batch_format="numpy", max_retries=RETRIES)
+        ds = ds.map_batches(functools.partial(read_shard, cfg=cfg, scorers=run.scorers, only=only,
+                                              node_inputs=inputs),
+                            batch_size=1, batch_format="numpy", max_retries=RETRIES,
+                            **(inputs.read_options() if inputs else {}))
         ds = ds.map_batches(ScoreActor, batch_size=plan.batch_size, batch_format="numpy", concurrency=plan.actors,
                             num_gpus=plan.gpus_per_actor, num_cpus=cpus_per_actor,
                             max_restarts=-1, max_task_retries=RETRIES,
                             fn_constructor_kwargs={"cfg": cfg, "scorers": run.model_scorers,
                                                    "columns": run.columns, "batch_size": plan.batch_size,
                                                    "device": plan.device, "scorer_batch": plan.scorer_batch,
-                                                   "min_free_host": plan.min_free_host, "roster": roster})
+                                                   "min_free_host": plan.min_free_host, "roster": roster,
+                                                   "node_inputs": inputs})
     # A batch that failed after its retries (its actor died twice, or it raised) is dropped
     # by Ray Data instead of ending the run: its shard never completes, so it gets no marker.
     ds.context.max_errored_blocks = -1
@@ -362,11 +360,10 @@ def _dataset(ray, run, plan: RayPlan, todo, cpus_per_actor, roster):
 
 
 def _stream(ray, ds, run, cfg, collector: "_Collector", roster, streamed: Streamed) -> None:
-    """The scored rows, shard by shard: each shard whose rows are all in is written by a
-    finish_shard task; a shard whose stream failed is listed failed."""
+    """The scored rows, shard by shard: the driver writes each shard whose rows are all in, as the
+    local engine's main process does (write_finished: the run folder has one writer, and no node
+    needs to reach it); a shard whose stream failed is listed failed."""
     done, failed, dropped, notes = streamed.done, streamed.failed, streamed.dropped, streamed.notes
-    finish = ray.remote(num_cpus=1)(finish_shard)
-    writing = []
     try:
         for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
             for url, rows, end in collector.add(batch):
@@ -377,18 +374,32 @@ def _stream(ray, ds, run, cfg, collector: "_Collector", roster, streamed: Stream
                 elif end.get("failed"):  # not read to its end: no outputs, no marker either
                     failed.append({"url": url, "reason": read_failed_reason(end["failed"])})
                 else:  # a tar cut short is listed from its marker (Run.finish)
-                    writing.append(finish.remote(url, rows, end, cfg, run.state, run.columns,
-                                                 absolute_url(url), run.retry.get(url)))
-            ready, writing = ray.wait(writing, num_returns=len(writing), timeout=0) if writing else ([], [])
-            done += ray.get(ready)
+                    done.append(write_finished(url, rows, end, cfg, run.state, run.columns,
+                                               absolute_url(url), run.retry.get(url)))
     finally:
         # The stream has ended: end its actors (see ActorRoster) so that their CPUs and
         # GPUs are free for the next run in this cluster.
         end_actors(ray, roster)
-        # Shards whose rows all arrived are written even when the stream fails: --resume keeps them.
-        done += _settle(ray, writing)
     failed += [{"url": r["shard"], "reason": r["failed"]} for r in done if r.get("failed")]
     done[:] = [r for r in done if not r.get("failed")]
+
+
+def write_finished(url: str, rows: List[dict], end: dict, cfg, state, columns: Sequence[str],
+                   path: Optional[str] = None, retry: Optional[Dict[int, dict]] = None) -> dict:
+    """On the driver: the score values back from JSON, rows in shard order, then rows.write_shard
+    (score file, embeddings, filtered shard from `path`, completion marker) as the local engine
+    does, with the nodes that read and scored the shard in its marker; with `retry`
+    (--retry-failed: the shard's samples read again), ledger.write_retried."""
+    for row in rows:
+        for c in columns:
+            row[c] = json.loads(row[c])
+    rows.sort(key=lambda r: r["index"])
+    nodes = {"read": end.get("node"), "scored": sorted({r[NODE] for r in rows if r.get(NODE)})}
+    if retry is not None:
+        failed = write_retried(url, rows, end, cfg, state, columns, retry, source=path, engine="ray", nodes=nodes)
+    else:
+        failed = write_shard(url, rows, end, cfg, state, columns, source=path, engine="ray", nodes=nodes)
+    return {"shard": url, "rows": len(rows), **({"failed": failed} if failed else {})}
 
 
 def _outcome(run, todo, start: float, collector: "_Collector", streamed: Streamed) -> RunSummary:
