@@ -6,9 +6,11 @@ cluster. Shards come from moto's S3 server on 127.0.0.1, or from a folder only t
 run folders are a folder only the driver has, or a bucket. Each run's markers say which nodes
 read and scored each shard: the work is spread over the nodes, and the rows are those of a
 one-machine run of the same shards."""
+import concurrent.futures
 import glob
 import json
 import os
+import shutil
 
 import pytest
 
@@ -17,9 +19,10 @@ pytest.importorskip("ray.data")
 pytest.importorskip("s3fs")
 pytest.importorskip("moto")
 
-from raykit import multi_node_cluster  # noqa: E402
+from raykit import multi_node_cluster, wait_until  # noqa: E402
 from remotekit import BUCKET, s3_server, upload  # noqa: E402
 from scorekit import make_shards  # noqa: E402
+from wdsfilter.errors import ConfigError  # noqa: E402
 from wdsfilter.runfolder.tables import read_rows  # noqa: E402
 from wdsfilter.score import score  # noqa: E402
 from wdsfilter.score.ray_runner import score_on_ray  # noqa: E402
@@ -84,21 +87,87 @@ def download(client, prefix: str, folder: str) -> str:
     return folder
 
 
-def test_shards_in_a_bucket_scored_on_every_node_into_a_folder_only_the_driver_has(cluster, one_machine):
+def test_shards_in_a_bucket_scored_on_every_node_into_a_folder_only_the_driver_has(cluster, one_machine,
+                                                                                    tmp_path_factory):
     nodes, driver, _ = cluster
     out, kept = str(driver / "run-local"), str(driver / "kept")
-    summary = score_on_ray(f"s3://{BUCKET}/set/", out=out, scorers=[SCORER], write_shards=kept, progress=False,
-                           batch_size=4, format="jsonl", remote_backoff_seconds=0.01, **ACTORS)
+    # Every batch waits (faultkit.HoldScorer) until both actors hold one: Ray Data gives a batch to
+    # the least busy actor, so the second goes to the other one, whatever the timing.
+    shared = tmp_path_factory.mktemp("shared")  # the test's own signals, seen by every node
+    hold, held = shared / "hold", shared / "held"
+    hold.touch()
+    held.mkdir()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        run = pool.submit(score_on_ray, f"s3://{BUCKET}/set/", out=out, scorers=["faultkit:HoldScorer"],
+                          scorer_options={"bright": {"hold_file": str(hold), "held_dir": str(held)}},
+                          write_shards=kept, progress=False, batch_size=4, format="jsonl",
+                          remote_backoff_seconds=0.01, **ACTORS)
+        try:
+            wait_until(lambda: len(os.listdir(held)) >= 2 or run.done(), "a batch held by each actor", 300)
+        finally:
+            hold.unlink()
+        summary = run.result(timeout=300)
+    assert len(os.listdir(held)) == 2  # two actors held a batch each
     assert summary.shards_failed == [] and summary.rows == sum(COUNTS)
     assert rows(out) == one_machine
-    assert sorted(os.listdir(kept)) == sorted(f"shard-{i:04d}.tar" for i in range(len(COUNTS))) + ["sizes.json"] \
-        or {f"shard-{i:04d}.tar" for i in range(len(COUNTS))} <= set(os.listdir(kept))
+    names = [f"shard-{i:04d}.tar" for i in range(len(COUNTS))]
+    assert set(names) <= set(os.listdir(kept))
     done = markers(out)
     assert len(done) == len(COUNTS) and all(m["engine"] == "ray" for m in done)
     read_on = {m["nodes"]["read"] for m in done}
     scored_on = {n for m in done for n in m["nodes"]["scored"]}
-    # read and scored on at least two nodes each, every one a node of this cluster
-    assert len(read_on) >= 2 and len(scored_on) >= 2, (read_on, scored_on)
-    assert read_on | scored_on <= {nodes.head, *nodes.worker_ids}
-    # the run folder stayed on the driver: no node wrote into its own copy of the path
-    assert not any(glob.glob(os.path.join(home, "**", "*.jsonl"), recursive=True) for home in nodes.node_homes)
+    # read on at least two nodes (Ray Data spreads its read tasks), scored on both worker nodes
+    # (one actor fits on each), every one a node of this cluster
+    assert len(read_on) >= 2 and scored_on == set(nodes.worker_ids), (read_on, scored_on)
+    assert read_on <= {nodes.head, *nodes.worker_ids}
+
+
+def test_local_shards_only_the_driver_has_are_read_on_its_node_and_scored_on_the_others(cluster, one_machine):
+    nodes, driver, _ = cluster
+    out = str(driver / "run-local-shards")
+    summary = score_on_ray(str(driver / "shards"), out=out, scorers=[SCORER], progress=False, batch_size=4,
+                           format="jsonl", **ACTORS)
+    assert summary.shards_failed == [] and rows(out) == one_machine
+    done = markers(out)
+    assert {m["nodes"]["read"] for m in done} == {nodes.head}  # the only node that has them
+    scored_on = {n for m in done for n in m["nodes"]["scored"]}
+    assert scored_on and scored_on <= set(nodes.worker_ids)  # where the actors are: none fits on the head
+
+
+def test_a_model_folder_only_the_driver_has_is_sent_to_the_nodes_that_lack_it(cluster, tiny_clip, tmp_path_factory):
+    nodes, driver, client = cluster
+    model = str(driver / "tiny-clip")  # the tiny CLIP where only the driver has it
+    if not os.path.isdir(model):
+        shutil.copytree(tiny_clip, model)
+    options = dict(model="local-dir:" + model, min_clip=0.1, progress=False, batch_size=4, format="jsonl")
+    one = str(tmp_path_factory.mktemp("one-machine-clip"))
+    score(str(driver / "shards"), out=one, device="cpu", workers=0, **options)
+    out = f"s3://{BUCKET}/runs/clip"  # the run folder in the bucket (staged on the driver)
+    summary = score_on_ray(f"s3://{BUCKET}/set/", out=out, **options, **ACTORS)
+    assert summary.shards_failed == [] and summary.scored > 0
+    fetched = download(client, "runs/clip/", str(tmp_path_factory.mktemp("fetched")))
+    got, expected = rows(fetched), rows(one)
+    assert sorted(got) == sorted(expected) and len(got) == len(COUNTS)
+    for name, want in expected.items():  # batches differ between engines: scores agree to float rounding
+        assert [(r["key"], r["status"], r["reason"], r["kept"]) for r in got[name]] == \
+               [(r["key"], r["status"], r["reason"], r["kept"]) for r in want], name
+        for a, b in zip(got[name], want):
+            assert (a["clip_score"] is None) == (b["clip_score"] is None)
+            assert b["clip_score"] is None or abs(a["clip_score"] - b["clip_score"]) < 1e-4, (name, a["key"])
+    done = markers(fetched)
+    scored_on = {n for m in done for n in m["nodes"]["scored"]}
+    assert scored_on and scored_on <= set(nodes.worker_ids)
+    # each worker node read its own copy, from its own cache: the driver's folder is not theirs
+    copies = [glob.glob(os.path.join(os.path.dirname(home), "tmp", "wdsfilter-ray-files", "*", "tiny-clip"))
+              for home in nodes.node_homes]
+    assert all(len(c) == 1 and sorted(os.listdir(c[0])) == sorted(os.listdir(model)) for c in copies), copies
+
+
+def test_a_scorer_that_cannot_read_a_copy_of_its_file_is_refused_naming_it(cluster, tmp_path):
+    nodes, driver, _ = cluster
+    weights = driver / "weights.bin"
+    weights.write_bytes(b"only on the driver")
+    with pytest.raises(ConfigError, match=r"weights\.bin.*(no shared filesystem)"):
+        score_on_ray(f"s3://{BUCKET}/set/", out=str(tmp_path / "refused"), progress=False, format="jsonl",
+                     scorers=["scorekit:LocalFileScorer"], scorer_options={"bright": {"path": str(weights)}})
+    assert not os.path.exists(tmp_path / "refused" / "done") or not os.listdir(tmp_path / "refused" / "done")

@@ -211,6 +211,12 @@ def survey(ray, scorers: Sequence, urls: Sequence[str], echo=lambda text: None) 
         if driver not in readers:
             raise ConfigError(f"the local shard {shards[0]} is on this machine but not on the Ray node this driver "
                               f"runs on: run the driver on a node of the cluster, or put the shards in object storage")
+        cpus = next((n["Resources"].get("CPU", 0) for n in nodes if n["NodeID"] == driver), 0)
+        if cpus < 1:  # the read tasks could never start there: the run would wait for ever
+            raise ConfigError(f"the local shards (e.g. {shards[0]}) are read only on this node, where Ray has no CPU "
+                              f"(`ray start --num-cpus 0`?), and {len(refs) - len(readers)} other node(s) do not "
+                              f"see them: give this node a CPU, run the driver on a node with CPUs that sees the "
+                              f"shards, or put them in object storage (s3://, gs://)")
         echo(f"ray: {len(refs) - len(readers)} of {len(refs)} node(s) do not see the local shards "
              f"(no shared filesystem): they are read on this node and scored on every node")
     for i, path in enumerate(files):
