@@ -27,20 +27,26 @@ PENDING = "__pending__"  # a row whose inputs still need the model
 SHARD_END_ROW = "__shard_end__"  # one per shard: carries the reader's error and member count
 LEDGER_FIELDS = (STAGE, MEMBER)  # row fields the failure ledger reads (ledger.row_entries)
 NODE = "ray_node"  # the Ray node whose model actor scored the row ("" where no model ran)
+# A read task's block holds at most this many bytes of prepared inputs: a block is one object in
+# Ray's object store, which may be as small as 100 MB per node, and every read task of a node has
+# blocks in flight (64 CLIP rows are 9.6 MB; 64 rows of three 720p frames would be 530 MB).
+BLOCK_BYTES = 8 * 2**20
 
 
 def node_id() -> str:
-    """The Ray node this task or actor runs on (`ray list nodes` names it)."""
+    """The Ray node this task or actor runs on (`ray list nodes` names it); "" outside Ray."""
     import ray
-    return ray.get_runtime_context().get_node_id()
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
 
 
 # -- decode side: one task per shard --------------------------------------------------------------
-def read_shard(batch, cfg, scorers, rows_per_block: int = 64, only=None, node_inputs=None) -> Iterator[Dict[str, list]]:
+def read_shard(batch, cfg, scorers, rows_per_block: int = 64, only=None, node_inputs=None,
+               block_bytes: int = BLOCK_BYTES) -> Iterator[Dict[str, list]]:
     """Ray map_batches generator over shard URLs: every sample's row, with its prepared inputs in
     the PAYLOAD columns (pack_payload) where a model still has to score it, then one SHARD_END_ROW row whose
     message tells the driver how many rows the shard has, how the reader ended and the shard's
-    stage counts. Yields column batches of up to rows_per_block rows, so a big shard never sits
+    stage counts. Yields column batches of up to rows_per_block rows and block_bytes of prepared
+    inputs (one row alone where a row is bigger: a video's frames), so a big shard never sits
     in memory whole. only: --retry-failed's stage (ledger.OnlyKeys, by the URLs the driver knows):
     in its shards only the samples to retry are read on. node_inputs: ray_files.NodeInputs (the
     scorers' model files where this node lacks them: a tokenizer's config)."""
@@ -60,7 +66,7 @@ def read_shard(batch, cfg, scorers, rows_per_block: int = 64, only=None, node_in
         pipeline = sample_pipeline([path], stage, tally, extra=[Prepare(scorers)], before_decode=before,
                                    shard_stages=[s.reader() for s in before])
         rows: List[dict] = []
-        index = 0
+        index = held = 0
         end = None
         for item in pipeline:
             if item.get(MARKER) == SHARD_END:
@@ -75,10 +81,11 @@ def read_shard(batch, cfg, scorers, rows_per_block: int = 64, only=None, node_in
                 row["status"] = PENDING
                 row[PAYLOAD], row[PAYLOAD_META] = pack_payload((item["inputs"], item["errors"]))
             rows.append(row)
+            held += row[PAYLOAD].nbytes + len(row[PAYLOAD_META])
             index += 1
-            if len(rows) >= rows_per_block:
+            if len(rows) >= rows_per_block or held >= block_bytes:
                 yield _columns(rows)
-                rows = []
+                rows, held = [], 0
         if end is None:  # no end marker: the shard could not be opened (counted as unreadable_shard)
             examples = tally.examples.get("unreadable_shard", [])
             end = {"error": examples[0].message if examples else "could not be opened", "members": 0,
