@@ -10,14 +10,15 @@ memory (its backpressure) and retries failed tasks.
                ─ ScoreActor: map_batches, replicas actors per GPU (or one per CPU slot), each
                  scorer at its planned batch through its own OOM back-off
                ─ the driver streams the scored rows (iter_batches) and, as soon as all rows of a
-                 shard are in, a finish_shard task writes scores/<shard>.parquet, the filtered
-                 shard and the done marker: a run killed half-way leaves its finished shards done.
+                 shard are in, writes scores/<shard>.parquet, the filtered shard and the done
+                 marker itself (write_finished): a run killed half-way leaves its finished shards done.
 
 This module is the driver; what runs on Ray's workers is in ray_tasks.py (read_shard, ScoreActor,
-measure, finish_shard), the payload columns in ray_payload.py. Rows, shard completion and the run
-state are the local engine's own (rows.py, runner.Run), so `--resume`, `wdsfilter.loader(scores=...)`
-and the summary work on it unchanged. The shards and the output folder must be reachable from
-every node (a shared filesystem); Ray moves only the rows.
+measure), the payload columns in ray_payload.py, what the nodes see of the driver's disk in
+ray_files.py. Rows, shard completion and the run state are the local engine's own (rows.py,
+runner.Run), so `--resume`, `wdsfilter.loader(scores=...)` and the summary work on it unchanged.
+No shared filesystem is needed: the run folder has one writer, the driver; shards in object
+storage are read by every node, local ones where they are (ray_files.survey).
 
     from wdsfilter.score.ray_runner import score_on_ray
     summary = score_on_ray("s3-mounted/shards/", out="/shared/scores", scorers=["clip"],
@@ -179,7 +180,7 @@ def run_on_ray(shards, cfg, *, actors: Optional[int] = None, gpus_per_actor: Opt
 
     if cfg.dry_run:
         raise ConfigError("dry_run plans the single-machine engine; Ray plans its own cluster (ray status)")
-    # Ray workers may run in another folder (or on another node of the shared filesystem).
+    # Absolute paths: the driver's working folder may change; a node's is not the driver's.
     cfg = dataclasses.replace(cfg, out=cfg.out if is_fsspec_url(cfg.out) else os.path.abspath(cfg.out),
                               write_shards=cfg.write_shards if not cfg.write_shards or is_fsspec_url(cfg.write_shards)
                               else os.path.abspath(cfg.write_shards))
@@ -225,7 +226,7 @@ def _run_on_ray(run, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, ad
     """plan -> dataset -> stream -> outcome."""
     todo = run.pending()
     if todo:  # the keys were checked by Run
-        for scorer in run.scorers:  # downloads once, on the driver (a shared filesystem), not per actor
+        for scorer in run.scorers:  # downloads once, on the driver, not per actor (ray_files sends them on)
             getattr(scorer, "fetch", lambda: None)()
     ray = _ray()
     started_here = _connect(ray, cfg, address, ray_init)
