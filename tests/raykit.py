@@ -13,7 +13,9 @@ The head node is the driver's node: it sees the driver's disk."""
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -83,7 +85,8 @@ class MultiNodeCluster:
         self.node_homes: List[str] = []
         self.cluster = Cluster(initialize_head=True, head_node_args=dict(
             num_cpus=head_cpus, object_store_memory=store, include_dashboard=False,
-            temp_dir=self._folder("head", "ray"), env_vars=dict(base, PYTHONPATH=path)))
+            temp_dir=self._folder("head", "ray"), env_vars=dict(base, PYTHONPATH=path),
+            _system_config={"debug_dump_period_milliseconds": 500}))  # for waiting_for_plasma()
         try:
             for i in range(workers):
                 home = self._folder(f"w{i}", "home")
@@ -105,6 +108,22 @@ class MultiNodeCluster:
         path = os.path.join(self.root, node, what)
         os.makedirs(path, exist_ok=True)
         return path
+
+    def spilled(self) -> int:
+        """Bytes the cluster's raylets have spilled to disk so far (Ray's own total)."""
+        from ray._private.internal_api import get_memory_info_reply, get_state_from_address
+        return int(get_memory_info_reply(get_state_from_address(self.cluster.address)).store_stats.spilled_bytes_total)
+
+    def waiting_for_plasma(self) -> int:
+        """The most tasks one raylet holds back for object store memory now (its debug state)."""
+        most = 0
+        for path in glob.glob(os.path.join(self.root, "*", "ray", "session_*", "logs", "debug_state.txt")):
+            try:
+                with open(path) as f:
+                    most = max([most, *map(int, re.findall(r"num_waiting_for_plasma_memory: (\d+)", f.read()))])
+            except OSError:
+                pass
+        return most
 
     @property
     def worker_ids(self) -> List[str]:

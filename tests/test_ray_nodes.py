@@ -171,3 +171,23 @@ def test_a_scorer_that_cannot_read_a_copy_of_its_file_is_refused_naming_it(clust
         score_on_ray(f"s3://{BUCKET}/set/", out=str(tmp_path / "refused"), progress=False, format="jsonl",
                      scorers=["scorekit:LocalFileScorer"], scorer_options={"bright": {"path": str(weights)}})
     assert not os.path.exists(tmp_path / "refused" / "done") or not os.listdir(tmp_path / "refused" / "done")
+
+
+def test_local_shards_larger_than_the_object_store_stream_without_spilling_or_waiting(cluster, tmp_path):
+    """The bound, small: 289 MB of prepared inputs (480 rows of 3 x 448 x 448 pixels) made on
+    the driver's node, whose object store holds 80 MB. Every read runs there (only it has the
+    shards), so its store holds every block: none may be spilled to disk, and no task may wait
+    for object store memory. With Ray Data's defaults 138 MB were spilled."""
+    nodes, driver, _ = cluster
+    make_shards(str(driver / "big"), [60] * 8)
+    before, most = nodes.spilled(), [0]
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        run = pool.submit(score_on_ray, str(driver / "big"), out=str(driver / "run-big"), scorers=[SCORER],
+                          scorer_options={"bright": {"size": 448}}, progress=False, batch_size=16,
+                          format="jsonl", **ACTORS)
+        while not run.done():  # the raylets dump their state every 0.5 s
+            most[0] = max(most[0], nodes.waiting_for_plasma())
+            concurrent.futures.wait([run], timeout=0.2)
+        summary = run.result()
+    assert summary.rows == 480 and summary.shards_failed == []
+    assert nodes.spilled() - before == 0 and most[0] == 0, (nodes.spilled() - before, most[0])

@@ -142,6 +142,8 @@ class NodeInputs:
     """What survey found, handed to every read task, the probe task and every model actor."""
     driver_node: str
     pin_reads: bool = False  # read tasks (and the probe) run on the driver's node
+    driver_store: float = 0.0  # the driver's node's object store, bytes (where pinned reads put their blocks)
+    driver_cpus: float = 0.0  # the driver's node's CPUs: how many pinned reads run at once
     shipments: List[Shipment] = dataclasses.field(default_factory=list)
 
     def apply(self, scorers: Sequence) -> None:
@@ -155,12 +157,15 @@ class NodeInputs:
                 scorer.relocate(moved)
 
     def read_options(self) -> dict:
-        """Ray options of the read tasks (and the probe): pinned to the driver's node when the
-        other nodes do not see the local shards."""
+        """Ray Data options of the read tasks: pinned to the driver's node when the other nodes
+        do not see the local shards, and no more of them at once than its CPUs run (Ray Data
+        starts as many as the cluster has free CPUs, each filling its share of the object store
+        when it starts; pinned ones would all fill the driver's node)."""
         if not self.pin_reads:
             return {}
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-        return {"scheduling_strategy": NodeAffinitySchedulingStrategy(self.driver_node, soft=False)}
+        return {"scheduling_strategy": NodeAffinitySchedulingStrategy(self.driver_node, soft=False),
+                "concurrency": max(1, int(self.driver_cpus))}
 
 
 # -- on the driver -------------------------------------------------------------------------------------
@@ -211,7 +216,9 @@ def survey(ray, scorers: Sequence, urls: Sequence[str], echo=lambda text: None) 
         if driver not in readers:
             raise ConfigError(f"the local shard {shards[0]} is on this machine but not on the Ray node this driver "
                               f"runs on: run the driver on a node of the cluster, or put the shards in object storage")
-        cpus = next((n["Resources"].get("CPU", 0) for n in nodes if n["NodeID"] == driver), 0)
+        mine = next((n["Resources"] for n in nodes if n["NodeID"] == driver), {})
+        cpus, inputs.driver_store = mine.get("CPU", 0), float(mine.get("object_store_memory", 0))
+        inputs.driver_cpus = cpus
         if cpus < 1:  # the read tasks could never start there: the run would wait for ever
             raise ConfigError(f"the local shards (e.g. {shards[0]}) are read only on this node, where Ray has no CPU "
                               f"(`ray start --num-cpus 0`?), and {len(refs) - len(readers)} other node(s) do not "
