@@ -18,7 +18,9 @@ for each, sampled every 0.2 s from /proc and from the raylets:
 
   peak RSS     of the driver, of every raylet, GCS and Ray worker process (each process's own
                peak, VmHWM; a worker's includes the object store pages it mapped), and the peak
-               of their sum at one moment
+               of the sum of their PSS (shared pages divided among the processes that map them,
+               so the sum is the memory really used); the driver's RSS when half the shards
+               were written and when all were (before the run's end: summary, report)
   spilled      bytes Ray spilled to disk and restored (the raylets' totals), and the most that
                lay in the nodes' spill folders at one moment
   waiting for plasma memory
@@ -26,8 +28,9 @@ for each, sampled every 0.2 s from /proc and from the raylets:
                (num_waiting_for_plasma_memory of its debug state, dumped every second)
   longest gap  between two shards finished by the driver: a stalled run shows here
 
-and last the ratio lines: `ratio data / object store = R` (the scenario: >= 10) and `ratio peak
-RSS large / small = R` (goal <= 1.25: the memory does not grow with the data set).
+and last the ratio lines: `ratio data / one node's object store = R` (the scenario: >= 10) and
+`ratio peak memory large / small = R` (the peak PSS sums; goal <= 1.25: the memory does not grow
+with the data set).
 """
 from __future__ import annotations
 
@@ -137,8 +140,8 @@ def _status(pid: int) -> Dict[str, int]:
     out = {}
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmHWM:"):
-                out["VmHWM"] = int(line.split()[1]) * 1024
+            if line.startswith(("VmHWM:", "VmRSS:")):
+                out[line.split(":")[0]] = int(line.split()[1]) * 1024
     with open(f"/proc/{pid}/smaps_rollup") as f:
         for line in f:
             if line.startswith("Pss:"):
@@ -175,6 +178,8 @@ class Watch:
         self.peaks: Dict[int, tuple] = {}  # pid -> (role, VmHWM)
         self.total = self.spill = self.waiting = 0
         self.done_times: List[float] = []
+        self.driver_rss: List[tuple] = []  # (shards done, the driver's RSS)
+        self.titles: Dict[int, str] = {}
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -192,6 +197,13 @@ class Watch:
                 total += s.get("Pss", 0)
                 role = self.peaks.get(p.pid, (None,))[0] or _role(p.pid, self.driver)
                 self.peaks[p.pid] = (role, max(s.get("VmHWM", 0), self.peaks.get(p.pid, (None, 0))[1]))
+                if role == "ray worker":  # its title says what it runs now (ray::MapWorker(...), ray::IDLE)
+                    try:
+                        self.titles[p.pid] = p.cmdline()[0]
+                    except (self.psutil.Error, IndexError):
+                        pass
+                elif role == "driver":
+                    self.driver_rss.append((done, s.get("VmRSS", 0)))
             self.total = max(self.total, total)
             self.spill = max(self.spill, self.cluster.spill_bytes())
             self.waiting = max(self.waiting, self.cluster.waiting_for_plasma())
@@ -206,7 +218,16 @@ class Watch:
         for role, peak in self.peaks.values():
             by_role.setdefault(role, []).append(peak)
         gaps = [b - a for a, b in zip(self.done_times, self.done_times[1:])]
+        workers = [(peak, pid) for pid, (role, peak) in self.peaks.items() if role == "ray worker"]
+        largest = self.titles.get(max(workers)[1], "?") if workers else "?"
+        shards = len(self.done_times)
+        # the driver's RSS once half the shards were done, and when the last one was (before the
+        # end of the run: summary, statistics, report)
+        half = [rss for done, rss in self.driver_rss if done >= shards / 2]
+        last = [rss for done, rss in self.driver_rss if done >= shards]
         return {"peak_rss": {r: max(v) for r, v in by_role.items()}, "processes": {r: len(v) for r, v in by_role.items()},
+                "largest_worker": largest, "driver_rss_half": half[0] if half else 0,
+                "driver_rss_all_done": last[0] if last else 0,
                 "peak_rss_sum": self.total, "spill_peak_on_disk": self.spill, "waiting_for_plasma_max": self.waiting,
                 "longest_gap_s": max(gaps, default=0.0)}
 
@@ -238,15 +259,21 @@ def run(data: dict, args, root: str) -> dict:
                 shards_failed=len(summary.get("shards_failed", [])), said=said.strip().splitlines()[-3:])
 
 
-def show(name: str, data: dict, m: dict, store: int) -> None:
-    print(f"{name}: {data['shards']} shards, {data['bytes'] / MB:,.0f} MB, {data['samples']:,} samples "
-          f"({data['bytes'] / store:.1f} x the cluster's object store of {store / MB:,.0f} MB)")
+PREPARED = 3 * 224 * 224 + 77 * 8  # bytes of one row's prepared inputs (pixels, token ids)
+
+
+def show(name: str, data: dict, m: dict, store: int, node_store: int) -> None:
+    print(f"{name}: {data['shards']} shards, {data['bytes'] / MB:,.0f} MB ({data['bytes'] / node_store:.1f} x one "
+          f"node's object store of {node_store / MB:,.0f} MB, {data['bytes'] / store:.1f} x the cluster's), "
+          f"{data['samples']:,} samples, {data['samples'] * PREPARED / MB:,.0f} MB of prepared inputs through Ray")
     print(f"  exit {m['exit']}, {m['rows']:,} rows, {m['shards_failed']} shard(s) failed, {m['seconds']:.0f} s "
           f"({m['rows'] / m['seconds']:.0f} samples/s)")
     peaks = ", ".join(f"{r} {v / MB:,.0f} MB" for r, v in sorted(m["peak_rss"].items()))
     print(f"  peak RSS (the largest process of each kind): {peaks}; peak PSS of all at once "
           f"{m['peak_rss_sum'] / MB:,.0f} MB "
           f"({', '.join(f'{n} {r}' for r, n in sorted(m['processes'].items()))} process(es))")
+    print(f"  the largest Ray worker: {m['largest_worker']}; the driver's RSS with half the shards done "
+          f"{m['driver_rss_half'] / MB:,.0f} MB, with all done {m['driver_rss_all_done'] / MB:,.0f} MB")
     if "error" in m:
         print(f"  spilled: unknown ({m['error']}); peak in the spill folders {m['spill_peak_on_disk'] / MB:,.0f} MB")
     else:
@@ -278,13 +305,14 @@ def main(argv=None) -> int:
             data = make_data(os.path.join(base, f"data-{name}"), gb)
             m = run(data, args, os.path.join(base, name))
             shutil.rmtree(data["folder"], ignore_errors=True)
-            show(name, data, m, store)
+            show(name, data, m, store, args.store_mb * MB)
             results[name] = {"data": data, **m}
     finally:
         shutil.rmtree(base, ignore_errors=True)
     small, large = results["small"], results["large"]
-    print(f"ratio data / object store = {large['data']['bytes'] / store:.1f} (the scenario: >= 10)")
-    print(f"ratio peak RSS large / small = {large['peak_rss_sum'] / small['peak_rss_sum']:.2f} "
+    print(f"ratio data / one node's object store = {large['data']['bytes'] / (args.store_mb * MB):.1f} "
+          f"(the scenario: >= 10)")
+    print(f"ratio peak memory large / small = {large['peak_rss_sum'] / small['peak_rss_sum']:.2f} "
           f"(goal <= 1.25: memory does not grow with the data set)")
     if args.json:
         with open(args.json, "w") as f:
