@@ -195,11 +195,12 @@ class Watch:
                 except (OSError, StopIteration):
                     continue
                 total += s.get("Pss", 0)
-                role = self.peaks.get(p.pid, (None,))[0] or _role(p.pid, self.driver)
-                self.peaks[p.pid] = (role, max(s.get("VmHWM", 0), self.peaks.get(p.pid, (None, 0))[1]))
-                if role == "ray worker":  # its title says what it runs now (ray::MapWorker(...), ray::IDLE)
+                role, before = self.peaks.get(p.pid, (None, 0))
+                role = role or _role(p.pid, self.driver)
+                self.peaks[p.pid] = (role, max(s.get("VmHWM", 0), before))
+                if role == "ray worker" and s.get("VmHWM", 0) > before:  # what it ran as its peak grew
                     try:
-                        self.titles[p.pid] = p.cmdline()[0]
+                        self.titles[p.pid] = p.cmdline()[0]  # ray::MapWorker(...), ray::IDLE, ...
                     except (self.psutil.Error, IndexError):
                         pass
                 elif role == "driver":
