@@ -77,6 +77,22 @@ def markers(out: str) -> list:
     return found
 
 
+def in_thread(during, after, function, *args, **kwargs):
+    """function(*args, **kwargs) in a thread while during(its future) runs here, then after(); its
+    result, or a failure after 600 s instead of a hang (the thread is left behind: the end of the
+    module's cluster ends it)."""
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        run = pool.submit(function, *args, **kwargs)
+        try:
+            during(run)
+        finally:
+            after()
+        return run.result(timeout=600)
+    finally:
+        pool.shutdown(wait=False)
+
+
 def download(client, prefix: str, folder: str) -> str:
     """Every object under prefix in the test bucket, as files under folder."""
     pages = client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
@@ -97,16 +113,13 @@ def test_shards_in_a_bucket_scored_on_every_node_into_a_folder_only_the_driver_h
     hold, held = shared / "hold", shared / "held"
     hold.touch()
     held.mkdir()
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        run = pool.submit(score_on_ray, f"s3://{BUCKET}/set/", out=out, scorers=["faultkit:HoldScorer"],
-                          scorer_options={"bright": {"hold_file": str(hold), "held_dir": str(held)}},
-                          write_shards=kept, progress=False, batch_size=4, format="jsonl",
-                          remote_backoff_seconds=0.01, **ACTORS)
-        try:
-            wait_until(lambda: len(os.listdir(held)) >= 2 or run.done(), "a batch held by each actor", 300)
-        finally:
-            hold.unlink()
-        summary = run.result(timeout=300)
+    summary = in_thread(lambda run: wait_until(lambda: len(os.listdir(held)) >= 2 or run.done(),
+                                               "a batch held by each actor", 300),
+                        lambda: hold.unlink(missing_ok=True),
+                        score_on_ray, f"s3://{BUCKET}/set/", out=out, scorers=["faultkit:HoldScorer"],
+                        scorer_options={"bright": {"hold_file": str(hold), "held_dir": str(held)}},
+                        write_shards=kept, progress=False, batch_size=4, format="jsonl",
+                        remote_backoff_seconds=0.01, **ACTORS)
     assert len(os.listdir(held)) == 2  # two actors held a batch each
     assert summary.shards_failed == [] and summary.rows == sum(COUNTS)
     assert rows(out) == one_machine
@@ -181,13 +194,13 @@ def test_local_shards_larger_than_the_object_store_stream_without_spilling_or_wa
     nodes, driver, _ = cluster
     make_shards(str(driver / "big"), [60] * 8)
     before, most = nodes.spilled(), [0]
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        run = pool.submit(score_on_ray, str(driver / "big"), out=str(driver / "run-big"), scorers=[SCORER],
-                          scorer_options={"bright": {"size": 448}}, progress=False, batch_size=16,
-                          format="jsonl", **ACTORS)
-        while not run.done():  # the raylets dump their state every 0.5 s
+
+    def watch(run):  # the raylets dump their state every 0.5 s
+        while not run.done():
             most[0] = max(most[0], nodes.waiting_for_plasma())
             concurrent.futures.wait([run], timeout=0.2)
-        summary = run.result()
+    summary = in_thread(watch, lambda: None, score_on_ray, str(driver / "big"), out=str(driver / "run-big"),
+                        scorers=[SCORER], scorer_options={"bright": {"size": 448}}, progress=False, batch_size=16,
+                        format="jsonl", **ACTORS)
     assert summary.rows == 480 and summary.shards_failed == []
     assert nodes.spilled() - before == 0 and most[0] == 0, (nodes.spilled() - before, most[0])
