@@ -18,7 +18,7 @@ from .census import KeyCensus
 from .config import StageConfig
 from .curry import pipelinefilter  # webdataset's, without importing webdataset (and torch)
 from .errors import ConfigError, DataError
-from .images import decode_image
+from .images import decode_image, deferred_jpeg
 from .markers import MARKER, reject_marker  # markers flow through every stage untouched (markers.py)
 from .reading import OVERSIZED, group_samples, tar_members
 from .specs import FieldRef, find_caption, is_dotted, is_video, parse_json_member
@@ -289,6 +289,10 @@ def decode_sample(sample: dict, cfg: StageConfig, tally: Tally) -> Tuple[Optiona
         return sample, None
     try:
         raw = sample["image"]
+        deferred = deferred_jpeg(raw, cfg.max_pixels, cfg.max_side) if cfg.defer_jpeg else None
+        if deferred is not None:  # its consumer decodes it from the bytes (the CLIP scorer's --decode-device)
+            sample["image"], sample[IMAGE_BYTES] = deferred, raw
+            return sample, None
         sample["image"] = decode_image(raw, cfg.max_pixels, cfg.max_side, cfg.oversize, cfg.image_mode,
                                        cfg.decode_floor)
         if cfg.keep_image_bytes:

@@ -31,7 +31,7 @@ RECIPE_FILE = "run.yaml"
 ENGINES = ("local", "ray")
 # ScoreConfig fields a recipe may set beside the ones it spells itself (never resume/overwrite/
 # dry_run: a replay says those on its command line).
-OPTIONS = ("write_shards", "device", "gpus", "devices", "batch_size", "workers", "replicas", "prefetch", "max_memory",
+OPTIONS = ("write_shards", "device", "gpus", "decode_device", "devices", "batch_size", "workers", "replicas", "prefetch", "max_memory",
            "headroom", "fit", "format", "max_batch", "cpu_max_batch", "min_free_host", "histogram_bins",
            "probe_samples", "probe_scan", "probe_seconds", "worker_start")
 # thresholds: {min: {COLUMN: X}, max: ..., top: {COLUMN: PERCENT}, bottom: ...} -> build_config's keywords
