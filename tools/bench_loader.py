@@ -123,7 +123,7 @@ def main() -> None:
         side, folder, samples, batch, workers = args.child
         print(json.dumps(run_child(side, folder, int(samples), int(batch), int(workers))))
         return
-    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at the start")
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at the start", flush=True)
     with tempfile.TemporaryDirectory() as folder:
         samples = make_shards(folder, args.shards, args.copies)
         sides = [("open_clip", ROOT), ("wdsfilter", ROOT)] + ([("before", args.before)] if args.before else [])
@@ -145,6 +145,7 @@ def main() -> None:
             if args.before:
                 b = _median(runs["before"], "rate") / _median(runs["open_clip"], "rate")
                 print(f"workers {workers}: ratio before / open_clip samples/s = {b:.2f}")
+            sys.stdout.flush()
         print(f"load average {os.getloadavg()[0]:.1f} at the end")
 
 
