@@ -98,11 +98,16 @@ def run_child(side: str, folder: str, samples: int, batch_size: int, workers: in
 def child(side: str, folder: str, samples: int, batch_size: int, workers: int, root: str) -> dict:
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("PYTHONDONTWRITEBYTECODE", None)
+    import resource
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run([sys.executable, __file__, "--child", side, folder, str(samples), str(batch_size),
                           str(workers)], env=env, cwd=root, capture_output=True, text=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the child and its DataLoader workers
     if out.returncode:
         raise SystemExit(f"{side} (workers {workers}, {root}) failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got["cpu"] = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)  # imports included
+    return got
 
 
 def _median(runs: list, field: str) -> float:
@@ -137,10 +142,13 @@ def main() -> None:
             for name, got in runs.items():
                 rates = ", ".join(f"{r['rate']:.0f}" for r in got)
                 print(f"  {name:9}: {_median(got, 'rate'):.0f} samples/s ({rates}), first batch "
-                      f"{_median(got, 'first'):.3f} s, {got[0]['samples']} samples given")
+                      f"{_median(got, 'first'):.3f} s, CPU {_median(got, 'cpu'):.1f} s, {got[0]['samples']} samples given")
             r = _median(runs["wdsfilter"], "rate") / _median(runs["open_clip"], "rate")
             first = _median(runs["wdsfilter"], "first") / _median(runs["open_clip"], "first")
             print(f"workers {workers}: ratio wdsfilter / open_clip samples/s = {r:.2f} (goal >= 1.05)")
+            cpu = _median(runs["open_clip"], "cpu") / _median(runs["wdsfilter"], "cpu")
+            print(f"workers {workers}: ratio open_clip / wdsfilter CPU seconds = {cpu:.2f} (the same imports on "
+                  f"both sides; under load a steadier figure than samples/s)")
             print(f"workers {workers}: ratio wdsfilter / open_clip first-batch seconds = {first:.2f} (goal <= 1.0)")
             if args.before:
                 b = _median(runs["before"], "rate") / _median(runs["open_clip"], "rate")
