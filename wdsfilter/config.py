@@ -73,6 +73,9 @@ class StageConfig:
     # scorer's sha256 is of the bytes, and the shard is read once. The scoring engine sets it from
     # its scorers (Scorer.image_bytes).
     keep_image_bytes: bool = False
+    # Decode images at all: False leaves sample["image"] the member's bytes, unchecked (a scoring
+    # run whose scorers read captions or image headers only: Scorer.image_pixels).
+    decode_pixels: bool = True
     # Special tokens: the image token the user's model expects, and what to do with others.
     image_token: Optional[str] = None
     token_mode: str = "auto"  # auto: normalise when image_token is set, else keep

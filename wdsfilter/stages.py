@@ -283,9 +283,10 @@ IMAGE_BYTES = "__image_bytes__"
 
 
 def _decode(data: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator[dict]:
-    """Decode "image" behind the size guard. Videos stay bytes (the scorers decode frames)."""
+    """Decode "image" behind the size guard. Videos stay bytes (the scorers decode frames), and so
+    do images where nothing reads their pixels (cfg.decode_pixels)."""
     for sample in data:
-        if MARKER not in sample and "image" in sample:
+        if MARKER not in sample and "image" in sample and cfg.decode_pixels:
             try:
                 raw = sample["image"]
                 sample["image"] = decode_image(raw, cfg.max_pixels, cfg.max_side,

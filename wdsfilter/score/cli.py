@@ -26,17 +26,19 @@ def _given(ctx: click.Context, param: str) -> bool:
               help="Folder for score files, markers, summary and run.yaml (required, here or in --config).")
 @click.option("--scorer", "scorers", multiple=True, default=("clip",), show_default=True, metavar="NAME",
               help="clip, ocr, hash (sha256 + phash for `wdsfilter dedup`), tmars (CLIP score with the text masked; "
-                   "brings ocr and clip), or module:Class; repeat to run several in one pass.")
+                   "brings ocr and clip), caption (language, words, characters), size (from headers), blur, nsfw, "
+                   "aesthetic (LAION's head on CLIP's embedding; brings clip), or module:Class; repeat to run several "
+                   "in one pass (docs/scorers.md).")
 @click.option("--model", default=None, help="CLIP model name or local-dir:PATH (clip scorer).")
 @click.option("--pretrained", default=None, metavar="TAG_OR_PATH", help="CLIP weights tag or file (clip scorer).")
 @click.option("--precision", type=click.Choice(["auto", "fp32", "fp16", "bf16"]), default=None,
               help="clip: auto (fp16 weights on CUDA, fp32 on CPU), or fp32 to keep full precision [auto].")
 @click.option("--scorer-opt", "scorer_opts", multiple=True, metavar="SCORER.KEY=VALUE",
               help="Pass any option to a scorer, e.g. ocr.max_side=960 or clip.precision=fp16. Repeatable.")
-@click.option("--frames", type=int, default=None, help="clip, ocr: frames sampled per video, uniformly over its duration [3].")
+@click.option("--frames", type=int, default=None, help="clip, ocr, blur, nsfw: frames sampled per video, uniformly over its duration [3].")
 @click.option("--frame-reduce", type=click.Choice(["mean", "max", "min"]), default=None,
               help="clip, ocr: how a video's per-frame scores become its score [mean].")
-@click.option("--keyframes", is_flag=True, default=None, help="clip, ocr: sample keyframes only (cheapest on long clips).")
+@click.option("--keyframes", is_flag=True, default=None, help="clip, ocr, blur, nsfw: sample keyframes only (cheapest on long clips).")
 @click.option("--ocr-backend", type=click.Choice(["rapidocr", "easyocr"]), default=None,
               help="ocr: text detector; rapidocr's weights ship in its wheel (offline) [rapidocr].")
 @click.option("--ocr-model-dir", default=None, metavar="DIR",

@@ -208,13 +208,15 @@ class ScoreConfig:
         a run that scores nothing is reported by the engine with its counts instead. The keys
         are checked once on the whole first shard before scoring (keycheck.check_keys), so the
         readers do not check again. With the run's `scorers`, JPEGs are decoded at the reduced
-        scale they all can use (Scorer.decode_floor)."""
+        scale they all can use (Scorer.decode_floor), and not at all where none reads pixels
+        (Scorer.image_pixels: caption, size)."""
         from .fastdecode import combine_floors
         # A duck-typed scorer without decode_floor needs the full image.
         floor = combine_floors([getattr(s, "decode_floor", lambda: None)() for s in scorers]) if scorers else None
         return replace(self.stage, emit_rejects=True, starvation_samples=0, starvation_seconds=0.0,
                        check_first_shard=False, decode_floor=floor,
-                       keep_image_bytes=any(getattr(s, "image_bytes", False) for s in scorers))
+                       keep_image_bytes=any(getattr(s, "image_bytes", False) for s in scorers),
+                       decode_pixels=not scorers or any(getattr(s, "image_pixels", True) for s in scorers))
 
 
 def parse_gpus(value) -> Tuple[int, ...]:
