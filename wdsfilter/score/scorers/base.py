@@ -72,6 +72,10 @@ class Scorer(abc.ABC):
     #: boxes), which dependents see and score files never do. A sample a required scorer failed
     #: on is not scored by this one (its row says why). Each scorer keeps its own back-off.
     requires: Sequence[str] = ()
+    #: optional dependencies, (module, how to install it): checked with the other usage errors,
+    #: before torch is imported or any model loads (scorerset.check_before_torch), so a missing one
+    #: is a one-line error at once, e.g. (("imagehash", "pip install 'wdsfilter[dedup]'"),)
+    needs: Sequence[Tuple[str, str]] = ()
 
     @abc.abstractmethod
     def columns(self) -> List[str]:
@@ -176,6 +180,12 @@ def reduce_frames(values: Sequence[float], how: str) -> float:
     if how == "min":
         return min(values)
     return sum(values) / len(values)
+
+
+def pixel_reader(scorer) -> bool:
+    """Whether a scorer's prepare() reads the decoded image's pixels (Scorer.image_pixels; a
+    duck-typed scorer without the attribute does): only those decide how images are decoded."""
+    return getattr(scorer, "image_pixels", True)
 
 
 def make_scorer(name: str, **options) -> Scorer:
