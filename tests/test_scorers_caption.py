@@ -129,3 +129,54 @@ def test_caption_and_size_runs_decode_no_image(tmp_path):
     decoded = runs[("caption", "blur")]
     assert decoded["b"]["status"] == "rejected" and decoded["b"]["reason"] == "corrupt_image"
     assert decoded["a"]["status"] == "scored" and decoded["a"]["sharpness"] is not None
+
+
+def test_datacomp_basic_recipe_on_a_caption_and_size_run(tmp_path):
+    """`filter --recipe datacomp-basic` over a run of the caption and size scorers keeps exactly
+    the samples DataComp's basic rule keeps, computed here its way (baselines/apply_filter.py:
+    fastText's top label, len(text.split()) > 2, len(text) > 5, min side >= 200, aspect <= 3)."""
+    import fasttext
+
+    from wdsfilter.filtering import filter_scores
+    from wdsfilter.score.scorers.caption import bundled_model_path
+    captions = [text for _, text in labelled()][::5] + ["ok", "a dog", "Hello", "two  words\nhere"]
+    sizes = [(320, 240), (199, 400), (200, 600), (201, 604), (640, 210), (100, 100)]
+    members, expected = [], set()
+    model = fasttext.load_model(bundled_model_path())
+    for i, caption in enumerate(captions):
+        w, h = sizes[i % len(sizes)]
+        members += [(f"{i:04d}.jpg", image_bytes((w, h))), (f"{i:04d}.txt", caption)]
+        english = model.predict(caption.replace("\n", " "))[0][0].split("__label__")[1] == "en"
+        if english and len(caption.split()) > 2 and len(caption) > 5 and min(w, h) >= 200 and max(w, h) / min(w, h) <= 3.0:
+            expected.add(f"{i:04d}")
+    url = write_shard(tmp_path / "s.tar", members)
+    out = str(tmp_path / "out")
+    score([url], out=out, scorers=("caption", "size"), caption_key="txt", device="cpu", workers=0, progress=False)
+    result = filter_scores(out, recipe="datacomp-basic", dry_run=True, save_thresholds=False)
+    assert result.rows == len(captions) and 0 < len(expected) < len(captions)
+    assert result.kept == len(expected)
+
+
+def test_scorers_that_read_no_pixels_decode_nothing_of_their_own(tmp_path):
+    """caption and size read no pixels (Scorer.image_pixels): they neither lower the run's shared
+    JPEG decode scale nor get a decode of their own (transport.OwnPixels) beside a pixel scorer."""
+    import io
+
+    from PIL import Image
+
+    from wdsfilter.pipeline import sample_pipeline
+    from wdsfilter.score import build_config
+    from wdsfilter.score.scorerset import resolve_scorers
+    from wdsfilter.score.transport import OwnPixels
+    from wdsfilter.tally import Tally
+    buf = io.BytesIO()
+    Image.new("RGB", (1600, 1200), (90, 140, 200)).save(buf, "JPEG")
+    url = write_shard(tmp_path / "s.tar", [("a.jpg", buf.getvalue()), ("a.txt", "a blue wall")])
+    for names, own in ((("blur", "caption", "size"), set()), (("blur", "caption", "size", "hash"), {"hash"})):
+        cfg = build_config(str(tmp_path / "out"), names, caption_key="txt")
+        scorers = resolve_scorers(cfg)
+        stage = cfg.scoring_stage_config(scorers)
+        assert stage.decode_floor == (256, 256) and stage.keep_image_bytes == bool(own)
+        (sample,) = [s for s in sample_pipeline([url], stage, Tally()) if "__marker__" not in s]
+        assert sample["image"].size == (400, 300)  # decoded once at 1/4 scale, for blur
+        assert set(OwnPixels(stage, scorers).images(sample)) == own  # hash's own 1/8 decode only

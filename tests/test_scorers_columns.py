@@ -90,11 +90,10 @@ def test_every_row_is_scored_and_kept_by_its_bounds(run):
 def test_filter_counts_by_the_new_columns(run):
     out, rows = run
     mins, maxes = {"caption_chars": 35, "fps": 8}, {"duration": 2.5}
-    result = filter_scores(out, mins=[f"{c}={x}" for c, x in mins.items()],
-                           maxes=[f"{c}={x}" for c, x in maxes.items()], dry_run=True, save_thresholds=False)
+    result = filter_scores(out, min_scores=mins, max_scores=maxes, dry_run=True, save_thresholds=False)
     assert result.rows == len(rows)
     assert result.kept == sum(within(r, mins, maxes) for r in rows.values()) > 0  # videos only: images have no fps
-    top = filter_scores(out, tops=["sharpness=25%"], dry_run=True, save_thresholds=False)
+    top = filter_scores(out, top_shares={"sharpness": 25}, dry_run=True, save_thresholds=False)
     best = sorted((r["sharpness"] for r in rows.values()), reverse=True)
     assert top.kept == sum(r["sharpness"] >= best[len(best) // 4 - 1] for r in rows.values())
 
