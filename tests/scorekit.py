@@ -5,13 +5,16 @@ can also behave like a model on a simulated GPU: `sim` names a devicekit.Simulat
 allocates `model_bytes` and score_batch() allocates `bytes_per_sample` per sample (raising a real
 torch.cuda.OutOfMemoryError when that does not fit), and `oom_above` raises that error for any
 batch larger than N. Every scored key is appended to `log` (a file), so tests can check that no
-sample was scored twice, across processes too.
+sample was scored twice, across processes too. `hold_file` with `hold_key` K: a batch holding a
+sample whose key starts with K creates `<hold_file>.waiting` and waits until `hold_file` exists:
+a run held at a known point (make_shards' keys are s<shard>_<index>), an event the test waits on.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
+import subprocess
 import sys
 import time
 
@@ -35,7 +38,7 @@ class BrightnessScorer(Scorer):
     def __init__(self, size: int = 8, sim: str = "", sim_total: int = 0, model_bytes: int = 0,
                  bytes_per_sample: int = 0, quadratic_bytes: int = 0, oom_above: int = 0, delay: float = 0.0,
                  log: str = "", fail_word: str = "", memory_error_above: int = 0, huge_word: str = "",
-                 error_word: str = "", delay_file: str = ""):
+                 error_word: str = "", delay_file: str = "", hold_file: str = "", hold_key: str = ""):
         self.size = size
         self.sim = sim
         self.sim_total = sim_total
@@ -50,6 +53,7 @@ class BrightnessScorer(Scorer):
         self.delay_file = delay_file  # set: sleep `delay` only while this file exists
         self.log = log
         self.fail_word = fail_word
+        self.hold_file, self.hold_key = hold_file, hold_key
         self._weights = None
 
     def columns(self):
@@ -78,8 +82,16 @@ class BrightnessScorer(Scorer):
             self._device().release(self.model_bytes)
         self._weights = None
 
+    def _hold(self, inputs) -> None:
+        if self.hold_file and any(i["key"].startswith(self.hold_key) for i in inputs) \
+                and not os.path.exists(self.hold_file):
+            open(self.hold_file + ".waiting", "w").close()
+            while not os.path.exists(self.hold_file):
+                time.sleep(0.01)
+
     def score_batch(self, inputs):
         n = len(inputs)
+        self._hold(inputs)
         if self.oom_above and n > self.oom_above:
             raise torch.cuda.OutOfMemoryError(f"test: batch of {n} > {self.oom_above}")
         if self.memory_error_above and n > self.memory_error_above:
@@ -124,6 +136,66 @@ class ByteLengthScorer(Scorer):
 
     def score_batch(self, inputs):
         return [{"caption_bytes": int(t.item())} for t in torch.stack(inputs).to(self.device)]
+
+
+# The tiny stopword lists TextShapeScorer tells languages apart by (a real count, not a model).
+STOPWORDS = {"en": {"the", "a", "of", "and", "on", "in", "with", "is", "photo", "at"},
+             "de": {"der", "die", "das", "und", "ein", "eine", "mit", "auf", "im", "ist"},
+             "fr": {"le", "la", "les", "et", "un", "une", "avec", "sur", "dans", "est"}}
+
+
+class TextShapeScorer(Scorer):
+    """What the `caption` and `size` scorers write (issue 34's column names), computed here in
+    prepare() (no model) as DataComp's basic filter defines them, for the recipe tests until the
+    real scorers merge: caption_language by counting stopwords (its share of the words as
+    caption_language_score; "und" when none matches), caption_words = len(caption.split()),
+    caption_chars = len(caption), width and height of the decoded image, min_side and
+    aspect_ratio = long side / short side."""
+
+    name = "shape"
+
+    def columns(self):
+        return ["caption_language", "caption_language_score", "caption_words", "caption_chars", "width", "height",
+                "min_side", "aspect_ratio"]
+
+    def column_types(self):
+        return {"caption_language": "string", "caption_language_score": "float64", "caption_words": "int64",
+                "caption_chars": "int64", "width": "int64", "height": "int64", "min_side": "int64",
+                "aspect_ratio": "float64"}
+
+    def prepare(self, sample):
+        caption = sample["caption"]
+        words = caption.split()
+        hits = {lang: sum(w.lower().strip(".,:;!?") in stop for w in words) for lang, stop in STOPWORDS.items()}
+        lang = max(hits, key=hits.get) if any(hits.values()) else "und"
+        w, h = sample["image"].size
+        return {"caption_language": lang, "caption_language_score": hits.get(lang, 0) / max(len(words), 1),
+                "caption_words": len(words), "caption_chars": len(caption), "width": w, "height": h,
+                "min_side": min(w, h), "aspect_ratio": max(w, h) / min(w, h)}
+
+    def load(self, device):
+        self.device = device
+
+    def score_batch(self, inputs):
+        return [dict(i) for i in inputs]
+
+
+class SmallFloorScorer(BrightnessScorer):
+    """BrightnessScorer that asks for small decodes (Scorer.decode_floor): a JPEG reaches it at
+    1/8 scale where that keeps 16 px, so its brightness (8x8 NEAREST samples) depends on the DCT
+    scale it was decoded at, as a CLIP score does."""
+
+    name = "small"
+
+    def columns(self):
+        return ["small_brightness", "small_wide"]
+
+    def decode_floor(self):
+        return (16, 16)
+
+    def score_batch(self, inputs):
+        return [{"small_brightness": r["brightness"], "small_wide": r["bright_wide"]}
+                for r in super().score_batch(inputs)]
 
 
 class NumpyScorer(BrightnessScorer):
@@ -302,3 +374,28 @@ class AllocConfScorer(BrightnessScorer):
         with open(self.record, "w") as f:
             json.dump({n: os.environ.get(n) for n in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}, f)
         super().load(device)
+
+
+# An audit hook that refuses every network connection and name lookup, installed before anything
+# else runs: a machine without network (an air-gapped cluster), as Python code sees it. The code
+# after it checks that the hook bites (a connection to loopback is refused) before it counts.
+OFFLINE_PRELUDE = """
+import socket, sys
+def _no_network(event, args):
+    if event in ("socket.connect", "socket.getaddrinfo", "socket.gethostbyname", "urllib.Request"):
+        raise OSError("network unreachable (test): " + event)
+sys.addaudithook(_no_network)
+try:
+    socket.create_connection(("127.0.0.1", 9), timeout=1)
+    raise SystemExit("the offline hook did not refuse a connection")
+except OSError as e:
+    assert "network unreachable (test)" in str(e), e
+"""
+
+
+def run_offline(code: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`code` in a fresh Python process with no network (OFFLINE_PRELUDE first), run from the
+    repository root; its output is captured as text."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return subprocess.run([sys.executable, "-c", OFFLINE_PRELUDE + code], cwd=root, capture_output=True, text=True,
+                          timeout=timeout)

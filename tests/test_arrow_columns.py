@@ -34,7 +34,7 @@ def test_arrays_equal_pa_arrays():
                 arrow_array(values, kind)
             except type(e):
                 continue
-            raise AssertionError(f"{kind} {values!r}: pa.array raised {e!r}, arrow_array did not")
+            raise AssertionError(f"{kind} {values!r}: pa.array raised {e!r}, arrow_array did not") from None
         got = arrow_array(values, kind)
         got.validate(full=True)
         assert got.type == want.type and got.equals(want), (kind, values, got, want)

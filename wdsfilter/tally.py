@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -19,6 +18,9 @@ from .errors import StarvationError
 MAX_EXAMPLES = 3
 # Reasons counted per shard, not per sample: they are not part of the "dropped" sample total.
 SHARD_REASONS = ("truncated_tar", "unreadable_shard")
+# Drops the user asked for (the score filter's rules and dedup), not problems of the data: the
+# loader logs them at INFO, the others at WARNING.
+ASKED_REASONS = ("filtered_by_score", "duplicate", "eval_match")
 
 # Why a sample was dropped, in the users' words: the hint printed with the count.
 HINTS = {
@@ -46,7 +48,9 @@ HINTS = {
     "no_extension": "member without an extension (or a dotfile) ignored",
     "foreign_image_token": "caption carried another image token; normalised to the configured one",
     "filtered_by_score": "dropped by a score threshold",
-    "no_score": "no score row for this key in the score files",
+    "duplicate": "not the survivor of its duplicate group (wdsfilter dedup)",
+    "eval_match": "matches an eval image (wdsfilter dedup --eval)",
+    "no_score": "no score row for this key in the score files, or a row no scorer scored",
     "transform_error": "the user's transform raised on this sample",
 }
 
@@ -228,6 +232,10 @@ class Tally:
             room = MAX_EXAMPLES - len(self.examples[r])
             self.examples[r].extend(Example(**e) for e in ex[:max(room, 0)])
 
+    def problems(self) -> bool:
+        """Drops or notes that are not the rules the user asked for: problems of the data."""
+        return bool(self.notes) or any(n for r, n in self.dropped.items() if r not in ASKED_REASONS)
+
     def summary(self) -> str:
         dropped = sum(n for r, n in self.dropped.items() if r not in SHARD_REASONS)
         lines = [f"samples read: {self.samples_read}, kept: {self.samples_out}, dropped: {dropped}"]
@@ -238,25 +246,46 @@ class Tally:
                 ex = self.examples.get(reason) or []
                 where = f" e.g. {ex[0].shard} member {ex[0].member}" if ex and ex[0].member else (
                     f" e.g. {ex[0].shard}" if ex else "")
-                lines.append(f"  {title} {count:>7} {reason}: {HINTS.get(reason, '')}{where}")
+                hint = HINTS.get(reason) or HINTS.get(reason.rpartition("rejected: ")[2], "")  # the score filter's
+                lines.append(f"  {title} {count:>7} {reason}: {hint}{where}")
         return "\n".join(lines)
 
 
 class StatsSink:
     """A folder where each process writes its tally (atomically); the parent merges them.
 
-    Files rather than queues: a worker never blocks on a parent that stopped reading.
+    Files rather than queues: a worker never blocks on a parent that stopped reading. Unless a
+    folder is given, a working folder of scratch.py's in $TMPDIR: swept by a later run once this
+    process is gone, however it ended (kill -9 included).
     """
 
     def __init__(self, folder: Optional[str] = None):
-        self.folder = folder or tempfile.mkdtemp(prefix="wdsfilter-stats-")
+        self._scratch = None
+        if folder is None:
+            from .scratch import Scratch
+            self._scratch = Scratch("stats")
+            folder = self._scratch.path
+        self.folder = folder
+
+    def __getstate__(self):  # a worker gets the folder, not the maker's hold on it
+        return {**self.__dict__, "_scratch": None}
+
+    def remove(self) -> None:
+        """The folder and everything in it (a working folder of this process's only)."""
+        if self._scratch is not None:
+            self._scratch.remove()
 
     def write(self, tally: Tally, name: Optional[str] = None) -> None:
         name = name or f"tally-{os.getpid()}"
         tmp = os.path.join(self.folder, f".{name}.tmp")
-        with open(tmp, "w") as f:
-            json.dump(tally.to_dict(), f)
-        os.replace(tmp, os.path.join(self.folder, f"{name}.json"))
+        try:
+            with open(tmp, "w") as f:
+                json.dump(tally.to_dict(), f)
+            os.replace(tmp, os.path.join(self.folder, f"{name}.json"))
+        except FileNotFoundError:
+            if os.path.isdir(self.folder):
+                raise
+            # removed: the run that reads it ended (a stage's last write as its generator is closed)
 
     def read(self) -> Tally:
         total = Tally()

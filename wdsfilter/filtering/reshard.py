@@ -42,6 +42,7 @@ from .rename import Headers, ReshardError, SourceCut, copy_range, copy_renamed
 
 RUN_FILE = "filter_run.json"
 REPORT = "report.html"  # filter's report goes beside its shards (apply.default_report): a file of ours
+THRESHOLDS = "thresholds.json"  # the rules as the loader's keyword arguments, beside the shards they made
 
 
 @dataclass
@@ -86,14 +87,21 @@ class Resharder:
         once would delete each other's temporaries and merge their sizes.json. A folder in a
         bucket: its lock object, and the run writes a staging copy uploaded as it goes."""
         from ..remote import is_fsspec_url
-        from ..score.outlock import OutputLock
         if is_fsspec_url(self.out):
             return self._remote()
-        return OutputLock(self.out, command="filter", option="--write-shards")
+        return self._local()
+
+    @contextlib.contextmanager
+    def _local(self):
+        """OUT's lease (runfolder/lease.py); every write into OUT fenced by it."""
+        from ..runfolder.lease import Lease
+        with Lease(self.out, command="filter", option="--write-shards") as lease:
+            lease.guard([self.out])
+            yield self
 
     @contextlib.contextmanager
     def _remote(self):
-        from ..score.outlock import RemoteRunFolder
+        from ..runfolder.bucket import RemoteRunFolder
         url = self.out
         remote = RemoteRunFolder(url, command="filter", option="--write-shards")  # pulled: resume, ownership
         try:
@@ -170,7 +178,7 @@ class Resharder:
         return data["identity"], owned
 
     def planned_files(self, kept: int) -> List[str]:
-        names = [SIZES, CARD] + ([REPORT] if self.writes_report else [])
+        names = [SIZES, CARD, THRESHOLDS] + ([REPORT] if self.writes_report else [])
         for t in range(-(-kept // self.per_shard)):
             name = shard_name(self.prefix, t)
             names += [name, os.path.basename(stats_path(self.out, name))]

@@ -16,13 +16,12 @@ from ..errors import ConfigError, require
 from ..keycheck import check_keys
 from ..shards import expand_urls, is_local, unique_urls
 from ..specs import utf8_text
-from ..thresholds import Thresholds
 from ..tally import Tally
 from .config import ScoreConfig
 from .faults import disk_full, is_disk_full
 from .ledger import MERGED as LEDGER_FILE, merge as merge_ledger, shard_entry, summarize as summarize_ledger
 from .ledger import OnlyKeys, retry_plan, write_shard_failures
-from .outlock import OutputLock
+from ..runfolder.lease import Lease, LeaseLostError
 from .recipe import write_recipe
 from ..report import run_report
 from ..report.statistics import plot_histograms, summarize_files
@@ -69,8 +68,9 @@ class Run:
         # key answers before torch is imported (resolving a CLIP scorer imports open_clip).
         check_scorer_names(cfg)
         check_before_torch(cfg)
-        # One run per --out (outlock.py): taken before the run state, which deletes temporaries. A
-        # remote --out: a lock object, then the run writes a local staging copy mirrored to the bucket.
+        # One run per --out, by a lease (runfolder/lease.py), taken before the run state, which
+        # deletes temporaries; every write into the folder is fenced by it. A remote --out: the
+        # lease in the bucket, then the run writes a local staging copy mirrored to the bucket.
         self.remote = self._remote_out(cfg)
         # The reads before scoring (the key check, the probe): their remote retries, for the summary
         self.before = Tally(0, 0, name="wdsfilter score (before scoring)")
@@ -78,7 +78,8 @@ class Run:
             cfg = self.cfg = dataclasses.replace(cfg, out=self.remote.local, write_shards=(
                 self.remote.shards.local if self.remote.shards else cfg.write_shards))
         try:
-            self.lock = None if cfg.dry_run else OutputLock(cfg.out).acquire()
+            self.lock = None if cfg.dry_run or self.remote else Lease(cfg.out).acquire()
+            fence = self.remote.fence if self.remote else self.lock and self.lock.guard([cfg.out, cfg.write_shards])
         except BaseException:
             if self.remote:  # its lock object is not left to go stale
                 self.remote.release()
@@ -87,6 +88,7 @@ class Run:
             if cfg.retry_failed and not os.path.exists(os.path.join(cfg.out, "run.json")):
                 raise ConfigError(f"--retry-failed: {cfg.out} holds no scoring run; score the shards there first")
             self.state = RunState(cfg, self.urls, size_of=self.remote.sizes() if self.remote else os.path.getsize)
+            self.state.fence = fence  # installed by rows.write_shard where a Ray worker writes
             self.todo = self.state.pending()
             # --retry-failed: url -> {index: ledger entry} of the samples of finished shards to score
             # again (only those are read on, OnlyKeys); shards without a marker are in todo whole
@@ -136,7 +138,7 @@ class Run:
                 raise ConfigError("--write-shards in a bucket needs --out in a bucket too (a shard's completion marker "
                                   "is written after its filtered shard is uploaded); or write both locally")
             return None
-        from .outlock import RemoteRunFolder
+        from ..runfolder.bucket import RemoteRunFolder
         remote_shards = cfg.write_shards if cfg.write_shards and is_fsspec_url(cfg.write_shards) else None
         if cfg.write_shards and not remote_shards:
             raise ConfigError("--out in a bucket takes --write-shards in a bucket too (s3://...), or no --write-shards")
@@ -151,6 +153,13 @@ class Run:
         if self.remote and self.remote.shards:
             identity["write_shards"] = self.remote.shards.url
         return identity
+
+    def check_lease(self) -> None:
+        """LeaseLostError as soon as the lease's heartbeat found the folder taken over (or its
+        lock deleted): scoring on would be for nothing, as nothing more may be written."""
+        lease = self.lock or (self.remote.lock if self.remote else None)
+        if lease is not None and lease.lost:
+            raise LeaseLostError(lease.lost)
 
     def release_lock(self) -> None:
         if self.lock is not None:
@@ -180,17 +189,18 @@ class Run:
         if self.remote:  # finished shards' score files left in the bucket by --resume: read now
             self.remote.fetch(files)
         summary.shards_cut = self.state.cut_shards()
-        bounds = self.resolved_bounds(bool(files))
-        for k, v in summarize_files(files, self.columns, bounds, cfg.histogram_bins).items():
+        rules = self.resolved_rules(bool(files))
+        bounds = rules.bounds
+        for k, v in summarize_files(files, self.columns, rules, cfg.histogram_bins).items():
             setattr(summary, k, v)
         summary.files = {"scores": self.state.scores_dir, "summary": os.path.join(cfg.out, "summary.json"),
                          "histograms": plot_histograms(summary.columns, bounds,
                                                        os.path.join(cfg.out, "histograms.png")),
                          "filtered shards": cfg.write_shards}
         summary.files["failures"] = self.record_failures()
-        if cfg.shares and files:
+        if cfg.selection.shares and files:
             summary.files["thresholds"] = os.path.join(cfg.out, "thresholds.json")
-        summary.files["report"] = run_report(cfg.out, bounds, cfg.stage.allow_pipe, cfg.stage.allow_remote)
+        summary.files["report"] = run_report(cfg.out, rules, cfg.stage.allow_pipe, cfg.stage.allow_remote)
         if self.remote:  # the summary and report name the bucket's objects, not the staging copy
             self.remote.publish_text(summary.files["report"])
             summary.files = {k: self.remote.public(v) for k, v in summary.files.items()}
@@ -202,21 +212,21 @@ class Run:
             raise NothingScoredError(nothing_scored_text(summary, len(files), self.state.scores_dir))
         return summary
 
-    def resolved_bounds(self, any_files: bool) -> Thresholds:
-        """The run's minima and maxima with its shares (--top/--bottom) resolved over every finished
-        row, as `wdsfilter filter` resolves them (runfolder/shares.py), written to OUT/thresholds.json
-        (the loader's keyword arguments); cfg.bounds when the run has no share (or no row yet)."""
+    def resolved_rules(self, any_files: bool):
+        """The run's rules (a wdsfilter.Selection) with its shares (--top/--bottom) resolved over
+        every finished row, as `wdsfilter filter` resolves them (runfolder/shares.py), written to
+        OUT/thresholds.json (the loader's keyword arguments); cfg.selection when the run has no
+        share (or no row yet)."""
         cfg = self.cfg
-        if not cfg.shares or not any_files:
-            return cfg.bounds
+        if not cfg.selection.shares or not any_files:
+            return cfg.selection
         from ..runfolder.shares import resolve_over_run, write_thresholds
-        thresholds = resolve_over_run(cfg.out, cfg.thresholds, cfg.max_thresholds, cfg.top_shares, cfg.bottom_shares)
-        for t in thresholds:
-            if t.share is not None:
+        resolved = resolve_over_run(cfg.out, cfg.selection)
+        for t in resolved.thresholds:
+            if t.share is not None and cfg.verbosity:  # -q: the one-line result only
                 self.echo(f"{t.given}: {t.rank} of the {t.scored} rows with a {t.column} -> {t.describe()}")
-        write_thresholds(os.path.join(cfg.out, "thresholds.json"), thresholds)
-        return Thresholds.strictest(t.bound for t in thresholds)
-
+        write_thresholds(os.path.join(cfg.out, "thresholds.json"), resolved.selection)
+        return resolved.selection
 
     def _count_early_retries(self, summary: RunSummary) -> None:
         """The remote retries of the reads before scoring (the key check, the probe) join the
