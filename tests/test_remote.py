@@ -186,7 +186,7 @@ def test_an_object_replaced_between_two_reads_is_never_spliced(web, local):
 def test_retries_are_bounded(web, local):
     url = web.put("down.tar", open(local[1][0], "rb").read())
     web.fail("down.tar", *[("status", 503)] * 20)
-    with pytest.raises(OSError, match=r"gave up after 8 failed reads in a row at byte 0 .*last error: .*503"):
+    with pytest.raises(OSError, match=r"gave up after 8 failed reads in a row \(remote_attempts\) at byte 0 .*last error: .*503"):
         open_remote(url, OPTS).read()
 
 

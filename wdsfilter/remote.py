@@ -52,19 +52,38 @@ class RemoteOptions:
     open their shards themselves."""
     storage_options: Mapping = field(default_factory=dict)
     attempts: int = 8              # failed reads in a row before the shard fails
+    retry_budget: int = 16         # retries of one object in all: bytes received do not renew it
     backoff_seconds: float = 0.5   # first wait; doubles each time, with jitter, up to max_backoff
     max_backoff_seconds: float = 30.0
     block_bytes: int = 8 << 20     # one ranged read
     readahead: int = 4             # ranged reads in flight (memory: readahead * block_bytes)
     idle_seconds: float = 600.0    # a read that sends nothing for this long is abandoned and retried; 0 = never
+    # The transfer floor (curl's --speed-limit/--speed-time): a read slower than speed_limit bytes/s
+    # over speed_seconds of waiting is abandoned and retried (remote_pace.py); 0 = no floor.
+    speed_limit: int = 1024
+    speed_seconds: float = 60.0
 
     def __post_init__(self):
         if not isinstance(self.attempts, int) or self.attempts < 1:
             raise ConfigError(f"remote_attempts must be >= 1, got {self.attempts!r}")
+        if isinstance(self.retry_budget, bool) or not isinstance(self.retry_budget, int) or self.retry_budget < 0:
+            raise ConfigError(f"remote_retry_budget must be >= 0 (retries of one object in all), got "
+                              f"{self.retry_budget!r}")
+        if isinstance(self.speed_limit, bool) or not isinstance(self.speed_limit, int) or self.speed_limit < 0:
+            raise ConfigError(f"remote_speed_limit must be >= 0 bytes/s (0: no floor), got {self.speed_limit!r}")
+        if isinstance(self.speed_seconds, bool) or not isinstance(self.speed_seconds, (int, float)) \
+                or not self.speed_seconds > 0:
+            raise ConfigError(f"remote_speed_time must be > 0 seconds, got {self.speed_seconds!r}")
         if not isinstance(self.block_bytes, int) or self.block_bytes < 1:
             raise ConfigError(f"remote_block_bytes must be a positive number of bytes, got {self.block_bytes!r}")
         if not isinstance(self.readahead, int) or self.readahead < 1:
             raise ConfigError(f"remote_readahead must be >= 1, got {self.readahead!r}")
+
+    @property
+    def answer_seconds(self) -> Optional[float]:
+        """How long a request may go unanswered (a HEAD, a listing): the floor's window, else the
+        idle limit; None: as long as the client's own timeouts allow."""
+        return self.speed_seconds if self.speed_limit else (self.idle_seconds or None)
 
 
 def scheme_of(url: str) -> str:
