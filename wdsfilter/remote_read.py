@@ -95,7 +95,10 @@ class RemoteShard:
             return None
         while self.read(1 << 20):
             pass
-        return self.prefix.digest() if self.prefix.end == self.size else None
+        if self.prefix.end != self.size:
+            raise RemoteReadError(f"{self.shown}: read to its end, {self.prefix.end:,} of {self.size:,} bytes in one "
+                                  f"run from byte 0; its version cannot be told")
+        return self.prefix.digest()
 
     # -- the stream interface tar readers use ------------------------------------------------
     def readable(self) -> bool:
