@@ -141,7 +141,7 @@ class FaultServer(LoopbackServer):
     date (seconds since the epoch; a replacement gets the time it happened), or None;
     preconditions: whether If-Match / If-Unmodified-Since are honoured (412) or ignored.
     How fast it sends (`pace`, every GET of the path until cleared): ("drip", seconds): one byte
-    every `seconds`; ("trickle",): one byte, then a reset; ("rate", bytes_per_second)."""
+    every `seconds`; ("trickle",): one byte, then (50 ms later) a reset; ("rate", bytes_per_second)."""
 
     def __init__(self):
         self.objects: Dict[str, bytes] = {}
@@ -266,13 +266,14 @@ class FaultServer(LoopbackServer):
 
     def _paced(self, h, body: bytes, pace: tuple) -> None:
         """The body sent at the pace asked for; a trickle sends one byte and resets."""
-        step, wait = {"drip": (1, pace[-1]), "trickle": (1, 0.0),
-                      "rate": (max(1, int(pace[-1] / 20)), 0.05)}[pace[0]]
+        step, wait = (max(1, int(pace[1] / 20)), 0.05) if pace[0] == "rate" else (1, pace[-1]) \
+            if pace[0] == "drip" else (1, 0.0)
         try:
             for at in range(0, len(body), step):
                 h.wfile.write(body[at:at + step])
                 h.wfile.flush()
-                if pace[0] == "trickle":
+                if pace[0] == "trickle":  # the byte is read before the reset (which would drop it)
+                    self.stopping.wait(0.05)
                     return self._break(h, reset=True)
                 if self.stopping.wait(wait):
                     return self._break(h, reset=True)

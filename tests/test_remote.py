@@ -155,7 +155,7 @@ def test_a_failed_read_resumes_at_the_byte_it_reached(web, local, fault):
         assert 0 <= resumed <= fault[1]
     else:
         assert resumed == 0
-    assert url in told[0] and "retry 1 of 7" in told[0] and f"at byte {resumed:,}" in told[0]
+    assert url in told[0] and "retry 1 of 16 (1 in a row, at most 7)" in told[0] and f"at byte {resumed:,}" in told[0]
 
 
 def test_429_waits_as_long_as_retry_after_asks(web, local):

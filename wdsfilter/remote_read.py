@@ -330,8 +330,8 @@ class RemoteShard:
             delay = max(delay, min(retry_after, MAX_RETRY_AFTER))
         self.retries += 1
         if self.on_retry is not None:
-            self.on_retry(f"{self.shown}: {what} at byte {start:,}; retry {self._failures} of "
-                          f"{self.options.attempts - 1} in {delay:.2f}s")
+            self.on_retry(f"{self.shown}: {what} at byte {start:,}; retry {self._spent} of {self.options.retry_budget} "
+                          f"({self._failures} in a row, at most {self.options.attempts - 1}) in {delay:.2f}s")
         time.sleep(delay)
         self._check_version()
 

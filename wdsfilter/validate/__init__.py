@@ -56,17 +56,18 @@ def validate(paths: Union[str, Sequence[str]], *, config: Union[None, str, dict,
              loader_workers: Optional[int] = None, fail_on: str = "error", jobs: Optional[int] = None,
              uneven_ratio: float = 2.0, max_findings: int = 100, stats_dir: Optional[str] = None,
              progress: bool = False, byte_caps: Optional[dict] = None,
-             storage_options: Optional[dict] = None) -> Report:
+             storage_options: Optional[dict] = None, remote_options: Optional[dict] = None) -> Report:
     """Check shards (folders, globs, brace patterns, .tar/.tar.gz/.tgz files) and return a Report.
 
     byte_caps: StageConfig byte caps, e.g. {"max_image_bytes": 128 << 20} (config.parse_byte_caps).
     storage_options: fsspec options for remote shards (s3://, gs://, hf://): endpoint, profile...
+    remote_options: StageConfig's remote_* fields (remote_speed_limit, remote_retry_budget, ...).
     Configuration errors (a malformed key spec, no shard found, a refused pipe:/remote URL) raise at
     once; everything wrong with the data is a finding of the report."""
     stage = stage_config(config, caption_key=caption_key, image_key=image_key, rekey=rekey,
                          max_pixels=max_pixels, max_side=max_side, image_token=image_token,
                          allow_pipe=allow_pipe, allow_remote=allow_remote, storage_options=storage_options,
-                         **(byte_caps or {}))
+                         **(byte_caps or {}), **_remote_fields(remote_options))
     options = ValidateOptions(stage=stage, deep=deep, min_side=min_side, max_aspect=max_aspect, ranks=ranks,
                               loader_workers=loader_workers, uneven_ratio=uneven_ratio, max_findings=max_findings,
                               fail_on=fail_on, jobs=jobs)
@@ -85,6 +86,13 @@ def validate(paths: Union[str, Sequence[str]], *, config: Union[None, str, dict,
         from .stats_files import write_stats
         write_stats(report, stats_dir)
     return report
+
+
+def _remote_fields(options: Optional[dict]) -> dict:
+    unknown = sorted(k for k in (options or {}) if not k.startswith("remote_"))
+    if unknown:
+        raise ConfigError(f"remote_options takes StageConfig's remote_* fields, got {unknown}")
+    return dict(options or {})
 
 
 def validate_urls(urls: Sequence[str], options: ValidateOptions, progress: bool = False) -> Report:
