@@ -139,7 +139,8 @@ class FaultServer(LoopbackServer):
     How the server names a version, per object (`put`'s keywords), as real servers differ:
     etag "strong" (an MD5 of the content), "weak" (W/...) or None; modified: the Last-Modified
     date (seconds since the epoch; a replacement gets the time it happened), or None;
-    preconditions: whether If-Match / If-Unmodified-Since are honoured (412) or ignored.
+    preconditions: whether If-Match / If-Unmodified-Since are honoured (412) or ignored; denied:
+    every request answered 403.
     How fast it sends (`pace`, every GET of the path until cleared): ("drip", seconds): one byte
     every `seconds`; ("trickle",): one byte, then (50 ms later) a reset; ("rate", bytes_per_second)."""
 
@@ -173,10 +174,11 @@ class FaultServer(LoopbackServer):
         super().__exit__(*exc)
 
     def put(self, path: str, data: bytes, etag: Optional[str] = "strong", modified: Optional[float] = None,
-            preconditions: bool = True) -> str:
+            preconditions: bool = True, denied: bool = False) -> str:
         with self.lock:
             self.objects[path] = data
-            self.profiles[path] = {"etag": etag, "modified": modified, "preconditions": preconditions}
+            self.profiles[path] = {"etag": etag, "modified": modified, "preconditions": preconditions,
+                                   "denied": denied}
         return f"{self.url}/{path}"
 
     def fail(self, path: str, *faults: tuple) -> None:
@@ -232,6 +234,8 @@ class FaultServer(LoopbackServer):
             pace = None if head else self.paces.get(path)
         if data is None:
             return self._status(h, 404)
+        if (self.profiles.get(path) or {}).get("denied"):
+            return self._status(h, 403)
         validators = self._validators(path, data)
         if fault and fault[0] == "status":
             return self._status(h, fault[1], fault[2] if len(fault) > 2 else None)
@@ -304,7 +308,7 @@ class FaultServer(LoopbackServer):
 
     @staticmethod
     def _status(h, code: int, retry_after: Optional[str] = None) -> None:
-        body = f"error {code}".encode()
+        body = f"error {code}".encode() if h.command != "HEAD" else b""
         h.send_response(code)
         h.send_header("Content-Length", str(len(body)))
         if retry_after is not None:

@@ -76,6 +76,8 @@ class _Group(click.Group):
 
     def invoke(self, ctx):
         previous = _stop_on_sigterm()
+        from .progress import library_logs_off
+        library_logs_off(_debug_wanted(ctx))
         try:
             return super().invoke(ctx)
         except click.exceptions.UsageError as e:

@@ -298,7 +298,7 @@ def list_shards(url: str, suffixes: Sequence[str], storage_options: Optional[Map
                           f"https://host/shards-{{000..099}}.tar)")
     fs, path = filesystem(url, storage_options)
     try:
-        found = fs.glob(path) if magic else fs.find(path.rstrip("/") + ("/" if url.endswith("/") else ""))
+        found = _listing(fs, path, url, shown, magic, storage_options)
     except PermissionError as e:
         raise ConfigError(f"{shown}: listing is forbidden ({_strip(str(e))}); credentials: "
                           f"{credential_source(url, storage_options)}") from None
@@ -320,6 +320,21 @@ def list_shards(url: str, suffixes: Sequence[str], storage_options: Optional[Map
         raise ConfigError(f"no shards found at {shown}: {_missing_why(fs, path, scheme)}; expected objects "
                           f"ending in {', '.join(suffixes)}")
     return [f"{scheme}://{p}" for p in shards]
+
+
+def _listing(fs, path: str, url: str, shown: str, magic: bool, storage_options) -> list:
+    """The objects a prefix or glob names; a store that cannot be reached is a RunError (exit 3)
+    in one line: the run cannot start."""
+    from .errors import RunError
+    from .remote_net import check_reachable, reach_failure
+    try:
+        check_reachable(url, shown, storage_options)
+        return fs.glob(path) if magic else fs.find(path.rstrip("/") + ("/" if url.endswith("/") else ""))
+    except Exception as e:  # noqa: BLE001 - botocore's errors are no OSError
+        reach = reach_failure(e, shown)
+        if reach is None:
+            raise
+        raise RunError(f"{shown} cannot be listed: {str(reach).partition(': ')[2]}") from None
 
 
 def _missing_why(fs, path: str, scheme: str) -> str:
@@ -349,9 +364,12 @@ def open_remote(url: str, options: Optional[RemoteOptions] = None,
                 on_retry: Optional[Callable[[str], None]] = None):
     """A binary stream of a remote shard. A missing or forbidden object raises FileNotFoundError
     or PermissionError (naming the credential source); a missing extra raises ConfigError."""
+    from .remote_net import check_reachable
     from .remote_read import RemoteShard
     options = options or RemoteOptions()
     fs, path = filesystem(url, options.storage_options)
+    # a host with no address, or that refuses or ignores a connection, fails at once
+    check_reachable(url, redact_url(url), options.storage_options, options.answer_seconds)
     return RemoteShard(url, fs, path, options, on_retry)
 
 

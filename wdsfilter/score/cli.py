@@ -110,8 +110,10 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
     from ..thresholds import parse_threshold
     from .config import parse_option
     from .engine import run_scoring
+    from ..progress import library_logs_off
 
     logging.basicConfig(format="wdsfilter: warning: %(message)s", level=logging.WARNING)
+    library_logs_off()  # on the handler just made too
     level = verbosity(quiet, verbose)
     recipe = read_recipe(config_file) if config_file else {}
     given_stage = stage_overrides(caption_key=caption_key, image_key=image_key, rekey=rekey, image_token=image_token,

@@ -67,7 +67,7 @@ def shard_entry(url: str, reason_text: str, remote: bool) -> dict:
     """The one entry of a shard that has no outputs (no marker), from the run's reason for it."""
     text = reason_text or ""
     if text.startswith("unreadable"):
-        reason, stage = ("unreadable_remote" if remote else "unreadable_shard"), "read"
+        reason, stage = (remote_reason(text) if remote else "unreadable_shard"), "read"
     elif text.startswith("not read to its end"):
         reason, stage = "read_failed", "read"
     elif text.startswith("no member could be read"):
@@ -84,6 +84,18 @@ def shard_entry(url: str, reason_text: str, remote: bool) -> dict:
         reason, stage = "shard_unfinished", "score"
     return {"key": "", "shard": url, "index": -1, "member": "", "stage": stage, "status": "shard", "reason": reason,
             "message": text, "attempts": 1, "transient": reason in TRANSIENT}
+
+
+def remote_reason(text: str) -> str:
+    """A remote shard that could not be opened, by what its message says (remote_net, remote_read):
+    the store not reached, access refused or no credentials, the object missing, else unreadable."""
+    if ": cannot be reached: " in text:
+        return "remote_unreachable"
+    if "access denied" in text or "no credentials were found" in text:
+        return "remote_access_denied"
+    if " does not exist (credentials: " in text:
+        return "remote_object_missing"
+    return "unreadable_remote"
 
 
 # -- files ----------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from typing import Optional, Sequence, Union
 
 from ..config import StageConfig
 from ..errors import ConfigError
-from ..shards import expand_urls, is_remote, unique_urls
+from ..shards import expand_urls, is_remote, refuse_unreachable, unique_urls
 from .findings import ERROR, KINDS, WARNING, Finding
 from .options import ValidateOptions
 from .progress import Progress
@@ -98,6 +98,7 @@ def _remote_fields(options: Optional[dict]) -> dict:
 def validate_urls(urls: Sequence[str], options: ValidateOptions, progress: bool = False) -> Report:
     """The engine under validate(): shards in parallel, cross-shard checks in this process."""
     started = time.perf_counter()
+    refuse_unreachable(urls, options.stage)
     results = [None] * len(urls)
     bar = Progress(len(urls)) if progress else None
     try:
