@@ -214,13 +214,11 @@ def redact_url(url: str) -> str:
     return url.split("?", 1)[0] + ("?<hidden>" if "?" in url else "")
 
 
-# A URL inside a client's error text (aiohttp's "url='https://...?X-Amz-Signature=...'", fsspec's
-# FileNotFoundError(url)): shown as redact_url shows it, so no signature or password reaches a message.
-_URL_IN_TEXT = re.compile(r"[a-z][a-z0-9+.-]*://[^\s'\"<>()]+", re.I)
-
-
 def _strip(text: str) -> str:
-    return " ".join(_URL_IN_TEXT.sub(lambda m: redact_url(m.group(0)), text).split())[:300]
+    """A client's error text, short, its URLs redacted (aiohttp's "url='https://...?X-Amz-Signature=...'",
+    fsspec's FileNotFoundError(url)): no signature or password reaches a message."""
+    from .publish import redact_text
+    return " ".join(redact_text(text).split())[:300]
 
 
 def credential_source(url: str, storage_options: Optional[Mapping] = None) -> str:

@@ -109,8 +109,9 @@ def _schema():
 def _write(entries: Sequence[dict], path: str) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
+    from ..runfolder.tables import publish_rows
     schema = _schema()
-    table = pa.Table.from_pylist(list(entries), schema=schema)
+    table = pa.Table.from_pylist(publish_rows(entries), schema=schema)
     with atomic_path(path) as tmp:  # makes the folder
         if table.num_rows:
             pq.write_table(table, tmp)

@@ -81,7 +81,22 @@ def read_recipe(path: str) -> Dict[str, Any]:
             raise ConfigError(f"--config {path}: {key} is a mapping")
     if isinstance(data.get("shards"), str):
         data["shards"] = [data["shards"]]
+    if any("<hidden>" in str(u) for u in data.get("shards") or ()):
+        data["shards"] = _unhidden(path, data["shards"])
     return data
+
+
+def _unhidden(path: str, shards: List[str]) -> List[str]:
+    """run.yaml names a shard URL without its password or signature (publish.py): the URL as given
+    is in the shards.json beside it, the one file that keeps it."""
+    from ..publish import published
+    from ..runfolder.layout import read_shard_list
+    listed = {published(s.url): s.url for s in read_shard_list(os.path.dirname(os.path.abspath(path))) or ()}
+    missing = [u for u in shards if "<hidden>" in str(u) and u not in listed]
+    if missing:
+        raise ConfigError(f"--config {path}: {missing[0]} is named with its secret hidden, and no shards.json beside "
+                          f"it holds the URL; give the shards on the command line")
+    return [listed.get(u, u) for u in shards]
 
 
 def recipe_of(cfg: ScoreConfig, urls: Sequence[str], engine: str = "local") -> Optional[Dict[str, Any]]:

@@ -18,6 +18,7 @@ from typing import Callable, Iterable, List, Optional, Sequence
 
 from ..atomic import remove_temporaries, write_json
 from ..errors import ConfigError
+from ..publish import published
 from ..runfolder import layout
 from ..runfolder.layout import Marker, output_sizes, outputs_intact, shard_names, source_changed, source_state
 from ..runfolder.tables import EXTENSIONS, DamagedRunFolder
@@ -161,7 +162,7 @@ class RunState:
             marker = layout.read_marker(self.out, self.names[url])
         except (OSError, DamagedRunFolder):
             return None
-        return marker if marker.url == url else None
+        return marker if marker.url in (url, published(url)) else None  # written published (publish.py)
 
     def _outputs(self, url: str, embeddings: Iterable[str], failures: Optional[str] = None) -> List[str]:
         """The files a marker vouches for; `failures`: the shard's failure ledger file, relative to

@@ -14,6 +14,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from ..errors import ConfigError, require
 from ..keycheck import check_keys
+from ..publish import published
 from ..shards import expand_urls, is_local, refuse_unreachable, unique_urls
 from ..specs import utf8_text
 from ..thresholds import Thresholds
@@ -244,9 +245,10 @@ class Run:
         entries = merge_ledger(self.cfg.out, [self.state.names[u] for u in self.urls])
         self.summary.failures = summarize_ledger(entries)
         if self.retry:
-            listed = {(e["shard"], e["index"]) for e in entries}
+            listed = {(e["shard"], e["index"]) for e in entries}  # the ledger names shards published
             self.summary.retried = {"samples": sum(len(p) for p in self.retry.values()),
-                                    "scored": sum((u, i) not in listed for u, p in self.retry.items() for i in p)}
+                                    "scored": sum((published(u), i) not in listed for u, p in self.retry.items()
+                                                  for i in p)}
         return os.path.join(self.cfg.out, LEDGER_FILE)
 
     def record_run_failure(self, todo: Sequence[str], error: BaseException) -> None:
