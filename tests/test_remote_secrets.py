@@ -38,7 +38,7 @@ def shards(tmp_path_factory):
         with_password = lambda url: url.replace("http://", f"http://wdsf:{PASSWORD}@")  # noqa: E731
         signed = f"?X-Amz-Signature={SIGNATURE}&X-Amz-Expires=300"
         urls = [with_password(web.put("d/a.tar", open(paths[0], "rb").read())),
-                web.put("d/b.tar", open(paths[1], "rb").read()) + signed,
+                web.put("d/b.tar" + signed, open(paths[1], "rb").read()),
                 with_password(web.put("d/c.tar", open(paths[2], "rb").read())),
                 f"{web.url}/d/missing.tar{signed}"]
         web.fail("d/c.tar", *[("status", 503)] * 1000)

@@ -43,8 +43,11 @@ class BackoffEvent:
 class Backoff:
     def __init__(self, scorer, memory: DeviceMemory, batch_size: int, host: Optional[DeviceMemory] = None,
                  min_free_host: Optional[int] = None, max_failures_before_success: int = 8,
-                 grow_after: int = GROW_AFTER):
-        """batch_size: the planned sub-batch in frames (samples for a scorer without frame_count)."""
+                 grow_after: int = GROW_AFTER, scored_before: int = 0):
+        """batch_size: the planned sub-batch in frames (samples for a scorer without frame_count).
+        scored_before: rows the run scored before this process (a --retry-failed, which sees only
+        samples that failed): a scorer with successes is no broken one, so the bug guard
+        (max_failures_before_success) is off."""
         self.scorer = scorer
         self.frame_count = overridden(scorer, "frame_count")  # None: every input is one frame
         self.memory = memory
@@ -55,6 +58,7 @@ class Backoff:
         self.max_failures_before_success = max_failures_before_success
         self.events: List[BackoffEvent] = []
         self.successes = 0
+        self.scored_before = int(scored_before)
         self.failures_without_success = 0
         self.calls = 0
         self.grow_after = max(1, int(grow_after))
@@ -171,7 +175,7 @@ class Backoff:
             return "data", e.reason, message
         if isinstance(e, (ScorerError, WdsFilterError)) and not isinstance(e, DataError):
             raise e
-        if n == 1 and not self.successes:
+        if n == 1 and not self.successes and not self.scored_before:
             self.failures_without_success += 1
             if self.failures_without_success >= self.max_failures_before_success:
                 raise ScorerError(f"scorer {self.scorer.name!r} failed on the first "

@@ -190,12 +190,13 @@ class ModelRunner:
 
     # -- scoring ------------------------------------------------------------------------------
     def configure(self, batch_size: int, threads: Optional[int] = None, min_free_host: Optional[int] = None,
-                  scorer_batch: Optional[Dict[str, int]] = None) -> None:
+                  scorer_batch: Optional[Dict[str, int]] = None, scored_before: int = 0) -> None:
         """batch_size: the dispatched batch (samples); scorer_batch: each scorer's own planned
         sub-batch in frames (plan.DevicePlan.scorer_batch). Each scorer runs the dispatched
         batch in sub-batches of its own size, through its own back-off, so a scorer with a small
         batch (OCR on large frames) no longer holds back one with a large one (CLIP); a scorer
-        the plan does not name uses batch_size."""
+        the plan does not name uses batch_size. scored_before: the run's rows scored before
+        (backoff.Backoff: a --retry-failed of failing samples is not stopped as a bug)."""
         if threads:
             import torch
             torch.set_num_threads(threads)
@@ -204,7 +205,8 @@ class ModelRunner:
                 if set_threads is not None:
                     set_threads(threads)
         sizes = scorer_batch or {}
-        self.backoffs = {s.name: Backoff(s, self.memory, sizes.get(s.name, batch_size), self.host, min_free_host)
+        self.backoffs = {s.name: Backoff(s, self.memory, sizes.get(s.name, batch_size), self.host, min_free_host,
+                                         scored_before=scored_before)
                          for s in self.scorers}
 
     def score(self, items: List[Item]) -> List[Tuple[Any, dict, dict]]:

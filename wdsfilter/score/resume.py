@@ -181,6 +181,12 @@ class RunState:
                                    self.size_of)
                 and not self._changed(url, marker))
 
+    def scored_rows(self) -> int:
+        """Rows of status `scored` in the shards done (their markers' counts): the run's earlier
+        successes, which a --retry-failed of only failing samples builds on (backoff.Backoff)."""
+        done = (self._marker(u) for u in self.urls if self.is_done(u))
+        return sum(int(m.status.get("scored", 0)) for m in done if m is not None)
+
     def pending(self) -> List[str]:
         if not self.cfg.resume:
             return list(self.urls)
