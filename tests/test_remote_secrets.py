@@ -79,7 +79,7 @@ def test_no_secret_of_a_shard_url_outside_shards_json(shards, tmp_path):
     batches = wdsfilter.loader(urls[:3], scores=str(out), min_scores={"caption_bytes": 1}, batch_size=4,
                                output="dict")
     assert sum(len(b) for b in batches) == 28
-    for command, code, text in outputs:
+    for command, _code, text in outputs:
         assert not _leaks(text.encode()), (command, text)
     shards_json = []
     for root, folders, files in os.walk(tmp_path):
@@ -111,5 +111,5 @@ def test_nor_in_a_bucket(shards, tmp_path):
             assert not _leaks(key.encode()), key
             data = client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
             assert key.endswith("/shards.json") or not _leaks(data), key
-        for command, code, text in outputs:
+        for command, _code, text in outputs:
             assert not _leaks(text.encode()), (command, text)

@@ -119,8 +119,14 @@ def write_table(rows: List[dict], columns: Union[Sequence[str], Mapping[str, Opt
             arrays, fields = [], []
             for name in names:
                 values = [row.get(name) for row in rows]
-                arr = (pa.array(values, type=base_types[name]) if name in base_types
-                       else _score_array(values, declared.get(name)))
+                try:
+                    arr = (pa.array(values, type=base_types[name]) if name in base_types
+                           else _score_array(values, declared.get(name)))
+                except (pa.ArrowInvalid, pa.ArrowTypeError) as e:  # a scorer's values of several types
+                    from ..errors import RunError
+                    raise RunError(f"score column {name!r} of {os.path.basename(path)}: its values cannot be "
+                                   f"written as one column ({str(e)[:160]}); a scorer's column holds values of one "
+                                   f"type: declare it in column_types()") from None
                 arrays.append(arr)
                 fields.append(pa.field(name, arr.type))
             keys = [row.get("key") for row in rows]

@@ -36,7 +36,7 @@ from ..runfolder.failures import FOLDER, MERGED, TRANSIENT, folder, read_entries
 FIELDS = ("key", "shard", "index", "member", "stage", "status", "reason", "message", "attempts", "transient")
 
 # A sample's stage, by reason, for rows whose stage no stage recorded.
-SCORE_REASONS = frozenset({"out_of_memory", "score_error"})
+SCORE_REASONS = frozenset({"out_of_memory", "score_error", "bad_score_output"})
 RETRY_MODES = ("transient", "all")
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import DataError
-from .backoff import Backoff
+from .backoff import Backoff, ScorerError
 from .embeddings import FIELD as EMBEDDINGS
 from .faults import DeviceFailedError, device_failed, sticky_device_error
 from .memory import HostMemory, device_memory, is_oom, prefer_expandable_segments, torch_device
@@ -231,7 +231,12 @@ class ModelRunner:
                 groups.setdefault(batch_key(x) if batch_key else None, []).append(k)
             columns = scorer.columns()
             for members in groups.values():
-                outcomes = self.backoffs[scorer.name].run([inputs_of[k] for k in members])
+                backoff = self.backoffs[scorer.name]
+                try:
+                    outcomes = backoff.run([inputs_of[k] for k in members])
+                except ScorerError as e:  # a broken scorer: the one line names the sample it stopped at
+                    raise ScorerError(f"{e} (at {_sample(items[members[min(backoff.at, len(members) - 1)]][0])})") \
+                        from e.__cause__
                 for k, outcome in zip(members, outcomes):
                     if outcome[0] == "ok":
                         scores[k].update({c: outcome[1].get(c) for c in columns})
@@ -278,6 +283,14 @@ class ModelRunner:
     def unload(self) -> None:
         for scorer in self.scorers:
             scorer.unload()
+
+
+def _sample(ref: Any) -> str:
+    """A sample by the engine's reference to it: (shard URL, row index) on the local engine."""
+    if isinstance(ref, tuple) and len(ref) == 2:
+        from ..shards import shown_url
+        return f"row {ref[1]} of {shown_url(str(ref[0]))}"
+    return f"sample {ref}"
 
 
 def _grown(mem, allocated_before: int, used_before: Optional[int]) -> int:
