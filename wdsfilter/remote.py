@@ -4,8 +4,10 @@ Here: which URLs are remote, their fsspec filesystem, storage options, credentia
 without values, listing prefixes and globs, the errors, and writing whole objects. The reader
 (`RemoteShard`, remote_read.py) streams an object with a bounded read-ahead and resumes inside the
 shard when a read fails (a Range request from the byte reached, exponential backoff with jitter,
-`Retry-After` honoured, at most `attempts` failures in a row); every read is tied to the version
-seen when the shard was opened, so two versions of an object are never spliced: the shard fails.
+`Retry-After` honoured, at most `attempts` failures in a row and `retry_budget` in all, a transfer
+floor: remote_pace.py); every read is tied to the version seen when the shard was opened (a web
+server's answers checked against the first: remote_version.py), so two versions of an object are
+never spliced: the shard fails. A store that cannot be reached is named so (remote_net.py).
 
 Credentials and endpoints come the standard way (the AWS chain with `AWS_ENDPOINT_URL`, Google's
 application default credentials, `HF_TOKEN`) or from `storage_options` (`--storage-option
