@@ -113,3 +113,12 @@ def test_nor_in_a_bucket(shards, tmp_path):
             assert key.endswith("/shards.json") or not _leaks(data), key
         for command, _code, text in outputs:
             assert not _leaks(text.encode()), (command, text)
+
+
+def test_the_packages_log_lines_show_urls_redacted(caplog):
+    """In a user's own process too (the loader's warnings): every record of the "wdsfilter" logger."""
+    import logging
+    import wdsfilter  # noqa: F401 - installs the filter
+    with caplog.at_level(logging.WARNING, logger="wdsfilter"):
+        logging.getLogger("wdsfilter").warning("shard %s failed", f"https://u:{PASSWORD}@h/x.tar?sig={SIGNATURE}")
+    assert caplog.records and not _leaks(caplog.text.encode()) and "https://<hidden>@h/x.tar?<hidden>" in caplog.text

@@ -10,11 +10,14 @@ folder name, log line and error shows it as `remote.redact_url` does: no `user:p
     published(value)   a JSON-able value (str, dict, list, tuple) with every URL in its strings redacted
     redact_text(text)  the same for one text (a message, a page, a log line)
     Redacting(stream)  a text stream (the terminal) whose every write is redacted
+    RedactedRecords    the log filter on the "wdsfilter" logger (every log line of the package,
+                       in a user's training process too)
 
 Readers that match a file's URL with one given again compare published names (`published(url)`).
 """
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 
@@ -65,3 +68,15 @@ class Redacting:
 
     def __getattr__(self, name: str):
         return getattr(self._stream, name)
+
+
+class RedactedRecords(logging.Filter):
+    """Each log record of the "wdsfilter" logger with its URLs redacted (installed once, by the
+    package's __init__: every module logs there)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        shown = redact_text(text)
+        if shown != text:
+            record.msg, record.args = shown, ()
+        return True
