@@ -5,7 +5,9 @@ can also behave like a model on a simulated GPU: `sim` names a devicekit.Simulat
 allocates `model_bytes` and score_batch() allocates `bytes_per_sample` per sample (raising a real
 torch.cuda.OutOfMemoryError when that does not fit), and `oom_above` raises that error for any
 batch larger than N. Every scored key is appended to `log` (a file), so tests can check that no
-sample was scored twice, across processes too.
+sample was scored twice, across processes too. `hold_file` with `hold_key` K: a batch holding a
+sample whose key starts with K creates `<hold_file>.waiting` and waits until `hold_file` exists:
+a run held at a known point (make_shards' keys are s<shard>_<index>), an event the test waits on.
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ class BrightnessScorer(Scorer):
     def __init__(self, size: int = 8, sim: str = "", sim_total: int = 0, model_bytes: int = 0,
                  bytes_per_sample: int = 0, quadratic_bytes: int = 0, oom_above: int = 0, delay: float = 0.0,
                  log: str = "", fail_word: str = "", memory_error_above: int = 0, huge_word: str = "",
-                 error_word: str = "", delay_file: str = ""):
+                 error_word: str = "", delay_file: str = "", hold_file: str = "", hold_key: str = ""):
         self.size = size
         self.sim = sim
         self.sim_total = sim_total
@@ -50,6 +52,7 @@ class BrightnessScorer(Scorer):
         self.delay_file = delay_file  # set: sleep `delay` only while this file exists
         self.log = log
         self.fail_word = fail_word
+        self.hold_file, self.hold_key = hold_file, hold_key
         self._weights = None
 
     def columns(self):
@@ -78,8 +81,16 @@ class BrightnessScorer(Scorer):
             self._device().release(self.model_bytes)
         self._weights = None
 
+    def _hold(self, inputs) -> None:
+        if self.hold_file and any(i["key"].startswith(self.hold_key) for i in inputs) \
+                and not os.path.exists(self.hold_file):
+            open(self.hold_file + ".waiting", "w").close()
+            while not os.path.exists(self.hold_file):
+                time.sleep(0.01)
+
     def score_batch(self, inputs):
         n = len(inputs)
+        self._hold(inputs)
         if self.oom_above and n > self.oom_above:
             raise torch.cuda.OutOfMemoryError(f"test: batch of {n} > {self.oom_above}")
         if self.memory_error_above and n > self.memory_error_above:

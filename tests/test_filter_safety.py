@@ -130,7 +130,7 @@ def test_overwrite_replaces_only_what_filters_own_run_wrote(tmp_path):
         r = run_cli("filter", out, "--write-shards", str(dest), "--samples-per-shard", "4", "--no-report", *extra)
         assert r.returncode == 2 and one_line(r.stderr) and "did not write" in r.stderr, r.stderr
         assert {n: (dest / n).read_bytes() for n in theirs} == theirs
-        assert set(os.listdir(dest)) - {".lock"} == set(theirs)  # the lock file is filter's own
+        assert set(os.listdir(dest)) - {".lock", ".lock.json"} == set(theirs)  # the lease's files are filter's own
     os.remove(dest / "shard-000001.tar")
     os.remove(dest / "sizes.json")
     args = ["filter", out, "--write-shards", str(dest), "--samples-per-shard", "4", "--no-report"]
@@ -146,7 +146,7 @@ def test_overwrite_replaces_only_what_filters_own_run_wrote(tmp_path):
     r = run_cli(*args[:-3], "--samples-per-shard", "5", "--no-report", "--overwrite")
     assert r.returncode == 0, r.stderr
     assert outside.exists() and (dest / "notes.txt").read_bytes() == b"keep me"
-    assert sorted(os.listdir(dest)) == sorted(["notes.txt", "filter_run.json", ".lock", "sizes.json", "README.md"]
+    assert sorted(os.listdir(dest)) == sorted(["notes.txt", "filter_run.json", ".lock", ".lock.json", "sizes.json", "README.md"]
                                               + [f"shard-00000{i}{s}" for i in range(3)
                                                  for s in (".tar", "_stats.json")])
 
@@ -182,7 +182,6 @@ def test_a_rescored_shard_is_not_reported_whole_and_sizes_json_equals_the_tars(t
 def test_a_second_filter_into_the_same_folder_is_refused_while_the_first_holds_it(tmp_path):
     """The first run reads its source through a pipe: command that waits on a FIFO, so it holds
     OUT's lock until the test lets it go: no timing decides the outcome."""
-    import fcntl
     import subprocess
     import sys
     from filterkit import REPO
@@ -204,9 +203,8 @@ def test_a_second_filter_into_the_same_folder_is_refused_while_the_first_holds_i
             except OSError:  # ENXIO: no reader yet
                 time.sleep(0.01)
         os.set_blocking(fifo.fileno(), True)
-        with open(dest / ".lock", "rb") as held:
-            with pytest.raises(BlockingIOError):
-                fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held = json.load(open(dest / ".lock.json"))  # the lease's record names the first run
+        assert held["pid"] == first.pid and held["command"] == "filter" and "released" not in held
         second = run_cli(*args)
         assert second.returncode == 2 and one_line(second.stderr), second.stderr
         assert "in use by another wdsfilter filter run" in second.stderr and f"pid {first.pid}" in second.stderr

@@ -170,7 +170,7 @@ def test_a_run_folder_on_gs_holds_the_local_rows_and_its_lock_refuses_a_second_r
     keys = sorted(k.split("/runs/same/", 1)[1] for k in fs.find(f"{BUCKET}/runs/same/"))
     for name in ("run.json", "summary.json", "done/shard-0000.json", "scores/shard-0002.jsonl"):
         assert name in keys, keys
-    assert ".lock.json" not in keys
+    assert json.loads(fs.cat_file(f"{BUCKET}/runs/same/.lock.json"))["released"]  # released, never deleted
     remote_rows = _rows({k: fs.cat_file(f"{BUCKET}/runs/same/{k}").decode() for k in keys if k.startswith("scores/")})
     local_rows = _rows({p: open(p).read() for p in glob.glob(os.path.join(here, "scores", "*"))})
     assert len(local_rows) == 3 and remote_rows == local_rows
@@ -186,42 +186,40 @@ def test_a_run_folder_on_gs_holds_the_local_rows_and_its_lock_refuses_a_second_r
     assert r.exit_code == 0 and "3 shard(s) were already done" in r.output, r.output
 
 
-def test_the_gs_lock_is_created_and_taken_over_with_generation_preconditions(gcs, monkeypatch):
+def test_the_gs_lock_is_created_and_taken_over_with_generation_preconditions(gcs):
     """Of two runs, one creates the lock (ifGenerationMatch=0); the heartbeat and a takeover are
     conditional on the generation read: of two runs taking over one stale lock, the second fails;
-    an owner whose lock was taken neither renews nor deletes the new owner's."""
-    from wdsfilter.remote import LockLostError
-    from wdsfilter.score import outlock
+    an owner whose lock was taken neither renews nor touches the new owner's."""
+    from wdsfilter.runfolder.lease import Conflict, Lease, LeaseHeldError, LeaseLostError
     _, fs, _ = gcs
     url, key = f"gs://{BUCKET}/runs/beat", f"{BUCKET}/runs/beat/.lock.json"
-    owner = outlock.RemoteOutputLock(url).acquire()
-    with pytest.raises(outlock.OutputLockedError, match="in use"):
-        outlock.RemoteOutputLock(url).acquire()
+    owner = Lease(url).acquire()
+    with pytest.raises(LeaseHeldError, match="in use"):
+        Lease(url).acquire()
     before = json.loads(fs.cat_file(key))["heartbeat"]
-    monkeypatch.setattr(outlock, "HEARTBEAT_SECONDS", 0.0)
     while json.loads(fs.cat_file(key))["heartbeat"] == before:
         fs.invalidate_cache(key)
-        owner.heartbeat()
-    assert owner.etag == str(fs.info(key)["generation"])
+        owner.renew()
+    assert owner.version == str(fs.info(key)["generation"])
     stale = dict(json.loads(fs.cat_file(key)), heartbeat=time.time() - 3600, host="elsewhere")
     fs.pipe_file(key, json.dumps(stale).encode())  # the owner vanished; a new generation
     fs.invalidate_cache(key)
-    a, b = outlock.RemoteOutputLock(url), outlock.RemoteOutputLock(url)
-    _, stale_generation = b._holder()
+    a, b = Lease(url), Lease(url)
+    _, stale_generation = b.record.read()
     a.acquire()
     assert a.took_over["host"] == "elsewhere"
-    with pytest.raises(FileExistsError):  # HTTP 412: the generation is no longer the stale one
-        b._put(IfMatch=stale_generation)
-    with pytest.raises(FileExistsError):
-        b._put(mode="create")
-    with pytest.raises(LockLostError):
-        owner.heartbeat()  # refused: its generation is gone, and the lock another run's
+    with pytest.raises(Conflict):  # HTTP 412: the generation is no longer the stale one
+        b.record.replace(b"{}", stale_generation)
+    with pytest.raises(Conflict):
+        b.record.create(b"{}")
+    with pytest.raises(LeaseLostError, match="took it over"):
+        owner.renew()  # refused: its generation is gone, and the lock another run's
     owner.release()
     fs.invalidate_cache(key)
-    assert json.loads(fs.cat_file(key))["run"] == a.info["run"]
+    assert json.loads(fs.cat_file(key))["token"] == a.token
     a.release()
     fs.invalidate_cache()
-    assert not fs.exists(key)
+    assert json.loads(fs.cat_file(key))["released"]
 
 
 def test_shards_reports_and_stats_written_to_gs_are_the_bytes_of_local_ones(gcs, local, staging):
@@ -253,7 +251,7 @@ def test_shards_reports_and_stats_written_to_gs_are_the_bytes_of_local_ones(gcs,
     assert any(k.endswith(".tar") for k in local_files)
     assert {k: v for k, v in remote_files.items() if k.endswith(".tar")} == \
         {k: v for k, v in local_files.items() if k.endswith(".tar")}
-    assert ".lock.json" not in remote_files
+    assert json.loads(remote_files[".lock.json"])["released"]
     r = _cli("validate", f"gs://{BUCKET}/laion/", "--format", "json", "--output", f"gs://{BUCKET}/reports/v.json",
              "--stats-dir", f"gs://{BUCKET}/stats")
     assert r.exit_code == 1, r.output  # findings: the corrupt image, the missing caption

@@ -77,7 +77,7 @@ def test_a_run_folder_in_a_bucket_gives_the_rows_filter_and_loader_of_a_local_on
     for name in ("run.json", "shards.json", "summary.json", "run.yaml", "report.html", "histograms.png",
                  "failures.parquet", "done/shard-0000.json", "scores/shard-0002.jsonl", "failures/shard-0001.parquet"):
         assert f"runs/same/{name}" in keys, keys
-    assert "runs/same/.lock.json" not in keys  # released at the end
+    assert json.loads(_get(client, "runs/same/.lock.json"))["released"]  # released at the end, never deleted
     assert not glob.glob(str(tmp_path / "tmp" / "wdsfilter-out-*"))  # the staging copy, removed once uploaded
     remote_rows = _rows({os.path.basename(k): _get(client, k).decode() for k in keys if "/scores/" in k})
     local_rows = _rows({os.path.basename(p): open(p).read() for p in glob.glob(os.path.join(here, "scores", "*"))})
@@ -175,76 +175,73 @@ def test_the_lock_object_refuses_while_its_owner_lives_and_is_taken_over_when_st
     r = _score(local[0], f"s3://{BUCKET}/runs/locked")
     assert r.exit_code == 0, r.output
     keys = _keys(client, "runs/locked/")
-    assert "runs/locked/.lock.json" not in keys and "runs/locked/done/shard-0002.json" in keys
+    assert json.loads(_get(client, "runs/locked/.lock.json"))["released"] and "runs/locked/done/shard-0002.json" in keys
     # --overwrite with one shard: the earlier run's objects of the others are deleted
     r = _score(local[1][0], f"s3://{BUCKET}/runs/locked", "--overwrite")
     assert r.exit_code == 0, r.output
     assert [k for k in _keys(client, "runs/locked/") if "/done/" in k or "/scores/" in k] == \
         ["runs/locked/done/shard-0000.json", "runs/locked/scores/shard-0000.jsonl"]
     # two runs: the second refuses while the first holds the lock
-    from wdsfilter.score.outlock import OutputLockedError, RemoteOutputLock
-    first = RemoteOutputLock(f"s3://{BUCKET}/runs/two").acquire()
-    with pytest.raises(OutputLockedError, match="in use"):
-        RemoteOutputLock(f"s3://{BUCKET}/runs/two").acquire()
+    from wdsfilter.runfolder.lease import Lease, LeaseHeldError
+    first = Lease(f"s3://{BUCKET}/runs/two").acquire()
+    with pytest.raises(LeaseHeldError, match="in use"):
+        Lease(f"s3://{BUCKET}/runs/two").acquire()
     first.release()
-    RemoteOutputLock(f"s3://{BUCKET}/runs/two").acquire().release()
+    Lease(f"s3://{BUCKET}/runs/two").acquire().release()
 
 
-def test_the_lock_heartbeat_and_a_takeover_race_are_conditional_puts(s3, monkeypatch):
+def test_the_lock_heartbeat_and_a_takeover_race_are_conditional_puts(s3):
     """The owner's heartbeat moves the lock's time; of two runs taking over one stale lock, the
     second's put (If-Match: the stale ETag) fails; an owner whose lock was taken neither renews
-    nor deletes the new owner's lock, and its renewal says the lock was lost."""
-    from wdsfilter.remote import LockLostError
-    from wdsfilter.score import outlock
+    nor touches the new owner's lock, and its renewal names the run that took it."""
+    from wdsfilter.runfolder.lease import Conflict, Lease, LeaseLostError
     _, client = s3
     url, key = f"s3://{BUCKET}/runs/beat", "runs/beat/.lock.json"
-    owner = outlock.RemoteOutputLock(url).acquire()
+    owner = Lease(url).acquire()
     before = json.loads(_get(client, key))["heartbeat"]
-    monkeypatch.setattr(outlock, "HEARTBEAT_SECONDS", 0.0)
     while json.loads(_get(client, key))["heartbeat"] == before:  # the clock moves on
-        owner.heartbeat()
+        owner.renew()
     stale = dict(json.loads(_get(client, key)), heartbeat=time.time() - 3600, host="elsewhere")
     client.put_object(Bucket=BUCKET, Key=key, Body=json.dumps(stale).encode())  # the owner vanished
-    a, b = outlock.RemoteOutputLock(url), outlock.RemoteOutputLock(url)
-    _, stale_etag = b._holder()  # b read the stale lock before a took it over
+    a, b = Lease(url), Lease(url)
+    _, stale_etag = b.record.read()  # b read the stale lock before a took it over
     a.acquire()
     assert a.took_over["host"] == "elsewhere"
-    with pytest.raises(OSError):
-        b._put(IfMatch=stale_etag)
-    with pytest.raises(LockLostError, match="took over this run's lock"):
-        owner.heartbeat()  # the vanished owner comes back: its renewal is refused, and it knows ...
-    owner.release()  # ... and it does not delete a's lock
-    assert json.loads(_get(client, key))["run"] == a.info["run"]
+    with pytest.raises(Conflict):
+        b.record.replace(b"{}", stale_etag)
+    with pytest.raises(LeaseLostError, match=f"pid {os.getpid()} on .* took it over"):
+        owner.renew()  # the vanished owner comes back: its renewal is refused, and it knows ...
+    owner.release()  # ... and it does not release a's lock
+    assert json.loads(_get(client, key))["token"] == a.token and "released" not in json.loads(_get(client, key))
     a.release()
-    assert _keys(client, "runs/beat/") == []
+    assert _keys(client, "runs/beat/") == [key] and json.loads(_get(client, key))["released"]
 
 
-def test_a_run_whose_lock_was_taken_over_uploads_nothing_more(s3, monkeypatch):
+def test_a_run_whose_lock_was_taken_over_uploads_nothing_more(s3):
     """A run stalled past the stale time loses its folder to the run that took its lock over: its
-    mirror's next heartbeat says so and stops, and neither a later sync nor the last one at the
-    end uploads anything into the folder that is now the other run's."""
-    from wdsfilter.remote import LockLostError
-    from wdsfilter.score import outlock
+    next renewal says so, and neither a later sync nor the last one at the end uploads anything
+    into the folder that is now the other run's."""
+    from wdsfilter.runfolder.bucket import RemoteRunFolder
+    from wdsfilter.runfolder.lease import Lease, LeaseLostError
     _, client = s3
     url, key = f"s3://{BUCKET}/runs/lost", "runs/lost/.lock.json"
-    stalled = outlock.RemoteRunFolder(url, interval=3600)  # the mirror's rounds are driven by hand
+    stalled = RemoteRunFolder(url, interval=3600)  # the mirror's rounds are driven by hand
     with open(os.path.join(stalled.local, "first.json"), "w") as f:
         f.write("{}")
     stalled.sync()
     assert "runs/lost/first.json" in _keys(client, "runs/lost/")
     stale = dict(json.loads(_get(client, key)), heartbeat=time.time() - 3600)
     client.put_object(Bucket=BUCKET, Key=key, Body=json.dumps(stale).encode())  # stalled for an hour
-    other = outlock.RemoteOutputLock(url).acquire()
-    monkeypatch.setattr(outlock, "HEARTBEAT_SECONDS", 0.0)
-    with pytest.raises(LockLostError):
-        stalled.lock.heartbeat()
+    other = Lease(url).acquire()
+    with pytest.raises(LeaseLostError):
+        stalled.lock.renew()
     with open(os.path.join(stalled.local, "second.json"), "w") as f:
         f.write("{}")
-    with pytest.raises(LockLostError, match="nothing more was uploaded"):
+    with pytest.raises(LeaseLostError, match="wrote nothing more"):
         stalled.sync()
     stalled.release()  # the last sync is refused too; the other run's lock stays
     assert "runs/lost/second.json" not in _keys(client, "runs/lost/")
-    assert json.loads(_get(client, key))["run"] == other.info["run"]
+    assert json.loads(_get(client, key))["token"] == other.token
     other.release()
 
 
@@ -349,9 +346,9 @@ def test_filtered_shards_in_a_bucket_are_the_bytes_of_local_ones(s3, local, tmp_
     assert a.exit_code == b.exit_code == 0, b.output
     local_files = {os.path.basename(p): open(p, "rb").read() for p in glob.glob(str(tmp_path / "refiltered" / "*"))}
     remote_files = {k.rsplit("/", 1)[1]: _get(client, k) for k in _keys(client, "refiltered/")}
-    assert local_files and {k: v for k, v in remote_files.items() if k != "filter_run.json"} == \
+    assert local_files and {k: v for k, v in remote_files.items() if k not in ("filter_run.json", ".lock.json")} == \
         {k: v for k, v in local_files.items() if k != "filter_run.json"}
-    assert "refiltered/.lock.json" not in _keys(client, "refiltered/")
+    assert json.loads(remote_files[".lock.json"])["released"]
 
 
 def test_dedup_on_a_bucket_folder_marks_what_it_marks_locally_and_filter_drops_the_same(s3, tmp_path):
@@ -371,7 +368,7 @@ def test_dedup_on_a_bucket_folder_marks_what_it_marks_locally_and_filter_drops_t
     assert a.exit_code == b.exit_code == 0, b.output
     assert a.output.replace(here, "X") == b.output.replace(there, "X")  # the same counts, the bucket named
     keys = _keys(client, "runs/dedup/dedup/")
-    assert "runs/dedup/dedup/summary.json" in keys and "runs/dedup/.lock.json" not in _keys(client, "runs/dedup/")
+    assert "runs/dedup/dedup/summary.json" in keys and json.loads(_get(client, "runs/dedup/.lock.json"))["released"]
     import pyarrow.parquet as pq
     marked = []
     for name in sorted(n for n in os.listdir(os.path.join(here, "dedup")) if n.endswith(".parquet")):

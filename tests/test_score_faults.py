@@ -311,7 +311,7 @@ def _start_score(urls, out, *extra, scorer=SCORER):
 
 def _wait_for_lock(proc, out, timeout=120):
     import time
-    lock = os.path.join(out, ".lock")
+    lock = os.path.join(out, ".lock.json")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if os.path.exists(lock) and f'"pid": {proc.pid}' in open(lock).read():
@@ -351,8 +351,8 @@ def test_a_second_run_on_the_same_out_refuses_while_the_first_lives_and_takes_ov
     assert done_names(out) == ["shard-0000.json", "shard-0001.json"]
     assert json.load(open(os.path.join(out, "summary.json")))["status"] == {"scored": 12}
     # The lock is free again once a run ended.
-    from wdsfilter.score.outlock import OutputLock
-    with OutputLock(out):
+    from wdsfilter.runfolder.lease import Lease
+    with Lease(out):
         pass
 
 
@@ -374,7 +374,7 @@ def test_the_lock_is_free_as_soon_as_a_killed_run_is_gone_though_its_decode_work
     # at once was refused ("in use by another wdsfilter score run (pid <the dead one>)").
     import signal
     import time
-    from wdsfilter.score.outlock import OutputLock
+    from wdsfilter.runfolder.lease import Lease
     urls = make_shards(tmp_path / "shards", [6, 6])[0]
     out = str(tmp_path / "out")
     first = _start_score(urls, out, "--workers", "1", "--scorer-opt", "bright.delay=2")
@@ -391,7 +391,7 @@ def test_the_lock_is_free_as_soon_as_a_killed_run_is_gone_though_its_decode_work
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=30)
         alive = [k for k in kids if os.path.exists(f"/proc/{k}")]
-        OutputLock(out).acquire().release()  # at once: the orphans hold no lock
+        Lease(out).acquire().release()  # at once: the orphans hold no lock
         assert alive, "the decode worker ended before the check; the test proved nothing"
     finally:
         if first.poll() is None:
@@ -405,14 +405,14 @@ def test_the_lock_is_free_as_soon_as_a_killed_run_is_gone_though_its_decode_work
 
 
 def test_the_lock_refuses_a_second_holder_in_the_same_process_and_frees_on_release(tmp_path):
-    from wdsfilter.score.outlock import OutputLock, OutputLockedError
+    from wdsfilter.runfolder.lease import Lease, LeaseHeldError
     out = str(tmp_path / "out")
-    with OutputLock(out):
-        with pytest.raises(OutputLockedError, match=f"pid {os.getpid()}"):
-            OutputLock(out).acquire()
-        with pytest.raises(OutputLockedError):
+    with Lease(out):
+        with pytest.raises(LeaseHeldError, match=f"pid {os.getpid()}"):
+            Lease(out).acquire()
+        with pytest.raises(LeaseHeldError):
             score(make_shards(tmp_path / "shards", [2])[0], out=out, scorers=[SCORER], device="cpu", progress=False)
-    OutputLock(out).acquire().release()
+    Lease(out).acquire().release()
 
 
 # -- item 13: a full disk ---------------------------------------------------------------------------------

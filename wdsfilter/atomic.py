@@ -4,6 +4,10 @@ destination, so a reader (or a run resumed after SIGKILL) sees the whole file or
 Every temporary is named `.<name>.tmp-<pid>`: hidden, and recognisable by is_temporary(), so the
 next run can delete what a killed run left behind (remove_temporaries).
 
+A folder may be guarded (`guard(folder, check)`): every rename into it runs `check()` first, which
+raises when this writer no longer owns the folder (runfolder/lease.py: a run stalled past its
+lease, whose folder another run took over). The one place every file write passes.
+
     with atomic_path("out/scores/00.parquet") as tmp:
         pq.write_table(table, tmp)
     write_json("out/done/00.json", {"url": ...}, fsync=True)
@@ -13,9 +17,28 @@ from __future__ import annotations
 import json
 import os
 from contextlib import contextmanager
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, Optional
 
 TMP_TAG = ".tmp-"
+_GUARDS: Dict[str, Callable[[], None]] = {}  # folder (absolute) -> its owner's check
+
+
+def guard(folder: str, check: Callable[[], None]) -> None:
+    """Run `check()` before every write into `folder` (below it too) from now on, in this process."""
+    _GUARDS[os.path.abspath(folder)] = check
+
+
+def unguard(folder: str) -> None:
+    _GUARDS.pop(os.path.abspath(folder), None)
+
+
+def check_guards(path: str) -> None:
+    """The checks of the guarded folders holding `path` (their errors propagate)."""
+    if _GUARDS:
+        target = os.path.abspath(path)
+        for folder, check in list(_GUARDS.items()):
+            if target == folder or target.startswith(folder.rstrip(os.sep) + os.sep):
+                check()
 
 
 def temporary_path(path: str) -> str:
@@ -32,11 +55,12 @@ def is_temporary(name: str) -> bool:
 
 @contextmanager
 def atomic_path(path: str) -> Iterator[str]:
-    """Yields a temporary path to write; on success it is renamed to `path`, on any error (or
-    KeyboardInterrupt) it is removed."""
+    """Yields a temporary path to write; on success it is renamed to `path` (after the folder's
+    guard, if it has one), on any error (or KeyboardInterrupt) it is removed."""
     tmp = temporary_path(path)
     try:
         yield tmp
+        check_guards(path)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -83,3 +107,14 @@ def remove_temporaries(folder: Optional[str]) -> int:
                 except OSError:
                     pass  # another run's cleanup got there first
     return removed
+
+
+@contextmanager
+def file_lock(path: str) -> Iterator[None]:
+    """Hold an exclusive flock on `path` (created if missing), waiting for any other holder:
+    processes that write one file in turns (a model download into a shared folder)."""
+    import fcntl
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "a+b") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)  # released when the file closes, or its process dies
+        yield

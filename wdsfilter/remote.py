@@ -441,11 +441,6 @@ class RemoteOutputError(OSError):
     """An output in an object store that cannot be written."""
 
 
-class LockLostError(RemoteOutputError):
-    """A remote run folder's lock object (score/outlock.py) was taken over by another run: the
-    folder is that run's now, and this one uploads nothing more into it (the run failed, exit 3)."""
-
-
 def check_output_url(url: str, option: str, storage_options: Optional[Mapping] = None) -> None:
     """Before any work: the bucket of an output URL exists and these credentials may list it (a
     write cannot be tried without leaving an object behind). Raises OutputError (exit 2)."""

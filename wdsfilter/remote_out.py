@@ -10,12 +10,18 @@ This module keeps the bucket a faithful copy of that folder:
   --resume, --overwrite and "this folder already holds a run" are decided on the same files as
   for a local folder;
 * `sync()`: uploads every file that is new or changed since its last upload, each object whole
-  or not at all (fsspec's put_file: one PUT, or a multipart upload completed at its end and
-  aborted on failure; never a streaming open, which commits what it holds when an exception
-  leaves its `with` block), a shard's `_stats.json` and `sizes.json` after the shards they count,
+  or not at all (one PUT, or a multipart upload completed at its end and aborted on failure;
+  never a streaming open, which commits what it holds when an exception leaves its `with`
+  block), a shard's `_stats.json` and `sizes.json` after the shards they count,
   and completion markers (`done/`) LAST, and only markers that were on
   disk before the files they vouch for were uploaded: a marker in the bucket always follows its
   outputs there. Files removed in staging (--overwrite) are deleted in the bucket, markers first.
+
+Every upload and delete is fenced twice (docs/remote.md, "How writes are fenced"): `fence()` (the
+run's lease, runfolder/lease.py) runs before it, and it is conditional on the object being what
+this writer last saw there (conditional.py: created only where nothing is, replaced or deleted
+only in the version pulled or last uploaded), so a run that lost its folder while it was stalled
+neither overwrites nor deletes the new owner's objects.
 
 A `Mirror` runs sync() in a thread every few seconds (so a run killed with SIGKILL leaves its
 finished shards in the bucket), and once more at the end; temporaries are never uploaded.
@@ -25,18 +31,17 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
-import tempfile
 import threading
 from typing import Callable, Dict, List, Optional, Tuple
 
 from .atomic import is_temporary
-from .remote import LockLostError, RemoteOutputError, _describe, credential_source, filesystem, redact_url, scheme_of, write_failure
+from .conditional import PART_BYTES, Conflict, delete, holds_file, put_file, version_of
+from .remote import RemoteOutputError, _describe, credential_source, filesystem, redact_url, scheme_of, write_failure
+from .runfolder.lease import LeaseLostError
 
 log = logging.getLogger("wdsfilter")
 MARKERS = "done"  # the folder whose files are uploaded last (runfolder.layout.DONE)
-SKIP = (".lock", ".lock.json")  # the local flock file, the remote lock object: never mirrored
-PART_BYTES = 16 << 20
+SKIP = (".lock", ".lock.json", ".owner", ".kept")  # a folder's lease and its guard, the staging copy's own marks: never mirrored
 
 
 class RemoteFolder:
@@ -47,8 +52,17 @@ class RemoteFolder:
         self.storage_options = storage_options
         self.fs, path = filesystem(self.url, storage_options)
         self.path = path.rstrip("/")
-        self.local = staging or tempfile.mkdtemp(prefix="wdsfilter-out-")
+        self.scratch = None
+        if staging is None:  # a working folder of this process (scratch.py: swept once it is gone)
+            from .scratch import Scratch
+            self.scratch = Scratch("out")
+            staging = self.scratch.path
+        self.local = staging
         self.sent: Dict[str, Tuple[int, int]] = {}  # relative path -> (size, mtime_ns) in the bucket
+        # relative path -> the object's version as this writer last saw it (pulled, listed, or its
+        # own upload): the condition of its next upload or delete. Not here: it must not exist.
+        self.versions: Dict[str, str] = {}
+        self.fence: Callable[[], None] = lambda: None  # raises when this writer no longer owns the folder
         # A multipart upload's part size: s3fs reads a file below twice its part size (50 MiB) whole
         # into memory for one PUT; 16 MiB parts bound that to 32 MiB (None: the filesystem's own)
         self.part_bytes: Optional[int] = PART_BYTES if scheme_of(self.url) in ("s3", "gs", "gcs") else None
@@ -102,6 +116,9 @@ class RemoteFolder:
             rel = key[len(self.path) + 1:]
             if not rel or os.path.basename(rel) in SKIP or is_temporary(os.path.basename(rel)) or ".." in rel.split("/"):
                 continue
+            version = version_of(found[key])
+            if version is not None:
+                self.versions[rel] = version
             if keep_in_bucket is not None and keep_in_bucket(rel):
                 self.held[rel] = int(found[key].get("size") or 0)
                 continue
@@ -130,17 +147,51 @@ class RemoteFolder:
         return files
 
     def upload(self, rel: str, stat: Tuple[int, int]) -> None:
-        """One file, whole or not at all (put_file: a completed PUT or multipart upload)."""
+        """One file, whole or not at all (a completed PUT or multipart upload), fenced: after the
+        owner's check, and only over the version this writer last saw (conditional.py)."""
+        local = os.path.join(self.local, *rel.split("/"))
+        self.fence()
         try:
-            extra = {"chunksize": self.part_bytes} if self.part_bytes else {}
-            self.fs.put_file(os.path.join(self.local, *rel.split("/")), self.remote(rel), **extra)
+            version = put_file(self.fs, self.remote(rel), local, self.versions.get(rel), self.part_bytes or PART_BYTES)
         except FileNotFoundError:
             return  # removed in staging since it was listed: the next sync deletes it
+        except Conflict:
+            version = self._conflict(rel, local)
         except Exception as e:  # noqa: BLE001 - the store's error, named without options
             raise RemoteOutputError(f"uploading {self.shown(rel)} failed: "
                                     f"{write_failure(e, self.url, self.storage_options)}") from None
+        self.versions[rel] = version
         self.sent[rel] = stat
         self.held.pop(rel, None)  # replaced by staging's
+
+    def _conflict(self, rel: str, local: str) -> str:
+        """An upload refused by its condition: the object is another writer's, unless it holds
+        this file's bytes (an upload of this writer whose answer was lost, then retried)."""
+        self.fence()  # lost: the new owner's object, named by the lease
+        version = holds_file(self.fs, self.remote(rel), local, self.part_bytes or PART_BYTES)
+        if version is None:
+            raise RemoteOutputError(f"uploading {self.shown(rel)} was refused: another writer created, replaced or "
+                                    f"deleted it while this run owned the folder; nothing of it was overwritten")
+        return version
+
+    def delete(self, rel: str) -> None:
+        """One object deleted, fenced as an upload: only the version this writer last saw."""
+        self.fence()
+        try:
+            if rel in self.versions:
+                delete(self.fs, self.remote(rel), self.versions[rel])
+            else:
+                self.fs.rm_file(self.remote(rel))
+        except FileNotFoundError:
+            pass
+        except Conflict:
+            self.fence()
+            raise RemoteOutputError(f"deleting {self.shown(rel)} was refused: another writer replaced it while this "
+                                    f"run owned the folder") from None
+        except Exception as e:  # noqa: BLE001
+            raise RemoteOutputError(f"deleting {self.shown(rel)} failed: {_describe(e)}") from None
+        self.versions.pop(rel, None)
+        self.sent.pop(rel, None)
 
     def sync(self, last: str = MARKERS) -> int:
         """Upload what changed: deletions first (files under `last` before the others), then every
@@ -155,13 +206,7 @@ class RemoteFolder:
         current = self._local_files()
         gone = [r for r in self.sent if r not in current]
         for rel in sorted(gone, key=lambda r: not r.startswith(last + "/")):
-            try:
-                self.fs.rm_file(self.remote(rel))
-            except FileNotFoundError:
-                pass
-            except Exception as e:  # noqa: BLE001
-                raise RemoteOutputError(f"deleting {self.shown(rel)} failed: {_describe(e)}") from None
-            self.sent.pop(rel, None)
+            self.delete(rel)
         n = 0
         # the shards before the _stats.json and sizes.json that count them (a stable sort: os.walk's
         # order otherwise), whatever their names sort as
@@ -176,7 +221,16 @@ class RemoteFolder:
         return n
 
     def remove_staging(self) -> None:
-        shutil.rmtree(self.local, ignore_errors=True)
+        if self.scratch is not None:
+            self.scratch.remove()
+        else:
+            import shutil
+            shutil.rmtree(self.local, ignore_errors=True)
+
+    def keep_staging(self) -> None:
+        """Kept for the user (named in the log): never swept by a later run."""
+        if self.scratch is not None:
+            self.scratch.keep()
 
 
 def _counts_others(rel: str) -> bool:
@@ -206,10 +260,10 @@ class StagedSizes:
 
 class Mirror:
     """sync() of a RemoteFolder in a thread every `interval` seconds while a run writes its
-    staging folder, `tick` (the lock's heartbeat) on each round; stop() syncs a last time."""
+    staging folder; stop() syncs a last time. A lost lease (its fence raises) ends the rounds."""
 
-    def __init__(self, folder: RemoteFolder, interval: float = 5.0, tick: Optional[Callable[[], None]] = None):
-        self.folder, self.interval, self.tick = folder, interval, tick
+    def __init__(self, folder: RemoteFolder, interval: float = 5.0):
+        self.folder, self.interval = folder, interval
         self.error: Optional[BaseException] = None
         self.lost: Optional[BaseException] = None
         self._stop = threading.Event()
@@ -222,21 +276,18 @@ class Mirror:
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
             try:
-                if self.tick is not None:
-                    self.tick()
                 self.folder.sync()
                 self.error = None
-            except LockLostError as e:  # the folder is another run's now: not one more upload
-                self.lost = e
-                log.error(str(e))
+            except LeaseLostError as e:  # the folder is another run's now: not one more upload
+                self.lost = e  # the run says it, once, as its error
                 return
             except Exception as e:  # noqa: BLE001 - tried again next round; stop() raises the last one
                 self.error = e
                 log.warning(f"{self.folder.shown()}: {e} (tried again in {self.interval:g}s)")
 
     def stop(self) -> None:
-        """Stop the thread, then the last sync (raises RemoteOutputError when it fails, and the
-        tick's LockLostError, syncing nothing, when the lock was lost)."""
+        """Stop the thread, then the last sync (raises RemoteOutputError when it fails, and
+        LeaseLostError, syncing nothing, when the lease was lost)."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()

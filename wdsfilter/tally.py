@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -240,18 +239,38 @@ class Tally:
 class StatsSink:
     """A folder where each process writes its tally (atomically); the parent merges them.
 
-    Files rather than queues: a worker never blocks on a parent that stopped reading.
+    Files rather than queues: a worker never blocks on a parent that stopped reading. Unless a
+    folder is given, a working folder of scratch.py's in $TMPDIR: swept by a later run once this
+    process is gone, however it ended (kill -9 included).
     """
 
     def __init__(self, folder: Optional[str] = None):
-        self.folder = folder or tempfile.mkdtemp(prefix="wdsfilter-stats-")
+        self._scratch = None
+        if folder is None:
+            from .scratch import Scratch
+            self._scratch = Scratch("stats")
+            folder = self._scratch.path
+        self.folder = folder
+
+    def __getstate__(self):  # a worker gets the folder, not the maker's hold on it
+        return {**self.__dict__, "_scratch": None}
+
+    def remove(self) -> None:
+        """The folder and everything in it (a working folder of this process's only)."""
+        if self._scratch is not None:
+            self._scratch.remove()
 
     def write(self, tally: Tally, name: Optional[str] = None) -> None:
         name = name or f"tally-{os.getpid()}"
         tmp = os.path.join(self.folder, f".{name}.tmp")
-        with open(tmp, "w") as f:
-            json.dump(tally.to_dict(), f)
-        os.replace(tmp, os.path.join(self.folder, f"{name}.json"))
+        try:
+            with open(tmp, "w") as f:
+                json.dump(tally.to_dict(), f)
+            os.replace(tmp, os.path.join(self.folder, f"{name}.json"))
+        except FileNotFoundError:
+            if os.path.isdir(self.folder):
+                raise
+            # removed: the run that reads it ended (a stage's last write as its generator is closed)
 
     def read(self) -> Tally:
         total = Tally()

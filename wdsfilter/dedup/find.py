@@ -95,21 +95,26 @@ def dedup(run_dir: str, kinds: Sequence[str] = (), near_bits: int = NEAR_BITS,
     passes work within `memory_mb` (records beyond it wait in RUN_DIR/dedup/tmp, removed at the
     end), plus 5 bytes a row and about 40 a group. A run folder in a
     bucket (s3://...) is pulled into a staging copy under its lock object, as `score --out`
-    does (score/outlock.py), deduped there, and its dedup/ uploaded whole before this returns."""
+    does (runfolder/bucket.py), deduped there, and its dedup/ uploaded whole before this returns."""
     from ..remote import is_fsspec_url
     _check_options(kinds, near_bits, semantic_threshold, memory_mb)  # before a bucket's folder is locked and pulled
     if is_fsspec_url(run_dir):
         return _dedup_in_bucket(run_dir, storage_options, dict(kinds=kinds, near_bits=near_bits,
                                                                semantic_threshold=semantic_threshold,
                                                                evals=evals, echo=echo, memory_mb=memory_mb))
-    return _dedup(run_dir, kinds, near_bits, semantic_threshold, evals, echo, memory_mb)
+    if not os.path.isdir(run_dir):  # said by the run folder's reader; no folder made for a lease
+        return _dedup(run_dir, kinds, near_bits, semantic_threshold, evals, echo, memory_mb)
+    from ..runfolder.lease import Lease
+    with Lease(run_dir, command="dedup", option="RUN_DIR") as lease:  # RUN_DIR/dedup/ is written under its lease
+        lease.guard([run_dir])
+        return _dedup(run_dir, kinds, near_bits, semantic_threshold, evals, echo, memory_mb)
 
 
 def _dedup_in_bucket(url: str, storage_options, options: dict) -> DedupResult:
     from ..remote import filesystem, redact_url
     from ..runfolder.layout import RUN_JSON
     from ..remote import refuse_hub_run_folder
-    from ..score.outlock import RemoteRunFolder
+    from ..runfolder.bucket import RemoteRunFolder
     refuse_hub_run_folder(url)  # before the folder is read
     fs, path = filesystem(url, storage_options)
     if not fs.exists(path.rstrip("/") + "/" + RUN_JSON):  # before the lock object is written there

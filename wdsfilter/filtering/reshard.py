@@ -86,14 +86,21 @@ class Resharder:
         once would delete each other's temporaries and merge their sizes.json. A folder in a
         bucket: its lock object, and the run writes a staging copy uploaded as it goes."""
         from ..remote import is_fsspec_url
-        from ..score.outlock import OutputLock
         if is_fsspec_url(self.out):
             return self._remote()
-        return OutputLock(self.out, command="filter", option="--write-shards")
+        return self._local()
+
+    @contextlib.contextmanager
+    def _local(self):
+        """OUT's lease (runfolder/lease.py); every write into OUT fenced by it."""
+        from ..runfolder.lease import Lease
+        with Lease(self.out, command="filter", option="--write-shards") as lease:
+            lease.guard([self.out])
+            yield self
 
     @contextlib.contextmanager
     def _remote(self):
-        from ..score.outlock import RemoteRunFolder
+        from ..runfolder.bucket import RemoteRunFolder
         url = self.out
         remote = RemoteRunFolder(url, command="filter", option="--write-shards")  # pulled: resume, ownership
         try:

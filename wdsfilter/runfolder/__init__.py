@@ -1,8 +1,11 @@
 """The scoring run folder: what `wdsfilter score --out FOLDER` leaves on disk, with one owner.
 
     FOLDER/
+      .lock.json               the folder's lease (lease.py): which run may write it; every
+                               write is fenced by it
       run.json                 what produced the outputs (scorers, options, thresholds, keys):
-                               `--resume` refuses other settings
+                               `--resume` refuses other settings; run_id, which every marker
+                               names (a marker naming another vouches for nothing)
       shards.json              the run's shards (url, name, the absolute path a local one was read
                                from): the run's own record of its sources; shards without a marker
                                are named as unfinished. The one file that keeps each URL as given,
@@ -31,6 +34,9 @@ Modules, one job each, below score/ and filtering/ (no torch):
                 (FilterResult): `wdsfilter filter` and the run's report (wdsfilter/report/)
     failures.py the failure ledger's files as read (score/ledger.py writes them)
     dedup.py    dedup/: its reader and the one drop rule of `filter --dedup` and the loader
+    lease.py    who may write a folder: the lease, its heartbeat and the fence of every write
+                (score, filter --write-shards and dedup take it; a per-shard claim is the same)
+    bucket.py   a run folder in a bucket: its lease, staging copy and mirror
 
 The writer side (`--resume`/`--overwrite` checks, marking shards done) is score/resume.py's RunState,
 which names its files through layout.py.

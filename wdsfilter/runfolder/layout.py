@@ -34,6 +34,7 @@ from ..shards import absolute_url, is_local, local_path, split_suffix
 from .tables import EXTENSIONS, damaged
 
 RUN_JSON = "run.json"
+RUN_ID = "run_id"  # run.json's: the run the folder holds (a --resume continues it, --overwrite starts another)
 SHARDS_FILE = "shards.json"
 DONE = "done"
 SCORES = "scores"
@@ -252,12 +253,13 @@ class Marker:
     source: Optional[dict] = None  # source_state of a local shard where it was read
     sizes: Dict[str, int] = field(default_factory=dict)  # output file (relative to the folder) -> bytes
     engine: Optional[str] = None
+    run_id: Optional[str] = None  # run.json's run_id when it was written (vouches)
     extra: Dict[str, Any] = field(default_factory=dict)  # fields of later versions, kept as they are
 
     _TYPES = {"url": str, "name": str, "score_file": str, "rows": int, "status": dict, "kept": int,
               "members": int, "error": (str, type(None)), "filtered": (dict, type(None)),
               "filtered_shard": (str, type(None)), "embeddings": list, "failures": (str, type(None)), "source": (dict, type(None)),
-              "sizes": dict, "engine": (str, type(None))}
+              "sizes": dict, "engine": (str, type(None)), "run_id": (str, type(None))}
 
     @classmethod
     def from_json(cls, data: Any) -> "Marker":
@@ -319,6 +321,14 @@ def read_marker(folder: str, name: str, confine: Optional[Confinement] = None) -
     if marker.name != name:
         raise damaged(path, f"it names shard {marker.name!r}")
     return marker
+
+
+def vouches(marker: Marker, run_id: Optional[str]) -> bool:
+    """The marker was written for the run the folder holds (run.json's run_id; both None in a
+    folder written before run ids): a marker a stalled run wrote after another run took the
+    folder over (--overwrite) names another and vouches for nothing. The one test, for --resume,
+    `wdsfilter filter`, the loader's score filter and the report."""
+    return marker.run_id == run_id
 
 
 def write_marker(folder: str, marker: Marker) -> None:

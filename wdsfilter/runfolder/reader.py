@@ -79,7 +79,8 @@ class ScoreRun:
                 unfinished.append(listed[name].url if listed and name in listed else name)
                 continue
             path = layout.score_file(folder, marker, confine)
-            if not layout.outputs_intact(marker, folder, [path]):  # missing, or damaged since it was written
+            if not layout.vouches(marker, settings.get(layout.RUN_ID)) \
+                    or not layout.outputs_intact(marker, folder, [path]):  # another run's, missing, or damaged
                 unfinished.append(marker.url)
                 continue
             source = layout.trusted_source(marker, listed, source_root)

@@ -16,7 +16,7 @@ from typing import Any, List, Optional, Tuple
 
 from ..errors import DataError, RunError, WdsFilterError
 from .faults import DeviceFailedError, sticky_device_error
-from .memory import DeviceMemory, is_oom
+from .memory import CPU_ALLOC_FAILED, DeviceMemory, is_oom
 from .outputs import REASON as OUTPUT_REASON, OutputCheck
 from .scorers.base import overridden
 
@@ -196,7 +196,8 @@ class Backoff:
         if sticky:  # the device is unusable: scoring on would fail every later sample (faults.py)
             raise DeviceFailedError(sticky) from e
         if is_oom(e):
-            return "oom", ("host_oom" if isinstance(e, MemoryError) else "cuda_oom"), message
+            host = isinstance(e, MemoryError) or any(m in str(e) for m in CPU_ALLOC_FAILED)
+            return "oom", ("host_oom" if host else "cuda_oom"), message
         if isinstance(e, DataError):
             return "data", e.reason, message
         if isinstance(e, (ScorerError, WdsFilterError)) and not isinstance(e, DataError):

@@ -118,6 +118,7 @@ class Dispatcher:
 
     # -- batches out and results back ------------------------------------------------------------
     def collect(self, timeout: float) -> None:
+        self.run.check_lease()  # a folder another run took over: stop scoring at once
         for _batch_id, _worker, results in self.pool.poll(timeout):
             touched = set()
             for (url, index), scores, errors in results:

@@ -12,7 +12,6 @@ dispatcher at most two batches of pending samples, each model worker its planned
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Callable, List, Optional
 
@@ -89,21 +88,18 @@ class Engine(Run):
     def _score(self, pool, plan: Plan, todo: List[str]):
         """Score `todo`; returns (the dispatcher, the stage counts of the decode workers)."""
         from ..tally import StatsSink
-        sink = StatsSink()
-        dispatcher = Dispatcher(self, pool, self._apply(pool, plan), len(todo),
-                                open_progress(self.cfg.progress and self.cfg.verbosity > 0, todo))
+        sink = StatsSink()  # a working folder in $TMPDIR, removed here (or swept once this process is gone)
         try:
-            dispatcher.run_loader(self._loader(plan, todo, sink), then=lambda: preload_writer(self.cfg.format))
+            dispatcher = Dispatcher(self, pool, self._apply(pool, plan), len(todo),
+                                    open_progress(self.cfg.progress and self.cfg.verbosity > 0, todo))
+            try:
+                dispatcher.run_loader(self._loader(plan, todo, sink), then=lambda: preload_writer(self.cfg.format))
+            finally:
+                if dispatcher.progress is not None:
+                    dispatcher.progress.close()
+            return dispatcher, sink.read()
         finally:
-            if dispatcher.progress is not None:
-                dispatcher.progress.close()
-        stage_tally = sink.read()
-        sink.clear()
-        try:
-            os.rmdir(sink.folder)
-        except OSError:
-            pass
-        return dispatcher, stage_tally
+            sink.remove()
 
     # -- the whole run ---------------------------------------------------------------------------
     def run(self) -> RunSummary:
@@ -137,7 +133,7 @@ class Engine(Run):
             devices = resolve_devices(cfg)
             for scorer in self.scorers:  # downloads once, here, not in every model worker at once
                 getattr(scorer, "fetch", lambda: None)()
-            pool = make_pool(devices, self.model_scorers)
+            pool = make_pool(devices, self.model_scorers, replicas=cfg.replicas)
             workers: List[dict] = []
             try:
                 reports = pool.start()

@@ -16,7 +16,7 @@ import logging
 import os
 from typing import Callable, Iterable, List, Optional, Sequence
 
-from ..atomic import remove_temporaries, write_json
+from ..atomic import check_guards, remove_temporaries, write_json
 from ..errors import ConfigError
 from ..publish import published
 from ..runfolder import layout
@@ -47,11 +47,16 @@ class RunState:
         self.identity: Optional[dict] = None
         self.writable = not cfg.dry_run
         self.resumed_from_markers = 0
-        # (staging folder, URL) of a --write-shards in a bucket: markers name the URL (outlock.RemoteRunFolder)
+        # (staging folder, URL) of a --write-shards in a bucket: markers name the URL (runfolder/bucket.RemoteRunFolder)
         self.shown_write_shards: Optional[tuple] = None
         # a marker's files' sizes: a bucket's run folder resumed keeps finished shards' files in the
-        # bucket, their sizes known (outlock.RemoteRunFolder.sizes)
+        # bucket, their sizes known (runfolder/bucket.RemoteRunFolder.sizes)
         self.size_of = size_of
+        # the lease's fence (runfolder/lease.Fence): write_shard installs it where a Ray worker writes
+        self.fence = None
+        # the folder's run: a marker counts only where it names it (layout.vouches); --resume keeps
+        # the recorded one, a new run or --overwrite makes one in _prepare
+        self.run_id = self._recorded_run_id() if cfg.resume or cfg.retry_failed else None
         if identity is None:
             self.check_folder()
         else:
@@ -94,11 +99,22 @@ class RunState:
         return ConfigError(f"{self.out} already holds a scoring run ({n_markers} shard(s) done). "
                            f"Pass --resume to continue it, --overwrite to start over, or another --out")
 
+    def _recorded_run_id(self) -> Optional[str]:
+        try:
+            data = layout.read_json(self.out, os.path.join(self.out, layout.RUN_JSON), {})
+        except (ConfigError, DamagedRunFolder):  # said by check_folder or _prepare
+            return None
+        run_id = data.get(layout.RUN_ID) if isinstance(data, dict) else None
+        return run_id if isinstance(run_id, str) else None
+
     def _prepare(self) -> None:
         run_json = os.path.join(self.out, "run.json")
         markers = self._existing_markers()
+        self.run_id = os.urandom(8).hex()
         if os.path.exists(run_json):
             previous = layout.read_json(self.out, run_json, {})  # not JSON: a ConfigError naming it
+            if self.cfg.resume and isinstance(previous, dict):  # the run it continues: its markers count
+                self.run_id = previous.pop(layout.RUN_ID, None)
             if self.cfg.resume:
                 diff = sorted(k for k in set(previous) | set(self.identity) if previous.get(k) != self.identity.get(k))
                 if diff:
@@ -121,7 +137,7 @@ class RunState:
         if self.cfg.write_shards:
             os.makedirs(self.cfg.write_shards, exist_ok=True)
         self._remove_temporaries()
-        write_json(run_json, self.identity, fsync=True)
+        write_json(run_json, {**self.identity, **({layout.RUN_ID: self.run_id} if self.run_id else {})}, fsync=True)
         layout.write_shard_list(self.out, self.urls, self.names, self._earlier_shards())
 
     def _earlier_shards(self) -> List[layout.ListedShard]:
@@ -142,6 +158,7 @@ class RunState:
         return [f for f in os.listdir(self.scores_dir) if not f.startswith(".")]
 
     def _clear(self) -> None:
+        check_guards(self.out)  # the folder is still this run's
         for folder in (self.done_dir, self.scores_dir, *embedding_folders(self.out), ledger_folder(self.out)):
             if os.path.isdir(folder):
                 for f in os.listdir(folder):
@@ -176,7 +193,7 @@ class RunState:
 
     def is_done(self, url: str) -> bool:
         marker = self._marker(url)
-        return (marker is not None
+        return (marker is not None and layout.vouches(marker, self.run_id)
                 and outputs_intact(marker, self.out, self._outputs(url, marker.embeddings, marker.failures),
                                    self.size_of)
                 and not self._changed(url, marker))
@@ -207,6 +224,7 @@ class RunState:
         known = {k: v for k, v in info.items() if k in Marker.__dataclass_fields__}
         marker = Marker(**known, url=url, name=name, score_file=f"{layout.SCORES}/{name}{self.ext}",
                         filtered_shard=self._shown(self.filtered_path(url)), source=source_state(source or url),
+                        run_id=self.run_id,
                         sizes=output_sizes(self.out, self._outputs(url, info.get("embeddings"), info.get("failures"))),
                         extra={k: v for k, v in info.items() if k not in Marker.__dataclass_fields__})
         layout.write_marker(self.out, marker)

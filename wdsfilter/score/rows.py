@@ -167,6 +167,8 @@ def write_shard(url: str, rows: List[dict], end: Union[ShardEnd, dict], cfg, sta
     if end.not_a_tar:  # no member header could be read: no outputs, no marker
         return (f"no member could be read ({end.error}); is it a tar (a git-lfs pointer file, an HTML "
                 f"error page)? Re-create or re-download it; no marker: --resume reads it again")
+    if state.fence is not None:  # a Ray worker's writes are fenced by the run's lease too (runfolder/lease.py)
+        state.fence.install()
     write_table(rows, columns, state.score_path(url), cfg.format)
     embeddings = write_embeddings(cfg.out, state.names[url], rows) or {}
     filtered = None

@@ -23,7 +23,7 @@ from .config import ScoreConfig
 from .faults import disk_full, is_disk_full
 from .ledger import MERGED as LEDGER_FILE, merge as merge_ledger, shard_entry, summarize as summarize_ledger
 from .ledger import OnlyKeys, retry_plan, write_shard_failures
-from .outlock import OutputLock
+from ..runfolder.lease import Lease, LeaseLostError
 from .recipe import write_recipe
 from ..report import run_report
 from ..report.statistics import plot_histograms, summarize_files
@@ -70,8 +70,9 @@ class Run:
         # key answers before torch is imported (resolving a CLIP scorer imports open_clip).
         check_scorer_names(cfg)
         check_before_torch(cfg)
-        # One run per --out (outlock.py): taken before the run state, which deletes temporaries. A
-        # remote --out: a lock object, then the run writes a local staging copy mirrored to the bucket.
+        # One run per --out, by a lease (runfolder/lease.py), taken before the run state, which
+        # deletes temporaries; every write into the folder is fenced by it. A remote --out: the
+        # lease in the bucket, then the run writes a local staging copy mirrored to the bucket.
         self.remote = self._remote_out(cfg)
         # The reads before scoring (the key check, the probe): their remote retries, for the summary
         self.before = Tally(0, 0, name="wdsfilter score (before scoring)")
@@ -79,7 +80,8 @@ class Run:
             cfg = self.cfg = dataclasses.replace(cfg, out=self.remote.local, write_shards=(
                 self.remote.shards.local if self.remote.shards else cfg.write_shards))
         try:
-            self.lock = None if cfg.dry_run else OutputLock(cfg.out).acquire()
+            self.lock = None if cfg.dry_run or self.remote else Lease(cfg.out).acquire()
+            fence = self.remote.fence if self.remote else self.lock and self.lock.guard([cfg.out, cfg.write_shards])
         except BaseException:
             if self.remote:  # its lock object is not left to go stale
                 self.remote.release()
@@ -88,6 +90,7 @@ class Run:
             if cfg.retry_failed and not os.path.exists(os.path.join(cfg.out, "run.json")):
                 raise ConfigError(f"--retry-failed: {cfg.out} holds no scoring run; score the shards there first")
             self.state = RunState(cfg, self.urls, size_of=self.remote.sizes() if self.remote else os.path.getsize)
+            self.state.fence = fence  # installed by rows.write_shard where a Ray worker writes
             self.todo = self.state.pending()
             # --retry-failed: url -> {index: ledger entry} of the samples of finished shards to score
             # again (only those are read on, OnlyKeys); shards without a marker are in todo whole
@@ -138,7 +141,7 @@ class Run:
                 raise ConfigError("--write-shards in a bucket needs --out in a bucket too (a shard's completion marker "
                                   "is written after its filtered shard is uploaded); or write both locally")
             return None
-        from .outlock import RemoteRunFolder
+        from ..runfolder.bucket import RemoteRunFolder
         remote_shards = cfg.write_shards if cfg.write_shards and is_fsspec_url(cfg.write_shards) else None
         if cfg.write_shards and not remote_shards:
             raise ConfigError("--out in a bucket takes --write-shards in a bucket too (s3://...), or no --write-shards")
@@ -153,6 +156,13 @@ class Run:
         if self.remote and self.remote.shards:
             identity["write_shards"] = self.remote.shards.url
         return identity
+
+    def check_lease(self) -> None:
+        """LeaseLostError as soon as the lease's heartbeat found the folder taken over (or its
+        lock deleted): scoring on would be for nothing, as nothing more may be written."""
+        lease = self.lock or (self.remote.lock if self.remote else None)
+        if lease is not None and lease.lost:
+            raise LeaseLostError(lease.lost)
 
     def release_lock(self) -> None:
         if self.lock is not None:
