@@ -80,9 +80,11 @@ def endpoint_host(url: str, storage_options: Optional[Mapping] = None) -> Option
 
 
 _reached: Dict[Tuple[str, int], float] = {}  # (host, port) -> when it last answered a connection
-_failed: Dict[Tuple[str, int], Tuple[float, str]] = {}  # (host, port) -> (when, why it could not be reached)
+_unresolved: Dict[str, Tuple[float, str]] = {}  # host -> (when, why its name did not resolve)
 _lock = threading.Lock()
-FAILURE_KEPT = 10.0  # seconds a failure is believed before it is tried again (a server coming back)
+# Seconds a name that did not resolve is believed not to (a resolver with no network can take
+# seconds to say so, for each shard); a refused or unanswered connection is asked again each time.
+UNRESOLVED_KEPT = 10.0
 
 
 def endpoint(url: str, storage_options: Optional[Mapping] = None) -> Optional[Tuple[str, int]]:
@@ -120,8 +122,9 @@ def check_reachable(url: str, shown: str, storage_options: Optional[Mapping] = N
     """Raises RemoteUnreachable when the host `url` is read from has no address, refuses the
     connection or does not answer it within `timeout` (one connection, not a request: the clients
     would retry each for seconds to a minute, botocore and gcsfs printing their own tracebacks). A
-    host that answered once is not asked again in this process; a failure is believed for
-    FAILURE_KEPT seconds. Skipped behind a proxy (the proxy resolves and connects, not this machine)."""
+    host that answered once is not asked again in this process; a name that did not resolve is
+    believed for UNRESOLVED_KEPT seconds. Skipped behind a proxy (the proxy resolves and connects,
+    not this machine)."""
     where = endpoint(url, storage_options)
     if where is None or any(os.environ.get(v) for v in PROXY_VARIABLES):
         return
@@ -129,14 +132,14 @@ def check_reachable(url: str, shown: str, storage_options: Optional[Mapping] = N
     with _lock:
         if where in _reached:
             return
-        failed = _failed.get(where)
-    why = failed[1] if failed and now - failed[0] < FAILURE_KEPT else _connect(where, timeout)
+        unresolved = _unresolved.get(where[0])
+    cached = unresolved[1] if unresolved and now - unresolved[0] < UNRESOLVED_KEPT else None
+    why = cached or _connect(where, timeout)
     with _lock:
         if why is None:
             _reached[where] = now
-            _failed.pop(where, None)
-        elif not failed or failed[1] != why or now - failed[0] >= FAILURE_KEPT:
-            _failed[where] = (now, why)
+        elif cached is None and why.startswith("cannot resolve"):
+            _unresolved[where[0]] = (now, why)
     if why:
         raise RemoteUnreachable(f"{shown}: cannot be reached: {why}; check the URL or endpoint and the network", why)
 
