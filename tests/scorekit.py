@@ -137,6 +137,66 @@ class ByteLengthScorer(Scorer):
         return [{"caption_bytes": int(t.item())} for t in torch.stack(inputs).to(self.device)]
 
 
+# The tiny stopword lists TextShapeScorer tells languages apart by (a real count, not a model).
+STOPWORDS = {"en": {"the", "a", "of", "and", "on", "in", "with", "is", "photo", "at"},
+             "de": {"der", "die", "das", "und", "ein", "eine", "mit", "auf", "im", "ist"},
+             "fr": {"le", "la", "les", "et", "un", "une", "avec", "sur", "dans", "est"}}
+
+
+class TextShapeScorer(Scorer):
+    """What the `caption` and `size` scorers write (issue 34's column names), computed here in
+    prepare() (no model) as DataComp's basic filter defines them, for the recipe tests until the
+    real scorers merge: caption_language by counting stopwords (its share of the words as
+    caption_language_score; "und" when none matches), caption_words = len(caption.split()),
+    caption_chars = len(caption), width and height of the decoded image, min_side and
+    aspect_ratio = long side / short side."""
+
+    name = "shape"
+
+    def columns(self):
+        return ["caption_language", "caption_language_score", "caption_words", "caption_chars", "width", "height",
+                "min_side", "aspect_ratio"]
+
+    def column_types(self):
+        return {"caption_language": "string", "caption_language_score": "float64", "caption_words": "int64",
+                "caption_chars": "int64", "width": "int64", "height": "int64", "min_side": "int64",
+                "aspect_ratio": "float64"}
+
+    def prepare(self, sample):
+        caption = sample["caption"]
+        words = caption.split()
+        hits = {lang: sum(w.lower().strip(".,:;!?") in stop for w in words) for lang, stop in STOPWORDS.items()}
+        lang = max(hits, key=hits.get) if any(hits.values()) else "und"
+        w, h = sample["image"].size
+        return {"caption_language": lang, "caption_language_score": hits.get(lang, 0) / max(len(words), 1),
+                "caption_words": len(words), "caption_chars": len(caption), "width": w, "height": h,
+                "min_side": min(w, h), "aspect_ratio": max(w, h) / min(w, h)}
+
+    def load(self, device):
+        self.device = device
+
+    def score_batch(self, inputs):
+        return [dict(i) for i in inputs]
+
+
+class SmallFloorScorer(BrightnessScorer):
+    """BrightnessScorer that asks for small decodes (Scorer.decode_floor): a JPEG reaches it at
+    1/8 scale where that keeps 16 px, so its brightness (8x8 NEAREST samples) depends on the DCT
+    scale it was decoded at, as a CLIP score does."""
+
+    name = "small"
+
+    def columns(self):
+        return ["small_brightness", "small_wide"]
+
+    def decode_floor(self):
+        return (16, 16)
+
+    def score_batch(self, inputs):
+        return [{"small_brightness": r["brightness"], "small_wide": r["bright_wide"]}
+                for r in super().score_batch(inputs)]
+
+
 class NumpyScorer(BrightnessScorer):
     """What a custom scorer often returns: numpy scalars (np.float32 from .mean()) and arrays."""
 

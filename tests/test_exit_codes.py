@@ -263,7 +263,8 @@ def test_score_run_failures_are_run_errors():
     (["validate", "x.tar", "--caption_key", "txt"], "No such option '--caption_key'. Did you mean '--caption-key'?"),
     (["valdate", "x.tar"], "No such command 'valdate'. Did you mean 'validate'?"),
     (["validate"], "Missing argument 'PATHS...'"),
-    (["sort-shard", "sample_shards/", "out.tar"], "Invalid value for 'IN'"),
+    (["sort-shard", "sample_shards/", "out.tar"], "OUT 'out.tar' names a shard file, but IN is several shards"),
+    (["sort-shard", "sample_shards/images-000000.tar"], "give the shard(s) to sort and where to write"),
     (["filter", "scores/", "--top", "clip_score=30%", "--write_shards", "t/"], "No such option '--write_shards'"),
 ])
 def test_a_misspelt_command_line_is_one_line_exit_2(args, words):

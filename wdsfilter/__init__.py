@@ -10,6 +10,7 @@ __version__ = "0.1.0"
 
 from .config import StageConfig  # noqa: E402
 from .errors import ConfigError, DataError, StarvationError, UnsafeInputError, WdsFilterError  # noqa: E402
+from .selection import Selection  # noqa: E402
 from .specs import KeySpec  # noqa: E402
 from .tally import Tally  # noqa: E402
 
@@ -48,5 +49,5 @@ def __dir__():
     return sorted(set(globals()) | set(_LAZY) | {"validate"})
 
 
-__all__ = ["validate", "StageConfig", "KeySpec", "Tally", "ConfigError", "DataError", "StarvationError",
+__all__ = ["validate", "StageConfig", "Selection", "KeySpec", "Tally", "ConfigError", "DataError", "StarvationError",
            "UnsafeInputError", "WdsFilterError", "loader", "sample_pipeline", "__version__"]

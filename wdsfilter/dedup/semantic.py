@@ -71,6 +71,20 @@ class Embeddings:
                 yield int(self.offsets[f]) + lo, _normalise(np.asarray(m[lo:lo + size], dtype=np.float32))
 
 
+def cosines_to(embeddings: Embeddings, row: int, others: Sequence[int]) -> Dict[int, float]:
+    """{other row: cosine of its image embedding to `row`'s}, for the rows that have one (vectors
+    are in row order, source.embeddings: found by binary search, nothing built per row)."""
+    wanted = np.array([row, *others], dtype=np.int64)
+    at = np.minimum(np.searchsorted(embeddings.rows, wanted), max(len(embeddings.rows) - 1, 0))
+    found = embeddings.rows[at] == wanted if len(embeddings.rows) else np.zeros(len(wanted), bool)
+    if not found[0]:
+        return {}
+    vectors = np.unique(at[found])
+    taken = dict(zip(vectors.tolist(), embeddings.take(embeddings.mapped(), vectors)))
+    kept = taken[int(at[0])]
+    return {int(r): float(np.dot(taken[int(v)], kept)) for r, v, ok in zip(wanted[1:], at[1:], found[1:]) if ok}
+
+
 def _normalise(x: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(x, axis=1, keepdims=True)
     with np.errstate(invalid="ignore"):  # a vector holding inf: NaN, left out by semantic_pairs

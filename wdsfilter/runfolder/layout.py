@@ -180,6 +180,18 @@ def read_shard_list(folder: str) -> Optional[List[ListedShard]]:
     return out
 
 
+def unhidden_shards(recipe: str, shards: Sequence[str]) -> List[str]:
+    """A run recipe's shards (OUT/run.yaml) as the run was given them: a URL named there without
+    its password or signature (publish.py) is the one in the shards.json beside the recipe, the one
+    file that keeps it. A hidden URL no shards.json names is a ConfigError."""
+    listed = {published(s.url): s.url for s in read_shard_list(os.path.dirname(os.path.abspath(recipe))) or ()}
+    missing = [u for u in shards if "<hidden>" in str(u) and u not in listed]
+    if missing:
+        raise ConfigError(f"--config {recipe}: {missing[0]} is named with its secret hidden, and no shards.json "
+                          f"beside it holds the URL; give the shards on the command line")
+    return [listed.get(u, u) for u in shards]
+
+
 # -- the source shard ---------------------------------------------------------------------------------
 def source_state(url: str) -> Optional[dict]:
     """What a marker records of a local source shard: where it was read (its absolute path, so

@@ -8,6 +8,7 @@ import click
 from ..errors import RunError
 from ..progress import verbosity, verbosity_options
 from ..config import stage_options
+from ..selection import text_and_recipe_options
 
 
 def _echo(text: str) -> None:
@@ -52,6 +53,7 @@ def _given(ctx: click.Context, param: str) -> bool:
                    "ends (as `wdsfilter filter --top`; not with --write-shards). Repeatable.")
 @click.option("--bottom", "bottoms", multiple=True, metavar="COLUMN=P%",
               help="Keep the P% of scored samples with the lowest COLUMN (as --top). Repeatable.")
+@text_and_recipe_options
 @click.option("--write-shards", default=None, metavar="DIR", help="Write filtered shards (original bytes) here.")
 @click.option("--save-embeddings", is_flag=True, default=None,
               help="clip: also write float16 image/caption embeddings in clip-retrieval's layout: "
@@ -94,7 +96,7 @@ def _given(ctx: click.Context, param: str) -> bool:
                    verbose="Say more: the whole plan (by default one line).")
 def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frames, frame_reduce, keyframes,
           ocr_backend, ocr_model_dir, ocr_download, min_clip, max_ocr_area, mins, maxes, tops, bottoms,
-          write_shards,
+          equals, recipes, write_shards,
           save_embeddings, device, gpus, batch_size, workers, replicas, max_memory, headroom, fit, fmt, resume,
           overwrite, retry_failed, dry_run, caption_key, image_key, rekey, image_token, max_pixels, config_file,
           max_bytes, allow_pipe, allow_remote, remote_speed_limit, remote_speed_time, remote_retry_budget,
@@ -106,8 +108,7 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
     from ..config import StageConfig, stage_overrides
     from . import SHORTCUTS, build_config
     from .recipe import merge, read_recipe
-    from ..runfolder.shares import parse_share
-    from ..thresholds import parse_threshold
+    from ..selection import Selection
     from .config import parse_option
     from .engine import run_scoring
     from ..progress import library_logs_off
@@ -126,22 +127,19 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
     for text in scorer_opts:
         name, key, value = parse_option(text)
         scorer_options.setdefault(name, {})[key] = value
-    minima = dict(parse_threshold(t, "--min") for t in mins)
-    maxima = dict(parse_threshold(t, "--max") for t in maxes)
-    top_shares = dict(parse_share(t, "--top") for t in tops)
-    bottom_shares = dict(parse_share(t, "--bottom") for t in bottoms)
+    # The rules: the recipe file's, then the flags' (a flag replaces the file's rule on its column).
+    flags = Selection.parse(mins, maxes, tops, bottoms, equals, recipes=recipes).merged(
+        Selection.from_keywords(min_clip=min_clip, max_ocr_area=max_ocr_area))
+    selection = Selection.from_dict(recipe.get("thresholds"), f"--config {config_file}").merged(flags)
     # Only the options given on the command line override the recipe (click's defaults do not).
     ctx = click.get_current_context()
-    options = {"scorers": tuple(scorers), "min_clip": min_clip, "min_scores": minima, "max_ocr_area": max_ocr_area,
-               "max_scores": maxima, "top_shares": top_shares, "bottom_shares": bottom_shares,
-               "scorer_options": scorer_options, "model": model, "pretrained": pretrained,
+    options = {"scorers": tuple(scorers), "scorer_options": scorer_options, "model": model, "pretrained": pretrained,
                "precision": precision, "frames": frames, "frame_reduce": frame_reduce, "keyframes": keyframes,
                "ocr_backend": ocr_backend, "ocr_model_dir": ocr_model_dir, "ocr_download": ocr_download,
                "write_shards": write_shards, "save_embeddings": save_embeddings, "device": device, "gpus": gpus,
                "batch_size": batch_size, "workers": workers, "replicas": replicas, "max_memory": max_memory,
                "headroom": headroom, "fit": fit, "format": fmt}
-    params = {"min_scores": "mins", "max_scores": "maxes", "top_shares": "tops", "bottom_shares": "bottoms",
-              "scorer_options": "scorer_opts", "format": "fmt"}
+    params = {"scorer_options": "scorer_opts", "format": "fmt"}
     given = {k: v for k, v in options.items() if _given(ctx, params.get(k, k))}
     merged = merge(recipe, given, SHORTCUTS)
     shards = list(shards) or recipe.get("shards") or []
@@ -153,8 +151,9 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
         raise click.UsageError("no --out: give it on the command line or as out: in --config")
     if not _given(ctx, "engine"):
         engine = recipe.get("engine", engine)
-    cfg = build_config(out, tuple(merged.pop("scorers", ("clip",))), stage=stage, resume=resume, overwrite=overwrite,
-                       retry_failed=retry_failed, dry_run=dry_run, progress=not no_progress, verbosity=level, **merged)
+    cfg = build_config(out, tuple(merged.pop("scorers", ("clip",))), stage=stage, selection=selection, resume=resume,
+                       overwrite=overwrite, retry_failed=retry_failed, dry_run=dry_run, progress=not no_progress,
+                       verbosity=level, **merged)
     ray_given = [f for f, v in (("--ray-address", ray_address), ("--ray-actors", ray_actors),
                                 ("--ray-gpus-per-actor", ray_gpus_per_actor)) if v is not None]
     if ray_given and engine != "ray":
@@ -168,7 +167,8 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
     else:
         summary = run_scoring(list(shards), cfg, echo=_echo)
     # The scorer lines were printed as the run began, unless -q kept them back.
-    click.echo(summary.format_text(histograms=not no_histograms and level > 0, plan=False, scorers=level == 0))
+    click.echo(summary.format_text(histograms=not no_histograms and level > 0, plan=False, scorers=level == 0,
+                                   quiet=level == 0))
     if summary.shards_failed:  # a failure of the run: those shards have no marker
         raise RunError(f"{len(summary.shards_failed)} shard(s) failed (listed above and in summary.json); "
                        f"run again with --resume to retry them")

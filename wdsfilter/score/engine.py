@@ -76,7 +76,8 @@ class Engine(Run):
         from ..tally import Tally
         cfg = self.cfg
         tally = Tally(0, 0, name="wdsfilter score")
-        pipeline = sample_pipeline(todo, cfg.scoring_stage_config(self.scorers), tally, extra=[Prepare(self.scorers)],
+        stage = cfg.scoring_stage_config(self.scorers)
+        pipeline = sample_pipeline(todo, stage, tally, extra=[Prepare(self.scorers, stage)],
                                    sink=sink, before_decode=self.only_retried(),
                                    shard_stages=[s.reader() for s in self.only_retried()])
         pipeline.append(Chunk(plan.chunk))

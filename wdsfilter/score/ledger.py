@@ -18,7 +18,9 @@ merge).
 Columns: key, shard, index (the row in the shard's score file; -1: the whole shard), member (the
 member a stage refused, where it named one), stage (read, select, decode, prepare, score, write),
 status (the row's: rejected, failed, partial; "shard" for a shard-level entry), reason, message,
-attempts (scoring attempts of the sample so far), transient (whether trying again can help).
+attempts (scoring attempts of the sample so far), transient (whether trying again can help), and
+what the sample said where its text members were read: caption, url, uid (img2dataset's loop:
+download the broken images again by url).
 
 The promise (docs/score.md): every sample of every input shard ends in exactly one row of status
 scored, or is listed here. Which reasons are transient is decided in one place, TRANSIENT.
@@ -33,7 +35,8 @@ from ..markers import MEMBER, STAGE  # noqa: F401 - a row's private fields: wher
 # the run folder's failures/ files, their reader and summary (runfolder/failures.py: the report reads them too)
 from ..runfolder.failures import FOLDER, MERGED, TRANSIENT, folder, read_entries, shard_file, summarize  # noqa: F401
 
-FIELDS = ("key", "shard", "index", "member", "stage", "status", "reason", "message", "attempts", "transient")
+FIELDS = ("key", "shard", "index", "member", "stage", "status", "reason", "message", "attempts", "transient", "caption",
+          "url", "uid")
 
 # A sample's stage, by reason, for rows whose stage no stage recorded.
 SCORE_REASONS = frozenset({"out_of_memory", "score_error", "bad_score_output"})
@@ -59,7 +62,8 @@ def row_entries(rows: Iterable[dict], attempts: Optional[Dict[int, int]] = None)
                                  if r["status"] != "rejected" else "select")
         out.append({"key": r["key"], "shard": r["shard"], "index": int(r["index"]), "member": r.get(MEMBER) or "",
                     "stage": stage, "status": r["status"], "reason": reason, "message": r.get("message") or "",
-                    "attempts": attempts.get(int(r["index"]), 1), "transient": is_transient(reason)})
+                    "attempts": attempts.get(int(r["index"]), 1), "transient": is_transient(reason),
+                    "caption": r.get("caption"), "url": r.get("url"), "uid": r.get("uid")})
     return out
 
 
@@ -103,7 +107,8 @@ def _schema():
     import pyarrow as pa
     return pa.schema([("key", pa.string()), ("shard", pa.string()), ("index", pa.int64()), ("member", pa.string()),
                       ("stage", pa.string()), ("status", pa.string()), ("reason", pa.string()),
-                      ("message", pa.string()), ("attempts", pa.int64()), ("transient", pa.bool_())])
+                      ("message", pa.string()), ("attempts", pa.int64()), ("transient", pa.bool_()),
+                      ("caption", pa.string()), ("url", pa.string()), ("uid", pa.string())])
 
 
 def _write(entries: Sequence[dict], path: str) -> None:

@@ -17,7 +17,6 @@ from ..keycheck import check_keys
 from ..publish import published
 from ..shards import expand_urls, is_local, refuse_unreachable, unique_urls
 from ..specs import utf8_text
-from ..thresholds import Thresholds
 from ..tally import Tally
 from .config import ScoreConfig
 from .faults import disk_full, is_disk_full
@@ -192,17 +191,18 @@ class Run:
         if self.remote:  # finished shards' score files left in the bucket by --resume: read now
             self.remote.fetch(files)
         summary.shards_cut = self.state.cut_shards()
-        bounds = self.resolved_bounds(bool(files))
-        for k, v in summarize_files(files, self.columns, bounds, cfg.histogram_bins).items():
+        rules = self.resolved_rules(bool(files))
+        bounds = rules.bounds
+        for k, v in summarize_files(files, self.columns, rules, cfg.histogram_bins).items():
             setattr(summary, k, v)
         summary.files = {"scores": self.state.scores_dir, "summary": os.path.join(cfg.out, "summary.json"),
                          "histograms": plot_histograms(summary.columns, bounds,
                                                        os.path.join(cfg.out, "histograms.png")),
                          "filtered shards": cfg.write_shards}
         summary.files["failures"] = self.record_failures()
-        if cfg.shares and files:
+        if cfg.selection.shares and files:
             summary.files["thresholds"] = os.path.join(cfg.out, "thresholds.json")
-        summary.files["report"] = run_report(cfg.out, bounds, cfg.stage.allow_pipe, cfg.stage.allow_remote)
+        summary.files["report"] = run_report(cfg.out, rules, cfg.stage.allow_pipe, cfg.stage.allow_remote)
         if self.remote:  # the summary and report name the bucket's objects, not the staging copy
             self.remote.publish_text(summary.files["report"])
             summary.files = {k: self.remote.public(v) for k, v in summary.files.items()}
@@ -214,21 +214,21 @@ class Run:
             raise NothingScoredError(nothing_scored_text(summary, len(files), self.state.scores_dir))
         return summary
 
-    def resolved_bounds(self, any_files: bool) -> Thresholds:
-        """The run's minima and maxima with its shares (--top/--bottom) resolved over every finished
-        row, as `wdsfilter filter` resolves them (runfolder/shares.py), written to OUT/thresholds.json
-        (the loader's keyword arguments); cfg.bounds when the run has no share (or no row yet)."""
+    def resolved_rules(self, any_files: bool):
+        """The run's rules (a wdsfilter.Selection) with its shares (--top/--bottom) resolved over
+        every finished row, as `wdsfilter filter` resolves them (runfolder/shares.py), written to
+        OUT/thresholds.json (the loader's keyword arguments); cfg.selection when the run has no
+        share (or no row yet)."""
         cfg = self.cfg
-        if not cfg.shares or not any_files:
-            return cfg.bounds
+        if not cfg.selection.shares or not any_files:
+            return cfg.selection
         from ..runfolder.shares import resolve_over_run, write_thresholds
-        thresholds = resolve_over_run(cfg.out, cfg.thresholds, cfg.max_thresholds, cfg.top_shares, cfg.bottom_shares)
-        for t in thresholds:
-            if t.share is not None:
+        resolved = resolve_over_run(cfg.out, cfg.selection)
+        for t in resolved.thresholds:
+            if t.share is not None and cfg.verbosity:  # -q: the one-line result only
                 self.echo(f"{t.given}: {t.rank} of the {t.scored} rows with a {t.column} -> {t.describe()}")
-        write_thresholds(os.path.join(cfg.out, "thresholds.json"), thresholds)
-        return Thresholds.strictest(t.bound for t in thresholds)
-
+        write_thresholds(os.path.join(cfg.out, "thresholds.json"), resolved.selection)
+        return resolved.selection
 
     def _count_early_retries(self, summary: RunSummary) -> None:
         """The remote retries of the reads before scoring (the key check, the probe) join the

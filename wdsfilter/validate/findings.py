@@ -64,7 +64,15 @@ KINDS: Dict[str, tuple] = {
     # 7. layout
     "too_few_shards": (ERROR, "fewer shards than ranks x loader workers: some readers get no shard and DDP hangs. Reshard, or use fewer workers"),
     "uneven_shards": (WARNING, "shard sample count far from the median; ranks get uneven work"),
+    # 8. tolerance
+    "too_many_dropped": (ERROR, "more samples are dropped than --max-drop allows (overall, or for one reason); the message gives the share. Fix the data, or allow more"),
 }
+
+# Kinds that cost one sample each: an error (the sample does not reach training) but not the
+# shard's or the set's. With --max-drop they are judged by their share of the samples instead of
+# failing one by one; whole-shard problems (all_filtered, truncated_tar, key_across_shards,
+# scattered_key, unsafe_member, ...) stay errors whatever the tolerance.
+SAMPLE_KINDS = ("corrupt_image", "corrupt_video", "oversized_image", "oversized_member", "oversized_video")
 
 
 def severity(kind: str) -> str:

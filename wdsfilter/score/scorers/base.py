@@ -62,6 +62,10 @@ class Scorer(abc.ABC):
     #: boxes), which dependents see and score files never do. A sample a required scorer failed
     #: on is not scored by this one (its row says why). Each scorer keeps its own back-off.
     requires: Sequence[str] = ()
+    #: optional dependencies, (module, how to install it): checked with the other usage errors,
+    #: before torch is imported or any model loads (scorerset.check_before_torch), so a missing one
+    #: is a one-line error at once, e.g. (("imagehash", "pip install 'wdsfilter[dedup]'"),)
+    needs: Sequence[Tuple[str, str]] = ()
 
     @abc.abstractmethod
     def columns(self) -> List[str]:
