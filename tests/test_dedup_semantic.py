@@ -94,7 +94,7 @@ def test_rows_whose_embedding_holds_nan_or_inf_are_skipped_counted_and_named(tmp
                                   "--scorer-opt", "embed.inf=17", "--out", out, "--device", "cpu", "--workers", "0",
                                   "--no-progress"])
     assert r.exit_code == 0, r.output
-    r = CliRunner().invoke(main, ["dedup", out, "--kind", "semantic"])
+    r = CliRunner().invoke(main, ["dedup", out, "--kind", "semantic", "--semantic-threshold", "0.95"])
     assert r.exit_code == 0, r.output
     assert "2 duplicate group(s)" in r.output, r.output
     [line] = [ln for ln in r.output.splitlines() if "skipped" in ln]
