@@ -353,7 +353,10 @@ def _dataset(ray, run, plan: RayPlan, todo, cpus_per_actor, roster, inputs: Opti
                                                    "columns": run.columns, "batch_size": plan.batch_size,
                                                    "device": plan.device, "scorer_batch": plan.scorer_batch,
                                                    "min_free_host": plan.min_free_host, "roster": roster,
-                                                   "node_inputs": inputs})
+                                                   "node_inputs": inputs,
+                                                   # --retry-failed reads only samples that failed: the
+                                                   # run's earlier successes say the scorers work
+                                                   "scored_before": run.state.scored_rows() if run.retry else 0})
     # A batch that failed after its retries (its actor died twice, or it raised) is dropped
     # by Ray Data instead of ending the run: its shard never completes, so it gets no marker.
     ds.context.max_errored_blocks = -1

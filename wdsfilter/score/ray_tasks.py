@@ -111,7 +111,7 @@ class ScoreActor:
 
     def __init__(self, cfg, scorers, columns: Sequence[str], batch_size: int, device: str,
                  scorer_batch: Optional[Dict[str, int]] = None, min_free_host: Optional[int] = None,
-                 roster=None, node_inputs=None):
+                 roster=None, node_inputs=None, scored_before: int = 0):
         from .memory import host_status
         if roster is not None:  # the driver ends this actor itself when the run ends (ActorRoster)
             import ray
@@ -130,7 +130,9 @@ class ScoreActor:
             node_inputs.apply(scorers)
         self.runner = ModelRunner(scorers, device)
         self.runner.load()
-        self.runner.configure(batch_size, scorer_batch=scorer_batch, min_free_host=self.min_free_host)
+        self.scored_before = scored_before
+        self.runner.configure(batch_size, scorer_batch=scorer_batch, min_free_host=self.min_free_host,
+                              scored_before=scored_before)
 
     def size_by_samples(self, inputs: List[dict]) -> None:
         """Each scorer's sub-batch: batch_size samples in frames, by the frames per sample of these
@@ -142,7 +144,8 @@ class ScoreActor:
             count = getattr(s, "frame_count", lambda _: 1)
             frames = [max(1, int(count(x[s.name]))) for x in inputs if s.name in x]
             sizes[s.name] = frames_of_samples(self.batch_size, sum(frames) / len(frames) if frames else 1.0)
-        self.runner.configure(self.batch_size, scorer_batch=sizes, min_free_host=self.min_free_host)
+        self.runner.configure(self.batch_size, scorer_batch=sizes, min_free_host=self.min_free_host,
+                              scored_before=self.scored_before)
         self.unsized = False
 
     def __call__(self, batch):
