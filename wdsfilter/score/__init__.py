@@ -42,14 +42,16 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # Scorer option shortcuts (first-class CLI flags): option -> [(scorer, that scorer's option)]. The
-# video options go to every scorer of the run that samples frames (clip and ocr).
+# frame sampling options go to every scorer of the run that samples frames (clip, blur, nsfw,
+# ocr); --frame-reduce to clip and ocr only (nsfw reduces by max, blur by mean, unless their own
+# frame_reduce option says otherwise). The last scorer of a list is the one an error suggests.
 SHORTCUTS = {
     "model": [("clip", "model")],
     "pretrained": [("clip", "pretrained")],
     "precision": [("clip", "precision")],
-    "frames": [("clip", "frames"), ("ocr", "frames")],
+    "frames": [("clip", "frames"), ("blur", "frames"), ("nsfw", "frames"), ("ocr", "frames")],
     "frame_reduce": [("clip", "frame_reduce"), ("ocr", "frame_reduce")],
-    "keyframes": [("clip", "keyframes"), ("ocr", "keyframes")],
+    "keyframes": [("clip", "keyframes"), ("blur", "keyframes"), ("nsfw", "keyframes"), ("ocr", "keyframes")],
     "ocr_backend": [("ocr", "backend")],
     "ocr_model_dir": [("ocr", "model_dir")],
     "ocr_download": [("ocr", "download")],

@@ -27,17 +27,19 @@ def _given(ctx: click.Context, param: str) -> bool:
               help="Folder for score files, markers, summary and run.yaml (required, here or in --config).")
 @click.option("--scorer", "scorers", multiple=True, default=("clip",), show_default=True, metavar="NAME",
               help="clip, ocr, hash (sha256 + phash for `wdsfilter dedup`), tmars (CLIP score with the text masked; "
-                   "brings ocr and clip), or module:Class; repeat to run several in one pass.")
+                   "brings ocr and clip), caption (language, words, characters), size (from headers), blur, nsfw, "
+                   "aesthetic (LAION's head on CLIP's embedding; brings clip), or module:Class; repeat to run several "
+                   "in one pass (docs/scorers.md).")
 @click.option("--model", default=None, help="CLIP model name or local-dir:PATH (clip scorer).")
 @click.option("--pretrained", default=None, metavar="TAG_OR_PATH", help="CLIP weights tag or file (clip scorer).")
 @click.option("--precision", type=click.Choice(["auto", "fp32", "fp16", "bf16"]), default=None,
               help="clip: auto (fp16 weights on CUDA, fp32 on CPU), or fp32 to keep full precision [auto].")
 @click.option("--scorer-opt", "scorer_opts", multiple=True, metavar="SCORER.KEY=VALUE",
               help="Pass any option to a scorer, e.g. ocr.max_side=960 or clip.precision=fp16. Repeatable.")
-@click.option("--frames", type=int, default=None, help="clip, ocr: frames sampled per video, uniformly over its duration [3].")
+@click.option("--frames", type=int, default=None, help="clip, ocr, blur, nsfw: frames sampled per video, uniformly over its duration [3].")
 @click.option("--frame-reduce", type=click.Choice(["mean", "max", "min"]), default=None,
               help="clip, ocr: how a video's per-frame scores become its score [mean].")
-@click.option("--keyframes", is_flag=True, default=None, help="clip, ocr: sample keyframes only (cheapest on long clips).")
+@click.option("--keyframes", is_flag=True, default=None, help="clip, ocr, blur, nsfw: sample keyframes only (cheapest on long clips).")
 @click.option("--ocr-backend", type=click.Choice(["rapidocr", "easyocr"]), default=None,
               help="ocr: text detector; rapidocr's weights ship in its wheel (offline) [rapidocr].")
 @click.option("--ocr-model-dir", default=None, metavar="DIR",
@@ -60,6 +62,9 @@ def _given(ctx: click.Context, param: str) -> bool:
                    "OUT/embeddings/img_emb, text_emb and metadata.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--gpus", default=None, metavar="0,1", help="GPUs to use (one model worker each, or more: --replicas).")
+@click.option("--decode-device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="Where CLIP's JPEGs are decoded: cuda (batched on the model's GPU; other images and JPEGs it "
+                   "refuses on the CPU), cpu (decode workers), auto (cuda when the model workers are on GPUs).")
 @click.option("--batch-size", default="auto", show_default=True, help="auto (memory planner) or N.")
 @click.option("--workers", default="auto", show_default=True, help="Decode worker processes: auto or N.")
 @click.option("--replicas", default="auto", show_default=True, help="Model processes per GPU: auto or N.")
@@ -82,7 +87,7 @@ def _given(ctx: click.Context, param: str) -> bool:
                    "every run writes its own to OUT/run.yaml), or stage options only. Options given here override it.")
 @click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="local: this machine's engine (memory planner); ray: Ray Data across a cluster "
-                   "(pip install 'wdsfilter[ray]'; shards and --out on a shared filesystem).")
+                   "(pip install 'wdsfilter[ray]'; no shared filesystem needed: the driver writes --out).")
 @click.option("--ray-address", default=None, metavar="ADDRESS",
               help="ray: a running cluster (auto, ray://host:10001); default: start a local one.")
 @click.option("--ray-actors", type=click.IntRange(min=1), default=None,
@@ -97,9 +102,10 @@ def _given(ctx: click.Context, param: str) -> bool:
 def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frames, frame_reduce, keyframes,
           ocr_backend, ocr_model_dir, ocr_download, min_clip, max_ocr_area, mins, maxes, tops, bottoms,
           equals, recipes, write_shards,
-          save_embeddings, device, gpus, batch_size, workers, replicas, max_memory, headroom, fit, fmt, resume,
+          save_embeddings, device, gpus, decode_device, batch_size, workers, replicas, max_memory, headroom, fit, fmt, resume,
           overwrite, retry_failed, dry_run, caption_key, image_key, rekey, image_token, max_pixels, config_file,
-          max_bytes, allow_pipe, allow_remote, storage_options, engine,
+          max_bytes, allow_pipe, allow_remote, remote_speed_limit, remote_speed_time, remote_retry_budget,
+          storage_options, engine,
           ray_address, ray_actors, ray_gpus_per_actor,
           no_progress, no_histograms, quiet, verbose):
     """Score every sample of SHARDS (folders, globs, brace patterns, .tar files) with CLIP, OCR
@@ -110,13 +116,17 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
     from ..selection import Selection
     from .config import parse_option
     from .engine import run_scoring
+    from ..progress import library_logs_off
 
     logging.basicConfig(format="wdsfilter: warning: %(message)s", level=logging.WARNING)
+    library_logs_off()  # on the handler just made too
     level = verbosity(quiet, verbose)
     recipe = read_recipe(config_file) if config_file else {}
     given_stage = stage_overrides(caption_key=caption_key, image_key=image_key, rekey=rekey, image_token=image_token,
                                   max_pixels=max_pixels, max_bytes=max_bytes, allow_pipe=allow_pipe,
-                                  allow_remote=allow_remote, storage_options=storage_options)
+                                  allow_remote=allow_remote, storage_options=storage_options,
+                                  remote_speed_limit=remote_speed_limit, remote_speed_time=remote_speed_time,
+                                  remote_retry_budget=remote_retry_budget)
     stage = StageConfig(**{**(recipe.get("stage") or {}), **given_stage})
     scorer_options = {}
     for text in scorer_opts:
@@ -132,6 +142,7 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
                "precision": precision, "frames": frames, "frame_reduce": frame_reduce, "keyframes": keyframes,
                "ocr_backend": ocr_backend, "ocr_model_dir": ocr_model_dir, "ocr_download": ocr_download,
                "write_shards": write_shards, "save_embeddings": save_embeddings, "device": device, "gpus": gpus,
+               "decode_device": decode_device,
                "batch_size": batch_size, "workers": workers, "replicas": replicas, "max_memory": max_memory,
                "headroom": headroom, "fit": fit, "format": fmt}
     params = {"scorer_options": "scorer_opts", "format": "fmt"}

@@ -15,6 +15,7 @@ import logging
 import time
 from typing import Callable, List, Optional
 
+from ..errors import ConfigError
 from .config import ScoreConfig
 from .devices import make_pool, resolve_devices
 from .dispatch import Dispatcher, open_progress
@@ -38,6 +39,13 @@ class Engine(Run):
     """A Run scored on this machine's devices."""
 
     # -- planning ---------------------------------------------------------------------------
+    def _place_decoding(self, devices: List[str]) -> None:
+        """--decode-device, resolved on the run's devices, before the scorers reach any worker."""
+        on_device = decode_on_device(self.cfg.decode_device, devices)
+        for scorer in list(self.scorers) + list(self.model_scorers):
+            if hasattr(scorer, "decode_on_device"):
+                scorer.decode_on_device = on_device
+
     def _probe(self, pool, todo: List[str]) -> ProbeReport:
         cfg = self.cfg
         inputs, prep_seconds, scanned = collect_probe(todo, cfg.scoring_stage_config(self.scorers), self.scorers,
@@ -60,10 +68,12 @@ class Engine(Run):
                 pool.add_replica(dp.device)
         batch_of = {dp.device: dp for dp in plan.devices}
         batch_size_of = {}
+        # --retry-failed reads only samples that failed: the run's earlier successes say the scorers work
+        scored_before = self.state.scored_rows() if self.retry else 0
         for w in pool.workers:
             dp = batch_of[pool.device_of(w)]
             pool.configure(w, batch_size=dp.batch_size, threads=dp.threads, min_free_host=plan.min_free_host,
-                           scorer_batch=dp.scorer_batch)
+                           scorer_batch=dp.scorer_batch, scored_before=scored_before)
             batch_size_of[w] = dp.batch_size
         return batch_size_of
 
@@ -130,6 +140,7 @@ class Engine(Run):
         dispatcher = stage_tally = None
         if todo or cfg.dry_run:
             devices = resolve_devices(cfg)
+            self._place_decoding(devices)
             for scorer in self.scorers:  # downloads once, here, not in every model worker at once
                 getattr(scorer, "fetch", lambda: None)()
             pool = make_pool(devices, self.model_scorers, replicas=cfg.replicas)
@@ -174,6 +185,15 @@ class Engine(Run):
         if stage_tally is not None:
             outcome.stage_counts = {"dropped": dict(stage_tally.dropped), "notes": dict(stage_tally.notes)}
         return self.finish(outcome)
+
+
+def decode_on_device(setting: str, devices: List[str]) -> bool:
+    """--decode-device: whether the CLIP scorer's JPEGs are decoded on the model workers' device."""
+    on_gpus = bool(devices) and all(d.startswith("cuda") for d in devices)
+    if setting == "cuda" and not on_gpus:
+        raise ConfigError(f"--decode-device cuda decodes on the model's GPU; the model workers are on "
+                          f"{', '.join(devices)}. Use --decode-device auto or cpu")
+    return setting == "cuda" or (setting == "auto" and on_gpus)
 
 
 def _unopened_reason(url: str, stage_tally) -> str:

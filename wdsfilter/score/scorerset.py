@@ -215,7 +215,7 @@ def run_identity(cfg: ScoreConfig, scorers: Sequence[Scorer]) -> dict:
                           "options": {k: v for k, v in sorted(vars(s).items()) if not k.startswith("_") and simple(v)}})
     stage = {k: v for k, v in cfg.stage.to_dict().items()
              if k not in ("emit_rejects", "starvation_samples", "starvation_seconds",
-                                                                 "stream_idle_seconds", "keep_image_bytes")
+                                                                 "stream_idle_seconds", "keep_image_bytes", "decode_pixels")
              and k not in ("allow_remote", "storage_options") and not k.startswith("remote_")}  # how, not what
     rules = cfg.selection
     identity = {"scorers": described, "thresholds": dict(rules.minima), "stage": stage, "format": cfg.format,

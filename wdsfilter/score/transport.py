@@ -52,7 +52,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Op
 from ..errors import DataError
 from ..markers import MARKER, SHARD_END
 from .rows import TEXT, sample_text
-from .scorers.base import NOTES, Noted
+from .scorers.base import NOTES, Noted, pixel_reader
 
 _ALIGN = 64  # every slot starts on a 64-byte boundary, so any dtype can view it
 
@@ -120,7 +120,8 @@ class OwnPixels:
 
     def __init__(self, stage, scorers: Sequence):
         self.stage = stage
-        self.floors = {s.name: getattr(s, "decode_floor", lambda: None)() for s in scorers}
+        # A scorer that reads no pixels (caption, size, aesthetic, tmars) needs no image of its own.
+        self.floors = {s.name: getattr(s, "decode_floor", lambda: None)() for s in scorers if pixel_reader(s)}
 
     def images(self, sample: dict) -> Dict[str, Any]:
         """{scorer name: its own image} for the scorers whose scale differs from the shared decode's."""

@@ -18,6 +18,11 @@ REGISTRY = {
     "ocr": "wdsfilter.score.scorers.ocr:OcrScorer",
     "hash": "wdsfilter.score.scorers.hash:HashScorer",
     "tmars": "wdsfilter.score.scorers.tmars:TmarsScorer",
+    "caption": "wdsfilter.score.scorers.caption:CaptionScorer",
+    "size": "wdsfilter.score.scorers.size:SizeScorer",
+    "blur": "wdsfilter.score.scorers.blur:BlurScorer",
+    "nsfw": "wdsfilter.score.scorers.nsfw:NsfwScorer",
+    "aesthetic": "wdsfilter.score.scorers.aesthetic:AestheticScorer",
 }
 
 
@@ -54,6 +59,11 @@ class Scorer(abc.ABC):
     name: str = ""
     #: sample fields this scorer reads after decoding: "image" (PIL) and/or "video" (bytes)
     media: Sequence[str] = ("image",)
+    #: whether prepare() reads the decoded image's pixels. False: it reads the member's bytes or
+    #: none at all (the caption, an image header), and sample["image"] may be the member's bytes
+    #: or a decoded image; a run whose scorers all say False decodes no image (nor checks its
+    #: pixels: StageConfig.decode_pixels).
+    image_pixels: bool = True
     #: names of the scorers whose outputs this one reads for the same sample, e.g. ("ocr", "clip").
     #: A run given this scorer adds the required ones it lacks (built with their options), runs
     #: them first, and hands this scorer their inputs and outputs through attach() in the model
@@ -98,6 +108,18 @@ class Scorer(abc.ABC):
     def fetch(self) -> None:
         """Download what load() needs. The engine calls it once, in its own process, before model
         workers start, so several workers never download into one folder at once."""
+
+    def local_files(self) -> List[str]:
+        """The files and folders of this machine that load() or prepare() read (a checkpoint, a
+        model folder), absolute; default none. On a Ray cluster, a node that does not hold the
+        same bytes at the same path gets a copy of them (score/ray_files.py) and relocate()."""
+        return []
+
+    def relocate(self, moved: Dict[str, str]) -> None:
+        """From now on read each of local_files() at moved[path] (a copy on this node). A scorer
+        that lists local files but does not implement this is refused on a Ray cluster whose
+        nodes lack them."""
+        raise NotImplementedError
 
     @abc.abstractmethod
     def load(self, device: str) -> None:
@@ -158,6 +180,24 @@ def overridden(scorer, method: str) -> Optional[Callable]:
     if bound is None or getattr(bound, "__func__", None) is getattr(Scorer, method):
         return None
     return bound
+
+
+# How a video's per-frame values become its one value (--frame-reduce; every frame scorer).
+FRAME_REDUCERS = ("mean", "max", "min")
+
+
+def reduce_frames(values: Sequence[float], how: str) -> float:
+    if how == "max":
+        return max(values)
+    if how == "min":
+        return min(values)
+    return sum(values) / len(values)
+
+
+def pixel_reader(scorer) -> bool:
+    """Whether a scorer's prepare() reads the decoded image's pixels (Scorer.image_pixels; a
+    duck-typed scorer without the attribute does): only those decide how images are decoded."""
+    return getattr(scorer, "image_pixels", True)
 
 
 def make_scorer(name: str, **options) -> Scorer:
