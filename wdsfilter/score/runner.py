@@ -22,6 +22,8 @@ from .config import ScoreConfig
 from .faults import disk_full, is_disk_full
 from .ledger import MERGED as LEDGER_FILE, merge as merge_ledger, shard_entry, summarize as summarize_ledger
 from .ledger import OnlyKeys, retry_plan, write_shard_failures
+from ..runfolder import layout
+from ..runfolder.bucket import STATE_FILES
 from ..runfolder.lease import Lease, LeaseLostError
 from .recipe import write_recipe
 from ..report import run_report
@@ -69,26 +71,36 @@ class Run:
         # key answers before torch is imported (resolving a CLIP scorer imports open_clip).
         check_scorer_names(cfg)
         check_before_torch(cfg)
+        # A joined run's worker (--join, join.py) holds its own lease, not the folder's, and claims
+        # the shards one by one (runfolder/claims.py); a dry run plans only, as any.
+        self.joined = None
+        if cfg.join and not cfg.dry_run:
+            from .join import Worker
+            self.joined = Worker(cfg, cfg.out)
         # One run per --out, by a lease (runfolder/lease.py), taken before the run state, which
         # deletes temporaries; every write into the folder is fenced by it. A remote --out: the
         # lease in the bucket, then the run writes a local staging copy mirrored to the bucket.
-        self.remote = self._remote_out(cfg)
+        self.remote = self._remote_out(cfg, self.joined)
         # The reads before scoring (the key check, the probe): their remote retries, for the summary
         self.before = Tally(0, 0, name="wdsfilter score (before scoring)")
         if self.remote:
             cfg = self.cfg = dataclasses.replace(cfg, out=self.remote.local, write_shards=(
                 self.remote.shards.local if self.remote.shards else cfg.write_shards))
         try:
-            self.lock = None if cfg.dry_run or self.remote else Lease(cfg.out).acquire()
+            self.lock = None if cfg.dry_run or self.remote else (
+                self.joined.lease if self.joined else Lease(cfg.out)).acquire()
             fence = self.remote.fence if self.remote else self.lock and self.lock.guard([cfg.out, cfg.write_shards])
         except BaseException:
             if self.remote:  # its lock object is not left to go stale
                 self.remote.release()
             raise
         try:
+            if self.joined:  # a run without --join in the folder excludes its workers
+                self.joined.refuse_single_run()
             if cfg.retry_failed and not os.path.exists(os.path.join(cfg.out, "run.json")):
                 raise ConfigError(f"--retry-failed: {cfg.out} holds no scoring run; score the shards there first")
-            self.state = RunState(cfg, self.urls, size_of=self.remote.sizes() if self.remote else os.path.getsize)
+            self.state = RunState(cfg, self.urls, size_of=self.remote.sizes() if self.remote else os.path.getsize,
+                                  run_record=self.joined and self.joined.run_record())
             self.state.fence = fence  # installed by rows.write_shard where a Ray worker writes
             self.todo = self.state.pending()
             # --retry-failed: url -> {index: ledger entry} of the samples of finished shards to score
@@ -109,7 +121,14 @@ class Run:
             if self.remote and self.remote.shards:  # what the bucket's markers name, not the staging folder
                 self.state.shown_write_shards = (self.remote.shards.local, self.remote.shards.url)
             self.state.open(self._identity())
-            if not cfg.dry_run:  # the resolved recipe: `wdsfilter score --config OUT/run.yaml` runs it again
+            if self.joined:  # the run's shards now claimed one by one; those with a marker are done
+                self.todo = self.joined.start(self.state, self.urls)
+                if self.remote and self.state.created:  # run.json was created in the bucket, in place
+                    self.remote.folder.adopt(layout.RUN_JSON, self.state.run_json_version)
+                elif self.remote:  # the run's files as its creator wrote them (after this worker's pull, perhaps)
+                    self.remote.folder.refresh(fetch=STATE_FILES)
+            if not cfg.dry_run and (self.joined is None or self.state.created):
+                # the resolved recipe: `wdsfilter score --config OUT/run.yaml` runs it again
                 write_recipe(cfg, self.urls, engine, self.remote and {
                     "out": self.remote.url, "write_shards": self.remote.shards and self.remote.shards.url})
             if self.remote:
@@ -132,7 +151,7 @@ class Run:
         return [OnlyKeys({u: [e["key"] for e in plan.values()] for u, plan in self.retry.items()})]
 
     @staticmethod
-    def _remote_out(cfg: ScoreConfig):
+    def _remote_out(cfg: ScoreConfig, joined=None):
         from ..remote import is_fsspec_url
         if not is_fsspec_url(cfg.out):
             if cfg.write_shards and is_fsspec_url(cfg.write_shards):
@@ -147,7 +166,7 @@ class Run:
         # --retry-failed rewrites finished shards' score files, so it pulls them all.
         return RemoteRunFolder(cfg.out, cfg.stage.storage_options, lock=not cfg.dry_run, write_shards=remote_shards,
                                pull_shards=cfg.resume or bool(cfg.retry_failed),
-                               lazy=cfg.resume and not cfg.retry_failed)
+                               lazy=cfg.resume and not cfg.retry_failed, lease=joined and joined.lease)
 
     def _identity(self) -> dict:
         identity = run_identity(self.cfg, self.scorers)
