@@ -20,6 +20,21 @@ def _given(ctx: click.Context, param: str) -> bool:
     return ctx.get_parameter_source(param) not in (None, ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP)
 
 
+def _print_status(folders, storage_options) -> None:
+    """`wdsfilter score RUN --status`: where a run stands (score/join.py), nothing scored."""
+    if len(folders) != 1:
+        raise click.UsageError("--status takes one run folder: `wdsfilter score RUN --status` (or --out RUN)")
+    from ..remote import parse_storage_options
+    from .join import status_text
+    click.echo(status_text(folders[0], parse_storage_options(storage_options or ()) or None))
+
+
+def _check_join(cfg, engine: str) -> None:
+    if cfg.join and engine == "ray":
+        raise click.UsageError("--join makes this process one worker of many on --out (the local engine); a Ray run "
+                               "is one driver for the whole cluster: drop one of them (docs/scale.md)")
+
+
 @click.command("score", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("shards", nargs=-1)
 @click.option("--out", "out", default=None, metavar="DIR",
@@ -126,13 +141,7 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
 
     logging.basicConfig(format="wdsfilter: warning: %(message)s", level=logging.WARNING)
     if status:
-        folders = [out] if out else list(shards)
-        if len(folders) != 1:
-            raise click.UsageError("--status takes one run folder: `wdsfilter score RUN --status` (or --out RUN)")
-        from ..remote import parse_storage_options
-        from .join import status_text
-        click.echo(status_text(folders[0], parse_storage_options(storage_options or ()) or None))
-        return
+        return _print_status([out] if out else list(shards), storage_options)
     level = verbosity(quiet, verbose)
     recipe = read_recipe(config_file) if config_file else {}
     given_stage = stage_overrides(caption_key=caption_key, image_key=image_key, rekey=rekey, image_token=image_token,
@@ -177,9 +186,7 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
                                 ("--ray-gpus-per-actor", ray_gpus_per_actor)) if v is not None]
     if ray_given and engine != "ray":
         raise click.UsageError(f"{', '.join(ray_given)} only apply with --engine ray")
-    if cfg.join and engine == "ray":
-        raise click.UsageError("--join makes this process one worker of many on --out (the local engine); a Ray run "
-                               "is one driver for the whole cluster: drop one of them (docs/scale.md)")
+    _check_join(cfg, engine)
     # Errors are not caught here: the `wdsfilter` group prints one line and maps each to its exit
     # code (wdsfilter/errors.py): 2 for configuration errors, 3 for a failed run, never 1.
     if engine == "ray":

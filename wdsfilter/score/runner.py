@@ -56,17 +56,7 @@ class Run:
         refuse_in_spawned_worker()
         self.cfg = cfg
         self.echo = echo or (lambda text: None)
-        self.urls, repeats = unique_urls(expand_urls(shards, cfg.stage.allow_pipe, cfg.stage.allow_remote,
-                                                           cfg.stage.storage_options))
-        unnamed = [u for u in self.urls if utf8_text(u) != u]
-        if unnamed:  # its path goes into score files, markers and stats, all UTF-8
-            raise ConfigError(f"shard path '{utf8_text(unnamed[0])}' is not UTF-8 ({len(unnamed)} such shard(s)): "
-                              f"rename it (e.g. `convmv -f latin1 -t utf8`) before scoring; member names "
-                              f"inside shards may be any bytes")
-        refuse_writing_into_inputs(cfg.write_shards, self.urls)
-        if repeats:
-            log.warning(f"{len(repeats)} shard(s) given more than once are scored once: "
-                        f"{', '.join(repeats[:3])}{' ...' if len(repeats) > 3 else ''}")
+        self.urls = self._shard_urls(shards, cfg)
         # The checks that need no model come first: a wrong scorer name, output folder or caption
         # key answers before torch is imported (resolving a CLIP scorer imports open_clip).
         check_scorer_names(cfg)
@@ -142,6 +132,22 @@ class Run:
             raise
         self.summary = RunSummary(out=self.remote.url if self.remote else cfg.out, shards=len(self.urls), dry_run=cfg.dry_run,
                                   shards_resumed=self.state.resumed_from_markers)
+
+    @staticmethod
+    def _shard_urls(shards, cfg: ScoreConfig) -> List[str]:
+        """The run's shards, each once, named in UTF-8, none of them where --write-shards writes."""
+        urls, repeats = unique_urls(expand_urls(shards, cfg.stage.allow_pipe, cfg.stage.allow_remote,
+                                                cfg.stage.storage_options))
+        unnamed = [u for u in urls if utf8_text(u) != u]
+        if unnamed:  # its path goes into score files, markers and stats, all UTF-8
+            raise ConfigError(f"shard path '{utf8_text(unnamed[0])}' is not UTF-8 ({len(unnamed)} such shard(s)): "
+                              f"rename it (e.g. `convmv -f latin1 -t utf8`) before scoring; member names "
+                              f"inside shards may be any bytes")
+        refuse_writing_into_inputs(cfg.write_shards, urls)
+        if repeats:
+            log.warning(f"{len(repeats)} shard(s) given more than once are scored once: "
+                        f"{', '.join(repeats[:3])}{' ...' if len(repeats) > 3 else ''}")
+        return urls
 
     def only_retried(self) -> list:
         """The stage that lets only the samples to retry through in their shards (before
