@@ -154,6 +154,9 @@ class Folder:
         except ValueError:
             return None
 
+    def size_of(self, rel: str, sizes: Dict[str, int]) -> Optional[int]:
+        return sizes.get(rel)
+
     def progress(self) -> int:
         """Claims and markers: each new one is an event of the trial."""
         return len(self.names("claims")) + len(self.names("done"))
@@ -188,6 +191,10 @@ class LocalFolder(Folder):
                 out[os.path.relpath(path, self.path)] = os.path.getsize(path)
         return out
 
+    def size_of(self, rel: str, sizes: Dict[str, int]) -> Optional[int]:
+        path = os.path.join(self.path, rel)  # a --write-shards folder beside it too (../kept/...)
+        return os.path.getsize(path) if os.path.exists(path) else None
+
 
 class S3Folder(Folder):
     def __init__(self, client, bucket: str, prefix: str):
@@ -215,6 +222,30 @@ class S3Folder(Folder):
 
     def sizes(self) -> Dict[str, int]:
         return {o["Key"][len(self.prefix) + 1:]: o["Size"] for o in self._list(self.prefix + "/")}
+
+
+class GcsFolder(Folder):
+    def __init__(self, fs, bucket: str, prefix: str):
+        self.fs, self.root = fs, f"{bucket}/{prefix.strip('/')}"
+        self.out = f"gs://{self.root}"
+
+    def names(self, sub: str) -> List[str]:
+        self.fs.invalidate_cache()
+        try:
+            return sorted(p.rsplit("/", 1)[1] for p in self.fs.ls(f"{self.root}/{sub}", detail=False))
+        except FileNotFoundError:
+            return []
+
+    def read(self, rel: str) -> Optional[bytes]:
+        self.fs.invalidate_cache()
+        try:
+            return self.fs.cat_file(f"{self.root}/{rel}")
+        except FileNotFoundError:
+            return None
+
+    def sizes(self) -> Dict[str, int]:
+        self.fs.invalidate_cache()
+        return {k[len(self.root) + 1:]: int(v["size"]) for k, v in self.fs.find(self.root + "/", detail=True).items()}
 
 
 # -- one trial ----------------------------------------------------------------------------------------
@@ -349,7 +380,9 @@ def violations(trial: Trial, reference: str, names: List[str], folders: Dict[str
     return found
 
 
-def _folder_violations(reference: str, names: List[str], folder: Folder) -> List[str]:
+def _folder_violations(reference: str, names: List[str], folder: Folder, ignored=()) -> List[str]:
+    """The checks of `violations` on one folder; `ignored`: columns not compared (the shard's
+    URL, when the one-process run read the same shards elsewhere)."""
     found = []
     sizes = folder.sizes()
     summary = folder.record("summary.json") or {}
@@ -361,23 +394,25 @@ def _folder_violations(reference: str, names: List[str], folder: Folder) -> List
             found.append(f"{shard}: no marker")
             continue
         for rel, size in (marker.get("sizes") or {}).items():
-            if sizes.get(rel) != size:
-                found.append(f"{shard}: marker records {rel} of {size} bytes, the folder holds {sizes.get(rel)}")
+            if folder.size_of(rel, sizes) != size:
+                found.append(f"{shard}: marker records {rel} of {size} bytes, the folder holds "
+                             f"{folder.size_of(rel, sizes)}")
         data = folder.read(f"scores/{shard}.parquet")
         if data is None:
             continue
         if writer_of(data) != marker.get("writer"):
             found.append(f"{shard}: score file written by {writer_of(data)}, marker by {marker.get('writer')}")
         with open(os.path.join(reference, "scores", f"{shard}.parquet"), "rb") as f:
-            expected = rows_of(f.read())
-        got = rows_of(data)
+            expected = [{k: v for k, v in r.items() if k not in ignored} for r in rows_of(f.read())]
+        got = [{k: v for k, v in r.items() if k not in ignored} for r in rows_of(data)]
         if got != expected:
             keys = [r["key"] for r in got]
             twice = sorted({k for k in keys if keys.count(k) > 1})
             found.append(f"{shard}: rows differ from the one-process run ({len(got)} vs {len(expected)} rows"
                          f"{', keys twice: ' + str(twice[:5]) if twice else ''})")
         ledger = folder.read(f"failures/{shard}.parquet")
-        if ledger is not None and rows_of(ledger) != [r for r in _entries(reference, shard)]:
+        strip = (lambda rows: [{k: v for k, v in r.items() if k not in ignored} for r in rows])  # noqa: E731
+        if ledger is not None and strip(rows_of(ledger)) != strip(_entries(reference, shard)):
             found.append(f"{shard}: failure ledger differs from the one-process run's")
     return found
 

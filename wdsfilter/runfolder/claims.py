@@ -257,10 +257,10 @@ class Claims:
             return "mine"
         if not isinstance(token, str):
             return "takeable"
-        if token not in workers:
-            workers[token] = self._read(self._record(f"{WORKERS}/{token}.json"))[0] or {}
-        holder = workers[token]
-        return "live" if holder and stale_reason(holder, self.lease.stale) is None else "takeable"
+        if token not in workers:  # read and judged once per survey: every claim of a worker stands as one
+            holder = self._read(self._record(f"{WORKERS}/{token}.json"))[0] or {}
+            workers[token] = dict(holder, alive=bool(holder) and stale_reason(holder, self.lease.stale) is None)
+        return "live" if workers[token]["alive"] else "takeable"
 
     # -- the end of the run -----------------------------------------------------------------------
     def take_finish(self, done: int, failed: int) -> Optional[str]:
