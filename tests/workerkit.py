@@ -92,12 +92,15 @@ class Fleet:
 
     def __init__(self, args: List[str], env: Dict[str, str], logs: str):
         self.args, self.env, self.logs = args, env, logs
+        self.slices = 0  # > 0: each worker started takes the next of that many slices first
         os.makedirs(logs, exist_ok=True)
         self.workers: List[Worker] = []
 
     def start(self) -> Worker:
         log = os.path.join(self.logs, f"worker-{len(self.workers)}.log")
-        proc = _forkserver().Process(target=_child, args=(self.args, self.env, log), daemon=False)
+        args = self.args + (["--task-index", str(len(self.workers) % self.slices), "--task-count", str(self.slices)]
+                            if self.slices else [])
+        proc = _forkserver().Process(target=_child, args=(args, self.env, log), daemon=False)
         proc.start()
         worker = Worker(proc, log)
         self.workers.append(worker)
@@ -258,17 +261,19 @@ class Trial:
 
 
 def play(seed: int, shards: List[str], folders: Dict[str, Folder], env: Dict[str, str], logs: str,
-         workers: int = 4, faults: int = 3, timeout: float = 240.0) -> Trial:
+         workers: int = 4, faults: int = 3, timeout: float = 240.0, slices: bool = False) -> Trial:
     """Start `workers` workers on each folder, then on each event (a folder's claims or markers
     changed) draw whether to kill or stop a running worker of that folder (at most `faults` per
     folder) or start one (while fewer than `workers` run); continue a stopped worker once its
-    lease was fenced. Until every folder's run is finished, or `timeout`."""
+    lease was fenced. Until every folder's run is finished, or `timeout`. slices: the k-th worker
+    started takes slice k mod `workers` first (--task-index), stealing the others' after."""
     rng = random.Random(seed)
     trial = Trial(seed)
     started = time.monotonic()
     env = dict(env, WDSFILTER_LEASE_SECONDS=str(LEASE_SECONDS), WDSFILTER_SYNC_SECONDS="0.2", OMP_NUM_THREADS="1")
     for name, folder in folders.items():
         fleet = trial.fleets[name] = Fleet(worker_args(shards, folder.out, "--join"), env, os.path.join(logs, name))
+        fleet.slices = workers if slices else 0
         trial.kills[name] = []
         for _ in range(workers):
             fleet.start()
