@@ -113,17 +113,18 @@ def test_a_claim_is_one_workers_and_is_taken_over_only_from_a_stale_worker_whose
     first.start()
     second.start()
     assert first.next() == "u0"
-    assert second.next() == "u1"  # u0 is first's: created only where none was
-    assert first.next() == "u2" and second.next() is None and first.next() is None
+    theirs = second.next()  # not u0, first's: a claim is created only where none is
+    mine = first.next()
+    assert {theirs, mine} == {"u1", "u2"} and second.next() is None and first.next() is None
     survey = second.survey()
-    assert survey.live == {"s0": "aaaa", "s2": "aaaa"} and not survey.takeable
+    assert survey.live == {"s0": "aaaa", names[mine]: "aaaa"} and not survey.takeable
     a._stop.set()  # first falls silent: its heartbeat stops, as a stopped process's does
     a._keeper.join()
     deadline = time.monotonic() + 30
     while not second.survey().takeable:  # the event: first's last heartbeat is older than its lease
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    assert {second.next(), second.next()} == {"u0", "u2"} and second.next() is None
+    assert {second.next(), second.next()} == {"u0", mine} and second.next() is None
     with pytest.raises(LeaseLostError, match=r"another wdsfilter score run \(pid \d+ on .*\) took it over"):
         a.renew()
     assert second.survey().live == {} and set(second.held) == {"s0", "s1", "s2"}

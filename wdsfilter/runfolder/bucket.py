@@ -31,10 +31,6 @@ def _not_state(rel: str) -> bool:
     return rel not in STATE_FILES and rel.split("/", 1)[0] not in STATE_FOLDERS
 
 
-def _not_run(rel: str) -> bool:
-    return rel not in STATE_FILES
-
-
 def _not_sidecar(rel: str) -> bool:
     """A --write-shards folder's filtered shards stay in the bucket; its JSON sidecars (sizes.json,
     which a rescored shard's entry is merged into, per-shard stats) come down."""
@@ -68,7 +64,8 @@ class RemoteRunFolder:
             self.folder.replace_strays = self.joined
             # lazy (--resume): only what decides which shards are done comes down; finished shards'
             # score files, embeddings and filtered shards stay in the bucket (their sizes known)
-            self.folder.pull(keep_in_bucket=_not_run if self.joined else _not_state if lazy else None)
+            if not self.joined:  # a joined run's worker reads run.json, shards.json and run.yaml once the run is known
+                self.folder.pull(keep_in_bucket=_not_state if lazy else None)
             if write_shards:  # its files are uploaded before the markers that vouch for them
                 self.shards = RemoteFolder(write_shards, storage_options, os.path.join(self.folder.local, self.SHARDS))
                 self.shards.replace_strays = self.joined

@@ -116,6 +116,10 @@ class Claims:
         self.requests += 1
         return record.read()
 
+    def _read_data(self, record) -> Optional[dict]:
+        self.requests += 1
+        return record.read_data()
+
     def _body(self, **extra) -> bytes:
         return json.dumps({"worker": self.lease.token, "run_id": self.run_id, "host": self.lease.info["host"],
                            "pid": self.lease.info["pid"], "claimed": time.time(), **extra}).encode()
@@ -149,7 +153,29 @@ class Claims:
                     return self.urls[name]
                 except Conflict:  # another worker was first: what else did the others claim?
                     self.known |= set(self._list(CLAIMS)) | set(self._list(DONE))
+                    if not self.others:  # no slice: go where no worker is, not behind the one met
+                        self._todo = self._widest_gap()
         return None
+
+    def _widest_gap(self) -> List[str]:
+        """The names not known claimed, in this worker's order from the middle of the longest run
+        of them (circularly): workers that meet spread out instead of trailing one another."""
+        order = [self.names[u] for u in self.own]
+        free = [n not in self.known for n in order]
+        if not any(free):
+            return []
+        best, best_start, run, start = 0, 0, 0, 0
+        for i in range(2 * len(order)):  # twice round: a run across the end counts whole
+            if free[i % len(order)]:
+                if run == 0:
+                    start = i
+                run += 1
+                if run > best:
+                    best, best_start = min(run, len(order)), start
+            else:
+                run = 0
+        middle = (best_start + best // 2) % len(order)
+        return [n for n in order[middle:] + order[:middle] if n not in self.known]
 
     def _take_over(self, name: str, claim: dict, version: str) -> bool:
         """Replace a stale, failed or foreign claim on the version read, after fencing its stale
@@ -226,11 +252,14 @@ class Claims:
             if name not in claimed:
                 s.free.append(name)
                 continue
-            claim, version = self._read(self._claim(name))
-            if claim is None:
+            claim = self._read_data(self._claim(name))  # most are live: their version is not needed
+            why = "free" if claim is None else self._standing(claim, s.workers)
+            if why in ("takeable", "mine"):  # the version its replacement will be conditional on
+                claim, version = self._read(self._claim(name))
+                why = "free" if claim is None else self._standing(claim, s.workers)
+            if why == "free":
                 s.free.append(name)
                 continue
-            why = self._standing(claim, s.workers)
             if why == "failed":
                 s.failed[name] = str(claim.get("failed"))
             elif why == "mine":
@@ -258,7 +287,7 @@ class Claims:
         if not isinstance(token, str):
             return "takeable"
         if token not in workers:  # read and judged once per survey: every claim of a worker stands as one
-            holder = self._read(self._record(f"{WORKERS}/{token}.json"))[0] or {}
+            holder = self._read_data(self._record(f"{WORKERS}/{token}.json")) or {}
             workers[token] = dict(holder, alive=bool(holder) and stale_reason(holder, self.lease.stale) is None)
         return "live" if workers[token]["alive"] else "takeable"
 
@@ -315,8 +344,7 @@ def run_status(folder: str, names: Sequence[str], stale: float, storage_options=
     status = RunStatus(shards=len(names))
     workers: Dict[str, dict] = {}
     for token in record_names(folder, WORKERS, storage_options):
-        holder, _ = record_at(folder, f"{WORKERS}/{token}.json", storage_options).read()
-        holder = holder or {}
+        holder = record_at(folder, f"{WORKERS}/{token}.json", storage_options).read_data() or {}
         state = ("fenced" if holder.get("fenced") else "ended" if holder.get("released")
                  else "alive" if stale_reason(holder, stale) is None else "gone")
         workers[token] = dict(holder, token=token, state=state)
@@ -329,8 +357,7 @@ def run_status(folder: str, names: Sequence[str], stale: float, storage_options=
         elif name not in claimed:
             status.free += 1
         else:
-            claim, _ = record_at(folder, f"{CLAIMS}/{name}.json", storage_options).read()
-            claim = claim or {}
+            claim = record_at(folder, f"{CLAIMS}/{name}.json", storage_options).read_data() or {}
             holder = workers.get(str(claim.get("worker")), {})
             if claim.get("run_id") != run_id:
                 status.free += 1
@@ -341,13 +368,12 @@ def run_status(folder: str, names: Sequence[str], stale: float, storage_options=
             else:
                 status.stale.append(name)
     status.workers = sorted(workers.values(), key=lambda w: float(w.get("heartbeat") or 0), reverse=True)
-    status.finish = record_at(folder, FINISH, storage_options).read()[0]
+    status.finish = record_at(folder, FINISH, storage_options).read_data()
     return status
 
 
 def _run_id(folder: str, storage_options=None) -> Optional[str]:
-    record, _ = record_at(folder, "run.json", storage_options).read()
-    return (record or {}).get("run_id")
+    return (record_at(folder, "run.json", storage_options).read_data() or {}).get("run_id")
 
 
 def describe_worker(record: dict) -> str:

@@ -107,6 +107,10 @@ class _DiskRecord:
             return None, None
         return _parse(data), hashlib.sha1(data).hexdigest()
 
+    def read_data(self) -> Optional[dict]:
+        """The record without its version (None where there is none)."""
+        return self.read()[0]
+
     @contextlib.contextmanager
     def _guard(self, timeout: float = 10.0) -> Iterator[None]:
         import fcntl
@@ -181,6 +185,13 @@ class _BucketRecord:
         except FileNotFoundError:
             return None, None
 
+    def read_data(self) -> Optional[dict]:
+        """The record without its version: one GET (a liveness check needs no version)."""
+        try:
+            return _parse(self.fs.cat_file(self.path))
+        except FileNotFoundError:
+            return None
+
     def create(self, data: bytes) -> str:
         from ..conditional import Conflict as Refused, put_bytes
         try:
@@ -228,7 +239,7 @@ def live_records(folder: str, sub: str, stale: float, storage_options=None) -> D
     """name -> record of each record in `folder`/`sub`/ whose holder still holds it (stale_reason)."""
     live = {}
     for name in record_names(folder, sub, storage_options):
-        holder, _ = record_at(folder, f"{sub}/{name}.json", storage_options).read()
+        holder = record_at(folder, f"{sub}/{name}.json", storage_options).read_data()
         if holder is not None and stale_reason(holder, stale) is None:
             live[name] = holder
     return live

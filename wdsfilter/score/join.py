@@ -154,12 +154,13 @@ class Worker:
         self.lease.info["task"] = None if self.index is None else f"{self.index}/{self.count}"
         self.lease.report = Counts().record(idle=True)
         self.claims: Optional[Claims] = None
+        self.last_survey = None  # the survey after the last round (claims.Survey)
         self.counts = Counts()
 
     def refuse_single_run(self) -> None:
         """A run without --join that holds the folder (its `.lock.json` live): refused, as that run
         refuses the workers (lease.Lease.acquire)."""
-        holder, _ = record_at(self.url, LEASE_NAME, self.cfg.stage.storage_options).read()
+        holder = record_at(self.url, LEASE_NAME, self.cfg.stage.storage_options).read_data()
         if holder is not None and stale_reason(holder, self.lease.stale) is None:
             raise LeaseHeldError(f"--out {self.lease.shown} is in use by a run without --join{describe_holder(holder)};"
                                  f" wait for it to finish, or use another --out")
@@ -335,7 +336,7 @@ def _wait(engine) -> bool:
         engine.check_lease()
         if engine.remote is not None:
             engine.remote.sync()
-        survey = worker.claims.survey(worker.scope)
+        survey = worker.last_survey = worker.claims.survey(worker.scope)
         if survey.takeable or survey.free:
             return True
         if not survey.live:
@@ -352,10 +353,12 @@ def _end(engine, outcome):
     worker does it (the claim .finish.json), else this worker's share of the summary."""
     worker, summary = engine.joined, engine.summary
     claims = worker.claims
-    if engine.remote is not None:
-        engine.remote.sync()
-    survey = claims.survey()
     names = list(claims.names.values())
+    survey = worker.last_survey  # the one that ended the rounds, where it looked at every shard
+    if survey is None or worker.scope != names:
+        if engine.remote is not None:
+            engine.remote.sync()
+        survey = claims.survey()
     ended = survey.ended(names)
     done, failed = len(survey.done), len(survey.failed)
     summary.joined = {"worker": worker.token, "task": worker.lease.info.get("task"),
@@ -375,9 +378,12 @@ def _end(engine, outcome):
             engine.remote.refresh()
             engine.state.size_of = engine.remote.sizes()
         outcome.failed = [{"url": claims.urls[n], "reason": r} for n, r in survey.failed.items()]
-        outcome.stage_counts = _stage_counts(worker) or outcome.stage_counts
+        records = _records(worker)
+        outcome.stage_counts = _stage_counts(records)
         summary.shards_resumed = max(0, done - outcome.shards_scored)
-        summary.joined.update(finished=True, workers=_worker_lines(worker))
+        summary.joined.update(finished=True, workers=[
+            {k: r.get(k) for k in ("token", "host", "pid", "task", "shards_done", "rows", "shards_failed", "seconds")}
+            for r in records])
         _write_sizes(engine)
         _sweep_temporaries(engine)
         from .rows import NothingScoredError
@@ -412,25 +418,20 @@ def _records(worker: Worker) -> List[dict]:
     so = worker.cfg.stage.storage_options
     out = []
     for token in record_names(worker.url, WORKERS, so):
-        holder, _ = record_at(worker.url, f"{WORKERS}/{token}.json", so).read()
+        holder = record_at(worker.url, f"{WORKERS}/{token}.json", so).read_data()
         if holder and not holder.get("fenced"):
             out.append(holder)
     return out
 
 
-def _stage_counts(worker: Worker) -> dict:
+def _stage_counts(records: List[dict]) -> dict:
     """The stage counts every worker reported (its record), summed."""
     total: dict = {"dropped": {}, "notes": {}}
-    for record in _records(worker):
+    for record in records:
         for kind in ("dropped", "notes"):
             for reason, n in ((record.get("stage_counts") or {}).get(kind) or {}).items():
                 total[kind][reason] = total[kind].get(reason, 0) + int(n)
     return total
-
-
-def _worker_lines(worker: Worker) -> List[dict]:
-    return [{k: r.get(k) for k in ("token", "host", "pid", "task", "shards_done", "rows", "shards_failed", "seconds")}
-            for r in _records(worker)]
 
 
 def _write_sizes(engine) -> None:
