@@ -332,14 +332,24 @@ class Mirror:
         self.error: Optional[BaseException] = None
         self.lost: Optional[BaseException] = None
         self._stop = threading.Event()
+        self._wake = threading.Event()  # a round now, not at the interval (a joined run's shard is done)
         self._thread = threading.Thread(target=self._loop, name="wdsfilter-remote-out", daemon=True)
 
     def start(self) -> "Mirror":
         self._thread.start()
         return self
 
+    def wake(self) -> None:
+        """Sync now (in the thread): a joined run's worker has finished a shard, which the other
+        workers see done only once its marker is in the bucket."""
+        self._wake.set()
+
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
+        while True:
+            self._wake.wait(self.interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.folder.sync()
                 self.error = None
@@ -354,6 +364,7 @@ class Mirror:
         """Stop the thread, then the last sync (raises RemoteOutputError when it fails, and
         LeaseLostError, syncing nothing, when the lease was lost)."""
         self._stop.set()
+        self._wake.set()
         if self._thread.is_alive():
             self._thread.join()
         if self.lost is not None:

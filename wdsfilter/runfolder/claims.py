@@ -151,8 +151,8 @@ class Claims:
                     self.held[name] = self._claim(name).create(self._body())
                     self.known.add(name)
                     return self.urls[name]
-                except Conflict:  # another worker was first: what else did the others claim?
-                    self.known |= set(self._list(CLAIMS)) | set(self._list(DONE))
+                except Conflict:  # another worker was first: what else did the others claim? (a
+                    self.known |= set(self._list(CLAIMS))  # marker comes under a claim: done/ adds none)
                     if not self.others:  # no slice: go where no worker is, not behind the one met
                         self._todo = self._widest_gap()
         return None
@@ -273,6 +273,20 @@ class Claims:
             self._todo = [n for n in s.free if n not in self._todo] + self._todo
             self.known -= set(s.free)
         return s
+
+    def poll(self, last: Survey, names: Optional[Sequence[str]] = None) -> Survey:
+        """`last` brought up to date cheaply while this worker waits for the shards others hold:
+        the markers listed and the holders' records read (a request per worker, not per shard);
+        a full survey when a holder is no longer live (its shards are to be taken over)."""
+        done = set(self._list(DONE))
+        live = {n: t for n, t in last.live.items() if n not in done}
+        workers: Dict[str, dict] = {}
+        for token in set(live.values()):
+            self._standing({"worker": token, "run_id": self.run_id}, workers)
+            if not workers[token]["alive"]:
+                return self.survey(names)
+        scope = set(names if names is not None else self.names.values())
+        return Survey(done=sorted(done & scope), failed=dict(last.failed), live=live, workers=workers)
 
     def _standing(self, claim: dict, workers: Dict[str, dict]) -> str:
         """failed, mine, live, or takeable (stale, another run's, failed before this worker began)."""

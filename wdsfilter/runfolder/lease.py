@@ -181,14 +181,19 @@ class _BucketRecord:
         try:
             self.fs.invalidate_cache(self.path)
             version = version_of(self.fs.info(self.path))
-            return _parse(self.fs.cat_file(self.path)), version
+            return _parse(self._get()), version
         except FileNotFoundError:
             return None, None
+
+    def _get(self) -> bytes:
+        """The object's bytes in one GET (s3fs asks for its size first otherwise: a HEAD more)."""
+        from ..conditional import is_gcs
+        return self.fs.cat_file(self.path) if is_gcs(self.fs) else self.fs.cat_file(self.path, max_concurrency=1)
 
     def read_data(self) -> Optional[dict]:
         """The record without its version: one GET (a liveness check needs no version)."""
         try:
-            return _parse(self.fs.cat_file(self.path))
+            return _parse(self._get())
         except FileNotFoundError:
             return None
 
@@ -221,11 +226,7 @@ def record_names(folder: str, sub: str, storage_options=None) -> List[str]:
     from ..remote import filesystem, is_fsspec_url
     if is_fsspec_url(folder):
         fs, path = filesystem(f"{folder.rstrip('/')}/{sub}", storage_options)
-        try:
-            fs.invalidate_cache(path)
-            listed = fs.ls(path, detail=False)
-        except FileNotFoundError:
-            return []
+        listed = _listing(fs, path)
     else:
         try:
             listed = os.listdir(os.path.join(folder, sub))
@@ -233,6 +234,28 @@ def record_names(folder: str, sub: str, storage_options=None) -> List[str]:
             return []
     names = (os.path.basename(str(p).rstrip("/")) for p in listed)
     return sorted(n[:-5] for n in names if n.endswith(".json") and not atomic.is_temporary(n))
+
+
+def _listing(fs, path: str) -> List[str]:
+    """The objects right under `path` in a bucket: one request per 1,000 (s3fs's ls lists the
+    parent too when the prefix is empty, to tell a missing folder)."""
+    from ..conditional import is_gcs
+    if is_gcs(fs):
+        try:
+            fs.invalidate_cache(path)
+            return fs.ls(path, detail=False)
+        except FileNotFoundError:
+            return []
+    bucket, key, _ = fs.split_path(path)
+    names: List[str] = []
+    token = None
+    while True:
+        more = {"ContinuationToken": token} if token else {}
+        out = fs.call_s3("list_objects_v2", Bucket=bucket, Prefix=key.rstrip("/") + "/", Delimiter="/", **more)
+        names += [o["Key"] for o in out.get("Contents", [])]
+        token = out.get("NextContinuationToken")
+        if not out.get("IsTruncated") or not token:
+            return names
 
 
 def live_records(folder: str, sub: str, stale: float, storage_options=None) -> Dict[str, dict]:

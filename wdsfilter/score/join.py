@@ -288,8 +288,9 @@ def _progress(cfg, worker: Worker):
     if not (cfg.progress and cfg.verbosity > 0):
         return None
     from ..progress import Progress
-    box = []
-    progress = Progress(f"scoring (worker {worker.token})", "samples", extra=lambda: f"{box[0].parts_done} shard(s)")
+    box: list = []  # the line counts the shards this worker finished, as it draws itself
+    progress = Progress(f"scoring (worker {worker.token})", "samples",
+                        extra=lambda: f"{box[0].parts_done if box else 0} shard(s) done by this worker")
     box.append(progress)
     return progress
 
@@ -331,12 +332,12 @@ def _wait(engine) -> bool:
     Shards live workers hold are waited for: their claims may go stale (a node that dies)."""
     worker = engine.joined
     interval = min(worker.lease.stale / 4, 5.0)
+    if engine.remote is not None:  # this worker's markers in the bucket before it looks at the others'
+        engine.remote.sync()
+    survey = worker.claims.survey(worker.scope)
     said = False
     while True:
-        engine.check_lease()
-        if engine.remote is not None:
-            engine.remote.sync()
-        survey = worker.last_survey = worker.claims.survey(worker.scope)
+        worker.last_survey = survey
         if survey.takeable or survey.free:
             return True
         if not survey.live:
@@ -346,6 +347,8 @@ def _wait(engine) -> bool:
                         f"live worker(s); waiting for them (a worker that stops is taken over)")
             said = True
         time.sleep(interval)
+        engine.check_lease()
+        survey = worker.claims.poll(survey, worker.scope)
 
 
 def _end(engine, outcome):

@@ -187,6 +187,12 @@ class Run:
         if lease is not None and lease.lost:
             raise LeaseLostError(lease.lost)
 
+    def shard_written(self, url: str) -> None:
+        """A shard's outputs and marker are written: a joined run's worker sends them to the
+        bucket now (the other workers see the shard done only then), not at the mirror's interval."""
+        if self.joined is not None and self.remote is not None and self.remote.mirror is not None:
+            self.remote.mirror.wake()
+
     def release_lock(self) -> None:
         if self.lock is not None:
             self.lock.release()
