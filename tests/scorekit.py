@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
 import sys
 import time
 
@@ -135,6 +136,66 @@ class ByteLengthScorer(Scorer):
 
     def score_batch(self, inputs):
         return [{"caption_bytes": int(t.item())} for t in torch.stack(inputs).to(self.device)]
+
+
+# The tiny stopword lists TextShapeScorer tells languages apart by (a real count, not a model).
+STOPWORDS = {"en": {"the", "a", "of", "and", "on", "in", "with", "is", "photo", "at"},
+             "de": {"der", "die", "das", "und", "ein", "eine", "mit", "auf", "im", "ist"},
+             "fr": {"le", "la", "les", "et", "un", "une", "avec", "sur", "dans", "est"}}
+
+
+class TextShapeScorer(Scorer):
+    """What the `caption` and `size` scorers write (issue 34's column names), computed here in
+    prepare() (no model) as DataComp's basic filter defines them, for the recipe tests until the
+    real scorers merge: caption_language by counting stopwords (its share of the words as
+    caption_language_score; "und" when none matches), caption_words = len(caption.split()),
+    caption_chars = len(caption), width and height of the decoded image, min_side and
+    aspect_ratio = long side / short side."""
+
+    name = "shape"
+
+    def columns(self):
+        return ["caption_language", "caption_language_score", "caption_words", "caption_chars", "width", "height",
+                "min_side", "aspect_ratio"]
+
+    def column_types(self):
+        return {"caption_language": "string", "caption_language_score": "float64", "caption_words": "int64",
+                "caption_chars": "int64", "width": "int64", "height": "int64", "min_side": "int64",
+                "aspect_ratio": "float64"}
+
+    def prepare(self, sample):
+        caption = sample["caption"]
+        words = caption.split()
+        hits = {lang: sum(w.lower().strip(".,:;!?") in stop for w in words) for lang, stop in STOPWORDS.items()}
+        lang = max(hits, key=hits.get) if any(hits.values()) else "und"
+        w, h = sample["image"].size
+        return {"caption_language": lang, "caption_language_score": hits.get(lang, 0) / max(len(words), 1),
+                "caption_words": len(words), "caption_chars": len(caption), "width": w, "height": h,
+                "min_side": min(w, h), "aspect_ratio": max(w, h) / min(w, h)}
+
+    def load(self, device):
+        self.device = device
+
+    def score_batch(self, inputs):
+        return [dict(i) for i in inputs]
+
+
+class SmallFloorScorer(BrightnessScorer):
+    """BrightnessScorer that asks for small decodes (Scorer.decode_floor): a JPEG reaches it at
+    1/8 scale where that keeps 16 px, so its brightness (8x8 NEAREST samples) depends on the DCT
+    scale it was decoded at, as a CLIP score does."""
+
+    name = "small"
+
+    def columns(self):
+        return ["small_brightness", "small_wide"]
+
+    def decode_floor(self):
+        return (16, 16)
+
+    def score_batch(self, inputs):
+        return [{"small_brightness": r["brightness"], "small_wide": r["bright_wide"]}
+                for r in super().score_batch(inputs)]
 
 
 class NumpyScorer(BrightnessScorer):
@@ -313,3 +374,101 @@ class AllocConfScorer(BrightnessScorer):
         with open(self.record, "w") as f:
             json.dump({n: os.environ.get(n) for n in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}, f)
         super().load(device)
+
+
+# An audit hook that refuses every network connection and name lookup, installed before anything
+# else runs: a machine without network (an air-gapped cluster), as Python code sees it. The code
+# after it checks that the hook bites (a connection to loopback is refused) before it counts.
+OFFLINE_PRELUDE = """
+import socket, sys
+def _no_network(event, args):
+    if event in ("socket.connect", "socket.getaddrinfo", "socket.gethostbyname", "urllib.Request"):
+        raise OSError("network unreachable (test): " + event)
+sys.addaudithook(_no_network)
+try:
+    socket.create_connection(("127.0.0.1", 9), timeout=1)
+    raise SystemExit("the offline hook did not refuse a connection")
+except OSError as e:
+    assert "network unreachable (test)" in str(e), e
+"""
+
+
+def run_offline(code: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`code` in a fresh Python process with no network (OFFLINE_PRELUDE first), run from the
+    repository root; its output is captured as text."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return subprocess.run([sys.executable, "-c", OFFLINE_PRELUDE + code], cwd=root, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+class WrongTypeScorer(BrightnessScorer):
+    """A user's scorer that returns, for its float column, what a float column cannot hold: an
+    array ("array"), no value for it ("missing"), a column it did not declare ("extra") or an
+    infinity ("inf"): for the samples whose caption holds `word` ("": every sample)."""
+
+    name = "wrong"
+
+    def __init__(self, mode: str = "array", word: str = "", **kwargs):
+        super().__init__(**kwargs)
+        self.mode, self.word = mode, word
+
+    def columns(self):
+        return ["wrong_score"]
+
+    def column_types(self):
+        return {"wrong_score": "float64"}
+
+    def prepare(self, sample):
+        return {**super().prepare(sample), "odd": self.word in sample["caption"]}
+
+    def score_batch(self, inputs):
+        out = []
+        for i, row in zip(inputs, super().score_batch(inputs)):
+            value = row["brightness"]
+            if not i["odd"]:
+                out.append({"wrong_score": value})
+            elif self.mode == "array":
+                out.append({"wrong_score": np.array([value, value])})
+            elif self.mode == "missing":
+                out.append({})
+            elif self.mode == "extra":
+                out.append({"wrong_score": value, "undeclared": value})
+            else:
+                out.append({"wrong_score": math.inf})
+        return out
+
+
+class EmbeddingScorer(BrightnessScorer):
+    """A CLIP-like scorer that hands over image and caption embeddings (as the CLIP scorer does
+    with --save-embeddings): a random unit vector per sample index, sample `copy_of[i]`'s vector
+    for a planted copy, and NaN or inf for the indices in `nan` and `inf` (a model's fault)."""
+
+    name = "embed"
+
+    def __init__(self, copies: str = "", nan: str = "", inf: str = "", dim: int = 32, **kwargs):
+        super().__init__(**kwargs)
+        # --scorer-opt values are JSON when they parse: "17" arrives as 17
+        self.copies = dict(tuple(int(x) for x in p.split(":")) for p in str(copies).split(",") if p)
+        self.nan = {int(x) for x in str(nan).split(",") if x}
+        self.inf = {int(x) for x in str(inf).split(",") if x}
+        self.dim = dim
+
+    def columns(self):
+        return ["clip_score"]
+
+    def _vector(self, i: int) -> np.ndarray:
+        v = np.random.default_rng(self.copies.get(i, i)).standard_normal(self.dim)
+        v /= np.linalg.norm(v)
+        if i in self.nan:
+            v[0] = np.nan
+        if i in self.inf:
+            v[1] = np.inf
+        return v
+
+    def score_batch(self, inputs):
+        from wdsfilter.score.embeddings import FIELD
+        out = []
+        for r, x in zip(super().score_batch(inputs), inputs):
+            v = self._vector(int(x["key"][-5:]))
+            out.append({"clip_score": r["brightness"], FIELD: {"img": v, "txt": v}})
+        return out

@@ -145,7 +145,9 @@ def test_eval_matches_are_marked(photos, tmp_path):
 def test_a_run_without_hashes_is_a_one_line_error(tmp_path):
     shards, _ = build(tmp_path / "shards", bases=("coffee",), variants=("copy",), alikes=[])
     run = score_folder(shards, tmp_path / "run", image_key="jpg;png")
-    for args, hint in ((["--kind", "near"], "--scorer hash"), (["--kind", "semantic"], "--save-embeddings"),
+    for args, hint in ((["--kind", "near"], "--scorer hash"),
+                       (["--kind", "semantic", "--semantic-threshold", "0.99"], "--save-embeddings"),
+                       (["--kind", "semantic"], "--kind semantic needs --semantic-threshold COSINE"),
                        ([], "--scorer hash")):
         r = CliRunner().invoke(main, ["dedup", run, *args])
         assert r.exit_code == 2, r.output
@@ -162,9 +164,16 @@ def test_clip_score_picks_the_survivor_and_semantic_groups(tiny_clip, tmp_path):
                      "--save-embeddings")
     rows = {r["key"]: r for f in sorted(os.listdir(os.path.join(run, "scores")))
             for r in read_rows(os.path.join(run, "scores", f))}
-    r = CliRunner().invoke(main, ["dedup", run])
+    r = CliRunner().invoke(main, ["dedup", run])  # exact and near: semantic dedup is asked for
+    assert r.exit_code == 0 and "kinds: exact, near" in r.output, r.output
+    r = CliRunner().invoke(main, ["dedup", run, "--kind", "exact", "--kind", "near", "--kind", "semantic",
+                                  "--semantic-threshold", "0.95"])
     assert r.exit_code == 0, r.output
     assert "semantic" in r.output
+    summary = json.load(open(os.path.join(run, "dedup", "summary.json")))
+    for g in summary["largest"]:  # each member's distance to its survivor, for the report's cards
+        for m in g["members"]:
+            assert m["bits"] <= 64 and -1 <= m["cosine"] <= 1.0001 and (not m["survivor"] or m["cosine"] > 0.999)
     got = marks(run)
     by_group = {}
     for key, row in got.items():
@@ -197,9 +206,11 @@ def test_filter_and_loader_keep_the_same_survivors(photos, tmp_path):
                for m in tarfile.open(tmp_path / "kept" / f)}
     assert written == keep
     # Combined with a threshold: both rules count, the kept rows are those passing both.
-    r = CliRunner().invoke(main, ["filter", run, "--dedup", "--min", "phash=0", "--dry-run"])
+    hashes = {x["key"]: x["phash"] for x in read_all(run)}
+    chosen = sorted({hashes[k] for k in keep})[::2]  # a text rule: half of the survivors' phashes
+    r = CliRunner().invoke(main, ["filter", run, "--dedup", "--equal", "phash=" + ",".join(chosen), "--dry-run"])
     assert r.exit_code == 0, r.output
-    both = {k for k in keep if next(x for x in read_all(run) if x["key"] == k)["phash"] >= 0}
+    both = {k for k in keep if hashes[k] in chosen}
     assert f"all thresholds: {len(both)} of {len(truth)} kept" in r.output, r.output
     # The loader applies the same rule at training time.
     import wdsfilter
@@ -252,7 +263,8 @@ def test_eval_images_match_semantically_with_the_runs_clip(tiny_clip, tmp_path):
     (evals / "mirrored.png").write_bytes(variant(ImageOps.mirror(_photo("astronaut")), b"", "png")[0])
     exact_near = dedup(run, kinds=["exact", "near"], evals=[str(evals)])
     assert not exact_near.eval_matches
-    result = dedup(run, evals=[str(evals)])  # cosine 0.983 to the astronaut, <= 0.92 to the others
+    result = dedup(run, kinds=["exact", "near", "semantic"], semantic_threshold=0.95,
+                   evals=[str(evals)])  # cosine 0.983 to the astronaut, <= 0.92 to the others
     got = marks(run)
     matched = {truth[k] for k, r in got.items() if r["eval_match"]}
     assert matched == {("astronaut", "original")} and result.eval_matches == {"semantic": 1}

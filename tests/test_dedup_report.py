@@ -83,8 +83,12 @@ def test_filter_report_shows_the_largest_groups_and_eval_matches_as_thumbnails(p
         # captions read from the shards
         assert head.startswith(f"group {g['group']}: {g['size']} rows ({g['kind']})")
         assert [k for _, _, k in cards] == [m["key"] for m in g["members"]]
-        for verdict, caption, key in cards:
+        for (verdict, caption, key), member in zip(cards, g["members"]):
             assert (verdict == "survivor") == got[key]["survivor"] and got[key]["group"] == g["group"]
+            if verdict != "survivor":  # each card: its phash distance to the survivor (issue 35 item 12)
+                bits = member["bits"]
+                assert verdict == f"duplicate (not the survivor): {bits} bit{'s' * (bits != 1)} from the survivor"
+                assert bits <= 5
             assert caption == "a photo ({}, {})".format(*truth[key])
         assert len({truth[k][0] for _, _, k in cards}) == 1  # a group is one photo
     head, cards = shown[-1]

@@ -28,9 +28,11 @@ FOREIGN = {
     "ray start": {"--head", "--num-gpus", "--address"},
     "open_clip_train": {"--train-data", "--train-num-samples"},
     "pip": {"--index-url"},
-    "uv pip": {"--compile-bytecode"},
+    "uv pip": {"--compile-bytecode", "--no-cache"},
     "pytest": {"--dist"},  # pytest-xdist's
     "huggingface-cli": {"--repo-type", "--local-dir"},
+    "curl": {"--speed-limit", "--speed-time"},  # what --remote-speed-limit/--remote-speed-time follow
+    "DataComp's resharder.py": {"--subset-file"},
 }
 OPTION = re.compile(r"(?<![\w-])(--?[a-zA-Z][\w-]*)")
 

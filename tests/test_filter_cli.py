@@ -40,7 +40,7 @@ def test_counts_per_threshold_and_combined(run, tmp_path):
     shards, out, rows = run
     v = values(rows)
     lo, hi = float(np.quantile(v, 0.2)), float(np.quantile(v, 0.9))
-    r = run_cli("filter", out, "--min", f"brightness={lo!r}", "--max", f"brightness={hi!r}", "--no-report")
+    r = run_cli("filter", out, "--min", f"brightness={lo!r}", "--max", f"brightness={hi!r}", "--no-report", "--save")
     assert r.returncode == 0, r.stderr
     m = len(rows)
     assert m == sum(COUNTS)
@@ -60,7 +60,7 @@ def test_top_and_bottom_are_exact_ranks(run, option, percent):
     v = np.sort(values(rows))
     k = math.ceil(len(v) * percent / 100)
     cut = v[-k] if option == "--top" else v[k - 1]
-    r = run_cli("filter", out, option, f"brightness={percent}%", "--no-report")
+    r = run_cli("filter", out, option, f"brightness={percent}%", "--no-report", "--save")
     assert r.returncode == 0, r.stderr
     saved = json.load(open(os.path.join(out, "thresholds.json")))
     bound = saved["min_scores" if option == "--top" else "max_scores"]["brightness"]
@@ -139,10 +139,14 @@ def test_dry_run_report_and_no_report(run, tmp_path):
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "r" / "mine.html").read_text().startswith("<!DOCTYPE html>")
     assert not os.path.exists(report)
-    r = run_cli("filter", out, "--min", "brightness=0.3")
+    r = run_cli("filter", out, "--min", "brightness=0.3")  # exploring: nothing written unless asked (issue 35 item 14)
+    assert r.returncode == 0 and not os.path.exists(report) and "nothing written: --save" in r.stdout
+    assert not os.path.exists(os.path.join(out, "thresholds.json"))
+    r = run_cli("filter", out, "--min", "brightness=0.3", "--save")
     assert r.returncode == 0 and os.path.exists(report) and f"report: {report}" in r.stdout
+    assert os.path.exists(os.path.join(out, "thresholds.json"))
     os.remove(report)
-    r = run_cli("filter", out, "--min", "brightness=0.3", "--no-report")
+    r = run_cli("filter", out, "--min", "brightness=0.3", "--no-report", "--save")
     assert r.returncode == 0 and not os.path.exists(report)
     assert open(os.path.join(out, "report.html"), "rb").read() == own
 
@@ -247,7 +251,7 @@ def test_loader_keeps_what_filter_keeps(run, tmp_path):
     import wdsfilter
     seen = []
     loader = wdsfilter.loader(shards, batch_size=4, output="dict", scores=out,
-                              top_scores={"brightness": 40}, bottom_scores={"brightness": "90%"})
+                              top_shares={"brightness": 40}, bottom_shares={"brightness": "90%"})
     for batch in loader:
         seen += [s["__key__"] for s in batch]
     assert seen == written and len(seen) > 0

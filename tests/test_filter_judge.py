@@ -86,9 +86,9 @@ def test_the_writer_records_unique_keys_and_the_count_then_skips_reading_them(tm
         assert ("duplicate key in shard" in dict(by_table.reasons)) == (not unique_keys(path))
 
 
-def test_filter_scores_takes_a_thresholds_object_as_the_command_line_texts(tmp_path):
-    """filter_scores(thresholds=Thresholds) counts as the same bounds given as --min/--max texts
-    (the scoring run's report passes its own thresholds so, not as strings to parse again)."""
+def test_filter_scores_takes_a_selection_its_keywords_and_the_old_names_alike(tmp_path):
+    """filter_scores(selection=) and its keywords (min_scores=, ...) count as the old names did
+    (the --min/--max texts, thresholds=Thresholds), which still work with a DeprecationWarning."""
     import json
     import os
 
@@ -99,10 +99,18 @@ def test_filter_scores_takes_a_thresholds_object_as_the_command_line_texts(tmp_p
     shard = score_table(tmp_path / "run" / "scores" / "s.parquet", 500, 7)
     with open(tmp_path / "run" / "done" / "s.json", "w") as f:
         json.dump({"url": shard.url, "name": "s", "score_file": shard.score_file}, f)
-    texts = filter_scores(str(tmp_path / "run"), mins=["clip_score=0.3"], maxes=["ocr_area=0.5"], dry_run=True)
-    typed = filter_scores(str(tmp_path / "run"), thresholds=Thresholds.build({"clip_score": 0.3}, {"ocr_area": 0.5}),
-                          dry_run=True)
-    assert (typed.kept, typed.counts, typed.reasons) == (texts.kept, texts.counts, texts.reasons)
+    from wdsfilter.selection import Selection
+    with pytest.warns(DeprecationWarning, match="mins= is deprecated; use min_scores="):
+        texts = filter_scores(str(tmp_path / "run"), mins=["clip_score=0.3"], maxes=["ocr_area=0.5"], dry_run=True)
+    with pytest.warns(DeprecationWarning, match="thresholds= is deprecated"):
+        typed = filter_scores(str(tmp_path / "run"), thresholds=Thresholds.build({"clip_score": 0.3}, {"ocr_area": 0.5}),
+                              dry_run=True)
+    keywords = filter_scores(str(tmp_path / "run"), min_scores={"clip_score": 0.3}, max_scores={"ocr_area": 0.5},
+                             dry_run=True)
+    selection = filter_scores(str(tmp_path / "run"), Selection.parse(["clip_score=0.3"], ["ocr_area=0.5"]),
+                              dry_run=True)
+    for other in (typed, keywords, selection):
+        assert (other.kept, other.counts, other.reasons) == (texts.kept, texts.counts, texts.reasons)
     assert [t.given for t in typed.thresholds] == ["--min clip_score=0.3", "--max ocr_area=0.5"]
     assert 0 < typed.kept < 500
 

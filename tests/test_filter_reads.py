@@ -24,7 +24,7 @@ def hook(event, args):
         opens[args[0]] += 1
 sys.addaudithook(hook)
 from wdsfilter.filtering import filter_scores
-result = filter_scores(sys.argv[1], tops=["clip_score=30%"], maxes=["ocr_area=0.5"], dry_run=True)
+result = filter_scores(sys.argv[1], top_shares={"clip_score": 30}, max_scores={"ocr_area": 0.5}, dry_run=True)
 print(json.dumps({"opens": dict(opens), "kept": result.kept, "rows": result.rows,
                   "cut": result.thresholds[1].value, "reasons": result.reasons}))
 """
@@ -73,7 +73,7 @@ def test_a_run_past_the_held_rows_streams_whether_its_markers_count_rows_or_not(
     monkeypatch.setattr(apply, "_read_tables", lambda run, spec: held.append(real(run, spec)) or held[-1])
 
     def run():
-        r = filter_scores(folder, tops=["clip_score=30%"], maxes=["ocr_area=0.5"], dry_run=True)
+        r = filter_scores(folder, top_shares={"clip_score": 30}, max_scores={"ocr_area": 0.5}, dry_run=True)
         return r.kept, r.rows, r.thresholds[1].value, r.reasons
     whole = run()
     assert held[-1] is not None and len(held[-1]) == 6

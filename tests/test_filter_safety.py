@@ -40,7 +40,7 @@ def piped(tmp_path_factory):
     return folder, shard, out, canary
 
 
-@pytest.mark.parametrize("extra", [[], ["--write-shards", "K", "--no-report"], ["--write-shards", "K"]])
+@pytest.mark.parametrize("extra", [["--save"], ["--write-shards", "K", "--no-report"], ["--write-shards", "K"]])
 def test_filter_runs_no_pipe_command_the_folder_names_without_allow_pipe(piped, extra):
     folder, _, out, canary = piped
     extra = [str(folder / e) if e == "K" else e for e in extra]
@@ -146,7 +146,8 @@ def test_overwrite_replaces_only_what_filters_own_run_wrote(tmp_path):
     r = run_cli(*args[:-3], "--samples-per-shard", "5", "--no-report", "--overwrite")
     assert r.returncode == 0, r.stderr
     assert outside.exists() and (dest / "notes.txt").read_bytes() == b"keep me"
-    assert sorted(os.listdir(dest)) == sorted(["notes.txt", "filter_run.json", ".lock", ".lock.json", "sizes.json", "README.md"]
+    assert sorted(os.listdir(dest)) == sorted(["notes.txt", "filter_run.json", ".lock", ".lock.json", "sizes.json",
+                                               "README.md", "thresholds.json"]
                                               + [f"shard-00000{i}{s}" for i in range(3)
                                                  for s in (".tar", "_stats.json")])
 

@@ -130,7 +130,8 @@ def test_member_names_that_are_not_utf8_are_scored_and_matched_again(tmp_path):
     keys = sorted(k for k, kept in zip(table["key"], table["kept"]) if kept)
     # The loader names the samples the same way, so the score filter finds every row.
     kept, stats = _loader_keys(shard, scores=str(tmp_path / "out"), min_scores={"luma": 0.0})
-    assert kept == keys and len(keys) == 3 and stats.dropped == {"no_score": 1}  # the corrupt one
+    # the corrupt one, by the reason the scoring run rejected it (issue 35 item 13)
+    assert kept == keys and len(keys) == 3 and stats.dropped == {"rejected: corrupt_image": 1}
     (copy,) = (tmp_path / "kept").glob("*.tar")
     with tarfile.open(copy) as tar:
         assert len(tar.getnames()) == 6

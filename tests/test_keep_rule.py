@@ -73,7 +73,7 @@ def test_score_filter_and_loader_keep_the_same_samples(shards, tmp_path, mins, m
     from wdsfilter.score import score
     out = str(tmp_path / "out")
     score([str(s) for s in shards], out=out, scorers=SCORERS, device="cpu", progress=False, workers=0,
-          batch_size=16, thresholds=mins, max_thresholds=maxes, write_shards=str(tmp_path / "scored"))
+          batch_size=16, min_scores=mins, max_scores=maxes, write_shards=str(tmp_path / "scored"))
     rows, by_score = score_kept(out)
     assert {r["status"] for r in rows} == {"scored", "partial", "failed", "rejected"}
     # the rule, spelled out: scored or partial, and every threshold column within its bounds
@@ -84,8 +84,7 @@ def test_score_filter_and_loader_keep_the_same_samples(shards, tmp_path, mins, m
     assert not any(k.startswith("u") for k in by_score)  # the unscorable shard gives nothing
     assert tar_keys(str(tmp_path / "scored")) == by_score  # score --write-shards
 
-    result = filter_scores(out, mins=[f"{c}={v}" for c, v in mins.items()],
-                           maxes=[f"{c}={v}" for c, v in maxes.items()], write_shards=str(tmp_path / "filtered"),
+    result = filter_scores(out, min_scores=mins, max_scores=maxes, write_shards=str(tmp_path / "filtered"),
                            report=None)
     assert result.kept == len(by_score) and tar_keys(str(tmp_path / "filtered")) == by_score
     assert loader_kept(shards, out, mins, maxes) == by_score
@@ -121,13 +120,12 @@ def test_the_ray_engine_keeps_what_filter_and_the_loader_keep(shards, tmp_path):
         for n, (mins, maxes) in enumerate((THRESHOLDS[0], THRESHOLDS[3])):
             out = str(tmp_path / f"ray{n}")
             score_on_ray([str(s) for s in shards], out=out, scorers=SCORERS, progress=False, batch_size=16,
-                         thresholds=mins, max_thresholds=maxes)
+                         min_scores=mins, max_scores=maxes)
             rows, by_score = score_kept(out)
             assert by_score == {r["key"] for r in rows if keep_reason(r, Thresholds.build(mins, maxes)) is None}
             assert by_score and any(r["status"] == "failed" for r in rows)
-            result = filter_scores(out, mins=[f"{c}={v}" for c, v in mins.items()],
-                                   maxes=[f"{c}={v}" for c, v in maxes.items()],
-                                   write_shards=str(tmp_path / f"f{n}"), report=None)
+            result = filter_scores(out, min_scores=mins, max_scores=maxes, write_shards=str(tmp_path / f"f{n}"),
+                                   report=None)
             assert tar_keys(str(tmp_path / f"f{n}")) == by_score and result.kept == len(by_score)
             assert loader_kept(shards, out, mins, maxes) == by_score
     finally:
@@ -140,14 +138,14 @@ def test_the_ray_engine_keeps_what_filter_and_the_loader_keep(shards, tmp_path):
 def test_score_with_a_share_keeps_what_filter_and_the_loader_keep(shards, tmp_path, tops, bottoms, mins):
     """`score --top/--bottom`: the shares are resolved over the run's rows when it ends, by the
     code `filter` resolves them with; the run's kept count, its thresholds.json, `filter --top`
-    and the loader (its top_scores, or thresholds.json's bounds) keep the same samples."""
+    and the loader (its top_shares, or thresholds.json's bounds) keep the same samples."""
     import json
 
     from wdsfilter.filtering import filter_scores
     from wdsfilter.score import score
     out = str(tmp_path / "out")
     score([str(s) for s in shards], out=out, scorers=SCORERS, device="cpu", progress=False, workers=0,
-          batch_size=16, thresholds=mins, top_shares=tops, bottom_shares=bottoms)
+          batch_size=16, min_scores=mins, top_shares=tops, bottom_shares=bottoms)
     rows, _ = score_kept(out)
     # the rule, spelled out: the k-th largest (smallest) value of the rows with a value, k = ceil(P% of them)
     lo, hi = dict(mins), {}
@@ -163,12 +161,11 @@ def test_score_with_a_share_keeps_what_filter_and_the_loader_keep(shards, tmp_pa
     assert summary["kept"] == len(expected)
     saved = json.load(open(os.path.join(out, "thresholds.json")))
     assert saved == {"min_scores": lo, "max_scores": hi}
-    result = filter_scores(out, mins=[f"{c}={v}" for c, v in mins.items()],
-                           tops=[f"{c}={p}%" for c, p in tops.items()], bottoms=[f"{c}={p}%" for c, p in bottoms.items()],
+    result = filter_scores(out, min_scores=mins, top_shares=tops, bottom_shares=bottoms,
                            write_shards=str(tmp_path / "filtered"), report=None)
     assert result.kept == len(expected) and tar_keys(str(tmp_path / "filtered")) == expected
     assert loader_kept(shards, out, saved["min_scores"], saved["max_scores"]) == expected
     import wdsfilter
     loader = wdsfilter.loader([str(s) for s in shards], batch_size=1, output="dict", scores=out, min_scores=mins,
-                              top_scores=tops, bottom_scores=bottoms)
+                              top_shares=tops, bottom_shares=bottoms)
     assert {s["__key__"] for batch in loader for s in batch} == expected

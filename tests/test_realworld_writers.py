@@ -128,8 +128,8 @@ def test_sort_shard_reads_gzip_keeps_last_dot_keys_whole_and_refuses_bad_outputs
     assert _listing(str(out)) == ["a.jpg", "a.txt", "a.k.jpg", "a.k.txt"]
     assert not [f for f in os.listdir(tmp_path / "out") if f != "x.tar"]  # no temporary left
     # Usage errors (exit 2), before anything is written.
-    result = CliRunner().invoke(main, ["sort-shard", shard, str(tmp_path)])
-    assert result.exit_code == 2 and "is a directory" in result.output
+    result = CliRunner().invoke(main, ["sort-shard", shard, str(tmp_path)])  # OUT a folder: OUT/x.tar, the input
+    assert result.exit_code == 2 and "is the input shard" in result.output
     result = CliRunner().invoke(main, ["sort-shard", shard, shard])
     assert result.exit_code == 2 and "is the input shard" in result.output
     (tmp_path / "junk.tar").write_bytes(b"not a tar at all" * 100)

@@ -87,8 +87,8 @@ def test_a_run_folder_in_a_bucket_gives_the_rows_filter_and_loader_of_a_local_on
     assert json.loads(_get(client, "runs/same/run.yaml").decode().split("\n", 1)[1])["out"] == there.rstrip("/")
     # filter reads the bucket's folder through the one reader: the same counts; its report and
     # thresholds go into the bucket
-    a = _cli("filter", here, "--min", "brightness=0.5")
-    b = _cli("filter", there, "--min", "brightness=0.5")
+    a = _cli("filter", here, "--min", "brightness=0.5", "--save")
+    b = _cli("filter", there, "--min", "brightness=0.5", "--save")
     assert a.exit_code == b.exit_code == 0, b.output
     assert a.output.replace(here, "X").splitlines()[:4] == b.output.replace(there, "X").splitlines()[:4]
     assert {"runs/same/thresholds.json"} <= set(_keys(client, "runs/same/"))

@@ -128,7 +128,7 @@ def test_unique_keys_on_a_streamed_source_renames_as_on_a_local_one(web, tmp_pat
         run = str(tmp_path / f"run-{name}")
         score(sources, out=run, scorers=[BrightnessScorer()], device="cpu", workers=0, progress=False)
         outs[name] = str(tmp_path / f"shards-{name}")
-        filter_scores(run, mins=["brightness=0.3"], write_shards=outs[name], samples_per_shard=4, report=None,
+        filter_scores(run, min_scores={"brightness": 0.3}, write_shards=outs[name], samples_per_shard=4, report=None,
                       unique_keys=True, allow_remote=True)
     local, streamed = members(outs["local"]), members(outs["remote"])
     assert local and streamed == local

@@ -288,7 +288,7 @@ def test_ocr_video_flags_generic_max_jsonl_and_the_progress_bar(tmp_path):
         assert r["kept"] == (not meta[key]["has_text"])  # subtitles cover more than 5 % of the frame
     assert "ocr_area <= 0.05: kept 4, dropped 4" in result.stdout
     # Terminal histograms: a column of one value is one line (every clip has 2 frames).
-    assert re.search(r"ocr_frames: n=8 min=2 mean=2 max=2\n +all 8 values are 2\n", result.stdout), result.stdout
+    assert "  ocr_frames: all 8 values are 2\n" in result.stdout, result.stdout
     # --keyframes: these 2 s clips have one keyframe each (x264's keyframe interval is longer), so
     # one frame per clip however many are asked for. The OCR defaults (small frames enlarged to
     # short side 736, boxes read) through the engine's model worker: the subtitles still stand out.

@@ -241,11 +241,12 @@ def test_loader_filters_by_the_score_files(shards, tmp_path):
         assert keys == expect
         stats = loader.stats
         assert stats.dropped["filtered_by_score"] == below
-        # The refused and the corrupt sample have rows without a score, and shard 2 was never
-        # scored. The filter runs before decoding: the corrupt image is never decoded.
-        assert stats.dropped["no_score"] == 2 + sum(1 for k in images if k.startswith("s2_"))
-        assert "corrupt_image" not in stats.dropped
-    with pytest.raises(ConfigError, match=r"min_scores on \['clip_score'\].*brightness"):
+        # The refused sample has a row without a score, and shard 2 was never scored; the corrupt
+        # one is counted by the reason the scoring run rejected it (issue 35 item 13). The filter
+        # runs before decoding: the corrupt image is never decoded.
+        assert stats.dropped["no_score"] == 1 + sum(1 for k in images if k.startswith("s2_"))
+        assert stats.dropped["rejected: corrupt_image"] == 1 and "corrupt_image" not in stats.dropped
+    with pytest.raises(ConfigError, match=r"thresholds on clip_score, which the score files .* brightness"):
         wdsfilter.loader(urls, scores=str(out), min_clip=0.3)
     with pytest.raises(ConfigError, match="no done/ folder"):
         wdsfilter.loader(urls, scores=str(tmp_path), min_scores={"brightness": 0.4})

@@ -60,10 +60,13 @@ def test_every_sample_not_scored_is_in_the_ledger_with_its_reason(shards, tmp_pa
     assert saved["corrupt_image"]["transient"] is False
     text = summary.format_text(histograms=False)
     assert "failure ledger" in text and "score_error (transient: --retry-failed)" in text
-    # report.html: a section with thumbnails of the samples that have an image
+    # report.html: the ledger's counts by reason; the samples themselves are shown once, as thumbnails
+    # under "Dropped, by reason" (issue 35 item 6: not twice)
     html = (out / "report.html").read_text()
     section = html[html.index("Failure ledger"):]
-    assert "score_error" in section and section.count("<img") == 3  # the corrupt JPEG has no preview
+    assert "score_error" in section and section.count("<img") == 0 and "shown above" in section
+    dropped = html[html.index("Dropped, by reason"):html.index("Failure ledger")]
+    assert "not scored: score_error" in dropped and dropped.count("<img") == 3  # the corrupt JPEG has no preview
 
 
 def test_duckdb_reads_the_ledger_while_and_after_the_run(shards, tmp_path):

@@ -37,7 +37,7 @@ def test_a_run_writes_its_recipe_and_the_recipe_runs_it_again(tmp_path):
     recipe = read_recipe(os.path.join(first, RECIPE_FILE))
     assert recipe["shards"] == [os.path.abspath(u) for u in urls] and recipe["scorers"] == [SCORER]
     assert recipe["scorer_options"] == {"bright": {"size": 4}}
-    assert recipe["thresholds"] == {"min": {"brightness": 0.3}, "max": {}}
+    assert recipe["thresholds"] == {"min": {"brightness": 0.3}}  # only the rules set (wdsfilter.Selection.to_dict)
     assert recipe["stage"] == {"caption_key": "txt;json:caption"} and recipe["device"] == "cpu" and recipe["engine"] == "local"
     again = str(tmp_path / "again")
     replay = cli("--config", os.path.join(first, RECIPE_FILE), "--out", again)  # no shard, no scorer given
@@ -112,9 +112,12 @@ def test_score_top_keeps_what_filter_top_keeps_and_its_recipe_replays_it(tmp_pat
     replay resolves the same cut; the command line's share replaces the recipe's."""
     urls, _ = make_shards(tmp_path / "shards", [5, 6])
     first = str(tmp_path / "first")
-    result = cli(*urls, "--scorer", SCORER, "--top", "brightness=30%", "--out", first)
+    result = CliRunner().invoke(main, ["score", *urls, "--scorer", SCORER, "--top", "brightness=30%", "--out", first,
+                                       "--device", "cpu", "--workers", "0", "--no-progress"])
     assert result.exit_code == 0, result.output
     assert "--top brightness=30%: 4 of the 11 rows with a brightness -> brightness >=" in result.output
+    quiet = cli(*urls, "--scorer", SCORER, "--top", "brightness=30%", "--out", str(tmp_path / "quiet"))
+    assert quiet.output.strip().splitlines() == [quiet.output.strip()] and quiet.output.startswith("scored 11 of 11")
     summary = json.load(open(os.path.join(first, "summary.json")))
     filtered = CliRunner().invoke(main, ["filter", first, "--top", "brightness=30%", "--dry-run"])
     assert filtered.exit_code == 0, filtered.output
@@ -122,7 +125,7 @@ def test_score_top_keeps_what_filter_top_keeps_and_its_recipe_replays_it(tmp_pat
     cut = summary["thresholds"]["brightness"]["min"]
     assert cut == sorted(b for _, b, _ in table(first))[-4]  # the 4th largest of 11: ceil(30% of 11)
     recipe = read_recipe(os.path.join(first, RECIPE_FILE))
-    assert recipe["thresholds"] == {"min": {}, "max": {}, "top": {"brightness": 30.0}}
+    assert recipe["thresholds"] == {"top": {"brightness": 30.0}}
     again = str(tmp_path / "again")
     assert cli("--config", os.path.join(first, RECIPE_FILE), "--out", again).exit_code == 0
     assert json.load(open(os.path.join(again, "summary.json")))["thresholds"] == summary["thresholds"]

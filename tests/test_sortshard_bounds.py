@@ -70,3 +70,30 @@ def test_memory_holds_names_and_offsets_not_pax_headers(tmp_path):
     with tarfile.open(out) as tar:  # headers copied as stored
         assert next(iter(tar)).pax_headers["comment"] == "x" * 1_000_000
     assert peaks[100] - peaks[5] < 40, peaks  # 95 MB more of pax headers were held
+
+
+def test_sort_shard_takes_a_folder_or_several_shards_into_a_folder(tmp_path):
+    """issue 35 item 16: `sort-shard IN... OUTDIR` sorts every shard of a folder (or several files,
+    a glob) into OUTDIR under its own name; one that fails is named and the others are written."""
+    from click.testing import CliRunner
+
+    from shardkit import image_bytes, write_shard
+    from wdsfilter.cli import main
+    src = tmp_path / "in"
+    src.mkdir()
+    for n in range(2):  # members of one key far apart: what `tar -cf x.tar *.txt *.jpg` writes
+        members = [(f"{k}.txt", f"caption {k}") for k in range(n * 10, n * 10 + 10)]
+        members += [(f"{k}.jpg", image_bytes()) for k in range(n * 10, n * 10 + 10)]
+        write_shard(str(src / f"part-{n:06d}.tar"), members)
+    r = CliRunner().invoke(main, ["sort-shard", str(src), str(tmp_path / "sorted")])
+    assert r.exit_code == 0, r.output
+    assert sorted(os.listdir(tmp_path / "sorted")) == ["part-000000.tar", "part-000001.tar"]
+    assert r.output.count("wdsfilter sort-shard: wrote") == 2
+    import webdataset as wds
+    samples = list(wds.WebDataset(str(tmp_path / "sorted" / "part-000001.tar"), shardshuffle=False))
+    assert len(samples) == 10 and all({"txt", "jpg"} <= set(s) for s in samples)
+    (src / "junk.tar").write_bytes(b"not a tar at all" * 100)
+    r = CliRunner().invoke(main, ["sort-shard", str(src / "part-000000.tar"), str(src / "junk.tar"),
+                                  str(tmp_path / "again")])
+    assert r.exit_code == 3 and "1 of 2 shard(s) were not sorted" in r.output and "junk.tar" in r.output
+    assert os.listdir(tmp_path / "again") == ["part-000000.tar"]

@@ -92,15 +92,20 @@ def test_filtering_judges_with_the_same_bounds():
 
 def test_shorthands_expand_once_the_same_for_score_filter_and_the_loader(tmp_path):
     """min_clip / max_ocr_area become clip_score / ocr_area bounds by one expansion: the scoring
-    run's config, filter's command line and the loader's options give the same bounds."""
-    from wdsfilter.dataloader import LoaderOptions
+    run's config, filter's command line and the loader's options give the same bounds (one
+    wdsfilter.Selection, built from the same keywords everywhere)."""
     from wdsfilter.score import build_config
+    from wdsfilter.selection import Selection, selection_of
     from wdsfilter.thresholds import expand_shorthands
     lo, hi = expand_shorthands({"clip_score": 0.1, "brightness": 0.5}, None, min_clip=0.28, max_ocr_area=0.2)
     assert (lo, hi) == ({"clip_score": 0.28, "brightness": 0.5}, {"ocr_area": 0.2})
     assert expand_shorthands(None, None, min_clip=None, max_ocr_area=None) == ({}, {})
     cfg = build_config(str(tmp_path / "out"), ("clip", "ocr"), min_clip=0.28, max_ocr_area=0.2,
                        min_scores={"brightness": 0.5})
-    assert (cfg.thresholds, cfg.max_thresholds) == ({"brightness": 0.5, "clip_score": 0.28}, {"ocr_area": 0.2})
-    options = LoaderOptions(min_clip=0.28, max_ocr_area=0.2, min_scores={"brightness": 0.5})
-    assert options.bounds() == (cfg.thresholds, cfg.max_thresholds)
+    rules = cfg.selection
+    assert (rules.minima, rules.maxima) == ({"brightness": 0.5, "clip_score": 0.28}, {"ocr_area": 0.2})
+    loader_rules = selection_of(None, dict(min_clip=0.28, max_ocr_area=0.2, min_scores={"brightness": 0.5}),
+                                "wdsfilter.loader")
+    assert loader_rules == rules
+    assert Selection.parse(["brightness=0.5"], ["ocr_area=0.2"]).merged(
+        Selection.from_keywords(min_clip=0.28)) == rules

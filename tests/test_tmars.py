@@ -255,10 +255,10 @@ def test_filter_takes_clip_score_masked_like_any_column(run, tmp_path):
     out, rows, _ = run
     ranked = sorted(rows, key=lambda k: rows[k]["clip_score_masked"], reverse=True)
     cut = rows[ranked[2]]["clip_score_masked"]
-    result = filter_scores(out, mins=[f"clip_score_masked={cut!r}"], write_shards=str(tmp_path / "min"),
+    result = filter_scores(out, min_scores={"clip_score_masked": cut}, write_shards=str(tmp_path / "min"),
                            report=None, save_thresholds=False)
     assert result.kept == 3 and _written_keys(tmp_path / "min") == set(ranked[:3])
-    result = filter_scores(out, tops=["clip_score_masked=50%"], write_shards=str(tmp_path / "top"), report=None,
+    result = filter_scores(out, top_shares={"clip_score_masked": 50}, write_shards=str(tmp_path / "top"), report=None,
                            save_thresholds=False)
     assert result.kept == 2 and _written_keys(tmp_path / "top") == set(ranked[:2])
 
@@ -268,7 +268,7 @@ def test_the_report_shows_the_largest_drops_original_beside_masked(run, tmp_path
     from wdsfilter.filtering.apply import filter_scores
     out, rows, _ = run
     path = str(tmp_path / "report.html")
-    filter_scores(out, mins=["clip_score=-1"], report=path, save_thresholds=False)
+    filter_scores(out, min_scores={"clip_score": -1}, report=path, save_thresholds=False)
     page = open(path, encoding="utf-8").read()
     section = page.split("Text masked (T-MARS)")[1].split("<h2")[0]
     masked = [k for k in rows if rows[k]["masked_boxes"]]

@@ -86,7 +86,8 @@ def test_a_sample_its_required_scorer_could_not_score_gets_the_dependents_error_
     items = [("a", {"hash": {"sha256": "ab" * 32, "phash": 7}, "caption_hash": 3}),
              ("b", {"caption_hash": 5})]  # the hash scorer could not prepare sample b
     (ref_a, scores_a, errors_a), (ref_b, scores_b, errors_b) = runner.score(items)
-    assert scores_a == {"sha256": "ab" * 32, "phash": 7, "caption_hash": "3:" + "ab" * 8 + ":7"} and not errors_a
+    assert scores_a == {"sha256": "ab" * 32, "phash": "0000000000000007", "caption_hash": "3:" + "ab" * 8 + ":7"} \
+        and not errors_a
     assert scores_b == {} and errors_b["caption_hash"][0] == "required_scorer_failed"
     assert "hash" in errors_b["caption_hash"][1]
 

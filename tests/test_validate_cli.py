@@ -85,7 +85,7 @@ def test_json_report_schema(tmp_path):
     assert set(data) == {"schema_version", "tool", "wdsfilter_version", "status", "exit_code", "options", "summary",
                          "counts", "dropped", "severities", "suggestions", "layout", "shards", "findings", "omitted"}
     assert set(data["summary"]) == {"shards", "bytes", "members", "samples", "kept", "kept_share", "errors",
-                                    "warnings", "seconds"}
+                                    "warnings", "seconds", "tolerated"}
     assert data["severities"] == {k: v[0] for k, v in KINDS.items()}
     for f in data["findings"]:
         assert set(f) == {"kind", "severity", "shard", "member", "key", "message"} and f["kind"] in KINDS

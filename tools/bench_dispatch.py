@@ -200,7 +200,7 @@ def dispatcher_rate(urls, scorer, stage, out: str, batch_size: int, workers: int
                       prefetch=2, progress=False, probe_samples=2, probe_scan=8, stage=stage)
     engine = TimedEngine(urls, cfg)
     # One model worker process (a lone "cpu" device would score in the main process: LocalPool).
-    make_pool, engine_module.make_pool = engine_module.make_pool, lambda devices, scorers: ProcessPool(devices, scorers)
+    make_pool, engine_module.make_pool = engine_module.make_pool, lambda devices, scorers, **_: ProcessPool(devices, scorers)
     try:
         summary = engine.run()
     finally:

@@ -532,6 +532,7 @@ def _run_folder(folder: str, outputs: str, sources: List[str], rng: random.Rando
     from wdsfilter.cli import main
     from wdsfilter.errors import WdsFilterError
     from wdsfilter.scorefilter import ScoreFilter
+    from wdsfilter.selection import Selection
     args = ["filter", folder, "--write-shards", os.path.join(outputs, "shards"), "--samples-per-shard", "7",
             "--report", os.path.join(outputs, "report.html"), *rng.choice(THRESHOLD_ARGS)]
     result = CliRunner().invoke(main, args, catch_exceptions=True)
@@ -540,7 +541,7 @@ def _run_folder(folder: str, outputs: str, sources: List[str], rng: random.Rando
     if result.exit_code not in (0, 1, 2, 3) or "internal error" in result.output:
         raise RuntimeError(f"filter exited {result.exit_code}: {result.output[-400:]}")
     try:
-        stage = ScoreFilter(folder, rng.choice(({}, {"score": 0.3})))
+        stage = ScoreFilter(folder, rng.choice((Selection(), Selection(minima={"score": 0.3}))))
     except WdsFilterError:
         return result.exit_code, "refused"
     import tarfile

@@ -10,8 +10,21 @@ __version__ = "0.1.0"
 
 from .config import StageConfig  # noqa: E402
 from .errors import ConfigError, DataError, StarvationError, UnsafeInputError, WdsFilterError  # noqa: E402
+from .selection import Selection  # noqa: E402
 from .specs import KeySpec  # noqa: E402
 from .tally import Tally  # noqa: E402
+
+
+def _redact_log_lines() -> None:
+    """Every log line of the package names a URL without its password or signature (publish.py)."""
+    import logging
+    from .publish import RedactedRecords
+    logger = logging.getLogger("wdsfilter")
+    if not any(isinstance(f, RedactedRecords) for f in logger.filters):
+        logger.addFilter(RedactedRecords())
+
+
+_redact_log_lines()
 
 
 # Imported on first use, so `import wdsfilter` (and the validator) needs neither webdataset nor
@@ -36,5 +49,5 @@ def __dir__():
     return sorted(set(globals()) | set(_LAZY) | {"validate"})
 
 
-__all__ = ["validate", "StageConfig", "KeySpec", "Tally", "ConfigError", "DataError", "StarvationError",
+__all__ = ["validate", "StageConfig", "Selection", "KeySpec", "Tally", "ConfigError", "DataError", "StarvationError",
            "UnsafeInputError", "WdsFilterError", "loader", "sample_pipeline", "__version__"]

@@ -14,13 +14,14 @@ from __future__ import annotations
 import logging
 import math
 import os
-from dataclasses import dataclass
-from typing import Callable, Optional, Sequence, Tuple
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
 
 from .config import StageConfig, config_or_options
 from .errors import ConfigError, StarvationError, require
 from .loaderstate import VERSION as STATE_VERSION, Progress, check_settings, check_state, settings
 from .pipeline import Place, SeededTransform, sample_pipeline, set_epoch, worker_batches
+from .selection import DEPRECATED as DEPRECATED_RULES, Selection, selection_of
 from .shards import expand_urls
 from .stages import map_dict
 from .tally import StatsSink, Tally
@@ -151,8 +152,11 @@ class WdsLoader:
             raise StarvationError(
                 f"wdsfilter.loader: rank {_rank()} gave {batches} batch(es) this epoch, not num_batches="
                 f"{self.num_batches}: the other ranks would wait for it at their next all-reduce.")
-        if sum(stats.dropped.values()) or stats.notes:
+        # once per epoch: data problems at WARNING, the drops the rules asked for (scores, dedup) at INFO
+        if stats.problems():
             log.warning("wdsfilter loader finished an epoch:\n%s", stats.summary())
+        elif sum(stats.dropped.values()):
+            log.info("wdsfilter loader finished an epoch:\n%s", stats.summary())
 
     def state_dict(self) -> dict:
         """Where this loader is, to save with the model's checkpoint (after batch N, a loader given
@@ -213,15 +217,10 @@ class LoaderOptions:
     multiprocessing_context: Optional[str] = None
     persistent_workers: bool = False
     world_size: Optional[int] = None  # None: WORLD_SIZE or torch.distributed
-    # Score filtering by a `wdsfilter score` run (see wdsfilter.scorefilter).
+    # Score filtering by a `wdsfilter score` run (see wdsfilter.scorefilter): its folder, and the
+    # rules (wdsfilter.Selection: minima, maxima, shares, text columns, dedup, recipes).
     scores: Optional[str] = None
-    min_scores: Optional[dict] = None
-    min_clip: Optional[float] = None  # min_scores={"clip_score": X}
-    max_scores: Optional[dict] = None
-    max_ocr_area: Optional[float] = None  # max_scores={"ocr_area": X}
-    top_scores: Optional[dict] = None
-    bottom_scores: Optional[dict] = None
-    dedup: bool = False  # with scores=: only the survivors of `wdsfilter dedup` (docs/dedup.md)
+    selection: Selection = field(default_factory=Selection)
     # Passed to the torch DataLoader.
     pin_memory: bool = False
     prefetch_factor: Optional[int] = None
@@ -238,11 +237,11 @@ class LoaderOptions:
             raise ConfigError(f"collate_fn must be callable, got {type(self.collate_fn).__name__}")
         if self.epoch_samples is not None and (not isinstance(self.epoch_samples, int) or self.epoch_samples < 1):
             raise ConfigError(f"epoch_samples must be an integer >= 1, got {self.epoch_samples!r}")
-        if (self.top_scores or self.bottom_scores) and self.scores is None:
-            raise ConfigError("top_scores/bottom_scores need scores=DIR (the --out folder of `wdsfilter score`)")
-        if self.dedup and self.scores is None:
-            raise ConfigError("dedup=True needs scores=DIR (the --out folder of `wdsfilter score`, deduplicated with "
-                              "`wdsfilter dedup DIR`)")
+        if not isinstance(self.selection, Selection):
+            raise ConfigError(f"selection must be a wdsfilter.Selection, got {type(self.selection).__name__}")
+        if self.selection and self.scores is None:
+            raise ConfigError(f"score rules ({self.selection.describe()}) need scores=DIR (the --out folder of "
+                              f"`wdsfilter score`{', deduplicated with `wdsfilter dedup DIR`' if self.selection.dedup else ''})")
 
     @property
     def readers(self) -> int:
@@ -251,19 +250,13 @@ class LoaderOptions:
 
     @property
     def filters_by_score(self) -> bool:
-        return bool(self.scores is not None or self.min_scores or self.max_scores or self.min_clip is not None
-                    or self.max_ocr_area is not None)
+        return self.scores is not None
 
-    def bounds(self) -> Tuple[dict, dict]:
-        """(minima, maxima) with the min_clip/max_ocr_area shortcuts and top/bottom shares resolved, the
-        shares over the score files exactly as `wdsfilter filter --top/--bottom` resolves them."""
-        from .thresholds import expand_shorthands
-        minima, maxima = expand_shorthands(self.min_scores, self.max_scores, min_clip=self.min_clip,
-                                           max_ocr_area=self.max_ocr_area)
-        if self.top_scores or self.bottom_scores:
-            from .runfolder.shares import resolve_for_loader
-            minima, maxima = resolve_for_loader(self.scores, minima, maxima, self.top_scores, self.bottom_scores)
-        return minima, maxima
+    def resolved(self, storage_options=None) -> Selection:
+        """The selection with its shares resolved over the score files, exactly as `wdsfilter
+        filter --top/--bottom` resolves them (runfolder/shares.py)."""
+        from .runfolder.shares import loader_selection
+        return loader_selection(self.scores, self.selection, storage_options)
 
 
 def loader(urls, caption_key: Optional[str] = None, image_key: Optional[str] = None, *, batch_size: int = 32,
@@ -274,8 +267,8 @@ def loader(urls, caption_key: Optional[str] = None, image_key: Optional[str] = N
            persistent_workers: bool = False, world_size: Optional[int] = None,
            scores: Optional[str] = None, min_scores: Optional[dict] = None, min_clip: Optional[float] = None,
            max_scores: Optional[dict] = None, max_ocr_area: Optional[float] = None,
-           top_scores: Optional[dict] = None, bottom_scores: Optional[dict] = None, dedup: bool = False,
-           pin_memory: bool = False, prefetch_factor: Optional[int] = None, collate_fn: Optional[Callable] = None,
+           top_shares: Optional[dict] = None, bottom_shares: Optional[dict] = None, equal: Optional[dict] = None,
+           dedup: bool = False, recipe=None, selection: Optional[Selection] = None, pin_memory: bool = False, prefetch_factor: Optional[int] = None, collate_fn: Optional[Callable] = None,
            **config_options) -> WdsLoader:
     """Build a DataLoader over WebDataset shards; see the module docstring.
 
@@ -290,22 +283,31 @@ def loader(urls, caption_key: Optional[str] = None, image_key: Optional[str] = N
     collate_fn: a list of samples -> a batch (default: stack tensors per field for "tuple", a list
     of dicts for "dict").
     config_options: any StageConfig field (max_pixels, image_token, rekey, ...).
-    scores / min_scores / min_clip / max_scores / max_ocr_area: drop samples by the score files of a
-    `wdsfilter score` run (scores=its --out folder; min_clip=X is min_scores={"clip_score": X},
-    max_ocr_area=X is max_scores={"ocr_area": X}); see wdsfilter.scorefilter.
-    top_scores / bottom_scores: {column: percent}, the share of the run to keep by the highest (lowest)
-    values, resolved over the score files exactly as `wdsfilter filter --top/--bottom` does.
-    dedup: with scores=, keep only the survivors of `wdsfilter dedup`'s duplicate groups and drop
-    eval matches, as `wdsfilter filter --dedup` does (docs/dedup.md).
+    scores: drop samples by the score files of a `wdsfilter score` run (its --out folder), by the
+    rules (wdsfilter.Selection; docs/loader.md), given as selection= or as these keywords, the
+    same as `filter`'s flags and the keys of the thresholds.json it writes
+    (`wdsfilter.loader(shards, scores=RUN, **json.load(open("RUN/thresholds.json")))`):
+    min_scores / max_scores: {column: X}; min_clip=X is min_scores={"clip_score": X},
+    max_ocr_area=X is max_scores={"ocr_area": X}; see wdsfilter.scorefilter.
+    top_shares / bottom_shares: {column: percent}, the share of the run to keep by the highest
+    (lowest) values, resolved over the score files exactly as `wdsfilter filter --top/--bottom`
+    does (top_scores/bottom_scores: the old names, deprecated).
+    equal: {text column: value or [values]} (`--equal`); recipe: a recipe's name or file (`--recipe`).
+    dedup: keep only the survivors of `wdsfilter dedup`'s duplicate groups and drop eval matches,
+    as `wdsfilter filter --dedup` does (docs/dedup.md).
     """
     require("torch", "wdsfilter.loader", "pip install 'wdsfilter[score]' (or torch)")
+    old = {name: config_options.pop(name) for name in list(config_options) if name in DEPRECATED_RULES}
+    rules = selection_of(selection, dict(min_scores=min_scores, max_scores=max_scores, min_clip=min_clip,
+                                         max_ocr_area=max_ocr_area, top_shares=top_shares,
+                                         bottom_shares=bottom_shares, equal=equal, dedup=dedup, recipe=recipe, **old),
+                         "wdsfilter.loader")
     config = _stage_config(config, caption_key, image_key, config_options)
     opts = LoaderOptions(
         batch_size=batch_size, num_workers=num_workers, transform=transform, tokenizer=tokenizer, shuffle=shuffle,
         resampled=resampled, epoch_samples=epoch_samples, drop_last=drop_last, seed=seed, output=output,
         multiprocessing_context=multiprocessing_context, persistent_workers=persistent_workers,
-        world_size=world_size, scores=scores, min_scores=min_scores, min_clip=min_clip, max_scores=max_scores,
-        max_ocr_area=max_ocr_area, top_scores=top_scores, bottom_scores=bottom_scores, dedup=dedup, pin_memory=pin_memory,
+        world_size=world_size, scores=scores, selection=rules, pin_memory=pin_memory,
         prefetch_factor=prefetch_factor, collate_fn=collate_fn)
     return build_loader(urls, config, opts)
 
@@ -337,13 +339,14 @@ def build_loader(urls, config: StageConfig, opts: LoaderOptions) -> WdsLoader:
     epoch_samples = opts.epoch_samples if opts.epoch_samples is not None else sizes_json_samples(shard_urls)
     _check_sized(world, opts, epoch_samples)
 
-    bounds = opts.bounds() if opts.filters_by_score else None  # (minima, maxima) of the score filter
+    # the rules of the score filter, shares resolved over the run
+    rules = opts.resolved(config.storage_options) if opts.filters_by_score else None
     sink = StatsSink()
     tally = Tally(config.starvation_samples, config.starvation_seconds, name="wdsfilter.loader")
     place = Place()  # the readers' epoch and worker, shared by the seeded stages
     pipeline = sample_pipeline(shard_urls, config, tally, resampled=opts.resampled, shuffle=opts.shuffle,
                                seed=opts.seed, extra=_output_stages(opts, place), sink=sink,
-                               before_decode=_score_stages(opts, bounds, tally, config.storage_options), cycle=epoch_samples is not None,
+                               before_decode=_score_stages(opts, rules, tally, config.storage_options), cycle=epoch_samples is not None,
                                place=place)
     pipeline.append(batched(opts.batch_size, _collate(opts), partial=not opts.drop_last))
     num_batches = num_samples = per_worker = None
@@ -365,7 +368,7 @@ def build_loader(urls, config: StageConfig, opts: LoaderOptions) -> WdsLoader:
     return WdsLoader(dataloader, pipeline, sink, num_batches, num_samples,
                      watchdog=bool(config.starvation_samples or config.starvation_seconds),
                      batch_size=opts.batch_size, world=world, readers=opts.readers,
-                     settings=settings(shard_urls, opts, world, epoch_samples, config.to_dict(), bounds))
+                     settings=settings(shard_urls, opts, world, epoch_samples, config.to_dict(), rules))
 
 
 def _check_readers(shard_urls: Sequence[str], world: int, opts: LoaderOptions) -> None:
@@ -387,13 +390,13 @@ def _check_sized(world: int, opts: LoaderOptions, epoch_samples: Optional[int]) 
             f"use resampled=True with epoch_samples.")
 
 
-def _score_stages(opts: LoaderOptions, bounds: Optional[tuple], tally: Tally, storage_options=None) -> list:
+def _score_stages(opts: LoaderOptions, rules: Optional[Selection], tally: Tally, storage_options=None) -> list:
     """The score filter, if asked for: before decoding and shuffling, so dropped samples are never
     decoded, and score tables are read one shard at a time. Its drops count in the loader's tally."""
-    if bounds is None:
+    if rules is None:
         return []
-    from .scorefilter import score_filter
-    return [score_filter(opts.scores, bounds[0], tally, bounds[1], dedup=opts.dedup, storage_options=storage_options)]
+    from .scorefilter import ScoreFilter
+    return [ScoreFilter(opts.scores, rules, tally, storage_options=storage_options)]
 
 
 def _output_stages(opts: LoaderOptions, place: Place) -> list:

@@ -341,6 +341,41 @@ def sample_frames(data: bytes, n: int = 3, *, keyframes: bool = False, max_side:
     return result
 
 
+@dataclass
+class VideoInfo:
+    """A clip's numbers from its container, nothing decoded (the size scorer)."""
+
+    width: int
+    height: int
+    duration: Optional[float]   # seconds: the header's (videos.declared_duration), else its packets' span
+    fps: Optional[float]        # the stream's average frame rate (else FFmpeg's guess)
+    frames: Optional[int]       # frames in its data (packets demuxed); None past MAX_PACKETS without a header count
+    partial: Optional[str] = None  # why its data ends before its header says (validate's corrupt_video rule)
+
+
+def video_info(data: bytes, max_pixels: Optional[int] = 64_000_000, what: str = "video") -> VideoInfo:
+    """Size, duration, frame rate and frame count of a clip from its container: the stream header
+    and its packets, demuxed (a few ms for a real clip), never decoded. Opened and refused by the
+    rules of sample_frames (DataError: corrupt_video, no_video_stream, video_too_large, ...).
+    The stored frame size: a phone clip's display rotation is not applied (its aspect ratio and
+    smallest side are the same either way)."""
+    av = __import__("av")
+    reader = _Reader(bytes(data), what, max_pixels)
+    try:
+        stream, ctx = reader.stream, reader.stream.codec_context
+        try:
+            count, span, _ = packets(reader.container, stream)
+        except av.error.FFmpegError as e:
+            raise reader.fail(e) from None
+        declared = declared_duration(reader.container, stream)
+        frames = count if count <= MAX_PACKETS else (stream.frames or None)
+        duration = declared if declared else span
+        return VideoInfo(ctx.width, ctx.height, duration, reader.rate, frames,
+                         cut_short(stream.frames, declared, count, span))
+    finally:
+        reader.close()
+
+
 def _sample_keyframes(reader: _Reader, n: int, max_side: Optional[int], result: SampledFrames):
     shown, keys = reader.scan_packets()
     if not keys and shown:

@@ -3,8 +3,12 @@ writes them in the scoring pass and `wdsfilter dedup --eval` computes them for e
 
 * sha256: of the image member's bytes as the shard holds them (an exact, byte-for-byte copy);
 * phash: imagehash's perceptual hash (DCT of the 32x32 LANCZOS-reduced luma, the 8x8 lowest
-  frequencies against their median: 64 bits), stored as a signed int64 whose bits are imagehash's
-  hex string (`phash_hex`), so `imagehash.hex_to_hash(phash_hex(v))` is the library's object.
+  frequencies against their median: 64 bits), stored in score files as the 16 hex digits imagehash
+  prints (`str(imagehash.phash(img))`), a text every reader keeps exactly: pandas turns an int64
+  column with nulls into float64 and loses bits (issue 35 item 11); polars, duckdb and pyarrow
+  read the text as it is. `imagehash.hex_to_hash(v)` is the library's object. In memory (dedup,
+  majority) a hash is an int: `phash()` gives it signed (int64), `phash_int()` reads a stored
+  value back (the hex text, or the signed int64 runs before this stored), `phash_hex()` writes it.
   Written with imagehash itself: a numpy DCT gave the same bits and was not measurably faster
   (6.9 vs 7.1 ms on a 1024 px photo; 97% of the time is Pillow's LANCZOS resize).
 """
@@ -34,19 +38,27 @@ def phash(image) -> int:
 def majority(hashes: Iterable[int]) -> int:
     """Bitwise majority of several hashes (a video's frames; ties give 1): the frame-reduced hash,
     so a clip is one 64-bit hash that near-dedup compares like an image's."""
-    values = np.array([_unsigned(h) for h in hashes], dtype=np.uint64)
+    values = np.array([_unsigned(phash_int(h)) for h in hashes], dtype=np.uint64)
     bits = np.unpackbits(values.astype(">u8").view(np.uint8).reshape(len(values), 8), axis=1)
     voted = (2 * bits.sum(axis=0) >= len(values)).astype(np.uint8)
     return _signed(int.from_bytes(np.packbits(voted).tobytes(), "big"))
 
 
-def phash_hex(value: int) -> str:
-    """The 16 hex digits imagehash prints for this hash."""
-    return format(_unsigned(value), "016x")
+def phash_hex(value) -> str:
+    """The 16 hex digits imagehash prints for this hash (an int, or already its hex text)."""
+    return format(_unsigned(phash_int(value)), "016x")
 
 
-def hamming(a: int, b: int) -> int:
-    return bin(_unsigned(a) ^ _unsigned(b)).count("1")
+def phash_int(value) -> int:
+    """A hash as a signed int64: from the hex text score files hold, or an int (older runs' int64)."""
+    if isinstance(value, str):
+        return _signed(int(value, 16))
+    return _signed(_unsigned(value))
+
+
+def hamming(a, b) -> int:
+    """Bits that differ between two hashes (ints or hex texts)."""
+    return bin(_unsigned(phash_int(a)) ^ _unsigned(phash_int(b))).count("1")
 
 
 def _signed(u: int) -> int:

@@ -40,7 +40,7 @@ SETTINGS = {
 
 
 def settings(shard_urls: List[str], opts, world: int, epoch_samples: Optional[int], stage_options: dict,
-             bounds: Optional[tuple]) -> dict:
+             rules=None) -> dict:
     """The settings a position depends on. The shard list and the stage options are kept as a digest
     (a state saved every few minutes stays small with a million shards)."""
     return {
@@ -48,9 +48,17 @@ def settings(shard_urls: List[str], opts, world: int, epoch_samples: Optional[in
         "batch_size": opts.batch_size, "world_size": world, "num_workers": opts.num_workers,
         "seed": opts.seed, "shuffle": opts.shuffle, "resampled": opts.resampled,
         "epoch_samples": epoch_samples, "drop_last": opts.drop_last,
-        "score_filter": None if bounds is None else _digest([opts.scores, bounds] + (["dedup"] if opts.dedup else [])),
+        "score_filter": None if rules is None else _score_filter(opts.scores, rules),
         "stages": _digest(stage_options),
     }
+
+
+def _score_filter(scores: str, rules) -> str:
+    """The digest of a score filter's rules (a resolved wdsfilter.Selection): the same as before
+    text columns and recipes existed for the rules that existed then."""
+    extra = (["equal", {c: list(v) for c, v in rules.equal.items()}] if rules.equal else []) \
+        + (["dedup"] if rules.dedup else [])
+    return _digest([scores, [rules.minima, rules.maxima]] + extra)
 
 
 def _digest(value) -> str:

@@ -2,8 +2,10 @@
 
 With StageConfig.emit_rejects (the scoring run sets it) the pipeline drops nothing silently:
 
-    {"__marker__": "reject", "__key__", "__url__", "__reject__": reason, "__message__": message}
-        where a stage dropped a sample (the sample gets a row with status "rejected"), and
+    {"__marker__": "reject", "__key__", "__url__", "__reject__": reason, "__message__": message,
+     "caption": text or None, "json": {"url", "uid"} or None}
+        where a stage dropped a sample (the sample gets a row with status "rejected", which keeps
+        the caption, url and uid where its text members were read), and
     {"__marker__": "shard_end", "__key__": "", "__url__", "members": n, "error": str or None,
      "failed": bool}
         after the last sample of each shard (reading.group_samples): the shard's rows are all
@@ -25,9 +27,13 @@ SHARD_END = "shard_end"
 STAGE, MEMBER = "__stage__", "__member__"
 
 
-def reject_marker(key: str, url: str, reason: str, message: str, stage: str = "", member: str = "") -> dict:
+def reject_marker(key: str, url: str, reason: str, message: str, stage: str = "", member: str = "",
+                  caption: Optional[str] = None, meta: Optional[Mapping] = None) -> dict:
+    """caption, meta: what the dropped sample said, where its text members were read (its caption,
+    the url and uid of its .json): its row keeps them, so a user can fetch a broken image again by url."""
+    slim = {k: meta[k] for k in ("url", "uid") if k in meta} if isinstance(meta, Mapping) else None
     return {"__key__": key, "__url__": url, MARKER: REJECTED, REJECT: reason, "__message__": message,
-            STAGE: stage, MEMBER: member}
+            STAGE: stage, MEMBER: member, "caption": caption if isinstance(caption, str) else None, "json": slim}
 
 
 @dataclass

@@ -4,14 +4,18 @@
     loader = wdsfilter.loader("shards/", scores="scores/", min_clip=0.28)          # the same
     loader = wdsfilter.loader("shards/", scores="scores/", min_clip=0.28, max_ocr_area=0.2)
     loader = wdsfilter.loader("shards/", scores="scores/", max_scores={"ocr_area": 0.2})
+    loader = wdsfilter.loader("shards/", scores="scores/", **json.load(open("train/thresholds.json")))
 
 The stage joins each sample with the score files of a `wdsfilter score` run by key. A shard's
 table is read lazily, when the shard's first sample arrives (one shard at a time per worker, so
 memory does not grow with the dataset). A sample is kept by the one rule of the scoring run and
 `wdsfilter filter` (runfolder.keep_reason): samples with no score row, a failed or rejected row, or
-no value for a threshold column (the scorer could not score them) are dropped and counted
-`no_score`, also with no threshold at all; samples under a minimum or over a maximum are dropped
-and counted `filtered_by_score`. A score file that cannot be read (damaged since the loader was
+no value for a rule's column (the scorer could not score them) are dropped and counted
+`no_score`, also with no rule at all, and a rejected row by its reason (`rejected: corrupt_image`,
+never decoded here);
+samples under a minimum, over a maximum or of another text value (`equal=`) are dropped and counted
+`filtered_by_score`, and with dedup=True the duplicates and eval matches `wdsfilter dedup` marked
+as `duplicate` and `eval_match`. A score file that cannot be read (damaged since the loader was
 built) counts its shard's samples `no_score`, with the reason, instead of failing the training
 loop. Both counts land in the loader's Tally like every other drop, so `loader.stats` shows them and the starvation watchdog sees them.
 A score file damaged since its marker was written is not used; a local shard that changed since it
@@ -30,8 +34,8 @@ from .markers import MARKER
 from .runfolder import DamagedRunFolder, ScoreRun, keep_reason, source_changed
 from .runfolder.tables import read_table
 from .shards import is_local, local_path, shard_stem
+from .selection import Selection
 from .tally import Tally
-from .thresholds import Thresholds
 
 STAGE = "score_filter"
 
@@ -39,12 +43,18 @@ STAGE = "score_filter"
 class ScoreFilter:
     """Picklable webdataset stage (see the module docstring)."""
 
-    def __init__(self, scores_dir: str, min_scores: Dict[str, float], tally: Optional[Tally] = None,
-                 max_scores: Optional[Dict[str, float]] = None, dedup: bool = False, storage_options=None):
+    def __init__(self, scores_dir: str, selection: Selection, tally: Optional[Tally] = None, storage_options=None):
+        """selection: the rules with their shares resolved (runfolder/shares.loader_selection)."""
         if not scores_dir:
             raise ConfigError("score filtering needs scores=DIR (the --out folder of `wdsfilter score`)")
+        if not isinstance(selection, Selection):
+            raise ConfigError(f"ScoreFilter takes a wdsfilter.Selection (score_filter() takes min_scores=, ...), got "
+                              f"{type(selection).__name__}")
+        if selection.shares:
+            raise ConfigError("resolve the shares first (runfolder/shares.loader_selection)")
         self.scores_dir = scores_dir
-        self.thresholds = Thresholds.build(min_scores, max_scores)
+        self.selection = selection
+        self.rules = selection.row_rules()  # judged by the one keep rule, in order
         self.tally = tally if tally is not None else Tally(name="score_filter")
         # a folder in a bucket (s3://...) is read from a local copy; the options are not kept
         self.by_url, self.by_stem, run = self._index(storage_options)
@@ -53,7 +63,7 @@ class ScoreFilter:
         self._table: Optional[Dict[str, Tuple]] = None
         self._why = ""
         self.dedup = None
-        if dedup:  # `wdsfilter dedup`'s verdicts, the rule `wdsfilter filter --dedup` applies too
+        if selection.dedup:  # `wdsfilter dedup`'s verdicts, the rule `wdsfilter filter --dedup` applies too
             from .runfolder.dedup import DedupMarks
             self.dedup = DedupMarks(run.folder, [(s.name, s.score_file) for s in run.shards])
         self._dropped: Dict[str, str] = {}
@@ -87,21 +97,16 @@ class ScoreFilter:
         return by_url, by_stem, run
 
     def _check_columns(self, run: ScoreRun) -> None:
-        """Every threshold column is a numeric column of the run (as `wdsfilter filter` checks)."""
-        for name, bounds in (("min_scores", self.thresholds.minima), ("max_scores", self.thresholds.maxima)):
-            missing = [c for c in bounds if c not in run.columns]
-            if missing:
-                raise ConfigError(f"{name} on {missing}, which the score files in {self.scores_dir} do not have; "
-                                  f"their columns: {', '.join(sorted(run.columns))}")
-        numeric = run.numeric_columns(self.thresholds.columns())
-        flags = [c for c in self.thresholds.columns() if c not in numeric]
-        if flags:
-            raise ConfigError(f"thresholds on {', '.join(flags)}, which the score files in {self.scores_dir} do not "
-                              f"hold as numbers (in every file)")
+        """Every rule's column is a column of the run, of its kind (as `wdsfilter filter` checks)."""
+        from .runfolder.shares import check_selection
+        check_selection(self.selection, run)
 
     def score_file(self, url: str) -> Optional[str]:
+        from .publish import published
         if url in self.by_url:
             return self.by_url[url]
+        if published(url) in self.by_url:  # markers name a shard published (publish.py)
+            return self.by_url[published(url)]
         if is_local(url) and os.path.abspath(url) in self.by_url:
             return self.by_url[os.path.abspath(url)]
         return self.by_stem.get(shard_stem(url))
@@ -114,7 +119,7 @@ class ScoreFilter:
         path = self.score_file(url)
         if path is None:
             return
-        columns = ["status", "reason", *self.thresholds.columns()]
+        columns = ["status", "reason", *self.selection.columns()]
         try:
             t = read_table(path, ["key"] + columns)
             dropped = self.dedup.dropped(_stem(path)) if self.dedup is not None else {}
@@ -130,7 +135,7 @@ class ScoreFilter:
 
     # -- the stage ---------------------------------------------------------------------------------
     def __call__(self, data: Iterable[dict]) -> Iterator[dict]:
-        columns = ["status", "reason", *self.thresholds.columns()]
+        columns = ["status", "reason", *self.selection.columns()]
         for sample in data:
             if MARKER in sample:
                 yield sample
@@ -144,10 +149,9 @@ class ScoreFilter:
                 self.tally.drop("no_score", STAGE, url, key, why)
                 continue
             row = dict(zip(columns, values))
-            drop = keep_reason(row, self.thresholds)
+            drop = keep_reason(row, self.rules)
             if drop is not None:
-                self.tally.drop("no_score" if drop.no_score else "filtered_by_score", STAGE, url, key,
-                                drop.explain(row))
+                self.tally.drop(*_drop_counted(drop, row), STAGE, url, key, drop.explain(row))
                 continue
             if key in self._dropped:  # "duplicate" or "eval_match"
                 self.tally.drop(self._dropped[key], STAGE, url, key, f"marked by `wdsfilter dedup {self.scores_dir}`")
@@ -160,14 +164,27 @@ class ScoreFilter:
         return state
 
 
+def _drop_counted(drop, row: dict) -> tuple:
+    """(the reason a dropped sample is counted under): a row the scoring run rejected by that
+    reason, as keep_reason words it (`rejected: corrupt_image`: a problem of the data, not a missing
+    score), a row without a score `no_score`, a rule's drop `filtered_by_score`."""
+    if row.get("status") == "rejected":
+        return (drop.reason,)
+    return ("no_score" if drop.no_score else "filtered_by_score",)
+
+
 def _stem(score_file: str) -> str:
     """A shard's output name: its score file's name without the extension."""
     name = os.path.basename(score_file)
     return name[:-len(".parquet")] if name.endswith(".parquet") else name.rsplit(".", 1)[0]
 
 
-def score_filter(scores_dir: str, min_scores: Dict[str, float], tally: Optional[Tally] = None,
-                 max_scores: Optional[Dict[str, float]] = None, dedup: bool = False, storage_options=None) -> ScoreFilter:
+def score_filter(scores_dir: str, min_scores: Optional[Dict[str, float]] = None, tally: Optional[Tally] = None,
+                 max_scores: Optional[Dict[str, float]] = None, dedup: bool = False, storage_options=None,
+                 **rules) -> ScoreFilter:
     """A stage dropping samples without scores, under `min_scores` or over `max_scores` (column ->
-    bound); drops are counted in `tally` (pass the pipeline's, as wdsfilter.loader does)."""
-    return ScoreFilter(scores_dir, min_scores, tally, max_scores, dedup, storage_options)
+    bound), and by the other rules of a wdsfilter.Selection's keywords (equal=, top_shares=, ...,
+    the shares resolved here); drops are counted in `tally` (pass the pipeline's, as wdsfilter.loader does)."""
+    from .runfolder.shares import loader_selection
+    selection = Selection.from_keywords(min_scores=min_scores, max_scores=max_scores, dedup=dedup, **rules)
+    return ScoreFilter(scores_dir, loader_selection(scores_dir, selection, storage_options), tally, storage_options)

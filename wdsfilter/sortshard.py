@@ -1,4 +1,6 @@
-"""`wdsfilter sort-shard IN OUT`: rewrite a shard with each sample's members next to each other.
+"""`wdsfilter sort-shard IN OUT`: rewrite a shard with each sample's members next to each other
+(`sort-shard IN... OUTDIR`: every shard of folders, globs or several files, each into OUTDIR
+under its own name).
 
 A shard written with `tar -cf x.tar *.txt *.json *.jpg`, or by archiving a folder in directory
 order, scatters the members of one key through the tar; every reader (webdataset, open_clip,
@@ -113,13 +115,14 @@ def _open_remote(src: str, storage_options, jumps: bool = False):
 
 def _sort_remote(src: str, dst: str, rekey: str, storage_options):
     """A remote plain tar, with no temporary: indexed by one streamed read, copied by a second
-    (both at one version of the object). None for a compressed one: its offsets are inside the
-    decompressed stream, which cannot jump back (a temporary, _fetch)."""
+    (both at one version of the object). None for a compressed one (its offsets are inside the
+    decompressed stream, which cannot jump back) and for a web object with no strong validator
+    (a jump could land in another version): a temporary, _fetch."""
     from .remote import RemoteReadError
     first = _open_remote(src, storage_options)
     try:
-        if compression(first.peek(6)[:6]) is not None:
-            return None
+        if compression(first.peek(6)[:6]) is not None or not first.proven:
+            return None  # a web server with no strong validator: no jump can be tied to this version
         entries, skipped = _index(first, rekey, redact_url(src))
         version = first.version
     except RemoteReadError as e:
@@ -220,29 +223,65 @@ def _write(f, entries: List[tuple], skipped: int, dst: str, src: str) -> SortRes
 
 
 @click.command("sort-shard", context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES_HELP)
-@click.argument("src", metavar="IN", type=click.Path(dir_okay=False))
-@click.argument("dst", metavar="OUT", type=click.Path(dir_okay=False))
+@click.argument("paths", metavar="IN... OUT", nargs=-1, required=True)
 @click.option("--rekey", type=click.Choice(REKEY_MODES), default="first-dot", show_default=True,
               help="Member name -> key split, as for validate.")
 @click.option("--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
               help="An fsspec storage option for a remote IN (endpoint_url=..., profile=...); repeatable.")
 @verbosity_options(quiet="Say nothing when the shard is written (errors still go to stderr).",
                    verbose="Say more: the keys that were scattered through IN and the bytes copied.")
-def sort_shard_command(src, dst, rekey, storage_options, quiet, verbose):
-    """Rewrite shard IN as OUT with each sample's members next to each other (ordered by key).
+def sort_shard_command(paths, rekey, storage_options, quiet, verbose):
+    """Rewrite shard IN as OUT with each sample's members next to each other (ordered by key);
+    with several shards, or a folder or glob of them, OUT is a folder and each is written there
+    under its own name.
 
     The fix for validate's scattered_key error (shards written by `tar -cf x.tar *.txt *.jpg` or in
     directory order). Member bytes and headers are copied unchanged; OUT ending in .tar.gz/.tgz is
     gzip-compressed. OUT appears only when complete."""
     from .remote import parse_storage_options
+    if len(paths) < 2:
+        raise click.UsageError("give the shard(s) to sort and where to write: IN OUT, or IN... OUTDIR")
+    *sources, dst = paths
     level = verbosity(quiet, verbose)
-    result = sort_shard(src, dst, rekey, parse_storage_options(storage_options))
-    if level >= 1:
-        click.echo(f"wdsfilter sort-shard: wrote {dst}: {result.members} member(s) of {result.keys} key(s), "
-                   f"{result.moved} moved" + (f", {result.skipped} non-file member(s) left out" if result.skipped else ""))
-    if level >= 2:
-        click.echo(f"  {result.scattered} of {result.keys} key(s) had members scattered through {redact_url(src)}; "
-                   f"{result.bytes} bytes of members (headers included) copied")
+    options = parse_storage_options(storage_options)
+    one = len(sources) == 1 and (is_remote(sources[0]) or os.path.isfile(sources[0])) and not os.path.isdir(dst)
+    if not one and dst.endswith((".tar", ".tar.gz", ".tgz")):
+        raise click.UsageError(f"OUT {dst!r} names a shard file, but IN is several shards or a folder of them: "
+                               f"give a folder to write them into")
+    jobs = [(sources[0], dst)] if one else _into_folder(sources, dst, options)
+    failed = []
+    for src, out in jobs:
+        try:
+            result = sort_shard(src, out, rekey, options)
+        except (ConfigError, RunError, OutputError) as e:
+            if len(jobs) == 1:
+                raise
+            failed.append(redact_url(src))
+            click.echo(f"wdsfilter sort-shard: {redact_url(src)}: {e}", err=True)
+            continue
+        if level >= 1:
+            click.echo(f"wdsfilter sort-shard: wrote {out}: {result.members} member(s) of {result.keys} key(s), "
+                       f"{result.moved} moved" + (f", {result.skipped} non-file member(s) left out" if result.skipped else ""))
+        if level >= 2:
+            click.echo(f"  {result.scattered} of {result.keys} key(s) had members scattered through {redact_url(src)}; "
+                       f"{result.bytes} bytes of members (headers included) copied")
+    if failed:
+        raise RunError(f"{len(failed)} of {len(jobs)} shard(s) were not sorted (named above); the others are in {dst}")
+
+
+def _into_folder(sources: List[str], folder: str, storage_options) -> List[tuple]:
+    """(shard, OUTDIR/its file name) for every shard the sources name (folders, globs, files)."""
+    from .shards import expand_urls
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise ConfigError(f"OUT {folder!r} is a file: with several shards, or a folder of them, OUT is the folder "
+                          f"to write them into")
+    urls = expand_urls(sources, allow_pipe=False, allow_remote=True, storage_options=storage_options)
+    names = [os.path.basename(u.rstrip("/").split("?")[0]) for u in urls]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"{len(twice)} shard name(s) occur in more than one input ({', '.join(twice[:3])}): each "
+                          f"is written into {folder} under its own name; sort them into separate folders")
+    return [(u, os.path.join(folder, n)) for u, n in zip(urls, names)]
 
 
 sort_shard_cli = sort_shard_command  # the name wdsfilter.cli attaches

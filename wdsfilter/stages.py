@@ -30,8 +30,24 @@ def _reject(tally: Tally, sample: dict, reason: str, stage: str, member: str, me
     sample a row, its reason included)."""
     tally.drop(reason, stage, sample.get("__url__", ""), member, message)
     if emit:
-        return reject_marker(sample.get("__key__", ""), sample.get("__url__", ""), reason, message, stage, member)
+        caption, meta = _said(sample)
+        return reject_marker(sample.get("__key__", ""), sample.get("__url__", ""), reason, message, stage, member,
+                             caption, meta)
     return None
+
+
+def _said(sample: dict) -> tuple:
+    """(caption, json object) of a sample being dropped, as far as its text members were read:
+    after rename its fields; before, the caption select found and its .json (parsed here only for
+    a dropped sample, behind the json byte cap the reader applied)."""
+    caption = sample.get("caption") if isinstance(sample.get("caption"), str) else sample.get("__caption__")
+    meta = sample.get("json") if isinstance(sample.get("json"), dict) else sample.get("__parsed_json")
+    if meta is None and isinstance(sample.get("json"), (bytes, bytearray)):
+        try:
+            meta = parse_json_member(sample["json"])
+        except ValueError:
+            meta = None
+    return caption, meta if isinstance(meta, dict) else None
 
 
 def _read(src, cfg: StageConfig, tally: Tally):
@@ -283,9 +299,10 @@ IMAGE_BYTES = "__image_bytes__"
 
 
 def _decode(data: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator[dict]:
-    """Decode "image" behind the size guard. Videos stay bytes (the scorers decode frames)."""
+    """Decode "image" behind the size guard. Videos stay bytes (the scorers decode frames), and so
+    do images where nothing reads their pixels (cfg.decode_pixels)."""
     for sample in data:
-        if MARKER not in sample and "image" in sample:
+        if MARKER not in sample and "image" in sample and cfg.decode_pixels:
             try:
                 raw = sample["image"]
                 sample["image"] = decode_image(raw, cfg.max_pixels, cfg.max_side,

@@ -18,6 +18,9 @@ from .errors import StarvationError
 MAX_EXAMPLES = 3
 # Reasons counted per shard, not per sample: they are not part of the "dropped" sample total.
 SHARD_REASONS = ("truncated_tar", "unreadable_shard")
+# Drops the user asked for (the score filter's rules and dedup), not problems of the data: the
+# loader logs them at INFO, the others at WARNING.
+ASKED_REASONS = ("filtered_by_score", "duplicate", "eval_match")
 
 # Why a sample was dropped, in the users' words: the hint printed with the count.
 HINTS = {
@@ -45,7 +48,9 @@ HINTS = {
     "no_extension": "member without an extension (or a dotfile) ignored",
     "foreign_image_token": "caption carried another image token; normalised to the configured one",
     "filtered_by_score": "dropped by a score threshold",
-    "no_score": "no score row for this key in the score files",
+    "duplicate": "not the survivor of its duplicate group (wdsfilter dedup)",
+    "eval_match": "matches an eval image (wdsfilter dedup --eval)",
+    "no_score": "no score row for this key in the score files, or a row no scorer scored",
     "transform_error": "the user's transform raised on this sample",
 }
 
@@ -222,6 +227,10 @@ class Tally:
             room = MAX_EXAMPLES - len(self.examples[r])
             self.examples[r].extend(Example(**e) for e in ex[:max(room, 0)])
 
+    def problems(self) -> bool:
+        """Drops or notes that are not the rules the user asked for: problems of the data."""
+        return bool(self.notes) or any(n for r, n in self.dropped.items() if r not in ASKED_REASONS)
+
     def summary(self) -> str:
         dropped = sum(n for r, n in self.dropped.items() if r not in SHARD_REASONS)
         lines = [f"samples read: {self.samples_read}, kept: {self.samples_out}, dropped: {dropped}"]
@@ -232,7 +241,8 @@ class Tally:
                 ex = self.examples.get(reason) or []
                 where = f" e.g. {ex[0].shard} member {ex[0].member}" if ex and ex[0].member else (
                     f" e.g. {ex[0].shard}" if ex else "")
-                lines.append(f"  {title} {count:>7} {reason}: {HINTS.get(reason, '')}{where}")
+                hint = HINTS.get(reason) or HINTS.get(reason.rpartition("rejected: ")[2], "")  # the score filter's
+                lines.append(f"  {title} {count:>7} {reason}: {hint}{where}")
         return "\n".join(lines)
 
 

@@ -66,6 +66,41 @@ class Bound:
         return f"{self.column}={v:.4g} {'<' if self.minimum else '>'} {self.value:g}"
 
 
+@dataclass(frozen=True)
+class Match:
+    """A text column's rule (`--equal caption_language=en`): the row's value is one of `values`.
+    The same interface as Bound, so the one keep rule (runfolder/keep.py) judges both."""
+    column: str
+    values: Tuple[str, ...]
+
+    def passes(self, v: Any) -> bool:
+        return self.judge(v) is True
+
+    def judge(self, v: Any) -> Optional[bool]:
+        """passes(v), or None when v is missing (or not a text: a number in a hand-edited table)."""
+        if is_missing(v) or not isinstance(v, str):
+            return None
+        return v in self.values
+
+    def drop_reason(self, v: Any) -> Optional[str]:
+        ok = self.judge(v)
+        if ok is None:
+            return f"no {self.column}"
+        return None if ok else f"{self.column} not {self.shown()}"
+
+    def shown(self) -> str:
+        return self.values[0] if len(self.values) == 1 else "in " + ",".join(self.values)
+
+    def describe(self) -> str:
+        return f"{self.column} = {self.values[0]}" if len(self.values) == 1 else \
+            f"{self.column} in {', '.join(self.values)}"
+
+    def explain(self, v: Any) -> str:
+        if self.judge(v) is None:
+            return f"{self.column} has no value"
+        return f"{self.column}={v!r} not {self.shown()}"
+
+
 def numbers(bounds: Optional[Mapping], what: str) -> Dict[str, float]:
     """{column: number}; a value that is not a number (or is NaN) is a ConfigError naming `what`
     ("minimum", "maximum") and the column."""

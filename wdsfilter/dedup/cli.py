@@ -14,11 +14,13 @@ from .spill import MEMORY_MB
 @click.argument("run_dir", metavar="RUN_DIR")
 @click.option("--kind", "kinds", multiple=True, type=click.Choice(KINDS),
               help="exact (same sha256), near (phash within --near-bits) or semantic (CLIP embedding cosine >= "
-                   "--semantic-threshold). Repeatable. [every kind the run has the data for]")
+                   "--semantic-threshold, which it needs). Repeatable. [exact and near]")
 @click.option("--near-bits", type=int, default=NEAR_BITS, show_default=True,
               help="Near duplicates: phashes differing in at most this many of 64 bits.")
-@click.option("--semantic-threshold", type=float, default=SEMANTIC_THRESHOLD, show_default=True,
-              help="Semantic duplicates: cosine of the image embeddings at least this.")
+@click.option("--semantic-threshold", type=float, default=SEMANTIC_THRESHOLD, metavar="COSINE",
+              help="Semantic duplicates: cosine of the image embeddings at least this; no default, it depends on "
+                   "the model: start at 0.99 and lower it while the report's semantic groups are still copies "
+                   "(docs/dedup.md).")
 @click.option("--eval", "evals", multiple=True, metavar="FOLDER_OR_SHARD",
               help="Eval images (a folder of images or WebDataset shards): training rows matching one exactly, "
                    "near or (with the semantic kind: the run's CLIP model is loaded) semantically are marked and "

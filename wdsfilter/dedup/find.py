@@ -4,7 +4,8 @@ run's CLIP for `--eval` with the semantic kind (the eval images must be embedded
 model): the hash columns and saved embeddings of the scoring pass are all it reads.
 
     from wdsfilter.dedup import dedup
-    result = dedup("scores/", kinds=["exact", "near"], evals=["imagenet-val/"])
+    result = dedup("scores/", evals=["imagenet-val/"])            # exact and near (the default)
+    result = dedup("scores/", kinds=["semantic"], semantic_threshold=0.97)   # opt-in, a cosine chosen for the model
     print(result.format_text())
 """
 from __future__ import annotations
@@ -22,8 +23,14 @@ from .spill import MEMORY_MB
 from ..runfolder.dedup import FOLDER, SUMMARY, score_file_state
 
 NEAR_BITS = 5           # docs/dedup.md: re-encodes, resizes and PNG<->JPEG measured at <= 4 bits, distinct photos >= 16
-SEMANTIC_THRESHOLD = 0.95  # cosine; SemDeDup's eps = 1 - cosine, 0.05
+# Semantic dedup has no default threshold: the cosine of two copies depends on the model (docs/dedup.md,
+# "Choosing the semantic threshold"); --kind semantic asks for --semantic-threshold.
+SEMANTIC_THRESHOLD = None
+SEMANTIC_HOW = ("choose it for the run's model: start at 0.99, open RUN_DIR/dedup/report.html (each card shows its "
+                "cosine to the survivor) and lower it while the semantic groups are still copies of one picture "
+                "(docs/dedup.md, 'Choosing the semantic threshold')")
 LARGEST = 10
+SKIPPED_SHOWN = 10  # rows named of those semantic dedup skipped
 
 
 @dataclass
@@ -41,6 +48,10 @@ class DedupResult:
     eval_unreadable: List[str] = field(default_factory=list)
     eval_matches: Dict[str, int] = field(default_factory=dict)
     largest: List[dict] = field(default_factory=list)
+    # rows semantic dedup left out, their embedding holding NaN or inf: how many, and the first few
+    # ({"shard", "index", "key"}) by name
+    semantic_skipped: int = 0
+    semantic_skipped_rows: List[dict] = field(default_factory=list)
     seconds: Dict[str, float] = field(default_factory=dict)
     folder: str = ""
 
@@ -59,6 +70,11 @@ class DedupResult:
             lines.append(f"  {in_groups} row(s) in groups, by their closest link: "
                          + ", ".join(f"{n} {k}" for k, n in self.rows_per_kind.items()))
         lines.append(f"  {self.duplicates} row(s) are duplicates of a survivor, {self.rows - self.duplicates} kept")
+        if self.semantic_skipped:
+            named = ", ".join(f"{m['shard']}/{m['key']}" for m in self.semantic_skipped_rows)
+            lines.append(f"  semantic: {self.semantic_skipped} row(s) skipped, their image embedding holds NaN or inf "
+                         f"(no cosine with any other; score them again): {named}"
+                         f"{' ...' if self.semantic_skipped > len(self.semantic_skipped_rows) else ''}")
         if self.eval_images or self.eval_unreadable:
             matched = ", ".join(f"{n} {k}" for k, n in self.eval_matches.items()) or "none"
             lines.append(f"  eval: {self.eval_images} image(s) compared; rows matching one: {matched}")
@@ -77,7 +93,7 @@ class DedupResult:
 
 
 def dedup(run_dir: str, kinds: Sequence[str] = (), near_bits: int = NEAR_BITS,
-          semantic_threshold: float = SEMANTIC_THRESHOLD, evals: Sequence[str] = (),
+          semantic_threshold: Optional[float] = SEMANTIC_THRESHOLD, evals: Sequence[str] = (),
           echo: Optional[Callable[[str], None]] = None, storage_options=None,
           memory_mb: int = MEMORY_MB) -> DedupResult:
     """Group duplicates of the kinds asked (default: every kind the run has data for), choose the
@@ -131,7 +147,10 @@ def _check_options(kinds: Sequence[str], near_bits: int, semantic_threshold: flo
         raise ConfigError(f"unknown dedup kind(s) {unknown}; choose from {', '.join(KINDS)}")
     if isinstance(near_bits, bool) or not isinstance(near_bits, int) or not 0 <= near_bits <= 32:
         raise ConfigError(f"near distance must be a number of bits from 0 to 32, got {near_bits!r}")
-    if not -1.0 <= float(semantic_threshold) <= 1.0:
+    if "semantic" in kinds and semantic_threshold is None:
+        raise ConfigError(f"--kind semantic needs --semantic-threshold COSINE: two copies' cosine depends on the CLIP "
+                          f"model; {SEMANTIC_HOW}")
+    if semantic_threshold is not None and not -1.0 <= float(semantic_threshold) <= 1.0:
         raise ConfigError(f"semantic threshold is a cosine in [-1, 1], got {semantic_threshold!r}")
     if isinstance(memory_mb, bool) or not isinstance(memory_mb, int) or memory_mb < 16:
         raise ConfigError(f"the dedup memory budget is a number of MB, at least 16, got {memory_mb!r}")
@@ -156,12 +175,13 @@ def _find(rows, run_dir: str, kinds: Sequence[str], near_bits: int, semantic_thr
         kinds = list(dict.fromkeys(kinds))
         if {"exact", "near"} & set(kinds):
             source.require_hashes(rows, " and ".join(k for k in kinds if k != "semantic"))
-    else:  # every kind the run has the data for
-        kinds = (["exact", "near"] if rows.hashed else []) + \
-                (["semantic"] if source.has_embeddings(run_dir) else [])
-        if not kinds:
-            raise ConfigError(f"{run_dir} has neither hashes nor embeddings to dedup by; {source.HASH_HINT}, "
-                              f"or add --save-embeddings for semantic dedup")
+    else:  # exact and near; semantic only when asked (its threshold depends on the model)
+        if not rows.hashed:
+            more = (f"; its saved embeddings allow `--kind semantic --semantic-threshold COSINE` ({SEMANTIC_HOW})"
+                    if source.has_embeddings(run_dir) else ", or add --save-embeddings for semantic dedup")
+            raise ConfigError(f"{run_dir} has no hashes to dedup by (exact and near, the default kinds); "
+                              f"{source.HASH_HINT}{more}")
+        kinds = ["exact", "near"]
     if evals and not rows.hashed:
         raise ConfigError(f"--eval matching needs the run's hashes; {source.HASH_HINT}")
     result = DedupResult(run_dir=run_dir, kinds=list(kinds), rows=rows.count, shards=len(rows.shards),
@@ -183,7 +203,11 @@ def _find(rows, run_dir: str, kinds: Sequence[str], near_bits: int, semantic_thr
     if "semantic" in kinds:
         from .semantic import semantic_pairs
         t = time.perf_counter()
-        a, b, clusters = semantic_pairs(source.embeddings(rows), float(semantic_threshold), seconds=result.seconds)
+        skipped: List[int] = []
+        a, b, clusters = semantic_pairs(source.embeddings(rows), float(semantic_threshold), seconds=result.seconds,
+                                        skipped=skipped)
+        result.semantic_skipped = len(skipped)
+        result.semantic_skipped_rows = _named_rows(rows, skipped[:SKIPPED_SHOWN])
         uf.union(a, b, "semantic")
         result.seconds["semantic"] = time.perf_counter() - t
     t = time.perf_counter()
@@ -206,7 +230,7 @@ def _find(rows, run_dir: str, kinds: Sequence[str], near_bits: int, semantic_thr
                 result.eval_matches["semantic"] = n
         echo(f"eval: {len(ev.names)} image(s) read from {', '.join(evals)}")
     t = time.perf_counter()
-    result.largest = _largest(rows, groups)
+    result.largest = _largest(rows, groups, "semantic" in kinds)
     result.folder = _write(rows, groups, matches, result, dict(near_bits=near_bits, semantic_threshold=semantic_threshold,
                                                                 kinds=list(kinds), clusters=clusters, evals=list(evals)))
     result.seconds["write"] = time.perf_counter() - t
@@ -260,8 +284,16 @@ def _match_eval_semantic(run_dir, rows, ev, evals, threshold: float, matches: Di
     return marked
 
 
-def _largest(rows, groups) -> List[dict]:
-    """The LARGEST biggest groups, each with up to 8 members (shard, key read later, index)."""
+def _named_rows(rows, row_numbers: List[int]) -> List[dict]:
+    """Rows by their shard's output name and index ({"shard", "index", "row"}; _write adds "key")."""
+    numbers = np.array(row_numbers, dtype=np.int64)
+    return [{"shard": rows.shards[s].name, "index": int(rows.index.read(m, m + 1)[0]), "row": m}
+            for m, s in zip(numbers.tolist(), rows.shard_of(numbers).tolist())]
+
+
+def _largest(rows, groups, semantic: bool = False) -> List[dict]:
+    """The LARGEST biggest groups, each with up to 8 members (shard, key read later, index) and
+    each member's distance to its survivor: phash bits, the image embeddings' cosine (semantic)."""
     if not len(groups.sizes):
         return []
     top = np.argsort(-groups.sizes, kind="stable")[:LARGEST]
@@ -269,11 +301,34 @@ def _largest(rows, groups) -> List[dict]:
     out = []
     for g in top.tolist():
         rows_of = np.array(members[g], dtype=np.int64)
+        best = int(groups.best[g])
         out.append({"group": g, "size": int(groups.sizes[g]), "kind": groups.group_kind[g],
                     "members": [{"shard": rows.shards[s].name, "index": int(rows.index.read(m, m + 1)[0]), "row": m,
-                                 "survivor": bool(groups.best[g] == m)}
+                                 "survivor": best == m}
                                 for m, s in zip(rows_of.tolist(), rows.shard_of(rows_of).tolist())]})
+        _distances(rows, best, out[-1]["members"], semantic)
     return out
+
+
+def _distances(rows, best: int, members: List[dict], semantic: bool) -> None:
+    """Each member's distance to the survivor `best`: "bits" (phash Hamming distance, where both
+    have a phash) and "cosine" (of the saved image embeddings, for a semantic dedup)."""
+    from .source import HAS_PHASH
+    if rows.hashed:
+        def phash_of(r):
+            return int(rows.phash.read(r, r + 1)[0]) if rows.has.read(r, r + 1)[0] & HAS_PHASH else None
+        kept = phash_of(best)
+        for m in members:
+            mine = phash_of(m["row"])
+            if kept is not None and mine is not None:
+                m["bits"] = bin(kept ^ mine).count("1")
+    if semantic:
+        from . import source
+        from .semantic import cosines_to
+        found = cosines_to(source.embeddings(rows), best, [m["row"] for m in members])
+        for m in members:
+            if m["row"] in found:
+                m["cosine"] = round(found[m["row"]], 4)
 
 
 def _write(rows, groups, matches, result: DedupResult, settings: dict) -> str:
@@ -287,7 +342,7 @@ def _write(rows, groups, matches, result: DedupResult, settings: dict) -> str:
     folder = confined(rows.folder, os.path.join(rows.folder, FOLDER))  # never written through a link out
     os.makedirs(folder, exist_ok=True)
     keys_of = {}
-    wanted = {m["row"] for g in result.largest for m in g["members"]}
+    wanted = {m["row"] for g in result.largest for m in g["members"]} | {m["row"] for m in result.semantic_skipped_rows}
     kind_names = pa.array(KINDS, pa.string())
     matched = np.array(sorted(matches), dtype=np.int64)
     for s, shard in enumerate(rows.shards):
@@ -312,14 +367,14 @@ def _write(rows, groups, matches, result: DedupResult, settings: dict) -> str:
             "eval_match": pa.nulls(hi - lo, pa.string()) if evals is None else pa.array(evals, pa.string())})
         with atomic_path(os.path.join(folder, shard.name + ".parquet")) as tmp:
             pq.write_table(table, tmp)
-    for g in result.largest:
-        for m in g["members"]:
-            m["key"] = keys_of.get(m.pop("row"))
+    for m in [m for g in result.largest for m in g["members"]] + result.semantic_skipped_rows:
+        m["key"] = keys_of.get(m.pop("row"))
     summary = {"settings": settings, "rows": result.rows, "groups": result.groups, "per_kind": result.per_kind,
                "rows_per_kind": result.rows_per_kind,
                "duplicates": result.duplicates, "eval_images": result.eval_images,
                "eval_unreadable": result.eval_unreadable, "eval_matches": result.eval_matches,
                "largest": result.largest, "unfinished": result.unfinished,
+               "semantic_skipped": {"rows": result.semantic_skipped, "first": result.semantic_skipped_rows},
                "shards": {s.name: score_file_state(s.score_file) for s in rows.shards}}
     write_text_atomic(os.path.join(folder, SUMMARY), json.dumps(summary, indent=1))
     from ..report.dedup import write_report

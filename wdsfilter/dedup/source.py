@@ -101,7 +101,7 @@ def _read(run, folder: str, want_hashes: bool, space) -> RunRows:
                 prefix, valid = _sha_prefix(batch["sha256"])
                 sha.append(prefix)
                 present = ~_nulls(batch["phash"])
-                phash.append(_numbers(batch["phash"], np.int64, 0).view(np.uint64))
+                phash.append(_phashes(batch["phash"], present))
                 has.append(valid * np.uint8(HAS_SHA) | present * np.uint8(HAS_PHASH))
             n += len(batch["index"])
         starts.append(starts[-1] + n)
@@ -154,6 +154,29 @@ def _numbers(array, dtype, missing) -> np.ndarray:
     if array.null_count:
         array = pc.fill_null(array, missing)
     return np.frombuffer(array.buffers()[1], dtype=dtype)[array.offset:array.offset + len(array)]
+
+
+def _phashes(array, present) -> np.ndarray:
+    """A phash column as uint64 (0 where missing): the hex texts score files hold (16 digits,
+    decoded all at once), or the signed int64 of runs scored before."""
+    import pyarrow as pa
+    if not (pa.types.is_string(array.type) or pa.types.is_large_string(array.type)):
+        return _numbers(array, np.int64, 0).view(np.uint64)
+    texts = array.to_pylist()
+    if all(t is None or (len(t) == 16) for t in texts):
+        joined = "".join(t if t is not None else "0" * 16 for t in texts)
+        try:
+            return np.frombuffer(bytes.fromhex(joined), dtype=">u8").astype(np.uint64)
+        except ValueError:
+            pass  # not hex: each one read alone below, a bad one as missing
+    from ..hashes import phash_int
+    out = np.zeros(len(texts), dtype=np.uint64)
+    for i, t in enumerate(texts):
+        try:
+            out[i] = np.int64(phash_int(t)).view(np.uint64) if t is not None else 0
+        except ValueError:
+            present[i] = False
+    return out
 
 
 def _sha_prefix(array):

@@ -5,7 +5,7 @@ thresholds, resolved in runfolder/shares.py), apply (judge, count, write: filter
 are judged and counted by runfolder/judge.py), reshard (new shards of N samples), hfcard, rename,
 cli. The HTML report is wdsfilter/report/'s, shared with `wdsfilter score`.
 """
-from .rules import FilterSpec, Threshold, resolve_for_loader
+from .rules import FilterSpec, Selection, Threshold, resolve_for_loader
 from .apply import FilterResult, filter_scores
 
-__all__ = ["filter_scores", "FilterResult", "FilterSpec", "Threshold", "resolve_for_loader"]
+__all__ = ["filter_scores", "FilterResult", "FilterSpec", "Selection", "Threshold", "resolve_for_loader"]

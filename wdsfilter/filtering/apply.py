@@ -2,7 +2,7 @@
 and optionally write the kept samples into new shards (reshard.py) and a report (wdsfilter/report/).
 
     from wdsfilter.filtering import filter_scores
-    result = filter_scores("scores/", tops=["clip_score=30%"], maxes=["ocr_area=0.2"],
+    result = filter_scores("scores/", top_shares={"clip_score": 30}, max_scores={"ocr_area": 0.2},
                            write_shards="train/", samples_per_shard=1000)
     print(result.format_text())
 
@@ -18,9 +18,11 @@ from typing import Callable, List, Optional, Sequence
 from ..runfolder import ScoredShard, ScoreRun
 from ..runfolder.judge import FilterResult, Threshold, count_run, judge_shard
 from ..runfolder.reader import check_sources
+from ..runfolder.shares import check_present
 from ..config import StageConfig
-from ..thresholds import Thresholds
-from .rules import FilterSpec, resolve, write_thresholds
+from ..selection import Selection
+from .rules import resolve_selection, write_thresholds
+
 
 def _file_state(path: str) -> list:
     # what the file holds, not when it was written: a bucket's score folder is read through a local
@@ -36,9 +38,12 @@ def kept_keys(shard: ScoredShard, thresholds: Sequence[Threshold], marks=None) -
 
 
 def _check_outputs(run: ScoreRun, scores_dir: str, write_shards: Optional[str], report: Optional[str],
-                   allow_pipe: bool, allow_remote: bool) -> None:
+                   allow_pipe: bool, allow_remote: bool, export_uids: Optional[str] = None) -> None:
     """What filter writes can be written, and the sources it reads again may be: before any work."""
     from ..writing import check_output_dir, check_output_file, refuse_writing_into_inputs
+    if export_uids is not None:
+        from .uids import check_export
+        check_export(export_uids, run)
     if write_shards is not None:  # a bucket's folder too (reshard.Resharder.lock)
         check_output_dir(write_shards, "--write-shards")
         refuse_writing_into_inputs(write_shards, [s.url for s in run.shards])
@@ -48,48 +53,79 @@ def _check_outputs(run: ScoreRun, scores_dir: str, write_shards: Optional[str], 
         check_sources([s.url for s in run.shards], allow_pipe, allow_remote, scores_dir)
 
 
-def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str] = (), tops: Sequence[str] = (),
-                  bottoms: Sequence[str] = (), write_shards: Optional[str] = None, samples_per_shard: int = 1000,
-                  prefix: str = "shard", dry_run: bool = False, report: Optional[str] = "",
-                  overwrite: bool = False, echo: Optional[Callable[[str], None]] = None,
-                  save_thresholds: bool = True, source_root: Optional[str] = None, allow_pipe: bool = False,
-                  allow_remote: bool = False,
-                  stream_idle_seconds: float = StageConfig.stream_idle_seconds, dedup: bool = False,
-                  shard_echo: Optional[Callable] = None, unique_keys: bool = False, interleave: int = 0,
-                  thresholds: Optional[Thresholds] = None) -> FilterResult:
-    """Judge, count and write (see the module docstring). report: a path, "" for default_report's,
-    None for no report. unique_keys, interleave, shard_echo: reshard.Resharder's. save_thresholds: write SCORES_DIR/thresholds.json (the
-    resolved thresholds as wdsfilter.loader's keyword arguments). source_root: the folder holding
-    the source shards now (moved since scoring, or a folder received from someone else): each is
-    read there by its file name, never where the folder says. allow_pipe, allow_remote: read
-    source shards that are `pipe:` commands or remote URLs again (for --write-shards and the
-    report's thumbnails); what the score folder says (run.json) never allows them.
-    stream_idle_seconds: such a source that sends nothing this long is killed (0: never), as in
-    every other read of a shard (shards.IdleGuard). thresholds: minima and maxima as a
-    thresholds.Thresholds (the scoring run's own), with those of mins/maxes."""
+# The old keywords of filter_scores (the flags' texts, and thresholds= a Thresholds), taken with a
+# DeprecationWarning: name -> its Selection.parse keyword
+OLD_KEYWORDS = {"mins": "mins", "maxes": "maxes", "tops": "tops", "bottoms": "bottoms"}
+
+
+def given_selection(selection, rules: dict, old: dict) -> Selection:
+    """The selection of filter_scores: selection=, or the keywords every API takes (min_scores=,
+    top_shares=, ...; selection.selection_of), or the old ones (mins=["clip_score=0.3"], tops=,
+    thresholds=Thresholds), with a DeprecationWarning."""
+    from ..selection import selection_of, warn_renamed
+    unknown = sorted(set(old) - set(OLD_KEYWORDS) - {"thresholds"})
+    if unknown:
+        raise TypeError(f"filter_scores() got an unexpected keyword argument {unknown[0]!r}")
+    texts = {k: tuple(v or ()) for k, v in old.items() if k in OLD_KEYWORDS and v}
+    typed = old.get("thresholds")
+    for name in [*texts, *(["thresholds"] if typed else [])]:
+        new = {"mins": "min_scores", "maxes": "max_scores", "tops": "top_shares", "bottoms": "bottom_shares",
+               "thresholds": "min_scores and max_scores"}[name]
+        warn_renamed(name, new, "filter_scores")
+    out = selection_of(selection, rules, "filter_scores")
+    if texts or typed:
+        previous = Selection(minima=dict(typed.minima), maxima=dict(typed.maxima)) if typed else Selection()
+        out = out.merged(previous).merged(Selection.parse(**texts))
+    return out
+
+
+def filter_scores(scores_dir: str, selection: Optional[Selection] = None, *, write_shards: Optional[str] = None,
+                  samples_per_shard: int = 1000, prefix: str = "shard", dry_run: bool = False,
+                  report: Optional[str] = "", save: bool = False, overwrite: bool = False,
+                  echo: Optional[Callable[[str], None]] = None, save_thresholds: bool = True,
+                  source_root: Optional[str] = None, allow_pipe: bool = False, allow_remote: bool = False,
+                  stream_idle_seconds: float = StageConfig.stream_idle_seconds, shard_echo: Optional[Callable] = None,
+                  unique_keys: bool = False, interleave: int = 0, export_uids: Optional[str] = None,
+                  min_scores: Optional[dict] = None, max_scores: Optional[dict] = None,
+                  top_shares: Optional[dict] = None, bottom_shares: Optional[dict] = None,
+                  equal: Optional[dict] = None, dedup: bool = False, recipe=None, min_clip: Optional[float] = None,
+                  max_ocr_area: Optional[float] = None, **old) -> FilterResult:
+    """Judge, count and write (see the module docstring). The rules: selection= (a
+    wdsfilter.Selection) or its keywords (min_scores=, max_scores=, top_shares=, bottom_shares=,
+    equal=, dedup=, recipe=, min_clip=, max_ocr_area=: as wdsfilter.loader takes them).
+
+    write_shards: new shards of the kept samples there, with the rules (thresholds.json, the
+    loader's keyword arguments) beside them and in SCORES_DIR. Without it nothing is written
+    unless asked: save=True writes SCORES_DIR/thresholds.json and SCORES_DIR/filter_report.html,
+    report=PATH a report there, export_uids=PATH the kept samples' uids (DataComp's .npy).
+    report: a path, "" for the default (beside the shards, or with save), None for none.
+    unique_keys, interleave, shard_echo: reshard.Resharder's. save_thresholds=False: no
+    thresholds.json at all. source_root: the folder holding the source shards now (moved since
+    scoring, or a folder received from someone else): each is read there by its file name, never
+    where the folder says. allow_pipe, allow_remote: read source shards that are `pipe:` commands
+    or remote URLs again (for write_shards and the report's thumbnails); what the score folder says
+    (run.json) never allows them. stream_idle_seconds: such a source that sends nothing this long
+    is killed (0: never), as in every other read of a shard (shards.IdleGuard)."""
     echo = echo or (lambda line: None)
-    spec = FilterSpec.parse(mins, maxes, tops, bottoms, thresholds)  # usage errors before any file is read
-    if write_shards is not None and samples_per_shard < 1:
-        from ..errors import ConfigError
-        raise ConfigError(f"--samples-per-shard must be >= 1, got {samples_per_shard}")
+    rules = dict(min_scores=min_scores, max_scores=max_scores, top_shares=top_shares, bottom_shares=bottom_shares,
+                 equal=equal, dedup=dedup, recipe=recipe, min_clip=min_clip, max_ocr_area=max_ocr_area)
+    selection = given_selection(selection, rules, old)  # usage errors before any file is read
+    _check_options(write_shards, samples_per_shard, dry_run, export_uids)
     run = ScoreRun.open(scores_dir, source_root)  # not a score folder: say so, before its report path is judged
+    report = default_report(scores_dir, write_shards, save) if report == "" else report
     if not dry_run and (write_shards is not None or report is not None):
         run.require_sources()  # sources only where the run's own record names them
-    report = default_report(scores_dir, write_shards) if report == "" else report
     if not dry_run:  # an output that cannot be written is a usage error, found before any work
-        _check_outputs(run, scores_dir, write_shards, report, allow_pipe, allow_remote)
-    marks = None
-    if dedup:  # `wdsfilter dedup`'s verdicts: survivors only, no eval match
-        from ..runfolder.dedup import DedupMarks
-        marks = DedupMarks(run.folder, [(s.name, s.score_file) for s in run.shards])
+        _check_outputs(run, scores_dir, write_shards, report, allow_pipe, allow_remote, export_uids)
     # Counted column-wise (no report, no --dedup): each score file read once, its threshold columns
     # held for the shares too (judge.ShardTable), instead of a read to resolve and one to count.
-    tables = _read_tables(run, spec) if marks is None and (report is None or dry_run) else None
-    held = ({c: [t.numbers[c] for t in tables] for c in spec.columns()}
+    tables = _read_tables(run, selection) if not selection.dedup and (report is None or dry_run) else None
+    held = ({c: [t.numbers[c] for t in tables] for c in selection.numeric_columns()}
             if tables is not None and all(t is not None for t in tables) else None)
-    thresholds = resolve(spec, run, held=held)  # from here: every bound resolved (rules.Threshold), shares included
+    resolved = resolve_selection(selection, run, held=held)  # every rule resolved, shares included; dedup's marks
+    thresholds, marks = resolved.thresholds, resolved.marks
     result = FilterResult(scores_dir=scores_dir, thresholds=thresholds, shards=len(run.shards),
-                          unfinished=run.unfinished, dry_run=dry_run)
+                          unfinished=run.unfinished, dry_run=dry_run, selection=resolved.selection)
     result.counts = [{"kept": 0, "dropped": 0, "no_score": 0} for _ in thresholds]
     collector = None
     if report is not None and not dry_run:
@@ -98,33 +134,57 @@ def filter_scores(scores_dir: str, mins: Sequence[str] = (), maxes: Sequence[str
     count_run(run, thresholds, collector, marks, result, tables)
     if dry_run:
         return result
-    if thresholds and save_thresholds:
+    if export_uids is not None:
+        from .uids import export_kept_uids
+        result.uids = export_kept_uids(export_uids, run, thresholds, marks)
+    if save_thresholds and (save or write_shards is not None):
         result.files["thresholds (loader keyword arguments)"] = write_thresholds(
-            os.path.join(scores_dir, "thresholds.json"), thresholds)
+            os.path.join(scores_dir, "thresholds.json"), resolved.selection)
     if write_shards is not None:
-        from .reshard import Resharder, Source  # imports the score package's shard writer: only to write
-        stage = run.stage
-        writer = Resharder(write_shards, samples_per_shard, prefix, stage.get("rekey", "first-dot"), allow_pipe,
-                           allow_remote, stream_idle_seconds, shard_echo, unique_keys, interleave,
-                           writes_report=report is not None and _same_path(report, default_report(scores_dir, write_shards)))
-        from ..remote import is_fsspec_url, redact_url  # a bucket's folder by its URL (not abspath's)
-        identity = {"scores": scores_dir if is_fsspec_url(scores_dir) else os.path.abspath(scores_dir), "thresholds": [[t.column, t.minimum, t.value] for t in thresholds],
-                    **({"dedup": marks.summary.get("settings")} if marks is not None else {}),
-                    "samples_per_shard": samples_per_shard, "prefix": prefix, **writer.layout(),
-                    "sources": [redact_url(s.url) for s in run.shards],  # OUT is published: no password
-                    # what the rows were: a shard scored again (score --resume) is other data
-                    "score_files": [_file_state(s.score_file) for s in run.shards]}
-        with writer.lock():
-            whole = writer.prepare(identity, overwrite, result.kept)
-            if whole:
-                echo(f"resume: {whole} shard(s) in {write_shards} are already whole")
-            sources = (Source(s.url, kept_keys(s, thresholds, marks), s.source) for s in run.shards)
-            result.sizes = writer.write(sources)
-        result.files["shards"] = write_shards
+        _write_shards(run, resolved, result, write_shards, samples_per_shard, prefix, overwrite, echo, shard_echo,
+                      allow_pipe, allow_remote, stream_idle_seconds, unique_keys, interleave, report,
+                      save_thresholds)
     if collector is not None:
         from ..report.page import write_report
         result.files["report"] = write_report(collector.finish(result), report)
     return result
+
+
+def _check_options(write_shards, samples_per_shard: int, dry_run: bool, export_uids) -> None:
+    from ..errors import ConfigError
+    if write_shards is not None and samples_per_shard < 1:
+        raise ConfigError(f"--samples-per-shard must be >= 1, got {samples_per_shard}")
+    if dry_run and export_uids is not None:
+        raise ConfigError("--dry-run writes nothing, --export-uids a file: drop one of them")
+
+
+def _write_shards(run: ScoreRun, resolved, result: FilterResult, write_shards: str, samples_per_shard: int,
+                  prefix: str, overwrite: bool, echo, shard_echo, allow_pipe: bool, allow_remote: bool,
+                  stream_idle_seconds: float, unique_keys: bool, interleave: int, report, save_thresholds: bool):
+    """The kept samples into new shards of N (reshard.py), the rules beside them (thresholds.json)."""
+    from .reshard import THRESHOLDS, Resharder, Source  # imports the score package's shard writer: only to write
+    scores_dir, thresholds, marks = result.scores_dir, resolved.thresholds, resolved.marks
+    writer = Resharder(write_shards, samples_per_shard, prefix, run.stage.get("rekey", "first-dot"), allow_pipe,
+                       allow_remote, stream_idle_seconds, shard_echo, unique_keys, interleave,
+                       writes_report=report is not None and _same_path(report, default_report(scores_dir, write_shards)))
+    from ..remote import is_fsspec_url, redact_url  # a bucket's folder by its URL (not abspath's)
+    identity = {"scores": scores_dir if is_fsspec_url(scores_dir) else os.path.abspath(scores_dir),
+                "thresholds": [[t.column, t.minimum, t.value] if t.numeric else [t.column, "equal", list(t.bound.values)]
+                               for t in thresholds],
+                **({"dedup": marks.summary.get("settings")} if marks is not None else {}),
+                "samples_per_shard": samples_per_shard, "prefix": prefix, **writer.layout(),
+                "sources": [redact_url(s.url) for s in run.shards],  # OUT is published: no password
+                # what the rows were: a shard scored again (score --resume) is other data
+                "score_files": [_file_state(s.score_file) for s in run.shards]}
+    with writer.lock():
+        whole = writer.prepare(identity, overwrite, result.kept)
+        if whole:
+            echo(f"resume: {whole} shard(s) in {write_shards} are already whole")
+        sources = (Source(s.url, kept_keys(s, thresholds, marks), s.source) for s in run.shards)
+        result.sizes = writer.write(sources)
+        if save_thresholds:  # beside the shards: the loader call that keeps what they hold
+            write_thresholds(os.path.join(writer.out, THRESHOLDS), resolved.selection)
+    result.files["shards"] = write_shards
 
 
 def _same_path(a: str, b: str) -> bool:
@@ -133,16 +193,17 @@ def _same_path(a: str, b: str) -> bool:
         os.path.abspath(a) == os.path.abspath(b)
 
 
-def default_report(scores_dir: str, write_shards: Optional[str]) -> str:
+def default_report(scores_dir: str, write_shards: Optional[str], save: bool = True) -> Optional[str]:
     """Where filter's report goes unless --report says: beside what it wrote (the new shards),
-    else filter_report.html in the score folder; never over the score run's own report.html."""
+    else, with --save, filter_report.html in the score folder (never over the score run's own
+    report.html); None: exploring without --write-shards or --save writes no report."""
     if write_shards is None:
-        return os.path.join(scores_dir, "filter_report.html")
+        return os.path.join(scores_dir, "filter_report.html") if save else None
     from .reshard import REPORT  # one of the files filter owns in OUT: never one of the user's replaced
     return os.path.join(write_shards, REPORT)
 
 
-def _read_tables(run: ScoreRun, spec: FilterSpec) -> Optional[list]:
+def _read_tables(run: ScoreRun, spec: Selection) -> Optional[list]:
     """A judge.ShardTable per finished shard (None for a file the column-wise path cannot count),
     read a few at a time in threads, each file opened once (its footer with its columns); None for
     a run with a JSON Lines file or of more rows than quantile.IN_MEMORY_ROWS (as its markers
@@ -152,9 +213,9 @@ def _read_tables(run: ScoreRun, spec: FilterSpec) -> Optional[list]:
     from ..runfolder.judge import read_shard_table
     from ..runfolder.quantile import IN_MEMORY_ROWS
     from ..runfolder.tables import in_threads
-    if not all(s.score_file.endswith(".parquet") for s in run.shards):
-        return None
-    run.check_columns(spec.columns(), "thresholds")  # a column the files lack: said before the reads
+    if not all(s.score_file.endswith(".parquet") for s in run.shards) or spec.equal:
+        return None  # (a text column's rule is judged row by row)
+    check_present(spec, run)  # a column the files lack: said before the reads
     if sum(s.rows for s in run.shards) > IN_MEMORY_ROWS:
         return None
     left, lock = [IN_MEMORY_ROWS], threading.Lock()  # rows that may still be held: memory bounded by the reads
@@ -166,8 +227,8 @@ def _read_tables(run: ScoreRun, spec: FilterSpec) -> Optional[list]:
         with lock:
             left[0] -= table.rows if table is not None else 0
         return table
-    columns = spec.columns()
+    columns = spec.numeric_columns()
     tables = in_threads(read, run.shards)
-    # resolve() checks every file's column types (check_spec; the footers read by now): a column
+    # resolve() checks every file's column types (check_selection; the footers read by now): a column
     # that does not hold numbers in one file made its table None, and is named there
     return None if left[0] < 0 else tables

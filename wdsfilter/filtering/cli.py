@@ -8,6 +8,7 @@ import click
 
 from ..errors import EXIT_CODES_HELP
 from ..progress import verbosity, verbosity_options
+from ..selection import text_and_recipe_options
 from ..thresholds import shorthand_options
 
 
@@ -19,6 +20,7 @@ from ..thresholds import shorthand_options
               help="Keep the P% of scored rows with the highest COL (ties with the cut value kept too). Repeatable.")
 @click.option("--bottom", "bottoms", multiple=True, metavar="COL=P%",
               help="Keep the P% of scored rows with the lowest COL (ties kept too). Repeatable.")
+@text_and_recipe_options
 @click.option("--write-shards", default=None, metavar="OUT",
               help="Write the kept samples (original members and bytes) into new shards here.")
 @click.option("--samples-per-shard", type=int, default=1000, show_default=True,
@@ -32,9 +34,15 @@ from ..thresholds import shorthand_options
               help="Take N source shards at a time in turn, one sample of each (round robin), instead of one "
                    "source after another. [default: 0, source order]")
 @click.option("--dry-run", is_flag=True, help="Count only: write no shard, report or thresholds file.")
+@click.option("--save", is_flag=True,
+              help="Without --write-shards: write SCORES_DIR/thresholds.json and SCORES_DIR/filter_report.html "
+                   "(exploring writes nothing unless asked).")
+@click.option("--export-uids", default=None, metavar="FILE.npy",
+              help="Write the kept samples' uids in DataComp's subset format (sorted u8,u8 pairs: its resharder's "
+                   "--subset-file, a filtering-track submission).")
 @click.option("--report", "report", default="", metavar="PATH",
-              help="Where the HTML report goes [OUT/report.html with --write-shards, else "
-                   "SCORES_DIR/filter_report.html: the score run's report.html stays].")
+              help="Where the HTML report goes [OUT/report.html with --write-shards, SCORES_DIR/filter_report.html "
+                   "with --save, else none: the score run's report.html stays].")
 @click.option("--no-report", is_flag=True, help="Write no HTML report.")
 @click.option("--source-root", default=None, metavar="DIR",
               help="Read each source shard from DIR by its file name (data moved since scoring, or a score folder "
@@ -56,13 +64,15 @@ from ..thresholds import shorthand_options
 @verbosity_options(quiet="Say nothing on success (the files are still written); shards of the scoring run left "
                          "out are still named, on stderr.",
                    verbose="Say more: a line per shard written with --write-shards.")
-def filter_command(scores_dir, mins, maxes, tops, bottoms, write_shards, samples_per_shard, prefix, overwrite,
-                   unique_keys, interleave, dry_run, report, no_report, allow_pipe, allow_remote, dedup, allow_incomplete,
-                   source_root, quiet, verbose, storage_options=()):
-    """Choose thresholds after scoring: count what --min/--max/--top/--bottom keep in the score
-    folder of a `wdsfilter score` run (SCORES_DIR, either engine), write an HTML report and,
-    with --write-shards, reshard the kept samples. No model is loaded."""
+def filter_command(scores_dir, mins, maxes, tops, bottoms, equals, recipes, write_shards, samples_per_shard, prefix,
+                   overwrite, unique_keys, interleave, dry_run, save, export_uids, report, no_report, allow_pipe,
+                   allow_remote, dedup, allow_incomplete, source_root, quiet, verbose, storage_options=()):
+    """Choose thresholds after scoring: count what --min/--max/--top/--bottom/--equal/--dedup/--recipe
+    keep in the score folder of a `wdsfilter score` run (SCORES_DIR, either engine) and, with
+    --write-shards, reshard the kept samples (with thresholds.json and an HTML report beside
+    them). No model is loaded."""
     _numpy_without_blas_threads()
+    from ..selection import Selection
     from .apply import filter_scores
     source = click.get_current_context().get_parameter_source
     given = [f"--{name.replace('_', '-')}" for name in ("samples_per_shard", "prefix", "overwrite", "unique_keys",
@@ -70,17 +80,21 @@ def filter_command(scores_dir, mins, maxes, tops, bottoms, write_shards, samples
              if source(name) is not click.core.ParameterSource.DEFAULT]
     if given and write_shards is None:  # they would be ignored, silently
         raise click.UsageError(f"{', '.join(given)} only apply with --write-shards OUT")
+    if save and (write_shards is not None or dry_run):
+        raise click.UsageError("--save is for exploring without --write-shards (which writes thresholds.json and the "
+                               "report anyway); --dry-run writes nothing")
+    selection = Selection.parse(mins, maxes, tops, bottoms, equals, dedup=dedup, recipes=recipes)
     level = verbosity(quiet, verbose)
     # Errors go to the group (wdsfilter/cli.py): one line, exit 2 for usage/configuration, 3 when
     # the run failed (a source shard missing or changed, an I/O error).
     from ..remote import parse_storage_options, storage_defaults
     with storage_defaults(parse_storage_options(storage_options), [scores_dir, write_shards, report]):
-        result = filter_scores(scores_dir, mins, maxes, tops, bottoms, write_shards=write_shards,
+        result = filter_scores(scores_dir, selection, write_shards=write_shards,
                                samples_per_shard=samples_per_shard, prefix=prefix, dry_run=dry_run,
-                               report=None if no_report else report, overwrite=overwrite,
+                               report=None if no_report else report, save=save, overwrite=overwrite,
                                echo=click.echo if level else None, shard_echo=click.echo if level == 2 else None,
                                allow_pipe=allow_pipe, allow_remote=allow_remote, source_root=source_root,
-                               dedup=dedup, unique_keys=unique_keys, interleave=interleave)
+                               unique_keys=unique_keys, interleave=interleave, export_uids=export_uids)
     if level:
         click.echo(result.format_text())
     elif result.unfinished:  # -q hides counts, never that part of the run was left out

@@ -42,6 +42,7 @@ from .rename import Headers, ReshardError, SourceCut, copy_range, copy_renamed
 
 RUN_FILE = "filter_run.json"
 REPORT = "report.html"  # filter's report goes beside its shards (apply.default_report): a file of ours
+THRESHOLDS = "thresholds.json"  # the rules as the loader's keyword arguments, beside the shards they made
 
 
 @dataclass
@@ -177,7 +178,7 @@ class Resharder:
         return data["identity"], owned
 
     def planned_files(self, kept: int) -> List[str]:
-        names = [SIZES, CARD] + ([REPORT] if self.writes_report else [])
+        names = [SIZES, CARD, THRESHOLDS] + ([REPORT] if self.writes_report else [])
         for t in range(-(-kept // self.per_shard)):
             name = shard_name(self.prefix, t)
             names += [name, os.path.basename(stats_path(self.out, name))]

@@ -18,10 +18,10 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from ..thresholds import Thresholds
+from ..selection import Selection
 
 
-def run_report(folder: str, thresholds: Thresholds, allow_pipe: bool = False,
+def run_report(folder: str, thresholds: Selection, allow_pipe: bool = False,
                allow_remote: bool = False) -> Optional[str]:
     """report.html for a finished `wdsfilter score` run, with the run's own thresholds (and the
     permissions its own command line gave); None (and a warning) when it cannot be written: the
@@ -34,11 +34,11 @@ def run_report(folder: str, thresholds: Thresholds, allow_pipe: bool = False,
         return None
 
 
-def _write_run_report(folder: str, thresholds: Thresholds, allow_pipe: bool, allow_remote: bool) -> str:
+def _write_run_report(folder: str, thresholds: Selection, allow_pipe: bool, allow_remote: bool) -> str:
     from ..config import StageConfig
     from ..runfolder import ScoreRun
     from ..runfolder.judge import FilterResult, count_run
-    from ..runfolder.shares import given_thresholds
+    from ..runfolder.shares import resolve_selection
     from ..runfolder.reader import check_sources
     from ..writing import check_output_file
     from .collect import ReportCollector
@@ -48,8 +48,10 @@ def _write_run_report(folder: str, thresholds: Thresholds, allow_pipe: bool, all
     run.require_sources()  # thumbnails only from the sources the run's own record names
     check_output_file(path, "--report")
     check_sources([s.url for s in run.shards], allow_pipe, allow_remote, folder)
-    judged = given_thresholds(run, thresholds.minima, thresholds.maxima)
-    result = FilterResult(scores_dir=folder, thresholds=judged, shards=len(run.shards), unfinished=run.unfinished)
+    resolved = resolve_selection(thresholds, run)  # the run's rules, its shares resolved already
+    judged = resolved.thresholds
+    result = FilterResult(scores_dir=folder, thresholds=judged, shards=len(run.shards), unfinished=run.unfinished,
+                          selection=resolved.selection)
     result.counts = [{"kept": 0, "dropped": 0, "no_score": 0} for _ in judged]
     collector = ReportCollector(run, judged, allow_pipe, allow_remote, StageConfig.stream_idle_seconds)
     count_run(run, judged, collector, None, result)

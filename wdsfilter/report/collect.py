@@ -67,6 +67,8 @@ class ReportCollector:
         self.columns = self.numeric  # read beside the threshold columns while judging
         self.sides: List[tuple] = []  # (column, label, cut, above: _Nearest, below: _Nearest)
         for t in self.thresholds:
+            if not t.numeric:  # a text column's rule has no cut to show rows beside
+                continue
             self.sides.append((t.column, f"{t.describe()} ({t.given})", t.value, _Nearest(PER_SIDE),
                                _Nearest(PER_SIDE)))
         for c in self.numeric:  # no threshold: the highest and the lowest rows show the range
@@ -137,7 +139,9 @@ def count_columns(stats: Dict[str, dict], thresholds: Sequence) -> List[str]:
 
 def ledger_section(run) -> dict:
     """The run's failure ledger (runfolder/failures.py) for the report: counts by reason (from
-    failures.parquet) and a few samples of each reason, shown like the dropped ones."""
+    failures.parquet) and a few samples of each reason, shown like the dropped ones: only partial
+    rows (kept, some scorer missing), since the rejected and failed ones are the "Dropped" section's
+    cards already (a sample is shown once)."""
     from ..runfolder import failures as ledger
     by_reason = ledger.summarize(ledger.read_entries(os.path.join(run.folder, ledger.MERGED), run.folder))
     examples: Dict[str, List[dict]] = OrderedDict()
@@ -145,6 +149,8 @@ def ledger_section(run) -> dict:
         if not shard.trusted:  # a source the run's own record does not name is never read
             continue
         for e in ledger.read_entries(ledger.shard_file(run.folder, shard.name), run.folder):
+            if e.get("status") != "partial":
+                continue
             ex = examples.setdefault(e["reason"], [])
             if len(ex) < PER_REASON and e["index"] >= 0:
                 ex.append({"url": shard.url, "key": e["key"], "values": {}, "kept": False, "reason": e["reason"],

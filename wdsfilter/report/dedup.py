@@ -45,13 +45,21 @@ def build(summary: dict, urls: Dict[str, str], matches: List[dict], note: Option
     def example(m: dict, verdict: str, kept: bool) -> dict:
         return {"url": urls.get(m["shard"], ""), "key": m.get("key"), "values": {}, "kept": kept,
                 "verdict": verdict, "shard": m["shard"]}
-    groups = [dict(g, cards=[example(m, "survivor" if m["survivor"] else "duplicate (not the survivor)",
-                                     bool(m["survivor"])) for m in g.get("members", [])])
+    groups = [dict(g, cards=[example(m, "survivor" if m["survivor"] else
+                                     f"duplicate (not the survivor){distance(m)}", bool(m["survivor"]))
+                             for m in g.get("members", [])])
               for g in summary.get("largest", [])]
     shown = [example(m, f"eval match: {m['eval_match']}", False) for m in matches[:MAX_MATCHES]]
     examples = [c for g in groups for c in g["cards"]] + shown
     return {"summary": summary, "groups": groups, "matches": shown, "more_matches": len(matches) > MAX_MATCHES,
             "note": note, "examples": [e for e in examples if e["url"] and e["key"] is not None]}
+
+
+def distance(member: dict) -> str:
+    """How far a group's member is from the survivor: phash bits, the embeddings' cosine."""
+    parts = ([f"{member['bits']} bit{'s' * (member['bits'] != 1)}"] if member.get("bits") is not None else []) \
+        + ([f"cosine {member['cosine']:.3f}"] if member.get("cosine") is not None else [])
+    return f": {', '.join(parts)} from the survivor" if parts else ""
 
 
 def section_html(section: dict) -> List[str]:

@@ -245,10 +245,11 @@ def render(data: Dict) -> str:
 
 
 def _totals(result) -> List[str]:
+    ruled = result.thresholds or result.dedup is not None
     out = [f"<p>{result.rows} rows in {result.shards} finished shard(s); <b>{result.kept} of {result.rows} kept</b>"
-           f" ({'by every threshold below' if result.thresholds else 'every scored row: no threshold given'}).</p>"]
-    if result.thresholds:
-        out.append("<table><tr><th>threshold</th><th>as given</th><th>kept</th><th>dropped</th>"
+           f" ({'by every rule below' if ruled else 'every scored row: no rule given'}).</p>"]
+    if ruled:
+        out.append("<table><tr><th>rule</th><th>as given</th><th>kept</th><th>dropped</th>"
                    "<th>without a value</th></tr>")
         for t, c in zip(result.thresholds, result.counts):
             ties = ""
@@ -256,7 +257,15 @@ def _totals(result) -> List[str]:
                 ties = f" ({c['kept'] - t.rank} tie with the cut value and are kept too)"
             out.append(f"<tr><td>{_e(t.describe())}</td><td>{_e(t.given)}{_e(ties)}</td><td class=n>{c['kept']}</td>"
                        f"<td class=n>{result.rows - c['kept']}</td><td class=n>{c['no_score']}</td></tr>")
+        if result.dedup is not None:  # the dedup's marks, a rule like the others (runfolder/dedup.py)
+            d = result.dedup
+            out.append(f"<tr><td>one survivor per duplicate group, no eval match ({d['duplicate']} duplicates, "
+                       f"{d['eval_match']} eval matches)</td><td>--dedup</td><td class=n>{d['kept']}</td>"
+                       f"<td class=n>{result.rows - d['kept']}</td><td class=n>0</td></tr>")
         out.append("</table>")
+        if result.selection:
+            out.append(f'<p class="meta">In training: <code>{_e(result.selection.loader_call(result.scores_dir))}'
+                       f'</code></p>')
     return out
 
 
@@ -294,7 +303,7 @@ def _column(column: str, st: dict, result, sections: List[dict]) -> List[str]:
     else:
         out.append(f'<p class="meta">n={st["count"]}, min={st["min"]:.4g}, mean={st["mean"]:.4g}, '
                    f'max={st["max"]:.4g}</p>')
-    mine = [t for t in result.thresholds if t.column == column]
+    mine = [t for t in result.thresholds if t.column == column and t.numeric]
     cuts = [(t.value, f"{'min' if t.minimum else 'max'} {t.value:.4g}", "#c22" if t.minimum else "#82c")
             for t in mine]
     minimum = not mine or any(t.minimum for t in mine)
@@ -347,10 +356,11 @@ def _ledger(failures: Dict) -> List[str]:
     out += [f"<tr><td class=n>{s['samples']}</td><td class=n>{s['shards']}</td><td>{_e(r)}</td>"
             f"<td>{'transient: wdsfilter score --retry-failed' if s['transient'] else 'data'}</td></tr>"
             for r, s in by_reason.items()]
-    out.append("</table>")
+    out.append("</table><p class=\"meta\">Rejected and failed samples are shown above, under \"Dropped, by "
+               "reason\"; partly scored ones (kept) below.</p>")
     for reason, examples in failures.get("examples", {}).items():
         if examples:
-            out.append(f"<h3>{_e(reason)}</h3>" + _grid(examples, None))
+            out.append(f"<h3>{_e(reason)} (partly scored)</h3>" + _grid(examples, None))
     return out
 
 

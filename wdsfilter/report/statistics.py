@@ -32,20 +32,21 @@ def _numeric(values: Iterable[Any]) -> List[float]:
     return [float(v) for v in values if _finite(v)]
 
 
-def summarize_files(paths: Sequence[str], columns: Sequence[str], thresholds: Optional[Thresholds] = None,
-                    bins: int = 20) -> dict:
+def summarize_files(paths: Sequence[str], columns: Sequence[str], thresholds=None, bins: int = 20) -> dict:
     """Counts, kept/dropped per threshold (minimum and maximum) and per-column statistics with
     histograms, read back from the score files (two passes over the score columns: range, then
-    histogram). Integer columns with few values get one bin per value."""
+    histogram). Integer columns with few values get one bin per value. thresholds: a
+    thresholds.Thresholds, or a resolved wdsfilter.Selection (its text rules count in `kept` too)."""
     rows = kept = 0
     status: Counter = Counter()
     reasons: Counter = Counter()
-    thresholds = thresholds or Thresholds()
+    rules = thresholds.row_rules() if hasattr(thresholds, "row_rules") else list((thresholds or Thresholds()).bounds())
+    thresholds = thresholds.bounds if hasattr(thresholds, "row_rules") else thresholds or Thresholds()
     per_bound = [(b, {"min" if b.minimum else "max": b.value, "kept": 0, "dropped": 0, "no_score": 0})
                  for b in thresholds.bounds()]
     stats: Dict[str, dict] = {}
     for path in paths:
-        t = read_table(path, ["status", "reason"] + list(columns))
+        t = read_table(path, list(dict.fromkeys(["status", "reason", *columns, *(r.column for r in rules)])))
         n = len(t["status"])
         rows += n
         status.update(t["status"])
@@ -54,9 +55,9 @@ def summarize_files(paths: Sequence[str], columns: Sequence[str], thresholds: Op
                 reasons.update(str(r).split(";"))
         # the one keep rule with these thresholds (the run's, its shares resolved), not the `kept`
         # column, which a share resolved at the end of the run did not decide
-        if thresholds:
-            judged = [c for c in ("status", "reason", *thresholds.columns()) if c in t]
-            kept += sum(1 for i in range(n) if keep_reason({c: t[c][i] for c in judged}, thresholds) is None)
+        if rules:
+            judged = [c for c in dict.fromkeys(["status", "reason", *(r.column for r in rules)]) if c in t]
+            kept += sum(1 for i in range(n) if keep_reason({c: t[c][i] for c in judged}, rules) is None)
         else:  # no threshold: the rule asks the status only
             kept += sum(1 for s in t["status"] if keep_reason({"status": s}) is None)
         for bound, th in per_bound:

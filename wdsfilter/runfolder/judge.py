@@ -36,6 +36,8 @@ class FilterResult:
     shards: int = 0  # score files read
     unfinished: List[str] = field(default_factory=list)  # shards of the scoring run left out (no usable score file)
     dedup: Optional[Dict[str, int]] = None  # --dedup: kept, duplicate, eval_match (wdsfilter/runfolder/dedup.py)
+    selection: Optional[object] = None  # the resolved wdsfilter.Selection: the loader call, thresholds.json
+    uids: Optional[Dict[str, object]] = None  # --export-uids: path, written, without_uid (filtering/uids.py)
     sizes: Optional[Dict[str, int]] = None  # written shards -> samples
     files: Dict[str, str] = field(default_factory=dict)
     dry_run: bool = False
@@ -72,12 +74,17 @@ class FilterResult:
             lines.append(f"  wrote {sum(self.sizes.values())} samples into {len(self.sizes)} shard(s)")
         if self.dry_run:
             lines.append("  dry run: nothing written")
+        elif not self.files and self.sizes is None and self.uids is None:
+            lines.append("  nothing written: --save writes thresholds.json and filter_report.html into "
+                         f"{self.scores_dir}, --write-shards OUT the kept samples")
+        if self.uids is not None:
+            u = self.uids
+            lines.append(f"  uids of the {u['written']} kept samples: {u['path']} (DataComp's subset format)"
+                         + (f"; {u['without_uid']} kept sample(s) without a uid left out" if u["without_uid"] else ""))
         for name, path in self.files.items():
             lines.append(f"  {name}: {path}")
-        mins, maxes = bounds(self.thresholds)
-        if self.thresholds:
-            lines.append(f"  in training: wdsfilter.loader(shards, scores={self.scores_dir!r}, "
-                         f"min_scores={mins!r}, max_scores={maxes!r})")
+        if self.selection:
+            lines.append(f"  in training: {self.selection.loader_call(self.scores_dir)}")
         return "\n".join(lines)
 
 
@@ -349,7 +356,9 @@ def count_run(run: ScoreRun, thresholds: Sequence[Threshold], collector, marks, 
     # Without a report or --dedup nothing looks at single rows: a Parquet table is counted
     # column-wise, a few files at a time (pyarrow reads without the GIL); the counts add up in order.
     tabled = [None] * len(run.shards)
-    if tables is not None and collector is None and marks is None:
+    if not all(t.numeric for t in thresholds):  # a text column's rule (--equal): judged row by row
+        pass
+    elif tables is not None and collector is None and marks is None:
         tabled = [t.count(thresholds) if t is not None else None for t in tables]
     elif collector is None and marks is None:
         tabled = in_threads(lambda s: count_table(s.score_file, thresholds) if s.score_file.endswith(".parquet")

@@ -10,13 +10,15 @@ the sample) never is, nor a sample without a row. A partial row is judged on the
 a video that OCR scored and CLIP could not passes `--max ocr_area=0.2` and fails `--min
 clip_score=0.28` ("no clip_score"). A threshold column whose value is missing (null, NaN) or not
 a number (a string in a hand-edited table) fails as "no COLUMN": the row has no score to judge.
+A text column's rule (`--equal caption_language=en`, thresholds.Match) is judged the same way: no
+value is "no caption_language", another value "caption_language not en".
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Optional, Union
 
-from ..thresholds import Bound, Thresholds, is_number
+from ..thresholds import Bound, Match, Thresholds
 
 KEPT_STATUSES = ("scored", "partial")  # rejected and failed rows are never kept
 
@@ -29,7 +31,7 @@ class Drop:
     bound: the bound it failed, if any."""
     reason: str
     no_score: bool
-    bound: Optional[Bound] = None
+    bound: Optional[Union[Bound, Match]] = None
 
     def explain(self, row: Mapping) -> str:
         """A longer line for a per-sample log ("clip_score=0.1 < 0.28")."""
@@ -38,9 +40,11 @@ class Drop:
         return self.reason
 
 
-def keep_reason(row: Mapping, thresholds: Union[Thresholds, Iterable[Bound], None] = None) -> Optional[Drop]:
-    """None when `row` is kept, else the first reason it is not (status first, then each bound in
-    order). thresholds: a Thresholds, or bounds (a run's resolved `--min/--max/--top/--bottom`)."""
+def keep_reason(row: Mapping, thresholds: Union[Thresholds, Iterable[Union[Bound, Match]], None] = None
+                ) -> Optional[Drop]:
+    """None when `row` is kept, else the first reason it is not (status first, then each rule in
+    order). thresholds: a Thresholds, or rules (a selection's: Selection.row_rules(), or a run's
+    resolved `--min/--max/--top/--bottom/--equal`)."""
     status = row.get("status")
     if status not in KEPT_STATUSES:
         what = "rejected" if status == "rejected" else "not scored"
@@ -49,8 +53,9 @@ def keep_reason(row: Mapping, thresholds: Union[Thresholds, Iterable[Bound], Non
         return None
     for bound in thresholds.bounds() if isinstance(thresholds, Thresholds) else thresholds:
         value = row.get(bound.column)
-        if not is_number(value) or value != value:  # missing, NaN, or not a number at all
+        ok = bound.judge(value)
+        if ok is None:  # missing, NaN, or not a value of the rule's kind at all
             return Drop(f"no {bound.column}", True, bound)
-        if not bound.passes(value):
+        if not ok:
             return Drop(bound.drop_reason(value), False, bound)
     return None

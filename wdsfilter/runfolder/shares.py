@@ -1,76 +1,42 @@
-"""Shares of a run (--top COL=P%, --bottom COL=P%) and the thresholds as given, resolved over a
-run folder to plain minima and maxima: what `wdsfilter score --top` (at the end of its run),
-`wdsfilter filter` and `wdsfilter.loader(scores=..., top_scores=...)` resolve the same way.
+"""A selection (wdsfilter/selection.py: --min/--max/--top/--bottom/--equal/--dedup/--recipe)
+resolved against a run folder, in this one place: what `wdsfilter score --top` (at the end of its
+run), `wdsfilter filter` and `wdsfilter.loader(scores=..., top_shares=...)` resolve the same way.
 
     --min COL=X      keep rows with COL >= X
     --max COL=X      keep rows with COL <= X
     --top COL=P%     keep the P% of scored rows with the highest COL: resolved to --min COL=v
     --bottom COL=P%  keep the P% of scored rows with the lowest COL: resolved to --max COL=v
+    --equal COL=V    keep rows whose text column COL is V
+    --dedup          keep the survivors of `wdsfilter dedup` (its marks read here: runfolder/dedup.py)
 
 A share is resolved over the whole run (every finished shard of the score folder) to the exact
 value v of rank k = ceil(P% of the rows that have a value in COL) (see quantile.py). Rows equal
 to v are all kept, so with ties the kept share can exceed P%: the output says by how much.
-Resolved, every threshold is a minimum or a maximum on a column, judged by the one keep rule of
-the scoring run and the loader (runfolder/keep.py: a row without a value in a threshold column,
-and a failed or rejected row, is never kept).
+Resolved, every rule is a minimum, a maximum or a text match on a column (a Threshold), judged by
+the one keep rule of the scoring run and the loader (runfolder/keep.py: a row without a value in a
+rule's column, and a failed or rejected row, is never kept), and the resolved selection
+(`Resolved.selection`, shares replaced by values) is what thresholds.json holds.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from ..errors import ConfigError
-from ..thresholds import Bound, Thresholds, parse_threshold
+from ..selection import KINDS, Selection, check_percent, parse_share  # noqa: F401 - the share parsers, for older callers
+from ..thresholds import Bound, Match, Thresholds
 
-
-def parse_share(text: str, option: str = "--top") -> Tuple[str, float]:
-    """'clip_score=30%' -> ("clip_score", 30.0)."""
-    column, sep, value = text.partition("=")
-    value = value.strip()
-    if not sep or not column.strip() or not value.endswith("%"):
-        raise ConfigError(f"{option} expects COLUMN=P% (e.g. clip_score=30%), got {text!r}")
-    try:
-        percent = float(value[:-1])
-    except ValueError:
-        raise ConfigError(f"{option} {text!r}: {value!r} is not a percentage") from None
-    if not 0 < percent <= 100:
-        raise ConfigError(f"{option} {text!r}: the share must be in (0, 100]%")
-    return column.strip(), percent
-
-
-@dataclass
-class FilterSpec:
-    """The thresholds as given: column -> bound (min, max) or -> percent (top, bottom)."""
-    mins: Dict[str, float] = field(default_factory=dict)
-    maxes: Dict[str, float] = field(default_factory=dict)
-    tops: Dict[str, float] = field(default_factory=dict)
-    bottoms: Dict[str, float] = field(default_factory=dict)
-
-    @classmethod
-    def parse(cls, mins: Sequence[str] = (), maxes: Sequence[str] = (), tops: Sequence[str] = (),
-              bottoms: Sequence[str] = (), thresholds: Optional[Thresholds] = None) -> "FilterSpec":
-        """From the command line's COL=X and COL=P% texts; `thresholds`' minima and maxima come
-        first (a text for the same column replaces its bound)."""
-        given = thresholds or Thresholds()
-        return cls(mins={**given.minima, **dict(parse_threshold(t, "--min") for t in mins)},
-                   maxes={**given.maxima, **dict(parse_threshold(t, "--max") for t in maxes)},
-                   tops=dict(parse_share(t, "--top") for t in tops),
-                   bottoms=dict(parse_share(t, "--bottom") for t in bottoms))
-
-    def columns(self) -> List[str]:
-        return list(dict.fromkeys([*self.mins, *self.maxes, *self.tops, *self.bottoms]))
-
-    def __bool__(self) -> bool:
-        return bool(self.mins or self.maxes or self.tops or self.bottoms)
+# The name of the given rules before they were a Selection (FilterSpec.parse(tops=[...]) still works).
+FilterSpec = Selection
 
 
 @dataclass
 class Threshold:
-    """One resolved threshold: a thresholds.Bound (COL >= value or COL <= value, judged by the one
-    rule in wdsfilter/thresholds.py) and where it came from."""
-    bound: Bound
-    given: str  # as the user wrote it: "--top clip_score=30%"
+    """One resolved rule: a thresholds.Bound (COL >= value or COL <= value) or Match (a text
+    column's values), judged by the one rule in wdsfilter/runfolder/keep.py, and where it came from."""
+    bound: Union[Bound, Match]
+    given: str  # as the user wrote it: "--top clip_score=30%", "datacomp-basic: --min min_side=200"
     share: Optional[float] = None  # top/bottom: the percent asked for
     rank: Optional[int] = None  # top/bottom: rows the share asks for (k)
     scored: Optional[int] = None  # top/bottom: rows with a value in the column (the share's base)
@@ -80,8 +46,13 @@ class Threshold:
         return self.bound.column
 
     @property
+    def numeric(self) -> bool:
+        """A minimum or maximum (not a text column's match)."""
+        return isinstance(self.bound, Bound)
+
+    @property
     def minimum(self) -> bool:
-        return self.bound.minimum
+        return self.numeric and self.bound.minimum
 
     @property
     def value(self) -> float:
@@ -92,32 +63,56 @@ class Threshold:
         return self.bound.judge(v)
 
     def describe(self) -> str:
+        if not self.numeric:
+            return self.bound.describe()
         return f"{self.column} {'>=' if self.minimum else '<='} {self.value:.6g}"
 
 
-def check_spec(spec: FilterSpec, run) -> None:
-    """Every threshold column is a numeric score column of `run`'s files (a ConfigError naming it)."""
-    run.check_columns(spec.columns(), "thresholds")
-    numeric = run.numeric_columns(spec.columns())
-    flags = [c for c in spec.columns() if c not in numeric]
+def check_present(selection: Selection, run) -> None:
+    """Every rule's column is a column of `run`'s score files (a ConfigError naming the missing
+    ones and, for a recipe's rules, the scorers that recipe reads); from the run's schema only."""
+    missing = [c for c in selection.columns() if c not in run.columns]
+    if missing:
+        from ..recipes import scorers_for
+        recipes = list(dict.fromkeys(selection.origins[f"{kind} {c}"] for kind in KINDS for c in missing
+                                     if f"{kind} {c}" in selection.origins))
+        scorers = scorers_for(recipes)
+        hint = (f"; the recipe {', '.join(recipes)} reads the columns of "
+                f"{' '.join('--scorer ' + s for s in scorers)}: score with them" if scorers else "")
+        raise ConfigError(f"thresholds on {', '.join(missing)}, which the score files in {run.folder} do not have"
+                          f"{hint}; their columns: {', '.join(run.columns)}")
+
+
+def check_selection(selection: Selection, run) -> None:
+    """check_present, and each rule's column of the right kind: numbers for --min/--max/--top/
+    --bottom, text for --equal (a ConfigError naming the columns of that kind)."""
+    check_present(selection, run)
+    wanted = selection.numeric_columns()
+    numeric = run.numeric_columns(wanted)
+    flags = [c for c in wanted if c not in numeric]
     if flags:
         numeric = run.numeric_columns()
         raise ConfigError(f"thresholds on {', '.join(flags)}, which {'does' if len(flags) == 1 else 'do'} not hold "
                           f"numbers; numeric score columns: {', '.join(numeric) or 'none'}")
+    numbers = [c for c in selection.equal if c in run.numeric_columns([c])]
+    if numbers:
+        raise ConfigError(f"--equal on {', '.join(numbers)}, which {'holds' if len(numbers) == 1 else 'hold'} numbers: "
+                          f"compare them with --min and --max")
 
 
-def resolve(spec: FilterSpec, run, empty_keeps_none: bool = False,
+def resolve(selection: Selection, run, empty_keeps_none: bool = False,
             held: Optional[Dict[str, list]] = None) -> List[Threshold]:
-    """Thresholds with every share resolved to its value over `run` (a runfolder.ScoreRun).
+    """Every rule with a column, each share resolved to its value over `run` (a
+    runfolder.ScoreRun), in the order rows are judged: minima, maxima, tops, bottoms, text matches.
     A share over a column no row has a value in is a ConfigError, or with empty_keeps_none (the
     end of a scoring run, whose rows are what they are) a bound no row passes. held: a column's
     values over the whole run already in memory (float64 arrays, NaN for no value), not read again."""
-    check_spec(spec, run)
-    out = [Threshold(Bound(c, v, True), f"--min {c}={v:g}") for c, v in spec.mins.items()]
-    out += [Threshold(Bound(c, v, False), f"--max {c}={v:g}") for c, v in spec.maxes.items()]
-    for shares, top in ((spec.tops, True), (spec.bottoms, False)):
+    check_selection(selection, run)
+    out = [Threshold(Bound(c, v, True), selection.given("min", c)) for c, v in selection.minima.items()]
+    out += [Threshold(Bound(c, v, False), selection.given("max", c)) for c, v in selection.maxima.items()]
+    for shares, top in ((selection.top, True), (selection.bottom, False)):
         for column, percent in shares.items():
-            given = f"--{'top' if top else 'bottom'} {column}={percent:g}%"
+            given = selection.given("top" if top else "bottom", column)
             if held is not None and column in held:
                 from .quantile import share_of_chunks
                 value, k, scored = share_of_chunks(held[column], percent, top)
@@ -128,13 +123,42 @@ def resolve(spec: FilterSpec, run, empty_keeps_none: bool = False,
             if not scored:  # a row without a value never passes a bound: no row is kept
                 value = math.inf if top else -math.inf
             out.append(Threshold(Bound(column, value, top), given, share=percent, rank=k, scored=scored))
+    out += [Threshold(Match(c, v), selection.given("equal", c)) for c, v in selection.equal.items()]
     return out
+
+
+@dataclass
+class Resolved:
+    """A selection resolved against a run: its rules (`thresholds`, shares as values) and, with
+    --dedup, `wdsfilter dedup`'s marks (runfolder/dedup.DedupMarks)."""
+    given: Selection
+    thresholds: List[Threshold]
+    marks: object = None
+
+    @property
+    def selection(self) -> Selection:
+        """The rules with the shares replaced by their values: what thresholds.json holds and
+        the loader is given (Selection.loader_keywords)."""
+        mins, maxes = bounds(self.thresholds)
+        return self.given.without_shares(mins, maxes)
+
+
+def resolve_selection(selection: Selection, run, empty_keeps_none: bool = False,
+                      held: Optional[Dict[str, list]] = None, marks: bool = True) -> Resolved:
+    """resolve() and, for --dedup, the dedup's marks checked against the run's score files
+    (marks=False: not read, for a caller that reads them itself, the loader's filter)."""
+    thresholds = resolve(selection, run, empty_keeps_none, held)
+    dedup = None
+    if selection.dedup and marks:
+        from .dedup import DedupMarks
+        dedup = DedupMarks(run.folder, [(s.name, s.score_file) for s in run.shards])
+    return Resolved(selection, thresholds, dedup)
 
 
 def given_thresholds(run, mins: Dict[str, float], maxes: Dict[str, float]) -> List[Threshold]:
     """The thresholds given as values (--min, --max, a scoring run's own), each column checked to
     be a numeric score column of `run` (a ConfigError naming the numeric ones)."""
-    return resolve(FilterSpec(mins=dict(mins), maxes=dict(maxes)), run)
+    return resolve(Selection(minima=dict(mins), maxima=dict(maxes)), run)
 
 
 def _share(run, column: str, percent: float, top: bool) -> Tuple[Optional[float], int, int]:
@@ -159,47 +183,40 @@ def _share(run, column: str, percent: float, top: bool) -> Tuple[Optional[float]
 
 def bounds(thresholds: Sequence[Threshold]) -> Tuple[Dict[str, float], Dict[str, float]]:
     """(min_scores, max_scores) as wdsfilter.loader takes them: the strictest bound per column."""
-    th = Thresholds.strictest(t.bound for t in thresholds)
+    th = Thresholds.strictest(t.bound for t in thresholds if t.numeric)
     return th.minima, th.maxima
+
+
+def loader_selection(scores_dir: str, selection: Selection, storage_options=None) -> Selection:
+    """wdsfilter.loader's selection with its shares (top_shares={"clip_score": 30}) resolved as
+    `wdsfilter filter` resolves them: the same values."""
+    if not selection.shares:
+        return selection
+    from .reader import ScoreRun
+    run = ScoreRun.open(scores_dir, storage_options=storage_options)
+    return resolve_selection(selection, run, marks=False).selection
 
 
 def resolve_for_loader(scores_dir: str, min_scores: Optional[Dict[str, float]] = None,
                        max_scores: Optional[Dict[str, float]] = None, top_scores: Optional[Dict[str, float]] = None,
                        bottom_scores: Optional[Dict[str, float]] = None) -> Tuple[Dict[str, float], Dict[str, float]]:
-    """wdsfilter.loader's shares (top_scores={"clip_score": 30}) resolved as `wdsfilter filter`
-    resolves them, merged with its minima and maxima."""
-    spec = FilterSpec(mins=dict(min_scores or {}), maxes=dict(max_scores or {}),
-                      tops={c: check_percent(p, "top_scores") for c, p in dict(top_scores or {}).items()},
-                      bottoms={c: check_percent(p, "bottom_scores") for c, p in dict(bottom_scores or {}).items()})
+    """(minima, maxima) of the loader's rules with the shares resolved: the function before
+    loader_selection (a Selection in, a Selection out), kept for its callers."""
+    rules = loader_selection(scores_dir, Selection(minima=dict(min_scores or {}), maxima=dict(max_scores or {}),
+                                                   top=dict(top_scores or {}), bottom=dict(bottom_scores or {})))
+    return dict(rules.minima), dict(rules.maxima)
+
+
+def resolve_over_run(folder: str, selection: Selection) -> Resolved:
+    """The rules of a scoring run (`wdsfilter score --top ...`) resolved over its folder when it
+    ends: the same values `wdsfilter filter FOLDER --min ... --top ...` resolves."""
     from .reader import ScoreRun
-    return bounds(resolve(spec, ScoreRun.open(scores_dir)))
+    return resolve_selection(selection, ScoreRun.open(folder), empty_keeps_none=True)
 
 
-def resolve_over_run(folder: str, minima: Dict[str, float], maxima: Dict[str, float], tops: Dict[str, float],
-                     bottoms: Dict[str, float]) -> List[Threshold]:
-    """The thresholds of a scoring run (`wdsfilter score --top ...`) resolved over its folder when
-    it ends: the same values `wdsfilter filter FOLDER --min ... --top ...` resolves."""
-    from .reader import ScoreRun
-    spec = FilterSpec(mins=dict(minima), maxes=dict(maxima), tops=dict(tops), bottoms=dict(bottoms))
-    return resolve(spec, ScoreRun.open(folder), empty_keeps_none=True)
-
-
-def check_percent(value, name: str) -> float:
-    """A share's percent (30, 30.0 or "30%") as a float in (0, 100]; else a ConfigError naming
-    `name` (the option or keyword it came from)."""
-    try:
-        percent = float(str(value).strip().rstrip("%"))
-    except ValueError:
-        raise ConfigError(f"{name}: {value!r} is not a percentage") from None
-    if not 0 < percent <= 100:
-        raise ConfigError(f"{name}: {value!r} must be in (0, 100]%")
-    return percent
-
-
-def write_thresholds(path: str, thresholds: Sequence[Threshold]) -> str:
-    """The resolved thresholds as wdsfilter.loader's keyword arguments:
+def write_thresholds(path: str, selection: Selection) -> str:
+    """A resolved selection as wdsfilter.loader's keyword arguments:
     wdsfilter.loader(shards, scores=DIR, **json.load(open(path)))."""
     from ..atomic import write_json as _atomic_json
-    mins, maxes = bounds(thresholds)
-    _atomic_json(path, {"min_scores": mins, "max_scores": maxes})
+    _atomic_json(path, selection.loader_keywords())
     return path

@@ -42,14 +42,16 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # Scorer option shortcuts (first-class CLI flags): option -> [(scorer, that scorer's option)]. The
-# video options go to every scorer of the run that samples frames (clip and ocr).
+# frame sampling options go to every scorer of the run that samples frames (clip, blur, nsfw,
+# ocr); --frame-reduce to clip and ocr only (nsfw reduces by max, blur by mean, unless their own
+# frame_reduce option says otherwise). The last scorer of a list is the one an error suggests.
 SHORTCUTS = {
     "model": [("clip", "model")],
     "pretrained": [("clip", "pretrained")],
     "precision": [("clip", "precision")],
-    "frames": [("clip", "frames"), ("ocr", "frames")],
+    "frames": [("clip", "frames"), ("blur", "frames"), ("nsfw", "frames"), ("ocr", "frames")],
     "frame_reduce": [("clip", "frame_reduce"), ("ocr", "frame_reduce")],
-    "keyframes": [("clip", "keyframes"), ("ocr", "keyframes")],
+    "keyframes": [("clip", "keyframes"), ("blur", "keyframes"), ("nsfw", "keyframes"), ("ocr", "keyframes")],
     "ocr_backend": [("ocr", "backend")],
     "ocr_model_dir": [("ocr", "model_dir")],
     "ocr_download": [("ocr", "download")],
@@ -113,9 +115,9 @@ def refusal(refused: tuple) -> str:
         return (f"{key} ({_flag(key)}) = {value!r} and the scorer option {name}.{option} = "
                 f"{given!r} disagree; pass one of them")
     known = ({f.name for f in fields(ScoreConfig)} | {f.name for f in fields(StageConfig)} | set(SHORTCUTS)) \
-        - {"stage", "thresholds", "max_thresholds"}
+        - {"stage"}
     return (f"unknown scoring option {refused[1]!r}; known: {', '.join(sorted(known))}, "
-            f"min_clip, max_ocr_area, min_scores, max_scores")
+            f"min_clip, max_ocr_area, min_scores, max_scores, {', '.join(RULE_KEYWORDS)}")
 
 
 def wrong_scorer(name: str, keys: Sequence[str], names: Sequence[str]) -> str:
@@ -125,28 +127,42 @@ def wrong_scorer(name: str, keys: Sequence[str], names: Sequence[str]) -> str:
             f"in this run ({', '.join(names)}); add --scorer {name}")
 
 
-def score_bounds(score_opts: Dict[str, Any], min_clip: Optional[float], min_scores: Optional[Dict[str, float]],
-                 max_scores: Optional[Dict[str, float]], max_ocr_area: Optional[float]):
-    """(minima, maxima) per column from every way of giving them; takes thresholds= and
-    max_thresholds= out of `score_opts`."""
-    from ..thresholds import expand_shorthands
-    minima = {**(min_scores or {}), **(score_opts.pop("thresholds", {}) or {})}
-    maxima = {**(max_scores or {}), **(score_opts.pop("max_thresholds", {}) or {})}
-    return expand_shorthands(minima, maxima, min_clip=min_clip, max_ocr_area=max_ocr_area)
+# The selection's keywords (wdsfilter/selection.py), the same as wdsfilter.loader's and filter_scores()'; the
+# old names of score()'s, taken with a DeprecationWarning.
+RULE_KEYWORDS = ("top_shares", "bottom_shares", "equal", "dedup", "recipe")
+OLD_RULE_KEYWORDS = {"thresholds": "min_scores", "max_thresholds": "max_scores"}
+
+
+def rule_keywords(options: Dict[str, Any]) -> Dict[str, Any]:
+    """The selection's keywords taken out of `options` (the old names renamed, with a warning)."""
+    from ..selection import warn_renamed
+    rules = {k: options.pop(k) for k in list(options) if k in RULE_KEYWORDS}
+    for old, new in OLD_RULE_KEYWORDS.items():
+        if old in options:
+            value = options.pop(old)
+            warn_renamed(old, new, "score")
+            rules[new] = {**dict(value or {}), **dict(rules.get(new) or {})}
+    return rules
 
 
 def build_config(out: Optional[str] = None, scorers: Sequence = ("clip",), *, min_clip: Optional[float] = None,
                  min_scores: Optional[Dict[str, float]] = None, max_scores: Optional[Dict[str, float]] = None,
                  max_ocr_area: Optional[float] = None, config: Optional[ScoreConfig] = None,
-                 stage: Optional[StageConfig] = None, **options) -> ScoreConfig:
+                 stage: Optional[StageConfig] = None, selection=None, **options) -> ScoreConfig:
     """A ScoreConfig from keyword options: ScoreConfig fields, StageConfig fields (caption_key,
     image_key, max_pixels, ...), the scorer shortcuts of SHORTCUTS (model=, pretrained= for clip;
     precision= for clip; frames=, frame_reduce=, keyframes= for clip and ocr, whichever run; ocr_backend=, ocr_model_dir=,
-    ocr_download= for ocr) and
-    the thresholds: min_clip (clip_score >= X), max_ocr_area (ocr_area <= X), min_scores and
-    max_scores ({column: X})."""
-    config_or_options(config, dict(options, out=out, min_clip=min_clip, min_scores=min_scores, max_scores=max_scores,
-                                   max_ocr_area=max_ocr_area, stage=stage), "config", "ScoreConfig")
+    ocr_download= for ocr) and the rules (wdsfilter.Selection, as selection= or as the keywords
+    wdsfilter.loader takes too): min_clip (clip_score >= X), max_ocr_area (ocr_area <= X),
+    min_scores and max_scores ({column: X}), top_shares and bottom_shares ({column: percent}),
+    equal ({text column: value}), recipe."""
+    from ..selection import selection_of
+    rules = rule_keywords(options)
+    for name, value in (("min_clip", min_clip), ("max_ocr_area", max_ocr_area)):
+        rules[name] = value
+    for name, value in (("min_scores", min_scores), ("max_scores", max_scores)):  # beside an old name's
+        rules[name] = {**dict(rules.get(name) or {}), **dict(value or {})}
+    config_or_options(config, dict(options, out=out, stage=stage, selection=selection, **rules), "config", "ScoreConfig")
     if config is not None:
         return config
     from .scorerset import with_required
@@ -157,12 +173,12 @@ def build_config(out: Optional[str] = None, scorers: Sequence = ("clip",), *, mi
     if opts.refused:
         raise ConfigError(refusal(opts.refused))
     config_or_options(stage, opts.stage, "stage")
-    minima, maxima = score_bounds(opts.score, min_clip, min_scores, max_scores, max_ocr_area)
     for name, keys in opts.shortcuts.items():
         if name not in names:
             raise ConfigError(wrong_scorer(name, keys, names))
-    return ScoreConfig(out=out or "", scorers=scorers, scorer_options=opts.scorer_options, thresholds=minima,
-                       max_thresholds=maxima, stage=stage or StageConfig(**opts.stage), **opts.score)
+    return ScoreConfig(out=out or "", scorers=scorers, scorer_options=opts.scorer_options,
+                       selection=selection_of(selection, rules, "score"), stage=stage or StageConfig(**opts.stage),
+                       **opts.score)
 
 
 def score(shards, out: Optional[str] = None, scorers: Sequence = ("clip",), *, min_clip: Optional[float] = None,

@@ -8,6 +8,7 @@ import click
 from ..errors import RunError
 from ..progress import verbosity, verbosity_options
 from ..config import stage_options
+from ..selection import text_and_recipe_options
 
 
 def _echo(text: str) -> None:
@@ -29,7 +30,12 @@ def _print_status(folders, storage_options) -> None:
     click.echo(status_text(folders[0], parse_storage_options(storage_options or ()) or None))
 
 
-def _check_join(cfg, engine: str) -> None:
+def _check_engine(cfg, engine: str, ray_address, ray_actors, ray_gpus_per_actor) -> None:
+    """The Ray options only with --engine ray; --join only without it."""
+    ray_given = [f for f, v in (("--ray-address", ray_address), ("--ray-actors", ray_actors),
+                                ("--ray-gpus-per-actor", ray_gpus_per_actor)) if v is not None]
+    if ray_given and engine != "ray":
+        raise click.UsageError(f"{', '.join(ray_given)} only apply with --engine ray")
     if cfg.join and engine == "ray":
         raise click.UsageError("--join makes this process one worker of many on --out (the local engine); a Ray run "
                                "is one driver for the whole cluster: drop one of them (docs/scale.md)")
@@ -41,17 +47,19 @@ def _check_join(cfg, engine: str) -> None:
               help="Folder for score files, markers, summary and run.yaml (required, here or in --config).")
 @click.option("--scorer", "scorers", multiple=True, default=("clip",), show_default=True, metavar="NAME",
               help="clip, ocr, hash (sha256 + phash for `wdsfilter dedup`), tmars (CLIP score with the text masked; "
-                   "brings ocr and clip), or module:Class; repeat to run several in one pass.")
+                   "brings ocr and clip), caption (language, words, characters), size (from headers), blur, nsfw, "
+                   "aesthetic (LAION's head on CLIP's embedding; brings clip), or module:Class; repeat to run several "
+                   "in one pass (docs/scorers.md).")
 @click.option("--model", default=None, help="CLIP model name or local-dir:PATH (clip scorer).")
 @click.option("--pretrained", default=None, metavar="TAG_OR_PATH", help="CLIP weights tag or file (clip scorer).")
 @click.option("--precision", type=click.Choice(["auto", "fp32", "fp16", "bf16"]), default=None,
               help="clip: auto (fp16 weights on CUDA, fp32 on CPU), or fp32 to keep full precision [auto].")
 @click.option("--scorer-opt", "scorer_opts", multiple=True, metavar="SCORER.KEY=VALUE",
               help="Pass any option to a scorer, e.g. ocr.max_side=960 or clip.precision=fp16. Repeatable.")
-@click.option("--frames", type=int, default=None, help="clip, ocr: frames sampled per video, uniformly over its duration [3].")
+@click.option("--frames", type=int, default=None, help="clip, ocr, blur, nsfw: frames sampled per video, uniformly over its duration [3].")
 @click.option("--frame-reduce", type=click.Choice(["mean", "max", "min"]), default=None,
               help="clip, ocr: how a video's per-frame scores become its score [mean].")
-@click.option("--keyframes", is_flag=True, default=None, help="clip, ocr: sample keyframes only (cheapest on long clips).")
+@click.option("--keyframes", is_flag=True, default=None, help="clip, ocr, blur, nsfw: sample keyframes only (cheapest on long clips).")
 @click.option("--ocr-backend", type=click.Choice(["rapidocr", "easyocr"]), default=None,
               help="ocr: text detector; rapidocr's weights ship in its wheel (offline) [rapidocr].")
 @click.option("--ocr-model-dir", default=None, metavar="DIR",
@@ -67,6 +75,7 @@ def _check_join(cfg, engine: str) -> None:
                    "ends (as `wdsfilter filter --top`; not with --write-shards). Repeatable.")
 @click.option("--bottom", "bottoms", multiple=True, metavar="COLUMN=P%",
               help="Keep the P% of scored samples with the lowest COLUMN (as --top). Repeatable.")
+@text_and_recipe_options
 @click.option("--write-shards", default=None, metavar="DIR", help="Write filtered shards (original bytes) here.")
 @click.option("--save-embeddings", is_flag=True, default=None,
               help="clip: also write float16 image/caption embeddings in clip-retrieval's layout: "
@@ -123,10 +132,11 @@ def _check_join(cfg, engine: str) -> None:
                    verbose="Say more: the whole plan (by default one line).")
 def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frames, frame_reduce, keyframes,
           ocr_backend, ocr_model_dir, ocr_download, min_clip, max_ocr_area, mins, maxes, tops, bottoms,
-          write_shards,
+          equals, recipes, write_shards,
           save_embeddings, device, gpus, batch_size, workers, replicas, max_memory, headroom, fit, fmt, resume,
-          overwrite, retry_failed, dry_run, join, task_index, task_count, steal, status, caption_key, image_key, rekey, image_token, max_pixels, config_file,
-          max_bytes, allow_pipe, allow_remote, storage_options, engine,
+          overwrite, retry_failed, dry_run, join, task_index, task_count, steal, status, caption_key, image_key, rekey,
+          image_token, max_pixels, config_file, max_bytes, allow_pipe, allow_remote, remote_speed_limit,
+          remote_speed_time, remote_retry_budget, storage_options, engine,
           ray_address, ray_actors, ray_gpus_per_actor,
           no_progress, no_histograms, quiet, verbose):
     """Score every sample of SHARDS (folders, globs, brace patterns, .tar files) with CLIP, OCR
@@ -134,40 +144,40 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
     from ..config import StageConfig, stage_overrides
     from . import SHORTCUTS, build_config
     from .recipe import merge, read_recipe
-    from ..runfolder.shares import parse_share
-    from ..thresholds import parse_threshold
+    from ..selection import Selection
     from .config import parse_option
     from .engine import run_scoring
+    from ..progress import library_logs_off
 
     logging.basicConfig(format="wdsfilter: warning: %(message)s", level=logging.WARNING)
-    if status:
+    library_logs_off()  # on the handler just made too
+    if status:  # where a run stands, nothing scored
         return _print_status([out] if out else list(shards), storage_options)
     level = verbosity(quiet, verbose)
     recipe = read_recipe(config_file) if config_file else {}
     given_stage = stage_overrides(caption_key=caption_key, image_key=image_key, rekey=rekey, image_token=image_token,
                                   max_pixels=max_pixels, max_bytes=max_bytes, allow_pipe=allow_pipe,
-                                  allow_remote=allow_remote, storage_options=storage_options)
+                                  allow_remote=allow_remote, storage_options=storage_options,
+                                  remote_speed_limit=remote_speed_limit, remote_speed_time=remote_speed_time,
+                                  remote_retry_budget=remote_retry_budget)
     stage = StageConfig(**{**(recipe.get("stage") or {}), **given_stage})
     scorer_options = {}
     for text in scorer_opts:
         name, key, value = parse_option(text)
         scorer_options.setdefault(name, {})[key] = value
-    minima = dict(parse_threshold(t, "--min") for t in mins)
-    maxima = dict(parse_threshold(t, "--max") for t in maxes)
-    top_shares = dict(parse_share(t, "--top") for t in tops)
-    bottom_shares = dict(parse_share(t, "--bottom") for t in bottoms)
+    # The rules: the recipe file's, then the flags' (a flag replaces the file's rule on its column).
+    flags = Selection.parse(mins, maxes, tops, bottoms, equals, recipes=recipes).merged(
+        Selection.from_keywords(min_clip=min_clip, max_ocr_area=max_ocr_area))
+    selection = Selection.from_dict(recipe.get("thresholds"), f"--config {config_file}").merged(flags)
     # Only the options given on the command line override the recipe (click's defaults do not).
     ctx = click.get_current_context()
-    options = {"scorers": tuple(scorers), "min_clip": min_clip, "min_scores": minima, "max_ocr_area": max_ocr_area,
-               "max_scores": maxima, "top_shares": top_shares, "bottom_shares": bottom_shares,
-               "scorer_options": scorer_options, "model": model, "pretrained": pretrained,
+    options = {"scorers": tuple(scorers), "scorer_options": scorer_options, "model": model, "pretrained": pretrained,
                "precision": precision, "frames": frames, "frame_reduce": frame_reduce, "keyframes": keyframes,
                "ocr_backend": ocr_backend, "ocr_model_dir": ocr_model_dir, "ocr_download": ocr_download,
                "write_shards": write_shards, "save_embeddings": save_embeddings, "device": device, "gpus": gpus,
                "batch_size": batch_size, "workers": workers, "replicas": replicas, "max_memory": max_memory,
                "headroom": headroom, "fit": fit, "format": fmt}
-    params = {"min_scores": "mins", "max_scores": "maxes", "top_shares": "tops", "bottom_shares": "bottoms",
-              "scorer_options": "scorer_opts", "format": "fmt"}
+    params = {"scorer_options": "scorer_opts", "format": "fmt"}
     given = {k: v for k, v in options.items() if _given(ctx, params.get(k, k))}
     merged = merge(recipe, given, SHORTCUTS)
     shards = list(shards) or recipe.get("shards") or []
@@ -179,14 +189,10 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
         raise click.UsageError("no --out: give it on the command line or as out: in --config")
     if not _given(ctx, "engine"):
         engine = recipe.get("engine", engine)
-    cfg = build_config(out, tuple(merged.pop("scorers", ("clip",))), stage=stage, resume=resume, overwrite=overwrite,
-                       retry_failed=retry_failed, dry_run=dry_run, progress=not no_progress, verbosity=level,
-                       join=join, task_index=task_index, task_count=task_count, steal=steal, **merged)
-    ray_given = [f for f, v in (("--ray-address", ray_address), ("--ray-actors", ray_actors),
-                                ("--ray-gpus-per-actor", ray_gpus_per_actor)) if v is not None]
-    if ray_given and engine != "ray":
-        raise click.UsageError(f"{', '.join(ray_given)} only apply with --engine ray")
-    _check_join(cfg, engine)
+    cfg = build_config(out, tuple(merged.pop("scorers", ("clip",))), stage=stage, selection=selection, resume=resume,
+                       overwrite=overwrite, retry_failed=retry_failed, dry_run=dry_run, progress=not no_progress,
+                       verbosity=level, join=join, task_index=task_index, task_count=task_count, steal=steal, **merged)
+    _check_engine(cfg, engine, ray_address, ray_actors, ray_gpus_per_actor)
     # Errors are not caught here: the `wdsfilter` group prints one line and maps each to its exit
     # code (wdsfilter/errors.py): 2 for configuration errors, 3 for a failed run, never 1.
     if engine == "ray":
@@ -196,7 +202,8 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
     else:
         summary = run_scoring(list(shards), cfg, echo=_echo)
     # The scorer lines were printed as the run began, unless -q kept them back.
-    click.echo(summary.format_text(histograms=not no_histograms and level > 0, plan=False, scorers=level == 0))
+    click.echo(summary.format_text(histograms=not no_histograms and level > 0, plan=False, scorers=level == 0,
+                                   quiet=level == 0))
     if summary.shards_failed:  # a failure of the run: those shards have no marker
         raise RunError(f"{len(summary.shards_failed)} shard(s) failed (listed above and in summary.json); "
                        f"run again with --resume to retry them")

@@ -3,11 +3,12 @@ once, before any shard is read or any model is loaded)."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import InitVar, dataclass, field, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..config import StageConfig
 from ..errors import ConfigError
+from ..selection import Selection, warn_renamed
 from ..thresholds import Thresholds
 from ..units import parse_size
 
@@ -34,16 +35,12 @@ class ScoreConfig:
     scorers: Tuple[Any, ...] = ("clip",)
     # Constructor options per scorer name, e.g. {"clip": {"model": "ViT-B-32"}}.
     scorer_options: Dict[str, Dict[str, Any]] = field(default_factory=dict)
-    # Minimum and maximum score per column (--min, --max). A sample is kept when some scorer
-    # scored it and every threshold column has a value within its bounds.
-    thresholds: Dict[str, float] = field(default_factory=dict)
-    max_thresholds: Dict[str, float] = field(default_factory=dict)
-    # Shares of the run (--top COL=P%, --bottom COL=P%: percent per column). Known only when every
-    # row is scored: resolved at the end of the run over its rows (runfolder/shares.py) for its
-    # summary, report and thresholds.json; a row's `kept` column, written while scoring, judges
-    # the minima and maxima only (docs/score.md).
-    top_shares: Dict[str, float] = field(default_factory=dict)
-    bottom_shares: Dict[str, float] = field(default_factory=dict)
+    # The rules of the run (--min, --max, --top, --bottom, --equal; wdsfilter/selection.py). A
+    # sample is kept when some scorer scored it and every rule holds. Shares are known only when
+    # every row is scored: resolved at the end of the run over its rows (runfolder/shares.py) for
+    # its summary, report and thresholds.json; a row's `kept` column, written while scoring,
+    # judges the other rules only (docs/score.md). dedup comes after scoring: not here.
+    selection: Selection = field(default_factory=Selection)
     # Filtered copies of the shards (original member bytes of kept samples) go here.
     write_shards: Optional[str] = None
     # Model devices: "auto" (cuda when available, else cpu), "cpu", "cuda", "cuda:N".
@@ -99,8 +96,14 @@ class ScoreConfig:
     # Start method of the decode workers: None is torch's default (fork on Linux: fast start).
     worker_start: Optional[str] = None
     stage: StageConfig = field(default_factory=StageConfig)
+    # The old names of the selection's rules, taken with a DeprecationWarning (selection= now).
+    thresholds: InitVar[Optional[Dict[str, float]]] = None
+    max_thresholds: InitVar[Optional[Dict[str, float]]] = None
+    top_shares: InitVar[Optional[Dict[str, float]]] = None
+    bottom_shares: InitVar[Optional[Dict[str, float]]] = None
 
-    def __post_init__(self):
+    def __post_init__(self, thresholds=None, max_thresholds=None, top_shares=None, bottom_shares=None):
+        self._take_old_names(thresholds, max_thresholds, top_shares, bottom_shares)
         if not self.out or not isinstance(self.out, str):
             raise ConfigError("out: a folder for the score files is required (--out DIR)")
         from ..writing import check_output_dir  # an unwritable output is a usage error, before any work
@@ -168,9 +171,7 @@ class ScoreConfig:
                         and d.partition(":")[0] in DEVICE_KINDS):
                     raise ConfigError(f"devices: {d!r} is not cpu or cuda:N"
                                       + "".join(f" or {k}:NAME" for k in DEVICE_KINDS))
-        bounds = Thresholds.build(self.thresholds, self.max_thresholds)
-        self.thresholds, self.max_thresholds = dict(bounds.minima), dict(bounds.maxima)
-        self._check_shares()
+        self._check_selection()
         self.scorer_options = {str(k): dict(v) for k, v in dict(self.scorer_options).items()}
         if not isinstance(self.stage, StageConfig):
             raise ConfigError("stage must be a StageConfig")
@@ -194,36 +195,44 @@ class ScoreConfig:
                               "run with one `wdsfilter score --retry-failed` (docs/scale.md)")
         self.resume = True  # a worker continues the run it joins: the shards with a marker are done
 
+    def _take_old_names(self, minima, maxima, top, bottom) -> None:
+        """thresholds=, max_thresholds=, top_shares=, bottom_shares= (the fields before selection=)
+        join the selection, each with a DeprecationWarning."""
+        old = {"thresholds": ("min", minima), "max_thresholds": ("max", maxima), "top_shares": ("top", top),
+               "bottom_shares": ("bottom", bottom)}
+        given = {name: (kind, value) for name, (kind, value) in old.items() if value}
+        for name in given:
+            warn_renamed(name, "selection", "ScoreConfig")
+        if given:
+            words = {kind: dict(value) for kind, value in given.values()}
+            self.selection = (self.selection or Selection()).merged(Selection.from_dict(words, "ScoreConfig"))
+
+    def _check_selection(self) -> None:
+        if not isinstance(self.selection, Selection):
+            raise ConfigError(f"selection must be a wdsfilter.Selection, got {type(self.selection).__name__}")
+        if self.selection.dedup:
+            raise ConfigError(f"dedup is decided after scoring: run `wdsfilter dedup {self.out or 'OUT'}`, then "
+                              f"`wdsfilter filter {self.out or 'OUT'} --dedup` (or wdsfilter.loader(..., dedup=True))")
+        if self.write_shards and self.selection.shares:  # written as rows are scored, before the cut is known
+            c, kind, _ = self.selection.shares[0]
+            raise ConfigError(f"--write-shards with --{kind} {c}=...%: a share is known only when the whole run is "
+                              f"scored, after the shards are written; score without --write-shards, then run "
+                              f"`wdsfilter filter {self.out} --{kind} {c}=P% --write-shards DIR`")
+
     @property
     def bounds(self) -> Thresholds:
-        """thresholds and max_thresholds as one Thresholds (the keep test of a row)."""
-        return Thresholds(dict(self.thresholds), dict(self.max_thresholds))
-
-    def _check_shares(self) -> None:
-        from ..runfolder.shares import check_percent
-        self.top_shares = {str(c): check_percent(p, f"--top {c}") for c, p in dict(self.top_shares or {}).items()}
-        self.bottom_shares = {str(c): check_percent(p, f"--bottom {c}")
-                              for c, p in dict(self.bottom_shares or {}).items()}
-        if self.write_shards and self.shares:  # the shards are written as rows are scored, before the cut is known
-            c, option = self.shares[0]
-            raise ConfigError(f"--write-shards with {option} {c}=...%: a share is known only when the whole run is "
-                              f"scored, after the shards are written; score without --write-shards, then run "
-                              f"`wdsfilter filter {self.out} {option} {c}=P% --write-shards DIR`")
-
-    @property
-    def shares(self) -> List[Tuple[str, str]]:
-        """(column, "--top" or "--bottom") of every share given."""
-        return [(c, "--top") for c in self.top_shares] + [(c, "--bottom") for c in self.bottom_shares]
+        """The selection's minima and maxima as one Thresholds (the summary's counts per bound)."""
+        return self.selection.bounds
 
     def threshold_columns(self) -> List[str]:
-        """Every column a threshold or a share names, each once."""
-        return list(dict.fromkeys([*self.bounds.columns(), *(c for c, _ in self.shares)]))
+        """Every column a rule names, each once."""
+        return self.selection.columns()
 
     @property
-    def row_bounds(self) -> Optional[Thresholds]:
-        """bounds for the row model (rows.complete_row), or None when the run has no thresholds:
-        decided once per run by the runners, not per row."""
-        return self.bounds or None
+    def row_bounds(self) -> Optional[list]:
+        """The rules of the row model (rows.complete_row: minima, maxima, text columns), or None
+        when the run has none: decided once per run by the runners, not per row."""
+        return self.selection.row_rules() or None
 
     def plan_text(self, plan) -> Optional[str]:
         """What of the plan is shown at this verbosity: all of it, one line, or nothing."""
@@ -237,13 +246,22 @@ class ScoreConfig:
         a run that scores nothing is reported by the engine with its counts instead. The keys
         are checked once on the whole first shard before scoring (keycheck.check_keys), so the
         readers do not check again. With the run's `scorers`, JPEGs are decoded at the reduced
-        scale they all can use (Scorer.decode_floor)."""
+        scale they all can use (Scorer.decode_floor), and not at all where none reads pixels
+        (Scorer.image_pixels: caption, size)."""
         from .fastdecode import combine_floors
-        # A duck-typed scorer without decode_floor needs the full image.
-        floor = combine_floors([getattr(s, "decode_floor", lambda: None)() for s in scorers]) if scorers else None
+        from .scorers.base import pixel_reader
+        # Only the scorers that read pixels decide how images are decoded (Scorer.image_pixels);
+        # a duck-typed scorer without decode_floor needs the full image.
+        pixels = [s for s in scorers if pixel_reader(s)]
+        floors = [getattr(s, "decode_floor", lambda: None)() for s in pixels]
+        floor = combine_floors(floors) if pixels else None
+        # Scorers of different floors: the member's bytes stay, so each one is given the pixels it
+        # would get alone (transport.OwnPixels decodes them again at its own scale).
+        differ = floor is not None and len({tuple(f) if f else None for f in floors}) > 1
         return replace(self.stage, emit_rejects=True, starvation_samples=0, starvation_seconds=0.0,
                        check_first_shard=False, decode_floor=floor,
-                       keep_image_bytes=any(getattr(s, "image_bytes", False) for s in scorers))
+                       keep_image_bytes=differ or any(getattr(s, "image_bytes", False) for s in scorers),
+                       decode_pixels=not scorers or bool(pixels))
 
 
 def parse_gpus(value) -> Tuple[int, ...]:
@@ -276,3 +294,22 @@ def parse_option(text: str) -> Tuple[str, str, Any]:
     except ValueError:
         parsed = value
     return name.strip(), key.strip(), parsed
+
+
+def _old_name(name: str, kind: str):
+    """cfg.thresholds and friends, read: the selection's rules of that kind (with a DeprecationWarning)."""
+    def get(self):
+        import sys
+        import warnings
+        if sys._getframe(1).f_globals.get("__name__") == "dataclasses":
+            return None  # dataclasses.replace copying the init arguments: the selection carries the rules
+        warnings.warn(f"ScoreConfig.{name} is deprecated; read ScoreConfig.selection (a wdsfilter.Selection: "
+                      f"its {'minima' if kind == 'min' else 'maxima' if kind == 'max' else kind})",
+                      DeprecationWarning, stacklevel=2)
+        return dict(self.selection.rules_of(kind))
+    return property(get)
+
+
+for _name, _kind in (("thresholds", "min"), ("max_thresholds", "max"), ("top_shares", "top"),
+                     ("bottom_shares", "bottom")):
+    setattr(ScoreConfig, _name, _old_name(_name, _kind))

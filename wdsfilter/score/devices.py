@@ -12,16 +12,18 @@ from .modelworker import LocalPool, ProcessPool
 
 
 def resolve_devices(cfg: ScoreConfig) -> List[str]:
-    """Model worker devices, one entry per process started before planning."""
+    """Model worker devices, one entry per process started before planning. `--device cpu
+    --replicas N` starts one: the planner measures it and starts as many more of the N as the host
+    budget holds (planner.cpu_replicas), never N copies of a model at once before it knows."""
     if cfg.devices:
         return list(cfg.devices)
     if cfg.device == "cpu":
-        return ["cpu"] * (cfg.replicas if isinstance(cfg.replicas, int) else 1)
+        return ["cpu"]
     torch = require("torch", "scoring")
     has_cuda = torch.cuda.is_available()
     if not has_cuda:
         if cfg.device == "auto" and cfg.gpus is None:
-            return ["cpu"] * (cfg.replicas if isinstance(cfg.replicas, int) else 1)
+            return ["cpu"]
         raise ConfigError(f"device={cfg.device!r}{f' gpus={list(cfg.gpus)}' if cfg.gpus else ''} but no CUDA device "
                           f"is available (torch.cuda.is_available() is False); use --device cpu")
     count = torch.cuda.device_count()
@@ -35,8 +37,10 @@ def resolve_devices(cfg: ScoreConfig) -> List[str]:
     return [f"cuda:{g}" for g in gpus]
 
 
-def make_pool(devices: List[str], scorers: Sequence, depth: int = 2):
-    """In this process for one device whose model computes on the CPU, else one process per device."""
-    if len(devices) == 1 and torch_device(devices[0]) == "cpu":
+def make_pool(devices: List[str], scorers: Sequence, depth: int = 2, replicas=1):
+    """In this process for one device whose model computes on the CPU (unless the user asked for
+    several model processes: `replicas`), else one process per device."""
+    several = isinstance(replicas, int) and replicas > 1
+    if len(devices) == 1 and torch_device(devices[0]) == "cpu" and not (several and devices[0] == "cpu"):
         return LocalPool(devices[0], scorers)
     return ProcessPool(devices, scorers, depth=depth)

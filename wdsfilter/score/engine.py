@@ -60,10 +60,12 @@ class Engine(Run):
                 pool.add_replica(dp.device)
         batch_of = {dp.device: dp for dp in plan.devices}
         batch_size_of = {}
+        # --retry-failed reads only samples that failed: the run's earlier successes say the scorers work
+        scored_before = self.state.scored_rows() if self.retry else 0
         for w in pool.workers:
             dp = batch_of[pool.device_of(w)]
             pool.configure(w, batch_size=dp.batch_size, threads=dp.threads, min_free_host=plan.min_free_host,
-                           scorer_batch=dp.scorer_batch)
+                           scorer_batch=dp.scorer_batch, scored_before=scored_before)
             batch_size_of[w] = dp.batch_size
         return batch_size_of
 
@@ -76,7 +78,8 @@ class Engine(Run):
         from ..tally import Tally
         cfg = self.cfg
         tally = Tally(0, 0, name="wdsfilter score")
-        pipeline = sample_pipeline(todo, cfg.scoring_stage_config(self.scorers), tally, extra=[Prepare(self.scorers)],
+        stage = cfg.scoring_stage_config(self.scorers)
+        pipeline = sample_pipeline(todo, stage, tally, extra=[Prepare(self.scorers, stage)],
                                    sink=sink, before_decode=self.only_retried(),
                                    shard_stages=[s.reader() for s in self.only_retried()], source=source)
         pipeline.append(Chunk(plan.chunk))
@@ -131,7 +134,7 @@ class Engine(Run):
         devices = resolve_devices(self.cfg)
         for scorer in self.scorers:  # downloads once, here, not in every model worker at once
             getattr(scorer, "fetch", lambda: None)()
-        return make_pool(devices, self.model_scorers)
+        return make_pool(devices, self.model_scorers, replicas=self.cfg.replicas)
 
     def _plan(self, pool, todo: List[str], n_shards: int) -> Plan:
         """Start the model workers, probe on `todo`'s samples, plan (said as the plan is shown)."""

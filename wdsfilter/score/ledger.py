@@ -18,7 +18,9 @@ merge).
 Columns: key, shard, index (the row in the shard's score file; -1: the whole shard), member (the
 member a stage refused, where it named one), stage (read, select, decode, prepare, score, write),
 status (the row's: rejected, failed, partial; "shard" for a shard-level entry), reason, message,
-attempts (scoring attempts of the sample so far), transient (whether trying again can help).
+attempts (scoring attempts of the sample so far), transient (whether trying again can help), and
+what the sample said where its text members were read: caption, url, uid (img2dataset's loop:
+download the broken images again by url).
 
 The promise (docs/score.md): every sample of every input shard ends in exactly one row of status
 scored, or is listed here. Which reasons are transient is decided in one place, TRANSIENT.
@@ -33,10 +35,11 @@ from ..markers import MEMBER, STAGE  # noqa: F401 - a row's private fields: wher
 # the run folder's failures/ files, their reader and summary (runfolder/failures.py: the report reads them too)
 from ..runfolder.failures import FOLDER, MERGED, TRANSIENT, folder, read_entries, shard_file, summarize  # noqa: F401
 
-FIELDS = ("key", "shard", "index", "member", "stage", "status", "reason", "message", "attempts", "transient")
+FIELDS = ("key", "shard", "index", "member", "stage", "status", "reason", "message", "attempts", "transient", "caption",
+          "url", "uid")
 
 # A sample's stage, by reason, for rows whose stage no stage recorded.
-SCORE_REASONS = frozenset({"out_of_memory", "score_error"})
+SCORE_REASONS = frozenset({"out_of_memory", "score_error", "bad_score_output"})
 RETRY_MODES = ("transient", "all")
 
 
@@ -59,7 +62,8 @@ def row_entries(rows: Iterable[dict], attempts: Optional[Dict[int, int]] = None)
                                  if r["status"] != "rejected" else "select")
         out.append({"key": r["key"], "shard": r["shard"], "index": int(r["index"]), "member": r.get(MEMBER) or "",
                     "stage": stage, "status": r["status"], "reason": reason, "message": r.get("message") or "",
-                    "attempts": attempts.get(int(r["index"]), 1), "transient": is_transient(reason)})
+                    "attempts": attempts.get(int(r["index"]), 1), "transient": is_transient(reason),
+                    "caption": r.get("caption"), "url": r.get("url"), "uid": r.get("uid")})
     return out
 
 
@@ -67,7 +71,7 @@ def shard_entry(url: str, reason_text: str, remote: bool) -> dict:
     """The one entry of a shard that has no outputs (no marker), from the run's reason for it."""
     text = reason_text or ""
     if text.startswith("unreadable"):
-        reason, stage = ("unreadable_remote" if remote else "unreadable_shard"), "read"
+        reason, stage = (remote_reason(text) if remote else "unreadable_shard"), "read"
     elif text.startswith("not read to its end"):
         reason, stage = "read_failed", "read"
     elif text.startswith("no member could be read"):
@@ -86,19 +90,33 @@ def shard_entry(url: str, reason_text: str, remote: bool) -> dict:
             "message": text, "attempts": 1, "transient": reason in TRANSIENT}
 
 
+def remote_reason(text: str) -> str:
+    """A remote shard that could not be opened, by what its message says (remote_net, remote_read):
+    the store not reached, access refused or no credentials, the object missing, else unreadable."""
+    if ": cannot be reached: " in text:
+        return "remote_unreachable"
+    if "access denied" in text or "no credentials were found" in text:
+        return "remote_access_denied"
+    if " does not exist (credentials: " in text:
+        return "remote_object_missing"
+    return "unreadable_remote"
+
+
 # -- files ----------------------------------------------------------------------------------------------
 def _schema():
     import pyarrow as pa
     return pa.schema([("key", pa.string()), ("shard", pa.string()), ("index", pa.int64()), ("member", pa.string()),
                       ("stage", pa.string()), ("status", pa.string()), ("reason", pa.string()),
-                      ("message", pa.string()), ("attempts", pa.int64()), ("transient", pa.bool_())])
+                      ("message", pa.string()), ("attempts", pa.int64()), ("transient", pa.bool_()),
+                      ("caption", pa.string()), ("url", pa.string()), ("uid", pa.string())])
 
 
 def _write(entries: Sequence[dict], path: str) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
+    from ..runfolder.tables import publish_rows
     schema = _schema()
-    table = pa.Table.from_pylist(list(entries), schema=schema)
+    table = pa.Table.from_pylist(publish_rows(entries), schema=schema)
     with atomic_path(path) as tmp:  # makes the folder
         if table.num_rows:
             pq.write_table(table, tmp)

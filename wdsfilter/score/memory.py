@@ -247,11 +247,20 @@ def is_oom(exc: BaseException) -> bool:
             return True
     except (ImportError, AttributeError):
         pass
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+    if isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower():
+        return True
+    # On the CPU: torch's allocator ("DefaultCPUAllocator: can't allocate memory", a RuntimeError
+    # without "out of memory": a CRAFT batch over the host's limit) and onnxruntime's ("Failed to
+    # allocate memory for requested buffer", its own RuntimeException class).
+    return any(s in str(exc) for s in CPU_ALLOC_FAILED) and isinstance(exc, Exception)
+
+
+CPU_ALLOC_FAILED = ("DefaultCPUAllocator: can't allocate memory", "Failed to allocate memory")
 
 
 def host_status() -> dict:
     import psutil
     vm = psutil.virtual_memory()
     return {"total": int(vm.total), "available": int(vm.available), "cpus": len(os.sched_getaffinity(0))
-            if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)}
+            if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1),
+            "rss": int(psutil.Process().memory_info().rss)}  # this process's: the planner counts it

@@ -258,21 +258,55 @@ class _Planner:
         budget = int(available * (1 - cfg.headroom))
         why = f"psutil: {fs(available)} available of {fs(host['total'])}, {cfg.headroom:.0%} kept as headroom"
         if cpu_reports and cfg.max_memory:
+            # The model processes' RSS, and this process's where the models run in others (it has
+            # imported torch too): max_memory bounds the whole process tree.
             loaded = sum(r.rss for r in cpu_reports)
+            if not any(r.in_process for r in cpu_reports):
+                loaded += host.get("rss", 0)
             if cfg.max_memory - loaded < budget:
                 budget = max(0, cfg.max_memory - loaded)
                 why += f", capped by max_memory={fs(cfg.max_memory)} minus {fs(loaded)} already loaded"
         self.lines.append(("host RAM budget", fs(budget), why))
         return budget
 
-    def plan_cpu(self, cpu_reports: List[LoadReport], host_budget: int) -> List[DevicePlan]:
-        """One DevicePlan per CPU model worker: each scorer's batch that fits host RAM (or the user's)."""
+    def cpu_replicas(self, cpu_reports: List[LoadReport], room: int, acts: Dict[str, Tuple[int, int]]) -> int:
+        """Model processes on the CPU: one per CPU device the user listed, or, for `--device cpu
+        --replicas N`, as many of the N as the host budget holds. One process was started and
+        measured before planning; each more costs its whole RSS again (the seed's problem: a copy of
+        EasyOCR's model in every process exhausted RAM) and its working memory at a batch of one."""
         cfg = self.cfg
-        R = len(cpu_reports)
+        if len(cpu_reports) > 1 or not isinstance(cfg.replicas, int) or cfg.replicas <= 1:
+            return len(cpu_reports)
+        r, want = cpu_reports[0], cfg.replicas
+        one = self.work(acts, {n: 1 for n in acts})
+
+        def need(k: int) -> int:
+            return (k - 1) * r.rss + k * one
+
+        formula = (f"{want - 1} more x {fs(r.rss)} (a process's RSS with its models, measured) + {want} x "
+                   f"{fs(one)} (a batch of one) = {fs(need(want))}")
+        if r.in_process:
+            self.too_big(f"replicas={want} on the CPU, but the model runs in this process", "1")
+            return 1
+        if need(want) <= room:
+            self.lines.append(("cpu replicas", str(want), f"set by the user: {formula} <= {fs(room)} of host RAM"))
+            return want
+        fitting = max((k for k in range(1, want) if need(k) <= room), default=1)
+        self.too_big(f"replicas={want} on the CPU: {formula} > {fs(room)} of host RAM", str(fitting))
+        self.lines.append(("cpu replicas", str(fitting), f"clamped from {want}: {fitting - 1} more x {fs(r.rss)} + "
+                                                          f"{fitting} x {fs(one)} = {fs(need(fitting))} <= {fs(room)}"))
+        return fitting
+
+    def plan_cpu(self, cpu_reports: List[LoadReport], host_budget: int) -> List[DevicePlan]:
+        """One DevicePlan per CPU device: its model processes (cpu_replicas) and each scorer's
+        batch that fits host RAM (or the user's)."""
+        cfg = self.cfg
         room = host_budget - WORKER_BASE_BYTES  # leave room for one decode worker
         names = self.names(cpu_reports[0])
         acts = {n: self.act(n) for n in names}
-        limit = {n: math.inf if p == 0 else max(0, (room / R - f) // p) for n, (f, p) in acts.items()}
+        R = self.cpu_replicas(cpu_reports, room, acts)
+        extra = (R - len(cpu_reports)) * cpu_reports[0].rss  # processes not started yet
+        limit = {n: math.inf if p == 0 else max(0, ((room - extra) / R - f) // p) for n, (f, p) in acts.items()}
         cap = cfg.cpu_max_batch
 
         def formula(B: Dict[str, int]) -> str:
@@ -286,28 +320,29 @@ class _Planner:
                 worst = min(limit, key=lambda n: limit[n])
                 f, p = acts[worst]
                 self.too_big(f"one sample needs {fs(f + p)} of activations on the CPU but "
-                             f"{fs(room)} of host RAM is left", None)
+                             f"{fs(room - extra)} of host RAM is left", None)
             B = {n: max(1, _round_batch(int(min(b, cap)))) for n, b in limit.items()}
             for n in names:
                 reasons[n] = (f"capped at cpu_max_batch={cap} (bigger CPU batches are not faster)" if limit[n] >= cap
-                              else f"host RAM: {formula(B)} fits {fs(room)}")
+                              else f"host RAM: {formula(B)} fits {fs(room - extra)}")
         else:
             B = {n: self.user_batch(n, cfg.batch_size) for n in names}
             reasons = {n: "set by the user" for n in names}
             if any(B[n] > limit[n] for n in names):
                 clamp = {n: max(1, min(B[n], _round_batch(int(limit[n])))) for n in names}
                 need = R * self.work(acts, B)
-                self.too_big(f"batch_size={cfg.batch_size} on the CPU: {formula(B)} = {fs(need)} > {fs(room)} "
-                             f"of host RAM", ", ".join(f"{n} {b}" for n, b in clamp.items()) if len(clamp) > 1
-                             else str(next(iter(clamp.values()))))
+                self.too_big(f"batch_size={cfg.batch_size} on the CPU: {formula(B)} = {fs(need)} > "
+                             f"{fs(room - extra)} of host RAM", ", ".join(f"{n} {b}" for n, b in clamp.items())
+                             if len(clamp) > 1 else str(next(iter(clamp.values()))))
                 B = clamp
                 reasons = {n: "clamped to the host RAM" for n in names}
         self.batch_lines("cpu", B, reasons)
         if cfg.batch_size == "auto":
             self.one_by_one = self.small_batches(B)
             B.update(self.one_by_one)
-        need = R * self.work(acts, B)
-        return [DevicePlan(r.device, "host", 1, max(B.values()), None, host_budget, need, dict(B))
+        need = R * self.work(acts, B) + extra
+        per_device = R if len(cpu_reports) == 1 else 1
+        return [DevicePlan(r.device, "host", per_device, max(B.values()), None, host_budget, need, dict(B))
                 for r in cpu_reports]
 
     def decode_cores(self, cpu_reports: List[LoadReport], small: Dict[str, int],
@@ -413,7 +448,7 @@ class _Planner:
                            f"{fs(queued)} of prepared samples at most"))
         w_cpu, cpu_why, decode_load = self.decode_cores(cpu_reports, self.one_by_one, model_procs)
         workers, prefetch = self.decode_workers(w_cpu, cpu_why, host_budget - spent, chunk)
-        self.model_threads(devices, len(cpu_reports), workers, decode_load)
+        self.model_threads(devices, sum(d.replicas for d in devices if d.kind == "host"), workers, decode_load)
         min_free_host = default_min_free_host(self.cfg, self.host["total"])
         self.lines.append(("back-off", f"halve the batch under {fs(min_free_host)} free host RAM",
                            f"and on every out-of-memory error, only the scorer that ran out; double it again "

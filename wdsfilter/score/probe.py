@@ -180,7 +180,7 @@ def collect_probe(urls: Sequence[str], stage_cfg, scorers: Sequence, want: int, 
     from ..pipeline import sample_pipeline
     from ..tally import Tally
     from .transport import Prepare
-    pipe = sample_pipeline(list(urls), stage_cfg, Tally() if tally is None else tally, extra=[Prepare(scorers)], before_decode=only,
+    pipe = sample_pipeline(list(urls), stage_cfg, Tally() if tally is None else tally, extra=[Prepare(scorers, stage_cfg)], before_decode=only,
                            shard_stages=[s.reader() for s in only])
     found: List[Dict[str, Any]] = []
     seen = 0

@@ -46,7 +46,7 @@ def read_shard(batch, cfg, scorers, rows_per_block: int = 64, only=None) -> Iter
     for url, path in zip(list(batch["shard"]), list(paths)):  # rows carry the URL; the worker opens `path`
         tally = Tally(0, 0, name="wdsfilter score (ray)")
         before = [only.opened_as(url, path)] if only is not None and url in only.keys else []
-        pipeline = sample_pipeline([path], stage, tally, extra=[Prepare(scorers)], before_decode=before,
+        pipeline = sample_pipeline([path], stage, tally, extra=[Prepare(scorers, stage)], before_decode=before,
                                    shard_stages=[s.reader() for s in before])
         rows: List[dict] = []
         index = 0

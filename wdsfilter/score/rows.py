@@ -21,7 +21,6 @@ from ..errors import RunError
 from ..remote import redact_url
 from ..markers import MARKER, MEMBER, REJECT, STAGE, ShardEnd
 from ..runfolder.keep import keep_reason
-from ..thresholds import Thresholds
 from .embeddings import write_embeddings
 from .faults import is_disk_full, read_failed_reason
 from .ledger import row_entries, write_shard_failures
@@ -69,14 +68,14 @@ def new_row(key: str, url: str, index: int, status: Optional[str] = None, reason
             "kept": False, **{f: (text or {}).get(f) for f in TEXT_FIELDS}}
 
 
-def item_row(item: dict, index: int, scorers: Sequence, thresholds: Optional[Thresholds]) -> dict:
+def item_row(item: dict, index: int, scorers: Sequence, thresholds: Optional[Sequence]) -> dict:
     """The row of one stream item that is not a shard end: a reject marker's row is final, so is
     the row of a sample no scorer could prepare; any other row waits for item["inputs"] to be
     scored (status None)."""
     url = item.get("__url__", "")
     if MARKER in item:
         key = item.get("__key__", "")
-        row = new_row(key, url, index, "rejected", item.get(REJECT), item.get("__message__"))
+        row = new_row(key, url, index, "rejected", item.get(REJECT), item.get("__message__"), text=sample_text(item))
         row[STAGE] = item.get(STAGE) or ""  # for the failure ledger (ledger.py); not a score file column
         row[MEMBER] = item.get(MEMBER) if item.get(MEMBER) != key else ""
         return row
@@ -86,10 +85,10 @@ def item_row(item: dict, index: int, scorers: Sequence, thresholds: Optional[Thr
     return row
 
 
-def complete_row(row: dict, scorers: Sequence, scores: dict, errors: dict, thresholds: Optional[Thresholds]) -> None:
+def complete_row(row: dict, scorers: Sequence, scores: dict, errors: dict, thresholds: Optional[Sequence]) -> None:
     """Fill a sample's row from its scores and its per-scorer errors (prepare or scoring).
-    thresholds: the run's, or None when it has none (ScoreConfig.row_bounds, decided once per
-    run, not per row).
+    thresholds: the run's rules (Selection.row_rules), or None when it has none
+    (ScoreConfig.row_bounds, decided once per run, not per row).
 
     kept: the one rule of `wdsfilter filter` and wdsfilter.loader(scores=...) too
     (runfolder.keep_reason): some scorer scored it and every threshold column is within bounds.
@@ -125,7 +124,7 @@ class ShardRows:
         self.not_a_tar = False  # no member header could be read
         self.members = 0
 
-    def add(self, item: dict, scorers: Sequence, thresholds: Optional[Thresholds]) -> Optional[int]:
+    def add(self, item: dict, scorers: Sequence, thresholds: Optional[Sequence]) -> Optional[int]:
         """Give a stream item its row; returns its index when the models still have to score it."""
         index = len(self.rows)
         row = item_row(item, index, scorers, thresholds)

@@ -14,9 +14,9 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from ..errors import ConfigError, require
 from ..keycheck import check_keys
-from ..shards import expand_urls, is_local, unique_urls
+from ..publish import published
+from ..shards import expand_urls, is_local, refuse_unreachable, unique_urls
 from ..specs import utf8_text
-from ..thresholds import Thresholds
 from ..tally import Tally
 from .config import ScoreConfig
 from .faults import disk_full, is_disk_full
@@ -63,10 +63,7 @@ class Run:
         check_before_torch(cfg)
         # A joined run's worker (--join, join.py) holds its own lease, not the folder's, and claims
         # the shards one by one (runfolder/claims.py); a dry run plans only, as any.
-        self.joined = None
-        if cfg.join and not cfg.dry_run:
-            from .join import Worker
-            self.joined = Worker(cfg, cfg.out)
+        self.joined = self._worker(cfg)
         # One run per --out, by a lease (runfolder/lease.py), taken before the run state, which
         # deletes temporaries; every write into the folder is fenced by it. A remote --out: the
         # lease in the bucket, then the run writes a local staging copy mirrored to the bucket.
@@ -97,7 +94,8 @@ class Run:
             # again (only those are read on, OnlyKeys); shards without a marker are in todo whole
             self.retry = retry_plan(self.state, cfg.retry_failed) if cfg.retry_failed else {}
             self.todo += [u for u in self.urls if u in self.retry and u not in self.todo]
-            if self.todo:  # a caption/image key no sample of the first shard has
+            if self.todo:  # no shard can be opened, for one reason (one line); a caption/image key no sample has
+                refuse_unreachable(self.todo, cfg.stage)
                 check_keys(self.todo[0], cfg.scoring_stage_config(), self.before)
             if cfg.verbosity and (self.todo or cfg.dry_run):  # at once, before the imports and the models
                 names = [s if isinstance(s, str) else getattr(s, "name", type(s).__name__) for s in cfg.scorers]
@@ -112,11 +110,7 @@ class Run:
                 self.state.shown_write_shards = (self.remote.shards.local, self.remote.shards.url)
             self.state.open(self._identity())
             if self.joined:  # the run's shards now claimed one by one; those with a marker are done
-                self.todo = self.joined.start(self.state, self.urls)
-                if self.remote and self.state.created:  # run.json was created in the bucket, in place
-                    self.remote.folder.adopt(layout.RUN_JSON, self.state.run_json_version)
-                elif self.remote:  # the run's files as its creator wrote them (after this worker's pull, perhaps)
-                    self.remote.folder.refresh(fetch=STATE_FILES)
+                self.todo = self._join_run()
             if not cfg.dry_run and (self.joined is None or self.state.created):
                 # the resolved recipe: `wdsfilter score --config OUT/run.yaml` runs it again
                 write_recipe(cfg, self.urls, engine, self.remote and {
@@ -132,6 +126,23 @@ class Run:
             raise
         self.summary = RunSummary(out=self.remote.url if self.remote else cfg.out, shards=len(self.urls), dry_run=cfg.dry_run,
                                   shards_resumed=self.state.resumed_from_markers)
+
+    @staticmethod
+    def _worker(cfg: ScoreConfig):
+        """This process as a worker of a joined run (--join), or None; a dry run plans only, as any."""
+        if not cfg.join or cfg.dry_run:
+            return None
+        from .join import Worker
+        return Worker(cfg, cfg.out)
+
+    def _join_run(self) -> List[str]:
+        """A joined run's worker, once run.json names the run: its claims, the shards not done."""
+        todo = self.joined.start(self.state, self.urls)
+        if self.remote and self.state.created:  # run.json was created in the bucket, in place
+            self.remote.folder.adopt(layout.RUN_JSON, self.state.run_json_version)
+        elif self.remote:  # the run's files as its creator wrote them (after this worker's pull, perhaps)
+            self.remote.folder.refresh(fetch=STATE_FILES)
+        return todo
 
     @staticmethod
     def _shard_urls(shards, cfg: ScoreConfig) -> List[str]:
@@ -221,17 +232,18 @@ class Run:
         if self.remote:  # finished shards' score files left in the bucket by --resume: read now
             self.remote.fetch(files)
         summary.shards_cut = self.state.cut_shards()
-        bounds = self.resolved_bounds(bool(files))
-        for k, v in summarize_files(files, self.columns, bounds, cfg.histogram_bins).items():
+        rules = self.resolved_rules(bool(files))
+        bounds = rules.bounds
+        for k, v in summarize_files(files, self.columns, rules, cfg.histogram_bins).items():
             setattr(summary, k, v)
         summary.files = {"scores": self.state.scores_dir, "summary": os.path.join(cfg.out, "summary.json"),
                          "histograms": plot_histograms(summary.columns, bounds,
                                                        os.path.join(cfg.out, "histograms.png")),
                          "filtered shards": cfg.write_shards}
         summary.files["failures"] = self.record_failures()
-        if cfg.shares and files:
+        if cfg.selection.shares and files:
             summary.files["thresholds"] = os.path.join(cfg.out, "thresholds.json")
-        summary.files["report"] = run_report(cfg.out, bounds, cfg.stage.allow_pipe, cfg.stage.allow_remote)
+        summary.files["report"] = run_report(cfg.out, rules, cfg.stage.allow_pipe, cfg.stage.allow_remote)
         if self.remote:  # the summary and report name the bucket's objects, not the staging copy
             self.remote.publish_text(summary.files["report"])
             summary.files = {k: self.remote.public(v) for k, v in summary.files.items()}
@@ -243,21 +255,21 @@ class Run:
             raise NothingScoredError(nothing_scored_text(summary, len(files), self.state.scores_dir))
         return summary
 
-    def resolved_bounds(self, any_files: bool) -> Thresholds:
-        """The run's minima and maxima with its shares (--top/--bottom) resolved over every finished
-        row, as `wdsfilter filter` resolves them (runfolder/shares.py), written to OUT/thresholds.json
-        (the loader's keyword arguments); cfg.bounds when the run has no share (or no row yet)."""
+    def resolved_rules(self, any_files: bool):
+        """The run's rules (a wdsfilter.Selection) with its shares (--top/--bottom) resolved over
+        every finished row, as `wdsfilter filter` resolves them (runfolder/shares.py), written to
+        OUT/thresholds.json (the loader's keyword arguments); cfg.selection when the run has no
+        share (or no row yet)."""
         cfg = self.cfg
-        if not cfg.shares or not any_files:
-            return cfg.bounds
+        if not cfg.selection.shares or not any_files:
+            return cfg.selection
         from ..runfolder.shares import resolve_over_run, write_thresholds
-        thresholds = resolve_over_run(cfg.out, cfg.thresholds, cfg.max_thresholds, cfg.top_shares, cfg.bottom_shares)
-        for t in thresholds:
-            if t.share is not None:
+        resolved = resolve_over_run(cfg.out, cfg.selection)
+        for t in resolved.thresholds:
+            if t.share is not None and cfg.verbosity:  # -q: the one-line result only
                 self.echo(f"{t.given}: {t.rank} of the {t.scored} rows with a {t.column} -> {t.describe()}")
-        write_thresholds(os.path.join(cfg.out, "thresholds.json"), thresholds)
-        return Thresholds.strictest(t.bound for t in thresholds)
-
+        write_thresholds(os.path.join(cfg.out, "thresholds.json"), resolved.selection)
+        return resolved.selection
 
     def _count_early_retries(self, summary: RunSummary) -> None:
         """The remote retries of the reads before scoring (the key check, the probe) join the
@@ -284,9 +296,10 @@ class Run:
         entries = merge_ledger(self.cfg.out, [self.state.names[u] for u in self.urls])
         self.summary.failures = summarize_ledger(entries)
         if self.retry:
-            listed = {(e["shard"], e["index"]) for e in entries}
+            listed = {(e["shard"], e["index"]) for e in entries}  # the ledger names shards published
             self.summary.retried = {"samples": sum(len(p) for p in self.retry.values()),
-                                    "scored": sum((u, i) not in listed for u, p in self.retry.items() for i in p)}
+                                    "scored": sum((published(u), i) not in listed for u, p in self.retry.items()
+                                                  for i in p)}
         return os.path.join(self.cfg.out, LEDGER_FILE)
 
     def record_run_failure(self, todo: Sequence[str], error: BaseException) -> None:

@@ -134,9 +134,16 @@ def resolve_scorers(cfg: ScoreConfig) -> List[Scorer]:
 def check_before_torch(cfg: ScoreConfig) -> None:
     """What can be checked of the scorers before torch is imported (Scorer.early_columns: a CLIP
     model name or folder) and, where every scorer declares its columns then, the threshold columns:
-    a configuration error answers in a second instead of after the imports and the model load."""
+    a configuration error answers in a second instead of after the imports and the model load.
+    Every scorer's optional dependencies (Scorer.needs) are checked first."""
+    from ..errors import require
+    specs = with_required(cfg.scorers)
+    for spec in specs:
+        cls = _scorer_class(spec) if isinstance(spec, str) else type(spec)
+        for module, install in getattr(cls, "needs", ()) or ():
+            require(module, f"the {_spec_name(spec, cls) if isinstance(spec, str) else spec.name} scorer", install)
     columns: List[str] = []
-    for spec in with_required(cfg.scorers):
+    for spec in specs:
         if isinstance(spec, str):
             cls = _scorer_class(spec)
             name = _spec_name(spec, cls)
@@ -164,7 +171,7 @@ def check_threshold_columns(cfg: ScoreConfig, columns) -> None:
                           f"score columns: {', '.join(columns)}")
     if isinstance(columns, Mapping):
         import pyarrow as pa
-        declared = {c: arrow_type(columns[c]) for c in cfg.threshold_columns() if columns[c] is not None}
+        declared = {c: arrow_type(columns[c]) for c in cfg.selection.numeric_columns() if columns[c] is not None}
         flags = [c for c, t in declared.items() if t is not None and not (pa.types.is_floating(t) or
                                                                            pa.types.is_integer(t))]
         if flags:
@@ -172,6 +179,11 @@ def check_threshold_columns(cfg: ScoreConfig, columns) -> None:
                        or pa.types.is_integer(arrow_type(t))]
             raise ConfigError(f"threshold(s) on {', '.join(flags)}, which {'does' if len(flags) == 1 else 'do'} not "
                               f"hold numbers; numeric score columns: {', '.join(numeric) or 'none'}")
+        texts = {c: arrow_type(columns[c]) for c in cfg.selection.equal if columns[c] is not None}
+        numbers = [c for c, t in texts.items() if t is not None and not pa.types.is_string(t)]
+        if numbers:
+            raise ConfigError(f"--equal on {', '.join(numbers)}, which {'does' if len(numbers) == 1 else 'do'} not "
+                              f"hold text; compare numbers with --min and --max")
 
 
 def score_columns(scorers: Sequence[Scorer]) -> Dict[str, Optional[str]]:
@@ -203,12 +215,15 @@ def run_identity(cfg: ScoreConfig, scorers: Sequence[Scorer]) -> dict:
                           "options": {k: v for k, v in sorted(vars(s).items()) if not k.startswith("_") and simple(v)}})
     stage = {k: v for k, v in cfg.stage.to_dict().items()
              if k not in ("emit_rejects", "starvation_samples", "starvation_seconds",
-                                                                 "stream_idle_seconds", "keep_image_bytes")
+                                                                 "stream_idle_seconds", "keep_image_bytes", "decode_pixels")
              and k not in ("allow_remote", "storage_options") and not k.startswith("remote_")}  # how, not what
-    identity = {"scorers": described, "thresholds": cfg.thresholds, "stage": stage, "format": cfg.format,
+    rules = cfg.selection
+    identity = {"scorers": described, "thresholds": dict(rules.minima), "stage": stage, "format": cfg.format,
                 "write_shards": os.path.abspath(cfg.write_shards) if cfg.write_shards else None}
-    if cfg.max_thresholds:  # only when set, so runs without maxima keep the identity they had
-        identity["max_thresholds"] = cfg.max_thresholds
+    if rules.maxima:  # only when set, so runs without maxima keep the identity they had
+        identity["max_thresholds"] = dict(rules.maxima)
+    if rules.equal:  # the same: the `kept` column judges them too
+        identity["equal"] = {c: list(v) for c, v in rules.equal.items()}
     return identity
 
 

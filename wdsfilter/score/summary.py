@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional
 from ..atomic import write_json
 from ..runfolder.tables import STATUSES
 from .ledger import summary_lines
-from ..report.statistics import text_histogram
+from ..report.statistics import one_value_text, text_histogram
 from ..shards import shown_url
 
 
@@ -76,10 +76,10 @@ class RunSummary:
         d["batch_sizes"] = self.batch_sizes()
         return d
 
-    def format_text(self, histograms: bool = True, plan: bool = True, scorers: bool = True) -> str:
+    def format_text(self, histograms: bool = True, plan: bool = True, scorers: bool = True, quiet: bool = False) -> str:
         """The terminal summary. plan=False leaves out the scorers and the plan of a dry run (the
         command line has printed them already, as the run went); scorers=False the scorer lines of
-        a run (printed at its start)."""
+        a run (printed at its start); quiet (-q): the one-line result and what failed only."""
         if self.dry_run:
             return "\n".join((([f"scorer: {s}" for s in self.scorers] + [self.plan_text]) if plan else [])
                              + ["dry run: nothing was scored",
@@ -89,7 +89,10 @@ class RunSummary:
         lines = [f"scored {self.scored} of {self.rows} samples in {self.shards} shard(s)"
                  + (f" ({self.shards_resumed} shard(s) were already done)" if self.shards_resumed else "")
                  + (f"; {len(self.shards_failed)} shard(s) FAILED" if self.shards_failed else "")
-                 + (f"; {len(self.shards_cut)} shard(s) CUT SHORT" if self.shards_cut else "")]
+                 + (f"; {len(self.shards_cut)} shard(s) CUT SHORT" if self.shards_cut else "")
+                 + (f"; kept {self.kept}" if quiet and (self.thresholds or self.max_thresholds) else "")]
+        if quiet:
+            return "\n".join(lines + self._shard_lines())
         for s in self.scorers if scorers else ():
             lines.append(f"  scorer: {s}")
         if self.samples_this_run:
@@ -117,13 +120,12 @@ class RunSummary:
             lines.append(f"  retried {self.retried['samples']} failed sample(s): {self.retried['scored']} now scored, "
                          f"{self.retried['samples'] - self.retried['scored']} still listed")
         lines += summary_lines(self.failures, self.files.get("failures") or "failures.parquet")
-        for f in self.shards_failed:
-            lines.append(f"  shard FAILED (no marker; --resume retries it): {shown_url(f['url'])}: {f['reason']}")
-        for f in self.shards_cut:
-            lines.append(f"  shard CUT SHORT (the samples before the break were scored, the rest have no row; "
-                         f"re-create or re-download it): {shown_url(f['url'])}: {f['reason']}")
+        lines += self._shard_lines()
         for col, st in self.columns.items():
-            if st.get("kind") == "number" and st.get("count"):
+            one = one_value_text(st["histogram"]) if st.get("kind") == "number" and st.get("histogram") else None
+            if one:  # a column of one value (clip_frames on an image-only set): one line, no statistics
+                lines.append(f"  {col}: {one}")
+            elif st.get("kind") == "number" and st.get("count"):
                 lines.append(f"  {col}: n={st['count']} min={st['min']:.4g} mean={st['mean']:.4g} max={st['max']:.4g}"
                              + (f" (and {st['infinite']} infinite, left out)" if st.get("infinite") else ""))
                 if histograms and st.get("histogram"):
@@ -161,6 +163,13 @@ class RunSummary:
             lines.append(f"  shard FAILED (no marker; a worker started later retries it): {shown_url(f['url'])}: "
                          f"{f['reason']}")
         return "\n".join(lines)
+
+
+    def _shard_lines(self) -> List[str]:
+        lines = [f"  shard FAILED (no marker; --resume retries it): {shown_url(f['url'])}: {f['reason']}"
+                 for f in self.shards_failed]
+        return lines + [f"  shard CUT SHORT (the samples before the break were scored, the rest have no row; "
+                        f"re-create or re-download it): {shown_url(f['url'])}: {f['reason']}" for f in self.shards_cut]
 
 
 def write_summary(summary: RunSummary, path: str) -> None:

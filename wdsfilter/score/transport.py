@@ -52,7 +52,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Op
 from ..errors import DataError
 from ..markers import MARKER, SHARD_END
 from .rows import TEXT, sample_text
-from .scorers.base import NOTES, Noted
+from .scorers.base import NOTES, Noted, pixel_reader
 
 _ALIGN = 64  # every slot starts on a 64-byte boundary, so any dtype can view it
 
@@ -67,8 +67,13 @@ class Prepare:
 
     MAX_FAILURES = 8  # as the back-off's limit on score_batch (backoff.Backoff)
 
-    def __init__(self, scorers: Sequence):
+    def __init__(self, scorers: Sequence, stage=None):
+        """stage: the scoring stage config (ScoreConfig.scoring_stage_config): a JPEG decoded once at
+        the scale every scorer can use is decoded again, from its bytes, at the scale a scorer
+        would get alone where that differs (OwnPixels), so a scorer's scores do not depend on
+        which other scorers share the pass."""
         self.scorers = list(scorers)
+        self.own = OwnPixels(stage, scorers) if stage is not None else None
         self.prepared: Dict[str, int] = {}  # per scorer, in this decode worker
         self.failures: Dict[str, int] = {}
 
@@ -80,9 +85,11 @@ class Prepare:
             inputs: Dict[str, Any] = {}
             errors: Dict[str, Any] = {}
             notes: Dict[str, Tuple[str, str]] = {}
+            own = self.own.images(sample) if self.own is not None else {}
             for scorer in self.scorers:
                 try:
-                    prepared = scorer.prepare(sample)
+                    mine = own.get(scorer.name)
+                    prepared = scorer.prepare(sample if mine is None else {**sample, "image": mine})
                     if isinstance(prepared, Noted):  # scored from incomplete data: the row says so
                         notes[scorer.name] = (prepared.reason, prepared.message)
                         prepared = prepared.input
@@ -101,6 +108,47 @@ class Prepare:
                 errors[NOTES] = notes
             yield {"__key__": sample["__key__"], "__url__": sample["__url__"], "inputs": inputs, "errors": errors,
                    TEXT: sample_text(sample)}
+
+
+class OwnPixels:
+    """The image each scorer would be given alone. The decode stage decodes a JPEG once, at the
+    DCT scale every scorer of the run can use (fastdecode.combine_floors: the largest floor);
+    alone, a scorer with a smaller floor would be decoded at a smaller scale, and its pixels (so
+    its scores) would differ: adding --scorer hash changed clip_score by up to 0.002 on the sample
+    shards. Such a scorer gets the image decoded again from the member's bytes (kept by the
+    decode stage: StageConfig.keep_image_bytes) at its own scale; one decode per distinct scale."""
+
+    def __init__(self, stage, scorers: Sequence):
+        self.stage = stage
+        # A scorer that reads no pixels (caption, size, aesthetic, tmars) needs no image of its own.
+        self.floors = {s.name: getattr(s, "decode_floor", lambda: None)() for s in scorers if pixel_reader(s)}
+
+    def images(self, sample: dict) -> Dict[str, Any]:
+        """{scorer name: its own image} for the scorers whose scale differs from the shared decode's."""
+        from ..images import FULL_SIZE, decode_image, draft_scale
+        from ..stages import IMAGE_BYTES
+        image, data = sample.get("image"), sample.get(IMAGE_BYTES)
+        stage = self.stage
+        # only a JPEG is decoded at a reduced scale (draft mode)
+        if image is None or not isinstance(data, (bytes, bytearray)) or not data.startswith(b"\xff\xd8") \
+                or stage.decode_floor is None or not hasattr(image, "info"):
+            return {}
+        full = image.info.get(FULL_SIZE, image.size)
+        shared = draft_scale(full, stage.decode_floor)
+        out: Dict[str, Any] = {}
+        by_scale: Dict[int, Any] = {shared: image}
+        for name, floor in self.floors.items():
+            scale = draft_scale(full, floor) if floor is not None else 1
+            if scale == shared:
+                continue
+            if scale not in by_scale:
+                try:
+                    by_scale[scale] = decode_image(data, stage.max_pixels, stage.max_side, stage.oversize,
+                                                   stage.image_mode, floor)
+                except Exception:  # noqa: BLE001 - it decoded once already: this scorer keeps the shared image
+                    by_scale[scale] = image
+            out[name] = by_scale[scale]
+        return out
 
 
 class Chunk:

@@ -18,7 +18,7 @@ from typing import Optional, Sequence, Union
 
 from ..config import StageConfig
 from ..errors import ConfigError
-from ..shards import expand_urls, is_remote, unique_urls
+from ..shards import expand_urls, is_remote, refuse_unreachable, unique_urls
 from .findings import ERROR, KINDS, WARNING, Finding
 from .options import ValidateOptions
 from .progress import Progress
@@ -39,8 +39,13 @@ def stage_config(config: Union[None, str, dict, StageConfig] = None, **overrides
     overrides = {k: v for k, v in overrides.items() if v is not None}
     if config is None:
         return StageConfig(**overrides)
-    if isinstance(config, str):
-        return StageConfig.from_file(config, **overrides)
+    if isinstance(config, str):  # a file of stage options, or a run recipe (OUT/run.yaml): its stage
+        from ..config import recipe_stage_and_shards
+        stage, _ = recipe_stage_and_shards(config)
+        unknown = sorted(set(stage) - _STAGE_FIELDS)
+        if unknown:
+            raise ConfigError(f"{config}: unknown option(s) {unknown}; known: {sorted(_STAGE_FIELDS)}")
+        return StageConfig(**{**stage, **overrides})
     if isinstance(config, dict):
         return StageConfig(**{**config, **overrides})
     if isinstance(config, StageConfig):
@@ -48,7 +53,7 @@ def stage_config(config: Union[None, str, dict, StageConfig] = None, **overrides
     raise ConfigError(f"config must be a path, a dict or a StageConfig, got {type(config).__name__}")
 
 
-def validate(paths: Union[str, Sequence[str]], *, config: Union[None, str, dict, StageConfig] = None,
+def validate(paths: Union[None, str, Sequence[str]] = None, *, config: Union[None, str, dict, StageConfig] = None,
              caption_key: Optional[str] = None, image_key: Optional[str] = None, rekey: Optional[str] = None,
              max_pixels: Optional[int] = None, max_side: Optional[int] = None, image_token: Optional[str] = None,
              allow_pipe: Optional[bool] = None, allow_remote: Optional[bool] = None, deep: bool = False,
@@ -56,20 +61,30 @@ def validate(paths: Union[str, Sequence[str]], *, config: Union[None, str, dict,
              loader_workers: Optional[int] = None, fail_on: str = "error", jobs: Optional[int] = None,
              uneven_ratio: float = 2.0, max_findings: int = 100, stats_dir: Optional[str] = None,
              progress: bool = False, byte_caps: Optional[dict] = None,
-             storage_options: Optional[dict] = None) -> Report:
+             storage_options: Optional[dict] = None, max_drop=None, remote_options: Optional[dict] = None) -> Report:
     """Check shards (folders, globs, brace patterns, .tar/.tar.gz/.tgz files) and return a Report.
 
     byte_caps: StageConfig byte caps, e.g. {"max_image_bytes": 128 << 20} (config.parse_byte_caps).
     storage_options: fsspec options for remote shards (s3://, gs://, hf://): endpoint, profile...
+    remote_options: StageConfig's remote_* fields (remote_speed_limit, remote_retry_budget, ...).
+    max_drop: the share of samples that may be lost to per-sample errors (corrupt_image, ...)
+    before the verdict fails: "1%" (or 1), {"corrupt_image": 0.5}, or texts as --max-drop takes them.
+    config: a file of stage options, or a scoring run's recipe (OUT/run.yaml): its stage options, and
+    its shards where `paths` is empty (a replay validated first).
     Configuration errors (a malformed key spec, no shard found, a refused pipe:/remote URL) raise at
     once; everything wrong with the data is a finding of the report."""
+    if not paths:
+        from ..config import recipe_stage_and_shards
+        paths = recipe_stage_and_shards(config)[1] if isinstance(config, str) else []
+        if not paths:
+            raise ConfigError("no shards to validate: give PATHS, or --config a run's run.yaml that names them")
     stage = stage_config(config, caption_key=caption_key, image_key=image_key, rekey=rekey,
                          max_pixels=max_pixels, max_side=max_side, image_token=image_token,
                          allow_pipe=allow_pipe, allow_remote=allow_remote, storage_options=storage_options,
-                         **(byte_caps or {}))
+                         **(byte_caps or {}), **_remote_fields(remote_options))
     options = ValidateOptions(stage=stage, deep=deep, min_side=min_side, max_aspect=max_aspect, ranks=ranks,
                               loader_workers=loader_workers, uneven_ratio=uneven_ratio, max_findings=max_findings,
-                              fail_on=fail_on, jobs=jobs)
+                              fail_on=fail_on, jobs=jobs, max_drop=max_drop)
     if stats_dir:
         from ..writing import check_output_dir
         check_output_dir(stats_dir, "--stats-dir", stage.storage_options)  # before any shard is read
@@ -87,9 +102,17 @@ def validate(paths: Union[str, Sequence[str]], *, config: Union[None, str, dict,
     return report
 
 
+def _remote_fields(options: Optional[dict]) -> dict:
+    unknown = sorted(k for k in (options or {}) if not k.startswith("remote_"))
+    if unknown:
+        raise ConfigError(f"remote_options takes StageConfig's remote_* fields, got {unknown}")
+    return dict(options or {})
+
+
 def validate_urls(urls: Sequence[str], options: ValidateOptions, progress: bool = False) -> Report:
     """The engine under validate(): shards in parallel, cross-shard checks in this process."""
     started = time.perf_counter()
+    refuse_unreachable(urls, options.stage)
     results = [None] * len(urls)
     bar = Progress(len(urls)) if progress else None
     try:

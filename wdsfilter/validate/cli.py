@@ -15,10 +15,11 @@ from .formats import FORMATS, render, write_report
 
 
 @click.command("validate", context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES_HELP)
-@click.argument("paths", nargs=-1, required=True)
+@click.argument("paths", nargs=-1)
 @stage_options
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
-              help="StageConfig file (JSON or YAML); the stage options override it.")
+              help="StageConfig file (JSON or YAML), or a scoring run's OUT/run.yaml: its stage options and, "
+                   "without PATHS, its shards. The stage options here override it.")
 @click.option("--max-side", type=click.IntRange(min=1), help="Largest allowed image side.")
 @click.option("--min-side", type=click.IntRange(min=1), help="Warn on images with a side below this.")
 @click.option("--max-aspect", type=click.FloatRange(min=1), help="Warn on images with long/short side above this.")
@@ -30,6 +31,10 @@ from .formats import FORMATS, render, write_report
               help="Write the report here; the text summary still goes to stdout.")
 @click.option("--fail-on", type=click.Choice(["error", "warning"]), default="error", show_default=True,
               help="Exit 1 when findings of this severity (or worse) are found.")
+@click.option("--max-drop", "max_drop", multiple=True, metavar="P%|KIND=P%",
+              help="Pass although samples are lost to per-sample errors (corrupt_image, corrupt_video, "
+                   "oversized_image, ...), up to P% of the samples: overall (1%) or per kind (corrupt_image=0.5%). "
+                   "Whole-shard problems still fail. Repeatable.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), help="Shards checked in parallel [default: CPU cores].")
 @click.option("--stats-dir", type=click.Path(file_okay=False), help="Write {shard}_stats.json files and sizes.json here.")
 @click.option("--progress/--no-progress", default=None,
@@ -38,16 +43,19 @@ from .formats import FORMATS, render, write_report
 @verbosity_options(quiet="Say less: no progress, and no text summary when the report goes to --output.",
                    verbose="Say more: progress in a log too (a line every 10 s).")
 def validate_command(paths, caption_key, image_key, rekey, image_token, config_file, max_pixels, max_side, min_side,
-                     max_aspect, max_bytes, deep, ranks, loader_workers, allow_pipe, allow_remote, storage_options, fmt, output, fail_on, jobs,
-                     stats_dir, progress, quiet, verbose):
+                     max_aspect, max_bytes, deep, ranks, loader_workers, allow_pipe, allow_remote, remote_speed_limit,
+                     remote_speed_time, remote_retry_budget, storage_options, fmt, output, fail_on,
+                     max_drop, jobs, stats_dir, progress, quiet, verbose):
     """Check WebDataset shards for what would silently break training.
 
     PATHS: folders (searched recursively), globs, brace patterns (shards-{000..099}.tar), .tar,
-    .tar.gz/.tgz files. Exit code 0: clean, 1: findings at the --fail-on level, 2: usage or
+    .tar.gz/.tgz files; or none, with --config OUT/run.yaml (a scoring run's shards). Exit code 0: clean, 1: findings at the --fail-on level, 2: usage or
     configuration error (an --output or --stats-dir that cannot be written included, found before
     any shard is read), 3: the run failed. See docs/validate.md.
     """
     options = parse_storage_options(storage_options) or None
+    if not paths and not config_file:
+        raise click.UsageError("Missing argument 'PATHS...' (or --config OUT/run.yaml, a scoring run's shards)")
     if output:
         check_output_file(output, "--output", options)
     level = verbosity(quiet, verbose)  # -q: no progress, and no text summary when the report goes to --output
@@ -57,8 +65,11 @@ def validate_command(paths, caption_key, image_key, rekey, image_token, config_f
         list(paths), config=config_file, caption_key=caption_key, image_key=image_key, rekey=rekey,
         max_pixels=max_pixels, max_side=max_side, image_token=image_token,
         allow_pipe=allow_pipe or None, allow_remote=allow_remote,  # None: the config file decides
-        storage_options=options,
-        byte_caps=parse_byte_caps(max_bytes), deep=deep, min_side=min_side, max_aspect=max_aspect, ranks=ranks, loader_workers=loader_workers, fail_on=fail_on, jobs=jobs, stats_dir=stats_dir, progress=progress)
+        storage_options=options, remote_options=dict(
+            remote_speed_limit=remote_speed_limit, remote_speed_time=remote_speed_time,
+            remote_retry_budget=remote_retry_budget),
+        byte_caps=parse_byte_caps(max_bytes), deep=deep, min_side=min_side, max_aspect=max_aspect, ranks=ranks, loader_workers=loader_workers, fail_on=fail_on, jobs=jobs, stats_dir=stats_dir, progress=progress,
+        max_drop=max_drop or None)
     if output:
         write_report(report, fmt, output)  # whole or not at all
         if not quiet:

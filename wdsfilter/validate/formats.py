@@ -10,7 +10,7 @@ from collections import defaultdict
 from typing import Dict, List
 
 from ..shards import shown_url
-from .findings import ERROR, KINDS, at_level
+from .findings import ERROR, KINDS
 from .report import Report
 
 FORMATS = ("text", "json", "junit")
@@ -105,13 +105,26 @@ def to_text(report: Report) -> str:
     suggestions = report.suggestions()
     if suggestions:
         lines += ["", "Suggestions"] + [f"  - {s}" for s in suggestions]
+    lines += ["", verdict_line(report)]
+    return escape_names("\n".join(lines) + "\n")
+
+
+def verdict_line(report: Report) -> str:
+    """PASS or FAIL, the counts, the --fail-on level and what --max-drop let pass."""
+    o = report.options
     failing = report.failing
     level = "errors" if o.fail_on == ERROR else "warnings"
     verdict = (f"FAIL: {sum(failing.values())} finding(s) at the failing level ({', '.join(failing)})"
                if failing else "PASS")
-    lines += ["", f"{verdict}; {report.errors} error(s), {report.warnings} warning(s); failing on {level} "
-                  f"(--fail-on); exit code {report.exit_code}"]
-    return escape_names("\n".join(lines) + "\n")
+    tolerated = report.tolerated
+    within = ""
+    if tolerated:
+        n = report.samples or 1
+        parts = [f"{count} {kind} ({count / n:.2%}, --max-drop "
+                 f"{f'{kind}=' if kind in o.drop_limits else ''}{o.tolerance(kind):.2%})" for kind, count in tolerated.items()]
+        within = f"; within the tolerance: {', '.join(parts)}"
+    return (f"{verdict}; {report.errors} error(s), {report.warnings} warning(s); failing on {level} "
+            f"(--fail-on){within}; exit code {report.exit_code}")
 
 
 def _shard_table(report: Report) -> List[str]:
@@ -163,13 +176,12 @@ def _x(text) -> str:
 def to_junit(report: Report) -> str:
     """One testcase per shard (and one for the layout checks); findings at the failing level are a
     <failure>, the others go to <system-out>."""
-    fail_on = report.options.fail_on
     cases = [(shown_url(r.shard), r.findings, r.counts, r.seconds) for r in report.shards]
     layout_counts: Dict[str, int] = defaultdict(int)
     for f in report.layout:
         layout_counts[f.kind] += 1
     cases.append(("layout (shard count vs ranks x loader workers)", report.layout, layout_counts, 0.0))
-    failures = sum(1 for _, _, counts, _ in cases if any(at_level(k, fail_on) for k in counts))
+    failures = sum(1 for _, _, counts, _ in cases if any(report.is_failing(k) for k in counts))
     suites = ET.Element("testsuites", name="wdsfilter validate", tests=str(len(cases)), failures=str(failures),
                         errors="0", time=f"{report.seconds:.3f}")
     suite = ET.SubElement(suites, "testsuite", name="wdsfilter validate", tests=str(len(cases)),
@@ -180,9 +192,9 @@ def to_junit(report: Report) -> str:
         ET.SubElement(props, "property", name=name, value=_x(text))
     for name, findings, counts, seconds in cases:
         case = ET.SubElement(suite, "testcase", classname="wdsfilter.validate", name=_x(name), time=f"{seconds:.3f}")
-        failing = [f for f in findings if at_level(f.kind, fail_on)]
-        other = [f for f in findings if not at_level(f.kind, fail_on)]
-        failing_counts = {k: n for k, n in sorted(counts.items()) if at_level(k, fail_on)}
+        failing = [f for f in findings if report.is_failing(f.kind)]
+        other = [f for f in findings if not report.is_failing(f.kind)]
+        failing_counts = {k: n for k, n in sorted(counts.items()) if report.is_failing(k)}
         if failing_counts:
             summary = ", ".join(f"{k} x{n}" for k, n in failing_counts.items())
             failure = ET.SubElement(case, "failure", type=next(iter(failing_counts)), message=_x(summary))

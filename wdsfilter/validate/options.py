@@ -4,11 +4,43 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Dict, Optional, Tuple
 
 from ..config import StageConfig
 from ..errors import ConfigError
-from .findings import SEVERITIES
+from .findings import SAMPLE_KINDS, SEVERITIES
+
+
+def parse_max_drop(given) -> Tuple[Optional[float], Dict[str, float]]:
+    """--max-drop: '1%' (every dropped sample together) and 'corrupt_image=0.5%' (one reason), as
+    texts (repeatable), a number (percent) or {reason: percent}; -> (overall share, {reason: share})."""
+    if given is None or given == ():
+        return None, {}
+    items = list(given.items()) if isinstance(given, dict) else [given] if isinstance(given, (str, int, float)) \
+        else list(given)
+    overall, by_reason = None, {}
+    for item in items:
+        reason, value = item if isinstance(item, tuple) else \
+            (str(item).split("=", 1) if isinstance(item, str) and "=" in item else (None, item))
+        share = _percent(value, item)
+        if reason is None:
+            overall = share
+        elif reason.strip() not in SAMPLE_KINDS:
+            raise ConfigError(f"--max-drop {item}: a tolerance per reason is for the kinds that cost one sample each "
+                              f"({', '.join(SAMPLE_KINDS)}); whole-shard problems stay errors")
+        else:
+            by_reason[reason.strip()] = share
+    return overall, by_reason
+
+
+def _percent(value, given) -> float:
+    try:
+        percent = float(str(value).strip().rstrip("%"))
+    except ValueError:
+        raise ConfigError(f"--max-drop {given}: expects a percentage such as 1% or corrupt_image=0.5%") from None
+    if not 0 <= percent <= 100:
+        raise ConfigError(f"--max-drop {given}: the share must be in [0, 100]%")
+    return percent / 100
 
 
 def default_jobs() -> int:
@@ -37,6 +69,10 @@ class ValidateOptions:
     max_findings: int = 100
     fail_on: str = "error"
     jobs: Optional[int] = None
+    # --max-drop, as given ("1%", 1 (percent), ["1%", "corrupt_image=0.5%"], {"corrupt_image": 0.5}):
+    # the share of samples that may be dropped, overall and per reason (SAMPLE_KINDS); None: no
+    # tolerance, every error fails. Parsed into drop_limit and drop_limits (shares in [0, 1]).
+    max_drop: object = None
 
     def __post_init__(self):
         if not isinstance(self.stage, StageConfig):
@@ -58,6 +94,13 @@ class ValidateOptions:
             raise ConfigError(f"min_side={self.min_side} is above max_side={max_side}")
         if self.jobs is None:
             self.jobs = default_jobs()
+        self.drop_limit, self.drop_limits = parse_max_drop(self.max_drop)
+
+    def tolerance(self, kind: str) -> Optional[float]:
+        """The share of samples `kind` may drop without failing (None: it fails as its severity says)."""
+        if kind not in SAMPLE_KINDS:
+            return None
+        return self.drop_limits.get(kind, self.drop_limit)
 
     def to_dict(self) -> dict:
         """The options as printed in reports (JSON-safe)."""
@@ -66,4 +109,5 @@ class ValidateOptions:
                 "max_pixels": s.max_pixels, "max_side": s.max_side, "oversize": s.oversize,
                 "image_token": s.image_token, "deep": self.deep, "min_side": self.min_side,
                 "max_aspect": self.max_aspect, "ranks": self.ranks, "loader_workers": self.loader_workers,
-                "uneven_ratio": self.uneven_ratio, "fail_on": self.fail_on}
+                "uneven_ratio": self.uneven_ratio, "fail_on": self.fail_on, "max_drop": self.drop_limit,
+                "max_drop_by_reason": dict(self.drop_limits)}

@@ -8,7 +8,7 @@ from typing import Dict, List, Optional
 from .. import __version__
 from ..census import KeyCensus
 from .checks import layout
-from .findings import ERROR, KINDS, WARNING, Finding, at_level
+from .findings import ERROR, KINDS, SAMPLE_KINDS, WARNING, Finding, at_level
 from .options import ValidateOptions
 from .shard_check import ShardResult
 
@@ -28,7 +28,48 @@ class Report:
         layout.key_across_shards(results)
         layout.uneven_shards(results, options.uneven_ratio)
         found = layout.too_few_shards(len(results), options.ranks, options.loader_workers)
-        return cls(options, results, found, seconds)
+        report = cls(options, results, found, seconds)
+        report.layout += report.drop_limits_exceeded()
+        return report
+
+    def drop_limits_exceeded(self) -> List[Finding]:
+        """A too_many_dropped finding for each --max-drop tolerance the samples exceed: overall (every
+        sample the stages drop, whatever the reason) and per reason (its findings, one a sample)."""
+        o, n, out = self.options, self.samples, []
+        if not n or (o.drop_limit is None and not o.drop_limits):
+            return out
+        dropped = n - self.kept
+        if o.drop_limit is not None and dropped > o.drop_limit * n:
+            out.append(Finding("too_many_dropped", "", message=f"{dropped} of {n} samples ({dropped / n:.2%}) would be "
+                               f"dropped, above --max-drop {o.drop_limit:.2%}"))
+        counts = self.counts
+        for kind in SAMPLE_KINDS:
+            limit = o.drop_limits.get(kind)
+            if limit is not None and counts.get(kind, 0) > limit * n:
+                out.append(Finding("too_many_dropped", "", message=f"{counts[kind]} {kind} in {n} samples "
+                                   f"({counts[kind] / n:.2%}), above --max-drop {kind}={limit:.2%}"))
+        return out
+
+    def is_failing(self, kind: str) -> bool:
+        """A finding of this kind fails the run: at the --fail-on level, unless it costs one sample
+        and a --max-drop tolerance holds it (too_many_dropped says when it does not)."""
+        if self.options.tolerance(kind) is not None:
+            return False
+        return at_level(kind, self.options.fail_on)
+
+    @property
+    def tolerated(self) -> Dict[str, int]:
+        """Kinds at the failing level that --max-drop lets pass (within their tolerance), with their counts."""
+        o, n = self.options, self.samples
+        over_all = o.drop_limit is not None and n - self.kept > o.drop_limit * n
+        out = {}
+        for k, count in sorted(self.counts.items()):
+            limit = o.tolerance(k)
+            if limit is None or not at_level(k, o.fail_on) or count > limit * n \
+                    or (k not in o.drop_limits and over_all):
+                continue
+            out[k] = count
+        return out
 
     # -- totals ----------------------------------------------------------------------------------
     @property
@@ -82,7 +123,7 @@ class Report:
     @property
     def failing(self) -> Dict[str, int]:
         """Kinds at the failing level (--fail-on) with their counts."""
-        return {k: n for k, n in sorted(self.counts.items()) if at_level(k, self.options.fail_on)}
+        return {k: n for k, n in sorted(self.counts.items()) if self.is_failing(k)}
 
     @property
     def passed(self) -> bool:
@@ -126,6 +167,42 @@ class Report:
                          f"them, {head}{flag}'{spec};{best}'")
         return found
 
+    # -- printed as the command line prints it ---------------------------------------------------------
+    def format_text(self) -> str:
+        """The text report `wdsfilter validate` prints (findings, shard table, suggestions, verdict)."""
+        from .formats import to_text
+        return to_text(self)
+
+    def __repr__(self) -> str:
+        """One line: the verdict and the counts (print(report) or report.format_text() for all of it)."""
+        from .formats import verdict_line
+        return (f"<wdsfilter validate Report: {len(self.shards)} shard(s), {self.samples} samples, {self.kept} kept; "
+                f"{verdict_line(self)}>")
+
+    def __str__(self) -> str:
+        return self.format_text()
+
+    def _repr_html_(self) -> str:
+        """A notebook's view: the verdict, the findings by kind and the suggestions as a small table."""
+        from html import escape
+
+        from .formats import verdict_line
+        colour = "#2a2" if self.passed else "#c22"
+        rows = "".join(f"<tr><td>{escape(k)}</td><td>{escape(KINDS[k][0])}</td><td style='text-align:right'>{n}</td>"
+                       f"<td>{escape(KINDS[k][1])}</td></tr>"
+                       for k, n in sorted(self.counts.items(), key=lambda x: (KINDS[x[0]][0] != ERROR, x[0])))
+        share = "-" if self.kept_share is None else f"{self.kept_share:.1%}"
+        out = [f"<div><b style='color:{colour}'>{'PASS' if self.passed else 'FAIL'}</b> "
+               f"{escape(verdict_line(self))}</div>",
+               f"<div>{len(self.shards)} shard(s), {self.samples} samples, {self.kept} kept ({share})</div>"]
+        if rows:
+            out.append("<table><tr><th>kind</th><th>severity</th><th>count</th><th>what to do</th></tr>"
+                       f"{rows}</table>")
+        suggestions = self.suggestions()
+        if suggestions:
+            out.append("<ul>" + "".join(f"<li>{escape(s)}</li>" for s in suggestions) + "</ul>")
+        return "\n".join(out)
+
     def to_dict(self) -> dict:
         """The JSON report (schema documented in docs/validate.md; bump SCHEMA_VERSION on any
         change that is not a new field)."""
@@ -139,7 +216,8 @@ class Report:
             "summary": {"shards": len(self.shards), "bytes": self.bytes, "members": sum(r.members for r in self.shards),
                         "samples": self.samples, "kept": self.kept,
                         "kept_share": None if self.kept_share is None else round(self.kept_share, 6),
-                        "errors": self.errors, "warnings": self.warnings, "seconds": round(self.seconds, 3)},
+                        "errors": self.errors, "warnings": self.warnings, "seconds": round(self.seconds, 3),
+                        "tolerated": self.tolerated},
             "counts": dict(sorted(self.counts.items())),
             "dropped": dict(sorted(self.dropped.items())),
             "severities": {k: v[0] for k, v in KINDS.items()},

@@ -95,10 +95,13 @@ REPORT = dict(_object({
         "loader_workers": {"type": ["integer", "null"]},
         "uneven_ratio": {"type": "number"},
         "fail_on": {"enum": list(SEVERITIES)},
+        "max_drop": _SHARE,  # --max-drop 1%: 0.01; null without a tolerance
+        "max_drop_by_reason": {"type": "object", "additionalProperties": _SHARE},
     }),
     "summary": _object({
         "shards": _INT, "bytes": _INT, "members": _INT, "samples": _INT, "kept": _INT, "kept_share": _SHARE,
         "errors": _INT, "warnings": _INT, "seconds": _NUM,
+        "tolerated": _COUNTS,  # kinds at the failing level that --max-drop lets pass
     }),
     "counts": _COUNTS,
     "dropped": _REASONS,

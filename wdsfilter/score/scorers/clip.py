@@ -24,12 +24,15 @@ from ...images import FULL_SIZE
 from ...stages import CaptionCleaner
 from ..fastdecode import REDUCING_GAP, ImageTransform
 from ..models import PRECISIONS, ClipSource, check_model, load_model, resolve_precision, tokenize
-from .base import Noted, Scorer
+from .base import FRAME_REDUCERS, Noted, Scorer, reduce_frames
 
-REDUCERS = ("mean", "max", "min")
+REDUCERS = FRAME_REDUCERS
 # Private output (scorers.base.private), once a dependent scorer asked (hand_text): the caption's
 # L2-normalised fp32 embedding, on the model's device, for dependent scorers (tmars scores masked frames against it without encoding it again).
 TEXT = "__clip_text__"
+# Private output, once a dependent scorer asked (hand_image): the sample's L2-normalised fp32
+# image embeddings, one row per frame (n, dim), on the model's device (aesthetic's heads read them).
+IMAGE = "__clip_image__"
 # Video frames are scaled to this long side while they are decoded; the model's own transform
 # then resizes them to its input size (224 for most CLIPs), so larger frames would only cost time.
 VIDEO_MAX_SIDE = 512
@@ -80,6 +83,7 @@ class ClipScorer(Scorer):
         self.source = ClipSource.resolve(model, pretrained, cache_dir)  # raises ConfigError at once
         self.reducing_gap = reducing_gap
         self._text = False  # hand_text(): a dependent scorer reads the caption embeddings
+        self._image = False  # hand_image(): a dependent scorer reads the image embeddings
         # uint8 pixels from the decode workers; normalised on the model's device (score_batch).
         self.transform = ImageTransform(self.source.preprocess_cfg, reducing_gap)
         self.device: Optional[str] = None
@@ -107,6 +111,11 @@ class ClipScorer(Scorer):
         """Add each caption's normalised embedding to the outputs as the private TEXT (a dependent
         scorer's bind() asks: tmars); without it the outputs are the columns (and embeddings)."""
         self._text = True
+
+    def hand_image(self) -> None:
+        """Add each sample's normalised image embeddings (one per frame) to the outputs as the
+        private IMAGE (a dependent scorer's bind() asks: aesthetic); no second image encode."""
+        self._image = True
 
     @property
     def context_length(self) -> int:
@@ -213,6 +222,8 @@ class ClipScorer(Scorer):
                          "clip_frames": n, "clip_truncated": bool(x["truncated"])})
             if self._text:
                 rows[-1][TEXT] = per_sample_text[len(rows) - 1]
+            if self._image:
+                rows[-1][IMAGE] = image_features[start - n:start]
         if self.save_embeddings:
             _attach_embeddings(rows, image_features, text_features, counts, self.frame_reduce)
         return rows
@@ -247,9 +258,4 @@ def _attach_embeddings(rows, image_features, text_features, counts, how: str) ->
         start += n
 
 
-def _reduce(values: List[float], how: str) -> float:
-    if how == "max":
-        return max(values)
-    if how == "min":
-        return min(values)
-    return sum(values) / len(values)
+_reduce = reduce_frames  # tmars reduces its masked frames by the same rule

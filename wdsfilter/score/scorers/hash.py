@@ -1,9 +1,10 @@
 """Content hashes for dedup (`wdsfilter dedup`, docs/dedup.md), computed in the scoring pass so no
 shard is read twice: `sha256` of the image (or video) member's bytes and `phash`, a 64-bit
-perceptual hash of the decoded image (wdsfilter/hashes.py: imagehash's phash, a signed int64).
+perceptual hash of the decoded image (wdsfilter/hashes.py: imagehash's phash, as the 16 hex
+digits imagehash prints, so every reader keeps its bits).
 
     scorer = HashScorer()
-    row = scorer.score_batch([scorer.prepare(sample)])[0]   # {"sha256": "9f2c...", "phash": -4384...}
+    row = scorer.score_batch([scorer.prepare(sample)])[0]   # {"sha256": "9f2c...", "phash": "c3a1..."}
 
 All the work is CPU work in prepare() (the decode workers); the model worker only hands the
 values back, so the scorer combines with clip and ocr in one pass at no device cost.
@@ -22,7 +23,7 @@ from typing import Any, Dict, List, Optional
 
 from ...config import StageConfig
 from ...errors import ConfigError, DataError
-from ...hashes import INSTALL, majority, phash, sha256_hex
+from ...hashes import INSTALL, majority, phash, phash_hex, sha256_hex
 from ...stages import IMAGE_BYTES
 from .base import Noted, Scorer
 
@@ -34,6 +35,7 @@ class HashScorer(Scorer):
     name = "hash"
     media = ("image", "video")
     image_bytes = True  # the decode stage keeps the member's bytes (StageConfig.keep_image_bytes)
+    needs = (("imagehash", INSTALL),)  # checked before torch and the models (scorerset.check_before_torch)
 
     def __init__(self, frames: int = 3, keyframes: bool = False, config: Optional[StageConfig] = None):
         """frames, keyframes: how a video's frames are sampled for its frame-reduced phash."""
@@ -48,7 +50,7 @@ class HashScorer(Scorer):
         return ["sha256", "phash"]
 
     def column_types(self) -> Dict[str, str]:
-        return {"sha256": "string", "phash": "int64"}
+        return {"sha256": "string", "phash": "string"}
 
     def decode_floor(self):
         # phash reduces the image to 32x32: a hash-only run decodes large JPEGs at up to 1/8 scale.
@@ -79,7 +81,7 @@ class HashScorer(Scorer):
         """No model: prepare() did the work."""
 
     def score_batch(self, inputs: List[Any]) -> List[Dict[str, Any]]:
-        return [{"sha256": x["sha256"], "phash": int(x["phash"])} for x in inputs]
+        return [{"sha256": x["sha256"], "phash": phash_hex(x["phash"])} for x in inputs]
 
     def describe(self) -> str:
         return "hash: sha256 of the member bytes, imagehash phash (CPU, decode workers)"

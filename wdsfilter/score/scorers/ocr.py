@@ -73,6 +73,11 @@ class OcrScorer(Scorer):
     # Read each detected box with rapidocr's recogniser (in its wheel) and keep only those read with
     # at least this confidence (rapidocr's own pipeline: 0.5). None: every detected box counts.
     min_text_score: Optional[float] = 0.5
+    # ...and where a frame has at least min_weak_boxes boxes read as a letter or digit with at least
+    # weak_text_score, all of those (handwriting, softened photos of text: recognizer.text_boxes).
+    # None: only the sure ones.
+    weak_text_score: Optional[float] = 0.1
+    min_weak_boxes: int = 3
     backend_options: Dict[str, Any] = field(default_factory=dict)  # any other backend option
     config: Optional[StageConfig] = None  # the run's stage config (its max_pixels guards video frames)
 
@@ -109,9 +114,17 @@ class OcrScorer(Scorer):
                                                 not 0 <= self.min_text_score <= 1):
             raise ConfigError(f"min_text_score is a recogniser confidence in [0, 1] (or None to keep every "
                               f"detected box unread), got {self.min_text_score!r}")
+        if self.weak_text_score is not None and (
+                isinstance(self.weak_text_score, bool) or not isinstance(self.weak_text_score, (int, float))
+                or not 0 <= self.weak_text_score <= (self.min_text_score if self.min_text_score is not None else 1)):
+            raise ConfigError(f"weak_text_score is a recogniser confidence in [0, min_text_score] (or None: only "
+                              f"boxes read with min_text_score count), got {self.weak_text_score!r}")
+        if isinstance(self.min_weak_boxes, bool) or not isinstance(self.min_weak_boxes, int) or self.min_weak_boxes < 1:
+            raise ConfigError(f"min_weak_boxes must be an integer >= 1, got {self.min_weak_boxes!r}")
         self.reader: Optional[BoxReader] = None
         if self.min_text_score is not None:
-            self.reader = BoxReader(self.min_text_score, threads=options.get("threads", 0))
+            self.reader = BoxReader(self.min_text_score, threads=options.get("threads", 0),
+                                    weak_score=self.weak_text_score, min_weak=self.min_weak_boxes)
             try:
                 self.reader.weights_path()  # rapidocr-onnxruntime must be installed: found out now, not at load
             except ConfigError:
@@ -280,8 +293,11 @@ class OcrScorer(Scorer):
     def describe(self) -> str:
         frames = f"{self.frames} {'keyframes' if self.keyframes else 'frames'}/video, reduce={self.frame_reduce}"
         limit = f", max_area={self.max_area}" if self.max_area is not None else ""
-        read = (f"boxes read with confidence >= {self.min_text_score}" if self.reader is not None
-                else "boxes not read")
+        read = "boxes not read"
+        if self.reader is not None:
+            read = f"boxes read with confidence >= {self.min_text_score}"
+            if self.weak_text_score is not None:
+                read += f" (>= {self.weak_text_score} where {self.min_weak_boxes} or more are)"
         return (f"ocr: {self.detector.describe()}, {read}, {frames}, max_side={self.max_side}, "
                 f"area={self.area_method}{limit}")
 

@@ -50,6 +50,7 @@ class TmarsScorer(Scorer):
     name = "tmars"
     media = ("image", "video")
     requires = ("ocr", "clip")
+    image_pixels = False  # it masks the OCR scorer's frames: no pixels of the sample's own
 
     @classmethod
     def early_columns(cls, options: Dict[str, Any]) -> List[str]:

