@@ -277,3 +277,24 @@ def test_a_shard_a_worker_cannot_read_is_failed_in_its_claim_and_retried_by_a_wo
     r = CliRunner().invoke(main, workerkit.worker_args(mine, out, "--join"), catch_exceptions=False)
     assert r.exit_code == 0 and "scored 31 of 33 samples in 6 shard(s)" in r.output, r.output
     assert workerkit._folder_violations(reference, NAMES, workerkit.LocalFolder(out), ignored=("shard",)) == []
+
+
+def test_a_score_file_a_stalled_worker_put_back_after_the_marker_vouches_for_nothing(shards, tmp_path):
+    """On a disk a worker stopped past its claim in the moment between its fence and its rename
+    puts its score file back over the new holder's when it continues: the marker's worker is not
+    the file's writer, so readers count the shard unfinished and --resume scores it again, even
+    when the stray file has the same size."""
+    import pyarrow.parquet as pq
+    from wdsfilter.runfolder import ScoreRun
+    out = str(tmp_path / "out")
+    r = CliRunner().invoke(main, workerkit.worker_args(shards, out, "--join"), catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    path = os.path.join(out, "scores", "shard-0001.parquet")
+    size, table = os.path.getsize(path), pq.read_table(path)
+    pq.write_table(table.replace_schema_metadata({**table.schema.metadata, b"wdsfilter.writer": b"0123456789abcdef"}),
+                   path)
+    assert os.path.getsize(path) == size  # the sizes the marker recorded cannot tell it
+    assert ScoreRun.open(out).unfinished == [shards[1]]
+    r = CliRunner().invoke(main, workerkit.worker_args(shards, out, "--resume"), catch_exceptions=False)
+    assert r.exit_code == 0 and "resume: 5 of 6 shard(s) already done, 1 to score" in r.output, r.output
+    assert not ScoreRun.open(out).unfinished

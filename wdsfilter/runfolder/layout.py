@@ -345,6 +345,22 @@ def vouches(marker: Marker, run_id: Optional[str]) -> bool:
     return marker.run_id == run_id
 
 
+def written_by(marker: Marker, score_file: str) -> bool:
+    """A joined run's score file is the one its marker's worker wrote (the Parquet file's writer,
+    tables.WRITER_META, is the marker's WRITER): a worker stalled past its claim in the moment
+    between its fence and its rename replaced it otherwise, and the marker vouches for it no more.
+    True where the marker names no writer (one process's run) or the file is JSONL or not here."""
+    writer = marker.extra.get(WRITER)
+    if not writer or not score_file.endswith(".parquet") or not os.path.exists(score_file):
+        return True
+    from .tables import WRITER_META, DamagedRunFolder, parquet_metadata
+    try:
+        meta = parquet_metadata(score_file).metadata or {}
+    except (OSError, ValueError, DamagedRunFolder):  # a damaged file: not the marker's
+        return False
+    return meta.get(WRITER_META, b"").decode(errors="replace") == writer
+
+
 def write_marker(folder: str, marker: Marker) -> None:
     write_json(marker_path(folder, marker.name), marker.to_json(), fsync=True)
 

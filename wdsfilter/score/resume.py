@@ -265,6 +265,7 @@ class RunState:
         return (marker is not None and layout.vouches(marker, self.run_id)
                 and outputs_intact(marker, self.out, self._outputs(url, marker.embeddings, marker.failures),
                                    self.size_of)
+                and layout.written_by(marker, self.score_path(url))
                 and not self._changed(url, marker))
 
     def scored_rows(self) -> int:
