@@ -201,6 +201,8 @@ def test_settings_or_shards_that_differ_from_the_runs_are_refused_before_any_wor
     assert r.exit_code == 2 and "shards: this worker was given 3 shard(s), the run" in r.output, r.output
     r = CliRunner().invoke(main, workerkit.worker_args(shards[:2], out, "--join", "--overwrite"))
     assert r.exit_code == 2 and "--join and --overwrite exclude each other" in r.output
+    r = CliRunner().invoke(main, workerkit.worker_args(shards[:2], "hf://datasets/org/name/run", "--join"))
+    assert r.exit_code == 2 and "the Hugging Face Hub is not written to directly" in r.output, r.output
     records = [json.load(open(os.path.join(out, "workers", f))) for f in os.listdir(os.path.join(out, "workers"))]
     assert len(records) == 3 and all(r["released"] for r in records)  # the refused ones: released at once
     assert sorted(os.listdir(os.path.join(out, "claims"))) == ["shard-0000.json", "shard-0001.json"]
@@ -298,3 +300,30 @@ def test_a_score_file_a_stalled_worker_put_back_after_the_marker_vouches_for_not
     r = CliRunner().invoke(main, workerkit.worker_args(shards, out, "--resume"), catch_exceptions=False)
     assert r.exit_code == 0 and "resume: 5 of 6 shard(s) already done, 1 to score" in r.output, r.output
     assert not ScoreRun.open(out).unfinished
+
+
+@pytest.mark.slow  # three CLIP runs (the tiny model): one process and two workers
+def test_workers_save_the_embeddings_of_one_process(tiny_clip, tmp_path):
+    """--save-embeddings with two workers: every shard's image and caption embeddings and their
+    metadata as one process writes them (clip-retrieval's layout: vector i is metadata row i)."""
+    import numpy as np
+    import pyarrow.parquet as pq
+    root = os.path.dirname(TESTS)
+    shards = [os.path.join(root, "sample_shards", f) for f in ("images-000000.tar", "images-000001.tar",
+                                                                "json-captions-000000.tar")]
+    args = ["score", *shards, "--scorer", "clip", "--model", f"local-dir:{tiny_clip}", "--caption-key",
+            "txt;json:description", "--save-embeddings", "--device", "cpu", "--batch-size", "8", "--workers", "0",
+            "--no-progress"]
+    one = str(tmp_path / "one")
+    r = CliRunner().invoke(main, [*args, "--out", one], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    out = str(tmp_path / "out")
+    workers = workerkit.run_all([[*args, "--out", out, "--join"]] * 2, _env(), str(tmp_path / "logs"))
+    assert [w.proc.exitcode for w in workers] == [0, 0], [w.output() for w in workers]
+    for name in ("images-000000", "images-000001", "json-captions-000000"):
+        for kind in ("img_emb", "text_emb"):
+            mine, theirs = (np.load(os.path.join(f, "embeddings", kind, f"{name}.npy")) for f in (out, one))
+            assert mine.shape == theirs.shape and np.allclose(mine, theirs, atol=2e-3), (name, kind)
+        meta = [pq.read_table(os.path.join(f, "embeddings", "metadata", f"{name}.parquet")).to_pylist()
+                for f in (out, one)]
+        assert [m["key"] for m in meta[0]] == [m["key"] for m in meta[1]] and meta[0]
