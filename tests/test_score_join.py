@@ -327,3 +327,22 @@ def test_workers_save_the_embeddings_of_one_process(tiny_clip, tmp_path):
         meta = [pq.read_table(os.path.join(f, "embeddings", "metadata", f"{name}.parquet")).to_pylist()
                 for f in (out, one)]
         assert [m["key"] for m in meta[0]] == [m["key"] for m in meta[1]] and meta[0]
+
+
+def test_one_retry_failed_process_retries_the_failures_of_a_run_two_workers_scored(shards, reference, tmp_path):
+    """--retry-failed is one process's (with --join it is refused): on a folder two workers wrote,
+    it scores again the samples the ledger lists, in place, and the rows become one run's."""
+    raise_file = tmp_path / "raise"
+    raise_file.write_text("s0_00004 s3_00002\n")  # score_batch raises on them while the file lists them
+    args = workerkit.worker_args(shards, str(tmp_path / "out"), "--join")
+    args[args.index(workerkit.SCORER)] = "faultkit:FlakyScorer"
+    args += ["--scorer-opt", f"bright.raise_file={raise_file}"]
+    workers = workerkit.run_all([args, args], _env(), str(tmp_path / "logs"))
+    assert [w.proc.exitcode for w in workers] == [0, 0], [w.output() for w in workers]
+    r = CliRunner().invoke(main, [*args, "--retry-failed"])
+    assert r.exit_code == 2 and "--join and --retry-failed exclude each other" in r.output, r.output
+    raise_file.write_text("")
+    args.remove("--join")
+    r = CliRunner().invoke(main, [*args, "--retry-failed"], catch_exceptions=False)
+    assert r.exit_code == 0 and "retried 2 failed sample(s): 2 now scored" in r.output, r.output
+    assert workerkit._folder_violations(reference, NAMES, workerkit.LocalFolder(str(tmp_path / "out"))) == []

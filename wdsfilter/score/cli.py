@@ -205,5 +205,5 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
     click.echo(summary.format_text(histograms=not no_histograms and level > 0, plan=False, scorers=level == 0,
                                    quiet=level == 0))
     if summary.shards_failed:  # a failure of the run: those shards have no marker
-        raise RunError(f"{len(summary.shards_failed)} shard(s) failed (listed above and in summary.json); "
-                       f"run again with --resume to retry them")
+        again = "start a worker again (--join): it retries them" if cfg.join else "run again with --resume to retry them"
+        raise RunError(f"{len(summary.shards_failed)} shard(s) failed (listed above and in summary.json); {again}")

@@ -36,6 +36,7 @@ log = logging.getLogger("wdsfilter")
 
 SLURM_TASK, SLURM_MIN, SLURM_COUNT = "SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_MIN", "SLURM_ARRAY_TASK_COUNT"
 K8S_INDEX = "JOB_COMPLETION_INDEX"
+SHOWN_WORKERS = 40  # --status: the workers listed one by one
 
 
 def task_slice(index: Optional[int], count: Optional[int], environ=None) -> Tuple[Optional[int], Optional[int]]:
@@ -207,12 +208,14 @@ def status_text(folder: str, storage_options=None) -> str:
     alive = [w for w in s.workers if w["state"] == "alive"]
     lines.append(f"  workers: {len(alive)} alive, {len(s.workers) - len(alive)} ended or gone")
     now = time.time()
-    for w in s.workers:
+    for w in s.workers[:SHOWN_WORKERS]:  # the latest heartbeats first
         beat = now - float(w.get("heartbeat") or now)
         task = f", task {w['task']}" if w.get("task") else ""
         lines.append(f"    {w['token']} {w['state']:>6}: pid {w.get('pid')} on {w.get('host')}{task}, "
                      f"{w.get('shards_done', 0)} shard(s), {w.get('rows', 0)} samples, "
                      f"{w.get('shards_failed', 0)} failed; last heartbeat {beat:.0f}s ago")
+    if len(s.workers) > SHOWN_WORKERS:
+        lines.append(f"    ... and {len(s.workers) - SHOWN_WORKERS} more (workers/ in the run folder)")
     finish = s.finish or {}
     if finish.get("finished"):
         lines.append(f"  the run's end (summary, report) was written by worker {finish.get('worker')} for "
