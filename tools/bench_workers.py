@@ -159,7 +159,7 @@ def finish_time(read) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="16 shards (the ratio's start-up share grows)")
-    ap.add_argument("--shards", type=int, default=32)
+    ap.add_argument("--shards", type=int, default=64)
     ap.add_argument("--samples", type=int, default=64, help="samples per shard")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seconds", type=float, default=0.25, help="per batch (the stand-in for GPU time)")

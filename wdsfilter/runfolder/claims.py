@@ -92,14 +92,12 @@ class Claims:
         self.own, self.others = list(own), list(others)
         self.started = time.time()  # failures recorded before this are tried again by this worker
         self.held: Dict[str, str] = {}  # name -> the version of the claim this worker wrote
-        self.failed_here: Dict[str, str] = {}  # name -> reason: failed by this worker
         self.known: set = set()  # names claimed (or done) as last listed: not tried afresh
         self.done_at_start: set = set()  # names with a marker when this worker started
         self._todo: List[str] = []  # names to try afresh, in order
         self._take: Dict[str, Tuple[dict, str]] = {}  # name -> (claim, version): to take over
         self._lock = threading.Lock()
         self._fenced: Dict[str, bool] = {}  # stale worker token -> fenced by this worker (or gone)
-        self.requests = 0  # coordination requests this worker made (claims, reads, listings)
 
     # -- the folder's records ---------------------------------------------------------------------
     def _record(self, name: str):
@@ -109,15 +107,14 @@ class Claims:
         return self._record(f"{CLAIMS}/{name}.json")
 
     def _list(self, sub: str) -> List[str]:
-        self.requests += 1
         return record_names(self.folder, sub, self.storage_options)
 
-    def _read(self, record) -> Tuple[Optional[dict], Optional[str]]:
-        self.requests += 1
+    @staticmethod
+    def _read(record) -> Tuple[Optional[dict], Optional[str]]:
         return record.read()
 
-    def _read_data(self, record) -> Optional[dict]:
-        self.requests += 1
+    @staticmethod
+    def _read_data(record) -> Optional[dict]:
         return record.read_data()
 
     def _body(self, **extra) -> bytes:
@@ -146,7 +143,6 @@ class Claims:
                 if name in self.known:
                     continue
                 self.lease.check()  # a worker that lost its lease claims nothing more
-                self.requests += 1
                 try:
                     self.held[name] = self._claim(name).create(self._body())
                     self.known.add(name)
@@ -185,7 +181,6 @@ class Claims:
         if not foreign and not claim.get("failed") and isinstance(token, str) and not self._fence_worker(token):
             return False
         self.lease.check()
-        self.requests += 1
         try:
             self.held[name] = self._claim(name).replace(self._body(took_over=token), version)
         except Conflict:
@@ -208,7 +203,6 @@ class Claims:
                 return False
             body = {**self.lease.info, "heartbeat": time.time(), "released": time.time(), "fenced": token,
                     "fenced_holder": {k: holder.get(k) for k in ("host", "pid", "started")}}
-            self.requests += 1
             try:
                 record.replace(json.dumps(body).encode(), version)
                 self._fenced[token] = True
@@ -222,11 +216,9 @@ class Claims:
         started before now)."""
         name = self.names[url]
         with self._lock:
-            self.failed_here[name] = reason
             version = self.held.pop(name, None)
             if version is None:
                 return
-            self.requests += 1
             try:
                 self._claim(name).replace(self._body(failed=reason[:2000], failed_at=time.time()), version)
             except Conflict:
@@ -311,7 +303,6 @@ class Claims:
         for the same shards (`done` and `failed` counts); else the version held (release_finish)."""
         record = self._record(FINISH)
         self.lease.check()
-        self.requests += 1
         try:
             return record.create(self._body(finishing=True))
         except Conflict:
@@ -324,14 +315,12 @@ class Claims:
                 return None  # another worker is at it
             if not claim.get("finished") and not self._fence_worker(str(claim.get("worker"))):
                 return None
-        self.requests += 1
         try:
             return record.replace(self._body(finishing=True), version)
         except Conflict:
             return None
 
     def release_finish(self, version: str, done: int, failed: int) -> None:
-        self.requests += 1
         try:
             self._record(FINISH).replace(self._body(finished=time.time(), done=done, failed=failed), version)
         except Conflict:
