@@ -82,6 +82,9 @@ def _check_engine(cfg, engine: str, ray_address, ray_actors, ray_gpus_per_actor)
                    "OUT/embeddings/img_emb, text_emb and metadata.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--gpus", default=None, metavar="0,1", help="GPUs to use (one model worker each, or more: --replicas).")
+@click.option("--decode-device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="Where CLIP's JPEGs are decoded: cuda (batched on the model's GPU; other images and JPEGs it "
+                   "refuses on the CPU), cpu (decode workers), auto (cuda when the model workers are on GPUs).")
 @click.option("--batch-size", default="auto", show_default=True, help="auto (memory planner) or N.")
 @click.option("--workers", default="auto", show_default=True, help="Decode worker processes: auto or N.")
 @click.option("--replicas", default="auto", show_default=True, help="Model processes per GPU: auto or N.")
@@ -118,7 +121,7 @@ def _check_engine(cfg, engine: str, ray_address, ray_actors, ray_gpus_per_actor)
                    "every run writes its own to OUT/run.yaml), or stage options only. Options given here override it.")
 @click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="local: this machine's engine (memory planner); ray: Ray Data across a cluster "
-                   "(pip install 'wdsfilter[ray]'; shards and --out on a shared filesystem).")
+                   "(pip install 'wdsfilter[ray]'; no shared filesystem needed: the driver writes --out).")
 @click.option("--ray-address", default=None, metavar="ADDRESS",
               help="ray: a running cluster (auto, ray://host:10001); default: start a local one.")
 @click.option("--ray-actors", type=click.IntRange(min=1), default=None,
@@ -133,10 +136,10 @@ def _check_engine(cfg, engine: str, ray_address, ray_actors, ray_gpus_per_actor)
 def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frames, frame_reduce, keyframes,
           ocr_backend, ocr_model_dir, ocr_download, min_clip, max_ocr_area, mins, maxes, tops, bottoms,
           equals, recipes, write_shards,
-          save_embeddings, device, gpus, batch_size, workers, replicas, max_memory, headroom, fit, fmt, resume,
-          overwrite, retry_failed, dry_run, join, task_index, task_count, steal, status, caption_key, image_key, rekey,
-          image_token, max_pixels, config_file, max_bytes, allow_pipe, allow_remote, remote_speed_limit,
-          remote_speed_time, remote_retry_budget, storage_options, engine,
+          save_embeddings, device, gpus, decode_device, batch_size, workers, replicas, max_memory, headroom, fit, fmt,
+          resume, overwrite, retry_failed, dry_run, join, task_index, task_count, steal, status, caption_key,
+          image_key, rekey, image_token, max_pixels, config_file, max_bytes, allow_pipe, allow_remote,
+          remote_speed_limit, remote_speed_time, remote_retry_budget, storage_options, engine,
           ray_address, ray_actors, ray_gpus_per_actor,
           no_progress, no_histograms, quiet, verbose):
     """Score every sample of SHARDS (folders, globs, brace patterns, .tar files) with CLIP, OCR
@@ -175,6 +178,7 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
                "precision": precision, "frames": frames, "frame_reduce": frame_reduce, "keyframes": keyframes,
                "ocr_backend": ocr_backend, "ocr_model_dir": ocr_model_dir, "ocr_download": ocr_download,
                "write_shards": write_shards, "save_embeddings": save_embeddings, "device": device, "gpus": gpus,
+               "decode_device": decode_device,
                "batch_size": batch_size, "workers": workers, "replicas": replicas, "max_memory": max_memory,
                "headroom": headroom, "fit": fit, "format": fmt}
     params = {"scorer_options": "scorer_opts", "format": "fmt"}
