@@ -48,6 +48,7 @@ def test_a_reshard_that_fails_half_way_closes_and_removes_its_open_shard(tmp_pat
     writer = Resharder(str(out), per_shard=10)
     writer.prepare({"run": 1}, overwrite=False, kept=6)
     sources = [Source(a, ["000000", "000001", "000002"]), Source(b, ["000003", "000004", "000009"])]
+    gc.collect()  # what earlier tests left unclosed (sockets, pools) warns now, not in the window below
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ResourceWarning)
         with pytest.raises(ReshardError, match="000009") as failed:
@@ -56,7 +57,10 @@ def test_a_reshard_that_fails_half_way_closes_and_removes_its_open_shard(tmp_pat
         assert sorted(os.listdir(out)) == ["filter_run.json"]
         del failed
         gc.collect()
-    assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
+    # only what this reshard opened counts: a file under tmp_path (a collected leftover of another
+    # test names its own socket or file)
+    assert not [str(w.message) for w in caught
+                if issubclass(w.category, ResourceWarning) and str(tmp_path) in str(w.message)]
 
 
 @pytest.mark.parametrize("unique_keys", [False, True])

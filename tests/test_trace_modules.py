@@ -12,7 +12,8 @@ from tools import trace_modules  # noqa: E402
 # docs/dev.md ("Measured: modules a run enters") lists these, in the order a sample meets them.
 PER_SAMPLE_PATH = {"wdsfilter.reading", "wdsfilter.specs", "wdsfilter.stages", "wdsfilter.images",
                    "wdsfilter.tally", "wdsfilter.score.transport", "wdsfilter.score.dispatch",
-                   "wdsfilter.score.rows", "wdsfilter.runfolder.keep"}
+                   "wdsfilter.score.rows", "wdsfilter.runfolder.keep",
+                   "wdsfilter.score.backoff", "wdsfilter.score.outputs", "wdsfilter.publish"}
 
 
 def test_the_trace_counts_every_module_a_sample_passes_and_none_it_does_not(capsys):
