@@ -21,6 +21,26 @@ def _given(ctx: click.Context, param: str) -> bool:
     return ctx.get_parameter_source(param) not in (None, ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP)
 
 
+def _print_status(folders, storage_options) -> None:
+    """`wdsfilter score RUN --status`: where a run stands (score/join.py), nothing scored."""
+    if len(folders) != 1:
+        raise click.UsageError("--status takes one run folder: `wdsfilter score RUN --status` (or --out RUN)")
+    from ..remote import parse_storage_options
+    from .join import status_text
+    click.echo(status_text(folders[0], parse_storage_options(storage_options or ()) or None))
+
+
+def _check_engine(cfg, engine: str, ray_address, ray_actors, ray_gpus_per_actor) -> None:
+    """The Ray options only with --engine ray; --join only without it."""
+    ray_given = [f for f, v in (("--ray-address", ray_address), ("--ray-actors", ray_actors),
+                                ("--ray-gpus-per-actor", ray_gpus_per_actor)) if v is not None]
+    if ray_given and engine != "ray":
+        raise click.UsageError(f"{', '.join(ray_given)} only apply with --engine ray")
+    if cfg.join and engine == "ray":
+        raise click.UsageError("--join makes this process one worker of many on --out (the local engine); a Ray run "
+                               "is one driver for the whole cluster: drop one of them (docs/scale.md)")
+
+
 @click.command("score", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("shards", nargs=-1)
 @click.option("--out", "out", default=None, metavar="DIR",
@@ -81,6 +101,20 @@ def _given(ctx: click.Context, param: str) -> bool:
                    "(out of memory, a scorer's exception, a dead worker, a broken read), or `all` (data errors "
                    "too); the rows are replaced in place. Implies --resume.")
 @click.option("--dry-run", is_flag=True, help="Load the models, measure, print the plan; score nothing.")
+@click.option("--join", is_flag=True,
+              help="Be one of many workers on --out (local, shared, s3://, gs://): start the run there or join it "
+                   "with the same settings and shards; shards are claimed one by one (docs/scale.md).")
+@click.option("--task-index", type=click.IntRange(min=0), default=None, metavar="I",
+              help="--join: this worker takes the I-th of --task-count slices of the shards first "
+                   "[SLURM_ARRAY_TASK_ID, JOB_COMPLETION_INDEX]. Implies --join.")
+@click.option("--task-count", type=click.IntRange(min=1), default=None, metavar="N",
+              help="--join: the number of slices (tasks) [SLURM_ARRAY_TASK_COUNT]. Implies --join.")
+@click.option("--steal/--no-steal", default=True, show_default=True,
+              help="--join: once its slice is done, take the shards no worker claimed yet of the others' slices "
+                   "(--no-steal: its slice only).")
+@click.option("--status", is_flag=True,
+              help="Print where the run in RUN (`wdsfilter score RUN --status`, or --out RUN) stands: shards "
+                   "done/claimed/failed/free, samples, workers and their last heartbeat; score nothing.")
 @stage_options
 @click.option("--config", "config_file", default=None, metavar="FILE",
               help="A run recipe (YAML/JSON: shards, out, scorers, scorer_options, thresholds, stage, engine, ...; "
@@ -102,10 +136,10 @@ def _given(ctx: click.Context, param: str) -> bool:
 def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frames, frame_reduce, keyframes,
           ocr_backend, ocr_model_dir, ocr_download, min_clip, max_ocr_area, mins, maxes, tops, bottoms,
           equals, recipes, write_shards,
-          save_embeddings, device, gpus, decode_device, batch_size, workers, replicas, max_memory, headroom, fit, fmt, resume,
-          overwrite, retry_failed, dry_run, caption_key, image_key, rekey, image_token, max_pixels, config_file,
-          max_bytes, allow_pipe, allow_remote, remote_speed_limit, remote_speed_time, remote_retry_budget,
-          storage_options, engine,
+          save_embeddings, device, gpus, decode_device, batch_size, workers, replicas, max_memory, headroom, fit, fmt,
+          resume, overwrite, retry_failed, dry_run, join, task_index, task_count, steal, status, caption_key,
+          image_key, rekey, image_token, max_pixels, config_file, max_bytes, allow_pipe, allow_remote,
+          remote_speed_limit, remote_speed_time, remote_retry_budget, storage_options, engine,
           ray_address, ray_actors, ray_gpus_per_actor,
           no_progress, no_histograms, quiet, verbose):
     """Score every sample of SHARDS (folders, globs, brace patterns, .tar files) with CLIP, OCR
@@ -120,6 +154,8 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
 
     logging.basicConfig(format="wdsfilter: warning: %(message)s", level=logging.WARNING)
     library_logs_off()  # on the handler just made too
+    if status:  # where a run stands, nothing scored
+        return _print_status([out] if out else list(shards), storage_options)
     level = verbosity(quiet, verbose)
     recipe = read_recipe(config_file) if config_file else {}
     given_stage = stage_overrides(caption_key=caption_key, image_key=image_key, rekey=rekey, image_token=image_token,
@@ -159,11 +195,8 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
         engine = recipe.get("engine", engine)
     cfg = build_config(out, tuple(merged.pop("scorers", ("clip",))), stage=stage, selection=selection, resume=resume,
                        overwrite=overwrite, retry_failed=retry_failed, dry_run=dry_run, progress=not no_progress,
-                       verbosity=level, **merged)
-    ray_given = [f for f, v in (("--ray-address", ray_address), ("--ray-actors", ray_actors),
-                                ("--ray-gpus-per-actor", ray_gpus_per_actor)) if v is not None]
-    if ray_given and engine != "ray":
-        raise click.UsageError(f"{', '.join(ray_given)} only apply with --engine ray")
+                       verbosity=level, join=join, task_index=task_index, task_count=task_count, steal=steal, **merged)
+    _check_engine(cfg, engine, ray_address, ray_actors, ray_gpus_per_actor)
     # Errors are not caught here: the `wdsfilter` group prints one line and maps each to its exit
     # code (wdsfilter/errors.py): 2 for configuration errors, 3 for a failed run, never 1.
     if engine == "ray":
@@ -176,5 +209,5 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
     click.echo(summary.format_text(histograms=not no_histograms and level > 0, plan=False, scorers=level == 0,
                                    quiet=level == 0))
     if summary.shards_failed:  # a failure of the run: those shards have no marker
-        raise RunError(f"{len(summary.shards_failed)} shard(s) failed (listed above and in summary.json); "
-                       f"run again with --resume to retry them")
+        again = "start a worker again (--join): it retries them" if cfg.join else "run again with --resume to retry them"
+        raise RunError(f"{len(summary.shards_failed)} shard(s) failed (listed above and in summary.json); {again}")
