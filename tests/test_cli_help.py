@@ -174,3 +174,16 @@ def test_progress_and_no_progress(name, shards, tmp_path):
         assert result.exit_code == 0, result.output
         lines[flag] = [line for line in result.output.splitlines() if "elapsed" in line]
     assert lines["--progress"] and not lines["--no-progress"], lines
+
+
+def test_help_and_validate_stay_light(shards):
+    """The grouped help costs no import: `wdsfilter --help`, every command's --help and a validate
+    run load neither torch nor pyarrow (the validator installs and starts light)."""
+    import subprocess
+    import sys
+    code = ("import sys\nfrom wdsfilter.cli import main\n"
+            f"for args in (['--help'], *([n, '--help'] for n in {sorted(CODES)!r}), ['validate', {shards[1]!r}, '-j', '1', '-q']):\n"
+            "    try:\n        main(args)\n    except SystemExit:\n        pass\n"
+            "print('HEAVY', sorted(m for m in ('torch', 'pyarrow', 'open_clip') if m in sys.modules), file=sys.stderr)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert "HEAVY []" in proc.stderr, proc.stderr[-2000:]
