@@ -5,9 +5,10 @@ import logging
 
 import click
 
-from ..errors import RunError
+from .. import clihelp
+from ..errors import EXIT_CLEAN, EXIT_RUN_FAILED, EXIT_USAGE, RunError
 from ..progress import verbosity, verbosity_options
-from ..config import stage_options
+from ..config import STAGE_INPUT, STAGE_REMOTE, stage_options
 from ..selection import text_and_recipe_options
 
 
@@ -41,10 +42,27 @@ def _check_engine(cfg, engine: str, ray_address, ray_actors, ray_gpus_per_actor)
                                "is one driver for the whole cluster: drop one of them (docs/scale.md)")
 
 
-@click.command("score", context_settings={"help_option_names": ["-h", "--help"]})
+# --help's groups (wdsfilter/clihelp.py): the caption and image keys, the scorer and model, and
+# --out first in theirs.
+HELP_GROUPS = {
+    "Input": (*STAGE_INPUT[:2], "config_file", *STAGE_INPUT[2:]),
+    "Model and scorers": ("scorers", "model", "pretrained", "precision", "scorer_opts", "frames", "frame_reduce",
+                          "keyframes", "ocr_backend", "ocr_model_dir", "ocr_download"),
+    "Thresholds": ("min_clip", "max_ocr_area", "mins", "maxes", "tops", "bottoms", "equals", "recipes"),
+    "Output": ("out", "write_shards", "save_embeddings", "fmt"),
+    "Performance": ("device", "gpus", "decode_device", "batch_size", "workers", "replicas", "max_memory", "headroom",
+                    "fit", "engine", "ray_address", "ray_actors", "ray_gpus_per_actor"),
+    "Remote": STAGE_REMOTE,
+    "Run control": ("resume", "overwrite", "retry_failed", "dry_run", "join", "task_index", "task_count", "steal",
+                    "status", "progress", "no_histograms", "quiet", "verbose"),
+}
+
+
+# never 1: score has no findings (a failed shard is a failed run, 3)
+@clihelp.command("score", HELP_GROUPS, (EXIT_CLEAN, EXIT_USAGE, EXIT_RUN_FAILED))
 @click.argument("shards", nargs=-1)
-@click.option("--out", "out", default=None, metavar="DIR",
-              help="Folder for score files, markers, summary and run.yaml (required, here or in --config).")
+@click.option("--out", "out", default=None, metavar="RUN",
+              help="The run folder: score files, markers, summary and run.yaml (required, here or in --config).")
 @click.option("--scorer", "scorers", multiple=True, default=("clip",), show_default=True, metavar="NAME",
               help="clip, ocr, hash (sha256 + phash for `wdsfilter dedup`), tmars (CLIP score with the text masked; "
                    "brings ocr and clip), caption (language, words, characters), size (from headers), blur, nsfw, "
@@ -76,10 +94,10 @@ def _check_engine(cfg, engine: str, ray_address, ray_actors, ray_gpus_per_actor)
 @click.option("--bottom", "bottoms", multiple=True, metavar="COLUMN=P%",
               help="Keep the P% of scored samples with the lowest COLUMN (as --top). Repeatable.")
 @text_and_recipe_options
-@click.option("--write-shards", default=None, metavar="DIR", help="Write filtered shards (original bytes) here.")
+@click.option("--write-shards", default=None, metavar="DIR", help="Write filtered shards here: a copy of each source shard with its kept samples (original bytes, the source's name). To reshard them (--samples-per-shard, --prefix), run `wdsfilter filter RUN --write-shards DIR` after.")
 @click.option("--save-embeddings", is_flag=True, default=None,
               help="clip: also write float16 image/caption embeddings in clip-retrieval's layout: "
-                   "OUT/embeddings/img_emb, text_emb and metadata.")
+                   "RUN/embeddings/img_emb, text_emb and metadata.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--gpus", default=None, metavar="0,1", help="GPUs to use (one model worker each, or more: --replicas).")
 @click.option("--decode-device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
@@ -92,12 +110,13 @@ def _check_engine(cfg, engine: str, ray_address, ray_actors, ray_gpus_per_actor)
 @click.option("--headroom", type=float, default=0.10, show_default=True, help="Share of memory kept free.")
 @click.option("--fit", type=click.Choice(["refuse", "clamp"]), default="refuse", show_default=True,
               help="A setting that cannot fit: refuse it with the numbers, or clamp it with a warning.")
-@click.option("--format", "fmt", type=click.Choice(["parquet", "jsonl"]), default="parquet", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["parquet", "jsonl"]), default="parquet", show_default=True,
+              help="The score files' format.")
 @click.option("--resume", is_flag=True, help="Continue a run in --out: skip shards with a completion marker.")
 @click.option("--overwrite", is_flag=True, help="Start over in an --out that holds a previous run.")
 @click.option("--retry-failed", "retry_failed", is_flag=False, flag_value="transient", default=None,
               type=click.Choice(["transient", "all"]),
-              help="Score again the samples the failure ledger (OUT/failures.parquet) lists: transient failures "
+              help="Score again the samples the failure ledger (RUN/failures.parquet) lists: transient failures "
                    "(out of memory, a scorer's exception, a dead worker, a broken read), or `all` (data errors "
                    "too); the rows are replaced in place. Implies --resume.")
 @click.option("--dry-run", is_flag=True, help="Load the models, measure, print the plan; score nothing.")
@@ -118,7 +137,7 @@ def _check_engine(cfg, engine: str, ray_address, ray_actors, ray_gpus_per_actor)
 @stage_options
 @click.option("--config", "config_file", default=None, metavar="FILE",
               help="A run recipe (YAML/JSON: shards, out, scorers, scorer_options, thresholds, stage, engine, ...; "
-                   "every run writes its own to OUT/run.yaml), or stage options only. Options given here override it.")
+                   "every run writes its own to RUN/run.yaml), or stage options only. Options given here override it.")
 @click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="local: this machine's engine (memory planner); ray: Ray Data across a cluster "
                    "(pip install 'wdsfilter[ray]'; no shared filesystem needed: the driver writes --out).")
@@ -129,7 +148,8 @@ def _check_engine(cfg, engine: str, ray_address, ray_actors, ray_gpus_per_actor)
 @click.option("--ray-gpus-per-actor", type=click.FloatRange(min=0), default=None,
               help="ray: GPUs per model actor (0.5 puts two on a GPU) [1 / the planner's model processes per GPU "
                    "when the cluster has GPUs, else 0].")
-@click.option("--no-progress", is_flag=True, help="No progress bar.")
+@click.option("--progress/--no-progress", default=None,
+              help="Progress on stderr: a bar on a terminal, a line every 10 s in a log [default: on; off with -q].")
 @click.option("--no-histograms", is_flag=True, help="No histograms in the terminal summary.")
 @verbosity_options(quiet="Say less: the result and errors only (no progress, scorer lines, plan or histograms).",
                    verbose="Say more: the whole plan (by default one line).")
@@ -141,7 +161,7 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
           image_key, rekey, image_token, max_pixels, config_file, max_bytes, allow_pipe, allow_remote,
           remote_speed_limit, remote_speed_time, remote_retry_budget, storage_options, engine,
           ray_address, ray_actors, ray_gpus_per_actor,
-          no_progress, no_histograms, quiet, verbose):
+          progress, no_histograms, quiet, verbose):
     """Score every sample of SHARDS (folders, globs, brace patterns, .tar files) with CLIP, OCR
     or your own scorer; write per-shard score files, a summary and, optionally, filtered shards."""
     from ..config import StageConfig, stage_overrides
@@ -194,7 +214,7 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
     if not _given(ctx, "engine"):
         engine = recipe.get("engine", engine)
     cfg = build_config(out, tuple(merged.pop("scorers", ("clip",))), stage=stage, selection=selection, resume=resume,
-                       overwrite=overwrite, retry_failed=retry_failed, dry_run=dry_run, progress=not no_progress,
+                       overwrite=overwrite, retry_failed=retry_failed, dry_run=dry_run, progress=progress is not False,
                        verbosity=level, join=join, task_index=task_index, task_count=task_count, steal=steal, **merged)
     _check_engine(cfg, engine, ray_address, ray_actors, ray_gpus_per_actor)
     # Errors are not caught here: the `wdsfilter` group prints one line and maps each to its exit
