@@ -67,11 +67,13 @@ class Progress:
 
     # -- counting ------------------------------------------------------------------------------
     def update(self, n: int = 1) -> None:
-        self.n += n
+        with self.lock:  # counted from reader threads too (filter's score files)
+            self.n += n
         self._draw()
 
     def part_done(self, n: int = 1) -> None:
-        self.parts_done += n
+        with self.lock:
+            self.parts_done += n
         self._draw()
 
     def close(self) -> None:
@@ -161,6 +163,28 @@ def known_samples(urls: Iterable[str]) -> Optional[int]:
             return None
         total += count
     return total
+
+
+# filter's and dedup's default: their passes often take a second, and a log or a script's stderr
+# gets no lines it did not ask for
+TERMINAL_ONLY = "on when stderr is a terminal; in a log only when given; off with -q"
+
+
+def progress_option(default: str):
+    """--progress/--no-progress of a long command; `default` says when it is on unless given
+    (read the flag with `progress_on`)."""
+    import click
+    return click.option("--progress/--no-progress", default=None,
+                        help=f"Progress on stderr: a bar on a terminal, a line every 10 s in a log [default: {default}].")
+
+
+def progress_on(progress: Optional[bool], level: int, terminal_only: bool = False) -> bool:
+    """Whether a command draws its progress: --progress/--no-progress as given (None: not given;
+    then on, or only where stderr is a terminal: `terminal_only`); `level` from `verbosity`: -q
+    (0) turns it off whatever the flag."""
+    if level == 0 or progress is False:
+        return False
+    return bool(progress) or not terminal_only or _isatty(sys.stderr)
 
 
 def verbosity_options(quiet: str, verbose: str):
