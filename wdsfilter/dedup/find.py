@@ -195,7 +195,7 @@ def _chosen_kinds(run, run_dir: str, kinds: Sequence[str], evals: Sequence[str])
     return kinds
 
 
-class Passes:
+class DedupPasses:
     """The passes of a dedup run after the rows are read: each one's seconds (result.seconds) and,
     when asked, one progress line of them (wdsfilter/progress.py), naming the pass running."""
 
@@ -228,7 +228,7 @@ def _find(rows, run_dir: str, kinds: Sequence[str], near_bits: int, semantic_thr
     result = DedupResult(run_dir=run_dir, kinds=list(kinds), rows=rows.count, shards=len(rows.shards),
                          unfinished=rows.unfinished)
     result.seconds["read"] = time.perf_counter() - t0
-    passes = Passes([*kinds, "groups", *(["eval"] if evals else []), "write"], result.seconds, progress)
+    passes = DedupPasses([*kinds, "groups", *(["eval"] if evals else []), "write"], result.seconds, progress)
     try:
         _passes(rows, run_dir, kinds, near_bits, semantic_threshold, evals, echo, result, passes)
         passes.now = "done"
@@ -239,7 +239,7 @@ def _find(rows, run_dir: str, kinds: Sequence[str], near_bits: int, semantic_thr
 
 
 def _passes(rows, run_dir: str, kinds: Sequence[str], near_bits: int, semantic_threshold: float, evals: Sequence[str],
-            echo: Callable[[str], None], result: DedupResult, passes: Passes) -> None:
+            echo: Callable[[str], None], result: DedupResult, passes: DedupPasses) -> None:
     """The kinds' passes, the groups, the eval matches and RUN_DIR/dedup/ written, into `result`."""
     from . import source
     # Pairs of each kind join the union-find as they are found (closest kind first), never kept.

@@ -20,6 +20,7 @@ from ..runfolder.judge import FilterResult, Threshold, count_run, judge_shard
 from ..runfolder.reader import check_sources
 from ..runfolder.shares import check_present
 from ..config import StageConfig
+from ..progress import Passes
 from ..selection import Selection
 from .rules import resolve_selection, write_thresholds
 
@@ -120,10 +121,11 @@ def filter_scores(scores_dir: str, selection: Optional[Selection] = None, *, wri
     if not dry_run:  # an output that cannot be written is a usage error, found before any work
         _check_outputs(run, scores_dir, write_shards, report, allow_pipe, allow_remote, export_uids)
     with _score_folder_lease(scores_dir, writes_there=not dry_run and (
-            (save_thresholds and (save or write_shards is not None)) or _inside(report, scores_dir))):
+            (save_thresholds and (save or write_shards is not None)) or _inside(report, scores_dir))), \
+            Passes(progress) as passes:
         return _filter_run(run, scores_dir, selection, report, dry_run, export_uids, save, save_thresholds,
                            write_shards, samples_per_shard, prefix, overwrite, echo, shard_echo, allow_pipe,
-                           allow_remote, stream_idle_seconds, unique_keys, interleave, progress)
+                           allow_remote, stream_idle_seconds, unique_keys, interleave, passes)
 
 
 def _inside(path: Optional[str], folder: str) -> bool:
@@ -155,25 +157,26 @@ def _score_folder_lease(scores_dir: str, writes_there: bool):
 
 def _filter_run(run, scores_dir, selection, report, dry_run, export_uids, save, save_thresholds, write_shards,
                 samples_per_shard, prefix, overwrite, echo, shard_echo, allow_pipe, allow_remote,
-                stream_idle_seconds, unique_keys, interleave, progress=False) -> FilterResult:
-    """filter_scores once its options are checked (under the score folder's lease when it writes there)."""
-    with progress_line(progress, "counting", "score files", total=len(run.shards)) as counting:
-        # Counted column-wise (no report, no --dedup): each score file read once, its threshold columns
-        # held for the shares too (judge.ShardTable), instead of a read to resolve and one to count.
-        tables = _read_tables(run, selection, counting) if not selection.dedup and (report is None or dry_run) else None
-        held = ({c: [t.numbers[c] for t in tables] for c in selection.numeric_columns()}
-                if tables is not None and all(t is not None for t in tables) else None)
-        resolved = resolve_selection(selection, run, held=held)  # every rule resolved, shares included; dedup's marks
-        thresholds, marks = resolved.thresholds, resolved.marks
-        result = FilterResult(scores_dir=scores_dir, thresholds=thresholds, shards=len(run.shards),
-                              unfinished=run.unfinished, dry_run=dry_run, selection=resolved.selection)
-        result.counts = [{"kept": 0, "dropped": 0, "no_score": 0} for _ in thresholds]
-        collector = None
-        if report is not None and not dry_run:
-            from ..report.collect import ReportCollector
-            collector = ReportCollector(run, thresholds, allow_pipe, allow_remote, stream_idle_seconds)
-        # the files read above were counted there
-        count_run(run, thresholds, collector, marks, result, tables, progress=counting if tables is None else None)
+                stream_idle_seconds, unique_keys, interleave, passes: Passes) -> FilterResult:
+    """filter_scores once its options are checked (under the score folder's lease when it writes
+    there); each pass on its progress line (`passes`)."""
+    counting = passes.start("counting", "score files", total=len(run.shards))
+    # Counted column-wise (no report, no --dedup): each score file read once, its threshold columns
+    # held for the shares too (judge.ShardTable), instead of a read to resolve and one to count.
+    tables = _read_tables(run, selection, counting) if not selection.dedup and (report is None or dry_run) else None
+    held = ({c: [t.numbers[c] for t in tables] for c in selection.numeric_columns()}
+            if tables is not None and all(t is not None for t in tables) else None)
+    resolved = resolve_selection(selection, run, held=held)  # every rule resolved, shares included; dedup's marks
+    thresholds, marks = resolved.thresholds, resolved.marks
+    result = FilterResult(scores_dir=scores_dir, thresholds=thresholds, shards=len(run.shards),
+                          unfinished=run.unfinished, dry_run=dry_run, selection=resolved.selection)
+    result.counts = [{"kept": 0, "dropped": 0, "no_score": 0} for _ in thresholds]
+    collector = None
+    if report is not None and not dry_run:
+        from ..report.collect import ReportCollector
+        collector = ReportCollector(run, thresholds, allow_pipe, allow_remote, stream_idle_seconds)
+    count_run(run, thresholds, collector, marks, result, tables, counting if tables is None else None)  # else counted there
+    passes.end(counting)
     if dry_run:
         return result
     if export_uids is not None:
@@ -185,7 +188,7 @@ def _filter_run(run, scores_dir, selection, report, dry_run, export_uids, save, 
     if write_shards is not None:
         _write_shards(run, resolved, result, write_shards, samples_per_shard, prefix, overwrite, echo, shard_echo,
                       allow_pipe, allow_remote, stream_idle_seconds, unique_keys, interleave, report,
-                      save_thresholds, progress)
+                      save_thresholds, passes)
     if collector is not None:
         from ..report.page import write_report
         result.files["report"] = write_report(collector.finish(result), report)
@@ -203,7 +206,7 @@ def _check_options(write_shards, samples_per_shard: int, dry_run: bool, export_u
 def _write_shards(run: ScoreRun, resolved, result: FilterResult, write_shards: str, samples_per_shard: int,
                   prefix: str, overwrite: bool, echo, shard_echo, allow_pipe: bool, allow_remote: bool,
                   stream_idle_seconds: float, unique_keys: bool, interleave: int, report, save_thresholds: bool,
-                  progress: bool = False):
+                  passes: Passes):
     """The kept samples into new shards of N (reshard.py), the rules beside them (thresholds.json)."""
     from .reshard import THRESHOLDS, Resharder, Source  # imports the score package's shard writer: only to write
     scores_dir, thresholds, marks = result.scores_dir, resolved.thresholds, resolved.marks
@@ -224,22 +227,13 @@ def _write_shards(run: ScoreRun, resolved, result: FilterResult, write_shards: s
         if whole:
             echo(f"resume: {whole} shard(s) in {write_shards} are already whole")
         sources = (Source(s.url, kept_keys(s, thresholds, marks), s.source) for s in run.shards)
-        with progress_line(progress, "writing shards", "samples", total=result.kept,
-                           parts=-(-result.kept // samples_per_shard)) as writer.progress:
-            result.sizes = writer.write(sources)
+        writer.progress = passes.start("writing shards", "samples", total=result.kept,
+                                       parts=-(-result.kept // samples_per_shard))
+        result.sizes = writer.write(sources)
+        passes.end(writer.progress)
         if save_thresholds:  # beside the shards: the loader call that keeps what they hold
             write_thresholds(os.path.join(writer.out, THRESHOLDS), resolved.selection)
     result.files["shards"] = write_shards
-
-
-def progress_line(enabled: bool, desc: str, unit: str, **counts):
-    """A progress.Progress of one pass, closed (its last line drawn) when the pass ends; None
-    (nothing drawn) unless `enabled`."""
-    import contextlib
-    if not enabled:
-        return contextlib.nullcontext()
-    from ..progress import Progress
-    return contextlib.closing(Progress(desc, unit, **counts))
 
 
 def _same_path(a: str, b: str) -> bool:
