@@ -41,7 +41,15 @@ from .runfolder.lease import LeaseLostError
 
 log = logging.getLogger("wdsfilter")
 MARKERS = "done"  # the folder whose files are uploaded last (runfolder.layout.DONE)
-SKIP = (".lock", ".lock.json", ".owner", ".kept")  # a folder's lease and its guard, the staging copy's own marks: never mirrored
+SKIP = (".lock", ".lock.json", ".owner", ".kept", ".finish.json")  # a folder's lease and its guard, the staging copy's own marks: never mirrored
+RECORDS = ("claims", "workers")  # a joined run's records (runfolder/claims.py): written in place, never mirrored
+
+
+def _mirrored(rel: str) -> bool:
+    """An object of the remote folder that staging copies (not a lease, a record or a temporary)."""
+    name = os.path.basename(rel)
+    return bool(rel) and name not in SKIP and not is_temporary(name) and ".." not in rel.split("/") \
+        and rel.split("/", 1)[0] not in RECORDS
 
 
 class RemoteFolder:
@@ -68,6 +76,10 @@ class RemoteFolder:
         self.part_bytes: Optional[int] = PART_BYTES if scheme_of(self.url) in ("s3", "gs", "gcs") else None
         self.exclude: Tuple[str, ...] = ()  # top-level names of staging that are not this folder's
         self.before_markers: Optional[Callable[[], object]] = None  # another folder synced before the markers
+        # a joined run's worker (claims.py): an upload refused because another writer's object is
+        # there replaces it, after the fence (the worker still holds its claims, so the object is a
+        # stray of a worker that lost the shard); never the case of a folder with one owner
+        self.replace_strays = False
         self._syncing = threading.Lock()  # the mirror's thread and the run's last sync take turns
         # relative path -> size: objects of the bucket's folder not copied into staging (pull's
         # keep_in_bucket). Never deleted by a sync: they are not staging's to remove.
@@ -95,6 +107,48 @@ class RemoteFolder:
     def remote(self, rel: str) -> str:
         return f"{self.path}/{rel}"
 
+    def adopt(self, rel: str, version: Optional[str]) -> None:
+        """A staging file written to the bucket by other means (a joined run's run.json, created
+        in place): recorded as uploaded, in that version."""
+        st = os.stat(os.path.join(self.local, *rel.split("/")))
+        self.sent[rel] = (st.st_size, st.st_mtime_ns)
+        if version is not None:
+            self.versions[rel] = version
+
+    def refresh(self, fetch: Tuple[str, ...] = ()) -> int:
+        """What the bucket holds now, after other writers (a joined run's workers): every object
+        not in staging is held (its size and version known), those under the `fetch` folders
+        are brought into staging. Returns how many were downloaded."""
+        try:
+            self.fs.invalidate_cache(self.path)
+            found = self.fs.find(self.path + "/", detail=True)
+        except FileNotFoundError:
+            found = {}
+        paths = []
+        for key, info in found.items():
+            rel = key[len(self.path) + 1:]
+            if not _mirrored(rel) or rel.split("/", 1)[0] in self.exclude:
+                continue
+            version = version_of(info)
+            local = os.path.join(self.local, *rel.split("/"))
+            if rel in self.sent and self.versions.get(rel) == version:
+                continue  # staging's own, as uploaded
+            try:
+                st = os.stat(local)
+                if self.sent.get(rel) != (st.st_size, st.st_mtime_ns):
+                    continue  # written here since its last upload: the next sync sends it (replace_strays)
+            except FileNotFoundError:
+                pass
+            if version is not None:
+                self.versions[rel] = version
+            self.sent.pop(rel, None)
+            self.held[rel] = int(info.get("size") or 0)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(local)  # an older copy: the bucket's is another writer's now
+            if rel.split("/", 1)[0] in fetch:
+                paths.append(local)
+        return self.fetch(paths)
+
     def shown(self, rel: str = "") -> str:
         return redact_url(f"{self.url}/{rel}" if rel else self.url)
 
@@ -114,7 +168,7 @@ class RemoteFolder:
         n = 0
         for key in sorted(found):
             rel = key[len(self.path) + 1:]
-            if not rel or os.path.basename(rel) in SKIP or is_temporary(os.path.basename(rel)) or ".." in rel.split("/"):
+            if not _mirrored(rel):
                 continue
             version = version_of(found[key])
             if version is not None:
@@ -169,6 +223,17 @@ class RemoteFolder:
         this file's bytes (an upload of this writer whose answer was lost, then retried)."""
         self.fence()  # lost: the new owner's object, named by the lease
         version = holds_file(self.fs, self.remote(rel), local, self.part_bytes or PART_BYTES)
+        for _ in range(3 if version is None and self.replace_strays else 0):
+            try:  # a stray of a worker that lost this shard: replaced, on the version seen now
+                self.fs.invalidate_cache(self.remote(rel))
+                seen = version_of(self.fs.info(self.remote(rel)))
+            except FileNotFoundError:
+                seen = None
+            self.fence()
+            try:
+                return put_file(self.fs, self.remote(rel), local, seen, self.part_bytes or PART_BYTES)
+            except Conflict:
+                continue
         if version is None:
             raise RemoteOutputError(f"uploading {self.shown(rel)} was refused: another writer created, replaced or "
                                     f"deleted it while this run owned the folder; nothing of it was overwritten")
@@ -267,14 +332,24 @@ class Mirror:
         self.error: Optional[BaseException] = None
         self.lost: Optional[BaseException] = None
         self._stop = threading.Event()
+        self._wake = threading.Event()  # a round now, not at the interval (a joined run's shard is done)
         self._thread = threading.Thread(target=self._loop, name="wdsfilter-remote-out", daemon=True)
 
     def start(self) -> "Mirror":
         self._thread.start()
         return self
 
+    def wake(self) -> None:
+        """Sync now (in the thread): a joined run's worker has finished a shard, which the other
+        workers see done only once its marker is in the bucket."""
+        self._wake.set()
+
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
+        while True:
+            self._wake.wait(self.interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.folder.sync()
                 self.error = None
@@ -289,6 +364,7 @@ class Mirror:
         """Stop the thread, then the last sync (raises RemoteOutputError when it fails, and
         LeaseLostError, syncing nothing, when the lease was lost)."""
         self._stop.set()
+        self._wake.set()
         if self._thread.is_alive():
             self._thread.join()
         if self.lost is not None:
@@ -362,8 +438,7 @@ def pulled(url: str, storage_options=None) -> str:
         for key, info in listed.items():
             rel = key[len(remote.path) + 1:]
             name = os.path.basename(rel)
-            if rel and name not in SKIP and not is_temporary(name) and ".." not in rel.split("/") \
-                    and not name.startswith(".manifest"):
+            if _mirrored(rel) and not name.startswith(".manifest"):
                 wanted[rel] = f"{info.get('size')}:{info.get('ETag') or info.get('etag') or info.get('mtime')}"
         for rel in [r for r in manifest if r not in wanted]:
             with contextlib.suppress(FileNotFoundError):

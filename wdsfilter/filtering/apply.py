@@ -20,6 +20,7 @@ from ..runfolder.judge import FilterResult, Threshold, count_run, judge_shard
 from ..runfolder.reader import check_sources
 from ..runfolder.shares import check_present
 from ..config import StageConfig
+from ..progress import Passes
 from ..selection import Selection
 from .rules import resolve_selection, write_thresholds
 
@@ -89,7 +90,7 @@ def filter_scores(scores_dir: str, selection: Optional[Selection] = None, *, wri
                   min_scores: Optional[dict] = None, max_scores: Optional[dict] = None,
                   top_shares: Optional[dict] = None, bottom_shares: Optional[dict] = None,
                   equal: Optional[dict] = None, dedup: bool = False, recipe=None, min_clip: Optional[float] = None,
-                  max_ocr_area: Optional[float] = None, **old) -> FilterResult:
+                  max_ocr_area: Optional[float] = None, progress: bool = False, **old) -> FilterResult:
     """Judge, count and write (see the module docstring). The rules: selection= (a
     wdsfilter.Selection) or its keywords (min_scores=, max_scores=, top_shares=, bottom_shares=,
     equal=, dedup=, recipe=, min_clip=, max_ocr_area=: as wdsfilter.loader takes them).
@@ -105,7 +106,9 @@ def filter_scores(scores_dir: str, selection: Optional[Selection] = None, *, wri
     where the folder says. allow_pipe, allow_remote: read source shards that are `pipe:` commands
     or remote URLs again (for write_shards and the report's thumbnails); what the score folder says
     (run.json) never allows them. stream_idle_seconds: such a source that sends nothing this long
-    is killed (0: never), as in every other read of a shard (shards.IdleGuard)."""
+    is killed (0: never), as in every other read of a shard (shards.IdleGuard). progress: a
+    progress line on stderr (wdsfilter/progress.py) while the score files are counted and while
+    the shards are written (the CLI's default; off here)."""
     echo = echo or (lambda line: None)
     rules = dict(min_scores=min_scores, max_scores=max_scores, top_shares=top_shares, bottom_shares=bottom_shares,
                  equal=equal, dedup=dedup, recipe=recipe, min_clip=min_clip, max_ocr_area=max_ocr_area)
@@ -117,9 +120,50 @@ def filter_scores(scores_dir: str, selection: Optional[Selection] = None, *, wri
         run.require_sources()  # sources only where the run's own record names them
     if not dry_run:  # an output that cannot be written is a usage error, found before any work
         _check_outputs(run, scores_dir, write_shards, report, allow_pipe, allow_remote, export_uids)
+    with _score_folder_lease(scores_dir, writes_there=not dry_run and (
+            (save_thresholds and (save or write_shards is not None)) or _inside(report, scores_dir))), \
+            Passes(progress) as passes:
+        return _filter_run(run, scores_dir, selection, report, dry_run, export_uids, save, save_thresholds,
+                           write_shards, samples_per_shard, prefix, overwrite, echo, shard_echo, allow_pipe,
+                           allow_remote, stream_idle_seconds, unique_keys, interleave, passes)
+
+
+def _inside(path: Optional[str], folder: str) -> bool:
+    from ..remote import is_fsspec_url
+    if not path or is_fsspec_url(path) or is_fsspec_url(folder):
+        return False
+    return os.path.dirname(os.path.abspath(path)) == os.path.abspath(folder)
+
+
+def _score_folder_lease(scores_dir: str, writes_there: bool):
+    """The score folder's lease while filter writes into it (thresholds.json, filter_report.html):
+    refused while a score run (or a worker of a joined run) holds the folder, and every write
+    fenced on a local disk, as score's and dedup's are (runfolder/lease.py). In a bucket the lease
+    excludes a score run as well; the one-object writes there are not conditional on it."""
+    import contextlib
+    if not writes_there:
+        return contextlib.nullcontext()
+    from ..remote import is_fsspec_url
+    from ..runfolder.lease import Lease
+
+    @contextlib.contextmanager
+    def held():
+        with Lease(scores_dir, command="filter", option="RUN") as lease:
+            if not is_fsspec_url(scores_dir):
+                lease.guard([scores_dir])
+            yield
+    return held()
+
+
+def _filter_run(run, scores_dir, selection, report, dry_run, export_uids, save, save_thresholds, write_shards,
+                samples_per_shard, prefix, overwrite, echo, shard_echo, allow_pipe, allow_remote,
+                stream_idle_seconds, unique_keys, interleave, passes: Passes) -> FilterResult:
+    """filter_scores once its options are checked (under the score folder's lease when it writes
+    there); each pass on its progress line (`passes`)."""
+    counting = passes.start("counting", "score files", total=len(run.shards))
     # Counted column-wise (no report, no --dedup): each score file read once, its threshold columns
     # held for the shares too (judge.ShardTable), instead of a read to resolve and one to count.
-    tables = _read_tables(run, selection) if not selection.dedup and (report is None or dry_run) else None
+    tables = _read_tables(run, selection, counting) if not selection.dedup and (report is None or dry_run) else None
     held = ({c: [t.numbers[c] for t in tables] for c in selection.numeric_columns()}
             if tables is not None and all(t is not None for t in tables) else None)
     resolved = resolve_selection(selection, run, held=held)  # every rule resolved, shares included; dedup's marks
@@ -131,7 +175,8 @@ def filter_scores(scores_dir: str, selection: Optional[Selection] = None, *, wri
     if report is not None and not dry_run:
         from ..report.collect import ReportCollector
         collector = ReportCollector(run, thresholds, allow_pipe, allow_remote, stream_idle_seconds)
-    count_run(run, thresholds, collector, marks, result, tables)
+    count_run(run, thresholds, collector, marks, result, tables, counting if tables is None else None)  # else counted there
+    passes.end(counting)
     if dry_run:
         return result
     if export_uids is not None:
@@ -143,7 +188,7 @@ def filter_scores(scores_dir: str, selection: Optional[Selection] = None, *, wri
     if write_shards is not None:
         _write_shards(run, resolved, result, write_shards, samples_per_shard, prefix, overwrite, echo, shard_echo,
                       allow_pipe, allow_remote, stream_idle_seconds, unique_keys, interleave, report,
-                      save_thresholds)
+                      save_thresholds, passes)
     if collector is not None:
         from ..report.page import write_report
         result.files["report"] = write_report(collector.finish(result), report)
@@ -160,7 +205,8 @@ def _check_options(write_shards, samples_per_shard: int, dry_run: bool, export_u
 
 def _write_shards(run: ScoreRun, resolved, result: FilterResult, write_shards: str, samples_per_shard: int,
                   prefix: str, overwrite: bool, echo, shard_echo, allow_pipe: bool, allow_remote: bool,
-                  stream_idle_seconds: float, unique_keys: bool, interleave: int, report, save_thresholds: bool):
+                  stream_idle_seconds: float, unique_keys: bool, interleave: int, report, save_thresholds: bool,
+                  passes: Passes):
     """The kept samples into new shards of N (reshard.py), the rules beside them (thresholds.json)."""
     from .reshard import THRESHOLDS, Resharder, Source  # imports the score package's shard writer: only to write
     scores_dir, thresholds, marks = result.scores_dir, resolved.thresholds, resolved.marks
@@ -181,7 +227,10 @@ def _write_shards(run: ScoreRun, resolved, result: FilterResult, write_shards: s
         if whole:
             echo(f"resume: {whole} shard(s) in {write_shards} are already whole")
         sources = (Source(s.url, kept_keys(s, thresholds, marks), s.source) for s in run.shards)
+        writer.progress = passes.start("writing shards", "samples", total=result.kept,
+                                       parts=-(-result.kept // samples_per_shard))
         result.sizes = writer.write(sources)
+        passes.end(writer.progress)
         if save_thresholds:  # beside the shards: the loader call that keeps what they hold
             write_thresholds(os.path.join(writer.out, THRESHOLDS), resolved.selection)
     result.files["shards"] = write_shards
@@ -203,7 +252,7 @@ def default_report(scores_dir: str, write_shards: Optional[str], save: bool = Tr
     return os.path.join(write_shards, REPORT)
 
 
-def _read_tables(run: ScoreRun, spec: Selection) -> Optional[list]:
+def _read_tables(run: ScoreRun, spec: Selection, progress=None) -> Optional[list]:
     """A judge.ShardTable per finished shard (None for a file the column-wise path cannot count),
     read a few at a time in threads, each file opened once (its footer with its columns); None for
     a run with a JSON Lines file or of more rows than quantile.IN_MEMORY_ROWS (as its markers
@@ -226,9 +275,13 @@ def _read_tables(run: ScoreRun, spec: Selection) -> Optional[list]:
         table = read_shard_table(shard.score_file, columns)
         with lock:
             left[0] -= table.rows if table is not None else 0
+        if progress is not None:
+            progress.update()
         return table
     columns = spec.numeric_columns()
     tables = in_threads(read, run.shards)
     # resolve() checks every file's column types (check_selection; the footers read by now): a column
     # that does not hold numbers in one file made its table None, and is named there
+    if left[0] < 0 and progress is not None:
+        progress.n = 0  # counted again, one by one (count_run)
     return None if left[0] < 0 else tables

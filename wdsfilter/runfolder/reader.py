@@ -79,8 +79,8 @@ class ScoreRun:
                 unfinished.append(listed[name].url if listed and name in listed else name)
                 continue
             path = layout.score_file(folder, marker, confine)
-            if not layout.vouches(marker, settings.get(layout.RUN_ID)) \
-                    or not layout.outputs_intact(marker, folder, [path]):  # another run's, missing, or damaged
+            if not layout.vouches(marker, settings.get(layout.RUN_ID)) or not layout.written_by(marker, path) \
+                    or not layout.outputs_intact(marker, folder, [path]):  # another run's or worker's, missing, damaged
                 unfinished.append(marker.url)
                 continue
             source = layout.trusted_source(marker, listed, source_root)
