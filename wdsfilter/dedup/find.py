@@ -356,7 +356,7 @@ def _write(rows, groups, matches, result: DedupResult, settings: dict) -> str:
                "largest": result.largest, "unfinished": result.unfinished,
                "shards": {s.name: score_file_state(s.score_file) for s in rows.shards}}
     write_text_atomic(os.path.join(folder, SUMMARY), json.dumps(summary, indent=1))
-    from ..report.dedup import write_report
+    from ..report.sections.dedup import write_report
     matched = [{"shard": rows.shards[s].name, "key": key, "eval_match": m}
                for s, key, m in _matched_rows(rows, matches)]
     write_report(folder, json.loads(json.dumps(summary)), {s.name: s.url for s in rows.shards}, matched, rows.stage)
@@ -374,7 +374,7 @@ def _keys(score_file: str):
 
 def _matched_rows(rows, matches: Dict[int, str]):
     """(shard number, key, match) of the first eval-matched rows (keys read from their score files)."""
-    from ..report.dedup import MAX_MATCHES
+    from ..report.sections.dedup import MAX_MATCHES
     hit = np.array(sorted(matches)[:MAX_MATCHES], dtype=np.int64)
     if not len(hit):
         return []

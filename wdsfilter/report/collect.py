@@ -75,7 +75,7 @@ class ReportCollector:
             if not any(t.column == c for t in self.thresholds):
                 self.sides.append((c, f"{c}: highest and lowest", None, _Nearest(PER_SIDE), _Nearest(PER_SIDE)))
         self.dropped: Dict[str, List[dict]] = OrderedDict()
-        from .masked import COLUMNS, MaskedDrops
+        from .sections.masked import COLUMNS, MaskedDrops
         self.masked = MaskedDrops.for_run(run)  # a tmars run: the largest drops when text is masked
         if self.masked is not None:
             self.columns = self.numeric + [c for c in COLUMNS if c not in self.numeric]
@@ -107,7 +107,7 @@ class ReportCollector:
                 "reason": reason, "message": row.get("message")}
 
     def finish(self, result) -> dict:
-        from .dedup import section_data
+        from .sections.dedup import section_data
         from .statistics import summarize_files
         stats = summarize_files([s.score_file for s in self.run.shards], self.numeric, {}, BINS)["columns"]
         counts = count_columns(stats, self.thresholds)

@@ -334,7 +334,7 @@ def _dropped(result, dropped: Dict[str, List[dict]]) -> List[str]:
 
 def _masked(pairs: List[dict]) -> List[str]:
     """tmars: the rows whose clip_score drops most with their text masked (masked.py)."""
-    from .masked import masked_section
+    from .sections.masked import masked_section
     return masked_section(pairs)
 
 
@@ -342,7 +342,7 @@ def _dedup(section: Optional[dict]) -> List[str]:
     """The run's dedup (RUN_DIR/dedup/, when `wdsfilter dedup` ran): report/dedup.py's section."""
     if not section:
         return []
-    from .dedup import section_html
+    from .sections.dedup import section_html
     return section_html(section)
 
 

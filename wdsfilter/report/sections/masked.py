@@ -11,9 +11,9 @@ import os
 from collections import OrderedDict
 from typing import Dict, List, Optional
 
-from ..shards import shown_url
-from ..specs import KeySpec, find_caption, split_name
-from .collect import CAPTION_CHARS, MAX_MEMBER, _Nearest, _number, _thumbnail
+from ...shards import shown_url
+from ...specs import KeySpec, find_caption, split_name
+from ..collect import CAPTION_CHARS, MAX_MEMBER, _Nearest, _number, _thumbnail
 
 COLUMNS = ["clip_score", "clip_score_masked", "masked_boxes"]  # read beside the thresholds' columns
 SHOWN = 8  # samples shown
@@ -55,8 +55,8 @@ class MaskedDrops:
 
 def _read_images(url: str, wanted: Dict[str, dict], stage: dict, allow_pipe: bool, allow_remote: bool,
                  idle_seconds: float) -> None:
-    from ..reading import iter_tar
-    from ..shards import is_pipe, is_remote, open_shard
+    from ...reading import iter_tar
+    from ...shards import is_pipe, is_remote, open_shard
     image_spec = KeySpec.parse(stage.get("image_key") or "jpg;png;jpeg;webp")
     caption_spec = KeySpec.parse(stage.get("caption_key") or "txt")
     rekey = stage.get("rekey") or "first-dot"
@@ -92,8 +92,8 @@ def _pair(data: bytes, ext: str, boxes: List[float]):
     import numpy as np
     from PIL import Image
 
-    from ..images import open_image
-    from ..masking import box_rects, mask_frame
+    from ...images import open_image
+    from ...masking import box_rects, mask_frame
     image = open_image(data).convert("RGB")  # _thumbnail refused what is too large to decode
     pixels = np.asarray(image)
     corners = [np.array([[boxes[i], boxes[i + 1]], [boxes[i + 2], boxes[i + 3]]]) for i in range(0, len(boxes) - 3, 4)]

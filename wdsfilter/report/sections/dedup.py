@@ -17,8 +17,8 @@ def section_data(run) -> Optional[dict]:
     (collect._attach_media over section["examples"]); None where `wdsfilter dedup` has not
     run. Eval matches are read from dedup/<shard>.parquet (runfolder/dedup.py, their one reader);
     a dedup older than the score files is shown with a note saying so."""
-    from ..errors import ConfigError
-    from ..runfolder.dedup import FOLDER, SUMMARY, DedupMarks
+    from ...errors import ConfigError
+    from ...runfolder.dedup import FOLDER, SUMMARY, DedupMarks
     if not os.path.exists(os.path.join(run.folder, FOLDER, SUMMARY)):
         return None
     note = None
@@ -63,7 +63,7 @@ def distance(member: dict) -> str:
 
 
 def section_html(section: dict) -> List[str]:
-    from .page import _e, _grid
+    from ..page import _e, _grid
     out = ['<h2 id="dedup">Duplicates and eval matches (wdsfilter dedup)</h2>']
     if section.get("note"):
         out.append(f'<p class="note">{_e(section["note"])}</p>')
@@ -93,9 +93,9 @@ def write_report(folder: str, summary: dict, urls: Dict[str, str], matches: List
     """RUN_DIR/dedup/report.html: the section alone. summary: dedup/summary.json's content; urls:
     shard output name -> source shard; matches: {"shard", "key", "eval_match"} of rows matching
     an eval image."""
-    from .collect import _attach_media  # the one reader of thumbnails from shards
-    from .page import CSS, _e
-    from ..writing import write_text_atomic
+    from ..collect import _attach_media  # the one reader of thumbnails from shards
+    from ..page import CSS, _e
+    from ...writing import write_text_atomic
     section = build(summary, urls, matches)
     _attach_media(section["examples"], stage)
     out = ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>dedup</title>"
