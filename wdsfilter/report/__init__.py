@@ -4,10 +4,12 @@ filtering/, so both write their report with the one builder here.
     statistics.py  the score columns' statistics and histograms (summary.json, histograms.png, and
                    the report's charts)
     collect.py     what the HTML report shows, gathered while runfolder/judge.py judges the rows
-                   (ReportCollector), and the thumbnails and captions read from the source shards
+                   (ReportCollector: each section sees every row), then the cards' media
+    sections/      the page's sections, one module each (base.Section: observe, finish, render);
+                   their order and list: sections.SECTIONS
+    media.py       the cards' thumbnails and captions, read from the source shards
+    html.py        the pages' building blocks: style, escaping, cards; charts.py: the SVG charts
     page.py        the self-contained HTML page (write_report)
-    masked.py      a tmars run's section: the largest drops in clip_score when the text is masked
-    dedup.py       the dedup section (RUN_DIR/dedup/), also written alone by `wdsfilter dedup`
 
 `wdsfilter score` ends with run_report (RUN_DIR/report.html, the run's own thresholds);
 `wdsfilter filter` (filtering/apply.py) writes filter_report.html with the thresholds it resolved,

@@ -9,16 +9,35 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Optional
 
+from ...errors import ConfigError
+from ...runfolder.dedup import FOLDER, SUMMARY, DedupMarks
+from ...writing import write_text_atomic
+from ..html import CSS, escape, grid
+from ..media import attach_media
+from .base import Section
+
 MAX_MATCHES = 30
+
+
+class Dedup(Section):
+    """The run's dedup (RUN_DIR/dedup/, when `wdsfilter dedup` ran); nothing otherwise."""
+    section: Optional[dict] = None
+
+    def finish(self, result) -> None:
+        self.section = section_data(self.context.run)
+
+    def examples(self) -> List[dict]:
+        return self.section["examples"] if self.section else []
+
+    def render(self, result) -> List[str]:
+        return section_html(self.section) if self.section else []
 
 
 def section_data(run) -> Optional[dict]:
     """The section for a report of `run` (runfolder.ScoreRun), its thumbnails still to attach
-    (collect._attach_media over section["examples"]); None where `wdsfilter dedup` has not
+    (media.attach_media over section["examples"]); None where `wdsfilter dedup` has not
     run. Eval matches are read from dedup/<shard>.parquet (runfolder/dedup.py, their one reader);
     a dedup older than the score files is shown with a note saying so."""
-    from ...errors import ConfigError
-    from ...runfolder.dedup import FOLDER, SUMMARY, DedupMarks
     if not os.path.exists(os.path.join(run.folder, FOLDER, SUMMARY)):
         return None
     note = None
@@ -41,7 +60,7 @@ def section_data(run) -> Optional[dict]:
 def build(summary: dict, urls: Dict[str, str], matches: List[dict], note: Optional[str] = None) -> dict:
     """The section from dedup/summary.json's content, the source shard of each shard name and the
     rows matching an eval image ({"shard", "key", "eval_match"}); its cards' examples in
-    section["examples"] (the page.py card's fields)."""
+    section["examples"] (html.card's fields)."""
     def example(m: dict, verdict: str, kept: bool) -> dict:
         return {"url": urls.get(m["shard"], ""), "key": m.get("key"), "values": {}, "kept": kept,
                 "verdict": verdict, "shard": m["shard"]}
@@ -63,29 +82,28 @@ def distance(member: dict) -> str:
 
 
 def section_html(section: dict) -> List[str]:
-    from ..page import _e, _grid
     out = ['<h2 id="dedup">Duplicates and eval matches (wdsfilter dedup)</h2>']
     if section.get("note"):
-        out.append(f'<p class="note">{_e(section["note"])}</p>')
+        out.append(f'<p class="note">{escape(section["note"])}</p>')
     summary = section.get("summary")
     if not summary:
         return out
     kinds = ", ".join(f"{n} {k}" for k, n in summary.get("per_kind", {}).items()) or "none"
-    out.append(f"<p>{summary['rows']} rows; {summary['groups']} duplicate group(s) ({_e(kinds)}); "
+    out.append(f"<p>{summary['rows']} rows; {summary['groups']} duplicate group(s) ({escape(kinds)}); "
                f"{summary['duplicates']} row(s) are duplicates of a survivor "
                f"(<code>wdsfilter filter --dedup</code> keeps the survivors and drops the eval matches).</p>")
-    out.append('<p class="meta">settings: ' + _e(", ".join(f"{k}={v}" for k, v in summary.get("settings", {}).items()))
+    out.append('<p class="meta">settings: ' + escape(", ".join(f"{k}={v}" for k, v in summary.get("settings", {}).items()))
                + "</p><h3>Largest groups</h3>")
     if not section["groups"]:
         out.append("<p>no duplicate groups</p>")
     for g in section["groups"]:
         shown = len(g["cards"])
-        out.append(f'<p class="group">group {g["group"]}: {g["size"]} rows ({_e(g["kind"])})'
-                   f'{f", the first {shown} shown" if shown < g["size"] else ""}</p>' + _grid(g["cards"], None))
+        out.append(f'<p class="group">group {g["group"]}: {g["size"]} rows ({escape(g["kind"])})'
+                   f'{f", the first {shown} shown" if shown < g["size"] else ""}</p>' + grid(g["cards"], None))
     matched = ", ".join(f"{n} {k}" for k, n in summary.get("eval_matches", {}).items()) or "none"
     out.append(f"<h3>Eval matches</h3><p>{summary.get('eval_images', 0)} eval image(s) compared; rows matching "
-               f"one: {_e(matched)}{f' (the first {MAX_MATCHES} shown)' if section['more_matches'] else ''}</p>"
-               + (_grid(section["matches"], None) if section["matches"] else ""))
+               f"one: {escape(matched)}{f' (the first {MAX_MATCHES} shown)' if section['more_matches'] else ''}</p>"
+               + (grid(section["matches"], None) if section["matches"] else ""))
     return out
 
 
@@ -93,13 +111,10 @@ def write_report(folder: str, summary: dict, urls: Dict[str, str], matches: List
     """RUN_DIR/dedup/report.html: the section alone. summary: dedup/summary.json's content; urls:
     shard output name -> source shard; matches: {"shard", "key", "eval_match"} of rows matching
     an eval image."""
-    from ..collect import _attach_media  # the one reader of thumbnails from shards
-    from ..page import CSS, _e
-    from ...writing import write_text_atomic
     section = build(summary, urls, matches)
-    _attach_media(section["examples"], stage)
+    attach_media(section["examples"], stage)
     out = ["<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>dedup</title>"
-           f"<style>{CSS}</style></head><body><h1>Dedup of {_e(os.path.dirname(folder))}</h1>"]
+           f"<style>{CSS}</style></head><body><h1>Dedup of {escape(os.path.dirname(folder))}</h1>"]
     out += section_html(section)
     out.append("</body></html>")
     path = os.path.join(folder, "report.html")

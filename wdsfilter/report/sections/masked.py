@@ -11,52 +11,68 @@ import os
 from collections import OrderedDict
 from typing import Dict, List, Optional
 
-from ...shards import shown_url
+import numpy as np
+from PIL import Image
+
+from ...images import open_image
+from ...masking import box_rects, mask_frame
+from ...reading import iter_tar
+from ...shards import is_pipe, is_remote, open_shard, shown_url
 from ...specs import KeySpec, find_caption, split_name
-from ..collect import CAPTION_CHARS, MAX_MEMBER, _Nearest, _number, _thumbnail
+from ..media import CAPTION_CHARS, MAX_MEMBER, Nearest, number, thumbnail
+from .base import Section
 
 COLUMNS = ["clip_score", "clip_score_masked", "masked_boxes"]  # read beside the thresholds' columns
 SHOWN = 8  # samples shown
 
 
-class MaskedDrops:
-    def __init__(self):
-        self.largest = _Nearest(SHOWN)
+class MaskedDrops(Section):
+    """Nothing for a run without tmars's columns."""
 
-    @classmethod
-    def for_run(cls, run) -> Optional["MaskedDrops"]:
-        """A collector for a run that has tmars's columns; None for any other run."""
-        return cls() if all(c in run.columns for c in COLUMNS) else None
+    def __init__(self, context):
+        super().__init__(context)
+        self.largest = Nearest(SHOWN) if all(c in context.run.columns for c in COLUMNS) else None
+        self.shown: List[dict] = []
 
-    def observe(self, shard, row: dict) -> None:
-        score, masked, boxes = _number(row.get("clip_score")), _number(row.get("clip_score_masked")), \
+    def columns(self) -> List[str]:
+        return COLUMNS if self.largest is not None else []
+
+    def observe(self, shard, row: dict, reason: Optional[str]) -> None:
+        if self.largest is None:
+            return
+        score, masked, boxes = number(row.get("clip_score")), number(row.get("clip_score_masked")), \
             row.get("masked_boxes")
         if score is None or masked is None or boxes is None or not len(boxes):
             return  # no text masked (or a video): nothing to show side by side
         self.largest.push(score - masked, {"url": shard.url, "key": row["key"], "clip_score": score,
                                            "clip_score_masked": masked, "boxes": [float(v) for v in boxes]})
 
-    def finish(self, stage: dict, allow_pipe: bool = False, allow_remote: bool = False,
-               idle_seconds: float = 0.0) -> List[dict]:
-        """The shown samples, largest drop first, each with `original` and `masked` thumbnails (data
-        URIs, or None with a `note`) and its caption."""
-        examples = self.largest.examples()
-        by_url: Dict[str, Dict[str, dict]] = OrderedDict()
-        for e in examples:
-            by_url.setdefault(e["url"], {})[e["key"]] = e
-        for url, wanted in by_url.items():
-            try:
-                _read_images(url, wanted, stage, allow_pipe, allow_remote, idle_seconds)
-            except Exception as e:  # a report is best effort: say why the pictures are missing
-                for ex in wanted.values():
-                    ex.setdefault("note", f"shard not readable for the report: {type(e).__name__}: {e}")
-        return examples
+    def finish(self, result) -> None:
+        if self.largest is not None:
+            self.shown = shown_pairs(self.largest.examples(), self.context.run.stage, *self.context.allow)
+
+    def render(self, result) -> List[str]:
+        return masked_section(self.shown)
+
+
+def shown_pairs(examples: List[dict], stage: dict, allow_pipe: bool = False, allow_remote: bool = False,
+                idle_seconds: float = 0.0) -> List[dict]:
+    """The shown samples, largest drop first, each with `original` and `masked` thumbnails (data
+    URIs, or None with a `note`) and its caption."""
+    by_url: Dict[str, Dict[str, dict]] = OrderedDict()
+    for e in examples:
+        by_url.setdefault(e["url"], {})[e["key"]] = e
+    for url, wanted in by_url.items():
+        try:
+            _read_images(url, wanted, stage, allow_pipe, allow_remote, idle_seconds)
+        except Exception as e:  # a report is best effort: say why the pictures are missing
+            for ex in wanted.values():
+                ex.setdefault("note", f"shard not readable for the report: {type(e).__name__}: {e}")
+    return examples
 
 
 def _read_images(url: str, wanted: Dict[str, dict], stage: dict, allow_pipe: bool, allow_remote: bool,
                  idle_seconds: float) -> None:
-    from ...reading import iter_tar
-    from ...shards import is_pipe, is_remote, open_shard
     image_spec = KeySpec.parse(stage.get("image_key") or "jpg;png;jpeg;webp")
     caption_spec = KeySpec.parse(stage.get("caption_key") or "txt")
     rekey = stage.get("rekey") or "first-dot"
@@ -86,21 +102,16 @@ def _read_images(url: str, wanted: Dict[str, dict], stage: dict, allow_pipe: boo
 def _pair(data: bytes, ext: str, boxes: List[float]):
     """(original thumbnail, masked thumbnail, note): the masked image is the decoded image with
     the row's rectangles filled by masking.py, the scorer's own rule."""
-    original, note = _thumbnail(data, ext) if len(data) <= MAX_MEMBER else (None, "too large to preview")
+    original, note = thumbnail(data, ext) if len(data) <= MAX_MEMBER else (None, "too large to preview")
     if original is None:
         return None, None, note
-    import numpy as np
-    from PIL import Image
-
-    from ...images import open_image
-    from ...masking import box_rects, mask_frame
     image = open_image(data).convert("RGB")  # _thumbnail refused what is too large to decode
     pixels = np.asarray(image)
     corners = [np.array([[boxes[i], boxes[i + 1]], [boxes[i + 2], boxes[i + 3]]]) for i in range(0, len(boxes) - 3, 4)]
     masked, _ = mask_frame(pixels, box_rects(corners, image.width, image.height))
     buf = io.BytesIO()
     Image.fromarray(masked).save(buf, "PNG")
-    return original, _thumbnail(buf.getvalue(), "png")[0], None
+    return original, thumbnail(buf.getvalue(), "png")[0], None
 
 
 def masked_section(examples: List[dict]) -> List[str]:
