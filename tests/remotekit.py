@@ -5,6 +5,7 @@ replaced between two reads). No test helper here: test files import these."""
 from __future__ import annotations
 
 import contextlib
+import email.utils
 import hashlib
 import http.server
 import json
@@ -13,6 +14,7 @@ import re
 import socket
 import struct
 import threading
+import time
 from typing import Dict, Iterator, List, Optional, Tuple
 
 # Fake credentials for moto; the secret is distinctive so a test can look for it in every output.
@@ -51,7 +53,8 @@ class LoopbackServer:
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
 
     def __enter__(self):
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        # a short poll: a test waits for the stop at its end
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         return self
 
     def __exit__(self, *exc):
@@ -129,11 +132,22 @@ class FaultServer(LoopbackServer):
     (`fail`), or served whole. Faults: ("reset", offset): the body breaks off with a TCP reset at
     that absolute byte; ("short", offset): the connection closes cleanly there, short of the
     announced length; ("status", code, retry_after): an error answer; ("stall", offset): the body
-    stops there until the server stops; ("replace", data): the object is replaced before this
-    answer. `requests` records (method, path, Range header) of every request."""
+    stops there until the server stops; ("replace", data[, "same date"]): the object is replaced
+    before this answer (its Last-Modified kept with "same date", as within one second); ("ok",):
+    this GET is answered as asked (to place a later fault). `requests` records (method, path, Range header) of every request.
+
+    How the server names a version, per object (`put`'s keywords), as real servers differ:
+    etag "strong" (an MD5 of the content), "weak" (W/...) or None; modified: the Last-Modified
+    date (seconds since the epoch; a replacement gets the time it happened), or None;
+    preconditions: whether If-Match / If-Unmodified-Since are honoured (412) or ignored; denied:
+    every request answered 403.
+    How fast it sends (`pace`, every GET of the path until cleared): ("drip", seconds): one byte
+    every `seconds`; ("trickle",): one byte, then (50 ms later) a reset; ("rate", bytes_per_second)."""
 
     def __init__(self):
         self.objects: Dict[str, bytes] = {}
+        self.profiles: Dict[str, dict] = {}
+        self.paces: Dict[str, tuple] = {}
         self.faults: Dict[str, List[tuple]] = {}
         self.requests: List[tuple] = []
         self.lock = threading.Lock()
@@ -159,21 +173,50 @@ class FaultServer(LoopbackServer):
         self.stopping.set()  # a stalled answer ends
         super().__exit__(*exc)
 
-    def put(self, path: str, data: bytes) -> str:
+    def put(self, path: str, data: bytes, etag: Optional[str] = "strong", modified: Optional[float] = None,
+            preconditions: bool = True, denied: bool = False) -> str:
         with self.lock:
             self.objects[path] = data
+            self.profiles[path] = {"etag": etag, "modified": modified, "preconditions": preconditions,
+                                   "denied": denied}
         return f"{self.url}/{path}"
 
     def fail(self, path: str, *faults: tuple) -> None:
         with self.lock:
             self.faults.setdefault(path, []).extend(faults)
 
+    def pace(self, path: str, pace: Optional[tuple]) -> None:
+        with self.lock:
+            self.paces[path] = pace
+
     def gets(self, path: str) -> List[Optional[str]]:
         """The Range headers of the GETs of `path`, in order."""
         return [r for m, p, r in self.requests if m == "GET" and p == path]
 
+    def _validators(self, path: str, data: bytes) -> Dict[str, str]:
+        profile = self.profiles.get(path) or {"etag": "strong"}
+        out = {}
+        if profile["etag"]:
+            digest = '"%s"' % hashlib.md5(data).hexdigest()
+            out["ETag"] = digest if profile["etag"] == "strong" else "W/" + digest
+        if profile.get("modified") is not None:
+            out["Last-Modified"] = email.utils.formatdate(profile["modified"], usegmt=True)
+        return out
+
+    def _refused(self, h, path: str, validators: Dict[str, str]) -> bool:
+        """An honest server's preconditions: 412 for a request tied to another version."""
+        if not (self.profiles.get(path) or {"preconditions": True})["preconditions"]:
+            return False
+        match, since = h.headers.get("If-Match"), h.headers.get("If-Unmodified-Since")
+        if match and match != validators.get("ETag"):
+            return True
+        modified = (self.profiles.get(path) or {}).get("modified")
+        if since and modified is not None:
+            return int(modified) > email.utils.parsedate_to_datetime(since).timestamp()
+        return False
+
     def _answer(self, h, head: bool) -> None:
-        path = h.path.lstrip("/")
+        path = h.path.lstrip("/")  # with its query: a presigned URL names its object with its signature
         rng = h.headers.get("Range")
         m = re.match(r"bytes=(\d+)-(\d*)", rng or "")
         with self.lock:
@@ -182,27 +225,37 @@ class FaultServer(LoopbackServer):
             fault = None if head else self._take_fault(path, m, len(data or b""))
             if fault and fault[0] == "replace":
                 self.objects[path] = data = fault[1]
+                keep_date = len(fault) > 2 and fault[2] == "same date"  # replaced within the same second
+                if (self.profiles.get(path) or {}).get("modified") is not None and not keep_date:
+                    self.profiles[path]["modified"] = time.time()
                 fault = None
+            if fault and fault[0] == "ok":
+                fault = None
+            pace = None if head else self.paces.get(path)
         if data is None:
             return self._status(h, 404)
-        etag = '"%s"' % hashlib.md5(data).hexdigest()
+        if (self.profiles.get(path) or {}).get("denied"):
+            return self._status(h, 403)
+        validators = self._validators(path, data)
         if fault and fault[0] == "status":
             return self._status(h, fault[1], fault[2] if len(fault) > 2 else None)
-        match = h.headers.get("If-Match")
-        if match and match != etag:
+        if self._refused(h, path, validators):
             return self._status(h, 412)
         start, end = 0, len(data)
         if m:
             start, end = int(m.group(1)), min(len(data), int(m.group(2)) + 1 if m.group(2) else len(data))
         h.send_response(206 if m else 200)
         h.send_header("Content-Length", str(end - start))
-        h.send_header("ETag", etag)
+        for name, value in validators.items():
+            h.send_header(name, value)
         h.send_header("Accept-Ranges", "bytes")
         if m:
             h.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
         h.end_headers()
         if head:
             return
+        if pace is not None:
+            return self._paced(h, data[start:end], pace)
         stop = fault[1] if fault else end
         try:
             h.wfile.write(data[start:stop])
@@ -213,11 +266,31 @@ class FaultServer(LoopbackServer):
             return
         if fault[0] == "stall":
             self.stopping.wait()
-        elif fault[0] == "reset":  # RST, not FIN: linger 0 then close
+        self._break(h, reset=fault[0] == "reset")
+
+    def _paced(self, h, body: bytes, pace: tuple) -> None:
+        """The body sent at the pace asked for; a trickle sends one byte and resets."""
+        step, wait = (max(1, int(pace[1] / 20)), 0.05) if pace[0] == "rate" else (1, pace[-1]) \
+            if pace[0] == "drip" else (1, 0.0)
+        try:
+            for at in range(0, len(body), step):
+                h.wfile.write(body[at:at + step])
+                h.wfile.flush()
+                if pace[0] == "trickle":  # the byte is read before the reset (which would drop it)
+                    self.stopping.wait(0.05)
+                    return self._break(h, reset=True)
+                if self.stopping.wait(wait):
+                    return self._break(h, reset=True)
+        except OSError:
+            return
+
+    @staticmethod
+    def _break(h, reset: bool) -> None:
+        if reset:  # RST, not FIN: linger 0 then close
             h.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         h.close_connection = True
         with contextlib.suppress(OSError):
-            h.connection.shutdown(socket.SHUT_RDWR) if fault[0] == "short" else None
+            h.connection.shutdown(socket.SHUT_RDWR) if not reset else None
         with contextlib.suppress(OSError):
             h.connection.close()
 
@@ -228,14 +301,14 @@ class FaultServer(LoopbackServer):
         start = int(m.group(1)) if m else 0
         end = min(size, int(m.group(2)) + 1) if m and m.group(2) else size
         for i, fault in enumerate(queue):
-            if fault[0] in ("status", "replace") or start <= fault[1] < end:
+            if fault[0] in ("status", "replace", "ok") or start <= fault[1] < end:
                 return queue.pop(i)
             break  # faults are met in order
         return None
 
     @staticmethod
     def _status(h, code: int, retry_after: Optional[str] = None) -> None:
-        body = f"error {code}".encode()
+        body = f"error {code}".encode() if h.command != "HEAD" else b""
         h.send_response(code)
         h.send_header("Content-Length", str(len(body)))
         if retry_after is not None:

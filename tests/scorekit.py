@@ -399,3 +399,76 @@ def run_offline(code: str, timeout: float = 300) -> subprocess.CompletedProcess:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return subprocess.run([sys.executable, "-c", OFFLINE_PRELUDE + code], cwd=root, capture_output=True, text=True,
                           timeout=timeout)
+
+
+class WrongTypeScorer(BrightnessScorer):
+    """A user's scorer that returns, for its float column, what a float column cannot hold: an
+    array ("array"), no value for it ("missing"), a column it did not declare ("extra") or an
+    infinity ("inf"): for the samples whose caption holds `word` ("": every sample)."""
+
+    name = "wrong"
+
+    def __init__(self, mode: str = "array", word: str = "", **kwargs):
+        super().__init__(**kwargs)
+        self.mode, self.word = mode, word
+
+    def columns(self):
+        return ["wrong_score"]
+
+    def column_types(self):
+        return {"wrong_score": "float64"}
+
+    def prepare(self, sample):
+        return {**super().prepare(sample), "odd": self.word in sample["caption"]}
+
+    def score_batch(self, inputs):
+        out = []
+        for i, row in zip(inputs, super().score_batch(inputs)):
+            value = row["brightness"]
+            if not i["odd"]:
+                out.append({"wrong_score": value})
+            elif self.mode == "array":
+                out.append({"wrong_score": np.array([value, value])})
+            elif self.mode == "missing":
+                out.append({})
+            elif self.mode == "extra":
+                out.append({"wrong_score": value, "undeclared": value})
+            else:
+                out.append({"wrong_score": math.inf})
+        return out
+
+
+class EmbeddingScorer(BrightnessScorer):
+    """A CLIP-like scorer that hands over image and caption embeddings (as the CLIP scorer does
+    with --save-embeddings): a random unit vector per sample index, sample `copy_of[i]`'s vector
+    for a planted copy, and NaN or inf for the indices in `nan` and `inf` (a model's fault)."""
+
+    name = "embed"
+
+    def __init__(self, copies: str = "", nan: str = "", inf: str = "", dim: int = 32, **kwargs):
+        super().__init__(**kwargs)
+        # --scorer-opt values are JSON when they parse: "17" arrives as 17
+        self.copies = dict(tuple(int(x) for x in p.split(":")) for p in str(copies).split(",") if p)
+        self.nan = {int(x) for x in str(nan).split(",") if x}
+        self.inf = {int(x) for x in str(inf).split(",") if x}
+        self.dim = dim
+
+    def columns(self):
+        return ["clip_score"]
+
+    def _vector(self, i: int) -> np.ndarray:
+        v = np.random.default_rng(self.copies.get(i, i)).standard_normal(self.dim)
+        v /= np.linalg.norm(v)
+        if i in self.nan:
+            v[0] = np.nan
+        if i in self.inf:
+            v[1] = np.inf
+        return v
+
+    def score_batch(self, inputs):
+        from wdsfilter.score.embeddings import FIELD
+        out = []
+        for r, x in zip(super().score_batch(inputs), inputs):
+            v = self._vector(int(x["key"][-5:]))
+            out.append({"clip_score": r["brightness"], FIELD: {"img": v, "txt": v}})
+        return out

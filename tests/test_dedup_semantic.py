@@ -1,6 +1,8 @@
 """Semantic dedup's cluster search (wdsfilter/dedup/semantic.py) against an all-pairs search on
 memory-mapped fp16 embedding files with planted near-copies: several k-means clusters, pairs
 split over files, the exact and the coarse (IVF over the centroids) assignment."""
+import os
+
 import numpy as np
 import pytest
 from scipy.sparse import coo_matrix
@@ -74,3 +76,31 @@ def test_coarse_assignment_through_an_ivf_over_the_centroids(planted, monkeypatc
     found = grouped(n, a, b)[1]
     assert not (found & ~truth_grouped).any()
     assert found.sum() >= 0.98 * truth_grouped.sum(), (found.sum(), truth_grouped.sum())
+
+
+def test_rows_whose_embedding_holds_nan_or_inf_are_skipped_counted_and_named(tmp_path):
+    """A scorer whose embeddings hold NaN or inf for some samples: semantic dedup groups the planted
+    copies among the others, and says how many rows it skipped and which (the terminal line and
+    dedup/summary.json), instead of `groups: 0`, exit 0, no word."""
+    import json
+    from click.testing import CliRunner
+
+    from scorekit import make_shards
+    from wdsfilter.cli import main
+    make_shards(tmp_path / "shards", [24])
+    out = str(tmp_path / "run")
+    r = CliRunner().invoke(main, ["score", str(tmp_path / "shards"), "--scorer", "scorekit:EmbeddingScorer",
+                                  "--scorer-opt", "embed.copies=5:4,11:10", "--scorer-opt", "embed.nan=7,13,15",
+                                  "--scorer-opt", "embed.inf=17", "--out", out, "--device", "cpu", "--workers", "0",
+                                  "--no-progress"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["dedup", out, "--kind", "semantic", "--semantic-threshold", "0.95"])
+    assert r.exit_code == 0, r.output
+    assert "2 duplicate group(s)" in r.output, r.output
+    [line] = [ln for ln in r.output.splitlines() if "skipped" in ln]
+    assert "4 row(s) skipped" in line and "NaN or inf" in line, line
+    for i in (7, 13, 15, 17):
+        assert f"shard-0000/s0_{i:05d}" in line, line
+    summary = json.load(open(os.path.join(out, "dedup", "summary.json")))
+    assert summary["semantic_skipped"]["rows"] == 4
+    assert sorted(m["key"] for m in summary["semantic_skipped"]["first"]) == [f"s0_{i:05d}" for i in (7, 13, 15, 17)]

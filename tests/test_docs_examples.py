@@ -31,6 +31,7 @@ FOREIGN = {
     "uv pip": {"--compile-bytecode", "--no-cache"},
     "pytest": {"--dist"},  # pytest-xdist's
     "huggingface-cli": {"--repo-type", "--local-dir"},
+    "curl": {"--speed-limit", "--speed-time"},  # what --remote-speed-limit/--remote-speed-time follow
     "DataComp's resharder.py": {"--subset-file"},
 }
 OPTION = re.compile(r"(?<![\w-])(--?[a-zA-Z][\w-]*)")

@@ -155,7 +155,7 @@ def test_a_failed_read_resumes_at_the_byte_it_reached(web, local, fault):
         assert 0 <= resumed <= fault[1]
     else:
         assert resumed == 0
-    assert url in told[0] and "retry 1 of 7" in told[0] and f"at byte {resumed:,}" in told[0]
+    assert url in told[0] and "retry 1 of 16 (1 in a row, at most 7)" in told[0] and f"at byte {resumed:,}" in told[0]
 
 
 def test_429_waits_as_long_as_retry_after_asks(web, local):
@@ -186,7 +186,7 @@ def test_an_object_replaced_between_two_reads_is_never_spliced(web, local):
 def test_retries_are_bounded(web, local):
     url = web.put("down.tar", open(local[1][0], "rb").read())
     web.fail("down.tar", *[("status", 503)] * 20)
-    with pytest.raises(OSError, match=r"gave up after 8 failed reads in a row at byte 0 .*last error: .*503"):
+    with pytest.raises(OSError, match=r"gave up after 8 failed reads in a row \(remote_attempts\) at byte 0 .*last error: .*503"):
         open_remote(url, OPTS).read()
 
 

@@ -140,24 +140,34 @@ def test_no_credentials_at_all_is_one_line_naming_them(iam, creds, local, run_fo
         line = _one_error_line(r.output)
         assert line.split("error: ", 1)[1].startswith(where) and "no credentials were found" in line, line
         assert "AWS_ACCESS_KEY_ID" in line and "Traceback" not in r.output
-    report = json.loads(_cli("validate", f"s3://{BUCKET}/shards/shard-0000.tar", "--format", "json").output)
-    [shard] = report["shards"]
+    # every shard refused for that one reason: one line (exit 2), not a report of identical findings
+    alone = _cli("validate", f"s3://{BUCKET}/shards/shard-0000.tar", f"s3://{BUCKET}/shards/shard-0001.tar")
+    assert alone.exit_code == 2 and "none of the 2 shard(s) could be opened" in _one_error_line(alone.output)
+    assert "no credentials were found" in alone.output, alone.output
+    # beside a shard that is read, the refused one is a finding
+    report = json.loads(_cli("validate", local[1][0], f"s3://{BUCKET}/shards/shard-0000.tar", "--format",
+                             "json").output)
+    shard = report["shards"][1]
     assert shard["findings"] == {"remote_access_denied": 1}, shard
     assert "no credentials were found" in report["findings"][0]["message"]
 
 
 @pytest.mark.parametrize("source", SOURCES)
-def test_forbidden_reads_name_the_credential_source(iam, creds, source):
+def test_forbidden_reads_name_the_credential_source(iam, creds, source, local):
     options = creds("nobody", source)
     secret = iam[1]["nobody"][1]
     listed = _cli("validate", f"s3://{BUCKET}/shards/", *options)
     assert listed.exit_code == 2 and secret not in listed.output, listed.output
     line = _one_error_line(listed.output)
     assert f"s3://{BUCKET}/shards/: listing is forbidden" in line and f"credentials: {SOURCES[source]}" in line
-    r = _cli("validate", f"s3://{BUCKET}/shards/shard-0000.tar", "--format", "json", *options)
+    alone = _cli("validate", f"s3://{BUCKET}/shards/shard-0000.tar", *options)  # every shard refused: one line
+    line = _one_error_line(alone.output)
+    assert alone.exit_code == 2 and "access denied" in line and f"credentials: {SOURCES[source]}" in line, line
+    assert secret not in alone.output
+    r = _cli("validate", local[1][0], f"s3://{BUCKET}/shards/shard-0000.tar", "--format", "json", *options)
     assert r.exit_code == 1 and secret not in r.output
     report = json.loads(r.output)
-    assert report["shards"][0]["findings"] == {"remote_access_denied": 1}
+    assert report["shards"][1]["findings"] == {"remote_access_denied": 1}
     message = report["findings"][0]["message"]
     assert "access denied" in message and f"credentials: {SOURCES[source]}" in message, message
 

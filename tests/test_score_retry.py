@@ -213,3 +213,26 @@ def test_a_key_that_returns_later_in_the_shard_gets_each_row_back_at_its_place(t
     assert {r["status"] for r in rows} == {"scored"}
     assert rows[1]["brightness"] == pytest.approx(expected_brightness(dark), abs=1e-5)
     assert rows[12]["brightness"] == pytest.approx(expected_brightness(light), abs=1e-5)
+
+
+def test_retry_failed_finishes_when_samples_keep_failing(tmp_path):
+    """A scorer that always fails on 9 of 90 samples: each --retry-failed sees only failing samples,
+    more than the bug guard's 8 (a scorer that fails on its first 8 samples and scores none is
+    a bug). The run's earlier successes count: it runs, exits 0, and each retried sample's
+    attempts grow by one."""
+    failing = (3, 11, 20, 31, 42, 50, 63, 77, 88)
+    make_shards(tmp_path / "shards", [90], refused={0: failing})
+    out = str(tmp_path / "out")
+    args = ["score", str(tmp_path / "shards"), "--scorer", "scorekit:BrightnessScorer", "--scorer-opt",
+            "bright.error_word=refuse-me", "--out", out, "--device", "cpu", "--workers", "0", "--no-progress"]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    keys = {f"s0_{i:05d}" for i in failing}
+    assert {k: (e["reason"], e["attempts"]) for k, e in ledger(out).items()} == {k: ("score_error", 1) for k in keys}
+    for attempt in (2, 3):
+        r = CliRunner().invoke(main, args + ["--retry-failed"])
+        assert r.exit_code == 0, r.output
+        assert "retried 9 failed sample(s): 0 now scored" in r.output, r.output
+        assert {k: (e["reason"], e["attempts"]) for k, e in ledger(out).items()} == \
+            {k: ("score_error", attempt) for k in keys}
+    rows = read_rows(os.path.join(out, "scores", "shard-0000.parquet"))
+    assert sum(r["status"] == "scored" for r in rows) == 81 and len(rows) == 90

@@ -15,6 +15,18 @@ from .specs import KeySpec  # noqa: E402
 from .tally import Tally  # noqa: E402
 
 
+def _redact_log_lines() -> None:
+    """Every log line of the package names a URL without its password or signature (publish.py)."""
+    import logging
+    from .publish import RedactedRecords
+    logger = logging.getLogger("wdsfilter")
+    if not any(isinstance(f, RedactedRecords) for f in logger.filters):
+        logger.addFilter(RedactedRecords())
+
+
+_redact_log_lines()
+
+
 # Imported on first use, so `import wdsfilter` (and the validator) needs neither webdataset nor
 # torch; what is returned is the function itself, with its real signature and help.
 _LAZY = {"loader": (".dataloader", "loader"), "sample_pipeline": (".pipeline", "sample_pipeline")}

@@ -67,21 +67,32 @@ def atomic_path(path: str) -> Iterator[str]:
             os.remove(tmp)
 
 
-def write_json(path: str, data: Any, *, fsync: bool = False, indent: Optional[int] = 1, **dump_options) -> str:
+def write_json(path: str, data: Any, *, fsync: bool = False, indent: Optional[int] = 1, private: bool = False,
+               **dump_options) -> str:
     """json.dump `data` to `path` atomically; fsync=True flushes it to disk before the rename (a
-    completion marker must not outlive a power cut that loses the data it vouches for)."""
+    completion marker must not outlive a power cut that loses the data it vouches for). Every URL
+    in it is written without its secrets (publish.published), unless `private`: the one file that
+    keeps them (shards.json), readable by its owner only (0600)."""
     dump_options.setdefault("default", str)
+    from .publish import published
+    data = data if private else published(data)
     from .remote import is_fsspec_url
     if is_fsspec_url(path):  # one object, whole or not at all (thresholds.json of a run folder in a bucket)
         from .remote import write_object
         return write_object(path, json.dumps(data, indent=indent, **dump_options).encode())
     with atomic_path(path) as tmp:
-        with open(tmp, "w", encoding="utf-8") as f:
+        with open(tmp, "w", encoding="utf-8", opener=_owner_only if private else None) as f:
+            if private:
+                os.fchmod(f.fileno(), 0o600)  # whatever the umask, and over a temporary left by a killed run
             json.dump(data, f, indent=indent, **dump_options)
             if fsync:
                 f.flush()
                 os.fsync(f.fileno())
     return path
+
+
+def _owner_only(path: str, flags: int) -> int:
+    return os.open(path, flags, 0o600)
 
 
 def remove_temporaries(folder: Optional[str]) -> int:

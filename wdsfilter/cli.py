@@ -76,6 +76,13 @@ class _Group(click.Group):
 
     def invoke(self, ctx):
         previous = _stop_on_sigterm()
+        from .progress import library_logs_off
+        from .publish import Redacting
+        library_logs_off(_debug_wanted(ctx))
+        # every line a command prints (its output, log lines, the error) shows URLs without their
+        # password or presigned signature (publish.py)
+        streams = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = Redacting(sys.stdout), Redacting(sys.stderr)
         try:
             return super().invoke(ctx)
         except click.exceptions.UsageError as e:
@@ -96,6 +103,7 @@ class _Group(click.Group):
             click.secho(f"{command}: error: {message}", fg="red", err=True)
             sys.exit(exit_code_for(e))
         finally:
+            sys.stdout, sys.stderr = streams
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
 

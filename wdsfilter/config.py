@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field, fields
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 from .errors import ConfigError
 from .specs import DEFAULT_CAPTION_KEY, DEFAULT_IMAGE_KEY, REKEY_MODES, KeySpec
@@ -94,6 +94,12 @@ class StageConfig:
     remote_backoff_seconds: float = 0.5
     remote_block_bytes: int = 8 << 20
     remote_readahead: int = 4
+    # A remote object's retries in all (bytes received do not renew them), and the transfer floor:
+    # a read slower than remote_speed_limit bytes/s (or "1KiB/s") over remote_speed_time seconds
+    # of waiting is abandoned and asked again; 0 = no floor (docs/remote.md, "Bounds").
+    remote_retry_budget: int = 16
+    remote_speed_limit: Union[int, str] = 1024
+    remote_speed_time: float = 60.0
     # A pipe: command or download that sends nothing for this many seconds while it is being read
     # is killed and its shard fails (scoring: no marker), instead of hanging the run. 0 = never.
     stream_idle_seconds: float = 600.0
@@ -148,6 +154,7 @@ class StageConfig:
             self.decode_floor = floor
         if not isinstance(self.storage_options, dict):
             raise ConfigError(f"storage_options must be a dict of fsspec options, got {type(self.storage_options).__name__}")
+        self.remote_speed_limit = parse_rate(self.remote_speed_limit)
         self.remote_options()  # checks the retry settings
         self.extra_tokens = tuple(self.extra_tokens)
         self.known_image_tokens = tuple(self.known_image_tokens)
@@ -169,8 +176,10 @@ class StageConfig:
         """How this stage reads remote shards (picklable, for workers that open their own)."""
         from .remote import RemoteOptions
         return RemoteOptions(storage_options=dict(self.storage_options), attempts=self.remote_attempts,
-                             backoff_seconds=self.remote_backoff_seconds, block_bytes=self.remote_block_bytes,
-                             readahead=self.remote_readahead, idle_seconds=self.stream_idle_seconds)
+                             retry_budget=self.remote_retry_budget, backoff_seconds=self.remote_backoff_seconds,
+                             block_bytes=self.remote_block_bytes, readahead=self.remote_readahead,
+                             idle_seconds=self.stream_idle_seconds, speed_limit=self.remote_speed_limit,
+                             speed_seconds=self.remote_speed_time)
 
     @classmethod
     def from_file(cls, path: str, **overrides) -> "StageConfig":
@@ -191,6 +200,18 @@ class StageConfig:
             raise ConfigError(f"{path}: unknown option(s) {unknown}; known: {sorted(known)}")
         data.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**data)
+
+
+def parse_rate(value) -> int:
+    """A transfer rate as people write it (1024, "1KiB", "1KiB/s", "50kB/s") -> bytes/s; 0: none."""
+    if isinstance(value, str):
+        text = value.strip()
+        text = text[:-2] if text.lower().endswith("/s") else text
+        if text.strip() in ("0", "0.0"):
+            return 0
+        from .units import parse_size
+        return parse_size(text, "remote_speed_limit (--remote-speed-limit)")
+    return value
 
 
 def read_mapping(path: str, what: str) -> dict:
@@ -233,6 +254,9 @@ def resolve_recipe_paths(data: dict, path: str) -> dict:
     file's own folder (read back relative to the current folder: still given relative, so a
     replay's own run.yaml names them relative again); in a recipe written by hand, to the current
     folder, as on the command line."""
+    if any("<hidden>" in str(u) for u in (data.get("shards") if isinstance(data.get("shards"), list) else ())):
+        from .runfolder.layout import unhidden_shards  # a URL written without its secret: shards.json has it
+        data = {**data, "shards": unhidden_shards(path, data["shards"])}
     if data.get(PATHS_FROM) != RECIPE_FILE:
         return data
     base = os.path.dirname(os.path.abspath(path))
@@ -293,6 +317,14 @@ STAGE_OPTIONS = (
     ("--allow-pipe", "allow_pipe", {"is_flag": True}, "Accept pipe: URLs (they run shell commands)."),
     ("--allow-remote/--no-remote", "allow_remote", {}, "Read s3://, gs://, hf://, http(s):// shards (the default: "
                                                        "a URL you name is read); --no-remote forbids network reads."),
+    ("--remote-speed-limit", "remote_speed_limit", {"metavar": "RATE"},
+     "The transfer floor of a remote read (curl's --speed-limit): slower than RATE (bytes/s, or 1KiB/s) over "
+     "--remote-speed-time seconds of waiting, the read is abandoned and asked again; 0: no floor [default: 1KiB/s]."),
+    ("--remote-speed-time", "remote_speed_time", {"type": "seconds", "metavar": "SECONDS"},
+     "The window of --remote-speed-limit (curl's --speed-time) [default: 60]."),
+    ("--remote-retry-budget", "remote_retry_budget", {"type": "count", "metavar": "N"},
+     "Retries of one remote object in all, with back-off; bytes received do not renew them, so a server that "
+     "sends a byte then resets cannot hold a run [default: 16]."),
     ("--storage-option", "storage_options", {"multiple": True, "metavar": "KEY=VALUE"},
      "An fsspec storage option for remote shards (endpoint_url=..., profile=..., anon=true); repeatable; never "
      "written anywhere. See docs/remote.md."),
@@ -303,7 +335,8 @@ def stage_options(command):
     """The STAGE_OPTIONS on a click command; every one is None (or empty) when not given, so a
     config file or recipe decides (stage_overrides)."""
     import click
-    types = {"rekey": click.Choice(REKEY_MODES), "positive": click.IntRange(min=1)}
+    types = {"rekey": click.Choice(REKEY_MODES), "positive": click.IntRange(min=1), "count": click.IntRange(min=0),
+             "seconds": click.FloatRange(min=0, min_open=True)}
     for flag, name, settings, help_text in reversed(STAGE_OPTIONS):
         settings = dict(settings)
         if "type" in settings:

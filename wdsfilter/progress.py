@@ -180,3 +180,32 @@ def verbosity(quiet: bool, verbose: bool) -> int:
         from .errors import ConfigError
         raise ConfigError("-q/--quiet and -v/--verbose exclude each other; pass one")
     return 0 if quiet else 2 if verbose else 1
+
+
+class OwnRecords:
+    """A logging filter: only wdsfilter's own records (logger "wdsfilter" and below) reach the
+    terminal. A library's (gcsfs's "out of retries" with its traceback, botocore's, google-auth's,
+    huggingface_hub's) say in their words what wdsfilter then says in one line; --debug shows them."""
+
+    def filter(self, record) -> bool:
+        return record.name == "wdsfilter" or record.name.startswith("wdsfilter.")
+
+
+def library_logs_off(debug: Optional[bool] = None) -> None:
+    """Keep libraries' log lines off the terminal unless --debug (or WDSFILTER_DEBUG=1): the
+    OwnRecords filter on every handler of the root logger and on logging's last resort (which
+    prints a record when no handler was set). Called by every command when it starts, and again
+    by one that sets up its own root handler (score); idempotent."""
+    import logging
+    if debug is None:
+        import click
+        ctx = click.get_current_context(silent=True)
+        debug = bool(ctx and ctx.find_root().meta.get("wdsfilter.debug")) or \
+            os.environ.get("WDSFILTER_DEBUG", "") not in ("", "0")
+    for handler in [*logging.getLogger().handlers, logging.lastResort]:
+        if handler is None:
+            continue
+        for f in [f for f in handler.filters if isinstance(f, OwnRecords)]:
+            handler.removeFilter(f)
+        if not debug:
+            handler.addFilter(OwnRecords())

@@ -4,8 +4,10 @@ Here: which URLs are remote, their fsspec filesystem, storage options, credentia
 without values, listing prefixes and globs, the errors, and writing whole objects. The reader
 (`RemoteShard`, remote_read.py) streams an object with a bounded read-ahead and resumes inside the
 shard when a read fails (a Range request from the byte reached, exponential backoff with jitter,
-`Retry-After` honoured, at most `attempts` failures in a row); every read is tied to the version
-seen when the shard was opened, so two versions of an object are never spliced: the shard fails.
+`Retry-After` honoured, at most `attempts` failures in a row and `retry_budget` in all, a transfer
+floor: remote_pace.py); every read is tied to the version seen when the shard was opened (a web
+server's answers checked against the first: remote_version.py), so two versions of an object are
+never spliced: the shard fails. A store that cannot be reached is named so (remote_net.py).
 
 Credentials and endpoints come the standard way (the AWS chain with `AWS_ENDPOINT_URL`, Google's
 application default credentials, `HF_TOKEN`) or from `storage_options` (`--storage-option
@@ -52,19 +54,38 @@ class RemoteOptions:
     open their shards themselves."""
     storage_options: Mapping = field(default_factory=dict)
     attempts: int = 8              # failed reads in a row before the shard fails
+    retry_budget: int = 16         # retries of one object in all: bytes received do not renew it
     backoff_seconds: float = 0.5   # first wait; doubles each time, with jitter, up to max_backoff
     max_backoff_seconds: float = 30.0
     block_bytes: int = 8 << 20     # one ranged read
     readahead: int = 4             # ranged reads in flight (memory: readahead * block_bytes)
     idle_seconds: float = 600.0    # a read that sends nothing for this long is abandoned and retried; 0 = never
+    # The transfer floor (curl's --speed-limit/--speed-time): a read slower than speed_limit bytes/s
+    # over speed_seconds of waiting is abandoned and retried (remote_pace.py); 0 = no floor.
+    speed_limit: int = 1024
+    speed_seconds: float = 60.0
 
     def __post_init__(self):
         if not isinstance(self.attempts, int) or self.attempts < 1:
             raise ConfigError(f"remote_attempts must be >= 1, got {self.attempts!r}")
+        if isinstance(self.retry_budget, bool) or not isinstance(self.retry_budget, int) or self.retry_budget < 0:
+            raise ConfigError(f"remote_retry_budget must be >= 0 (retries of one object in all), got "
+                              f"{self.retry_budget!r}")
+        if isinstance(self.speed_limit, bool) or not isinstance(self.speed_limit, int) or self.speed_limit < 0:
+            raise ConfigError(f"remote_speed_limit must be >= 0 bytes/s (0: no floor), got {self.speed_limit!r}")
+        if isinstance(self.speed_seconds, bool) or not isinstance(self.speed_seconds, (int, float)) \
+                or not self.speed_seconds > 0:
+            raise ConfigError(f"remote_speed_time must be > 0 seconds, got {self.speed_seconds!r}")
         if not isinstance(self.block_bytes, int) or self.block_bytes < 1:
             raise ConfigError(f"remote_block_bytes must be a positive number of bytes, got {self.block_bytes!r}")
         if not isinstance(self.readahead, int) or self.readahead < 1:
             raise ConfigError(f"remote_readahead must be >= 1, got {self.readahead!r}")
+
+    @property
+    def answer_seconds(self) -> Optional[float]:
+        """How long a request may go unanswered (a HEAD, a listing): the floor's window, else the
+        idle limit; None: as long as the client's own timeouts allow."""
+        return self.speed_seconds if self.speed_limit else (self.idle_seconds or None)
 
 
 def scheme_of(url: str) -> str:
@@ -195,13 +216,11 @@ def redact_url(url: str) -> str:
     return url.split("?", 1)[0] + ("?<hidden>" if "?" in url else "")
 
 
-# A URL inside a client's error text (aiohttp's "url='https://...?X-Amz-Signature=...'", fsspec's
-# FileNotFoundError(url)): shown as redact_url shows it, so no signature or password reaches a message.
-_URL_IN_TEXT = re.compile(r"[a-z][a-z0-9+.-]*://[^\s'\"<>()]+", re.I)
-
-
 def _strip(text: str) -> str:
-    return " ".join(_URL_IN_TEXT.sub(lambda m: redact_url(m.group(0)), text).split())[:300]
+    """A client's error text, short, its URLs redacted (aiohttp's "url='https://...?X-Amz-Signature=...'",
+    fsspec's FileNotFoundError(url)): no signature or password reaches a message."""
+    from .publish import redact_text
+    return " ".join(redact_text(text).split())[:300]
 
 
 def credential_source(url: str, storage_options: Optional[Mapping] = None) -> str:
@@ -279,7 +298,7 @@ def list_shards(url: str, suffixes: Sequence[str], storage_options: Optional[Map
                           f"https://host/shards-{{000..099}}.tar)")
     fs, path = filesystem(url, storage_options)
     try:
-        found = fs.glob(path) if magic else fs.find(path.rstrip("/") + ("/" if url.endswith("/") else ""))
+        found = _listing(fs, path, url, shown, magic, storage_options)
     except PermissionError as e:
         raise ConfigError(f"{shown}: listing is forbidden ({_strip(str(e))}); credentials: "
                           f"{credential_source(url, storage_options)}") from None
@@ -301,6 +320,21 @@ def list_shards(url: str, suffixes: Sequence[str], storage_options: Optional[Map
         raise ConfigError(f"no shards found at {shown}: {_missing_why(fs, path, scheme)}; expected objects "
                           f"ending in {', '.join(suffixes)}")
     return [f"{scheme}://{p}" for p in shards]
+
+
+def _listing(fs, path: str, url: str, shown: str, magic: bool, storage_options) -> list:
+    """The objects a prefix or glob names; a store that cannot be reached is a RunError (exit 3)
+    in one line: the run cannot start."""
+    from .errors import RunError
+    from .remote_net import check_reachable, reach_failure
+    try:
+        check_reachable(url, shown, storage_options)
+        return fs.glob(path) if magic else fs.find(path.rstrip("/") + ("/" if url.endswith("/") else ""))
+    except Exception as e:  # noqa: BLE001 - botocore's errors are no OSError
+        reach = reach_failure(e, shown)
+        if reach is None:
+            raise
+        raise RunError(f"{shown} cannot be listed: {str(reach).partition(': ')[2]}") from None
 
 
 def _missing_why(fs, path: str, scheme: str) -> str:
@@ -330,9 +364,12 @@ def open_remote(url: str, options: Optional[RemoteOptions] = None,
                 on_retry: Optional[Callable[[str], None]] = None):
     """A binary stream of a remote shard. A missing or forbidden object raises FileNotFoundError
     or PermissionError (naming the credential source); a missing extra raises ConfigError."""
+    from .remote_net import check_reachable
     from .remote_read import RemoteShard
     options = options or RemoteOptions()
     fs, path = filesystem(url, options.storage_options)
+    # a host with no address, or that refuses or ignores a connection, fails at once
+    check_reachable(url, redact_url(url), options.storage_options, options.answer_seconds)
     return RemoteShard(url, fs, path, options, on_retry)
 
 

@@ -15,6 +15,8 @@ from typing import Mapping, Optional, Tuple
 from .remote import (MAX_RETRY_AFTER, ObjectChanged, RangeIgnored, RemoteOptions, RemoteReadError, _classify,
                      _describe, _status, _strip, credential_source, filesystem, missing_credentials, no_credentials,
                      redact_url, scheme_of)
+from .remote_pace import NOTHING, Pace, SlowRead
+from .remote_version import Identity, Prefix
 
 
 def _version(info: Mapping) -> Tuple:
@@ -49,6 +51,7 @@ class RemoteShard:
         self.on_retry = on_retry
         self.retries = 0
         self.closed = False
+        self.pace = Pace(options.speed_limit, options.speed_seconds, options.idle_seconds)
         info = self._info(refresh=False)
         self.size = info.get("size")
         # A web server that gives no size cannot be read in ranges: one plain stream, not resumed
@@ -61,6 +64,10 @@ class RemoteShard:
         # hf://: each ranged read is our own GET of the file's resolve URL (_hf_range)
         self.hf_url = fs.url(path) if scheme_of(url) == "hf" else None
         self.kind = "s3" if scheme_of(url) == "s3" else "http" if scheme_of(url) in ("http", "https") else "other"
+        # http(s): every response is checked to be of the version opened (remote_version.py); with
+        # no strong validator, a read is resumed from byte 0, the bytes already read compared.
+        self.identity = Identity(self.shown, info) if self.kind == "http" else None
+        self.prefix = Prefix(self.shown) if self.kind == "http" else None
         self.get_fs = _getter(url, fs, options)
         # S3 and HTTP: one GET from the byte reached to the end, its body handed over in chunks
         # through a bounded queue (readahead * block_bytes); after a failure, a new GET from the
@@ -72,6 +79,26 @@ class RemoteShard:
         self._block = b""
         self._offset = 0          # position inside _block
         self._failures = 0        # failed reads in a row
+        self._spent = 0           # failed reads of this object in all (retry_budget)
+
+    @property
+    def proven(self) -> bool:
+        """Whether every read is tied to the version opened by a validator the store checks (an
+        ETag, a generation): False for a web server without a strong validator, whose reads are
+        proven by reading again from byte 0 (and which cannot jump back)."""
+        return self.identity is None or self.identity.proven
+
+    def digest(self) -> Optional[str]:
+        """The SHA-256 of the whole object, read here from byte 0 to its end (the rest is read
+        through first); None where it is not tracked (a proven store: its version says it)."""
+        if self.prefix is None or self.proven:
+            return None
+        while self.read(1 << 20):
+            pass
+        if self.prefix.end != self.size:
+            raise RemoteReadError(f"{self.shown}: read to its end, {self.prefix.end:,} of {self.size:,} bytes in one "
+                                  f"run from byte 0; its version cannot be told")
+        return self.prefix.digest()
 
     # -- the stream interface tar readers use ------------------------------------------------
     def readable(self) -> bool:
@@ -136,6 +163,13 @@ class RemoteShard:
             self._offset += ahead
             self.pos = target
             return target
+        if not self.proven:  # no validator to tie a jump to: forward by reading through, never back
+            if ahead < 0:
+                raise OSError(f"{self.shown}: cannot go back to byte {target:,} (the server gives no validator to "
+                              f"tie a new read to the version read so far)")
+            while self.pos < target and self.read(min(target - self.pos, 1 << 20)):
+                pass
+            return self.pos
         self._drop_feed()
         for _, _, fut in self._pending:
             fut.cancel()
@@ -165,18 +199,14 @@ class RemoteShard:
 
     # -- one streaming GET, resumed at the byte reached ------------------------------------------
     def _next_chunk(self) -> bytes:
-        chunk_bytes = min(self.options.block_bytes, 1 << 20)
         while True:
             if self._feed is None:
-                opener = _s3_stream if self.kind == "s3" else _http_stream
-                depth = max(1, self.options.block_bytes * self.options.readahead // chunk_bytes)
-                self._feed = _Feed(self.get_fs.loop, opener(self.get_fs, self.path, self.pos, self.etag, chunk_bytes),
-                                   depth)
+                self._feed = self._open_feed()
             try:
-                item = self._feed.get(self.options.idle_seconds or None)
-            except concurrent.futures.TimeoutError:
+                item = self.pace.wait(self._feed.get)
+            except SlowRead as e:
                 self._drop_feed()
-                self._failed(self.pos, TimeoutError(f"no bytes for {self.options.idle_seconds:g}s (stream_idle_seconds)"))
+                self._failed(self.pos, e)
                 continue
             if item is _END:
                 if self.pos >= self.size:
@@ -186,21 +216,47 @@ class RemoteShard:
                 continue
             if isinstance(item, BaseException):
                 self._drop_feed()
-                if isinstance(item, ObjectChanged) or _classify(item)[0]:
-                    raise ObjectChanged(f"{self.shown} changed while it was read (at byte {self.pos:,} of "
-                                        f"{self.size:,}: its ETag is no longer {self.etag}); its versions are never "
-                                        f"mixed: read it again") from None
-                if isinstance(item, (FileNotFoundError, PermissionError)):
-                    raise RemoteReadError(f"{self.shown}: {_describe(item)} at byte {self.pos:,}") from None
-                changed, retryable, wait = _classify(item)
-                if not retryable:
-                    raise RemoteReadError(f"{self.shown}: {_describe(item)} at byte {self.pos:,} of {self.size:,}") from None
-                self._failed(self.pos, item, wait)
+                self._stream_failed(item)
                 continue
             if self.pos + len(item) > self.size:
                 item = item[:self.size - self.pos]  # never past the size the shard was opened at
+            if self.prefix is not None:
+                self.prefix.add(self.pos, item)
             self._failures = 0
             return item
+
+    def _open_feed(self) -> "_Feed":
+        """A streaming GET from the byte reached (an S3 or web object). A web object whose first
+        answer gave no strong validator is asked again from byte 0: the bytes already read must
+        come again (remote_version.Prefix) before the rest is handed over."""
+        chunk_bytes = min(self.options.block_bytes, 1 << 20)
+        depth = max(1, self.options.block_bytes * self.options.readahead // chunk_bytes)
+        self.pace.restart()
+        if self.kind == "s3":
+            chunks = _s3_stream(self.get_fs, self.path, self.pos, self.etag, chunk_bytes, self.pace.add)
+        else:
+            again = self.prefix.checker() if self.pos and not self.proven else None
+            if again is not None and again.end != self.pos:
+                raise RemoteReadError(f"{self.shown}: cannot resume at byte {self.pos:,}: the server gives no "
+                                      f"validator, and the bytes before it were not all read here")
+            chunks = _http_stream(self.get_fs, self.path, self.pos, self.identity, self.pace.add, again)
+        return _Feed(self.get_fs.loop, chunks, depth)
+
+    def _stream_failed(self, item: BaseException) -> None:
+        """A failure the streaming GET handed over: the shard fails (the object changed, it is
+        gone or forbidden, an error not worth a retry), or the read is asked again."""
+        if isinstance(item, ObjectChanged):
+            raise ObjectChanged(str(item)) from None
+        if _classify(item)[0]:
+            raise ObjectChanged(f"{self.shown} changed while it was read (at byte {self.pos:,} of "
+                                f"{self.size:,}: its ETag is no longer {self.etag}); its versions are never "
+                                f"mixed: read it again") from None
+        if isinstance(item, (FileNotFoundError, PermissionError)):
+            raise RemoteReadError(f"{self.shown}: {_describe(item)} at byte {self.pos:,}") from None
+        changed, retryable, wait = _classify(item)
+        if not retryable:
+            raise RemoteReadError(f"{self.shown}: {_describe(item)} at byte {self.pos:,} of {self.size:,}") from None
+        self._failed(self.pos, item, wait)
 
     def _drop_feed(self) -> None:
         if self._feed is not None:
@@ -219,13 +275,13 @@ class RemoteShard:
             self._fill()
             start, end, fut = self._pending[0]
             try:
-                data = fut.result(timeout=self.options.idle_seconds or None)
+                data = self.pace.wait(Pace.result_of(fut))
                 if not data:
                     raise OSError(f"short read: no bytes for {start}-{end - 1}")
-            except concurrent.futures.TimeoutError:
+            except SlowRead as e:
                 fut.cancel()
-                self._failed(start, TimeoutError(f"no bytes for {self.options.idle_seconds:g}s "
-                                                 f"(stream_idle_seconds)"))
+                self._failed(start, e)
+                self.pace.restart()
                 self._pending[0][2] = self._submit(start, end)
                 continue
             except ObjectChanged:
@@ -242,6 +298,7 @@ class RemoteShard:
                 if not retryable:
                     raise RemoteReadError(f"{self.shown}: {_describe(e)} at byte {start:,} of {self.size:,}") from None
                 self._failed(start, e, wait)
+                self.pace.restart()
                 self._pending[0][2] = self._submit(start, end)
                 continue
             self._pending.popleft()
@@ -253,21 +310,28 @@ class RemoteShard:
             return data
 
     def _failed(self, start: int, error: BaseException, retry_after: Optional[float] = None) -> None:
-        """One failed read: the shard fails after `attempts` in a row; else wait and go on (the
-        caller asks for the same range again)."""
+        """One failed read: the shard fails after `attempts` in a row, or once the object has used
+        its retry budget (bytes received do not renew it: a server that sends a byte then resets
+        cannot keep a read going); else wait and go on (the caller asks again from `start`)."""
         self._failures += 1
-        what = _describe(error)
+        self._spent += 1
+        what = str(error) if isinstance(error, SlowRead) else _describe(error)
+        where = f"at byte {start:,} of {self.size:,}; {self.pace.seen()}"
         if self._failures >= self.options.attempts:
-            raise RemoteReadError(f"{self.shown}: gave up after {self._failures} failed reads in a row at byte "
-                          f"{start:,} of {self.size:,}; last error: {what}")
+            raise RemoteReadError(f"{self.shown}: gave up after {self._failures} failed reads in a row "
+                                  f"(remote_attempts) {where}; last error: {what}")
+        if self._spent > self.options.retry_budget:
+            raise RemoteReadError(f"{self.shown}: gave up after {self._spent} failed reads of this object "
+                                  f"(--remote-retry-budget {self.options.retry_budget}: retries in all, which bytes "
+                                  f"received do not renew) {where}; last error: {what}")
         delay = min(self.options.max_backoff_seconds, self.options.backoff_seconds * 2 ** (self._failures - 1))
         delay *= random.uniform(0.5, 1.0)  # jitter: many readers do not come back at once
         if retry_after is not None:
             delay = max(delay, min(retry_after, MAX_RETRY_AFTER))
         self.retries += 1
         if self.on_retry is not None:
-            self.on_retry(f"{self.shown}: {what} at byte {start:,}; retry {self._failures} of "
-                          f"{self.options.attempts - 1} in {delay:.2f}s")
+            self.on_retry(f"{self.shown}: {what} at byte {start:,}; retry {self._spent} of {self.options.retry_budget} "
+                          f"({self._failures} in a row, at most {self.options.attempts - 1}) in {delay:.2f}s")
         time.sleep(delay)
         self._check_version()
 
@@ -287,49 +351,68 @@ class RemoteShard:
         try:
             if refresh:
                 self.fs.invalidate_cache(self.path)
-            return self.fs.info(self.path)
-        except FileNotFoundError:
-            raise FileNotFoundError(f"{self.shown} does not exist (credentials: "
-                                    f"{credential_source(self.url, self.options.storage_options)})") from None
-        except PermissionError as e:
-            raise PermissionError(f"{self.shown}: access denied ({_strip(str(e))}); credentials: "
-                                  f"{credential_source(self.url, self.options.storage_options)}") from None
-        except Exception as e:  # noqa: BLE001
-            if no_credentials(e):  # a shard that cannot be read with no credentials: "access denied"
-                raise PermissionError(f"{self.shown}: {missing_credentials(self.url, self.options.storage_options)}") \
-                    from None
-            status = _status(e)
-            if status in (401, 403):
-                raise PermissionError(f"{self.shown}: access denied (HTTP {status}); credentials: "
-                                      f"{credential_source(self.url, self.options.storage_options)}") from None
-            if status == 404:
-                raise FileNotFoundError(f"{self.shown} does not exist (credentials: "
-                                        f"{credential_source(self.url, self.options.storage_options)})") from None
-            raise OSError(f"{self.shown}: {_describe(e)}") from None
+            return _bounded_info(self.fs, self.path, self.options.answer_seconds)
+        except Exception as e:  # noqa: BLE001 - sorted: unreachable, missing, forbidden, other
+            raise _open_failure(e, self.url, self.shown, self.options.storage_options) from None
 
     def _submit(self, start: int, end: int) -> concurrent.futures.Future:
-        loop = getattr(self.fs, "loop", None)
-        if self.kind == "s3":
-            return asyncio.run_coroutine_threadsafe(_s3_range(self.get_fs, self.path, start, end, self.etag),
-                                                    self.get_fs.loop)
-        if self.kind == "http":
-            return asyncio.run_coroutine_threadsafe(_http_range(self.fs, self.path, start, end, self.etag), loop)
+        loop, count = getattr(self.fs, "loop", None), self.pace.add
         if self.generation is not None:
-            return asyncio.run_coroutine_threadsafe(_gcs_range(self.fs, self.path, start, end, self.generation), loop)
+            return asyncio.run_coroutine_threadsafe(_gcs_range(self.fs, self.path, start, end, self.generation, count),
+                                                    loop)
         if getattr(self.fs, "async_impl", False) and loop is not None:
-            return asyncio.run_coroutine_threadsafe(self.fs._cat_file(self.path, start=start, end=end), loop)
+            return asyncio.run_coroutine_threadsafe(_counted(self.fs._cat_file(self.path, start=start, end=end), count),
+                                                    loop)
         fut: concurrent.futures.Future = concurrent.futures.Future()
 
         def run():  # a synchronous filesystem (hf://): one daemon thread per ranged read
             if not fut.set_running_or_notify_cancel():
                 return
             try:
-                fut.set_result(_hf_range(self.fs, self.hf_url, start, end) if self.hf_url
-                               else self.fs.cat_file(self.path, start=start, end=end))
+                if self.hf_url:
+                    fut.set_result(_hf_range(self.fs, self.hf_url, start, end, count))
+                else:
+                    data = self.fs.cat_file(self.path, start=start, end=end)
+                    count(len(data))
+                    fut.set_result(data)
             except BaseException as e:  # noqa: BLE001 - handed to the reader
                 fut.set_exception(e)
         threading.Thread(target=run, name="wdsfilter-remote-read", daemon=True).start()
         return fut
+
+
+def _bounded_info(fs, path: str, seconds: Optional[float]) -> dict:
+    """fs.info(path), for an async filesystem within `seconds` (a server that takes the connection
+    and never answers would hold a HEAD for aiohttp's 5 minutes, at every retry)."""
+    loop = getattr(fs, "loop", None)
+    if not seconds or not getattr(fs, "async_impl", False) or loop is None:
+        return fs.info(path)
+    fut = asyncio.run_coroutine_threadsafe(fs._info(path), loop)
+    try:
+        return fut.result(timeout=seconds)
+    except concurrent.futures.TimeoutError:
+        fut.cancel()
+        raise TimeoutError(f"no answer in {seconds:g}s") from None
+
+
+def _open_failure(e: BaseException, url: str, shown: str, storage_options) -> OSError:
+    """Why an object could not be looked up, as the error validate and score sort by its type: the
+    store not reached (RemoteUnreachable), missing (FileNotFoundError), forbidden or no credentials
+    (PermissionError), else OSError."""
+    from .remote_net import reach_failure
+    reach = reach_failure(e, shown)
+    if reach is not None:
+        return reach
+    if no_credentials(e):  # a shard that cannot be read with no credentials: "access denied"
+        return PermissionError(f"{shown}: {missing_credentials(url, storage_options)}")
+    status = _status(e)
+    source = credential_source(url, storage_options)
+    if isinstance(e, PermissionError) or status in (401, 403):
+        what = f"HTTP {status}" if status in (401, 403) and not isinstance(e, PermissionError) else _strip(str(e))
+        return PermissionError(f"{shown}: access denied ({what}); credentials: {source}")
+    if isinstance(e, FileNotFoundError) or status == 404:
+        return FileNotFoundError(f"{shown} does not exist (credentials: {source})")
+    return OSError(f"{shown}: {_describe(e)}")
 
 
 _END = object()
@@ -355,23 +438,28 @@ class _Feed:
         except BaseException as e:  # noqa: BLE001 - handed to the reader, which sorts it
             await self.queue.put(e)
 
-    def get(self, timeout: Optional[float]):
-        fut = asyncio.run_coroutine_threadsafe(self.queue.get(), self.loop)
-        try:
-            return fut.result(timeout=timeout)
-        except concurrent.futures.TimeoutError:
-            fut.cancel()
-            raise
+    def get(self, timeout: float):
+        """The next chunk (or _END, or the failure), NOTHING when none came within `timeout`: the
+        request for it is kept for the next call (cancelled, it could lose a chunk it had taken)."""
+        fut = self._waiting or asyncio.run_coroutine_threadsafe(self.queue.get(), self.loop)
+        done, _ = concurrent.futures.wait([fut], timeout)
+        if not done:
+            self._waiting = fut
+            return NOTHING
+        self._waiting = None
+        return fut.result()
 
     def cancel(self) -> None:
         self.task.cancel()
+        if self._waiting is not None:
+            self._waiting.cancel()
 
 
 async def _make_queue(depth: int) -> asyncio.Queue:
     return asyncio.Queue(maxsize=depth)
 
 
-async def _s3_stream(fs, path: str, start: int, etag: Optional[str], chunk: int):
+async def _s3_stream(fs, path: str, start: int, etag: Optional[str], chunk: int, count):
     bucket, key, version = fs.split_path(path)
     kw = {"IfMatch": etag} if etag else {}
     if version:
@@ -383,73 +471,68 @@ async def _s3_stream(fs, path: str, start: int, etag: Optional[str], chunk: int)
             data = await body.read(chunk)
             if not data:
                 return
+            count(len(data))
             yield data
     finally:
         body.close()
 
 
 @contextlib.asynccontextmanager
-async def _ranged_get(fs, url: str, start: int, last: str, etag: Optional[str]):
-    """fsspec's http session, one GET of bytes start..last ("": to the end), tied to `etag`: the
-    response once its status says it is that range of that version."""
+async def _ranged_get(fs, url: str, start: int, identity: Identity):
+    """fsspec's http session, one GET from byte `start` to the end: the response once it is shown
+    to be that range of the version the shard was opened at (remote_version.Identity), which an
+    honest server is also asked to refuse otherwise (If-Match, If-Unmodified-Since: 412)."""
     session = await fs.set_session()
     kw = dict(fs.kwargs)
     headers = dict(kw.pop("headers", None) or {})
-    headers["Range"] = f"bytes={start}-{last}"
-    if etag:
-        headers["If-Match"] = etag
+    headers["Range"] = f"bytes={start}-"
+    headers.update(identity.conditions(start))
     async with session.get(fs.encode_url(url), headers=headers, **kw) as r:
         if r.status == 412:
-            raise ObjectChanged(f"HTTP 412: the object's ETag is no longer {etag}")
+            raise ObjectChanged(f"{identity.shown} changed while it was read (at byte {start:,}: HTTP 412, the server "
+                                f"refused the version read so far); its versions are never mixed: read it again")
         if r.status >= 400:
             r.raise_for_status()
-        if r.status != 206 and start != 0:
-            raise RangeIgnored(f"the server ignored the Range request (HTTP {r.status}), so a read cannot resume "
-                               f"there; serve it with Range support")
+        identity.check(r.status, r.headers, start)
         yield r
 
 
-async def _http_stream(fs, url: str, start: int, etag: Optional[str], chunk: int):
-    async with _ranged_get(fs, url, start, "", etag) as r:
+async def _http_stream(fs, url: str, start: int, identity: Identity, count, again=None):
+    """One GET of a web object from `start`, or, `again` (remote_version._Again), from byte 0: the
+    bytes already read are compared, the rest handed over."""
+    async with _ranged_get(fs, url, 0 if again is not None else start, identity) as r:
         while True:  # what has arrived (at most aiohttp's buffer): a break loses no byte received
             data = await r.content.readany()
             if not data:
                 return
+            count(len(data))
+            if again is not None:
+                data = again.take(data)
+                if not data:
+                    continue
             yield data
 
 
-async def _s3_range(fs, path: str, start: int, end: int, etag: Optional[str]) -> bytes:
-    bucket, key, version = fs.split_path(path)
-    kw = {"IfMatch": etag} if etag else {}
-    if version:
-        kw["VersionId"] = version
-    resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", **kw)
-    try:
-        return await resp["Body"].read()
-    finally:
-        resp["Body"].close()
+async def _counted(coro, count) -> bytes:
+    data = await coro
+    count(len(data))
+    return data
 
 
-async def _read_up_to(content, want: int) -> bytes:
-    """At most `want` bytes of an aiohttp response body, a MB at a time (fewer: it ended early)."""
+async def _read_up_to(content, want: int, count) -> bytes:
+    """At most `want` bytes of an aiohttp response body, as they come (fewer: it ended early)."""
     parts, got = [], 0
     while got < want:
         chunk = await content.read(min(want - got, 1 << 20))
         if not chunk:
             break
+        count(len(chunk))
         parts.append(chunk)
         got += len(chunk)
     return b"".join(parts)
 
 
-async def _http_range(fs, url: str, start: int, end: int, etag: Optional[str]) -> bytes:
-    """fsspec's http session, our own ranged GET: a server that ignores Range would otherwise send
-    the whole object into memory; here at most the range is read."""
-    async with _ranged_get(fs, url, start, str(end - 1), etag) as r:
-        return await _read_up_to(r.content, end - start)
-
-
-async def _gcs_range(fs, path: str, start: int, end: int, generation) -> bytes:
+async def _gcs_range(fs, path: str, start: int, end: int, generation, count) -> bytes:
     """gcsfs's session and credentials, our own ranged GET of one generation of a GCS object (the
     one the shard was opened at: `generation=`), so two versions are never spliced: once the object
     is replaced or deleted that generation is gone (HTTP 404; a versioned bucket still serves it).
@@ -471,10 +554,10 @@ async def _gcs_range(fs, path: str, start: int, end: int, generation) -> bytes:
         if r.status != 206 and start != 0:
             raise RangeIgnored(f"the server ignored the Range request (HTTP {r.status}), so a read cannot resume "
                                f"there")
-        return await _read_up_to(r.content, end - start)
+        return await _read_up_to(r.content, end - start, count)
 
 
-def _hf_range(fs, url: str, start: int, end: int) -> bytes:
+def _hf_range(fs, url: str, start: int, end: int, count) -> bytes:
     """huggingface_hub's HTTP session and headers (HF_TOKEN as a bearer token), our own ranged GET
     of a file's `resolve` URL (redirects followed, as to the Hub's CDN). Not HfFileSystem's
     cat_file: its buffered file reads ahead past the range asked for, and huggingface_hub's
@@ -495,6 +578,7 @@ def _hf_range(fs, url: str, start: int, end: int) -> bytes:
         for chunk in r.iter_bytes():
             parts.append(chunk[:want - got])
             got += len(parts[-1])
+            count(len(chunk))
             if got >= want:
                 break
         return b"".join(parts)

@@ -102,8 +102,11 @@ class ScoreFilter:
         check_selection(self.selection, run)
 
     def score_file(self, url: str) -> Optional[str]:
+        from .publish import published
         if url in self.by_url:
             return self.by_url[url]
+        if published(url) in self.by_url:  # markers name a shard published (publish.py)
+            return self.by_url[published(url)]
         if is_local(url) and os.path.abspath(url) in self.by_url:
             return self.by_url[os.path.abspath(url)]
         return self.by_stem.get(shard_stem(url))

@@ -182,6 +182,29 @@ def shown_url(url: str) -> str:
     return redact_url(url)
 
 
+def refuse_unreachable(urls: Sequence[str], cfg) -> None:
+    """Before any work: when no shard can be opened, all for one reason of access (the store not
+    reached, access refused or no credentials: remote_net.common_access_failure), one line instead
+    of a report of N identical failures: ConfigError (exit 2) for access, RunError (exit 3) when
+    the store could not be reached. cfg: the StageConfig."""
+    if not cfg.allow_remote or not urls or not all(is_remote(u) for u in urls):
+        return
+    from .remote import is_fsspec_url
+    if not all(is_fsspec_url(u) for u in urls):
+        return
+    from .errors import RunError
+    from .remote_net import common_access_failure
+    found = common_access_failure(urls, cfg.remote_options())
+    if found is None:
+        return
+    kind, reason, n = found
+    every = f"none of the {n} shard(s) could be opened" if n > 1 else "the shard could not be opened"
+    example = f" (e.g. {shown_url(urls[0])})" if n > 1 else f": {shown_url(urls[0])}"
+    if kind == "remote_unreachable":
+        raise RunError(f"{every}{example}: cannot be reached: {reason}; check the URL or endpoint and the network")
+    raise ConfigError(f"{every}{example}: {reason}")
+
+
 def _expand_one(item: str, allow_pipe: bool, allow_remote: bool, storage_options=None) -> List[str]:
     if is_pipe(item) or is_remote(item):
         _check_allowed(item, allow_pipe, allow_remote)

@@ -115,13 +115,14 @@ def _open_remote(src: str, storage_options, jumps: bool = False):
 
 def _sort_remote(src: str, dst: str, rekey: str, storage_options):
     """A remote plain tar, with no temporary: indexed by one streamed read, copied by a second
-    (both at one version of the object). None for a compressed one: its offsets are inside the
-    decompressed stream, which cannot jump back (a temporary, _fetch)."""
+    (both at one version of the object). None for a compressed one (its offsets are inside the
+    decompressed stream, which cannot jump back) and for a web object with no strong validator
+    (a jump could land in another version): a temporary, _fetch."""
     from .remote import RemoteReadError
     first = _open_remote(src, storage_options)
     try:
-        if compression(first.peek(6)[:6]) is not None:
-            return None
+        if compression(first.peek(6)[:6]) is not None or not first.proven:
+            return None  # a web server with no strong validator: no jump can be tied to this version
         entries, skipped = _index(first, rekey, redact_url(src))
         version = first.version
     except RemoteReadError as e:

@@ -117,8 +117,10 @@ def _is_url(path: str) -> bool:
 def write_text_atomic(path: str, text: str, storage_options=None) -> str:
     """Write UTF-8 text whole or not at all (an s3://, gs:// URL: one object, remote.write_object).
     Text that holds lone surrogates (member names that are not UTF-8, decoded with
-    surrogateescape) must be escaped before it gets here."""
-    data = text.encode("utf-8")  # fails before the temporary exists, never half-way through it
+    surrogateescape) must be escaped before it gets here. Every URL in it is written without its
+    secrets (publish.redact_text): reports, stats files, run.yaml."""
+    from .publish import redact_text
+    data = redact_text(text).encode("utf-8")  # fails before the temporary exists, never half-way through it
     if _is_url(path):
         from .remote import write_object
         return write_object(path, data, storage_options)

@@ -30,6 +30,7 @@ SEMANTIC_HOW = ("choose it for the run's model: start at 0.99, open RUN_DIR/dedu
                 "cosine to the survivor) and lower it while the semantic groups are still copies of one picture "
                 "(docs/dedup.md, 'Choosing the semantic threshold')")
 LARGEST = 10
+SKIPPED_SHOWN = 10  # rows named of those semantic dedup skipped
 
 
 @dataclass
@@ -47,6 +48,10 @@ class DedupResult:
     eval_unreadable: List[str] = field(default_factory=list)
     eval_matches: Dict[str, int] = field(default_factory=dict)
     largest: List[dict] = field(default_factory=list)
+    # rows semantic dedup left out, their embedding holding NaN or inf: how many, and the first few
+    # ({"shard", "index", "key"}) by name
+    semantic_skipped: int = 0
+    semantic_skipped_rows: List[dict] = field(default_factory=list)
     seconds: Dict[str, float] = field(default_factory=dict)
     folder: str = ""
 
@@ -65,6 +70,11 @@ class DedupResult:
             lines.append(f"  {in_groups} row(s) in groups, by their closest link: "
                          + ", ".join(f"{n} {k}" for k, n in self.rows_per_kind.items()))
         lines.append(f"  {self.duplicates} row(s) are duplicates of a survivor, {self.rows - self.duplicates} kept")
+        if self.semantic_skipped:
+            named = ", ".join(f"{m['shard']}/{m['key']}" for m in self.semantic_skipped_rows)
+            lines.append(f"  semantic: {self.semantic_skipped} row(s) skipped, their image embedding holds NaN or inf "
+                         f"(no cosine with any other; score them again): {named}"
+                         f"{' ...' if self.semantic_skipped > len(self.semantic_skipped_rows) else ''}")
         if self.eval_images or self.eval_unreadable:
             matched = ", ".join(f"{n} {k}" for k, n in self.eval_matches.items()) or "none"
             lines.append(f"  eval: {self.eval_images} image(s) compared; rows matching one: {matched}")
@@ -193,7 +203,11 @@ def _find(rows, run_dir: str, kinds: Sequence[str], near_bits: int, semantic_thr
     if "semantic" in kinds:
         from .semantic import semantic_pairs
         t = time.perf_counter()
-        a, b, clusters = semantic_pairs(source.embeddings(rows), float(semantic_threshold), seconds=result.seconds)
+        skipped: List[int] = []
+        a, b, clusters = semantic_pairs(source.embeddings(rows), float(semantic_threshold), seconds=result.seconds,
+                                        skipped=skipped)
+        result.semantic_skipped = len(skipped)
+        result.semantic_skipped_rows = _named_rows(rows, skipped[:SKIPPED_SHOWN])
         uf.union(a, b, "semantic")
         result.seconds["semantic"] = time.perf_counter() - t
     t = time.perf_counter()
@@ -270,6 +284,13 @@ def _match_eval_semantic(run_dir, rows, ev, evals, threshold: float, matches: Di
     return marked
 
 
+def _named_rows(rows, row_numbers: List[int]) -> List[dict]:
+    """Rows by their shard's output name and index ({"shard", "index", "row"}; _write adds "key")."""
+    numbers = np.array(row_numbers, dtype=np.int64)
+    return [{"shard": rows.shards[s].name, "index": int(rows.index.read(m, m + 1)[0]), "row": m}
+            for m, s in zip(numbers.tolist(), rows.shard_of(numbers).tolist())]
+
+
 def _largest(rows, groups, semantic: bool = False) -> List[dict]:
     """The LARGEST biggest groups, each with up to 8 members (shard, key read later, index) and
     each member's distance to its survivor: phash bits, the image embeddings' cosine (semantic)."""
@@ -321,7 +342,7 @@ def _write(rows, groups, matches, result: DedupResult, settings: dict) -> str:
     folder = confined(rows.folder, os.path.join(rows.folder, FOLDER))  # never written through a link out
     os.makedirs(folder, exist_ok=True)
     keys_of = {}
-    wanted = {m["row"] for g in result.largest for m in g["members"]}
+    wanted = {m["row"] for g in result.largest for m in g["members"]} | {m["row"] for m in result.semantic_skipped_rows}
     kind_names = pa.array(KINDS, pa.string())
     matched = np.array(sorted(matches), dtype=np.int64)
     for s, shard in enumerate(rows.shards):
@@ -346,14 +367,14 @@ def _write(rows, groups, matches, result: DedupResult, settings: dict) -> str:
             "eval_match": pa.nulls(hi - lo, pa.string()) if evals is None else pa.array(evals, pa.string())})
         with atomic_path(os.path.join(folder, shard.name + ".parquet")) as tmp:
             pq.write_table(table, tmp)
-    for g in result.largest:
-        for m in g["members"]:
-            m["key"] = keys_of.get(m.pop("row"))
+    for m in [m for g in result.largest for m in g["members"]] + result.semantic_skipped_rows:
+        m["key"] = keys_of.get(m.pop("row"))
     summary = {"settings": settings, "rows": result.rows, "groups": result.groups, "per_kind": result.per_kind,
                "rows_per_kind": result.rows_per_kind,
                "duplicates": result.duplicates, "eval_images": result.eval_images,
                "eval_unreadable": result.eval_unreadable, "eval_matches": result.eval_matches,
                "largest": result.largest, "unfinished": result.unfinished,
+               "semantic_skipped": {"rows": result.semantic_skipped, "first": result.semantic_skipped_rows},
                "shards": {s.name: score_file_state(s.score_file) for s in rows.shards}}
     write_text_atomic(os.path.join(folder, SUMMARY), json.dumps(summary, indent=1))
     from ..report.sections.dedup import write_report

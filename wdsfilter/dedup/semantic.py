@@ -87,7 +87,8 @@ def cosines_to(embeddings: Embeddings, row: int, others: Sequence[int]) -> Dict[
 
 def _normalise(x: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(x, axis=1, keepdims=True)
-    return x / np.maximum(norms, 1e-12)  # a video's mean embedding has a norm below 1
+    with np.errstate(invalid="ignore"):  # a vector holding inf: NaN, left out by semantic_pairs
+        return x / np.maximum(norms, 1e-12)  # a video's mean embedding has a norm below 1
 
 
 def _kmeans(faiss, x: np.ndarray, k: int, seed: int) -> np.ndarray:
@@ -126,9 +127,12 @@ def _clusters(faiss, x: np.ndarray, k: int, seed: int):
 
 
 def semantic_pairs(emb: Embeddings, threshold: float, seed: int = 0,
-                   seconds: Optional[Dict[str, float]] = None) -> Tuple[np.ndarray, np.ndarray, int]:
+                   seconds: Optional[Dict[str, float]] = None,
+                   skipped: Optional[List[int]] = None) -> Tuple[np.ndarray, np.ndarray, int]:
     """(a, b, clusters): row numbers of pairs with cosine >= threshold found within a cluster;
-    `seconds` gets the time of each step (semantic_kmeans, semantic_assign, semantic_search)."""
+    `seconds` gets the time of each step (semantic_kmeans, semantic_assign, semantic_search).
+    A vector holding NaN or inf (a scorer's or a file's fault) has no cosine with any other: it is
+    left out of the k-means, the clusters and the search, and its row number goes into `skipped`."""
     seconds = {} if seconds is None else seconds
     t = time.perf_counter()
     n = emb.count
@@ -139,27 +143,35 @@ def semantic_pairs(emb: Embeddings, threshold: float, seed: int = 0,
     dim = mapped[0].shape[1]
     k = max(1, min(n // CLUSTER_ROWS, MAX_CLUSTERS))
     assign = np.zeros((n, 1), dtype=np.int32)
+    finite = np.ones(n, dtype=bool)
+    index = None
     if k > 1:
         # Trained on a bounded sample (TRAIN_PER_CLUSTER a centroid, at most TRAIN_ROWS): the
         # training costs sample x k x NITER, not n x k.
         rng = np.random.default_rng(seed)
-        sample = np.sort(rng.choice(n, min(n, TRAIN_ROWS, k * TRAIN_PER_CLUSTER), replace=False))
-        index = _clusters(faiss, emb.take(mapped, sample), k, seed)
+        sample = emb.take(mapped, np.sort(rng.choice(n, min(n, TRAIN_ROWS, k * TRAIN_PER_CLUSTER), replace=False)))
+        index = _clusters(faiss, sample[np.isfinite(sample).all(axis=1)], k, seed)
         k = index.ntotal
         seconds["semantic_kmeans"], t = time.perf_counter() - t, time.perf_counter()
-        probes = min(PROBES, k)
-        assign = np.zeros((n, probes), dtype=np.int32)
-        for start, block in emb.blocks(mapped):
-            assign[start:start + len(block)] = index.search(block, probes)[1]
-        assign = np.maximum(assign, 0)  # a coarse search finding fewer than PROBES: -1, counted as cluster 0
+        assign = np.zeros((n, min(PROBES, k)), dtype=np.int32)
+    for start, block in emb.blocks(mapped):  # which vectors are numbers, and (k > 1) their clusters
+        ok = np.isfinite(block).all(axis=1)
+        finite[start:start + len(block)] = ok
+        if index is not None:
+            assign[start:start + len(block)] = index.search(np.where(ok[:, None], block, 0), assign.shape[1])[1]
+    assign = np.maximum(assign, 0)  # a coarse search finding fewer than PROBES: -1, counted as cluster 0
+    if index is not None:
         seconds["semantic_assign"], t = time.perf_counter() - t, time.perf_counter()
+    valid = np.flatnonzero(finite)
+    if skipped is not None:
+        skipped.extend(emb.rows[~finite].tolist())
     # Per cluster c: its home vectors (nearest centroid c) against every vector with c among its
     # PROBES nearest, so a pair whose homes differ still meets when one's home is the other's
     # second nearest, each comparison made once.
-    home_order = np.argsort(assign[:, 0], kind="stable")  # vectors of each cluster, in row order
-    home_bounds = np.concatenate(([0], np.cumsum(np.bincount(assign[:, 0], minlength=k))))
-    owner = np.repeat(np.arange(n), assign.shape[1])
-    flat = assign.ravel()
+    home_order = valid[np.argsort(assign[valid, 0], kind="stable")]  # vectors of each cluster, in row order
+    home_bounds = np.concatenate(([0], np.cumsum(np.bincount(assign[valid, 0], minlength=k))))
+    owner = np.repeat(valid, assign.shape[1])
+    flat = assign[valid].ravel()
     order = owner[np.argsort(flat, kind="stable")]
     bounds = np.concatenate(([0], np.cumsum(np.bincount(flat, minlength=k))))
     a: List[np.ndarray] = []

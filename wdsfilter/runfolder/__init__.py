@@ -8,7 +8,9 @@
                                names (a marker naming another vouches for nothing)
       shards.json              the run's shards (url, name, the absolute path a local one was read
                                from): the run's own record of its sources; shards without a marker
-                               are named as unfinished
+                               are named as unfinished. The one file that keeps each URL as given,
+                               password or presigned signature included (0600); every other file
+                               names a shard as publish.published shows it
       scores/<name>.parquet    one score table per shard (or .jsonl), rows in the shard's order
       done/<name>.json         the completion marker (`Marker`), written last, after the shard's
                                outputs are in place: output sizes, the source shard's path, size

@@ -20,7 +20,8 @@ MERGED = "failures.parquet"
 # data (corrupt_image, missing_caption, caption_not_text, a scorer's DataError ...): the same
 # bytes fail the same way, so --retry-failed skips them unless asked for `all`.
 TRANSIENT = frozenset({"out_of_memory", "score_error", "prepare_error", "device_error", "worker_died",
-                       "read_failed", "unreadable_remote", "write_failed", "disk_full", "shard_unfinished"})
+                       "read_failed", "unreadable_remote", "remote_unreachable", "write_failed", "disk_full",
+                       "shard_unfinished"})
 
 
 def folder(out: str) -> str:

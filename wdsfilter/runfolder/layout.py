@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 from ..atomic import write_json
 from ..errors import ConfigError
+from ..publish import published
 from ..shards import absolute_url, is_local, local_path, split_suffix
 from .tables import EXTENSIONS, damaged
 
@@ -156,7 +157,9 @@ def write_shard_list(folder: str, urls: Sequence[str], names: Dict[str, str],
     listed = [ListedShard(u, names[u], absolute_url(u) if is_local(u) else None) for u in urls]
     seen = {s.name for s in listed}
     listed += [s for s in keep if s.name not in seen]
-    write_json(os.path.join(folder, SHARDS_FILE), {"shards": [asdict(s) for s in listed]})
+    # the one file that keeps each URL as given, secrets and all (--resume, filter read shards again
+    # through it): readable by its owner only; every other file names a shard as publish.published does
+    write_json(os.path.join(folder, SHARDS_FILE), {"shards": [asdict(s) for s in listed]}, private=True)
 
 
 def read_shard_list(folder: str) -> Optional[List[ListedShard]]:
@@ -175,6 +178,18 @@ def read_shard_list(folder: str) -> Optional[List[ListedShard]]:
             raise damaged(path, f"an entry is not {{url, name, path}}: {str(e)[:80]}")
         out.append(ListedShard(e["url"], e["name"], e.get("path")))
     return out
+
+
+def unhidden_shards(recipe: str, shards: Sequence[str]) -> List[str]:
+    """A run recipe's shards (OUT/run.yaml) as the run was given them: a URL named there without
+    its password or signature (publish.py) is the one in the shards.json beside the recipe, the one
+    file that keeps it. A hidden URL no shards.json names is a ConfigError."""
+    listed = {published(s.url): s.url for s in read_shard_list(os.path.dirname(os.path.abspath(recipe))) or ()}
+    missing = [u for u in shards if "<hidden>" in str(u) and u not in listed]
+    if missing:
+        raise ConfigError(f"--config {recipe}: {missing[0]} is named with its secret hidden, and no shards.json "
+                          f"beside it holds the URL; give the shards on the command line")
+    return [listed.get(u, u) for u in shards]
 
 
 # -- the source shard ---------------------------------------------------------------------------------
@@ -219,7 +234,7 @@ def trusted_source(marker: "Marker", listed: Optional[Dict[str, ListedShard]],
         base = marker.url.rstrip("/").rsplit("/", 1)[-1]
         return os.path.join(source_root, base) if base and not base.startswith(".") else None
     entry = (listed or {}).get(marker.name)
-    if entry is None or entry.url != marker.url:
+    if entry is None or published(entry.url) != published(marker.url):  # markers name it published
         return None
     recorded = (marker.source or {}).get("path")
     named = entry.path or (None if is_local(entry.url) else entry.url)

@@ -39,6 +39,16 @@ def damaged(path: str, what: str) -> DamagedRunFolder:
 # a user in pandas sees which text got which score (score/rows.py fills them).
 TEXT_FIELDS = ("caption", "url", "uid")
 BASE_FIELDS = ("key", "shard", "index", "status", "reason", "message", "kept", *TEXT_FIELDS)
+# The columns wdsfilter fills itself that may hold a URL (the shard's, a message quoting one): written
+# as publish.published shows them (no password, no presigned signature: shards.json keeps those).
+# The sample's own text (key, caption, url, uid) and the scores are data, written as read.
+PUBLISHED_FIELDS = ("shard", "message")
+
+
+def publish_rows(rows: Sequence[dict]) -> List[dict]:
+    """The rows with their PUBLISHED_FIELDS as they may be written (every table writer calls it)."""
+    from ..publish import published
+    return [{**r, **{k: published(r[k]) for k in PUBLISHED_FIELDS if isinstance(r.get(k), str)}} for r in rows]
 # In a Parquet score file's footer (key-value metadata) when no key repeats in the table: a reader
 # that only needs to know that (filter's counts) skips reading the key column, half of its reading.
 KEYS_META, UNIQUE_KEYS = b"wdsfilter.keys", b"unique"
@@ -93,6 +103,7 @@ def write_table(rows: List[dict], columns: Union[Sequence[str], Mapping[str, Opt
     columns: the score columns, or each with its declared type (scorerset.score_columns)."""
     names = list(BASE_FIELDS) + list(columns)
     declared = columns if isinstance(columns, Mapping) else {}
+    rows = publish_rows(rows)
     with atomic_path(path) as tmp:
         if fmt == "jsonl":
             with open(tmp, "w") as f:
@@ -108,8 +119,14 @@ def write_table(rows: List[dict], columns: Union[Sequence[str], Mapping[str, Opt
             arrays, fields = [], []
             for name in names:
                 values = [row.get(name) for row in rows]
-                arr = (pa.array(values, type=base_types[name]) if name in base_types
-                       else _score_array(values, declared.get(name)))
+                try:
+                    arr = (pa.array(values, type=base_types[name]) if name in base_types
+                           else _score_array(values, declared.get(name)))
+                except (pa.ArrowInvalid, pa.ArrowTypeError) as e:  # a scorer's values of several types
+                    from ..errors import RunError
+                    raise RunError(f"score column {name!r} of {os.path.basename(path)}: its values cannot be "
+                                   f"written as one column ({str(e)[:160]}); a scorer's column holds values of one "
+                                   f"type: declare it in column_types()") from None
                 arrays.append(arr)
                 fields.append(pa.field(name, arr.type))
             keys = [row.get("key") for row in rows]

@@ -17,6 +17,7 @@ from typing import Any, List, Optional, Tuple
 from ..errors import DataError, RunError, WdsFilterError
 from .faults import DeviceFailedError, sticky_device_error
 from .memory import CPU_ALLOC_FAILED, DeviceMemory, is_oom
+from .outputs import REASON as OUTPUT_REASON, OutputCheck
 from .scorers.base import overridden
 
 # Outcome of one input: ("ok", {column: value}) or ("error", reason, message).
@@ -43,8 +44,11 @@ class BackoffEvent:
 class Backoff:
     def __init__(self, scorer, memory: DeviceMemory, batch_size: int, host: Optional[DeviceMemory] = None,
                  min_free_host: Optional[int] = None, max_failures_before_success: int = 8,
-                 grow_after: int = GROW_AFTER):
-        """batch_size: the planned sub-batch in frames (samples for a scorer without frame_count)."""
+                 grow_after: int = GROW_AFTER, scored_before: int = 0):
+        """batch_size: the planned sub-batch in frames (samples for a scorer without frame_count).
+        scored_before: rows the run scored before this process (a --retry-failed, which sees only
+        samples that failed): a scorer with successes is no broken one, so the bug guard
+        (max_failures_before_success) is off."""
         self.scorer = scorer
         self.frame_count = overridden(scorer, "frame_count")  # None: every input is one frame
         self.memory = memory
@@ -55,6 +59,9 @@ class Backoff:
         self.max_failures_before_success = max_failures_before_success
         self.events: List[BackoffEvent] = []
         self.successes = 0
+        self.scored_before = int(scored_before)
+        self.check = OutputCheck(scorer)  # what each sample's output may hold
+        self.at = 0
         self.failures_without_success = 0
         self.calls = 0
         self.grow_after = max(1, int(grow_after))
@@ -118,6 +125,7 @@ class Backoff:
                     if self.batch_size < size:
                         continue
             chunk = inputs[i:i + n]
+            self.at = i  # the input being scored: a ScorerError names its sample (modelrunner)
             failure = None
             self.calls += 1
             try:
@@ -146,13 +154,35 @@ class Backoff:
             for j, scores in enumerate(out):
                 if not isinstance(scores, dict):
                     raise self._bad_output(out, n)
-                results[i + j] = ("ok", scores)
-            self.successes += n
-            self.failures_without_success = 0
+                self.at = i + j
+                results[i + j] = self._checked(scores)
             if i >= isolate_until:  # a one-by-one retry after a scorer error says nothing about memory
                 self._succeeded()
             i += n
         return results  # type: ignore[return-value]
+
+    def _checked(self, scores: dict) -> Outcome:
+        """One sample's output: ok, or its error when a column cannot hold it (outputs.py), which
+        counts as the scorer failing on that sample (the guard against a broken scorer)."""
+        problem = self.check.problem(scores)
+        if problem is None:
+            self.successes += 1
+            self.failures_without_success = 0
+            return ("ok", scores)
+        self._failed_alone(problem)
+        return ("error", OUTPUT_REASON, problem)
+
+    def _failed_alone(self, message: str, cause: Optional[BaseException] = None) -> None:
+        """A sample the scorer failed on (alone): a scorer that fails on its first
+        max_failures_before_success samples and scores none, in a run that scored none before,
+        is a bug or a broken model, not bad data (ScorerError: the run stops)."""
+        if self.successes or self.scored_before:
+            return
+        self.failures_without_success += 1
+        if self.failures_without_success >= self.max_failures_before_success:
+            raise ScorerError(f"scorer {self.scorer.name!r} failed on the first {self.failures_without_success} "
+                              f"samples and scored none; this looks like a bug or a broken model, not bad data. "
+                              f"Last error: {message}") from cause
 
     def _bad_output(self, out: Any, n: int) -> ScorerError:
         return ScorerError(f"scorer {self.scorer.name!r}: score_batch returned "
@@ -172,13 +202,8 @@ class Backoff:
             return "data", e.reason, message
         if isinstance(e, (ScorerError, WdsFilterError)) and not isinstance(e, DataError):
             raise e
-        if n == 1 and not self.successes:
-            self.failures_without_success += 1
-            if self.failures_without_success >= self.max_failures_before_success:
-                raise ScorerError(f"scorer {self.scorer.name!r} failed on the first "
-                                  f"{self.failures_without_success} samples and scored none; "
-                                  f"this looks like a bug or a broken model, not bad data. Last error: "
-                                  f"{message}") from e
+        if n == 1:
+            self._failed_alone(message, e)
         return "error", "score_error", message
 
     def stats(self) -> dict:

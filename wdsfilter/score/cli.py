@@ -101,7 +101,8 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
           equals, recipes, write_shards,
           save_embeddings, device, gpus, batch_size, workers, replicas, max_memory, headroom, fit, fmt, resume,
           overwrite, retry_failed, dry_run, caption_key, image_key, rekey, image_token, max_pixels, config_file,
-          max_bytes, allow_pipe, allow_remote, storage_options, engine,
+          max_bytes, allow_pipe, allow_remote, remote_speed_limit, remote_speed_time, remote_retry_budget,
+          storage_options, engine,
           ray_address, ray_actors, ray_gpus_per_actor,
           no_progress, no_histograms, quiet, verbose):
     """Score every sample of SHARDS (folders, globs, brace patterns, .tar files) with CLIP, OCR
@@ -112,13 +113,17 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
     from ..selection import Selection
     from .config import parse_option
     from .engine import run_scoring
+    from ..progress import library_logs_off
 
     logging.basicConfig(format="wdsfilter: warning: %(message)s", level=logging.WARNING)
+    library_logs_off()  # on the handler just made too
     level = verbosity(quiet, verbose)
     recipe = read_recipe(config_file) if config_file else {}
     given_stage = stage_overrides(caption_key=caption_key, image_key=image_key, rekey=rekey, image_token=image_token,
                                   max_pixels=max_pixels, max_bytes=max_bytes, allow_pipe=allow_pipe,
-                                  allow_remote=allow_remote, storage_options=storage_options)
+                                  allow_remote=allow_remote, storage_options=storage_options,
+                                  remote_speed_limit=remote_speed_limit, remote_speed_time=remote_speed_time,
+                                  remote_retry_budget=remote_retry_budget)
     stage = StageConfig(**{**(recipe.get("stage") or {}), **given_stage})
     scorer_options = {}
     for text in scorer_opts:

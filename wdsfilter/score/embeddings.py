@@ -56,6 +56,8 @@ def write_embeddings(out: str, name: str, rows: List[dict]) -> Optional[Dict[str
         paths[part] = _path(out, PARTS[part], name + ".npy")
         with atomic_path(paths[part]) as tmp, open(tmp, "wb") as f:
             np.save(f, table)
+    from ..runfolder.tables import publish_rows
+    embedded = publish_rows(embedded)
     meta = pa.table({"key": pa.array([r["key"] for r in embedded], pa.string()),
                      "shard": pa.array([r["shard"] for r in embedded], pa.string()),
                      "index": pa.array([r["index"] for r in embedded], pa.int64()),

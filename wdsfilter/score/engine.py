@@ -60,10 +60,12 @@ class Engine(Run):
                 pool.add_replica(dp.device)
         batch_of = {dp.device: dp for dp in plan.devices}
         batch_size_of = {}
+        # --retry-failed reads only samples that failed: the run's earlier successes say the scorers work
+        scored_before = self.state.scored_rows() if self.retry else 0
         for w in pool.workers:
             dp = batch_of[pool.device_of(w)]
             pool.configure(w, batch_size=dp.batch_size, threads=dp.threads, min_free_host=plan.min_free_host,
-                           scorer_batch=dp.scorer_batch)
+                           scorer_batch=dp.scorer_batch, scored_before=scored_before)
             batch_size_of[w] = dp.batch_size
         return batch_size_of
 

@@ -39,7 +39,7 @@ FIELDS = ("key", "shard", "index", "member", "stage", "status", "reason", "messa
           "url", "uid")
 
 # A sample's stage, by reason, for rows whose stage no stage recorded.
-SCORE_REASONS = frozenset({"out_of_memory", "score_error"})
+SCORE_REASONS = frozenset({"out_of_memory", "score_error", "bad_score_output"})
 RETRY_MODES = ("transient", "all")
 
 
@@ -71,7 +71,7 @@ def shard_entry(url: str, reason_text: str, remote: bool) -> dict:
     """The one entry of a shard that has no outputs (no marker), from the run's reason for it."""
     text = reason_text or ""
     if text.startswith("unreadable"):
-        reason, stage = ("unreadable_remote" if remote else "unreadable_shard"), "read"
+        reason, stage = (remote_reason(text) if remote else "unreadable_shard"), "read"
     elif text.startswith("not read to its end"):
         reason, stage = "read_failed", "read"
     elif text.startswith("no member could be read"):
@@ -90,6 +90,18 @@ def shard_entry(url: str, reason_text: str, remote: bool) -> dict:
             "message": text, "attempts": 1, "transient": reason in TRANSIENT}
 
 
+def remote_reason(text: str) -> str:
+    """A remote shard that could not be opened, by what its message says (remote_net, remote_read):
+    the store not reached, access refused or no credentials, the object missing, else unreadable."""
+    if ": cannot be reached: " in text:
+        return "remote_unreachable"
+    if "access denied" in text or "no credentials were found" in text:
+        return "remote_access_denied"
+    if " does not exist (credentials: " in text:
+        return "remote_object_missing"
+    return "unreadable_remote"
+
+
 # -- files ----------------------------------------------------------------------------------------------
 def _schema():
     import pyarrow as pa
@@ -102,8 +114,9 @@ def _schema():
 def _write(entries: Sequence[dict], path: str) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
+    from ..runfolder.tables import publish_rows
     schema = _schema()
-    table = pa.Table.from_pylist(list(entries), schema=schema)
+    table = pa.Table.from_pylist(publish_rows(entries), schema=schema)
     with atomic_path(path) as tmp:  # makes the folder
         if table.num_rows:
             pq.write_table(table, tmp)

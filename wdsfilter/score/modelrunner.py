@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import DataError
-from .backoff import Backoff
+from .backoff import Backoff, ScorerError
 from .embeddings import FIELD as EMBEDDINGS
 from .faults import DeviceFailedError, device_failed, sticky_device_error
 from .memory import HostMemory, device_memory, is_oom, prefer_expandable_segments, torch_device
@@ -190,12 +190,13 @@ class ModelRunner:
 
     # -- scoring ------------------------------------------------------------------------------
     def configure(self, batch_size: int, threads: Optional[int] = None, min_free_host: Optional[int] = None,
-                  scorer_batch: Optional[Dict[str, int]] = None) -> None:
+                  scorer_batch: Optional[Dict[str, int]] = None, scored_before: int = 0) -> None:
         """batch_size: the dispatched batch (samples); scorer_batch: each scorer's own planned
         sub-batch in frames (plan.DevicePlan.scorer_batch). Each scorer runs the dispatched
         batch in sub-batches of its own size, through its own back-off, so a scorer with a small
         batch (OCR on large frames) no longer holds back one with a large one (CLIP); a scorer
-        the plan does not name uses batch_size."""
+        the plan does not name uses batch_size. scored_before: the run's rows scored before
+        (backoff.Backoff: a --retry-failed of failing samples is not stopped as a bug)."""
         if threads:
             import torch
             torch.set_num_threads(threads)
@@ -204,7 +205,8 @@ class ModelRunner:
                 if set_threads is not None:
                     set_threads(threads)
         sizes = scorer_batch or {}
-        self.backoffs = {s.name: Backoff(s, self.memory, sizes.get(s.name, batch_size), self.host, min_free_host)
+        self.backoffs = {s.name: Backoff(s, self.memory, sizes.get(s.name, batch_size), self.host, min_free_host,
+                                         scored_before=scored_before)
                          for s in self.scorers}
 
     def score(self, items: List[Item]) -> List[Tuple[Any, dict, dict]]:
@@ -229,7 +231,12 @@ class ModelRunner:
                 groups.setdefault(batch_key(x) if batch_key else None, []).append(k)
             columns = scorer.columns()
             for members in groups.values():
-                outcomes = self.backoffs[scorer.name].run([inputs_of[k] for k in members])
+                backoff = self.backoffs[scorer.name]
+                try:
+                    outcomes = backoff.run([inputs_of[k] for k in members])
+                except ScorerError as e:  # a broken scorer: the one line names the sample it stopped at
+                    raise ScorerError(f"{e} (at {_sample(items[members[min(backoff.at, len(members) - 1)]][0])})") \
+                        from e.__cause__
                 for k, outcome in zip(members, outcomes):
                     if outcome[0] == "ok":
                         scores[k].update({c: outcome[1].get(c) for c in columns})
@@ -276,6 +283,14 @@ class ModelRunner:
     def unload(self) -> None:
         for scorer in self.scorers:
             scorer.unload()
+
+
+def _sample(ref: Any) -> str:
+    """A sample by the engine's reference to it: (shard URL, row index) on the local engine."""
+    if isinstance(ref, tuple) and len(ref) == 2:
+        from ..shards import shown_url
+        return f"row {ref[1]} of {shown_url(str(ref[0]))}"
+    return f"sample {ref}"
 
 
 def _grown(mem, allocated_before: int, used_before: Optional[int]) -> int:

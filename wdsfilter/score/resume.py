@@ -18,6 +18,7 @@ from typing import Callable, Iterable, List, Optional, Sequence
 
 from ..atomic import check_guards, remove_temporaries, write_json
 from ..errors import ConfigError
+from ..publish import published
 from ..runfolder import layout
 from ..runfolder.layout import Marker, output_sizes, outputs_intact, shard_names, source_changed, source_state
 from ..runfolder.tables import EXTENSIONS, DamagedRunFolder
@@ -178,7 +179,7 @@ class RunState:
             marker = layout.read_marker(self.out, self.names[url])
         except (OSError, DamagedRunFolder):
             return None
-        return marker if marker.url == url else None
+        return marker if marker.url in (url, published(url)) else None  # written published (publish.py)
 
     def _outputs(self, url: str, embeddings: Iterable[str], failures: Optional[str] = None) -> List[str]:
         """The files a marker vouches for; `failures`: the shard's failure ledger file, relative to
@@ -196,6 +197,12 @@ class RunState:
                 and outputs_intact(marker, self.out, self._outputs(url, marker.embeddings, marker.failures),
                                    self.size_of)
                 and not self._changed(url, marker))
+
+    def scored_rows(self) -> int:
+        """Rows of status `scored` in the shards done (their markers' counts): the run's earlier
+        successes, which a --retry-failed of only failing samples builds on (backoff.Backoff)."""
+        done = (self._marker(u) for u in self.urls if self.is_done(u))
+        return sum(int(m.status.get("scored", 0)) for m in done if m is not None)
 
     def pending(self) -> List[str]:
         if not self.cfg.resume:

@@ -14,7 +14,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from ..errors import ConfigError, require
 from ..keycheck import check_keys
-from ..shards import expand_urls, is_local, unique_urls
+from ..publish import published
+from ..shards import expand_urls, is_local, refuse_unreachable, unique_urls
 from ..specs import utf8_text
 from ..tally import Tally
 from .config import ScoreConfig
@@ -94,7 +95,8 @@ class Run:
             # again (only those are read on, OnlyKeys); shards without a marker are in todo whole
             self.retry = retry_plan(self.state, cfg.retry_failed) if cfg.retry_failed else {}
             self.todo += [u for u in self.urls if u in self.retry and u not in self.todo]
-            if self.todo:  # a caption/image key no sample of the first shard has
+            if self.todo:  # no shard can be opened, for one reason (one line); a caption/image key no sample has
+                refuse_unreachable(self.todo, cfg.stage)
                 check_keys(self.todo[0], cfg.scoring_stage_config(), self.before)
             if cfg.verbosity and (self.todo or cfg.dry_run):  # at once, before the imports and the models
                 names = [s if isinstance(s, str) else getattr(s, "name", type(s).__name__) for s in cfg.scorers]
@@ -253,9 +255,10 @@ class Run:
         entries = merge_ledger(self.cfg.out, [self.state.names[u] for u in self.urls])
         self.summary.failures = summarize_ledger(entries)
         if self.retry:
-            listed = {(e["shard"], e["index"]) for e in entries}
+            listed = {(e["shard"], e["index"]) for e in entries}  # the ledger names shards published
             self.summary.retried = {"samples": sum(len(p) for p in self.retry.values()),
-                                    "scored": sum((u, i) not in listed for u, p in self.retry.items() for i in p)}
+                                    "scored": sum((published(u), i) not in listed for u, p in self.retry.items()
+                                                  for i in p)}
         return os.path.join(self.cfg.out, LEDGER_FILE)
 
     def record_run_failure(self, todo: Sequence[str], error: BaseException) -> None:

@@ -130,19 +130,23 @@ def streamed_source(url: str, rekey: str, allow_remote: bool = True, idle_second
     (its compression or None, offset of the first member, member_ranges(exts=exts), stream). Both reads must
     see one version of the object: an index of one and the bytes of another are never mixed."""
     from ..remote import ObjectChanged, redact_url
+    changed = (f"{redact_url(url)} changed between its two reads (its index, then its copy); its versions are never "
+               f"mixed: write it again")
     first = open_shard(url, False, allow_remote, idle_seconds, remote=remote)
     try:
         kind = compression(first.peek(6)[:6])
         preamble_end, ranges = member_ranges(first, rekey, exts=exts)
-        version = first.version
+        # a web server with no strong validator: both reads are read whole and their bytes compared
+        version, digest = first.version, first.digest()
     finally:
         first.close()
     second = open_shard(url, False, allow_remote, idle_seconds, remote=remote)
     try:
         if second.version != version:
-            raise ObjectChanged(f"{redact_url(url)} changed between its two reads (its index, then its copy); its versions are "
-                                f"never mixed: write it again")
+            raise ObjectChanged(changed)
         yield kind, preamble_end, ranges, _Forward(open_layers(second, cap=1 << 62))
+        if digest is not None and second.digest() != digest:
+            raise ObjectChanged(changed)
     finally:
         second.close()
 

@@ -18,7 +18,7 @@ from typing import Optional, Sequence, Union
 
 from ..config import StageConfig
 from ..errors import ConfigError
-from ..shards import expand_urls, is_remote, unique_urls
+from ..shards import expand_urls, is_remote, refuse_unreachable, unique_urls
 from .findings import ERROR, KINDS, WARNING, Finding
 from .options import ValidateOptions
 from .progress import Progress
@@ -61,11 +61,12 @@ def validate(paths: Union[None, str, Sequence[str]] = None, *, config: Union[Non
              loader_workers: Optional[int] = None, fail_on: str = "error", jobs: Optional[int] = None,
              uneven_ratio: float = 2.0, max_findings: int = 100, stats_dir: Optional[str] = None,
              progress: bool = False, byte_caps: Optional[dict] = None,
-             storage_options: Optional[dict] = None, max_drop=None) -> Report:
+             storage_options: Optional[dict] = None, max_drop=None, remote_options: Optional[dict] = None) -> Report:
     """Check shards (folders, globs, brace patterns, .tar/.tar.gz/.tgz files) and return a Report.
 
     byte_caps: StageConfig byte caps, e.g. {"max_image_bytes": 128 << 20} (config.parse_byte_caps).
     storage_options: fsspec options for remote shards (s3://, gs://, hf://): endpoint, profile...
+    remote_options: StageConfig's remote_* fields (remote_speed_limit, remote_retry_budget, ...).
     max_drop: the share of samples that may be lost to per-sample errors (corrupt_image, ...)
     before the verdict fails: "1%" (or 1), {"corrupt_image": 0.5}, or texts as --max-drop takes them.
     config: a file of stage options, or a scoring run's recipe (OUT/run.yaml): its stage options, and
@@ -80,7 +81,7 @@ def validate(paths: Union[None, str, Sequence[str]] = None, *, config: Union[Non
     stage = stage_config(config, caption_key=caption_key, image_key=image_key, rekey=rekey,
                          max_pixels=max_pixels, max_side=max_side, image_token=image_token,
                          allow_pipe=allow_pipe, allow_remote=allow_remote, storage_options=storage_options,
-                         **(byte_caps or {}))
+                         **(byte_caps or {}), **_remote_fields(remote_options))
     options = ValidateOptions(stage=stage, deep=deep, min_side=min_side, max_aspect=max_aspect, ranks=ranks,
                               loader_workers=loader_workers, uneven_ratio=uneven_ratio, max_findings=max_findings,
                               fail_on=fail_on, jobs=jobs, max_drop=max_drop)
@@ -101,9 +102,17 @@ def validate(paths: Union[None, str, Sequence[str]] = None, *, config: Union[Non
     return report
 
 
+def _remote_fields(options: Optional[dict]) -> dict:
+    unknown = sorted(k for k in (options or {}) if not k.startswith("remote_"))
+    if unknown:
+        raise ConfigError(f"remote_options takes StageConfig's remote_* fields, got {unknown}")
+    return dict(options or {})
+
+
 def validate_urls(urls: Sequence[str], options: ValidateOptions, progress: bool = False) -> Report:
     """The engine under validate(): shards in parallel, cross-shard checks in this process."""
     started = time.perf_counter()
+    refuse_unreachable(urls, options.stage)
     results = [None] * len(urls)
     bar = Progress(len(urls)) if progress else None
     try:

@@ -43,7 +43,8 @@ from .formats import FORMATS, render, write_report
 @verbosity_options(quiet="Say less: no progress, and no text summary when the report goes to --output.",
                    verbose="Say more: progress in a log too (a line every 10 s).")
 def validate_command(paths, caption_key, image_key, rekey, image_token, config_file, max_pixels, max_side, min_side,
-                     max_aspect, max_bytes, deep, ranks, loader_workers, allow_pipe, allow_remote, storage_options, fmt, output, fail_on,
+                     max_aspect, max_bytes, deep, ranks, loader_workers, allow_pipe, allow_remote, remote_speed_limit,
+                     remote_speed_time, remote_retry_budget, storage_options, fmt, output, fail_on,
                      max_drop, jobs, stats_dir, progress, quiet, verbose):
     """Check WebDataset shards for what would silently break training.
 
@@ -64,7 +65,9 @@ def validate_command(paths, caption_key, image_key, rekey, image_token, config_f
         list(paths), config=config_file, caption_key=caption_key, image_key=image_key, rekey=rekey,
         max_pixels=max_pixels, max_side=max_side, image_token=image_token,
         allow_pipe=allow_pipe or None, allow_remote=allow_remote,  # None: the config file decides
-        storage_options=options,
+        storage_options=options, remote_options=dict(
+            remote_speed_limit=remote_speed_limit, remote_speed_time=remote_speed_time,
+            remote_retry_budget=remote_retry_budget),
         byte_caps=parse_byte_caps(max_bytes), deep=deep, min_side=min_side, max_aspect=max_aspect, ranks=ranks, loader_workers=loader_workers, fail_on=fail_on, jobs=jobs, stats_dir=stats_dir, progress=progress,
         max_drop=max_drop or None)
     if output:

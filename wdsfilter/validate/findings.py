@@ -41,6 +41,7 @@ KINDS: Dict[str, tuple] = {
     "unreadable_tar": (ERROR, "the shard cannot be opened or is not a tar at all"),
     "shard_command_failed": (ERROR, "the shard's pipe: command or download failed (non-zero exit); the shard may be incomplete. Check the command or URL"),
     "remote_object_missing": (ERROR, "the remote shard does not exist (the message names the URL and the credentials used); fix the URL or upload it"),
+    "remote_unreachable": (ERROR, "the store or web server could not be reached: its host name does not resolve, the connection was refused or timed out, or TLS failed (the message says which); check the URL or endpoint and the network"),
     "remote_access_denied": (ERROR, "the remote shard cannot be read with these credentials (the message names where they came from); grant read access or pass others (--storage-option, AWS_PROFILE, GOOGLE_APPLICATION_CREDENTIALS, HF_TOKEN)"),
     "remote_read_failed": (ERROR, "reading the remote shard failed after its retries, or the object changed while it was read; the message names the URL and the last error. Validate it again"),
     "remote_size_mismatch": (ERROR, "the remote object's size differs from the size sizes.json records for it: it was replaced or cut. Re-upload it or regenerate sizes.json"),

@@ -18,6 +18,7 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional, Union
 from ..census import KeyCensus
 from ..members import MemberCaps
 from ..reading import OVERSIZED, ShardEnd, group_samples, iter_tar, screen_member
+from ..remote_net import RemoteUnreachable
 from ..shards import close_shard, is_remote, open_shard, runs_command
 from ..specs import json_path_get, key_digest, split_name
 from ..stages import CaptionCleaner, select_sample
@@ -164,8 +165,11 @@ class _ShardCheck:
             stream = open_shard(url, stage.allow_pipe, stage.allow_remote, stage.stream_idle_seconds,
                                 stage.remote_options(), on_retry=self.retries.append)
         except OSError as e:  # a remote shard's message names the credentials used
-            kind = {FileNotFoundError: "remote_object_missing", PermissionError: "remote_access_denied"}.get(type(e))
-            if kind and is_remote(url):
+            kind = {FileNotFoundError: "remote_object_missing", PermissionError: "remote_access_denied",
+                    RemoteUnreachable: "remote_unreachable"}.get(type(e))
+            if kind == "remote_unreachable":
+                self.log.add(kind, "", "", str(e))
+            elif kind and is_remote(url):
                 self.log.add(kind, "", "", f"{e}; fix the URL, or grant access or pass other credentials")
             else:
                 self.log.add("unreadable_tar", "", "", f"cannot open the shard: {e}; check the path and permissions")

@@ -31,6 +31,7 @@ import re
 from collections import defaultdict
 from typing import Dict, List, Optional
 
+from ..publish import published
 from ..shards import is_pipe, is_remote, shard_stem, shown_url, web_path
 from ..shardstats import SIZES, update_sizes, write_stats_file
 from .formats import escape_data
@@ -54,8 +55,8 @@ def _subfolders(folders: List[str]) -> Dict[str, str]:
     for f in folders:
         if f in local:
             out[f] = os.path.relpath(os.path.abspath(f or "."), common)
-        else:  # a URL's folder: a flat, safe name
-            out[f] = re.sub(r"[^\w.-]+", "_", f).strip("_") or "remote"
+        else:  # a URL's folder: a flat, safe name (of the URL as published: no password)
+            out[f] = re.sub(r"[^\w.-]+", "_", published(f).replace("<hidden>@", "")).strip("_") or "remote"
     return out
 
 
