@@ -4,7 +4,8 @@ On a terminal: one line redrawn in place (`\\r`), with a bar, done/total, elapse
 Elsewhere (CI logs, a file, a pipe): a plain line every `interval` seconds and one at the end,
 never a `\\r`, so a log holds readable lines instead of hundreds of frames on one line.
 
-The total is in samples where it is known beforehand (sizes.json beside the shards), else the
+The total is in samples where it is known beforehand (sizes.json beside the shards:
+shardstats.sizes_samples), else the
 share done is the shards' (`parts`). The rate is always `<unit>/s` (tqdm flips to `s/<unit>` when
 it falls under one, and its unit text read `s/ samples`). A background thread redraws the line
 every second, so the elapsed time moves while a slow batch is scored.
@@ -15,7 +16,7 @@ import os
 import sys
 import threading
 import time
-from typing import Dict, Iterable, Optional
+from typing import Optional
 
 BAR_WIDTH = 20
 LOG_INTERVAL = 10.0  # seconds between lines in a log
@@ -141,26 +142,6 @@ def _isatty(file) -> bool:
         return bool(file.isatty())
     except (AttributeError, ValueError):
         return False
-
-
-def known_samples(urls: Iterable[str]) -> Optional[int]:
-    """The samples of `urls` by the sizes.json beside them (open_clip's and img2dataset's table,
-    written by validate --stats-dir and --write-shards), or None unless every shard is listed."""
-    from .shards import is_local, local_path
-    from .shardstats import read_sizes
-    tables: Dict[str, Dict[str, int]] = {}
-    total = 0
-    for url in urls:
-        if not is_local(url):
-            return None
-        folder, name = os.path.split(os.path.abspath(local_path(url)))
-        if folder not in tables:
-            tables[folder] = read_sizes(folder)
-        count = tables[folder].get(name)
-        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-            return None
-        total += count
-    return total
 
 
 def verbosity_options(quiet: str, verbose: str):

@@ -37,11 +37,13 @@ from typing import Callable, Dict, List, Optional, Tuple
 from .atomic import is_temporary
 from .conditional import PART_BYTES, Conflict, delete, holds_file, put_file, version_of
 from .remote import RemoteOutputError, _describe, credential_source, filesystem, redact_url, scheme_of, write_failure
-from .runfolder.lease import LeaseLostError
+from .runfolder.lease import GUARD_NAME, LEASE_NAME, LeaseLostError
+from .runfolder.names import DONE
+from .scratch import KEPT, OWNER, Scratch
 
 log = logging.getLogger("wdsfilter")
-MARKERS = "done"  # the folder whose files are uploaded last (runfolder.layout.DONE)
-SKIP = (".lock", ".lock.json", ".owner", ".kept")  # a folder's lease and its guard, the staging copy's own marks: never mirrored
+MARKERS = DONE  # the folder whose files are uploaded last
+SKIP = (GUARD_NAME, LEASE_NAME, OWNER, KEPT)  # a folder's lease and its guard, the staging copy's own marks: never mirrored
 
 
 class RemoteFolder:
@@ -54,7 +56,6 @@ class RemoteFolder:
         self.path = path.rstrip("/")
         self.scratch = None
         if staging is None:  # a working folder of this process (scratch.py: swept once it is gone)
-            from .scratch import Scratch
             self.scratch = Scratch("out")
             staging = self.scratch.path
         self.local = staging
@@ -235,9 +236,8 @@ class RemoteFolder:
 
 def _counts_others(rel: str) -> bool:
     """A file that vouches for others in its folder: a shard's `_stats.json`, `sizes.json`."""
-    from .shardstats import SIZES
-    name = rel.rsplit("/", 1)[-1]
-    return name == SIZES or name.endswith("_stats.json")
+    from .shardstats import vouches_for_shards
+    return vouches_for_shards(rel.rsplit("/", 1)[-1])
 
 
 class StagedSizes:

@@ -19,16 +19,24 @@ import fcntl
 import json
 import os
 from contextlib import contextmanager
-from typing import Dict, Iterator, Optional
+from typing import Dict, Iterable, Iterator, Optional
 
 from .atomic import write_json
-from .shards import shard_stem
+from .remote import read_object
+from .shards import is_local, is_remote, local_path, shard_stem
 
 SIZES = "sizes.json"
+STATS_SUFFIX = "_stats.json"
 
 
 def stats_path(folder: str, shard_file: str) -> str:
-    return os.path.join(folder, f"{shard_stem(shard_file)}_stats.json")
+    return os.path.join(folder, f"{shard_stem(shard_file)}{STATS_SUFFIX}")
+
+
+def vouches_for_shards(name: str) -> bool:
+    """A file that counts the shards beside it: a shard's `_stats.json`, `sizes.json` (a mirror
+    uploads them after the shards)."""
+    return name == SIZES or name.endswith(STATS_SUFFIX)
 
 
 def write_stats_file(path: str, data: dict, storage_options=None) -> str:
@@ -61,14 +69,44 @@ def _folder_lock(folder: str) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def read_sizes(folder: str) -> Dict[str, int]:
-    """The table in `folder`/sizes.json; {} when there is none or it is not a JSON object."""
+def read_sizes(folder: str, storage_options=None) -> Dict[str, int]:
+    """The table in `folder`/sizes.json, a local folder or an s3://, gs:// URL's; {} when there is
+    none, it cannot be read or it is not a JSON object. The one reader of sizes.json."""
     try:
-        with open(os.path.join(folder, SIZES), "rb") as f:
-            data = json.load(f)
+        if is_remote(folder):
+            raw = read_object(folder.rstrip("/") + "/" + SIZES, storage_options)
+            data = json.loads(raw) if raw is not None else {}
+        else:
+            with open(os.path.join(folder, SIZES), "rb") as f:
+                data = json.load(f)
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def sizes_samples(urls: Iterable[str]) -> Optional[int]:
+    """The samples of local shards `urls` by the sizes.json beside them (open_clip's and
+    img2dataset's table, written by validate --stats-dir and --write-shards), or None unless every
+    shard is listed with a count (a whole number, not negative, as open_clip's int() reads it)."""
+    tables: Dict[str, Dict[str, int]] = {}
+    total = 0
+    for url in urls:
+        if not is_local(url):
+            return None
+        folder, name = os.path.split(os.path.abspath(local_path(url)))
+        if folder not in tables:
+            tables[folder] = read_sizes(folder)
+        count = tables[folder].get(name)
+        if isinstance(count, bool) or not isinstance(count, (int, str)):
+            return None
+        try:
+            count = int(count)
+        except ValueError:
+            return None
+        if count < 0:
+            return None
+        total += count
+    return total
 
 
 def update_sizes(folder: str, entries: Dict[str, Optional[int]], storage_options=None) -> Dict[str, int]:
@@ -76,17 +114,9 @@ def update_sizes(folder: str, entries: Dict[str, Optional[int]], storage_options
     entries (None: remove that entry); returns the whole table. The one writer of sizes.json.
     `folder` may be an s3://, gs:// URL: an object store has no folder lock, so the object is read,
     merged and put whole (the last writer wins)."""
-    from .shards import is_remote
     if is_remote(folder):
-        from .remote import read_object
-        path = folder.rstrip("/") + "/" + SIZES
-        try:
-            raw = read_object(path, storage_options)
-            data = json.loads(raw) if raw is not None else {}
-        except (OSError, ValueError):
-            data = {}
-        table = {k: v for k, v in {**(data if isinstance(data, dict) else {}), **entries}.items() if v is not None}
-        write_stats_file(path, table, storage_options)
+        table = {k: v for k, v in {**read_sizes(folder, storage_options), **entries}.items() if v is not None}
+        write_stats_file(folder.rstrip("/") + "/" + SIZES, table, storage_options)
         return table
     with _folder_lock(folder):
         table = {k: v for k, v in {**read_sizes(folder), **entries}.items() if v is not None}

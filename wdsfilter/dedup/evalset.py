@@ -15,6 +15,7 @@ from typing import Iterator, List, Sequence, Tuple
 import numpy as np
 
 from ..errors import ConfigError, DataError
+from ..runfolder.names import RUN_JSON
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff", "gif")
 SHARD_EXTS = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
@@ -87,7 +88,7 @@ def clip_of_run(run_dir: str):
     """The run's CLIP scorer, rebuilt from run.json (the same model and weights), set to hand back
     image embeddings; loaded on the CPU."""
     from ..runfolder.layout import read_run_json
-    path = os.path.join(run_dir, "run.json")
+    path = os.path.join(run_dir, RUN_JSON)
     scorers = read_run_json(run_dir).get("scorers") or []  # confined to the folder, damage named
     clip = next((s for s in scorers if s.get("name") == "clip"), None)
     if clip is None:

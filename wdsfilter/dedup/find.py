@@ -21,6 +21,7 @@ from ..errors import ConfigError
 from .groups import KINDS, Groups, UnionFind
 from .spill import MEMORY_MB
 from ..runfolder.dedup import FOLDER, SUMMARY, score_file_state
+from ..runfolder.names import REPORT
 
 NEAR_BITS = 5           # docs/dedup.md: re-encodes, resizes and PNG<->JPEG measured at <= 4 bits, distinct photos >= 16
 # Semantic dedup has no default threshold: the cosine of two copies depends on the model (docs/dedup.md,
@@ -130,7 +131,7 @@ def _dedup_in_bucket(url: str, storage_options, options: dict) -> DedupResult:
     try:
         staged.start()
         result = _dedup(staged.local, **options)
-        for name in (SUMMARY, "report.html"):  # they name the bucket's folder, not the staging copy
+        for name in (SUMMARY, REPORT):  # they name the bucket's folder, not the staging copy
             staged.publish_text(os.path.join(staged.local, FOLDER, name))
         staged.sync()  # RUN_DIR/dedup/ in the bucket before the command reports it
     except ConfigError as e:

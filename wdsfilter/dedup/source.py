@@ -14,6 +14,7 @@ from typing import List, Optional
 import numpy as np
 
 from ..errors import ConfigError
+from ..runfolder.names import DEDUP, DEDUP_WORK
 from .spill import Column
 
 HASH_HINT = "score the run with `wdsfilter score ... --scorer hash` (it adds sha256 and phash)"
@@ -72,7 +73,7 @@ def load_rows(folder: str, want_hashes: bool, memory_mb: int) -> RunRows:
     from ..runfolder.layout import confined
     from .spill import Workspace
     run = open_run(folder)  # before anything is written: a folder that is no run stays untouched
-    space = Workspace(confined(folder, os.path.join(folder, "dedup", "tmp")), memory_mb)
+    space = Workspace(confined(folder, os.path.join(folder, DEDUP, DEDUP_WORK)), memory_mb)
     try:
         rows = _read(run, folder, want_hashes, space)
     except BaseException:

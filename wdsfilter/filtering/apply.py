@@ -16,6 +16,7 @@ import os
 from typing import Callable, List, Optional, Sequence
 
 from ..runfolder import ScoredShard, ScoreRun
+from ..runfolder.names import FILTER_REPORT, THRESHOLDS
 from ..runfolder.judge import FilterResult, Threshold, count_run, judge_shard
 from ..runfolder.reader import check_sources
 from ..runfolder.shares import check_present
@@ -139,7 +140,7 @@ def filter_scores(scores_dir: str, selection: Optional[Selection] = None, *, wri
         result.uids = export_kept_uids(export_uids, run, thresholds, marks)
     if save_thresholds and (save or write_shards is not None):
         result.files["thresholds (loader keyword arguments)"] = write_thresholds(
-            os.path.join(scores_dir, "thresholds.json"), resolved.selection)
+            os.path.join(scores_dir, THRESHOLDS), resolved.selection)
     if write_shards is not None:
         _write_shards(run, resolved, result, write_shards, samples_per_shard, prefix, overwrite, echo, shard_echo,
                       allow_pipe, allow_remote, stream_idle_seconds, unique_keys, interleave, report,
@@ -198,7 +199,7 @@ def default_report(scores_dir: str, write_shards: Optional[str], save: bool = Tr
     else, with --save, filter_report.html in the score folder (never over the score run's own
     report.html); None: exploring without --write-shards or --save writes no report."""
     if write_shards is None:
-        return os.path.join(scores_dir, "filter_report.html") if save else None
+        return os.path.join(scores_dir, FILTER_REPORT) if save else None
     from .reshard import REPORT  # one of the files filter owns in OUT: never one of the user's replaced
     return os.path.join(write_shards, REPORT)
 

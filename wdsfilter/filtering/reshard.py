@@ -32,17 +32,15 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 from ..errors import ConfigError
 from ..atomic import write_json as _atomic_json
 from ..runfolder import source_changed
+from ..runfolder.names import CARD, FILTER_RUN as RUN_FILE, REPORT, THRESHOLDS  # noqa: F401 - apply's too
 from ..remote import redact_url
 from ..score.shardwriter import _local_copy, member_ranges, streamed_source, streams, tar_opener
 from ..shards import is_pipe, is_remote
 from ..shardstats import SIZES, stats_path, update_sizes, write_shard_stats
 from ..writing import atomic_path, tar_end
-from .hfcard import CARD, write_card
+from .hfcard import write_card
 from .rename import Headers, ReshardError, SourceCut, copy_range, copy_renamed
 
-RUN_FILE = "filter_run.json"
-REPORT = "report.html"  # filter's report goes beside its shards (apply.default_report): a file of ours
-THRESHOLDS = "thresholds.json"  # the rules as the loader's keyword arguments, beside the shards they made
 
 
 @dataclass

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 from typing import Optional
 
+from ..runfolder.names import REPORT
 from ..selection import Selection
 
 
@@ -45,7 +46,7 @@ def _write_run_report(folder: str, thresholds: Selection, allow_pipe: bool, allo
     from ..writing import check_output_file
     from .collect import ReportCollector
     from .page import write_report
-    path = os.path.join(folder, "report.html")
+    path = os.path.join(folder, REPORT)
     run = ScoreRun.open(folder)
     run.require_sources()  # thumbnails only from the sources the run's own record names
     check_output_file(path, "--report")

@@ -17,14 +17,13 @@ import os
 from typing import Optional
 
 from .lease import Lease, LeaseLostError
+from .names import STATE_FILES, STATE_FOLDERS
 
 log = logging.getLogger("wdsfilter")
 
 # What --resume reads to decide which shards are done (run.json, the shard list, the recipe, the
 # markers, the per-shard failure ledgers their markers vouch for and the end merges) and the marks
 # of an earlier dedup (the report reads them): the rest of a bucket's run folder stays there.
-STATE_FILES = ("run.json", "shards.json", "run.yaml")
-STATE_FOLDERS = ("done", "failures", "dedup")
 
 
 def _not_state(rel: str) -> bool:

@@ -16,9 +16,8 @@ import os
 from typing import Dict, Iterator, Optional, Sequence, Tuple
 
 from ..errors import ConfigError
+from .names import DEDUP as FOLDER, DEDUP_SUMMARY as SUMMARY
 
-FOLDER = "dedup"
-SUMMARY = "summary.json"
 DUPLICATE = "duplicate"
 EVAL_MATCH = "eval_match"
 

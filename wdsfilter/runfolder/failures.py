@@ -10,8 +10,7 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Optional, Sequence
 
-FOLDER = "failures"
-MERGED = "failures.parquet"
+from .names import FAILURES as FOLDER, FAILURES_MERGED as MERGED  # noqa: F401 - the ledger's names, read here
 
 # The reasons trying again can cure: out of memory after the back-off reached a batch of one, a
 # scorer that raised on the sample (score_batch, or prepare() with an error that is not a

@@ -31,13 +31,10 @@ from ..atomic import write_json
 from ..errors import ConfigError
 from ..publish import published
 from ..shards import absolute_url, is_local, local_path, split_suffix
+from .names import DONE, RUN_JSON, SCORES, SHARDS_FILE
 from .tables import EXTENSIONS, damaged
 
-RUN_JSON = "run.json"
 RUN_ID = "run_id"  # run.json's: the run the folder holds (a --resume continues it, --overwrite starts another)
-SHARDS_FILE = "shards.json"
-DONE = "done"
-SCORES = "scores"
 
 
 def shard_names(urls: Sequence[str]) -> Dict[str, str]:

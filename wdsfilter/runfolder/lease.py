@@ -45,8 +45,8 @@ from typing import Dict, Iterable, Iterator, Optional, Tuple
 
 from .. import atomic
 from ..errors import ConfigError, RunError
+from .names import LEASE as LEASE_NAME  # the record
 
-LEASE_NAME = ".lock.json"  # the record
 GUARD_NAME = ".lock"  # on a disk: the POSIX lock under which the record is compared and replaced
 STALE_SECONDS = 120.0  # a holder silent this long loses its lease (WDSFILTER_LEASE_SECONDS)
 MARGIN = 0.2  # the holder stops writing this share of stale_seconds before others may take over

@@ -180,6 +180,7 @@ def open_progress(enabled: bool, todo: List[str]):
     them, else by shards done (wdsfilter/progress.py)."""
     if not enabled:
         return None
-    from ..progress import Progress, known_samples
-    return Progress("scoring", "samples", total=known_samples(todo), parts=len(todo))
+    from ..progress import Progress
+    from ..shardstats import sizes_samples
+    return Progress("scoring", "samples", total=sizes_samples(todo), parts=len(todo))
 

@@ -25,7 +25,7 @@ from ..runfolder.tables import preload_writer
 from .summary import RunSummary
 from .plan import Plan
 from .planner import make_plan
-from ..progress import known_samples
+from ..shardstats import sizes_samples
 from .probe import ProbeReport, collect_probe
 from .rows import NothingScoredError  # noqa: F401 - raised by run(); importable from here as before
 from .runner import Outcome, Run
@@ -45,7 +45,7 @@ class Engine(Run):
                                                       self.only_retried(), self.before)
         # The job's size, where it is known, bounds the probe's share of it (ModelRunner.probe):
         # sizes.json, or the probe itself read every sample before it had what it wanted.
-        job = known_samples(todo)
+        job = sizes_samples(todo)
         if (job is None and len(inputs) < cfg.probe_samples and scanned < cfg.probe_scan
                 and prep_seconds * scanned <= cfg.probe_seconds):  # not stopped by its time limit
             job = scanned

@@ -89,7 +89,7 @@ class RunState:
     def check_folder(self) -> None:
         """The checks that need no scorer: a previous run here needs --resume or --overwrite."""
         markers = self._existing_markers()
-        if os.path.exists(os.path.join(self.out, "run.json")):
+        if os.path.exists(os.path.join(self.out, layout.RUN_JSON)):
             if not self.cfg.resume and (markers or self._score_files()) and not self.cfg.overwrite:
                 raise self._taken(len(markers))
         elif markers and not self.cfg.overwrite:
@@ -108,7 +108,7 @@ class RunState:
         return run_id if isinstance(run_id, str) else None
 
     def _prepare(self) -> None:
-        run_json = os.path.join(self.out, "run.json")
+        run_json = os.path.join(self.out, layout.RUN_JSON)
         markers = self._existing_markers()
         self.run_id = os.urandom(8).hex()
         if os.path.exists(run_json):

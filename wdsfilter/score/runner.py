@@ -22,6 +22,7 @@ from .config import ScoreConfig
 from .faults import disk_full, is_disk_full
 from .ledger import MERGED as LEDGER_FILE, merge as merge_ledger, shard_entry, summarize as summarize_ledger
 from .ledger import OnlyKeys, retry_plan, write_shard_failures
+from ..runfolder.names import HISTOGRAMS, RUN_JSON, SUMMARY, THRESHOLDS
 from ..runfolder.lease import Lease, LeaseLostError
 from .recipe import write_recipe
 from ..report import run_report
@@ -86,7 +87,7 @@ class Run:
                 self.remote.release()
             raise
         try:
-            if cfg.retry_failed and not os.path.exists(os.path.join(cfg.out, "run.json")):
+            if cfg.retry_failed and not os.path.exists(os.path.join(cfg.out, RUN_JSON)):
                 raise ConfigError(f"--retry-failed: {cfg.out} holds no scoring run; score the shards there first")
             self.state = RunState(cfg, self.urls, size_of=self.remote.sizes() if self.remote else os.path.getsize)
             self.state.fence = fence  # installed by rows.write_shard where a Ray worker writes
@@ -195,18 +196,18 @@ class Run:
         bounds = rules.bounds
         for k, v in summarize_files(files, self.columns, rules, cfg.histogram_bins).items():
             setattr(summary, k, v)
-        summary.files = {"scores": self.state.scores_dir, "summary": os.path.join(cfg.out, "summary.json"),
+        summary.files = {"scores": self.state.scores_dir, "summary": os.path.join(cfg.out, SUMMARY),
                          "histograms": plot_histograms(summary.columns, bounds,
-                                                       os.path.join(cfg.out, "histograms.png")),
+                                                       os.path.join(cfg.out, HISTOGRAMS)),
                          "filtered shards": cfg.write_shards}
         summary.files["failures"] = self.record_failures()
         if cfg.selection.shares and files:
-            summary.files["thresholds"] = os.path.join(cfg.out, "thresholds.json")
+            summary.files["thresholds"] = os.path.join(cfg.out, THRESHOLDS)
         summary.files["report"] = run_report(cfg.out, rules, cfg.stage.allow_pipe, cfg.stage.allow_remote)
         if self.remote:  # the summary and report name the bucket's objects, not the staging copy
             self.remote.publish_text(summary.files["report"])
             summary.files = {k: self.remote.public(v) for k, v in summary.files.items()}
-            write_summary(summary, os.path.join(cfg.out, "summary.json"))
+            write_summary(summary, os.path.join(cfg.out, SUMMARY))
             self.remote.sync()  # every object in the bucket before the run reports success
         else:
             write_summary(summary, summary.files["summary"])
@@ -227,7 +228,7 @@ class Run:
         for t in resolved.thresholds:
             if t.share is not None and cfg.verbosity:  # -q: the one-line result only
                 self.echo(f"{t.given}: {t.rank} of the {t.scored} rows with a {t.column} -> {t.describe()}")
-        write_thresholds(os.path.join(cfg.out, "thresholds.json"), resolved.selection)
+        write_thresholds(os.path.join(cfg.out, THRESHOLDS), resolved.selection)
         return resolved.selection
 
     def _count_early_retries(self, summary: RunSummary) -> None:

@@ -11,6 +11,7 @@ from typing import Dict, List, Optional
 
 from ...errors import ConfigError
 from ...runfolder.dedup import FOLDER, SUMMARY, DedupMarks
+from ...runfolder.names import REPORT
 from ...writing import write_text_atomic
 from ..html import CSS, escape, grid
 from ..media import attach_media
@@ -117,6 +118,6 @@ def write_report(folder: str, summary: dict, urls: Dict[str, str], matches: List
            f"<style>{CSS}</style></head><body><h1>Dedup of {escape(os.path.dirname(folder))}</h1>"]
     out += section_html(section)
     out.append("</body></html>")
-    path = os.path.join(folder, "report.html")
+    path = os.path.join(folder, REPORT)
     write_text_atomic(path, "\n".join(out))
     return path
