@@ -81,3 +81,10 @@ def test_a_step_that_would_end_past_the_deadline_is_skipped_not_started(capsys):
     assert [r.step for r in rows] == ["7 equality", "5 sticky"]
     assert all("not run" in r.measured and "deadline 1 s" in r.measured for r in rows)
     assert "score" not in out.replace("score equality", "")  # no run started
+
+
+@pytest.mark.slow  # two scoring runs
+def test_dry_run_gpu_decode_step_refuses_a_gpu_decode_on_a_cpu(capsys):
+    (row,) = gpu_check.main(["--dry-run-cpu", "--only", "8"])
+    assert row.ok, row
+    assert row.step == "8 gpu decode" and "rc 2" in row.measured and "cpu path rc 0" in row.measured

@@ -5,6 +5,7 @@ import torch
 import wdsfilter
 from shardkit import image_bytes, image_text_members, write_shard
 from wdsfilter import ConfigError
+from wdsfilter.errors import StarvationError
 
 
 def to_tensor(img):
@@ -123,3 +124,74 @@ def test_a_sized_shuffled_epoch_gives_each_sample_at_most_once(tmp_path, workers
         seen = [s["__key__"] for batch in loader for s in batch]
         assert len(seen) == 40
         assert len(set(seen)) == len(seen), sorted(k for k in seen if seen.count(k) > 1)
+
+
+def test_a_shuffle_buffer_filling_is_not_starvation(tmp_path):
+    # A shuffle buffer takes in min(shuffle, 1000) samples before it gives the first (open_clip's
+    # training sizes: 5000, initial 1000), more than the watchdog's starvation_samples (500 by
+    # default): the watchdog raised "none came out; the run would hang" on healthy shards.
+    urls = [write_shard(tmp_path / f"f{i}.tar", image_text_members(20, start=100 * i)) for i in range(2)]
+    loader = wdsfilter.loader(urls, batch_size=8, shuffle=30, starvation_samples=10, output="dict")
+    assert sorted(s["__key__"] for b in loader for s in b) == sorted(f"{k:06d}" for k in
+                                                                     [*range(20), *range(100, 120)])
+    # A stream that truly keeps nothing still raises, after the buffer's fill and the watchdog's count.
+    starving = wdsfilter.loader(urls, batch_size=8, shuffle=30, starvation_samples=5, caption_key="json",
+                                check_first_shard=False, output="dict")
+    with pytest.raises(StarvationError, match="none came out"):
+        list(starving)
+
+
+def draws(img):
+    """A 'random augmentation' that shows what it drew from each generator a transform may use."""
+    import random
+
+    import numpy as np
+    return torch.tensor([torch.rand(1).item(), random.random(), np.random.rand()], dtype=torch.float64)
+
+
+def test_transforms_draw_from_generators_seeded_per_sample_and_the_loops_are_kept(shards):
+    # num_workers=0: the transform runs in the training loop's process. Each sample's draws are those
+    # of generators seeded by (seed, epoch, rank, worker, sample number), as webdataset's make_seed
+    # combines them; the loop's own generators are as they were; and no CUDA generator is seeded
+    # (torch.manual_seed queued a seed for every CUDA device per sample: on a GPU it reseeded the
+    # training loop's CUDA generator, on a CPU it recorded a stack trace each time, ~100x the cost).
+    import random
+
+    import numpy as np
+    import webdataset as wds
+    def epoch(transform):
+        torch.manual_seed(5)  # the loop's state (torch's DataLoader draws its base seed from it)
+        random.seed(6)
+        np.random.seed(7)
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() \
+            else torch.cuda._lazy_seed_tracker.get_calls()
+        out = [images for images, _ in wdsfilter.loader(shards, batch_size=8, transform=transform, seed=11)]
+        cuda_after = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() \
+            else torch.cuda._lazy_seed_tracker.get_calls()
+        assert (all(torch.equal(a, b) for a, b in zip(cuda_after, cuda)) if torch.cuda.is_initialized()
+                else cuda_after == cuda)
+        return out, (torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy())
+
+    plain, loop_state = epoch(to_tensor)
+    got, after = epoch(draws)
+    got = torch.cat(got)
+    assert len(got) == 40
+    for k in (0, 1, 39):
+        seed = wds.utils.make_seed(11, 0, 0, 0, k + 1)
+        rng = torch.Generator().manual_seed(seed)
+        want = [torch.rand(1, generator=rng).item(), random.Random(seed).random(), np.random.RandomState(seed).rand()]
+        assert got[k].tolist() == want
+    assert torch.equal(after[0], loop_state[0]) and after[1] == loop_state[1] and (after[2] == loop_state[2]).all()
+
+
+def test_the_shuffle_buffer_holds_samples_undecoded(tmp_path):
+    # Decoded before the shuffle, the buffer held min(shuffle, 1000) decoded images (open_clip's 5000
+    # of 512 px: GBs per worker) and the first batch waited for them all; decoded after it, as
+    # open_clip's pipeline decodes, the first batch decodes its own samples only.
+    urls = [write_shard(tmp_path / f"u{i}.tar", image_text_members(20, start=100 * i)) for i in range(2)]
+    loader = wdsfilter.loader(urls, batch_size=4, shuffle=30, seed=1, output="dict")
+    it = iter(loader)
+    first = next(it)
+    assert len(first) == 4 and all(hasattr(s["image"], "size") for s in first)  # decoded PIL images
+    assert loader.pipeline.place.decodes == 4
+    assert sum(len(b) for b in it) == 36 and loader.pipeline.place.decodes == 40

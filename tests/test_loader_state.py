@@ -98,6 +98,37 @@ def test_a_restore_decodes_only_the_samples_it_will_give(tmp_path):
     assert counts(again.stats) == counts(full.stats)  # the corrupt ones counted, with their reason
 
 
+def draws(img):
+    """A random augmentation that shows what it drew (torch's, Python's and numpy's generators)."""
+    import random
+
+    import numpy as np
+    import torch
+    return (torch.rand(1).item(), random.random(), float(np.random.rand()))
+
+
+def test_a_restored_loader_gives_the_same_random_augmentations(shards):
+    # Each sample's transform draws from generators seeded by its place in the reader's stream, in
+    # DataLoader workers too (seeded there, not put back): the restored loader's samples get the
+    # uninterrupted run's draws, and every sample its own.
+    def make():
+        return wdsfilter.loader(shards, batch_size=3, num_workers=2, shuffle=6, seed=5, epoch_samples=30,
+                                transform=draws, output="dict")
+
+    def with_draws(loader, n):
+        return [[(s["__key__"], tuple(s["image"])) for s in batch] for _, batch in zip(range(n), loader)]
+    whole = with_draws(make(), 10)
+    first = make()
+    it = iter(first)
+    before = [[(s["__key__"], tuple(s["image"])) for s in next(it)] for _ in range(4)]
+    state = json.loads(json.dumps(first.state_dict()))
+    del it
+    again = make()
+    again.load_state_dict(state)
+    assert before + with_draws(again, 6) == whole
+    assert len({d for batch in whole for _, d in batch}) == 30
+
+
 def test_shuffled_epochs_are_reproducible_from_the_seed(shards):
     # The sample shuffle drew from the clock: no two runs gave the same order, so no position could
     # be restored. Seeded by (seed, epoch, rank, worker) it is the same on every run.

@@ -218,3 +218,27 @@ def test_json_captions_that_are_not_text_are_reported(tmp_path):
     assert found(report) == Counter({("caption_not_text", "captions-000000.tar", "000001.json", "000001"): 1,
                                      ("caption_not_text", "captions-000000.tar", "000002.json", "000002"): 1})
     assert "is a JSON list" in report.findings[0].message and report.kept == 1
+
+
+POOL = """
+import multiprocessing, sys
+multiprocessing.set_start_method(sys.argv[1])
+from wdsfilter.validate.runner import pool_context
+before = {m: m in sys.modules for m in ("s3fs", "wdsfilter.validate.shard_check")}
+context = pool_context(["s3://bucket/a.tar", "s3://bucket/b.tar"])
+preload = getattr(__import__("multiprocessing.forkserver").forkserver._forkserver, "_preload_modules", None)
+print(before, {m: m in sys.modules for m in before}, context.get_start_method(), preload)
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+def test_validate_workers_inherit_the_remote_client_stack(method):
+    # Each worker imported s3fs (aiobotocore, aiohttp: ~1 s of a core) for itself, and the main process
+    # again for the sizes.json check: a forked pool now inherits the imports, a forkserver preloads them.
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", POOL, method], capture_output=True, text=True, check=True).stdout
+    if method == "fork":
+        assert out.startswith("{'s3fs': False, ") and "{'s3fs': True, " in out and " fork " in out, out
+    else:
+        assert "forkserver ['wdsfilter.validate.shard_check', 'fsspec', 's3fs']" in out, out

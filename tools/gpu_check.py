@@ -59,7 +59,7 @@ DRY = {"width": 64, "height": 48, "unique": 24, "shards": 2, "copies": 1, "big_m
 # cores idle (the first H100 run read 4 shards with 4 workers: 1,452 samples/s for B/32).
 QUICK = dict(REAL, unique=128, shards=4, copies=8, throughput_copies=8, timeout=150)
 # Seconds each step took at QUICK sizes on the first H100 run (6: an estimate; it has not run), for --deadline.
-ESTIMATE = {1: 45, 2: 125, 3: 50, 4: 270, 5: 80, 6: 120, 7: 55}
+ESTIMATE = {1: 45, 2: 125, 3: 50, 4: 270, 5: 80, 6: 120, 7: 55, 8: 150}  # 8: an estimate (never run)
 
 
 @dataclass
@@ -396,6 +396,38 @@ def step_equality(ctx) -> List[Row]:
                 f"every clip_score within {limit:g} of the CPU value", ok)]
 
 
+def step_gpu_decode(ctx) -> List[Row]:
+    """B/32 on the throughput shards with the JPEGs decoded by the decode workers (--decode-device
+    cpu) and in batches on the GPU (--decode-device cuda): images/s of each, the main process's CPU,
+    and the scores of the two runs against each other (the GPU decodes at full size, the workers at
+    a reduced DCT scale: docs/clip.md). On the CPU (dry run) a GPU decode cannot run: the step checks
+    that asking for it is refused in one line (exit 2) and that the CPU path scores."""
+    model = ctx.fast
+    runs = {}
+    for where in ("cpu", "cuda") if ctx.gpu else ("cpu",):
+        runs[where] = run_score(ctx.big_urls, ctx.out(f"decode-{where}"), ctx.clip_args(model) +
+                                ["--decode-device", where], ctx.gpu, ctx.size["timeout"])
+    if not ctx.gpu:
+        refused = run_score(ctx.urls[:1], ctx.out("decode-refused"), ctx.clip_args(model) + ["--decode-device", "cuda"],
+                            ctx.gpu, ctx.size["timeout"])
+        one_line = [line for line in refused["stderr"].splitlines() if line.strip()]
+        ok = refused["rc"] == 2 and len(one_line) == 1 and "decode" in one_line[0] and runs["cpu"]["rc"] == 0
+        return [Row("8 gpu decode", f"--decode-device cuda on a CPU: rc {refused['rc']}, {one_line[-1:]}; cpu path rc "
+                    f"{runs['cpu']['rc']}", "refused in one line (exit 2); the CPU path scores", ok)]
+    rates, cpu = {}, {}
+    for where, r in runs.items():
+        summary = r["summary"]
+        rates[where] = summary.get("samples_this_run", 0) / max(summary.get("scoring_seconds", 0) or 1e-9, 1e-9)
+        cpu[where] = sum(r["sampler"].main_cpu) / max(1, len(r["sampler"].main_cpu))
+    a, b = _scores(ctx.out("decode-cpu")), _scores(ctx.out("decode-cuda"))
+    diff = max((abs(a[k] - b[k]) for k in a if k in b), default=float("inf"))
+    ok = all(r["rc"] == 0 for r in runs.values()) and set(a) == set(b) and len(a) > 0 and diff <= 0.01
+    measured = (f"{model}: decode workers {rates['cpu']:.0f}/s, GPU decode {rates['cuda']:.0f}/s "
+                f"({rates['cuda'] / max(rates['cpu'], 1e-9):.2f}x); main CPU {cpu['cpu']:.0f}% / {cpu['cuda']:.0f}%; "
+                f"{len(a)} samples, max |score difference| {diff:.2e}")
+    return [Row("8 gpu decode", measured, "both score every sample; scores within 0.01; images/s recorded", ok)]
+
+
 def step_sticky(ctx) -> List[Row]:
     from tools.gpu_check_faults import step_sticky as run
     return run(ctx)
@@ -407,7 +439,7 @@ def step_ray(ctx) -> List[Row]:
 
 
 STEPS = {1: step_placement, 2: step_plan, 3: step_oom, 4: step_throughput, 5: step_sticky, 6: step_ray,
-         7: step_equality}
+         7: step_equality, 8: step_gpu_decode}
 
 
 @dataclass

@@ -77,6 +77,10 @@ class StageConfig:
     # Decode images at all: False leaves sample["image"] the member's bytes, unchecked (a scoring
     # run whose scorers read captions or image headers only: Scorer.image_pixels).
     decode_pixels: bool = True
+    # Leave a JPEG that passes the size guard undecoded (its header read, its bytes kept as with
+    # keep_image_bytes): a consumer decodes it elsewhere (the CLIP scorer's --decode-device, on the
+    # model's device). Set by the scoring engine from its scorers; other images decode as usual.
+    defer_jpeg: bool = False
     # Special tokens: the image token the user's model expects, and what to do with others.
     image_token: Optional[str] = None
     token_mode: str = "auto"  # auto: normalise when image_token is set, else keep

@@ -75,6 +75,30 @@ def check_size(size: Tuple[int, int], max_pixels: Optional[int], max_side: Optio
 
 # Key in a decoded image's `info` holding its (width, height) before a reduced-scale decode.
 FULL_SIZE = "wdsfilter_full_size"
+# Key in an image's `info` when only its header was read (StageConfig.defer_jpeg): a JPEG within
+# the size guard whose pixels a consumer decodes itself, from the member's bytes.
+DEFERRED = "wdsfilter_deferred"
+
+
+def is_jpeg(data: bytes) -> bool:
+    """A JPEG by its first bytes (SOI and a marker), whatever the member's extension says."""
+    return data[:3] == b"\xff\xd8\xff"
+
+
+def deferred_jpeg(data: bytes, max_pixels: Optional[int], max_side: Optional[int]) -> Optional[Image.Image]:
+    """The JPEG's header as an unloaded image marked DEFERRED, when it is a JPEG whose header reads
+    and whose size is within the guard; None otherwise (the image is decoded the usual way, which
+    says what is wrong with it)."""
+    if not is_jpeg(data):
+        return None
+    try:
+        img = open_image(data)
+    except Exception:  # noqa: BLE001 - decode_image names what is wrong
+        return None
+    if img.format != "JPEG" or check_size(img.size, max_pixels, max_side):
+        return None
+    img.info[DEFERRED] = True
+    return img
 
 
 def decode_image(data: bytes, max_pixels: Optional[int], max_side: Optional[int] = None,

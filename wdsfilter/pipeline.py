@@ -12,7 +12,7 @@ from .config import StageConfig
 from .errors import StarvationError
 from .markers import MARKER
 from .shards import expand_urls
-from .stages import decode, sample_stages, watch
+from .stages import decode_sample, sample_stages, watch
 from .tally import StatsSink, Tally
 
 
@@ -77,6 +77,8 @@ class Place:
     def __init__(self):
         self.epoch = -1  # the next pass adds one, as webdataset's seeded stages do
         self.worker = 0
+        self.in_worker = False  # the reader is a DataLoader worker (not the training loop's process)
+        self.rank: Optional[int] = None  # this reader's rank, read when a pass starts
         self.index = 0  # samples this reader passed to the user's transforms this epoch (replayed included)
         self.passes = 0  # passes over its shards this reader finished this epoch (cycle_shards)
         # The decode stage's count: samples it was given this epoch, images it decoded, and those it
@@ -95,6 +97,8 @@ class Place:
         self.new_drops = []
         data = sys.modules.get("torch.utils.data")  # a DataLoader worker has imported it; never import torch here
         info = data.get_worker_info() if data is not None else None
+        self.in_worker = info is not None
+        self.rank = None
         if info is None:
             self.worker = 0
             return
@@ -129,33 +133,61 @@ class Place:
         return self.raw, drops
 
     def seed(self, seed: int, *more) -> int:
-        rank = wds.utils.pytorch_worker_info()[0]
-        return wds.utils.make_seed(seed, self.epoch, rank, self.worker, *more)
+        if self.rank is None:  # once a pass (per sample it cost as much as the seeding)
+            self.rank = wds.utils.pytorch_worker_info()[0]
+        return wds.utils.make_seed(seed, self.epoch, self.rank, self.worker, *more)
 
 
 class SeededTransform:
-    """The user's image transform with the random generators (torch's, Python's, numpy's) seeded per
-    sample from (seed, epoch, rank, worker, sample index), and given back as they were after it: a
-    random crop is the same on every run and after a restore (whose replayed samples never reach the
-    transform), and the process's own generators (the training loop's, with num_workers=0) are untouched."""
+    """The user's image transform with the random generators it may draw from (torch's CPU generator,
+    Python's and numpy's global ones) seeded per sample from (seed, epoch, rank, worker, sample index):
+    a random crop is the same on every run and after a restore (whose replayed samples never reach the
+    transform). Each generator is seeded directly (torch.manual_seed also queues a seed for every CUDA,
+    XPU and MTIA generator, recording a stack each time when none is initialised: ~100x the cost, and on
+    a GPU it reseeded the training loop's CUDA generator). In the main process (num_workers=0) the
+    generators are the training loop's: they are given back as they were after each sample. A DataLoader
+    worker's are its own (no other stage draws from them: the shuffles have their own), so they are
+    only seeded."""
 
     def __init__(self, transform: Callable, place: Place, seed: int):
         self.transform, self.place, self.seed = transform, place, seed
 
     def __call__(self, image):
+        place = self.place
+        seed = place.seed(self.seed, place.index)
+        generators = _generators()
+        if place.in_worker:
+            _seed(generators, seed)
+            return self.transform(image)
+        cpu, np_random = generators
+        saved = cpu.get_state(), random.getstate(), np_random.get_state()
+        try:
+            _seed(generators, seed)
+            return self.transform(image)
+        finally:
+            cpu.set_state(saved[0])
+            random.setstate(saved[1])
+            np_random.set_state(saved[2])
+
+
+_GENERATORS: Optional[tuple] = None
+
+
+def _generators() -> tuple:
+    """(torch's CPU generator, numpy.random), imported once (a transform's process has torch)."""
+    global _GENERATORS
+    if _GENERATORS is None:
         import numpy as np
         import torch
-        seed = self.place.seed(self.seed, self.place.index)
-        saved = random.getstate(), np.random.get_state()
-        try:
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(seed)
-                random.seed(seed)
-                np.random.seed(seed)
-                return self.transform(image)
-        finally:
-            random.setstate(saved[0])
-            np.random.set_state(saved[1])
+        _GENERATORS = torch.default_generator, np.random
+    return _GENERATORS
+
+
+def _seed(generators: tuple, seed: int) -> None:
+    cpu, np_random = generators
+    cpu.manual_seed(seed)
+    random.seed(seed)
+    np_random.seed(seed)
 
 
 class PlacedSource(wds.PipelineStage):
@@ -207,96 +239,67 @@ def _passes(src, place: Place):
         first = after[0]
 
 
-LAZY = "__decode_later__"  # a restored reader's sample, decoded only if the replay does not pass over it
+def _placed_decode(data, cfg: StageConfig, tally: Tally, place: Place, decode_images: bool = True):
+    """The loader's decode stage, after the sample shuffle: the buffer holds samples as read (their
+    compressed bytes, as open_clip's pipeline holds them), and a batch waits for the decoding of its
+    own samples only. It counts the samples it is given (place.raw), notes those it drops with their
+    reason (place.new_drops: each batch reports them) and numbers those it gives (place.index, the
+    transforms' sample index), so a saved position says how far into the shuffled stream a reader was.
 
-
-class _Decoder:
-    """The decode stage (stages.decode) for one sample: what it gives, and the reason when it dropped
-    the sample (None when it kept it)."""
-
-    def __init__(self, cfg: StageConfig, tally: Tally):
-        self.stage, self.tally = decode(cfg, tally), tally
-
-    def __call__(self, sample: dict) -> Tuple[list, Optional[str]]:
-        before = dict(self.tally.dropped)
-        out = list(self.stage(iter((sample,))))
-        if any(MARKER not in s for s in out):
-            return out, None
-        return out, next((r for r, n in self.tally.dropped.items() if n != before.get(r, 0)), "decode_error")
-
-
-def _placed_decode(data, cfg: StageConfig, tally: Tally, place: Place):
-    """The decode stage of a restorable loader. It counts the samples it is given (place.raw) and
-    notes those it drops with their reason (place.new_drops; each batch reports them), so a saved
-    position says which of a reader's samples survived decoding. On a restored epoch the samples
-    before that count are not decoded: those it had dropped are dropped again with their reason
-    (counted, not decoded), the others go on undecoded (LAZY): the replay passes over the ones the
-    reader had given and decodes the rest (those in the shuffle buffer) after it. The stream into
-    the shuffle is the same samples in the same order, so the replay stays exact. With emit_rejects
-    (reject markers flow on) every sample is decoded again."""
-    decoder = _Decoder(cfg, tally)
+    On a restored epoch it passes over the samples the reader had given before the checkpoint without
+    decoding them (they count as given: they were) and drops again, with their reason and undecoded,
+    those it had dropped; past the count the saved list of drops covers (it is bounded) it decodes
+    until the reader's given samples are passed. The shuffle above it sees the same samples in the same
+    order either way, so the rest of the stream is the uninterrupted run's. The watchdog sleeps while
+    it passes over samples (a long replay is not a stall)."""
     upto, drops = place.decoded_before() if not cfg.emit_rejects else (0, {})
-    for sample in data:
-        if MARKER in sample:
-            yield sample
-            continue
-        index = place.raw
-        place.raw += 1
-        if index < upto:
-            if index in drops:
-                member = f"{sample.get('__key__')}.{sample.get('__media_ext__')}"
-                tally.drop(drops[index], "decode", sample.get("__url__", ""), member,
-                           "dropped before the restored position; not decoded again")
+    skip = place.to_skip()
+    limits = tally.starvation_samples, tally.starvation_seconds
+    if skip:
+        tally.starvation_samples = tally.starvation_seconds = 0
+    try:
+        for sample in data:
+            if MARKER in sample:
+                yield sample
                 continue
-            if "image" in sample:
-                sample[LAZY] = True
+            index = place.raw
+            place.raw += 1
+            if index < upto and skip:
+                if index in drops:
+                    member = f"{sample.get('__key__')}.{sample.get('__media_ext__')}"
+                    tally.drop(drops[index], "decode", sample.get("__url__", ""), member,
+                               "dropped before the restored position; not decoded again")
+                else:
+                    skip -= 1
+                    place.index += 1
+                    tally.sample_out()
+                continue
+            if decode_images and "image" in sample:
+                place.decodes += 1
+                sample, reason = decode_sample(sample, cfg, tally)
+                if reason is not None:
+                    place.new_drops.append([index, reason])
+                    if sample is None:
+                        continue
+                    if skip:  # a reject marker (emit_rejects) the reader gave before the checkpoint
+                        skip -= 1
+                        continue
+                    yield sample
+                    continue
+            place.index += 1
+            if skip:  # past the saved drops, still before the restored position
+                skip -= 1
+                tally.sample_out()
+                continue
+            if limits[0] != tally.starvation_samples or limits[1] != tally.starvation_seconds:
+                tally.starvation_samples, tally.starvation_seconds = limits
+                tally.waiting()
             yield sample
-            continue
-        if "image" in sample:
-            place.decodes += 1
-        out, reason = decoder(sample)
-        if reason is not None:
-            place.new_drops.append([index, reason])
-        yield from out
+    finally:
+        tally.starvation_samples, tally.starvation_seconds = limits
 
 
 placed_decode = wds.pipelinefilter(_placed_decode)
-
-
-def _replay(data, place: Place, tally: Tally, cfg: Optional[StageConfig] = None):
-    """On a restored loader: pass over the samples the reader had already given (they were in the
-    batches before the checkpoint), before the user's transforms, so the stream, the shuffle buffer
-    and the counts after them are those of the uninterrupted run. They count as given (they were);
-    the watchdog sleeps meanwhile (a long replay is not a stall). The samples the decode stage let
-    through undecoded (LAZY) are decoded here if they are not passed over."""
-    data, skip = iter(data), place.to_skip()
-    if skip:
-        limits = tally.starvation_samples, tally.starvation_seconds
-        tally.starvation_samples = tally.starvation_seconds = 0
-        try:
-            for _ in range(skip):
-                if next(data, None) is None:
-                    return
-                place.index += 1
-                tally.sample_out()
-        finally:
-            tally.starvation_samples, tally.starvation_seconds = limits
-            tally.waiting()
-    decoder = _Decoder(cfg or StageConfig(), tally)
-    for sample in data:
-        if LAZY in sample:  # decoded before the checkpoint, so it decodes now
-            del sample[LAZY]
-            place.decodes += 1
-            out, _ = decoder(sample)
-            for decoded in out:
-                place.index += 1
-                yield decoded
-            continue
-        place.index += 1
-        yield sample
-
-
-replay = wds.pipelinefilter(_replay)
 
 
 def _worker_batches(data, place: Place, per_worker: Optional[int] = None):
@@ -355,12 +358,11 @@ def sample_pipeline(urls, cfg: Optional[StageConfig] = None, tally: Optional[Tal
     stages[0] = PlacedSource(place, stages[0])
     stages += list(shard_stages)
     stages += sample_stages(cfg, tally, decode_images=decode_images and not restorable, before_decode=before_decode)
-    if decode_images and restorable:  # a restored loader decodes only what it will give
-        stages.append(placed_decode(cfg, tally, place))
     if shuffle:
-        stages.append(SeededShuffle(place, shuffle, min(shuffle, 1000), seed))
-    if restorable:  # a restored loader's samples already given (none otherwise); not on score's path
-        stages.append(replay(place, tally, cfg))
+        tally.held_back = min(shuffle, 1000)
+        stages.append(SeededShuffle(place, shuffle, tally.held_back, seed))
+    if restorable:  # the loader's: decoded after the shuffle, a restored reader's given samples passed over
+        stages.append(placed_decode(cfg, tally, place, decode_images))
     stages += list(extra)
     stages.append(watch(tally, sink))
     pipeline = wds.DataPipeline(*stages)

@@ -18,7 +18,7 @@ from .census import KeyCensus
 from .config import StageConfig
 from .curry import pipelinefilter  # webdataset's, without importing webdataset (and torch)
 from .errors import ConfigError, DataError
-from .images import decode_image
+from .images import decode_image, deferred_jpeg
 from .markers import MARKER, reject_marker  # markers flow through every stage untouched (markers.py)
 from .reading import OVERSIZED, group_samples, tar_members
 from .specs import FieldRef, find_caption, is_dotted, is_video, parse_json_member
@@ -298,24 +298,34 @@ def _clean_captions(data: Iterable[dict], cfg: StageConfig, tally: Tally) -> Ite
 IMAGE_BYTES = "__image_bytes__"
 
 
+def decode_sample(sample: dict, cfg: StageConfig, tally: Tally) -> Tuple[Optional[dict], Optional[str]]:
+    """One sample through the decode stage: what it gives (the sample, a reject marker with
+    emit_rejects, or None) and the reason when it dropped the sample (None when it kept it)."""
+    if MARKER in sample or "image" not in sample or not cfg.decode_pixels:
+        return sample, None
+    try:
+        raw = sample["image"]
+        deferred = deferred_jpeg(raw, cfg.max_pixels, cfg.max_side) if cfg.defer_jpeg else None
+        if deferred is not None:  # its consumer decodes it from the bytes (the CLIP scorer's --decode-device)
+            sample["image"], sample[IMAGE_BYTES] = deferred, raw
+            return sample, None
+        sample["image"] = decode_image(raw, cfg.max_pixels, cfg.max_side, cfg.oversize, cfg.image_mode,
+                                       cfg.decode_floor)
+        if cfg.keep_image_bytes:
+            sample[IMAGE_BYTES] = raw
+        return sample, None
+    except DataError as e:
+        member = f"{sample['__key__']}.{sample['__media_ext__']}"
+        return _reject(tally, sample, e.reason, "decode", member, str(e), cfg.emit_rejects), e.reason
+
+
 def _decode(data: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator[dict]:
     """Decode "image" behind the size guard. Videos stay bytes (the scorers decode frames), and so
     do images where nothing reads their pixels (cfg.decode_pixels)."""
     for sample in data:
-        if MARKER not in sample and "image" in sample and cfg.decode_pixels:
-            try:
-                raw = sample["image"]
-                sample["image"] = decode_image(raw, cfg.max_pixels, cfg.max_side,
-                                               cfg.oversize, cfg.image_mode, cfg.decode_floor)
-                if cfg.keep_image_bytes:
-                    sample[IMAGE_BYTES] = raw
-            except DataError as e:
-                member = f"{sample['__key__']}.{sample['__media_ext__']}"
-                marker = _reject(tally, sample, e.reason, "decode", member, str(e), cfg.emit_rejects)
-                if marker:
-                    yield marker
-                continue
-        yield sample
+        out, _ = decode_sample(sample, cfg, tally)
+        if out is not None:
+            yield out
 
 
 def _map_dict(data: Iterable[dict], fns: Dict[str, Callable[[Any], Any]], tally: Optional[Tally] = None,
@@ -349,7 +359,9 @@ def _watch(data: Iterable[dict], tally: Tally, sink=None, report_every: int = 25
     try:
         tally.waiting()
         for sample in data:
-            if MARKER not in sample:
+            # markers are dicts; `in` on a loader's (image, tokens) tuple compared the string with each
+            # tensor (torch's __eq__ and its TypeError: ~100 us a sample, more than the seeding)
+            if not isinstance(sample, dict) or MARKER not in sample:
                 tally.sample_out()
             n += 1
             if sink is not None and n % report_every == 0:

@@ -69,6 +69,9 @@ class Tally:
         self.starvation_samples = starvation_samples
         self.starvation_seconds = starvation_seconds
         self.name = name
+        # Samples a shuffle buffer takes in before it gives its first (pipeline.SeededShuffle's
+        # initial fill): held back, not starved, so the count before the watchdog fires starts after them.
+        self.held_back = 0
         # () -> what is wrong with the keys, or None: set by the select stage (FirstShardCheck).
         self.explain = None
         self.reset()
@@ -154,7 +157,9 @@ class Tally:
             raise StarvationError(self.starvation_message())
         # Shards opened with no sample read count too: a resampled stream of unreadable shards
         # (git-lfs pointer files named .tar) reopens them thousands of times a second.
-        by_count = self.starvation_samples and (self.samples_read or self.shards_read) >= self.starvation_samples
+        by_count = self.starvation_samples and (
+            self.samples_read >= self.starvation_samples + self.held_back if self.samples_read
+            else self.shards_read >= self.starvation_samples)
         if by_count:
             raise StarvationError(self.starvation_message())
 

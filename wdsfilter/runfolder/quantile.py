@@ -23,7 +23,7 @@ from typing import Callable, Iterable, Tuple
 
 BINS = 4096
 COLLECT = 1 << 16
-IN_MEMORY_ROWS = 1 << 24  # a column of up to 16 M rows (128 MiB of float64) is held whole; more streams
+IN_MEMORY_ROWS = 1 << 26  # a column of up to 64 M rows (512 MiB of float64) is held whole; more streams
 
 Source = Callable[[], Iterable["object"]]  # a fresh iterator of float64 numpy arrays per pass
 

@@ -68,6 +68,58 @@ def arrow_type(name: str):
         return None
 
 
+def arrow_array(values: Sequence[Any], kind):
+    """`values` (Python values, None for null) as an Arrow array of type `kind`, as
+    pa.array(values, type=kind, from_pandas=True) makes it (a NaN is null), built from numpy
+    buffers: pa.array imports pandas on its first list (~1 s of a small job's start-up, for nothing
+    the score files need). string, int64, float64, bool and list<float64> columns of plain values
+    are built here; anything else (another type, a value of the wrong kind) goes to pa.array, which
+    converts it or raises its own error."""
+    import numpy as np
+    import pyarrow as pa
+    n = len(values)
+    present = [v for v in values if v is not None]
+    try:
+        if kind == pa.float64() and all(isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool)
+                                        for v in present):
+            data = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+            return _from_buffers(kind, n, ~np.isnan(data), [pa.py_buffer(data)])
+        if kind == pa.int64() and all(type(v) is int for v in present):
+            data = np.array([0 if v is None else v for v in values], dtype=np.int64)
+            return _from_buffers(kind, n, np.array([v is not None for v in values], dtype=bool), [pa.py_buffer(data)])
+        if kind == pa.bool_() and all(type(v) is bool for v in present):
+            bits = np.packbits(np.array([v is True for v in values], dtype=bool), bitorder="little")
+            return _from_buffers(kind, n, np.array([v is not None for v in values], dtype=bool), [pa.py_buffer(bits)])
+        if kind == pa.string() and all(type(v) is str for v in present):
+            encoded = [b"" if v is None else v.encode("utf-8") for v in values]
+            offsets = np.zeros(n + 1, dtype=np.int64)
+            np.cumsum([len(b) for b in encoded], out=offsets[1:])
+            if offsets[-1] < 2**31:
+                return _from_buffers(kind, n, np.array([v is not None for v in values], dtype=bool),
+                                     [pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(encoded))])
+        if kind == pa.list_(pa.float64()) and all(isinstance(v, (list, tuple)) for v in present):
+            flat = [x for v in present for x in v]
+            child = arrow_array(flat, pa.float64())
+            offsets = np.zeros(n + 1, dtype=np.int64)
+            np.cumsum([0 if v is None else len(v) for v in values], out=offsets[1:])
+            if offsets[-1] < 2**31:
+                valid = np.array([v is not None for v in values], dtype=bool)
+                bitmap = pa.py_buffer(np.packbits(valid, bitorder="little"))
+                return pa.ListArray.from_buffers(kind, n, [bitmap, pa.py_buffer(offsets.astype(np.int32))],
+                                                 null_count=int(n - valid.sum()), children=[child])
+    except (UnicodeEncodeError, OverflowError, ValueError, TypeError):
+        pass  # pa.array's own conversion (or its error)
+    return pa.array(list(values), type=kind, from_pandas=True)
+
+
+def _from_buffers(kind, n: int, valid, buffers: list):
+    import numpy as np
+    import pyarrow as pa
+    nulls = int(n - np.count_nonzero(valid))
+    bitmap = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
+    return pa.Array.from_buffers(kind, n, [bitmap, *buffers], null_count=nulls)
+
+
 def _score_array(values: List[Any], declared: Optional[str] = None):
     """A score column as an Arrow array (in C, no Python call per value): of its declared type,
     so every score file of a run has one schema; else of the type pyarrow infers: int64, float64
@@ -77,24 +129,22 @@ def _score_array(values: List[Any], declared: Optional[str] = None):
     a NaN as above every threshold."""
     import pyarrow as pa
     if declared is not None:
-        return pa.array(values, type=arrow_type(declared), from_pandas=True)
+        return arrow_array(values, arrow_type(declared))
     arr = pa.array(values, from_pandas=True)
     return arr.cast(pa.float64()) if pa.types.is_null(arr.type) else arr
 
 
 def preload_writer(fmt: str) -> None:
-    """Warm the table writer in a background thread: pyarrow.parquet, and what pyarrow imports
-    on its first array (pandas, where installed) take ~0.5 s of one core. Done lazily, that
+    """Warm the table writer in a background thread: pyarrow.parquet's import. Done lazily, that
     stalled the first shard's write; started with the scoring loop, it runs while the main
-    process waits for the decode workers (before the probe, it slowed the probe as much)."""
+    process waits for the decode workers (before the probe, it slowed the probe as much). The
+    score files' columns are built without pa.array (arrow_array), so pandas is not imported."""
     if fmt == "parquet":
         threading.Thread(target=_warm_parquet, daemon=True, name="wdsfilter-warm-parquet").start()
 
 
 def _warm_parquet() -> None:
-    import pyarrow as pa
     import pyarrow.parquet  # noqa: F401
-    pa.array([0.0])
 
 
 def write_table(rows: List[dict], columns: Union[Sequence[str], Mapping[str, Optional[str]]], path: str,
@@ -120,7 +170,7 @@ def write_table(rows: List[dict], columns: Union[Sequence[str], Mapping[str, Opt
             for name in names:
                 values = [row.get(name) for row in rows]
                 try:
-                    arr = (pa.array(values, type=base_types[name]) if name in base_types
+                    arr = (arrow_array(values, base_types[name]) if name in base_types
                            else _score_array(values, declared.get(name)))
                 except (pa.ArrowInvalid, pa.ArrowTypeError) as e:  # a scorer's values of several types
                     from ..errors import RunError

@@ -62,6 +62,9 @@ def _given(ctx: click.Context, param: str) -> bool:
                    "OUT/embeddings/img_emb, text_emb and metadata.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--gpus", default=None, metavar="0,1", help="GPUs to use (one model worker each, or more: --replicas).")
+@click.option("--decode-device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="Where CLIP's JPEGs are decoded: cuda (batched on the model's GPU; other images and JPEGs it "
+                   "refuses on the CPU), cpu (decode workers), auto (cuda when the model workers are on GPUs).")
 @click.option("--batch-size", default="auto", show_default=True, help="auto (memory planner) or N.")
 @click.option("--workers", default="auto", show_default=True, help="Decode worker processes: auto or N.")
 @click.option("--replicas", default="auto", show_default=True, help="Model processes per GPU: auto or N.")
@@ -99,7 +102,7 @@ def _given(ctx: click.Context, param: str) -> bool:
 def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frames, frame_reduce, keyframes,
           ocr_backend, ocr_model_dir, ocr_download, min_clip, max_ocr_area, mins, maxes, tops, bottoms,
           equals, recipes, write_shards,
-          save_embeddings, device, gpus, batch_size, workers, replicas, max_memory, headroom, fit, fmt, resume,
+          save_embeddings, device, gpus, decode_device, batch_size, workers, replicas, max_memory, headroom, fit, fmt, resume,
           overwrite, retry_failed, dry_run, caption_key, image_key, rekey, image_token, max_pixels, config_file,
           max_bytes, allow_pipe, allow_remote, remote_speed_limit, remote_speed_time, remote_retry_budget,
           storage_options, engine,
@@ -139,6 +142,7 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
                "precision": precision, "frames": frames, "frame_reduce": frame_reduce, "keyframes": keyframes,
                "ocr_backend": ocr_backend, "ocr_model_dir": ocr_model_dir, "ocr_download": ocr_download,
                "write_shards": write_shards, "save_embeddings": save_embeddings, "device": device, "gpus": gpus,
+               "decode_device": decode_device,
                "batch_size": batch_size, "workers": workers, "replicas": replicas, "max_memory": max_memory,
                "headroom": headroom, "fit": fit, "format": fmt}
     params = {"scorer_options": "scorer_opts", "format": "fmt"}

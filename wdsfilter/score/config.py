@@ -50,6 +50,11 @@ class ScoreConfig:
     # (or a device kind registered with memory.py, as the tests' simulated "sim:gpu0").
     # Overrides device/gpus; "cpu" alone scores in the main process.
     devices: Optional[Tuple[str, ...]] = None
+    # Where the CLIP scorer's JPEGs are decoded: "cpu" (PIL in the decode workers), "cuda" (in
+    # batches on the model's GPU: torchvision's nvJPEG decode, resize and crop there; other images
+    # and JPEGs the GPU refuses take the CPU path, per sample), "auto" (cuda when every model
+    # worker is on a GPU). Local engine.
+    decode_device: str = "auto"
     batch_size: Union[str, int] = "auto"
     workers: Union[str, int] = "auto"  # decode (DataLoader) worker processes
     replicas: Union[str, int] = "auto"  # model processes per GPU
@@ -143,6 +148,11 @@ class ScoreConfig:
         if self.histogram_bins < 1:
             raise ConfigError("histogram_bins must be >= 1")
         self.device = str(self.device)
+        if self.decode_device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"decode_device must be auto, cpu or cuda, got {self.decode_device!r}")
+        if self.decode_device == "cuda" and self.device == "cpu":
+            raise ConfigError("--decode-device cuda decodes on the model's GPU, and --device cpu has none; "
+                              "drop one of them")
         if not (self.device in ("auto", "cpu", "cuda") or re.match(r"^cuda:\d+$", self.device)):
             raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         if self.gpus is not None:
@@ -232,7 +242,11 @@ class ScoreConfig:
         return replace(self.stage, emit_rejects=True, starvation_samples=0, starvation_seconds=0.0,
                        check_first_shard=False, decode_floor=floor,
                        keep_image_bytes=differ or any(getattr(s, "image_bytes", False) for s in scorers),
-                       decode_pixels=not scorers or bool(pixels))
+                       decode_pixels=not scorers or bool(pixels),
+                       # JPEGs left undecoded for the model's device only where every scorer that reads
+                       # pixels decodes them there (--decode-device), at one scale
+                       defer_jpeg=bool(pixels) and not differ and all(getattr(s, "decode_on_device", False)
+                                                                      for s in pixels))
 
 
 def parse_gpus(value) -> Tuple[int, ...]:

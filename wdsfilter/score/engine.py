@@ -15,6 +15,7 @@ import logging
 import time
 from typing import Callable, List, Optional
 
+from ..errors import ConfigError
 from .config import ScoreConfig
 from .devices import make_pool, resolve_devices
 from .dispatch import Dispatcher, open_progress
@@ -38,6 +39,13 @@ class Engine(Run):
     """A Run scored on this machine's devices."""
 
     # -- planning ---------------------------------------------------------------------------
+    def _place_decoding(self, devices: List[str]) -> None:
+        """--decode-device, resolved on the run's devices, before the scorers reach any worker."""
+        on_device = decode_on_device(self.cfg.decode_device, devices)
+        for scorer in list(self.scorers) + list(self.model_scorers):
+            if hasattr(scorer, "decode_on_device"):
+                scorer.decode_on_device = on_device
+
     def _probe(self, pool, todo: List[str]) -> ProbeReport:
         cfg = self.cfg
         inputs, prep_seconds, scanned = collect_probe(todo, cfg.scoring_stage_config(self.scorers), self.scorers,
@@ -132,6 +140,7 @@ class Engine(Run):
         dispatcher = stage_tally = None
         if todo or cfg.dry_run:
             devices = resolve_devices(cfg)
+            self._place_decoding(devices)
             for scorer in self.scorers:  # downloads once, here, not in every model worker at once
                 getattr(scorer, "fetch", lambda: None)()
             pool = make_pool(devices, self.model_scorers, replicas=cfg.replicas)
@@ -176,6 +185,15 @@ class Engine(Run):
         if stage_tally is not None:
             outcome.stage_counts = {"dropped": dict(stage_tally.dropped), "notes": dict(stage_tally.notes)}
         return self.finish(outcome)
+
+
+def decode_on_device(setting: str, devices: List[str]) -> bool:
+    """--decode-device: whether the CLIP scorer's JPEGs are decoded on the model workers' device."""
+    on_gpus = bool(devices) and all(d.startswith("cuda") for d in devices)
+    if setting == "cuda" and not on_gpus:
+        raise ConfigError(f"--decode-device cuda decodes on the model's GPU; the model workers are on "
+                          f"{', '.join(devices)}. Use --decode-device auto or cpu")
+    return setting == "cuda" or (setting == "auto" and on_gpus)
 
 
 def _unopened_reason(url: str, stage_tally) -> str:

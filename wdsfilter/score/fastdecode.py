@@ -173,3 +173,49 @@ class ImageTransform:
         std = torch.tensor(self.std, dtype=torch.float32, device=pixels.device).view(-1, 1, 1)
         out = pixels.to(torch.float32).div_(255).sub_(mean).div_(std)
         return out if dtype is None or dtype == torch.float32 else out.to(dtype)
+
+
+# --decode-device: the model's device decodes a batch's JPEGs (torchvision.io.decode_jpeg, nvJPEG
+# on CUDA), in groups of at most this many decoded bytes, each group resized and cropped before the
+# next is decoded: the device memory it takes is bounded whatever the images' sizes (a 64 MP JPEG
+# is 192 MB decoded), and the planner counts it as the scorer's workspace (Scorer.workspace_bytes).
+DECODE_WORKSPACE = 256 << 20
+
+
+def device_pixels(transform: ImageTransform, jpegs, sizes, device, fallback) -> list:
+    """uint8 (3, S, S) on `device` for each JPEG (a uint8 tensor of the file's bytes) of (width,
+    height) `sizes`: decoded on the device in groups (DECODE_WORKSPACE), then the transform's own
+    resize and centre crop (torch's antialiased kernels, on the device). A JPEG its group could not
+    decode is decoded alone; one that fails alone (a CMYK or truncated file nvJPEG refuses) is
+    `fallback(i)`: the CPU path's pixels for input i, or its DataError, as the decode workers give."""
+    out: list = [None] * len(jpegs)
+    group: list = []
+    held = 0
+    for i, (w, h) in enumerate(sizes):
+        need = int(w) * int(h) * 3
+        if group and held + need > DECODE_WORKSPACE:
+            _decode_group(transform, jpegs, sizes, group, device, fallback, out)
+            group, held = [], 0
+        group.append(i)
+        held += need
+    if group:
+        _decode_group(transform, jpegs, sizes, group, device, fallback, out)
+    return out
+
+
+def _decode_group(transform: ImageTransform, jpegs, sizes, group: list, device, fallback, out: list) -> None:
+    from torchvision.io import ImageReadMode, decode_jpeg
+    try:
+        decoded = decode_jpeg([jpegs[i] for i in group], mode=ImageReadMode.RGB, device=device)
+    except RuntimeError:  # one bad file fails the call: each alone, the bad ones by the CPU path
+        decoded = []
+        for i in group:
+            try:
+                decoded.append(decode_jpeg(jpegs[i], mode=ImageReadMode.RGB, device=device))
+            except RuntimeError:
+                decoded.append(None)
+    for i, image in zip(group, decoded):
+        if image is None or tuple(image.shape[1:]) != (int(sizes[i][1]), int(sizes[i][0])):
+            out[i] = fallback(i)  # the size its header gave is the size the crop is placed for
+            continue
+        out[i] = transform._resize_crop(image.permute(1, 2, 0), (int(sizes[i][0]), int(sizes[i][1])))

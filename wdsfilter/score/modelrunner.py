@@ -86,7 +86,8 @@ class ModelRunner:
             bind_one(scorer, by_name)
             before, used_before = mem.allocated(), mem.device_used()
             scorer.load(torch_device(self.device))
-            footprints[scorer.name] = _grown(mem, before, used_before)
+            # with the device memory its scoring takes at any batch size (the JPEG decode's workspace)
+            footprints[scorer.name] = _grown(mem, before, used_before) + getattr(scorer, "workspace_bytes", lambda: 0)()
         return LoadReport(device=self.device, kind=mem.kind, total=mem.total(), free_before=free_before,
                           footprint=sum(footprints.values()), footprints=footprints, overhead=overhead,
                           overhead_estimated=mem.overhead_estimated, rss=self.host.allocated(),

@@ -29,7 +29,7 @@ from .config import ScoreConfig
 ENGINES = ("local", "ray")
 # ScoreConfig fields a recipe may set beside the ones it spells itself (never resume/overwrite/
 # dry_run: a replay says those on its command line).
-OPTIONS = ("write_shards", "device", "gpus", "devices", "batch_size", "workers", "replicas", "prefetch", "max_memory",
+OPTIONS = ("write_shards", "device", "gpus", "decode_device", "devices", "batch_size", "workers", "replicas", "prefetch", "max_memory",
            "headroom", "fit", "format", "max_batch", "cpu_max_batch", "min_free_host", "histogram_bins",
            "probe_samples", "probe_scan", "probe_seconds", "worker_start")
 KEYS = ("shards", "out", "scorers", "scorer_options", "thresholds", "stage", "engine", PATHS_FROM) + OPTIONS

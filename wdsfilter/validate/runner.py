@@ -7,6 +7,7 @@ process is reported as unreadable.
 """
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 import os
 import signal
@@ -33,7 +34,7 @@ def run_checks(urls: Sequence[str], options: ValidateOptions) -> Iterator[Tuple[
             yield i, check_shard(url, options)
         return
     retry: List[int] = []
-    pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context())
+    pool = ProcessPoolExecutor(jobs, mp_context=pool_context(urls))
     futures: dict = {}
     try:
         for i, url in enumerate(urls):
@@ -69,6 +70,35 @@ def run_checks(urls: Sequence[str], options: ValidateOptions) -> Iterator[Tuple[
         yield i, _isolated(urls[i], options)
 
 
+def pool_context(urls: Sequence[str]):
+    """The workers' start method, with what each of them would import first already imported: the
+    shard check and, for remote shards, the client stack (fsspec and s3fs with aiobotocore, gcsfs,
+    huggingface_hub or aiohttp: ~1 s of one core each for s3). Forked workers inherit this process's
+    imports; a forkserver (Python 3.14's default) is given them to preload. Imported in each worker
+    instead, they cost every worker that import again, in parallel on the cores the shards need, and
+    this process once more for the sizes.json check after the pool. A client stack that will not
+    import is left to the worker's own error (one line naming the shard and the install)."""
+    context = multiprocessing.get_context()
+    modules = [f"{__package__}.shard_check"] + client_modules(urls)
+    method = context.get_start_method()
+    if method == "forkserver":
+        context.set_forkserver_preload(modules)
+    elif method == "fork":
+        for module in modules:
+            try:
+                importlib.import_module(module)
+            except ImportError:
+                pass
+    return context
+
+
+def client_modules(urls: Sequence[str]) -> List[str]:
+    """The modules that read these URLs' schemes (remote.SCHEMES), with fsspec; none for local shards."""
+    from ..remote import SCHEMES, scheme_of
+    modules = sorted({SCHEMES[scheme][0] for scheme in map(scheme_of, urls) if scheme in SCHEMES})
+    return ["fsspec", *modules] if modules else []
+
+
 def _stop_stragglers(processes, seconds: Optional[float] = None) -> None:
     """Workers still running STRAGGLER_SECONDS after an interrupt (one the interrupt did not stop:
     it came where the worker could not act on it, or the worker ignores it) are killed with the
@@ -82,7 +112,7 @@ def _stop_stragglers(processes, seconds: Optional[float] = None) -> None:
 
 
 def _isolated(url: str, options: ValidateOptions) -> ShardResult:
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context()) as pool:
+    with ProcessPoolExecutor(1, mp_context=pool_context([url])) as pool:
         try:
             return pool.submit(check_shard, url, options).result()
         except BrokenProcessPool:

@@ -20,9 +20,9 @@ from typing import Any, Dict, List, Optional
 
 from ...config import StageConfig
 from ...errors import ConfigError, DataError
-from ...images import FULL_SIZE
-from ...stages import CaptionCleaner
-from ..fastdecode import REDUCING_GAP, ImageTransform
+from ...images import DEFERRED, FULL_SIZE, decode_image
+from ...stages import IMAGE_BYTES, CaptionCleaner
+from ..fastdecode import DECODE_WORKSPACE, REDUCING_GAP, ImageTransform, device_pixels
 from ..models import PRECISIONS, ClipSource, check_model, load_model, resolve_precision, tokenize
 from .base import FRAME_REDUCERS, Noted, Scorer, reduce_frames
 
@@ -53,7 +53,7 @@ class ClipScorer(Scorer):
     def __init__(self, model: str = DEFAULT_MODEL, pretrained: Optional[str] = None, precision: str = "auto",
                  config: Optional[StageConfig] = None, cache_dir: Optional[str] = None, frames: int = 3,
                  frame_reduce: str = "mean", keyframes: bool = False, save_embeddings: bool = False,
-                 reducing_gap: Optional[float] = REDUCING_GAP):
+                 reducing_gap: Optional[float] = REDUCING_GAP, decode_on_device: bool = False):
         """model: an open_clip name ("ViT-B-32"), local-dir:PATH or hf-hub:ORG/REPO.
         pretrained: for a name, a tag ("laion2b_s34b_b79k"), a local checkpoint file, "random", or
         None for the name's usual weights. precision: "auto" (fp16 weights and autocast on CUDA, fp32
@@ -64,7 +64,9 @@ class ClipScorer(Scorer):
         sample is scored (see the module docstring). save_embeddings: hand each row's image and
         caption embeddings to the engine (wdsfilter/score/embeddings.py). reducing_gap: JPEGs are
         decoded at reduced scale down to this many times the model input (docs/clip.md; None: full
-        decode, pixels within 1/255 of open_clip's own transform)."""
+        decode, pixels within 1/255 of open_clip's own transform). decode_on_device: JPEGs cross to the
+        model worker as their bytes and are decoded there, in batches on the model's device
+        (`--decode-device`; the engine sets it from the run's devices), other images as before."""
         if precision not in PRECISIONS:
             raise ConfigError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         if not isinstance(frames, int) or isinstance(frames, bool) or frames < 1:
@@ -82,6 +84,7 @@ class ClipScorer(Scorer):
         self.cleaner = CaptionCleaner(cfg.image_token, "strip", cfg.known_image_tokens, cfg.extra_tokens)
         self.source = ClipSource.resolve(model, pretrained, cache_dir)  # raises ConfigError at once
         self.reducing_gap = reducing_gap
+        self.decode_on_device = bool(decode_on_device)
         self._text = False  # hand_text(): a dependent scorer reads the caption embeddings
         self._image = False  # hand_image(): a dependent scorer reads the image embeddings
         # uint8 pixels from the decode workers; normalised on the model's device (score_batch).
@@ -125,6 +128,11 @@ class ClipScorer(Scorer):
         """The smallest decoded image the transform needs (reduced-scale JPEG decoding)."""
         return self.transform.decode_floor()
 
+    def workspace_bytes(self) -> int:
+        """Device memory beyond the model's that scoring takes at any batch size: the JPEG decode's
+        groups (fastdecode.DECODE_WORKSPACE) when JPEGs are decoded on the model's device."""
+        return DECODE_WORKSPACE if self.decode_on_device else 0
+
     # -- CPU side ------------------------------------------------------------------------------
     def prepare(self, sample: Dict[str, Any]) -> Any:
         if self._tokenizer is None:
@@ -139,6 +147,12 @@ class ClipScorer(Scorer):
         if not caption:
             raise DataError("empty_caption", "caption is empty after removing image tokens")
         tokens, truncated = tokenize(self._tokenizer, caption, self.context_length)
+        if image is not None and getattr(image, "info", {}).get(DEFERRED) and IMAGE_BYTES in sample:
+            # --decode-device: the JPEG's bytes cross; the model worker decodes the batch's together
+            import torch
+            prepared = {"jpeg": torch.frombuffer(bytearray(sample[IMAGE_BYTES]), dtype=torch.uint8),
+                        "size": tuple(image.size), "tokens": tokens, "truncated": truncated}
+            return prepared
         if image is not None:  # (3, H, W) uint8; the full size places the crop after a reduced decode
             pixels, partial = self.transform(image, getattr(image, "info", {}).get(FULL_SIZE)), None
         else:
@@ -159,7 +173,9 @@ class ClipScorer(Scorer):
 
     def frame_count(self, prepared: Dict[str, Any]) -> int:
         """A video's sampled frames, 1 for an image (the planner and back-off count frames)."""
-        image = prepared["image"]
+        image = prepared.get("image")
+        if image is None:  # a JPEG decoded on the device
+            return 1
         return int(image.shape[0]) if image.ndim == 4 else 1
 
     # -- model side ----------------------------------------------------------------------------
@@ -195,10 +211,13 @@ class ClipScorer(Scorer):
 
         # Images are one frame, videos several: all frames go through the image tower together,
         # each caption once, and every frame is compared with its own sample's caption.
-        pixels = [x["image"] if x["image"].ndim == 4 else x["image"][None] for x in inputs]
-        counts = [len(p) for p in pixels]
-        # uint8 crosses to the device (a quarter of float32's bytes) and is normalised there.
-        images = self.transform.normalize(self._staging.to_device(pixels, self.device), self.input_dtype)
+        if any("jpeg" in x for x in inputs):
+            batch = self._device_decoded(inputs)
+        else:  # uint8 crosses to the device (a quarter of float32's bytes) and is normalised there
+            batch = self._staging.to_device([x["image"] if x["image"].ndim == 4 else x["image"][None]
+                                             for x in inputs], self.device)
+        counts = [1 if "jpeg" in x else (len(x["image"]) if x["image"].ndim == 4 else 1) for x in inputs]
+        images = self.transform.normalize(batch, self.input_dtype)
         tokens = self._staging.to_device([x["tokens"][None] for x in inputs], self.device)
         with torch.inference_mode(), self._autocast():
             image_features = self._model.encode_image(images)
@@ -227,6 +246,26 @@ class ClipScorer(Scorer):
         if self.save_embeddings:
             _attach_embeddings(rows, image_features, text_features, counts, self.frame_reduce)
         return rows
+
+    def _device_decoded(self, inputs: List[Dict[str, Any]]):
+        """The batch's uint8 frames on the model's device, in input order: JPEGs decoded there
+        (fastdecode.device_pixels), the decode workers' pixels copied in beside them."""
+        import torch
+        jpegs = [i for i, x in enumerate(inputs) if "jpeg" in x]
+
+        def cpu_path(k: int):  # the decode workers' way: PIL (reduced-scale), the same transform
+            raw = inputs[jpegs[k]]["jpeg"].numpy().tobytes()
+            image = decode_image(raw, self.max_pixels, None, "skip", "RGB", self.transform.decode_floor())
+            return self.transform(image, image.info.get(FULL_SIZE))
+        decoded = device_pixels(self.transform, [inputs[i]["jpeg"] for i in jpegs], [inputs[i]["size"] for i in jpegs],
+                                torch.device(self.device), cpu_path)
+        frames = [None] * len(inputs)
+        for i, pixels in zip(jpegs, decoded):
+            frames[i] = pixels[None].to(self.device, non_blocking=True)
+        for i, x in enumerate(inputs):
+            if frames[i] is None:
+                frames[i] = (x["image"] if x["image"].ndim == 4 else x["image"][None]).to(self.device)
+        return torch.cat(frames)
 
     def unload(self) -> None:
         device, self._model = self.device, None
