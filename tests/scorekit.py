@@ -466,7 +466,7 @@ class EmbeddingScorer(BrightnessScorer):
         return v
 
     def score_batch(self, inputs):
-        from wdsfilter.score.embeddings import FIELD
+        from wdsfilter.runfolder.embeddings import FIELD
         out = []
         for r, x in zip(super().score_batch(inputs), inputs):
             v = self._vector(int(x["key"][-5:]))

@@ -107,7 +107,6 @@ def test_no_module_imports_a_higher_layer():
 # score, filter --write-shards and dedup take the same lease). Each entry is checked to be still used.
 BORROWED_FROM_SCORE = {
     "wdsfilter.score.shardwriter": "the tar copier of filter's reshard: to join the tar module",
-    "wdsfilter.score.embeddings": "the embeddings layout dedup reads: to move into runfolder/",
     "wdsfilter.score.scorers.clip": "the CLIP model dedup embeds eval images with (stays)",
 }
 

@@ -108,7 +108,7 @@ def embed_eval(scorer, sources: Sequence[str], names: Sequence[str], max_pixels:
     """(len(names), dim) float32 unit image embeddings of the eval images named (those read_eval
     read), decoded and transformed as the run's CLIP scorer does."""
     from ..images import decode_image
-    from ..score.embeddings import FIELD
+    from ..runfolder.embeddings import FIELD
     wanted = set(names)
     vectors: dict = {}
     pending: List[tuple] = []

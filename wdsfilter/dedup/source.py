@@ -214,7 +214,7 @@ def embeddings(rows: RunRows):
     """The run's saved image embeddings (semantic.Embeddings), each vector tied to its row."""
     from ..runfolder.layout import confined
     from ..runfolder.tables import _arrow_errors, _native, damaged
-    from ..score.embeddings import FOLDER, METADATA, PARTS
+    from ..runfolder.embeddings import FOLDER, METADATA, PARTS
     from .semantic import Embeddings
     base = os.path.join(rows.folder, FOLDER)
     files, counts, owners = [], [], []
@@ -247,6 +247,6 @@ def embeddings(rows: RunRows):
 
 
 def has_embeddings(folder: str) -> bool:
-    from ..score.embeddings import FOLDER, PARTS
+    from ..runfolder.embeddings import FOLDER, PARTS
     path = os.path.join(folder, FOLDER, PARTS["img"])
     return os.path.isdir(path) and any(f.endswith(".npy") for f in os.listdir(path))

@@ -222,7 +222,7 @@ def _attach_embeddings(state, url: str, rows: List[dict]) -> None:
     import numpy as np
     import pyarrow.parquet as pq
 
-    from .embeddings import FIELD, FOLDER as EMB, METADATA, PARTS
+    from ..runfolder.embeddings import FIELD, FOLDER as EMB, METADATA, PARTS
     name = state.names[url]
     meta = os.path.join(state.out, EMB, METADATA, name + ".parquet")
     if not os.path.exists(meta):

@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import DataError
 from .backoff import Backoff, ScorerError
-from .embeddings import FIELD as EMBEDDINGS
+from ..runfolder.embeddings import FIELD as EMBEDDINGS
 from .faults import DeviceFailedError, device_failed, sticky_device_error
 from .memory import HostMemory, device_memory, is_oom, prefer_expandable_segments, torch_device
 from .scorerset import bind_one

@@ -33,7 +33,7 @@ class OutputCheck:
         self.floats = {c for c, t in declared.items() if str(t).lower() in FLOAT_TYPES}
         self.finite = set(self.floats)  # declared float: no infinity either
         self.undeclared = set(self.columns) - set(declared)
-        from .embeddings import FIELD
+        from ..runfolder.embeddings import FIELD
         self.allowed = set(self.columns) | {FIELD}
 
     def problem(self, scores: Dict[str, Any]) -> Optional[str]:

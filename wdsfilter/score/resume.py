@@ -24,7 +24,7 @@ from ..runfolder.layout import Marker, output_sizes, outputs_intact, shard_names
 from ..runfolder.tables import EXTENSIONS, DamagedRunFolder
 from ..shards import split_suffix
 from .config import ScoreConfig
-from .embeddings import folders as embedding_folders
+from ..runfolder.embeddings import folders as embedding_folders
 from .ledger import MERGED as LEDGER_FILE, folder as ledger_folder
 
 def _normalise(obj):

@@ -21,7 +21,7 @@ from ..errors import RunError
 from ..remote import redact_url
 from ..markers import MARKER, MEMBER, REJECT, STAGE, ShardEnd
 from ..runfolder.keep import keep_reason
-from .embeddings import write_embeddings
+from ..runfolder.embeddings import write_embeddings
 from .faults import is_disk_full, read_failed_reason
 from .ledger import row_entries, write_shard_failures
 from .scorers.base import NOTES

@@ -287,7 +287,7 @@ class ClipScorer(Scorer):
 def _attach_embeddings(rows, image_features, text_features, counts, how: str) -> None:
     """Each row's float16 embeddings (wdsfilter/score/embeddings.py); a video's image embedding
     is reduced like its score (mean of the frames, or the max/min frame), so img . txt = clip_score."""
-    from ..embeddings import FIELD
+    from ...runfolder.embeddings import FIELD
     start = 0
     for row, n in zip(rows, counts):
         frames, scores = image_features[start:start + n], row["clip_score_frames"]
