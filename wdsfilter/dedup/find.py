@@ -21,6 +21,7 @@ from ..errors import ConfigError
 from .groups import KINDS, Groups, UnionFind
 from .spill import MEMORY_MB
 from ..runfolder.dedup import FOLDER, SUMMARY, score_file_state
+from ..runfolder.embeddings import has_image_vectors
 from ..runfolder.names import REPORT
 
 NEAR_BITS = 5           # docs/dedup.md: re-encodes, resizes and PNG<->JPEG measured at <= 4 bits, distinct photos >= 16
@@ -179,7 +180,7 @@ def _find(rows, run_dir: str, kinds: Sequence[str], near_bits: int, semantic_thr
     else:  # exact and near; semantic only when asked (its threshold depends on the model)
         if not rows.hashed:
             more = (f"; its saved embeddings allow `--kind semantic --semantic-threshold COSINE` ({SEMANTIC_HOW})"
-                    if source.has_embeddings(run_dir) else ", or add --save-embeddings for semantic dedup")
+                    if has_image_vectors(run_dir) else ", or add --save-embeddings for semantic dedup")
             raise ConfigError(f"{run_dir} has no hashes to dedup by (exact and near, the default kinds); "
                               f"{source.HASH_HINT}{more}")
         kinds = ["exact", "near"]

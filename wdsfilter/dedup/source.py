@@ -14,6 +14,7 @@ from typing import List, Optional
 import numpy as np
 
 from ..errors import ConfigError
+from ..runfolder.embeddings import image_vectors
 from ..runfolder.names import DEDUP, DEDUP_WORK
 from .spill import Column
 
@@ -118,7 +119,7 @@ def _arrow_batches(path: str, columns: List[str]):
     """{column: arrow array} batches of one score file (a column it lacks: all null)."""
     import pyarrow as pa
 
-    from ..runfolder.tables import _arrow_errors, check_schema, damaged, open_parquet, read_batches
+    from ..runfolder.tables import parquet_errors, check_schema, damaged, open_parquet, read_batches
     if not path.endswith(".parquet"):
         for batch in read_batches(path, columns):
             yield {c: pa.array(v) for c, v in batch.items()}
@@ -128,7 +129,7 @@ def _arrow_batches(path: str, columns: List[str]):
         for batch in open_parquet(path).iter_batches(columns=present):
             n = batch.num_rows
             yield {c: batch.column(c) if c in present else pa.nulls(n) for c in columns}
-    except _arrow_errors() as e:
+    except parquet_errors() as e:
         raise damaged(path, f"{type(e).__name__}: {e}") from None
 
 
@@ -212,28 +213,13 @@ def require_hashes(rows: RunRows, kind: str) -> None:
 
 def embeddings(rows: RunRows):
     """The run's saved image embeddings (semantic.Embeddings), each vector tied to its row."""
-    from ..runfolder.layout import confined
-    from ..runfolder.tables import _arrow_errors, _native, damaged
-    from ..runfolder.embeddings import FOLDER, METADATA, PARTS
     from .semantic import Embeddings
-    base = os.path.join(rows.folder, FOLDER)
     files, counts, owners = [], [], []
     for s, shard in enumerate(rows.shards):
-        npy = confined(rows.folder, os.path.join(base, PARTS["img"], shard.name + ".npy"))
-        meta = confined(rows.folder, os.path.join(base, METADATA, shard.name + ".parquet"))
-        if not (os.path.exists(npy) and os.path.exists(meta)):
+        found = image_vectors(rows.folder, shard.name)
+        if found is None:
             continue  # a shard where no sample has a CLIP score has no files
-        import pyarrow.parquet as pq
-        try:  # files of the run folder: confined, and a damaged one named in one line
-            wanted = pq.read_table(_native(meta), columns=["index"]).column(0).to_numpy()
-            shape = np.load(npy, mmap_mode="r", allow_pickle=False).shape
-        except (_arrow_errors() + (KeyError,)) as e:
-            raise damaged(meta, f"embeddings not as `wdsfilter score --save-embeddings` writes them "
-                                f"({type(e).__name__}: {e})") from None
-        if shape[0] != len(wanted):
-            raise ConfigError(f"embeddings of shard {shard.name} in {base} are damaged ({shape[0]} vectors, "
-                              f"{len(wanted)} metadata rows); score the shard again (--resume after removing "
-                              f"its done/ marker)")
+        npy, wanted = found
         lo, hi = int(rows.starts[s]), int(rows.starts[s + 1])
         position = lo + np.searchsorted(rows.index.read(lo, hi), wanted)  # score files are in index order
         files.append(npy)
@@ -244,9 +230,3 @@ def embeddings(rows: RunRows):
                           f"not have; {EMBED_HINT}")
     return Embeddings(files, np.concatenate(([0], np.cumsum(counts))).astype(np.int64),
                       np.concatenate(owners).astype(np.int64))
-
-
-def has_embeddings(folder: str) -> bool:
-    from ..runfolder.embeddings import FOLDER, PARTS
-    path = os.path.join(folder, FOLDER, PARTS["img"])
-    return os.path.isdir(path) and any(f.endswith(".npy") for f in os.listdir(path))

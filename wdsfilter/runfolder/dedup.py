@@ -101,7 +101,7 @@ class DedupMarks:
         """The shard's marks; DamagedRunFolder when its file is missing (the summary names the
         shard: every row would be kept silently) or not as `wdsfilter dedup` wrote it."""
         from .layout import confined
-        from .tables import _arrow_errors, _native, damaged
+        from .tables import parquet_errors, audited, damaged
         path = confined(self.run_dir, os.path.join(self.folder, name + ".parquet"))
         if not os.path.exists(path):
             if name in self.summary.get("shards", {}):
@@ -109,8 +109,8 @@ class DedupMarks:
             return
         import pyarrow.parquet as pq
         try:
-            t = pq.read_table(_native(path), columns=["key", "index", "survivor", "eval_match"]).to_pydict()
-        except (_arrow_errors() + (KeyError,)) as e:
+            t = pq.read_table(audited(path), columns=["key", "index", "survivor", "eval_match"]).to_pydict()
+        except (parquet_errors() + (KeyError,)) as e:
             raise damaged(path, f"not as `wdsfilter dedup` writes it ({type(e).__name__}: {e}); run it again") from None
         if not all(isinstance(i, int) for i in t["index"]):
             raise damaged(path, "an index that is not a number; run `wdsfilter dedup` again")

@@ -21,20 +21,22 @@ has a CLIP score gets no files.
 
 A scorer hands its embeddings over in the row field FIELD ({"img": vector, "txt": vector}); the
 files are written, atomically, before the shard's completion marker, so a resumed run rewrites
-them together with the score file.
+them together with the score file. Read back here too: a shard's vectors put back on its rows
+(`read_shard`, --retry-failed) and its image vectors with their rows (`image_vectors`, dedup).
 """
 from __future__ import annotations
 
 import os
 from typing import Dict, List, Optional
 
-from .tables import TEXT_FIELDS
+from ..errors import ConfigError
 from ..writing import atomic_path
+from .layout import confined
+from .names import EMBEDDING_METADATA as METADATA, EMBEDDING_PARTS as PARTS, EMBEDDINGS as FOLDER
+from .tables import TEXT_FIELDS, audited, damaged, parquet_errors
 
 FIELD = "__embeddings__"
-FOLDER = "embeddings"
-PARTS = {"img": "img_emb", "txt": "text_emb"}  # a scorer's part -> clip-retrieval's subfolder
-METADATA = "metadata"
+METADATA_SUFFIX = ".parquet"
 
 
 def folders(out: str) -> List[str]:
@@ -63,7 +65,7 @@ def write_embeddings(out: str, name: str, rows: List[dict]) -> Optional[Dict[str
                      "index": pa.array([r["index"] for r in embedded], pa.int64()),
                      "clip_score": pa.array([r.get("clip_score") for r in embedded], pa.float64()),
                      **{f: pa.array([r.get(f) for r in embedded], pa.string()) for f in TEXT_FIELDS}})
-    paths[METADATA] = _path(out, METADATA, name + ".parquet")
+    paths[METADATA] = _path(out, METADATA, name + METADATA_SUFFIX)
     with atomic_path(paths[METADATA]) as tmp:
         pq.write_table(meta, tmp)
     return paths
@@ -71,3 +73,45 @@ def write_embeddings(out: str, name: str, rows: List[dict]) -> Optional[Dict[str
 
 def _path(out: str, sub: str, filename: str) -> str:
     return os.path.join(out, FOLDER, sub, filename)  # atomic_path makes the folder
+
+
+def read_shard(out: str, name: str) -> Optional[Dict[int, Dict[str, object]]]:
+    """The saved vectors of shard `name`, by their row's index ({index: {part: vector}}); None
+    where the shard has none."""
+    import numpy as np
+    import pyarrow.parquet as pq
+    meta = _path(out, METADATA, name + METADATA_SUFFIX)
+    if not os.path.exists(meta):
+        return None
+    indices = pq.read_table(meta, columns=["index"]).column("index").to_pylist()
+    parts = {part: np.load(_path(out, sub, name + ".npy")) for part, sub in PARTS.items()
+             if os.path.exists(_path(out, sub, name + ".npy"))}
+    return {index: {part: table[k] for part, table in parts.items()} for k, index in enumerate(indices)}
+
+
+def image_vectors(folder: str, name: str):
+    """(the .npy file of shard `name`'s image vectors, the score-file index of each vector's row)
+    in a run folder handed over as input (its files confined to it; a damaged one named in one
+    line); None where the shard has none (no sample had a CLIP score)."""
+    import numpy as np
+    import pyarrow.parquet as pq
+    npy = confined(folder, _path(folder, PARTS["img"], name + ".npy"))
+    meta = confined(folder, _path(folder, METADATA, name + METADATA_SUFFIX))
+    if not (os.path.exists(npy) and os.path.exists(meta)):
+        return None
+    try:
+        wanted = pq.read_table(audited(meta), columns=["index"]).column(0).to_numpy()
+        shape = np.load(npy, mmap_mode="r", allow_pickle=False).shape
+    except (parquet_errors() + (KeyError,)) as e:
+        raise damaged(meta, f"embeddings not as `wdsfilter score --save-embeddings` writes them "
+                            f"({type(e).__name__}: {e})") from None
+    if shape[0] != len(wanted):
+        raise ConfigError(f"embeddings of shard {name} in {os.path.join(folder, FOLDER)} are damaged ({shape[0]} "
+                          f"vectors, {len(wanted)} metadata rows); score the shard again (--resume after removing "
+                          f"its done/ marker)")
+    return npy, wanted
+
+
+def has_image_vectors(folder: str) -> bool:
+    path = os.path.join(folder, FOLDER, PARTS["img"])
+    return os.path.isdir(path) and any(f.endswith(".npy") for f in os.listdir(path))

@@ -170,10 +170,10 @@ class ShardTable:
 def read_shard_table(path: str, columns: Sequence[str]) -> Optional[ShardTable]:
     """A ShardTable of one Parquet score file with `columns` (the threshold columns); None where
     count_table would be None."""
-    from .tables import _arrow_errors
+    from .tables import parquet_errors
     try:
         return _read_shard_table(path, columns)
-    except _arrow_errors():
+    except parquet_errors():
         return None
 
 

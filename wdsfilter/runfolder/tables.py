@@ -223,8 +223,8 @@ def read_table(path: str, columns: Optional[Sequence[str]] = None) -> Dict[str, 
     if columns is not None:
         columns = [c for c in columns if c in present]
     try:
-        return pq.read_table(_native(path), columns=columns).to_pydict()
-    except _arrow_errors() as e:
+        return pq.read_table(audited(path), columns=columns).to_pydict()
+    except parquet_errors() as e:
         raise damaged(path, f"{type(e).__name__}: {e}") from None
 
 
@@ -252,7 +252,7 @@ def read_rows(path: str) -> List[dict]:
 _BASE_TYPES = {"key": "string", "status": "string"}  # what a reader relies on (the rest may be null)
 
 
-def _native(path: str) -> str:
+def audited(path: str) -> str:
     """`path`, announced as Python's "open" audit event: pyarrow opens files in C++, which audit
     hooks do not see, and the fuzz test (tests/test_fuzz.py) checks every file a run folder makes
     us read."""
@@ -260,7 +260,7 @@ def _native(path: str) -> str:
     return path
 
 
-def _arrow_errors():
+def parquet_errors():
     import pyarrow as pa
     return (pa.ArrowException, OSError, ValueError, TypeError)
 
@@ -299,8 +299,8 @@ def _footer(path: str) -> list:
     entry = _FOOTERS.get(version) if version else None
     if entry is None:
         try:
-            entry = _remember(version, pq.read_metadata(_native(path)))
-        except _arrow_errors() as e:
+            entry = _remember(version, pq.read_metadata(audited(path)))
+        except parquet_errors() as e:
             raise damaged(path, f"not a Parquet file: {type(e).__name__}: {e}") from None
     return entry
 
@@ -327,9 +327,9 @@ def open_parquet(path: str, dictionary: Sequence[str] = ()):
     try:
         # pre_buffer off: a score file's few column chunks read as they are decoded (the
         # read-ahead's asynchronous I/O cost more than the reads of a small file)
-        pf = pq.ParquetFile(_native(path), metadata=entry[0] if entry else None,
+        pf = pq.ParquetFile(audited(path), metadata=entry[0] if entry else None,
                             read_dictionary=list(dictionary) or None, pre_buffer=False)
-    except _arrow_errors() as e:
+    except parquet_errors() as e:
         raise damaged(path, f"{'' if entry else 'not a Parquet file: '}{type(e).__name__}: {e}") from None
     except KeyError:  # pyarrow refuses a `dictionary` column the file lacks: opened again without it
         names = set(_footer(path)[0].schema.names)
@@ -350,7 +350,7 @@ def check_schema(path: str):
         return entry[1]
     try:
         schema = entry[0].schema.to_arrow_schema()
-    except _arrow_errors() as e:
+    except parquet_errors() as e:
         raise damaged(path, f"not a Parquet file: {type(e).__name__}: {e}") from None
     for name, kind in _BASE_TYPES.items():
         if name not in schema.names:
@@ -389,7 +389,7 @@ def read_batches(path: str, columns: Sequence[str], rows: int = BATCH_ROWS) -> I
                 data = batch.to_pydict()
                 n = batch.num_rows
                 yield {c: data[c] if c in data else [None] * n for c in columns}
-        except _arrow_errors() as e:
+        except parquet_errors() as e:
             raise damaged(path, f"{type(e).__name__}: {e}") from None
         return
     chunk: List[dict] = []
@@ -414,7 +414,7 @@ def read_numbers(path: str, column: str, rows: int = BATCH_ROWS):
                 values = float_values(batch.column(0))
                 missing = np.isnan(values)
                 yield values[~missing] if missing.any() else values
-        except _arrow_errors() as e:
+        except parquet_errors() as e:
             raise damaged(path, f"{column}: {type(e).__name__}: {e}") from None
         return
     for batch in read_batches(path, [column], rows):
@@ -486,7 +486,7 @@ def column_numbers(paths: Sequence[str], column: str, limit: int):
             return 0
         try:
             values = float_values(open_parquet(path).read(columns=[column], use_threads=False).column(0))
-        except _arrow_errors() as e:
+        except parquet_errors() as e:
             raise damaged(path, f"{column}: {type(e).__name__}: {e}") from None
         if len(values) != counts[i]:
             raise damaged(path, f"{len(values)} rows where its footer says {counts[i]}")

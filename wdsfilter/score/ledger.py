@@ -33,6 +33,7 @@ from typing import Dict, Iterable, List, Optional, Sequence
 from ..writing import atomic_path
 from ..markers import MEMBER, STAGE  # noqa: F401 - a row's private fields: where it was dropped
 # the run folder's failures/ files, their reader and summary (runfolder/failures.py: the report reads them too)
+from ..runfolder.embeddings import FIELD as EMBEDDINGS_FIELD, read_shard as read_embeddings
 from ..runfolder.failures import FOLDER, MERGED, TRANSIENT, folder, read_entries, shard_file, summarize  # noqa: F401
 
 FIELDS = ("key", "shard", "index", "member", "stage", "status", "reason", "message", "attempts", "transient", "caption",
@@ -219,19 +220,8 @@ def merge_retried(url: str, retried: List[dict], plan: Dict[int, dict], state) -
 def _attach_embeddings(state, url: str, rows: List[dict]) -> None:
     """The saved embeddings of a shard's rows back on them (embeddings.FIELD), so that rewriting
     the shard keeps the vectors of the rows not retried."""
-    import numpy as np
-    import pyarrow.parquet as pq
-
-    from ..runfolder.embeddings import FIELD, FOLDER as EMB, METADATA, PARTS
-    name = state.names[url]
-    meta = os.path.join(state.out, EMB, METADATA, name + ".parquet")
-    if not os.path.exists(meta):
-        return
-    indices = pq.read_table(meta, columns=["index"]).column("index").to_pylist()
-    parts = {part: np.load(os.path.join(state.out, EMB, sub, name + ".npy")) for part, sub in PARTS.items()
-             if os.path.exists(os.path.join(state.out, EMB, sub, name + ".npy"))}
-    for k, index in enumerate(indices):
-        rows[index][FIELD] = {part: table[k] for part, table in parts.items()}
+    for index, vectors in (read_embeddings(state.out, state.names[url]) or {}).items():
+        rows[index][EMBEDDINGS_FIELD] = vectors
 
 
 def attempts_after_retry(state, url: str, plan: Dict[int, dict]) -> Dict[int, int]:
