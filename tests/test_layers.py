@@ -106,7 +106,6 @@ def test_no_module_imports_a_higher_layer():
 # step 1 moves each below score/. The output lock moved (runfolder/lease.py, runfolder/bucket.py:
 # score, filter --write-shards and dedup take the same lease). Each entry is checked to be still used.
 BORROWED_FROM_SCORE = {
-    "wdsfilter.score.shardwriter": "the tar copier of filter's reshard: to join the tar module",
     "wdsfilter.score.scorers.clip": "the CLIP model dedup embeds eval images with (stays)",
 }
 

@@ -98,7 +98,7 @@ def test_a_version_changed_between_the_two_reads_of_a_filtered_copy_fails_it(web
     offsets). From a server with no validator, a same-size object whose members moved between the
     reads would have the index's offsets copied out of the other version: both reads are hashed."""
     from shardkit import write_shard
-    from wdsfilter.score.shardwriter import write_filtered
+    from wdsfilter.shardcopy import write_filtered
     members = [(f"k{i}.txt", f"caption {i:02d}") for i in range(8)]
     v1 = open(write_shard(str(tmp_path / "a.tar"), members), "rb").read()
     v2 = open(write_shard(str(tmp_path / "b.tar"), members[::-1]), "rb").read()

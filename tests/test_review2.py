@@ -130,12 +130,12 @@ def _big_member_shard(path, big: int, last: int):
 
 
 def test_a_kept_member_is_copied_in_chunks_whatever_its_size(tmp_path):
-    """score --write-shards (shardwriter.write_filtered) copies a kept member a chunk at a time:
+    """score --write-shards (shardcopy.write_filtered) copies a kept member a chunk at a time:
     a 64 MB member kept (and a 16 MB last one) take a few MB of memory, not their size; the copy
     is byte for byte, and a last member cut short is left out whole, never half-copied."""
     import tarfile
     import tracemalloc
-    from wdsfilter.score.shardwriter import write_filtered
+    from wdsfilter.shardcopy import write_filtered
     src = _big_member_shard(str(tmp_path / "big.tar"), 64 << 20, 16 << 20)
     tracemalloc.start()
     try:

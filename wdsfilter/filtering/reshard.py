@@ -34,7 +34,7 @@ from ..atomic import write_json as _atomic_json
 from ..runfolder import source_changed
 from ..runfolder.names import CARD, FILTER_RUN as RUN_FILE, REPORT, THRESHOLDS  # noqa: F401 - apply's too
 from ..remote import redact_url
-from ..score.shardwriter import _local_copy, member_ranges, streamed_source, streams, tar_opener
+from ..shardcopy import _local_copy, member_ranges, streamed_source, streams, tar_opener
 from ..shards import is_pipe, is_remote
 from ..shardstats import SIZES, stats_path, update_sizes, write_shard_stats
 from ..writing import atomic_path, tar_end
@@ -264,7 +264,7 @@ class Resharder:
 
     def _samples(self, source: Source):
         """Per kept key, in order: a reader of its members' byte ranges [(start, end, extension)]. A
-        remote source is streamed (shardwriter.streamed_source: no temporary copy)."""
+        remote source is streamed (shardcopy.streamed_source: no temporary copy)."""
         url = source.url
         if streams(url):
             with streamed_source(url, self.rekey, self.allow_remote, self.idle_seconds, exts=True) as \

@@ -29,7 +29,7 @@ from ..runfolder.tables import BASE_FIELDS, STATUSES, write_table  # noqa: F401 
 from ..runfolder.tables import TEXT_FIELDS
 from ..specs import no_lone_surrogates
 from ..shardstats import update_sizes, write_shard_stats
-from .shardwriter import write_filtered
+from ..shardcopy import write_filtered
 
 
 class NothingScoredError(RunError):

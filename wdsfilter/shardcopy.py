@@ -25,13 +25,13 @@ import tarfile
 import tempfile
 from typing import Iterable, List, Tuple
 
-from ..atomic import atomic_path
-from ..shards import close_shard, is_local, local_path, open_shard
-from ..decompress import compression, open_layers
-from ..reading import ShardTarInfo
-from ..specs import split_name
+from .atomic import atomic_path
+from .shards import close_shard, is_local, local_path, open_shard
+from .decompress import compression, open_layers
+from .reading import ShardTarInfo
+from .specs import split_name
 
-from ..writing import COPY_CHUNK, copy_range, tar_end
+from .writing import COPY_CHUNK, copy_range, tar_end
 
 
 class _GzipNoName(gzip.GzipFile):
@@ -67,7 +67,7 @@ def member_ranges(path, rekey: str, exts: bool = False) -> Tuple[int, List[tuple
     A shard cut short yields the members read before the break. `path`: a file, or a stream read
     front to back (a remote source; decompressed here), whose failed read is raised, not taken
     for the shard's end."""
-    from ..remote import RemoteReadError
+    from .remote import RemoteReadError
     ranges: List[Tuple[int, int, str]] = []
     first = None
     streamed = not isinstance(path, (str, os.PathLike))
@@ -118,7 +118,7 @@ class _Forward:
 
 def streams(url: str) -> bool:
     """Is `url` a source the writers stream (twice, front to back) rather than copy to a temporary?"""
-    from ..remote import is_fsspec_url
+    from .remote import is_fsspec_url
     return is_fsspec_url(url)
 
 
@@ -129,7 +129,7 @@ def streamed_source(url: str, rekey: str, allow_remote: bool = True, idle_second
     indexes its members, the second is yielded, decompressed and seekable forward, as
     (its compression or None, offset of the first member, member_ranges(exts=exts), stream). Both reads must
     see one version of the object: an index of one and the bytes of another are never mixed."""
-    from ..remote import ObjectChanged, redact_url
+    from .remote import ObjectChanged, redact_url
     changed = (f"{redact_url(url)} changed between its two reads (its index, then its copy); its versions are never "
                f"mixed: write it again")
     first = open_shard(url, False, allow_remote, idle_seconds, remote=remote)
