@@ -23,6 +23,7 @@ from .markers import shard_end_marker
 from .members import MemberCaps, gunzip_member, is_unsafe_ext
 from .shards import close_shard, is_local, is_pipe, open_shard
 from .specs import key_digest, reserved_ext, split_name
+from .tars import ShardTarInfo
 from .tarsubset import ONLY_KEYS, subset_stream
 from .tally import Tally
 
@@ -53,73 +54,6 @@ class ShardEnd:
         """It broke before the first member header: no tar at all (a git-lfs pointer, an HTML
         error page), as opposed to a tar cut short, even at its first member."""
         return bool(self.error) and not self.members and not self.member
-
-
-class ShardTarInfo(tarfile.TarInfo):
-    """How every wdsfilter reader parses a tar header (tarfile.open(..., tarinfo=ShardTarInfo)):
-    names as GNU tar reads them, extended headers bounded, and how the archive ended recorded.
-    Python's tarfile ends iteration silently when a shard is cut at or inside a header; this
-    records how the archive ended so a cut shard is reported instead of looking complete."""
-
-    @classmethod
-    def fromtarfile(cls, tar):
-        try:
-            info = super().fromtarfile(tar)
-        except tarfile.EOFHeaderError:
-            tar.wds_end = "end-of-archive"
-            raise
-        except (tarfile.EmptyHeaderError, tarfile.TruncatedHeaderError) as e:
-            tar.wds_end = f"cut at a member header ({e})"
-            raise
-        except tarfile.InvalidHeaderError as e:  # tarfile ends there too, as if the shard were complete
-            tar.wds_end = f"corrupt member header at byte {tar.offset} ({e})"
-            raise
-        if info.size < 0:  # from a pax size record; tarfile would read the member as if it were empty
-            tar.wds_end = f"corrupt member header before byte {tar.offset} (negative size {info.size})"
-            raise tarfile.InvalidHeaderError(f"negative size {info.size}")
-        if len(info.name) > MAX_NAME:
-            tar.wds_end = (f"corrupt member header before byte {tar.offset} (a name of {len(info.name):,} characters, "
-                           f"over {MAX_NAME:,}: every reader keeps the keys of a shard, and a gzipped shard of "
-                           f"such names is a memory bomb)")
-            raise tarfile.InvalidHeaderError("name too long")
-        return info
-
-    @classmethod
-    def frombuf(cls, buf, encoding, errors):
-        """tarfile joins the ustar prefix field (bytes 345-500) to the name in any header. In an
-        old-GNU header (GNU tar's default format, magic "ustar  ") those bytes are the access and
-        change times, which `tar -g` (incremental backups) fills: the names would become
-        "<atime>/./s0.jpg" and one sample's members would get different keys. GNU tar and bsdtar
-        read a prefix only in a POSIX ustar header (magic "ustar\\0"); so does this."""
-        info = super().frombuf(buf, encoding, errors)
-        if info.size < 0:  # tarfile reads "-1" in the size field; GNU tar: "out of off_t range"
-            raise tarfile.InvalidHeaderError(f"negative size {info.size}")
-        if buf[257:263] != b"ustar\x00" and buf[345:346] != b"\x00" and info.type not in tarfile.GNU_TYPES:
-            name = tarfile.nts(buf[0:100], encoding, errors)
-            info.name = name.rstrip("/") if info.isdir() else name
-        return info
-
-    # tarfile reads a long-name or pax header whole, whatever size it declares: a hostile one
-    # (a few KB declaring gigabytes) would be read into memory. Real ones are a few hundred bytes.
-    def _proc_gnulong(self, tar):
-        _check_extended(self)
-        return super()._proc_gnulong(tar)
-
-    def _proc_pax(self, tar):
-        _check_extended(self)
-        return super()._proc_pax(tar)
-
-
-MAX_EXTENDED_HEADER = 1 << 20
-# Longest member name (PATH_MAX): the readers hold a shard's keys (duplicates, returning keys), and
-# 1,000 names of 1 MB (GNU long names; 4.5 MB gzipped) took 2.4 GB to validate, 1 GB to read.
-MAX_NAME = 4096
-
-
-def _check_extended(info: tarfile.TarInfo) -> None:
-    if info.size > MAX_EXTENDED_HEADER:
-        raise tarfile.SubsequentHeaderError(f"an extended (long name or pax) header declares {info.size:,} bytes; "
-                                            f"the tar is damaged")
 
 
 def _data_after_end(tar) -> Optional[int]:

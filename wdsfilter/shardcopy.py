@@ -15,105 +15,16 @@ command is not run twice).
 """
 from __future__ import annotations
 
-import bz2
 import contextlib
-import gzip
-import lzma
 import os
 import shutil
-import tarfile
 import tempfile
-from typing import Iterable, List, Tuple
+from typing import Iterable, Tuple
 
 from .atomic import atomic_path
 from .shards import close_shard, is_local, local_path, open_shard
 from .decompress import compression, open_layers
-from .reading import ShardTarInfo
-from .specs import split_name
-
-from .writing import COPY_CHUNK, copy_range, tar_end
-
-
-class _GzipNoName(gzip.GzipFile):
-    """A gzip file written the same in every run, as `gzip -n` writes it: no file name in the
-    header (gzip.open would store the temporary's, `.x.tar.gz.tmp-PID`, which `gunzip -N`
-    restores) and mtime 0 (not the time of writing), so a filtered copy of a shard has the same
-    bytes whether written by one run or by a run resumed after a kill."""
-
-    def __init__(self, path: str, mode: str):
-        self._file = open(path, mode)
-        super().__init__(filename="", mode=mode, fileobj=self._file, mtime=0)
-
-    def close(self) -> None:
-        try:
-            super().close()
-        finally:
-            self._file.close()
-
-
-_OPENERS = {"gzip": _GzipNoName, "bz2": bz2.open, "xz": lzma.open}
-
-
-def tar_opener(path: str):
-    """How to open the tar inside `path` (and its filtered copy) by its compression."""
-    with open(path, "rb") as f:
-        return _OPENERS.get(compression(f.read(6)), open)
-
-
-def member_ranges(path, rekey: str, exts: bool = False) -> Tuple[int, List[tuple]]:
-    """(offset of the first member, [(start, end, key)] of each regular member), in tar order.
-    start is the first header byte (long-name/pax headers included), end the padded data end.
-    exts: (start, end, key, extension) instead (filter's dataset card).
-    A shard cut short yields the members read before the break. `path`: a file, or a stream read
-    front to back (a remote source; decompressed here), whose failed read is raised, not taken
-    for the shard's end."""
-    from .remote import RemoteReadError
-    ranges: List[Tuple[int, int, str]] = []
-    first = None
-    streamed = not isinstance(path, (str, os.PathLike))
-    try:
-        with (tarfile.open(fileobj=path, mode="r|*", tarinfo=ShardTarInfo) if streamed else
-              tarfile.open(path, "r:*", tarinfo=ShardTarInfo)) as tar:
-            for info in tar:
-                if streamed:
-                    tar.members = []  # names and offsets only: a TarInfo holds its pax headers
-                if first is None:
-                    first = info.offset
-                if not info.isreg():
-                    continue
-                key, ext = split_name(info.name, rekey)
-                if key is None:
-                    continue
-                # where tarfile found the next header: a sparse member's size is its expanded size
-                ranges.append((info.offset, tar.offset, key, ext) if exts else (info.offset, tar.offset, key))
-    except RemoteReadError:
-        raise  # the store failed (or the object changed): not a shard cut short
-    except (tarfile.TarError, EOFError, OSError):
-        pass  # a cut shard: keep what was indexed; the copy checks each range is complete
-    return (first or 0), ranges
-
-
-class _Forward:
-    """A stream read front to back whose seek() goes forward by reading through (a remote source
-    behind its decompressor): the members are copied in tar order, so it never goes back."""
-
-    def __init__(self, f):
-        self.f, self.pos = f, 0
-
-    def read(self, n: int = -1) -> bytes:
-        data = self.f.read(n)
-        self.pos += len(data)
-        return data
-
-    def tell(self) -> int:
-        return self.pos
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        if whence != 0 or offset < self.pos:
-            raise OSError(f"a streamed source is read forward only (at byte {self.pos:,}, asked for {offset:,})")
-        while self.pos < offset and self.read(min(offset - self.pos, COPY_CHUNK)):
-            pass
-        return self.pos
+from .tars import COPY_CHUNK, OPENERS, Forward, copy_range, member_ranges, tar_end, tar_opener
 
 
 def streams(url: str) -> bool:
@@ -144,14 +55,14 @@ def streamed_source(url: str, rekey: str, allow_remote: bool = True, idle_second
     try:
         if second.version != version:
             raise ObjectChanged(changed)
-        yield kind, preamble_end, ranges, _Forward(open_layers(second, cap=1 << 62))
+        yield kind, preamble_end, ranges, Forward(open_layers(second, cap=1 << 62))
         if digest is not None and second.digest() != digest:
             raise ObjectChanged(changed)
     finally:
         second.close()
 
 
-def _local_copy(url: str, allow_pipe: bool, allow_remote: bool, folder: str, idle_seconds: float = 0.0,
+def local_copy(url: str, allow_pipe: bool, allow_remote: bool, folder: str, idle_seconds: float = 0.0,
                 remote=None) -> str:
     # ".<...>.tmp-" like every temporary: a killed run's leftovers are removed by the next run.
     # Read again through the idle guard, as the first read was: a command that hangs is killed.
@@ -184,12 +95,12 @@ def write_filtered(url: str, keep: Iterable[str], dest: str, rekey: str = "first
     source, fetched = local_path(url), None
     if not is_local(url) and not streams(url):
         folder = os.path.dirname(os.path.abspath(dest))
-        fetched = source = _local_copy(url, allow_pipe, allow_remote, folder, idle_seconds, remote)
+        fetched = source = local_copy(url, allow_pipe, allow_remote, folder, idle_seconds, remote)
     try:
         with atomic_path(dest) as tmp:
             if streams(url):
                 with streamed_source(url, rekey, allow_remote, idle_seconds, remote) as (kind, first, ranges, src), \
-                        _OPENERS.get(kind, open)(tmp, "wb") as out:
+                        OPENERS.get(kind, open)(tmp, "wb") as out:
                     members, samples = _copy_ranges(src, out, first, ranges, keep)
             else:
                 members, samples = _copy_kept(source, tmp, keep, rekey)

@@ -31,11 +31,11 @@ import click
 from .errors import ConfigError, EXIT_CODES_HELP, OutputError, RunError
 from .decompress import compression
 from .progress import verbosity, verbosity_options
-from .reading import ShardTarInfo
 from .remote import redact_url
 from .shards import is_remote, open_shard
 from .specs import REKEY_MODES, split_name
-from .writing import atomic_path, check_output_file, copy_range, tar_end
+from .tars import ShardTarInfo, copy_range, tar_end
+from .writing import atomic_path, check_output_file
 
 
 @dataclass

@@ -16,6 +16,9 @@ import io
 import tarfile
 from typing import Dict, FrozenSet, Iterable, List, Optional, Tuple
 
+from .specs import split_name
+from .tars import ShardTarInfo
+
 ONLY_KEYS = "only_keys"  # a shard item's field: the keys whose members are read
 _END = b"\0" * 1024  # a tar's end-of-archive: two zero blocks
 
@@ -38,8 +41,6 @@ def member_spans(f, keys: FrozenSet[str], rekey: str) -> Optional[List[Tuple[int
     when it cannot be walked by seeks, or when a wanted key comes back after other members: the
     subset would put its members side by side, where the reader would group them otherwise
     (then it is read whole)."""
-    from .reading import ShardTarInfo
-    from .specs import split_name
     spans: List[Tuple[int, int]] = []
     seen, last = set(), None
     try:

@@ -130,29 +130,3 @@ def write_text_atomic(path: str, text: str, storage_options=None) -> str:
     return path
 
 
-# -- tar files written by copying members as stored (sort-shard, the filtered shards, filter's shards)
-TAR_BLOCK = 512
-TAR_RECORD = 20 * TAR_BLOCK  # tar's record size: archives are padded to a multiple of it
-COPY_CHUNK = 1 << 20
-
-
-def tar_end(written: int) -> bytes:
-    """What ends a tar archive whose members (headers included) take `written` bytes: two zero
-    blocks, padded to a whole record, as GNU tar and tarfile end theirs."""
-    return b"\0" * (2 * TAR_BLOCK + (-(written + 2 * TAR_BLOCK)) % TAR_RECORD)
-
-
-def copy_range(src, start: int, end: int, out) -> int:
-    """Copy src[start:end] to `out` a chunk at a time (`src` moved to `start` first where it is
-    elsewhere); returns the bytes copied. EOFError where `src` ends before `end`: the caller says
-    which shard and member, and what to do."""
-    if src.tell() != start:
-        src.seek(start)
-    left = end - start
-    while left:
-        data = src.read(min(left, COPY_CHUNK))
-        if not data:
-            raise EOFError(f"the source ends {left:,} bytes short of byte {end:,}")
-        out.write(data)
-        left -= len(data)
-    return end - start

@@ -34,12 +34,13 @@ from ..atomic import write_json as _atomic_json
 from ..runfolder import source_changed
 from ..runfolder.names import CARD, FILTER_RUN as RUN_FILE, REPORT, THRESHOLDS  # noqa: F401 - apply's too
 from ..remote import redact_url
-from ..shardcopy import _local_copy, member_ranges, streamed_source, streams, tar_opener
+from ..shardcopy import local_copy, streamed_source, streams
 from ..shards import is_pipe, is_remote
 from ..shardstats import SIZES, stats_path, update_sizes, write_shard_stats
-from ..writing import atomic_path, tar_end
+from ..tars import Headers, MemberCut, copy_range, member_ranges, tar_end, tar_opener
+from ..writing import atomic_path
 from .hfcard import write_card
-from .rename import Headers, ReshardError, SourceCut, copy_range, copy_renamed
+from .rename import ReshardError, copy_renamed
 
 
 
@@ -274,7 +275,7 @@ class Resharder:
         path = url[len("file:"):] if url.startswith("file:") else url
         fetched = None
         if is_pipe(url) or is_remote(url):
-            fetched = path = _local_copy(url, self.allow_pipe, self.allow_remote, self.out, self.idle_seconds)
+            fetched = path = local_copy(url, self.allow_pipe, self.allow_remote, self.out, self.idle_seconds)
         elif not os.path.exists(path):
             raise ReshardError(f"source shard {url} is missing: it was scored but can no longer be read; "
                                f"restore it or score again without it")
@@ -336,7 +337,7 @@ class _Member:
             for start, end, _ in self.ranges:
                 written += copy_range(self.src, start, end, out)
             return len(self.ranges), written
-        except SourceCut:
+        except MemberCut:
             raise ReshardError(f"source shard {redact_url(url)} ends inside a member of sample {self.key!r}, which its score "
                                f"file keeps: the shard was cut or changed since it was scored; restore it, or "
                                f"score it again") from None

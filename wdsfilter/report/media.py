@@ -13,8 +13,8 @@ import tarfile
 from collections import OrderedDict
 from typing import Dict, List, Optional
 
-from ..reading import ShardTarInfo
 from ..specs import KeySpec, find_caption, is_video, split_name
+from ..tars import ShardTarInfo
 
 # What one example may cost, whatever the shards hold: members are read one at a time and dropped
 # once their thumbnail (a few KB) or caption is made, so the report's memory is one member's

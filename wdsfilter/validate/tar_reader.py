@@ -26,7 +26,8 @@ from typing import IO, Iterator, Optional, Tuple
 
 from ..members import MemberCaps
 from ..decompress import DecompressionCapError, open_layers
-from ..reading import MAX_EXTENDED_HEADER, MAX_NAME, ShardEnd, oversized_member, special_member
+from ..reading import ShardEnd, oversized_member, special_member
+from ..tars import MAX_EXTENDED_HEADER, MAX_NAME
 from ..remote import RemoteReadError
 
 BLOCK = 512
