@@ -102,11 +102,11 @@ def test_no_module_imports_a_higher_layer():
     assert set(ALLOWED) - used == set(), "allow-list entries no longer needed: remove them"
 
 
-# What filtering and dedup (the commands over finished runs) still borrow from score/: issue 37
-# step 1 moves each below score/. The output lock moved (runfolder/lease.py, runfolder/bucket.py:
-# score, filter --write-shards and dedup take the same lease). Each entry is checked to be still used.
+# Filtering and dedup (the commands over finished runs) import nothing from score/ but the CLIP
+# scorer dedup embeds eval images with: the run folder, the lease, the tar copier and the embeddings
+# layout live below score/ (runfolder/, tars.py, shardcopy.py). Each entry is checked to be still used.
 BORROWED_FROM_SCORE = {
-    "wdsfilter.score.scorers.clip": "the CLIP model dedup embeds eval images with (stays)",
+    "wdsfilter.score.scorers.clip": "the CLIP model dedup embeds eval images with",
 }
 
 
