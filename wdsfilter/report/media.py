@@ -13,6 +13,11 @@ import tarfile
 from collections import OrderedDict
 from typing import Dict, List, Optional
 
+from PIL import Image
+
+from ..frames import sample_frames
+from ..images import open_image
+from ..shards import is_pipe, is_remote, open_shard
 from ..specs import KeySpec, find_caption, is_video, split_name
 from ..tars import ShardTarInfo
 
@@ -51,23 +56,13 @@ def number(v) -> Optional[float]:
 
 
 def attach_media(examples: List[dict], stage: dict, allow_pipe: bool = False, allow_remote: bool = False,
-                  idle_seconds: float = 0.0) -> None:
+                 idle_seconds: float = 0.0) -> None:
     """Each example gets `thumb` (a data: URI or None), `caption` and `media_note`."""
-    from ..shards import is_pipe, is_remote, open_shard
-    caption_spec = KeySpec.parse(stage.get("caption_key") or "txt")
-    image_spec = KeySpec.parse(stage.get("image_key") or "jpg;png;jpeg;webp")
-    rekey = stage.get("rekey") or "first-dot"
     by_url: Dict[str, Dict[str, List[dict]]] = OrderedDict()
     for e in examples:
         by_url.setdefault(e["url"], {}).setdefault(e["key"], []).append(e)
-    image_exts, caption_exts = set(image_spec.exts), set(caption_spec.exts) - set(image_spec.exts)
     for url, wanted in by_url.items():
-        # per key: its caption (cut) and each image member's thumbnail; a sample's caption members
-        # are held only until its members end (the next key), one sample at a time
-        captions: Dict[str, Optional[str]] = {}
-        thumbs: Dict[str, Dict[str, tuple]] = {}
-        too_big: Dict[str, int] = {}
-        seen, current, members = 0, None, {}
+        media = _ShardMedia(wanted, stage)
         # A local file is opened seekable, so tarfile reads the headers and skips over the data of
         # the members not shown (a big shard costs a header walk, not a full read); URLs stream.
         local = not (is_pipe(url) or is_remote(url))
@@ -75,42 +70,66 @@ def attach_media(examples: List[dict], stage: dict, allow_pipe: bool = False, al
             with (open(url[5:] if url.startswith("file:") else url, "rb") if local else
                   open_shard(url, allow_pipe, allow_remote, idle_seconds)) as f, \
                     tarfile.open(fileobj=f, mode="r:*" if local else "r|*", tarinfo=ShardTarInfo) as tar:
-                for info in tar:
-                    tar.members = []  # headers are not kept either: a shard of many members stays flat
-                    key, ext = split_name(info.name, rekey)
-                    if key != current:
-                        _settle(captions, current, members, caption_spec)
-                        current, members = key, {}
-                        if key in wanted and key not in thumbs:
-                            thumbs[key], seen = {}, seen + 1
-                    if key not in wanted:
-                        if seen == len(wanted):
-                            break  # every shown sample of this shard is read
-                        continue
-                    if not info.isreg() or ext is None:
-                        continue
-                    ext = ext.lower()
-                    if ext in image_exts and ext not in thumbs[key]:
-                        thumbs[key][ext] = ((None, f"{ext} member of {info.size} bytes: too large to preview")
-                                            if info.size > MAX_MEMBER else
-                                            thumbnail(tar.extractfile(info).read(), ext))
-                    elif ext in caption_exts and ext not in members:
-                        if info.size > MAX_CAPTION_MEMBER:
-                            too_big.setdefault(key, info.size)
-                        else:
-                            members[ext] = tar.extractfile(info).read()
-                _settle(captions, current, members, caption_spec)
+                media.read(tar)
         except Exception as e:  # a report is best effort: say why the pictures are missing
             note = f"shard not readable for the report: {type(e).__name__}: {e}"
             for es in wanted.values():
                 for ex in es:
                     ex.setdefault("media_note", note)
-        for key, es in wanted.items():
-            caption = captions.get(key)
-            if caption is None and key in too_big:
-                caption = f"(a caption member of {too_big[key]} bytes, not shown)"
-            shown = thumbs.get(key, {})
-            ref = image_spec.first_present(shown)
+        media.attach()
+
+
+class _ShardMedia:
+    """The shown samples of one shard: per key its caption (cut) and each image member's
+    thumbnail; a sample's caption members are held only until its members end (the next key),
+    one sample at a time."""
+
+    def __init__(self, wanted: Dict[str, List[dict]], stage: dict):
+        self.wanted = wanted
+        self.caption_spec = KeySpec.parse(stage.get("caption_key") or "txt")
+        self.image_spec = KeySpec.parse(stage.get("image_key") or "jpg;png;jpeg;webp")
+        self.rekey = stage.get("rekey") or "first-dot"
+        self.image_exts = set(self.image_spec.exts)
+        self.caption_exts = set(self.caption_spec.exts) - self.image_exts
+        self.captions: Dict[str, Optional[str]] = {}
+        self.thumbs: Dict[str, Dict[str, tuple]] = {}
+        self.too_big: Dict[str, int] = {}
+
+    def read(self, tar) -> None:
+        seen, current, members = 0, None, {}
+        for info in tar:
+            tar.members = []  # headers are not kept either: a shard of many members stays flat
+            key, ext = split_name(info.name, self.rekey)
+            if key != current:
+                _settle(self.captions, current, members, self.caption_spec)
+                current, members = key, {}
+                if key in self.wanted and key not in self.thumbs:
+                    self.thumbs[key], seen = {}, seen + 1
+            if key not in self.wanted:
+                if seen == len(self.wanted):
+                    break  # every shown sample of this shard is read
+                continue
+            if info.isreg() and ext is not None:
+                self._member(tar, info, key, ext.lower(), members)
+        _settle(self.captions, current, members, self.caption_spec)
+
+    def _member(self, tar, info, key: str, ext: str, members: Dict[str, bytes]) -> None:
+        if ext in self.image_exts and ext not in self.thumbs[key]:
+            self.thumbs[key][ext] = ((None, f"{ext} member of {info.size} bytes: too large to preview")
+                                     if info.size > MAX_MEMBER else thumbnail(tar.extractfile(info).read(), ext))
+        elif ext in self.caption_exts and ext not in members:
+            if info.size > MAX_CAPTION_MEMBER:
+                self.too_big.setdefault(key, info.size)
+            else:
+                members[ext] = tar.extractfile(info).read()
+
+    def attach(self) -> None:
+        for key, es in self.wanted.items():
+            caption = self.captions.get(key)
+            if caption is None and key in self.too_big:
+                caption = f"(a caption member of {self.too_big[key]} bytes, not shown)"
+            shown = self.thumbs.get(key, {})
+            ref = self.image_spec.first_present(shown)
             thumb, note = (None, "no image member") if ref is None else shown[ref.ext]
             for ex in es:
                 ex.update(caption=caption, thumb=thumb)
@@ -130,13 +149,10 @@ def _settle(captions: Dict[str, Optional[str]], key: Optional[str], members: Dic
 
 def thumbnail(data: bytes, ext: str):
     """(data URI, None) or (None, why there is none)."""
-    from PIL import Image
     try:
         if is_video(ext, asked=True):
-            from ..frames import sample_frames
             image = Image.fromarray(sample_frames(data, 1, max_side=THUMB * 2).frames[0])
         else:
-            from ..images import open_image
             image = open_image(data)  # the header alone, once; what is refused (ICO, EPS) is refused here too
             w, h = image.size
             if w * h > 64_000_000:  # never decode a decompression bomb for a thumbnail

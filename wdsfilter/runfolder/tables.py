@@ -75,41 +75,86 @@ def arrow_array(values: Sequence[Any], kind):
     the score files need). string, int64, float64, bool and list<float64> columns of plain values
     are built here; anything else (another type, a value of the wrong kind) goes to pa.array, which
     converts it or raises its own error."""
+    import pyarrow as pa
+    build = _builders().get(kind)
+    if build is not None:
+        try:
+            array = build(values, kind, [v for v in values if v is not None])
+            if array is not None:
+                return array
+        except (UnicodeEncodeError, OverflowError, ValueError, TypeError):
+            pass  # pa.array's own conversion (or its error)
+    return pa.array(list(values), type=kind, from_pandas=True)
+
+
+def _builders() -> dict:
+    """Arrow type -> the builder of a column of that type from plain values (None: they are not)."""
+    import pyarrow as pa
+    return {pa.float64(): _floats, pa.int64(): _ints, pa.bool_(): _bools, pa.string(): _strings,
+            pa.list_(pa.float64()): _float_lists}
+
+
+def _valid(values: Sequence[Any]):
+    import numpy as np
+    return np.array([v is not None for v in values], dtype=bool)
+
+
+def _floats(values, kind, present):
     import numpy as np
     import pyarrow as pa
+    if not all(isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool) for v in present):
+        return None
+    data = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+    return _from_buffers(kind, len(values), ~np.isnan(data), [pa.py_buffer(data)])
+
+
+def _ints(values, kind, present):
+    import numpy as np
+    import pyarrow as pa
+    if not all(type(v) is int for v in present):
+        return None
+    data = np.array([0 if v is None else v for v in values], dtype=np.int64)
+    return _from_buffers(kind, len(values), _valid(values), [pa.py_buffer(data)])
+
+
+def _bools(values, kind, present):
+    import numpy as np
+    import pyarrow as pa
+    if not all(type(v) is bool for v in present):
+        return None
+    bits = np.packbits(np.array([v is True for v in values], dtype=bool), bitorder="little")
+    return _from_buffers(kind, len(values), _valid(values), [pa.py_buffer(bits)])
+
+
+def _strings(values, kind, present):
+    import numpy as np
+    import pyarrow as pa
+    if not all(type(v) is str for v in present):
+        return None
+    encoded = [b"" if v is None else v.encode("utf-8") for v in values]
+    offsets = np.zeros(len(values) + 1, dtype=np.int64)
+    np.cumsum([len(b) for b in encoded], out=offsets[1:])
+    if offsets[-1] >= 2**31:
+        return None
+    return _from_buffers(kind, len(values), _valid(values),
+                         [pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(encoded))])
+
+
+def _float_lists(values, kind, present):
+    import numpy as np
+    import pyarrow as pa
+    if not all(isinstance(v, (list, tuple)) for v in present):
+        return None
     n = len(values)
-    present = [v for v in values if v is not None]
-    try:
-        if kind == pa.float64() and all(isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool)
-                                        for v in present):
-            data = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
-            return _from_buffers(kind, n, ~np.isnan(data), [pa.py_buffer(data)])
-        if kind == pa.int64() and all(type(v) is int for v in present):
-            data = np.array([0 if v is None else v for v in values], dtype=np.int64)
-            return _from_buffers(kind, n, np.array([v is not None for v in values], dtype=bool), [pa.py_buffer(data)])
-        if kind == pa.bool_() and all(type(v) is bool for v in present):
-            bits = np.packbits(np.array([v is True for v in values], dtype=bool), bitorder="little")
-            return _from_buffers(kind, n, np.array([v is not None for v in values], dtype=bool), [pa.py_buffer(bits)])
-        if kind == pa.string() and all(type(v) is str for v in present):
-            encoded = [b"" if v is None else v.encode("utf-8") for v in values]
-            offsets = np.zeros(n + 1, dtype=np.int64)
-            np.cumsum([len(b) for b in encoded], out=offsets[1:])
-            if offsets[-1] < 2**31:
-                return _from_buffers(kind, n, np.array([v is not None for v in values], dtype=bool),
-                                     [pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(encoded))])
-        if kind == pa.list_(pa.float64()) and all(isinstance(v, (list, tuple)) for v in present):
-            flat = [x for v in present for x in v]
-            child = arrow_array(flat, pa.float64())
-            offsets = np.zeros(n + 1, dtype=np.int64)
-            np.cumsum([0 if v is None else len(v) for v in values], out=offsets[1:])
-            if offsets[-1] < 2**31:
-                valid = np.array([v is not None for v in values], dtype=bool)
-                bitmap = pa.py_buffer(np.packbits(valid, bitorder="little"))
-                return pa.ListArray.from_buffers(kind, n, [bitmap, pa.py_buffer(offsets.astype(np.int32))],
-                                                 null_count=int(n - valid.sum()), children=[child])
-    except (UnicodeEncodeError, OverflowError, ValueError, TypeError):
-        pass  # pa.array's own conversion (or its error)
-    return pa.array(list(values), type=kind, from_pandas=True)
+    child = arrow_array([x for v in present for x in v], pa.float64())
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum([0 if v is None else len(v) for v in values], out=offsets[1:])
+    if offsets[-1] >= 2**31:
+        return None
+    valid = _valid(values)
+    bitmap = pa.py_buffer(np.packbits(valid, bitorder="little"))
+    return pa.ListArray.from_buffers(kind, n, [bitmap, pa.py_buffer(offsets.astype(np.int32))],
+                                     null_count=int(n - valid.sum()), children=[child])
 
 
 def _from_buffers(kind, n: int, valid, buffers: list):
