@@ -1,7 +1,11 @@
-"""Exit codes and cleanup on failures met half-way through a run (review of the remote writers and
-the resharder): a store that fails while a shard is read is the run's failure (exit 3, 'run
-again'), not a configuration error (2); a failed reshard leaves no temporary or open file."""
+"""Failures met half-way through a run: a store that fails while a shard is read is the run's
+failure (exit 3, 'run again'), not a configuration error (2); a failed reshard leaves no temporary
+or open file and names the shard and sample; an interrupted or repeated filter of a bucket's run
+resumes; a bucket never holds a sizes.json naming a shard it lacks."""
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -11,6 +15,8 @@ pytest.importorskip("aiohttp")
 
 from shardkit import image_bytes, write_shard  # noqa: E402
 from wdsfilter.cli import main  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _scattered(path, text="caption"):
@@ -81,37 +87,6 @@ def test_a_source_cut_inside_a_kept_member_is_named_with_its_sample(tmp_path, un
     assert "\n" not in message and path in message and "000002" in message and "score it again" in message and "ends inside a member" in message
 
 
-def test_reshard_errors_never_show_a_source_urls_password_or_query(web, tmp_path):
-    """A source URL's user:password@ and query string (a presigned signature) stay out of the
-    reshard's error lines, as out of every other message (remote.redact_url)."""
-    from shardkit import image_text_members
-    from wdsfilter.filtering.rename import ReshardError
-    from wdsfilter.filtering.reshard import Resharder, Source
-    path = write_shard(str(tmp_path / "a.tar"), image_text_members(2))
-    # (the test server keeps the object under its path and query)
-    url = web.put("a.tar?sig=t0ken", open(path, "rb").read()).replace("http://", "http://reader:s3cret@")
-    writer = Resharder(str(tmp_path / "out"), per_shard=10, allow_remote=True)
-    writer.prepare({"run": 1}, overwrite=False, kept=3)
-    with pytest.raises(ReshardError) as failed:
-        writer.write([Source(url, ["000000", "000001", "000007"])])
-    message = str(failed.value)
-    assert "000007" in message and "a.tar" in message
-    assert "s3cret" not in message and "t0ken" not in message
-    # and the written shards' _stats.json (published with them) name the source the same way
-    writer.write([Source(url, ["000000", "000001"])])
-    written = "".join(open(os.path.join(tmp_path, "out", f), errors="replace").read() for f in os.listdir(tmp_path / "out"))
-    assert "a.tar" in written and "s3cret" not in written and "t0ken" not in written
-
-
-def test_sort_shard_errors_never_show_the_urls_password_or_query(web, tmp_path):
-    path = _scattered(tmp_path / "scattered.tar")
-    other = open(_scattered(tmp_path / "other.tar", "other"), "rb").read()
-    url = web.put("s.tar?sig=t0ken", open(path, "rb").read()).replace("http://", "http://reader:s3cret@")
-    web.fail("s.tar?sig=t0ken", ("short", 2048), ("replace", other))
-    result = CliRunner().invoke(main, ["sort-shard", url, str(tmp_path / "sorted.tar")])
-    assert result.exit_code == 3 and "s.tar" in result.output, result.output
-    assert "s3cret" not in result.output and "t0ken" not in result.output
-
 
 def test_filter_from_a_bucket_resumes_its_shards_from_any_working_folder(tmp_path, monkeypatch):
     """filter's record of what the shards were made from names a score folder in a bucket by its
@@ -138,49 +113,6 @@ def test_filter_from_a_bucket_resumes_its_shards_from_any_working_folder(tmp_pat
             assert r.exit_code == 0, r.output
         assert "already whole" in r.output
 
-
-def test_unique_keys_renames_samples_whose_text_is_not_valid_unicode(tmp_path):
-    """--unique-keys adds source_key/source_shard to each .json. A caption cut inside a surrogate
-    pair (a lone "\\ud83d" escape: scraped captions have them) and a key that is not UTF-8 (a
-    latin-1 file name) are written as JSON escapes, not a UnicodeEncodeError that stops the run."""
-    import json
-    import tarfile
-
-    from shardkit import image_bytes
-    from wdsfilter.filtering.reshard import Resharder, Source
-    members = [("000000.jpg", image_bytes()), ("000000.json", b'{"caption": "cut \\ud83d", "uid": "u0"}'),
-               ("caf\udce9.jpg", image_bytes())]  # the byte 0xe9: no .json of its own
-    path = write_shard(str(tmp_path / "odd.tar"), members)
-    out = tmp_path / "out"
-    writer = Resharder(str(out), per_shard=10, unique_keys=True)
-    writer.prepare({"run": 1}, overwrite=False, kept=2)
-    writer.write([Source(path, ["000000", "caf\\xe9"])])  # the key as the readers name it
-    with tarfile.open(out / "shard-000000.tar") as tar:
-        metas = {m.name: json.loads(tar.extractfile(m).read()) for m in tar.getmembers() if m.name.endswith(".json")}
-    assert metas["000000000.json"] == {"caption": "cut \ud83d", "uid": "u0", "source_key": "000000",
-                                       "source_shard": path}
-    assert metas["000000001.json"] == {"source_key": "caf\\xe9", "source_shard": path}
-
-
-def test_score_keeps_a_sample_whose_json_text_is_not_valid_unicode(tmp_path):
-    """The score file's caption, url and uid columns (rows.sample_text): a .json whose url or
-    caption holds a lone surrogate escape (a caption cut inside an emoji's pair) is written with
-    U+FFFD in its place, as the caption is (specs.no_lone_surrogates), not a UnicodeEncodeError
-    that fails the run."""
-    import json
-
-    from shardkit import image_bytes
-    members = [("a.jpg", image_bytes()), ("a.txt", "fine"),
-               ("b.jpg", image_bytes()), ("b.txt", "also fine"),
-               ("b.json", b'{"url": "http://x/cut-\\ud83d", "uid": "u\\udce9"}')]
-    shard = write_shard(str(tmp_path / "odd-0000.tar"), members)
-    out = str(tmp_path / "scores")
-    r = CliRunner().invoke(main, ["score", shard, "--scorer", "scorekit:BrightnessScorer", "--out", out,
-                                  "--device", "cpu", "--workers", "0", "--no-progress", "--format", "jsonl"])
-    assert r.exit_code == 0, r.output
-    rows = {row["key"]: row for row in map(json.loads, open(os.path.join(out, "scores", "odd-0000.jsonl")))}
-    assert rows["b"]["status"] == "scored" and rows["b"]["url"] == "http://x/cut-\ufffd"
-    assert rows["b"]["uid"] == "u\ufffd" and rows["a"]["url"] is None
 
 
 def test_a_bucket_gets_sizes_json_and_stats_only_after_the_shards_they_count(tmp_path):
@@ -227,21 +159,52 @@ def test_dedup_of_a_bucket_folder_rejects_its_options_before_taking_the_folder(t
             assert proxy.failed == 0  # no lock object was asked for
 
 
-def test_filter_outputs_never_hold_a_source_urls_password_or_query(web, tmp_path):
-    """filter --write-shards from a score run whose sources are URLs with user:password@: nothing
-    in OUT (the shards' _stats.json, filter_run.json, the card) holds it."""
+def _python(code: str) -> str:
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.path.join(ROOT, "tests"))
+    return subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, env=env,
+                          timeout=120).stdout
+
+
+def test_ctrl_c_asks_only_the_stopped_command_whether_it_resumes():
+    """On Ctrl-C the CLI asks whether the stopped command has --resume: by its name only, without
+    importing every other command's module (the scoring engine) on the way out."""
+    out = _python("import sys, json; from wdsfilter.cli import _resumable; "
+                  "r = [_resumable('validate'), _resumable('nope'), _resumable(None)]; "
+                  "print(json.dumps([r, sorted(m for m in sys.modules if m.endswith('.cli'))]))")
+    answers, loaded = json.loads(out)
+    assert answers == [False, False, False]
+    assert "wdsfilter.validate.cli" in loaded
+    assert not {"wdsfilter.score.cli", "wdsfilter.filtering.cli", "wdsfilter.dedup.cli"} & set(loaded), loaded
+
+
+def _score(url, out, *extra):
+    from click.testing import CliRunner
+    from wdsfilter.cli import main
+    return CliRunner().invoke(main, ["score", url, "--scorer", "scorekit:BrightnessScorer", "--out", str(out),
+                                     "--device", "cpu", "--workers", "0", "--no-progress", "--format", "jsonl", *extra])
+
+
+def test_filter_from_a_bucket_resumes_its_shards_with_a_fresh_cache(tmp_path, monkeypatch):
+    """filter_run.json records each score file by its content (size, sha256), not its local copy's
+    time: `filter --write-shards` of a bucket's score folder, run again with a fresh cache (another
+    machine), resumes (the shards are whole) instead of refusing them as 'filtered with other
+    settings'."""
+    pytest.importorskip("moto")
+    pytest.importorskip("s3fs")
+    from click.testing import CliRunner
+    from remotekit import BUCKET, s3_server
     from scorekit import make_shards
-    [path], _ = make_shards(str(tmp_path / "src"), [5])
-    url = web.put("shard-0000.tar", open(path, "rb").read()).replace("http://", "http://reader:s3cret@")
-    run = str(tmp_path / "run")
-    r = CliRunner().invoke(main, ["score", url, "--scorer", "scorekit:BrightnessScorer", "--out", run, "--device",
-                                  "cpu", "--workers", "0", "--no-progress", "--format", "jsonl"])
-    assert r.exit_code == 0, r.output
-    out = tmp_path / "kept"
-    r = CliRunner().invoke(main, ["filter", run, "--write-shards", str(out), "--allow-remote", "--no-report"])
-    assert r.exit_code == 0 and "s3cret" not in r.output, r.output
-    names = os.listdir(out)
-    assert "filter_run.json" in names and any(n.endswith("_stats.json") for n in names)
-    for name in names:
-        data = open(out / name, "rb").read()
-        assert b"s3cret" not in data, name
+    from wdsfilter.cli import main
+    shards, _ = make_shards(str(tmp_path / "src"), [6])
+    with s3_server():
+        run = f"s3://{BUCKET}/runs/fresh"
+        monkeypatch.setenv("WDSFILTER_CACHE", str(tmp_path / "cache0"))
+        assert _score(shards[0], run).exit_code == 0
+        out = str(tmp_path / "kept")
+        for cache in ("cache1", "cache2"):
+            monkeypatch.setenv("WDSFILTER_CACHE", str(tmp_path / cache))
+            r = CliRunner().invoke(main, ["filter", run, "--min", "brightness=0.3", "--write-shards", out,
+                                          "--no-report"])
+            assert r.exit_code == 0, r.output
+        assert "already whole" in r.output
+    assert "mtime" not in open(os.path.join(out, "filter_run.json")).read()
