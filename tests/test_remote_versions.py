@@ -15,7 +15,8 @@ pytest.importorskip("aiohttp")
 
 from remotekit import three_shards  # noqa: E402
 from wdsfilter.cli import main  # noqa: E402
-from wdsfilter.remote import ObjectChanged, RemoteOptions, open_remote  # noqa: E402
+from wdsfilter.remote import ObjectChanged, RemoteOptions  # noqa: E402
+from wdsfilter.remote_read import open_remote  # noqa: E402
 
 OPTS = RemoteOptions(block_bytes=8192, readahead=2, backoff_seconds=0.01, idle_seconds=5)
 BREAK = 20_000

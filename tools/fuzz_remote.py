@@ -150,7 +150,7 @@ def draw_faults(rng: random.Random, size: int, v2: bytes, server: str) -> Tuple[
 
 def guarded_read(url: str, opts, limit: float):
     """(bytes or the error, retry lines, seconds, hung): the read in a thread under a hang guard."""
-    from wdsfilter.remote import open_remote
+    from wdsfilter.remote_read import open_remote
     box: Dict[str, object] = {}
     told: List[str] = []
 

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from .errors import ConfigError, require
+from .remote_errors import (MAX_RETRY_AFTER, ObjectChanged, RangeIgnored, RemoteOutputError,  # noqa: F401
+                            RemoteReadError, describe, status_of, strip_text)
+from .urls import redact_url
 
 INSTALL = "pip install 'wdsfilter[remote]'"
 # scheme -> (the module that serves it, the fsspec protocol)
@@ -32,20 +33,6 @@ SCHEMES: Dict[str, Tuple[str, str]] = {
     "hf": ("huggingface_hub", "hf"), "http": ("aiohttp", "http"), "https": ("aiohttp", "https"),
 }
 FSSPEC_SCHEMES = tuple(f"{s}://" for s in SCHEMES)
-MAX_RETRY_AFTER = 300.0  # a server asking for longer than this is waited on no longer
-
-
-class RemoteReadError(OSError):
-    """A remote shard's read that failed for good (retries exhausted, an error not worth a retry):
-    the store's failure, not the tar's; it names the URL, the byte reached and the last error."""
-
-
-class ObjectChanged(RemoteReadError):
-    """The object is not the version the shard was opened at: its bytes are never spliced."""
-
-
-class RangeIgnored(OSError):
-    """A server that answers a Range request with the whole object: a read cannot resume there."""
 
 
 @dataclass(frozen=True)
@@ -114,7 +101,7 @@ def filesystem(url: str, storage_options: Optional[Mapping] = None):
         else:
             fs = fsspec.filesystem(protocol, **dict(storage_options or {}))
     except TypeError as e:  # an unknown --storage-option: named without its value
-        raise ConfigError(f"{scheme}://: a storage option was not accepted ({_strip(str(e))}); "
+        raise ConfigError(f"{scheme}://: a storage option was not accepted ({strip_text(str(e))}); "
                           f"options given: {sorted(storage_options or {})}") from None
     path = url if protocol in ("http", "https") else fs._strip_protocol(url)
     return fs, path
@@ -206,23 +193,6 @@ def redact_options(options: Optional[Mapping]) -> Dict:
     return {k: (redact_options(v) if isinstance(v, Mapping) else "<hidden>") for k, v in (options or {}).items()}
 
 
-# The userinfo ends at the LAST "@" before the path (a password may hold an unencoded "@").
-_USERINFO = re.compile(r"^([a-z0-9+.-]+://)[^/?#]*@", re.I)
-
-
-def redact_url(url: str) -> str:
-    """A URL as it may be shown: no user:password@ and no query string (presigned signatures)."""
-    url = _USERINFO.sub(r"\1<hidden>@", url)
-    return url.split("?", 1)[0] + ("?<hidden>" if "?" in url else "")
-
-
-def _strip(text: str) -> str:
-    """A client's error text, short, its URLs redacted (aiohttp's "url='https://...?X-Amz-Signature=...'",
-    fsspec's FileNotFoundError(url)): no signature or password reaches a message."""
-    from .publish import redact_text
-    return " ".join(redact_text(text).split())[:300]
-
-
 def credential_source(url: str, storage_options: Optional[Mapping] = None) -> str:
     """Which credentials a request for `url` used, in words (never their values). Read from the
     options and the environment only: asking the chain itself could reach an instance endpoint."""
@@ -300,15 +270,15 @@ def list_shards(url: str, suffixes: Sequence[str], storage_options: Optional[Map
     try:
         found = _listing(fs, path, url, shown, magic, storage_options)
     except PermissionError as e:
-        raise ConfigError(f"{shown}: listing is forbidden ({_strip(str(e))}); credentials: "
+        raise ConfigError(f"{shown}: listing is forbidden ({strip_text(str(e))}); credentials: "
                           f"{credential_source(url, storage_options)}") from None
     except FileNotFoundError:
         found = []
     except OSError as e:
-        if _status(e) in (401, 403):  # huggingface_hub's HTTP errors are OSErrors, not PermissionErrors
-            raise ConfigError(f"{shown}: listing is forbidden (HTTP {_status(e)}); credentials: "
+        if status_of(e) in (401, 403):  # huggingface_hub's HTTP errors are OSErrors, not PermissionErrors
+            raise ConfigError(f"{shown}: listing is forbidden (HTTP {status_of(e)}); credentials: "
                               f"{credential_source(url, storage_options)}") from None
-        raise ConfigError(f"{shown}: cannot be listed: {type(e).__name__}: {_strip(str(e))}") from None
+        raise ConfigError(f"{shown}: cannot be listed: {type(e).__name__}: {strip_text(str(e))}") from None
     except Exception as e:  # noqa: BLE001 - botocore's errors are no OSError
         if no_credentials(e):
             raise ConfigError(f"{shown}: cannot be listed: {missing_credentials(url, storage_options)}") from None
@@ -353,94 +323,14 @@ def _hf_missing_why(fs, path: str) -> str:
     try:
         fs.resolve_path(path)
     except FileNotFoundError as e:
-        return f"{_strip(str(e))} (credentials: {credential_source('hf://' + path)})"
+        return f"{strip_text(str(e))} (credentials: {credential_source('hf://' + path)})"
     except (OSError, ValueError, NotImplementedError) as e:
-        return f"hf://{path} cannot be read ({type(e).__name__}: {_strip(str(e))})"
+        return f"hf://{path} cannot be read ({type(e).__name__}: {strip_text(str(e))})"
     return "the prefix is empty or matches nothing"
 
 
 # -- reading ----------------------------------------------------------------------------------
-def open_remote(url: str, options: Optional[RemoteOptions] = None,
-                on_retry: Optional[Callable[[str], None]] = None):
-    """A binary stream of a remote shard. A missing or forbidden object raises FileNotFoundError
-    or PermissionError (naming the credential source); a missing extra raises ConfigError."""
-    from .remote_net import check_reachable
-    from .remote_read import RemoteShard
-    options = options or RemoteOptions()
-    fs, path = filesystem(url, options.storage_options)
-    # a host with no address, or that refuses or ignores a connection, fails at once
-    check_reachable(url, redact_url(url), options.storage_options, options.answer_seconds)
-    return RemoteShard(url, fs, path, options, on_retry)
-
-
-def _status(e: BaseException) -> Optional[int]:
-    """The HTTP status behind an error of aiohttp, botocore (through s3fs's translation) or requests."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        status = getattr(e, "status", None) or getattr(e, "status_code", None)
-        if isinstance(status, int):
-            return status
-        response = getattr(e, "response", None)
-        if isinstance(response, dict):
-            code = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            if isinstance(code, int):
-                return code
-        elif response is not None and isinstance(getattr(response, "status_code", None), int):
-            return response.status_code
-        e = e.__cause__ or e.__context__
-    return None
-
-
-def _retry_after(e: BaseException) -> Optional[float]:
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        headers = getattr(e, "headers", None)
-        response = getattr(e, "response", None)
-        if headers is None and isinstance(response, dict):
-            headers = response.get("ResponseMetadata", {}).get("HTTPHeaders")
-        elif headers is None and response is not None:
-            headers = getattr(response, "headers", None)
-        if headers:
-            value = headers.get("Retry-After") or headers.get("retry-after")
-            if value is not None:
-                try:
-                    return max(0.0, float(value))
-                except ValueError:
-                    from email.utils import parsedate_to_datetime
-                    try:
-                        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
-                    except (TypeError, ValueError):
-                        return None
-        e = e.__cause__ or e.__context__
-    return None
-
-
-def _classify(e: BaseException) -> Tuple[bool, bool, Optional[float]]:
-    """(the object changed, the read may be retried, seconds the server asked to wait)."""
-    status = _status(e)
-    text = str(e)
-    if isinstance(e, RangeIgnored):
-        return False, False, None
-    if status == 412 or "PreconditionFailed" in text:
-        return True, False, None
-    if status is not None and 400 <= status < 500 and status not in (408, 429):
-        return False, False, None
-    return False, True, _retry_after(e)
-
-
-def _describe(e: BaseException) -> str:
-    status = _status(e)
-    text = _strip(str(e)) or type(e).__name__
-    return f"{type(e).__name__}: {text}" + (f" (HTTP {status})" if status and str(status) not in text else "")
-
-
 # -- writing ----------------------------------------------------------------------------------
-class RemoteOutputError(OSError):
-    """An output in an object store that cannot be written."""
-
-
 def check_output_url(url: str, option: str, storage_options: Optional[Mapping] = None) -> None:
     """Before any work: the bucket of an output URL exists and these credentials may list it (a
     write cannot be tried without leaving an object behind). Raises OutputError (exit 2)."""
@@ -463,9 +353,9 @@ def check_output_url(url: str, option: str, storage_options: Optional[Mapping] =
                           f"{credential_source(url, storage_options)})") from None
     except PermissionError as e:
         raise OutputError(f"{shown}: access denied for writing: the bucket {root!r} cannot even be looked up "
-                          f"({_strip(str(e))}); credentials: {credential_source(url, storage_options)}") from None
+                          f"({strip_text(str(e))}); credentials: {credential_source(url, storage_options)}") from None
     except OSError as e:
-        raise OutputError(f"{shown}: cannot be reached: {type(e).__name__}: {_strip(str(e))}") from None
+        raise OutputError(f"{shown}: cannot be reached: {type(e).__name__}: {strip_text(str(e))}") from None
     except Exception as e:  # noqa: BLE001 - botocore's errors are no OSError
         if no_credentials(e):
             raise OutputError(f"{shown}: cannot be written: {missing_credentials(url, storage_options)}") from None
@@ -508,9 +398,9 @@ def write_failure(e: BaseException, url: str, storage_options: Optional[Mapping]
     source (never a value)."""
     if no_credentials(e):
         return missing_credentials(url, storage_options)
-    if isinstance(e, PermissionError) or _status(e) in (401, 403):
-        return f"access denied for writing ({_describe(e)}); credentials: {credential_source(url, storage_options)}"
-    return _describe(e)
+    if isinstance(e, PermissionError) or status_of(e) in (401, 403):
+        return f"access denied for writing ({describe(e)}); credentials: {credential_source(url, storage_options)}"
+    return describe(e)
 
 
 def _discard(f) -> None:

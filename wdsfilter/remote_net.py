@@ -15,8 +15,10 @@ import socket
 import ssl
 import threading
 import time
-from typing import Dict, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Mapping, Optional, Tuple
 from urllib.parse import urlsplit
+
+from .urls import redact_url
 
 PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
 DEFAULT_HOSTS = {"s3": "s3.amazonaws.com", "gs": "storage.googleapis.com", "gcs": "storage.googleapis.com",
@@ -184,34 +186,8 @@ def access_reason(e: BaseException, url: str) -> Optional[Tuple[str, str]]:
     holds for every object behind the same door: the store not reached ("remote_unreachable") or
     refused / no credentials ("remote_access_denied"); None for anything else (a missing object,
     a read that failed). `reason` does not name the object, so two shards can be compared."""
-    from .remote import redact_url
     if isinstance(e, RemoteUnreachable):
         return "remote_unreachable", e.why
     if isinstance(e, PermissionError):
         return "remote_access_denied", str(e).replace(redact_url(url), "").lstrip(": ")
     return None
-
-
-def common_access_failure(urls: Sequence[str], options) -> Optional[Tuple[str, str, int]]:
-    """(kind, reason, shards) when no remote shard of `urls` can be opened, all for one reason of
-    access (access_reason), else None. Each shard is opened (a HEAD) until one opens or fails
-    otherwise: one request when the first opens. Shards behind a host already found unreachable
-    are not asked again (an unanswered host would cost the answer timeout each time)."""
-    from .remote import is_fsspec_url, open_remote
-    if not urls or not all(is_fsspec_url(u) for u in urls):
-        return None
-    common, dead_hosts = None, set()
-    for url in urls:
-        host = endpoint_host(url, options.storage_options)
-        if common is not None and common[0] == "remote_unreachable" and host in dead_hosts:
-            continue
-        try:
-            open_remote(url, options).close()
-            return None
-        except Exception as e:  # noqa: BLE001 - sorted by access_reason
-            reason = access_reason(e, url)
-        if reason is None or (common is not None and reason != common):
-            return None
-        common = reason
-        dead_hosts.add(host)
-    return (*common, len(urls))

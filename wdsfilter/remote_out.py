@@ -36,7 +36,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from .atomic import is_temporary
 from .conditional import PART_BYTES, Conflict, delete, holds_file, put_file, version_of
-from .remote import RemoteOutputError, _describe, credential_source, filesystem, redact_url, scheme_of, write_failure
+from .remote import RemoteOutputError, credential_source, filesystem, redact_url, scheme_of, write_failure
+from .remote_errors import describe
 from .runfolder.lease import GUARD_NAME, LEASE_NAME, LeaseLostError
 from .runfolder.names import DONE
 from .scratch import KEPT, OWNER, Scratch
@@ -110,7 +111,7 @@ class RemoteFolder:
         except FileNotFoundError:
             found = {}
         except PermissionError as e:
-            raise RemoteOutputError(f"{self.shown()}: listing is forbidden ({_describe(e)}); credentials: "
+            raise RemoteOutputError(f"{self.shown()}: listing is forbidden ({describe(e)}); credentials: "
                                     f"{credential_source(self.url, self.storage_options)}") from None
         n = 0
         for key in sorted(found):
@@ -190,7 +191,7 @@ class RemoteFolder:
             raise RemoteOutputError(f"deleting {self.shown(rel)} was refused: another writer replaced it while this "
                                     f"run owned the folder") from None
         except Exception as e:  # noqa: BLE001
-            raise RemoteOutputError(f"deleting {self.shown(rel)} failed: {_describe(e)}") from None
+            raise RemoteOutputError(f"deleting {self.shown(rel)} failed: {describe(e)}") from None
         self.versions.pop(rel, None)
         self.sent.pop(rel, None)
 
@@ -304,7 +305,7 @@ def _download(folder: RemoteFolder, rel: str, path: str) -> None:
         folder.fs.get_file(folder.remote(rel), tmp)
         os.replace(tmp, path)
     except OSError as e:
-        raise RemoteOutputError(f"reading {folder.shown(rel)} failed: {_describe(e)}") from None
+        raise RemoteOutputError(f"reading {folder.shown(rel)} failed: {describe(e)}") from None
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
@@ -346,7 +347,7 @@ def pulled(url: str, storage_options=None) -> str:
         except FileNotFoundError:
             listed = {}
         except PermissionError as e:
-            raise RemoteOutputError(f"{remote.shown()}: listing is forbidden ({_describe(e)}); credentials: "
+            raise RemoteOutputError(f"{remote.shown()}: listing is forbidden ({describe(e)}); credentials: "
                                     f"{credential_source(url, storage_options)}") from None
         if not listed:
             from .errors import ConfigError

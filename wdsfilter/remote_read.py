@@ -10,13 +10,51 @@ import random
 import threading
 import time
 from collections import deque
-from typing import Mapping, Optional, Tuple
+from typing import Callable, Mapping, Optional, Sequence, Tuple
 
-from .remote import (MAX_RETRY_AFTER, ObjectChanged, RangeIgnored, RemoteOptions, RemoteReadError, _classify,
-                     _describe, _status, _strip, credential_source, filesystem, missing_credentials, no_credentials,
-                     redact_url, scheme_of)
+from .remote import (RemoteOptions, credential_source, filesystem, is_fsspec_url, missing_credentials, no_credentials,
+                     scheme_of)
+from .remote_errors import (MAX_RETRY_AFTER, ObjectChanged, RangeIgnored, RemoteReadError, classify, describe,
+                            status_of, strip_text)
+from .remote_net import check_reachable, endpoint_host, reach_failure, access_reason
 from .remote_pace import NOTHING, Pace, SlowRead
 from .remote_version import Identity, Prefix
+from .urls import redact_url
+
+
+def open_remote(url: str, options: Optional[RemoteOptions] = None,
+                on_retry: Optional[Callable[[str], None]] = None) -> "RemoteShard":
+    """A binary stream of a remote shard. A missing or forbidden object raises FileNotFoundError
+    or PermissionError (naming the credential source); a missing extra raises ConfigError."""
+    options = options or RemoteOptions()
+    fs, path = filesystem(url, options.storage_options)
+    # a host with no address, or that refuses or ignores a connection, fails at once
+    check_reachable(url, redact_url(url), options.storage_options, options.answer_seconds)
+    return RemoteShard(url, fs, path, options, on_retry)
+
+
+def common_access_failure(urls: Sequence[str], options) -> Optional[Tuple[str, str, int]]:
+    """(kind, reason, shards) when no remote shard of `urls` can be opened, all for one reason of
+    access (access_reason), else None. Each shard is opened (a HEAD) until one opens or fails
+    otherwise: one request when the first opens. Shards behind a host already found unreachable
+    are not asked again (an unanswered host would cost the answer timeout each time)."""
+    if not urls or not all(is_fsspec_url(u) for u in urls):
+        return None
+    common, dead_hosts = None, set()
+    for url in urls:
+        host = endpoint_host(url, options.storage_options)
+        if common is not None and common[0] == "remote_unreachable" and host in dead_hosts:
+            continue
+        try:
+            open_remote(url, options).close()
+            return None
+        except Exception as e:  # noqa: BLE001 - sorted by access_reason
+            reason = access_reason(e, url)
+        if reason is None or (common is not None and reason != common):
+            return None
+        common = reason
+        dead_hosts.add(host)
+    return (*common, len(urls))
 
 
 def _version(info: Mapping) -> Tuple:
@@ -111,7 +149,7 @@ class RemoteShard:
             try:
                 data = self._stream.read(-1 if n is None else n)
             except Exception as e:  # noqa: BLE001 - any failure of the plain stream fails the shard
-                raise RemoteReadError(f"{self.shown}: {_describe(e)} at byte {self.pos:,} (the server gives no size, so "
+                raise RemoteReadError(f"{self.shown}: {describe(e)} at byte {self.pos:,} (the server gives no size, so "
                               f"the read cannot resume)") from None
             self.pos += len(data)
             return data
@@ -247,15 +285,15 @@ class RemoteShard:
         gone or forbidden, an error not worth a retry), or the read is asked again."""
         if isinstance(item, ObjectChanged):
             raise ObjectChanged(str(item)) from None
-        if _classify(item)[0]:
+        if classify(item)[0]:
             raise ObjectChanged(f"{self.shown} changed while it was read (at byte {self.pos:,} of "
                                 f"{self.size:,}: its ETag is no longer {self.etag}); its versions are never "
                                 f"mixed: read it again") from None
         if isinstance(item, (FileNotFoundError, PermissionError)):
-            raise RemoteReadError(f"{self.shown}: {_describe(item)} at byte {self.pos:,}") from None
-        changed, retryable, wait = _classify(item)
+            raise RemoteReadError(f"{self.shown}: {describe(item)} at byte {self.pos:,}") from None
+        changed, retryable, wait = classify(item)
         if not retryable:
-            raise RemoteReadError(f"{self.shown}: {_describe(item)} at byte {self.pos:,} of {self.size:,}") from None
+            raise RemoteReadError(f"{self.shown}: {describe(item)} at byte {self.pos:,} of {self.size:,}") from None
         self._failed(self.pos, item, wait)
 
     def _drop_feed(self) -> None:
@@ -289,14 +327,14 @@ class RemoteShard:
                                     f"its ETag is no longer {self.etag}); its versions are never mixed: read it "
                                     f"again") from None
             except (FileNotFoundError, PermissionError, IsADirectoryError) as e:
-                raise RemoteReadError(f"{self.shown}: {_describe(e)} at byte {start:,}") from None
+                raise RemoteReadError(f"{self.shown}: {describe(e)} at byte {start:,}") from None
             except Exception as e:  # noqa: BLE001 - sorted by _retryable; the rest fails the shard
-                changed, retryable, wait = _classify(e)
+                changed, retryable, wait = classify(e)
                 if changed:
                     raise ObjectChanged(f"{self.shown} changed while it was read (at byte {start:,} of "
                                         f"{self.size:,}); its versions are never mixed: read it again") from None
                 if not retryable:
-                    raise RemoteReadError(f"{self.shown}: {_describe(e)} at byte {start:,} of {self.size:,}") from None
+                    raise RemoteReadError(f"{self.shown}: {describe(e)} at byte {start:,} of {self.size:,}") from None
                 self._failed(start, e, wait)
                 self.pace.restart()
                 self._pending[0][2] = self._submit(start, end)
@@ -315,7 +353,7 @@ class RemoteShard:
         cannot keep a read going); else wait and go on (the caller asks again from `start`)."""
         self._failures += 1
         self._spent += 1
-        what = str(error) if isinstance(error, SlowRead) else _describe(error)
+        what = str(error) if isinstance(error, SlowRead) else describe(error)
         where = f"at byte {start:,} of {self.size:,}; {self.pace.seen()}"
         if self._failures >= self.options.attempts:
             raise RemoteReadError(f"{self.shown}: gave up after {self._failures} failed reads in a row "
@@ -399,20 +437,19 @@ def _open_failure(e: BaseException, url: str, shown: str, storage_options) -> OS
     """Why an object could not be looked up, as the error validate and score sort by its type: the
     store not reached (RemoteUnreachable), missing (FileNotFoundError), forbidden or no credentials
     (PermissionError), else OSError."""
-    from .remote_net import reach_failure
     reach = reach_failure(e, shown)
     if reach is not None:
         return reach
     if no_credentials(e):  # a shard that cannot be read with no credentials: "access denied"
         return PermissionError(f"{shown}: {missing_credentials(url, storage_options)}")
-    status = _status(e)
+    status = status_of(e)
     source = credential_source(url, storage_options)
     if isinstance(e, PermissionError) or status in (401, 403):
-        what = f"HTTP {status}" if status in (401, 403) and not isinstance(e, PermissionError) else _strip(str(e))
+        what = f"HTTP {status}" if status in (401, 403) and not isinstance(e, PermissionError) else strip_text(str(e))
         return PermissionError(f"{shown}: access denied ({what}); credentials: {source}")
     if isinstance(e, FileNotFoundError) or status == 404:
         return FileNotFoundError(f"{shown} does not exist (credentials: {source})")
-    return OSError(f"{shown}: {_describe(e)}")
+    return OSError(f"{shown}: {describe(e)}")
 
 
 _END = object()

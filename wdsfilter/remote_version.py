@@ -18,7 +18,7 @@ import re
 from email.utils import parsedate_to_datetime
 from typing import Mapping, Optional
 
-from .remote import ObjectChanged, RangeIgnored
+from .remote_errors import ObjectChanged, RangeIgnored
 
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)", re.I)
 

@@ -193,7 +193,7 @@ def refuse_unreachable(urls: Sequence[str], cfg) -> None:
     if not all(is_fsspec_url(u) for u in urls):
         return
     from .errors import RunError
-    from .remote_net import common_access_failure
+    from .remote_read import common_access_failure
     found = common_access_failure(urls, cfg.remote_options())
     if found is None:
         return
@@ -245,7 +245,8 @@ def open_shard(url: str, allow_pipe: bool = False, allow_remote: bool = True,
             options = remote or _remote.RemoteOptions()
             if options.idle_seconds != idle_seconds and remote is None:
                 options = dataclasses.replace(options, idle_seconds=idle_seconds)
-            return _remote.open_remote(url, options, on_retry)
+            from .remote_read import open_remote
+            return open_remote(url, options, on_retry)
     if is_pipe(url) or is_remote(url):
         from webdataset.gopen import gopen
         stream = gopen(url, "rb")
