@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
@@ -216,81 +215,6 @@ def parse_rate(value) -> int:
         from .units import parse_size
         return parse_size(text, "remote_speed_limit (--remote-speed-limit)")
     return value
-
-
-def read_mapping(path: str, what: str) -> dict:
-    """A YAML or JSON file of one mapping (a run recipe, a selection recipe). JSON after its '#'
-    comment lines is read without PyYAML (run.yaml and the shipped recipes are written so); other
-    YAML needs PyYAML. Every failure is a ConfigError naming `what` (the option and file)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as e:
-        raise ConfigError(f"{what}: {e.strerror or e}") from None
-    try:
-        data = json.loads("\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#")))
-    except ValueError:
-        if not path.endswith((".yaml", ".yml")):
-            raise ConfigError(f"{what}: not JSON (a YAML file is named .yaml or .yml)") from None
-        try:
-            import yaml
-        except ImportError:
-            raise ConfigError(f"{what}: reading YAML needs PyYAML (pip install pyyaml), or use JSON") from None
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{what}: not valid YAML ({str(e).splitlines()[0]})") from None
-    data = data or {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{what}: expected a mapping of options, got {type(data).__name__}")
-    return data
-
-
-# run.yaml (score/recipe.py) names local paths relative to its own folder where they were given
-# relative, so a moved run folder still replays: it says so with this key.
-PATHS_FROM = "paths_from"
-RECIPE_FILE = "run.yaml"
-
-
-def resolve_recipe_paths(data: dict, path: str) -> dict:
-    """A recipe's shards, out and write_shards as this process can open them: where the file says
-    `paths_from: run.yaml` (every run.yaml a run writes), a relative local path is relative to the
-    file's own folder (read back relative to the current folder: still given relative, so a
-    replay's own run.yaml names them relative again); in a recipe written by hand, to the current
-    folder, as on the command line."""
-    if any("<hidden>" in str(u) for u in (data.get("shards") if isinstance(data.get("shards"), list) else ())):
-        from .runfolder.layout import unhidden_shards  # a URL written without its secret: shards.json has it
-        data = {**data, "shards": unhidden_shards(path, data["shards"])}
-    if data.get(PATHS_FROM) != RECIPE_FILE:
-        return data
-    base = os.path.dirname(os.path.abspath(path))
-
-    def resolved(value):
-        if not isinstance(value, str) or "://" in value or value.startswith(("pipe:", "file:")) or os.path.isabs(value):
-            return value
-        return os.path.relpath(os.path.join(base, value))
-    out = dict(data)
-    if isinstance(out.get("shards"), list):
-        out["shards"] = [resolved(s) for s in out["shards"]]
-    for key in ("out", "write_shards"):
-        if key in out:
-            out[key] = resolved(out[key])
-    return out
-
-
-def recipe_stage_and_shards(path: str) -> tuple:
-    """(stage options, shards) of a run recipe (OUT/run.yaml, or one written by hand), or of a file
-    of stage options only ((the file's options, [])): what `wdsfilter validate --config` takes
-    from a scoring run, so a replay can validate first."""
-    data = read_mapping(path, f"--config {path}")
-    if not {"shards", "out", "scorers", "stage"} & set(data):  # stage options only (an unknown one named by the caller)
-        return data, []
-    data = resolve_recipe_paths(data, path)
-    stage = data.get("stage") or {}
-    if not isinstance(stage, dict):
-        raise ConfigError(f"--config {path}: stage is a mapping of stage options")
-    shards = data.get("shards") or []
-    return stage, [shards] if isinstance(shards, str) else list(shards)
 
 
 def config_or_options(config, options: dict, name: str = "config", kind: str = "StageConfig") -> None:

@@ -23,10 +23,11 @@ against `row_rules()`.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from .errors import ConfigError
+from .recipes import INFO_KEYS, recipe_data
 from .thresholds import SHORTHANDS, Match, Thresholds, expand_shorthands, numbers, parse_threshold
 
 # The rule kinds in the words of the flags (--min ...), the order rows are judged in.
@@ -319,13 +320,25 @@ def text_and_recipe_options(command):
                              "several). Repeatable.")(command)
 
 
-def from_recipes(names: Iterable[str], _seen: tuple = ()) -> Selection:
-    """The rules of the recipes `names` (shipped names or files), later ones over earlier ones."""
-    from .recipes import load_recipe
+def from_recipes(names: Iterable[str], seen: tuple = ()) -> Selection:
+    """The rules of the recipes `names` (shipped names or files), later ones over earlier ones.
+    seen: the recipes that build on these (a circle is refused)."""
     out = Selection()
     for name in names:
-        out = out.merged(load_recipe(name, _seen))
+        out = out.merged(from_recipe(name, seen))
     return out
+
+
+def from_recipe(name: str, seen: tuple = ()) -> Selection:
+    """The recipe as a Selection whose every rule names this recipe as its origin."""
+    if name in seen:
+        raise ConfigError(f"--recipe {name}: the recipes build on each other in a circle ({' -> '.join(seen)})")
+    rules = {k: v for k, v in recipe_data(name).items() if k not in INFO_KEYS}
+    base = rules.pop("recipe", None)
+    own = Selection.from_dict(rules, f"--recipe {name}")
+    own = replace(own, recipes=(name,), origins={f"{kind} {c}": name for kind in KINDS for c in own.rules_of(kind)})
+    bases = [base] if isinstance(base, str) else list(base or ())
+    return from_recipes(bases, (*seen, name)).merged(own) if bases else own
 
 
 def selection_of(selection: Optional[Selection], keywords: Mapping[str, Any], where: str) -> Selection:

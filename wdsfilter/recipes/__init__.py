@@ -13,16 +13,17 @@ reads too, so they need no PyYAML):
     dedup: true                     # --dedup
     recipe: OTHER                   # the rules of another recipe first (these replace them per column)
 
-Every rule of a recipe keeps the recipe's name (Selection.origins): the dry run, the report and the
-printed rules say where each came from.
+Here: finding and reading them (`recipe_data`); a recipe becomes a Selection in selection.py
+(`from_recipes`), where every rule keeps the recipe's name (Selection.origins): the dry run, the
+report and the printed rules say where each came from.
 """
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 from typing import Dict, List
 
 from ..errors import ConfigError
+from ..mapping import read_mapping
 
 FOLDER = os.path.dirname(os.path.abspath(__file__))
 SUFFIX = ".yaml"
@@ -46,7 +47,6 @@ def recipe_path(name: str) -> str:
 
 def recipe_data(name: str) -> Dict:
     """The recipe's mapping as written (its rules and INFO_KEYS)."""
-    from ..config import read_mapping
     path = recipe_path(name)
     data = read_mapping(path, f"--recipe {name}")
     scorers = data.get("scorers", [])
@@ -54,20 +54,6 @@ def recipe_data(name: str) -> Dict:
             or not all(isinstance(s, str) for s in scorers):
         raise ConfigError(f"--recipe {name} ({path}): about is a line of text and scorers a list of scorer names")
     return data
-
-
-def load_recipe(name: str, _seen: tuple = ()):
-    """The recipe as a selection.Selection whose every rule names this recipe as its origin."""
-    from ..selection import KINDS, Selection, from_recipes
-    if name in _seen:
-        raise ConfigError(f"--recipe {name}: the recipes build on each other in a circle ({' -> '.join(_seen)})")
-    data = recipe_data(name)
-    rules = {k: v for k, v in data.items() if k not in INFO_KEYS}
-    base = rules.pop("recipe", None)
-    own = Selection.from_dict(rules, f"--recipe {name}")
-    own = replace(own, recipes=(name,), origins={f"{kind} {c}": name for kind in KINDS for c in own.rules_of(kind)})
-    bases = [base] if isinstance(base, str) else list(base or ())
-    return from_recipes(bases, (*_seen, name)).merged(own) if bases else own
 
 
 def scorers_for(recipes) -> List[str]:

@@ -2,17 +2,16 @@
 writes, named once (the run folder's drawing: runfolder/__init__.py). A module builds a path from
 these names, never from a string of its own.
 
-Two names live with the rule that reads them and are only re-exported here: run.yaml
-(config.RECIPE_FILE, beside the rule for the recipe's relative paths) and the files beside written
-shards, sizes.json and `{stem}_stats.json` (shardstats.py, their one reader and writer).
+The files beside written shards, sizes.json and `{stem}_stats.json`, are named by shardstats.py
+(their one reader and writer) and only re-exported here.
 """
-from ..config import RECIPE_FILE
 from ..shardstats import SIZES, STATS_SUFFIX
 
 # -- a scoring run folder (`wdsfilter score --out OUT`) ---------------------------------------------------
 LEASE = ".lock.json"  # who may write the folder (lease.py)
 RUN_JSON = "run.json"  # the run's identity (score/resume.py writes it)
 SHARDS_FILE = "shards.json"  # the run's shards, the one file with each URL as given
+RECIPE_FILE = "run.yaml"  # the run as a recipe (score/recipe.py writes it, runyaml.py reads its paths)
 SCORES = "scores"  # scores/<shard>.parquet|.jsonl
 DONE = "done"  # done/<shard>.json, the completion markers, written last
 FAILURES = "failures"  # failures/<shard>.parquet, the failure ledger per shard

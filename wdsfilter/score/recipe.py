@@ -23,7 +23,9 @@ import os
 from dataclasses import fields
 from typing import Any, Dict, List, Optional, Sequence
 
-from ..config import PATHS_FROM, RECIPE_FILE, StageConfig, resolve_recipe_paths  # run.yaml's name and paths
+from ..config import StageConfig
+from ..mapping import read_mapping
+from ..runfolder.runyaml import PATHS_FROM, RECIPE_FILE, resolve_recipe_paths  # run.yaml's name and paths
 from ..errors import ConfigError
 from .config import ScoreConfig
 ENGINES = ("local", "ray")
@@ -37,7 +39,6 @@ KEYS = ("shards", "out", "scorers", "scorer_options", "thresholds", "stage", "en
 
 def read_recipe(path: str) -> Dict[str, Any]:
     """The recipe in `path`, its keys checked; a file of stage options only is {"stage": ...}."""
-    from ..config import read_mapping
     data = read_mapping(path, f"--config {path}")
     stage_fields = {f.name for f in fields(StageConfig)}
     if data and set(data) <= stage_fields:

@@ -40,7 +40,7 @@ def stage_config(config: Union[None, str, dict, StageConfig] = None, **overrides
     if config is None:
         return StageConfig(**overrides)
     if isinstance(config, str):  # a file of stage options, or a run recipe (OUT/run.yaml): its stage
-        from ..config import recipe_stage_and_shards
+        from ..runfolder.runyaml import recipe_stage_and_shards
         stage, _ = recipe_stage_and_shards(config)
         unknown = sorted(set(stage) - _STAGE_FIELDS)
         if unknown:
@@ -74,7 +74,7 @@ def validate(paths: Union[None, str, Sequence[str]] = None, *, config: Union[Non
     Configuration errors (a malformed key spec, no shard found, a refused pipe:/remote URL) raise at
     once; everything wrong with the data is a finding of the report."""
     if not paths:
-        from ..config import recipe_stage_and_shards
+        from ..runfolder.runyaml import recipe_stage_and_shards
         paths = recipe_stage_and_shards(config)[1] if isinstance(config, str) else []
         if not paths:
             raise ConfigError("no shards to validate: give PATHS, or --config a run's run.yaml that names them")
