@@ -52,10 +52,22 @@ def _deepest(module: str) -> str:
     return module
 
 
+def _type_checking_only(tree: ast.AST) -> set:
+    """The import nodes under `if TYPE_CHECKING:` (a type for annotations, never imported at run time)."""
+    return {id(inner) for node in ast.walk(tree) if isinstance(node, ast.If)
+            and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+            for stmt in node.body for inner in ast.walk(stmt)}
+
+
 def imports(module: str, source: str, is_package: bool = False):
-    """(line, imported module) for every import of a wdsfilter module in the source, at any depth."""
+    """(line, imported module) for every import of a wdsfilter module in the source, at any depth
+    (inside functions too), but for the types imported under `if TYPE_CHECKING:`."""
     package = module if is_package else module.rpartition(".")[0]
-    for node in ast.walk(ast.parse(source)):
+    tree = ast.parse(source)
+    typing_only = _type_checking_only(tree)
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):

@@ -243,7 +243,7 @@ def _find(rows, run_dir: str, kinds: Sequence[str], near_bits: int, semantic_thr
 def _match_eval(rows, ev, near_bits: int, matches: Dict[int, str], chunk: int) -> Dict[str, int]:
     """Mark each row matching an eval image "KIND:NAME" (exact before near); counts per kind."""
     from .hashindex import near_cross
-    from .source import HAS_PHASH, HAS_SHA
+    from .hashindex import HAS_PHASH, HAS_SHA
     counts: Dict[str, int] = {}
     if not ev.names:
         return counts
@@ -315,7 +315,7 @@ def _largest(rows, groups, semantic: bool = False) -> List[dict]:
 def _distances(rows, best: int, members: List[dict], semantic: bool) -> None:
     """Each member's distance to the survivor `best`: "bits" (phash Hamming distance, where both
     have a phash) and "cosine" (of the saved image embeddings, for a semantic dedup)."""
-    from .source import HAS_PHASH
+    from .hashindex import HAS_PHASH
     if rows.hashed:
         def phash_of(r):
             return int(rows.phash.read(r, r + 1)[0]) if rows.has.read(r, r + 1)[0] & HAS_PHASH else None

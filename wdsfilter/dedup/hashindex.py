@@ -25,6 +25,8 @@ from typing import Callable, Iterator, List, Sequence, Tuple
 
 import numpy as np
 
+HAS_SHA, HAS_PHASH = 1, 2  # a row's flags (RunRows.has): it has a valid sha256, a phash
+
 BANDS = ((0, 21), (21, 21), (42, 22))  # (first bit, width) of each band
 BLOCK = 1 << 20  # candidate pairs checked at a time (8 arrays of 8 bytes each: 64 MiB)
 # Working bytes per record: a sort of (keys, row) with its order and boundaries; a band search of
@@ -221,7 +223,6 @@ def near_distinct(space, values, count: int, k: int, pairs: Pairs) -> None:
 
 def exact_pass(rows, space, pairs: Pairs) -> None:
     """pairs(first row, row) of rows with equal sha256 (the first 128 bits), bucket by bucket."""
-    from .source import HAS_SHA
     from .spill import Buckets, bucket_of, buckets_for
     dtype = np.dtype([("a", "<u8"), ("b", "<u8"), ("r", "<i8")])
     chunk = space.rows_per_chunk(SORT_BYTES)
@@ -237,7 +238,6 @@ def exact_pass(rows, space, pairs: Pairs) -> None:
 def near_pass(rows, space, k: int, pairs: Pairs) -> None:
     """pairs(row, row) of rows whose phash differ in at most k bits: equal hashes collapsed bucket
     by bucket (pairs with their first row), then the distinct ones searched band by band."""
-    from .source import HAS_PHASH
     from .spill import Buckets, bucket_of, buckets_for
     chunk = space.rows_per_chunk(SORT_BYTES)
     buckets = Buckets(space, "phash", RECORD, buckets_for(rows.count, SORT_BYTES, space.budget))

@@ -16,6 +16,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..runfolder.embeddings import image_vectors
 from ..runfolder.names import DEDUP, DEDUP_WORK
+from .hashindex import HAS_PHASH, HAS_SHA, hex_prefix, sha_prefix
 from .spill import Column
 
 HASH_HINT = "score the run with `wdsfilter score ... --scorer hash` (it adds sha256 and phash)"
@@ -58,7 +59,6 @@ class RunRows:
         return np.searchsorted(self.starts, rows, side="right") - 1
 
 
-HAS_SHA, HAS_PHASH = 1, 2
 
 
 def open_run(folder: str):
@@ -186,7 +186,6 @@ def _sha_prefix(array):
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from .hashindex import hex_prefix, sha_prefix
     n = len(array)
     valid = ~_nulls(array)
     if pa.types.is_null(array.type):

@@ -7,11 +7,12 @@ import os
 import re
 import xml.etree.ElementTree as ET
 from collections import defaultdict
-from typing import Dict, List
+from typing import TYPE_CHECKING, Dict, List
 
 from ..shards import shown_url
 from .findings import ERROR, KINDS
-from .report import Report
+if TYPE_CHECKING:  # the type only: report.py renders itself through this module
+    from .report import Report
 
 FORMATS = ("text", "json", "junit")
 TEXT_EXAMPLES = 3     # findings shown per kind in the text summary
