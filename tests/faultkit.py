@@ -331,13 +331,15 @@ class HoldScorer(BrightnessScorer):
 
     def __init__(self, hold_file: str = "", held_dir: str = "", **kw):
         super().__init__(**kw)
-        self.hold_file, self.held_dir = hold_file, held_dir
+        # not `hold_file`: BrightnessScorer's own (wait until it exists) would hold every batch
+        # again once this one is removed
+        self.release_file, self.held_dir = hold_file, held_dir
 
     def score_batch(self, inputs):
-        if self.hold_file and os.path.exists(self.hold_file):
+        if self.release_file and os.path.exists(self.release_file):
             with open(os.path.join(self.held_dir, str(os.getpid())), "w"):
                 pass
-            while os.path.exists(self.hold_file):  # waits for the test's event, not for a time
+            while os.path.exists(self.release_file):  # waits for the test's event, not for a time
                 threading.Event().wait(0.05)
         return super().score_batch(inputs)
 

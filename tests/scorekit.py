@@ -472,3 +472,15 @@ class EmbeddingScorer(BrightnessScorer):
             v = self._vector(int(x["key"][-5:]))
             out.append({"clip_score": r["brightness"], FIELD: {"img": v, "txt": v}})
         return out
+
+
+class LocalFileScorer(BrightnessScorer):
+    """BrightnessScorer that says it reads a file of this machine (`path`, Scorer.local_files) and
+    cannot read a copy elsewhere (no relocate): refused on a Ray cluster whose nodes lack it."""
+
+    def __init__(self, path: str = "", **options):
+        super().__init__(**options)
+        self.path = path
+
+    def local_files(self):
+        return [self.path] if self.path else []

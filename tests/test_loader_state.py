@@ -139,8 +139,8 @@ def test_shuffled_epochs_are_reproducible_from_the_seed(shards):
 
 
 def test_resume_with_the_score_filter(tmp_path):
-    # A real scoring run (brightness); a sample the scorer refuses and a corrupt JPEG have no score
-    # (no_score), the threshold drops about half of the others.
+    # A real scoring run (brightness); a sample the scorer refuses has no score (no_score), a
+    # corrupt JPEG's row was rejected for it; the threshold drops about half of the others.
     shards = gnu_tar_shards(str(tmp_path), [9, 8, 7, 6], refused=[(1, 2)], corrupt=[(2, 3)])
     out = score_folder(shards, tmp_path / "scores")
 
@@ -150,7 +150,8 @@ def test_resume_with_the_score_filter(tmp_path):
     full = make()
     whole = epochs(full)
     dropped = full.stats.dropped
-    assert dropped["filtered_by_score"] > 10 and dropped["no_score"] == 2 * 2  # two epochs
+    # two epochs: the refused sample has no score, the corrupt JPEG's row says why it has none
+    assert dropped["filtered_by_score"] > 10 and dropped["no_score"] == 2 and dropped["rejected: corrupt_image"] == 2
     for at in (2, 5):
         before, after, again = interrupted(make, at)
         assert before + after == whole[0] + whole[1]

@@ -337,3 +337,22 @@ def test_ray_rows_carry_caption_url_and_uid_as_the_engine_does(local_ray, tmp_pa
     assert text == {f: [(r["key"], r["caption"], r["url"], r["uid"]) for r in rows] for f, rows in local_rows.items()}
     assert text["00001.parquet"][1] == ("000010001", "photo 1 of shard 1: a café sign",
                                         "https://img.example.com/1/1.png", f"{1:04x}{1:028x}")
+
+
+def test_ray_retry_failed_finishes_when_samples_keep_failing(local_ray, tmp_path):
+    # The bug guard (a scorer that fails on its first 8 samples and scores none) saw only the retried
+    # samples on a Ray actor, which never heard of the run's earlier successes: with 9 samples that
+    # always fail, --retry-failed on Ray stopped as a bug while the local engine finished.
+    from scorekit import BrightnessScorer, make_shards
+    from wdsfilter.runfolder.failures import read_entries
+    failing = (3, 11, 20, 31, 42, 50, 63, 77, 88)
+    make_shards(tmp_path / "shards", [90], refused={0: failing})
+    out = str(tmp_path / "out")
+    options = dict(scorers=[BrightnessScorer(error_word="refuse-me")], batch_size=16, progress=False)
+    first = score_on_ray([str(tmp_path / "shards")], out=out, **options)
+    assert first.status == {"scored": 81, "failed": 9}
+    retried = score_on_ray([str(tmp_path / "shards")], out=out, retry_failed=True, **options)
+    assert retried.retried == {"samples": 9, "scored": 0}
+    entries = read_entries(os.path.join(out, "failures.parquet"))
+    assert sorted(e["key"] for e in entries) == [f"s0_{i:05d}" for i in failing]
+    assert {e["attempts"] for e in entries} == {2}

@@ -87,7 +87,7 @@ def _given(ctx: click.Context, param: str) -> bool:
                    "every run writes its own to OUT/run.yaml), or stage options only. Options given here override it.")
 @click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="local: this machine's engine (memory planner); ray: Ray Data across a cluster "
-                   "(pip install 'wdsfilter[ray]'; shards and --out on a shared filesystem).")
+                   "(pip install 'wdsfilter[ray]'; no shared filesystem needed: the driver writes --out).")
 @click.option("--ray-address", default=None, metavar="ADDRESS",
               help="ray: a running cluster (auto, ray://host:10001); default: start a local one.")
 @click.option("--ray-actors", type=click.IntRange(min=1), default=None,

@@ -18,8 +18,8 @@ import json
 import os
 import socket
 import tempfile
-from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from dataclasses import dataclass, field, replace
+from typing import Any, Dict, List, Optional
 from urllib.parse import urlparse
 
 from ..errors import ConfigError, require
@@ -76,6 +76,25 @@ class ClipSource:
                      f" ({', '.join(self.info.get('trained_on', []))}"
                      + (f", plus {scenes} fresh scenes from their generator" if scenes else "") + ")")
         return text
+
+    # -- where the weights are on this machine ----------------------------------------------
+    def local_files(self) -> List[str]:
+        """The checkpoint file or model folder load() reads from this machine's disk."""
+        if self.weights == "file":
+            return [self.checkpoint]
+        if self.weights == "folder":
+            return [self.spec[len(LOCAL_DIR):]]
+        return []
+
+    def moved(self, where: Dict[str, str]) -> "ClipSource":
+        """The same model, its checkpoint or folder read at where[its path] (a copy elsewhere)."""
+        if self.weights == "file" and self.checkpoint in where:
+            return replace(self, pretrained=where[self.checkpoint], checkpoint=where[self.checkpoint])
+        folder = self.spec[len(LOCAL_DIR):]
+        if self.weights == "folder" and folder in where:
+            checkpoint = os.path.join(where[folder], os.path.relpath(self.checkpoint, folder))
+            return replace(self, spec=LOCAL_DIR + where[folder], checkpoint=checkpoint)
+        return self
 
     # -- resolving ----------------------------------------------------------------------------
     @classmethod

@@ -10,14 +10,15 @@ memory (its backpressure) and retries failed tasks.
                ─ ScoreActor: map_batches, replicas actors per GPU (or one per CPU slot), each
                  scorer at its planned batch through its own OOM back-off
                ─ the driver streams the scored rows (iter_batches) and, as soon as all rows of a
-                 shard are in, a finish_shard task writes scores/<shard>.parquet, the filtered
-                 shard and the done marker: a run killed half-way leaves its finished shards done.
+                 shard are in, writes scores/<shard>.parquet, the filtered shard and the done
+                 marker itself (write_finished): a run killed half-way leaves its finished shards done.
 
 This module is the driver; what runs on Ray's workers is in ray_tasks.py (read_shard, ScoreActor,
-measure, finish_shard), the payload columns in ray_payload.py. Rows, shard completion and the run
-state are the local engine's own (rows.py, runner.Run), so `--resume`, `wdsfilter.loader(scores=...)`
-and the summary work on it unchanged. The shards and the output folder must be reachable from
-every node (a shared filesystem); Ray moves only the rows.
+measure), the payload columns in ray_payload.py, what the nodes see of the driver's disk in
+ray_files.py. Rows, shard completion and the run state are the local engine's own (rows.py,
+runner.Run), so `--resume`, `wdsfilter.loader(scores=...)` and the summary work on it unchanged.
+No shared filesystem is needed: the run folder has one writer, the driver; shards in object
+storage are read by every node, local ones where they are (ray_files.survey).
 
     from wdsfilter.score.ray_runner import score_on_ray
     summary = score_on_ray("s3-mounted/shards/", out="/shared/scores", scorers=["clip"],
@@ -42,8 +43,10 @@ from .embeddings import FIELD as EMBEDDINGS
 from .faults import disk_full, is_disk_full, read_failed_reason
 from .ledger import OnlyKeys
 from .summary import RunSummary
-from .ray_tasks import LEDGER_FIELDS, SHARD_END_ROW, ActorRoster, ScoreActor, finish_shard, measure, plain, read_shard
-from .rows import BASE_FIELDS
+from .ledger import write_retried
+from .ray_files import NodeInputs, survey
+from .ray_tasks import LEDGER_FIELDS, NODE, SHARD_END_ROW, ActorRoster, ScoreActor, measure, plain, read_shard
+from .rows import BASE_FIELDS, write_shard
 
 
 def _ray():
@@ -64,18 +67,25 @@ def actor_pool(cluster_gpus: int, replicas: int, actors: Optional[int] = None,
     return actors, gpus_per_actor
 
 
-def plan_on_ray(ray, run, cfg, urls: Sequence[str], cluster: dict):
+def plan_on_ray(ray, run, cfg, urls: Sequence[str], cluster: dict, inputs: Optional[NodeInputs] = None):
     """make_plan (planner.py) on numbers measured on the cluster: one GPU's free memory and the
     scorers' footprints and per-frame activations there (or a CPU slot's), with the cores of the
     cluster per GPU as the host's. Returns the Plan; its first DevicePlan holds the batch sizes and
-    the model processes per GPU (replicas: actors per GPU)."""
+    the model processes per GPU (replicas: actors per GPU). Where only the driver's node reads
+    the shards (inputs.pin_reads), the driver reads the probe's samples and the task gets them."""
     from .planner import make_plan
+    from .probe import collect_probe
     gpus = int(cluster.get("GPU", 0))
     task = ray.remote(num_cpus=1, num_gpus=1 if gpus else 0, max_retries=0)(measure)
     # --retry-failed: the probe reads only the samples to retry, by the paths the task opens
     only = [OnlyKeys({absolute_url(u): keys for u, keys in s.keys.items()}) for s in run.only_retried()]
-    m = ray.get(task.remote(cfg, run.scorers, run.model_scorers, [absolute_url(u) for u in urls],
-                            "cuda:0" if gpus else "cpu", only))
+    paths = [absolute_url(u) for u in urls]
+    collected = None
+    if inputs is not None and inputs.pin_reads:
+        collected = collect_probe(paths, cfg.scoring_stage_config(run.scorers), run.scorers, cfg.probe_samples,
+                                  cfg.probe_scan, cfg.probe_seconds, only, run.before)
+    m = ray.get(task.remote(cfg, run.scorers, run.model_scorers, paths, "cuda:0" if gpus else "cpu", only,
+                            inputs, collected))
     run.before.notes["remote_retries"] += m.get("remote_retries", 0)
     host = dict(m["host"])
     if gpus:  # the cores beside each GPU bound its model processes (planner.CORES_PER_GPU_PROCESS)
@@ -99,7 +109,7 @@ class _Collector:
         """Rows of one batch in; (url, rows, end) of every shard this batch completed out."""
         complete = []
         for i in range(len(batch["key"])):
-            row = {f: plain(batch[f][i]) for f in (*BASE_FIELDS, *LEDGER_FIELDS)}
+            row = {f: plain(batch[f][i]) for f in (*BASE_FIELDS, *LEDGER_FIELDS, NODE)}
             url = row["shard"]
             if row["status"] == SHARD_END_ROW:
                 self.ends[url] = json.loads(row["message"])
@@ -137,23 +147,6 @@ def end_actors(ray, roster) -> None:
             pass
 
 
-def _settle(ray, refs: list) -> List[dict]:
-    """The results of finish_shard tasks once every one has ended. ray.get raises at the first
-    failed task (a full disk) while the others may still be writing; the run must not return
-    (and its caller clean up or retry) with outputs still being written behind it."""
-    if refs:
-        ray.wait(refs, num_returns=len(refs))
-    results, error = [], None
-    for ref in refs:
-        try:
-            results.append(ray.get(ref))
-        except Exception as e:  # noqa: BLE001 - raised below, after every task has ended
-            error = error or e
-    if error is not None:
-        raise error
-    return results
-
-
 def _unfinished(url: str, collector: "_Collector") -> str:
     end, rows = collector.ends.get(url), collector.rows.get(url, {})
     if end is not None:
@@ -187,7 +180,7 @@ def run_on_ray(shards, cfg, *, actors: Optional[int] = None, gpus_per_actor: Opt
 
     if cfg.dry_run:
         raise ConfigError("dry_run plans the single-machine engine; Ray plans its own cluster (ray status)")
-    # Ray workers may run in another folder (or on another node of the shared filesystem).
+    # Absolute paths: the driver's working folder may change; a node's is not the driver's.
     cfg = dataclasses.replace(cfg, out=cfg.out if is_fsspec_url(cfg.out) else os.path.abspath(cfg.out),
                               write_shards=cfg.write_shards if not cfg.write_shards or is_fsspec_url(cfg.write_shards)
                               else os.path.abspath(cfg.write_shards))
@@ -233,7 +226,7 @@ def _run_on_ray(run, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, ad
     """plan -> dataset -> stream -> outcome."""
     todo = run.pending()
     if todo:  # the keys were checked by Run
-        for scorer in run.scorers:  # downloads once, on the driver (a shared filesystem), not per actor
+        for scorer in run.scorers:  # downloads once, on the driver, not per actor (ray_files sends them on)
             getattr(scorer, "fetch", lambda: None)()
     ray = _ray()
     started_here = _connect(ray, cfg, address, ray_init)
@@ -242,12 +235,14 @@ def _run_on_ray(run, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, ad
         run.summary.scorers = [s.describe() for s in run.scorers]
         for d in run.summary.scorers if cfg.verbosity else ():
             run.echo(f"scorer: {d}")
-        plan = _plan(ray, run, cfg, todo, actors, gpus_per_actor, batch_size)
+        # what the nodes see of the driver's disk: the local shards, the scorers' model files
+        inputs = survey(ray, run.scorers, todo, run.echo) if todo else None
+        plan = _plan(ray, run, cfg, todo, actors, gpus_per_actor, batch_size, inputs)
         collector = _Collector(run.columns)
         streamed = Streamed()
         if todo:
             roster = ray.remote(num_cpus=0)(ActorRoster).remote()
-            ds = _dataset(ray, run, plan, todo, cpus_per_actor, roster)
+            ds = _dataset(ray, run, plan, todo, cpus_per_actor, roster, inputs)
             _stream(ray, ds, run, plan.cfg, collector, roster, streamed)
         return _outcome(run, todo, start, collector, streamed)
     finally:
@@ -298,7 +293,7 @@ def _one_line_errors() -> None:
             handler.addFilter(_OneLine())
 
 
-def _plan(ray, run, cfg, todo, actors, gpus_per_actor, batch_size) -> RayPlan:
+def _plan(ray, run, cfg, todo, actors, gpus_per_actor, batch_size, inputs=None) -> RayPlan:
     """The actors and batches: the user's where set, else the local engine's planner."""
     echo = run.echo
     cluster = ray.cluster_resources()
@@ -312,7 +307,7 @@ def _plan(ray, run, cfg, todo, actors, gpus_per_actor, batch_size) -> RayPlan:
     if todo and wants_plan:  # the local engine's planner, on one GPU's (or CPU slot's) measurements
         if batch_size is not None:
             cfg = dataclasses.replace(cfg, batch_size=int(batch_size))
-        plan = plan_on_ray(ray, run, cfg, todo, cluster)
+        plan = plan_on_ray(ray, run, cfg, todo, cluster, inputs)
         run.summary.plan, run.summary.plan_text = plan.to_dict(), plan.describe()
         shown = cfg.plan_text(plan)
         if shown:
@@ -334,8 +329,9 @@ def _plan(ray, run, cfg, todo, actors, gpus_per_actor, batch_size) -> RayPlan:
     return RayPlan(cfg, actors, gpus_per_actor, device, batch_size, scorer_batch, min_free_host)
 
 
-def _dataset(ray, run, plan: RayPlan, todo, cpus_per_actor, roster):
-    """The shards to score as a Ray dataset: read_shard tasks, then the ScoreActor pool."""
+def _dataset(ray, run, plan: RayPlan, todo, cpus_per_actor, roster, inputs: Optional[NodeInputs] = None):
+    """The shards to score as a Ray dataset: read_shard tasks (on the driver's node where only it
+    reads the local shards), then the ScoreActor pool."""
     cfg = plan.cfg
     # Workers open absolute paths: their working folder is not the driver's.
     ds = ray.data.from_items([{"shard": u, "path": absolute_url(u)} for u in todo],
@@ -346,27 +342,40 @@ def _dataset(ray, run, plan: RayPlan, todo, cpus_per_actor, roster):
     # process-wide filter would outlive the run and pile up, one per run).
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=DeprecationWarning, module=__name__)
-        ds = ds.map_batches(functools.partial(read_shard, cfg=cfg, scorers=run.scorers, only=only),
-                            batch_size=1, batch_format="numpy", max_retries=RETRIES)
+        ds = ds.map_batches(functools.partial(read_shard, cfg=cfg, scorers=run.scorers, only=only,
+                                              node_inputs=inputs),
+                            batch_size=1, batch_format="numpy", max_retries=RETRIES,
+                            **(inputs.read_options() if inputs else {}))
         ds = ds.map_batches(ScoreActor, batch_size=plan.batch_size, batch_format="numpy", concurrency=plan.actors,
                             num_gpus=plan.gpus_per_actor, num_cpus=cpus_per_actor,
                             max_restarts=-1, max_task_retries=RETRIES,
                             fn_constructor_kwargs={"cfg": cfg, "scorers": run.model_scorers,
                                                    "columns": run.columns, "batch_size": plan.batch_size,
                                                    "device": plan.device, "scorer_batch": plan.scorer_batch,
-                                                   "min_free_host": plan.min_free_host, "roster": roster})
+                                                   "min_free_host": plan.min_free_host, "roster": roster,
+                                                   "node_inputs": inputs,
+                                                   # --retry-failed reads only samples that failed: the
+                                                   # run's earlier successes say the scorers work
+                                                   "scored_before": run.state.scored_rows() if run.retry else 0})
     # A batch that failed after its retries (its actor died twice, or it raised) is dropped
     # by Ray Data instead of ending the run: its shard never completes, so it gets no marker.
     ds.context.max_errored_blocks = -1
+    if inputs is not None and inputs.pin_reads and inputs.driver_store:
+        # Every block is made on the driver's node (ray_files.NodeInputs.read_options, which
+        # also runs no more read tasks than its CPUs): Ray Data's limit, half of the cluster's
+        # object store, would let them fill that node's store past the 80% where Ray spills to
+        # disk. Measured on three nodes of 80 MB, 289 MB of prepared inputs: 138 MB spilled with
+        # Ray Data's defaults, none with these two bounds (tests/test_ray_nodes.py).
+        options = ds.context.execution_options
+        options.resource_limits = options.resource_limits.copy(object_store_memory=inputs.driver_store / 2)
     return ds
 
 
 def _stream(ray, ds, run, cfg, collector: "_Collector", roster, streamed: Streamed) -> None:
-    """The scored rows, shard by shard: each shard whose rows are all in is written by a
-    finish_shard task; a shard whose stream failed is listed failed."""
+    """The scored rows, shard by shard: the driver writes each shard whose rows are all in, as the
+    local engine's main process does (write_finished: the run folder has one writer, and no node
+    needs to reach it); a shard whose stream failed is listed failed."""
     done, failed, dropped, notes = streamed.done, streamed.failed, streamed.dropped, streamed.notes
-    finish = ray.remote(num_cpus=1)(finish_shard)
-    writing = []
     try:
         for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
             for url, rows, end in collector.add(batch):
@@ -377,18 +386,32 @@ def _stream(ray, ds, run, cfg, collector: "_Collector", roster, streamed: Stream
                 elif end.get("failed"):  # not read to its end: no outputs, no marker either
                     failed.append({"url": url, "reason": read_failed_reason(end["failed"])})
                 else:  # a tar cut short is listed from its marker (Run.finish)
-                    writing.append(finish.remote(url, rows, end, cfg, run.state, run.columns,
-                                                 absolute_url(url), run.retry.get(url)))
-            ready, writing = ray.wait(writing, num_returns=len(writing), timeout=0) if writing else ([], [])
-            done += ray.get(ready)
+                    done.append(write_finished(url, rows, end, cfg, run.state, run.columns,
+                                               absolute_url(url), run.retry.get(url)))
     finally:
         # The stream has ended: end its actors (see ActorRoster) so that their CPUs and
         # GPUs are free for the next run in this cluster.
         end_actors(ray, roster)
-        # Shards whose rows all arrived are written even when the stream fails: --resume keeps them.
-        done += _settle(ray, writing)
     failed += [{"url": r["shard"], "reason": r["failed"]} for r in done if r.get("failed")]
     done[:] = [r for r in done if not r.get("failed")]
+
+
+def write_finished(url: str, rows: List[dict], end: dict, cfg, state, columns: Sequence[str],
+                   path: Optional[str] = None, retry: Optional[Dict[int, dict]] = None) -> dict:
+    """On the driver: the score values back from JSON, rows in shard order, then rows.write_shard
+    (score file, embeddings, filtered shard from `path`, completion marker) as the local engine
+    does, with the nodes that read and scored the shard in its marker; with `retry`
+    (--retry-failed: the shard's samples read again), ledger.write_retried."""
+    for row in rows:
+        for c in columns:
+            row[c] = json.loads(row[c])
+    rows.sort(key=lambda r: r["index"])
+    nodes = {"read": end.get("node"), "scored": sorted({r[NODE] for r in rows if r.get(NODE)})}
+    if retry is not None:
+        failed = write_retried(url, rows, end, cfg, state, columns, retry, source=path, engine="ray", nodes=nodes)
+    else:
+        failed = write_shard(url, rows, end, cfg, state, columns, source=path, engine="ray", nodes=nodes)
+    return {"shard": url, "rows": len(rows), **({"failed": failed} if failed else {})}
 
 
 def _outcome(run, todo, start: float, collector: "_Collector", streamed: Streamed) -> RunSummary:

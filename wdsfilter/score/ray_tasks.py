@@ -5,9 +5,11 @@
     ScoreActor   ─ a model actor: the engine's ModelRunner on one GPU share or CPU slot, each
                    scorer at its batch through its own out-of-memory back-off
     measure      ─ the task that loads and probes before planning (planner.make_plan on the driver)
-    finish_shard ─ the task that writes a finished shard's outputs with rows.write_shard
 
-Ray pickles these by this module's path, so every worker imports them from the package.
+Nothing here writes the run folder: the rows come back to the driver, which writes every shard
+(ray_runner.write_finished). Each row says which node scored it (NODE), each shard which node read
+it (its SHARD_END_ROW), for its marker. Ray pickles these by this module's path, so every worker
+imports them from the package.
 """
 from __future__ import annotations
 
@@ -17,29 +19,44 @@ from typing import Dict, Iterator, List, Optional, Sequence
 
 from ..markers import MEMBER, STAGE
 from .embeddings import FIELD as EMBEDDINGS
-from .ledger import write_retried
 from ..runfolder.tables import json_value
 from .ray_payload import EMPTY, PAYLOAD, PAYLOAD_META, pack_payload, unpack_payload
-from .rows import BASE_FIELDS, complete_row, item_row, new_row, write_shard
+from .rows import BASE_FIELDS, complete_row, item_row, new_row
 
 PENDING = "__pending__"  # a row whose inputs still need the model
 SHARD_END_ROW = "__shard_end__"  # one per shard: carries the reader's error and member count
 LEDGER_FIELDS = (STAGE, MEMBER)  # row fields the failure ledger reads (ledger.row_entries)
+NODE = "ray_node"  # the Ray node whose model actor scored the row ("" where no model ran)
+# A read task's block holds at most this many bytes of prepared inputs: a block is one object in
+# Ray's object store, which may be as small as 100 MB per node, and every read task of a node has
+# blocks in flight (64 CLIP rows are 9.6 MB; 64 rows of three 720p frames would be 530 MB).
+BLOCK_BYTES = 8 * 2**20
+
+
+def node_id() -> str:
+    """The Ray node this task or actor runs on (`ray list nodes` names it); "" outside Ray."""
+    import ray
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
 
 
 # -- decode side: one task per shard --------------------------------------------------------------
-def read_shard(batch, cfg, scorers, rows_per_block: int = 64, only=None) -> Iterator[Dict[str, list]]:
+def read_shard(batch, cfg, scorers, rows_per_block: int = 64, only=None, node_inputs=None,
+               block_bytes: int = BLOCK_BYTES) -> Iterator[Dict[str, list]]:
     """Ray map_batches generator over shard URLs: every sample's row, with its prepared inputs in
     the PAYLOAD columns (pack_payload) where a model still has to score it, then one SHARD_END_ROW row whose
     message tells the driver how many rows the shard has, how the reader ended and the shard's
-    stage counts. Yields column batches of up to rows_per_block rows, so a big shard never sits
+    stage counts. Yields column batches of up to rows_per_block rows and block_bytes of prepared
+    inputs (one row alone where a row is bigger: a video's frames), so a big shard never sits
     in memory whole. only: --retry-failed's stage (ledger.OnlyKeys, by the URLs the driver knows):
-    in its shards only the samples to retry are read on."""
+    in its shards only the samples to retry are read on. node_inputs: ray_files.NodeInputs (the
+    scorers' model files where this node lacks them: a tokenizer's config)."""
     from ..markers import MARKER, SHARD_END, ShardEnd
     from ..pipeline import sample_pipeline
     from ..tally import Tally
     from .transport import Prepare
 
+    if node_inputs is not None:
+        node_inputs.apply(scorers)
     stage = cfg.scoring_stage_config(scorers)
     bounds = cfg.row_bounds
     paths = batch["path"] if "path" in batch else batch["shard"]
@@ -49,7 +66,7 @@ def read_shard(batch, cfg, scorers, rows_per_block: int = 64, only=None) -> Iter
         pipeline = sample_pipeline([path], stage, tally, extra=[Prepare(scorers, stage)], before_decode=before,
                                    shard_stages=[s.reader() for s in before])
         rows: List[dict] = []
-        index = 0
+        index = held = 0
         end = None
         for item in pipeline:
             if item.get(MARKER) == SHARD_END:
@@ -64,15 +81,16 @@ def read_shard(batch, cfg, scorers, rows_per_block: int = 64, only=None) -> Iter
                 row["status"] = PENDING
                 row[PAYLOAD], row[PAYLOAD_META] = pack_payload((item["inputs"], item["errors"]))
             rows.append(row)
+            held += row[PAYLOAD].nbytes + len(row[PAYLOAD_META])
             index += 1
-            if len(rows) >= rows_per_block:
+            if len(rows) >= rows_per_block or held >= block_bytes:
                 yield _columns(rows)
-                rows = []
+                rows, held = [], 0
         if end is None:  # no end marker: the shard could not be opened (counted as unreadable_shard)
             examples = tally.examples.get("unreadable_shard", [])
             end = {"error": examples[0].message if examples else "could not be opened", "members": 0,
                    "unopened": True}
-        end.update(rows=index, dropped=dict(tally.dropped), notes=dict(tally.notes))
+        end.update(rows=index, dropped=dict(tally.dropped), notes=dict(tally.notes), node=node_id())
         rows.append(dict(new_row("", url, -1, SHARD_END_ROW, message=json.dumps(end)),
                          **{PAYLOAD: EMPTY, PAYLOAD_META: b"", **dict.fromkeys(LEDGER_FIELDS, "")}))
         yield _columns(rows)
@@ -93,7 +111,7 @@ class ScoreActor:
 
     def __init__(self, cfg, scorers, columns: Sequence[str], batch_size: int, device: str,
                  scorer_batch: Optional[Dict[str, int]] = None, min_free_host: Optional[int] = None,
-                 roster=None):
+                 roster=None, node_inputs=None, scored_before: int = 0):
         from .memory import host_status
         if roster is not None:  # the driver ends this actor itself when the run ends (ActorRoster)
             import ray
@@ -107,9 +125,14 @@ class ScoreActor:
         # No plan ran (the user set the batch size and the actors): batch_size is in samples, as on the
         # local engine; the scorers' sub-batches in frames are set on the first inputs (size_by_samples).
         self.unsized = scorer_batch is None
+        self.node = node_id()
+        if node_inputs is not None:  # the model files where this node lacks them (ray_files.py)
+            node_inputs.apply(scorers)
         self.runner = ModelRunner(scorers, device)
         self.runner.load()
-        self.runner.configure(batch_size, scorer_batch=scorer_batch, min_free_host=self.min_free_host)
+        self.scored_before = scored_before
+        self.runner.configure(batch_size, scorer_batch=scorer_batch, min_free_host=self.min_free_host,
+                              scored_before=scored_before)
 
     def size_by_samples(self, inputs: List[dict]) -> None:
         """Each scorer's sub-batch: batch_size samples in frames, by the frames per sample of these
@@ -121,7 +144,8 @@ class ScoreActor:
             count = getattr(s, "frame_count", lambda _: 1)
             frames = [max(1, int(count(x[s.name]))) for x in inputs if s.name in x]
             sizes[s.name] = frames_of_samples(self.batch_size, sum(frames) / len(frames) if frames else 1.0)
-        self.runner.configure(self.batch_size, scorer_batch=sizes, min_free_host=self.min_free_host)
+        self.runner.configure(self.batch_size, scorer_batch=sizes, min_free_host=self.min_free_host,
+                              scored_before=self.scored_before)
         self.unsized = False
 
     def __call__(self, batch):
@@ -139,6 +163,8 @@ class ScoreActor:
         for f in LEDGER_FIELDS:  # where a rejected row was dropped, for the failure ledger
             out[f] = [plain(v) or "" for v in batch[f]] if f in batch else [""] * n
         out[EMBEDDINGS] = [pickle.dumps(r.get(EMBEDDINGS)) for r in rows]  # --save-embeddings (else None)
+        scored = set(pending)
+        out[NODE] = [self.node if i in scored else "" for i in range(n)]
         for c in self.columns:  # every batch has every column, so Ray's blocks share one schema
             out[c] = [json.dumps(r.get(c), default=json_value) for r in rows]
         return out
@@ -152,19 +178,26 @@ def plain(v):
 
 
 # -- before planning: one task measures -----------------------------------------------------------
-def measure(cfg, scorers, model_scorers, urls: Sequence[str], device: str, only: Sequence = ()) -> dict:
+def measure(cfg, scorers, model_scorers, urls: Sequence[str], device: str, only: Sequence = (),
+            node_inputs=None, collected=None) -> dict:
     """A Ray task (on one GPU, or a CPU slot): what the local engine measures before planning:
     the scorers loaded on `device` (free memory, footprints) and the probe of a few prepared
-    samples (activation memory per frame and scorer, speeds), and the node's host numbers."""
+    samples (activation memory per frame and scorer, speeds), and the node's host numbers.
+    collected: the probe's samples, already read (collect_probe) where this node cannot read
+    the shards; node_inputs: ray_files.NodeInputs (the model files where this node lacks them)."""
     from .memory import host_status
     from .modelrunner import ModelRunner
     from .planner import ProbeReport
     from .probe import collect_probe
     from ..tally import Tally
 
+    if node_inputs is not None:
+        node_inputs.apply([*scorers, *model_scorers])
     tally = Tally()
-    inputs, prep_seconds, scanned = collect_probe(list(urls), cfg.scoring_stage_config(scorers), scorers,
-                                                  cfg.probe_samples, cfg.probe_scan, cfg.probe_seconds, only, tally)
+    if collected is None:
+        collected = collect_probe(list(urls), cfg.scoring_stage_config(scorers), scorers, cfg.probe_samples,
+                                  cfg.probe_scan, cfg.probe_seconds, only, tally)
+    inputs, prep_seconds, scanned = collected
     runner = ModelRunner(model_scorers, device)
     report = runner.load()
     try:
@@ -174,23 +207,6 @@ def measure(cfg, scorers, model_scorers, urls: Sequence[str], device: str, only:
     report.worker = 0
     return {"report": report, "probe": probe, "host": host_status(),
             "remote_retries": tally.notes.get("remote_retries", 0)}  # the run's summary counts them
-
-
-# -- per shard: score file, filtered shard, marker --------------------------------------------------
-def finish_shard(url: str, rows: List[dict], end: dict, cfg, state, columns: Sequence[str],
-                 path: Optional[str] = None, retry: Optional[Dict[int, dict]] = None) -> dict:
-    """A Ray task: the score values back from JSON, rows in shard order, then rows.write_shard
-    (score file, embeddings, filtered shard from `path`, completion marker) as the local engine does;
-    with `retry` (--retry-failed: the shard's samples read again), ledger.write_retried."""
-    for row in rows:
-        for c in columns:
-            row[c] = json.loads(row[c])
-    rows.sort(key=lambda r: r["index"])
-    if retry is not None:
-        failed = write_retried(url, rows, end, cfg, state, columns, retry, source=path, engine="ray")
-    else:
-        failed = write_shard(url, rows, end, cfg, state, columns, source=path, engine="ray")
-    return {"shard": url, "rows": len(rows), **({"failed": failed} if failed else {})}
 
 
 class ActorRoster:

@@ -109,6 +109,18 @@ class Scorer(abc.ABC):
         """Download what load() needs. The engine calls it once, in its own process, before model
         workers start, so several workers never download into one folder at once."""
 
+    def local_files(self) -> List[str]:
+        """The files and folders of this machine that load() or prepare() read (a checkpoint, a
+        model folder), absolute; default none. On a Ray cluster, a node that does not hold the
+        same bytes at the same path gets a copy of them (score/ray_files.py) and relocate()."""
+        return []
+
+    def relocate(self, moved: Dict[str, str]) -> None:
+        """From now on read each of local_files() at moved[path] (a copy on this node). A scorer
+        that lists local files but does not implement this is refused on a Ray cluster whose
+        nodes lack them."""
+        raise NotImplementedError
+
     @abc.abstractmethod
     def load(self, device: str) -> None:
         """Load the model onto `device` ("cpu", "cuda:0", ...). Called once per model worker."""

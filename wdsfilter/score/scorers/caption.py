@@ -112,6 +112,15 @@ class CaptionScorer(Scorer):
     def columns(self) -> List[str]:
         return list(COLUMNS)
 
+    def local_files(self) -> List[str]:
+        return [self.model_path] if self.model_path else []  # the wheel's model is on every node
+
+    def relocate(self, moved: Dict[str, str]) -> None:
+        """The fastText model read from a copy (a Ray node that lacked it: ray_files.py)."""
+        if self.model_path in moved:
+            self.model_path = moved[self.model_path]
+            self.lid = LanguageId(self.model_path)
+
     def column_types(self) -> Dict[str, str]:
         return {"caption_language": "string", "caption_language_score": "float64", "caption_language_match": "int64",
                 "caption_words": "int64", "caption_chars": "int64"}

@@ -103,6 +103,14 @@ class ClipScorer(Scorer):
         state.update(_model=None, _tokenizer=None, _staging=None)
         return state
 
+    def local_files(self) -> List[str]:
+        return self.source.local_files()
+
+    def relocate(self, moved: Dict[str, str]) -> None:
+        """The weights (and the tokenizer's config of a model folder) read from a copy."""
+        self.source = self.source.moved(moved)
+        self._tokenizer = None  # built again from the copy where prepare() needs it
+
     def columns(self) -> List[str]:
         return list(self.COLUMNS)
 

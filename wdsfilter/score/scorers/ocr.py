@@ -21,6 +21,7 @@ a minimum threshold ocr_keep >= 1 filters like a maximum on ocr_area.
 """
 from __future__ import annotations
 
+import os
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -97,18 +98,7 @@ class OcrScorer(Scorer):
             raise ConfigError(f"max_side must be >= 32 (or None for no limit), got {self.max_side}")
         if self.area_method not in AREA_METHODS:
             raise ConfigError(f"area_method must be one of {AREA_METHODS}, got {self.area_method!r}")
-        options = dict(self.backend_options)
-        if self.backend == "easyocr":
-            options.setdefault("model_dir", self.model_dir)
-            options.setdefault("download", self.download)
-        elif self.model_dir:
-            import os
-            from ..ocr_backends.rapidocr_backend import DET_MODEL
-            options.setdefault("model_path", os.path.join(self.model_dir, DET_MODEL))
-        try:
-            self.detector: DetectorBackend = make_backend(self.backend, **options)
-        except TypeError as e:  # an option the backend does not have
-            raise ConfigError(f"OCR backend {self.backend!r}: {e}") from None
+        options = self._make_detector()
         if self.min_text_score is not None and (isinstance(self.min_text_score, bool) or
                                                 not isinstance(self.min_text_score, (int, float)) or
                                                 not 0 <= self.min_text_score <= 1):
@@ -139,6 +129,36 @@ class OcrScorer(Scorer):
         self.max_pixels = (self.config or StageConfig()).max_pixels
         self._area_seconds = 0.0
         self._boxes = False  # hand_boxes(): a dependent scorer reads the kept polygons
+
+    def _make_detector(self) -> Dict[str, Any]:
+        """The detector backend from the options (its weights under model_dir where set)."""
+        options = dict(self.backend_options)
+        if self.backend == "easyocr":
+            options.setdefault("model_dir", self.model_dir)
+            options.setdefault("download", self.download)
+        elif self.model_dir:
+            from ..ocr_backends.rapidocr_backend import DET_MODEL
+            options.setdefault("model_path", os.path.join(self.model_dir, DET_MODEL))
+        try:
+            self.detector: DetectorBackend = make_backend(self.backend, **options)
+        except TypeError as e:  # an option the backend does not have
+            raise ConfigError(f"OCR backend {self.backend!r}: {e}") from None
+        return options
+
+    def local_files(self) -> List[str]:
+        """The detector's weights where they are a file of this machine: easyocr's (fetched on
+        this machine), or rapidocr's in model_dir (its default ones ship in the wheel)."""
+        if self.backend == "easyocr" or self.model_dir:
+            path = self.detector.weights_path()
+            return [os.path.abspath(path)] if os.path.isfile(path) else []
+        return []
+
+    def relocate(self, moved: Dict[str, str]) -> None:
+        """The detector's weights read from a copy: model_dir becomes the copy's folder."""
+        path = os.path.abspath(self.detector.weights_path())
+        if path in moved:
+            self.model_dir = os.path.dirname(moved[path])
+            self._make_detector()
 
     def hand_boxes(self) -> None:
         """Add the kept polygons to every output as the private BOXES (a dependent scorer's bind()
