@@ -39,7 +39,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from ..errors import ConfigError, require
 from ..remote import is_fsspec_url
 from ..shards import absolute_url
-from .embeddings import FIELD as EMBEDDINGS
+from ..runfolder.embeddings import FIELD as EMBEDDINGS
 from .faults import disk_full, is_disk_full, read_failed_reason
 from .ledger import OnlyKeys
 from .summary import RunSummary

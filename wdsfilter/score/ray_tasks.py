@@ -18,7 +18,7 @@ import pickle
 from typing import Dict, Iterator, List, Optional, Sequence
 
 from ..markers import MEMBER, STAGE
-from .embeddings import FIELD as EMBEDDINGS
+from ..runfolder.embeddings import FIELD as EMBEDDINGS
 from ..runfolder.tables import json_value
 from .ray_payload import EMPTY, PAYLOAD, PAYLOAD_META, pack_payload, unpack_payload
 from .rows import BASE_FIELDS, complete_row, item_row, new_row

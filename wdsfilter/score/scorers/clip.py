@@ -62,7 +62,7 @@ class ClipScorer(Scorer):
         its image token and extra tokens, which are stripped from captions (CLIP sees the pixels),
         and its max_pixels, which guards video frames. frames, frame_reduce, keyframes: how a video
         sample is scored (see the module docstring). save_embeddings: hand each row's image and
-        caption embeddings to the engine (wdsfilter/score/embeddings.py). reducing_gap: JPEGs are
+        caption embeddings to the engine (wdsfilter/runfolder/embeddings.py). reducing_gap: JPEGs are
         decoded at reduced scale down to this many times the model input (docs/clip.md; None: full
         decode, pixels within 1/255 of open_clip's own transform). decode_on_device: JPEGs cross to the
         model worker as their bytes and are decoded there, in batches on the model's device
@@ -293,7 +293,7 @@ class ClipScorer(Scorer):
 
 
 def _attach_embeddings(rows, image_features, text_features, counts, how: str) -> None:
-    """Each row's float16 embeddings (wdsfilter/score/embeddings.py); a video's image embedding
+    """Each row's float16 embeddings (wdsfilter/runfolder/embeddings.py); a video's image embedding
     is reduced like its score (mean of the frames, or the max/min frame), so img . txt = clip_score."""
     from ...runfolder.embeddings import FIELD
     start = 0
