@@ -23,7 +23,7 @@ from typing import Callable, Dict, Iterable, List, Optional
 
 from ..markers import MARKER, SHARD_END, ShardEnd
 from .faults import dead_decode_worker
-from .ledger import write_retried
+from .retry import write_retried
 from .rows import ShardRows, complete_row, write_shard
 from .runner import Run
 from .transport import Batch, open_chunk

@@ -43,7 +43,7 @@ from ..runfolder.embeddings import FIELD as EMBEDDINGS
 from .faults import disk_full, is_disk_full, read_failed_reason
 from .ledger import OnlyKeys
 from .summary import RunSummary
-from .ledger import write_retried
+from .retry import write_retried
 from .ray_files import NodeInputs, survey
 from .ray_tasks import LEDGER_FIELDS, NODE, SHARD_END_ROW, ActorRoster, ScoreActor, measure, plain, read_shard
 from .rows import BASE_FIELDS, write_shard
@@ -401,7 +401,7 @@ def write_finished(url: str, rows: List[dict], end: dict, cfg, state, columns: S
     """On the driver: the score values back from JSON, rows in shard order, then rows.write_shard
     (score file, embeddings, filtered shard from `path`, completion marker) as the local engine
     does, with the nodes that read and scored the shard in its marker; with `retry`
-    (--retry-failed: the shard's samples read again), ledger.write_retried."""
+    (--retry-failed: the shard's samples read again), retry.write_retried."""
     for row in rows:
         for c in columns:
             row[c] = json.loads(row[c])
