@@ -24,7 +24,7 @@ from PIL import Image, ImageStat
 
 from devicekit import SimulatedDevice
 from shardkit import image_bytes, write_shard
-from wdsfilter.errors import DataError
+from wdsfilter.core.errors import DataError
 from wdsfilter.score.scorers.base import Scorer
 
 torch.set_num_threads(1)

@@ -7,7 +7,7 @@ import tarfile
 import pytest
 
 from wdsfilter import StageConfig
-from wdsfilter.specs import split_name
+from wdsfilter.core.specs import split_name
 from wdsfilter.pipeline import sample_pipeline
 
 BROKEN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sample_shards", "broken")

@@ -267,7 +267,7 @@ def test_a_cut_short_video_is_scored_from_its_frames_and_noted(scorer, tmp_path)
     from wdsfilter.score.transport import Prepare
     from wdsfilter.score.rows import complete_row, new_row
     from wdsfilter.score.scorers.base import Noted
-    from wdsfilter.thresholds import Thresholds
+    from wdsfilter.core.thresholds import Thresholds
     data = h264_mp4(tmp_path / "clip.mp4", 75)
     cut = data[:int(len(data) * 0.6)]
     whole = scorer.prepare({"video": data, "caption": "noise", "__key__": "w"})

@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 
 from wdsfilter import StageConfig
-from wdsfilter.errors import ConfigError, DataError
+from wdsfilter.core.errors import ConfigError, DataError
 from wdsfilter.images import decode_image
 from wdsfilter.pipeline import sample_pipeline
 from wdsfilter.score.config import ScoreConfig

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from tests.shardkit import image_bytes, image_text_members, write_shard
 from wdsfilter.cli import main
-from wdsfilter.errors import ConfigError, OutputError, RunError, StarvationError, exit_code_for
+from wdsfilter.core.errors import ConfigError, OutputError, RunError, StarvationError, exit_code_for
 from wdsfilter.validate import validate
 
 

@@ -148,7 +148,7 @@ def test_dedup_of_a_bucket_folder_rejects_its_options_before_taking_the_folder(t
     pytest.importorskip("s3fs")
     from remotekit import BUCKET, FailingProxy, s3_server
     from wdsfilter.dedup import dedup
-    from wdsfilter.errors import ConfigError
+    from wdsfilter.core.errors import ConfigError
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     with s3_server() as (endpoint, client):
         client.put_object(Bucket=BUCKET, Key="runs/d/run.json", Body=b"{}")

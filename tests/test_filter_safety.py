@@ -68,14 +68,14 @@ def test_filter_counts_without_reading_sources_and_runs_the_command_when_allowed
 
 
 def test_filter_scores_and_the_loader_take_no_permission_from_the_folder(piped, tmp_path):
-    from wdsfilter.errors import UnsafeInputError
+    from wdsfilter.core.errors import UnsafeInputError
     from wdsfilter.filtering import filter_scores
     folder, shard, out, canary = piped
     with pytest.raises(UnsafeInputError, match="allow_pipe=True"):
         filter_scores(out, write_shards=str(tmp_path / "k"), report=None)
     assert not canary.exists() and not (tmp_path / "k").exists()
     import wdsfilter
-    from wdsfilter.errors import StarvationError
+    from wdsfilter.core.errors import StarvationError
     # The loader reads the shards it is given (a local one here), never the folder's commands;
     # the pipe: source's rows do not name this local shard, so nothing comes out.
     with pytest.raises(StarvationError, match="no_score"):

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from tests.shardkit import image_bytes, write_shard
 from wdsfilter.cli import main
-from wdsfilter.errors import StarvationError
+from wdsfilter.core.errors import StarvationError
 from wdsfilter.reading import iter_tar
 from wdsfilter.shardcopy import member_ranges
 from wdsfilter.validate import validate
@@ -215,7 +215,7 @@ def test_frames_sharing_one_key_are_let_go_past_max_sample_bytes_not_held_whole(
     from PIL import Image
     from wdsfilter.config import StageConfig
     from wdsfilter.reading import OVERSIZED, group_samples
-    from wdsfilter.tally import Tally
+    from wdsfilter.core.tally import Tally
     src = tmp_path / "frames"
     os.makedirs(src)
     rng = np.random.default_rng(0)

@@ -17,8 +17,8 @@ from shardkit import image_bytes, image_text_members, write_shard
 from wdsfilter import ConfigError, StageConfig, StarvationError
 from wdsfilter.pipeline import sample_pipeline
 from wdsfilter.shards import expand_urls
-from wdsfilter.specs import parse_json_member
-from wdsfilter.tally import Tally
+from wdsfilter.core.specs import parse_json_member
+from wdsfilter.core.tally import Tally
 from wdsfilter.validate import validate
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -152,7 +152,7 @@ def test_peak_memory_of_one_worker_on_a_hostile_shard_stays_bounded(tmp_path, ca
                 return next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) / 1024
         from wdsfilter import StageConfig
         from wdsfilter.pipeline import sample_pipeline
-        from wdsfilter.tally import Tally
+        from wdsfilter.core.tally import Tally
         from wdsfilter.validate import validate
         tally = Tally()
         n = sum(1 for _ in sample_pipeline([{url!r}], StageConfig(check_first_shard=False), tally))

@@ -13,7 +13,7 @@ import textwrap
 from shardkit import image_bytes, image_text_members, write_shard
 from wdsfilter import StageConfig
 from wdsfilter.pipeline import sample_pipeline
-from wdsfilter.tally import Tally
+from wdsfilter.core.tally import Tally
 from wdsfilter.validate import validate
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -231,7 +231,7 @@ def test_a_thin_image_is_cropped_before_it_is_resized_for_clip(tiny_clip, tmp_pa
         from wdsfilter import StageConfig
         from wdsfilter.pipeline import sample_pipeline
         from wdsfilter.score.scorers.clip import ClipScorer
-        from wdsfilter.tally import Tally
+        from wdsfilter.core.tally import Tally
 
         def peak_mb():
             with open("/proc/self/status") as f:
@@ -292,7 +292,7 @@ def test_decoding_one_clip_is_held_to_a_pixel_budget(tmp_path, monkeypatch):
     it is lowered so that a small clip meets it."""
     import pytest
 
-    from wdsfilter.errors import DataError
+    from wdsfilter.core.errors import DataError
     from wdsfilter import frames as score_video
     from wdsfilter import videos
 
@@ -335,7 +335,7 @@ def test_an_ico_is_refused_before_pillow_decodes_it_on_open(tmp_path):
         sys.modules["torch"] = None
         from wdsfilter import StageConfig
         from wdsfilter.pipeline import sample_pipeline
-        from wdsfilter.tally import Tally
+        from wdsfilter.core.tally import Tally
         from wdsfilter.validate import validate
         tally = Tally()
         kept = [s["__key__"] for s in sample_pipeline([{url!r}], StageConfig(check_first_shard=False), tally)]
@@ -371,7 +371,7 @@ def test_an_eps_is_never_handed_to_ghostscript(tmp_path):
         from wdsfilter import StageConfig
         from wdsfilter.images import open_image
         from wdsfilter.pipeline import sample_pipeline
-        from wdsfilter.tally import Tally
+        from wdsfilter.core.tally import Tally
         from wdsfilter.validate import validate
         tally = Tally()
         kept = [s["__key__"] for s in sample_pipeline([{url!r}], StageConfig(check_first_shard=False), tally)]
@@ -398,7 +398,7 @@ def test_a_member_that_is_an_ffconcat_playlist_opens_no_file_of_the_machine(tmp_
     self-contained formats are read (wdsfilter/videos.SAFE_FORMATS); a real clip still is."""
     import pytest
     from videokit import grey_frame, make_video
-    from wdsfilter.errors import DataError
+    from wdsfilter.core.errors import DataError
     from wdsfilter.frames import sample_frames
     clip = make_video([grey_frame(40 * i) for i in range(6)])
     (tmp_path / "secret.mp4").write_bytes(clip)
@@ -437,7 +437,7 @@ def test_member_names_longer_than_path_max_are_a_damaged_tar_not_a_memory_bomb(t
         sys.modules["torch"] = None
         from wdsfilter import StageConfig
         from wdsfilter.pipeline import sample_pipeline
-        from wdsfilter.tally import Tally
+        from wdsfilter.core.tally import Tally
         from wdsfilter.validate import validate
         tally = Tally()
         kept = sum(1 for _ in sample_pipeline([{url!r}], StageConfig(check_first_shard=False), tally))
@@ -468,7 +468,7 @@ def test_a_fifo_or_a_device_named_like_a_shard_is_unreadable_not_a_hang(tmp_path
         from wdsfilter import StageConfig
         from wdsfilter.pipeline import sample_pipeline
         from wdsfilter.shards import expand_urls
-        from wdsfilter.tally import Tally
+        from wdsfilter.core.tally import Tally
         from wdsfilter.validate import validate
         urls = expand_urls([{str(folder)!r}])
         tally = Tally()

@@ -146,8 +146,8 @@ def test_filtering_and_dedup_borrow_from_score_only_what_is_listed():
     ("class C:\n    def m(self):\n        from . import cli\n", 3),  # a front door
 ])
 def test_an_upward_import_is_named_with_its_line(source, line):
-    found = list(upward_imports("wdsfilter.tally", source, "wdsfilter/tally.py"))
-    assert len(found) == 1 and found[0][1].startswith(f"wdsfilter/tally.py:{line} wdsfilter.tally (foundation)")
+    found = list(upward_imports("wdsfilter.core.tally", source, "wdsfilter/core/tally.py"))
+    assert len(found) == 1 and found[0][1].startswith(f"wdsfilter/core/tally.py:{line} wdsfilter.core.tally (foundation)")
 
 
 def test_imports_of_the_same_or_a_lower_layer_pass():

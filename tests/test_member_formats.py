@@ -15,7 +15,7 @@ from wdsfilter import StageConfig
 from wdsfilter.reading import is_unsafe_ext
 from wdsfilter.pipeline import sample_pipeline
 from wdsfilter.reading import group_samples, tar_members
-from wdsfilter.tally import Tally
+from wdsfilter.core.tally import Tally
 from wdsfilter.validate import validate
 
 

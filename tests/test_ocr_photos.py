@@ -211,7 +211,7 @@ def test_without_rapidocr_the_easyocr_backend_warns_and_counts_every_box(monkeyp
     """Python 3.13 has no rapidocr-onnxruntime: easyocr then detects alone and says so."""
     import importlib.util
 
-    from wdsfilter.errors import ConfigError
+    from wdsfilter.core.errors import ConfigError
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "rapidocr_onnxruntime" else real(name, *a))

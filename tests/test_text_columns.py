@@ -74,7 +74,7 @@ def test_filter_counts_thresholds_on_a_run_with_text_columns(shards, tmp_path):
     assert "phash" not in run.numeric_columns()  # 16 hex digits: an identifier, not a score (issue 35 item 11)
     result = filter_scores(out, report=None)
     assert result.rows == 15 and 0 < result.kept < 15
-    from wdsfilter.errors import ConfigError
+    from wdsfilter.core.errors import ConfigError
     with pytest.raises(ConfigError, match="phash, which does not hold numbers"):
         filter_scores(out, top_shares={"phash": 50}, report=None)
 

@@ -10,7 +10,7 @@ from typing import Any, Dict, List
 import pytest
 
 from scorekit import make_shards
-from wdsfilter.errors import ConfigError
+from wdsfilter.core.errors import ConfigError
 from wdsfilter.score import build_config, score
 from wdsfilter.score.modelrunner import ModelRunner
 from wdsfilter.runfolder.tables import read_rows

@@ -9,7 +9,7 @@ import pytest
 
 av = pytest.importorskip("av")
 
-from wdsfilter.errors import DataError  # noqa: E402
+from wdsfilter.core.errors import DataError  # noqa: E402
 from wdsfilter.frames import sample_frames  # noqa: E402
 
 from videokit import audio_only_mp4, grey_frame, make_video, text_frame  # noqa: E402

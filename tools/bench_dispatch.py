@@ -216,7 +216,7 @@ def decode_rate(urls, scorer, stage_cfg, chunk: int) -> dict:
     import torch
     from wdsfilter.pipeline import sample_pipeline
     from wdsfilter.score.transport import Chunk, Prepare
-    from wdsfilter.tally import Tally
+    from wdsfilter.core.tally import Tally
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as in a DataLoader worker
     try:

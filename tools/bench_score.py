@@ -122,7 +122,7 @@ def tmars_cost(args) -> dict:
     from wdsfilter.score.modelrunner import ModelRunner
     from wdsfilter.score.scorerset import resolve_scorers
     from wdsfilter.score.transport import Prepare
-    from wdsfilter.tally import Tally
+    from wdsfilter.core.tally import Tally
     model = _clip(args)[0]().model
     tmp = tempfile.mkdtemp(prefix="bench-tmars-")
     try:
@@ -221,7 +221,7 @@ def decode_only(urls, stage, factory, plan, timed_from_first=False):
     import torch.utils.data
     from wdsfilter.pipeline import sample_pipeline
     from wdsfilter.score.transport import Chunk, Prepare, keep_as_is, unpack
-    from wdsfilter.tally import Tally
+    from wdsfilter.core.tally import Tally
     pipeline = sample_pipeline(urls, stage, Tally(), extra=[Prepare([factory()])])
     pipeline.append(Chunk(plan["chunk"]))
     workers = plan["workers"]
@@ -244,7 +244,7 @@ def prepared_inputs(urls, stage, factory, limit=None) -> list:
 
     from wdsfilter.pipeline import sample_pipeline
     from wdsfilter.score.transport import Prepare
-    from wdsfilter.tally import Tally
+    from wdsfilter.core.tally import Tally
     scorer = factory()
     items = sample_pipeline(urls, stage, Tally(), extra=[Prepare([scorer])])
     prepared = (item["inputs"][scorer.name] for item in items if "inputs" in item and scorer.name in item["inputs"])

@@ -530,9 +530,9 @@ def _run_folder(folder: str, outputs: str, sources: List[str], rng: random.Rando
     from click.testing import CliRunner
 
     from wdsfilter.cli import main
-    from wdsfilter.errors import WdsFilterError
+    from wdsfilter.core.errors import WdsFilterError
     from wdsfilter.scorefilter import ScoreFilter
-    from wdsfilter.selection import Selection
+    from wdsfilter.core.selection import Selection
     args = ["filter", folder, "--write-shards", os.path.join(outputs, "shards"), "--samples-per-shard", "7",
             "--report", os.path.join(outputs, "report.html"), *rng.choice(THRESHOLD_ARGS)]
     result = CliRunner().invoke(main, args, catch_exceptions=True)

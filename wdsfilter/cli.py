@@ -2,7 +2,7 @@
 
 Each command lives beside the code it drives (wdsfilter/validate/cli.py, wdsfilter/score/cli.py)
 and is attached here. Errors are turned into exit codes here, once, for every command: a command
-raises (wdsfilter.errors), the group prints one line and exits with the error's code. The
+raises (wdsfilter.core.errors), the group prints one line and exits with the error's code. The
 traceback is printed only with --debug (anywhere on the command line) or WDSFILTER_DEBUG=1.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import traceback
 import click
 
 from . import __version__
-from .errors import EXIT_CODES_HELP, Terminated, describe, exit_code_for
+from .core.errors import EXIT_CODES_HELP, Terminated, describe, exit_code_for
 
 DEBUG_FLAG = "--debug"
 
@@ -76,8 +76,8 @@ class _Group(click.Group):
 
     def invoke(self, ctx):
         previous = _stop_on_sigterm()
-        from .progress import library_logs_off
-        from .publish import Redacting
+        from .core.progress import library_logs_off
+        from .core.publish import Redacting
         library_logs_off(_debug_wanted(ctx))
         # every line a command prints (its output, log lines, the error) shows URLs without their
         # password or presigned signature (publish.py)

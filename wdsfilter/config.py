@@ -5,9 +5,9 @@ import json
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
-from .errors import ConfigError
-from .specs import DEFAULT_CAPTION_KEY, DEFAULT_IMAGE_KEY, REKEY_MODES, KeySpec
-from .units import parse_size
+from .core.errors import ConfigError
+from .core.specs import DEFAULT_CAPTION_KEY, DEFAULT_IMAGE_KEY, REKEY_MODES, KeySpec
+from .core.units import parse_size
 
 TOKEN_MODES = ("auto", "normalise", "strip", "keep")
 OVERSIZE_MODES = ("skip", "reduce")
@@ -35,7 +35,7 @@ def parse_byte_caps(items: Sequence[str]) -> Dict[str, int]:
 
 @dataclass
 class StageConfig:
-    # Where the caption and the image live (see wdsfilter.specs for the syntax).
+    # Where the caption and the image live (see wdsfilter.core.specs for the syntax).
     caption_key: str = DEFAULT_CAPTION_KEY
     image_key: str = DEFAULT_IMAGE_KEY
     # Member name -> key: "first-dot" (webdataset's rule) or "last-dot" (for dotted basenames).
@@ -212,7 +212,7 @@ def parse_rate(value) -> int:
         text = text[:-2] if text.lower().endswith("/s") else text
         if text.strip() in ("0", "0.0"):
             return 0
-        from .units import parse_size
+        from .core.units import parse_size
         return parse_size(text, "remote_speed_limit (--remote-speed-limit)")
     return value
 

@@ -18,14 +18,14 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 from .config import StageConfig, config_or_options
-from .errors import ConfigError, StarvationError, require
+from .core.errors import ConfigError, StarvationError, require
 from .loaderstate import VERSION as STATE_VERSION, Progress, check_settings, check_state, settings
 from .pipeline import Place, SeededTransform, sample_pipeline, set_epoch, worker_batches
-from .selection import DEPRECATED as DEPRECATED_RULES, Selection, selection_of
+from .core.selection import DEPRECATED as DEPRECATED_RULES, Selection, selection_of
 from .shardstats import sizes_samples
 from .shards import expand_urls
 from .stages import map_dict
-from .tally import StatsSink, Tally
+from .core.tally import StatsSink, Tally
 
 log = logging.getLogger("wdsfilter")
 

@@ -28,7 +28,7 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from .errors import DataError
+from .core.errors import DataError
 from .videos import (MAX_DECODED_PIXELS, MAX_PACKETS, cut_short, declared_duration, limit_decoder, open_video,
                       packets, too_large, video_streams)
 

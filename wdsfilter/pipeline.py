@@ -9,11 +9,11 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 import webdataset as wds
 
 from .config import StageConfig
-from .errors import StarvationError
-from .markers import MARKER
+from .core.errors import StarvationError
+from .core.markers import MARKER
 from .shards import expand_urls
 from .stages import decode_sample, sample_stages, watch
-from .tally import StatsSink, Tally
+from .core.tally import StatsSink, Tally
 
 
 def shard_source(urls: Sequence[str], resampled: bool = False, shuffle_shards: bool = False, seed: int = 0,

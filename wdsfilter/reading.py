@@ -18,14 +18,14 @@ from typing import Callable, Iterable, Iterator, Optional, Tuple
 
 from .config import StageConfig
 from .decompress import open_layers
-from .errors import DataError, UnsafeInputError
-from .markers import shard_end_marker
+from .core.errors import DataError, UnsafeInputError
+from .core.markers import shard_end_marker
 from .members import MemberCaps, gunzip_member, is_unsafe_ext
 from .shards import close_shard, is_local, is_pipe, open_shard
-from .specs import key_digest, reserved_ext, split_name
+from .core.specs import key_digest, reserved_ext, split_name
 from .tars import ShardTarInfo
 from .tarsubset import ONLY_KEYS, subset_stream
-from .tally import Tally
+from .core.tally import Tally
 
 STAGE = "read"
 # Skipped members whose absence explains a sample's drop (the select decision names them); an

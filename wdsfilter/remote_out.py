@@ -40,7 +40,7 @@ from .remote import RemoteOutputError, credential_source, filesystem, redact_url
 from .remote_errors import describe
 from .runfolder.lease import GUARD_NAME, LEASE_NAME, LeaseLostError
 from .runfolder.names import DONE
-from .scratch import KEPT, OWNER, Scratch
+from .core.scratch import KEPT, OWNER, Scratch
 
 log = logging.getLogger("wdsfilter")
 MARKERS = DONE  # the folder whose files are uploaded last
@@ -350,7 +350,7 @@ def pulled(url: str, storage_options=None) -> str:
             raise RemoteOutputError(f"{remote.shown()}: listing is forbidden ({describe(e)}); credentials: "
                                     f"{credential_source(url, storage_options)}") from None
         if not listed:
-            from .errors import ConfigError
+            from .core.errors import ConfigError
             raise ConfigError(f"score folder {remote.shown()} does not exist (no object under it); pass the --out "
                               f"folder of a `wdsfilter score` run")
         manifest_path = os.path.join(folder, ".manifest.json")

@@ -29,13 +29,13 @@ from __future__ import annotations
 import os
 from typing import Dict, Iterable, Iterator, Optional, Tuple
 
-from .errors import ConfigError
-from .markers import MARKER
+from .core.errors import ConfigError
+from .core.markers import MARKER
 from .runfolder import DamagedRunFolder, ScoreRun, keep_reason, source_changed
 from .runfolder.tables import read_table
 from .shards import is_local, local_path, shard_stem
-from .selection import Selection
-from .tally import Tally
+from .core.selection import Selection
+from .core.tally import Tally
 
 STAGE = "score_filter"
 
@@ -102,7 +102,7 @@ class ScoreFilter:
         check_selection(self.selection, run)
 
     def score_file(self, url: str) -> Optional[str]:
-        from .publish import published
+        from .core.publish import published
         if url in self.by_url:
             return self.by_url[url]
         if published(url) in self.by_url:  # markers name a shard published (publish.py)

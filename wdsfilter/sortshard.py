@@ -28,12 +28,12 @@ from typing import List
 
 import click
 
-from .errors import ConfigError, EXIT_CODES_HELP, OutputError, RunError
+from .core.errors import ConfigError, EXIT_CODES_HELP, OutputError, RunError
 from .decompress import compression
-from .progress import verbosity, verbosity_options
+from .core.progress import verbosity, verbosity_options
 from .remote import redact_url
 from .shards import is_remote, open_shard
-from .specs import REKEY_MODES, split_name
+from .core.specs import REKEY_MODES, split_name
 from .tars import ShardTarInfo, copy_range, tar_end
 from .writing import atomic_path, check_output_file
 

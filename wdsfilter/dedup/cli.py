@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import click
 
-from ..errors import EXIT_CODES_HELP
-from ..progress import verbosity, verbosity_options
+from ..core.errors import EXIT_CODES_HELP
+from ..core.progress import verbosity, verbosity_options
 from .groups import KINDS
 from .find import NEAR_BITS, SEMANTIC_THRESHOLD
 from .spill import MEMORY_MB

@@ -14,7 +14,7 @@ from typing import Iterator, List, Sequence, Tuple
 
 import numpy as np
 
-from ..errors import ConfigError, DataError
+from ..core.errors import ConfigError, DataError
 from ..runfolder.names import RUN_JSON
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff", "gif")
@@ -74,8 +74,8 @@ def _images(sources: Sequence[str]) -> Iterator[Tuple[str, bytes]]:
 def _shard_images(path: str) -> Iterator[Tuple[str, bytes]]:
     from ..config import StageConfig
     from ..reading import tar_members
-    from ..specs import split_name
-    from ..tally import Tally
+    from ..core.specs import split_name
+    from ..core.tally import Tally
     for member in tar_members([{"url": path}], StageConfig(), Tally(0, 0)):
         if not isinstance(member, dict) or "data" not in member:
             continue

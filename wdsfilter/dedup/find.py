@@ -17,7 +17,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 from .groups import KINDS, Groups, UnionFind
 from .spill import MEMORY_MB
 from ..runfolder.dedup import FOLDER, SUMMARY, score_file_state

@@ -27,7 +27,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..errors import require
+from ..core.errors import require
 
 TRAIN_ROWS = 200_000
 TRAIN_PER_CLUSTER = 64  # sample vectors per centroid (faiss asks for at least 39)

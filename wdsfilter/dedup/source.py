@@ -13,7 +13,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 from ..runfolder.embeddings import image_vectors
 from ..runfolder.names import DEDUP, DEDUP_WORK
 from .hashindex import HAS_PHASH, HAS_SHA, hex_prefix, sha_prefix

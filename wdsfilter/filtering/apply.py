@@ -21,7 +21,7 @@ from ..runfolder.judge import FilterResult, Threshold, count_run, judge_shard
 from ..runfolder.reader import check_sources
 from ..runfolder.shares import check_present
 from ..config import StageConfig
-from ..selection import Selection
+from ..core.selection import Selection
 from .rules import resolve_selection, write_thresholds
 
 
@@ -63,7 +63,7 @@ def given_selection(selection, rules: dict, old: dict) -> Selection:
     """The selection of filter_scores: selection=, or the keywords every API takes (min_scores=,
     top_shares=, ...; selection.selection_of), or the old ones (mins=["clip_score=0.3"], tops=,
     thresholds=Thresholds), with a DeprecationWarning."""
-    from ..selection import selection_of, warn_renamed
+    from ..core.selection import selection_of, warn_renamed
     unknown = sorted(set(old) - set(OLD_KEYWORDS) - {"thresholds"})
     if unknown:
         raise TypeError(f"filter_scores() got an unexpected keyword argument {unknown[0]!r}")
@@ -152,7 +152,7 @@ def filter_scores(scores_dir: str, selection: Optional[Selection] = None, *, wri
 
 
 def _check_options(write_shards, samples_per_shard: int, dry_run: bool, export_uids) -> None:
-    from ..errors import ConfigError
+    from ..core.errors import ConfigError
     if write_shards is not None and samples_per_shard < 1:
         raise ConfigError(f"--samples-per-shard must be >= 1, got {samples_per_shard}")
     if dry_run and export_uids is not None:

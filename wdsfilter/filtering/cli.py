@@ -6,10 +6,10 @@ import sys
 
 import click
 
-from ..errors import EXIT_CODES_HELP
-from ..progress import verbosity, verbosity_options
-from ..selection import text_and_recipe_options
-from ..thresholds import shorthand_options
+from ..core.errors import EXIT_CODES_HELP
+from ..core.progress import verbosity, verbosity_options
+from ..core.selection import text_and_recipe_options
+from ..core.thresholds import shorthand_options
 
 
 @click.command("filter", context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES_HELP)
@@ -72,7 +72,7 @@ def filter_command(scores_dir, mins, maxes, tops, bottoms, equals, recipes, writ
     --write-shards, reshard the kept samples (with thresholds.json and an HTML report beside
     them). No model is loaded."""
     _numpy_without_blas_threads()
-    from ..selection import Selection
+    from ..core.selection import Selection
     from .apply import filter_scores
     source = click.get_current_context().get_parameter_source
     given = [f"--{name.replace('_', '-')}" for name in ("samples_per_shard", "prefix", "overwrite", "unique_keys",
@@ -101,7 +101,7 @@ def filter_command(scores_dir, mins, maxes, tops, bottoms, equals, recipes, writ
         click.echo(f"wdsfilter filter: {len(result.unfinished)} shard(s) of the scoring run in {scores_dir} are not "
                    f"finished and were left out", err=True)
     if result.unfinished and not allow_incomplete:  # thresholds and shards from part of the data: loud
-        from ..errors import RunError
+        from ..core.errors import RunError
         raise RunError(f"{len(result.unfinished)} shard(s) of the scoring run in {scores_dir} are not finished "
                        f"(listed above): finish them with `wdsfilter score ... --resume`, or pass --allow-incomplete")
 

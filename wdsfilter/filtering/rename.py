@@ -18,8 +18,8 @@ import json
 import tarfile
 from typing import List, Optional, Tuple
 
-from ..errors import RunError
-from ..specs import split_name
+from ..core.errors import RunError
+from ..core.specs import split_name
 from ..tars import TAR_BLOCK as BLOCK, Headers, MemberCut, copy_range
 
 JSON_LIMIT = 16 << 20  # a .json bigger than this is copied as it is (never read whole)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 from ..atomic import write_json as _atomic_json
 from ..runfolder import source_changed
 from ..runfolder.names import CARD, FILTER_RUN as RUN_FILE, REPORT, THRESHOLDS  # noqa: F401 - apply's too

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 
 UID = "uid"
 DTYPE = "u8,u8"  # DataComp's u16: np.dtype("u8,u8")

@@ -21,7 +21,7 @@ import os
 from typing import Optional
 
 from ..runfolder.names import REPORT
-from ..selection import Selection
+from ..core.selection import Selection
 
 
 def run_report(folder: str, thresholds: Selection, allow_pipe: bool = False,

@@ -18,7 +18,7 @@ from PIL import Image
 from ..frames import sample_frames
 from ..images import open_image
 from ..shards import is_pipe, is_remote, open_shard
-from ..specs import KeySpec, find_caption, is_video, split_name
+from ..core.specs import KeySpec, find_caption, is_video, split_name
 from ..tars import ShardTarInfo
 
 # What one example may cost, whatever the shards hold: members are read one at a time and dropped

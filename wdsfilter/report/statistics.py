@@ -14,7 +14,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 from ..atomic import atomic_path
 from ..runfolder.keep import keep_reason
 from ..runfolder.tables import read_table
-from ..thresholds import Thresholds, is_missing
+from ..core.thresholds import Thresholds, is_missing
 
 
 # -- summary over score files -------------------------------------------------------------------

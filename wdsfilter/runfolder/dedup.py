@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from typing import Dict, Iterator, Optional, Sequence, Tuple
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 from .names import DEDUP as FOLDER, DEDUP_SUMMARY as SUMMARY
 
 DUPLICATE = "duplicate"

@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Optional
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 from ..writing import atomic_path
 from .layout import confined
 from .names import EMBEDDING_METADATA as METADATA, EMBEDDING_PARTS as PARTS, EMBEDDINGS as FOLDER

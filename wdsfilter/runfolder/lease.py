@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Dict, Iterable, Iterator, Optional, Tuple
 
 from .. import atomic
-from ..errors import ConfigError, RunError
+from ..core.errors import ConfigError, RunError
 from .names import LEASE as LEASE_NAME  # the record
 
 GUARD_NAME = ".lock"  # on a disk: the POSIX lock under which the record is compared and replaced

@@ -13,9 +13,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional, Sequence
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 from . import layout
-from ..thresholds import is_number
+from ..core.thresholds import is_number
 from .tables import BASE_FIELDS, DamagedRunFolder, check_schema, read_batches, table_columns
 
 
@@ -154,7 +154,7 @@ def check_sources(urls: Sequence[str], allow_pipe: bool, allow_remote: bool, sco
     again only when this very call allows it (--allow-pipe, --allow-remote: a folder could
     otherwise make filter run any command or fetch any URL it names). Raises UnsafeInputError
     (exit 2) naming the first refused source, before anything is read."""
-    from ..errors import UnsafeInputError
+    from ..core.errors import UnsafeInputError
     from ..remote import redact_url
     from ..shards import is_pipe, is_remote
     refused = [u for u in urls if (is_pipe(u) and not allow_pipe) or (is_remote(u) and not allow_remote)]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 
-from ..errors import ConfigError
-from ..mapping import read_mapping
+from ..core.errors import ConfigError
+from ..core.mapping import read_mapping
 from .layout import unhidden_shards  # a URL written without its secret: shards.json has it
 from .names import RECIPE_FILE
 

@@ -1,4 +1,4 @@
-"""A selection (wdsfilter/selection.py: --min/--max/--top/--bottom/--equal/--dedup/--recipe)
+"""A selection (wdsfilter/core/selection.py: --min/--max/--top/--bottom/--equal/--dedup/--recipe)
 resolved against a run folder, in this one place: what `wdsfilter score --top` (at the end of its
 run), `wdsfilter filter` and `wdsfilter.loader(scores=..., top_shares=...)` resolve the same way.
 
@@ -23,9 +23,9 @@ import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-from ..errors import ConfigError
-from ..selection import KINDS, Selection, check_percent, parse_share  # noqa: F401 - the share parsers, for older callers
-from ..thresholds import Bound, Match, Thresholds
+from ..core.errors import ConfigError
+from ..core.selection import KINDS, Selection, check_percent, parse_share  # noqa: F401 - the share parsers, for older callers
+from ..core.thresholds import Bound, Match, Thresholds
 
 # The name of the given rules before they were a Selection (FilterSpec.parse(tops=[...]) still works).
 FilterSpec = Selection
@@ -73,7 +73,7 @@ def check_present(selection: Selection, run) -> None:
     ones and, for a recipe's rules, the scorers that recipe reads); from the run's schema only."""
     missing = [c for c in selection.columns() if c not in run.columns]
     if missing:
-        from ..recipes import scorers_for
+        from ..core.recipes import scorers_for
         recipes = list(dict.fromkeys(selection.origins[f"{kind} {c}"] for kind in KINDS for c in missing
                                      if f"{kind} {c}" in selection.origins))
         scorers = scorers_for(recipes)

@@ -5,10 +5,10 @@ import logging
 
 import click
 
-from ..errors import RunError
-from ..progress import verbosity, verbosity_options
+from ..core.errors import RunError
+from ..core.progress import verbosity, verbosity_options
 from ..config import stage_options
-from ..selection import text_and_recipe_options
+from ..core.selection import text_and_recipe_options
 
 
 def _echo(text: str) -> None:
@@ -113,10 +113,10 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
     from ..config import StageConfig, stage_overrides
     from . import SHORTCUTS, build_config
     from .recipe import merge, read_recipe
-    from ..selection import Selection
+    from ..core.selection import Selection
     from .config import parse_option
     from .engine import run_scoring
-    from ..progress import library_logs_off
+    from ..core.progress import library_logs_off
 
     logging.basicConfig(format="wdsfilter: warning: %(message)s", level=logging.WARNING)
     library_logs_off()  # on the handler just made too
@@ -165,7 +165,7 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
     if ray_given and engine != "ray":
         raise click.UsageError(f"{', '.join(ray_given)} only apply with --engine ray")
     # Errors are not caught here: the `wdsfilter` group prints one line and maps each to its exit
-    # code (wdsfilter/errors.py): 2 for configuration errors, 3 for a failed run, never 1.
+    # code (wdsfilter/core/errors.py): 2 for configuration errors, 3 for a failed run, never 1.
     if engine == "ray":
         from .ray_runner import run_on_ray
         summary = run_on_ray(list(shards), cfg, actors=ray_actors, gpus_per_actor=ray_gpus_per_actor,

@@ -7,10 +7,10 @@ from dataclasses import InitVar, dataclass, field, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..config import StageConfig
-from ..errors import ConfigError
-from ..selection import Selection, warn_renamed
-from ..thresholds import Thresholds
-from ..units import parse_size
+from ..core.errors import ConfigError
+from ..core.selection import Selection, warn_renamed
+from ..core.thresholds import Thresholds
+from ..core.units import parse_size
 
 FORMATS = ("parquet", "jsonl")
 FIT_POLICIES = ("refuse", "clamp")
@@ -35,7 +35,7 @@ class ScoreConfig:
     scorers: Tuple[Any, ...] = ("clip",)
     # Constructor options per scorer name, e.g. {"clip": {"model": "ViT-B-32"}}.
     scorer_options: Dict[str, Dict[str, Any]] = field(default_factory=dict)
-    # The rules of the run (--min, --max, --top, --bottom, --equal; wdsfilter/selection.py). A
+    # The rules of the run (--min, --max, --top, --bottom, --equal; wdsfilter/core/selection.py). A
     # sample is kept when some scorer scored it and every rule holds. Shares are known only when
     # every row is scored: resolved at the end of the run over its rows (runfolder/shares.py) for
     # its summary, report and thresholds.json; a row's `kept` column, written while scoring,

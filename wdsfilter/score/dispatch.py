@@ -21,7 +21,7 @@ import gc
 import time
 from typing import Callable, Dict, Iterable, List, Optional
 
-from ..markers import MARKER, SHARD_END, ShardEnd
+from ..core.markers import MARKER, SHARD_END, ShardEnd
 from .faults import dead_decode_worker
 from .retry import write_retried
 from .rows import ShardRows, complete_row, write_shard
@@ -177,10 +177,10 @@ class Dispatcher:
 
 def open_progress(enabled: bool, todo: List[str]):
     """The progress line of the shards `todo`: in samples where sizes.json beside them counts
-    them, else by shards done (wdsfilter/progress.py)."""
+    them, else by shards done (wdsfilter/core/progress.py)."""
     if not enabled:
         return None
-    from ..progress import Progress
+    from ..core.progress import Progress
     from ..shardstats import sizes_samples
     return Progress("scoring", "samples", total=sizes_samples(todo), parts=len(todo))
 

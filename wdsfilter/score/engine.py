@@ -15,7 +15,7 @@ import logging
 import time
 from typing import Callable, List, Optional
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 from .config import ScoreConfig
 from .devices import make_pool, resolve_devices
 from .dispatch import Dispatcher, open_progress
@@ -81,7 +81,7 @@ class Engine(Run):
     def _loader(self, plan: Plan, todo: List[str], sink):
         import torch.utils.data
         from ..pipeline import sample_pipeline
-        from ..tally import Tally
+        from ..core.tally import Tally
         cfg = self.cfg
         tally = Tally(0, 0, name="wdsfilter score")
         stage = cfg.scoring_stage_config(self.scorers)
@@ -96,7 +96,7 @@ class Engine(Run):
 
     def _score(self, pool, plan: Plan, todo: List[str]):
         """Score `todo`; returns (the dispatcher, the stage counts of the decode workers)."""
-        from ..tally import StatsSink
+        from ..core.tally import StatsSink
         sink = StatsSink()  # a working folder in $TMPDIR, removed here (or swept once this process is gone)
         try:
             dispatcher = Dispatcher(self, pool, self._apply(pool, plan), len(todo),

@@ -80,7 +80,7 @@ class ImageTransform:
 
     def __init__(self, preprocess_cfg: Dict[str, Any], reducing_gap: Optional[float] = REDUCING_GAP):
         if reducing_gap is not None and not reducing_gap >= 1.0:
-            from ..errors import ConfigError
+            from ..core.errors import ConfigError
             raise ConfigError(f"reducing_gap must be >= 1.0 or None (no reduced-scale decoding), got {reducing_gap!r}")
         self.cfg = dict(preprocess_cfg)
         size = self.cfg["size"]

@@ -31,7 +31,7 @@ import os
 from typing import Dict, Iterable, List, Optional, Sequence
 
 from ..writing import atomic_path
-from ..markers import MEMBER, STAGE  # noqa: F401 - a row's private fields: where it was dropped
+from ..core.markers import MEMBER, STAGE  # noqa: F401 - a row's private fields: where it was dropped
 # the run folder's failures/ files, their reader and summary (runfolder/failures.py: the report reads them too)
 from ..runfolder.failures import FOLDER, MERGED, TRANSIENT, folder, read_entries, shard_file, summarize  # noqa: F401
 
@@ -186,7 +186,7 @@ class OnlyKeys:
         return OnlyKeys({path: self.keys[url]})
 
     def __call__(self, data):
-        from ..markers import MARKER, SHARD_END
+        from ..core.markers import MARKER, SHARD_END
         for sample in data:
             wanted = self.keys.get(sample.get("__url__", ""))
             if wanted is None or sample.get(MARKER) == SHARD_END or sample.get("__key__") in wanted:

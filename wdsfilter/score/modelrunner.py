@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..errors import DataError
+from ..core.errors import DataError
 from .backoff import Backoff, ScorerError
 from ..runfolder.embeddings import FIELD as EMBEDDINGS
 from .faults import DeviceFailedError, device_failed, sticky_device_error

@@ -15,7 +15,7 @@ import time
 import traceback
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..errors import ConfigError, RunError
+from ..core.errors import ConfigError, RunError
 from .faults import DeviceFailedError
 from .memory import registered_device
 from .modelrunner import LoadReport, ModelRunner

@@ -31,7 +31,7 @@ import socket
 import tempfile
 from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 from ..shards import is_local, local_path
 
 CHUNK = 16 * 2**20  # bytes per object of a shipped file: a big checkpoint never sits in memory whole

@@ -36,7 +36,7 @@ import warnings
 from collections import Counter
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..errors import ConfigError, require
+from ..core.errors import ConfigError, require
 from ..remote import is_fsspec_url
 from ..shards import absolute_url
 from ..runfolder.embeddings import FIELD as EMBEDDINGS

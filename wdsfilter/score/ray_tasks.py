@@ -17,7 +17,7 @@ import json
 import pickle
 from typing import Dict, Iterator, List, Optional, Sequence
 
-from ..markers import MEMBER, STAGE
+from ..core.markers import MEMBER, STAGE
 from ..runfolder.embeddings import FIELD as EMBEDDINGS
 from ..runfolder.tables import json_value
 from .ray_payload import EMPTY, PAYLOAD, PAYLOAD_META, pack_payload, unpack_payload
@@ -50,9 +50,9 @@ def read_shard(batch, cfg, scorers, rows_per_block: int = 64, only=None, node_in
     in memory whole. only: --retry-failed's stage (ledger.OnlyKeys, by the URLs the driver knows):
     in its shards only the samples to retry are read on. node_inputs: ray_files.NodeInputs (the
     scorers' model files where this node lacks them: a tokenizer's config)."""
-    from ..markers import MARKER, SHARD_END, ShardEnd
+    from ..core.markers import MARKER, SHARD_END, ShardEnd
     from ..pipeline import sample_pipeline
-    from ..tally import Tally
+    from ..core.tally import Tally
     from .transport import Prepare
 
     if node_inputs is not None:
@@ -189,7 +189,7 @@ def measure(cfg, scorers, model_scorers, urls: Sequence[str], device: str, only:
     from .modelrunner import ModelRunner
     from .planner import ProbeReport
     from .probe import collect_probe
-    from ..tally import Tally
+    from ..core.tally import Tally
 
     if node_inputs is not None:
         node_inputs.apply([*scorers, *model_scorers])

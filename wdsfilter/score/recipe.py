@@ -24,9 +24,9 @@ from dataclasses import fields
 from typing import Any, Dict, List, Optional, Sequence
 
 from ..config import StageConfig
-from ..mapping import read_mapping
+from ..core.mapping import read_mapping
 from ..runfolder.runyaml import PATHS_FROM, RECIPE_FILE, resolve_recipe_paths  # run.yaml's name and paths
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 from .config import ScoreConfig
 ENGINES = ("local", "ray")
 # ScoreConfig fields a recipe may set beside the ones it spells itself (never resume/overwrite/
@@ -52,7 +52,7 @@ def read_recipe(path: str) -> Dict[str, Any]:
     if not isinstance(data.get("thresholds") or {}, dict):
         raise ConfigError(f"--config {path}: thresholds is {{min: {{COLUMN: X}}, max: {{COLUMN: X}}, "
                           f"top: {{COLUMN: PERCENT}}, bottom: {{COLUMN: PERCENT}}, equal: {{COLUMN: VALUE}}}}")
-    from ..selection import Selection
+    from ..core.selection import Selection
     Selection.from_dict(data.get("thresholds"), f"--config {path}")  # its rules checked now, read where used
     for key in ("scorer_options", "stage"):
         if not isinstance(data.get(key) or {}, dict):

@@ -17,8 +17,8 @@ import os
 from typing import Callable, Iterable, List, Optional, Sequence
 
 from ..atomic import check_guards, remove_temporaries, write_json
-from ..errors import ConfigError
-from ..publish import published
+from ..core.errors import ConfigError
+from ..core.publish import published
 from ..runfolder import layout
 from ..runfolder.layout import Marker, output_sizes, outputs_intact, shard_names, source_changed, source_state
 from ..runfolder.tables import EXTENSIONS, DamagedRunFolder

@@ -58,7 +58,7 @@ def write_retried(url: str, retried: List[dict], end: dict, cfg, state, columns,
     failed writes nothing: the shard keeps its outputs and its ledger."""
     import json
 
-    from ..markers import ShardEnd
+    from ..core.markers import ShardEnd
     end = ShardEnd.of(end)
     if end.failed or end.not_a_tar:
         return write_shard(url, retried, end, cfg, state, columns, source=source)  # its reason, nothing written

@@ -17,9 +17,9 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Optional, Sequence, Union
 
-from ..errors import RunError
+from ..core.errors import RunError
 from ..remote import redact_url
-from ..markers import MARKER, MEMBER, REJECT, STAGE, ShardEnd
+from ..core.markers import MARKER, MEMBER, REJECT, STAGE, ShardEnd
 from ..runfolder.keep import keep_reason
 from ..runfolder.embeddings import write_embeddings
 from .faults import is_disk_full, read_failed_reason
@@ -27,7 +27,7 @@ from .ledger import row_entries, write_shard_failures
 from .scorers.base import NOTES
 from ..runfolder.tables import BASE_FIELDS, STATUSES, write_table  # noqa: F401 - the fields are the score file's schema
 from ..runfolder.tables import TEXT_FIELDS
-from ..specs import no_lone_surrogates
+from ..core.specs import no_lone_surrogates
 from ..shardstats import update_sizes, write_shard_stats
 from ..shardcopy import write_filtered
 

@@ -12,12 +12,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
 
-from ..errors import ConfigError, require
+from ..core.errors import ConfigError, require
 from ..keycheck import check_keys
-from ..publish import published
+from ..core.publish import published
 from ..shards import expand_urls, is_local, refuse_unreachable, unique_urls
-from ..specs import utf8_text
-from ..tally import Tally
+from ..core.specs import utf8_text
+from ..core.tally import Tally
 from .config import ScoreConfig
 from .faults import disk_full, is_disk_full
 from .ledger import MERGED as LEDGER_FILE, merge as merge_ledger, shard_entry, summarize as summarize_ledger

@@ -49,8 +49,8 @@ import copy
 import dataclasses
 from typing import Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
-from ..errors import DataError
-from ..markers import MARKER, SHARD_END
+from ..core.errors import DataError
+from ..core.markers import MARKER, SHARD_END
 from .rows import TEXT, sample_text
 from .scorers.base import NOTES, Noted, pixel_reader
 

@@ -17,7 +17,7 @@ import types
 from typing import Optional, Sequence, Union
 
 from ..config import StageConfig
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 from ..shards import expand_urls, is_remote, refuse_unreachable, unique_urls
 from .findings import ERROR, KINDS, WARNING, Finding
 from .options import ValidateOptions

@@ -6,9 +6,9 @@ import sys
 import click
 
 from ..config import parse_byte_caps, stage_options
-from ..errors import EXIT_CODES_HELP
+from ..core.errors import EXIT_CODES_HELP
 from ..remote import parse_storage_options
-from ..progress import verbosity, verbosity_options
+from ..core.progress import verbosity, verbosity_options
 from ..writing import check_output_file
 from . import validate as run_validate
 from .formats import FORMATS, render, write_report

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
 from ..config import StageConfig
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 from .findings import SAMPLE_KINDS, SEVERITIES
 
 

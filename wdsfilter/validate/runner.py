@@ -16,7 +16,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from typing import Iterator, List, Optional, Sequence, Tuple
 
-from ..errors import Terminated
+from ..core.errors import Terminated
 from ..shards import kill_command
 from .findings import Finding
 from .options import ValidateOptions

@@ -20,9 +20,9 @@ from ..members import MemberCaps
 from ..reading import OVERSIZED, ShardEnd, group_samples, iter_tar, screen_member
 from ..remote_net import RemoteUnreachable
 from ..shards import close_shard, is_remote, open_shard, runs_command
-from ..specs import json_path_get, key_digest, split_name
+from ..core.specs import json_path_get, key_digest, split_name
 from ..stages import CaptionCleaner, select_sample
-from ..tally import Tally
+from ..core.tally import Tally
 from . import tar_reader
 from .checks import safety
 from .checks.keys import KeyTracker

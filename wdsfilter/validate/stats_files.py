@@ -31,7 +31,7 @@ import re
 from collections import defaultdict
 from typing import Dict, List, Optional
 
-from ..publish import published
+from ..core.publish import published
 from ..shards import is_pipe, is_remote, shard_stem, shown_url, web_path
 from ..shardstats import SIZES, update_sizes, write_stats_file
 from .formats import escape_data

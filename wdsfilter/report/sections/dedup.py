@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Optional
 
-from ...errors import ConfigError
+from ...core.errors import ConfigError
 from ...runfolder.dedup import FOLDER, SUMMARY, DedupMarks
 from ...runfolder.names import REPORT
 from ...writing import write_text_atomic

@@ -33,7 +33,7 @@ from typing import List, NamedTuple, Optional
 
 import numpy as np
 
-from ...errors import ConfigError
+from ...core.errors import ConfigError
 from ..staging import Staging
 from .craft_boxes import det_boxes
 from .base import MIN_SIDE, DetectorBackend, Polygons, parse_device, working_scale

@@ -23,7 +23,7 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from ...errors import ConfigError
+from ...core.errors import ConfigError
 
 REC_MODEL = "ch_PP-OCRv4_rec_infer.onnx"
 

@@ -26,7 +26,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from ...errors import ConfigError, DataError
+from ...core.errors import ConfigError, DataError
 from .base import Scorer, Upstream, reduce_frames
 
 HEAD_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "aesthetic_heads")

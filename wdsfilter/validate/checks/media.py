@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from ...errors import DataError
+from ...core.errors import DataError
 from ...images import OversizedImage, check_size, decode_image, image_size
 from ..findings import FindingLog
 from .jpeg_header import jpeg_size

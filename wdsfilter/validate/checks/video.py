@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ...errors import DataError
+from ...core.errors import DataError
 from ...videos import cut_short, declared_duration, limit_decoder, open_video, packets, too_large, video_streams
 from ..findings import FindingLog
 from .media import MediaInfo

@@ -8,7 +8,7 @@ from the flag to the row.
     --bottom COL=P%          bottom_shares     the P% with the lowest COL (a maximum, once resolved)
     --equal COL=V[,V...]     equal             keep rows whose text column COL is one of the values
     --dedup                  dedup             keep the survivors of `wdsfilter dedup`, drop eval matches
-    --recipe NAME|FILE       recipe            the rules of a recipe file (wdsfilter/recipes/, or your own)
+    --recipe NAME|FILE       recipe            the rules of a recipe file (wdsfilter/core/recipes/, or your own)
     --min-clip X, --max-ocr-area X  min_clip, max_ocr_area: --min clip_score=X, --max ocr_area=X
 
 A Selection is built from the command line (`parse`), from the Python keywords every API takes the
