@@ -76,7 +76,7 @@ def test_internal_error_one_line_exit_3_traceback_only_with_debug(clean, monkeyp
 
 
 def test_io_error_writing_the_report_is_a_run_failure(clean, tmp_path, monkeypatch):
-    import wdsfilter.writing as w
+    import wdsfilter.storage.writing as w
 
     def full(path, text, storage_options=None):
         raise OSError(28, "No space left on device")

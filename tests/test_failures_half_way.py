@@ -123,7 +123,7 @@ def test_a_bucket_gets_sizes_json_and_stats_only_after_the_shards_they_count(tmp
     pytest.importorskip("moto")
     pytest.importorskip("s3fs")
     from remotekit import BUCKET, FailingProxy, s3_server
-    from wdsfilter.remote import RemoteOutputError
+    from wdsfilter.storage.remote import RemoteOutputError
     from wdsfilter.remote_out import RemoteFolder
     staging = tmp_path / "staging"
     os.makedirs(staging)

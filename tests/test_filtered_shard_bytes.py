@@ -6,7 +6,7 @@ import subprocess
 import time
 
 from shardkit import image_text_members, write_shard
-from wdsfilter.shardcopy import write_filtered
+from wdsfilter.storage.shardcopy import write_filtered
 
 
 def test_a_gzip_filtered_shard_has_the_same_bytes_in_every_run(tmp_path):

@@ -16,7 +16,7 @@ from tests.shardkit import image_bytes, write_shard
 from wdsfilter.cli import main
 from wdsfilter.core.errors import StarvationError
 from wdsfilter.reading import iter_tar
-from wdsfilter.shardcopy import member_ranges
+from wdsfilter.storage.shardcopy import member_ranges
 from wdsfilter.validate import validate
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), ".."))

@@ -16,7 +16,7 @@ import pytest
 from shardkit import image_bytes, image_text_members, write_shard
 from wdsfilter import ConfigError, StageConfig, StarvationError
 from wdsfilter.pipeline import sample_pipeline
-from wdsfilter.shards import expand_urls
+from wdsfilter.storage.shards import expand_urls
 from wdsfilter.core.specs import parse_json_member
 from wdsfilter.core.tally import Tally
 from wdsfilter.validate import validate

@@ -467,7 +467,7 @@ def test_a_fifo_or_a_device_named_like_a_shard_is_unreadable_not_a_hang(tmp_path
         sys.modules["torch"] = None
         from wdsfilter import StageConfig
         from wdsfilter.pipeline import sample_pipeline
-        from wdsfilter.shards import expand_urls
+        from wdsfilter.storage.shards import expand_urls
         from wdsfilter.core.tally import Tally
         from wdsfilter.validate import validate
         urls = expand_urls([{str(folder)!r}])

@@ -41,7 +41,7 @@ def test_a_shard_read_again_for_written_shards_goes_through_the_idle_guard(tmp_p
 
     from filterkit import score_folder
     from wdsfilter.filtering import filter_scores
-    from wdsfilter.shardcopy import write_filtered
+    from wdsfilter.storage.shardcopy import write_filtered
     shard = gnu_tar_shards(str(tmp_path), [4])[0]
     url = f"pipe:cat {shard}"
     out = score_folder([url], tmp_path / "scores", allow_pipe=True)

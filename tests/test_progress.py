@@ -12,8 +12,8 @@ from click.testing import CliRunner
 from scorekit import make_shards
 from wdsfilter.cli import main
 from wdsfilter.core.progress import Progress, clock
-from wdsfilter.shardstats import sizes_samples
-from wdsfilter.shardstats import update_sizes
+from wdsfilter.storage.shardstats import sizes_samples
+from wdsfilter.storage.shardstats import update_sizes
 
 
 def test_a_log_gets_plain_lines_with_total_percentage_rate_and_eta():

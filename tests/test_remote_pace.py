@@ -16,8 +16,8 @@ pytest.importorskip("aiohttp")
 
 from remotekit import three_shards  # noqa: E402
 from wdsfilter.cli import main  # noqa: E402
-from wdsfilter.remote import RemoteOptions, RemoteReadError  # noqa: E402
-from wdsfilter.remote_read import open_remote  # noqa: E402
+from wdsfilter.storage.remote import RemoteOptions, RemoteReadError  # noqa: E402
+from wdsfilter.storage.remote_read import open_remote  # noqa: E402
 
 FLOOR = RemoteOptions(block_bytes=8192, readahead=2, backoff_seconds=0.01, idle_seconds=30, speed_limit=1024,
                       speed_seconds=1.0, retry_budget=2)

@@ -161,7 +161,7 @@ def test_hf_datasets_loads_the_written_folder_with_its_sidecars(run, tmp_path, o
     again = datasets.load_dataset("webdataset", data_files=tars, features=features, cache_dir=str(tmp_path / "c3"))
     assert again["train"].num_rows == 20
     # our readers still find the sidecars where they were
-    from wdsfilter.shardstats import sizes_samples
+    from wdsfilter.storage.shardstats import sizes_samples
     assert sizes_samples(tars) == 20
 
 

@@ -7,7 +7,7 @@ import pytest
 from shardkit import image_bytes, image_text_members, write_shard
 from wdsfilter import StageConfig, UnsafeInputError
 from wdsfilter.pipeline import sample_pipeline
-from wdsfilter.shards import expand_urls
+from wdsfilter.storage.shards import expand_urls
 
 
 def test_pipe_urls_are_refused_and_never_run(tmp_path):

@@ -121,7 +121,7 @@ def test_resume_redoes_shards_whose_outputs_are_incomplete(tmp_path):
 
 
 def test_a_killed_runs_copy_of_a_pipe_shard_is_removed_by_the_next_run(tmp_path):
-    from wdsfilter.shardcopy import local_copy
+    from wdsfilter.storage.shardcopy import local_copy
     urls, _ = make_shards(tmp_path / "shards", [3])
     out, kept = str(tmp_path / "out"), tmp_path / "kept"
     opts = dict(scorers=[BrightnessScorer()], device="cpu", workers=0, progress=False, write_shards=str(kept))

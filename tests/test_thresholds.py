@@ -1,4 +1,4 @@
-"""The one threshold test (wdsfilter.core.thresholds) and the one atomic write (wdsfilter.atomic)."""
+"""The one threshold test (wdsfilter.core.thresholds) and the one atomic write (wdsfilter.storage.atomic)."""
 import json
 import os
 import subprocess
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from wdsfilter.atomic import atomic_path, is_temporary, remove_temporaries, temporary_path, write_json
+from wdsfilter.storage.atomic import atomic_path, is_temporary, remove_temporaries, temporary_path, write_json
 from wdsfilter.core.errors import ConfigError
 from wdsfilter.core.thresholds import Bound, Thresholds, parse_threshold
 
@@ -63,7 +63,7 @@ def test_atomic_write_leaves_no_temporary_on_error(tmp_path):
 def test_a_killed_writers_temporary_is_recognised_and_removed(tmp_path):
     """A process killed between write and rename leaves `.<name>.tmp-<pid>`: the next run's
     cleanup finds it by name, for every kind of output (summary.json included)."""
-    script = ("import os, sys; from wdsfilter.atomic import atomic_path\n"
+    script = ("import os, sys; from wdsfilter.storage.atomic import atomic_path\n"
               "cm = atomic_path(sys.argv[1]); tmp = cm.__enter__(); open(tmp, 'w').write('x'); os._exit(0)")
     for name in ("summary.json", "00.parquet", "histograms.png"):
         subprocess.run([sys.executable, "-c", script, str(tmp_path / name)], check=True)

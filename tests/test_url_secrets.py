@@ -84,8 +84,8 @@ def test_a_presigned_web_url_is_one_shard_and_its_signature_is_never_shown(web, 
 def test_a_failed_read_of_a_presigned_url_never_shows_its_signature(web, status):
     """aiohttp's error text holds the URL it asked for, query and all: the shard's error and each
     retry's line show it redacted (remote_errors.strip_text), as the shard's own name is."""
-    from wdsfilter.remote import RemoteOptions
-    from wdsfilter.remote_read import open_remote
+    from wdsfilter.storage.remote import RemoteOptions
+    from wdsfilter.storage.remote_read import open_remote
     path = "a.tar?X-Amz-Signature=SeCrEt99&X-Amz-Credential=AKIDx"
     url = web.put(path, b"x" * 4096)
     web.fail(path, *[("status", status, None)] * 4)

@@ -170,14 +170,14 @@ class StageConfig:
 
     def to_dict(self) -> dict:
         """The options as they may be written (run.json, reports): storage option values hidden."""
-        from .remote import redact_options
+        from .storage.remote import redact_options
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["storage_options"] = redact_options(self.storage_options)
         return d
 
     def remote_options(self):
         """How this stage reads remote shards (picklable, for workers that open their own)."""
-        from .remote import RemoteOptions
+        from .storage.remote import RemoteOptions
         return RemoteOptions(storage_options=dict(self.storage_options), attempts=self.remote_attempts,
                              retry_budget=self.remote_retry_budget, backoff_seconds=self.remote_backoff_seconds,
                              block_bytes=self.remote_block_bytes, readahead=self.remote_readahead,
@@ -277,7 +277,7 @@ def stage_options(command):
 
 def stage_overrides(**given) -> Dict[str, Any]:
     """StageConfig fields from the STAGE_OPTIONS' values (as click passes them): only those given."""
-    from .remote import parse_storage_options
+    from .storage.remote import parse_storage_options
     values = dict(given)
     caps = parse_byte_caps(values.pop("max_bytes", None) or ())
     values["storage_options"] = parse_storage_options(values.pop("storage_options", None) or ()) or None

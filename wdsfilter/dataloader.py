@@ -22,8 +22,8 @@ from .core.errors import ConfigError, StarvationError, require
 from .loaderstate import VERSION as STATE_VERSION, Progress, check_settings, check_state, settings
 from .pipeline import Place, SeededTransform, sample_pipeline, set_epoch, worker_batches
 from .core.selection import DEPRECATED as DEPRECATED_RULES, Selection, selection_of
-from .shardstats import sizes_samples
-from .shards import expand_urls
+from .storage.shardstats import sizes_samples
+from .storage.shards import expand_urls
 from .stages import map_dict
 from .core.tally import StatsSink, Tally
 

@@ -11,7 +11,7 @@ import webdataset as wds
 from .config import StageConfig
 from .core.errors import StarvationError
 from .core.markers import MARKER
-from .shards import expand_urls
+from .storage.shards import expand_urls
 from .stages import decode_sample, sample_stages, watch
 from .core.tally import StatsSink, Tally
 

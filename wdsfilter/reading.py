@@ -17,14 +17,14 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Optional, Tuple
 
 from .config import StageConfig
-from .decompress import open_layers
+from .storage.decompress import open_layers
 from .core.errors import DataError, UnsafeInputError
 from .core.markers import shard_end_marker
 from .members import MemberCaps, gunzip_member, is_unsafe_ext
-from .shards import close_shard, is_local, is_pipe, open_shard
+from .storage.shards import close_shard, is_local, is_pipe, open_shard
 from .core.specs import key_digest, reserved_ext, split_name
-from .tars import ShardTarInfo
-from .tarsubset import ONLY_KEYS, subset_stream
+from .storage.tars import ShardTarInfo
+from .storage.tarsubset import ONLY_KEYS, subset_stream
 from .core.tally import Tally
 
 STAGE = "read"

@@ -34,10 +34,10 @@ import os
 import threading
 from typing import Callable, Dict, List, Optional, Tuple
 
-from .atomic import is_temporary
-from .conditional import PART_BYTES, Conflict, delete, holds_file, put_file, version_of
-from .remote import RemoteOutputError, credential_source, filesystem, redact_url, scheme_of, write_failure
-from .remote_errors import describe
+from .storage.atomic import is_temporary
+from .storage.conditional import PART_BYTES, Conflict, delete, holds_file, put_file, version_of
+from .storage.remote import RemoteOutputError, credential_source, filesystem, redact_url, scheme_of, write_failure
+from .storage.remote_errors import describe
 from .runfolder.lease import GUARD_NAME, LEASE_NAME, LeaseLostError
 from .runfolder.names import DONE
 from .core.scratch import KEPT, OWNER, Scratch
@@ -237,7 +237,7 @@ class RemoteFolder:
 
 def _counts_others(rel: str) -> bool:
     """A file that vouches for others in its folder: a shard's `_stats.json`, `sizes.json`."""
-    from .shardstats import vouches_for_shards
+    from .storage.shardstats import vouches_for_shards
     return vouches_for_shards(rel.rsplit("/", 1)[-1])
 
 
@@ -334,7 +334,7 @@ def pulled(url: str, storage_options=None) -> str:
     flock). Returns the local folder, which runfolder's one reader then reads."""
     import fcntl
     import json
-    from .remote import refuse_hub_run_folder
+    from .storage.remote import refuse_hub_run_folder
     refuse_hub_run_folder(url)
     folder = cache_folder(url)
     os.makedirs(folder, exist_ok=True)

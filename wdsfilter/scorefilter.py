@@ -33,7 +33,7 @@ from .core.errors import ConfigError
 from .core.markers import MARKER
 from .runfolder import DamagedRunFolder, ScoreRun, keep_reason, source_changed
 from .runfolder.tables import read_table
-from .shards import is_local, local_path, shard_stem
+from .storage.shards import is_local, local_path, shard_stem
 from .core.selection import Selection
 from .core.tally import Tally
 

@@ -40,7 +40,7 @@ def dedup_command(run_dir, kinds, near_bits, semantic_threshold, evals, memory_m
     highest clip_score, else the first by shard and index) and write RUN_DIR/dedup/ (RUN_DIR may be
     in a bucket: s3://...). Loads no model, except the run's CLIP to embed --eval images for the
     semantic kind."""
-    from ..remote import parse_storage_options, storage_defaults
+    from ..storage.remote import parse_storage_options, storage_defaults
     from .find import dedup
     level = verbosity(quiet, verbose)
     options = parse_storage_options(storage_options)

@@ -104,7 +104,7 @@ def dedup(run_dir: str, kinds: Sequence[str] = (), near_bits: int = NEAR_BITS,
     end), plus 5 bytes a row and about 40 a group. A run folder in a
     bucket (s3://...) is pulled into a staging copy under its lock object, as `score --out`
     does (runfolder/bucket.py), deduped there, and its dedup/ uploaded whole before this returns."""
-    from ..remote import is_fsspec_url
+    from ..storage.remote import is_fsspec_url
     _check_options(kinds, near_bits, semantic_threshold, memory_mb)  # before a bucket's folder is locked and pulled
     if is_fsspec_url(run_dir):
         return _dedup_in_bucket(run_dir, storage_options, dict(kinds=kinds, near_bits=near_bits,
@@ -119,9 +119,9 @@ def dedup(run_dir: str, kinds: Sequence[str] = (), near_bits: int = NEAR_BITS,
 
 
 def _dedup_in_bucket(url: str, storage_options, options: dict) -> DedupResult:
-    from ..remote import filesystem, redact_url
+    from ..storage.remote import filesystem, redact_url
     from ..runfolder.layout import RUN_JSON
-    from ..remote import refuse_hub_run_folder
+    from ..storage.remote import refuse_hub_run_folder
     from ..runfolder.bucket import RemoteRunFolder
     refuse_hub_run_folder(url)  # before the folder is read
     fs, path = filesystem(url, storage_options)
@@ -339,7 +339,7 @@ def _write(rows, groups, matches, result: DedupResult, settings: dict) -> str:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from ..writing import atomic_path, write_text_atomic
+    from ..storage.writing import atomic_path, write_text_atomic
     from ..runfolder.layout import confined
     folder = confined(rows.folder, os.path.join(rows.folder, FOLDER))  # never written through a link out
     os.makedirs(folder, exist_ok=True)

@@ -41,7 +41,7 @@ def kept_keys(shard: ScoredShard, thresholds: Sequence[Threshold], marks=None) -
 def _check_outputs(run: ScoreRun, scores_dir: str, write_shards: Optional[str], report: Optional[str],
                    allow_pipe: bool, allow_remote: bool, export_uids: Optional[str] = None) -> None:
     """What filter writes can be written, and the sources it reads again may be: before any work."""
-    from ..writing import check_output_dir, check_output_file, refuse_writing_into_inputs
+    from ..storage.writing import check_output_dir, check_output_file, refuse_writing_into_inputs
     if export_uids is not None:
         from .uids import check_export
         check_export(export_uids, run)
@@ -168,7 +168,7 @@ def _write_shards(run: ScoreRun, resolved, result: FilterResult, write_shards: s
     writer = Resharder(write_shards, samples_per_shard, prefix, run.stage.get("rekey", "first-dot"), allow_pipe,
                        allow_remote, stream_idle_seconds, shard_echo, unique_keys, interleave,
                        writes_report=report is not None and _same_path(report, default_report(scores_dir, write_shards)))
-    from ..remote import is_fsspec_url, redact_url  # a bucket's folder by its URL (not abspath's)
+    from ..storage.remote import is_fsspec_url, redact_url  # a bucket's folder by its URL (not abspath's)
     identity = {"scores": scores_dir if is_fsspec_url(scores_dir) else os.path.abspath(scores_dir),
                 "thresholds": [[t.column, t.minimum, t.value] if t.numeric else [t.column, "equal", list(t.bound.values)]
                                for t in thresholds],
@@ -189,7 +189,7 @@ def _write_shards(run: ScoreRun, resolved, result: FilterResult, write_shards: s
 
 
 def _same_path(a: str, b: str) -> bool:
-    from ..remote import is_fsspec_url
+    from ..storage.remote import is_fsspec_url
     return a.rstrip("/") == b.rstrip("/") if is_fsspec_url(a) or is_fsspec_url(b) else \
         os.path.abspath(a) == os.path.abspath(b)
 

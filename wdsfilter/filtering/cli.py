@@ -87,7 +87,7 @@ def filter_command(scores_dir, mins, maxes, tops, bottoms, equals, recipes, writ
     level = verbosity(quiet, verbose)
     # Errors go to the group (wdsfilter/cli.py): one line, exit 2 for usage/configuration, 3 when
     # the run failed (a source shard missing or changed, an I/O error).
-    from ..remote import parse_storage_options, storage_defaults
+    from ..storage.remote import parse_storage_options, storage_defaults
     with storage_defaults(parse_storage_options(storage_options), [scores_dir, write_shards, report]):
         result = filter_scores(scores_dir, selection, write_shards=write_shards,
                                samples_per_shard=samples_per_shard, prefix=prefix, dry_run=dry_run,

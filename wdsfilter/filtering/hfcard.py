@@ -22,7 +22,7 @@ import json
 import os
 from typing import Dict, Iterable, Optional
 
-from ..atomic import atomic_path
+from ..storage.atomic import atomic_path
 from ..runfolder.names import CARD
 
 # HF's webdataset builder: how it decodes a member, by its last extension (its DECODERS and

@@ -30,15 +30,15 @@ from itertools import islice
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from ..core.errors import ConfigError
-from ..atomic import write_json as _atomic_json
+from ..storage.atomic import write_json as _atomic_json
 from ..runfolder import source_changed
 from ..runfolder.names import CARD, FILTER_RUN as RUN_FILE, REPORT, THRESHOLDS  # noqa: F401 - apply's too
-from ..remote import redact_url
-from ..shardcopy import local_copy, streamed_source, streams
-from ..shards import is_pipe, is_remote
-from ..shardstats import SIZES, stats_path, update_sizes, write_shard_stats
-from ..tars import Headers, MemberCut, copy_range, member_ranges, tar_end, tar_opener
-from ..writing import atomic_path
+from ..storage.remote import redact_url
+from ..storage.shardcopy import local_copy, streamed_source, streams
+from ..storage.shards import is_pipe, is_remote
+from ..storage.shardstats import SIZES, stats_path, update_sizes, write_shard_stats
+from ..storage.tars import Headers, MemberCut, copy_range, member_ranges, tar_end, tar_opener
+from ..storage.writing import atomic_path
 from .hfcard import write_card
 from .rename import ReshardError, copy_renamed
 
@@ -85,7 +85,7 @@ class Resharder:
         """One filter run per output folder (the lock `score` takes on its --out): two runs at
         once would delete each other's temporaries and merge their sizes.json. A folder in a
         bucket: its lock object, and the run writes a staging copy uploaded as it goes."""
-        from ..remote import is_fsspec_url
+        from ..storage.remote import is_fsspec_url
         if is_fsspec_url(self.out):
             return self._remote()
         return self._local()

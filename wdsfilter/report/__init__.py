@@ -43,7 +43,7 @@ def _write_run_report(folder: str, thresholds: Selection, allow_pipe: bool, allo
     from ..runfolder.judge import FilterResult, count_run
     from ..runfolder.shares import resolve_selection
     from ..runfolder.reader import check_sources
-    from ..writing import check_output_file
+    from ..storage.writing import check_output_file
     from .collect import ReportCollector
     from .page import write_report
     path = os.path.join(folder, REPORT)

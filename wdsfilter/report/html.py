@@ -7,7 +7,7 @@ import html
 import os
 from typing import List, Optional
 
-from ..shards import shown_url
+from ..storage.shards import shown_url
 
 CSS = """
 body { font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #222; background: #fff; }

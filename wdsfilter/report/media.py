@@ -17,9 +17,9 @@ from PIL import Image
 
 from ..frames import sample_frames
 from ..images import open_image
-from ..shards import is_pipe, is_remote, open_shard
+from ..storage.shards import is_pipe, is_remote, open_shard
 from ..core.specs import KeySpec, find_caption, is_video, split_name
-from ..tars import ShardTarInfo
+from ..storage.tars import ShardTarInfo
 
 # What one example may cost, whatever the shards hold: members are read one at a time and dropped
 # once their thumbnail (a few KB) or caption is made, so the report's memory is one member's

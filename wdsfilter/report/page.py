@@ -6,7 +6,7 @@ page once every image has loaded (html.SCRIPT), which the browser test reads bac
 --dump-dom."""
 from __future__ import annotations
 
-from ..writing import write_text_atomic
+from ..storage.writing import write_text_atomic
 from .html import CSS, SCRIPT, escape
 
 

@@ -11,7 +11,7 @@ import math
 from collections import Counter
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from ..atomic import atomic_path
+from ..storage.atomic import atomic_path
 from ..runfolder.keep import keep_reason
 from ..runfolder.tables import read_table
 from ..core.thresholds import Thresholds, is_missing

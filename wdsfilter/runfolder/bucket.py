@@ -45,7 +45,7 @@ class RemoteRunFolder:
     def __init__(self, url: str, storage_options=None, lock: bool = True, interval: Optional[float] = None,
                  write_shards: Optional[str] = None, pull_shards: bool = False, command: str = "score",
                  option: str = "--out", lazy: bool = False):
-        from ..remote import refuse_hub_run_folder
+        from ..storage.remote import refuse_hub_run_folder
         from ..remote_out import RemoteFolder
         refuse_hub_run_folder(url)
         self.url = url.rstrip("/")
@@ -106,7 +106,7 @@ class RemoteRunFolder:
     def publish_text(self, path: Optional[str]) -> None:
         """A text file of the staging folder (the report) rewritten to name the bucket, not staging."""
         if path and os.path.exists(path):
-            from ..atomic import atomic_path
+            from ..storage.atomic import atomic_path
             with open(path, encoding="utf-8", errors="surrogateescape") as f:
                 text = f.read()
             with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", errors="surrogateescape") as f:

@@ -30,7 +30,7 @@ import os
 from typing import Dict, List, Optional
 
 from ..core.errors import ConfigError
-from ..writing import atomic_path
+from ..storage.writing import atomic_path
 from .layout import confined
 from .names import EMBEDDING_METADATA as METADATA, EMBEDDING_PARTS as PARTS, EMBEDDINGS as FOLDER
 from .tables import TEXT_FIELDS, audited, damaged, parquet_errors

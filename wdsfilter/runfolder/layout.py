@@ -27,10 +27,10 @@ import stat
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
-from ..atomic import write_json
+from ..storage.atomic import write_json
 from ..core.errors import ConfigError
 from ..core.publish import published
-from ..shards import absolute_url, is_local, local_path, split_suffix
+from ..storage.shards import absolute_url, is_local, local_path, split_suffix
 from .names import DONE, RUN_JSON, SCORES, SHARDS_FILE
 from .tables import EXTENSIONS, damaged
 

@@ -43,7 +43,7 @@ import time
 from dataclasses import dataclass
 from typing import Dict, Iterable, Iterator, Optional, Tuple
 
-from .. import atomic
+from ..storage import atomic
 from ..core.errors import ConfigError, RunError
 from .names import LEASE as LEASE_NAME  # the record
 
@@ -164,7 +164,7 @@ class _BucketRecord:
     remote = True
 
     def __init__(self, url: str, storage_options=None):
-        from ..remote import filesystem, redact_url
+        from ..storage.remote import filesystem, redact_url
         self.url = url
         self.shown = redact_url(url)
         self.fs, self.path = filesystem(url, storage_options)
@@ -172,7 +172,7 @@ class _BucketRecord:
     def read(self) -> Tuple[Optional[dict], Optional[str]]:
         """(the record, its version): the version read first, so a record replaced in between is
         one whose conditional replacement fails, never one taken over unseen."""
-        from ..conditional import version_of
+        from ..storage.conditional import version_of
         try:
             self.fs.invalidate_cache(self.path)
             version = version_of(self.fs.info(self.path))
@@ -181,14 +181,14 @@ class _BucketRecord:
             return None, None
 
     def create(self, data: bytes) -> str:
-        from ..conditional import Conflict as Refused, put_bytes
+        from ..storage.conditional import Conflict as Refused, put_bytes
         try:
             return put_bytes(self.fs, self.path, data, None)
         except Refused as e:
             raise Conflict(str(e)) from None
 
     def replace(self, data: bytes, expect: str) -> str:
-        from ..conditional import Conflict as Refused, put_bytes
+        from ..storage.conditional import Conflict as Refused, put_bytes
         try:
             return put_bytes(self.fs, self.path, data, expect)
         except Refused as e:
@@ -215,7 +215,7 @@ class Lease:
 
     def __init__(self, folder: str, storage_options=None, command: str = "score", option: str = "--out",
                  name: str = LEASE_NAME, stale: Optional[float] = None):
-        from ..remote import is_fsspec_url
+        from ..storage.remote import is_fsspec_url
         self.folder = folder.rstrip("/") if is_fsspec_url(folder) else folder
         self.record = (_BucketRecord(f"{self.folder}/{name}", storage_options) if is_fsspec_url(folder)
                        else _DiskRecord(os.path.abspath(folder), name))  # absolute: a Ray worker's Fence reads it
@@ -237,7 +237,7 @@ class Lease:
 
     @property
     def shown(self) -> str:
-        from ..remote import redact_url
+        from ..storage.remote import redact_url
         return redact_url(self.folder)
 
     # -- taking it --------------------------------------------------------------------------------
@@ -271,7 +271,7 @@ class Lease:
             log.warning(f"{self.shown}: took over the lock of a run that is gone{describe_holder(holder)}: {why}")
 
     def _unwritable(self, e: BaseException) -> BaseException:
-        from ..remote import credential_source, missing_credentials, no_credentials
+        from ..storage.remote import credential_source, missing_credentials, no_credentials
         if not self.record.remote and isinstance(e, OSError):
             return ConfigError(f"{self.option} {self.shown}: the lock {LEASE_NAME} cannot be written ({_short(e)})")
         if isinstance(e, PermissionError):

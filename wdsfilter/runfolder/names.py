@@ -5,7 +5,7 @@ these names, never from a string of its own.
 The files beside written shards, sizes.json and `{stem}_stats.json`, are named by shardstats.py
 (their one reader and writer) and only re-exported here.
 """
-from ..shardstats import SIZES, STATS_SUFFIX
+from ..storage.shardstats import SIZES, STATS_SUFFIX
 
 # -- a scoring run folder (`wdsfilter score --out OUT`) ---------------------------------------------------
 LEASE = ".lock.json"  # who may write the folder (lease.py)

@@ -48,7 +48,7 @@ class ScoreRun:
         points outside itself). source_root: where the source shards are now (layout.py). A
         folder in a bucket (s3://...) is read from its local copy, brought up to date
         (remote_out.pulled), by the same rules."""
-        from ..remote import is_fsspec_url
+        from ..storage.remote import is_fsspec_url
         if is_fsspec_url(folder):
             from ..remote_out import pulled
             folder = pulled(folder, storage_options)
@@ -155,8 +155,8 @@ def check_sources(urls: Sequence[str], allow_pipe: bool, allow_remote: bool, sco
     otherwise make filter run any command or fetch any URL it names). Raises UnsafeInputError
     (exit 2) naming the first refused source, before anything is read."""
     from ..core.errors import UnsafeInputError
-    from ..remote import redact_url
-    from ..shards import is_pipe, is_remote
+    from ..storage.remote import redact_url
+    from ..storage.shards import is_pipe, is_remote
     refused = [u for u in urls if (is_pipe(u) and not allow_pipe) or (is_remote(u) and not allow_remote)]
     if refused:
         first = refused[0]

@@ -217,6 +217,6 @@ def resolve_over_run(folder: str, selection: Selection) -> Resolved:
 def write_thresholds(path: str, selection: Selection) -> str:
     """A resolved selection as wdsfilter.loader's keyword arguments:
     wdsfilter.loader(shards, scores=DIR, **json.load(open(path)))."""
-    from ..atomic import write_json as _atomic_json
+    from ..storage.atomic import write_json as _atomic_json
     _atomic_json(path, selection.loader_keywords())
     return path

@@ -17,7 +17,7 @@ import threading
 from collections import OrderedDict
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
-from ..atomic import atomic_path
+from ..storage.atomic import atomic_path
 from ..core.errors import ConfigError
 from ..core.thresholds import is_number
 

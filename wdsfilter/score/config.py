@@ -102,7 +102,7 @@ class ScoreConfig:
         self._take_old_names(thresholds, max_thresholds, top_shares, bottom_shares)
         if not self.out or not isinstance(self.out, str):
             raise ConfigError("out: a folder for the score files is required (--out DIR)")
-        from ..writing import check_output_dir  # an unwritable output is a usage error, before any work
+        from ..storage.writing import check_output_dir  # an unwritable output is a usage error, before any work
         # an s3:// --out: its bucket is checked here, the write itself when the lock object is taken
         check_output_dir(self.out, "--out", self.stage.storage_options)
         if self.write_shards:

@@ -181,6 +181,6 @@ def open_progress(enabled: bool, todo: List[str]):
     if not enabled:
         return None
     from ..core.progress import Progress
-    from ..shardstats import sizes_samples
+    from ..storage.shardstats import sizes_samples
     return Progress("scoring", "samples", total=sizes_samples(todo), parts=len(todo))
 

@@ -26,7 +26,7 @@ from ..runfolder.tables import preload_writer
 from .summary import RunSummary
 from .plan import Plan
 from .planner import make_plan
-from ..shardstats import sizes_samples
+from ..storage.shardstats import sizes_samples
 from .probe import ProbeReport, collect_probe
 from .rows import NothingScoredError  # noqa: F401 - raised by run(); importable from here as before
 from .runner import Outcome, Run

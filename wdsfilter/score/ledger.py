@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 from typing import Dict, Iterable, List, Optional, Sequence
 
-from ..writing import atomic_path
+from ..storage.writing import atomic_path
 from ..core.markers import MEMBER, STAGE  # noqa: F401 - a row's private fields: where it was dropped
 # the run folder's failures/ files, their reader and summary (runfolder/failures.py: the report reads them too)
 from ..runfolder.failures import FOLDER, MERGED, TRANSIENT, folder, read_entries, shard_file, summarize  # noqa: F401
@@ -178,7 +178,7 @@ class OnlyKeys:
     def reader(self):
         """The shard-list stage that has the reader read only these samples' members, by their
         offsets, where a shard is a local file (tarsubset.py)."""
-        from ..tarsubset import ReadOnly
+        from ..storage.tarsubset import ReadOnly
         return ReadOnly(self.keys)
 
     def opened_as(self, url: str, path: str) -> "OnlyKeys":

@@ -289,7 +289,7 @@ class ModelRunner:
 def _sample(ref: Any) -> str:
     """A sample by the engine's reference to it: (shard URL, row index) on the local engine."""
     if isinstance(ref, tuple) and len(ref) == 2:
-        from ..shards import shown_url
+        from ..storage.shards import shown_url
         return f"row {ref[1]} of {shown_url(str(ref[0]))}"
     return f"sample {ref}"
 

@@ -32,7 +32,7 @@ import tempfile
 from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 from ..core.errors import ConfigError
-from ..shards import is_local, local_path
+from ..storage.shards import is_local, local_path
 
 CHUNK = 16 * 2**20  # bytes per object of a shipped file: a big checkpoint never sits in memory whole
 HEAD = 64 * 2**10  # bytes of a shard compared (with its size) to tell the driver's shard from another

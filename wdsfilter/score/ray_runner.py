@@ -37,8 +37,8 @@ from collections import Counter
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..core.errors import ConfigError, require
-from ..remote import is_fsspec_url
-from ..shards import absolute_url
+from ..storage.remote import is_fsspec_url
+from ..storage.shards import absolute_url
 from ..runfolder.embeddings import FIELD as EMBEDDINGS
 from .faults import disk_full, is_disk_full, read_failed_reason
 from .ledger import OnlyKeys

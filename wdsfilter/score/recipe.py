@@ -72,7 +72,7 @@ def recipe_of(cfg: ScoreConfig, urls: Sequence[str], engine: str = "local",
         return None
     defaults = ScoreConfig.__dataclass_fields__
     stage_defaults = StageConfig()
-    from ..shards import absolute_url, is_local, local_path
+    from ..storage.shards import absolute_url, is_local, local_path
     out = os.path.abspath(cfg.out)
 
     def where(path: str) -> str:
@@ -103,7 +103,7 @@ def write_recipe(cfg: ScoreConfig, urls: Sequence[str], engine: str = "local",
                  shown: Optional[Dict[str, str]] = None) -> Optional[str]:
     """OUT/run.yaml: the run as a recipe (`wdsfilter score --config OUT/run.yaml` runs it again).
     shown: the out/write_shards it names where they are not cfg's (a bucket's, written through staging)."""
-    from ..writing import write_text_atomic
+    from ..storage.writing import write_text_atomic
     recipe = recipe_of(cfg, urls, engine, relative=not any((shown or {}).values()))  # a bucket's: absolute
     if recipe is None:
         return None

@@ -16,13 +16,13 @@ import logging
 import os
 from typing import Callable, Iterable, List, Optional, Sequence
 
-from ..atomic import check_guards, remove_temporaries, write_json
+from ..storage.atomic import check_guards, remove_temporaries, write_json
 from ..core.errors import ConfigError
 from ..core.publish import published
 from ..runfolder import layout
 from ..runfolder.layout import Marker, output_sizes, outputs_intact, shard_names, source_changed, source_state
 from ..runfolder.tables import EXTENSIONS, DamagedRunFolder
-from ..shards import split_suffix
+from ..storage.shards import split_suffix
 from .config import ScoreConfig
 from ..runfolder.embeddings import folders as embedding_folders
 from .ledger import MERGED as LEDGER_FILE, folder as ledger_folder

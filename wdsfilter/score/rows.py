@@ -18,7 +18,7 @@ import os
 from typing import Dict, List, Optional, Sequence, Union
 
 from ..core.errors import RunError
-from ..remote import redact_url
+from ..storage.remote import redact_url
 from ..core.markers import MARKER, MEMBER, REJECT, STAGE, ShardEnd
 from ..runfolder.keep import keep_reason
 from ..runfolder.embeddings import write_embeddings
@@ -28,8 +28,8 @@ from .scorers.base import NOTES
 from ..runfolder.tables import BASE_FIELDS, STATUSES, write_table  # noqa: F401 - the fields are the score file's schema
 from ..runfolder.tables import TEXT_FIELDS
 from ..core.specs import no_lone_surrogates
-from ..shardstats import update_sizes, write_shard_stats
-from ..shardcopy import write_filtered
+from ..storage.shardstats import update_sizes, write_shard_stats
+from ..storage.shardcopy import write_filtered
 
 
 class NothingScoredError(RunError):

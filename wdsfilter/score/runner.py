@@ -15,7 +15,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 from ..core.errors import ConfigError, require
 from ..keycheck import check_keys
 from ..core.publish import published
-from ..shards import expand_urls, is_local, refuse_unreachable, unique_urls
+from ..storage.shards import expand_urls, is_local, refuse_unreachable, unique_urls
 from ..core.specs import utf8_text
 from ..core.tally import Tally
 from .config import ScoreConfig
@@ -30,7 +30,7 @@ from ..report.statistics import plot_histograms, summarize_files
 from .summary import RunSummary, write_summary
 from .resume import RunState
 from .rows import NothingScoredError
-from ..writing import refuse_writing_into_inputs
+from ..storage.writing import refuse_writing_into_inputs
 from .scorerset import check_before_torch, check_scorer_names, resolve_scorers, run_identity, score_columns
 
 log = logging.getLogger("wdsfilter")
@@ -135,7 +135,7 @@ class Run:
 
     @staticmethod
     def _remote_out(cfg: ScoreConfig):
-        from ..remote import is_fsspec_url
+        from ..storage.remote import is_fsspec_url
         if not is_fsspec_url(cfg.out):
             if cfg.write_shards and is_fsspec_url(cfg.write_shards):
                 raise ConfigError("--write-shards in a bucket needs --out in a bucket too (a shard's completion marker "
@@ -284,7 +284,7 @@ def refuse_in_spawned_worker() -> None:
 def nothing_scored_text(summary: RunSummary, finished: int, scores_dir: str) -> str:
     lines = [f"no sample was scored: {summary.rows} row(s) in {finished} finished shard(s) of {summary.shards}"]
     lines += [f"  {n} {r}" for r, n in summary.reasons.items()]
-    from ..shards import shown_url
+    from ..storage.shards import shown_url
     lines += [f"  shard {shown_url(f['url'])}: {f['reason']}" for f in summary.shards_failed]
     lines.append(f"  details: {summary.files['summary']} and the score files in {scores_dir}")
     return "\n".join(lines)

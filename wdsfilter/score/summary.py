@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional
 
-from ..atomic import write_json
+from ..storage.atomic import write_json
 from ..runfolder.names import FAILURES_MERGED
 from ..runfolder.tables import STATUSES
 from .ledger import summary_lines
 from ..report.statistics import one_value_text, text_histogram
-from ..shards import shown_url
+from ..storage.shards import shown_url
 
 
 # -- the run summary ------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from typing import Optional, Sequence, Union
 
 from ..config import StageConfig
 from ..core.errors import ConfigError
-from ..shards import expand_urls, is_remote, refuse_unreachable, unique_urls
+from ..storage.shards import expand_urls, is_remote, refuse_unreachable, unique_urls
 from .findings import ERROR, KINDS, WARNING, Finding
 from .options import ValidateOptions
 from .progress import Progress
@@ -86,7 +86,7 @@ def validate(paths: Union[None, str, Sequence[str]] = None, *, config: Union[Non
                               loader_workers=loader_workers, uneven_ratio=uneven_ratio, max_findings=max_findings,
                               fail_on=fail_on, jobs=jobs, max_drop=max_drop)
     if stats_dir:
-        from ..writing import check_output_dir
+        from ..storage.writing import check_output_dir
         check_output_dir(stats_dir, "--stats-dir", stage.storage_options)  # before any shard is read
     # A shard given twice (a folder and a file in it) is validated once, as score scores it once:
     # else it is counted twice, listed twice in the JUnit report, and --stats-dir writes a

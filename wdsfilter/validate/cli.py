@@ -7,9 +7,9 @@ import click
 
 from ..config import parse_byte_caps, stage_options
 from ..core.errors import EXIT_CODES_HELP
-from ..remote import parse_storage_options
+from ..storage.remote import parse_storage_options
 from ..core.progress import verbosity, verbosity_options
-from ..writing import check_output_file
+from ..storage.writing import check_output_file
 from . import validate as run_validate
 from .formats import FORMATS, render, write_report
 

@@ -17,7 +17,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Iterator, List, Optional, Sequence, Tuple
 
 from ..core.errors import Terminated
-from ..shards import kill_command
+from ..storage.shards import kill_command
 from .findings import Finding
 from .options import ValidateOptions
 from .shard_check import ShardResult, check_shard
@@ -94,7 +94,7 @@ def pool_context(urls: Sequence[str]):
 
 def client_modules(urls: Sequence[str]) -> List[str]:
     """The modules that read these URLs' schemes (remote.SCHEMES), with fsspec; none for local shards."""
-    from ..remote import SCHEMES, scheme_of
+    from ..storage.remote import SCHEMES, scheme_of
     modules = sorted({SCHEMES[scheme][0] for scheme in map(scheme_of, urls) if scheme in SCHEMES})
     return ["fsspec", *modules] if modules else []
 

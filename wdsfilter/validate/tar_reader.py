@@ -25,10 +25,10 @@ from zlib import adler32
 from typing import IO, Iterator, Optional, Tuple
 
 from ..members import MemberCaps
-from ..decompress import DecompressionCapError, open_layers
+from ..storage.decompress import DecompressionCapError, open_layers
 from ..reading import ShardEnd, oversized_member, special_member
-from ..tars import MAX_EXTENDED_HEADER, MAX_NAME
-from ..remote import RemoteReadError
+from ..storage.tars import MAX_EXTENDED_HEADER, MAX_NAME
+from ..storage.remote import RemoteReadError
 
 BLOCK = 512
 _ZERO = bytes(BLOCK)

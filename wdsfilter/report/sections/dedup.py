@@ -12,7 +12,7 @@ from typing import Dict, List, Optional
 from ...core.errors import ConfigError
 from ...runfolder.dedup import FOLDER, SUMMARY, DedupMarks
 from ...runfolder.names import REPORT
-from ...writing import write_text_atomic
+from ...storage.writing import write_text_atomic
 from ..html import CSS, escape, grid
 from ..media import attach_media
 from .base import Section

@@ -17,7 +17,7 @@ from PIL import Image
 from ...images import open_image
 from ...masking import box_rects, mask_frame
 from ...reading import iter_tar
-from ...shards import is_pipe, is_remote, open_shard, shown_url
+from ...storage.shards import is_pipe, is_remote, open_shard, shown_url
 from ...core.specs import KeySpec, find_caption, split_name
 from ..media import CAPTION_CHARS, MAX_MEMBER, Nearest, number, thumbnail
 from .base import Section

@@ -200,7 +200,7 @@ class EasyOcrBackend(DetectorBackend):
         parent before model workers start; workers that still find them missing (a Ray actor on
         another node) take turns under a lock in the model folder and find them there after the
         first download."""
-        from ...atomic import file_lock
+        from ...storage.atomic import file_lock
         source = self.weights_source()
         path = self.weights_path()
         if source.packaged:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Dict, Mapping, Optional, Sequence
 
-from ...shards import is_remote
-from ...shardstats import read_sizes
+from ...storage.shards import is_remote
+from ...storage.shardstats import read_sizes
 from ..findings import Finding
 
 

@@ -19,7 +19,7 @@ from .remote_errors import (MAX_RETRY_AFTER, ObjectChanged, RangeIgnored, Remote
 from .remote_net import check_reachable, endpoint_host, reach_failure, access_reason
 from .remote_pace import NOTHING, Pace, SlowRead
 from .remote_version import Identity, Prefix
-from .core.urls import redact_url
+from ..core.urls import redact_url
 
 
 def open_remote(url: str, options: Optional[RemoteOptions] = None,

@@ -13,7 +13,7 @@ import os
 from typing import Iterator, Optional, Sequence
 
 from . import atomic
-from .core.errors import ConfigError, OutputError
+from ..core.errors import ConfigError, OutputError
 from .shards import is_local, local_path
 
 
@@ -119,7 +119,7 @@ def write_text_atomic(path: str, text: str, storage_options=None) -> str:
     Text that holds lone surrogates (member names that are not UTF-8, decoded with
     surrogateescape) must be escaped before it gets here. Every URL in it is written without its
     secrets (publish.redact_text): reports, stats files, run.yaml."""
-    from .core.publish import redact_text
+    from ..core.publish import redact_text
     data = redact_text(text).encode("utf-8")  # fails before the temporary exists, never half-way through it
     if _is_url(path):
         from .remote import write_object

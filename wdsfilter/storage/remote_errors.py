@@ -9,7 +9,7 @@ import time
 from email.utils import parsedate_to_datetime
 from typing import Optional, Tuple
 
-from .core.urls import redact_text
+from ..core.urls import redact_text
 
 MAX_RETRY_AFTER = 300.0  # a server asking for longer than this is waited on no longer
 

@@ -74,7 +74,7 @@ def write_json(path: str, data: Any, *, fsync: bool = False, indent: Optional[in
     in it is written without its secrets (publish.published), unless `private`: the one file that
     keeps them (shards.json), readable by its owner only (0600)."""
     dump_options.setdefault("default", str)
-    from .core.publish import published
+    from ..core.publish import published
     data = data if private else published(data)
     from .remote import is_fsspec_url
     if is_fsspec_url(path):  # one object, whole or not at all (thresholds.json of a run folder in a bucket)

@@ -17,7 +17,7 @@ from typing import IO, List, Mapping, Optional, Sequence, Tuple, Union
 
 import braceexpand
 
-from .core.errors import ConfigError, UnsafeInputError
+from ..core.errors import ConfigError, UnsafeInputError
 
 SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 # A brace pattern naming more shards than this is a mistake (x-{0..99999999}.tar): refused before
@@ -192,7 +192,7 @@ def refuse_unreachable(urls: Sequence[str], cfg) -> None:
     from .remote import is_fsspec_url
     if not all(is_fsspec_url(u) for u in urls):
         return
-    from .core.errors import RunError
+    from ..core.errors import RunError
     from .remote_read import common_access_failure
     found = common_access_failure(urls, cfg.remote_options())
     if found is None:
@@ -328,7 +328,7 @@ def close_shard(stream) -> None:
     waits for it to exit (for hours, webdataset's timeout), and a command left running (gsutil
     cat of a big object) outlived the run."""
     import sys
-    from .core.errors import Terminated
+    from ..core.errors import Terminated
     proc = getattr(stream, "proc", None)
     if proc is not None and proc.poll() is None and isinstance(sys.exc_info()[1], (KeyboardInterrupt, Terminated)):
         kill_command(proc)

@@ -18,7 +18,7 @@ import time
 from typing import Dict, Mapping, Optional, Tuple
 from urllib.parse import urlsplit
 
-from .core.urls import redact_url
+from ..core.urls import redact_url
 
 PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
 DEFAULT_HOSTS = {"s3": "s3.amazonaws.com", "gs": "storage.googleapis.com", "gcs": "storage.googleapis.com",

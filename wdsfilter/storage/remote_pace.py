@@ -17,7 +17,7 @@ import time
 from collections import deque
 from typing import Callable, Optional
 
-from .core.units import format_size
+from ..core.units import format_size
 
 
 class SlowRead(TimeoutError):

@@ -19,7 +19,7 @@ from typing import List, Tuple
 
 from .decompress import compression
 from .remote import RemoteReadError
-from .core.specs import split_name
+from ..core.specs import split_name
 
 
 class MemberCut(EOFError):

@@ -21,10 +21,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
-from .core.errors import ConfigError, require
+from ..core.errors import ConfigError, require
 from .remote_errors import (MAX_RETRY_AFTER, ObjectChanged, RangeIgnored, RemoteOutputError,  # noqa: F401
                             RemoteReadError, describe, status_of, strip_text)
-from .core.urls import redact_url
+from ..core.urls import redact_url
 
 INSTALL = "pip install 'wdsfilter[remote]'"
 # scheme -> (the module that serves it, the fsspec protocol)
@@ -295,7 +295,7 @@ def list_shards(url: str, suffixes: Sequence[str], storage_options: Optional[Map
 def _listing(fs, path: str, url: str, shown: str, magic: bool, storage_options) -> list:
     """The objects a prefix or glob names; a store that cannot be reached is a RunError (exit 3)
     in one line: the run cannot start."""
-    from .core.errors import RunError
+    from ..core.errors import RunError
     from .remote_net import check_reachable, reach_failure
     try:
         check_reachable(url, shown, storage_options)
@@ -334,7 +334,7 @@ def _hf_missing_why(fs, path: str) -> str:
 def check_output_url(url: str, option: str, storage_options: Optional[Mapping] = None) -> None:
     """Before any work: the bucket of an output URL exists and these credentials may list it (a
     write cannot be tried without leaving an object behind). Raises OutputError (exit 2)."""
-    from .core.errors import OutputError
+    from ..core.errors import OutputError
     scheme = scheme_of(url)
     if scheme in ("http", "https"):
         raise OutputError(f"{option} {redact_url(url)}: a web server cannot be written to; use s3:// or gs://")

@@ -16,7 +16,7 @@ import io
 import tarfile
 from typing import Dict, FrozenSet, Iterable, List, Optional, Tuple
 
-from .core.specs import split_name
+from ..core.specs import split_name
 from .tars import ShardTarInfo
 
 ONLY_KEYS = "only_keys"  # a shard item's field: the keys whose members are read
