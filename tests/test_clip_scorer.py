@@ -216,7 +216,7 @@ VIDEO_SHARD = os.path.join(REPO, "sample_shards", "videos-000000.tar")
 
 def test_videos_are_scored_on_sampled_frames_each_against_the_caption(tiny_clip, samples):
     from PIL import Image
-    from wdsfilter.frames import sample_frames
+    from wdsfilter.media.frames import sample_frames
 
     videos = list(wdsfilter.sample_pipeline(VIDEO_SHARD, StageConfig(caption_key="txt", image_key="mp4")))
     assert len(videos) == 8 and all(v["video"] is not None for v in videos)

@@ -147,7 +147,7 @@ def test_a_lying_stream_past_the_64th_is_held_to_max_pixels_too(tmp_path):
     out = _child(f"""
         import json, sys, tarfile
         sys.modules["torch"] = None
-        from wdsfilter.frames import sample_frames
+        from wdsfilter.media.frames import sample_frames
         from wdsfilter.validate import validate
         report = validate([{url!r}], image_key="mov", jobs=1)
         frames = sample_frames(tarfile.open({url!r}).extractfile("000000.mov").read(), 2).frames
@@ -293,8 +293,8 @@ def test_decoding_one_clip_is_held_to_a_pixel_budget(tmp_path, monkeypatch):
     import pytest
 
     from wdsfilter.core.errors import DataError
-    from wdsfilter import frames as score_video
-    from wdsfilter import videos
+    from wdsfilter.media import frames as score_video
+    from wdsfilter.media import videos
 
     data = one_keyframe_webm(64, 600)
     assert score_video.sample_frames(data, 3).frames.shape[0] == 3  # within the real budget
@@ -369,7 +369,7 @@ def test_an_eps_is_never_handed_to_ghostscript(tmp_path):
         os.environ["PATH"] = {str(bin_dir)!r} + os.pathsep + os.environ["PATH"]
         sys.modules["torch"] = None
         from wdsfilter import StageConfig
-        from wdsfilter.images import open_image
+        from wdsfilter.media.images import open_image
         from wdsfilter.pipeline import sample_pipeline
         from wdsfilter.core.tally import Tally
         from wdsfilter.validate import validate
@@ -399,7 +399,7 @@ def test_a_member_that_is_an_ffconcat_playlist_opens_no_file_of_the_machine(tmp_
     import pytest
     from videokit import grey_frame, make_video
     from wdsfilter.core.errors import DataError
-    from wdsfilter.frames import sample_frames
+    from wdsfilter.media.frames import sample_frames
     clip = make_video([grey_frame(40 * i) for i in range(6)])
     (tmp_path / "secret.mp4").write_bytes(clip)
     monkeypatch.chdir(tmp_path)

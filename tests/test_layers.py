@@ -152,7 +152,7 @@ def test_an_upward_import_is_named_with_its_line(source, line):
 
 def test_imports_of_the_same_or_a_lower_layer_pass():
     source = ("from ..errors import ConfigError\nfrom .config import ScoreConfig\nfrom ..validate.findings import KINDS\n"
-              "def f():\n    from .. import __version__\n    import wdsfilter.videos\n")
+              "def f():\n    from .. import __version__\n    import wdsfilter.media.videos\n")
     assert list(imports("wdsfilter.score.runner", source))  # it reads them ...
     assert list(upward_imports("wdsfilter.score.runner", source, "x.py")) == []  # ... and none is upward
 

@@ -146,7 +146,7 @@ def test_score_is_one_line_with_q_and_rejected_rows_keep_what_the_sample_said(ru
     # phash: pandas keeps every bit (a nullable int64 became float64 before), nulls where rejected
     import imagehash
     from PIL import Image
-    from wdsfilter.hashes import hamming
+    from wdsfilter.media.hashes import hamming
     members = dict(_samples())
     for key, value in zip(rows.key, rows.phash):
         if key in ("s102", "s103"):

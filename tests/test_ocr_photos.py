@@ -168,7 +168,7 @@ def test_with_easyocr_every_text_photo_scores_above_every_text_free_photo(easyoc
 def test_tmars_masks_the_text_easyocr_found(easyocr_scorer, easyocr_rows):
     """The boxes handed to T-MARS (BOXES), masked as it masks them: the masked page has a small
     fraction of its text left for the same detector, and no pixel outside the boxes changed."""
-    from wdsfilter.masking import box_rects, mask_frame
+    from wdsfilter.media.masking import box_rects, mask_frame
     from wdsfilter.score.scorers.ocr import BOXES
     page = jpeg(photo("page"), 92)
     row = easyocr_rows[92]["page"]

@@ -13,7 +13,7 @@ from PIL import Image
 from videokit import clip_with_audio, grey_frame, h264_mp4, make_video
 from wdsfilter.config import StageConfig
 from wdsfilter.core.errors import DataError
-from wdsfilter.images import decode_image
+from wdsfilter.media.images import decode_image
 from wdsfilter.score.scorers.base import Noted
 from wdsfilter.score.scorers.size import SizeScorer
 

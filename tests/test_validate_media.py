@@ -143,7 +143,7 @@ def _jpegs():
 def test_jpeg_header_sizes_match_pil():
     """The fast JPEG header walk gives PIL's size on what encoders write (and skips nothing PIL
     would reject)."""
-    from wdsfilter.images import image_size
+    from wdsfilter.media.images import image_size
     from wdsfilter.validate.checks.jpeg_header import jpeg_size
 
     jpegs = _jpegs()
@@ -161,7 +161,7 @@ def test_jpeg_header_sizes_match_pil():
 def test_jpeg_header_walk_never_accepts_what_pil_rejects():
     """Damaged headers (bytes flipped before the first scan, cut headers, 12-bit or 2-component
     frames): the walk gives PIL's size or leaves the image to PIL."""
-    from wdsfilter.images import image_size
+    from wdsfilter.media.images import image_size
     from wdsfilter.validate.checks.jpeg_header import jpeg_size
 
     rng = np.random.default_rng(12)

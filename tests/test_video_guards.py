@@ -20,10 +20,10 @@ from videokit import h264_mp4
 from wdsfilter import StageConfig
 from wdsfilter.core.errors import DataError
 from wdsfilter.pipeline import sample_pipeline
-from wdsfilter.frames import sample_frames
+from wdsfilter.media.frames import sample_frames
 from wdsfilter.core.tally import Tally
 from wdsfilter.validate import validate
-from wdsfilter import videos
+from wdsfilter.media import videos
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -81,7 +81,7 @@ def test_a_header_that_understates_the_frame_size_is_refused_before_decoding(tmp
         # This process's own peak (VmHWM): getrusage's ru_maxrss keeps the forking parent's peak.
         peak_mb = lambda: int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) / 1024
         from wdsfilter.core.errors import DataError
-        from wdsfilter.frames import sample_frames
+        from wdsfilter.media.frames import sample_frames
         from wdsfilter.validate import validate
         report = validate([{url!r}], image_key="mov", jobs=1)
         data = tarfile.open({url!r}).extractfile("000000.mov").read()

@@ -66,7 +66,7 @@ def main(argv=None) -> dict:
 
     import torch
     torch.set_num_threads(args.threads)
-    from wdsfilter.images import decode_image
+    from wdsfilter.media.images import decode_image
     from wdsfilter.score.scorers.aesthetic import AestheticScorer
     from wdsfilter.score.scorers.blur import BlurScorer
     from wdsfilter.score.scorers.caption import CaptionScorer

@@ -1,6 +1,6 @@
 """Eval images for decontamination (`wdsfilter dedup --eval`): a folder of image files (searched
 recursively) or WebDataset shards (.tar, .tar.gz, ...: every image member), hashed as the hash
-scorer hashes a training row (wdsfilter/hashes.py), so a training row matches an eval image
+scorer hashes a training row (wdsfilter/media/hashes.py), so a training row matches an eval image
 exactly (same sha256 of the bytes) or near (phash within the near distance).
 
 An eval image that cannot be read is counted and named, never a reason to stop: the summary says
@@ -33,8 +33,8 @@ class EvalSet:
 
 
 def read_eval(sources: Sequence[str], max_pixels: int = 64_000_000) -> EvalSet:
-    from ..hashes import phash, sha256_hex
-    from ..images import decode_image
+    from ..media.hashes import phash, sha256_hex
+    from ..media.images import decode_image
     out = EvalSet()
     for name, data in _images(sources):
         try:
@@ -107,7 +107,7 @@ def embed_eval(scorer, sources: Sequence[str], names: Sequence[str], max_pixels:
                batch: int = 32) -> np.ndarray:
     """(len(names), dim) float32 unit image embeddings of the eval images named (those read_eval
     read), decoded and transformed as the run's CLIP scorer does."""
-    from ..images import decode_image
+    from ..media.images import decode_image
     from ..runfolder.embeddings import FIELD
     wanted = set(names)
     vectors: dict = {}

@@ -171,7 +171,7 @@ def _phashes(array, present) -> np.ndarray:
             return np.frombuffer(bytes.fromhex(joined), dtype=">u8").astype(np.uint64)
         except ValueError:
             pass  # not hex: each one read alone below, a bad one as missing
-    from ..hashes import phash_int
+    from ..media.hashes import phash_int
     out = np.zeros(len(texts), dtype=np.uint64)
     for i, t in enumerate(texts):
         try:

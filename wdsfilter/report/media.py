@@ -15,8 +15,8 @@ from typing import Dict, List, Optional
 
 from PIL import Image
 
-from ..frames import sample_frames
-from ..images import open_image
+from ..media.frames import sample_frames
+from ..media.images import open_image
 from ..storage.shards import is_pipe, is_remote, open_shard
 from ..core.specs import KeySpec, find_caption, is_video, split_name
 from ..storage.tars import ShardTarInfo

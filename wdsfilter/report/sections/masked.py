@@ -14,8 +14,8 @@ from typing import Dict, List, Optional
 import numpy as np
 from PIL import Image
 
-from ...images import open_image
-from ...masking import box_rects, mask_frame
+from ...media.images import open_image
+from ...media.masking import box_rects, mask_frame
 from ...reading import iter_tar
 from ...storage.shards import is_pipe, is_remote, open_shard, shown_url
 from ...core.specs import KeySpec, find_caption, split_name

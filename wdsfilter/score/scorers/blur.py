@@ -100,7 +100,7 @@ class BlurScorer(Scorer):
         video = sample.get("video")
         if video is None:
             raise DataError("missing_image", "the blur scorer needs an image or a video (this sample has neither)")
-        from ...frames import sample_frames
+        from ...media.frames import sample_frames
         key, url = sample.get("__key__", "?"), sample.get("__url__", "")
         what = f"sample {key}.{sample.get('__media_ext__', 'video')}" + (f" of shard {url}" if url else "")
         sampled = sample_frames(video, self.frames, keyframes=self.keyframes, max_side=VIDEO_MAX_SIDE,

@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional
 
 from ...config import StageConfig
 from ...core.errors import ConfigError, DataError
-from ...images import DEFERRED, FULL_SIZE, decode_image
+from ...media.images import DEFERRED, FULL_SIZE, decode_image
 from ...stages import IMAGE_BYTES, CaptionCleaner
 from ..fastdecode import DECODE_WORKSPACE, REDUCING_GAP, ImageTransform, device_pixels
 from ..models import PRECISIONS, ClipSource, check_model, load_model, resolve_precision, tokenize
@@ -171,7 +171,7 @@ class ClipScorer(Scorer):
 
     def _video_frames(self, sample: Dict[str, Any]):
         import torch
-        from ...frames import sample_frames
+        from ...media.frames import sample_frames
 
         key, url = sample.get("__key__", "?"), sample.get("__url__", "")
         what = f"sample {key}.{sample.get('__media_ext__', 'video')}" + (f" of shard {url}" if url else "")

@@ -1,6 +1,6 @@
 """Content hashes for dedup (`wdsfilter dedup`, docs/dedup.md), computed in the scoring pass so no
 shard is read twice: `sha256` of the image (or video) member's bytes and `phash`, a 64-bit
-perceptual hash of the decoded image (wdsfilter/hashes.py: imagehash's phash, as the 16 hex
+perceptual hash of the decoded image (wdsfilter/media/hashes.py: imagehash's phash, as the 16 hex
 digits imagehash prints, so every reader keeps its bits).
 
     scorer = HashScorer()
@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional
 
 from ...config import StageConfig
 from ...core.errors import ConfigError, DataError
-from ...hashes import INSTALL, majority, phash, phash_hex, sha256_hex
+from ...media.hashes import INSTALL, majority, phash, phash_hex, sha256_hex
 from ...stages import IMAGE_BYTES
 from .base import Noted, Scorer
 
@@ -67,7 +67,7 @@ class HashScorer(Scorer):
         video = sample.get("video")
         if video is None:
             raise DataError("missing_image", "the hash scorer needs an image or a video (this sample has neither)")
-        from ...frames import sample_frames
+        from ...media.frames import sample_frames
         from PIL import Image
 
         key, url = sample.get("__key__", "?"), sample.get("__url__", "")

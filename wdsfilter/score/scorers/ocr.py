@@ -31,7 +31,7 @@ import numpy as np
 
 from ...config import StageConfig
 from ...core.errors import ConfigError, DataError
-from ...images import FULL_SIZE
+from ...media.images import FULL_SIZE
 from ..geometry import AREA_METHODS, area_ratio
 from ..ocr_backends.base import BACKENDS, DetectorBackend, make_backend
 from ..ocr_backends.recognizer import BoxReader
@@ -179,7 +179,7 @@ class OcrScorer(Scorer):
     def prepare(self, sample: Dict[str, Any]) -> Any:
         t0 = time.perf_counter()
         if sample.get("video") is not None:
-            from ...frames import sample_frames
+            from ...media.frames import sample_frames
             what = _where(sample)
             sampled = sample_frames(sample["video"], self.frames, keyframes=self.keyframes, max_side=self.max_side,
                                     max_pixels=self.max_pixels, what=what)
@@ -200,7 +200,7 @@ class OcrScorer(Scorer):
         from PIL import Image
 
         if isinstance(image, (bytes, bytearray, memoryview)):  # an undecoded member: same guard as the stages
-            from ...images import decode_image
+            from ...media.images import decode_image
             cfg = self.config or StageConfig()
             image = decode_image(bytes(image), cfg.max_pixels, cfg.max_side, cfg.oversize, "RGB")
         if isinstance(image, np.ndarray):

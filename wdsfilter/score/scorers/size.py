@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional
 
 from ...config import StageConfig
 from ...core.errors import DataError
-from ...images import FULL_SIZE, image_size
+from ...media.images import FULL_SIZE, image_size
 from .base import Noted, Scorer
 
 COLUMNS = ("width", "height", "min_side", "aspect_ratio", "duration", "fps", "frame_count")
@@ -69,7 +69,7 @@ class SizeScorer(Scorer):
         video = sample.get("video")
         if video is None:
             raise DataError("missing_image", "the size scorer needs an image or a video (this sample has neither)")
-        from ...frames import video_info
+        from ...media.frames import video_info
         key, url = sample.get("__key__", "?"), sample.get("__url__", "")
         what = f"sample {key}.{sample.get('__media_ext__', 'video')}" + (f" of shard {url}" if url else "")
         info = video_info(video, self.max_pixels, what)

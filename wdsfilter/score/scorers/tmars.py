@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from ...core.errors import ConfigError, DataError
-from ...masking import RING, Rect, box_rects, mask_frame
+from ...media.masking import RING, Rect, box_rects, mask_frame
 from .base import Scorer, Upstream
 
 COLUMNS = ("clip_score_masked", "clip_score_masked_frames", "masked_share", "masked_boxes")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ...core.errors import DataError
-from ...images import OversizedImage, check_size, decode_image, image_size
+from ...media.images import OversizedImage, check_size, decode_image, image_size
 from ..findings import FindingLog
 from .jpeg_header import jpeg_size
 

@@ -11,7 +11,7 @@ from typing import Optional, Tuple
 
 from PIL import Image
 
-from .core.errors import DataError
+from ..core.errors import DataError
 
 # Our guard replaces PIL's global bomb check, which would raise before we can count the sample;
 # it is restored to a finite bound inside decode_image as a second line of defence.

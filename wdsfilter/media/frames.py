@@ -18,7 +18,7 @@ the scoring engine writes the reason into the sample's row and goes on.
 The header is not trusted: FFmpeg's own max_pixels check refuses a frame larger than the limit
 before it is decoded (also while probing), packets scanned and frames decoded per clip are capped,
 and a clip whose data ends before its header says is sampled from what is there, with
-SampledFrames.partial saying why (the rules of validate's video check: wdsfilter/videos.py).
+SampledFrames.partial saying why (the rules of validate's video check: wdsfilter/media/videos.py).
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from .core.errors import DataError
+from ..core.errors import DataError
 from .videos import (MAX_DECODED_PIXELS, MAX_PACKETS, cut_short, declared_duration, limit_decoder, open_video,
                       packets, too_large, video_streams)
 

@@ -14,7 +14,7 @@ import re
 import threading
 from typing import Optional
 
-from .core.errors import DataError
+from ..core.errors import DataError
 
 # Data that ends this much before the declared duration is cut short (a little slack for rounding
 # and for a last frame without a duration).
