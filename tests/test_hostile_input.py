@@ -301,7 +301,7 @@ def test_absurd_brace_patterns_are_refused_before_expanding(tmp_path):
 
 
 def test_byte_caps_are_checked_and_read_from_the_cli_syntax():
-    from wdsfilter.config import parse_byte_caps
+    from wdsfilter.stream.config import parse_byte_caps
     assert parse_byte_caps(["image=128MiB", "text=1MB"]) == {"max_image_bytes": 128 << 20,
                                                               "max_text_bytes": 1_000_000}
     with pytest.raises(ConfigError, match="KIND=SIZE"):

@@ -105,7 +105,7 @@ def test_score_fails_the_slow_shards_into_the_ledger_and_scores_the_healthy_one(
 
 
 def test_the_bounds_are_checked_when_given(tmp_path):
-    from wdsfilter.config import StageConfig
+    from wdsfilter.stream.config import StageConfig
     from wdsfilter.core.errors import ConfigError
     assert StageConfig(remote_speed_limit="50kB/s").remote_options().speed_limit == 50_000
     assert StageConfig(remote_speed_limit="0").remote_options().speed_limit == 0

@@ -35,7 +35,7 @@ def test_unsafe_payload_kept_as_bytes_only_when_allowed(tmp_path):
             return (exec, ("raise RuntimeError('pickle was executed')",))
     payload = pickle.dumps(Boom())
     url = write_shard(tmp_path / "u.tar", [("0.jpg", image_bytes()), ("0.txt", "x"), ("0.pickle", payload)])
-    from wdsfilter.reading import group_samples, tar_members
+    from wdsfilter.stream.reading import group_samples, tar_members
     from wdsfilter.core.tally import Tally
     cfg = StageConfig(allow_unsafe=True)
     samples = list(group_samples(tar_members([{"url": url}], cfg, Tally()), cfg, Tally()))

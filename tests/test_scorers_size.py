@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from videokit import clip_with_audio, grey_frame, h264_mp4, make_video
-from wdsfilter.config import StageConfig
+from wdsfilter.stream.config import StageConfig
 from wdsfilter.core.errors import DataError
 from wdsfilter.media.images import decode_image
 from wdsfilter.score.scorers.base import Noted

@@ -8,7 +8,7 @@ import tarfile
 
 import pytest
 
-from wdsfilter.config import StageConfig
+from wdsfilter.stream.config import StageConfig
 from wdsfilter.pipeline import sample_pipeline
 from wdsfilter.storage.tarsubset import ReadOnly, subset_stream
 

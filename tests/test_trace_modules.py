@@ -10,7 +10,7 @@ sys.path.insert(0, ROOT)
 from tools import trace_modules  # noqa: E402
 
 # docs/dev.md ("Measured: modules a run enters") lists these, in the order a sample meets them.
-PER_SAMPLE_PATH = {"wdsfilter.reading", "wdsfilter.core.specs", "wdsfilter.stages", "wdsfilter.media.images",
+PER_SAMPLE_PATH = {"wdsfilter.stream.reading", "wdsfilter.core.specs", "wdsfilter.stream.stages", "wdsfilter.media.images",
                    "wdsfilter.core.tally", "wdsfilter.score.transport", "wdsfilter.score.dispatch",
                    "wdsfilter.score.rows", "wdsfilter.runfolder.keep"}
 

@@ -12,7 +12,7 @@ pytest.importorskip("av")
 
 from shardkit import image_bytes, write_shard  # noqa: E402
 from videokit import grey_frame, make_video, mux_silence  # noqa: E402
-from wdsfilter.reading import is_unsafe_ext  # noqa: E402
+from wdsfilter.stream.reading import is_unsafe_ext  # noqa: E402
 from wdsfilter.validate import validate  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

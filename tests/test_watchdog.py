@@ -104,7 +104,7 @@ def test_a_watched_stream_left_open_at_exit_prints_nothing(tmp_path):
     # closes it at exit, after `open` is gone: its last tally write must not print a traceback
     # ("Exception ignored in: <generator object _watch> ... NameError: name 'open'").
     script = textwrap.dedent(f"""
-        from wdsfilter.stages import _watch
+        from wdsfilter.stream.stages import _watch
         from wdsfilter.core.tally import StatsSink, Tally
         sink = StatsSink({str(tmp_path)!r})
         streams = [_watch(iter([{{"__key__": "a"}}, {{"__key__": "b"}}]), Tally(), sink=sink) for _ in range(20)]

@@ -232,7 +232,7 @@ def decode_rate(urls, scorer, stage_cfg, chunk: int) -> dict:
 
 # -- main ----------------------------------------------------------------------------------------------
 def run_kind(kind: str, args, folder: str) -> dict:
-    from wdsfilter.config import StageConfig
+    from wdsfilter.stream.config import StageConfig
     make_scorer, options, make_shards = KINDS[kind]
     stage = StageConfig(**options)
     scorer = make_scorer(stage)

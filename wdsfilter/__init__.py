@@ -8,7 +8,7 @@ level) maps every module.
 
 __version__ = "0.1.0"
 
-from .config import StageConfig  # noqa: E402
+from .stream.config import StageConfig  # noqa: E402
 from .core.errors import ConfigError, DataError, StarvationError, UnsafeInputError, WdsFilterError  # noqa: E402
 from .core.selection import Selection  # noqa: E402
 from .core.specs import KeySpec  # noqa: E402

@@ -17,14 +17,14 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
-from .config import StageConfig, config_or_options
+from .stream.config import StageConfig, config_or_options
 from .core.errors import ConfigError, StarvationError, require
-from .loaderstate import VERSION as STATE_VERSION, Progress, check_settings, check_state, settings
+from .stream.loaderstate import VERSION as STATE_VERSION, Progress, check_settings, check_state, settings
 from .pipeline import Place, SeededTransform, sample_pipeline, set_epoch, worker_batches
 from .core.selection import DEPRECATED as DEPRECATED_RULES, Selection, selection_of
 from .storage.shardstats import sizes_samples
 from .storage.shards import expand_urls
-from .stages import map_dict
+from .stream.stages import map_dict
 from .core.tally import StatsSink, Tally
 
 log = logging.getLogger("wdsfilter")
@@ -84,7 +84,7 @@ class _ToTuple:
 
 class WdsLoader:
     """Iterable of batches; wraps a torch DataLoader and exposes the pipeline's counts. Saves and
-    restores its place in the epoch: state_dict() / load_state_dict() (wdsfilter.loaderstate)."""
+    restores its place in the epoch: state_dict() / load_state_dict() (wdsfilter.stream.loaderstate)."""
 
     def __init__(self, dataloader, pipeline, sink: StatsSink, num_batches: Optional[int],
                  num_samples: Optional[int] = None, watchdog: bool = True, batch_size: int = 0,

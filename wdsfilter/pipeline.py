@@ -8,11 +8,11 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import webdataset as wds
 
-from .config import StageConfig
+from .stream.config import StageConfig
 from .core.errors import StarvationError
 from .core.markers import MARKER
 from .storage.shards import expand_urls
-from .stages import decode_sample, sample_stages, watch
+from .stream.stages import decode_sample, sample_stages, watch
 from .core.tally import StatsSink, Tally
 
 

@@ -103,7 +103,7 @@ def _open_remote(src: str, storage_options, jumps: bool = False):
     """jumps: a read that jumps from member to member: a read-ahead of one 1 MiB chunk, so that
     each jump abandons at most that much of the GET it leaves."""
     import dataclasses
-    from .config import StageConfig
+    from .stream.config import StageConfig
     options = StageConfig(storage_options=dict(storage_options or {})).remote_options()
     if jumps:
         options = dataclasses.replace(options, readahead=1, block_bytes=min(options.block_bytes, 1 << 20))

@@ -72,8 +72,8 @@ def _images(sources: Sequence[str]) -> Iterator[Tuple[str, bytes]]:
 
 
 def _shard_images(path: str) -> Iterator[Tuple[str, bytes]]:
-    from ..config import StageConfig
-    from ..reading import tar_members
+    from ..stream.config import StageConfig
+    from ..stream.reading import tar_members
     from ..core.specs import split_name
     from ..core.tally import Tally
     for member in tar_members([{"url": path}], StageConfig(), Tally(0, 0)):

@@ -20,7 +20,7 @@ from ..runfolder.names import FILTER_REPORT, THRESHOLDS
 from ..runfolder.judge import FilterResult, Threshold, count_run, judge_shard
 from ..runfolder.reader import check_sources
 from ..runfolder.shares import check_present
-from ..config import StageConfig
+from ..stream.config import StageConfig
 from ..core.selection import Selection
 from .rules import resolve_selection, write_thresholds
 

@@ -38,7 +38,7 @@ def run_report(folder: str, thresholds: Selection, allow_pipe: bool = False,
 
 
 def _write_run_report(folder: str, thresholds: Selection, allow_pipe: bool, allow_remote: bool) -> str:
-    from ..config import StageConfig
+    from ..stream.config import StageConfig
     from ..runfolder import ScoreRun
     from ..runfolder.judge import FilterResult, count_run
     from ..runfolder.shares import resolve_selection

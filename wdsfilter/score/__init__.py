@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from ..config import StageConfig, config_or_options
+from ..stream.config import StageConfig, config_or_options
 from ..core.errors import ConfigError
 from .config import ScoreConfig
 from .summary import RunSummary

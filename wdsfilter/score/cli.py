@@ -7,7 +7,7 @@ import click
 
 from ..core.errors import RunError
 from ..core.progress import verbosity, verbosity_options
-from ..config import stage_options
+from ..stream.config import stage_options
 from ..core.selection import text_and_recipe_options
 
 
@@ -110,7 +110,7 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
           no_progress, no_histograms, quiet, verbose):
     """Score every sample of SHARDS (folders, globs, brace patterns, .tar files) with CLIP, OCR
     or your own scorer; write per-shard score files, a summary and, optionally, filtered shards."""
-    from ..config import StageConfig, stage_overrides
+    from ..stream.config import StageConfig, stage_overrides
     from . import SHORTCUTS, build_config
     from .recipe import merge, read_recipe
     from ..core.selection import Selection

@@ -6,7 +6,7 @@ import re
 from dataclasses import InitVar, dataclass, field, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-from ..config import StageConfig
+from ..stream.config import StageConfig
 from ..core.errors import ConfigError
 from ..core.selection import Selection, warn_renamed
 from ..core.thresholds import Thresholds

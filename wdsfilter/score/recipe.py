@@ -23,7 +23,7 @@ import os
 from dataclasses import fields
 from typing import Any, Dict, List, Optional, Sequence
 
-from ..config import StageConfig
+from ..stream.config import StageConfig
 from ..core.mapping import read_mapping
 from ..runfolder.runyaml import PATHS_FROM, RECIPE_FILE, resolve_recipe_paths  # run.yaml's name and paths
 from ..core.errors import ConfigError

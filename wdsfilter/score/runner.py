@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
 
 from ..core.errors import ConfigError, require
-from ..keycheck import check_keys
+from ..stream.keycheck import check_keys
 from ..core.publish import published
 from ..storage.shards import expand_urls, is_local, refuse_unreachable, unique_urls
 from ..core.specs import utf8_text

@@ -126,7 +126,7 @@ class OwnPixels:
     def images(self, sample: dict) -> Dict[str, Any]:
         """{scorer name: its own image} for the scorers whose scale differs from the shared decode's."""
         from ..media.images import FULL_SIZE, decode_image, draft_scale
-        from ..stages import IMAGE_BYTES
+        from ..stream.stages import IMAGE_BYTES
         image, data = sample.get("image"), sample.get(IMAGE_BYTES)
         stage = self.stage
         # only a JPEG is decoded at a reduced scale (draft mode)

@@ -16,7 +16,7 @@ import time
 import types
 from typing import Optional, Sequence, Union
 
-from ..config import StageConfig
+from ..stream.config import StageConfig
 from ..core.errors import ConfigError
 from ..storage.shards import expand_urls, is_remote, refuse_unreachable, unique_urls
 from .findings import ERROR, KINDS, WARNING, Finding

@@ -5,7 +5,7 @@ import sys
 
 import click
 
-from ..config import parse_byte_caps, stage_options
+from ..stream.config import parse_byte_caps, stage_options
 from ..core.errors import EXIT_CODES_HELP
 from ..storage.remote import parse_storage_options
 from ..core.progress import verbosity, verbosity_options

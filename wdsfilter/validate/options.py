@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
-from ..config import StageConfig
+from ..stream.config import StageConfig
 from ..core.errors import ConfigError
 from .findings import SAMPLE_KINDS, SEVERITIES
 

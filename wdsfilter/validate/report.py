@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from .. import __version__
-from ..census import KeyCensus
+from ..stream.census import KeyCensus
 from .checks import layout
 from .findings import ERROR, KINDS, SAMPLE_KINDS, WARNING, Finding, at_level
 from .options import ValidateOptions

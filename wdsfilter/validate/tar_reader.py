@@ -24,9 +24,9 @@ import zlib
 from zlib import adler32
 from typing import IO, Iterator, Optional, Tuple
 
-from ..members import MemberCaps
+from ..stream.members import MemberCaps
 from ..storage.decompress import DecompressionCapError, open_layers
-from ..reading import ShardEnd, oversized_member, special_member
+from ..stream.reading import ShardEnd, oversized_member, special_member
 from ..storage.tars import MAX_EXTENDED_HEADER, MAX_NAME
 from ..storage.remote import RemoteReadError
 

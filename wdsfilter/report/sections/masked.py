@@ -16,7 +16,7 @@ from PIL import Image
 
 from ...media.images import open_image
 from ...media.masking import box_rects, mask_frame
-from ...reading import iter_tar
+from ...stream.reading import iter_tar
 from ...storage.shards import is_pipe, is_remote, open_shard, shown_url
 from ...core.specs import KeySpec, find_caption, split_name
 from ..media import CAPTION_CHARS, MAX_MEMBER, Nearest, number, thumbnail

@@ -18,10 +18,10 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Dict, List, Optional
 
-from ...config import StageConfig
+from ...stream.config import StageConfig
 from ...core.errors import ConfigError, DataError
 from ...media.images import DEFERRED, FULL_SIZE, decode_image
-from ...stages import IMAGE_BYTES, CaptionCleaner
+from ...stream.stages import IMAGE_BYTES, CaptionCleaner
 from ..fastdecode import DECODE_WORKSPACE, REDUCING_GAP, ImageTransform, device_pixels
 from ..models import PRECISIONS, ClipSource, check_model, load_model, resolve_precision, tokenize
 from .base import FRAME_REDUCERS, Noted, Scorer, reduce_frames

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-from ...config import StageConfig
+from ...stream.config import StageConfig
 from ...core.errors import ConfigError, DataError
 from ...media.hashes import INSTALL, majority, phash, phash_hex, sha256_hex
-from ...stages import IMAGE_BYTES
+from ...stream.stages import IMAGE_BYTES
 from .base import Noted, Scorer
 
 # Video frames are scaled to this long side while decoded: phash reduces them to 32x32 anyway.

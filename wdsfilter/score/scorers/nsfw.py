@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from ...config import StageConfig
+from ...stream.config import StageConfig
 from ...core.errors import ConfigError, DataError
 from .base import FRAME_REDUCERS, Noted, Scorer, reduce_frames
 

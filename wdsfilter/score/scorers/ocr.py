@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ...config import StageConfig
+from ...stream.config import StageConfig
 from ...core.errors import ConfigError, DataError
 from ...media.images import FULL_SIZE
 from ..geometry import AREA_METHODS, area_ratio

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-from ...config import StageConfig
+from ...stream.config import StageConfig
 from ...core.errors import DataError
 from ...media.images import FULL_SIZE, image_size
 from .base import Noted, Scorer

@@ -17,15 +17,15 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Optional, Tuple
 
 from .config import StageConfig
-from .storage.decompress import open_layers
-from .core.errors import DataError, UnsafeInputError
-from .core.markers import shard_end_marker
+from ..storage.decompress import open_layers
+from ..core.errors import DataError, UnsafeInputError
+from ..core.markers import shard_end_marker
 from .members import MemberCaps, gunzip_member, is_unsafe_ext
-from .storage.shards import close_shard, is_local, is_pipe, open_shard
-from .core.specs import key_digest, reserved_ext, split_name
-from .storage.tars import ShardTarInfo
-from .storage.tarsubset import ONLY_KEYS, subset_stream
-from .core.tally import Tally
+from ..storage.shards import close_shard, is_local, is_pipe, open_shard
+from ..core.specs import key_digest, reserved_ext, split_name
+from ..storage.tars import ShardTarInfo
+from ..storage.tarsubset import ONLY_KEYS, subset_stream
+from ..core.tally import Tally
 
 STAGE = "read"
 # Skipped members whose absence explains a sample's drop (the select decision names them); an

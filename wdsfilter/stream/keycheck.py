@@ -9,7 +9,7 @@ from dataclasses import replace
 from .config import StageConfig
 from .curry import compose
 from .stages import sample_stages
-from .core.tally import Tally
+from ..core.tally import Tally
 
 
 def check_keys(url: str, cfg: StageConfig, tally: Tally = None) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, List, Mapping, Optional, Tuple
 
-from .core.specs import AUDIO_EXTS, IMAGE_EXTS, VIDEO_EXTS, KeySpec, is_dotted, parse_json_member
+from ..core.specs import AUDIO_EXTS, IMAGE_EXTS, VIDEO_EXTS, KeySpec, is_dotted, parse_json_member
 
 _CAPTION_WORDS = ("caption", "description", "text", "title", "alt", "prompt", "sentence")
 

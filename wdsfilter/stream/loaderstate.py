@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from .core.errors import ConfigError
+from ..core.errors import ConfigError
 
 VERSION = 1
 MAX_DROPS = 1000  # decode drops kept per worker and epoch; past them a restore decodes from the last kept count

@@ -5,9 +5,9 @@ import json
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
-from .core.errors import ConfigError
-from .core.specs import DEFAULT_CAPTION_KEY, DEFAULT_IMAGE_KEY, REKEY_MODES, KeySpec
-from .core.units import parse_size
+from ..core.errors import ConfigError
+from ..core.specs import DEFAULT_CAPTION_KEY, DEFAULT_IMAGE_KEY, REKEY_MODES, KeySpec
+from ..core.units import parse_size
 
 TOKEN_MODES = ("auto", "normalise", "strip", "keep")
 OVERSIZE_MODES = ("skip", "reduce")
@@ -43,7 +43,7 @@ class StageConfig:
     # How many open samples the grouper holds, so members of one key that are a few members
     # apart in the tar are merged instead of becoming two half-samples.
     group_window: int = 8
-    # Byte caps per kind of member (the kinds: wdsfilter.members). A member over its cap is streamed
+    # Byte caps per kind of member (the kinds: wdsfilter.stream.members). A member over its cap is streamed
     # past without being read into memory and counted as oversized_member; the caps bound a
     # worker's memory on any shard. No real LAION, DataComp or WebVid sample comes near them.
     max_text_bytes: int = 4 << 20
@@ -170,14 +170,14 @@ class StageConfig:
 
     def to_dict(self) -> dict:
         """The options as they may be written (run.json, reports): storage option values hidden."""
-        from .storage.remote import redact_options
+        from ..storage.remote import redact_options
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["storage_options"] = redact_options(self.storage_options)
         return d
 
     def remote_options(self):
         """How this stage reads remote shards (picklable, for workers that open their own)."""
-        from .storage.remote import RemoteOptions
+        from ..storage.remote import RemoteOptions
         return RemoteOptions(storage_options=dict(self.storage_options), attempts=self.remote_attempts,
                              retry_budget=self.remote_retry_budget, backoff_seconds=self.remote_backoff_seconds,
                              block_bytes=self.remote_block_bytes, readahead=self.remote_readahead,
@@ -212,7 +212,7 @@ def parse_rate(value) -> int:
         text = text[:-2] if text.lower().endswith("/s") else text
         if text.strip() in ("0", "0.0"):
             return 0
-        from .core.units import parse_size
+        from ..core.units import parse_size
         return parse_size(text, "remote_speed_limit (--remote-speed-limit)")
     return value
 
@@ -277,7 +277,7 @@ def stage_options(command):
 
 def stage_overrides(**given) -> Dict[str, Any]:
     """StageConfig fields from the STAGE_OPTIONS' values (as click passes them): only those given."""
-    from .storage.remote import parse_storage_options
+    from ..storage.remote import parse_storage_options
     values = dict(given)
     caps = parse_byte_caps(values.pop("max_bytes", None) or ())
     values["storage_options"] = parse_storage_options(values.pop("storage_options", None) or ()) or None

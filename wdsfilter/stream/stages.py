@@ -17,12 +17,12 @@ from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Sequence, 
 from .census import KeyCensus
 from .config import StageConfig
 from .curry import pipelinefilter  # webdataset's, without importing webdataset (and torch)
-from .core.errors import ConfigError, DataError
-from .media.images import decode_image, deferred_jpeg
-from .core.markers import MARKER, reject_marker  # markers flow through every stage untouched (markers.py)
+from ..core.errors import ConfigError, DataError
+from ..media.images import decode_image, deferred_jpeg
+from ..core.markers import MARKER, reject_marker  # markers flow through every stage untouched (markers.py)
 from .reading import OVERSIZED, group_samples, tar_members
-from .core.specs import FieldRef, find_caption, is_dotted, is_video, parse_json_member
-from .core.tally import Tally
+from ..core.specs import FieldRef, find_caption, is_dotted, is_video, parse_json_member
+from ..core.tally import Tally
 
 
 def _reject(tally: Tally, sample: dict, reason: str, stage: str, member: str, message: str, emit: bool):

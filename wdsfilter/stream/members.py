@@ -10,8 +10,8 @@ import zlib
 from functools import lru_cache
 from typing import Optional, Tuple
 
-from .core.errors import DataError
-from .core.specs import IMAGE_EXTS, VIDEO_EXTS, base_ext, is_video
+from ..core.errors import DataError
+from ..core.specs import IMAGE_EXTS, VIDEO_EXTS, base_ext, is_video
 
 # Members whose only readers unpickle them: webdataset 1.x decodes .pyd/.pickle/.pkl with
 # pickle.loads and .pth with torch.load (weights_only off unless WDS_PYTORCH_WEIGHTS_ONLY=1), and
