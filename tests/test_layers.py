@@ -195,6 +195,32 @@ def test_no_module_imports_a_higher_floor():
     assert set(ALLOWED) - used == set(), "allow-list entries no longer needed: remove them"
 
 
+def private_imports(module: str, source: str, is_package: bool = False):
+    """(line, 'module.name') for each `_name` imported from another wdsfilter module: a private name
+    is its module's own; what two modules share is public (or moves into a module of its own)."""
+    package = module if is_package else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("wdsfilter")):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - (node.level - 1)] + ([node.module] if node.module else []))
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    yield node.lineno, f"{base}.{alias.name}"
+
+
+def test_no_module_imports_another_modules_private_names():
+    found = [f"{os.path.relpath(path, ROOT)}:{line} imports {name}" for path, source in package_sources()
+             for line, name in private_imports(module_name(path), source, path.endswith("__init__.py"))]
+    assert found == [], "private names imported across modules (make them public, or move them):\n" + "\n".join(found)
+
+
+def test_a_private_import_is_found():
+    source = "from .base import Scorer\n\n\ndef f():\n    from ..core.tally import _merge, Tally\n"
+    assert list(private_imports("wdsfilter.score.engine", source)) == [(5, "wdsfilter.core.tally._merge")]
+
+
 # Filtering and dedup (the commands over finished runs) import nothing from score/ but the CLIP
 # scorer dedup embeds eval images with: the run folder, the lease, the tar copier and the embeddings
 # layout live below score/ (runfolder/, tars.py, shardcopy.py). Each entry is checked to be still used.

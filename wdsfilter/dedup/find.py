@@ -390,8 +390,8 @@ def _keys(score_file: str):
     """A score file's key column, as one arrow string array (no Python object a row)."""
     import pyarrow as pa
 
-    from .source import _arrow_batches
-    parts = [b["key"].cast(pa.string()) for b in _arrow_batches(score_file, ["key"])]
+    from .source import arrow_batches
+    parts = [b["key"].cast(pa.string()) for b in arrow_batches(score_file, ["key"])]
     return pa.concat_arrays(parts) if parts else pa.array([], pa.string())
 
 

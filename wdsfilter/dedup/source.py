@@ -96,7 +96,7 @@ def _read(run, folder: str, want_hashes: bool, space) -> RunRows:
     starts = [0]
     for s in shards:
         n = 0
-        for batch in _arrow_batches(s.score_file, columns):
+        for batch in arrow_batches(s.score_file, columns):
             index.append(_numbers(batch["index"], np.int64, 0))
             clip.append(_numbers(batch["clip_score"], np.float64, np.nan))
             if hashed:
@@ -115,7 +115,7 @@ def _read(run, folder: str, want_hashes: bool, space) -> RunRows:
     return rows
 
 
-def _arrow_batches(path: str, columns: List[str]):
+def arrow_batches(path: str, columns: List[str]):
     """{column: arrow array} batches of one score file (a column it lacks: all null)."""
     import pyarrow as pa
 

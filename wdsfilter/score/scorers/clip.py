@@ -245,7 +245,7 @@ class ClipScorer(Scorer):
         for n, x in zip(counts, inputs):
             frames = per_frame[start:start + n]
             start += n
-            rows.append({"clip_score": _reduce(frames, self.frame_reduce), "clip_score_frames": frames,
+            rows.append({"clip_score": reduce_frames(frames, self.frame_reduce), "clip_score_frames": frames,
                          "clip_frames": n, "clip_truncated": bool(x["truncated"])})
             if self._text:
                 rows[-1][TEXT] = per_sample_text[len(rows) - 1]
@@ -303,6 +303,3 @@ def _attach_embeddings(rows, image_features, text_features, counts, how: str) ->
         image = frames.mean(0) if pick is None else frames[pick]
         row[FIELD] = {"img": image.half().cpu().numpy(), "txt": text_features[start].half().cpu().numpy()}
         start += n
-
-
-_reduce = reduce_frames  # tmars reduces its masked frames by the same rule

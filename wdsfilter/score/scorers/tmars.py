@@ -26,7 +26,7 @@ import numpy as np
 
 from ...core.errors import ConfigError, DataError
 from ...media.masking import RING, Rect, box_rects, mask_frame
-from .base import Scorer, Upstream
+from .base import Scorer, Upstream, reduce_frames
 
 COLUMNS = ("clip_score_masked", "clip_score_masked_frames", "masked_share", "masked_boxes")
 
@@ -125,7 +125,6 @@ class TmarsScorer(Scorer):
             raise RuntimeError("TmarsScorer.load before bind(): the run binds it to its clip and ocr scorers")
 
     def score_batch(self, inputs: List[TmarsInput]) -> List[Dict[str, Any]]:
-        from .clip import _reduce
         jobs: List[Tuple[int, int]] = []
         pixels = []
         shares = [[0.0] * len(x.rects) for x in inputs]
@@ -146,8 +145,8 @@ class TmarsScorer(Scorer):
             if x.full_size is not None:  # an image: its filled rectangles in original pixels
                 fx, fy = x.full_size[0] / x.frames.shape[2], x.full_size[1] / x.frames.shape[1]
                 boxes = [float(v * f) for r in x.rects[0] for v, f in zip(r, (fx, fy, fx, fy))]
-            rows.append({"clip_score_masked": _reduce(s, how), "clip_score_masked_frames": s,
-                         "masked_share": _reduce(share, how), "masked_boxes": boxes})
+            rows.append({"clip_score_masked": reduce_frames(s, how), "clip_score_masked_frames": s,
+                         "masked_share": reduce_frames(share, how), "masked_boxes": boxes})
         return rows
 
     def _encode(self, pixels: list, texts: list) -> List[float]:
