@@ -13,12 +13,12 @@ from .core.errors import ConfigError, DataError, StarvationError, UnsafeInputErr
 from .core.selection import Selection  # noqa: E402
 from .core.specs import KeySpec  # noqa: E402
 from .core.tally import Tally  # noqa: E402
+from .core.publish import RedactedRecords
 
 
 def _redact_log_lines() -> None:
     """Every log line of the package names a URL without its password or signature (publish.py)."""
     import logging
-    from .core.publish import RedactedRecords
     logger = logging.getLogger("wdsfilter")
     if not any(isinstance(f, RedactedRecords) for f in logger.filters):
         logger.addFilter(RedactedRecords())

@@ -17,6 +17,8 @@ import click
 
 from . import __version__
 from .core.errors import EXIT_CODES_HELP, Terminated, describe, exit_code_for
+from .core.progress import library_logs_off
+from .core.publish import Redacting
 
 DEBUG_FLAG = "--debug"
 
@@ -76,8 +78,6 @@ class _Group(click.Group):
 
     def invoke(self, ctx):
         previous = _stop_on_sigterm()
-        from .core.progress import library_logs_off
-        from .core.publish import Redacting
         library_logs_off(_debug_wanted(ctx))
         # every line a command prints (its output, log lines, the error) shows URLs without their
         # password or presigned signature (publish.py)
@@ -113,7 +113,7 @@ def _known_failure(error: BaseException) -> BaseException:
     wherever the main thread is, often while another error unwinds (the chunk it was sending was
     cut): it is still the run's failure (exit 3, --resume), not a bug."""
     if isinstance(error, RuntimeError):
-        from .score.faults import decode_worker_died
+        from .score.faults import decode_worker_died  # a command's own rule, loaded with the command
         died = decode_worker_died(error)
         if died is not None:
             if threading.current_thread() is threading.main_thread():

@@ -26,6 +26,8 @@ from .storage.shardstats import sizes_samples
 from .storage.shards import expand_urls
 from .stream.stages import map_dict
 from .core.tally import StatsSink, Tally
+from .runfolder.shares import loader_selection
+from .scorefilter import ScoreFilter
 
 log = logging.getLogger("wdsfilter")
 
@@ -256,7 +258,6 @@ class LoaderOptions:
     def resolved(self, storage_options=None) -> Selection:
         """The selection with its shares resolved over the score files, exactly as `wdsfilter
         filter --top/--bottom` resolves them (runfolder/shares.py)."""
-        from .runfolder.shares import loader_selection
         return loader_selection(self.scores, self.selection, storage_options)
 
 
@@ -396,7 +397,6 @@ def _score_stages(opts: LoaderOptions, rules: Optional[Selection], tally: Tally,
     decoded, and score tables are read one shard at a time. Its drops count in the loader's tally."""
     if rules is None:
         return []
-    from .scorefilter import ScoreFilter
     return [ScoreFilter(opts.scores, rules, tally, storage_options=storage_options)]
 
 

@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from typing import Optional
+from .errors import ConfigError
 
 BAR_WIDTH = 20
 LOG_INTERVAL = 10.0  # seconds between lines in a log
@@ -158,7 +159,6 @@ def verbosity_options(quiet: str, verbose: str):
 def verbosity(quiet: bool, verbose: bool) -> int:
     """0 (-q), 1 (default) or 2 (-v)."""
     if quiet and verbose:
-        from .errors import ConfigError
         raise ConfigError("-q/--quiet and -v/--verbose exclude each other; pass one")
     return 0 if quiet else 2 if verbose else 1
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 from .errors import StarvationError
+from .scratch import Scratch
 
 MAX_EXAMPLES = 3
 # Reasons counted per shard, not per sample: they are not part of the "dropped" sample total.
@@ -262,7 +263,6 @@ class StatsSink:
     def __init__(self, folder: Optional[str] = None):
         self._scratch = None
         if folder is None:
-            from .scratch import Scratch
             self._scratch = Scratch("stats")
             folder = self._scratch.path
         self.folder = folder

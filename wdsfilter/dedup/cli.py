@@ -6,8 +6,9 @@ import click
 from ..core.errors import EXIT_CODES_HELP
 from ..core.progress import verbosity, verbosity_options
 from .groups import KINDS
-from .find import NEAR_BITS, SEMANTIC_THRESHOLD
+from .find import NEAR_BITS, SEMANTIC_THRESHOLD, dedup
 from .spill import MEMORY_MB
+from ..storage.remote import parse_storage_options, storage_defaults
 
 
 @click.command("dedup", context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES_HELP)
@@ -40,8 +41,6 @@ def dedup_command(run_dir, kinds, near_bits, semantic_threshold, evals, memory_m
     highest clip_score, else the first by shard and index) and write RUN_DIR/dedup/ (RUN_DIR may be
     in a bucket: s3://...). Loads no model, except the run's CLIP to embed --eval images for the
     semantic kind."""
-    from ..storage.remote import parse_storage_options, storage_defaults
-    from .find import dedup
     level = verbosity(quiet, verbose)
     options = parse_storage_options(storage_options)
     with storage_defaults(options, [run_dir]):  # the folder, and the sources its report shows

@@ -23,6 +23,16 @@ from .spill import MEMORY_MB
 from ..runfolder.dedup import FOLDER, SUMMARY, score_file_state
 from ..runfolder.embeddings import has_image_vectors
 from ..runfolder.names import REPORT
+from ..storage.remote import is_fsspec_url, filesystem, redact_url, refuse_hub_run_folder
+from ..runfolder.lease import Lease
+from ..runfolder.layout import RUN_JSON, confined
+from ..runfolder.bucket import RemoteRunFolder
+from . import source
+from .hashindex import exact_pass, near_pass, near_cross, HAS_PHASH, HAS_SHA
+from .semantic import semantic_pairs, cosines_to
+from .evalset import read_eval, clip_of_run, embed_eval
+from ..report.sections.dedup import write_report, MAX_MATCHES
+from .source import arrow_batches
 
 NEAR_BITS = 5           # docs/dedup.md: re-encodes, resizes and PNG<->JPEG measured at <= 4 bits, distinct photos >= 16
 # Semantic dedup has no default threshold: the cosine of two copies depends on the model (docs/dedup.md,
@@ -104,7 +114,6 @@ def dedup(run_dir: str, kinds: Sequence[str] = (), near_bits: int = NEAR_BITS,
     end), plus 5 bytes a row and about 40 a group. A run folder in a
     bucket (s3://...) is pulled into a staging copy under its lock object, as `score --out`
     does (runfolder/bucket.py), deduped there, and its dedup/ uploaded whole before this returns."""
-    from ..storage.remote import is_fsspec_url
     _check_options(kinds, near_bits, semantic_threshold, memory_mb)  # before a bucket's folder is locked and pulled
     if is_fsspec_url(run_dir):
         return _dedup_in_bucket(run_dir, storage_options, dict(kinds=kinds, near_bits=near_bits,
@@ -112,17 +121,12 @@ def dedup(run_dir: str, kinds: Sequence[str] = (), near_bits: int = NEAR_BITS,
                                                                evals=evals, echo=echo, memory_mb=memory_mb))
     if not os.path.isdir(run_dir):  # said by the run folder's reader; no folder made for a lease
         return _dedup(run_dir, kinds, near_bits, semantic_threshold, evals, echo, memory_mb)
-    from ..runfolder.lease import Lease
     with Lease(run_dir, command="dedup", option="RUN_DIR") as lease:  # RUN_DIR/dedup/ is written under its lease
         lease.guard([run_dir])
         return _dedup(run_dir, kinds, near_bits, semantic_threshold, evals, echo, memory_mb)
 
 
 def _dedup_in_bucket(url: str, storage_options, options: dict) -> DedupResult:
-    from ..storage.remote import filesystem, redact_url
-    from ..runfolder.layout import RUN_JSON
-    from ..storage.remote import refuse_hub_run_folder
-    from ..runfolder.bucket import RemoteRunFolder
     refuse_hub_run_folder(url)  # before the folder is read
     fs, path = filesystem(url, storage_options)
     if not fs.exists(path.rstrip("/") + "/" + RUN_JSON):  # before the lock object is written there
@@ -160,7 +164,6 @@ def _check_options(kinds: Sequence[str], near_bits: int, semantic_threshold: flo
 
 def _dedup(run_dir: str, kinds: Sequence[str], near_bits: int, semantic_threshold: float, evals: Sequence[str],
            echo: Optional[Callable[[str], None]], memory_mb: int = MEMORY_MB) -> DedupResult:
-    from . import source
     echo = echo or (lambda line: None)
     t0 = time.perf_counter()
     rows = source.load_rows(run_dir, want_hashes=True, memory_mb=memory_mb)
@@ -172,7 +175,6 @@ def _dedup(run_dir: str, kinds: Sequence[str], near_bits: int, semantic_threshol
 
 def _find(rows, run_dir: str, kinds: Sequence[str], near_bits: int, semantic_threshold: float, evals: Sequence[str],
           echo: Callable[[str], None], t0: float) -> DedupResult:
-    from . import source
     if kinds:
         kinds = list(dict.fromkeys(kinds))
         if {"exact", "near"} & set(kinds):
@@ -192,18 +194,15 @@ def _find(rows, run_dir: str, kinds: Sequence[str], near_bits: int, semantic_thr
     # Pairs of each kind join the union-find as they are found (closest kind first), never kept.
     uf = UnionFind(rows.count)
     if "exact" in kinds:
-        from .hashindex import exact_pass
         t = time.perf_counter()
         exact_pass(rows, rows.space, lambda a, b: uf.union(a, b, "exact"))
         result.seconds["exact"] = time.perf_counter() - t
     if "near" in kinds:
-        from .hashindex import near_pass
         t = time.perf_counter()
         near_pass(rows, rows.space, near_bits, lambda a, b: uf.union(a, b, "near"))
         result.seconds["near"] = time.perf_counter() - t
     clusters = 0
     if "semantic" in kinds:
-        from .semantic import semantic_pairs
         t = time.perf_counter()
         skipped: List[int] = []
         a, b, clusters = semantic_pairs(source.embeddings(rows), float(semantic_threshold), seconds=result.seconds,
@@ -222,7 +221,6 @@ def _find(rows, run_dir: str, kinds: Sequence[str], near_bits: int, semantic_thr
     result.seconds["groups"] = time.perf_counter() - t
     matches: Dict[int, str] = {}  # row -> "KIND:EVAL_IMAGE"
     if evals:
-        from .evalset import read_eval
         ev = read_eval(evals)
         result.eval_images, result.eval_unreadable = len(ev.names), ev.unreadable
         result.eval_matches = _match_eval(rows, ev, near_bits, matches, chunk)
@@ -242,8 +240,6 @@ def _find(rows, run_dir: str, kinds: Sequence[str], near_bits: int, semantic_thr
 
 def _match_eval(rows, ev, near_bits: int, matches: Dict[int, str], chunk: int) -> Dict[str, int]:
     """Mark each row matching an eval image "KIND:NAME" (exact before near); counts per kind."""
-    from .hashindex import near_cross
-    from .hashindex import HAS_PHASH, HAS_SHA
     counts: Dict[str, int] = {}
     if not ev.names:
         return counts
@@ -270,8 +266,6 @@ def _match_eval(rows, ev, near_bits: int, matches: Dict[int, str], chunk: int) -
 def _match_eval_semantic(run_dir, rows, ev, evals, threshold: float, matches: Dict[int, str]) -> int:
     """Mark rows (not matched yet) whose saved image embedding has cosine >= threshold with an
     eval image embedded by the run's own CLIP model; how many."""
-    from . import source
-    from .evalset import clip_of_run, embed_eval
     emb = source.embeddings(rows)
     evec = embed_eval(clip_of_run(run_dir), evals, ev.names)
     marked = 0
@@ -315,7 +309,6 @@ def _largest(rows, groups, semantic: bool = False) -> List[dict]:
 def _distances(rows, best: int, members: List[dict], semantic: bool) -> None:
     """Each member's distance to the survivor `best`: "bits" (phash Hamming distance, where both
     have a phash) and "cosine" (of the saved image embeddings, for a semantic dedup)."""
-    from .hashindex import HAS_PHASH
     if rows.hashed:
         def phash_of(r):
             return int(rows.phash.read(r, r + 1)[0]) if rows.has.read(r, r + 1)[0] & HAS_PHASH else None
@@ -325,8 +318,6 @@ def _distances(rows, best: int, members: List[dict], semantic: bool) -> None:
             if kept is not None and mine is not None:
                 m["bits"] = bin(kept ^ mine).count("1")
     if semantic:
-        from . import source
-        from .semantic import cosines_to
         found = cosines_to(source.embeddings(rows), best, [m["row"] for m in members])
         for m in members:
             if m["row"] in found:
@@ -340,7 +331,6 @@ def _write(rows, groups, matches, result: DedupResult, settings: dict) -> str:
     import pyarrow.parquet as pq
 
     from ..storage.writing import atomic_path, write_text_atomic
-    from ..runfolder.layout import confined
     folder = confined(rows.folder, os.path.join(rows.folder, FOLDER))  # never written through a link out
     os.makedirs(folder, exist_ok=True)
     keys_of = {}
@@ -379,7 +369,6 @@ def _write(rows, groups, matches, result: DedupResult, settings: dict) -> str:
                "semantic_skipped": {"rows": result.semantic_skipped, "first": result.semantic_skipped_rows},
                "shards": {s.name: score_file_state(s.score_file) for s in rows.shards}}
     write_text_atomic(os.path.join(folder, SUMMARY), json.dumps(summary, indent=1))
-    from ..report.sections.dedup import write_report
     matched = [{"shard": rows.shards[s].name, "key": key, "eval_match": m}
                for s, key, m in _matched_rows(rows, matches)]
     write_report(folder, json.loads(json.dumps(summary)), {s.name: s.url for s in rows.shards}, matched, rows.stage)
@@ -390,14 +379,12 @@ def _keys(score_file: str):
     """A score file's key column, as one arrow string array (no Python object a row)."""
     import pyarrow as pa
 
-    from .source import arrow_batches
     parts = [b["key"].cast(pa.string()) for b in arrow_batches(score_file, ["key"])]
     return pa.concat_arrays(parts) if parts else pa.array([], pa.string())
 
 
 def _matched_rows(rows, matches: Dict[int, str]):
     """(shard number, key, match) of the first eval-matched rows (keys read from their score files)."""
-    from ..report.sections.dedup import MAX_MATCHES
     hit = np.array(sorted(matches)[:MAX_MATCHES], dtype=np.int64)
     if not len(hit):
         return []

@@ -17,7 +17,12 @@ from ..core.errors import ConfigError
 from ..runfolder.embeddings import image_vectors
 from ..runfolder.names import DEDUP, DEDUP_WORK
 from .hashindex import HAS_PHASH, HAS_SHA, hex_prefix, sha_prefix
-from .spill import Column
+from .spill import Column, Workspace
+from ..runfolder import ScoreRun
+from ..runfolder.layout import confined
+from ..runfolder.tables import parquet_errors, check_schema, damaged, open_parquet, read_batches
+from ..media.hashes import phash_int
+from .semantic import Embeddings
 
 HASH_HINT = "score the run with `wdsfilter score ... --scorer hash` (it adds sha256 and phash)"
 EMBED_HINT = "score the run with `wdsfilter score ... --scorer clip --save-embeddings`"
@@ -63,7 +68,6 @@ class RunRows:
 
 def open_run(folder: str):
     """The run folder's finished shards (the one reader of a run folder, behind this function)."""
-    from ..runfolder import ScoreRun
     return ScoreRun.open(folder)
 
 
@@ -71,8 +75,6 @@ def load_rows(folder: str, want_hashes: bool, memory_mb: int) -> RunRows:
     """Read the finished shards' columns once, a batch at a time, into column files of
     RUN_DIR/dedup/tmp (rows.space: the caller closes it): vectorised (arrow arrays to numpy), no
     Python object a row."""
-    from ..runfolder.layout import confined
-    from .spill import Workspace
     run = open_run(folder)  # before anything is written: a folder that is no run stays untouched
     space = Workspace(confined(folder, os.path.join(folder, DEDUP, DEDUP_WORK)), memory_mb)
     try:
@@ -119,7 +121,6 @@ def arrow_batches(path: str, columns: List[str]):
     """{column: arrow array} batches of one score file (a column it lacks: all null)."""
     import pyarrow as pa
 
-    from ..runfolder.tables import parquet_errors, check_schema, damaged, open_parquet, read_batches
     if not path.endswith(".parquet"):
         for batch in read_batches(path, columns):
             yield {c: pa.array(v) for c, v in batch.items()}
@@ -171,7 +172,6 @@ def _phashes(array, present) -> np.ndarray:
             return np.frombuffer(bytes.fromhex(joined), dtype=">u8").astype(np.uint64)
         except ValueError:
             pass  # not hex: each one read alone below, a bad one as missing
-    from ..media.hashes import phash_int
     out = np.zeros(len(texts), dtype=np.uint64)
     for i, t in enumerate(texts):
         try:
@@ -212,7 +212,6 @@ def require_hashes(rows: RunRows, kind: str) -> None:
 
 def embeddings(rows: RunRows):
     """The run's saved image embeddings (semantic.Embeddings), each vector tied to its row."""
-    from .semantic import Embeddings
     files, counts, owners = [], [], []
     for s, shard in enumerate(rows.shards):
         found = image_vectors(rows.folder, shard.name)

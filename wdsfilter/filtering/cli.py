@@ -6,10 +6,12 @@ import sys
 
 import click
 
-from ..core.errors import EXIT_CODES_HELP
+from ..core.errors import EXIT_CODES_HELP, RunError
 from ..core.progress import verbosity, verbosity_options
-from ..core.selection import text_and_recipe_options
+from ..core.selection import text_and_recipe_options, Selection
 from ..core.thresholds import shorthand_options
+from .apply import filter_scores
+from ..storage.remote import parse_storage_options, storage_defaults
 
 
 @click.command("filter", context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES_HELP)
@@ -72,8 +74,6 @@ def filter_command(scores_dir, mins, maxes, tops, bottoms, equals, recipes, writ
     --write-shards, reshard the kept samples (with thresholds.json and an HTML report beside
     them). No model is loaded."""
     _numpy_without_blas_threads()
-    from ..core.selection import Selection
-    from .apply import filter_scores
     source = click.get_current_context().get_parameter_source
     given = [f"--{name.replace('_', '-')}" for name in ("samples_per_shard", "prefix", "overwrite", "unique_keys",
                                                          "interleave")
@@ -87,7 +87,6 @@ def filter_command(scores_dir, mins, maxes, tops, bottoms, equals, recipes, writ
     level = verbosity(quiet, verbose)
     # Errors go to the group (wdsfilter/cli.py): one line, exit 2 for usage/configuration, 3 when
     # the run failed (a source shard missing or changed, an I/O error).
-    from ..storage.remote import parse_storage_options, storage_defaults
     with storage_defaults(parse_storage_options(storage_options), [scores_dir, write_shards, report]):
         result = filter_scores(scores_dir, selection, write_shards=write_shards,
                                samples_per_shard=samples_per_shard, prefix=prefix, dry_run=dry_run,
@@ -101,7 +100,6 @@ def filter_command(scores_dir, mins, maxes, tops, bottoms, equals, recipes, writ
         click.echo(f"wdsfilter filter: {len(result.unfinished)} shard(s) of the scoring run in {scores_dir} are not "
                    f"finished and were left out", err=True)
     if result.unfinished and not allow_incomplete:  # thresholds and shards from part of the data: loud
-        from ..core.errors import RunError
         raise RunError(f"{len(result.unfinished)} shard(s) of the scoring run in {scores_dir} are not finished "
                        f"(listed above): finish them with `wdsfilter score ... --resume`, or pass --allow-incomplete")
 

@@ -21,6 +21,7 @@ from typing import List, Optional, Tuple
 from ..core.errors import RunError
 from ..core.specs import split_name
 from ..storage.tars import TAR_BLOCK as BLOCK, Headers, MemberCut, copy_range
+from ..storage.remote import redact_url
 
 JSON_LIMIT = 16 << 20  # a .json bigger than this is copied as it is (never read whole)
 
@@ -32,7 +33,6 @@ class ReshardError(RunError):
 def copy_renamed(src, headers: Headers, ranges: List[Tuple[int, int]], rekey: str, new_key: str, old_key: str,
                  url: str, out) -> Tuple[int, int]:
     """One sample's members under `new_key`, its .json told the old key and shard; (members, bytes)."""
-    from ..storage.remote import redact_url
     origin = {"source_key": old_key, "source_shard": redact_url(url)}
     written, members, has_json, first = 0, 0, False, None
     for start, _ in ranges:

@@ -33,7 +33,7 @@ from ..core.errors import ConfigError
 from ..storage.atomic import write_json as _atomic_json
 from ..runfolder import source_changed
 from ..runfolder.names import CARD, FILTER_RUN as RUN_FILE, REPORT, THRESHOLDS  # noqa: F401 - apply's too
-from ..storage.remote import redact_url
+from ..storage.remote import redact_url, is_fsspec_url
 from ..storage.shardcopy import local_copy, streamed_source, streams
 from ..storage.shards import is_pipe, is_remote
 from ..storage.shardstats import SIZES, stats_path, update_sizes, write_shard_stats
@@ -41,6 +41,8 @@ from ..storage.tars import Headers, MemberCut, copy_range, member_ranges, tar_en
 from ..storage.writing import atomic_path
 from .hfcard import write_card
 from .rename import ReshardError, copy_renamed
+from ..runfolder.lease import Lease
+from ..runfolder.bucket import RemoteRunFolder
 
 
 
@@ -85,7 +87,6 @@ class Resharder:
         """One filter run per output folder (the lock `score` takes on its --out): two runs at
         once would delete each other's temporaries and merge their sizes.json. A folder in a
         bucket: its lock object, and the run writes a staging copy uploaded as it goes."""
-        from ..storage.remote import is_fsspec_url
         if is_fsspec_url(self.out):
             return self._remote()
         return self._local()
@@ -93,14 +94,12 @@ class Resharder:
     @contextlib.contextmanager
     def _local(self):
         """OUT's lease (runfolder/lease.py); every write into OUT fenced by it."""
-        from ..runfolder.lease import Lease
         with Lease(self.out, command="filter", option="--write-shards") as lease:
             lease.guard([self.out])
             yield self
 
     @contextlib.contextmanager
     def _remote(self):
-        from ..runfolder.bucket import RemoteRunFolder
         url = self.out
         remote = RemoteRunFolder(url, command="filter", option="--write-shards")  # pulled: resume, ownership
         try:

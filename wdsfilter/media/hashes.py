@@ -18,6 +18,7 @@ import hashlib
 from typing import Iterable
 
 import numpy as np
+from ..core.errors import require
 
 INSTALL = "pip install 'wdsfilter[dedup]' (or imagehash)"
 _SIGN = 1 << 63
@@ -29,7 +30,6 @@ def sha256_hex(data: bytes) -> str:
 
 def phash(image) -> int:
     """imagehash.phash of a PIL image, as a signed int64 (see the module docstring)."""
-    from ..core.errors import require
     imagehash = require("imagehash", "the perceptual hash (phash)", INSTALL)
     bits = imagehash.phash(image).hash.ravel()
     return _signed(int.from_bytes(np.packbits(bits).tobytes(), "big"))

@@ -17,6 +17,8 @@ from typing import Dict, Iterator, Optional, Sequence, Tuple
 
 from ..core.errors import ConfigError
 from .names import DEDUP as FOLDER, DEDUP_SUMMARY as SUMMARY
+from .layout import confined, read_json
+from .tables import damaged, parquet_errors, audited
 
 DUPLICATE = "duplicate"
 EVAL_MATCH = "eval_match"
@@ -66,8 +68,6 @@ class DedupMarks:
         see, or whose score file changed since (--resume, a re-scored shard), is refused. The
         folder's files are read as every run-folder file is (layout.py): confined to the folder,
         a damaged one named in one line."""
-        from .layout import confined, read_json
-        from .tables import damaged
         self.run_dir = run_dir
         self.folder = confined(run_dir, os.path.join(run_dir, FOLDER))
         path = os.path.join(self.folder, SUMMARY)
@@ -100,8 +100,6 @@ class DedupMarks:
     def _rows(self, name: str) -> Iterator[tuple]:
         """The shard's marks; DamagedRunFolder when its file is missing (the summary names the
         shard: every row would be kept silently) or not as `wdsfilter dedup` wrote it."""
-        from .layout import confined
-        from .tables import parquet_errors, audited, damaged
         path = confined(self.run_dir, os.path.join(self.folder, name + ".parquet"))
         if not os.path.exists(path):
             if name in self.summary.get("shards", {}):

@@ -33,7 +33,7 @@ from ..core.errors import ConfigError
 from ..storage.writing import atomic_path
 from .layout import confined
 from .names import EMBEDDING_METADATA as METADATA, EMBEDDING_PARTS as PARTS, EMBEDDINGS as FOLDER
-from .tables import TEXT_FIELDS, audited, damaged, parquet_errors
+from .tables import TEXT_FIELDS, audited, damaged, parquet_errors, publish_rows
 
 FIELD = "__embeddings__"
 METADATA_SUFFIX = ".parquet"
@@ -58,7 +58,6 @@ def write_embeddings(out: str, name: str, rows: List[dict]) -> Optional[Dict[str
         paths[part] = _path(out, PARTS[part], name + ".npy")
         with atomic_path(paths[part]) as tmp, open(tmp, "wb") as f:
             np.save(f, table)
-    from .tables import publish_rows
     embedded = publish_rows(embedded)
     meta = pa.table({"key": pa.array([r["key"] for r in embedded], pa.string()),
                      "shard": pa.array([r["shard"] for r in embedded], pa.string()),

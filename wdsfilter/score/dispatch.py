@@ -27,6 +27,8 @@ from .retry import write_retried
 from .rows import ShardRows, complete_row, write_shard
 from .runner import Run
 from .transport import Batch, open_chunk
+from ..core.progress import Progress
+from ..storage.shardstats import sizes_samples
 
 
 class Dispatcher:
@@ -180,7 +182,5 @@ def open_progress(enabled: bool, todo: List[str]):
     them, else by shards done (wdsfilter/core/progress.py)."""
     if not enabled:
         return None
-    from ..core.progress import Progress
-    from ..storage.shardstats import sizes_samples
     return Progress("scoring", "samples", total=sizes_samples(todo), parts=len(todo))
 

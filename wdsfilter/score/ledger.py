@@ -31,9 +31,11 @@ import os
 from typing import Dict, Iterable, List, Optional, Sequence
 
 from ..storage.writing import atomic_path
-from ..core.markers import MEMBER, STAGE  # noqa: F401 - a row's private fields: where it was dropped
+from ..core.markers import MEMBER, STAGE, MARKER, SHARD_END  # noqa: F401 - a row's private fields: where it was dropped
 # the run folder's failures/ files, their reader and summary (runfolder/failures.py: the report reads them too)
 from ..runfolder.failures import FOLDER, MERGED, TRANSIENT, folder, read_entries, shard_file, summarize  # noqa: F401
+from ..runfolder.tables import publish_rows
+from ..storage.tarsubset import ReadOnly
 
 FIELDS = ("key", "shard", "index", "member", "stage", "status", "reason", "message", "attempts", "transient", "caption",
           "url", "uid")
@@ -114,7 +116,6 @@ def _schema():
 def _write(entries: Sequence[dict], path: str) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from ..runfolder.tables import publish_rows
     schema = _schema()
     table = pa.Table.from_pylist(publish_rows(entries), schema=schema)
     with atomic_path(path) as tmp:  # makes the folder
@@ -178,7 +179,6 @@ class OnlyKeys:
     def reader(self):
         """The shard-list stage that has the reader read only these samples' members, by their
         offsets, where a shard is a local file (tarsubset.py)."""
-        from ..storage.tarsubset import ReadOnly
         return ReadOnly(self.keys)
 
     def opened_as(self, url: str, path: str) -> "OnlyKeys":
@@ -186,7 +186,6 @@ class OnlyKeys:
         return OnlyKeys({path: self.keys[url]})
 
     def __call__(self, data):
-        from ..core.markers import MARKER, SHARD_END
         for sample in data:
             wanted = self.keys.get(sample.get("__url__", ""))
             if wanted is None or sample.get(MARKER) == SHARD_END or sample.get("__key__") in wanted:

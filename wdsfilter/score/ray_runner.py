@@ -47,6 +47,9 @@ from .retry import write_retried
 from .ray_files import NodeInputs, survey
 from .ray_tasks import LEDGER_FIELDS, NODE, SHARD_END_ROW, ActorRoster, ScoreActor, measure, plain, read_shard
 from .rows import BASE_FIELDS, write_shard
+from .planner import make_plan
+from .probe import collect_probe
+from .runner import Run, Outcome
 
 
 def _ray():
@@ -73,8 +76,6 @@ def plan_on_ray(ray, run, cfg, urls: Sequence[str], cluster: dict, inputs: Optio
     cluster per GPU as the host's. Returns the Plan; its first DevicePlan holds the batch sizes and
     the model processes per GPU (replicas: actors per GPU). Where only the driver's node reads
     the shards (inputs.pin_reads), the driver reads the probe's samples and the task gets them."""
-    from .planner import make_plan
-    from .probe import collect_probe
     gpus = int(cluster.get("GPU", 0))
     task = ray.remote(num_cpus=1, num_gpus=1 if gpus else 0, max_retries=0)(measure)
     # --retry-failed: the probe reads only the samples to retry, by the paths the task opens
@@ -176,7 +177,6 @@ def run_on_ray(shards, cfg, *, actors: Optional[int] = None, gpus_per_actor: Opt
                cpus_per_actor: float = 1.0, batch_size: Optional[int] = None, address: Optional[str] = None,
                ray_init: Optional[dict] = None, echo: Optional[Callable[[str], None]] = None) -> RunSummary:
     """score_on_ray with a ScoreConfig (what `wdsfilter score --engine ray` builds)."""
-    from .runner import Run
 
     if cfg.dry_run:
         raise ConfigError("dry_run plans the single-machine engine; Ray plans its own cluster (ray status)")
@@ -416,7 +416,6 @@ def write_finished(url: str, rows: List[dict], end: dict, cfg, state, columns: S
 
 def _outcome(run, todo, start: float, collector: "_Collector", streamed: Streamed) -> RunSummary:
     """The run's Outcome, from which Run.finish builds the summary as it does for the local engine."""
-    from .runner import Outcome
     done, failed = streamed.done, streamed.failed
     seconds = time.perf_counter() - start
     finished = {r["shard"] for r in done} | {f["url"] for f in failed}

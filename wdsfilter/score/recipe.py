@@ -28,6 +28,8 @@ from ..core.mapping import read_mapping
 from ..runfolder.runyaml import PATHS_FROM, RECIPE_FILE, resolve_recipe_paths  # run.yaml's name and paths
 from ..core.errors import ConfigError
 from .config import ScoreConfig
+from ..core.selection import Selection
+from ..storage.shards import absolute_url, is_local, local_path
 ENGINES = ("local", "ray")
 # ScoreConfig fields a recipe may set beside the ones it spells itself (never resume/overwrite/
 # dry_run: a replay says those on its command line).
@@ -52,7 +54,6 @@ def read_recipe(path: str) -> Dict[str, Any]:
     if not isinstance(data.get("thresholds") or {}, dict):
         raise ConfigError(f"--config {path}: thresholds is {{min: {{COLUMN: X}}, max: {{COLUMN: X}}, "
                           f"top: {{COLUMN: PERCENT}}, bottom: {{COLUMN: PERCENT}}, equal: {{COLUMN: VALUE}}}}")
-    from ..core.selection import Selection
     Selection.from_dict(data.get("thresholds"), f"--config {path}")  # its rules checked now, read where used
     for key in ("scorer_options", "stage"):
         if not isinstance(data.get(key) or {}, dict):
@@ -72,7 +73,6 @@ def recipe_of(cfg: ScoreConfig, urls: Sequence[str], engine: str = "local",
         return None
     defaults = ScoreConfig.__dataclass_fields__
     stage_defaults = StageConfig()
-    from ..storage.shards import absolute_url, is_local, local_path
     out = os.path.abspath(cfg.out)
 
     def where(path: str) -> str:

@@ -9,6 +9,8 @@ from typing import Dict, List, Optional
 from ..runfolder.embeddings import FIELD as EMBEDDINGS_FIELD, read_shard as read_embeddings
 from .ledger import read_entries, shard_file
 from .rows import write_shard
+from ..runfolder.tables import read_rows
+from ..core.markers import ShardEnd
 
 
 def merge_retried(url: str, retried: List[dict], plan: Dict[int, dict], state) -> List[dict]:
@@ -17,7 +19,6 @@ def merge_retried(url: str, retried: List[dict], plan: Dict[int, dict], state) -
     retry reads every sample of a listed key, in shard order, so the n-th row of a key read back
     is the n-th row of that key in the score file (a key that returns later in the shard has
     several); only those the plan lists are replaced."""
-    from ..runfolder.tables import read_rows
     rows = read_rows(state.score_path(url))
     _attach_embeddings(state, url, rows)
     occurrences: Dict[str, List[int]] = {}
@@ -58,7 +59,6 @@ def write_retried(url: str, retried: List[dict], end: dict, cfg, state, columns,
     failed writes nothing: the shard keeps its outputs and its ledger."""
     import json
 
-    from ..core.markers import ShardEnd
     end = ShardEnd.of(end)
     if end.failed or end.not_a_tar:
         return write_shard(url, retried, end, cfg, state, columns, source=source)  # its reason, nothing written

@@ -18,6 +18,8 @@ import json
 import os
 from contextlib import contextmanager
 from typing import Any, Callable, Dict, Iterator, Optional
+from ..core.publish import published
+from .remote import is_fsspec_url, write_object
 
 TMP_TAG = ".tmp-"
 _GUARDS: Dict[str, Callable[[], None]] = {}  # folder (absolute) -> its owner's check
@@ -74,11 +76,8 @@ def write_json(path: str, data: Any, *, fsync: bool = False, indent: Optional[in
     in it is written without its secrets (publish.published), unless `private`: the one file that
     keeps them (shards.json), readable by its owner only (0600)."""
     dump_options.setdefault("default", str)
-    from ..core.publish import published
     data = data if private else published(data)
-    from .remote import is_fsspec_url
     if is_fsspec_url(path):  # one object, whole or not at all (thresholds.json of a run folder in a bucket)
-        from .remote import write_object
         return write_object(path, json.dumps(data, indent=indent, **dump_options).encode())
     with atomic_path(path) as tmp:
         with open(tmp, "w", encoding="utf-8", opener=_owner_only if private else None) as f:

@@ -6,7 +6,6 @@ URLs redacted)."""
 from __future__ import annotations
 
 import time
-from email.utils import parsedate_to_datetime
 from typing import Optional, Tuple
 
 from ..core.urls import redact_text
@@ -73,6 +72,7 @@ def retry_after(e: BaseException) -> Optional[float]:
                     return max(0.0, float(value))
                 except ValueError:
                     try:
+                        from email.utils import parsedate_to_datetime  # a date in Retry-After: rare
                         return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
                     except (TypeError, ValueError):
                         return None

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-from email.utils import parsedate_to_datetime
 from typing import Mapping, Optional
 
 from .remote_errors import ObjectChanged, RangeIgnored
@@ -87,6 +86,7 @@ def _strong(etag: Optional[str], modified: Optional[str], date: Optional[str]) -
     if not modified or not date:
         return False
     try:
+        from email.utils import parsedate_to_datetime  # (email's package costs a start-up)
         return (parsedate_to_datetime(date) - parsedate_to_datetime(modified)).total_seconds() >= 1
     except (TypeError, ValueError):
         return False

@@ -25,11 +25,11 @@ from .atomic import atomic_path
 from .shards import close_shard, is_local, local_path, open_shard
 from .decompress import compression, open_layers
 from .tars import COPY_CHUNK, OPENERS, Forward, copy_range, member_ranges, tar_end, tar_opener
+from .remote import is_fsspec_url, ObjectChanged, redact_url
 
 
 def streams(url: str) -> bool:
     """Is `url` a source the writers stream (twice, front to back) rather than copy to a temporary?"""
-    from .remote import is_fsspec_url
     return is_fsspec_url(url)
 
 
@@ -40,7 +40,6 @@ def streamed_source(url: str, rekey: str, allow_remote: bool = True, idle_second
     indexes its members, the second is yielded, decompressed and seekable forward, as
     (its compression or None, offset of the first member, member_ranges(exts=exts), stream). Both reads must
     see one version of the object: an index of one and the bytes of another are never mixed."""
-    from .remote import ObjectChanged, redact_url
     changed = (f"{redact_url(url)} changed between its two reads (its index, then its copy); its versions are never "
                f"mixed: write it again")
     first = open_shard(url, False, allow_remote, idle_seconds, remote=remote)

@@ -17,7 +17,10 @@ from typing import IO, List, Mapping, Optional, Sequence, Tuple, Union
 
 import braceexpand
 
-from ..core.errors import ConfigError, UnsafeInputError
+from ..core.errors import ConfigError, UnsafeInputError, RunError, Terminated
+from .remote import is_fsspec_url, list_shards, redact_url
+from .remote_options import RemoteOptions
+from .remote_read import common_access_failure, open_remote
 
 SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 # A brace pattern naming more shards than this is a mistake (x-{0..99999999}.tar): refused before
@@ -36,7 +39,6 @@ def is_remote(url: str) -> bool:
 
 def runs_command(url: str) -> bool:
     """A pipe: command, or a remote URL webdataset fetches with a command (ais://): read once only."""
-    from .remote import is_fsspec_url
     return is_pipe(url) or (is_remote(url) and not is_fsspec_url(url))
 
 
@@ -50,7 +52,6 @@ def _check_allowed(url: str, allow_pipe: bool, allow_remote: bool) -> None:
         raise UnsafeInputError(f"refusing {url!r}: pipe: URLs run shell commands. Pass allow_pipe=True "
                                f"(--allow-pipe) if you trust this command.")
     if is_remote(url) and not allow_remote:
-        from .remote import redact_url
         raise UnsafeInputError(f"refusing {redact_url(url)!r}: network reads are forbidden here (allow_remote=False, "
                                f"--no-remote); drop that option to read remote shards.")
 
@@ -178,7 +179,6 @@ def shown_url(url: str) -> str:
     (remote.redact_url); a local path (whose name may hold a `?`) as it is."""
     if not is_remote(url):
         return url
-    from .remote import redact_url
     return redact_url(url)
 
 
@@ -189,11 +189,8 @@ def refuse_unreachable(urls: Sequence[str], cfg) -> None:
     the store could not be reached. cfg: the StageConfig."""
     if not cfg.allow_remote or not urls or not all(is_remote(u) for u in urls):
         return
-    from .remote import is_fsspec_url
     if not all(is_fsspec_url(u) for u in urls):
         return
-    from ..core.errors import RunError
-    from .remote_read import common_access_failure
     found = common_access_failure(urls, cfg.remote_options())
     if found is None:
         return
@@ -211,9 +208,8 @@ def _expand_one(item: str, allow_pipe: bool, allow_remote: bool, storage_options
         path = web_path(item)
         if path != item and path.endswith(SHARD_SUFFIXES) and not any(c in path for c in "*?["):
             return [item]  # a signed URL of one shard: its query's `?`, `*`, `[` are no glob
-        from . import remote
-        if remote.is_fsspec_url(item):
-            return remote.list_shards(item, SHARD_SUFFIXES, storage_options)
+        if is_fsspec_url(item):
+            return list_shards(item, SHARD_SUFFIXES, storage_options)
         return [item]
     item = local_path(item)
     if os.path.isdir(item):
@@ -240,12 +236,10 @@ def open_shard(url: str, allow_pipe: bool = False, allow_remote: bool = True,
     read is killed (IdleGuard) or retried, so its shard fails instead of hanging the run; 0 = never."""
     _check_allowed(url, allow_pipe, allow_remote)
     if is_remote(url):
-        from . import remote as _remote
-        if _remote.is_fsspec_url(url):
-            options = remote or _remote.RemoteOptions()
+        if is_fsspec_url(url):
+            options = remote or RemoteOptions()
             if options.idle_seconds != idle_seconds and remote is None:
                 options = dataclasses.replace(options, idle_seconds=idle_seconds)
-            from .remote_read import open_remote
             return open_remote(url, options, on_retry)
     if is_pipe(url) or is_remote(url):
         from webdataset.gopen import gopen
@@ -328,7 +322,6 @@ def close_shard(stream) -> None:
     waits for it to exit (for hours, webdataset's timeout), and a command left running (gsutil
     cat of a big object) outlived the run."""
     import sys
-    from ..core.errors import Terminated
     proc = getattr(stream, "proc", None)
     if proc is not None and proc.poll() is None and isinstance(sys.exc_info()[1], (KeyboardInterrupt, Terminated)):
         kill_command(proc)

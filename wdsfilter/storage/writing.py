@@ -15,6 +15,8 @@ from typing import Iterator, Optional, Sequence
 from . import atomic
 from ..core.errors import ConfigError, OutputError
 from .shards import is_local, local_path
+from .remote import check_output_url, is_fsspec_url, write_object
+from ..core.publish import redact_text
 
 
 def _existing_parent(path: str) -> str:
@@ -49,7 +51,6 @@ def check_output_file(path: str, option: str, storage_options=None) -> None:
     """The file can be created or replaced (its folder is created when missing); an s3://, gs://
     URL: its bucket exists and can be listed (remote.check_output_url)."""
     if _is_url(path):
-        from .remote import check_output_url
         return check_output_url(path, option, storage_options)
     if os.path.isdir(path):
         raise OutputError(f"{option} {path!r} is a folder; give a file name")
@@ -69,7 +70,6 @@ def check_output_file(path: str, option: str, storage_options=None) -> None:
 def check_output_dir(path: str, option: str, storage_options=None) -> None:
     """The folder exists and is writable, or can be created (a URL: as check_output_file)."""
     if _is_url(path):
-        from .remote import check_output_url
         return check_output_url(path, option, storage_options)
     if os.path.exists(path):
         if not os.path.isdir(path):
@@ -110,7 +110,6 @@ def atomic_path(path: str) -> Iterator[str]:
 
 
 def _is_url(path: str) -> bool:
-    from .remote import is_fsspec_url
     return is_fsspec_url(path)
 
 
@@ -119,10 +118,8 @@ def write_text_atomic(path: str, text: str, storage_options=None) -> str:
     Text that holds lone surrogates (member names that are not UTF-8, decoded with
     surrogateescape) must be escaped before it gets here. Every URL in it is written without its
     secrets (publish.redact_text): reports, stats files, run.yaml."""
-    from ..core.publish import redact_text
     data = redact_text(text).encode("utf-8")  # fails before the temporary exists, never half-way through it
     if _is_url(path):
-        from .remote import write_object
         return write_object(path, data, storage_options)
     with atomic_path(path) as tmp:
         with open(tmp, "wb") as f:

@@ -8,6 +8,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple, Union
 from ..core.errors import ConfigError
 from ..core.specs import DEFAULT_CAPTION_KEY, DEFAULT_IMAGE_KEY, REKEY_MODES, KeySpec
 from ..core.units import parse_size
+from ..storage.remote_options import RemoteOptions, parse_storage_options, redact_options
 
 TOKEN_MODES = ("auto", "normalise", "strip", "keep")
 OVERSIZE_MODES = ("skip", "reduce")
@@ -170,14 +171,12 @@ class StageConfig:
 
     def to_dict(self) -> dict:
         """The options as they may be written (run.json, reports): storage option values hidden."""
-        from ..storage.remote import redact_options
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["storage_options"] = redact_options(self.storage_options)
         return d
 
     def remote_options(self):
         """How this stage reads remote shards (picklable, for workers that open their own)."""
-        from ..storage.remote import RemoteOptions
         return RemoteOptions(storage_options=dict(self.storage_options), attempts=self.remote_attempts,
                              retry_budget=self.remote_retry_budget, backoff_seconds=self.remote_backoff_seconds,
                              block_bytes=self.remote_block_bytes, readahead=self.remote_readahead,
@@ -212,7 +211,6 @@ def parse_rate(value) -> int:
         text = text[:-2] if text.lower().endswith("/s") else text
         if text.strip() in ("0", "0.0"):
             return 0
-        from ..core.units import parse_size
         return parse_size(text, "remote_speed_limit (--remote-speed-limit)")
     return value
 
@@ -277,7 +275,6 @@ def stage_options(command):
 
 def stage_overrides(**given) -> Dict[str, Any]:
     """StageConfig fields from the STAGE_OPTIONS' values (as click passes them): only those given."""
-    from ..storage.remote import parse_storage_options
     values = dict(given)
     caps = parse_byte_caps(values.pop("max_bytes", None) or ())
     values["storage_options"] = parse_storage_options(values.pop("storage_options", None) or ()) or None

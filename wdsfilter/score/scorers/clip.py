@@ -25,6 +25,9 @@ from ...stream.stages import IMAGE_BYTES, CaptionCleaner
 from ..fastdecode import DECODE_WORKSPACE, REDUCING_GAP, ImageTransform, device_pixels
 from ..models import PRECISIONS, ClipSource, check_model, load_model, resolve_precision, tokenize
 from .base import FRAME_REDUCERS, Noted, Scorer, reduce_frames
+from ...media.frames import sample_frames
+from ..staging import Staging
+from ...runfolder.embeddings import FIELD
 
 REDUCERS = FRAME_REDUCERS
 # Private output (scorers.base.private), once a dependent scorer asked (hand_text): the caption's
@@ -171,7 +174,6 @@ class ClipScorer(Scorer):
 
     def _video_frames(self, sample: Dict[str, Any]):
         import torch
-        from ...media.frames import sample_frames
 
         key, url = sample.get("__key__", "?"), sample.get("__url__", "")
         what = f"sample {key}.{sample.get('__media_ext__', 'video')}" + (f" of shard {url}" if url else "")
@@ -190,7 +192,6 @@ class ClipScorer(Scorer):
     def load(self, device: str) -> None:
         import torch
 
-        from ..staging import Staging
 
         where = torch.device(device)
         precision = resolve_precision(self.precision, where)  # bf16 support checked on this device
@@ -295,7 +296,6 @@ class ClipScorer(Scorer):
 def _attach_embeddings(rows, image_features, text_features, counts, how: str) -> None:
     """Each row's float16 embeddings (wdsfilter/runfolder/embeddings.py); a video's image embedding
     is reduced like its score (mean of the frames, or the max/min frame), so img . txt = clip_score."""
-    from ...runfolder.embeddings import FIELD
     start = 0
     for row, n in zip(rows, counts):
         frames, scores = image_features[start:start + n], row["clip_score_frames"]

@@ -22,10 +22,11 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 from ...stream.config import StageConfig
-from ...core.errors import ConfigError, DataError
+from ...core.errors import ConfigError, DataError, require
 from ...media.hashes import INSTALL, majority, phash, phash_hex, sha256_hex
 from ...stream.stages import IMAGE_BYTES
 from .base import Noted, Scorer
+from ...media.frames import sample_frames
 
 # Video frames are scaled to this long side while decoded: phash reduces them to 32x32 anyway.
 VIDEO_MAX_SIDE = 256
@@ -41,7 +42,6 @@ class HashScorer(Scorer):
         """frames, keyframes: how a video's frames are sampled for its frame-reduced phash."""
         if not isinstance(frames, int) or isinstance(frames, bool) or frames < 1:
             raise ConfigError(f"hash frames must be an integer >= 1, got {frames!r}")
-        from ...core.errors import require
         require("imagehash", "the hash scorer", INSTALL)  # at once, not in every decode worker
         self.frames, self.keyframes = frames, bool(keyframes)
         self.max_pixels = (config or StageConfig()).max_pixels
@@ -67,7 +67,6 @@ class HashScorer(Scorer):
         video = sample.get("video")
         if video is None:
             raise DataError("missing_image", "the hash scorer needs an image or a video (this sample has neither)")
-        from ...media.frames import sample_frames
         from PIL import Image
 
         key, url = sample.get("__key__", "?"), sample.get("__url__", "")

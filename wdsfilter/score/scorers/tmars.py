@@ -27,6 +27,8 @@ import numpy as np
 from ...core.errors import ConfigError, DataError
 from ...media.masking import RING, Rect, box_rects, mask_frame
 from .base import Scorer, Upstream, reduce_frames
+from .clip import ClipScorer, TEXT
+from .ocr import OcrScorer, BOXES
 
 COLUMNS = ("clip_score_masked", "clip_score_masked_frames", "masked_share", "masked_boxes")
 
@@ -75,8 +77,6 @@ class TmarsScorer(Scorer):
                 "masked_share": "float64", "masked_boxes": "list<float64>"}
 
     def bind(self, required: Dict[str, Scorer]) -> None:
-        from .clip import ClipScorer
-        from .ocr import OcrScorer
         clip, ocr = required["clip"], required["ocr"]
         if not isinstance(clip, ClipScorer) or not isinstance(ocr, OcrScorer):
             raise ConfigError("tmars needs the built-in clip and ocr scorers (ClipScorer, OcrScorer)")
@@ -102,8 +102,6 @@ class TmarsScorer(Scorer):
 
     # -- model side ----------------------------------------------------------------------------
     def attach(self, prepared: Any, upstream: Dict[str, Upstream], probe: bool = False) -> TmarsInput:
-        from .clip import TEXT
-        from .ocr import BOXES
         ocr, clip = upstream["ocr"], upstream["clip"].output
         frames = ocr.input.frames
         h, w = frames.shape[1:3]
