@@ -19,7 +19,7 @@ from PIL import Image
 from wdsfilter import StageConfig
 from wdsfilter.core.errors import ConfigError, DataError
 from wdsfilter.media.images import decode_image
-from wdsfilter.pipeline import sample_pipeline
+from wdsfilter.stream.pipeline import sample_pipeline
 from wdsfilter.score.config import ScoreConfig
 from wdsfilter.score.engine import decode_on_device
 from wdsfilter.score.fastdecode import ImageTransform, device_pixels

@@ -54,6 +54,7 @@ def test_a_reshard_that_fails_half_way_closes_and_removes_its_open_shard(tmp_pat
     writer = Resharder(str(out), per_shard=10)
     writer.prepare({"run": 1}, overwrite=False, kept=6)
     sources = [Source(a, ["000000", "000001", "000002"]), Source(b, ["000003", "000004", "000009"])]
+    gc.collect()  # what earlier tests left unclosed (sockets, pools) warns now, not in the window below
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ResourceWarning)
         with pytest.raises(ReshardError, match="000009") as failed:
@@ -62,7 +63,10 @@ def test_a_reshard_that_fails_half_way_closes_and_removes_its_open_shard(tmp_pat
         assert sorted(os.listdir(out)) == ["filter_run.json"]
         del failed
         gc.collect()
-    assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
+    # only what this reshard opened counts: a file under tmp_path (a collected leftover of another
+    # test names its own socket or file)
+    assert not [str(w.message) for w in caught
+                if issubclass(w.category, ResourceWarning) and str(tmp_path) in str(w.message)]
 
 
 @pytest.mark.parametrize("unique_keys", [False, True])
@@ -124,7 +128,7 @@ def test_a_bucket_gets_sizes_json_and_stats_only_after_the_shards_they_count(tmp
     pytest.importorskip("s3fs")
     from remotekit import BUCKET, FailingProxy, s3_server
     from wdsfilter.storage.remote import RemoteOutputError
-    from wdsfilter.remote_out import RemoteFolder
+    from wdsfilter.runfolder.remote_out import RemoteFolder
     staging = tmp_path / "staging"
     os.makedirs(staging)
     (staging / "train-000000.tar").write_bytes(b"\0" * 10240)

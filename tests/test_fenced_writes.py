@@ -206,7 +206,7 @@ def test_an_upload_or_delete_over_another_writers_object_is_refused(kind, tmp_pa
     naming it), while an object that already holds this file's bytes (an upload whose answer was
     lost) is taken as this writer's."""
     from wdsfilter.storage.remote import RemoteOutputError
-    from wdsfilter.remote_out import RemoteFolder
+    from wdsfilter.runfolder.remote_out import RemoteFolder
     if kind == "s3":
         from remotekit import BUCKET
         client = request.getfixturevalue("s3")

@@ -15,7 +15,7 @@ import pytest
 
 from shardkit import image_bytes, image_text_members, write_shard
 from wdsfilter import ConfigError, StageConfig, StarvationError
-from wdsfilter.pipeline import sample_pipeline
+from wdsfilter.stream.pipeline import sample_pipeline
 from wdsfilter.storage.shards import expand_urls
 from wdsfilter.core.specs import parse_json_member
 from wdsfilter.core.tally import Tally
@@ -151,7 +151,7 @@ def test_peak_memory_of_one_worker_on_a_hostile_shard_stays_bounded(tmp_path, ca
             with open("/proc/self/status") as f:
                 return next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) / 1024
         from wdsfilter import StageConfig
-        from wdsfilter.pipeline import sample_pipeline
+        from wdsfilter.stream.pipeline import sample_pipeline
         from wdsfilter.core.tally import Tally
         from wdsfilter.validate import validate
         tally = Tally()

@@ -12,7 +12,7 @@ import textwrap
 
 from shardkit import image_bytes, image_text_members, write_shard
 from wdsfilter import StageConfig
-from wdsfilter.pipeline import sample_pipeline
+from wdsfilter.stream.pipeline import sample_pipeline
 from wdsfilter.core.tally import Tally
 from wdsfilter.validate import validate
 
@@ -229,7 +229,7 @@ def test_a_thin_image_is_cropped_before_it_is_resized_for_clip(tiny_clip, tmp_pa
     out = _child(f"""
         import json
         from wdsfilter import StageConfig
-        from wdsfilter.pipeline import sample_pipeline
+        from wdsfilter.stream.pipeline import sample_pipeline
         from wdsfilter.score.scorers.clip import ClipScorer
         from wdsfilter.core.tally import Tally
 
@@ -334,7 +334,7 @@ def test_an_ico_is_refused_before_pillow_decodes_it_on_open(tmp_path):
         import json, sys
         sys.modules["torch"] = None
         from wdsfilter import StageConfig
-        from wdsfilter.pipeline import sample_pipeline
+        from wdsfilter.stream.pipeline import sample_pipeline
         from wdsfilter.core.tally import Tally
         from wdsfilter.validate import validate
         tally = Tally()
@@ -370,7 +370,7 @@ def test_an_eps_is_never_handed_to_ghostscript(tmp_path):
         sys.modules["torch"] = None
         from wdsfilter import StageConfig
         from wdsfilter.media.images import open_image
-        from wdsfilter.pipeline import sample_pipeline
+        from wdsfilter.stream.pipeline import sample_pipeline
         from wdsfilter.core.tally import Tally
         from wdsfilter.validate import validate
         tally = Tally()
@@ -436,7 +436,7 @@ def test_member_names_longer_than_path_max_are_a_damaged_tar_not_a_memory_bomb(t
         import json, sys
         sys.modules["torch"] = None
         from wdsfilter import StageConfig
-        from wdsfilter.pipeline import sample_pipeline
+        from wdsfilter.stream.pipeline import sample_pipeline
         from wdsfilter.core.tally import Tally
         from wdsfilter.validate import validate
         tally = Tally()
@@ -466,7 +466,7 @@ def test_a_fifo_or_a_device_named_like_a_shard_is_unreadable_not_a_hang(tmp_path
         import json, sys
         sys.modules["torch"] = None
         from wdsfilter import StageConfig
-        from wdsfilter.pipeline import sample_pipeline
+        from wdsfilter.stream.pipeline import sample_pipeline
         from wdsfilter.storage.shards import expand_urls
         from wdsfilter.core.tally import Tally
         from wdsfilter.validate import validate

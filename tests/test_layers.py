@@ -25,12 +25,7 @@ FOLDERS = {**{f: f for f in FLOORS[:-1]}, "dedup": "filtering"}
 FRONT_DOORS = {"wdsfilter", "wdsfilter.__main__", "wdsfilter.cli", "wdsfilter.dataloader", "wdsfilter.scorefilter",
                "wdsfilter.sortshard"}
 ALIASES = {"wdsfilter.stages", "wdsfilter.errors", "wdsfilter.hashes"}  # documented paths: a floor's module by another name
-# Modules still flat in wdsfilter/, each on the floor it is moving to (checked to be still there).
-PENDING = {
-    "wdsfilter.pipeline": ("stream", "moves into stream/ once the many-workers branch has merged"),
-    "wdsfilter.remote_out": ("runfolder", "moves into runfolder/ (a run folder's mirror) once the many-workers "
-                                          "branch has merged"),
-}
+PENDING: dict = {}  # modules still flat in wdsfilter/, each on the floor it is moving to: none today
 
 # (importer, imported) -> why it is still there. Each entry is checked to be still needed, so a fix
 # that removes the import must remove the entry too.

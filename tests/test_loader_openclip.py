@@ -69,7 +69,11 @@ def test_open_clip_train_one_epoch_through_wdsfilter_loader(json_shards, tmp_pat
     train_mod.train_one_epoch(model, {"train": DataInfo(loader)}, loss, 0, optimizer, None,
                               lambda step: (steps.append(step), scheduler(step)), None, args)
     assert steps == list(range(8))  # every batch of the epoch, as num_batches promised
-    assert any("Train Epoch: 0 [64/64 (100%)]" in r.getMessage() for r in caplog.records), caplog.text
+    root = logging.getLogger()
+    # if this fails again: what state the root logger was left in (by this run or an earlier test)
+    state = (f"disable={root.manager.disable} level={root.level} disabled={root.disabled} filters={root.filters} "
+             f"handlers={root.handlers}")
+    assert any("Train Epoch: 0 [64/64 (100%)]" in r.getMessage() for r in caplog.records), caplog.text + state
     assert any(not torch.equal(before[n], p) for n, p in model.named_parameters())
     assert loader.stats.samples_out == 64 and not loader.stats.dropped
 

@@ -139,7 +139,7 @@ def test_a_failed_upload_leaves_no_object_at_its_final_name(s3, tmp_path):
     streaming `with fs.open(..., "wb")` would not do: s3fs commits what it holds when an exception
     leaves the block, which is why nothing here writes through one."""
     from wdsfilter.storage.remote import RemoteOutputError
-    from wdsfilter.remote_out import RemoteFolder
+    from wdsfilter.runfolder.remote_out import RemoteFolder
     import s3fs
     endpoint, client = s3
     staging = tmp_path / "staging"

@@ -6,7 +6,7 @@ import pytest
 
 from shardkit import image_bytes, image_text_members, write_shard
 from wdsfilter import StageConfig, UnsafeInputError
-from wdsfilter.pipeline import sample_pipeline
+from wdsfilter.stream.pipeline import sample_pipeline
 from wdsfilter.storage.shards import expand_urls
 
 

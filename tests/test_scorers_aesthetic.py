@@ -174,7 +174,7 @@ def test_a_run_scores_clips_own_image_embedding(clip512, tmp_path):
 
 @pytest.mark.slow  # runs a (small) CLIP model
 def test_the_image_is_encoded_once_for_clip_and_aesthetic(clip512):
-    from wdsfilter.pipeline import sample_pipeline
+    from wdsfilter.stream.pipeline import sample_pipeline
     from wdsfilter.score.modelrunner import ModelRunner
     from wdsfilter.score.transport import Prepare
     from wdsfilter.core.tally import Tally

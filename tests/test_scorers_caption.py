@@ -164,7 +164,7 @@ def test_scorers_that_read_no_pixels_decode_nothing_of_their_own(tmp_path):
 
     from PIL import Image
 
-    from wdsfilter.pipeline import sample_pipeline
+    from wdsfilter.stream.pipeline import sample_pipeline
     from wdsfilter.score import build_config
     from wdsfilter.score.scorerset import resolve_scorers
     from wdsfilter.score.transport import OwnPixels

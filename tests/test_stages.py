@@ -7,7 +7,7 @@ from PIL import Image
 
 from shardkit import image_bytes, image_text_members, write_shard
 from wdsfilter import ConfigError, StageConfig
-from wdsfilter.pipeline import sample_pipeline
+from wdsfilter.stream.pipeline import sample_pipeline
 
 
 def run(urls, **options):

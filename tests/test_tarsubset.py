@@ -9,7 +9,7 @@ import tarfile
 import pytest
 
 from wdsfilter.stream.config import StageConfig
-from wdsfilter.pipeline import sample_pipeline
+from wdsfilter.stream.pipeline import sample_pipeline
 from wdsfilter.storage.tarsubset import ReadOnly, subset_stream
 
 BLOB = 300_000

@@ -19,7 +19,7 @@ from shardkit import write_shard
 from videokit import h264_mp4
 from wdsfilter import StageConfig
 from wdsfilter.core.errors import DataError
-from wdsfilter.pipeline import sample_pipeline
+from wdsfilter.stream.pipeline import sample_pipeline
 from wdsfilter.media.frames import sample_frames
 from wdsfilter.core.tally import Tally
 from wdsfilter.validate import validate

@@ -8,7 +8,7 @@ import pytest
 
 from shardkit import image_text_members, write_shard
 from wdsfilter import StageConfig, StarvationError
-from wdsfilter.pipeline import sample_pipeline
+from wdsfilter.stream.pipeline import sample_pipeline
 
 
 @pytest.fixture
@@ -55,7 +55,7 @@ def _run_child(code: str, timeout: float = 120):
 def test_resampled_infinite_stream_raises_instead_of_hanging(captionless_shards):
     proc = _run_child(f"""
         from wdsfilter import StageConfig, StarvationError
-        from wdsfilter.pipeline import sample_pipeline
+        from wdsfilter.stream.pipeline import sample_pipeline
         cfg = StageConfig(check_first_shard=False, starvation_samples=500, starvation_seconds=0)
         try:
             for _ in sample_pipeline({captionless_shards!r}, cfg, resampled=True):
@@ -70,7 +70,7 @@ def test_time_bound_with_resampling(captionless_shards):
     proc = _run_child(f"""
         import time
         from wdsfilter import StageConfig, StarvationError
-        from wdsfilter.pipeline import sample_pipeline
+        from wdsfilter.stream.pipeline import sample_pipeline
         cfg = StageConfig(check_first_shard=False, starvation_samples=0, starvation_seconds=1.0)
         t = time.monotonic()
         try:

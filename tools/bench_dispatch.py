@@ -214,7 +214,7 @@ def dispatcher_rate(urls, scorer, stage, out: str, batch_size: int, workers: int
 
 def decode_rate(urls, scorer, stage_cfg, chunk: int) -> dict:
     import torch
-    from wdsfilter.pipeline import sample_pipeline
+    from wdsfilter.stream.pipeline import sample_pipeline
     from wdsfilter.score.transport import Chunk, Prepare
     from wdsfilter.core.tally import Tally
     threads = torch.get_num_threads()

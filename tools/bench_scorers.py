@@ -27,7 +27,7 @@ BATCH = 32
 
 def samples(urls, decode: bool, image_key: str) -> list:
     from wdsfilter import StageConfig
-    from wdsfilter.pipeline import sample_pipeline
+    from wdsfilter.stream.pipeline import sample_pipeline
     from wdsfilter.core.tally import Tally
     stage = StageConfig(caption_key="txt;json:description", image_key=image_key, decode_pixels=decode,
                         keep_image_bytes=decode)  # the hash scorer's sha256 is of the bytes

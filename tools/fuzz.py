@@ -204,7 +204,7 @@ def _validate_cli(path: str, fmt: str, out: str) -> int:
 
 def _stages(path: str) -> int:
     from wdsfilter import StageConfig
-    from wdsfilter.pipeline import sample_pipeline
+    from wdsfilter.stream.pipeline import sample_pipeline
 
     cfg = StageConfig(check_first_shard=False, starvation_samples=0, starvation_seconds=0)
     return sum(1 for _ in sample_pipeline([path], cfg))

@@ -20,7 +20,7 @@ from typing import Callable, Optional, Sequence
 from .stream.config import StageConfig, config_or_options
 from .core.errors import ConfigError, StarvationError, require
 from .stream.loaderstate import VERSION as STATE_VERSION, Progress, check_settings, check_state, settings
-from .pipeline import Place, SeededTransform, sample_pipeline, set_epoch, worker_batches
+from .stream.pipeline import Place, SeededTransform, sample_pipeline, set_epoch, worker_batches
 from .core.selection import DEPRECATED as DEPRECATED_RULES, Selection, selection_of
 from .storage.shardstats import sizes_samples
 from .storage.shards import expand_urls

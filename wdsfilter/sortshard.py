@@ -28,7 +28,8 @@ from typing import List
 
 import click
 
-from .core.errors import ConfigError, EXIT_CODES_HELP, OutputError, RunError
+from .core import clihelp
+from .core.errors import EXIT_CLEAN, EXIT_RUN_FAILED, EXIT_USAGE, ConfigError, OutputError, RunError
 from .storage.decompress import compression
 from .core.progress import verbosity, verbosity_options
 from .storage.remote import redact_url, RemoteReadError, parse_storage_options
@@ -220,7 +221,8 @@ def _write(f, entries: List[tuple], skipped: int, dst: str, src: str) -> SortRes
                       bytes=written)
 
 
-@click.command("sort-shard", context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES_HELP)
+@clihelp.command("sort-shard", {"Input": ("rekey",), "Remote": ("storage_options",), "Run control": ("quiet", "verbose")},
+                 (EXIT_CLEAN, EXIT_USAGE, EXIT_RUN_FAILED))
 @click.argument("paths", metavar="IN... OUT", nargs=-1, required=True)
 @click.option("--rekey", type=click.Choice(REKEY_MODES), default="first-dot", show_default=True,
               help="Member name -> key split, as for validate.")

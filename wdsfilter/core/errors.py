@@ -19,8 +19,18 @@ EXIT_RUN_FAILED = 3
 EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report it
 EXIT_TERMINATED = 143  # SIGTERM (128 + 15), as shells report a process it killed
 
-EXIT_CODES_HELP = ("Exit codes: 0 clean, 1 findings, 2 usage or configuration error, 3 the run failed "
-                   "(I/O, unreadable shards, internal error); --debug shows the traceback.")
+EXIT_MEANINGS = {EXIT_CLEAN: "clean", EXIT_FINDINGS: "findings", EXIT_USAGE: "usage or configuration error",
+                 EXIT_RUN_FAILED: "the run failed (I/O, unreadable shards, internal error)"}
+
+
+def exit_codes_help(codes=tuple(EXIT_MEANINGS), findings: str = EXIT_MEANINGS[EXIT_FINDINGS]) -> str:
+    """The epilog of a command's --help: only the exit `codes` it can return, each with its meaning
+    (`findings`: the command's own words for code 1, e.g. "findings at the --fail-on level")."""
+    words = {**EXIT_MEANINGS, EXIT_FINDINGS: findings}
+    return "Exit codes: " + ", ".join(f"{code} {words[code]}" for code in codes) + "; --debug shows the traceback."
+
+
+EXIT_CODES_HELP = exit_codes_help()  # every code: the `wdsfilter` group's own --help
 
 
 class WdsFilterError(Exception):

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import click
 
-from ..core.errors import EXIT_CODES_HELP
+from ..core import clihelp
+from ..core.errors import EXIT_CLEAN, EXIT_RUN_FAILED, EXIT_USAGE
 from ..core.progress import verbosity, verbosity_options
 from .groups import KINDS
 from .find import NEAR_BITS, SEMANTIC_THRESHOLD, dedup
@@ -11,8 +12,19 @@ from .spill import MEMORY_MB
 from ..storage.remote import parse_storage_options, storage_defaults
 
 
-@click.command("dedup", context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES_HELP)
-@click.argument("run_dir", metavar="RUN_DIR")
+# --help's groups (wdsfilter/core/clihelp.py)
+HELP_GROUPS = {
+    "Input": ("evals",),
+    "Thresholds": ("kinds", "near_bits", "semantic_threshold"),
+    "Performance": ("memory_mb",),
+    "Remote": ("storage_options",),
+    "Run control": ("quiet", "verbose"),
+}
+
+
+# never 1: duplicates are its output, not findings
+@clihelp.command("dedup", HELP_GROUPS, (EXIT_CLEAN, EXIT_USAGE, EXIT_RUN_FAILED))
+@click.argument("run_dir", metavar="RUN")
 @click.option("--kind", "kinds", multiple=True, type=click.Choice(KINDS),
               help="exact (same sha256), near (phash within --near-bits) or semantic (CLIP embedding cosine >= "
                    "--semantic-threshold, which it needs). Repeatable. [exact and near]")
@@ -27,18 +39,18 @@ from ..storage.remote import parse_storage_options, storage_defaults
                    "near or (with the semantic kind: the run's CLIP model is loaded) semantically are marked and "
                    "dropped by `filter --dedup`. Repeatable.")
 @click.option("--memory-mb", type=int, default=MEMORY_MB, show_default=True,
-              help="Working memory of the exact and near passes; records beyond it wait in RUN_DIR/dedup/tmp "
+              help="Working memory of the exact and near passes; records beyond it wait in RUN/dedup/tmp "
                    "(the rows also cost 5 bytes each, a duplicate group about 40).")
 @click.option("--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
-              help="An fsspec storage option for a RUN_DIR in a bucket (s3://...; endpoint_url=..., repeatable; "
+              help="An fsspec storage option for a RUN in a bucket (s3://...; endpoint_url=..., repeatable; "
                    "VALUE is JSON when it parses). Never written anywhere.")
-@verbosity_options(quiet="Say nothing on success (RUN_DIR/dedup/summary.json has the counts); a run with shards "
+@verbosity_options(quiet="Say nothing on success (RUN/dedup/summary.json has the counts); a run with shards "
                          "left out still says so, on stderr.",
                    verbose="Say more: the largest groups with every member shown, and the seconds of each step.")
 def dedup_command(run_dir, kinds, near_bits, semantic_threshold, evals, memory_mb, storage_options, quiet, verbose):
-    """Find duplicate rows of a `wdsfilter score` run (RUN_DIR, either engine) from its hashes
+    """Find duplicate rows of a `wdsfilter score` run (RUN, either engine) from its hashes
     (--scorer hash) and saved embeddings (--save-embeddings), keep one survivor per group (the
-    highest clip_score, else the first by shard and index) and write RUN_DIR/dedup/ (RUN_DIR may be
+    highest clip_score, else the first by shard and index) and write RUN/dedup/ (RUN may be
     in a bucket: s3://...). Loads no model, except the run's CLIP to embed --eval images for the
     semantic kind."""
     level = verbosity(quiet, verbose)

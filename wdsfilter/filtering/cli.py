@@ -6,16 +6,28 @@ import sys
 
 import click
 
-from ..core.errors import EXIT_CODES_HELP, RunError
+from ..core import clihelp
+from ..core.errors import EXIT_CLEAN, EXIT_RUN_FAILED, EXIT_USAGE, RunError
 from ..core.progress import verbosity, verbosity_options
 from ..core.selection import text_and_recipe_options, Selection
 from ..core.thresholds import shorthand_options
-from .apply import filter_scores
 from ..storage.remote import parse_storage_options, storage_defaults
 
 
-@click.command("filter", context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES_HELP)
-@click.argument("scores_dir", metavar="SCORES_DIR")
+# --help's groups (wdsfilter/core/clihelp.py): the rules first, then where the kept samples go.
+HELP_GROUPS = {
+    "Input": ("source_root", "allow_pipe"),
+    "Thresholds": ("min_clip", "max_ocr_area", "mins", "maxes", "tops", "bottoms", "equals", "recipes", "dedup"),
+    "Output": ("write_shards", "samples_per_shard", "prefix", "unique_keys", "interleave", "overwrite", "save",
+               "export_uids", "report", "no_report"),
+    "Remote": ("allow_remote", "storage_options"),
+    "Run control": ("dry_run", "allow_incomplete", "quiet", "verbose"),
+}
+
+
+# never 1: shards of the scoring run left out are a failed run (3) unless --allow-incomplete
+@clihelp.command("filter", HELP_GROUPS, (EXIT_CLEAN, EXIT_USAGE, EXIT_RUN_FAILED))
+@click.argument("scores_dir", metavar="RUN")
 @click.option("--min", "mins", multiple=True, metavar="COL=X", help="Keep rows with COL >= X. Repeatable.")
 @click.option("--max", "maxes", multiple=True, metavar="COL=X", help="Keep rows with COL <= X. Repeatable.")
 @click.option("--top", "tops", multiple=True, metavar="COL=P%",
@@ -37,28 +49,31 @@ from ..storage.remote import parse_storage_options, storage_defaults
                    "source after another. [default: 0, source order]")
 @click.option("--dry-run", is_flag=True, help="Count only: write no shard, report or thresholds file.")
 @click.option("--save", is_flag=True,
-              help="Without --write-shards: write SCORES_DIR/thresholds.json and SCORES_DIR/filter_report.html "
+              help="Without --write-shards: write RUN/thresholds.json and RUN/filter_report.html "
                    "(exploring writes nothing unless asked).")
 @click.option("--export-uids", default=None, metavar="FILE.npy",
               help="Write the kept samples' uids in DataComp's subset format (sorted u8,u8 pairs: its resharder's "
                    "--subset-file, a filtering-track submission).")
 @click.option("--report", "report", default="", metavar="PATH",
-              help="Where the HTML report goes [OUT/report.html with --write-shards, SCORES_DIR/filter_report.html "
+              help="Where the HTML report goes [OUT/report.html with --write-shards, RUN/filter_report.html "
                    "with --save, else none: the score run's report.html stays].")
 @click.option("--no-report", is_flag=True, help="Write no HTML report.")
 @click.option("--source-root", default=None, metavar="DIR",
-              help="Read each source shard from DIR by its file name (data moved since scoring, or a score folder "
+              help="Read each source shard from DIR by its file name (data moved since scoring, or a run folder "
                    "from someone else), never where the folder says.")
 @click.option("--allow-pipe", is_flag=True,
-              help="Run the `pipe:` commands the score folder names as source shards (for --write-shards and the "
+              help="Run the `pipe:` commands RUN names as source shards (for --write-shards and the "
                    "report's thumbnails). Never taken from the folder: only when you trust the command.")
 @click.option("--allow-remote", is_flag=True,
-              help="Read source shards the score folder names by remote URL (http(s)://, s3://, gs://, ...).")
+              help="Read the source shards RUN names by URL (http(s)://, s3://, gs://, ...). Off unless given: "
+                   "permissions come from the command line, never from a folder (validate's and score's "
+                   "--allow-remote, on by default, is about the URLs named on their command line; a RUN or OUT "
+                   "given here as a URL is read and written without it).")
 @click.option("--dedup", is_flag=True,
               help="Keep only the survivor of each duplicate group and drop eval matches, as `wdsfilter dedup "
-                   "SCORES_DIR` marked them (docs/dedup.md).")
+                   "RUN` marked them (docs/dedup.md).")
 @click.option("--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
-              help="An fsspec storage option for the remote score folder, sources and outputs (endpoint_url=..., "
+              help="An fsspec storage option for a RUN in a bucket, its sources and outputs (endpoint_url=..., "
                    "anon=true; repeatable; VALUE is JSON when it parses). Never written anywhere.")
 @click.option("--allow-incomplete", is_flag=True,
               help="Exit 0 even when shards of the scoring run have no complete score file (they are left out).")
@@ -70,10 +85,11 @@ def filter_command(scores_dir, mins, maxes, tops, bottoms, equals, recipes, writ
                    overwrite, unique_keys, interleave, dry_run, save, export_uids, report, no_report, allow_pipe,
                    allow_remote, dedup, allow_incomplete, source_root, quiet, verbose, storage_options=()):
     """Choose thresholds after scoring: count what --min/--max/--top/--bottom/--equal/--dedup/--recipe
-    keep in the score folder of a `wdsfilter score` run (SCORES_DIR, either engine) and, with
+    keep in the run folder of a `wdsfilter score` run (RUN, either engine) and, with
     --write-shards, reshard the kept samples (with thresholds.json and an HTML report beside
     them). No model is loaded."""
     _numpy_without_blas_threads()
+    from .apply import filter_scores  # after numpy is loaded with one BLAS thread: apply imports it
     source = click.get_current_context().get_parameter_source
     given = [f"--{name.replace('_', '-')}" for name in ("samples_per_shard", "prefix", "overwrite", "unique_keys",
                                                          "interleave")

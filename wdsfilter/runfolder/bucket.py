@@ -18,6 +18,7 @@ from typing import Optional
 
 from .lease import Lease, LeaseLostError
 from .names import STATE_FILES, STATE_FOLDERS
+from .remote_out import Mirror, RemoteFolder, StagedSizes, staged_paths
 
 log = logging.getLogger("wdsfilter")
 
@@ -44,24 +45,31 @@ class RemoteRunFolder:
 
     def __init__(self, url: str, storage_options=None, lock: bool = True, interval: Optional[float] = None,
                  write_shards: Optional[str] = None, pull_shards: bool = False, command: str = "score",
-                 option: str = "--out", lazy: bool = False):
+                 option: str = "--out", lazy: bool = False, lease: Optional[Lease] = None):
+        """lease: a joined run's worker's own lease (`workers/<token>.json`, claims.py), taken
+        here in place of the folder's: only run.json, shards.json and run.yaml come down (the
+        markers are listed, not read), and an object of the folder that another worker wrote is
+        replaced where this worker holds the shard's claim (RemoteFolder.replace_strays)."""
         from ..storage.remote import refuse_hub_run_folder
-        from ..remote_out import RemoteFolder
         refuse_hub_run_folder(url)
         self.url = url.rstrip("/")
         self.mirror, self.synced, self.folder, self.started, self.shards = None, False, None, False, None
         self.fence = None  # the lease's Fence (lease.py): every write into staging checks it
-        self.lock = Lease(self.url, storage_options, command, option).acquire() if lock else None
+        self.joined = lease is not None
+        self.lock = (lease or Lease(self.url, storage_options, command, option)).acquire() if lock else None
         try:
             self.folder = RemoteFolder(self.url, storage_options)
             self.folder.exclude = (self.SHARDS,)
+            self.folder.replace_strays = self.joined
             # lazy (--resume): only what decides which shards are done comes down; finished shards'
             # score files, embeddings and filtered shards stay in the bucket (their sizes known)
-            self.folder.pull(keep_in_bucket=_not_state if lazy else None)
+            if not self.joined:  # a joined run's worker reads run.json, shards.json and run.yaml once the run is known
+                self.folder.pull(keep_in_bucket=_not_state if lazy else None)
             if write_shards:  # its files are uploaded before the markers that vouch for them
                 self.shards = RemoteFolder(write_shards, storage_options, os.path.join(self.folder.local, self.SHARDS))
+                self.shards.replace_strays = self.joined
                 os.makedirs(self.shards.local, exist_ok=True)
-                if pull_shards:  # --resume: a shard is done only where its filtered shard is whole
+                if pull_shards and not self.joined:  # --resume: a shard is done only where its filtered shard is whole
                     self.shards.pull(keep_in_bucket=_not_sidecar if lazy else None)
                 self.folder.before_markers = self.shards.sync
             if self.lock is not None:  # every write into staging and every upload, fenced by the lease
@@ -82,7 +90,6 @@ class RemoteRunFolder:
     def sizes(self):
         """A staging path's size, or that of the bucket object it stands for (the run state checks
         markers' files through it: a finished shard's files need not come down). Picklable."""
-        from ..remote_out import StagedSizes
         return StagedSizes([f for f in (self.folder, self.shards) if f is not None])
 
     def fetch(self, paths) -> int:
@@ -90,16 +97,23 @@ class RemoteRunFolder:
         score file): how many."""
         return self.folder.fetch(paths)
 
+    def refresh(self) -> int:
+        """The bucket's folder as it stands now, other workers' objects included (a joined run's
+        end): the markers and failure ledgers brought into staging, the rest held where it is."""
+        from .layout import DONE
+        n = self.folder.refresh(fetch=(DONE, "failures", *STATE_FILES))
+        if self.shards is not None:
+            self.shards.refresh()
+        return n
+
     def start(self) -> None:
         """Mirror the staging folder from now on (after run.json and shards.json are written)."""
-        from ..remote_out import Mirror
         if self.lock is not None and self.mirror is None:
             self.mirror = Mirror(self.folder, self.interval).start()
             self.started = True
 
     def public(self, path):
         """A staging path as the run shows it: its URL in the bucket."""
-        from ..remote_out import staged_paths
         folders = [f for f in (self.shards, self.folder) if f is not None]  # the inner staging first
         return staged_paths(path, folders) if isinstance(path, str) else path
 

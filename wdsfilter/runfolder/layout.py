@@ -35,6 +35,8 @@ from .names import DONE, RUN_JSON, SCORES, SHARDS_FILE
 from .tables import EXTENSIONS, damaged
 
 RUN_ID = "run_id"  # run.json's: the run the folder holds (a --resume continues it, --overwrite starts another)
+JOINED = "joined"  # run.json's: a joined run's shard list (shard_list_digest), which every worker must be given
+WRITER = "writer"  # a joined run's marker: the worker (its token) that scored the shard; its score file says the same
 
 
 def shard_names(urls: Sequence[str]) -> Dict[str, str]:
@@ -340,8 +342,53 @@ def vouches(marker: Marker, run_id: Optional[str]) -> bool:
     return marker.run_id == run_id
 
 
+def written_by(marker: Marker, score_file: str) -> bool:
+    """A joined run's score file is the one its marker's worker wrote (the Parquet file's writer,
+    tables.WRITER_META, is the marker's WRITER): a worker stalled past its claim in the moment
+    between its fence and its rename replaced it otherwise, and the marker vouches for it no more.
+    True where the marker names no writer (one process's run) or the file is JSONL or not here."""
+    writer = marker.extra.get(WRITER)
+    if not writer or not score_file.endswith(".parquet") or not os.path.exists(score_file):
+        return True
+    from .tables import WRITER_META, DamagedRunFolder, parquet_metadata
+    try:
+        meta = parquet_metadata(score_file).metadata or {}
+    except (OSError, ValueError, DamagedRunFolder):  # a damaged file: not the marker's
+        return False
+    return meta.get(WRITER_META, b"").decode(errors="replace") == writer
+
+
 def write_marker(folder: str, marker: Marker) -> None:
     write_json(marker_path(folder, marker.name), marker.to_json(), fsync=True)
+
+
+def create_marker(folder: str, marker: Marker) -> bool:
+    """The marker written only where there is none (a joined run's worker: a worker stalled past
+    its claim, in the moment between its fence and its write, cannot replace the marker of the
+    worker that took the shard over). False when one is there; the folder's guard runs first."""
+    from ..storage.atomic import check_guards, temporary_path
+    path = marker_path(folder, marker.name)
+    tmp = temporary_path(path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(marker.to_json(), f, indent=1, default=str)
+            f.flush()
+            os.fsync(f.fileno())
+        check_guards(path)
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def shard_list_digest(urls: Sequence[str]) -> Dict[str, Any]:
+    """A run's shard list as a joined run's run.json records it: how many, and a digest of the
+    set (local shards by absolute path), which every worker's list must match."""
+    listed = sorted({absolute_url(u) if is_local(u) else u for u in urls})
+    return {"shards": len(listed), "digest": hashlib.sha1("\n".join(listed).encode()).hexdigest()}
 
 
 def score_file(folder: str, marker: Marker, confine: Optional[Confinement] = None) -> str:

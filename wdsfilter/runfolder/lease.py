@@ -41,13 +41,12 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Dict, Iterable, Iterator, Optional, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 from ..storage import atomic
 from ..core.errors import ConfigError, RunError
-from .names import LEASE as LEASE_NAME  # the record
+from .names import GUARD as GUARD_NAME, LEASE as LEASE_NAME, WORKERS  # the record, its guard, the workers' leases
 
-GUARD_NAME = ".lock"  # on a disk: the POSIX lock under which the record is compared and replaced
 STALE_SECONDS = 120.0  # a holder silent this long loses its lease (WDSFILTER_LEASE_SECONDS)
 MARGIN = 0.2  # the holder stops writing this share of stale_seconds before others may take over
 log = logging.getLogger("wdsfilter")
@@ -105,6 +104,10 @@ class _DiskRecord:
         except FileNotFoundError:
             return None, None
         return _parse(data), hashlib.sha1(data).hexdigest()
+
+    def read_data(self) -> Optional[dict]:
+        """The record without its version (None where there is none)."""
+        return self.read()[0]
 
     @contextlib.contextmanager
     def _guard(self, timeout: float = 10.0) -> Iterator[None]:
@@ -176,9 +179,21 @@ class _BucketRecord:
         try:
             self.fs.invalidate_cache(self.path)
             version = version_of(self.fs.info(self.path))
-            return _parse(self.fs.cat_file(self.path)), version
+            return _parse(self._get()), version
         except FileNotFoundError:
             return None, None
+
+    def _get(self) -> bytes:
+        """The object's bytes in one GET (s3fs asks for its size first otherwise: a HEAD more)."""
+        from ..storage.conditional import is_gcs
+        return self.fs.cat_file(self.path) if is_gcs(self.fs) else self.fs.cat_file(self.path, max_concurrency=1)
+
+    def read_data(self) -> Optional[dict]:
+        """The record without its version: one GET (a liveness check needs no version)."""
+        try:
+            return _parse(self._get())
+        except FileNotFoundError:
+            return None
 
     def create(self, data: bytes) -> str:
         from ..storage.conditional import Conflict as Refused, put_bytes
@@ -193,6 +208,62 @@ class _BucketRecord:
             return put_bytes(self.fs, self.path, data, expect)
         except Refused as e:
             raise Conflict(str(e)) from None
+
+
+def record_at(folder: str, name: str, storage_options=None):
+    """The record `name` (a path below `folder`: `.lock.json`, `claims/<shard>.json`) on a disk or
+    in a bucket: read() -> (record, version), create(data), replace(data, version)."""
+    from ..storage.remote import is_fsspec_url
+    if is_fsspec_url(folder):
+        return _BucketRecord(f"{folder.rstrip('/')}/{name}", storage_options)
+    return _DiskRecord(os.path.abspath(folder), name)  # absolute: a Ray worker's Fence reads it
+
+
+def record_names(folder: str, sub: str, storage_options=None) -> List[str]:
+    """The names (without `.json`) of the records in `folder`/`sub`/, sorted: one listing."""
+    from ..storage.remote import filesystem, is_fsspec_url
+    if is_fsspec_url(folder):
+        fs, path = filesystem(f"{folder.rstrip('/')}/{sub}", storage_options)
+        listed = _listing(fs, path)
+    else:
+        try:
+            listed = os.listdir(os.path.join(folder, sub))
+        except FileNotFoundError:
+            return []
+    names = (os.path.basename(str(p).rstrip("/")) for p in listed)
+    return sorted(n[:-5] for n in names if n.endswith(".json") and not atomic.is_temporary(n))
+
+
+def _listing(fs, path: str) -> List[str]:
+    """The objects right under `path` in a bucket: one request per 1,000 (s3fs's ls lists the
+    parent too when the prefix is empty, to tell a missing folder)."""
+    from ..storage.conditional import is_gcs
+    if is_gcs(fs):
+        try:
+            fs.invalidate_cache(path)
+            return fs.ls(path, detail=False)
+        except FileNotFoundError:
+            return []
+    bucket, key, _ = fs.split_path(path)
+    names: List[str] = []
+    token = None
+    while True:
+        more = {"ContinuationToken": token} if token else {}
+        out = fs.call_s3("list_objects_v2", Bucket=bucket, Prefix=key.rstrip("/") + "/", Delimiter="/", **more)
+        names += [o["Key"] for o in out.get("Contents", [])]
+        token = out.get("NextContinuationToken")
+        if not out.get("IsTruncated") or not token:
+            return names
+
+
+def live_records(folder: str, sub: str, stale: float, storage_options=None) -> Dict[str, dict]:
+    """name -> record of each record in `folder`/`sub`/ whose holder still holds it (stale_reason)."""
+    live = {}
+    for name in record_names(folder, sub, storage_options):
+        holder = record_at(folder, f"{sub}/{name}.json", storage_options).read_data()
+        if holder is not None and stale_reason(holder, stale) is None:
+            live[name] = holder
+    return live
 
 
 def _parse(data: bytes) -> dict:
@@ -214,18 +285,19 @@ class Lease:
     under it (`guard` installs its fence on folders of files), release() it."""
 
     def __init__(self, folder: str, storage_options=None, command: str = "score", option: str = "--out",
-                 name: str = LEASE_NAME, stale: Optional[float] = None):
+                 name: str = LEASE_NAME, stale: Optional[float] = None, token: Optional[str] = None):
         from ..storage.remote import is_fsspec_url
         self.folder = folder.rstrip("/") if is_fsspec_url(folder) else folder
-        self.record = (_BucketRecord(f"{self.folder}/{name}", storage_options) if is_fsspec_url(folder)
-                       else _DiskRecord(os.path.abspath(folder), name))  # absolute: a Ray worker's Fence reads it
+        self.name = name
+        self.record = record_at(self.folder, name, storage_options)
         self.storage_options = storage_options
         self.command, self.option = command, option
         self.stale = stale if stale is not None else stale_seconds()
-        self.token = os.urandom(8).hex()
+        self.token = token or os.urandom(8).hex()
         self.info = {"token": self.token, "host": socket.gethostname(), "pidns": _pid_namespace(), "pid": os.getpid(),
                      "pid_start": _process_start(os.getpid()), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                      "command": command, "stale_seconds": self.stale}
+        self.report: Dict[str, object] = {}  # written with each heartbeat (a joined run's worker: its counts)
         self.version: Optional[str] = None  # of the record this run wrote last; None: not held
         self.valid_until = 0.0  # on _clock(): no write after this without a renewal
         self.took_over: Optional[dict] = None  # the stale holder this run replaced
@@ -248,6 +320,13 @@ class Lease:
             self._take_over()
         except Exception as e:  # noqa: BLE001 - a bucket's first write probes the folder
             raise self._unwritable(e) from None
+        if self.name == LEASE_NAME:  # a folder's lease excludes the workers of a joined run, as they exclude it
+            worker = next(iter(live_records(self.folder, WORKERS, self.stale, self.storage_options).values()), None)
+            if worker is not None:
+                self.release()
+                raise LeaseHeldError(f"{self.shown} is in use by the workers of a joined run (`wdsfilter score --join`)"
+                                     f", for one{describe_holder(worker)}; wait for them to finish (`wdsfilter score "
+                                     f"--status {self.shown}`), or use another {self.option}")
         _LIVE[self.token] = self
         self._keeper = threading.Thread(target=self._keep, name="wdsfilter-lease", daemon=True)
         self._keeper.start()
@@ -284,9 +363,10 @@ class Lease:
             return ConfigError(f"{self.option} {self.shown}: the lock {LEASE_NAME} cannot be written ({_short(e)})")
         return e
 
-    def _write(self, expect: Optional[str], released: bool = False) -> None:
+    def _write(self, expect: Optional[str], released: bool = False, extra: Optional[dict] = None) -> None:
         """The record with the time now: created (expect None) or replacing version `expect`."""
-        body = {**self.info, "heartbeat": time.time(), **({"released": time.time()} if released else {})}
+        body = {**self.info, **self.report, "heartbeat": time.time(),
+                **({"released": time.time()} if released else {}), **(extra or {})}
         data = json.dumps(body).encode()
         began = _clock()
         self.version = self.record.create(data) if expect is None else self.record.replace(data, expect)
@@ -359,8 +439,9 @@ class Lease:
         return fence
 
     # -- letting go -------------------------------------------------------------------------------
-    def release(self) -> None:
-        """Rewrite the record as released (if it is still this run's), stop the heartbeat."""
+    def release(self, extra: Optional[dict] = None) -> None:
+        """Rewrite the record as released (if it is still this run's; with `extra`: what the holder
+        did, a worker's counts), stop the heartbeat."""
         self._stop.set()
         if self._keeper is not None and self._keeper is not threading.current_thread():
             self._keeper.join()
@@ -372,7 +453,7 @@ class Lease:
             if self.lost or self.version is None:
                 return
             try:
-                self._write(self.version, released=True)
+                self._write(self.version, released=True, extra=extra)
             except Conflict:
                 pass  # another run's now: not this one's to release
             except Exception as e:  # noqa: BLE001 - left as it is: stale in stale_seconds

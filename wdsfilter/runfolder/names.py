@@ -9,6 +9,10 @@ from ..storage.shardstats import SIZES, STATS_SUFFIX
 
 # -- a scoring run folder (`wdsfilter score --out OUT`) ---------------------------------------------------
 LEASE = ".lock.json"  # who may write the folder (lease.py)
+GUARD = ".lock"  # on a disk: the POSIX lock under which the lease record is compared and replaced (lease.py)
+WORKERS = "workers"  # workers/<token>.json: the leases of `score --join` workers (claims.py)
+CLAIMS = "claims"  # claims/<shard>.json: which joined worker scores a shard (claims.py)
+FINISH = ".finish.json"  # the claim of a joined run's end-of-run work (claims.py)
 RUN_JSON = "run.json"  # the run's identity (score/resume.py writes it)
 SHARDS_FILE = "shards.json"  # the run's shards, the one file with each URL as given
 RECIPE_FILE = "run.yaml"  # the run as a recipe (score/recipe.py writes it, runyaml.py reads its paths)
@@ -36,7 +40,7 @@ STATE_FOLDERS = (DONE, FAILURES, DEDUP)
 FILTER_RUN = "filter_run.json"  # what filter wrote there, so a rerun replaces only its own files
 CARD = "README.md"  # the dataset card (filtering/hfcard.py)
 
-__all__ = ["RECIPE_FILE", "SIZES", "STATS_SUFFIX", "LEASE", "RUN_JSON", "SHARDS_FILE", "SCORES", "DONE", "FAILURES",
+__all__ = ["RECIPE_FILE", "SIZES", "STATS_SUFFIX", "LEASE", "GUARD", "WORKERS", "CLAIMS", "FINISH", "RUN_JSON", "SHARDS_FILE", "SCORES", "DONE", "FAILURES",
            "FAILURES_MERGED", "EMBEDDINGS", "EMBEDDING_PARTS", "EMBEDDING_METADATA", "SUMMARY", "HISTOGRAMS",
            "REPORT", "THRESHOLDS", "FILTER_REPORT", "DEDUP", "DEDUP_SUMMARY", "DEDUP_WORK", "STATE_FILES",
            "STATE_FOLDERS", "FILTER_RUN", "CARD"]

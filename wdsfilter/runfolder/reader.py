@@ -15,6 +15,7 @@ from typing import Dict, Iterator, List, Optional, Sequence
 
 from ..core.errors import ConfigError, UnsafeInputError
 from . import layout
+from .remote_out import pulled
 from ..core.thresholds import is_number
 from .tables import BASE_FIELDS, DamagedRunFolder, check_schema, read_batches, table_columns
 from ..storage.remote import is_fsspec_url, redact_url
@@ -51,7 +52,6 @@ class ScoreRun:
         folder in a bucket (s3://...) is read from its local copy, brought up to date
         (remote_out.pulled), by the same rules."""
         if is_fsspec_url(folder):
-            from ..remote_out import pulled  # not at the head: remote_out's lease import loads this package first
             folder = pulled(folder, storage_options)
         if not os.path.exists(folder):
             raise ConfigError(f"score folder {folder} does not exist; pass the --out folder of a `wdsfilter score` run")
@@ -80,8 +80,8 @@ class ScoreRun:
                 unfinished.append(listed[name].url if listed and name in listed else name)
                 continue
             path = layout.score_file(folder, marker, confine)
-            if not layout.vouches(marker, settings.get(layout.RUN_ID)) \
-                    or not layout.outputs_intact(marker, folder, [path]):  # another run's, missing, or damaged
+            if not layout.vouches(marker, settings.get(layout.RUN_ID)) or not layout.written_by(marker, path) \
+                    or not layout.outputs_intact(marker, folder, [path]):  # another run's or worker's, missing, damaged
                 unfinished.append(marker.url)
                 continue
             source = layout.trusted_source(marker, listed, source_root)

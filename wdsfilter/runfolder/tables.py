@@ -52,6 +52,7 @@ def publish_rows(rows: Sequence[dict]) -> List[dict]:
 # In a Parquet score file's footer (key-value metadata) when no key repeats in the table: a reader
 # that only needs to know that (filter's counts) skips reading the key column, half of its reading.
 KEYS_META, UNIQUE_KEYS = b"wdsfilter.keys", b"unique"
+WRITER_META = b"wdsfilter.writer"  # a joined run's worker that wrote the file (its marker names the same)
 STATUSES = ("scored", "partial", "failed", "rejected")
 EXTENSIONS = {"parquet": ".parquet", "jsonl": ".jsonl"}
 
@@ -193,9 +194,10 @@ def _warm_parquet() -> None:
 
 
 def write_table(rows: List[dict], columns: Union[Sequence[str], Mapping[str, Optional[str]]], path: str,
-                fmt: str) -> None:
+                fmt: str, writer: Optional[str] = None) -> None:
     """Write rows atomically: a temporary file in the same folder, then rename over `path`.
-    columns: the score columns, or each with its declared type (scorerset.score_columns)."""
+    columns: the score columns, or each with its declared type (scorerset.score_columns).
+    writer: a joined run's worker (its token), kept in a Parquet file's metadata (WRITER_META)."""
     names = list(BASE_FIELDS) + list(columns)
     declared = columns if isinstance(columns, Mapping) else {}
     rows = publish_rows(rows)
@@ -226,8 +228,8 @@ def write_table(rows: List[dict], columns: Union[Sequence[str], Mapping[str, Opt
                 fields.append(pa.field(name, arr.type))
             keys = [row.get("key") for row in rows]
             unique = None not in keys and len(set(keys)) == len(keys)
-            table = pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata={KEYS_META: UNIQUE_KEYS} if unique
-                                                                  else None))
+            metadata = {**({KEYS_META: UNIQUE_KEYS} if unique else {}), **({WRITER_META: writer} if writer else {})}
+            table = pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=metadata or None))
             if table.num_rows:
                 pq.write_table(table, tmp)
             else:  # a shard with no sample: a file of no row group (HF datasets fails on a row group of 0 rows)

@@ -5,9 +5,10 @@ import logging
 
 import click
 
-from ..core.errors import RunError
+from ..core import clihelp
+from ..core.errors import EXIT_CLEAN, EXIT_RUN_FAILED, EXIT_USAGE, RunError
 from ..core.progress import verbosity, verbosity_options
-from ..stream.config import stage_options
+from ..stream.config import STAGE_INPUT, STAGE_REMOTE, stage_options
 from ..core.selection import text_and_recipe_options
 
 
@@ -21,10 +22,47 @@ def _given(ctx: click.Context, param: str) -> bool:
     return ctx.get_parameter_source(param) not in (None, ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP)
 
 
-@click.command("score", context_settings={"help_option_names": ["-h", "--help"]})
+def _print_status(folders, storage_options) -> None:
+    """`wdsfilter score RUN --status`: where a run stands (score/join.py), nothing scored."""
+    if len(folders) != 1:
+        raise click.UsageError("--status takes one run folder: `wdsfilter score RUN --status` (or --out RUN)")
+    from ..storage.remote import parse_storage_options
+    from .join import status_text
+    click.echo(status_text(folders[0], parse_storage_options(storage_options or ()) or None))
+
+
+def _check_engine(cfg, engine: str, ray_address, ray_actors, ray_gpus_per_actor) -> None:
+    """The Ray options only with --engine ray; --join only without it."""
+    ray_given = [f for f, v in (("--ray-address", ray_address), ("--ray-actors", ray_actors),
+                                ("--ray-gpus-per-actor", ray_gpus_per_actor)) if v is not None]
+    if ray_given and engine != "ray":
+        raise click.UsageError(f"{', '.join(ray_given)} only apply with --engine ray")
+    if cfg.join and engine == "ray":
+        raise click.UsageError("--join makes this process one worker of many on --out (the local engine); a Ray run "
+                               "is one driver for the whole cluster: drop one of them (docs/scale.md)")
+
+
+# --help's groups (wdsfilter/core/clihelp.py): the caption and image keys, the scorer and model, and
+# --out first in theirs.
+HELP_GROUPS = {
+    "Input": (*STAGE_INPUT[:2], "config_file", *STAGE_INPUT[2:]),
+    "Model and scorers": ("scorers", "model", "pretrained", "precision", "scorer_opts", "frames", "frame_reduce",
+                          "keyframes", "ocr_backend", "ocr_model_dir", "ocr_download"),
+    "Thresholds": ("min_clip", "max_ocr_area", "mins", "maxes", "tops", "bottoms", "equals", "recipes"),
+    "Output": ("out", "write_shards", "save_embeddings", "fmt"),
+    "Performance": ("device", "gpus", "decode_device", "batch_size", "workers", "replicas", "max_memory", "headroom",
+                    "fit", "engine", "ray_address", "ray_actors", "ray_gpus_per_actor"),
+    "Remote": STAGE_REMOTE,
+    "Run control": ("resume", "overwrite", "retry_failed", "dry_run", "join", "task_index", "task_count", "steal",
+                    "status", "progress", "no_histograms", "quiet", "verbose"),
+}
+
+
+# never 1: score has no findings (a failed shard is a failed run, 3)
+@clihelp.command("score", HELP_GROUPS, (EXIT_CLEAN, EXIT_USAGE, EXIT_RUN_FAILED))
 @click.argument("shards", nargs=-1)
-@click.option("--out", "out", default=None, metavar="DIR",
-              help="Folder for score files, markers, summary and run.yaml (required, here or in --config).")
+@click.option("--out", "out", default=None, metavar="RUN",
+              help="The run folder: score files, markers, summary and run.yaml (required, here or in --config).")
 @click.option("--scorer", "scorers", multiple=True, default=("clip",), show_default=True, metavar="NAME",
               help="clip, ocr, hash (sha256 + phash for `wdsfilter dedup`), tmars (CLIP score with the text masked; "
                    "brings ocr and clip), caption (language, words, characters), size (from headers), blur, nsfw, "
@@ -56,10 +94,10 @@ def _given(ctx: click.Context, param: str) -> bool:
 @click.option("--bottom", "bottoms", multiple=True, metavar="COLUMN=P%",
               help="Keep the P% of scored samples with the lowest COLUMN (as --top). Repeatable.")
 @text_and_recipe_options
-@click.option("--write-shards", default=None, metavar="DIR", help="Write filtered shards (original bytes) here.")
+@click.option("--write-shards", default=None, metavar="DIR", help="Write filtered shards here: a copy of each source shard with its kept samples (original bytes, the source's name). To reshard them (--samples-per-shard, --prefix), run `wdsfilter filter RUN --write-shards DIR` after.")
 @click.option("--save-embeddings", is_flag=True, default=None,
               help="clip: also write float16 image/caption embeddings in clip-retrieval's layout: "
-                   "OUT/embeddings/img_emb, text_emb and metadata.")
+                   "RUN/embeddings/img_emb, text_emb and metadata.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--gpus", default=None, metavar="0,1", help="GPUs to use (one model worker each, or more: --replicas).")
 @click.option("--decode-device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
@@ -72,19 +110,34 @@ def _given(ctx: click.Context, param: str) -> bool:
 @click.option("--headroom", type=float, default=0.10, show_default=True, help="Share of memory kept free.")
 @click.option("--fit", type=click.Choice(["refuse", "clamp"]), default="refuse", show_default=True,
               help="A setting that cannot fit: refuse it with the numbers, or clamp it with a warning.")
-@click.option("--format", "fmt", type=click.Choice(["parquet", "jsonl"]), default="parquet", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["parquet", "jsonl"]), default="parquet", show_default=True,
+              help="The score files' format.")
 @click.option("--resume", is_flag=True, help="Continue a run in --out: skip shards with a completion marker.")
 @click.option("--overwrite", is_flag=True, help="Start over in an --out that holds a previous run.")
 @click.option("--retry-failed", "retry_failed", is_flag=False, flag_value="transient", default=None,
               type=click.Choice(["transient", "all"]),
-              help="Score again the samples the failure ledger (OUT/failures.parquet) lists: transient failures "
+              help="Score again the samples the failure ledger (RUN/failures.parquet) lists: transient failures "
                    "(out of memory, a scorer's exception, a dead worker, a broken read), or `all` (data errors "
                    "too); the rows are replaced in place. Implies --resume.")
 @click.option("--dry-run", is_flag=True, help="Load the models, measure, print the plan; score nothing.")
+@click.option("--join", is_flag=True,
+              help="Be one of many workers on --out (local, shared, s3://, gs://): start the run there or join it "
+                   "with the same settings and shards; shards are claimed one by one (docs/scale.md).")
+@click.option("--task-index", type=click.IntRange(min=0), default=None, metavar="I",
+              help="--join: this worker takes the I-th of --task-count slices of the shards first "
+                   "[SLURM_ARRAY_TASK_ID, JOB_COMPLETION_INDEX]. Implies --join.")
+@click.option("--task-count", type=click.IntRange(min=1), default=None, metavar="N",
+              help="--join: the number of slices (tasks) [SLURM_ARRAY_TASK_COUNT]. Implies --join.")
+@click.option("--steal/--no-steal", default=True, show_default=True,
+              help="--join: once its slice is done, take the shards no worker claimed yet of the others' slices "
+                   "(--no-steal: its slice only).")
+@click.option("--status", is_flag=True,
+              help="Print where the run in RUN (`wdsfilter score RUN --status`, or --out RUN) stands: shards "
+                   "done/claimed/failed/free, samples, workers and their last heartbeat; score nothing.")
 @stage_options
 @click.option("--config", "config_file", default=None, metavar="FILE",
               help="A run recipe (YAML/JSON: shards, out, scorers, scorer_options, thresholds, stage, engine, ...; "
-                   "every run writes its own to OUT/run.yaml), or stage options only. Options given here override it.")
+                   "every run writes its own to RUN/run.yaml), or stage options only. Options given here override it.")
 @click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="local: this machine's engine (memory planner); ray: Ray Data across a cluster "
                    "(pip install 'wdsfilter[ray]'; no shared filesystem needed: the driver writes --out).")
@@ -95,19 +148,20 @@ def _given(ctx: click.Context, param: str) -> bool:
 @click.option("--ray-gpus-per-actor", type=click.FloatRange(min=0), default=None,
               help="ray: GPUs per model actor (0.5 puts two on a GPU) [1 / the planner's model processes per GPU "
                    "when the cluster has GPUs, else 0].")
-@click.option("--no-progress", is_flag=True, help="No progress bar.")
+@click.option("--progress/--no-progress", default=None,
+              help="Progress on stderr: a bar on a terminal, a line every 10 s in a log [default: on; off with -q].")
 @click.option("--no-histograms", is_flag=True, help="No histograms in the terminal summary.")
 @verbosity_options(quiet="Say less: the result and errors only (no progress, scorer lines, plan or histograms).",
                    verbose="Say more: the whole plan (by default one line).")
 def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frames, frame_reduce, keyframes,
           ocr_backend, ocr_model_dir, ocr_download, min_clip, max_ocr_area, mins, maxes, tops, bottoms,
           equals, recipes, write_shards,
-          save_embeddings, device, gpus, decode_device, batch_size, workers, replicas, max_memory, headroom, fit, fmt, resume,
-          overwrite, retry_failed, dry_run, caption_key, image_key, rekey, image_token, max_pixels, config_file,
-          max_bytes, allow_pipe, allow_remote, remote_speed_limit, remote_speed_time, remote_retry_budget,
-          storage_options, engine,
+          save_embeddings, device, gpus, decode_device, batch_size, workers, replicas, max_memory, headroom, fit, fmt,
+          resume, overwrite, retry_failed, dry_run, join, task_index, task_count, steal, status, caption_key,
+          image_key, rekey, image_token, max_pixels, config_file, max_bytes, allow_pipe, allow_remote,
+          remote_speed_limit, remote_speed_time, remote_retry_budget, storage_options, engine,
           ray_address, ray_actors, ray_gpus_per_actor,
-          no_progress, no_histograms, quiet, verbose):
+          progress, no_histograms, quiet, verbose):
     """Score every sample of SHARDS (folders, globs, brace patterns, .tar files) with CLIP, OCR
     or your own scorer; write per-shard score files, a summary and, optionally, filtered shards."""
     from ..stream.config import StageConfig, stage_overrides
@@ -120,6 +174,8 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
 
     logging.basicConfig(format="wdsfilter: warning: %(message)s", level=logging.WARNING)
     library_logs_off()  # on the handler just made too
+    if status:  # where a run stands, nothing scored
+        return _print_status([out] if out else list(shards), storage_options)
     level = verbosity(quiet, verbose)
     recipe = read_recipe(config_file) if config_file else {}
     given_stage = stage_overrides(caption_key=caption_key, image_key=image_key, rekey=rekey, image_token=image_token,
@@ -158,12 +214,9 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
     if not _given(ctx, "engine"):
         engine = recipe.get("engine", engine)
     cfg = build_config(out, tuple(merged.pop("scorers", ("clip",))), stage=stage, selection=selection, resume=resume,
-                       overwrite=overwrite, retry_failed=retry_failed, dry_run=dry_run, progress=not no_progress,
-                       verbosity=level, **merged)
-    ray_given = [f for f, v in (("--ray-address", ray_address), ("--ray-actors", ray_actors),
-                                ("--ray-gpus-per-actor", ray_gpus_per_actor)) if v is not None]
-    if ray_given and engine != "ray":
-        raise click.UsageError(f"{', '.join(ray_given)} only apply with --engine ray")
+                       overwrite=overwrite, retry_failed=retry_failed, dry_run=dry_run, progress=progress is not False,
+                       verbosity=level, join=join, task_index=task_index, task_count=task_count, steal=steal, **merged)
+    _check_engine(cfg, engine, ray_address, ray_actors, ray_gpus_per_actor)
     # Errors are not caught here: the `wdsfilter` group prints one line and maps each to its exit
     # code (wdsfilter/core/errors.py): 2 for configuration errors, 3 for a failed run, never 1.
     if engine == "ray":
@@ -176,5 +229,5 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
     click.echo(summary.format_text(histograms=not no_histograms and level > 0, plan=False, scorers=level == 0,
                                    quiet=level == 0))
     if summary.shards_failed:  # a failure of the run: those shards have no marker
-        raise RunError(f"{len(summary.shards_failed)} shard(s) failed (listed above and in summary.json); "
-                       f"run again with --resume to retry them")
+        again = "start a worker again (--join): it retries them" if cfg.join else "run again with --resume to retry them"
+        raise RunError(f"{len(summary.shards_failed)} shard(s) failed (listed above and in summary.json); {again}")

@@ -78,6 +78,15 @@ class ScoreConfig:
     # resume: shards without a marker are scored too.
     retry_failed: Optional[str] = None
     dry_run: bool = False
+    # Many workers on one --out (docs/scale.md): this process is one of any number that claim the
+    # run's shards one by one (runfolder/claims.py); it starts the run in --out or joins the run
+    # there, with the same settings and shards. task_index of task_count: the slice of the shard
+    # list it takes first (else SLURM_ARRAY_TASK_ID / JOB_COMPLETION_INDEX, score/join.py); steal:
+    # then the shards no worker claimed yet of the others' slices.
+    join: bool = False
+    task_index: Optional[int] = None
+    task_count: Optional[int] = None
+    steal: bool = True
     progress: bool = True
     # What the run tells `echo` (the command line: -q 0, default 1, -v 2): 0 nothing, 1 the scorers
     # and the plan in one line, 2 the whole plan (a dry run always shows it).
@@ -137,6 +146,7 @@ class ScoreConfig:
             self.resume = True
         if self.resume and self.overwrite:
             raise ConfigError("resume and overwrite exclude each other: resume continues a run, overwrite restarts it")
+        self._check_join()
         if self.max_batch < 1 or self.cpu_max_batch < 1:
             raise ConfigError("max_batch and cpu_max_batch must be >= 1")
         if not self.probe_seconds > 0:
@@ -175,6 +185,25 @@ class ScoreConfig:
         self.scorer_options = {str(k): dict(v) for k, v in dict(self.scorer_options).items()}
         if not isinstance(self.stage, StageConfig):
             raise ConfigError("stage must be a StageConfig")
+
+    def _check_join(self) -> None:
+        for name in ("task_index", "task_count"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ConfigError(f"{name} must be a whole number >= 0, got {value!r}")
+        if self.task_index is not None or self.task_count is not None:
+            self.join = True  # a slice is a worker's
+        if not self.join:
+            if not self.steal:
+                raise ConfigError("--no-steal applies to the workers of a joined run (--join, --task-index)")
+            return
+        if self.overwrite:
+            raise ConfigError("--join and --overwrite exclude each other: workers join the run in --out; start over "
+                              "with a new --out (or one run with --overwrite first)")
+        if self.retry_failed:
+            raise ConfigError("--join and --retry-failed exclude each other: retry the failed samples of a finished "
+                              "run with one `wdsfilter score --retry-failed` (docs/scale.md)")
+        self.resume = True  # a worker continues the run it joins: the shards with a marker are done
 
     def _take_old_names(self, minima, maxima, top, bottom) -> None:
         """thresholds=, max_thresholds=, top_shares=, bottom_shares= (the fields before selection=)

@@ -171,6 +171,7 @@ class Dispatcher:
             self.failed.append({"url": s.url, "reason": failed})
             return
         self.completed += 1
+        self.run.shard_written(s.url)
 
     def unfinished(self) -> List[dict]:
         """Shards still open when the stream ended (a shard end never came, or rows are missing)."""

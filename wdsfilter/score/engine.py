@@ -29,7 +29,8 @@ from .planner import make_plan
 from ..storage.shardstats import sizes_samples
 from .probe import ProbeReport, collect_probe
 from .rows import NothingScoredError  # noqa: F401 - raised by run(); importable from here as before
-from .runner import Outcome, Run
+from .outcome import Outcome, unopened_reason
+from .runner import Run
 from .transport import Chunk, Prepare, keep_as_is
 
 log = logging.getLogger("wdsfilter")
@@ -78,34 +79,40 @@ class Engine(Run):
         return batch_size_of
 
     # -- scoring ----------------------------------------------------------------------------------
-    def _loader(self, plan: Plan, todo: List[str], sink):
+    def _loader(self, plan: Plan, todo: List[str], sink, source=None):
+        """The DataLoader over `todo`, or over the shards `source` yields (a joined run's worker:
+        shards claimed as its readers ask, join.FedShards)."""
         import torch.utils.data
-        from ..pipeline import sample_pipeline
+        from ..stream.pipeline import sample_pipeline
         from ..core.tally import Tally
         cfg = self.cfg
         tally = Tally(0, 0, name="wdsfilter score")
         stage = cfg.scoring_stage_config(self.scorers)
         pipeline = sample_pipeline(todo, stage, tally, extra=[Prepare(self.scorers, stage)],
                                    sink=sink, before_decode=self.only_retried(),
-                                   shard_stages=[s.reader() for s in self.only_retried()])
+                                   shard_stages=[s.reader() for s in self.only_retried()], source=source)
         pipeline.append(Chunk(plan.chunk))
         return torch.utils.data.DataLoader(
             pipeline, batch_size=None, shuffle=False, num_workers=plan.workers, collate_fn=keep_as_is,
             prefetch_factor=plan.prefetch if plan.workers else None,
             multiprocessing_context=cfg.worker_start if plan.workers else None)
 
-    def _score(self, pool, plan: Plan, todo: List[str]):
-        """Score `todo`; returns (the dispatcher, the stage counts of the decode workers)."""
+    def _score(self, pool, plan: Plan, todo: List[str], batch_size_of: dict, source=None, progress=None):
+        """Score `todo` (or what `source` yields); returns (the dispatcher, the stage counts of the
+        decode workers). progress: a progress line the caller keeps (else one for `todo`)."""
         from ..core.tally import StatsSink
         sink = StatsSink()  # a working folder in $TMPDIR, removed here (or swept once this process is gone)
+        own = progress is None
+        if own:
+            progress = open_progress(self.cfg.progress and self.cfg.verbosity > 0, todo)
         try:
-            dispatcher = Dispatcher(self, pool, self._apply(pool, plan), len(todo),
-                                    open_progress(self.cfg.progress and self.cfg.verbosity > 0, todo))
+            dispatcher = Dispatcher(self, pool, batch_size_of, len(todo), progress)
             try:
-                dispatcher.run_loader(self._loader(plan, todo, sink), then=lambda: preload_writer(self.cfg.format))
+                dispatcher.run_loader(self._loader(plan, todo, sink, source),
+                                      then=lambda: preload_writer(self.cfg.format))
             finally:
-                if dispatcher.progress is not None:
-                    dispatcher.progress.close()
+                if own and progress is not None:
+                    progress.close()
             return dispatcher, sink.read()
         finally:
             sink.remove()
@@ -125,12 +132,43 @@ class Engine(Run):
                     raise died from e
                 raise
         except (RunFailedError, WorkerError) as e:  # a dead worker or device: the ledger names what it left
-            self.record_run_failure(self.todo, e)
+            if self.joined is None:  # a joined run's worker leaves its shards to the others (its claims go with it)
+                self.record_run_failure(self.todo, e)
             raise
         finally:
             self.release_lock()
 
+    def _pool(self):
+        """The model workers' pool, not started; models fetched once, here."""
+        devices = resolve_devices(self.cfg)
+        self._place_decoding(devices)
+        for scorer in self.scorers:  # downloads once, here, not in every model worker at once
+            getattr(scorer, "fetch", lambda: None)()
+        return make_pool(devices, self.model_scorers, replicas=self.cfg.replicas)
+
+    def _plan(self, pool, todo: List[str], n_shards: int) -> Plan:
+        """Start the model workers, probe on `todo`'s samples, plan (said as the plan is shown)."""
+        cfg, summary = self.cfg, self.summary
+        reports = pool.start()
+        summary.scorers = list(dict.fromkeys(d for r in reports for d in r.descriptions))
+        for d in summary.scorers if cfg.verbosity else ():
+            self.echo(f"scorer: {d}")
+        probe = self._probe(pool, todo)
+        for r in reports:  # a model in this process (one CPU or simulated device) cannot get replicas
+            r.in_process = bool(pool.in_process)
+        plan = make_plan(cfg, reports, probe, host_status(), n_shards)
+        summary.plan, summary.plan_text = plan.to_dict(), plan.describe()
+        shown = cfg.plan_text(plan)
+        if shown:
+            self.echo(shown)
+        for w in plan.warnings:
+            log.warning(w)
+        return plan
+
     def _run(self) -> RunSummary:
+        if self.joined is not None:
+            from .join import run_joined
+            return run_joined(self)
         cfg, state, summary = self.cfg, self.state, self.summary
         start = time.perf_counter()
         todo = self.pending()  # keys on the first of them were checked when the run was set up
@@ -139,33 +177,14 @@ class Engine(Run):
                       f"{len(todo)} to score")
         dispatcher = stage_tally = None
         if todo or cfg.dry_run:
-            devices = resolve_devices(cfg)
-            self._place_decoding(devices)
-            for scorer in self.scorers:  # downloads once, here, not in every model worker at once
-                getattr(scorer, "fetch", lambda: None)()
-            pool = make_pool(devices, self.model_scorers, replicas=cfg.replicas)
-            workers: List[dict] = []
+            pool = self._pool()
             try:
-                reports = pool.start()
-                summary.scorers = list(dict.fromkeys(d for r in reports for d in r.descriptions))
-                for d in summary.scorers if cfg.verbosity else ():
-                    self.echo(f"scorer: {d}")
-                probe = self._probe(pool, todo or self.urls)
-                for r in reports:  # a model in this process (one CPU or simulated device) cannot get replicas
-                    r.in_process = bool(pool.in_process)
-                plan = make_plan(cfg, reports, probe, host_status(), len(todo or self.urls))
-                summary.plan, summary.plan_text = plan.to_dict(), plan.describe()
-                shown = cfg.plan_text(plan)
-                if shown:
-                    self.echo(shown)
-                for w in plan.warnings:
-                    log.warning(w)
+                plan = self._plan(pool, todo or self.urls, len(todo or self.urls))
                 if cfg.dry_run:
                     return summary
-                dispatcher, stage_tally = self._score(pool, plan, todo)
+                dispatcher, stage_tally = self._score(pool, plan, todo, self._apply(pool, plan))
             finally:
-                workers = pool.close()
-            summary.workers = workers
+                summary.workers = pool.close()
         else:
             summary.scorers = [s.describe() for s in self.scorers]
             for d in summary.scorers if cfg.verbosity else ():
@@ -180,7 +199,7 @@ class Engine(Run):
         ended = {f["url"] for f in outcome.failed}
         for url in todo:
             if not state.is_done(url) and url not in ended:
-                outcome.failed.append({"url": url, "reason": _unopened_reason(url, stage_tally)})
+                outcome.failed.append({"url": url, "reason": unopened_reason(url, stage_tally)})
         outcome.seconds = time.perf_counter() - start
         if stage_tally is not None:
             outcome.stage_counts = {"dropped": dict(stage_tally.dropped), "notes": dict(stage_tally.notes)}
@@ -194,13 +213,6 @@ def decode_on_device(setting: str, devices: List[str]) -> bool:
         raise ConfigError(f"--decode-device cuda decodes on the model's GPU; the model workers are on "
                           f"{', '.join(devices)}. Use --decode-device auto or cpu")
     return setting == "cuda" or (setting == "auto" and on_gpus)
-
-
-def _unopened_reason(url: str, stage_tally) -> str:
-    if stage_tally is not None and stage_tally.by_shard.get(url, {}).get("unreadable_shard"):
-        ex = [e.message for e in stage_tally.examples.get("unreadable_shard", []) if e.shard == url]
-        return "unreadable: " + (ex[0] if ex else "could not be opened")
-    return "could not be opened"
 
 
 def run_scoring(shards, cfg: ScoreConfig, echo: Optional[Callable[[str], None]] = None) -> RunSummary:

@@ -179,7 +179,7 @@ def collect_probe(urls: Sequence[str], stage_cfg, scorers: Sequence, want: int, 
     every scorer (or `scan` samples were read, or `max_seconds` passed). Returns (inputs, seconds
     per sample, samples read). only: --retry-failed's ledger.OnlyKeys (the probe reads only its samples).
     tally: where its notes go (a remote read's retries, which the run's summary counts)."""
-    from ..pipeline import sample_pipeline
+    from ..stream.pipeline import sample_pipeline
     pipe = sample_pipeline(list(urls), stage_cfg, Tally() if tally is None else tally, extra=[Prepare(scorers, stage_cfg)], before_decode=only,
                            shard_stages=[s.reader() for s in only])
     found: List[Dict[str, Any]] = []

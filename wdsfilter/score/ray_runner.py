@@ -49,7 +49,8 @@ from .ray_tasks import LEDGER_FIELDS, NODE, SHARD_END_ROW, ActorRoster, ScoreAct
 from .rows import BASE_FIELDS, write_shard
 from .planner import make_plan
 from .probe import collect_probe
-from .runner import Run, Outcome
+from .outcome import Outcome
+from .runner import Run
 
 
 def _ray():

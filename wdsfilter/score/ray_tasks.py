@@ -55,7 +55,7 @@ def read_shard(batch, cfg, scorers, rows_per_block: int = 64, only=None, node_in
     in memory whole. only: --retry-failed's stage (ledger.OnlyKeys, by the URLs the driver knows):
     in its shards only the samples to retry are read on. node_inputs: ray_files.NodeInputs (the
     scorers' model files where this node lacks them: a tokenizer's config)."""
-    from ..pipeline import sample_pipeline
+    from ..stream.pipeline import sample_pipeline
 
     if node_inputs is not None:
         node_inputs.apply(scorers)

@@ -33,10 +33,12 @@ def _normalise(obj):
 
 class RunState:
     def __init__(self, cfg: ScoreConfig, urls: Sequence[str], identity: Optional[dict] = None,
-                 size_of: Callable[[str], int] = os.path.getsize):
+                 size_of: Callable[[str], int] = os.path.getsize, run_record=None):
         """Paths and markers at once; with `identity`, also open() the folder. Without it, the
         folder is only checked (check_folder), so that happens before any model is resolved,
-        and open(identity) follows once the scorers are known."""
+        and open(identity) follows once the scorers are known. run_record: run.json as a
+        record of the folder (runfolder/lease.record_at): a joined run's worker (`--join`), which
+        creates it or joins the run it names."""
         self.cfg = cfg
         self.urls = list(urls)
         self.names = shard_names(self.urls)
@@ -54,6 +56,10 @@ class RunState:
         self.size_of = size_of
         # the lease's fence (runfolder/lease.Fence): write_shard installs it where a Ray worker writes
         self.fence = None
+        self.run_record = run_record
+        self.created = False  # a joined run's worker that made run.json (it writes shards.json and run.yaml)
+        self.run_json_version: Optional[str] = None  # of the run.json it created (a bucket's)
+        self.writer: Optional[str] = None  # a joined run's worker: its token, in each marker and score file
         # the folder's run: a marker counts only where it names it (layout.vouches); --resume keeps
         # the recorded one, a new run or --overwrite makes one in _prepare
         self.run_id = self._recorded_run_id() if cfg.resume or cfg.retry_failed else None
@@ -66,7 +72,10 @@ class RunState:
         """Check the folder against `identity` (--resume), clear it (--overwrite), create it and
         write run.json."""
         self.identity = _normalise(identity)
-        self._prepare()
+        if self.run_record is not None:
+            self._join()
+        else:
+            self._prepare()
 
     # -- paths ----------------------------------------------------------------------------------
     def score_path(self, url: str) -> str:
@@ -111,14 +120,15 @@ class RunState:
         run_json = os.path.join(self.out, layout.RUN_JSON)
         markers = self._existing_markers()
         self.run_id = os.urandom(8).hex()
+        joined = None  # a joined run's shard list (`--join`): kept by a resume
         if os.path.exists(run_json):
             previous = layout.read_json(self.out, run_json, {})  # not JSON: a ConfigError naming it
             if self.cfg.resume and isinstance(previous, dict):  # the run it continues: its markers count
                 self.run_id = previous.pop(layout.RUN_ID, None)
+                joined = previous.pop(layout.JOINED, None)
             if self.cfg.resume:
-                diff = sorted(k for k in set(previous) | set(self.identity) if previous.get(k) != self.identity.get(k))
-                if diff:
-                    details = "; ".join(f"{k}: was {previous.get(k)!r}, now {self.identity.get(k)!r}" for k in diff)
+                details = self._differences(previous)
+                if details:
                     raise ConfigError(f"--resume: {self.out} was written with other settings ({details}). "
                                       f"Resume with the same settings, or use another --out")
             elif markers or self._score_files():
@@ -137,8 +147,67 @@ class RunState:
         if self.cfg.write_shards:
             os.makedirs(self.cfg.write_shards, exist_ok=True)
         self._remove_temporaries()
-        write_json(run_json, {**self.identity, **({layout.RUN_ID: self.run_id} if self.run_id else {})}, fsync=True)
+        write_json(run_json, {**self.identity, **({layout.RUN_ID: self.run_id} if self.run_id else {}),
+                              **({layout.JOINED: joined} if joined else {})}, fsync=True)
         layout.write_shard_list(self.out, self.urls, self.names, self._earlier_shards())
+
+    def _differences(self, previous: dict) -> str:
+        """The settings `previous` (a run.json less its run_id) records otherwise than this run: ''
+        when none."""
+        diff = sorted(k for k in set(previous) | set(self.identity) if previous.get(k) != self.identity.get(k))
+        return "; ".join(f"{k}: was {previous.get(k)!r}, now {self.identity.get(k)!r}" for k in diff)
+
+    def _join(self) -> None:
+        """A joined run's worker (`--join`): run.json is created where there is none (atomically:
+        of the workers that start at once, one makes it), else the run it names is joined, with
+        the same settings and the same shards or not at all (a ConfigError naming what differs,
+        before any work). The run's other files are the creator's to write (shards.json, run.yaml)."""
+        from ..runfolder.lease import Conflict
+        self.run_id = os.urandom(8).hex()
+        body = {**self.identity, layout.RUN_ID: self.run_id, layout.JOINED: layout.shard_list_digest(self.urls)}
+        data = (json.dumps(_normalise(body), indent=1) + "\n").encode()
+        try:
+            if self.writable:
+                self.run_json_version = self.run_record.create(data)
+                self.created = True
+        except Conflict:
+            pass
+        if not self.created:
+            previous, _ = self.run_record.read()
+            if previous is None:
+                if not self.writable:
+                    self.run_id = None
+                    return
+                raise ConfigError(f"{self.out}: run.json was there, then gone: another program is clearing the folder")
+            self._check_joined(dict(previous))
+        if not self.writable:
+            return
+        os.makedirs(self.scores_dir, exist_ok=True)
+        os.makedirs(self.done_dir, exist_ok=True)
+        if self.cfg.write_shards:
+            os.makedirs(self.cfg.write_shards, exist_ok=True)
+        run_json = os.path.join(self.out, layout.RUN_JSON)
+        if self.created and not os.path.exists(run_json):  # a bucket's staging copy: the object's bytes
+            with open(run_json, "wb") as f:
+                f.write(data)
+        if self.created:
+            layout.write_shard_list(self.out, self.urls, self.names)
+
+    def _check_joined(self, previous: dict) -> None:
+        self.run_id = previous.pop(layout.RUN_ID, None)
+        listed = previous.pop(layout.JOINED, None)
+        details = self._differences(previous)
+        if details:
+            raise ConfigError(f"--join: {self.out} holds a run with other settings ({details}); every worker of a "
+                              f"run gives the same settings (its run.json), or use another --out")
+        mine = layout.shard_list_digest(self.urls)
+        if listed is None:  # a run started without --join: its shards.json lists them
+            known = layout.read_shard_list(self.out) or []
+            listed = layout.shard_list_digest([s.url for s in known])
+        if listed != mine:
+            raise ConfigError(f"--join: shards: this worker was given {mine['shards']} shard(s), the run in "
+                              f"{self.out} has {listed.get('shards') if isinstance(listed, dict) else '?'} (another "
+                              f"list); every worker of a run is given the same shards")
 
     def _earlier_shards(self) -> List[layout.ListedShard]:
         """The shards of the runs this one resumes that have a marker (a resume over fewer
@@ -196,6 +265,7 @@ class RunState:
         return (marker is not None and layout.vouches(marker, self.run_id)
                 and outputs_intact(marker, self.out, self._outputs(url, marker.embeddings, marker.failures),
                                    self.size_of)
+                and layout.written_by(marker, self.score_path(url))
                 and not self._changed(url, marker))
 
     def scored_rows(self) -> int:
@@ -226,8 +296,11 @@ class RunState:
                         filtered_shard=self._shown(self.filtered_path(url)), source=source_state(source or url),
                         run_id=self.run_id,
                         sizes=output_sizes(self.out, self._outputs(url, info.get("embeddings"), info.get("failures"))),
-                        extra={k: v for k, v in info.items() if k not in Marker.__dataclass_fields__})
-        layout.write_marker(self.out, marker)
+                        extra={**{k: v for k, v in info.items() if k not in Marker.__dataclass_fields__},
+                               **({layout.WRITER: self.writer} if self.writer else {})})
+        if self.writer and layout.create_marker(self.out, marker):  # a joined run's: created only where none is
+            return
+        layout.write_marker(self.out, marker)  # (a joined run's worker: over a stray one, while its claim holds)
 
     def _shown(self, path: Optional[str]) -> Optional[str]:
         if path and self.shown_write_shards and path.startswith(self.shown_write_shards[0] + os.sep):

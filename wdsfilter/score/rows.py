@@ -168,7 +168,7 @@ def write_shard(url: str, rows: List[dict], end: Union[ShardEnd, dict], cfg, sta
                 f"error page)? Re-create or re-download it; no marker: --resume reads it again")
     if state.fence is not None:  # a Ray worker's writes are fenced by the run's lease too (runfolder/lease.py)
         state.fence.install()
-    write_table(rows, columns, state.score_path(url), cfg.format)
+    write_table(rows, columns, state.score_path(url), cfg.format, writer=state.writer)
     embeddings = write_embeddings(cfg.out, state.names[url], rows) or {}
     filtered = None
     if cfg.write_shards:
@@ -183,7 +183,8 @@ def write_shard(url: str, rows: List[dict], end: Union[ShardEnd, dict], cfg, sta
             # _stats.json is published with the shards: the source without password or signed query
             write_shard_stats(folder, name, filtered["samples"], filtered["members"], {redact_url(url): filtered["samples"]},
                               filtered["bytes"])
-            update_sizes(folder, {name: filtered["samples"]})
+            if not state.writer:  # a joined run's sizes.json is the end of the run's (join.py), not each worker's
+                update_sizes(folder, {name: filtered["samples"]})
         except OSError as e:  # the shard cannot be read again (a pipe: command failed): no marker
             if is_disk_full(e):
                 raise

@@ -9,8 +9,7 @@ import copy
 import dataclasses
 import logging
 import os
-from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 from ..core.errors import ConfigError, require
 from ..stream.keycheck import check_keys
@@ -22,11 +21,12 @@ from .config import ScoreConfig
 from .faults import disk_full, is_disk_full
 from .ledger import MERGED as LEDGER_FILE, merge as merge_ledger, shard_entry, summarize as summarize_ledger
 from .ledger import OnlyKeys, retry_plan, write_shard_failures
-from ..runfolder.names import HISTOGRAMS, RUN_JSON, SUMMARY, THRESHOLDS
+from ..runfolder.names import HISTOGRAMS, RUN_JSON, STATE_FILES, SUMMARY, THRESHOLDS
 from ..runfolder.lease import Lease, LeaseLostError
 from .recipe import write_recipe
 from ..report import run_report
 from ..report.statistics import plot_histograms, summarize_files
+from .outcome import Outcome
 from .summary import RunSummary, write_summary
 from .resume import RunState
 from .rows import NothingScoredError
@@ -36,18 +36,6 @@ from .scorerset import check_before_torch, check_scorer_names, resolve_scorers, 
 log = logging.getLogger("wdsfilter")
 
 
-@dataclass
-class Outcome:
-    """What an engine's scoring did; each engine returns one and Run.finish builds the summary
-    from it, so both engines fill the same fields the same way."""
-    shards_scored: int = 0  # written (score file, marker) by this run
-    samples: int = 0  # rows of those shards
-    failed: List[dict] = field(default_factory=list)  # {"url", "reason"}: no marker, --resume tries it again
-    stage_counts: Optional[Dict[str, dict]] = None  # {"dropped": {...}, "notes": {...}}, where the stages ran
-    seconds: float = 0.0  # the whole run
-    scoring_seconds: float = 0.0  # the scoring loop alone
-
-
 class Run:
     """One scoring run's shards, scorers, state and summary; no model is loaded here."""
 
@@ -55,41 +43,38 @@ class Run:
         refuse_in_spawned_worker()
         self.cfg = cfg
         self.echo = echo or (lambda text: None)
-        self.urls, repeats = unique_urls(expand_urls(shards, cfg.stage.allow_pipe, cfg.stage.allow_remote,
-                                                           cfg.stage.storage_options))
-        unnamed = [u for u in self.urls if utf8_text(u) != u]
-        if unnamed:  # its path goes into score files, markers and stats, all UTF-8
-            raise ConfigError(f"shard path '{utf8_text(unnamed[0])}' is not UTF-8 ({len(unnamed)} such shard(s)): "
-                              f"rename it (e.g. `convmv -f latin1 -t utf8`) before scoring; member names "
-                              f"inside shards may be any bytes")
-        refuse_writing_into_inputs(cfg.write_shards, self.urls)
-        if repeats:
-            log.warning(f"{len(repeats)} shard(s) given more than once are scored once: "
-                        f"{', '.join(repeats[:3])}{' ...' if len(repeats) > 3 else ''}")
+        self.urls = self._shard_urls(shards, cfg)
         # The checks that need no model come first: a wrong scorer name, output folder or caption
         # key answers before torch is imported (resolving a CLIP scorer imports open_clip).
         check_scorer_names(cfg)
         check_before_torch(cfg)
+        # A joined run's worker (--join, join.py) holds its own lease, not the folder's, and claims
+        # the shards one by one (runfolder/claims.py); a dry run plans only, as any.
+        self.joined = self._worker(cfg)
         # One run per --out, by a lease (runfolder/lease.py), taken before the run state, which
         # deletes temporaries; every write into the folder is fenced by it. A remote --out: the
         # lease in the bucket, then the run writes a local staging copy mirrored to the bucket.
-        self.remote = self._remote_out(cfg)
+        self.remote = self._remote_out(cfg, self.joined)
         # The reads before scoring (the key check, the probe): their remote retries, for the summary
         self.before = Tally(0, 0, name="wdsfilter score (before scoring)")
         if self.remote:
             cfg = self.cfg = dataclasses.replace(cfg, out=self.remote.local, write_shards=(
                 self.remote.shards.local if self.remote.shards else cfg.write_shards))
         try:
-            self.lock = None if cfg.dry_run or self.remote else Lease(cfg.out).acquire()
+            self.lock = None if cfg.dry_run or self.remote else (
+                self.joined.lease if self.joined else Lease(cfg.out)).acquire()
             fence = self.remote.fence if self.remote else self.lock and self.lock.guard([cfg.out, cfg.write_shards])
         except BaseException:
             if self.remote:  # its lock object is not left to go stale
                 self.remote.release()
             raise
         try:
+            if self.joined:  # a run without --join in the folder excludes its workers
+                self.joined.refuse_single_run()
             if cfg.retry_failed and not os.path.exists(os.path.join(cfg.out, RUN_JSON)):
                 raise ConfigError(f"--retry-failed: {cfg.out} holds no scoring run; score the shards there first")
-            self.state = RunState(cfg, self.urls, size_of=self.remote.sizes() if self.remote else os.path.getsize)
+            self.state = RunState(cfg, self.urls, size_of=self.remote.sizes() if self.remote else os.path.getsize,
+                                  run_record=self.joined and self.joined.run_record())
             self.state.fence = fence  # installed by rows.write_shard where a Ray worker writes
             self.todo = self.state.pending()
             # --retry-failed: url -> {index: ledger entry} of the samples of finished shards to score
@@ -111,7 +96,10 @@ class Run:
             if self.remote and self.remote.shards:  # what the bucket's markers name, not the staging folder
                 self.state.shown_write_shards = (self.remote.shards.local, self.remote.shards.url)
             self.state.open(self._identity())
-            if not cfg.dry_run:  # the resolved recipe: `wdsfilter score --config OUT/run.yaml` runs it again
+            if self.joined:  # the run's shards now claimed one by one; those with a marker are done
+                self.todo = self._join_run()
+            if not cfg.dry_run and (self.joined is None or self.state.created):
+                # the resolved recipe: `wdsfilter score --config OUT/run.yaml` runs it again
                 write_recipe(cfg, self.urls, engine, self.remote and {
                     "out": self.remote.url, "write_shards": self.remote.shards and self.remote.shards.url})
             if self.remote:
@@ -126,6 +114,39 @@ class Run:
         self.summary = RunSummary(out=self.remote.url if self.remote else cfg.out, shards=len(self.urls), dry_run=cfg.dry_run,
                                   shards_resumed=self.state.resumed_from_markers)
 
+    @staticmethod
+    def _worker(cfg: ScoreConfig):
+        """This process as a worker of a joined run (--join), or None; a dry run plans only, as any."""
+        if not cfg.join or cfg.dry_run:
+            return None
+        from .join import Worker
+        return Worker(cfg, cfg.out)
+
+    def _join_run(self) -> List[str]:
+        """A joined run's worker, once run.json names the run: its claims, the shards not done."""
+        todo = self.joined.start(self.state, self.urls)
+        if self.remote and self.state.created:  # run.json was created in the bucket, in place
+            self.remote.folder.adopt(RUN_JSON, self.state.run_json_version)
+        elif self.remote:  # the run's files as its creator wrote them (after this worker's pull, perhaps)
+            self.remote.folder.refresh(fetch=STATE_FILES)
+        return todo
+
+    @staticmethod
+    def _shard_urls(shards, cfg: ScoreConfig) -> List[str]:
+        """The run's shards, each once, named in UTF-8, none of them where --write-shards writes."""
+        urls, repeats = unique_urls(expand_urls(shards, cfg.stage.allow_pipe, cfg.stage.allow_remote,
+                                                cfg.stage.storage_options))
+        unnamed = [u for u in urls if utf8_text(u) != u]
+        if unnamed:  # its path goes into score files, markers and stats, all UTF-8
+            raise ConfigError(f"shard path '{utf8_text(unnamed[0])}' is not UTF-8 ({len(unnamed)} such shard(s)): "
+                              f"rename it (e.g. `convmv -f latin1 -t utf8`) before scoring; member names "
+                              f"inside shards may be any bytes")
+        refuse_writing_into_inputs(cfg.write_shards, urls)
+        if repeats:
+            log.warning(f"{len(repeats)} shard(s) given more than once are scored once: "
+                        f"{', '.join(repeats[:3])}{' ...' if len(repeats) > 3 else ''}")
+        return urls
+
     def only_retried(self) -> list:
         """The stage that lets only the samples to retry through in their shards (before
         decoding; ledger.OnlyKeys), or none outside --retry-failed."""
@@ -134,7 +155,7 @@ class Run:
         return [OnlyKeys({u: [e["key"] for e in plan.values()] for u, plan in self.retry.items()})]
 
     @staticmethod
-    def _remote_out(cfg: ScoreConfig):
+    def _remote_out(cfg: ScoreConfig, joined=None):
         from ..storage.remote import is_fsspec_url
         if not is_fsspec_url(cfg.out):
             if cfg.write_shards and is_fsspec_url(cfg.write_shards):
@@ -149,7 +170,7 @@ class Run:
         # --retry-failed rewrites finished shards' score files, so it pulls them all.
         return RemoteRunFolder(cfg.out, cfg.stage.storage_options, lock=not cfg.dry_run, write_shards=remote_shards,
                                pull_shards=cfg.resume or bool(cfg.retry_failed),
-                               lazy=cfg.resume and not cfg.retry_failed)
+                               lazy=cfg.resume and not cfg.retry_failed, lease=joined and joined.lease)
 
     def _identity(self) -> dict:
         identity = run_identity(self.cfg, self.scorers)
@@ -163,6 +184,12 @@ class Run:
         lease = self.lock or (self.remote.lock if self.remote else None)
         if lease is not None and lease.lost:
             raise LeaseLostError(lease.lost)
+
+    def shard_written(self, url: str) -> None:
+        """A shard's outputs and marker are written: a joined run's worker sends them to the
+        bucket now (the other workers see the shard done only then), not at the mirror's interval."""
+        if self.joined is not None and self.remote is not None and self.remote.mirror is not None:
+            self.remote.mirror.wake()
 
     def release_lock(self) -> None:
         if self.lock is not None:

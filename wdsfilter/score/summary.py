@@ -44,6 +44,9 @@ class RunSummary:
     failures: Dict[str, dict] = field(default_factory=dict)
     # --retry-failed: samples retried, now scored, still listed
     retried: Dict[str, int] = field(default_factory=dict)
+    # a joined run's worker (--join, join.py): its token and task, the run's shards done/failed/live
+    # as it last saw them, whether it wrote the run's end (finished) and, then, every worker's counts
+    joined: Dict[str, Any] = field(default_factory=dict)
 
     @property
     def scored(self) -> int:
@@ -82,6 +85,8 @@ class RunSummary:
             return "\n".join((([f"scorer: {s}" for s in self.scorers] + [self.plan_text]) if plan else [])
                              + ["dry run: nothing was scored",
                                 f"shards: {self.shards} ({self.shards_resumed} already done)"])
+        if self.joined and not self.joined.get("finished"):
+            return self._worker_text()
         lines = [f"scored {self.scored} of {self.rows} samples in {self.shards} shard(s)"
                  + (f" ({self.shards_resumed} shard(s) were already done)" if self.shards_resumed else "")
                  + (f"; {len(self.shards_failed)} shard(s) FAILED" if self.shards_failed else "")
@@ -133,6 +138,31 @@ class RunSummary:
         for name, path in self.files.items():
             if path:
                 lines.append(f"  {name}: {path}")
+        for w in self.joined.get("workers") or ():
+            lines.append(f"  worker {w['token']} (pid {w['pid']} on {w['host']}"
+                         + (f", task {w['task']}" if w.get("task") else "")
+                         + f"): {w.get('shards_done') or 0} shard(s), {w.get('rows') or 0} samples"
+                         + (f", {w['shards_failed']} failed" if w.get("shards_failed") else ""))
+        return "\n".join(lines)
+
+    def _worker_text(self) -> str:
+        """A joined run's worker that did not write the run's end: its own share, and where the
+        run stands."""
+        j, run = self.joined, self.joined.get("run") or {}
+        lines = [f"worker {j['worker']}" + (f" (task {j['task']})" if j.get("task") else "")
+                 + f": scored {self.shards_scored} shard(s), {self.samples_this_run} samples in {self.seconds:.1f}s"
+                 + (f"; {len(self.shards_failed)} shard(s) FAILED" if self.shards_failed else ""),
+                 f"  the run: {run.get('done', 0)} of {run.get('shards', 0)} shard(s) done"
+                 + (f", {run['failed']} failed" if run.get("failed") else "")
+                 + (f", {run['live']} held by other workers" if run.get("live") else "")]
+        if j.get("by"):
+            lines.append(f"  the run's summary and report are written by {j['by']} ({self.out}/summary.json)")
+        else:
+            lines.append(f"  the run's summary and report are written by the worker that finds every shard done; "
+                         f"`wdsfilter score --status {self.out}` shows where it stands")
+        for f in self.shards_failed:
+            lines.append(f"  shard FAILED (no marker; a worker started later retries it): {shown_url(f['url'])}: "
+                         f"{f['reason']}")
         return "\n".join(lines)
 
 

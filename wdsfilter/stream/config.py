@@ -241,8 +241,10 @@ STAGE_OPTIONS = (
      "Byte cap of one member, KIND text, json, image, video, other, or decompressed (a .tar.gz shard); over it a "
      "member is skipped unread. Repeatable [defaults: docs/stages.md]."),
     ("--allow-pipe", "allow_pipe", {"is_flag": True}, "Accept pipe: URLs (they run shell commands)."),
-    ("--allow-remote/--no-remote", "allow_remote", {}, "Read s3://, gs://, hf://, http(s):// shards (the default: "
-                                                       "a URL you name is read); --no-remote forbids network reads."),
+    ("--allow-remote/--no-remote", "allow_remote", {}, "Read s3://, gs://, hf://, http(s):// shards named here (the "
+                                                       "default: a URL you name is read); --no-remote forbids network "
+                                                       "reads. (filter's --allow-remote is about the URLs a run "
+                                                       "folder names: off unless given.)"),
     ("--remote-speed-limit", "remote_speed_limit", {"metavar": "RATE"},
      "The transfer floor of a remote read (curl's --speed-limit): slower than RATE (bytes/s, or 1KiB/s) over "
      "--remote-speed-time seconds of waiting, the read is abandoned and asked again; 0: no floor [default: 1KiB/s]."),
@@ -255,6 +257,9 @@ STAGE_OPTIONS = (
      "An fsspec storage option for remote shards (endpoint_url=..., profile=..., anon=true); repeatable; never "
      "written anywhere. See docs/remote.md."),
 )
+# Where the stage options show in a command's --help (wdsfilter/core/clihelp.py): the keys first.
+STAGE_INPUT = ("caption_key", "image_key", "rekey", "image_token", "max_pixels", "max_bytes", "allow_pipe")
+STAGE_REMOTE = ("allow_remote", "remote_speed_limit", "remote_speed_time", "remote_retry_budget", "storage_options")
 
 
 def stage_options(command):

@@ -5,20 +5,33 @@ import sys
 
 import click
 
-from ..stream.config import parse_byte_caps, stage_options
-from ..core.errors import EXIT_CODES_HELP
-from ..storage.remote import parse_storage_options
+from ..core import clihelp
+from ..stream.config import STAGE_INPUT, STAGE_REMOTE, parse_byte_caps, stage_options
+from ..core.errors import EXIT_CLEAN, EXIT_FINDINGS, EXIT_RUN_FAILED, EXIT_USAGE
+from ..storage.remote_options import parse_storage_options
 from ..core.progress import verbosity, verbosity_options
 from ..storage.writing import check_output_file
 from . import validate as run_validate
 from .formats import FORMATS, render, write_report
 
 
-@click.command("validate", context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES_HELP)
+# --help's groups (wdsfilter/core/clihelp.py): the caption and image keys first.
+HELP_GROUPS = {
+    "Input": (*STAGE_INPUT[:2], "config_file", *STAGE_INPUT[2:]),
+    "Thresholds": ("fail_on", "max_drop", "max_side", "min_side", "max_aspect", "deep", "ranks", "loader_workers"),
+    "Output": ("fmt", "output", "stats_dir"),
+    "Performance": ("jobs",),
+    "Remote": STAGE_REMOTE,
+    "Run control": ("progress", "quiet", "verbose"),
+}
+
+
+@clihelp.command("validate", HELP_GROUPS, (EXIT_CLEAN, EXIT_FINDINGS, EXIT_USAGE, EXIT_RUN_FAILED),
+                 findings="findings at the --fail-on level")
 @click.argument("paths", nargs=-1)
 @stage_options
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
-              help="StageConfig file (JSON or YAML), or a scoring run's OUT/run.yaml: its stage options and, "
+              help="StageConfig file (JSON or YAML), or a scoring run's RUN/run.yaml: its stage options and, "
                    "without PATHS, its shards. The stage options here override it.")
 @click.option("--max-side", type=click.IntRange(min=1), help="Largest allowed image side.")
 @click.option("--min-side", type=click.IntRange(min=1), help="Warn on images with a side below this.")
@@ -26,7 +39,8 @@ from .formats import FORMATS, render, write_report
 @click.option("--deep", is_flag=True, help="Decode every image and video frame instead of headers + end-of-data check.")
 @click.option("--ranks", type=click.IntRange(min=1), help="Training ranks (for the too_few_shards check).")
 @click.option("--loader-workers", type=click.IntRange(min=1), help="DataLoader workers per rank.")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True,
+              help="The report's format (on stdout, or in --output).")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True),
               help="Write the report here; the text summary still goes to stdout.")
 @click.option("--fail-on", type=click.Choice(["error", "warning"]), default="error", show_default=True,
@@ -49,13 +63,13 @@ def validate_command(paths, caption_key, image_key, rekey, image_token, config_f
     """Check WebDataset shards for what would silently break training.
 
     PATHS: folders (searched recursively), globs, brace patterns (shards-{000..099}.tar), .tar,
-    .tar.gz/.tgz files; or none, with --config OUT/run.yaml (a scoring run's shards). Exit code 0: clean, 1: findings at the --fail-on level, 2: usage or
-    configuration error (an --output or --stats-dir that cannot be written included, found before
-    any shard is read), 3: the run failed. See docs/validate.md.
+    .tar.gz/.tgz files; or none, with --config RUN/run.yaml (a scoring run's shards). An --output or
+    --stats-dir that cannot be written is a usage error, found before any shard is read. See
+    docs/validate.md.
     """
     options = parse_storage_options(storage_options) or None
     if not paths and not config_file:
-        raise click.UsageError("Missing argument 'PATHS...' (or --config OUT/run.yaml, a scoring run's shards)")
+        raise click.UsageError("Missing argument 'PATHS...' (or --config RUN/run.yaml, a scoring run's shards)")
     if output:
         check_output_file(output, "--output", options)
     level = verbosity(quiet, verbose)  # -q: no progress, and no text summary when the report goes to --output

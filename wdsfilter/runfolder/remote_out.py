@@ -34,17 +34,26 @@ import os
 import threading
 from typing import Callable, Dict, List, Optional, Tuple
 
-from .storage.atomic import is_temporary
-from .storage.conditional import PART_BYTES, Conflict, delete, holds_file, put_file, version_of
-from .storage.remote import RemoteOutputError, credential_source, filesystem, redact_url, scheme_of, write_failure
-from .storage.remote_errors import describe
-from .runfolder.lease import GUARD_NAME, LEASE_NAME, LeaseLostError
-from .runfolder.names import DONE
-from .core.scratch import KEPT, OWNER, Scratch
+from ..storage.atomic import is_temporary
+from ..storage.conditional import PART_BYTES, Conflict, delete, holds_file, put_file, version_of
+from ..storage.remote import RemoteOutputError, credential_source, filesystem, redact_url, scheme_of, write_failure
+from ..storage.remote_errors import describe
+from .lease import GUARD_NAME, LEASE_NAME, LeaseLostError
+from .names import CLAIMS, DONE, FINISH, WORKERS
+from ..core.scratch import KEPT, OWNER, Scratch
 
 log = logging.getLogger("wdsfilter")
 MARKERS = DONE  # the folder whose files are uploaded last
-SKIP = (GUARD_NAME, LEASE_NAME, OWNER, KEPT)  # a folder's lease and its guard, the staging copy's own marks: never mirrored
+# a folder's lease and its guard, the staging copy's own marks, a joined run's end claim: never mirrored
+SKIP = (GUARD_NAME, LEASE_NAME, OWNER, KEPT, FINISH)
+RECORDS = (CLAIMS, WORKERS)  # a joined run's records (runfolder/claims.py): written in place, never mirrored
+
+
+def _mirrored(rel: str) -> bool:
+    """An object of the remote folder that staging copies (not a lease, a record or a temporary)."""
+    name = os.path.basename(rel)
+    return bool(rel) and name not in SKIP and not is_temporary(name) and ".." not in rel.split("/") \
+        and rel.split("/", 1)[0] not in RECORDS
 
 
 class RemoteFolder:
@@ -70,6 +79,10 @@ class RemoteFolder:
         self.part_bytes: Optional[int] = PART_BYTES if scheme_of(self.url) in ("s3", "gs", "gcs") else None
         self.exclude: Tuple[str, ...] = ()  # top-level names of staging that are not this folder's
         self.before_markers: Optional[Callable[[], object]] = None  # another folder synced before the markers
+        # a joined run's worker (claims.py): an upload refused because another writer's object is
+        # there replaces it, after the fence (the worker still holds its claims, so the object is a
+        # stray of a worker that lost the shard); never the case of a folder with one owner
+        self.replace_strays = False
         self._syncing = threading.Lock()  # the mirror's thread and the run's last sync take turns
         # relative path -> size: objects of the bucket's folder not copied into staging (pull's
         # keep_in_bucket). Never deleted by a sync: they are not staging's to remove.
@@ -97,6 +110,48 @@ class RemoteFolder:
     def remote(self, rel: str) -> str:
         return f"{self.path}/{rel}"
 
+    def adopt(self, rel: str, version: Optional[str]) -> None:
+        """A staging file written to the bucket by other means (a joined run's run.json, created
+        in place): recorded as uploaded, in that version."""
+        st = os.stat(os.path.join(self.local, *rel.split("/")))
+        self.sent[rel] = (st.st_size, st.st_mtime_ns)
+        if version is not None:
+            self.versions[rel] = version
+
+    def refresh(self, fetch: Tuple[str, ...] = ()) -> int:
+        """What the bucket holds now, after other writers (a joined run's workers): every object
+        not in staging is held (its size and version known), those under the `fetch` folders
+        are brought into staging. Returns how many were downloaded."""
+        try:
+            self.fs.invalidate_cache(self.path)
+            found = self.fs.find(self.path + "/", detail=True)
+        except FileNotFoundError:
+            found = {}
+        paths = []
+        for key, info in found.items():
+            rel = key[len(self.path) + 1:]
+            if not _mirrored(rel) or rel.split("/", 1)[0] in self.exclude:
+                continue
+            version = version_of(info)
+            local = os.path.join(self.local, *rel.split("/"))
+            if rel in self.sent and self.versions.get(rel) == version:
+                continue  # staging's own, as uploaded
+            try:
+                st = os.stat(local)
+                if self.sent.get(rel) != (st.st_size, st.st_mtime_ns):
+                    continue  # written here since its last upload: the next sync sends it (replace_strays)
+            except FileNotFoundError:
+                pass
+            if version is not None:
+                self.versions[rel] = version
+            self.sent.pop(rel, None)
+            self.held[rel] = int(info.get("size") or 0)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(local)  # an older copy: the bucket's is another writer's now
+            if rel.split("/", 1)[0] in fetch:
+                paths.append(local)
+        return self.fetch(paths)
+
     def shown(self, rel: str = "") -> str:
         return redact_url(f"{self.url}/{rel}" if rel else self.url)
 
@@ -116,7 +171,7 @@ class RemoteFolder:
         n = 0
         for key in sorted(found):
             rel = key[len(self.path) + 1:]
-            if not rel or os.path.basename(rel) in SKIP or is_temporary(os.path.basename(rel)) or ".." in rel.split("/"):
+            if not _mirrored(rel):
                 continue
             version = version_of(found[key])
             if version is not None:
@@ -171,6 +226,17 @@ class RemoteFolder:
         this file's bytes (an upload of this writer whose answer was lost, then retried)."""
         self.fence()  # lost: the new owner's object, named by the lease
         version = holds_file(self.fs, self.remote(rel), local, self.part_bytes or PART_BYTES)
+        for _ in range(3 if version is None and self.replace_strays else 0):
+            try:  # a stray of a worker that lost this shard: replaced, on the version seen now
+                self.fs.invalidate_cache(self.remote(rel))
+                seen = version_of(self.fs.info(self.remote(rel)))
+            except FileNotFoundError:
+                seen = None
+            self.fence()
+            try:
+                return put_file(self.fs, self.remote(rel), local, seen, self.part_bytes or PART_BYTES)
+            except Conflict:
+                continue
         if version is None:
             raise RemoteOutputError(f"uploading {self.shown(rel)} was refused: another writer created, replaced or "
                                     f"deleted it while this run owned the folder; nothing of it was overwritten")
@@ -237,7 +303,7 @@ class RemoteFolder:
 
 def _counts_others(rel: str) -> bool:
     """A file that vouches for others in its folder: a shard's `_stats.json`, `sizes.json`."""
-    from .storage.shardstats import vouches_for_shards
+    from ..storage.shardstats import vouches_for_shards
     return vouches_for_shards(rel.rsplit("/", 1)[-1])
 
 
@@ -268,14 +334,24 @@ class Mirror:
         self.error: Optional[BaseException] = None
         self.lost: Optional[BaseException] = None
         self._stop = threading.Event()
+        self._wake = threading.Event()  # a round now, not at the interval (a joined run's shard is done)
         self._thread = threading.Thread(target=self._loop, name="wdsfilter-remote-out", daemon=True)
 
     def start(self) -> "Mirror":
         self._thread.start()
         return self
 
+    def wake(self) -> None:
+        """Sync now (in the thread): a joined run's worker has finished a shard, which the other
+        workers see done only once its marker is in the bucket."""
+        self._wake.set()
+
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
+        while True:
+            self._wake.wait(self.interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.folder.sync()
                 self.error = None
@@ -290,6 +366,7 @@ class Mirror:
         """Stop the thread, then the last sync (raises RemoteOutputError when it fails, and
         LeaseLostError, syncing nothing, when the lease was lost)."""
         self._stop.set()
+        self._wake.set()
         if self._thread.is_alive():
             self._thread.join()
         if self.lost is not None:
@@ -334,7 +411,7 @@ def pulled(url: str, storage_options=None) -> str:
     flock). Returns the local folder, which runfolder's one reader then reads."""
     import fcntl
     import json
-    from .storage.remote import refuse_hub_run_folder
+    from ..storage.remote import refuse_hub_run_folder
     refuse_hub_run_folder(url)
     folder = cache_folder(url)
     os.makedirs(folder, exist_ok=True)
@@ -350,7 +427,7 @@ def pulled(url: str, storage_options=None) -> str:
             raise RemoteOutputError(f"{remote.shown()}: listing is forbidden ({describe(e)}); credentials: "
                                     f"{credential_source(url, storage_options)}") from None
         if not listed:
-            from .core.errors import ConfigError
+            from ..core.errors import ConfigError
             raise ConfigError(f"score folder {remote.shown()} does not exist (no object under it); pass the --out "
                               f"folder of a `wdsfilter score` run")
         manifest_path = os.path.join(folder, ".manifest.json")
@@ -363,8 +440,7 @@ def pulled(url: str, storage_options=None) -> str:
         for key, info in listed.items():
             rel = key[len(remote.path) + 1:]
             name = os.path.basename(rel)
-            if rel and name not in SKIP and not is_temporary(name) and ".." not in rel.split("/") \
-                    and not name.startswith(".manifest"):
+            if _mirrored(rel) and not name.startswith(".manifest"):
                 wanted[rel] = f"{info.get('size')}:{info.get('ETag') or info.get('etag') or info.get('mtime')}"
         for rel in [r for r in manifest if r not in wanted]:
             with contextlib.suppress(FileNotFoundError):

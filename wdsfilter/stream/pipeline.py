@@ -8,12 +8,12 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import webdataset as wds
 
-from .stream.config import StageConfig
-from .core.errors import StarvationError
-from .core.markers import MARKER
-from .storage.shards import expand_urls
-from .stream.stages import decode_sample, sample_stages, watch
-from .core.tally import StatsSink, Tally
+from .config import StageConfig
+from ..core.errors import StarvationError
+from ..core.markers import MARKER
+from ..storage.shards import expand_urls
+from .stages import decode_sample, sample_stages, watch
+from ..core.tally import StatsSink, Tally
 
 
 def shard_source(urls: Sequence[str], resampled: bool = False, shuffle_shards: bool = False, seed: int = 0,
@@ -339,7 +339,8 @@ def sample_pipeline(urls, cfg: Optional[StageConfig] = None, tally: Optional[Tal
                     resampled: bool = False, shuffle: int = 0, seed: int = 0, decode_images: bool = True,
                     extra: Sequence[Callable] = (), sink: Optional[StatsSink] = None,
                     before_decode: Sequence[Callable] = (), cycle: bool = False,
-                    shard_stages: Sequence[Callable] = (), place: Optional[Place] = None) -> wds.DataPipeline:
+                    shard_stages: Sequence[Callable] = (), place: Optional[Place] = None,
+                    source=None) -> wds.DataPipeline:
     """urls -> decoded samples {"__key__", "__url__", "image" (PIL) or "video" (bytes), "caption", "json"}.
 
     `extra` stages (map_dict, to_tuple, ...) run after decoding and before the output count, so
@@ -347,14 +348,19 @@ def sample_pipeline(urls, cfg: Optional[StageConfig] = None, tally: Optional[Tal
     shard order before decoding and shuffling: what they drop is never decoded. `cycle`: each
     reader repeats its shards endlessly (the loader's sized epochs cut the stream).
     `shard_stages` run on the shard list's {"url"} items (tarsubset.ReadOnly: only some samples).
+    `source`: an iterable of {"url"} items read in place of the list (a joined scoring run's
+    worker reads the shards it claims as its readers ask: score/join.FedShards); `urls` unused.
     """
     cfg = cfg or StageConfig()
     tally = tally if tally is not None else Tally(cfg.starvation_samples, cfg.starvation_seconds)
-    urls = expand_urls(urls, cfg.allow_pipe, cfg.allow_remote, cfg.storage_options)
     restorable = place is not None  # the loader's pipeline: its place can be saved and restored
     place = place if restorable else Place()
-    stages = shard_source(urls, resampled, shuffle_shards=bool(shuffle), seed=seed,
-                          cycle=tally if cycle and not resampled else None, place=place)
+    if source is not None:
+        stages = [source]
+    else:
+        urls = expand_urls(urls, cfg.allow_pipe, cfg.allow_remote, cfg.storage_options)
+        stages = shard_source(urls, resampled, shuffle_shards=bool(shuffle), seed=seed,
+                              cycle=tally if cycle and not resampled else None, place=place)
     stages[0] = PlacedSource(place, stages[0])
     stages += list(shard_stages)
     stages += sample_stages(cfg, tally, decode_images=decode_images and not restorable, before_decode=before_decode)
