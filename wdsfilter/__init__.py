@@ -29,7 +29,7 @@ _redact_log_lines()
 
 # Imported on first use, so `import wdsfilter` (and the validator) needs neither webdataset nor
 # torch; what is returned is the function itself, with its real signature and help.
-_LAZY = {"loader": (".dataloader", "loader"), "sample_pipeline": (".pipeline", "sample_pipeline")}
+_LAZY = {"loader": (".dataloader", "loader"), "sample_pipeline": (".stream.pipeline", "sample_pipeline")}
 
 
 def __getattr__(name):
