@@ -289,3 +289,28 @@ def test_a_write_from_another_process_is_fenced_by_the_record(tmp_path):
     assert sorted(os.listdir(out)) == [".lock", ".lock.json", "a.json"]
     lease.release()
     assert json.load(open(record))["token"] == "another"  # not this run's to release
+
+
+def test_filter_writes_into_a_score_folder_only_under_its_lease(shards, tmp_path):
+    """`filter RUN --save` writes thresholds.json and filter_report.html into the score folder: while
+    a score run holds the folder it is refused (exit 2, naming that run) and writes nothing; once
+    the folder is free it writes them under its own lease, which it releases."""
+    from wdsfilter.runfolder.lease import Lease
+    out = str(tmp_path / "out")
+    r = CliRunner().invoke(main, _score_args(shards, out), catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    before = set(os.listdir(out))
+    with Lease(out, command="score"):  # a score run (--resume, another scorer) holds the folder now
+        r = CliRunner().invoke(main, ["filter", out, "--min", "brightness=0.5", "--save"])
+        assert r.exit_code == 2, r.output
+        assert "in use by another wdsfilter score run" in r.output, r.output
+        assert set(os.listdir(out)) == before  # no thresholds.json, no filter_report.html
+    r = CliRunner().invoke(main, ["filter", out, "--min", "brightness=0.5", "--save"])
+    assert r.exit_code == 0, r.output
+    assert {"thresholds.json", "filter_report.html"} <= set(os.listdir(out))
+    record = json.load(open(os.path.join(out, ".lock.json")))
+    assert record["command"] == "filter" and record["released"]
+    # a dry run writes nothing there and takes no lease
+    with Lease(out, command="score"):
+        r = CliRunner().invoke(main, ["filter", out, "--min", "brightness=0.5", "--dry-run"])
+        assert r.exit_code == 0, r.output

@@ -123,6 +123,44 @@ def filter_scores(scores_dir: str, selection: Optional[Selection] = None, *, wri
         run.require_sources()  # sources only where the run's own record names them
     if not dry_run:  # an output that cannot be written is a usage error, found before any work
         _check_outputs(run, scores_dir, write_shards, report, allow_pipe, allow_remote, export_uids)
+    with _score_folder_lease(scores_dir, writes_there=not dry_run and (
+            (save_thresholds and (save or write_shards is not None)) or _inside(report, scores_dir))):
+        return _filter_run(run, scores_dir, selection, report, dry_run, export_uids, save, save_thresholds,
+                           write_shards, samples_per_shard, prefix, overwrite, echo, shard_echo, allow_pipe,
+                           allow_remote, stream_idle_seconds, unique_keys, interleave)
+
+
+def _inside(path: Optional[str], folder: str) -> bool:
+    from ..remote import is_fsspec_url
+    if not path or is_fsspec_url(path) or is_fsspec_url(folder):
+        return False
+    return os.path.dirname(os.path.abspath(path)) == os.path.abspath(folder)
+
+
+def _score_folder_lease(scores_dir: str, writes_there: bool):
+    """The score folder's lease while filter writes into it (thresholds.json, filter_report.html):
+    refused while a score run (or a worker of a joined run) holds the folder, and every write
+    fenced on a local disk, as score's and dedup's are (runfolder/lease.py). In a bucket the lease
+    excludes a score run as well; the one-object writes there are not conditional on it."""
+    import contextlib
+    if not writes_there:
+        return contextlib.nullcontext()
+    from ..remote import is_fsspec_url
+    from ..runfolder.lease import Lease
+
+    @contextlib.contextmanager
+    def held():
+        with Lease(scores_dir, command="filter", option="RUN") as lease:
+            if not is_fsspec_url(scores_dir):
+                lease.guard([scores_dir])
+            yield
+    return held()
+
+
+def _filter_run(run, scores_dir, selection, report, dry_run, export_uids, save, save_thresholds, write_shards,
+                samples_per_shard, prefix, overwrite, echo, shard_echo, allow_pipe, allow_remote,
+                stream_idle_seconds, unique_keys, interleave) -> FilterResult:
+    """filter_scores once its options are checked (under the score folder's lease when it writes there)."""
     # Counted column-wise (no report, no --dedup): each score file read once, its threshold columns
     # held for the shares too (judge.ShardTable), instead of a read to resolve and one to count.
     tables = _read_tables(run, selection) if not selection.dedup and (report is None or dry_run) else None
