@@ -12,11 +12,13 @@ number of rows.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Callable, List, Optional, Sequence
 
 from ..runfolder import ScoredShard, ScoreRun
 from ..runfolder.names import FILTER_REPORT, THRESHOLDS
+from ..runfolder.lease import Lease
 from ..runfolder.judge import FilterResult, Threshold, count_run, judge_shard, read_shard_table
 from ..runfolder.reader import check_sources
 from ..runfolder.shares import check_present
@@ -131,7 +133,6 @@ def filter_scores(scores_dir: str, selection: Optional[Selection] = None, *, wri
 
 
 def _inside(path: Optional[str], folder: str) -> bool:
-    from ..remote import is_fsspec_url
     if not path or is_fsspec_url(path) or is_fsspec_url(folder):
         return False
     return os.path.dirname(os.path.abspath(path)) == os.path.abspath(folder)
@@ -142,11 +143,8 @@ def _score_folder_lease(scores_dir: str, writes_there: bool):
     refused while a score run (or a worker of a joined run) holds the folder, and every write
     fenced on a local disk, as score's and dedup's are (runfolder/lease.py). In a bucket the lease
     excludes a score run as well; the one-object writes there are not conditional on it."""
-    import contextlib
     if not writes_there:
         return contextlib.nullcontext()
-    from ..remote import is_fsspec_url
-    from ..runfolder.lease import Lease
 
     @contextlib.contextmanager
     def held():
