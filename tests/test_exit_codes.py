@@ -77,11 +77,11 @@ def test_internal_error_one_line_exit_3_traceback_only_with_debug(clean, monkeyp
 
 
 def test_io_error_writing_the_report_is_a_run_failure(clean, tmp_path, monkeypatch):
-    import wdsfilter.storage.writing as w
+    import wdsfilter.validate.formats as report_writer  # validate's report goes out through its writing.write_text_atomic
 
     def full(path, text, storage_options=None):
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr(w, "write_text_atomic", full)
+    monkeypatch.setattr(report_writer, "write_text_atomic", full)
     result = CliRunner().invoke(main, ["validate", clean, "-j", "1", "-o", str(tmp_path / "r.json")])
     assert result.exit_code == 3 and "the run failed: OSError" in result.output and "No space left" in result.output
 

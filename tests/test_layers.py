@@ -216,6 +216,113 @@ def test_a_private_import_is_found():
     assert list(private_imports("wdsfilter.score.engine", source)) == [(5, "wdsfilter.core.tally._merge")]
 
 
+# Imports inside functions (issue 37 step 8): a file's head says what it depends on. An import of a
+# wdsfilter module stays inside a function only where the head would cost every user of the file:
+# - the module imported loads a heavy package at its head (HEAVY: torch and webdataset, which
+#   imports it, open_clip, Ray, pyarrow, EasyOCR, PyAV, ONNX Runtime), directly or through the heads
+#   of the wdsfilter modules it imports (`heavy_modules`);
+# - the importer is a command's front, which loads the command's code when the command runs: a
+#   click layer (a `cli.py`, `sortshard.py`) or a package's `__init__.py` (its Python entry points:
+#   wdsfilter.score.score(), wdsfilter.validate(), run_report, filter_scores, dedup).
+# Anything else is listed in LAZY_ALLOWED with the reason, checked to be still needed.
+HEAVY = {"torch", "torchvision", "webdataset", "open_clip", "ray", "pyarrow", "easyocr", "av", "onnxruntime", "cv2"}
+LAZY_ALLOWED: dict = {}  # (importer, imported) -> why; none today
+
+
+def function_import_lines(tree: ast.AST) -> set:
+    """The lines of the import statements inside a function body (methods and nested ones too)."""
+    lines = set()
+
+    def visit(node, inside: bool):  # one pass: a nested function's body is walked once
+        for child in ast.iter_child_nodes(node):
+            if inside and isinstance(child, (ast.Import, ast.ImportFrom)):
+                lines.add(child.lineno)
+            visit(child, inside or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)))
+    visit(tree, False)
+    return lines
+
+
+def _head_imports(module: str, source: str, is_package: bool):
+    """(the wdsfilter modules, the other top-level packages) the module imports outside functions."""
+    tree = ast.parse(source)
+    inside, typing_only = function_import_lines(tree), _type_checking_only(tree)
+    own = {t for line, t in imports(module, source, is_package) if line not in inside}
+    others = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.Import, ast.ImportFrom)) or id(node) in typing_only or node.lineno in inside:
+            continue
+        if isinstance(node, ast.Import):
+            others |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            others.add(node.module.split(".")[0])
+    return own, others
+
+
+def heavy_modules(sources) -> dict:
+    """wdsfilter module -> the heavy packages importing it loads (its head, the heads of the wdsfilter
+    modules it imports there, and its packages' __init__), for the modules that load any."""
+    heads = {}
+    for path, source in sources:
+        module = module_name(path)
+        heads[module] = _head_imports(module, source, path.endswith("__init__.py"))
+    heavy = {m: others & HEAVY for m, (_, others) in heads.items()}
+    changed = True
+    while changed:  # until nothing more is learnt: what a module loads is what its imports load
+        changed = False
+        for module, (own, _) in heads.items():
+            parents = {module.rsplit(".", i)[0] for i in range(1, module.count(".") + 1)}
+            more = set().union(*(heavy.get(m, set()) for m in own | parents)) - heavy[module]
+            if more:
+                heavy[module] |= more
+                changed = True
+    return {m: h for m, h in heavy.items() if h}
+
+
+def command_front(module: str) -> bool:
+    return module.endswith(".cli") or module == "wdsfilter.sortshard" or module in PACKAGES
+
+
+PACKAGES = {module_name(os.path.join(folder, "__init__.py")) for folder, _, files in os.walk(PACKAGE)
+            if "__init__.py" in files}
+
+
+def lazy_imports(sources, heavy: dict):
+    """('path:line importer -> imported', (importer, imported)) for each import of a light wdsfilter
+    module inside a function of a module that is not a command's front."""
+    for path, source in sources:
+        module = module_name(path)
+        inside = function_import_lines(ast.parse(source))
+        for line, target in imports(module, source, path.endswith("__init__.py")):
+            if line in inside and target not in heavy and target != module and not command_front(module):
+                yield f"{os.path.relpath(path, ROOT)}:{line} {module} -> {target}", (module, target)
+
+
+def test_imports_sit_inside_functions_only_for_heavy_modules_and_commands():
+    sources = list(package_sources())
+    found, used = [], set()
+    for text, pair in lazy_imports(sources, heavy_modules(sources)):
+        if pair in LAZY_ALLOWED:
+            used.add(pair)
+        else:
+            found.append(text)
+    assert found == [], ("imports inside functions of modules that load nothing heavy (move them to the file's "
+                         "head):\n" + "\n".join(found))
+    assert set(LAZY_ALLOWED) - used == set(), "LAZY_ALLOWED entries no longer needed: remove them"
+
+
+def test_a_heavy_module_is_known_by_its_head_and_a_light_one_is_not():
+    sources = [(os.path.join(PACKAGE, "stream", "pipeline.py"), "import webdataset as wds\n"),
+               (os.path.join(PACKAGE, "score", "engine.py"), "from ..stream.pipeline import sample_pipeline\n\n\n"
+                                                              "def f():\n    import torch\n"),
+               (os.path.join(PACKAGE, "core", "tally.py"), "def f():\n    import torch\n")]
+    heavy = heavy_modules(sources)
+    assert heavy == {"wdsfilter.stream.pipeline": {"webdataset"}, "wdsfilter.score.engine": {"webdataset"}}
+    lazy = "def f():\n    from ..core.tally import Tally\n    from ..stream.pipeline import sample_pipeline\n"
+    found = list(lazy_imports([(os.path.join(PACKAGE, "score", "join.py"), lazy)], heavy))
+    assert [pair for _, pair in found] == [("wdsfilter.score.join", "wdsfilter.core.tally")]
+    assert list(lazy_imports([(os.path.join(PACKAGE, "score", "cli.py"), lazy)], heavy)) == []
+
+
 # Filtering and dedup (the commands over finished runs) import nothing from score/ but the CLIP
 # scorer dedup embeds eval images with: the run folder, the lease, the tar copier and the embeddings
 # layout live below score/ (runfolder/, tars.py, shardcopy.py). Each entry is checked to be still used.

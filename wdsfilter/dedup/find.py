@@ -33,6 +33,7 @@ from .semantic import semantic_pairs, cosines_to
 from .evalset import read_eval, clip_of_run, embed_eval
 from ..report.sections.dedup import write_report, MAX_MATCHES
 from .source import arrow_batches
+from ..storage.writing import atomic_path, write_text_atomic
 
 NEAR_BITS = 5           # docs/dedup.md: re-encodes, resizes and PNG<->JPEG measured at <= 4 bits, distinct photos >= 16
 # Semantic dedup has no default threshold: the cosine of two copies depends on the model (docs/dedup.md,
@@ -330,7 +331,6 @@ def _write(rows, groups, matches, result: DedupResult, settings: dict) -> str:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from ..storage.writing import atomic_path, write_text_atomic
     folder = confined(rows.folder, os.path.join(rows.folder, FOLDER))  # never written through a link out
     os.makedirs(folder, exist_ok=True)
     keys_of = {}

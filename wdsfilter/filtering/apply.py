@@ -32,8 +32,9 @@ from ..report.collect import ReportCollector
 from ..report.page import write_report
 from ..core.errors import ConfigError
 from ..storage.remote import is_fsspec_url, redact_url  # a bucket's folder by its URL (not abspath's)
-from .reshard import REPORT  # one of the files filter owns in OUT: never one of the user's replaced
+from .reshard import REPORT, Resharder, Source  # REPORT: one of the files filter owns in OUT, never one of the user's replaced
 from ..runfolder.tables import in_threads
+from ..runfolder.quantile import IN_MEMORY_ROWS
 
 
 def _file_state(path: str) -> list:
@@ -200,7 +201,6 @@ def _write_shards(run: ScoreRun, resolved, result: FilterResult, write_shards: s
                   prefix: str, overwrite: bool, echo, shard_echo, allow_pipe: bool, allow_remote: bool,
                   stream_idle_seconds: float, unique_keys: bool, interleave: int, report, save_thresholds: bool):
     """The kept samples into new shards of N (reshard.py), the rules beside them (thresholds.json)."""
-    from .reshard import THRESHOLDS, Resharder, Source  # imports the score package's shard writer: only to write
     scores_dir, thresholds, marks = result.scores_dir, resolved.thresholds, resolved.marks
     writer = Resharder(write_shards, samples_per_shard, prefix, run.stage.get("rekey", "first-dot"), allow_pipe,
                        allow_remote, stream_idle_seconds, shard_echo, unique_keys, interleave,
@@ -245,7 +245,6 @@ def _read_tables(run: ScoreRun, spec: Selection) -> Optional[list]:
     count them, or as the reads find): its shares stream and its files are counted one by one."""
     import threading
 
-    from ..runfolder.quantile import IN_MEMORY_ROWS
     if not all(s.score_file.endswith(".parquet") for s in run.shards) or spec.equal:
         return None  # (a text column's rule is judged row by row)
     check_present(spec, run)  # a column the files lack: said before the reads

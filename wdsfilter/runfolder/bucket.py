@@ -19,6 +19,9 @@ from typing import Optional
 from .lease import Lease, LeaseLostError
 from .names import STATE_FILES, STATE_FOLDERS
 from .remote_out import Mirror, RemoteFolder, StagedSizes, staged_paths
+from ..storage.remote import refuse_hub_run_folder
+from .layout import DONE
+from ..storage.atomic import atomic_path
 
 log = logging.getLogger("wdsfilter")
 
@@ -50,7 +53,6 @@ class RemoteRunFolder:
         here in place of the folder's: only run.json, shards.json and run.yaml come down (the
         markers are listed, not read), and an object of the folder that another worker wrote is
         replaced where this worker holds the shard's claim (RemoteFolder.replace_strays)."""
-        from ..storage.remote import refuse_hub_run_folder
         refuse_hub_run_folder(url)
         self.url = url.rstrip("/")
         self.mirror, self.synced, self.folder, self.started, self.shards = None, False, None, False, None
@@ -100,7 +102,6 @@ class RemoteRunFolder:
     def refresh(self) -> int:
         """The bucket's folder as it stands now, other workers' objects included (a joined run's
         end): the markers and failure ledgers brought into staging, the rest held where it is."""
-        from .layout import DONE
         n = self.folder.refresh(fetch=(DONE, "failures", *STATE_FILES))
         if self.shards is not None:
             self.shards.refresh()
@@ -120,7 +121,6 @@ class RemoteRunFolder:
     def publish_text(self, path: Optional[str]) -> None:
         """A text file of the staging folder (the report) rewritten to name the bucket, not staging."""
         if path and os.path.exists(path):
-            from ..storage.atomic import atomic_path
             with open(path, encoding="utf-8", errors="surrogateescape") as f:
                 text = f.read()
             with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", errors="surrogateescape") as f:

@@ -36,11 +36,14 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from ..storage.atomic import is_temporary
 from ..storage.conditional import PART_BYTES, Conflict, delete, holds_file, put_file, version_of
-from ..storage.remote import RemoteOutputError, credential_source, filesystem, redact_url, scheme_of, write_failure
+from ..storage.remote import (RemoteOutputError, credential_source, filesystem, redact_url, scheme_of, write_failure,
+                              refuse_hub_run_folder)
 from ..storage.remote_errors import describe
 from .lease import GUARD_NAME, LEASE_NAME, LeaseLostError
 from .names import CLAIMS, DONE, FINISH, WORKERS
 from ..core.scratch import KEPT, OWNER, Scratch
+from ..storage.shardstats import vouches_for_shards
+from ..core.errors import ConfigError
 
 log = logging.getLogger("wdsfilter")
 MARKERS = DONE  # the folder whose files are uploaded last
@@ -303,7 +306,6 @@ class RemoteFolder:
 
 def _counts_others(rel: str) -> bool:
     """A file that vouches for others in its folder: a shard's `_stats.json`, `sizes.json`."""
-    from ..storage.shardstats import vouches_for_shards
     return vouches_for_shards(rel.rsplit("/", 1)[-1])
 
 
@@ -411,7 +413,6 @@ def pulled(url: str, storage_options=None) -> str:
     flock). Returns the local folder, which runfolder's one reader then reads."""
     import fcntl
     import json
-    from ..storage.remote import refuse_hub_run_folder
     refuse_hub_run_folder(url)
     folder = cache_folder(url)
     os.makedirs(folder, exist_ok=True)
@@ -427,7 +428,6 @@ def pulled(url: str, storage_options=None) -> str:
             raise RemoteOutputError(f"{remote.shown()}: listing is forbidden ({describe(e)}); credentials: "
                                     f"{credential_source(url, storage_options)}") from None
         if not listed:
-            from ..core.errors import ConfigError
             raise ConfigError(f"score folder {remote.shown()} does not exist (no object under it); pass the --out "
                               f"folder of a `wdsfilter score` run")
         manifest_path = os.path.join(folder, ".manifest.json")

@@ -18,8 +18,9 @@ from collections import OrderedDict
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
 from ..storage.atomic import atomic_path
-from ..core.errors import ConfigError
+from ..core.errors import ConfigError, RunError
 from ..core.thresholds import is_number
+from ..core.publish import published
 
 BATCH_ROWS = 65536  # rows read at a time: memory stays flat however large a score file is
 
@@ -47,7 +48,6 @@ PUBLISHED_FIELDS = ("shard", "message")
 
 def publish_rows(rows: Sequence[dict]) -> List[dict]:
     """The rows with their PUBLISHED_FIELDS as they may be written (every table writer calls it)."""
-    from ..core.publish import published
     return [{**r, **{k: published(r[k]) for k in PUBLISHED_FIELDS if isinstance(r.get(k), str)}} for r in rows]
 # In a Parquet score file's footer (key-value metadata) when no key repeats in the table: a reader
 # that only needs to know that (filter's counts) skips reading the key column, half of its reading.
@@ -220,7 +220,6 @@ def write_table(rows: List[dict], columns: Union[Sequence[str], Mapping[str, Opt
                     arr = (arrow_array(values, base_types[name]) if name in base_types
                            else _score_array(values, declared.get(name)))
                 except (pa.ArrowInvalid, pa.ArrowTypeError) as e:  # a scorer's values of several types
-                    from ..core.errors import RunError
                     raise RunError(f"score column {name!r} of {os.path.basename(path)}: its values cannot be "
                                    f"written as one column ({str(e)[:160]}); a scorer's column holds values of one "
                                    f"type: declare it in column_types()") from None

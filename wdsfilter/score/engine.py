@@ -32,6 +32,8 @@ from .rows import NothingScoredError  # noqa: F401 - raised by run(); importable
 from .outcome import Outcome, unopened_reason
 from .runner import Run
 from .transport import Chunk, Prepare, keep_as_is
+from ..core.tally import Tally, StatsSink
+from .join import run_joined
 
 log = logging.getLogger("wdsfilter")
 
@@ -84,7 +86,6 @@ class Engine(Run):
         shards claimed as its readers ask, join.FedShards)."""
         import torch.utils.data
         from ..stream.pipeline import sample_pipeline
-        from ..core.tally import Tally
         cfg = self.cfg
         tally = Tally(0, 0, name="wdsfilter score")
         stage = cfg.scoring_stage_config(self.scorers)
@@ -100,7 +101,6 @@ class Engine(Run):
     def _score(self, pool, plan: Plan, todo: List[str], batch_size_of: dict, source=None, progress=None):
         """Score `todo` (or what `source` yields); returns (the dispatcher, the stage counts of the
         decode workers). progress: a progress line the caller keeps (else one for `todo`)."""
-        from ..core.tally import StatsSink
         sink = StatsSink()  # a working folder in $TMPDIR, removed here (or swept once this process is gone)
         own = progress is None
         if own:
@@ -167,7 +167,6 @@ class Engine(Run):
 
     def _run(self) -> RunSummary:
         if self.joined is not None:
-            from .join import run_joined
             return run_joined(self)
         cfg, state, summary = self.cfg, self.state, self.summary
         start = time.perf_counter()

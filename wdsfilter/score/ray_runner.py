@@ -51,6 +51,7 @@ from .planner import make_plan
 from .probe import collect_probe
 from .outcome import Outcome
 from .runner import Run
+from . import build_config  # the package's: score() and score_on_ray() build one config
 
 
 def _ray():
@@ -168,7 +169,6 @@ def score_on_ray(shards, out: Optional[str] = None, scorers: Sequence = ("clip",
     frames; halved on out-of-memory) and the model actors per GPU (actors: that times the
     cluster's GPUs, else 1; gpus_per_actor: 1 / actors per GPU, 0 on a cluster without GPUs).
     address: a running cluster ("auto"), else Ray starts a local one (ray_init: its options)."""
-    from . import build_config
     cfg = build_config(out, scorers, **options)
     return run_on_ray(shards, cfg, actors=actors, gpus_per_actor=gpus_per_actor, cpus_per_actor=cpus_per_actor,
                       batch_size=batch_size, address=address, ray_init=ray_init, echo=echo)

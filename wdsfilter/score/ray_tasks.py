@@ -27,6 +27,7 @@ from .transport import Prepare
 from .modelrunner import ModelRunner
 from .planner import default_min_free_host, frames_of_samples, ProbeReport
 from .probe import collect_probe
+from .memory import host_status
 
 PENDING = "__pending__"  # a row whose inputs still need the model
 SHARD_END_ROW = "__shard_end__"  # one per shard: carries the reader's error and member count
@@ -114,7 +115,6 @@ class ScoreActor:
     def __init__(self, cfg, scorers, columns: Sequence[str], batch_size: int, device: str,
                  scorer_batch: Optional[Dict[str, int]] = None, min_free_host: Optional[int] = None,
                  roster=None, node_inputs=None, scored_before: int = 0):
-        from .memory import host_status
         if roster is not None:  # the driver ends this actor itself when the run ends (ActorRoster)
             import ray
             roster.add.remote(ray.get_runtime_context().current_actor)
@@ -184,7 +184,6 @@ def measure(cfg, scorers, model_scorers, urls: Sequence[str], device: str, only:
     samples (activation memory per frame and scorer, speeds), and the node's host numbers.
     collected: the probe's samples, already read (collect_probe) where this node cannot read
     the shards; node_inputs: ray_files.NodeInputs (the model files where this node lacks them)."""
-    from .memory import host_status
 
     if node_inputs is not None:
         node_inputs.apply([*scorers, *model_scorers])

@@ -30,6 +30,7 @@ from ..core.errors import ConfigError
 from .config import ScoreConfig
 from ..core.selection import Selection
 from ..storage.shards import absolute_url, is_local, local_path
+from ..storage.writing import write_text_atomic
 ENGINES = ("local", "ray")
 # ScoreConfig fields a recipe may set beside the ones it spells itself (never resume/overwrite/
 # dry_run: a replay says those on its command line).
@@ -103,7 +104,6 @@ def write_recipe(cfg: ScoreConfig, urls: Sequence[str], engine: str = "local",
                  shown: Optional[Dict[str, str]] = None) -> Optional[str]:
     """OUT/run.yaml: the run as a recipe (`wdsfilter score --config OUT/run.yaml` runs it again).
     shown: the out/write_shards it names where they are not cfg's (a bucket's, written through staging)."""
-    from ..storage.writing import write_text_atomic
     recipe = recipe_of(cfg, urls, engine, relative=not any((shown or {}).values()))  # a bucket's: absolute
     if recipe is None:
         return None

@@ -26,6 +26,7 @@ from ..storage.shards import split_suffix
 from .config import ScoreConfig
 from ..runfolder.embeddings import folders as embedding_folders
 from .ledger import MERGED as LEDGER_FILE, folder as ledger_folder
+from ..runfolder.lease import Conflict
 
 def _normalise(obj):
     return json.loads(json.dumps(obj, default=str, sort_keys=True))
@@ -162,7 +163,6 @@ class RunState:
         of the workers that start at once, one makes it), else the run it names is joined, with
         the same settings and the same shards or not at all (a ConfigError naming what differs,
         before any work). The run's other files are the creator's to write (shards.json, run.yaml)."""
-        from ..runfolder.lease import Conflict
         self.run_id = os.urandom(8).hex()
         body = {**self.identity, layout.RUN_ID: self.run_id, layout.JOINED: layout.shard_list_digest(self.urls)}
         data = (json.dumps(_normalise(body), indent=1) + "\n").encode()

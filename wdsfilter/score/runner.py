@@ -14,13 +14,13 @@ from typing import Callable, List, Optional, Sequence
 from ..core.errors import ConfigError, require
 from ..stream.keycheck import check_keys
 from ..core.publish import published
-from ..storage.shards import expand_urls, is_local, refuse_unreachable, unique_urls
+from ..storage.shards import expand_urls, is_local, refuse_unreachable, unique_urls, shown_url
 from ..core.specs import utf8_text
 from ..core.tally import Tally
 from .config import ScoreConfig
 from .faults import disk_full, is_disk_full
-from .ledger import MERGED as LEDGER_FILE, merge as merge_ledger, shard_entry, summarize as summarize_ledger
-from .ledger import OnlyKeys, retry_plan, write_shard_failures
+from .ledger import (MERGED as LEDGER_FILE, merge as merge_ledger, shard_entry, summarize as summarize_ledger,
+                     OnlyKeys, retry_plan, write_shard_failures)
 from ..runfolder.names import HISTOGRAMS, RUN_JSON, STATE_FILES, SUMMARY, THRESHOLDS
 from ..runfolder.lease import Lease, LeaseLostError
 from .recipe import write_recipe
@@ -32,6 +32,10 @@ from .resume import RunState
 from .rows import NothingScoredError
 from ..storage.writing import refuse_writing_into_inputs
 from .scorerset import check_before_torch, check_scorer_names, resolve_scorers, run_identity, score_columns
+from .join import Worker
+from ..storage.remote import is_fsspec_url
+from ..runfolder.bucket import RemoteRunFolder
+from ..runfolder.shares import resolve_over_run, write_thresholds
 
 log = logging.getLogger("wdsfilter")
 
@@ -119,7 +123,6 @@ class Run:
         """This process as a worker of a joined run (--join), or None; a dry run plans only, as any."""
         if not cfg.join or cfg.dry_run:
             return None
-        from .join import Worker
         return Worker(cfg, cfg.out)
 
     def _join_run(self) -> List[str]:
@@ -156,13 +159,11 @@ class Run:
 
     @staticmethod
     def _remote_out(cfg: ScoreConfig, joined=None):
-        from ..storage.remote import is_fsspec_url
         if not is_fsspec_url(cfg.out):
             if cfg.write_shards and is_fsspec_url(cfg.write_shards):
                 raise ConfigError("--write-shards in a bucket needs --out in a bucket too (a shard's completion marker "
                                   "is written after its filtered shard is uploaded); or write both locally")
             return None
-        from ..runfolder.bucket import RemoteRunFolder
         remote_shards = cfg.write_shards if cfg.write_shards and is_fsspec_url(cfg.write_shards) else None
         if cfg.write_shards and not remote_shards:
             raise ConfigError("--out in a bucket takes --write-shards in a bucket too (s3://...), or no --write-shards")
@@ -250,7 +251,6 @@ class Run:
         cfg = self.cfg
         if not cfg.selection.shares or not any_files:
             return cfg.selection
-        from ..runfolder.shares import resolve_over_run, write_thresholds
         resolved = resolve_over_run(cfg.out, cfg.selection)
         for t in resolved.thresholds:
             if t.share is not None and cfg.verbosity:  # -q: the one-line result only
@@ -311,7 +311,6 @@ def refuse_in_spawned_worker() -> None:
 def nothing_scored_text(summary: RunSummary, finished: int, scores_dir: str) -> str:
     lines = [f"no sample was scored: {summary.rows} row(s) in {finished} finished shard(s) of {summary.shards}"]
     lines += [f"  {n} {r}" for r, n in summary.reasons.items()]
-    from ..storage.shards import shown_url
     lines += [f"  shard {shown_url(f['url'])}: {f['reason']}" for f in summary.shards_failed]
     lines.append(f"  details: {summary.files['summary']} and the score files in {scores_dir}")
     return "\n".join(lines)

@@ -24,6 +24,7 @@ from typing import Dict, Iterable, Iterator, Optional
 from .atomic import write_json
 from .remote import read_object
 from .shards import is_local, is_remote, local_path, shard_stem
+from .writing import write_text_atomic
 
 SIZES = "sizes.json"
 STATS_SUFFIX = "_stats.json"
@@ -43,7 +44,6 @@ def write_stats_file(path: str, data: dict, storage_options=None) -> str:
     """The one writer of a `{stem}_stats.json` (the written shards', validate's): JSON, whole or
     not at all, in a local folder or as one object of an s3://, gs:// URL. Text that holds lone
     surrogates (member names that are not UTF-8) is escaped by the caller."""
-    from .writing import write_text_atomic
     return write_text_atomic(path, json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n",
                              storage_options)
 

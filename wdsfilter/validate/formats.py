@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Dict, List
 
 from ..storage.shards import shown_url
 from .findings import ERROR, KINDS
+from ..storage.writing import write_text_atomic
 if TYPE_CHECKING:  # the type only: report.py renders itself through this module
     from .report import Report
 
@@ -27,7 +28,6 @@ def render(report: Report, fmt: str) -> str:
 def write_report(report: Report, fmt: str, path: str) -> str:
     """Write the report to `path` whole or not at all (a temporary file, then rename; an s3://,
     gs:// URL: one object, uploaded whole)."""
-    from ..storage.writing import write_text_atomic
     return write_text_atomic(path, render(report, fmt), report.options.stage.storage_options)
 
 
