@@ -34,7 +34,7 @@ from ..core.errors import ConfigError
 from ..storage.remote import is_fsspec_url, redact_url  # a bucket's folder by its URL (not abspath's)
 from .reshard import REPORT, Resharder, Source  # REPORT: one of the files filter owns in OUT, never one of the user's replaced
 from ..runfolder.tables import in_threads
-from ..runfolder.quantile import IN_MEMORY_ROWS
+from ..runfolder import quantile  # its IN_MEMORY_ROWS read at each call (tests lower it)
 
 
 def _file_state(path: str) -> list:
@@ -248,9 +248,9 @@ def _read_tables(run: ScoreRun, spec: Selection) -> Optional[list]:
     if not all(s.score_file.endswith(".parquet") for s in run.shards) or spec.equal:
         return None  # (a text column's rule is judged row by row)
     check_present(spec, run)  # a column the files lack: said before the reads
-    if sum(s.rows for s in run.shards) > IN_MEMORY_ROWS:
+    if sum(s.rows for s in run.shards) > quantile.IN_MEMORY_ROWS:
         return None
-    left, lock = [IN_MEMORY_ROWS], threading.Lock()  # rows that may still be held: memory bounded by the reads
+    left, lock = [quantile.IN_MEMORY_ROWS], threading.Lock()  # rows that may still be held: memory bounded by the reads
 
     def read(shard: ScoredShard):
         if left[0] < 0:
