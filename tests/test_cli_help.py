@@ -176,6 +176,53 @@ def test_progress_and_no_progress(name, shards, tmp_path):
     assert lines["--progress"] and not lines["--no-progress"], lines
 
 
+@pytest.fixture(scope="module")
+def scored(shards, tmp_path_factory):
+    """A score folder (the hash scorer: what dedup reads) of the two-sample shard."""
+    out = tmp_path_factory.mktemp("scored") / "run"
+    result = invoke("score", shards[1], "--scorer", "hash", "--device", "cpu", "--workers", "0", "--out", out,
+                    "--no-progress", "-q")
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def progress_lines(output, name):
+    return [line for line in output.splitlines() if line.startswith(name) and "elapsed" in line]
+
+
+def test_filter_and_dedup_progress(scored, tmp_path):
+    """filter and dedup draw their passes on the shared progress line (wdsfilter/progress.py):
+    with --progress, in a log too (CliRunner is no terminal), each pass's last line drawn when it
+    ends; not with --no-progress, -q, or by default off a terminal. Only the counts of those last
+    lines are asserted (rates and times depend on the machine)."""
+    def run(*args):
+        result = invoke(*args)
+        assert result.exit_code == 0, result.output
+        return result.output
+    shards = ("--write-shards", tmp_path / "kept", "--samples-per-shard", "1", "--no-report")
+    text = run("filter", scored, *shards, "--progress")
+    assert progress_lines(text, "counting: 1/1 score files (100%)"), text
+    assert progress_lines(text, "writing shards: 2/2 samples (100%), shards 2/2"), text
+    again = run("filter", scored, *shards, "--progress")  # resumed: the whole shards count as done
+    assert "already whole" in again and progress_lines(again, "writing shards: 2/2 samples (100%), shards 2/2"), again
+    assert progress_lines(run("filter", scored, "--dry-run", "--progress"), "counting: 1/1")
+    for quiet in (("--no-progress",), (), ("-q", "--progress")):
+        for args in (("filter", scored, *shards), ("dedup", scored)):
+            text = run(*args, *quiet)
+            assert not [line for line in text.splitlines() if "elapsed" in line], (args, quiet, text)
+    text = run("dedup", scored, "--progress")
+    assert progress_lines(text, "dedup: reading scores: 2/2 rows (100%), shards 1/1"), text
+    assert progress_lines(text, "dedup: 4/4 passes (100%)"), text  # exact, near, groups, write
+
+
+def test_dedup_says_what_the_run_lacks_before_reading_it(scored, tmp_path):
+    """A configuration error (a kind the run has no data for) comes before any row is read: one
+    line, no progress line before it."""
+    result = invoke("dedup", scored, "--kind", "semantic", "--semantic-threshold", "0.99", "--progress")
+    assert result.exit_code == 2 and "--save-embeddings" in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
+
+
 def test_help_and_validate_stay_light(shards):
     """The grouped help costs no import: `wdsfilter --help`, every command's --help and a validate
     run load neither torch nor pyarrow (the validator installs and starts light)."""

@@ -70,7 +70,7 @@ def test_a_run_past_the_held_rows_streams_whether_its_markers_count_rows_or_not(
     make_run(folder, 6000, 6, seed=4)  # markers without a row count
     held = []
     real = apply._read_tables
-    monkeypatch.setattr(apply, "_read_tables", lambda run, spec: held.append(real(run, spec)) or held[-1])
+    monkeypatch.setattr(apply, "_read_tables", lambda run, spec, *more: held.append(real(run, spec, *more)) or held[-1])
 
     def run():
         r = filter_scores(folder, top_shares={"clip_score": 30}, max_scores={"ocr_area": 0.5}, dry_run=True)

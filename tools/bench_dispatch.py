@@ -184,12 +184,12 @@ def dispatcher_rate(urls, scorer, stage, out: str, batch_size: int, workers: int
     from wdsfilter.score.modelworker import ProcessPool
 
     class TimedEngine(Engine):
-        def _loader(self, plan, todo, sink):
-            self.timed = _TimedLoader(super()._loader(plan, todo, sink))
+        def _loader(self, plan, todo, sink, *args, **kwargs):
+            self.timed = _TimedLoader(super()._loader(plan, todo, sink, *args, **kwargs))
             return self.timed
 
-        def _score(self, pool, plan, todo):
-            dispatcher, tally = super()._score(pool, plan, todo)
+        def _score(self, pool, plan, todo, *args, **kwargs):
+            dispatcher, tally = super()._score(pool, plan, todo, *args, **kwargs)
             self.cpu = time.process_time() - self.timed.start
             self.rows = dispatcher.rows_done - self.timed.first
             self.wall = dispatcher.seconds

@@ -69,11 +69,13 @@ class Progress:
 
     # -- counting ------------------------------------------------------------------------------
     def update(self, n: int = 1) -> None:
-        self.n += n
+        with self.lock:  # counted from reader threads too (filter's score files)
+            self.n += n
         self._draw()
 
     def part_done(self, n: int = 1) -> None:
-        self.parts_done += n
+        with self.lock:
+            self.parts_done += n
         self._draw()
 
     def close(self) -> None:
@@ -136,6 +138,54 @@ class Progress:
     def _tick(self, seconds: float) -> None:
         while not self.stop.wait(seconds):
             self._draw(force=True)
+
+
+# filter's and dedup's default: their passes often take a second, and a log or a script's stderr
+# gets no lines it did not ask for
+TERMINAL_ONLY = "on when stderr is a terminal; in a log only when given; off with -q"
+
+
+def progress_option(default: str):
+    """--progress/--no-progress of a long command; `default` says when it is on unless given
+    (read the flag with `progress_on`)."""
+    import click
+    return click.option("--progress/--no-progress", default=None,
+                        help=f"Progress on stderr: a bar on a terminal, a line every 10 s in a log [default: {default}].")
+
+
+def progress_on(progress: Optional[bool], level: int, terminal_only: bool = False) -> bool:
+    """Whether a command draws its progress: --progress/--no-progress as given (None: not given;
+    then on, or only where stderr is a terminal: `terminal_only`); `level` from `verbosity`: -q
+    (0) turns it off whatever the flag."""
+    if level == 0 or progress is False:
+        return False
+    return bool(progress) or not terminal_only or _isatty(sys.stderr)
+
+
+class Passes:
+    """A command's passes, a progress line each (filter's): `start` opens one (None when progress
+    is off), `end` draws its last line; leaving the `with` block ends any still open (an error)."""
+
+    def __init__(self, enabled: bool):
+        self.enabled, self.open = enabled, []
+
+    def start(self, desc: str, unit: str, **counts) -> Optional[Progress]:
+        if not self.enabled:
+            return None
+        self.open.append(Progress(desc, unit, **counts))
+        return self.open[-1]
+
+    def end(self, line: Optional[Progress]) -> None:
+        if line is not None and line in self.open:
+            self.open.remove(line)
+            line.close()
+
+    def __enter__(self) -> "Passes":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        while self.open:
+            self.end(self.open[-1])
 
 
 def _isatty(file) -> bool:

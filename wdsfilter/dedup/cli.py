@@ -5,7 +5,7 @@ import click
 
 from ..core import clihelp
 from ..core.errors import EXIT_CLEAN, EXIT_RUN_FAILED, EXIT_USAGE
-from ..core.progress import verbosity, verbosity_options
+from ..core.progress import TERMINAL_ONLY, progress_on, progress_option, verbosity, verbosity_options
 from .groups import KINDS
 from .find import NEAR_BITS, SEMANTIC_THRESHOLD, dedup
 from .spill import MEMORY_MB
@@ -18,7 +18,7 @@ HELP_GROUPS = {
     "Thresholds": ("kinds", "near_bits", "semantic_threshold"),
     "Performance": ("memory_mb",),
     "Remote": ("storage_options",),
-    "Run control": ("quiet", "verbose"),
+    "Run control": ("progress", "quiet", "verbose"),
 }
 
 
@@ -44,10 +44,12 @@ HELP_GROUPS = {
 @click.option("--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
               help="An fsspec storage option for a RUN in a bucket (s3://...; endpoint_url=..., repeatable; "
                    "VALUE is JSON when it parses). Never written anywhere.")
+@progress_option(TERMINAL_ONLY)
 @verbosity_options(quiet="Say nothing on success (RUN/dedup/summary.json has the counts); a run with shards "
                          "left out still says so, on stderr.",
                    verbose="Say more: the largest groups with every member shown, and the seconds of each step.")
-def dedup_command(run_dir, kinds, near_bits, semantic_threshold, evals, memory_mb, storage_options, quiet, verbose):
+def dedup_command(run_dir, kinds, near_bits, semantic_threshold, evals, memory_mb, storage_options, progress, quiet,
+                  verbose):
     """Find duplicate rows of a `wdsfilter score` run (RUN, either engine) from its hashes
     (--scorer hash) and saved embeddings (--save-embeddings), keep one survivor per group (the
     highest clip_score, else the first by shard and index) and write RUN/dedup/ (RUN may be
@@ -58,7 +60,7 @@ def dedup_command(run_dir, kinds, near_bits, semantic_threshold, evals, memory_m
     with storage_defaults(options, [run_dir]):  # the folder, and the sources its report shows
         result = dedup(run_dir, kinds, near_bits=near_bits, semantic_threshold=semantic_threshold, evals=evals,
                        echo=click.echo if level else None, storage_options=options,
-                       memory_mb=memory_mb)
+                       memory_mb=memory_mb, progress=progress_on(progress, level, terminal_only=True))
     if level:
         click.echo(result.format_text(verbose=level == 2))
     elif result.unfinished:  # -q hides counts, never that part of the run was left out

@@ -34,6 +34,7 @@ from .evalset import read_eval, clip_of_run, embed_eval
 from ..report.sections.dedup import write_report, MAX_MATCHES
 from .source import arrow_batches
 from ..storage.writing import atomic_path, write_text_atomic
+from ..core.progress import Progress
 
 NEAR_BITS = 5           # docs/dedup.md: re-encodes, resizes and PNG<->JPEG measured at <= 4 bits, distinct photos >= 16
 # Semantic dedup has no default threshold: the cosine of two copies depends on the model (docs/dedup.md,
@@ -108,23 +109,26 @@ class DedupResult:
 def dedup(run_dir: str, kinds: Sequence[str] = (), near_bits: int = NEAR_BITS,
           semantic_threshold: Optional[float] = SEMANTIC_THRESHOLD, evals: Sequence[str] = (),
           echo: Optional[Callable[[str], None]] = None, storage_options=None,
-          memory_mb: int = MEMORY_MB) -> DedupResult:
+          memory_mb: int = MEMORY_MB, progress: bool = False) -> DedupResult:
     """Group duplicates of the kinds asked (default: every kind the run has data for), choose the
     survivors, mark eval matches, write RUN_DIR/dedup/. Returns the counts. The exact and near
     passes work within `memory_mb` (records beyond it wait in RUN_DIR/dedup/tmp, removed at the
     end), plus 5 bytes a row and about 40 a group. A run folder in a
     bucket (s3://...) is pulled into a staging copy under its lock object, as `score --out`
-    does (runfolder/bucket.py), deduped there, and its dedup/ uploaded whole before this returns."""
+    does (runfolder/bucket.py), deduped there, and its dedup/ uploaded whole before this returns.
+    progress: progress lines on stderr (wdsfilter/progress.py): the rows read, then the passes
+    (the CLI's default; off here)."""
     _check_options(kinds, near_bits, semantic_threshold, memory_mb)  # before a bucket's folder is locked and pulled
     if is_fsspec_url(run_dir):
         return _dedup_in_bucket(run_dir, storage_options, dict(kinds=kinds, near_bits=near_bits,
                                                                semantic_threshold=semantic_threshold,
-                                                               evals=evals, echo=echo, memory_mb=memory_mb))
+                                                               evals=evals, echo=echo, memory_mb=memory_mb,
+                                                               progress=progress))
     if not os.path.isdir(run_dir):  # said by the run folder's reader; no folder made for a lease
-        return _dedup(run_dir, kinds, near_bits, semantic_threshold, evals, echo, memory_mb)
+        return _dedup(run_dir, kinds, near_bits, semantic_threshold, evals, echo, memory_mb, progress)
     with Lease(run_dir, command="dedup", option="RUN_DIR") as lease:  # RUN_DIR/dedup/ is written under its lease
         lease.guard([run_dir])
-        return _dedup(run_dir, kinds, near_bits, semantic_threshold, evals, echo, memory_mb)
+        return _dedup(run_dir, kinds, near_bits, semantic_threshold, evals, echo, memory_mb, progress)
 
 
 def _dedup_in_bucket(url: str, storage_options, options: dict) -> DedupResult:
@@ -164,79 +168,124 @@ def _check_options(kinds: Sequence[str], near_bits: int, semantic_threshold: flo
 
 
 def _dedup(run_dir: str, kinds: Sequence[str], near_bits: int, semantic_threshold: float, evals: Sequence[str],
-           echo: Optional[Callable[[str], None]], memory_mb: int = MEMORY_MB) -> DedupResult:
+           echo: Optional[Callable[[str], None]], memory_mb: int = MEMORY_MB, progress: bool = False) -> DedupResult:
     echo = echo or (lambda line: None)
     t0 = time.perf_counter()
-    rows = source.load_rows(run_dir, want_hashes=True, memory_mb=memory_mb)
+    run = source.open_run(run_dir)
+    kinds = _chosen_kinds(run, run_dir, kinds, evals)  # before any row is read
+    rows = source.load_rows(run_dir, want_hashes=True, memory_mb=memory_mb, progress=progress, run=run)
     try:
-        return _find(rows, run_dir, kinds, near_bits, semantic_threshold, evals, echo, t0)
+        return _find(rows, run_dir, kinds, near_bits, semantic_threshold, evals, echo, t0, progress)
     finally:
         rows.space.close()
 
 
-def _find(rows, run_dir: str, kinds: Sequence[str], near_bits: int, semantic_threshold: float, evals: Sequence[str],
-          echo: Callable[[str], None], t0: float) -> DedupResult:
+def _chosen_kinds(run, run_dir: str, kinds: Sequence[str], evals: Sequence[str]) -> List[str]:
+    """The kinds asked (default: exact and near), once each; a ConfigError when the run lacks
+    what they need (the hash columns), said before any row is read."""
     if kinds:
         kinds = list(dict.fromkeys(kinds))
         if {"exact", "near"} & set(kinds):
-            source.require_hashes(rows, " and ".join(k for k in kinds if k != "semantic"))
+            source.require_hashes(run, run_dir, " and ".join(k for k in kinds if k != "semantic"))
     else:  # exact and near; semantic only when asked (its threshold depends on the model)
-        if not rows.hashed:
+        if not source.hashed(run):
             more = (f"; its saved embeddings allow `--kind semantic --semantic-threshold COSINE` ({SEMANTIC_HOW})"
                     if has_image_vectors(run_dir) else ", or add --save-embeddings for semantic dedup")
             raise ConfigError(f"{run_dir} has no hashes to dedup by (exact and near, the default kinds); "
                               f"{source.HASH_HINT}{more}")
         kinds = ["exact", "near"]
-    if evals and not rows.hashed:
+    if evals and not source.hashed(run):
         raise ConfigError(f"--eval matching needs the run's hashes; {source.HASH_HINT}")
+    if "semantic" in kinds:
+        source.require_embeddings(run_dir)
+    return kinds
+
+
+class DedupPasses:
+    """The passes of a dedup run after the rows are read: each one's seconds (result.seconds) and,
+    when asked, one progress line of them (wdsfilter/progress.py), naming the pass running."""
+
+    def __init__(self, names: Sequence[str], seconds: Dict[str, float], progress: bool):
+        self.seconds, self.now = seconds, names[0]
+        self.line = None
+        if progress:
+            self.line = Progress("dedup", "passes", total=len(names), extra=lambda: self.now)
+
+    def run(self, name: str):
+        import contextlib
+
+        @contextlib.contextmanager
+        def timed():
+            self.now, t = name, time.perf_counter()
+            yield
+            self.seconds[name] = time.perf_counter() - t
+            if self.line is not None:
+                self.line.update()
+        return timed()
+
+    def close(self) -> None:
+        if self.line is not None:
+            self.line.close()
+
+
+def _find(rows, run_dir: str, kinds: Sequence[str], near_bits: int, semantic_threshold: float, evals: Sequence[str],
+          echo: Callable[[str], None], t0: float, progress: bool = False) -> DedupResult:
     result = DedupResult(run_dir=run_dir, kinds=list(kinds), rows=rows.count, shards=len(rows.shards),
                          unfinished=rows.unfinished)
     result.seconds["read"] = time.perf_counter() - t0
+    passes = DedupPasses([*kinds, "groups", *(["eval"] if evals else []), "write"], result.seconds, progress)
+    try:
+        _passes(rows, run_dir, kinds, near_bits, semantic_threshold, evals, echo, result, passes)
+        passes.now = "done"
+    finally:
+        passes.close()
+    result.seconds["total"] = time.perf_counter() - t0
+    return result
+
+
+def _passes(rows, run_dir: str, kinds: Sequence[str], near_bits: int, semantic_threshold: float, evals: Sequence[str],
+            echo: Callable[[str], None], result: DedupResult, passes: DedupPasses) -> None:
+    """The kinds' passes, the groups, the eval matches and RUN_DIR/dedup/ written, into `result`."""
     # Pairs of each kind join the union-find as they are found (closest kind first), never kept.
     uf = UnionFind(rows.count)
     if "exact" in kinds:
-        t = time.perf_counter()
-        exact_pass(rows, rows.space, lambda a, b: uf.union(a, b, "exact"))
-        result.seconds["exact"] = time.perf_counter() - t
+        with passes.run("exact"):
+            exact_pass(rows, rows.space, lambda a, b: uf.union(a, b, "exact"))
     if "near" in kinds:
-        t = time.perf_counter()
-        near_pass(rows, rows.space, near_bits, lambda a, b: uf.union(a, b, "near"))
-        result.seconds["near"] = time.perf_counter() - t
+        with passes.run("near"):
+            near_pass(rows, rows.space, near_bits, lambda a, b: uf.union(a, b, "near"))
     clusters = 0
     if "semantic" in kinds:
-        t = time.perf_counter()
-        skipped: List[int] = []
-        a, b, clusters = semantic_pairs(source.embeddings(rows), float(semantic_threshold), seconds=result.seconds,
-                                        skipped=skipped)
-        result.semantic_skipped = len(skipped)
-        result.semantic_skipped_rows = _named_rows(rows, skipped[:SKIPPED_SHOWN])
-        uf.union(a, b, "semantic")
-        result.seconds["semantic"] = time.perf_counter() - t
-    t = time.perf_counter()
-    chunk = rows.space.rows_per_chunk(64)
-    groups = Groups(uf, rows.clip.read, chunk)
-    result.groups = len(groups.sizes)
-    result.per_kind = groups.per_kind
-    result.rows_per_kind = groups.rows_per_kind
-    result.duplicates = groups.duplicates
-    result.seconds["groups"] = time.perf_counter() - t
+        with passes.run("semantic"):
+            skipped: List[int] = []
+            a, b, clusters = semantic_pairs(source.embeddings(rows), float(semantic_threshold),
+                                            seconds=result.seconds, skipped=skipped)
+            result.semantic_skipped = len(skipped)
+            result.semantic_skipped_rows = _named_rows(rows, skipped[:SKIPPED_SHOWN])
+            uf.union(a, b, "semantic")
+    with passes.run("groups"):
+        chunk = rows.space.rows_per_chunk(64)
+        groups = Groups(uf, rows.clip.read, chunk)
+        result.groups = len(groups.sizes)
+        result.per_kind = groups.per_kind
+        result.rows_per_kind = groups.rows_per_kind
+        result.duplicates = groups.duplicates
     matches: Dict[int, str] = {}  # row -> "KIND:EVAL_IMAGE"
     if evals:
-        ev = read_eval(evals)
-        result.eval_images, result.eval_unreadable = len(ev.names), ev.unreadable
-        result.eval_matches = _match_eval(rows, ev, near_bits, matches, chunk)
-        if "semantic" in kinds and ev.names:  # the one step that loads a model: the run's CLIP
-            n = _match_eval_semantic(run_dir, rows, ev, evals, float(semantic_threshold), matches)
-            if n:
-                result.eval_matches["semantic"] = n
+        with passes.run("eval"):
+            ev = read_eval(evals)
+            result.eval_images, result.eval_unreadable = len(ev.names), ev.unreadable
+            result.eval_matches = _match_eval(rows, ev, near_bits, matches, chunk)
+            if "semantic" in kinds and ev.names:  # the one step that loads a model: the run's CLIP
+                n = _match_eval_semantic(run_dir, rows, ev, evals, float(semantic_threshold), matches)
+                if n:
+                    result.eval_matches["semantic"] = n
         echo(f"eval: {len(ev.names)} image(s) read from {', '.join(evals)}")
-    t = time.perf_counter()
-    result.largest = _largest(rows, groups, "semantic" in kinds)
-    result.folder = _write(rows, groups, matches, result, dict(near_bits=near_bits, semantic_threshold=semantic_threshold,
-                                                                kinds=list(kinds), clusters=clusters, evals=list(evals)))
-    result.seconds["write"] = time.perf_counter() - t
-    result.seconds["total"] = time.perf_counter() - t0
-    return result
+    with passes.run("write"):
+        result.largest = _largest(rows, groups, "semantic" in kinds)
+        result.folder = _write(rows, groups, matches, result, dict(
+            near_bits=near_bits, semantic_threshold=semantic_threshold, kinds=list(kinds), clusters=clusters,
+            evals=list(evals)))
 
 
 def _match_eval(rows, ev, near_bits: int, matches: Dict[int, str], chunk: int) -> Dict[str, int]:

@@ -14,7 +14,7 @@ from typing import List, Optional
 import numpy as np
 
 from ..core.errors import ConfigError
-from ..runfolder.embeddings import image_vectors
+from ..runfolder.embeddings import has_image_vectors, image_vectors
 from ..runfolder.names import DEDUP, DEDUP_WORK
 from .hashindex import HAS_PHASH, HAS_SHA, hex_prefix, sha_prefix
 from .spill import Column, Workspace
@@ -23,6 +23,7 @@ from ..runfolder.layout import confined
 from ..runfolder.tables import parquet_errors, check_schema, damaged, open_parquet, read_batches
 from ..media.hashes import phash_int
 from .semantic import Embeddings
+from ..core.progress import Progress
 
 HASH_HINT = "score the run with `wdsfilter score ... --scorer hash` (it adds sha256 and phash)"
 EMBED_HINT = "score the run with `wdsfilter score ... --scorer clip --save-embeddings`"
@@ -71,28 +72,42 @@ def open_run(folder: str):
     return ScoreRun.open(folder)
 
 
-def load_rows(folder: str, want_hashes: bool, memory_mb: int) -> RunRows:
+def hashed(run) -> bool:
+    """Whether the run's score files have the hash columns (the hash scorer's)."""
+    return "sha256" in run.columns and "phash" in run.columns
+
+
+def load_rows(folder: str, want_hashes: bool, memory_mb: int, progress: bool = False, run=None) -> RunRows:
     """Read the finished shards' columns once, a batch at a time, into column files of
     RUN_DIR/dedup/tmp (rows.space: the caller closes it): vectorised (arrow arrays to numpy), no
-    Python object a row."""
-    run = open_run(folder)  # before anything is written: a folder that is no run stays untouched
+    Python object a row. progress: a progress line of the rows read (wdsfilter/progress.py).
+    run: the folder's open_run, when the caller has it."""
+    run = run or open_run(folder)  # before anything is written: a folder that is no run stays untouched
     space = Workspace(confined(folder, os.path.join(folder, DEDUP, DEDUP_WORK)), memory_mb)
+    line = None
+    if progress:  # in rows where every marker counted them, and in shards
+        counted = [s.rows for s in run.shards]
+        line = Progress("dedup: reading scores", "rows", total=sum(counted) if all(counted) else None,
+                        parts=len(run.shards))
     try:
-        rows = _read(run, folder, want_hashes, space)
+        rows = _read(run, folder, want_hashes, space, line)
     except BaseException:
         space.close()
         raise
+    finally:
+        if line is not None:
+            line.close()
     rows.space = space
     return rows
 
 
-def _read(run, folder: str, want_hashes: bool, space) -> RunRows:
+def _read(run, folder: str, want_hashes: bool, space, progress=None) -> RunRows:
     # a source the run's own record does not name is never read (its thumbnails are left out)
     shards = [Shard(s.name, s.url if s.trusted else "", s.score_file) for s in run.shards]
-    hashed = want_hashes and "sha256" in run.columns and "phash" in run.columns
-    columns = ["index", "clip_score"] + (["sha256", "phash"] if hashed else [])
+    with_hashes = want_hashes and hashed(run)
+    columns = ["index", "clip_score"] + (["sha256", "phash"] if with_hashes else [])
     index, clip = Column(space.path("index"), np.int64), Column(space.path("clip"), np.float64)
-    if hashed:
+    if with_hashes:
         sha = Column(space.path("sha"), np.uint64, width=2)
         phash, has = Column(space.path("phash"), np.uint64), Column(space.path("has"), np.uint8)
     starts = [0]
@@ -101,18 +116,22 @@ def _read(run, folder: str, want_hashes: bool, space) -> RunRows:
         for batch in arrow_batches(s.score_file, columns):
             index.append(_numbers(batch["index"], np.int64, 0))
             clip.append(_numbers(batch["clip_score"], np.float64, np.nan))
-            if hashed:
+            if with_hashes:
                 prefix, valid = _sha_prefix(batch["sha256"])
                 sha.append(prefix)
                 present = ~_nulls(batch["phash"])
                 phash.append(_phashes(batch["phash"], present))
                 has.append(valid * np.uint8(HAS_SHA) | present * np.uint8(HAS_PHASH))
             n += len(batch["index"])
+            if progress is not None:
+                progress.update(len(batch["index"]))
         starts.append(starts[-1] + n)
+        if progress is not None:
+            progress.part_done()
     rows = RunRows(folder=folder, shards=shards, starts=np.array(starts, dtype=np.int64),
                    index=index.done(), clip=clip.done(), columns=list(run.columns),
                    unfinished=list(run.unfinished), stage=dict(run.stage))
-    if hashed:
+    if with_hashes:
         rows.sha, rows.phash, rows.has = sha.done(), phash.done(), has.done()
     return rows
 
@@ -204,10 +223,10 @@ def _sha_prefix(array):
     return hex_prefix(chars, valid)
 
 
-def require_hashes(rows: RunRows, kind: str) -> None:
-    if not rows.hashed:
+def require_hashes(run, folder: str, kind: str) -> None:
+    if not hashed(run):
         raise ConfigError(f"{kind} dedup needs the sha256 and phash columns, which the score files in "
-                          f"{rows.folder} do not have; {HASH_HINT}")
+                          f"{folder} do not have; {HASH_HINT}")
 
 
 def embeddings(rows: RunRows):
@@ -224,7 +243,14 @@ def embeddings(rows: RunRows):
         counts.append(len(wanted))
         owners.append(position)
     if not files:
-        raise ConfigError(f"semantic dedup needs the run's saved CLIP image embeddings, which {rows.folder} does "
-                          f"not have; {EMBED_HINT}")
+        require_embeddings(rows.folder, found=False)
     return Embeddings(files, np.concatenate(([0], np.cumsum(counts))).astype(np.int64),
                       np.concatenate(owners).astype(np.int64))
+
+
+def require_embeddings(folder: str, found: Optional[bool] = None) -> None:
+    """A ConfigError unless the run saved image embeddings (found: whether they were, when known)."""
+    if not (has_image_vectors(folder) if found is None else found):
+        raise ConfigError(f"semantic dedup needs the run's saved CLIP image embeddings, which {folder} does "
+                          f"not have; {EMBED_HINT}")
+

@@ -16,13 +16,14 @@ import contextlib
 import os
 from typing import Callable, List, Optional, Sequence
 
-from ..runfolder import ScoredShard, ScoreRun
+from ..runfolder import ScoredShard, ScoreRun, quantile  # its IN_MEMORY_ROWS read at each call (tests lower it)
 from ..runfolder.names import FILTER_REPORT, THRESHOLDS
 from ..runfolder.lease import Lease
 from ..runfolder.judge import FilterResult, Threshold, count_run, judge_shard, read_shard_table
 from ..runfolder.reader import check_sources
 from ..runfolder.shares import check_present
 from ..stream.config import StageConfig
+from ..core.progress import Passes
 from ..core.selection import Selection, selection_of, warn_renamed
 from .rules import resolve_selection, write_thresholds
 from ..runfolder.dedup import score_file_state
@@ -34,7 +35,6 @@ from ..core.errors import ConfigError
 from ..storage.remote import is_fsspec_url, redact_url  # a bucket's folder by its URL (not abspath's)
 from .reshard import REPORT, Resharder, Source  # REPORT: one of the files filter owns in OUT, never one of the user's replaced
 from ..runfolder.tables import in_threads
-from ..runfolder import quantile  # its IN_MEMORY_ROWS read at each call (tests lower it)
 
 
 def _file_state(path: str) -> list:
@@ -98,7 +98,7 @@ def filter_scores(scores_dir: str, selection: Optional[Selection] = None, *, wri
                   min_scores: Optional[dict] = None, max_scores: Optional[dict] = None,
                   top_shares: Optional[dict] = None, bottom_shares: Optional[dict] = None,
                   equal: Optional[dict] = None, dedup: bool = False, recipe=None, min_clip: Optional[float] = None,
-                  max_ocr_area: Optional[float] = None, **old) -> FilterResult:
+                  max_ocr_area: Optional[float] = None, progress: bool = False, **old) -> FilterResult:
     """Judge, count and write (see the module docstring). The rules: selection= (a
     wdsfilter.Selection) or its keywords (min_scores=, max_scores=, top_shares=, bottom_shares=,
     equal=, dedup=, recipe=, min_clip=, max_ocr_area=: as wdsfilter.loader takes them).
@@ -114,7 +114,9 @@ def filter_scores(scores_dir: str, selection: Optional[Selection] = None, *, wri
     where the folder says. allow_pipe, allow_remote: read source shards that are `pipe:` commands
     or remote URLs again (for write_shards and the report's thumbnails); what the score folder says
     (run.json) never allows them. stream_idle_seconds: such a source that sends nothing this long
-    is killed (0: never), as in every other read of a shard (shards.IdleGuard)."""
+    is killed (0: never), as in every other read of a shard (shards.IdleGuard). progress: a
+    progress line on stderr (wdsfilter/progress.py) while the score files are counted and while
+    the shards are written (the CLI's default; off here)."""
     echo = echo or (lambda line: None)
     rules = dict(min_scores=min_scores, max_scores=max_scores, top_shares=top_shares, bottom_shares=bottom_shares,
                  equal=equal, dedup=dedup, recipe=recipe, min_clip=min_clip, max_ocr_area=max_ocr_area)
@@ -127,10 +129,11 @@ def filter_scores(scores_dir: str, selection: Optional[Selection] = None, *, wri
     if not dry_run:  # an output that cannot be written is a usage error, found before any work
         _check_outputs(run, scores_dir, write_shards, report, allow_pipe, allow_remote, export_uids)
     with _score_folder_lease(scores_dir, writes_there=not dry_run and (
-            (save_thresholds and (save or write_shards is not None)) or _inside(report, scores_dir))):
+            (save_thresholds and (save or write_shards is not None)) or _inside(report, scores_dir))), \
+            Passes(progress) as passes:
         return _filter_run(run, scores_dir, selection, report, dry_run, export_uids, save, save_thresholds,
                            write_shards, samples_per_shard, prefix, overwrite, echo, shard_echo, allow_pipe,
-                           allow_remote, stream_idle_seconds, unique_keys, interleave)
+                           allow_remote, stream_idle_seconds, unique_keys, interleave, passes)
 
 
 def _inside(path: Optional[str], folder: str) -> bool:
@@ -158,11 +161,13 @@ def _score_folder_lease(scores_dir: str, writes_there: bool):
 
 def _filter_run(run, scores_dir, selection, report, dry_run, export_uids, save, save_thresholds, write_shards,
                 samples_per_shard, prefix, overwrite, echo, shard_echo, allow_pipe, allow_remote,
-                stream_idle_seconds, unique_keys, interleave) -> FilterResult:
-    """filter_scores once its options are checked (under the score folder's lease when it writes there)."""
+                stream_idle_seconds, unique_keys, interleave, passes: Passes) -> FilterResult:
+    """filter_scores once its options are checked (under the score folder's lease when it writes
+    there); each pass on its progress line (`passes`)."""
+    counting = passes.start("counting", "score files", total=len(run.shards))
     # Counted column-wise (no report, no --dedup): each score file read once, its threshold columns
     # held for the shares too (judge.ShardTable), instead of a read to resolve and one to count.
-    tables = _read_tables(run, selection) if not selection.dedup and (report is None or dry_run) else None
+    tables = _read_tables(run, selection, counting) if not selection.dedup and (report is None or dry_run) else None
     held = ({c: [t.numbers[c] for t in tables] for c in selection.numeric_columns()}
             if tables is not None and all(t is not None for t in tables) else None)
     resolved = resolve_selection(selection, run, held=held)  # every rule resolved, shares included; dedup's marks
@@ -173,7 +178,8 @@ def _filter_run(run, scores_dir, selection, report, dry_run, export_uids, save, 
     collector = None
     if report is not None and not dry_run:
         collector = ReportCollector(run, thresholds, allow_pipe, allow_remote, stream_idle_seconds)
-    count_run(run, thresholds, collector, marks, result, tables)
+    count_run(run, thresholds, collector, marks, result, tables, counting if tables is None else None)  # else counted there
+    passes.end(counting)
     if dry_run:
         return result
     if export_uids is not None:
@@ -184,7 +190,7 @@ def _filter_run(run, scores_dir, selection, report, dry_run, export_uids, save, 
     if write_shards is not None:
         _write_shards(run, resolved, result, write_shards, samples_per_shard, prefix, overwrite, echo, shard_echo,
                       allow_pipe, allow_remote, stream_idle_seconds, unique_keys, interleave, report,
-                      save_thresholds)
+                      save_thresholds, passes)
     if collector is not None:
         result.files["report"] = write_report(collector.finish(result), report)
     return result
@@ -199,7 +205,8 @@ def _check_options(write_shards, samples_per_shard: int, dry_run: bool, export_u
 
 def _write_shards(run: ScoreRun, resolved, result: FilterResult, write_shards: str, samples_per_shard: int,
                   prefix: str, overwrite: bool, echo, shard_echo, allow_pipe: bool, allow_remote: bool,
-                  stream_idle_seconds: float, unique_keys: bool, interleave: int, report, save_thresholds: bool):
+                  stream_idle_seconds: float, unique_keys: bool, interleave: int, report, save_thresholds: bool,
+                  passes: Passes):
     """The kept samples into new shards of N (reshard.py), the rules beside them (thresholds.json)."""
     scores_dir, thresholds, marks = result.scores_dir, resolved.thresholds, resolved.marks
     writer = Resharder(write_shards, samples_per_shard, prefix, run.stage.get("rekey", "first-dot"), allow_pipe,
@@ -218,7 +225,10 @@ def _write_shards(run: ScoreRun, resolved, result: FilterResult, write_shards: s
         if whole:
             echo(f"resume: {whole} shard(s) in {write_shards} are already whole")
         sources = (Source(s.url, kept_keys(s, thresholds, marks), s.source) for s in run.shards)
+        writer.progress = passes.start("writing shards", "samples", total=result.kept,
+                                       parts=-(-result.kept // samples_per_shard))
         result.sizes = writer.write(sources)
+        passes.end(writer.progress)
         if save_thresholds:  # beside the shards: the loader call that keeps what they hold
             write_thresholds(os.path.join(writer.out, THRESHOLDS), resolved.selection)
     result.files["shards"] = write_shards
@@ -238,7 +248,7 @@ def default_report(scores_dir: str, write_shards: Optional[str], save: bool = Tr
     return os.path.join(write_shards, REPORT)
 
 
-def _read_tables(run: ScoreRun, spec: Selection) -> Optional[list]:
+def _read_tables(run: ScoreRun, spec: Selection, progress=None) -> Optional[list]:
     """A judge.ShardTable per finished shard (None for a file the column-wise path cannot count),
     read a few at a time in threads, each file opened once (its footer with its columns); None for
     a run with a JSON Lines file or of more rows than quantile.IN_MEMORY_ROWS (as its markers
@@ -258,9 +268,13 @@ def _read_tables(run: ScoreRun, spec: Selection) -> Optional[list]:
         table = read_shard_table(shard.score_file, columns)
         with lock:
             left[0] -= table.rows if table is not None else 0
+        if progress is not None:
+            progress.update()
         return table
     columns = spec.numeric_columns()
     tables = in_threads(read, run.shards)
     # resolve() checks every file's column types (check_selection; the footers read by now): a column
     # that does not hold numbers in one file made its table None, and is named there
+    if left[0] < 0 and progress is not None:
+        progress.n = 0  # counted again, one by one (count_run)
     return None if left[0] < 0 else tables

@@ -8,7 +8,7 @@ import click
 
 from ..core import clihelp
 from ..core.errors import EXIT_CLEAN, EXIT_RUN_FAILED, EXIT_USAGE, RunError
-from ..core.progress import verbosity, verbosity_options
+from ..core.progress import TERMINAL_ONLY, progress_on, progress_option, verbosity, verbosity_options
 from ..core.selection import text_and_recipe_options, Selection
 from ..core.thresholds import shorthand_options
 from ..storage.remote import parse_storage_options, storage_defaults
@@ -21,7 +21,7 @@ HELP_GROUPS = {
     "Output": ("write_shards", "samples_per_shard", "prefix", "unique_keys", "interleave", "overwrite", "save",
                "export_uids", "report", "no_report"),
     "Remote": ("allow_remote", "storage_options"),
-    "Run control": ("dry_run", "allow_incomplete", "quiet", "verbose"),
+    "Run control": ("dry_run", "allow_incomplete", "progress", "quiet", "verbose"),
 }
 
 
@@ -78,12 +78,13 @@ HELP_GROUPS = {
 @click.option("--allow-incomplete", is_flag=True,
               help="Exit 0 even when shards of the scoring run have no complete score file (they are left out).")
 @shorthand_options
+@progress_option(TERMINAL_ONLY)
 @verbosity_options(quiet="Say nothing on success (the files are still written); shards of the scoring run left "
                          "out are still named, on stderr.",
                    verbose="Say more: a line per shard written with --write-shards.")
 def filter_command(scores_dir, mins, maxes, tops, bottoms, equals, recipes, write_shards, samples_per_shard, prefix,
                    overwrite, unique_keys, interleave, dry_run, save, export_uids, report, no_report, allow_pipe,
-                   allow_remote, dedup, allow_incomplete, source_root, quiet, verbose, storage_options=()):
+                   allow_remote, dedup, allow_incomplete, source_root, progress, quiet, verbose, storage_options=()):
     """Choose thresholds after scoring: count what --min/--max/--top/--bottom/--equal/--dedup/--recipe
     keep in the run folder of a `wdsfilter score` run (RUN, either engine) and, with
     --write-shards, reshard the kept samples (with thresholds.json and an HTML report beside
@@ -109,7 +110,8 @@ def filter_command(scores_dir, mins, maxes, tops, bottoms, equals, recipes, writ
                                report=None if no_report else report, save=save, overwrite=overwrite,
                                echo=click.echo if level else None, shard_echo=click.echo if level == 2 else None,
                                allow_pipe=allow_pipe, allow_remote=allow_remote, source_root=source_root,
-                               unique_keys=unique_keys, interleave=interleave, export_uids=export_uids)
+                               unique_keys=unique_keys, interleave=interleave, export_uids=export_uids,
+                               progress=progress_on(progress, level, terminal_only=True))
     if level:
         click.echo(result.format_text())
     elif result.unfinished:  # -q hides counts, never that part of the run was left out

@@ -61,7 +61,7 @@ class Resharder:
     def __init__(self, out: str, per_shard: int, prefix: str = "shard", rekey: str = "first-dot",
                  allow_pipe: bool = False, allow_remote: bool = False, idle_seconds: float = 0.0,
                  echo: Optional[Callable[[str], None]] = None, unique_keys: bool = False, interleave: int = 0,
-                 writes_report: bool = True):
+                 writes_report: bool = True, progress=None):
         if per_shard < 1:
             raise ConfigError(f"--samples-per-shard must be >= 1, got {per_shard}")
         if interleave < 0:
@@ -76,6 +76,7 @@ class Resharder:
         # report.html is ours only when the run's report goes to OUT (not --report elsewhere, not
         # --no-report): a user's own file of that name is otherwise neither refused nor deleted
         self.writes_report = writes_report
+        self.progress = progress  # a progress.Progress of the samples (parts: the shards), or None
 
     def layout(self) -> dict:
         """What the written shards depend on beyond the kept keys and N (filter_run.json's
@@ -209,20 +210,25 @@ class Resharder:
         n = self.per_shard
         pos = 0
         current: Optional[_OpenShard] = None
+        tick = self.progress.update if self.progress is not None else (lambda count=1: None)
+        if self.progress is not None:
+            self.progress.part_done(len(whole))
         try:
             for group in self._groups(sources):
                 count = sum(len(source.keys) for source in group)
                 touched = range(pos // n, (pos + count - 1) // n + 1) if count else range(0)
-                if any(t not in whole for t in touched):
+                if not any(t not in whole for t in touched):
+                    tick(count)  # already whole: counted as done
+                else:
                     for j, (source, sample) in zip(range(pos, pos + count), self._in_turn(group)):
                         t = j // n
-                        if t in whole:
-                            continue
-                        if current is None or current.index != t:
-                            if current is not None:
-                                self._close(current)
-                            current = _OpenShard(self.out, self.prefix, t)
-                        current.add(source.url, sample, f"{j:09d}" if self.unique_keys else None)
+                        if t not in whole:
+                            if current is None or current.index != t:
+                                if current is not None:
+                                    self._close(current)
+                                current = _OpenShard(self.out, self.prefix, t)
+                            current.add(source.url, sample, f"{j:09d}" if self.unique_keys else None)
+                        tick()
                 pos += count
         except BaseException:
             if current is not None:  # closed and its temporary removed now, not when collected
@@ -259,6 +265,8 @@ class Resharder:
 
     def _close(self, shard: "_OpenShard") -> None:
         shard.close()
+        if self.progress is not None:
+            self.progress.part_done()
         if self.echo is not None:
             self.echo(f"wrote {shard.path}: {shard.samples} samples from {len(shard.sources)} source shard(s)")
 

@@ -339,10 +339,12 @@ def observed(judged: Iterator[tuple], collector, shard, dropped: Optional[Dict[i
 
 
 def count_run(run: ScoreRun, thresholds: Sequence[Threshold], collector, marks, result: FilterResult,
-              tables: Optional[list] = None) -> None:
+              tables: Optional[list] = None, progress=None) -> None:
     """Every finished shard's rows judged and counted into `result` (rows, kept, per threshold,
     reasons; --dedup's verdicts). tables: a ShardTable per shard (None: count that file another
-    way) when the files were read already (filter's shares: filtering/apply._read_tables)."""
+    way) when the files were read already (filter's shares: filtering/apply._read_tables).
+    progress: a progress.Progress told of each score file counted."""
+    tick = progress.update if progress is not None else (lambda: None)
     reasons: Counter = Counter()
     if marks is not None:
         result.dedup = {"kept": 0, "duplicate": 0, "eval_match": 0}
@@ -354,12 +356,17 @@ def count_run(run: ScoreRun, thresholds: Sequence[Threshold], collector, marks, 
     elif tables is not None and collector is None and marks is None:
         tabled = [t.count(thresholds) if t is not None else None for t in tables]
     elif collector is None and marks is None:
-        tabled = in_threads(lambda s: count_table(s.score_file, thresholds) if s.score_file.endswith(".parquet")
-                            else None, run.shards)
+        def counted(s: ScoredShard):
+            counts = count_table(s.score_file, thresholds) if s.score_file.endswith(".parquet") else None
+            if counts is not None:
+                tick()
+            return counts
+        tabled = in_threads(counted, run.shards)
     for shard, counts in zip(run.shards, tabled):
         dropped = marks.dropped(shard.name) if marks is not None else None
         if counts is None:
             judged = judge_shard(shard, thresholds, collector.columns if collector else (), dropped)
             counts = count_rows(observed(judged, collector, shard, dropped, result.dedup), thresholds)
+            tick()
         counts.add_to(result, reasons)
     result.reasons = dict(reasons.most_common())

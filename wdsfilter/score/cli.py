@@ -7,7 +7,7 @@ import click
 
 from ..core import clihelp
 from ..core.errors import EXIT_CLEAN, EXIT_RUN_FAILED, EXIT_USAGE, RunError
-from ..core.progress import verbosity, verbosity_options
+from ..core.progress import progress_option, verbosity, verbosity_options
 from ..stream.config import STAGE_INPUT, STAGE_REMOTE, stage_options
 from ..core.selection import text_and_recipe_options
 
@@ -148,8 +148,7 @@ HELP_GROUPS = {
 @click.option("--ray-gpus-per-actor", type=click.FloatRange(min=0), default=None,
               help="ray: GPUs per model actor (0.5 puts two on a GPU) [1 / the planner's model processes per GPU "
                    "when the cluster has GPUs, else 0].")
-@click.option("--progress/--no-progress", default=None,
-              help="Progress on stderr: a bar on a terminal, a line every 10 s in a log [default: on; off with -q].")
+@progress_option("on; off with -q")
 @click.option("--no-histograms", is_flag=True, help="No histograms in the terminal summary.")
 @verbosity_options(quiet="Say less: the result and errors only (no progress, scorer lines, plan or histograms).",
                    verbose="Say more: the whole plan (by default one line).")
