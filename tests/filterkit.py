@@ -11,7 +11,7 @@ import numpy as np
 
 from shardkit import image_bytes
 from wdsfilter.runfolder.tables import read_rows
-from wdsfilter.score.shardwriter import member_ranges
+from wdsfilter.storage.shardcopy import member_ranges
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -44,7 +44,7 @@ def gcs_server():
                 time.sleep(0.05)
         with environment(STORAGE_EMULATOR_HOST=endpoint):
             clear_gcsfs_cache()
-            from wdsfilter.remote import filesystem
+            from wdsfilter.storage.remote import filesystem
             fs = filesystem(f"gs://{BUCKET}")[0]
             fs.mkdir(BUCKET)
             yield endpoint, fs

@@ -201,7 +201,7 @@ def _killable_child(urls: List[str], out: str, opts: dict) -> None:
 
 
 def _run_child(urls: List[str], out: str, opts: dict) -> int:
-    from wdsfilter.errors import RunError
+    from wdsfilter.core.errors import RunError
     try:
         run_here(urls, out, opts)
     except RunError as e:
@@ -267,7 +267,7 @@ def _network_faults(sc: Scenario, web) -> int:
 
 
 def _play(sc: Scenario, folder: str, urls: List[str], web, small_disk) -> Outcome:
-    from wdsfilter.errors import RunError
+    from wdsfilter.core.errors import RunError
     from wdsfilter.score.faults import DiskFullError
     files = fault_files(folder)
     log = os.path.join(folder, "scored.log")

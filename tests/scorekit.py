@@ -24,7 +24,7 @@ from PIL import Image, ImageStat
 
 from devicekit import SimulatedDevice
 from shardkit import image_bytes, write_shard
-from wdsfilter.errors import DataError
+from wdsfilter.core.errors import DataError
 from wdsfilter.score.scorers.base import Scorer
 
 torch.set_num_threads(1)
@@ -466,7 +466,7 @@ class EmbeddingScorer(BrightnessScorer):
         return v
 
     def score_batch(self, inputs):
-        from wdsfilter.score.embeddings import FIELD
+        from wdsfilter.runfolder.embeddings import FIELD
         out = []
         for r, x in zip(super().score_batch(inputs), inputs):
             v = self._vector(int(x["key"][-5:]))

@@ -7,8 +7,8 @@ import tarfile
 import pytest
 
 from wdsfilter import StageConfig
-from wdsfilter.specs import split_name
-from wdsfilter.pipeline import sample_pipeline
+from wdsfilter.core.specs import split_name
+from wdsfilter.stream.pipeline import sample_pipeline
 
 BROKEN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sample_shards", "broken")
 CASES = {c["case"]: c for c in json.load(open(os.path.join(BROKEN, "MANIFEST.json")))["cases"]}

@@ -1,5 +1,5 @@
 """Help that a person can scan (issue 35 item 7): every command's --help shows its options in the
-groups of wdsfilter/clihelp.py, in one order, the flags used on almost every real set first; every
+groups of wdsfilter/core/clihelp.py, in one order, the flags used on almost every real set first; every
 option is in a group (a new flag without one fails here); one spelling per concept across commands;
 an epilog naming exactly the exit codes the command can return. Real CliRunner invocations."""
 import re
@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from tests.shardkit import image_bytes, image_text_members, write_shard
 from wdsfilter.cli import main
-from wdsfilter.clihelp import GROUPS, GroupedCommand
+from wdsfilter.core.clihelp import GROUPS, GroupedCommand
 
 COMMON = ("--caption-key", "--image-key", "--out", "--scorer", "--model")  # on almost every real set
 # What each command can return (wdsfilter/errors.py): only validate has findings.

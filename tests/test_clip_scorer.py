@@ -216,7 +216,7 @@ VIDEO_SHARD = os.path.join(REPO, "sample_shards", "videos-000000.tar")
 
 def test_videos_are_scored_on_sampled_frames_each_against_the_caption(tiny_clip, samples):
     from PIL import Image
-    from wdsfilter.frames import sample_frames
+    from wdsfilter.media.frames import sample_frames
 
     videos = list(wdsfilter.sample_pipeline(VIDEO_SHARD, StageConfig(caption_key="txt", image_key="mp4")))
     assert len(videos) == 8 and all(v["video"] is not None for v in videos)
@@ -267,7 +267,7 @@ def test_a_cut_short_video_is_scored_from_its_frames_and_noted(scorer, tmp_path)
     from wdsfilter.score.transport import Prepare
     from wdsfilter.score.rows import complete_row, new_row
     from wdsfilter.score.scorers.base import Noted
-    from wdsfilter.thresholds import Thresholds
+    from wdsfilter.core.thresholds import Thresholds
     data = h264_mp4(tmp_path / "clip.mp4", 75)
     cut = data[:int(len(data) * 0.6)]
     whole = scorer.prepare({"video": data, "caption": "noise", "__key__": "w"})

@@ -16,7 +16,7 @@ from wdsfilter.score.models import resolve_precision, token_count, tokenize
 from wdsfilter.score.transport import Prepare
 from wdsfilter.score.scorers.clip import ClipScorer
 from wdsfilter.score.staging import Staging
-from wdsfilter.stages import MARKER
+from wdsfilter.stream.stages import MARKER
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARDS = [os.path.join(REPO, "sample_shards", name) for name in

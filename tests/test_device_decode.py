@@ -17,9 +17,9 @@ import torch
 from PIL import Image
 
 from wdsfilter import StageConfig
-from wdsfilter.errors import ConfigError, DataError
-from wdsfilter.images import decode_image
-from wdsfilter.pipeline import sample_pipeline
+from wdsfilter.core.errors import ConfigError, DataError
+from wdsfilter.media.images import decode_image
+from wdsfilter.stream.pipeline import sample_pipeline
 from wdsfilter.score.config import ScoreConfig
 from wdsfilter.score.engine import decode_on_device
 from wdsfilter.score.fastdecode import ImageTransform, device_pixels

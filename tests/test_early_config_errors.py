@@ -98,3 +98,20 @@ def test_an_ocr_option_error_answers_before_torch(tmp_path):
                                         "--scorer-opt", "ocr.max_side=10")
     assert code == 2, output
     assert_one_line_error(output, "max_side must be >= 32")
+
+
+@pytest.mark.parametrize("option", ["--top", "--min"])
+def test_score_refuses_a_threshold_on_a_column_that_holds_no_numbers_before_scoring(tmp_path, option):
+    """score --top sha256=30% (the hash scorer's sha256 is declared a string): refused at once, as
+    `wdsfilter filter` refuses it; it was found only when the run ended, after every shard was
+    scored (the share resolved by filter's rule), with exit 2 and no thresholds.json."""
+    from click.testing import CliRunner
+    from scorekit import make_shards
+
+    from wdsfilter.cli import main
+    shards, _ = make_shards(str(tmp_path / "src"), [4])
+    value = "sha256=30%" if option == "--top" else "sha256=0.5"
+    r = CliRunner().invoke(main, ["score", shards[0], "--scorer", "hash", "--out", str(tmp_path / "run"), option,
+                                  value, "--device", "cpu", "--workers", "0", "--no-progress"])
+    assert r.exit_code == 2 and "sha256" in r.output and "not hold numbers" in r.output, r.output
+    assert not os.path.exists(tmp_path / "run" / "done") or not os.listdir(tmp_path / "run" / "done")

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from tests.shardkit import image_bytes, image_text_members, write_shard
 from wdsfilter.cli import main
-from wdsfilter.errors import ConfigError, OutputError, RunError, StarvationError, exit_code_for
+from wdsfilter.core.errors import ConfigError, OutputError, RunError, StarvationError, exit_code_for
 from wdsfilter.validate import validate
 
 
@@ -77,11 +77,11 @@ def test_internal_error_one_line_exit_3_traceback_only_with_debug(clean, monkeyp
 
 
 def test_io_error_writing_the_report_is_a_run_failure(clean, tmp_path, monkeypatch):
-    import wdsfilter.writing as w
+    import wdsfilter.validate.formats as report_writer  # validate's report goes out through its writing.write_text_atomic
 
     def full(path, text, storage_options=None):
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr(w, "write_text_atomic", full)
+    monkeypatch.setattr(report_writer, "write_text_atomic", full)
     result = CliRunner().invoke(main, ["validate", clean, "-j", "1", "-o", str(tmp_path / "r.json")])
     assert result.exit_code == 3 and "the run failed: OSError" in result.output and "No space left" in result.output
 

@@ -15,7 +15,7 @@ from open_clip.transform import PreprocessCfg, image_transform_v2
 from PIL import Image
 
 from wdsfilter import ConfigError, StageConfig
-from wdsfilter.images import FULL_SIZE, decode_image, draft_scale
+from wdsfilter.media.images import FULL_SIZE, decode_image, draft_scale
 from wdsfilter.score.fastdecode import REDUCING_GAP, ImageTransform, combine_floors
 
 skimage = pytest.importorskip("skimage")

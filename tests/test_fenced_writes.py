@@ -160,7 +160,7 @@ def test_a_deleted_lock_is_lost_not_free_and_stops_the_next_write(tmp_path, s3):
     folder is no longer the holder's: its next write (local: read at each write) and its next
     renewal (a bucket) say so, and nothing is written."""
     from remotekit import BUCKET
-    from wdsfilter.atomic import write_json
+    from wdsfilter.storage.atomic import write_json
     from wdsfilter.runfolder.lease import Lease, LeaseLostError
     out = str(tmp_path / "out")
     with Lease(out) as lease:
@@ -205,8 +205,8 @@ def test_an_upload_or_delete_over_another_writers_object_is_refused(kind, tmp_pa
     created, replaced or deleted meanwhile is neither overwritten nor deleted (the run fails,
     naming it), while an object that already holds this file's bytes (an upload whose answer was
     lost) is taken as this writer's."""
-    from wdsfilter.remote import RemoteOutputError
-    from wdsfilter.remote_out import RemoteFolder
+    from wdsfilter.storage.remote import RemoteOutputError
+    from wdsfilter.runfolder.remote_out import RemoteFolder
     if kind == "s3":
         from remotekit import BUCKET
         client = request.getfixturevalue("s3")
@@ -260,7 +260,7 @@ def test_an_upload_or_delete_over_another_writers_object_is_refused(kind, tmp_pa
 
 def _write_in_worker(fence, path):
     """A worker process's write (as a Ray task writes a shard): its Fence installed, then a write."""
-    from wdsfilter.atomic import write_json
+    from wdsfilter.storage.atomic import write_json
     from wdsfilter.runfolder.lease import LeaseLostError
     fence.install()
     try:

@@ -10,7 +10,7 @@ import pytest
 
 from wdsfilter.runfolder.judge import Threshold, count_rows, count_table, judge_shard
 from wdsfilter.runfolder import ScoredShard
-from wdsfilter.thresholds import Bound
+from wdsfilter.core.thresholds import Bound
 
 
 def score_table(path, n, seed, with_ocr=True, int_column=False):
@@ -93,13 +93,13 @@ def test_filter_scores_takes_a_selection_its_keywords_and_the_old_names_alike(tm
     import os
 
     from wdsfilter.filtering import filter_scores
-    from wdsfilter.thresholds import Thresholds
+    from wdsfilter.core.thresholds import Thresholds
     os.makedirs(tmp_path / "run" / "scores")
     os.makedirs(tmp_path / "run" / "done")
     shard = score_table(tmp_path / "run" / "scores" / "s.parquet", 500, 7)
     with open(tmp_path / "run" / "done" / "s.json", "w") as f:
         json.dump({"url": shard.url, "name": "s", "score_file": shard.score_file}, f)
-    from wdsfilter.selection import Selection
+    from wdsfilter.core.selection import Selection
     with pytest.warns(DeprecationWarning, match="mins= is deprecated; use min_scores="):
         texts = filter_scores(str(tmp_path / "run"), mins=["clip_score=0.3"], maxes=["ocr_area=0.5"], dry_run=True)
     with pytest.warns(DeprecationWarning, match="thresholds= is deprecated"):

@@ -184,3 +184,22 @@ def test_a_share_of_a_column_held_in_pieces_is_share_value(kind, monkeypatch):
                 if len(values):
                     assert got == (*share_value(values.copy(), percent, top), len(values)), (percent, top, parts)
     assert np.array_equal(data, before, equal_nan=True)  # the pieces were not reordered
+
+
+@pytest.mark.parametrize("ends", [[float("inf")], [float("-inf")], [float("inf"), float("-inf")]])
+def test_the_streaming_share_of_a_column_with_an_infinity_takes_a_few_passes(monkeypatch, ends):
+    """A Parquet score column may hold an infinity: the streaming --top/--bottom (runs beyond
+    IN_MEMORY_ROWS) found the same value, but an infinite end of the range put every value in one
+    bin, and each pass peeled off a single value: a pass over the whole run per distinct score."""
+    from wdsfilter.runfolder import quantile
+    monkeypatch.setattr(quantile, "COLLECT", 100)  # the streaming path on 20k values instead of millions
+    values = np.concatenate([np.random.default_rng(0).normal(size=20000), ends])
+    for top, percent in ((True, 30), (False, 30), (True, 0.001), (False, 100)):
+        passes = []
+
+        def source():
+            passes.append(1)
+            return iter([values[:7000], values[7000:]])
+        value, k = (quantile.top_share_value if top else quantile.bottom_share_value)(source, percent)
+        assert (value, k) == quantile.share_value(values.copy(), percent, top)
+        assert len(passes) < 30, len(passes)

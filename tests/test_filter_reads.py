@@ -3,7 +3,7 @@ the share and the counts (issue 21 item 7): one open for its footer and its colu
 read every file three times before (footer, the share column, the count); the first file's
 footer is read once more when the run is opened (the run's columns). The opens are counted
 by the "open" audit events the run folder's reader announces for every file pyarrow opens
-(runfolder.tables._native), in a child process (an audit hook cannot be removed)."""
+(runfolder.tables.audited), in a child process (an audit hook cannot be removed)."""
 from __future__ import annotations
 
 import json

@@ -246,7 +246,7 @@ def test_tick_values_are_round_over_any_range():
     the digits the step needs."""
     import sys
 
-    from wdsfilter.report.page import nice_ticks
+    from wdsfilter.report.charts import nice_ticks
     rng = np.random.default_rng(0)
     ranges = [(-0.08753, 0.8264), (0.02235, 0.8264), (0.21, 0.33), (0.0, 1.0), (-3.0, 250.0)]
     for _ in range(300):

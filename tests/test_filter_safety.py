@@ -68,14 +68,14 @@ def test_filter_counts_without_reading_sources_and_runs_the_command_when_allowed
 
 
 def test_filter_scores_and_the_loader_take_no_permission_from_the_folder(piped, tmp_path):
-    from wdsfilter.errors import UnsafeInputError
+    from wdsfilter.core.errors import UnsafeInputError
     from wdsfilter.filtering import filter_scores
     folder, shard, out, canary = piped
     with pytest.raises(UnsafeInputError, match="allow_pipe=True"):
         filter_scores(out, write_shards=str(tmp_path / "k"), report=None)
     assert not canary.exists() and not (tmp_path / "k").exists()
     import wdsfilter
-    from wdsfilter.errors import StarvationError
+    from wdsfilter.core.errors import StarvationError
     # The loader reads the shards it is given (a local one here), never the folder's commands;
     # the pipe: source's rows do not name this local shard, so nothing comes out.
     with pytest.raises(StarvationError, match="no_score"):
@@ -306,3 +306,24 @@ def test_a_named_pipe_planted_in_the_run_folder_is_refused_not_waited_on(tmp_pat
         r = run_cli("filter", out, *args, timeout=120)
         assert r.returncode == 2 and one_line(r.stderr), r.stderr
         assert "not a regular file" in r.stderr and os.path.basename(score_file) in r.stderr
+
+
+def test_a_users_report_html_in_out_is_not_filters_when_the_report_goes_elsewhere(tmp_path):
+    """filter --write-shards OUT counts OUT/report.html as a file of its own only when its report
+    goes there: with --report elsewhere (or --no-report), a report.html of the user's in OUT is
+    neither refused nor removed by --overwrite."""
+    out = score_folder(gnu_tar_shards(str(tmp_path), [6]), tmp_path / "scores")
+    dest = tmp_path / "k"
+    dest.mkdir()
+    (dest / "report.html").write_bytes(b"the user's own page")
+    for extra in (["--report", str(tmp_path / "elsewhere.html")], ["--no-report"],
+                  ["--no-report", "--samples-per-shard", "4", "--overwrite"]):
+        r = run_cli("filter", out, "--write-shards", str(dest), *extra)
+        assert r.returncode == 0, r.stderr
+        assert (dest / "report.html").read_bytes() == b"the user's own page"
+        assert "report.html" not in json.load(open(dest / "filter_run.json"))["files"]
+    assert os.path.exists(tmp_path / "elsewhere.html") and os.path.exists(dest / "shard-000001.tar")
+    # the report in OUT is ours: the user's file of that name is refused, never replaced
+    r = run_cli("filter", out, "--write-shards", str(dest), "--samples-per-shard", "4")
+    assert r.returncode == 2 and "report.html" in r.stderr and "did not write" in r.stderr, r.stderr
+    assert (dest / "report.html").read_bytes() == b"the user's own page"

@@ -14,9 +14,9 @@ from click.testing import CliRunner
 
 from tests.shardkit import image_bytes, write_shard
 from wdsfilter.cli import main
-from wdsfilter.errors import StarvationError
-from wdsfilter.reading import iter_tar
-from wdsfilter.score.shardwriter import member_ranges
+from wdsfilter.core.errors import StarvationError
+from wdsfilter.stream.reading import iter_tar
+from wdsfilter.storage.shardcopy import member_ranges
 from wdsfilter.validate import validate
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), ".."))
@@ -158,7 +158,7 @@ def test_an_epoch_from_shards_that_are_not_tars_raises_and_one_bad_shard_loses_n
     assert "the epoch ended with no sample" in str(e.value) and "unreadable_shard" in str(e.value)
     assert "git lfs pull" in str(e.value) and "shard-000000.tar" in str(e.value)
     # Resampled, the same shards are reopened forever: the watchdog counts the openings.
-    from wdsfilter.config import StageConfig
+    from wdsfilter.stream.config import StageConfig
     config = StageConfig(starvation_samples=50, starvation_seconds=0)
     with pytest.raises(StarvationError, match=r"shard-00000[01]\.tar"):
         import wdsfilter
@@ -213,9 +213,9 @@ def test_frames_sharing_one_key_are_let_go_past_max_sample_bytes_not_held_whole(
     # "clip" and distinct extensions, so nothing stopped one sample from holding the whole shard.
     import numpy as np
     from PIL import Image
-    from wdsfilter.config import StageConfig
-    from wdsfilter.reading import OVERSIZED, group_samples
-    from wdsfilter.tally import Tally
+    from wdsfilter.stream.config import StageConfig
+    from wdsfilter.stream.reading import OVERSIZED, group_samples
+    from wdsfilter.core.tally import Tally
     src = tmp_path / "frames"
     os.makedirs(src)
     rng = np.random.default_rng(0)

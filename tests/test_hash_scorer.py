@@ -16,7 +16,7 @@ from dedupkit import build, jpeg, _photo
 from shardkit import write_shard
 from videokit import make_video
 from wdsfilter.cli import main
-from wdsfilter.hashes import hamming, majority, phash, phash_hex
+from wdsfilter.media.hashes import hamming, majority, phash, phash_hex
 from wdsfilter.runfolder.tables import read_rows
 
 

@@ -15,10 +15,10 @@ import pytest
 
 from shardkit import image_bytes, image_text_members, write_shard
 from wdsfilter import ConfigError, StageConfig, StarvationError
-from wdsfilter.pipeline import sample_pipeline
-from wdsfilter.shards import expand_urls
-from wdsfilter.specs import parse_json_member
-from wdsfilter.tally import Tally
+from wdsfilter.stream.pipeline import sample_pipeline
+from wdsfilter.storage.shards import expand_urls
+from wdsfilter.core.specs import parse_json_member
+from wdsfilter.core.tally import Tally
 from wdsfilter.validate import validate
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -151,8 +151,8 @@ def test_peak_memory_of_one_worker_on_a_hostile_shard_stays_bounded(tmp_path, ca
             with open("/proc/self/status") as f:
                 return next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) / 1024
         from wdsfilter import StageConfig
-        from wdsfilter.pipeline import sample_pipeline
-        from wdsfilter.tally import Tally
+        from wdsfilter.stream.pipeline import sample_pipeline
+        from wdsfilter.core.tally import Tally
         from wdsfilter.validate import validate
         tally = Tally()
         n = sum(1 for _ in sample_pipeline([{url!r}], StageConfig(check_first_shard=False), tally))
@@ -301,7 +301,7 @@ def test_absurd_brace_patterns_are_refused_before_expanding(tmp_path):
 
 
 def test_byte_caps_are_checked_and_read_from_the_cli_syntax():
-    from wdsfilter.config import parse_byte_caps
+    from wdsfilter.stream.config import parse_byte_caps
     assert parse_byte_caps(["image=128MiB", "text=1MB"]) == {"max_image_bytes": 128 << 20,
                                                               "max_text_bytes": 1_000_000}
     with pytest.raises(ConfigError, match="KIND=SIZE"):

@@ -12,8 +12,8 @@ import textwrap
 
 from shardkit import image_bytes, image_text_members, write_shard
 from wdsfilter import StageConfig
-from wdsfilter.pipeline import sample_pipeline
-from wdsfilter.tally import Tally
+from wdsfilter.stream.pipeline import sample_pipeline
+from wdsfilter.core.tally import Tally
 from wdsfilter.validate import validate
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -147,7 +147,7 @@ def test_a_lying_stream_past_the_64th_is_held_to_max_pixels_too(tmp_path):
     out = _child(f"""
         import json, sys, tarfile
         sys.modules["torch"] = None
-        from wdsfilter.frames import sample_frames
+        from wdsfilter.media.frames import sample_frames
         from wdsfilter.validate import validate
         report = validate([{url!r}], image_key="mov", jobs=1)
         frames = sample_frames(tarfile.open({url!r}).extractfile("000000.mov").read(), 2).frames
@@ -229,9 +229,9 @@ def test_a_thin_image_is_cropped_before_it_is_resized_for_clip(tiny_clip, tmp_pa
     out = _child(f"""
         import json
         from wdsfilter import StageConfig
-        from wdsfilter.pipeline import sample_pipeline
+        from wdsfilter.stream.pipeline import sample_pipeline
         from wdsfilter.score.scorers.clip import ClipScorer
-        from wdsfilter.tally import Tally
+        from wdsfilter.core.tally import Tally
 
         def peak_mb():
             with open("/proc/self/status") as f:
@@ -292,9 +292,9 @@ def test_decoding_one_clip_is_held_to_a_pixel_budget(tmp_path, monkeypatch):
     it is lowered so that a small clip meets it."""
     import pytest
 
-    from wdsfilter.errors import DataError
-    from wdsfilter import frames as score_video
-    from wdsfilter import videos
+    from wdsfilter.core.errors import DataError
+    from wdsfilter.media import frames as score_video
+    from wdsfilter.media import videos
 
     data = one_keyframe_webm(64, 600)
     assert score_video.sample_frames(data, 3).frames.shape[0] == 3  # within the real budget
@@ -334,8 +334,8 @@ def test_an_ico_is_refused_before_pillow_decodes_it_on_open(tmp_path):
         import json, sys
         sys.modules["torch"] = None
         from wdsfilter import StageConfig
-        from wdsfilter.pipeline import sample_pipeline
-        from wdsfilter.tally import Tally
+        from wdsfilter.stream.pipeline import sample_pipeline
+        from wdsfilter.core.tally import Tally
         from wdsfilter.validate import validate
         tally = Tally()
         kept = [s["__key__"] for s in sample_pipeline([{url!r}], StageConfig(check_first_shard=False), tally)]
@@ -369,9 +369,9 @@ def test_an_eps_is_never_handed_to_ghostscript(tmp_path):
         os.environ["PATH"] = {str(bin_dir)!r} + os.pathsep + os.environ["PATH"]
         sys.modules["torch"] = None
         from wdsfilter import StageConfig
-        from wdsfilter.images import open_image
-        from wdsfilter.pipeline import sample_pipeline
-        from wdsfilter.tally import Tally
+        from wdsfilter.media.images import open_image
+        from wdsfilter.stream.pipeline import sample_pipeline
+        from wdsfilter.core.tally import Tally
         from wdsfilter.validate import validate
         tally = Tally()
         kept = [s["__key__"] for s in sample_pipeline([{url!r}], StageConfig(check_first_shard=False), tally)]
@@ -398,8 +398,8 @@ def test_a_member_that_is_an_ffconcat_playlist_opens_no_file_of_the_machine(tmp_
     self-contained formats are read (wdsfilter/videos.SAFE_FORMATS); a real clip still is."""
     import pytest
     from videokit import grey_frame, make_video
-    from wdsfilter.errors import DataError
-    from wdsfilter.frames import sample_frames
+    from wdsfilter.core.errors import DataError
+    from wdsfilter.media.frames import sample_frames
     clip = make_video([grey_frame(40 * i) for i in range(6)])
     (tmp_path / "secret.mp4").write_bytes(clip)
     monkeypatch.chdir(tmp_path)
@@ -436,8 +436,8 @@ def test_member_names_longer_than_path_max_are_a_damaged_tar_not_a_memory_bomb(t
         import json, sys
         sys.modules["torch"] = None
         from wdsfilter import StageConfig
-        from wdsfilter.pipeline import sample_pipeline
-        from wdsfilter.tally import Tally
+        from wdsfilter.stream.pipeline import sample_pipeline
+        from wdsfilter.core.tally import Tally
         from wdsfilter.validate import validate
         tally = Tally()
         kept = sum(1 for _ in sample_pipeline([{url!r}], StageConfig(check_first_shard=False), tally))
@@ -466,9 +466,9 @@ def test_a_fifo_or_a_device_named_like_a_shard_is_unreadable_not_a_hang(tmp_path
         import json, sys
         sys.modules["torch"] = None
         from wdsfilter import StageConfig
-        from wdsfilter.pipeline import sample_pipeline
-        from wdsfilter.shards import expand_urls
-        from wdsfilter.tally import Tally
+        from wdsfilter.stream.pipeline import sample_pipeline
+        from wdsfilter.storage.shards import expand_urls
+        from wdsfilter.core.tally import Tally
         from wdsfilter.validate import validate
         urls = expand_urls([{str(folder)!r}])
         tally = Tally()

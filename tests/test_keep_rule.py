@@ -13,7 +13,7 @@ from scorekit import BrightnessScorer, ByteLengthScorer
 from shardkit import image_bytes, write_shard
 from wdsfilter.runfolder import keep_reason
 from wdsfilter.runfolder.tables import read_rows
-from wdsfilter.thresholds import Thresholds
+from wdsfilter.core.thresholds import Thresholds
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCORERS = [BrightnessScorer(fail_word="refuse-me"), ByteLengthScorer()]

@@ -30,7 +30,7 @@ def test_duplicates_and_returning_keys_are_found_for_short_long_and_non_ascii_na
     """A short ASCII key is held as it is and any other as a digest (specs.key_digest): both kinds
     tell a repeated member and a key that comes back, and a 32-character key is never taken for
     the digest of another."""
-    from wdsfilter.specs import SHORT_KEY, key_digest
+    from wdsfilter.core.specs import SHORT_KEY, key_digest
     from wdsfilter.validate import validate
 
     keys = ["a" * SHORT_KEY, "b" * (SHORT_KEY + 1), "é" * 8, "x" * 4000]

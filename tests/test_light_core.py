@@ -12,7 +12,7 @@ def test_stages_run_with_torch_unavailable(tmp_path):
         import sys
         sys.modules["torch"] = None  # any "import torch" now fails, as in a core-only install
         import wdsfilter
-        from wdsfilter.pipeline import sample_pipeline
+        from wdsfilter.stream.pipeline import sample_pipeline
         print(len(list(sample_pipeline([{url!r}]))), "torch" in sys.modules and sys.modules["torch"] is not None)
     """)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -5,7 +5,7 @@ import torch
 import wdsfilter
 from shardkit import image_bytes, image_text_members, write_shard
 from wdsfilter import ConfigError
-from wdsfilter.errors import StarvationError
+from wdsfilter.core.errors import StarvationError
 
 
 def to_tensor(img):
@@ -92,7 +92,7 @@ def test_one_shard_without_captions_is_a_data_error_unless_it_is_the_first(tmp_p
 
 
 def test_drop_last_with_fewer_samples_than_a_batch_raises_instead_of_an_empty_epoch(tmp_path):
-    from wdsfilter.errors import StarvationError
+    from wdsfilter.core.errors import StarvationError
     shard = write_shard(tmp_path / "small-000000.tar", image_text_members(5))
     with pytest.raises(StarvationError, match=r"5 sample\(s\) came out, fewer than batch_size=8.*drop_last=False"):
         list(wdsfilter.loader([shard], batch_size=8, drop_last=True))
@@ -102,7 +102,7 @@ def test_drop_last_with_fewer_samples_than_a_batch_raises_instead_of_an_empty_ep
 def test_a_later_empty_epoch_raises_with_persistent_workers(tmp_path):
     # Persistent workers keep their counts across epochs: the check must be of this epoch, not of
     # the loader's life. Between epochs the shard is replaced by what a clone without `git lfs pull` leaves.
-    from wdsfilter.errors import StarvationError
+    from wdsfilter.core.errors import StarvationError
     shard = write_shard(tmp_path / "shard-000000.tar", image_text_members(6))
     loader = wdsfilter.loader([shard], batch_size=4, num_workers=1, persistent_workers=True)
     assert sum(len(b[1]) for b in loader) == 6

@@ -21,7 +21,7 @@ from open_clip_train.params import parse_args  # noqa: E402
 from open_clip_train.scheduler import cosine_lr  # noqa: E402
 
 import wdsfilter  # noqa: E402
-from wdsfilter.errors import StarvationError  # noqa: E402
+from wdsfilter.core.errors import StarvationError  # noqa: E402
 from tools import make_tiny_clip  # noqa: E402
 from wdsfilter.validate import validate  # noqa: E402
 

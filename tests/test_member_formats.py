@@ -12,10 +12,10 @@ import webdataset as wds
 
 from shardkit import image_bytes, write_shard
 from wdsfilter import StageConfig
-from wdsfilter.reading import is_unsafe_ext
-from wdsfilter.pipeline import sample_pipeline
-from wdsfilter.reading import group_samples, tar_members
-from wdsfilter.tally import Tally
+from wdsfilter.stream.reading import is_unsafe_ext
+from wdsfilter.stream.pipeline import sample_pipeline
+from wdsfilter.stream.reading import group_samples, tar_members
+from wdsfilter.core.tally import Tally
 from wdsfilter.validate import validate
 
 

@@ -15,7 +15,7 @@ pytest.importorskip("onnxruntime")
 import wdsfilter  # noqa: E402
 from shardkit import write_shard  # noqa: E402
 from videokit import audio_only_mp4, make_video, text_frame  # noqa: E402
-from wdsfilter.errors import ConfigError, DataError  # noqa: E402
+from wdsfilter.core.errors import ConfigError, DataError  # noqa: E402
 from wdsfilter.score.scorers.base import make_scorer  # noqa: E402
 from wdsfilter.score.scorers.ocr import OcrInput, OcrScorer  # noqa: E402
 

@@ -19,7 +19,7 @@ easyocr = pytest.importorskip("easyocr")
 from easyocr.craft import CRAFT  # noqa: E402
 from PIL import Image  # noqa: E402
 from videokit import make_video, text_frame  # noqa: E402
-from wdsfilter.errors import ConfigError  # noqa: E402
+from wdsfilter.core.errors import ConfigError  # noqa: E402
 from wdsfilter.score.scorers.ocr import OcrScorer  # noqa: E402
 
 FILENAME = "craft_mlt_25k.pth"  # the name easyocr looks for (easyocr.config.detection_models)

@@ -19,7 +19,7 @@ pytest.importorskip("easyocr_en_models")
 from filterkit import REPO, gnu_tar_shards  # noqa: E402
 from tools.measure_ocr_memory import run  # noqa: E402
 from wdsfilter.score.planner import WORKER_BASE_BYTES  # noqa: E402
-from wdsfilter.units import parse_size  # noqa: E402
+from wdsfilter.core.units import parse_size  # noqa: E402
 
 pytestmark = pytest.mark.slow  # model processes with the real CRAFT
 MiB = 2**20

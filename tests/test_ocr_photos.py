@@ -242,7 +242,7 @@ def test_with_easyocr_the_gate_keeps_what_the_reader_reads_as_documented(easyocr
 def test_tmars_masks_the_text_easyocr_found(easyocr_scorer, easy_jpeg):
     """The boxes handed to T-MARS (BOXES), masked as it masks them: the masked page has a small
     fraction of its text left for the same detector, and no pixel outside the boxes changed."""
-    from wdsfilter.masking import box_rects, mask_frame
+    from wdsfilter.media.masking import box_rects, mask_frame
     page = easy_jpeg[98]["page"]
     rects = box_rects(page.row[BOXES][0], page.frame.shape[1], page.frame.shape[0])
     masked, covered = mask_frame(page.frame, rects)
@@ -268,7 +268,7 @@ def test_without_rapidocr_the_easyocr_backend_warns_and_counts_every_box(monkeyp
     """Python 3.13 has no rapidocr-onnxruntime: easyocr then detects alone and says so."""
     import importlib.util
 
-    from wdsfilter.errors import ConfigError
+    from wdsfilter.core.errors import ConfigError
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "rapidocr_onnxruntime" else real(name, *a))

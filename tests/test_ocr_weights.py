@@ -15,7 +15,7 @@ easyocr = pytest.importorskip("easyocr")
 easyocr_en_models = pytest.importorskip("easyocr_en_models")
 
 from filterkit import REPO, gnu_tar_shards, run_cli  # noqa: E402
-from wdsfilter.errors import ConfigError  # noqa: E402
+from wdsfilter.core.errors import ConfigError  # noqa: E402
 from wdsfilter.score.ocr_backends import easyocr_backend  # noqa: E402
 from wdsfilter.score.ocr_backends.easyocr_backend import EasyOcrBackend, file_md5  # noqa: E402
 

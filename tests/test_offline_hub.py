@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("open_clip")
 constants = pytest.importorskip("huggingface_hub.constants")
 
-from wdsfilter.errors import ConfigError  # noqa: E402
+from wdsfilter.core.errors import ConfigError  # noqa: E402
 from wdsfilter.score import models  # noqa: E402
 
 

@@ -34,14 +34,14 @@ def test_outputs_in_proc_are_usage_errors_before_any_work(tmp_path):
 
 
 def test_a_shard_read_again_for_written_shards_goes_through_the_idle_guard(tmp_path):
-    """score's filtered copy (shardwriter.write_filtered) and filter --write-shards read a pipe:
+    """score's filtered copy (shardcopy.write_filtered) and filter --write-shards read a pipe:
     shard a second time: that read had no idle guard, so a hung command hung the run for ever.
     Here the command's input becomes a FIFO nobody writes to once the shard is scored."""
     import psutil
 
     from filterkit import score_folder
     from wdsfilter.filtering import filter_scores
-    from wdsfilter.score.shardwriter import write_filtered
+    from wdsfilter.storage.shardcopy import write_filtered
     shard = gnu_tar_shards(str(tmp_path), [4])[0]
     url = f"pipe:cat {shard}"
     out = score_folder([url], tmp_path / "scores", allow_pipe=True)

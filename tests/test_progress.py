@@ -11,8 +11,9 @@ from click.testing import CliRunner
 
 from scorekit import make_shards
 from wdsfilter.cli import main
-from wdsfilter.progress import Progress, clock, known_samples
-from wdsfilter.shardstats import update_sizes
+from wdsfilter.core.progress import Progress, clock
+from wdsfilter.storage.shardstats import sizes_samples
+from wdsfilter.storage.shardstats import update_sizes
 
 
 def test_a_log_gets_plain_lines_with_total_percentage_rate_and_eta():
@@ -77,12 +78,12 @@ def test_the_elapsed_time_moves_between_updates():
 def test_the_total_comes_from_sizes_json(tmp_path):
     urls, _ = make_shards(tmp_path / "shards", [3, 4])
     folder = os.path.dirname(urls[0])
-    assert known_samples(urls) is None  # no sizes.json
+    assert sizes_samples(urls) is None  # no sizes.json
     update_sizes(folder, {os.path.basename(urls[0]): 3})
-    assert known_samples(urls) is None  # one shard unlisted: no total rather than a wrong one
+    assert sizes_samples(urls) is None  # one shard unlisted: no total rather than a wrong one
     update_sizes(folder, {os.path.basename(urls[1]): 4})
-    assert known_samples(urls) == 7
-    assert known_samples(urls + ["pipe:cat x.tar"]) is None
+    assert sizes_samples(urls) == 7
+    assert sizes_samples(urls + ["pipe:cat x.tar"]) is None
 
 
 def run_score(tmp_path, *args):

@@ -22,7 +22,7 @@ pytest.importorskip("moto")
 from raykit import multi_node_cluster, wait_until  # noqa: E402
 from remotekit import BUCKET, s3_server, upload  # noqa: E402
 from scorekit import make_shards  # noqa: E402
-from wdsfilter.errors import ConfigError  # noqa: E402
+from wdsfilter.core.errors import ConfigError  # noqa: E402
 from wdsfilter.runfolder.tables import read_rows  # noqa: E402
 from wdsfilter.score import score  # noqa: E402
 from wdsfilter.score.ray_runner import score_on_ray  # noqa: E402

@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from videokit import audio_only_mp4, audio_with_cover, clip_with_audio, make_video, text_frame  # noqa: E402
 
 from wdsfilter.cli import main  # noqa: E402
-from wdsfilter.frames import sample_frames  # noqa: E402
+from wdsfilter.media.frames import sample_frames  # noqa: E402
 from wdsfilter.validate import validate  # noqa: E402
 
 FFMPEG = shutil.which("ffmpeg")

@@ -18,9 +18,10 @@ pytest.importorskip("moto")
 
 from remotekit import BUCKET, FailingProxy, SECRET, s3_server, three_shards, upload  # noqa: E402
 from wdsfilter.cli import main  # noqa: E402
-from wdsfilter.errors import ConfigError, UnsafeInputError  # noqa: E402
-from wdsfilter.remote import ObjectChanged, RemoteOptions, open_remote, parse_storage_options  # noqa: E402
-from wdsfilter.shards import expand_urls, open_shard  # noqa: E402
+from wdsfilter.core.errors import ConfigError, UnsafeInputError  # noqa: E402
+from wdsfilter.storage.remote import ObjectChanged, RemoteOptions, parse_storage_options  # noqa: E402
+from wdsfilter.storage.remote_read import open_remote  # noqa: E402
+from wdsfilter.storage.shards import expand_urls, open_shard  # noqa: E402
 from wdsfilter.validate import validate  # noqa: E402
 
 SCORER = "scorekit:BrightnessScorer"
@@ -368,7 +369,7 @@ def test_validate_writes_its_report_and_stats_to_s3(s3, local, tmp_path):
 def test_an_object_whose_upload_fails_is_not_left_at_its_name(s3):
     """A multipart upload whose part keeps failing is aborted: no object at the name, and no
     upload left open (whose parts a bucket would keep paying for)."""
-    from wdsfilter.remote import RemoteOutputError, write_object
+    from wdsfilter.storage.remote import RemoteOutputError, write_object
     endpoint, client, _ = s3
     data = os.urandom(12 << 20)  # past the 5 MiB block: a multipart upload
     options = {"default_block_size": 5 << 20, "config_kwargs": {"retries": {"max_attempts": 1}}}

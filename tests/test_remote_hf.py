@@ -17,9 +17,9 @@ from hubkit import HubServer, clear_hf_cache, hub_endpoint  # noqa: E402
 from remotekit import three_shards  # noqa: E402
 from test_early_config_errors import assert_one_line_error, run_without_torch  # noqa: E402
 from wdsfilter.cli import main  # noqa: E402
-from wdsfilter.errors import ConfigError  # noqa: E402
-from wdsfilter.remote import RemoteOptions  # noqa: E402
-from wdsfilter.shards import expand_urls, open_shard  # noqa: E402
+from wdsfilter.core.errors import ConfigError  # noqa: E402
+from wdsfilter.storage.remote import RemoteOptions  # noqa: E402
+from wdsfilter.storage.shards import expand_urls, open_shard  # noqa: E402
 from wdsfilter.validate import validate  # noqa: E402
 
 SCORER = "scorekit:BrightnessScorer"

@@ -138,8 +138,8 @@ def test_a_failed_upload_leaves_no_object_at_its_final_name(s3, tmp_path):
     """put_file: a multipart upload whose part fails is aborted (no object, no open upload). A
     streaming `with fs.open(..., "wb")` would not do: s3fs commits what it holds when an exception
     leaves the block, which is why nothing here writes through one."""
-    from wdsfilter.remote import RemoteOutputError
-    from wdsfilter.remote_out import RemoteFolder
+    from wdsfilter.storage.remote import RemoteOutputError
+    from wdsfilter.runfolder.remote_out import RemoteFolder
     import s3fs
     endpoint, client = s3
     staging = tmp_path / "staging"

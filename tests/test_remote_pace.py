@@ -16,7 +16,8 @@ pytest.importorskip("aiohttp")
 
 from remotekit import three_shards  # noqa: E402
 from wdsfilter.cli import main  # noqa: E402
-from wdsfilter.remote import RemoteOptions, RemoteReadError, open_remote  # noqa: E402
+from wdsfilter.storage.remote import RemoteOptions, RemoteReadError  # noqa: E402
+from wdsfilter.storage.remote_read import open_remote  # noqa: E402
 
 FLOOR = RemoteOptions(block_bytes=8192, readahead=2, backoff_seconds=0.01, idle_seconds=30, speed_limit=1024,
                       speed_seconds=1.0, retry_budget=2)
@@ -104,8 +105,8 @@ def test_score_fails_the_slow_shards_into_the_ledger_and_scores_the_healthy_one(
 
 
 def test_the_bounds_are_checked_when_given(tmp_path):
-    from wdsfilter.config import StageConfig
-    from wdsfilter.errors import ConfigError
+    from wdsfilter.stream.config import StageConfig
+    from wdsfilter.core.errors import ConfigError
     assert StageConfig(remote_speed_limit="50kB/s").remote_options().speed_limit == 50_000
     assert StageConfig(remote_speed_limit="0").remote_options().speed_limit == 0
     for bad in (dict(remote_speed_limit="fast"), dict(remote_speed_time=0), dict(remote_retry_budget=-1)):

@@ -16,7 +16,8 @@ pytest.importorskip("moto")
 
 from faultkit import S3FaultProxy  # noqa: E402
 from remotekit import s3_server, three_shards, upload  # noqa: E402
-from wdsfilter.remote import RemoteOptions, open_remote  # noqa: E402
+from wdsfilter.storage.remote import RemoteOptions  # noqa: E402
+from wdsfilter.storage.remote_read import open_remote  # noqa: E402
 from wdsfilter.validate import validate  # noqa: E402
 
 SCORER = "scorekit:BrightnessScorer"

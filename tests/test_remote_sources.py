@@ -13,8 +13,8 @@ pytest.importorskip("fsspec")
 pytest.importorskip("aiohttp")
 
 from faultkit import big_shards  # noqa: E402
-from wdsfilter.remote import ObjectChanged, RemoteOptions  # noqa: E402
-from wdsfilter.score.shardwriter import member_ranges, write_filtered  # noqa: E402
+from wdsfilter.storage.remote import ObjectChanged, RemoteOptions  # noqa: E402
+from wdsfilter.storage.shardcopy import member_ranges, write_filtered  # noqa: E402
 
 OPTS = RemoteOptions(block_bytes=256 << 10, readahead=2, backoff_seconds=0.01, idle_seconds=1)
 

@@ -155,7 +155,7 @@ def test_beside_a_shard_that_is_read_each_is_a_finding_and_a_ledger_row(web, loc
 def test_library_log_lines_stay_off_the_terminal_unless_debug(tmp_path):
     """A library's own warning (here aiohttp's, a real record from a real client path would take its
     retries' time) reaches the terminal only with --debug; wdsfilter's own do."""
-    from wdsfilter.progress import library_logs_off
+    from wdsfilter.core.progress import library_logs_off
     library_logs_off(debug=False)
     try:
         import io

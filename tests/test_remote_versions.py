@@ -15,7 +15,8 @@ pytest.importorskip("aiohttp")
 
 from remotekit import three_shards  # noqa: E402
 from wdsfilter.cli import main  # noqa: E402
-from wdsfilter.remote import ObjectChanged, RemoteOptions, open_remote  # noqa: E402
+from wdsfilter.storage.remote import ObjectChanged, RemoteOptions  # noqa: E402
+from wdsfilter.storage.remote_read import open_remote  # noqa: E402
 
 OPTS = RemoteOptions(block_bytes=8192, readahead=2, backoff_seconds=0.01, idle_seconds=5)
 BREAK = 20_000
@@ -98,7 +99,7 @@ def test_a_version_changed_between_the_two_reads_of_a_filtered_copy_fails_it(web
     offsets). From a server with no validator, a same-size object whose members moved between the
     reads would have the index's offsets copied out of the other version: both reads are hashed."""
     from shardkit import write_shard
-    from wdsfilter.score.shardwriter import write_filtered
+    from wdsfilter.storage.shardcopy import write_filtered
     members = [(f"k{i}.txt", f"caption {i:02d}") for i in range(8)]
     v1 = open(write_shard(str(tmp_path / "a.tar"), members), "rb").read()
     v2 = open(write_shard(str(tmp_path / "b.tar"), members[::-1]), "rb").read()

@@ -161,8 +161,8 @@ def test_hf_datasets_loads_the_written_folder_with_its_sidecars(run, tmp_path, o
     again = datasets.load_dataset("webdataset", data_files=tars, features=features, cache_dir=str(tmp_path / "c3"))
     assert again["train"].num_rows == 20
     # our readers still find the sidecars where they were
-    from wdsfilter.progress import known_samples
-    assert known_samples(tars) == 20
+    from wdsfilter.storage.shardstats import sizes_samples
+    assert sizes_samples(tars) == 20
 
 
 def test_a_card_of_the_users_is_kept(run, tmp_path):
@@ -208,3 +208,26 @@ def test_card_declares_columns_only_where_it_can():
     assert "dtype" not in card_text("shard", [jpg, {"successes": 1, "fields": {"npy": 1, "txt": 1}}])  # no dtype for npy
     assert "dtype" not in card_text("shard", [jpg, {"successes": 1}])  # a shard's stats without fields: unknown
     assert 'path: "shard-*.tar"' in mixed
+
+
+def test_unique_keys_renames_samples_whose_text_is_not_valid_unicode(tmp_path):
+    """--unique-keys adds source_key/source_shard to each .json. A caption cut inside a surrogate
+    pair (a lone "\\ud83d" escape: scraped captions have them) and a key that is not UTF-8 (a
+    latin-1 file name) are written as JSON escapes, not a UnicodeEncodeError that stops the run."""
+    import json
+    import tarfile
+
+    from shardkit import write_shard as _write_shard
+    from wdsfilter.filtering.reshard import Resharder, Source
+    members = [("000000.jpg", image_bytes()), ("000000.json", b'{"caption": "cut \\ud83d", "uid": "u0"}'),
+               ("caf\udce9.jpg", image_bytes())]  # the byte 0xe9: no .json of its own
+    path = _write_shard(str(tmp_path / "odd.tar"), members)
+    out = tmp_path / "out"
+    writer = Resharder(str(out), per_shard=10, unique_keys=True)
+    writer.prepare({"run": 1}, overwrite=False, kept=2)
+    writer.write([Source(path, ["000000", "caf\\xe9"])])  # the key as the readers name it
+    with tarfile.open(out / "shard-000000.tar") as tar:
+        metas = {m.name: json.loads(tar.extractfile(m).read()) for m in tar.getmembers() if m.name.endswith(".json")}
+    assert metas["000000000.json"] == {"caption": "cut \ud83d", "uid": "u0", "source_key": "000000",
+                                       "source_shard": path}
+    assert metas["000000001.json"] == {"source_key": "caf\\xe9", "source_shard": path}

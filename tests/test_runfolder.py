@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from scorekit import BrightnessScorer
 from shardkit import image_bytes, write_shard
 from wdsfilter.cli import main
-from wdsfilter.errors import ConfigError
+from wdsfilter.core.errors import ConfigError
 
 
 def members(n, prefix, bright=90):

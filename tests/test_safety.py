@@ -6,8 +6,8 @@ import pytest
 
 from shardkit import image_bytes, image_text_members, write_shard
 from wdsfilter import StageConfig, UnsafeInputError
-from wdsfilter.pipeline import sample_pipeline
-from wdsfilter.shards import expand_urls
+from wdsfilter.stream.pipeline import sample_pipeline
+from wdsfilter.storage.shards import expand_urls
 
 
 def test_pipe_urls_are_refused_and_never_run(tmp_path):
@@ -35,8 +35,8 @@ def test_unsafe_payload_kept_as_bytes_only_when_allowed(tmp_path):
             return (exec, ("raise RuntimeError('pickle was executed')",))
     payload = pickle.dumps(Boom())
     url = write_shard(tmp_path / "u.tar", [("0.jpg", image_bytes()), ("0.txt", "x"), ("0.pickle", payload)])
-    from wdsfilter.reading import group_samples, tar_members
-    from wdsfilter.tally import Tally
+    from wdsfilter.stream.reading import group_samples, tar_members
+    from wdsfilter.core.tally import Tally
     cfg = StageConfig(allow_unsafe=True)
     samples = list(group_samples(tar_members([{"url": url}], cfg, Tally()), cfg, Tally()))
     assert samples[0]["pickle"] == payload  # raw bytes: still nothing was unpickled

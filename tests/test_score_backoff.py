@@ -8,7 +8,7 @@ import pytest
 from devicekit import SimulatedDevice
 from scorekit import BrightnessScorer, FrameCounter, expected_brightness, make_shards
 from wdsfilter import StageConfig
-from wdsfilter.pipeline import sample_pipeline
+from wdsfilter.stream.pipeline import sample_pipeline
 from wdsfilter.score import score
 from wdsfilter.score.backoff import Backoff
 from wdsfilter.score.memory import HostMemory

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 import wdsfilter
 from wdsfilter.cli import main
-from wdsfilter.specs import split_name
+from wdsfilter.core.specs import split_name
 from wdsfilter.score import score
 from wdsfilter.runfolder.tables import read_rows
 

@@ -125,7 +125,7 @@ def test_a_pipe_command_that_hangs_is_killed_and_fails_its_shard(shards, tmp_pat
 def test_a_stalled_command_fails_its_shard_whatever_its_exit_status(shards):
     """A stall is a failure even where the kill left exit status 0 (a shell whose `wait` returned
     when its child was killed, before its own kill): the reason then depended on timing."""
-    from wdsfilter.shards import close_shard, open_shard
+    from wdsfilter.storage.shards import close_shard, open_shard
     stream = open_shard(f"pipe:cat {shards[0]}", allow_pipe=True, idle_seconds=60)
     while stream.read(1 << 16):
         pass

@@ -11,7 +11,7 @@ from devicekit import SimulatedDevice
 from scorekit import ArenaScorer, BrightnessScorer, make_shards
 from wdsfilter import ConfigError
 from wdsfilter.score import ScoreConfig, score
-from wdsfilter.units import parse_size
+from wdsfilter.core.units import parse_size
 from wdsfilter.score.memory import HostMemory
 from wdsfilter.score.modelrunner import LoadReport
 from wdsfilter.score.planner import WORKER_BASE_BYTES, make_plan

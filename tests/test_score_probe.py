@@ -6,7 +6,7 @@ ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, ROOT)
 
 from tools.trace_modules import LumaScorer  # noqa: E402
-from wdsfilter.config import StageConfig  # noqa: E402
+from wdsfilter.stream.config import StageConfig  # noqa: E402
 from wdsfilter.score.probe import collect_probe  # noqa: E402
 
 SHARDS = [os.path.join(ROOT, "sample_shards", f"images-00000{i}.tar") for i in range(2)]

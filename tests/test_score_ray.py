@@ -9,7 +9,7 @@ ray = pytest.importorskip("ray", reason="the Ray engine is tested where wdsfilte
 
 import wdsfilter  # noqa: E402
 from scorekit import FrameCounter  # noqa: E402
-from wdsfilter.errors import ConfigError  # noqa: E402
+from wdsfilter.core.errors import ConfigError  # noqa: E402
 from wdsfilter.score import score  # noqa: E402
 from wdsfilter.runfolder.tables import read_rows  # noqa: E402
 from wdsfilter.score.ray_runner import score_on_ray  # noqa: E402

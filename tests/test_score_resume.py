@@ -121,12 +121,12 @@ def test_resume_redoes_shards_whose_outputs_are_incomplete(tmp_path):
 
 
 def test_a_killed_runs_copy_of_a_pipe_shard_is_removed_by_the_next_run(tmp_path):
-    from wdsfilter.score.shardwriter import _local_copy
+    from wdsfilter.storage.shardcopy import local_copy
     urls, _ = make_shards(tmp_path / "shards", [3])
     out, kept = str(tmp_path / "out"), tmp_path / "kept"
     opts = dict(scorers=[BrightnessScorer()], device="cpu", workers=0, progress=False, write_shards=str(kept))
     score(urls, out=out, **opts)
-    copy = _local_copy(f"pipe:cat {urls[0]}", True, False, str(kept))  # what a run killed mid-copy leaves
+    copy = local_copy(f"pipe:cat {urls[0]}", True, False, str(kept))  # what a run killed mid-copy leaves
     assert open(copy, "rb").read() == open(urls[0], "rb").read()
     score(urls, out=out, resume=True, **opts)
     assert not os.path.exists(copy) and sorted(os.listdir(kept)) == ["shard-0000.tar", "shard-0000_stats.json",

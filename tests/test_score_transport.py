@@ -131,10 +131,10 @@ def test_a_packed_chunk_crosses_a_process_boundary():
 
 def test_chunks_from_dataloader_workers_unpack_to_the_prepared_items(tmp_path):
     from shardkit import image_text_members, write_shard
-    from wdsfilter.config import StageConfig
-    from wdsfilter.pipeline import sample_pipeline
+    from wdsfilter.stream.config import StageConfig
+    from wdsfilter.stream.pipeline import sample_pipeline
     from wdsfilter.score.transport import Chunk, Prepare, keep_as_is
-    from wdsfilter.tally import Tally
+    from wdsfilter.core.tally import Tally
     from scorekit import BrightnessScorer
 
     url = write_shard(tmp_path / "a.tar", image_text_members(10))
@@ -149,10 +149,10 @@ def test_chunks_from_dataloader_workers_unpack_to_the_prepared_items(tmp_path):
 
 def _chunks_from_a_decode_worker(tmp_path, n=10, chunk=4, size=32):
     from shardkit import image_text_members, write_shard
-    from wdsfilter.config import StageConfig
-    from wdsfilter.pipeline import sample_pipeline
+    from wdsfilter.stream.config import StageConfig
+    from wdsfilter.stream.pipeline import sample_pipeline
     from wdsfilter.score.transport import Chunk, Prepare, keep_as_is
-    from wdsfilter.tally import Tally
+    from wdsfilter.core.tally import Tally
     from scorekit import BrightnessScorer
 
     url = write_shard(tmp_path / "a.tar", image_text_members(n))

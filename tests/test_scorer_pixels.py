@@ -50,7 +50,7 @@ def test_each_scorer_gets_the_pixels_it_would_get_alone(shards, tmp_path):
     # small scorer's 16 px 1/8, and brightness from 8x8 samples sees the difference
     import webdataset as wds
 
-    from wdsfilter.images import decode_image
+    from wdsfilter.media.images import decode_image
     first = next(iter(wds.WebDataset(shards, shardshuffle=False)))
     eighth, quarter = (decode_image(first["jpg"], None, floor=f) for f in ((16, 16), (128, 128)))
     assert eighth.size != quarter.size

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from wdsfilter.errors import ConfigError
+from wdsfilter.core.errors import ConfigError
 from wdsfilter.score import build_config, score
 from wdsfilter.score.models import ClipSource
 from wdsfilter.score.scorers.aesthetic import HEAD_DIR, HEADS, AestheticScorer, choose_head, head_path
@@ -174,10 +174,10 @@ def test_a_run_scores_clips_own_image_embedding(clip512, tmp_path):
 
 @pytest.mark.slow  # runs a (small) CLIP model
 def test_the_image_is_encoded_once_for_clip_and_aesthetic(clip512):
-    from wdsfilter.pipeline import sample_pipeline
+    from wdsfilter.stream.pipeline import sample_pipeline
     from wdsfilter.score.modelrunner import ModelRunner
     from wdsfilter.score.transport import Prepare
-    from wdsfilter.tally import Tally
+    from wdsfilter.core.tally import Tally
     cfg = build_config("out", ("aesthetic",), model="local-dir:" + clip512, caption_key="txt;json:description",
                        scorer_options={"aesthetic": {"head": "vit_b_32"}})
     scorers = resolve_scorers(cfg)

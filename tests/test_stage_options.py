@@ -7,7 +7,7 @@ from click.testing import CliRunner
 
 from shardkit import image_text_members, write_shard
 from wdsfilter.cli import main
-from wdsfilter.config import STAGE_OPTIONS, StageConfig
+from wdsfilter.stream.config import STAGE_OPTIONS, StageConfig
 from wdsfilter.runfolder.tables import read_rows
 
 

@@ -7,7 +7,7 @@ from PIL import Image
 
 from shardkit import image_bytes, image_text_members, write_shard
 from wdsfilter import ConfigError, StageConfig
-from wdsfilter.pipeline import sample_pipeline
+from wdsfilter.stream.pipeline import sample_pipeline
 
 
 def run(urls, **options):
@@ -217,7 +217,7 @@ def test_a_pipe_shard_left_mid_way_is_not_counted_as_a_failed_command(tmp_path):
     SIGPIPE (status 141 or -13): that is the reader's doing, not a failure to count. A command that
     fails on its own is still counted (test above)."""
     import itertools
-    from wdsfilter.tally import Tally
+    from wdsfilter.core.tally import Tally
     members = [m for i in range(64) for m in ((f"{i:06d}.jpg", image_bytes()), (f"{i:06d}.txt", "caption"),
                                              (f"{i:06d}.bin", bytes(200_000)))]
     url = write_shard(tmp_path / "big.tar", members)

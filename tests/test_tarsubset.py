@@ -1,4 +1,4 @@
-"""Reading only some samples of a local tar by their offsets (wdsfilter/tarsubset.py, used by
+"""Reading only some samples of a local tar by their offsets (wdsfilter/storage/tarsubset.py, used by
 `wdsfilter score --retry-failed`): the subset is a tar of exactly their members, long names and
 pax headers included, and the other members' data is never read."""
 import gzip
@@ -8,9 +8,9 @@ import tarfile
 
 import pytest
 
-from wdsfilter.config import StageConfig
-from wdsfilter.pipeline import sample_pipeline
-from wdsfilter.tarsubset import ReadOnly, subset_stream
+from wdsfilter.stream.config import StageConfig
+from wdsfilter.stream.pipeline import sample_pipeline
+from wdsfilter.storage.tarsubset import ReadOnly, subset_stream
 
 BLOB = 300_000
 

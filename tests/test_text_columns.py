@@ -74,7 +74,7 @@ def test_filter_counts_thresholds_on_a_run_with_text_columns(shards, tmp_path):
     assert "phash" not in run.numeric_columns()  # 16 hex digits: an identifier, not a score (issue 35 item 11)
     result = filter_scores(out, report=None)
     assert result.rows == 15 and 0 < result.kept < 15
-    from wdsfilter.errors import ConfigError
+    from wdsfilter.core.errors import ConfigError
     with pytest.raises(ConfigError, match="phash, which does not hold numbers"):
         filter_scores(out, top_shares={"phash": 50}, report=None)
 
@@ -96,3 +96,26 @@ def test_embedding_metadata_carries_caption_and_url(shards, tmp_path, tiny_clip)
     # what clip-retrieval's back reads for a hit (its columns_to_return default: url, caption)
     table = pq.read_table(os.path.join(out, "embeddings", "metadata"), columns=["url", "caption"])
     assert table.num_rows == 11 and json.dumps(table.to_pylist()[0])
+
+
+def test_score_keeps_a_sample_whose_json_text_is_not_valid_unicode(tmp_path):
+    """The score file's caption, url and uid columns (rows.sample_text): a .json whose url or
+    caption holds a lone surrogate escape (a caption cut inside an emoji's pair) is written with
+    U+FFFD in its place, as the caption is (specs.no_lone_surrogates), not a UnicodeEncodeError
+    that fails the run."""
+    import json
+
+    from click.testing import CliRunner
+    from shardkit import write_shard
+    from wdsfilter.cli import main
+    members = [("a.jpg", image_bytes()), ("a.txt", "fine"),
+               ("b.jpg", image_bytes()), ("b.txt", "also fine"),
+               ("b.json", b'{"url": "http://x/cut-\\ud83d", "uid": "u\\udce9"}')]
+    shard = write_shard(str(tmp_path / "odd-0000.tar"), members)
+    out = str(tmp_path / "scores")
+    r = CliRunner().invoke(main, ["score", shard, "--scorer", "scorekit:BrightnessScorer", "--out", out,
+                                  "--device", "cpu", "--workers", "0", "--no-progress", "--format", "jsonl"])
+    assert r.exit_code == 0, r.output
+    rows = {row["key"]: row for row in map(json.loads, open(os.path.join(out, "scores", "odd-0000.jsonl")))}
+    assert rows["b"]["status"] == "scored" and rows["b"]["url"] == "http://x/cut-\ufffd"
+    assert rows["b"]["uid"] == "u\ufffd" and rows["a"]["url"] is None

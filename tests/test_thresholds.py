@@ -1,4 +1,4 @@
-"""The one threshold test (wdsfilter.thresholds) and the one atomic write (wdsfilter.atomic)."""
+"""The one threshold test (wdsfilter.core.thresholds) and the one atomic write (wdsfilter.storage.atomic)."""
 import json
 import os
 import subprocess
@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from wdsfilter.atomic import atomic_path, is_temporary, remove_temporaries, temporary_path, write_json
-from wdsfilter.errors import ConfigError
-from wdsfilter.thresholds import Bound, Thresholds, parse_threshold
+from wdsfilter.storage.atomic import atomic_path, is_temporary, remove_temporaries, temporary_path, write_json
+from wdsfilter.core.errors import ConfigError
+from wdsfilter.core.thresholds import Bound, Thresholds, parse_threshold
 
 
 def test_bounds_pass_fail_and_missing_values():
@@ -63,7 +63,7 @@ def test_atomic_write_leaves_no_temporary_on_error(tmp_path):
 def test_a_killed_writers_temporary_is_recognised_and_removed(tmp_path):
     """A process killed between write and rename leaves `.<name>.tmp-<pid>`: the next run's
     cleanup finds it by name, for every kind of output (summary.json included)."""
-    script = ("import os, sys; from wdsfilter.atomic import atomic_path\n"
+    script = ("import os, sys; from wdsfilter.storage.atomic import atomic_path\n"
               "cm = atomic_path(sys.argv[1]); tmp = cm.__enter__(); open(tmp, 'w').write('x'); os._exit(0)")
     for name in ("summary.json", "00.parquet", "histograms.png"):
         subprocess.run([sys.executable, "-c", script, str(tmp_path / name)], check=True)
@@ -95,8 +95,8 @@ def test_shorthands_expand_once_the_same_for_score_filter_and_the_loader(tmp_pat
     run's config, filter's command line and the loader's options give the same bounds (one
     wdsfilter.Selection, built from the same keywords everywhere)."""
     from wdsfilter.score import build_config
-    from wdsfilter.selection import Selection, selection_of
-    from wdsfilter.thresholds import expand_shorthands
+    from wdsfilter.core.selection import Selection, selection_of
+    from wdsfilter.core.thresholds import expand_shorthands
     lo, hi = expand_shorthands({"clip_score": 0.1, "brightness": 0.5}, None, min_clip=0.28, max_ocr_area=0.2)
     assert (lo, hi) == ({"clip_score": 0.28, "brightness": 0.5}, {"ocr_area": 0.2})
     assert expand_shorthands(None, None, min_clip=None, max_ocr_area=None) == ({}, {})

@@ -171,7 +171,7 @@ def test_text_free_photos_keep_their_clip_score_exactly(rows):
 
 
 def test_the_mask_changes_no_pixel_outside_the_reported_boxes(images, ocr_boxes):
-    from wdsfilter.masking import box_rects, mask_frame
+    from wdsfilter.media.masking import box_rects, mask_frame
     for key, polygons in ocr_boxes.items():
         image = np.asarray(images[key])
         rects = box_rects(polygons, image.shape[1], image.shape[0])

@@ -10,7 +10,7 @@ from typing import Any, Dict, List
 import pytest
 
 from scorekit import make_shards
-from wdsfilter.errors import ConfigError
+from wdsfilter.core.errors import ConfigError
 from wdsfilter.score import build_config, score
 from wdsfilter.score.modelrunner import ModelRunner
 from wdsfilter.runfolder.tables import read_rows
@@ -93,7 +93,7 @@ def test_a_sample_its_required_scorer_could_not_score_gets_the_dependents_error_
 
 
 def _expected(images) -> Dict[str, str]:
-    from wdsfilter.hashes import phash
+    from wdsfilter.media.hashes import phash
     from PIL import Image
     import io
     return {k: hashlib.sha256(v).hexdigest()[:16] + ":" + str(int(phash(Image.open(io.BytesIO(v)).convert("RGB"))))

@@ -10,10 +10,11 @@ sys.path.insert(0, ROOT)
 from tools import trace_modules  # noqa: E402
 
 # docs/dev.md ("Measured: modules a run enters") lists these, in the order a sample meets them.
-PER_SAMPLE_PATH = {"wdsfilter.reading", "wdsfilter.specs", "wdsfilter.stages", "wdsfilter.images",
-                   "wdsfilter.tally", "wdsfilter.score.transport", "wdsfilter.score.dispatch",
+PER_SAMPLE_PATH = {"wdsfilter.stream.reading", "wdsfilter.core.specs", "wdsfilter.stream.stages", "wdsfilter.media.images",
+                   "wdsfilter.core.tally", "wdsfilter.score.transport", "wdsfilter.score.dispatch",
                    "wdsfilter.score.rows", "wdsfilter.runfolder.keep",
-                   "wdsfilter.score.backoff", "wdsfilter.score.outputs", "wdsfilter.publish"}
+                   "wdsfilter.score.backoff", "wdsfilter.score.outputs", "wdsfilter.core.publish",
+                   "wdsfilter.storage.tars", "wdsfilter.core.urls", "wdsfilter.runfolder.tables"}
 
 
 def test_the_trace_counts_every_module_a_sample_passes_and_none_it_does_not(capsys):

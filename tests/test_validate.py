@@ -90,7 +90,7 @@ def test_json_captions_with_the_default_key_are_all_filtered_with_a_suggestion()
 
 def test_kept_share_is_what_the_pipeline_keeps():
     """The validator reuses the stages' pieces; the real pipeline must agree shard by shard."""
-    from wdsfilter.pipeline import sample_pipeline
+    from wdsfilter.stream.pipeline import sample_pipeline
 
     report = validate(BROKEN, jobs=1, **BROKEN_OPTIONS)
     cfg = StageConfig(**BROKEN_OPTIONS, check_first_shard=False, starvation_samples=0, starvation_seconds=0)

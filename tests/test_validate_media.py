@@ -12,7 +12,7 @@ pytest.importorskip("av")
 
 from shardkit import image_bytes, write_shard  # noqa: E402
 from videokit import grey_frame, make_video, mux_silence  # noqa: E402
-from wdsfilter.reading import is_unsafe_ext  # noqa: E402
+from wdsfilter.stream.reading import is_unsafe_ext  # noqa: E402
 from wdsfilter.validate import validate  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -143,7 +143,7 @@ def _jpegs():
 def test_jpeg_header_sizes_match_pil():
     """The fast JPEG header walk gives PIL's size on what encoders write (and skips nothing PIL
     would reject)."""
-    from wdsfilter.images import image_size
+    from wdsfilter.media.images import image_size
     from wdsfilter.validate.checks.jpeg_header import jpeg_size
 
     jpegs = _jpegs()
@@ -161,7 +161,7 @@ def test_jpeg_header_sizes_match_pil():
 def test_jpeg_header_walk_never_accepts_what_pil_rejects():
     """Damaged headers (bytes flipped before the first scan, cut headers, 12-bit or 2-component
     frames): the walk gives PIL's size or leaves the image to PIL."""
-    from wdsfilter.images import image_size
+    from wdsfilter.media.images import image_size
     from wdsfilter.validate.checks.jpeg_header import jpeg_size
 
     rng = np.random.default_rng(12)

@@ -12,7 +12,7 @@ import tarfile
 import pytest
 
 from shardkit import image_bytes, image_text_members, write_shard
-from wdsfilter.reading import iter_tar
+from wdsfilter.stream.reading import iter_tar
 from wdsfilter.validate import ValidateOptions, validate
 from wdsfilter.validate import shard_check, tar_reader
 

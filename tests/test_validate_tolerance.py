@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 import wdsfilter
 from wdsfilter.cli import main
-from wdsfilter.errors import ConfigError
+from wdsfilter.core.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORRUPT = [os.path.join(ROOT, "sample_shards", "broken", "corrupt-jpeg-000000.tar"),

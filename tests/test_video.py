@@ -1,4 +1,4 @@
-"""Frame sampling with PyAV (wdsfilter/frames.py) on videos encoded here, in every container
+"""Frame sampling with PyAV (wdsfilter/media/frames.py) on videos encoded here, in every container
 the scorers accept, and on broken ones. Frames carry their index as a grey level, so a test can
 tell which frame the sampler really returned."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 
 av = pytest.importorskip("av")
 
-from wdsfilter.errors import DataError  # noqa: E402
-from wdsfilter.frames import sample_frames  # noqa: E402
+from wdsfilter.core.errors import DataError  # noqa: E402
+from wdsfilter.media.frames import sample_frames  # noqa: E402
 
 from videokit import audio_only_mp4, grey_frame, make_video, text_frame  # noqa: E402
 

@@ -18,12 +18,12 @@ import pytest
 from shardkit import write_shard
 from videokit import h264_mp4
 from wdsfilter import StageConfig
-from wdsfilter.errors import DataError
-from wdsfilter.pipeline import sample_pipeline
-from wdsfilter.frames import sample_frames
-from wdsfilter.tally import Tally
+from wdsfilter.core.errors import DataError
+from wdsfilter.stream.pipeline import sample_pipeline
+from wdsfilter.media.frames import sample_frames
+from wdsfilter.core.tally import Tally
 from wdsfilter.validate import validate
-from wdsfilter import videos
+from wdsfilter.media import videos
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -80,8 +80,8 @@ def test_a_header_that_understates_the_frame_size_is_refused_before_decoding(tmp
         import json, tarfile
         # This process's own peak (VmHWM): getrusage's ru_maxrss keeps the forking parent's peak.
         peak_mb = lambda: int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) / 1024
-        from wdsfilter.errors import DataError
-        from wdsfilter.frames import sample_frames
+        from wdsfilter.core.errors import DataError
+        from wdsfilter.media.frames import sample_frames
         from wdsfilter.validate import validate
         report = validate([{url!r}], image_key="mov", jobs=1)
         data = tarfile.open({url!r}).extractfile("000000.mov").read()

@@ -8,7 +8,7 @@ import pytest
 
 from shardkit import image_text_members, write_shard
 from wdsfilter import StageConfig, StarvationError
-from wdsfilter.pipeline import sample_pipeline
+from wdsfilter.stream.pipeline import sample_pipeline
 
 
 @pytest.fixture
@@ -55,7 +55,7 @@ def _run_child(code: str, timeout: float = 120):
 def test_resampled_infinite_stream_raises_instead_of_hanging(captionless_shards):
     proc = _run_child(f"""
         from wdsfilter import StageConfig, StarvationError
-        from wdsfilter.pipeline import sample_pipeline
+        from wdsfilter.stream.pipeline import sample_pipeline
         cfg = StageConfig(check_first_shard=False, starvation_samples=500, starvation_seconds=0)
         try:
             for _ in sample_pipeline({captionless_shards!r}, cfg, resampled=True):
@@ -70,7 +70,7 @@ def test_time_bound_with_resampling(captionless_shards):
     proc = _run_child(f"""
         import time
         from wdsfilter import StageConfig, StarvationError
-        from wdsfilter.pipeline import sample_pipeline
+        from wdsfilter.stream.pipeline import sample_pipeline
         cfg = StageConfig(check_first_shard=False, starvation_samples=0, starvation_seconds=1.0)
         t = time.monotonic()
         try:
@@ -104,8 +104,8 @@ def test_a_watched_stream_left_open_at_exit_prints_nothing(tmp_path):
     # closes it at exit, after `open` is gone: its last tally write must not print a traceback
     # ("Exception ignored in: <generator object _watch> ... NameError: name 'open'").
     script = textwrap.dedent(f"""
-        from wdsfilter.stages import _watch
-        from wdsfilter.tally import StatsSink, Tally
+        from wdsfilter.stream.stages import _watch
+        from wdsfilter.core.tally import StatsSink, Tally
         sink = StatsSink({str(tmp_path)!r})
         streams = [_watch(iter([{{"__key__": "a"}}, {{"__key__": "b"}}]), Tally(), sink=sink) for _ in range(20)]
         for stream in streams:

@@ -27,7 +27,7 @@ def s3():
 @pytest.mark.slow  # a run killed with SIGKILL, then another
 def test_a_killed_runs_working_folders_are_swept_by_the_next_run_and_no_other(tmp_path, monkeypatch, s3):
     from remotekit import BUCKET
-    from wdsfilter.scratch import Scratch
+    from wdsfilter.core.scratch import Scratch
     tmp = tmp_path / "tmp"
     os.makedirs(tmp)
     monkeypatch.setenv("TMPDIR", str(tmp))

@@ -61,7 +61,7 @@ def methods(size: int, reducing_gap):
     from open_clip.transform import PreprocessCfg, image_transform_v2
     from PIL import Image
 
-    from wdsfilter.images import FULL_SIZE, decode_image
+    from wdsfilter.media.images import FULL_SIZE, decode_image
     from wdsfilter.score.fastdecode import ImageTransform
 
     cfg = asdict(PreprocessCfg(size=size))
@@ -90,7 +90,7 @@ def methods(size: int, reducing_gap):
 def difference(jpegs, run, reference, transform) -> tuple:
     """(mean, max) absolute pixel difference to open_clip's preprocess, in 1/255 units."""
     import torch
-    from wdsfilter.images import decode_image
+    from wdsfilter.media.images import decode_image
     std = torch.tensor(transform.std).view(3, 1, 1)
     means, worst = [], 0.0
     for data in jpegs:

@@ -214,9 +214,9 @@ def dispatcher_rate(urls, scorer, stage, out: str, batch_size: int, workers: int
 
 def decode_rate(urls, scorer, stage_cfg, chunk: int) -> dict:
     import torch
-    from wdsfilter.pipeline import sample_pipeline
+    from wdsfilter.stream.pipeline import sample_pipeline
     from wdsfilter.score.transport import Chunk, Prepare
-    from wdsfilter.tally import Tally
+    from wdsfilter.core.tally import Tally
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as in a DataLoader worker
     try:
@@ -232,7 +232,7 @@ def decode_rate(urls, scorer, stage_cfg, chunk: int) -> dict:
 
 # -- main ----------------------------------------------------------------------------------------------
 def run_kind(kind: str, args, folder: str) -> dict:
-    from wdsfilter.config import StageConfig
+    from wdsfilter.stream.config import StageConfig
     make_scorer, options, make_shards = KINDS[kind]
     stage = StageConfig(**options)
     scorer = make_scorer(stage)

@@ -92,7 +92,7 @@ def read_boto3(urls, client):
 
 
 def read_wdsfilter(urls):
-    from wdsfilter.shards import open_shard
+    from wdsfilter.storage.shards import open_shard
     total = 0
     for u in urls:
         stream = open_shard(u)

@@ -117,12 +117,12 @@ def tmars_cost(args) -> dict:
     on the same prepared samples, with and without tmars: where tmars adds work) and end to end
     (score() with --scorer ocr --scorer clip, then --scorer tmars). Goal: <= 1.3 when half the
     images hold text."""
-    from wdsfilter.pipeline import sample_pipeline
+    from wdsfilter.stream.pipeline import sample_pipeline
     from wdsfilter.score import build_config, score
     from wdsfilter.score.modelrunner import ModelRunner
     from wdsfilter.score.scorerset import resolve_scorers
     from wdsfilter.score.transport import Prepare
-    from wdsfilter.tally import Tally
+    from wdsfilter.core.tally import Tally
     model = _clip(args)[0]().model
     tmp = tempfile.mkdtemp(prefix="bench-tmars-")
     try:
@@ -219,9 +219,9 @@ def decode_only(urls, stage, factory, plan, timed_from_first=False):
     timed_from_first: (samples after the first chunk, seconds since it came), so the workers'
     start-up is left out as the engine's scoring_seconds leave it out."""
     import torch.utils.data
-    from wdsfilter.pipeline import sample_pipeline
+    from wdsfilter.stream.pipeline import sample_pipeline
     from wdsfilter.score.transport import Chunk, Prepare, keep_as_is, unpack
-    from wdsfilter.tally import Tally
+    from wdsfilter.core.tally import Tally
     pipeline = sample_pipeline(urls, stage, Tally(), extra=[Prepare([factory()])])
     pipeline.append(Chunk(plan["chunk"]))
     workers = plan["workers"]
@@ -242,9 +242,9 @@ def prepared_inputs(urls, stage, factory, limit=None) -> list:
     """Prepared inputs of the samples of `urls` (the first `limit` only, if given)."""
     import itertools
 
-    from wdsfilter.pipeline import sample_pipeline
+    from wdsfilter.stream.pipeline import sample_pipeline
     from wdsfilter.score.transport import Prepare
-    from wdsfilter.tally import Tally
+    from wdsfilter.core.tally import Tally
     scorer = factory()
     items = sample_pipeline(urls, stage, Tally(), extra=[Prepare([scorer])])
     prepared = (item["inputs"][scorer.name] for item in items if "inputs" in item and scorer.name in item["inputs"])

@@ -27,8 +27,8 @@ BATCH = 32
 
 def samples(urls, decode: bool, image_key: str) -> list:
     from wdsfilter import StageConfig
-    from wdsfilter.pipeline import sample_pipeline
-    from wdsfilter.tally import Tally
+    from wdsfilter.stream.pipeline import sample_pipeline
+    from wdsfilter.core.tally import Tally
     stage = StageConfig(caption_key="txt;json:description", image_key=image_key, decode_pixels=decode,
                         keep_image_bytes=decode)  # the hash scorer's sha256 is of the bytes
     return [s for s in sample_pipeline(urls, stage, Tally()) if "__marker__" not in s]
@@ -66,7 +66,7 @@ def main(argv=None) -> dict:
 
     import torch
     torch.set_num_threads(args.threads)
-    from wdsfilter.images import decode_image
+    from wdsfilter.media.images import decode_image
     from wdsfilter.score.scorers.aesthetic import AestheticScorer
     from wdsfilter.score.scorers.blur import BlurScorer
     from wdsfilter.score.scorers.caption import CaptionScorer

@@ -35,7 +35,7 @@ def run_webdataset(urls) -> int:
 
 def run_wdsfilter(urls) -> int:
     from wdsfilter import StageConfig
-    from wdsfilter.pipeline import sample_pipeline
+    from wdsfilter.stream.pipeline import sample_pipeline
     cfg = StageConfig(caption_key="txt", image_key="jpg;png;webp")
     return sum(1 for _ in sample_pipeline(urls, cfg))
 

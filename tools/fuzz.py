@@ -204,7 +204,7 @@ def _validate_cli(path: str, fmt: str, out: str) -> int:
 
 def _stages(path: str) -> int:
     from wdsfilter import StageConfig
-    from wdsfilter.pipeline import sample_pipeline
+    from wdsfilter.stream.pipeline import sample_pipeline
 
     cfg = StageConfig(check_first_shard=False, starvation_samples=0, starvation_seconds=0)
     return sum(1 for _ in sample_pipeline([path], cfg))
@@ -530,9 +530,9 @@ def _run_folder(folder: str, outputs: str, sources: List[str], rng: random.Rando
     from click.testing import CliRunner
 
     from wdsfilter.cli import main
-    from wdsfilter.errors import WdsFilterError
+    from wdsfilter.core.errors import WdsFilterError
     from wdsfilter.scorefilter import ScoreFilter
-    from wdsfilter.selection import Selection
+    from wdsfilter.core.selection import Selection
     args = ["filter", folder, "--write-shards", os.path.join(outputs, "shards"), "--samples-per-shard", "7",
             "--report", os.path.join(outputs, "report.html"), *rng.choice(THRESHOLD_ARGS)]
     result = CliRunner().invoke(main, args, catch_exceptions=True)

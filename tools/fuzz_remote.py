@@ -53,7 +53,7 @@ FAULTS = ("reset", "short", "stall", "status", "replace", "drip", "trickle")
 
 def options():
     """Small bounds, so a trial takes seconds (the settings every command takes: docs/remote.md)."""
-    from wdsfilter.remote import RemoteOptions
+    from wdsfilter.storage.remote import RemoteOptions
     return RemoteOptions(block_bytes=8192, readahead=2, attempts=4, retry_budget=4, backoff_seconds=0.01,
                          max_backoff_seconds=0.05, idle_seconds=1.0, speed_limit=1024, speed_seconds=0.5)
 
@@ -150,7 +150,7 @@ def draw_faults(rng: random.Random, size: int, v2: bytes, server: str) -> Tuple[
 
 def guarded_read(url: str, opts, limit: float):
     """(bytes or the error, retry lines, seconds, hung): the read in a thread under a hang guard."""
-    from wdsfilter.remote import open_remote
+    from wdsfilter.storage.remote_read import open_remote
     box: Dict[str, object] = {}
     told: List[str] = []
 
@@ -200,8 +200,8 @@ def _files_leak(folder: str) -> List[str]:
 
 def trial(n: int, rng: random.Random, web, shards: Shards, counts: Counts, folder: str, commands: Tuple[bool, bool],
           verbose: bool = False) -> None:
-    from wdsfilter.remote import ObjectChanged, RemoteReadError
-    from wdsfilter.remote_net import RemoteUnreachable
+    from wdsfilter.storage.remote import ObjectChanged, RemoteReadError
+    from wdsfilter.storage.remote_net import RemoteUnreachable
     server = rng.choice(list(SERVERS))
     which = rng.randrange(len(shards.data))
     v1, v2 = shards.versions(rng, which)

@@ -79,7 +79,7 @@ def find_shards(patterns: Sequence[str]) -> List[str]:
         shards.extend(sorted(glob.glob(pattern)) if any(c in pattern for c in "*?[") else [pattern])
     shards = [s for s in shards if os.path.isfile(s)]
     if not shards:
-        from wdsfilter.errors import ConfigError
+        from wdsfilter.core.errors import ConfigError
         raise ConfigError(f"no shards found for {list(patterns)}; generate the sample shards first "
                           f"(python tools/make_sample_shards.py) or pass --shards")
     return shards
@@ -111,7 +111,7 @@ def load_samples(shards: Sequence[str], preprocess, tokenizer, batch_size: int =
         images.append(batch_images)
         tokens.append(batch_tokens)
     if not images:
-        from wdsfilter.errors import ConfigError
+        from wdsfilter.core.errors import ConfigError
         raise ConfigError(f"no sample came out of {list(shards)}:\n{loader.stats.summary()}")
     return torch.cat(images), torch.cat(tokens), loader.stats
 

@@ -39,7 +39,7 @@ class LumaScorer(Scorer):
         return ["luma"]
 
     def prepare(self, sample):
-        from wdsfilter.errors import DataError
+        from wdsfilter.core.errors import DataError
         if "image" not in sample:
             raise DataError("missing_image", "no image")
         return np.asarray(sample["image"].convert("L").resize((32, 32)), dtype=np.uint8)

@@ -8,17 +8,17 @@ level) maps every module.
 
 __version__ = "0.1.0"
 
-from .config import StageConfig  # noqa: E402
-from .errors import ConfigError, DataError, StarvationError, UnsafeInputError, WdsFilterError  # noqa: E402
-from .selection import Selection  # noqa: E402
-from .specs import KeySpec  # noqa: E402
-from .tally import Tally  # noqa: E402
+from .stream.config import StageConfig  # noqa: E402
+from .core.errors import ConfigError, DataError, StarvationError, UnsafeInputError, WdsFilterError  # noqa: E402
+from .core.selection import Selection  # noqa: E402
+from .core.specs import KeySpec  # noqa: E402
+from .core.tally import Tally  # noqa: E402
+from .core.publish import RedactedRecords
 
 
 def _redact_log_lines() -> None:
     """Every log line of the package names a URL without its password or signature (publish.py)."""
     import logging
-    from .publish import RedactedRecords
     logger = logging.getLogger("wdsfilter")
     if not any(isinstance(f, RedactedRecords) for f in logger.filters):
         logger.addFilter(RedactedRecords())
@@ -29,7 +29,7 @@ _redact_log_lines()
 
 # Imported on first use, so `import wdsfilter` (and the validator) needs neither webdataset nor
 # torch; what is returned is the function itself, with its real signature and help.
-_LAZY = {"loader": (".dataloader", "loader"), "sample_pipeline": (".pipeline", "sample_pipeline")}
+_LAZY = {"loader": (".dataloader", "loader"), "sample_pipeline": (".stream.pipeline", "sample_pipeline")}
 
 
 def __getattr__(name):

@@ -2,7 +2,7 @@
 
 Each command lives beside the code it drives (wdsfilter/validate/cli.py, wdsfilter/score/cli.py)
 and is attached here. Errors are turned into exit codes here, once, for every command: a command
-raises (wdsfilter.errors), the group prints one line and exits with the error's code. The
+raises (wdsfilter.core.errors), the group prints one line and exits with the error's code. The
 traceback is printed only with --debug (anywhere on the command line) or WDSFILTER_DEBUG=1.
 """
 from __future__ import annotations
@@ -16,7 +16,9 @@ import traceback
 import click
 
 from . import __version__
-from .errors import EXIT_CODES_HELP, Terminated, describe, exit_code_for
+from .core.errors import EXIT_CODES_HELP, Terminated, describe, exit_code_for
+from .core.progress import library_logs_off
+from .core.publish import Redacting
 
 DEBUG_FLAG = "--debug"
 
@@ -76,8 +78,6 @@ class _Group(click.Group):
 
     def invoke(self, ctx):
         previous = _stop_on_sigterm()
-        from .progress import library_logs_off
-        from .publish import Redacting
         library_logs_off(_debug_wanted(ctx))
         # every line a command prints (its output, log lines, the error) shows URLs without their
         # password or presigned signature (publish.py)
@@ -113,7 +113,7 @@ def _known_failure(error: BaseException) -> BaseException:
     wherever the main thread is, often while another error unwinds (the chunk it was sending was
     cut): it is still the run's failure (exit 3, --resume), not a bug."""
     if isinstance(error, RuntimeError):
-        from .score.faults import decode_worker_died
+        from .score.faults import decode_worker_died  # a command's own rule, loaded with the command
         died = decode_worker_died(error)
         if died is not None:
             if threading.current_thread() is threading.main_thread():

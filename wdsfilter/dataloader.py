@@ -17,14 +17,17 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
-from .config import StageConfig, config_or_options
-from .errors import ConfigError, StarvationError, require
-from .loaderstate import VERSION as STATE_VERSION, Progress, check_settings, check_state, settings
-from .pipeline import Place, SeededTransform, sample_pipeline, set_epoch, worker_batches
-from .selection import DEPRECATED as DEPRECATED_RULES, Selection, selection_of
-from .shards import expand_urls
-from .stages import map_dict
-from .tally import StatsSink, Tally
+from .stream.config import StageConfig, config_or_options
+from .core.errors import ConfigError, StarvationError, require
+from .stream.loaderstate import VERSION as STATE_VERSION, Progress, check_settings, check_state, settings
+from .stream.pipeline import Place, SeededTransform, sample_pipeline, set_epoch, worker_batches
+from .core.selection import DEPRECATED as DEPRECATED_RULES, Selection, selection_of
+from .storage.shardstats import sizes_samples
+from .storage.shards import expand_urls
+from .stream.stages import map_dict
+from .core.tally import StatsSink, Tally
+from .runfolder.shares import loader_selection
+from .scorefilter import ScoreFilter
 
 log = logging.getLogger("wdsfilter")
 
@@ -83,7 +86,7 @@ class _ToTuple:
 
 class WdsLoader:
     """Iterable of batches; wraps a torch DataLoader and exposes the pipeline's counts. Saves and
-    restores its place in the epoch: state_dict() / load_state_dict() (wdsfilter.loaderstate)."""
+    restores its place in the epoch: state_dict() / load_state_dict() (wdsfilter.stream.loaderstate)."""
 
     def __init__(self, dataloader, pipeline, sink: StatsSink, num_batches: Optional[int],
                  num_samples: Optional[int] = None, watchdog: bool = True, batch_size: int = 0,
@@ -255,7 +258,6 @@ class LoaderOptions:
     def resolved(self, storage_options=None) -> Selection:
         """The selection with its shares resolved over the score files, exactly as `wdsfilter
         filter --top/--bottom` resolves them (runfolder/shares.py)."""
-        from .runfolder.shares import loader_selection
         return loader_selection(self.scores, self.selection, storage_options)
 
 
@@ -336,7 +338,7 @@ def build_loader(urls, config: StageConfig, opts: LoaderOptions) -> WdsLoader:
     shard_urls = expand_urls(urls, config.allow_pipe, config.allow_remote, config.storage_options)
     world = opts.world_size or _world_size()
     _check_readers(shard_urls, world, opts)
-    epoch_samples = opts.epoch_samples if opts.epoch_samples is not None else sizes_json_samples(shard_urls)
+    epoch_samples = opts.epoch_samples if opts.epoch_samples is not None else (sizes_samples(shard_urls) or None)
     _check_sized(world, opts, epoch_samples)
 
     # the rules of the score filter, shares resolved over the run
@@ -395,7 +397,6 @@ def _score_stages(opts: LoaderOptions, rules: Optional[Selection], tally: Tally,
     decoded, and score tables are read one shard at a time. Its drops count in the loader's tally."""
     if rules is None:
         return []
-    from .scorefilter import ScoreFilter
     return [ScoreFilter(opts.scores, rules, tally, storage_options=storage_options)]
 
 
@@ -415,28 +416,6 @@ def _output_stages(opts: LoaderOptions, place: Place) -> list:
 def _collate(opts: LoaderOptions) -> Callable:
     import webdataset as wds
     return opts.collate_fn or (wds.filters.default_collation_fn if opts.output == "tuple" else _as_list)
-
-
-def sizes_json_samples(urls: Sequence[str]) -> Optional[int]:
-    """The sample count of `urls` from the sizes.json in their folder(s) ({shard file name: count},
-    as open_clip's get_dataset_size reads it), or None when a folder has none or a shard is not in it."""
-    import json
-
-    by_folder: dict = {}
-    for url in urls:
-        if "://" in url or url.startswith("pipe:"):
-            return None
-        path = url[len("file:"):] if url.startswith("file:") else url
-        by_folder.setdefault(os.path.dirname(path), []).append(os.path.basename(path))
-    total = 0
-    for folder, names in by_folder.items():
-        try:
-            with open(os.path.join(folder, "sizes.json")) as f:
-                sizes = json.load(f)
-            total += sum(int(sizes[name]) for name in names)
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-    return total or None
 
 
 def _batched(data, size: int, collate: Callable, partial: bool):

@@ -29,13 +29,16 @@ from __future__ import annotations
 import os
 from typing import Dict, Iterable, Iterator, Optional, Tuple
 
-from .errors import ConfigError
-from .markers import MARKER
+from .core.errors import ConfigError
+from .core.markers import MARKER
 from .runfolder import DamagedRunFolder, ScoreRun, keep_reason, source_changed
 from .runfolder.tables import read_table
-from .shards import is_local, local_path, shard_stem
-from .selection import Selection
-from .tally import Tally
+from .storage.shards import is_local, local_path, shard_stem
+from .core.selection import Selection
+from .core.tally import Tally
+from .runfolder.dedup import DedupMarks
+from .runfolder.shares import check_selection, loader_selection
+from .core.publish import published
 
 STAGE = "score_filter"
 
@@ -64,7 +67,6 @@ class ScoreFilter:
         self._why = ""
         self.dedup = None
         if selection.dedup:  # `wdsfilter dedup`'s verdicts, the rule `wdsfilter filter --dedup` applies too
-            from .runfolder.dedup import DedupMarks
             self.dedup = DedupMarks(run.folder, [(s.name, s.score_file) for s in run.shards])
         self._dropped: Dict[str, str] = {}
 
@@ -98,11 +100,9 @@ class ScoreFilter:
 
     def _check_columns(self, run: ScoreRun) -> None:
         """Every rule's column is a column of the run, of its kind (as `wdsfilter filter` checks)."""
-        from .runfolder.shares import check_selection
         check_selection(self.selection, run)
 
     def score_file(self, url: str) -> Optional[str]:
-        from .publish import published
         if url in self.by_url:
             return self.by_url[url]
         if published(url) in self.by_url:  # markers name a shard published (publish.py)
@@ -185,6 +185,5 @@ def score_filter(scores_dir: str, min_scores: Optional[Dict[str, float]] = None,
     """A stage dropping samples without scores, under `min_scores` or over `max_scores` (column ->
     bound), and by the other rules of a wdsfilter.Selection's keywords (equal=, top_shares=, ...,
     the shares resolved here); drops are counted in `tally` (pass the pipeline's, as wdsfilter.loader does)."""
-    from .runfolder.shares import loader_selection
     selection = Selection.from_keywords(min_scores=min_scores, max_scores=max_scores, dedup=dedup, **rules)
     return ScoreFilter(scores_dir, loader_selection(scores_dir, selection, storage_options), tally, storage_options)

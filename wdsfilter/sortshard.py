@@ -28,15 +28,16 @@ from typing import List
 
 import click
 
-from . import clihelp
-from .errors import EXIT_CLEAN, EXIT_RUN_FAILED, EXIT_USAGE, ConfigError, OutputError, RunError
-from .decompress import compression
-from .progress import verbosity, verbosity_options
-from .reading import ShardTarInfo
-from .remote import redact_url
-from .shards import is_remote, open_shard
-from .specs import REKEY_MODES, split_name
-from .writing import atomic_path, check_output_file, copy_range, tar_end
+from .core import clihelp
+from .core.errors import EXIT_CLEAN, EXIT_RUN_FAILED, EXIT_USAGE, ConfigError, OutputError, RunError
+from .storage.decompress import compression
+from .core.progress import verbosity, verbosity_options
+from .storage.remote import redact_url, RemoteReadError, parse_storage_options
+from .storage.shards import is_remote, open_shard, expand_urls
+from .core.specs import REKEY_MODES, split_name
+from .storage.tars import ShardTarInfo, copy_range, tar_end
+from .storage.writing import atomic_path, check_output_file
+from .stream.config import StageConfig
 
 
 @dataclass
@@ -104,7 +105,6 @@ def _open_remote(src: str, storage_options, jumps: bool = False):
     """jumps: a read that jumps from member to member: a read-ahead of one 1 MiB chunk, so that
     each jump abandons at most that much of the GET it leaves."""
     import dataclasses
-    from .config import StageConfig
     options = StageConfig(storage_options=dict(storage_options or {})).remote_options()
     if jumps:
         options = dataclasses.replace(options, readahead=1, block_bytes=min(options.block_bytes, 1 << 20))
@@ -119,7 +119,6 @@ def _sort_remote(src: str, dst: str, rekey: str, storage_options):
     (both at one version of the object). None for a compressed one (its offsets are inside the
     decompressed stream, which cannot jump back) and for a web object with no strong validator
     (a jump could land in another version): a temporary, _fetch."""
-    from .remote import RemoteReadError
     first = _open_remote(src, storage_options)
     try:
         if compression(first.peek(6)[:6]) is not None or not first.proven:
@@ -171,7 +170,6 @@ def _index(plain, rekey: str, src: str):
     Names and offsets only: per member its sort key and the byte range of its headers and data
     (long-name, pax and sparse-map headers included). No TarInfo is kept: one holds its pax
     headers, and 1,500 members with a 1 MB pax comment each held 1.5 GB."""
-    from .remote import RemoteReadError
     entries: List[tuple] = []
     skipped = 0
     try:
@@ -240,7 +238,6 @@ def sort_shard_command(paths, rekey, storage_options, quiet, verbose):
     The fix for validate's scattered_key error (shards written by `tar -cf x.tar *.txt *.jpg` or in
     directory order). Member bytes and headers are copied unchanged; OUT ending in .tar.gz/.tgz is
     gzip-compressed. OUT appears only when complete."""
-    from .remote import parse_storage_options
     if len(paths) < 2:
         raise click.UsageError("give the shard(s) to sort and where to write: IN OUT, or IN... OUTDIR")
     *sources, dst = paths
@@ -273,7 +270,6 @@ def sort_shard_command(paths, rekey, storage_options, quiet, verbose):
 
 def _into_folder(sources: List[str], folder: str, storage_options) -> List[tuple]:
     """(shard, OUTDIR/its file name) for every shard the sources name (folders, globs, files)."""
-    from .shards import expand_urls
     if os.path.exists(folder) and not os.path.isdir(folder):
         raise ConfigError(f"OUT {folder!r} is a file: with several shards, or a folder of them, OUT is the folder "
                           f"to write them into")

@@ -3,15 +3,16 @@ from __future__ import annotations
 
 import click
 
-from .. import clihelp
-from ..errors import EXIT_CLEAN, EXIT_RUN_FAILED, EXIT_USAGE
-from ..progress import TERMINAL_ONLY, progress_on, progress_option, verbosity, verbosity_options
+from ..core import clihelp
+from ..core.errors import EXIT_CLEAN, EXIT_RUN_FAILED, EXIT_USAGE
+from ..core.progress import TERMINAL_ONLY, progress_on, progress_option, verbosity, verbosity_options
 from .groups import KINDS
-from .find import NEAR_BITS, SEMANTIC_THRESHOLD
+from .find import NEAR_BITS, SEMANTIC_THRESHOLD, dedup
 from .spill import MEMORY_MB
+from ..storage.remote import parse_storage_options, storage_defaults
 
 
-# --help's groups (wdsfilter/clihelp.py)
+# --help's groups (wdsfilter/core/clihelp.py)
 HELP_GROUPS = {
     "Input": ("evals",),
     "Thresholds": ("kinds", "near_bits", "semantic_threshold"),
@@ -54,8 +55,6 @@ def dedup_command(run_dir, kinds, near_bits, semantic_threshold, evals, memory_m
     highest clip_score, else the first by shard and index) and write RUN/dedup/ (RUN may be
     in a bucket: s3://...). Loads no model, except the run's CLIP to embed --eval images for the
     semantic kind."""
-    from ..remote import parse_storage_options, storage_defaults
-    from .find import dedup
     level = verbosity(quiet, verbose)
     options = parse_storage_options(storage_options)
     with storage_defaults(options, [run_dir]):  # the folder, and the sources its report shows

@@ -1,6 +1,6 @@
 """Eval images for decontamination (`wdsfilter dedup --eval`): a folder of image files (searched
 recursively) or WebDataset shards (.tar, .tar.gz, ...: every image member), hashed as the hash
-scorer hashes a training row (wdsfilter/hashes.py), so a training row matches an eval image
+scorer hashes a training row (wdsfilter/media/hashes.py), so a training row matches an eval image
 exactly (same sha256 of the bytes) or near (phash within the near distance).
 
 An eval image that cannot be read is counted and named, never a reason to stop: the summary says
@@ -14,7 +14,17 @@ from typing import Iterator, List, Sequence, Tuple
 
 import numpy as np
 
-from ..errors import ConfigError, DataError
+from ..core.errors import ConfigError, DataError
+from ..runfolder.names import RUN_JSON
+from ..media.hashes import phash, sha256_hex
+from ..media.images import decode_image
+from ..stream.config import StageConfig
+from ..stream.reading import tar_members
+from ..core.specs import split_name
+from ..core.tally import Tally
+from ..runfolder.layout import read_run_json
+from ..score.scorers.clip import ClipScorer
+from ..runfolder.embeddings import FIELD
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff", "gif")
 SHARD_EXTS = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
@@ -32,8 +42,6 @@ class EvalSet:
 
 
 def read_eval(sources: Sequence[str], max_pixels: int = 64_000_000) -> EvalSet:
-    from ..hashes import phash, sha256_hex
-    from ..images import decode_image
     out = EvalSet()
     for name, data in _images(sources):
         try:
@@ -71,10 +79,6 @@ def _images(sources: Sequence[str]) -> Iterator[Tuple[str, bytes]]:
 
 
 def _shard_images(path: str) -> Iterator[Tuple[str, bytes]]:
-    from ..config import StageConfig
-    from ..reading import tar_members
-    from ..specs import split_name
-    from ..tally import Tally
     for member in tar_members([{"url": path}], StageConfig(), Tally(0, 0)):
         if not isinstance(member, dict) or "data" not in member:
             continue
@@ -86,14 +90,12 @@ def _shard_images(path: str) -> Iterator[Tuple[str, bytes]]:
 def clip_of_run(run_dir: str):
     """The run's CLIP scorer, rebuilt from run.json (the same model and weights), set to hand back
     image embeddings; loaded on the CPU."""
-    from ..runfolder.layout import read_run_json
-    path = os.path.join(run_dir, "run.json")
+    path = os.path.join(run_dir, RUN_JSON)
     scorers = read_run_json(run_dir).get("scorers") or []  # confined to the folder, damage named
     clip = next((s for s in scorers if s.get("name") == "clip"), None)
     if clip is None:
         raise ConfigError(f"semantic eval matching needs the run's CLIP model, and {path} names none; "
                           f"score with --scorer clip --save-embeddings")
-    from ..score.scorers.clip import ClipScorer
     opts = clip.get("options", {})
     # the folder names the model, never where downloads go (cache_dir: open_clip's default)
     scorer = ClipScorer(model=opts.get("model", "ViT-B-32"), pretrained=opts.get("pretrained"),
@@ -106,8 +108,6 @@ def embed_eval(scorer, sources: Sequence[str], names: Sequence[str], max_pixels:
                batch: int = 32) -> np.ndarray:
     """(len(names), dim) float32 unit image embeddings of the eval images named (those read_eval
     read), decoded and transformed as the run's CLIP scorer does."""
-    from ..images import decode_image
-    from ..score.embeddings import FIELD
     wanted = set(names)
     vectors: dict = {}
     pending: List[tuple] = []

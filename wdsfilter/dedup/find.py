@@ -17,10 +17,24 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 from .groups import KINDS, Groups, UnionFind
 from .spill import MEMORY_MB
 from ..runfolder.dedup import FOLDER, SUMMARY, score_file_state
+from ..runfolder.embeddings import has_image_vectors
+from ..runfolder.names import REPORT
+from ..storage.remote import is_fsspec_url, filesystem, redact_url, refuse_hub_run_folder
+from ..runfolder.lease import Lease
+from ..runfolder.layout import RUN_JSON, confined
+from ..runfolder.bucket import RemoteRunFolder
+from . import source
+from .hashindex import exact_pass, near_pass, near_cross, HAS_PHASH, HAS_SHA
+from .semantic import semantic_pairs, cosines_to
+from .evalset import read_eval, clip_of_run, embed_eval
+from ..report.sections.dedup import write_report, MAX_MATCHES
+from .source import arrow_batches
+from ..storage.writing import atomic_path, write_text_atomic
+from ..core.progress import Progress
 
 NEAR_BITS = 5           # docs/dedup.md: re-encodes, resizes and PNG<->JPEG measured at <= 4 bits, distinct photos >= 16
 # Semantic dedup has no default threshold: the cosine of two copies depends on the model (docs/dedup.md,
@@ -104,7 +118,6 @@ def dedup(run_dir: str, kinds: Sequence[str] = (), near_bits: int = NEAR_BITS,
     does (runfolder/bucket.py), deduped there, and its dedup/ uploaded whole before this returns.
     progress: progress lines on stderr (wdsfilter/progress.py): the rows read, then the passes
     (the CLI's default; off here)."""
-    from ..remote import is_fsspec_url
     _check_options(kinds, near_bits, semantic_threshold, memory_mb)  # before a bucket's folder is locked and pulled
     if is_fsspec_url(run_dir):
         return _dedup_in_bucket(run_dir, storage_options, dict(kinds=kinds, near_bits=near_bits,
@@ -113,17 +126,12 @@ def dedup(run_dir: str, kinds: Sequence[str] = (), near_bits: int = NEAR_BITS,
                                                                progress=progress))
     if not os.path.isdir(run_dir):  # said by the run folder's reader; no folder made for a lease
         return _dedup(run_dir, kinds, near_bits, semantic_threshold, evals, echo, memory_mb, progress)
-    from ..runfolder.lease import Lease
     with Lease(run_dir, command="dedup", option="RUN_DIR") as lease:  # RUN_DIR/dedup/ is written under its lease
         lease.guard([run_dir])
         return _dedup(run_dir, kinds, near_bits, semantic_threshold, evals, echo, memory_mb, progress)
 
 
 def _dedup_in_bucket(url: str, storage_options, options: dict) -> DedupResult:
-    from ..remote import filesystem, redact_url
-    from ..runfolder.layout import RUN_JSON
-    from ..remote import refuse_hub_run_folder
-    from ..runfolder.bucket import RemoteRunFolder
     refuse_hub_run_folder(url)  # before the folder is read
     fs, path = filesystem(url, storage_options)
     if not fs.exists(path.rstrip("/") + "/" + RUN_JSON):  # before the lock object is written there
@@ -133,7 +141,7 @@ def _dedup_in_bucket(url: str, storage_options, options: dict) -> DedupResult:
     try:
         staged.start()
         result = _dedup(staged.local, **options)
-        for name in (SUMMARY, "report.html"):  # they name the bucket's folder, not the staging copy
+        for name in (SUMMARY, REPORT):  # they name the bucket's folder, not the staging copy
             staged.publish_text(os.path.join(staged.local, FOLDER, name))
         staged.sync()  # RUN_DIR/dedup/ in the bucket before the command reports it
     except ConfigError as e:
@@ -161,7 +169,6 @@ def _check_options(kinds: Sequence[str], near_bits: int, semantic_threshold: flo
 
 def _dedup(run_dir: str, kinds: Sequence[str], near_bits: int, semantic_threshold: float, evals: Sequence[str],
            echo: Optional[Callable[[str], None]], memory_mb: int = MEMORY_MB, progress: bool = False) -> DedupResult:
-    from . import source
     echo = echo or (lambda line: None)
     t0 = time.perf_counter()
     run = source.open_run(run_dir)
@@ -176,7 +183,6 @@ def _dedup(run_dir: str, kinds: Sequence[str], near_bits: int, semantic_threshol
 def _chosen_kinds(run, run_dir: str, kinds: Sequence[str], evals: Sequence[str]) -> List[str]:
     """The kinds asked (default: exact and near), once each; a ConfigError when the run lacks
     what they need (the hash columns), said before any row is read."""
-    from . import source
     if kinds:
         kinds = list(dict.fromkeys(kinds))
         if {"exact", "near"} & set(kinds):
@@ -184,7 +190,7 @@ def _chosen_kinds(run, run_dir: str, kinds: Sequence[str], evals: Sequence[str])
     else:  # exact and near; semantic only when asked (its threshold depends on the model)
         if not source.hashed(run):
             more = (f"; its saved embeddings allow `--kind semantic --semantic-threshold COSINE` ({SEMANTIC_HOW})"
-                    if source.has_embeddings(run_dir) else ", or add --save-embeddings for semantic dedup")
+                    if has_image_vectors(run_dir) else ", or add --save-embeddings for semantic dedup")
             raise ConfigError(f"{run_dir} has no hashes to dedup by (exact and near, the default kinds); "
                               f"{source.HASH_HINT}{more}")
         kinds = ["exact", "near"]
@@ -203,7 +209,6 @@ class DedupPasses:
         self.seconds, self.now = seconds, names[0]
         self.line = None
         if progress:
-            from ..progress import Progress
             self.line = Progress("dedup", "passes", total=len(names), extra=lambda: self.now)
 
     def run(self, name: str):
@@ -241,20 +246,16 @@ def _find(rows, run_dir: str, kinds: Sequence[str], near_bits: int, semantic_thr
 def _passes(rows, run_dir: str, kinds: Sequence[str], near_bits: int, semantic_threshold: float, evals: Sequence[str],
             echo: Callable[[str], None], result: DedupResult, passes: DedupPasses) -> None:
     """The kinds' passes, the groups, the eval matches and RUN_DIR/dedup/ written, into `result`."""
-    from . import source
     # Pairs of each kind join the union-find as they are found (closest kind first), never kept.
     uf = UnionFind(rows.count)
     if "exact" in kinds:
-        from .hashindex import exact_pass
         with passes.run("exact"):
             exact_pass(rows, rows.space, lambda a, b: uf.union(a, b, "exact"))
     if "near" in kinds:
-        from .hashindex import near_pass
         with passes.run("near"):
             near_pass(rows, rows.space, near_bits, lambda a, b: uf.union(a, b, "near"))
     clusters = 0
     if "semantic" in kinds:
-        from .semantic import semantic_pairs
         with passes.run("semantic"):
             skipped: List[int] = []
             a, b, clusters = semantic_pairs(source.embeddings(rows), float(semantic_threshold),
@@ -271,7 +272,6 @@ def _passes(rows, run_dir: str, kinds: Sequence[str], near_bits: int, semantic_t
         result.duplicates = groups.duplicates
     matches: Dict[int, str] = {}  # row -> "KIND:EVAL_IMAGE"
     if evals:
-        from .evalset import read_eval
         with passes.run("eval"):
             ev = read_eval(evals)
             result.eval_images, result.eval_unreadable = len(ev.names), ev.unreadable
@@ -290,8 +290,6 @@ def _passes(rows, run_dir: str, kinds: Sequence[str], near_bits: int, semantic_t
 
 def _match_eval(rows, ev, near_bits: int, matches: Dict[int, str], chunk: int) -> Dict[str, int]:
     """Mark each row matching an eval image "KIND:NAME" (exact before near); counts per kind."""
-    from .hashindex import near_cross
-    from .source import HAS_PHASH, HAS_SHA
     counts: Dict[str, int] = {}
     if not ev.names:
         return counts
@@ -318,8 +316,6 @@ def _match_eval(rows, ev, near_bits: int, matches: Dict[int, str], chunk: int) -
 def _match_eval_semantic(run_dir, rows, ev, evals, threshold: float, matches: Dict[int, str]) -> int:
     """Mark rows (not matched yet) whose saved image embedding has cosine >= threshold with an
     eval image embedded by the run's own CLIP model; how many."""
-    from . import source
-    from .evalset import clip_of_run, embed_eval
     emb = source.embeddings(rows)
     evec = embed_eval(clip_of_run(run_dir), evals, ev.names)
     marked = 0
@@ -363,7 +359,6 @@ def _largest(rows, groups, semantic: bool = False) -> List[dict]:
 def _distances(rows, best: int, members: List[dict], semantic: bool) -> None:
     """Each member's distance to the survivor `best`: "bits" (phash Hamming distance, where both
     have a phash) and "cosine" (of the saved image embeddings, for a semantic dedup)."""
-    from .source import HAS_PHASH
     if rows.hashed:
         def phash_of(r):
             return int(rows.phash.read(r, r + 1)[0]) if rows.has.read(r, r + 1)[0] & HAS_PHASH else None
@@ -373,8 +368,6 @@ def _distances(rows, best: int, members: List[dict], semantic: bool) -> None:
             if kept is not None and mine is not None:
                 m["bits"] = bin(kept ^ mine).count("1")
     if semantic:
-        from . import source
-        from .semantic import cosines_to
         found = cosines_to(source.embeddings(rows), best, [m["row"] for m in members])
         for m in members:
             if m["row"] in found:
@@ -387,8 +380,6 @@ def _write(rows, groups, matches, result: DedupResult, settings: dict) -> str:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from ..writing import atomic_path, write_text_atomic
-    from ..runfolder.layout import confined
     folder = confined(rows.folder, os.path.join(rows.folder, FOLDER))  # never written through a link out
     os.makedirs(folder, exist_ok=True)
     keys_of = {}
@@ -427,7 +418,6 @@ def _write(rows, groups, matches, result: DedupResult, settings: dict) -> str:
                "semantic_skipped": {"rows": result.semantic_skipped, "first": result.semantic_skipped_rows},
                "shards": {s.name: score_file_state(s.score_file) for s in rows.shards}}
     write_text_atomic(os.path.join(folder, SUMMARY), json.dumps(summary, indent=1))
-    from ..report.dedup import write_report
     matched = [{"shard": rows.shards[s].name, "key": key, "eval_match": m}
                for s, key, m in _matched_rows(rows, matches)]
     write_report(folder, json.loads(json.dumps(summary)), {s.name: s.url for s in rows.shards}, matched, rows.stage)
@@ -438,14 +428,12 @@ def _keys(score_file: str):
     """A score file's key column, as one arrow string array (no Python object a row)."""
     import pyarrow as pa
 
-    from .source import _arrow_batches
-    parts = [b["key"].cast(pa.string()) for b in _arrow_batches(score_file, ["key"])]
+    parts = [b["key"].cast(pa.string()) for b in arrow_batches(score_file, ["key"])]
     return pa.concat_arrays(parts) if parts else pa.array([], pa.string())
 
 
 def _matched_rows(rows, matches: Dict[int, str]):
     """(shard number, key, match) of the first eval-matched rows (keys read from their score files)."""
-    from ..report.dedup import MAX_MATCHES
     hit = np.array(sorted(matches)[:MAX_MATCHES], dtype=np.int64)
     if not len(hit):
         return []

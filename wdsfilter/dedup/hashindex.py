@@ -24,6 +24,9 @@ from itertools import combinations
 from typing import Callable, Iterator, List, Sequence, Tuple
 
 import numpy as np
+from .spill import Buckets, buckets_for, bucket_of, Workspace
+
+HAS_SHA, HAS_PHASH = 1, 2  # a row's flags (RunRows.has): it has a valid sha256, a phash
 
 BANDS = ((0, 21), (21, 21), (42, 22))  # (first bit, width) of each band
 BLOCK = 1 << 20  # candidate pairs checked at a time (8 arrays of 8 bytes each: 64 MiB)
@@ -186,7 +189,6 @@ def near_cross(queries: np.ndarray, table: np.ndarray, k: int) -> Iterator[Tuple
 def near_distinct(space, values, count: int, k: int, pairs: Pairs) -> None:
     """pairs(row, row) of distinct hashes within k bits. values(): chunks of (v uint64, r int64)
     records (the `count` distinct hashes and their first rows), read once per band."""
-    from .spill import Buckets, buckets_for
     if count < 2:
         return
     radius = k // len(BANDS)
@@ -221,8 +223,6 @@ def near_distinct(space, values, count: int, k: int, pairs: Pairs) -> None:
 
 def exact_pass(rows, space, pairs: Pairs) -> None:
     """pairs(first row, row) of rows with equal sha256 (the first 128 bits), bucket by bucket."""
-    from .source import HAS_SHA
-    from .spill import Buckets, bucket_of, buckets_for
     dtype = np.dtype([("a", "<u8"), ("b", "<u8"), ("r", "<i8")])
     chunk = space.rows_per_chunk(SORT_BYTES)
     buckets = Buckets(space, "sha", dtype, buckets_for(rows.count, SORT_BYTES, space.budget))
@@ -237,8 +237,6 @@ def exact_pass(rows, space, pairs: Pairs) -> None:
 def near_pass(rows, space, k: int, pairs: Pairs) -> None:
     """pairs(row, row) of rows whose phash differ in at most k bits: equal hashes collapsed bucket
     by bucket (pairs with their first row), then the distinct ones searched band by band."""
-    from .source import HAS_PHASH
-    from .spill import Buckets, bucket_of, buckets_for
     chunk = space.rows_per_chunk(SORT_BYTES)
     buckets = Buckets(space, "phash", RECORD, buckets_for(rows.count, SORT_BYTES, space.budget))
     for lo, values in rows.phash.chunks(chunk):
@@ -258,7 +256,6 @@ def near_pairs(phash: np.ndarray, rows: np.ndarray, k: int) -> Tuple[np.ndarray,
     within k bits (the same search as the bounded one, one bucket)."""
     import tempfile
 
-    from .spill import Buckets, Workspace
     found: List[Tuple[np.ndarray, np.ndarray]] = [(np.zeros(0, np.int64), np.zeros(0, np.int64))]
     add = lambda a, b: found.append((np.asarray(a, np.int64), np.asarray(b, np.int64)))  # noqa: E731
     dtype = RECORD

@@ -5,7 +5,7 @@ compared and memory is one cluster's vectors at a time.
     1. k-means (faiss, spherical, NITER iterations) on a sample of TRAIN_PER_CLUSTER vectors a
        centroid (at most TRAIN_ROWS): ~CLUSTER_ROWS rows per cluster, at most MAX_CLUSTERS;
     2. every vector's PROBES nearest centroids, read a block at a time from the memory-mapped .npy
-       files of the run (clip-retrieval's layout, score/embeddings.py): all centroids compared up
+       files of the run (clip-retrieval's layout, runfolder/embeddings.py): all centroids compared up
        to COARSE_FROM of them, past that a two-level k-means and an IVF over it (_clusters);
     3. per cluster, its home vectors (nearest centroid) in a faiss flat inner-product index, and a
        range search (cosine >= t) of every vector having that centroid among its PROBES nearest:
@@ -27,7 +27,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..errors import require
+from ..core.errors import require
 
 TRAIN_ROWS = 200_000
 TRAIN_PER_CLUSTER = 64  # sample vectors per centroid (faiss asks for at least 39)

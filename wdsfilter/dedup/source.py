@@ -13,8 +13,17 @@ from typing import List, Optional
 
 import numpy as np
 
-from ..errors import ConfigError
-from .spill import Column
+from ..core.errors import ConfigError
+from ..runfolder.embeddings import has_image_vectors, image_vectors
+from ..runfolder.names import DEDUP, DEDUP_WORK
+from .hashindex import HAS_PHASH, HAS_SHA, hex_prefix, sha_prefix
+from .spill import Column, Workspace
+from ..runfolder import ScoreRun
+from ..runfolder.layout import confined
+from ..runfolder.tables import parquet_errors, check_schema, damaged, open_parquet, read_batches
+from ..media.hashes import phash_int
+from .semantic import Embeddings
+from ..core.progress import Progress
 
 HASH_HINT = "score the run with `wdsfilter score ... --scorer hash` (it adds sha256 and phash)"
 EMBED_HINT = "score the run with `wdsfilter score ... --scorer clip --save-embeddings`"
@@ -56,12 +65,10 @@ class RunRows:
         return np.searchsorted(self.starts, rows, side="right") - 1
 
 
-HAS_SHA, HAS_PHASH = 1, 2
 
 
 def open_run(folder: str):
     """The run folder's finished shards (the one reader of a run folder, behind this function)."""
-    from ..runfolder import ScoreRun
     return ScoreRun.open(folder)
 
 
@@ -75,13 +82,10 @@ def load_rows(folder: str, want_hashes: bool, memory_mb: int, progress: bool = F
     RUN_DIR/dedup/tmp (rows.space: the caller closes it): vectorised (arrow arrays to numpy), no
     Python object a row. progress: a progress line of the rows read (wdsfilter/progress.py).
     run: the folder's open_run, when the caller has it."""
-    from ..runfolder.layout import confined
-    from .spill import Workspace
     run = run or open_run(folder)  # before anything is written: a folder that is no run stays untouched
-    space = Workspace(confined(folder, os.path.join(folder, "dedup", "tmp")), memory_mb)
+    space = Workspace(confined(folder, os.path.join(folder, DEDUP, DEDUP_WORK)), memory_mb)
     line = None
     if progress:  # in rows where every marker counted them, and in shards
-        from ..progress import Progress
         counted = [s.rows for s in run.shards]
         line = Progress("dedup: reading scores", "rows", total=sum(counted) if all(counted) else None,
                         parts=len(run.shards))
@@ -109,7 +113,7 @@ def _read(run, folder: str, want_hashes: bool, space, progress=None) -> RunRows:
     starts = [0]
     for s in shards:
         n = 0
-        for batch in _arrow_batches(s.score_file, columns):
+        for batch in arrow_batches(s.score_file, columns):
             index.append(_numbers(batch["index"], np.int64, 0))
             clip.append(_numbers(batch["clip_score"], np.float64, np.nan))
             if with_hashes:
@@ -132,11 +136,10 @@ def _read(run, folder: str, want_hashes: bool, space, progress=None) -> RunRows:
     return rows
 
 
-def _arrow_batches(path: str, columns: List[str]):
+def arrow_batches(path: str, columns: List[str]):
     """{column: arrow array} batches of one score file (a column it lacks: all null)."""
     import pyarrow as pa
 
-    from ..runfolder.tables import _arrow_errors, check_schema, damaged, open_parquet, read_batches
     if not path.endswith(".parquet"):
         for batch in read_batches(path, columns):
             yield {c: pa.array(v) for c, v in batch.items()}
@@ -146,7 +149,7 @@ def _arrow_batches(path: str, columns: List[str]):
         for batch in open_parquet(path).iter_batches(columns=present):
             n = batch.num_rows
             yield {c: batch.column(c) if c in present else pa.nulls(n) for c in columns}
-    except _arrow_errors() as e:
+    except parquet_errors() as e:
         raise damaged(path, f"{type(e).__name__}: {e}") from None
 
 
@@ -188,7 +191,6 @@ def _phashes(array, present) -> np.ndarray:
             return np.frombuffer(bytes.fromhex(joined), dtype=">u8").astype(np.uint64)
         except ValueError:
             pass  # not hex: each one read alone below, a bad one as missing
-    from ..hashes import phash_int
     out = np.zeros(len(texts), dtype=np.uint64)
     for i, t in enumerate(texts):
         try:
@@ -203,7 +205,6 @@ def _sha_prefix(array):
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from .hashindex import hex_prefix, sha_prefix
     n = len(array)
     valid = ~_nulls(array)
     if pa.types.is_null(array.type):
@@ -230,28 +231,12 @@ def require_hashes(run, folder: str, kind: str) -> None:
 
 def embeddings(rows: RunRows):
     """The run's saved image embeddings (semantic.Embeddings), each vector tied to its row."""
-    from ..runfolder.layout import confined
-    from ..runfolder.tables import _arrow_errors, _native, damaged
-    from ..score.embeddings import FOLDER, METADATA, PARTS
-    from .semantic import Embeddings
-    base = os.path.join(rows.folder, FOLDER)
     files, counts, owners = [], [], []
     for s, shard in enumerate(rows.shards):
-        npy = confined(rows.folder, os.path.join(base, PARTS["img"], shard.name + ".npy"))
-        meta = confined(rows.folder, os.path.join(base, METADATA, shard.name + ".parquet"))
-        if not (os.path.exists(npy) and os.path.exists(meta)):
+        found = image_vectors(rows.folder, shard.name)
+        if found is None:
             continue  # a shard where no sample has a CLIP score has no files
-        import pyarrow.parquet as pq
-        try:  # files of the run folder: confined, and a damaged one named in one line
-            wanted = pq.read_table(_native(meta), columns=["index"]).column(0).to_numpy()
-            shape = np.load(npy, mmap_mode="r", allow_pickle=False).shape
-        except (_arrow_errors() + (KeyError,)) as e:
-            raise damaged(meta, f"embeddings not as `wdsfilter score --save-embeddings` writes them "
-                                f"({type(e).__name__}: {e})") from None
-        if shape[0] != len(wanted):
-            raise ConfigError(f"embeddings of shard {shard.name} in {base} are damaged ({shape[0]} vectors, "
-                              f"{len(wanted)} metadata rows); score the shard again (--resume after removing "
-                              f"its done/ marker)")
+        npy, wanted = found
         lo, hi = int(rows.starts[s]), int(rows.starts[s + 1])
         position = lo + np.searchsorted(rows.index.read(lo, hi), wanted)  # score files are in index order
         files.append(npy)
@@ -265,12 +250,7 @@ def embeddings(rows: RunRows):
 
 def require_embeddings(folder: str, found: Optional[bool] = None) -> None:
     """A ConfigError unless the run saved image embeddings (found: whether they were, when known)."""
-    if not (has_embeddings(folder) if found is None else found):
+    if not (has_image_vectors(folder) if found is None else found):
         raise ConfigError(f"semantic dedup needs the run's saved CLIP image embeddings, which {folder} does "
                           f"not have; {EMBED_HINT}")
 
-
-def has_embeddings(folder: str) -> bool:
-    from ..score.embeddings import FOLDER, PARTS
-    path = os.path.join(folder, FOLDER, PARTS["img"])
-    return os.path.isdir(path) and any(f.endswith(".npy") for f in os.listdir(path))

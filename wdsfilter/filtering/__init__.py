@@ -4,8 +4,17 @@ Modules, one job each (a score folder is read back by wdsfilter/runfolder/): rul
 thresholds, resolved in runfolder/shares.py), apply (judge, count, write: filter_scores; the rows
 are judged and counted by runfolder/judge.py), reshard (new shards of N samples), hfcard, rename,
 cli. The HTML report is wdsfilter/report/'s, shared with `wdsfilter score`.
+
+apply's names are imported on first use: `wdsfilter filter` (cli.py) loads numpy its own way
+(one BLAS thread) before apply and the report pull it in.
 """
 from .rules import FilterSpec, Selection, Threshold, resolve_for_loader
-from .apply import FilterResult, filter_scores
 
 __all__ = ["filter_scores", "FilterResult", "FilterSpec", "Selection", "Threshold", "resolve_for_loader"]
+
+
+def __getattr__(name):
+    if name in ("filter_scores", "FilterResult"):
+        from . import apply
+        return getattr(apply, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,23 +12,34 @@ number of rows.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Callable, List, Optional, Sequence
 
-from ..runfolder import ScoredShard, ScoreRun
-from ..runfolder.judge import FilterResult, Threshold, count_run, judge_shard
+from ..runfolder import ScoredShard, ScoreRun, quantile  # its IN_MEMORY_ROWS read at each call (tests lower it)
+from ..runfolder.names import FILTER_REPORT, THRESHOLDS
+from ..runfolder.lease import Lease
+from ..runfolder.judge import FilterResult, Threshold, count_run, judge_shard, read_shard_table
 from ..runfolder.reader import check_sources
 from ..runfolder.shares import check_present
-from ..config import StageConfig
-from ..progress import Passes
-from ..selection import Selection
+from ..stream.config import StageConfig
+from ..core.progress import Passes
+from ..core.selection import Selection, selection_of, warn_renamed
 from .rules import resolve_selection, write_thresholds
+from ..runfolder.dedup import score_file_state
+from ..storage.writing import check_output_dir, check_output_file, refuse_writing_into_inputs
+from .uids import check_export, export_kept_uids
+from ..report.collect import ReportCollector
+from ..report.page import write_report
+from ..core.errors import ConfigError
+from ..storage.remote import is_fsspec_url, redact_url  # a bucket's folder by its URL (not abspath's)
+from .reshard import REPORT, Resharder, Source  # REPORT: one of the files filter owns in OUT, never one of the user's replaced
+from ..runfolder.tables import in_threads
 
 
 def _file_state(path: str) -> list:
     # what the file holds, not when it was written: a bucket's score folder is read through a local
     # copy whose times are the copy's (another machine, a fresh cache); the dedup's rule for a copy
-    from ..runfolder.dedup import score_file_state
     state = score_file_state(path)
     return [os.path.basename(path), state["bytes"], state["sha256"]]
 
@@ -41,9 +52,7 @@ def kept_keys(shard: ScoredShard, thresholds: Sequence[Threshold], marks=None) -
 def _check_outputs(run: ScoreRun, scores_dir: str, write_shards: Optional[str], report: Optional[str],
                    allow_pipe: bool, allow_remote: bool, export_uids: Optional[str] = None) -> None:
     """What filter writes can be written, and the sources it reads again may be: before any work."""
-    from ..writing import check_output_dir, check_output_file, refuse_writing_into_inputs
     if export_uids is not None:
-        from .uids import check_export
         check_export(export_uids, run)
     if write_shards is not None:  # a bucket's folder too (reshard.Resharder.lock)
         check_output_dir(write_shards, "--write-shards")
@@ -63,7 +72,6 @@ def given_selection(selection, rules: dict, old: dict) -> Selection:
     """The selection of filter_scores: selection=, or the keywords every API takes (min_scores=,
     top_shares=, ...; selection.selection_of), or the old ones (mins=["clip_score=0.3"], tops=,
     thresholds=Thresholds), with a DeprecationWarning."""
-    from ..selection import selection_of, warn_renamed
     unknown = sorted(set(old) - set(OLD_KEYWORDS) - {"thresholds"})
     if unknown:
         raise TypeError(f"filter_scores() got an unexpected keyword argument {unknown[0]!r}")
@@ -129,7 +137,6 @@ def filter_scores(scores_dir: str, selection: Optional[Selection] = None, *, wri
 
 
 def _inside(path: Optional[str], folder: str) -> bool:
-    from ..remote import is_fsspec_url
     if not path or is_fsspec_url(path) or is_fsspec_url(folder):
         return False
     return os.path.dirname(os.path.abspath(path)) == os.path.abspath(folder)
@@ -140,11 +147,8 @@ def _score_folder_lease(scores_dir: str, writes_there: bool):
     refused while a score run (or a worker of a joined run) holds the folder, and every write
     fenced on a local disk, as score's and dedup's are (runfolder/lease.py). In a bucket the lease
     excludes a score run as well; the one-object writes there are not conditional on it."""
-    import contextlib
     if not writes_there:
         return contextlib.nullcontext()
-    from ..remote import is_fsspec_url
-    from ..runfolder.lease import Lease
 
     @contextlib.contextmanager
     def held():
@@ -173,30 +177,26 @@ def _filter_run(run, scores_dir, selection, report, dry_run, export_uids, save, 
     result.counts = [{"kept": 0, "dropped": 0, "no_score": 0} for _ in thresholds]
     collector = None
     if report is not None and not dry_run:
-        from ..report.collect import ReportCollector
         collector = ReportCollector(run, thresholds, allow_pipe, allow_remote, stream_idle_seconds)
     count_run(run, thresholds, collector, marks, result, tables, counting if tables is None else None)  # else counted there
     passes.end(counting)
     if dry_run:
         return result
     if export_uids is not None:
-        from .uids import export_kept_uids
         result.uids = export_kept_uids(export_uids, run, thresholds, marks)
     if save_thresholds and (save or write_shards is not None):
         result.files["thresholds (loader keyword arguments)"] = write_thresholds(
-            os.path.join(scores_dir, "thresholds.json"), resolved.selection)
+            os.path.join(scores_dir, THRESHOLDS), resolved.selection)
     if write_shards is not None:
         _write_shards(run, resolved, result, write_shards, samples_per_shard, prefix, overwrite, echo, shard_echo,
                       allow_pipe, allow_remote, stream_idle_seconds, unique_keys, interleave, report,
                       save_thresholds, passes)
     if collector is not None:
-        from ..report.page import write_report
         result.files["report"] = write_report(collector.finish(result), report)
     return result
 
 
 def _check_options(write_shards, samples_per_shard: int, dry_run: bool, export_uids) -> None:
-    from ..errors import ConfigError
     if write_shards is not None and samples_per_shard < 1:
         raise ConfigError(f"--samples-per-shard must be >= 1, got {samples_per_shard}")
     if dry_run and export_uids is not None:
@@ -208,12 +208,10 @@ def _write_shards(run: ScoreRun, resolved, result: FilterResult, write_shards: s
                   stream_idle_seconds: float, unique_keys: bool, interleave: int, report, save_thresholds: bool,
                   passes: Passes):
     """The kept samples into new shards of N (reshard.py), the rules beside them (thresholds.json)."""
-    from .reshard import THRESHOLDS, Resharder, Source  # imports the score package's shard writer: only to write
     scores_dir, thresholds, marks = result.scores_dir, resolved.thresholds, resolved.marks
     writer = Resharder(write_shards, samples_per_shard, prefix, run.stage.get("rekey", "first-dot"), allow_pipe,
                        allow_remote, stream_idle_seconds, shard_echo, unique_keys, interleave,
                        writes_report=report is not None and _same_path(report, default_report(scores_dir, write_shards)))
-    from ..remote import is_fsspec_url, redact_url  # a bucket's folder by its URL (not abspath's)
     identity = {"scores": scores_dir if is_fsspec_url(scores_dir) else os.path.abspath(scores_dir),
                 "thresholds": [[t.column, t.minimum, t.value] if t.numeric else [t.column, "equal", list(t.bound.values)]
                                for t in thresholds],
@@ -237,7 +235,6 @@ def _write_shards(run: ScoreRun, resolved, result: FilterResult, write_shards: s
 
 
 def _same_path(a: str, b: str) -> bool:
-    from ..remote import is_fsspec_url
     return a.rstrip("/") == b.rstrip("/") if is_fsspec_url(a) or is_fsspec_url(b) else \
         os.path.abspath(a) == os.path.abspath(b)
 
@@ -247,8 +244,7 @@ def default_report(scores_dir: str, write_shards: Optional[str], save: bool = Tr
     else, with --save, filter_report.html in the score folder (never over the score run's own
     report.html); None: exploring without --write-shards or --save writes no report."""
     if write_shards is None:
-        return os.path.join(scores_dir, "filter_report.html") if save else None
-    from .reshard import REPORT  # one of the files filter owns in OUT: never one of the user's replaced
+        return os.path.join(scores_dir, FILTER_REPORT) if save else None
     return os.path.join(write_shards, REPORT)
 
 
@@ -259,15 +255,12 @@ def _read_tables(run: ScoreRun, spec: Selection, progress=None) -> Optional[list
     count them, or as the reads find): its shares stream and its files are counted one by one."""
     import threading
 
-    from ..runfolder.judge import read_shard_table
-    from ..runfolder.quantile import IN_MEMORY_ROWS
-    from ..runfolder.tables import in_threads
     if not all(s.score_file.endswith(".parquet") for s in run.shards) or spec.equal:
         return None  # (a text column's rule is judged row by row)
     check_present(spec, run)  # a column the files lack: said before the reads
-    if sum(s.rows for s in run.shards) > IN_MEMORY_ROWS:
+    if sum(s.rows for s in run.shards) > quantile.IN_MEMORY_ROWS:
         return None
-    left, lock = [IN_MEMORY_ROWS], threading.Lock()  # rows that may still be held: memory bounded by the reads
+    left, lock = [quantile.IN_MEMORY_ROWS], threading.Lock()  # rows that may still be held: memory bounded by the reads
 
     def read(shard: ScoredShard):
         if left[0] < 0:

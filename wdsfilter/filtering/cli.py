@@ -6,14 +6,15 @@ import sys
 
 import click
 
-from .. import clihelp
-from ..errors import EXIT_CLEAN, EXIT_RUN_FAILED, EXIT_USAGE
-from ..progress import TERMINAL_ONLY, progress_on, progress_option, verbosity, verbosity_options
-from ..selection import text_and_recipe_options
-from ..thresholds import shorthand_options
+from ..core import clihelp
+from ..core.errors import EXIT_CLEAN, EXIT_RUN_FAILED, EXIT_USAGE, RunError
+from ..core.progress import TERMINAL_ONLY, progress_on, progress_option, verbosity, verbosity_options
+from ..core.selection import text_and_recipe_options, Selection
+from ..core.thresholds import shorthand_options
+from ..storage.remote import parse_storage_options, storage_defaults
 
 
-# --help's groups (wdsfilter/clihelp.py): the rules first, then where the kept samples go.
+# --help's groups (wdsfilter/core/clihelp.py): the rules first, then where the kept samples go.
 HELP_GROUPS = {
     "Input": ("source_root", "allow_pipe"),
     "Thresholds": ("min_clip", "max_ocr_area", "mins", "maxes", "tops", "bottoms", "equals", "recipes", "dedup"),
@@ -89,8 +90,7 @@ def filter_command(scores_dir, mins, maxes, tops, bottoms, equals, recipes, writ
     --write-shards, reshard the kept samples (with thresholds.json and an HTML report beside
     them). No model is loaded."""
     _numpy_without_blas_threads()
-    from ..selection import Selection
-    from .apply import filter_scores
+    from .apply import filter_scores  # after numpy is loaded with one BLAS thread: apply imports it
     source = click.get_current_context().get_parameter_source
     given = [f"--{name.replace('_', '-')}" for name in ("samples_per_shard", "prefix", "overwrite", "unique_keys",
                                                          "interleave")
@@ -104,7 +104,6 @@ def filter_command(scores_dir, mins, maxes, tops, bottoms, equals, recipes, writ
     level = verbosity(quiet, verbose)
     # Errors go to the group (wdsfilter/cli.py): one line, exit 2 for usage/configuration, 3 when
     # the run failed (a source shard missing or changed, an I/O error).
-    from ..remote import parse_storage_options, storage_defaults
     with storage_defaults(parse_storage_options(storage_options), [scores_dir, write_shards, report]):
         result = filter_scores(scores_dir, selection, write_shards=write_shards,
                                samples_per_shard=samples_per_shard, prefix=prefix, dry_run=dry_run,
@@ -119,7 +118,6 @@ def filter_command(scores_dir, mins, maxes, tops, bottoms, equals, recipes, writ
         click.echo(f"wdsfilter filter: {len(result.unfinished)} shard(s) of the scoring run in {scores_dir} are not "
                    f"finished and were left out", err=True)
     if result.unfinished and not allow_incomplete:  # thresholds and shards from part of the data: loud
-        from ..errors import RunError
         raise RunError(f"{len(result.unfinished)} shard(s) of the scoring run in {scores_dir} are not finished "
                        f"(listed above): finish them with `wdsfilter score ... --resume`, or pass --allow-incomplete")
 

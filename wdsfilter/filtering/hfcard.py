@@ -22,9 +22,9 @@ import json
 import os
 from typing import Dict, Iterable, Optional
 
-from ..atomic import atomic_path
+from ..storage.atomic import atomic_path
+from ..runfolder.names import CARD
 
-CARD = "README.md"
 # HF's webdataset builder: how it decodes a member, by its last extension (its DECODERS and
 # IMAGE_EXTENSIONS), as the card must declare it.
 IMAGES = {"bmp", "gif", "jpg", "jpeg", "jpe", "jfif", "png", "apng", "webp", "tif", "tiff", "ppm", "pgm", "pbm",

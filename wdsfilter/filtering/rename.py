@@ -18,10 +18,10 @@ import json
 import tarfile
 from typing import List, Optional, Tuple
 
-from ..errors import RunError
-from ..reading import ShardTarInfo
-from ..specs import split_name
-from ..writing import TAR_BLOCK as BLOCK, copy_range as _copy_range
+from ..core.errors import RunError
+from ..core.specs import split_name
+from ..storage.tars import TAR_BLOCK as BLOCK, Headers, MemberCut, copy_range
+from ..storage.remote import redact_url
 
 JSON_LIMIT = 16 << 20  # a .json bigger than this is copied as it is (never read whole)
 
@@ -30,54 +30,9 @@ class ReshardError(RunError):
     """A source shard does not match its score file any more: the run cannot go on."""
 
 
-class SourceCut(ReshardError):
-    """The source ends inside a member it held when it was scored; the copy of the sample
-    (reshard._Member.copy_to) says which shard and sample."""
-
-    def __init__(self):
-        super().__init__("the shard ends inside a member it held when it was scored")
-
-
-class Headers:
-    """Member headers of an open source, parsed where a member starts (long names and pax
-    headers included). Parsing only moves forward from where the copy is, so a compressed
-    source is never decompressed again from its start."""
-
-    def __init__(self, src):
-        self.src = src
-        self.tar = None
-
-    def at(self, start: int) -> tarfile.TarInfo:
-        if self.tar is None:  # opening reads the archive's first header (and a global pax header) from byte 0,
-            if self.src.tell() != 0:  # before the first seek: a streamed source never goes back
-                self.src.seek(0)
-            self.tar = tarfile.open(fileobj=self.src, mode="r:", tarinfo=ShardTarInfo)
-            first, self.tar.firstmember = self.tar.firstmember, None  # else next() hands it back again
-            self.tar.members = []
-            if first is not None and first.offset == start:
-                return first
-        if self.src.tell() != start:
-            self.src.seek(start)
-        self.tar.offset = start
-        self.tar.members = []  # one header held at a time
-        info = self.tar.next()
-        if info is None:
-            raise SourceCut()
-        return info
-
-
-def copy_range(src, start: int, end: int, out) -> int:
-    """Copy src[start:end] to out (writing.copy_range); SourceCut where the source ends first."""
-    try:
-        return _copy_range(src, start, end, out)
-    except EOFError:
-        raise SourceCut() from None
-
-
 def copy_renamed(src, headers: Headers, ranges: List[Tuple[int, int]], rekey: str, new_key: str, old_key: str,
                  url: str, out) -> Tuple[int, int]:
     """One sample's members under `new_key`, its .json told the old key and shard; (members, bytes)."""
-    from ..remote import redact_url
     origin = {"source_key": old_key, "source_shard": redact_url(url)}
     written, members, has_json, first = 0, 0, False, None
     for start, _ in ranges:
@@ -127,7 +82,7 @@ def _json_bytes(value) -> bytes:
 def _read(src, size: int) -> bytes:
     data = src.read(size)
     if len(data) != size:
-        raise SourceCut()
+        raise MemberCut(f"the source ends {size - len(data):,} bytes into a member of {size:,}")
     return data
 
 

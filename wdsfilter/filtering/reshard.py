@@ -29,20 +29,21 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
-from ..errors import ConfigError
-from ..atomic import write_json as _atomic_json
+from ..core.errors import ConfigError
+from ..storage.atomic import write_json as _atomic_json
 from ..runfolder import source_changed
-from ..remote import redact_url
-from ..score.shardwriter import _local_copy, member_ranges, streamed_source, streams, tar_opener
-from ..shards import is_pipe, is_remote
-from ..shardstats import SIZES, stats_path, update_sizes, write_shard_stats
-from ..writing import atomic_path, tar_end
-from .hfcard import CARD, write_card
-from .rename import Headers, ReshardError, SourceCut, copy_range, copy_renamed
+from ..runfolder.names import CARD, FILTER_RUN as RUN_FILE, REPORT, THRESHOLDS  # noqa: F401 - apply's too
+from ..storage.remote import redact_url, is_fsspec_url
+from ..storage.shardcopy import local_copy, streamed_source, streams
+from ..storage.shards import is_pipe, is_remote
+from ..storage.shardstats import SIZES, stats_path, update_sizes, write_shard_stats
+from ..storage.tars import Headers, MemberCut, copy_range, member_ranges, tar_end, tar_opener
+from ..storage.writing import atomic_path
+from .hfcard import write_card
+from .rename import ReshardError, copy_renamed
+from ..runfolder.lease import Lease
+from ..runfolder.bucket import RemoteRunFolder
 
-RUN_FILE = "filter_run.json"
-REPORT = "report.html"  # filter's report goes beside its shards (apply.default_report): a file of ours
-THRESHOLDS = "thresholds.json"  # the rules as the loader's keyword arguments, beside the shards they made
 
 
 @dataclass
@@ -87,7 +88,6 @@ class Resharder:
         """One filter run per output folder (the lock `score` takes on its --out): two runs at
         once would delete each other's temporaries and merge their sizes.json. A folder in a
         bucket: its lock object, and the run writes a staging copy uploaded as it goes."""
-        from ..remote import is_fsspec_url
         if is_fsspec_url(self.out):
             return self._remote()
         return self._local()
@@ -95,14 +95,12 @@ class Resharder:
     @contextlib.contextmanager
     def _local(self):
         """OUT's lease (runfolder/lease.py); every write into OUT fenced by it."""
-        from ..runfolder.lease import Lease
         with Lease(self.out, command="filter", option="--write-shards") as lease:
             lease.guard([self.out])
             yield self
 
     @contextlib.contextmanager
     def _remote(self):
-        from ..runfolder.bucket import RemoteRunFolder
         url = self.out
         remote = RemoteRunFolder(url, command="filter", option="--write-shards")  # pulled: resume, ownership
         try:
@@ -274,7 +272,7 @@ class Resharder:
 
     def _samples(self, source: Source):
         """Per kept key, in order: a reader of its members' byte ranges [(start, end, extension)]. A
-        remote source is streamed (shardwriter.streamed_source: no temporary copy)."""
+        remote source is streamed (shardcopy.streamed_source: no temporary copy)."""
         url = source.url
         if streams(url):
             with streamed_source(url, self.rekey, self.allow_remote, self.idle_seconds, exts=True) as \
@@ -284,7 +282,7 @@ class Resharder:
         path = url[len("file:"):] if url.startswith("file:") else url
         fetched = None
         if is_pipe(url) or is_remote(url):
-            fetched = path = _local_copy(url, self.allow_pipe, self.allow_remote, self.out, self.idle_seconds)
+            fetched = path = local_copy(url, self.allow_pipe, self.allow_remote, self.out, self.idle_seconds)
         elif not os.path.exists(path):
             raise ReshardError(f"source shard {url} is missing: it was scored but can no longer be read; "
                                f"restore it or score again without it")
@@ -346,7 +344,7 @@ class _Member:
             for start, end, _ in self.ranges:
                 written += copy_range(self.src, start, end, out)
             return len(self.ranges), written
-        except SourceCut:
+        except MemberCut:
             raise ReshardError(f"source shard {redact_url(url)} ends inside a member of sample {self.key!r}, which its score "
                                f"file keeps: the shard was cut or changed since it was scored; restore it, or "
                                f"score it again") from None

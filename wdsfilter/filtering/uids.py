@@ -15,7 +15,10 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
+from ..storage.writing import check_output_file, atomic_path
+from ..runfolder.judge import judge_shard
+from ..storage.remote import is_fsspec_url, write_object
 
 UID = "uid"
 DTYPE = "u8,u8"  # DataComp's u16: np.dtype("u8,u8")
@@ -23,7 +26,6 @@ DTYPE = "u8,u8"  # DataComp's u16: np.dtype("u8,u8")
 
 def check_export(path: str, run) -> None:
     """Before any work: the run has a uid column, and PATH can be written (a .npy file)."""
-    from ..writing import check_output_file
     if UID not in run.columns:
         raise ConfigError(f"--export-uids: the score files in {run.folder} have no uid column (the sample's .json "
                           f"uid, as DataComp and img2dataset write it), so no kept sample can be named by uid")
@@ -46,7 +48,6 @@ def kept_uid_pairs(run, thresholds: Sequence, marks) -> tuple:
     """(pairs of the kept rows' uids, kept rows without a usable uid), shard by shard."""
     import numpy as np
 
-    from ..runfolder.judge import judge_shard
     parts: List = []
     without = 0
     for shard in run.shards:
@@ -70,8 +71,6 @@ def export_kept_uids(path: str, run, thresholds: Sequence, marks=None) -> Dict[s
 
     import numpy as np
 
-    from ..remote import is_fsspec_url
-    from ..writing import atomic_path
     pairs, without = kept_uid_pairs(run, thresholds, marks)
     if without and not len(pairs):
         raise ConfigError(f"--export-uids: none of the {without} kept sample(s) of {run.folder} has a uid (the .json "
@@ -81,7 +80,6 @@ def export_kept_uids(path: str, run, thresholds: Sequence, marks=None) -> Dict[s
     data = io.BytesIO()  # a file object: np.save would add .npy to a temporary's name
     np.save(data, pairs)
     if is_fsspec_url(path):  # one object, whole or not at all
-        from ..remote import write_object
         write_object(path, data.getvalue())
     else:
         with atomic_path(path) as tmp:

@@ -4,10 +4,12 @@ filtering/, so both write their report with the one builder here.
     statistics.py  the score columns' statistics and histograms (summary.json, histograms.png, and
                    the report's charts)
     collect.py     what the HTML report shows, gathered while runfolder/judge.py judges the rows
-                   (ReportCollector), and the thumbnails and captions read from the source shards
+                   (ReportCollector: each section sees every row), then the cards' media
+    sections/      the page's sections, one module each (base.Section: observe, finish, render);
+                   their order and list: sections.SECTIONS
+    media.py       the cards' thumbnails and captions, read from the source shards
+    html.py        the pages' building blocks: style, escaping, cards; charts.py: the SVG charts
     page.py        the self-contained HTML page (write_report)
-    masked.py      a tmars run's section: the largest drops in clip_score when the text is masked
-    dedup.py       the dedup section (RUN_DIR/dedup/), also written alone by `wdsfilter dedup`
 
 `wdsfilter score` ends with run_report (RUN_DIR/report.html, the run's own thresholds);
 `wdsfilter filter` (filtering/apply.py) writes filter_report.html with the thresholds it resolved,
@@ -18,7 +20,8 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from ..selection import Selection
+from ..runfolder.names import REPORT
+from ..core.selection import Selection
 
 
 def run_report(folder: str, thresholds: Selection, allow_pipe: bool = False,
@@ -35,15 +38,15 @@ def run_report(folder: str, thresholds: Selection, allow_pipe: bool = False,
 
 
 def _write_run_report(folder: str, thresholds: Selection, allow_pipe: bool, allow_remote: bool) -> str:
-    from ..config import StageConfig
+    from ..stream.config import StageConfig
     from ..runfolder import ScoreRun
     from ..runfolder.judge import FilterResult, count_run
     from ..runfolder.shares import resolve_selection
     from ..runfolder.reader import check_sources
-    from ..writing import check_output_file
+    from ..storage.writing import check_output_file
     from .collect import ReportCollector
     from .page import write_report
-    path = os.path.join(folder, "report.html")
+    path = os.path.join(folder, REPORT)
     run = ScoreRun.open(folder)
     run.require_sources()  # thumbnails only from the sources the run's own record names
     check_output_file(path, "--report")

@@ -11,10 +11,10 @@ import math
 from collections import Counter
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from ..atomic import atomic_path
+from ..storage.atomic import atomic_path
 from ..runfolder.keep import keep_reason
 from ..runfolder.tables import read_table
-from ..thresholds import Thresholds, is_missing
+from ..core.thresholds import Thresholds, is_missing
 
 
 # -- summary over score files -------------------------------------------------------------------
@@ -37,52 +37,76 @@ def summarize_files(paths: Sequence[str], columns: Sequence[str], thresholds=Non
     histograms, read back from the score files (two passes over the score columns: range, then
     histogram). Integer columns with few values get one bin per value. thresholds: a
     thresholds.Thresholds, or a resolved wdsfilter.Selection (its text rules count in `kept` too)."""
-    rows = kept = 0
-    status: Counter = Counter()
-    reasons: Counter = Counter()
-    rules = thresholds.row_rules() if hasattr(thresholds, "row_rules") else list((thresholds or Thresholds()).bounds())
-    thresholds = thresholds.bounds if hasattr(thresholds, "row_rules") else thresholds or Thresholds()
-    per_bound = [(b, {"min" if b.minimum else "max": b.value, "kept": 0, "dropped": 0, "no_score": 0})
-                 for b in thresholds.bounds()]
+    counts = _RowCounts(thresholds)
     stats: Dict[str, dict] = {}
     for path in paths:
-        t = read_table(path, list(dict.fromkeys(["status", "reason", *columns, *(r.column for r in rules)])))
-        n = len(t["status"])
-        rows += n
-        status.update(t["status"])
-        for r in t["reason"]:
-            if r:
-                reasons.update(str(r).split(";"))
-        # the one keep rule with these thresholds (the run's, its shares resolved), not the `kept`
-        # column, which a share resolved at the end of the run did not decide
-        if rules:
-            judged = [c for c in dict.fromkeys(["status", "reason", *(r.column for r in rules)]) if c in t]
-            kept += sum(1 for i in range(n) if keep_reason({c: t[c][i] for c in judged}, rules) is None)
-        else:  # no threshold: the rule asks the status only
-            kept += sum(1 for s in t["status"] if keep_reason({"status": s}) is None)
-        for bound, th in per_bound:
-            for v in t.get(bound.column, [None] * n):
-                th["no_score" if is_missing(v) else "kept" if bound.passes(v) else "dropped"] += 1
+        t = read_table(path, list(dict.fromkeys(["status", "reason", *columns, *counts.rule_columns])))
+        counts.add(t)
         for col in columns:
             _add_values(stats.setdefault(col, _new_column()), t.get(col, []))
     for col, st in stats.items():
-        if st["kind"] == "number" and st["count"]:
-            # The sum of values near sys.float_info.max (a scorer's sentinel) overflows; the sum of
-            # the values scaled by 2**-64 (exact) cannot, and their mean scaled back is finite.
-            total = st["sum"]
-            st["mean"] = total / st["count"] if math.isfinite(total) else st["scaled"] / st["count"] * _SCALE
-            lo, hi, n_bins, per_value = histogram_bins(st["min"], st["max"], st["integer"], bins)
-            st["histogram"] = {"edges": [step(lo, hi, i, n_bins) for i in range(n_bins + 1)],
-                               "counts": _bin_counts(paths, col, lo, hi, n_bins)}
-            if per_value:
-                st["histogram"]["per_value"] = True
-            if st["min"] == st["max"]:  # a range of no width: the terminal, PNG and report say it in words
-                st["histogram"]["one_value"] = st["min"]
-        for internal in ("sum", "scaled", "integer"):
-            st.pop(internal, None)
-    return {"rows": rows, "status": dict(status), "reasons": dict(reasons.most_common()), "kept": kept,
-            "dropped": rows - kept, "thresholds": {b.column: th for b, th in per_bound if b.minimum},
-            "max_thresholds": {b.column: th for b, th in per_bound if not b.minimum}, "columns": stats}
+        _finish_column(st, paths, col, bins)
+    return {**counts.to_dict(), "columns": stats}
+
+
+class _RowCounts:
+    """The rows of a run's score files counted: by status, by drop reason, kept by the one keep
+    rule with the given thresholds (the run's, its shares resolved; not the `kept` column, which a
+    share resolved at the end of the run did not decide), and kept, dropped or without a value by
+    each minimum and maximum."""
+
+    def __init__(self, thresholds):
+        selection = hasattr(thresholds, "row_rules")  # a resolved Selection: its text rules count too
+        self.rules = thresholds.row_rules() if selection else list((thresholds or Thresholds()).bounds())
+        bounds = (thresholds.bounds if selection else thresholds or Thresholds()).bounds()
+        self.per_bound = [(b, {"min" if b.minimum else "max": b.value, "kept": 0, "dropped": 0, "no_score": 0})
+                          for b in bounds]
+        self.rule_columns = [r.column for r in self.rules]
+        self.rows = self.kept = 0
+        self.status: Counter = Counter()
+        self.reasons: Counter = Counter()
+
+    def add(self, t: Dict[str, list]) -> None:
+        """One score file's columns (status, reason and the rules' columns at least)."""
+        n = len(t["status"])
+        self.rows += n
+        self.status.update(t["status"])
+        for r in t["reason"]:
+            if r:
+                self.reasons.update(str(r).split(";"))
+        if self.rules:
+            judged = [c for c in dict.fromkeys(["status", "reason", *self.rule_columns]) if c in t]
+            self.kept += sum(1 for i in range(n) if keep_reason({c: t[c][i] for c in judged}, self.rules) is None)
+        else:  # no threshold: the rule asks the status only
+            self.kept += sum(1 for s in t["status"] if keep_reason({"status": s}) is None)
+        for bound, th in self.per_bound:
+            for v in t.get(bound.column, [None] * n):
+                th["no_score" if is_missing(v) else "kept" if bound.passes(v) else "dropped"] += 1
+
+    def to_dict(self) -> dict:
+        return {"rows": self.rows, "status": dict(self.status), "reasons": dict(self.reasons.most_common()),
+                "kept": self.kept, "dropped": self.rows - self.kept,
+                "thresholds": {b.column: th for b, th in self.per_bound if b.minimum},
+                "max_thresholds": {b.column: th for b, th in self.per_bound if not b.minimum}}
+
+
+def _finish_column(st: dict, paths: Sequence[str], col: str, bins: int) -> None:
+    """A column's statistics once every file is counted: its mean and histogram (a second read of
+    the column), its running sums dropped."""
+    if st["kind"] == "number" and st["count"]:
+        # The sum of values near sys.float_info.max (a scorer's sentinel) overflows; the sum of
+        # the values scaled by 2**-64 (exact) cannot, and their mean scaled back is finite.
+        total = st["sum"]
+        st["mean"] = total / st["count"] if math.isfinite(total) else st["scaled"] / st["count"] * _SCALE
+        lo, hi, n_bins, per_value = histogram_bins(st["min"], st["max"], st["integer"], bins)
+        st["histogram"] = {"edges": [step(lo, hi, i, n_bins) for i in range(n_bins + 1)],
+                           "counts": _bin_counts(paths, col, lo, hi, n_bins)}
+        if per_value:
+            st["histogram"]["per_value"] = True
+        if st["min"] == st["max"]:  # a range of no width: the terminal, PNG and report say it in words
+            st["histogram"]["one_value"] = st["min"]
+    for internal in ("sum", "scaled", "integer"):
+        st.pop(internal, None)
 
 
 def _new_column() -> dict:

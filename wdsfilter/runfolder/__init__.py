@@ -15,7 +15,7 @@
       done/<name>.json         the completion marker (`Marker`), written last, after the shard's
                                outputs are in place: output sizes, the source shard's path, size
                                and modification time
-      img_emb/ text_emb/ metadata/   --save-embeddings (score/embeddings.py)
+      embeddings/              --save-embeddings in clip-retrieval's layout (embeddings.py)
       failures/<name>.parquet  the shard's failure ledger, written before its marker; failures.parquet
                                the ledger merged at the end of a run (score/ledger.py, failures.py)
       run.yaml                 the run as a recipe (score/recipe.py): `score --config` replays it

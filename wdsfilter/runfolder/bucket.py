@@ -17,14 +17,17 @@ import os
 from typing import Optional
 
 from .lease import Lease, LeaseLostError
+from .names import STATE_FILES, STATE_FOLDERS
+from .remote_out import Mirror, RemoteFolder, StagedSizes, staged_paths
+from ..storage.remote import refuse_hub_run_folder
+from .layout import DONE
+from ..storage.atomic import atomic_path
 
 log = logging.getLogger("wdsfilter")
 
 # What --resume reads to decide which shards are done (run.json, the shard list, the recipe, the
 # markers, the per-shard failure ledgers their markers vouch for and the end merges) and the marks
 # of an earlier dedup (the report reads them): the rest of a bucket's run folder stays there.
-STATE_FILES = ("run.json", "shards.json", "run.yaml")
-STATE_FOLDERS = ("done", "failures", "dedup")
 
 
 def _not_state(rel: str) -> bool:
@@ -50,8 +53,6 @@ class RemoteRunFolder:
         here in place of the folder's: only run.json, shards.json and run.yaml come down (the
         markers are listed, not read), and an object of the folder that another worker wrote is
         replaced where this worker holds the shard's claim (RemoteFolder.replace_strays)."""
-        from ..remote import refuse_hub_run_folder
-        from ..remote_out import RemoteFolder
         refuse_hub_run_folder(url)
         self.url = url.rstrip("/")
         self.mirror, self.synced, self.folder, self.started, self.shards = None, False, None, False, None
@@ -91,7 +92,6 @@ class RemoteRunFolder:
     def sizes(self):
         """A staging path's size, or that of the bucket object it stands for (the run state checks
         markers' files through it: a finished shard's files need not come down). Picklable."""
-        from ..remote_out import StagedSizes
         return StagedSizes([f for f in (self.folder, self.shards) if f is not None])
 
     def fetch(self, paths) -> int:
@@ -102,7 +102,6 @@ class RemoteRunFolder:
     def refresh(self) -> int:
         """The bucket's folder as it stands now, other workers' objects included (a joined run's
         end): the markers and failure ledgers brought into staging, the rest held where it is."""
-        from .layout import DONE
         n = self.folder.refresh(fetch=(DONE, "failures", *STATE_FILES))
         if self.shards is not None:
             self.shards.refresh()
@@ -110,21 +109,18 @@ class RemoteRunFolder:
 
     def start(self) -> None:
         """Mirror the staging folder from now on (after run.json and shards.json are written)."""
-        from ..remote_out import Mirror
         if self.lock is not None and self.mirror is None:
             self.mirror = Mirror(self.folder, self.interval).start()
             self.started = True
 
     def public(self, path):
         """A staging path as the run shows it: its URL in the bucket."""
-        from ..remote_out import staged_paths
         folders = [f for f in (self.shards, self.folder) if f is not None]  # the inner staging first
         return staged_paths(path, folders) if isinstance(path, str) else path
 
     def publish_text(self, path: Optional[str]) -> None:
         """A text file of the staging folder (the report) rewritten to name the bucket, not staging."""
         if path and os.path.exists(path):
-            from ..atomic import atomic_path
             with open(path, encoding="utf-8", errors="surrogateescape") as f:
                 text = f.read()
             with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", errors="surrogateescape") as f:

@@ -38,11 +38,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .layout import DONE
-from .lease import WORKERS, Conflict, Lease, describe_holder, record_at, record_names, stale_reason
-
-CLAIMS = "claims"
-FINISH = ".finish.json"
+from .lease import Conflict, Lease, describe_holder, record_at, record_names, stale_reason
+from .names import CLAIMS, DONE, FINISH, WORKERS
 
 
 def claim_order(urls: Sequence[str], token: str, index: Optional[int] = None, count: Optional[int] = None,

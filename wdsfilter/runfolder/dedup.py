@@ -15,10 +15,11 @@ from __future__ import annotations
 import os
 from typing import Dict, Iterator, Optional, Sequence, Tuple
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
+from .names import DEDUP as FOLDER, DEDUP_SUMMARY as SUMMARY
+from .layout import confined, read_json
+from .tables import damaged, parquet_errors, audited
 
-FOLDER = "dedup"
-SUMMARY = "summary.json"
 DUPLICATE = "duplicate"
 EVAL_MATCH = "eval_match"
 
@@ -67,8 +68,6 @@ class DedupMarks:
         see, or whose score file changed since (--resume, a re-scored shard), is refused. The
         folder's files are read as every run-folder file is (layout.py): confined to the folder,
         a damaged one named in one line."""
-        from .layout import confined, read_json
-        from .tables import damaged
         self.run_dir = run_dir
         self.folder = confined(run_dir, os.path.join(run_dir, FOLDER))
         path = os.path.join(self.folder, SUMMARY)
@@ -101,8 +100,6 @@ class DedupMarks:
     def _rows(self, name: str) -> Iterator[tuple]:
         """The shard's marks; DamagedRunFolder when its file is missing (the summary names the
         shard: every row would be kept silently) or not as `wdsfilter dedup` wrote it."""
-        from .layout import confined
-        from .tables import _arrow_errors, _native, damaged
         path = confined(self.run_dir, os.path.join(self.folder, name + ".parquet"))
         if not os.path.exists(path):
             if name in self.summary.get("shards", {}):
@@ -110,8 +107,8 @@ class DedupMarks:
             return
         import pyarrow.parquet as pq
         try:
-            t = pq.read_table(_native(path), columns=["key", "index", "survivor", "eval_match"]).to_pydict()
-        except (_arrow_errors() + (KeyError,)) as e:
+            t = pq.read_table(audited(path), columns=["key", "index", "survivor", "eval_match"]).to_pydict()
+        except (parquet_errors() + (KeyError,)) as e:
             raise damaged(path, f"not as `wdsfilter dedup` writes it ({type(e).__name__}: {e}); run it again") from None
         if not all(isinstance(i, int) for i in t["index"]):
             raise damaged(path, "an index that is not a number; run `wdsfilter dedup` again")

@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Optional, Sequence
 
-FOLDER = "failures"
-MERGED = "failures.parquet"
+from .names import FAILURES as FOLDER, FAILURES_MERGED as MERGED  # noqa: F401 - the ledger's names, read here
+from .layout import confined
 
 # The reasons trying again can cure: out of memory after the back-off reached a batch of one, a
 # scorer that raised on the sample (score_batch, or prepare() with an error that is not a
@@ -39,7 +39,6 @@ def read_entries(path: str, folder: Optional[str] = None) -> List[dict]:
     import pyarrow as pa
     import pyarrow.parquet as pq
     if folder is not None:
-        from .layout import confined
         confined(folder, path)
     try:
         entries = pq.read_table(path).to_pylist()

@@ -17,10 +17,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from .keep import keep_reason
+from .keep import keep_reason, KEPT_STATUSES
 from .reader import ScoredShard, ScoreRun
 from .shares import Threshold, bounds  # noqa: F401 - judged here, resolved there
-from .tables import in_threads, read_batches
+from .tables import in_threads, read_batches, parquet_errors, check_schema, open_parquet, unique_keys, float_values
 
 DUPLICATE = "duplicate key in shard"
 
@@ -170,18 +170,15 @@ class ShardTable:
 def read_shard_table(path: str, columns: Sequence[str]) -> Optional[ShardTable]:
     """A ShardTable of one Parquet score file with `columns` (the threshold columns); None where
     count_table would be None."""
-    from .tables import _arrow_errors
     try:
         return _read_shard_table(path, columns)
-    except _arrow_errors():
+    except parquet_errors():
         return None
 
 
 def _read_shard_table(path: str, columns: Sequence[str]) -> Optional[ShardTable]:
     import numpy as np
 
-    from .keep import KEPT_STATUSES
-    from .tables import check_schema, open_parquet, unique_keys
     # a Parquet file of another schema is the reader's one-line error (check_schema); strings as
     # codes: no Python str per row; the footer read by this open (once)
     pf = open_parquet(path, dictionary=["key", "status", "reason"])
@@ -230,7 +227,6 @@ def _footer_all_kept(metadata, schema) -> bool:
     column holds one kept status and no null: the column need not be read. Like the unique keys
     the writer records (tables.KEYS_META), what the file says of itself; a footer without them
     (another writer, no statistics) is read the ordinary way."""
-    from .keep import KEPT_STATUSES
     index = schema.get_field_index("status")
     if index < 0:
         return False
@@ -249,7 +245,6 @@ def _footer_all_kept(metadata, schema) -> bool:
 
 def _all_kept(table) -> bool:
     """No row's status is null and every value of the status dictionaries is a kept status."""
-    from .keep import KEPT_STATUSES
     if "status" not in table.column_names:
         return table.num_rows == 0
     import pyarrow as pa
@@ -288,7 +283,6 @@ def _codes(table, column: str, n: int):
     dictionaries unified."""
     import numpy as np
 
-    from .tables import float_values
     chunks = table.column(column).chunks if column in table.column_names else []
     if not chunks:  # no such column (or no rows): every row null
         return np.full(n, np.nan), None
@@ -300,7 +294,6 @@ def _numbers(table, column: str, n: int):
     """The column as float64, a missing value (null, NaN, no such column) as NaN."""
     import numpy as np
 
-    from .tables import float_values
     if column not in table.column_names:
         return np.full(n, np.nan)
     return float_values(table.column(column))  # as the quantile reads them (read_numbers)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Optional, Union
 
-from ..thresholds import Bound, Match, Thresholds
+from ..core.thresholds import Bound, Match, Thresholds
 
 KEPT_STATUSES = ("scored", "partial")  # rejected and failed rows are never kept
 

@@ -27,19 +27,16 @@ import stat
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
-from ..atomic import write_json
-from ..errors import ConfigError
-from ..publish import published
-from ..shards import absolute_url, is_local, local_path, split_suffix
-from .tables import EXTENSIONS, damaged
+from ..storage.atomic import write_json, check_guards, temporary_path
+from ..core.errors import ConfigError
+from ..core.publish import published
+from ..storage.shards import absolute_url, is_local, local_path, split_suffix
+from .names import DONE, RUN_JSON, SCORES, SHARDS_FILE
+from .tables import EXTENSIONS, damaged, WRITER_META, DamagedRunFolder, parquet_metadata
 
-RUN_JSON = "run.json"
 RUN_ID = "run_id"  # run.json's: the run the folder holds (a --resume continues it, --overwrite starts another)
 JOINED = "joined"  # run.json's: a joined run's shard list (shard_list_digest), which every worker must be given
 WRITER = "writer"  # a joined run's marker: the worker (its token) that scored the shard; its score file says the same
-SHARDS_FILE = "shards.json"
-DONE = "done"
-SCORES = "scores"
 
 
 def shard_names(urls: Sequence[str]) -> Dict[str, str]:
@@ -353,7 +350,6 @@ def written_by(marker: Marker, score_file: str) -> bool:
     writer = marker.extra.get(WRITER)
     if not writer or not score_file.endswith(".parquet") or not os.path.exists(score_file):
         return True
-    from .tables import WRITER_META, DamagedRunFolder, parquet_metadata
     try:
         meta = parquet_metadata(score_file).metadata or {}
     except (OSError, ValueError, DamagedRunFolder):  # a damaged file: not the marker's
@@ -369,7 +365,6 @@ def create_marker(folder: str, marker: Marker) -> bool:
     """The marker written only where there is none (a joined run's worker: a worker stalled past
     its claim, in the moment between its fence and its write, cannot replace the marker of the
     worker that took the shard over). False when one is there; the folder's guard runs first."""
-    from ..atomic import check_guards, temporary_path
     path = marker_path(folder, marker.name)
     tmp = temporary_path(path)
     try:

@@ -43,12 +43,13 @@ import time
 from dataclasses import dataclass
 from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
-from .. import atomic
-from ..errors import ConfigError, RunError
+from ..storage import atomic
+from ..core.errors import ConfigError, RunError
+from .names import GUARD as GUARD_NAME, LEASE as LEASE_NAME, WORKERS  # the record, its guard, the workers' leases
+from ..storage.remote import (is_fsspec_url, filesystem, redact_url, credential_source, missing_credentials,
+                              no_credentials)
+from ..storage.conditional import is_gcs, version_of, Conflict as Refused, put_bytes
 
-LEASE_NAME = ".lock.json"  # the record
-WORKERS = "workers"  # <folder>/workers/<token>.json: the leases of `score --join` workers (claims.py)
-GUARD_NAME = ".lock"  # on a disk: the POSIX lock under which the record is compared and replaced
 STALE_SECONDS = 120.0  # a holder silent this long loses its lease (WDSFILTER_LEASE_SECONDS)
 MARGIN = 0.2  # the holder stops writing this share of stale_seconds before others may take over
 log = logging.getLogger("wdsfilter")
@@ -169,7 +170,6 @@ class _BucketRecord:
     remote = True
 
     def __init__(self, url: str, storage_options=None):
-        from ..remote import filesystem, redact_url
         self.url = url
         self.shown = redact_url(url)
         self.fs, self.path = filesystem(url, storage_options)
@@ -177,7 +177,6 @@ class _BucketRecord:
     def read(self) -> Tuple[Optional[dict], Optional[str]]:
         """(the record, its version): the version read first, so a record replaced in between is
         one whose conditional replacement fails, never one taken over unseen."""
-        from ..conditional import version_of
         try:
             self.fs.invalidate_cache(self.path)
             version = version_of(self.fs.info(self.path))
@@ -187,7 +186,6 @@ class _BucketRecord:
 
     def _get(self) -> bytes:
         """The object's bytes in one GET (s3fs asks for its size first otherwise: a HEAD more)."""
-        from ..conditional import is_gcs
         return self.fs.cat_file(self.path) if is_gcs(self.fs) else self.fs.cat_file(self.path, max_concurrency=1)
 
     def read_data(self) -> Optional[dict]:
@@ -198,14 +196,12 @@ class _BucketRecord:
             return None
 
     def create(self, data: bytes) -> str:
-        from ..conditional import Conflict as Refused, put_bytes
         try:
             return put_bytes(self.fs, self.path, data, None)
         except Refused as e:
             raise Conflict(str(e)) from None
 
     def replace(self, data: bytes, expect: str) -> str:
-        from ..conditional import Conflict as Refused, put_bytes
         try:
             return put_bytes(self.fs, self.path, data, expect)
         except Refused as e:
@@ -215,7 +211,6 @@ class _BucketRecord:
 def record_at(folder: str, name: str, storage_options=None):
     """The record `name` (a path below `folder`: `.lock.json`, `claims/<shard>.json`) on a disk or
     in a bucket: read() -> (record, version), create(data), replace(data, version)."""
-    from ..remote import is_fsspec_url
     if is_fsspec_url(folder):
         return _BucketRecord(f"{folder.rstrip('/')}/{name}", storage_options)
     return _DiskRecord(os.path.abspath(folder), name)  # absolute: a Ray worker's Fence reads it
@@ -223,7 +218,6 @@ def record_at(folder: str, name: str, storage_options=None):
 
 def record_names(folder: str, sub: str, storage_options=None) -> List[str]:
     """The names (without `.json`) of the records in `folder`/`sub`/, sorted: one listing."""
-    from ..remote import filesystem, is_fsspec_url
     if is_fsspec_url(folder):
         fs, path = filesystem(f"{folder.rstrip('/')}/{sub}", storage_options)
         listed = _listing(fs, path)
@@ -239,7 +233,6 @@ def record_names(folder: str, sub: str, storage_options=None) -> List[str]:
 def _listing(fs, path: str) -> List[str]:
     """The objects right under `path` in a bucket: one request per 1,000 (s3fs's ls lists the
     parent too when the prefix is empty, to tell a missing folder)."""
-    from ..conditional import is_gcs
     if is_gcs(fs):
         try:
             fs.invalidate_cache(path)
@@ -288,7 +281,6 @@ class Lease:
 
     def __init__(self, folder: str, storage_options=None, command: str = "score", option: str = "--out",
                  name: str = LEASE_NAME, stale: Optional[float] = None, token: Optional[str] = None):
-        from ..remote import is_fsspec_url
         self.folder = folder.rstrip("/") if is_fsspec_url(folder) else folder
         self.name = name
         self.record = record_at(self.folder, name, storage_options)
@@ -311,7 +303,6 @@ class Lease:
 
     @property
     def shown(self) -> str:
-        from ..remote import redact_url
         return redact_url(self.folder)
 
     # -- taking it --------------------------------------------------------------------------------
@@ -352,7 +343,6 @@ class Lease:
             log.warning(f"{self.shown}: took over the lock of a run that is gone{describe_holder(holder)}: {why}")
 
     def _unwritable(self, e: BaseException) -> BaseException:
-        from ..remote import credential_source, missing_credentials, no_credentials
         if not self.record.remote and isinstance(e, OSError):
             return ConfigError(f"{self.option} {self.shown}: the lock {LEASE_NAME} cannot be written ({_short(e)})")
         if isinstance(e, PermissionError):

@@ -13,10 +13,13 @@ import os
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional, Sequence
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError, UnsafeInputError
 from . import layout
-from ..thresholds import is_number
+from .remote_out import pulled
+from ..core.thresholds import is_number
 from .tables import BASE_FIELDS, DamagedRunFolder, check_schema, read_batches, table_columns
+from ..storage.remote import is_fsspec_url, redact_url
+from ..storage.shards import is_pipe, is_remote
 
 
 PERMISSIONS = ("allow_pipe", "allow_remote")
@@ -48,9 +51,7 @@ class ScoreRun:
         points outside itself). source_root: where the source shards are now (layout.py). A
         folder in a bucket (s3://...) is read from its local copy, brought up to date
         (remote_out.pulled), by the same rules."""
-        from ..remote import is_fsspec_url
         if is_fsspec_url(folder):
-            from ..remote_out import pulled
             folder = pulled(folder, storage_options)
         if not os.path.exists(folder):
             raise ConfigError(f"score folder {folder} does not exist; pass the --out folder of a `wdsfilter score` run")
@@ -154,9 +155,6 @@ def check_sources(urls: Sequence[str], allow_pipe: bool, allow_remote: bool, sco
     again only when this very call allows it (--allow-pipe, --allow-remote: a folder could
     otherwise make filter run any command or fetch any URL it names). Raises UnsafeInputError
     (exit 2) naming the first refused source, before anything is read."""
-    from ..errors import UnsafeInputError
-    from ..remote import redact_url
-    from ..shards import is_pipe, is_remote
     refused = [u for u in urls if (is_pipe(u) and not allow_pipe) or (is_remote(u) and not allow_remote)]
     if refused:
         first = refused[0]

@@ -1,4 +1,4 @@
-"""A selection (wdsfilter/selection.py: --min/--max/--top/--bottom/--equal/--dedup/--recipe)
+"""A selection (wdsfilter/core/selection.py: --min/--max/--top/--bottom/--equal/--dedup/--recipe)
 resolved against a run folder, in this one place: what `wdsfilter score --top` (at the end of its
 run), `wdsfilter filter` and `wdsfilter.loader(scores=..., top_shares=...)` resolve the same way.
 
@@ -23,9 +23,16 @@ import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-from ..errors import ConfigError
-from ..selection import KINDS, Selection, check_percent, parse_share  # noqa: F401 - the share parsers, for older callers
-from ..thresholds import Bound, Match, Thresholds
+from ..core.errors import ConfigError
+from ..core.selection import KINDS, Selection, check_percent, parse_share  # noqa: F401 - the share parsers, for older callers
+from ..core.thresholds import Bound, Match, Thresholds
+from ..core.recipes import scorers_for
+from .quantile import share_of_chunks
+from .dedup import DedupMarks
+from .tables import column_numbers, read_numbers
+from . import quantile
+from .reader import ScoreRun
+from ..storage.atomic import write_json as _atomic_json
 
 # The name of the given rules before they were a Selection (FilterSpec.parse(tops=[...]) still works).
 FilterSpec = Selection
@@ -73,7 +80,6 @@ def check_present(selection: Selection, run) -> None:
     ones and, for a recipe's rules, the scorers that recipe reads); from the run's schema only."""
     missing = [c for c in selection.columns() if c not in run.columns]
     if missing:
-        from ..recipes import scorers_for
         recipes = list(dict.fromkeys(selection.origins[f"{kind} {c}"] for kind in KINDS for c in missing
                                      if f"{kind} {c}" in selection.origins))
         scorers = scorers_for(recipes)
@@ -114,7 +120,6 @@ def resolve(selection: Selection, run, empty_keeps_none: bool = False,
         for column, percent in shares.items():
             given = selection.given("top" if top else "bottom", column)
             if held is not None and column in held:
-                from .quantile import share_of_chunks
                 value, k, scored = share_of_chunks(held[column], percent, top)
             else:
                 value, k, scored = _share(run, column, percent, top)
@@ -150,7 +155,6 @@ def resolve_selection(selection: Selection, run, empty_keeps_none: bool = False,
     thresholds = resolve(selection, run, empty_keeps_none, held)
     dedup = None
     if selection.dedup and marks:
-        from .dedup import DedupMarks
         dedup = DedupMarks(run.folder, [(s.name, s.score_file) for s in run.shards])
     return Resolved(selection, thresholds, dedup)
 
@@ -164,8 +168,6 @@ def given_thresholds(run, mins: Dict[str, float], maxes: Dict[str, float]) -> Li
 def _share(run, column: str, percent: float, top: bool) -> Tuple[Optional[float], int, int]:
     """(v, k, rows with a value) of a --top/--bottom share over the run: the column held whole
     when it fits (one read of each file), else the streaming exact quantile (quantile.py)."""
-    from .tables import column_numbers, read_numbers
-    from . import quantile
     values = column_numbers([s.score_file for s in run.shards], column, quantile.IN_MEMORY_ROWS)
     if values is not None:
         if not len(values):
@@ -192,7 +194,6 @@ def loader_selection(scores_dir: str, selection: Selection, storage_options=None
     `wdsfilter filter` resolves them: the same values."""
     if not selection.shares:
         return selection
-    from .reader import ScoreRun
     run = ScoreRun.open(scores_dir, storage_options=storage_options)
     return resolve_selection(selection, run, marks=False).selection
 
@@ -210,13 +211,11 @@ def resolve_for_loader(scores_dir: str, min_scores: Optional[Dict[str, float]] =
 def resolve_over_run(folder: str, selection: Selection) -> Resolved:
     """The rules of a scoring run (`wdsfilter score --top ...`) resolved over its folder when it
     ends: the same values `wdsfilter filter FOLDER --min ... --top ...` resolves."""
-    from .reader import ScoreRun
     return resolve_selection(selection, ScoreRun.open(folder), empty_keeps_none=True)
 
 
 def write_thresholds(path: str, selection: Selection) -> str:
     """A resolved selection as wdsfilter.loader's keyword arguments:
     wdsfilter.loader(shards, scores=DIR, **json.load(open(path)))."""
-    from ..atomic import write_json as _atomic_json
     _atomic_json(path, selection.loader_keywords())
     return path

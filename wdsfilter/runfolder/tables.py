@@ -17,9 +17,10 @@ import threading
 from collections import OrderedDict
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
-from ..atomic import atomic_path
-from ..errors import ConfigError
-from ..thresholds import is_number
+from ..storage.atomic import atomic_path
+from ..core.errors import ConfigError, RunError
+from ..core.thresholds import is_number
+from ..core.publish import published
 
 BATCH_ROWS = 65536  # rows read at a time: memory stays flat however large a score file is
 
@@ -47,7 +48,6 @@ PUBLISHED_FIELDS = ("shard", "message")
 
 def publish_rows(rows: Sequence[dict]) -> List[dict]:
     """The rows with their PUBLISHED_FIELDS as they may be written (every table writer calls it)."""
-    from ..publish import published
     return [{**r, **{k: published(r[k]) for k in PUBLISHED_FIELDS if isinstance(r.get(k), str)}} for r in rows]
 # In a Parquet score file's footer (key-value metadata) when no key repeats in the table: a reader
 # that only needs to know that (filter's counts) skips reading the key column, half of its reading.
@@ -76,41 +76,86 @@ def arrow_array(values: Sequence[Any], kind):
     the score files need). string, int64, float64, bool and list<float64> columns of plain values
     are built here; anything else (another type, a value of the wrong kind) goes to pa.array, which
     converts it or raises its own error."""
+    import pyarrow as pa
+    build = _builders().get(kind)
+    if build is not None:
+        try:
+            array = build(values, kind, [v for v in values if v is not None])
+            if array is not None:
+                return array
+        except (UnicodeEncodeError, OverflowError, ValueError, TypeError):
+            pass  # pa.array's own conversion (or its error)
+    return pa.array(list(values), type=kind, from_pandas=True)
+
+
+def _builders() -> dict:
+    """Arrow type -> the builder of a column of that type from plain values (None: they are not)."""
+    import pyarrow as pa
+    return {pa.float64(): _floats, pa.int64(): _ints, pa.bool_(): _bools, pa.string(): _strings,
+            pa.list_(pa.float64()): _float_lists}
+
+
+def _valid(values: Sequence[Any]):
+    import numpy as np
+    return np.array([v is not None for v in values], dtype=bool)
+
+
+def _floats(values, kind, present):
     import numpy as np
     import pyarrow as pa
+    if not all(isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool) for v in present):
+        return None
+    data = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+    return _from_buffers(kind, len(values), ~np.isnan(data), [pa.py_buffer(data)])
+
+
+def _ints(values, kind, present):
+    import numpy as np
+    import pyarrow as pa
+    if not all(type(v) is int for v in present):
+        return None
+    data = np.array([0 if v is None else v for v in values], dtype=np.int64)
+    return _from_buffers(kind, len(values), _valid(values), [pa.py_buffer(data)])
+
+
+def _bools(values, kind, present):
+    import numpy as np
+    import pyarrow as pa
+    if not all(type(v) is bool for v in present):
+        return None
+    bits = np.packbits(np.array([v is True for v in values], dtype=bool), bitorder="little")
+    return _from_buffers(kind, len(values), _valid(values), [pa.py_buffer(bits)])
+
+
+def _strings(values, kind, present):
+    import numpy as np
+    import pyarrow as pa
+    if not all(type(v) is str for v in present):
+        return None
+    encoded = [b"" if v is None else v.encode("utf-8") for v in values]
+    offsets = np.zeros(len(values) + 1, dtype=np.int64)
+    np.cumsum([len(b) for b in encoded], out=offsets[1:])
+    if offsets[-1] >= 2**31:
+        return None
+    return _from_buffers(kind, len(values), _valid(values),
+                         [pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(encoded))])
+
+
+def _float_lists(values, kind, present):
+    import numpy as np
+    import pyarrow as pa
+    if not all(isinstance(v, (list, tuple)) for v in present):
+        return None
     n = len(values)
-    present = [v for v in values if v is not None]
-    try:
-        if kind == pa.float64() and all(isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool)
-                                        for v in present):
-            data = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
-            return _from_buffers(kind, n, ~np.isnan(data), [pa.py_buffer(data)])
-        if kind == pa.int64() and all(type(v) is int for v in present):
-            data = np.array([0 if v is None else v for v in values], dtype=np.int64)
-            return _from_buffers(kind, n, np.array([v is not None for v in values], dtype=bool), [pa.py_buffer(data)])
-        if kind == pa.bool_() and all(type(v) is bool for v in present):
-            bits = np.packbits(np.array([v is True for v in values], dtype=bool), bitorder="little")
-            return _from_buffers(kind, n, np.array([v is not None for v in values], dtype=bool), [pa.py_buffer(bits)])
-        if kind == pa.string() and all(type(v) is str for v in present):
-            encoded = [b"" if v is None else v.encode("utf-8") for v in values]
-            offsets = np.zeros(n + 1, dtype=np.int64)
-            np.cumsum([len(b) for b in encoded], out=offsets[1:])
-            if offsets[-1] < 2**31:
-                return _from_buffers(kind, n, np.array([v is not None for v in values], dtype=bool),
-                                     [pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(encoded))])
-        if kind == pa.list_(pa.float64()) and all(isinstance(v, (list, tuple)) for v in present):
-            flat = [x for v in present for x in v]
-            child = arrow_array(flat, pa.float64())
-            offsets = np.zeros(n + 1, dtype=np.int64)
-            np.cumsum([0 if v is None else len(v) for v in values], out=offsets[1:])
-            if offsets[-1] < 2**31:
-                valid = np.array([v is not None for v in values], dtype=bool)
-                bitmap = pa.py_buffer(np.packbits(valid, bitorder="little"))
-                return pa.ListArray.from_buffers(kind, n, [bitmap, pa.py_buffer(offsets.astype(np.int32))],
-                                                 null_count=int(n - valid.sum()), children=[child])
-    except (UnicodeEncodeError, OverflowError, ValueError, TypeError):
-        pass  # pa.array's own conversion (or its error)
-    return pa.array(list(values), type=kind, from_pandas=True)
+    child = arrow_array([x for v in present for x in v], pa.float64())
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum([0 if v is None else len(v) for v in values], out=offsets[1:])
+    if offsets[-1] >= 2**31:
+        return None
+    valid = _valid(values)
+    bitmap = pa.py_buffer(np.packbits(valid, bitorder="little"))
+    return pa.ListArray.from_buffers(kind, n, [bitmap, pa.py_buffer(offsets.astype(np.int32))],
+                                     null_count=int(n - valid.sum()), children=[child])
 
 
 def _from_buffers(kind, n: int, valid, buffers: list):
@@ -175,7 +220,6 @@ def write_table(rows: List[dict], columns: Union[Sequence[str], Mapping[str, Opt
                     arr = (arrow_array(values, base_types[name]) if name in base_types
                            else _score_array(values, declared.get(name)))
                 except (pa.ArrowInvalid, pa.ArrowTypeError) as e:  # a scorer's values of several types
-                    from ..errors import RunError
                     raise RunError(f"score column {name!r} of {os.path.basename(path)}: its values cannot be "
                                    f"written as one column ({str(e)[:160]}); a scorer's column holds values of one "
                                    f"type: declare it in column_types()") from None
@@ -225,8 +269,8 @@ def read_table(path: str, columns: Optional[Sequence[str]] = None) -> Dict[str, 
     if columns is not None:
         columns = [c for c in columns if c in present]
     try:
-        return pq.read_table(_native(path), columns=columns).to_pydict()
-    except _arrow_errors() as e:
+        return pq.read_table(audited(path), columns=columns).to_pydict()
+    except parquet_errors() as e:
         raise damaged(path, f"{type(e).__name__}: {e}") from None
 
 
@@ -254,7 +298,7 @@ def read_rows(path: str) -> List[dict]:
 _BASE_TYPES = {"key": "string", "status": "string"}  # what a reader relies on (the rest may be null)
 
 
-def _native(path: str) -> str:
+def audited(path: str) -> str:
     """`path`, announced as Python's "open" audit event: pyarrow opens files in C++, which audit
     hooks do not see, and the fuzz test (tests/test_fuzz.py) checks every file a run folder makes
     us read."""
@@ -262,7 +306,7 @@ def _native(path: str) -> str:
     return path
 
 
-def _arrow_errors():
+def parquet_errors():
     import pyarrow as pa
     return (pa.ArrowException, OSError, ValueError, TypeError)
 
@@ -301,8 +345,8 @@ def _footer(path: str) -> list:
     entry = _FOOTERS.get(version) if version else None
     if entry is None:
         try:
-            entry = _remember(version, pq.read_metadata(_native(path)))
-        except _arrow_errors() as e:
+            entry = _remember(version, pq.read_metadata(audited(path)))
+        except parquet_errors() as e:
             raise damaged(path, f"not a Parquet file: {type(e).__name__}: {e}") from None
     return entry
 
@@ -329,9 +373,9 @@ def open_parquet(path: str, dictionary: Sequence[str] = ()):
     try:
         # pre_buffer off: a score file's few column chunks read as they are decoded (the
         # read-ahead's asynchronous I/O cost more than the reads of a small file)
-        pf = pq.ParquetFile(_native(path), metadata=entry[0] if entry else None,
+        pf = pq.ParquetFile(audited(path), metadata=entry[0] if entry else None,
                             read_dictionary=list(dictionary) or None, pre_buffer=False)
-    except _arrow_errors() as e:
+    except parquet_errors() as e:
         raise damaged(path, f"{'' if entry else 'not a Parquet file: '}{type(e).__name__}: {e}") from None
     except KeyError:  # pyarrow refuses a `dictionary` column the file lacks: opened again without it
         names = set(_footer(path)[0].schema.names)
@@ -352,7 +396,7 @@ def check_schema(path: str):
         return entry[1]
     try:
         schema = entry[0].schema.to_arrow_schema()
-    except _arrow_errors() as e:
+    except parquet_errors() as e:
         raise damaged(path, f"not a Parquet file: {type(e).__name__}: {e}") from None
     for name, kind in _BASE_TYPES.items():
         if name not in schema.names:
@@ -391,7 +435,7 @@ def read_batches(path: str, columns: Sequence[str], rows: int = BATCH_ROWS) -> I
                 data = batch.to_pydict()
                 n = batch.num_rows
                 yield {c: data[c] if c in data else [None] * n for c in columns}
-        except _arrow_errors() as e:
+        except parquet_errors() as e:
             raise damaged(path, f"{type(e).__name__}: {e}") from None
         return
     chunk: List[dict] = []
@@ -416,7 +460,7 @@ def read_numbers(path: str, column: str, rows: int = BATCH_ROWS):
                 values = float_values(batch.column(0))
                 missing = np.isnan(values)
                 yield values[~missing] if missing.any() else values
-        except _arrow_errors() as e:
+        except parquet_errors() as e:
             raise damaged(path, f"{column}: {type(e).__name__}: {e}") from None
         return
     for batch in read_batches(path, [column], rows):
@@ -488,7 +532,7 @@ def column_numbers(paths: Sequence[str], column: str, limit: int):
             return 0
         try:
             values = float_values(open_parquet(path).read(columns=[column], use_threads=False).column(0))
-        except _arrow_errors() as e:
+        except parquet_errors() as e:
             raise damaged(path, f"{column}: {type(e).__name__}: {e}") from None
         if len(values) != counts[i]:
             raise damaged(path, f"{len(values)} rows where its footer says {counts[i]}")

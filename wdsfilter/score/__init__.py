@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from ..config import StageConfig, config_or_options
-from ..errors import ConfigError
+from ..stream.config import StageConfig, config_or_options
+from ..core.errors import ConfigError
 from .config import ScoreConfig
 from .summary import RunSummary
 
@@ -127,7 +127,7 @@ def wrong_scorer(name: str, keys: Sequence[str], names: Sequence[str]) -> str:
             f"in this run ({', '.join(names)}); add --scorer {name}")
 
 
-# The selection's keywords (wdsfilter/selection.py), the same as wdsfilter.loader's and filter_scores()'; the
+# The selection's keywords (wdsfilter/core/selection.py), the same as wdsfilter.loader's and filter_scores()'; the
 # old names of score()'s, taken with a DeprecationWarning.
 RULE_KEYWORDS = ("top_shares", "bottom_shares", "equal", "dedup", "recipe")
 OLD_RULE_KEYWORDS = {"thresholds": "min_scores", "max_thresholds": "max_scores"}
@@ -135,7 +135,7 @@ OLD_RULE_KEYWORDS = {"thresholds": "min_scores", "max_thresholds": "max_scores"}
 
 def rule_keywords(options: Dict[str, Any]) -> Dict[str, Any]:
     """The selection's keywords taken out of `options` (the old names renamed, with a warning)."""
-    from ..selection import warn_renamed
+    from ..core.selection import warn_renamed
     rules = {k: options.pop(k) for k in list(options) if k in RULE_KEYWORDS}
     for old, new in OLD_RULE_KEYWORDS.items():
         if old in options:
@@ -156,7 +156,7 @@ def build_config(out: Optional[str] = None, scorers: Sequence = ("clip",), *, mi
     wdsfilter.loader takes too): min_clip (clip_score >= X), max_ocr_area (ocr_area <= X),
     min_scores and max_scores ({column: X}), top_shares and bottom_shares ({column: percent}),
     equal ({text column: value}), recipe."""
-    from ..selection import selection_of
+    from ..core.selection import selection_of
     rules = rule_keywords(options)
     for name, value in (("min_clip", min_clip), ("max_ocr_area", max_ocr_area)):
         rules[name] = value

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, List, Optional, Tuple
 
-from ..errors import DataError, RunError, WdsFilterError
+from ..core.errors import DataError, RunError, WdsFilterError
 from .faults import DeviceFailedError, sticky_device_error
 from .memory import CPU_ALLOC_FAILED, DeviceMemory, is_oom
 from .outputs import REASON as OUTPUT_REASON, OutputCheck

@@ -5,11 +5,11 @@ import logging
 
 import click
 
-from .. import clihelp
-from ..errors import EXIT_CLEAN, EXIT_RUN_FAILED, EXIT_USAGE, RunError
-from ..progress import progress_option, verbosity, verbosity_options
-from ..config import STAGE_INPUT, STAGE_REMOTE, stage_options
-from ..selection import text_and_recipe_options
+from ..core import clihelp
+from ..core.errors import EXIT_CLEAN, EXIT_RUN_FAILED, EXIT_USAGE, RunError
+from ..core.progress import progress_option, verbosity, verbosity_options
+from ..stream.config import STAGE_INPUT, STAGE_REMOTE, stage_options
+from ..core.selection import text_and_recipe_options
 
 
 def _echo(text: str) -> None:
@@ -26,7 +26,7 @@ def _print_status(folders, storage_options) -> None:
     """`wdsfilter score RUN --status`: where a run stands (score/join.py), nothing scored."""
     if len(folders) != 1:
         raise click.UsageError("--status takes one run folder: `wdsfilter score RUN --status` (or --out RUN)")
-    from ..remote import parse_storage_options
+    from ..storage.remote import parse_storage_options
     from .join import status_text
     click.echo(status_text(folders[0], parse_storage_options(storage_options or ()) or None))
 
@@ -42,7 +42,7 @@ def _check_engine(cfg, engine: str, ray_address, ray_actors, ray_gpus_per_actor)
                                "is one driver for the whole cluster: drop one of them (docs/scale.md)")
 
 
-# --help's groups (wdsfilter/clihelp.py): the caption and image keys, the scorer and model, and
+# --help's groups (wdsfilter/core/clihelp.py): the caption and image keys, the scorer and model, and
 # --out first in theirs.
 HELP_GROUPS = {
     "Input": (*STAGE_INPUT[:2], "config_file", *STAGE_INPUT[2:]),
@@ -163,13 +163,13 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
           progress, no_histograms, quiet, verbose):
     """Score every sample of SHARDS (folders, globs, brace patterns, .tar files) with CLIP, OCR
     or your own scorer; write per-shard score files, a summary and, optionally, filtered shards."""
-    from ..config import StageConfig, stage_overrides
+    from ..stream.config import StageConfig, stage_overrides
     from . import SHORTCUTS, build_config
     from .recipe import merge, read_recipe
-    from ..selection import Selection
+    from ..core.selection import Selection
     from .config import parse_option
     from .engine import run_scoring
-    from ..progress import library_logs_off
+    from ..core.progress import library_logs_off
 
     logging.basicConfig(format="wdsfilter: warning: %(message)s", level=logging.WARNING)
     library_logs_off()  # on the handler just made too
@@ -217,7 +217,7 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
                        verbosity=level, join=join, task_index=task_index, task_count=task_count, steal=steal, **merged)
     _check_engine(cfg, engine, ray_address, ray_actors, ray_gpus_per_actor)
     # Errors are not caught here: the `wdsfilter` group prints one line and maps each to its exit
-    # code (wdsfilter/errors.py): 2 for configuration errors, 3 for a failed run, never 1.
+    # code (wdsfilter/core/errors.py): 2 for configuration errors, 3 for a failed run, never 1.
     if engine == "ray":
         from .ray_runner import run_on_ray
         summary = run_on_ray(list(shards), cfg, actors=ray_actors, gpus_per_actor=ray_gpus_per_actor,

@@ -6,11 +6,16 @@ import re
 from dataclasses import InitVar, dataclass, field, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-from ..config import StageConfig
-from ..errors import ConfigError
-from ..selection import Selection, warn_renamed
-from ..thresholds import Thresholds
-from ..units import parse_size
+from ..stream.config import StageConfig
+from ..core.errors import ConfigError
+from ..core.selection import Selection, warn_renamed
+from ..core.thresholds import Thresholds
+from ..core.units import parse_size
+from ..storage.writing import check_output_dir
+from .ledger import RETRY_MODES
+from .memory import DEVICE_KINDS
+from .fastdecode import combine_floors
+from .scorers.base import pixel_reader
 
 FORMATS = ("parquet", "jsonl")
 FIT_POLICIES = ("refuse", "clamp")
@@ -35,7 +40,7 @@ class ScoreConfig:
     scorers: Tuple[Any, ...] = ("clip",)
     # Constructor options per scorer name, e.g. {"clip": {"model": "ViT-B-32"}}.
     scorer_options: Dict[str, Dict[str, Any]] = field(default_factory=dict)
-    # The rules of the run (--min, --max, --top, --bottom, --equal; wdsfilter/selection.py). A
+    # The rules of the run (--min, --max, --top, --bottom, --equal; wdsfilter/core/selection.py). A
     # sample is kept when some scorer scored it and every rule holds. Shares are known only when
     # every row is scored: resolved at the end of the run over its rows (runfolder/shares.py) for
     # its summary, report and thresholds.json; a row's `kept` column, written while scoring,
@@ -111,7 +116,6 @@ class ScoreConfig:
         self._take_old_names(thresholds, max_thresholds, top_shares, bottom_shares)
         if not self.out or not isinstance(self.out, str):
             raise ConfigError("out: a folder for the score files is required (--out DIR)")
-        from ..writing import check_output_dir  # an unwritable output is a usage error, before any work
         # an s3:// --out: its bucket is checked here, the write itself when the lock object is taken
         check_output_dir(self.out, "--out", self.stage.storage_options)
         if self.write_shards:
@@ -135,7 +139,6 @@ class ScoreConfig:
             raise ConfigError(f"format must be one of {FORMATS}, got {self.format!r}")
         self.retry_failed = {True: "transient", False: None, "": None}.get(self.retry_failed, self.retry_failed)
         if self.retry_failed is not None:
-            from .ledger import RETRY_MODES
             if self.retry_failed not in RETRY_MODES:
                 raise ConfigError(f"retry_failed must be one of {RETRY_MODES} (or True: transient), got "
                                   f"{self.retry_failed!r}")
@@ -175,7 +178,6 @@ class ScoreConfig:
             self.devices = tuple(str(d) for d in self.devices)
             if not self.devices:
                 raise ConfigError("devices: empty list")
-            from .memory import DEVICE_KINDS  # kinds registered by the tests ("sim:NAME")
             for d in self.devices:
                 if not (d == "cpu" or re.match(r"^cuda:\d+$", d) or re.match(r"^(\w+):\w+$", d)
                         and d.partition(":")[0] in DEVICE_KINDS):
@@ -258,8 +260,6 @@ class ScoreConfig:
         readers do not check again. With the run's `scorers`, JPEGs are decoded at the reduced
         scale they all can use (Scorer.decode_floor), and not at all where none reads pixels
         (Scorer.image_pixels: caption, size)."""
-        from .fastdecode import combine_floors
-        from .scorers.base import pixel_reader
         # Only the scorers that read pixels decide how images are decoded (Scorer.image_pixels);
         # a duck-typed scorer without decode_floor needs the full image.
         pixels = [s for s in scorers if pixel_reader(s)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import List, Sequence
 
-from ..errors import ConfigError, require
+from ..core.errors import ConfigError, require
 from .config import ScoreConfig
 from .memory import torch_device
 from .modelworker import LocalPool, ProcessPool

@@ -21,12 +21,14 @@ import gc
 import time
 from typing import Callable, Dict, Iterable, List, Optional
 
-from ..markers import MARKER, SHARD_END, ShardEnd
+from ..core.markers import MARKER, SHARD_END, ShardEnd
 from .faults import dead_decode_worker
-from .ledger import write_retried
+from .retry import write_retried
 from .rows import ShardRows, complete_row, write_shard
 from .runner import Run
 from .transport import Batch, open_chunk
+from ..core.progress import Progress
+from ..storage.shardstats import sizes_samples
 
 
 class Dispatcher:
@@ -178,9 +180,8 @@ class Dispatcher:
 
 def open_progress(enabled: bool, todo: List[str]):
     """The progress line of the shards `todo`: in samples where sizes.json beside them counts
-    them, else by shards done (wdsfilter/progress.py)."""
+    them, else by shards done (wdsfilter/core/progress.py)."""
     if not enabled:
         return None
-    from ..progress import Progress, known_samples
-    return Progress("scoring", "samples", total=known_samples(todo), parts=len(todo))
+    return Progress("scoring", "samples", total=sizes_samples(todo), parts=len(todo))
 

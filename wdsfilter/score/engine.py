@@ -15,7 +15,7 @@ import logging
 import time
 from typing import Callable, List, Optional
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 from .config import ScoreConfig
 from .devices import make_pool, resolve_devices
 from .dispatch import Dispatcher, open_progress
@@ -26,11 +26,14 @@ from ..runfolder.tables import preload_writer
 from .summary import RunSummary
 from .plan import Plan
 from .planner import make_plan
-from ..progress import known_samples
+from ..storage.shardstats import sizes_samples
 from .probe import ProbeReport, collect_probe
 from .rows import NothingScoredError  # noqa: F401 - raised by run(); importable from here as before
-from .runner import Outcome, Run
+from .outcome import Outcome, unopened_reason
+from .runner import Run
 from .transport import Chunk, Prepare, keep_as_is
+from ..core.tally import Tally, StatsSink
+from .join import run_joined
 
 log = logging.getLogger("wdsfilter")
 
@@ -53,7 +56,7 @@ class Engine(Run):
                                                       self.only_retried(), self.before)
         # The job's size, where it is known, bounds the probe's share of it (ModelRunner.probe):
         # sizes.json, or the probe itself read every sample before it had what it wanted.
-        job = known_samples(todo)
+        job = sizes_samples(todo)
         if (job is None and len(inputs) < cfg.probe_samples and scanned < cfg.probe_scan
                 and prep_seconds * scanned <= cfg.probe_seconds):  # not stopped by its time limit
             job = scanned
@@ -82,8 +85,7 @@ class Engine(Run):
         """The DataLoader over `todo`, or over the shards `source` yields (a joined run's worker:
         shards claimed as its readers ask, join.FedShards)."""
         import torch.utils.data
-        from ..pipeline import sample_pipeline
-        from ..tally import Tally
+        from ..stream.pipeline import sample_pipeline
         cfg = self.cfg
         tally = Tally(0, 0, name="wdsfilter score")
         stage = cfg.scoring_stage_config(self.scorers)
@@ -99,7 +101,6 @@ class Engine(Run):
     def _score(self, pool, plan: Plan, todo: List[str], batch_size_of: dict, source=None, progress=None):
         """Score `todo` (or what `source` yields); returns (the dispatcher, the stage counts of the
         decode workers). progress: a progress line the caller keeps (else one for `todo`)."""
-        from ..tally import StatsSink
         sink = StatsSink()  # a working folder in $TMPDIR, removed here (or swept once this process is gone)
         own = progress is None
         if own:
@@ -166,7 +167,6 @@ class Engine(Run):
 
     def _run(self) -> RunSummary:
         if self.joined is not None:
-            from .join import run_joined
             return run_joined(self)
         cfg, state, summary = self.cfg, self.state, self.summary
         start = time.perf_counter()
@@ -212,13 +212,6 @@ def decode_on_device(setting: str, devices: List[str]) -> bool:
         raise ConfigError(f"--decode-device cuda decodes on the model's GPU; the model workers are on "
                           f"{', '.join(devices)}. Use --decode-device auto or cpu")
     return setting == "cuda" or (setting == "auto" and on_gpus)
-
-
-def unopened_reason(url: str, stage_tally) -> str:
-    if stage_tally is not None and stage_tally.by_shard.get(url, {}).get("unreadable_shard"):
-        ex = [e.message for e in stage_tally.examples.get("unreadable_shard", []) if e.shard == url]
-        return "unreadable: " + (ex[0] if ex else "could not be opened")
-    return "could not be opened"
 
 
 def run_scoring(shards, cfg: ScoreConfig, echo: Optional[Callable[[str], None]] = None) -> RunSummary:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import warnings
 from typing import Any, Dict, Optional, Tuple
+from ..core.errors import ConfigError
 
 # Default reducing gap: JPEGs are decoded at the smallest DCT scale that keeps the short side at
 # least 1.25x the model input (1/2 scale from a 560 px short side for a 224 px model).
@@ -80,7 +81,6 @@ class ImageTransform:
 
     def __init__(self, preprocess_cfg: Dict[str, Any], reducing_gap: Optional[float] = REDUCING_GAP):
         if reducing_gap is not None and not reducing_gap >= 1.0:
-            from ..errors import ConfigError
             raise ConfigError(f"reducing_gap must be >= 1.0 or None (no reduced-scale decoding), got {reducing_gap!r}")
         self.cfg = dict(preprocess_cfg)
         size = self.cfg["size"]

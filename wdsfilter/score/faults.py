@@ -25,7 +25,7 @@ import re
 import time
 from typing import Optional
 
-from ..errors import RunError
+from ..core.errors import RunError
 
 
 class RunFailedError(RunError):

@@ -27,10 +27,21 @@ import time
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 from ..runfolder import layout
 from ..runfolder.claims import Claims, claim_order, run_status, worker_token
-from ..runfolder.lease import LEASE_NAME, WORKERS, Lease, LeaseHeldError, describe_holder, record_at, stale_reason
+from .outcome import Outcome, unopened_reason
+from ..runfolder.lease import (LEASE_NAME, WORKERS, Lease, LeaseHeldError, describe_holder, record_at, stale_reason,
+                               stale_seconds, live_records, record_names)
+from ..storage.remote import is_fsspec_url, redact_url
+from ..core.tally import Tally
+from ..core.progress import Progress
+from ..storage.shards import is_local
+from .ledger import shard_entry, write_shard_failures, folder as ledger_folder
+from .rows import NothingScoredError
+from ..storage.shardstats import update_sizes
+from ..storage.atomic import is_temporary
+from ..runfolder.embeddings import folders as embedding_folders
 
 log = logging.getLogger("wdsfilter")
 
@@ -194,8 +205,6 @@ class Worker:
 
 def status_text(folder: str, storage_options=None) -> str:
     """`wdsfilter score --status RUN`: the whole run's shards, samples, failures and workers."""
-    from ..remote import is_fsspec_url, redact_url
-    from ..runfolder.lease import stale_seconds
     names = _run_shard_names(folder, storage_options)
     s = run_status(folder, names, stale_seconds(), storage_options)
     rows = sum(int(w.get("rows") or 0) for w in s.workers)
@@ -247,8 +256,6 @@ def run_joined(engine):
     """The local engine's run as one worker of a joined run (engine.Engine._run): rounds of claimed
     shards until none is left to claim or wait for, then the end of the run if it is this
     worker's to do. Returns the summary (the run's, or this worker's share)."""
-    from ..tally import Tally
-    from .runner import Outcome
     cfg, worker, summary = engine.cfg, engine.joined, engine.summary
     started = time.perf_counter()
     outcome, tally = Outcome(), Tally(0, 0, name="wdsfilter score")
@@ -290,7 +297,6 @@ def run_joined(engine):
 def _progress(cfg, worker: Worker):
     if not (cfg.progress and cfg.verbosity > 0):
         return None
-    from ..progress import Progress
     box: list = []  # the line counts the shards this worker finished, as it draws itself
     progress = Progress(f"scoring (worker {worker.token})", "samples",
                         extra=lambda: f"{box[0].parts_done if box else 0} shard(s) done by this worker")
@@ -301,9 +307,6 @@ def _progress(cfg, worker: Worker):
 def _settle(engine, handed: List[str], dispatcher, round_tally, outcome, tally) -> None:
     """After a round: the shards handed out are done or failed (each failure's entry in the
     ledger, then its claim says so), the counts go into the worker's record."""
-    from ..shards import is_local
-    from .engine import unopened_reason
-    from .ledger import shard_entry, write_shard_failures
     worker, state = engine.joined, engine.state
     ended = {f["url"]: f["reason"] for f in dispatcher.failed + dispatcher.unfinished()}
     outcome.shards_scored += dispatcher.completed
@@ -392,7 +395,6 @@ def _end(engine, outcome):
             for r in records])
         _write_sizes(engine)
         _sweep_temporaries(engine)
-        from .rows import NothingScoredError
         try:
             result = engine.finish(outcome)
         except NothingScoredError:
@@ -408,7 +410,6 @@ def _end(engine, outcome):
 def _wait_for_reports(worker: Worker) -> None:
     """The other live workers' counts in their records: each says `idle` once its last round
     ended (a shard's marker can be seen a moment before). Waited for at most one lease."""
-    from ..runfolder.lease import live_records
     deadline = time.monotonic() + worker.lease.stale
     while time.monotonic() < deadline:
         busy = [t for t, r in live_records(worker.url, WORKERS, worker.lease.stale,
@@ -420,7 +421,6 @@ def _wait_for_reports(worker: Worker) -> None:
 
 
 def _records(worker: Worker) -> List[dict]:
-    from ..runfolder.lease import record_names
     so = worker.cfg.stage.storage_options
     out = []
     for token in record_names(worker.url, WORKERS, so):
@@ -446,7 +446,6 @@ def _write_sizes(engine) -> None:
     cfg, state = engine.cfg, engine.state
     if not cfg.write_shards:
         return
-    from ..shardstats import update_sizes
     entries = {}
     for url in engine.urls:
         marker = state._marker(url) if state.is_done(url) else None
@@ -458,9 +457,6 @@ def _write_sizes(engine) -> None:
 def _sweep_temporaries(engine) -> None:
     """Temporaries left by killed workers (their pids mean nothing on another host): those older
     than two leases, when no live worker can still be writing them."""
-    from ..atomic import is_temporary
-    from .embeddings import folders as embedding_folders
-    from .ledger import folder as ledger_folder
     cfg = engine.cfg
     limit = time.time() - 2 * engine.joined.lease.stale
     for folder in (cfg.out, engine.state.scores_dir, engine.state.done_dir, cfg.write_shards,

@@ -30,10 +30,12 @@ from __future__ import annotations
 import os
 from typing import Dict, Iterable, List, Optional, Sequence
 
-from ..writing import atomic_path
-from ..markers import MEMBER, STAGE  # noqa: F401 - a row's private fields: where it was dropped
+from ..storage.writing import atomic_path
+from ..core.markers import MEMBER, STAGE, MARKER, SHARD_END  # noqa: F401 - a row's private fields: where it was dropped
 # the run folder's failures/ files, their reader and summary (runfolder/failures.py: the report reads them too)
 from ..runfolder.failures import FOLDER, MERGED, TRANSIENT, folder, read_entries, shard_file, summarize  # noqa: F401
+from ..runfolder.tables import publish_rows
+from ..storage.tarsubset import ReadOnly
 
 FIELDS = ("key", "shard", "index", "member", "stage", "status", "reason", "message", "attempts", "transient", "caption",
           "url", "uid")
@@ -114,7 +116,6 @@ def _schema():
 def _write(entries: Sequence[dict], path: str) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from ..runfolder.tables import publish_rows
     schema = _schema()
     table = pa.Table.from_pylist(publish_rows(entries), schema=schema)
     with atomic_path(path) as tmp:  # makes the folder
@@ -178,7 +179,6 @@ class OnlyKeys:
     def reader(self):
         """The shard-list stage that has the reader read only these samples' members, by their
         offsets, where a shard is a local file (tarsubset.py)."""
-        from ..tarsubset import ReadOnly
         return ReadOnly(self.keys)
 
     def opened_as(self, url: str, path: str) -> "OnlyKeys":
@@ -186,79 +186,7 @@ class OnlyKeys:
         return OnlyKeys({path: self.keys[url]})
 
     def __call__(self, data):
-        from ..markers import MARKER, SHARD_END
         for sample in data:
             wanted = self.keys.get(sample.get("__url__", ""))
             if wanted is None or sample.get(MARKER) == SHARD_END or sample.get("__key__") in wanted:
                 yield sample
-
-
-def merge_retried(url: str, retried: List[dict], plan: Dict[int, dict], state) -> List[dict]:
-    """The shard's rows with the retried ones in place: the rows of its score file (and their
-    embeddings, where the run saves them), each retried row at the index of its sample. The
-    retry reads every sample of a listed key, in shard order, so the n-th row of a key read back
-    is the n-th row of that key in the score file (a key that returns later in the shard has
-    several); only those the plan lists are replaced."""
-    from ..runfolder.tables import read_rows
-    rows = read_rows(state.score_path(url))
-    _attach_embeddings(state, url, rows)
-    occurrences: Dict[str, List[int]] = {}
-    for row in rows:
-        occurrences.setdefault(row["key"], []).append(row["index"])
-    for row in retried:
-        left = occurrences.get(row["key"])
-        if not left:  # more samples of this key than the first reading had: not this run's to place
-            continue
-        index = left.pop(0)
-        if index in plan:
-            row["index"] = index
-            rows[index] = row
-    return rows
-
-
-def _attach_embeddings(state, url: str, rows: List[dict]) -> None:
-    """The saved embeddings of a shard's rows back on them (embeddings.FIELD), so that rewriting
-    the shard keeps the vectors of the rows not retried."""
-    import numpy as np
-    import pyarrow.parquet as pq
-
-    from .embeddings import FIELD, FOLDER as EMB, METADATA, PARTS
-    name = state.names[url]
-    meta = os.path.join(state.out, EMB, METADATA, name + ".parquet")
-    if not os.path.exists(meta):
-        return
-    indices = pq.read_table(meta, columns=["index"]).column("index").to_pylist()
-    parts = {part: np.load(os.path.join(state.out, EMB, sub, name + ".npy")) for part, sub in PARTS.items()
-             if os.path.exists(os.path.join(state.out, EMB, sub, name + ".npy"))}
-    for k, index in enumerate(indices):
-        rows[index][FIELD] = {part: table[k] for part, table in parts.items()}
-
-
-def attempts_after_retry(state, url: str, plan: Dict[int, dict]) -> Dict[int, int]:
-    """index -> attempts of the shard's listed samples once this retry is done: one more for
-    those retried, as many as before for the others."""
-    before = {int(e["index"]): int(e["attempts"]) for e in read_entries(shard_file(state.out, state.names[url]))
-              if e["index"] >= 0}
-    return {index: n + (index in plan) for index, n in before.items()}
-
-
-def write_retried(url: str, retried: List[dict], end: dict, cfg, state, columns, plan: Dict[int, dict],
-                  source: Optional[str] = None, **marker_extra) -> Optional[str]:
-    """rows.write_shard for a shard of --retry-failed: `retried` are the rows of the samples read
-    again (`plan`), put in place of the failed ones in the shard's rows (merge_retried); every
-    output of the shard is rewritten, each atomically, the marker last, with the members and
-    error the first reading recorded (the retry read part of the shard). A retry whose read
-    failed writes nothing: the shard keeps its outputs and its ledger."""
-    import json
-
-    from ..markers import ShardEnd
-    from .rows import write_shard
-    end = ShardEnd.of(end)
-    if end.failed or end.not_a_tar:
-        return write_shard(url, retried, end, cfg, state, columns, source=source)  # its reason, nothing written
-    with open(state.marker_path(url)) as f:
-        first = json.load(f)
-    rows = merge_retried(url, retried, plan, state)
-    end = dict(end.to_dict(), members=first.get("members", 0), error=first.get("error"))
-    return write_shard(url, rows, end, cfg, state, columns, source=source,
-                       attempts=attempts_after_retry(state, url, plan), **marker_extra)

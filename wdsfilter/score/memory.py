@@ -15,6 +15,7 @@ import gc
 import os
 import threading
 from typing import Callable, Dict, Optional
+from .faults import is_alloc_failure
 
 # What one more process costs on a GPU before it allocates anything (its CUDA context, cuBLAS
 # workspaces). Not visible to memory_allocated, so it is an estimate, shown as one in plans.
@@ -238,7 +239,6 @@ def torch_device(device: str) -> str:
 
 def is_oom(exc: BaseException) -> bool:
     """CUDA out-of-memory (any torch version), a cuBLAS/cuDNN allocation failure, or host MemoryError."""
-    from .faults import is_alloc_failure
     if isinstance(exc, MemoryError) or is_alloc_failure(exc):
         return True
     try:

@@ -9,13 +9,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..errors import DataError
+from ..core.errors import DataError
 from .backoff import Backoff, ScorerError
-from .embeddings import FIELD as EMBEDDINGS
+from ..runfolder.embeddings import FIELD as EMBEDDINGS
 from .faults import DeviceFailedError, device_failed, sticky_device_error
 from .memory import HostMemory, device_memory, is_oom, prefer_expandable_segments, torch_device
 from .scorerset import bind_one
 from .scorers.base import Upstream, overridden
+from ..storage.shards import shown_url
 
 # One work item: (row reference, {scorer name: prepared input}).
 Item = Tuple[Any, Dict[str, Any]]
@@ -289,7 +290,6 @@ class ModelRunner:
 def _sample(ref: Any) -> str:
     """A sample by the engine's reference to it: (shard URL, row index) on the local engine."""
     if isinstance(ref, tuple) and len(ref) == 2:
-        from ..shards import shown_url
         return f"row {ref[1]} of {shown_url(str(ref[0]))}"
     return f"sample {ref}"
 

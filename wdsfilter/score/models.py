@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional
 from urllib.parse import urlparse
 
-from ..errors import ConfigError, require
+from ..core.errors import ConfigError, require
 
 LOCAL_DIR = "local-dir:"
 HF_HUB = "hf-hub:"

@@ -15,9 +15,9 @@ import time
 import traceback
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..errors import ConfigError, RunError
+from ..core.errors import ConfigError, RunError
 from .faults import DeviceFailedError
-from .memory import registered_device
+from .memory import registered_device, prefer_expandable_segments
 from .modelrunner import LoadReport, ModelRunner
 from .transport import open_items, pack, unpack
 
@@ -106,7 +106,6 @@ def _worker_main(worker: int, device: str, scorers, inbox, outbox, threads: Opti
     `sim`: the DeviceMemory of a registered device kind (memory.DEVICE_KINDS: the tests' simulated
     GPU), else None; unpickling it registers it in this process."""
     try:
-        from .memory import prefer_expandable_segments
         prefer_expandable_segments()
         import torch
         if threads:

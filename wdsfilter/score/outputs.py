@@ -18,6 +18,7 @@ from numbers import Integral, Real
 from typing import Any, Dict, Optional
 
 from .scorers.base import private
+from ..runfolder.embeddings import FIELD
 
 FLOAT_TYPES = ("float64", "float32", "double", "float", "halffloat", "float16")
 REASON = "bad_score_output"
@@ -33,7 +34,6 @@ class OutputCheck:
         self.floats = {c for c, t in declared.items() if str(t).lower() in FLOAT_TYPES}
         self.finite = set(self.floats)  # declared float: no infinity either
         self.undeclared = set(self.columns) - set(declared)
-        from .embeddings import FIELD
         self.allowed = set(self.columns) | {FIELD}
 
     def problem(self, scores: Dict[str, Any]) -> Optional[str]:

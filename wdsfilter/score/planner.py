@@ -21,8 +21,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
-from ..errors import ConfigError
-from ..units import format_size as fs
+from ..core.errors import ConfigError
+from ..core.units import format_size as fs
 from .backoff import GROW_AFTER
 from .config import ScoreConfig
 from .plan import DevicePlan, Plan

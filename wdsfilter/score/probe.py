@@ -22,9 +22,11 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
-from ..markers import MARKER, SHARD_END
-from ..units import format_size as fs
+from ..core.markers import MARKER, SHARD_END
+from ..core.units import format_size as fs
 from .plan import Line
+from ..core.tally import Tally
+from .transport import Prepare
 
 if TYPE_CHECKING:
     from .modelrunner import LoadReport
@@ -177,9 +179,7 @@ def collect_probe(urls: Sequence[str], stage_cfg, scorers: Sequence, want: int, 
     every scorer (or `scan` samples were read, or `max_seconds` passed). Returns (inputs, seconds
     per sample, samples read). only: --retry-failed's ledger.OnlyKeys (the probe reads only its samples).
     tally: where its notes go (a remote read's retries, which the run's summary counts)."""
-    from ..pipeline import sample_pipeline
-    from ..tally import Tally
-    from .transport import Prepare
+    from ..stream.pipeline import sample_pipeline
     pipe = sample_pipeline(list(urls), stage_cfg, Tally() if tally is None else tally, extra=[Prepare(scorers, stage_cfg)], before_decode=only,
                            shard_stages=[s.reader() for s in only])
     found: List[Dict[str, Any]] = []

@@ -31,8 +31,10 @@ import socket
 import tempfile
 from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
 
-from ..errors import ConfigError
-from ..shards import is_local, local_path
+from ..core.errors import ConfigError
+from ..storage.shards import is_local, local_path
+from .ray_tasks import node_id
+from .scorers.base import Scorer
 
 CHUNK = 16 * 2**20  # bytes per object of a shipped file: a big checkpoint never sits in memory whole
 HEAD = 64 * 2**10  # bytes of a shard compared (with its size) to tell the driver's shard from another
@@ -83,7 +85,6 @@ def content_digest(path: str) -> Optional[str]:
 
 def probe_node(shards: Sequence[str], files: Sequence[str]) -> dict:
     """A Ray task pinned to one node: which local shards and model files it sees, and how."""
-    from .ray_tasks import node_id
     return {"node": node_id(), "host": socket.gethostname(), "shards": [shard_print(p) for p in shards],
             "files": [content_digest(p) for p in files]}
 
@@ -110,7 +111,6 @@ class Shipment:
         """The path this node reads: `path` itself where it holds the same bytes, else its copy in
         the node's cache, written once per node (under a lock: the node's tasks and actors start
         together) and checked against the digest."""
-        from .ray_tasks import node_id
         if node_id() in self.same_on:
             return self.path
         import ray
@@ -240,7 +240,6 @@ def survey(ray, scorers: Sequence, urls: Sequence[str], echo=lambda text: None) 
 
 
 def _check_relocatable(scorers: Sequence, path: str, lacking: Sequence[str]) -> None:
-    from .scorers.base import Scorer
     for scorer in scorers:
         relocates = type(scorer).relocate is not Scorer.relocate
         if path in [os.path.abspath(p) for p in scorer.local_files()] and not relocates:

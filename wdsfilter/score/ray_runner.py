@@ -36,17 +36,22 @@ import warnings
 from collections import Counter
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..errors import ConfigError, require
-from ..remote import is_fsspec_url
-from ..shards import absolute_url
-from .embeddings import FIELD as EMBEDDINGS
+from ..core.errors import ConfigError, require
+from ..storage.remote import is_fsspec_url
+from ..storage.shards import absolute_url
+from ..runfolder.embeddings import FIELD as EMBEDDINGS
 from .faults import disk_full, is_disk_full, read_failed_reason
 from .ledger import OnlyKeys
 from .summary import RunSummary
-from .ledger import write_retried
+from .retry import write_retried
 from .ray_files import NodeInputs, survey
 from .ray_tasks import LEDGER_FIELDS, NODE, SHARD_END_ROW, ActorRoster, ScoreActor, measure, plain, read_shard
 from .rows import BASE_FIELDS, write_shard
+from .planner import make_plan
+from .probe import collect_probe
+from .outcome import Outcome
+from .runner import Run
+from . import build_config  # the package's: score() and score_on_ray() build one config
 
 
 def _ray():
@@ -73,8 +78,6 @@ def plan_on_ray(ray, run, cfg, urls: Sequence[str], cluster: dict, inputs: Optio
     cluster per GPU as the host's. Returns the Plan; its first DevicePlan holds the batch sizes and
     the model processes per GPU (replicas: actors per GPU). Where only the driver's node reads
     the shards (inputs.pin_reads), the driver reads the probe's samples and the task gets them."""
-    from .planner import make_plan
-    from .probe import collect_probe
     gpus = int(cluster.get("GPU", 0))
     task = ray.remote(num_cpus=1, num_gpus=1 if gpus else 0, max_retries=0)(measure)
     # --retry-failed: the probe reads only the samples to retry, by the paths the task opens
@@ -166,7 +169,6 @@ def score_on_ray(shards, out: Optional[str] = None, scorers: Sequence = ("clip",
     frames; halved on out-of-memory) and the model actors per GPU (actors: that times the
     cluster's GPUs, else 1; gpus_per_actor: 1 / actors per GPU, 0 on a cluster without GPUs).
     address: a running cluster ("auto"), else Ray starts a local one (ray_init: its options)."""
-    from . import build_config
     cfg = build_config(out, scorers, **options)
     return run_on_ray(shards, cfg, actors=actors, gpus_per_actor=gpus_per_actor, cpus_per_actor=cpus_per_actor,
                       batch_size=batch_size, address=address, ray_init=ray_init, echo=echo)
@@ -176,7 +178,6 @@ def run_on_ray(shards, cfg, *, actors: Optional[int] = None, gpus_per_actor: Opt
                cpus_per_actor: float = 1.0, batch_size: Optional[int] = None, address: Optional[str] = None,
                ray_init: Optional[dict] = None, echo: Optional[Callable[[str], None]] = None) -> RunSummary:
     """score_on_ray with a ScoreConfig (what `wdsfilter score --engine ray` builds)."""
-    from .runner import Run
 
     if cfg.dry_run:
         raise ConfigError("dry_run plans the single-machine engine; Ray plans its own cluster (ray status)")
@@ -401,7 +402,7 @@ def write_finished(url: str, rows: List[dict], end: dict, cfg, state, columns: S
     """On the driver: the score values back from JSON, rows in shard order, then rows.write_shard
     (score file, embeddings, filtered shard from `path`, completion marker) as the local engine
     does, with the nodes that read and scored the shard in its marker; with `retry`
-    (--retry-failed: the shard's samples read again), ledger.write_retried."""
+    (--retry-failed: the shard's samples read again), retry.write_retried."""
     for row in rows:
         for c in columns:
             row[c] = json.loads(row[c])
@@ -416,7 +417,6 @@ def write_finished(url: str, rows: List[dict], end: dict, cfg, state, columns: S
 
 def _outcome(run, todo, start: float, collector: "_Collector", streamed: Streamed) -> RunSummary:
     """The run's Outcome, from which Run.finish builds the summary as it does for the local engine."""
-    from .runner import Outcome
     done, failed = streamed.done, streamed.failed
     seconds = time.perf_counter() - start
     finished = {r["shard"] for r in done} | {f["url"] for f in failed}

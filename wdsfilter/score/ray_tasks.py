@@ -17,11 +17,17 @@ import json
 import pickle
 from typing import Dict, Iterator, List, Optional, Sequence
 
-from ..markers import MEMBER, STAGE
-from .embeddings import FIELD as EMBEDDINGS
+from ..core.markers import MEMBER, STAGE, MARKER, SHARD_END, ShardEnd
+from ..runfolder.embeddings import FIELD as EMBEDDINGS
 from ..runfolder.tables import json_value
 from .ray_payload import EMPTY, PAYLOAD, PAYLOAD_META, pack_payload, unpack_payload
 from .rows import BASE_FIELDS, complete_row, item_row, new_row
+from ..core.tally import Tally
+from .transport import Prepare
+from .modelrunner import ModelRunner
+from .planner import default_min_free_host, frames_of_samples, ProbeReport
+from .probe import collect_probe
+from .memory import host_status
 
 PENDING = "__pending__"  # a row whose inputs still need the model
 SHARD_END_ROW = "__shard_end__"  # one per shard: carries the reader's error and member count
@@ -50,10 +56,7 @@ def read_shard(batch, cfg, scorers, rows_per_block: int = 64, only=None, node_in
     in memory whole. only: --retry-failed's stage (ledger.OnlyKeys, by the URLs the driver knows):
     in its shards only the samples to retry are read on. node_inputs: ray_files.NodeInputs (the
     scorers' model files where this node lacks them: a tokenizer's config)."""
-    from ..markers import MARKER, SHARD_END, ShardEnd
-    from ..pipeline import sample_pipeline
-    from ..tally import Tally
-    from .transport import Prepare
+    from ..stream.pipeline import sample_pipeline
 
     if node_inputs is not None:
         node_inputs.apply(scorers)
@@ -112,12 +115,9 @@ class ScoreActor:
     def __init__(self, cfg, scorers, columns: Sequence[str], batch_size: int, device: str,
                  scorer_batch: Optional[Dict[str, int]] = None, min_free_host: Optional[int] = None,
                  roster=None, node_inputs=None, scored_before: int = 0):
-        from .memory import host_status
         if roster is not None:  # the driver ends this actor itself when the run ends (ActorRoster)
             import ray
             roster.add.remote(ray.get_runtime_context().current_actor)
-        from .modelrunner import ModelRunner
-        from .planner import default_min_free_host
         self.cfg, self.columns, self.scorers = cfg, list(columns), scorers
         self.bounds = cfg.row_bounds
         self.batch_size = batch_size
@@ -138,7 +138,6 @@ class ScoreActor:
         """Each scorer's sub-batch: batch_size samples in frames, by the frames per sample of these
         inputs, as the local planner does with the probe's (planner.frames_of_samples). A scorer
         with no input among them keeps batch_size frames."""
-        from .planner import frames_of_samples
         sizes = {}
         for s in self.scorers:
             count = getattr(s, "frame_count", lambda _: 1)
@@ -185,11 +184,6 @@ def measure(cfg, scorers, model_scorers, urls: Sequence[str], device: str, only:
     samples (activation memory per frame and scorer, speeds), and the node's host numbers.
     collected: the probe's samples, already read (collect_probe) where this node cannot read
     the shards; node_inputs: ray_files.NodeInputs (the model files where this node lacks them)."""
-    from .memory import host_status
-    from .modelrunner import ModelRunner
-    from .planner import ProbeReport
-    from .probe import collect_probe
-    from ..tally import Tally
 
     if node_inputs is not None:
         node_inputs.apply([*scorers, *model_scorers])

@@ -23,9 +23,14 @@ import os
 from dataclasses import fields
 from typing import Any, Dict, List, Optional, Sequence
 
-from ..config import PATHS_FROM, RECIPE_FILE, StageConfig, resolve_recipe_paths  # run.yaml's name and paths
-from ..errors import ConfigError
+from ..stream.config import StageConfig
+from ..core.mapping import read_mapping
+from ..runfolder.runyaml import PATHS_FROM, RECIPE_FILE, resolve_recipe_paths  # run.yaml's name and paths
+from ..core.errors import ConfigError
 from .config import ScoreConfig
+from ..core.selection import Selection
+from ..storage.shards import absolute_url, is_local, local_path
+from ..storage.writing import write_text_atomic
 ENGINES = ("local", "ray")
 # ScoreConfig fields a recipe may set beside the ones it spells itself (never resume/overwrite/
 # dry_run: a replay says those on its command line).
@@ -37,7 +42,6 @@ KEYS = ("shards", "out", "scorers", "scorer_options", "thresholds", "stage", "en
 
 def read_recipe(path: str) -> Dict[str, Any]:
     """The recipe in `path`, its keys checked; a file of stage options only is {"stage": ...}."""
-    from ..config import read_mapping
     data = read_mapping(path, f"--config {path}")
     stage_fields = {f.name for f in fields(StageConfig)}
     if data and set(data) <= stage_fields:
@@ -51,7 +55,6 @@ def read_recipe(path: str) -> Dict[str, Any]:
     if not isinstance(data.get("thresholds") or {}, dict):
         raise ConfigError(f"--config {path}: thresholds is {{min: {{COLUMN: X}}, max: {{COLUMN: X}}, "
                           f"top: {{COLUMN: PERCENT}}, bottom: {{COLUMN: PERCENT}}, equal: {{COLUMN: VALUE}}}}")
-    from ..selection import Selection
     Selection.from_dict(data.get("thresholds"), f"--config {path}")  # its rules checked now, read where used
     for key in ("scorer_options", "stage"):
         if not isinstance(data.get(key) or {}, dict):
@@ -71,7 +74,6 @@ def recipe_of(cfg: ScoreConfig, urls: Sequence[str], engine: str = "local",
         return None
     defaults = ScoreConfig.__dataclass_fields__
     stage_defaults = StageConfig()
-    from ..shards import absolute_url, is_local, local_path
     out = os.path.abspath(cfg.out)
 
     def where(path: str) -> str:
@@ -102,7 +104,6 @@ def write_recipe(cfg: ScoreConfig, urls: Sequence[str], engine: str = "local",
                  shown: Optional[Dict[str, str]] = None) -> Optional[str]:
     """OUT/run.yaml: the run as a recipe (`wdsfilter score --config OUT/run.yaml` runs it again).
     shown: the out/write_shards it names where they are not cfg's (a bucket's, written through staging)."""
-    from ..writing import write_text_atomic
     recipe = recipe_of(cfg, urls, engine, relative=not any((shown or {}).values()))  # a bucket's: absolute
     if recipe is None:
         return None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 from typing import Dict
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 
 
 def import_class(target: str, what: str):

@@ -16,16 +16,17 @@ import logging
 import os
 from typing import Callable, Iterable, List, Optional, Sequence
 
-from ..atomic import check_guards, remove_temporaries, write_json
-from ..errors import ConfigError
-from ..publish import published
+from ..storage.atomic import check_guards, remove_temporaries, write_json
+from ..core.errors import ConfigError
+from ..core.publish import published
 from ..runfolder import layout
 from ..runfolder.layout import Marker, output_sizes, outputs_intact, shard_names, source_changed, source_state
 from ..runfolder.tables import EXTENSIONS, DamagedRunFolder
-from ..shards import split_suffix
+from ..storage.shards import split_suffix
 from .config import ScoreConfig
-from .embeddings import folders as embedding_folders
+from ..runfolder.embeddings import folders as embedding_folders
 from .ledger import MERGED as LEDGER_FILE, folder as ledger_folder
+from ..runfolder.lease import Conflict
 
 def _normalise(obj):
     return json.loads(json.dumps(obj, default=str, sort_keys=True))
@@ -98,7 +99,7 @@ class RunState:
     def check_folder(self) -> None:
         """The checks that need no scorer: a previous run here needs --resume or --overwrite."""
         markers = self._existing_markers()
-        if os.path.exists(os.path.join(self.out, "run.json")):
+        if os.path.exists(os.path.join(self.out, layout.RUN_JSON)):
             if not self.cfg.resume and (markers or self._score_files()) and not self.cfg.overwrite:
                 raise self._taken(len(markers))
         elif markers and not self.cfg.overwrite:
@@ -117,7 +118,7 @@ class RunState:
         return run_id if isinstance(run_id, str) else None
 
     def _prepare(self) -> None:
-        run_json = os.path.join(self.out, "run.json")
+        run_json = os.path.join(self.out, layout.RUN_JSON)
         markers = self._existing_markers()
         self.run_id = os.urandom(8).hex()
         joined = None  # a joined run's shard list (`--join`): kept by a resume
@@ -162,7 +163,6 @@ class RunState:
         of the workers that start at once, one makes it), else the run it names is joined, with
         the same settings and the same shards or not at all (a ConfigError naming what differs,
         before any work). The run's other files are the creator's to write (shards.json, run.yaml)."""
-        from ..runfolder.lease import Conflict
         self.run_id = os.urandom(8).hex()
         body = {**self.identity, layout.RUN_ID: self.run_id, layout.JOINED: layout.shard_list_digest(self.urls)}
         data = (json.dumps(_normalise(body), indent=1) + "\n").encode()

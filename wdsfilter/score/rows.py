@@ -17,19 +17,19 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Optional, Sequence, Union
 
-from ..errors import RunError
-from ..remote import redact_url
-from ..markers import MARKER, MEMBER, REJECT, STAGE, ShardEnd
+from ..core.errors import RunError
+from ..storage.remote import redact_url
+from ..core.markers import MARKER, MEMBER, REJECT, STAGE, ShardEnd
 from ..runfolder.keep import keep_reason
-from .embeddings import write_embeddings
+from ..runfolder.embeddings import write_embeddings
 from .faults import is_disk_full, read_failed_reason
 from .ledger import row_entries, write_shard_failures
 from .scorers.base import NOTES
 from ..runfolder.tables import BASE_FIELDS, STATUSES, write_table  # noqa: F401 - the fields are the score file's schema
 from ..runfolder.tables import TEXT_FIELDS
-from ..specs import no_lone_surrogates
-from ..shardstats import update_sizes, write_shard_stats
-from .shardwriter import write_filtered
+from ..core.specs import no_lone_surrogates
+from ..storage.shardstats import update_sizes, write_shard_stats
+from ..storage.shardcopy import write_filtered
 
 
 class NothingScoredError(RunError):

@@ -9,44 +9,35 @@ import copy
 import dataclasses
 import logging
 import os
-from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
-from ..errors import ConfigError, require
-from ..keycheck import check_keys
-from ..publish import published
-from ..shards import expand_urls, is_local, refuse_unreachable, unique_urls
-from ..specs import utf8_text
-from ..tally import Tally
+from ..core.errors import ConfigError, require
+from ..stream.keycheck import check_keys
+from ..core.publish import published
+from ..storage.shards import expand_urls, is_local, refuse_unreachable, unique_urls, shown_url
+from ..core.specs import utf8_text
+from ..core.tally import Tally
 from .config import ScoreConfig
 from .faults import disk_full, is_disk_full
-from .ledger import MERGED as LEDGER_FILE, merge as merge_ledger, shard_entry, summarize as summarize_ledger
-from .ledger import OnlyKeys, retry_plan, write_shard_failures
-from ..runfolder import layout
-from ..runfolder.bucket import STATE_FILES
+from .ledger import (MERGED as LEDGER_FILE, merge as merge_ledger, shard_entry, summarize as summarize_ledger,
+                     OnlyKeys, retry_plan, write_shard_failures)
+from ..runfolder.names import HISTOGRAMS, RUN_JSON, STATE_FILES, SUMMARY, THRESHOLDS
 from ..runfolder.lease import Lease, LeaseLostError
 from .recipe import write_recipe
 from ..report import run_report
 from ..report.statistics import plot_histograms, summarize_files
+from .outcome import Outcome
 from .summary import RunSummary, write_summary
 from .resume import RunState
 from .rows import NothingScoredError
-from ..writing import refuse_writing_into_inputs
+from ..storage.writing import refuse_writing_into_inputs
 from .scorerset import check_before_torch, check_scorer_names, resolve_scorers, run_identity, score_columns
+from .join import Worker
+from ..storage.remote import is_fsspec_url
+from ..runfolder.bucket import RemoteRunFolder
+from ..runfolder.shares import resolve_over_run, write_thresholds
 
 log = logging.getLogger("wdsfilter")
-
-
-@dataclass
-class Outcome:
-    """What an engine's scoring did; each engine returns one and Run.finish builds the summary
-    from it, so both engines fill the same fields the same way."""
-    shards_scored: int = 0  # written (score file, marker) by this run
-    samples: int = 0  # rows of those shards
-    failed: List[dict] = field(default_factory=list)  # {"url", "reason"}: no marker, --resume tries it again
-    stage_counts: Optional[Dict[str, dict]] = None  # {"dropped": {...}, "notes": {...}}, where the stages ran
-    seconds: float = 0.0  # the whole run
-    scoring_seconds: float = 0.0  # the scoring loop alone
 
 
 class Run:
@@ -84,7 +75,7 @@ class Run:
         try:
             if self.joined:  # a run without --join in the folder excludes its workers
                 self.joined.refuse_single_run()
-            if cfg.retry_failed and not os.path.exists(os.path.join(cfg.out, "run.json")):
+            if cfg.retry_failed and not os.path.exists(os.path.join(cfg.out, RUN_JSON)):
                 raise ConfigError(f"--retry-failed: {cfg.out} holds no scoring run; score the shards there first")
             self.state = RunState(cfg, self.urls, size_of=self.remote.sizes() if self.remote else os.path.getsize,
                                   run_record=self.joined and self.joined.run_record())
@@ -132,14 +123,13 @@ class Run:
         """This process as a worker of a joined run (--join), or None; a dry run plans only, as any."""
         if not cfg.join or cfg.dry_run:
             return None
-        from .join import Worker
         return Worker(cfg, cfg.out)
 
     def _join_run(self) -> List[str]:
         """A joined run's worker, once run.json names the run: its claims, the shards not done."""
         todo = self.joined.start(self.state, self.urls)
         if self.remote and self.state.created:  # run.json was created in the bucket, in place
-            self.remote.folder.adopt(layout.RUN_JSON, self.state.run_json_version)
+            self.remote.folder.adopt(RUN_JSON, self.state.run_json_version)
         elif self.remote:  # the run's files as its creator wrote them (after this worker's pull, perhaps)
             self.remote.folder.refresh(fetch=STATE_FILES)
         return todo
@@ -169,13 +159,11 @@ class Run:
 
     @staticmethod
     def _remote_out(cfg: ScoreConfig, joined=None):
-        from ..remote import is_fsspec_url
         if not is_fsspec_url(cfg.out):
             if cfg.write_shards and is_fsspec_url(cfg.write_shards):
                 raise ConfigError("--write-shards in a bucket needs --out in a bucket too (a shard's completion marker "
                                   "is written after its filtered shard is uploaded); or write both locally")
             return None
-        from ..runfolder.bucket import RemoteRunFolder
         remote_shards = cfg.write_shards if cfg.write_shards and is_fsspec_url(cfg.write_shards) else None
         if cfg.write_shards and not remote_shards:
             raise ConfigError("--out in a bucket takes --write-shards in a bucket too (s3://...), or no --write-shards")
@@ -236,18 +224,18 @@ class Run:
         bounds = rules.bounds
         for k, v in summarize_files(files, self.columns, rules, cfg.histogram_bins).items():
             setattr(summary, k, v)
-        summary.files = {"scores": self.state.scores_dir, "summary": os.path.join(cfg.out, "summary.json"),
+        summary.files = {"scores": self.state.scores_dir, "summary": os.path.join(cfg.out, SUMMARY),
                          "histograms": plot_histograms(summary.columns, bounds,
-                                                       os.path.join(cfg.out, "histograms.png")),
+                                                       os.path.join(cfg.out, HISTOGRAMS)),
                          "filtered shards": cfg.write_shards}
         summary.files["failures"] = self.record_failures()
         if cfg.selection.shares and files:
-            summary.files["thresholds"] = os.path.join(cfg.out, "thresholds.json")
+            summary.files["thresholds"] = os.path.join(cfg.out, THRESHOLDS)
         summary.files["report"] = run_report(cfg.out, rules, cfg.stage.allow_pipe, cfg.stage.allow_remote)
         if self.remote:  # the summary and report name the bucket's objects, not the staging copy
             self.remote.publish_text(summary.files["report"])
             summary.files = {k: self.remote.public(v) for k, v in summary.files.items()}
-            write_summary(summary, os.path.join(cfg.out, "summary.json"))
+            write_summary(summary, os.path.join(cfg.out, SUMMARY))
             self.remote.sync()  # every object in the bucket before the run reports success
         else:
             write_summary(summary, summary.files["summary"])
@@ -263,12 +251,11 @@ class Run:
         cfg = self.cfg
         if not cfg.selection.shares or not any_files:
             return cfg.selection
-        from ..runfolder.shares import resolve_over_run, write_thresholds
         resolved = resolve_over_run(cfg.out, cfg.selection)
         for t in resolved.thresholds:
             if t.share is not None and cfg.verbosity:  # -q: the one-line result only
                 self.echo(f"{t.given}: {t.rank} of the {t.scored} rows with a {t.column} -> {t.describe()}")
-        write_thresholds(os.path.join(cfg.out, "thresholds.json"), resolved.selection)
+        write_thresholds(os.path.join(cfg.out, THRESHOLDS), resolved.selection)
         return resolved.selection
 
     def _count_early_retries(self, summary: RunSummary) -> None:
@@ -324,7 +311,6 @@ def refuse_in_spawned_worker() -> None:
 def nothing_scored_text(summary: RunSummary, finished: int, scores_dir: str) -> str:
     lines = [f"no sample was scored: {summary.rows} row(s) in {finished} finished shard(s) of {summary.shards}"]
     lines += [f"  {n} {r}" for r, n in summary.reasons.items()]
-    from ..shards import shown_url
     lines += [f"  shard {shown_url(f['url'])}: {f['reason']}" for f in summary.shards_failed]
     lines.append(f"  details: {summary.files['summary']} and the score files in {scores_dir}")
     return "\n".join(lines)

@@ -10,7 +10,7 @@ import inspect
 import os
 from typing import Dict, List, Mapping, Optional, Sequence
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError, require
 from .config import ScoreConfig
 from ..runfolder.tables import BASE_FIELDS, arrow_type
 from .registry import check_name, resolve
@@ -136,7 +136,6 @@ def check_before_torch(cfg: ScoreConfig) -> None:
     model name or folder) and, where every scorer declares its columns then, the threshold columns:
     a configuration error answers in a second instead of after the imports and the model load.
     Every scorer's optional dependencies (Scorer.needs) are checked first."""
-    from ..errors import require
     specs = with_required(cfg.scorers)
     for spec in specs:
         cls = _scorer_class(spec) if isinstance(spec, str) else type(spec)

@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional
 
-from ..atomic import write_json
+from ..storage.atomic import write_json
+from ..runfolder.names import FAILURES_MERGED
 from ..runfolder.tables import STATUSES
 from .ledger import summary_lines
 from ..report.statistics import one_value_text, text_histogram
-from ..shards import shown_url
+from ..storage.shards import shown_url
 
 
 # -- the run summary ------------------------------------------------------------------------------
@@ -119,7 +120,7 @@ class RunSummary:
         if self.retried:
             lines.append(f"  retried {self.retried['samples']} failed sample(s): {self.retried['scored']} now scored, "
                          f"{self.retried['samples'] - self.retried['scored']} still listed")
-        lines += summary_lines(self.failures, self.files.get("failures") or "failures.parquet")
+        lines += summary_lines(self.failures, self.files.get("failures") or FAILURES_MERGED)
         lines += self._shard_lines()
         for col, st in self.columns.items():
             one = one_value_text(st["histogram"]) if st.get("kind") == "number" and st.get("histogram") else None

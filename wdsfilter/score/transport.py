@@ -49,10 +49,12 @@ import copy
 import dataclasses
 from typing import Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
-from ..errors import DataError
-from ..markers import MARKER, SHARD_END
+from ..core.errors import DataError
+from ..core.markers import MARKER, SHARD_END
 from .rows import TEXT, sample_text
 from .scorers.base import NOTES, Noted, pixel_reader
+from ..media.images import FULL_SIZE, decode_image, draft_scale
+from ..stream.stages import IMAGE_BYTES
 
 _ALIGN = 64  # every slot starts on a 64-byte boundary, so any dtype can view it
 
@@ -125,8 +127,6 @@ class OwnPixels:
 
     def images(self, sample: dict) -> Dict[str, Any]:
         """{scorer name: its own image} for the scorers whose scale differs from the shared decode's."""
-        from ..images import FULL_SIZE, decode_image, draft_scale
-        from ..stages import IMAGE_BYTES
         image, data = sample.get("image"), sample.get(IMAGE_BYTES)
         stage = self.stage
         # only a JPEG is decoded at a reduced scale (draft mode)

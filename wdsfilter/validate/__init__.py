@@ -16,9 +16,9 @@ import time
 import types
 from typing import Optional, Sequence, Union
 
-from ..config import StageConfig
-from ..errors import ConfigError
-from ..shards import expand_urls, is_remote, refuse_unreachable, unique_urls
+from ..stream.config import StageConfig
+from ..core.errors import ConfigError
+from ..storage.shards import expand_urls, is_remote, refuse_unreachable, unique_urls
 from .findings import ERROR, KINDS, WARNING, Finding
 from .options import ValidateOptions
 from .progress import Progress
@@ -40,7 +40,7 @@ def stage_config(config: Union[None, str, dict, StageConfig] = None, **overrides
     if config is None:
         return StageConfig(**overrides)
     if isinstance(config, str):  # a file of stage options, or a run recipe (OUT/run.yaml): its stage
-        from ..config import recipe_stage_and_shards
+        from ..runfolder.runyaml import recipe_stage_and_shards
         stage, _ = recipe_stage_and_shards(config)
         unknown = sorted(set(stage) - _STAGE_FIELDS)
         if unknown:
@@ -74,7 +74,7 @@ def validate(paths: Union[None, str, Sequence[str]] = None, *, config: Union[Non
     Configuration errors (a malformed key spec, no shard found, a refused pipe:/remote URL) raise at
     once; everything wrong with the data is a finding of the report."""
     if not paths:
-        from ..config import recipe_stage_and_shards
+        from ..runfolder.runyaml import recipe_stage_and_shards
         paths = recipe_stage_and_shards(config)[1] if isinstance(config, str) else []
         if not paths:
             raise ConfigError("no shards to validate: give PATHS, or --config a run's run.yaml that names them")
@@ -86,7 +86,7 @@ def validate(paths: Union[None, str, Sequence[str]] = None, *, config: Union[Non
                               loader_workers=loader_workers, uneven_ratio=uneven_ratio, max_findings=max_findings,
                               fail_on=fail_on, jobs=jobs, max_drop=max_drop)
     if stats_dir:
-        from ..writing import check_output_dir
+        from ..storage.writing import check_output_dir
         check_output_dir(stats_dir, "--stats-dir", stage.storage_options)  # before any shard is read
     # A shard given twice (a folder and a file in it) is validated once, as score scores it once:
     # else it is counted twice, listed twice in the JUnit report, and --stats-dir writes a

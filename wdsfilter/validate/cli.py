@@ -5,17 +5,17 @@ import sys
 
 import click
 
-from .. import clihelp
-from ..config import STAGE_INPUT, STAGE_REMOTE, parse_byte_caps, stage_options
-from ..errors import EXIT_CLEAN, EXIT_FINDINGS, EXIT_RUN_FAILED, EXIT_USAGE
-from ..remote import parse_storage_options
-from ..progress import verbosity, verbosity_options
-from ..writing import check_output_file
+from ..core import clihelp
+from ..stream.config import STAGE_INPUT, STAGE_REMOTE, parse_byte_caps, stage_options
+from ..core.errors import EXIT_CLEAN, EXIT_FINDINGS, EXIT_RUN_FAILED, EXIT_USAGE
+from ..storage.remote_options import parse_storage_options
+from ..core.progress import verbosity, verbosity_options
+from ..storage.writing import check_output_file
 from . import validate as run_validate
 from .formats import FORMATS, render, write_report
 
 
-# --help's groups (wdsfilter/clihelp.py): the caption and image keys first.
+# --help's groups (wdsfilter/core/clihelp.py): the caption and image keys first.
 HELP_GROUPS = {
     "Input": (*STAGE_INPUT[:2], "config_file", *STAGE_INPUT[2:]),
     "Thresholds": ("fail_on", "max_drop", "max_side", "min_side", "max_aspect", "deep", "ranks", "loader_workers"),

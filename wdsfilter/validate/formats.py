@@ -7,11 +7,13 @@ import os
 import re
 import xml.etree.ElementTree as ET
 from collections import defaultdict
-from typing import Dict, List
+from typing import TYPE_CHECKING, Dict, List
 
-from ..shards import shown_url
+from ..storage.shards import shown_url
 from .findings import ERROR, KINDS
-from .report import Report
+from ..storage.writing import write_text_atomic
+if TYPE_CHECKING:  # the type only: report.py renders itself through this module
+    from .report import Report
 
 FORMATS = ("text", "json", "junit")
 TEXT_EXAMPLES = 3     # findings shown per kind in the text summary
@@ -26,7 +28,6 @@ def render(report: Report, fmt: str) -> str:
 def write_report(report: Report, fmt: str, path: str) -> str:
     """Write the report to `path` whole or not at all (a temporary file, then rename; an s3://,
     gs:// URL: one object, uploaded whole)."""
-    from ..writing import write_text_atomic
     return write_text_atomic(path, render(report, fmt), report.options.stage.storage_options)
 
 

@@ -6,8 +6,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
-from ..config import StageConfig
-from ..errors import ConfigError
+from ..stream.config import StageConfig
+from ..core.errors import ConfigError
 from .findings import SAMPLE_KINDS, SEVERITIES
 
 

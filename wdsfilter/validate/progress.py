@@ -1,10 +1,10 @@
 """validate's progress on stderr: shards done of the total, with shards/s, MB/s and samples/s
-(the line itself, on a terminal or in a log, is wdsfilter/progress.py's)."""
+(the line itself, on a terminal or in a log, is wdsfilter/core/progress.py's)."""
 from __future__ import annotations
 
 import time
 
-from ..progress import Progress as Line
+from ..core.progress import Progress as Line
 
 
 class Progress:

@@ -6,11 +6,12 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from .. import __version__
-from ..census import KeyCensus
+from ..stream.census import KeyCensus
 from .checks import layout
 from .findings import ERROR, KINDS, SAMPLE_KINDS, WARNING, Finding, at_level
 from .options import ValidateOptions
 from .shard_check import ShardResult
+from .formats import to_text, verdict_line
 
 SCHEMA_VERSION = 1
 
@@ -170,12 +171,10 @@ class Report:
     # -- printed as the command line prints it ---------------------------------------------------------
     def format_text(self) -> str:
         """The text report `wdsfilter validate` prints (findings, shard table, suggestions, verdict)."""
-        from .formats import to_text
         return to_text(self)
 
     def __repr__(self) -> str:
         """One line: the verdict and the counts (print(report) or report.format_text() for all of it)."""
-        from .formats import verdict_line
         return (f"<wdsfilter validate Report: {len(self.shards)} shard(s), {self.samples} samples, {self.kept} kept; "
                 f"{verdict_line(self)}>")
 
@@ -186,7 +185,6 @@ class Report:
         """A notebook's view: the verdict, the findings by kind and the suggestions as a small table."""
         from html import escape
 
-        from .formats import verdict_line
         colour = "#2a2" if self.passed else "#c22"
         rows = "".join(f"<tr><td>{escape(k)}</td><td>{escape(KINDS[k][0])}</td><td style='text-align:right'>{n}</td>"
                        f"<td>{escape(KINDS[k][1])}</td></tr>"

@@ -16,11 +16,12 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from typing import Iterator, List, Optional, Sequence, Tuple
 
-from ..errors import Terminated
-from ..shards import kill_command
+from ..core.errors import Terminated
+from ..storage.shards import kill_command
 from .findings import Finding
 from .options import ValidateOptions
 from .shard_check import ShardResult, check_shard
+from ..storage.remote import SCHEMES, scheme_of
 
 
 STRAGGLER_SECONDS = 30.0  # after Ctrl-C or SIGTERM, how long a worker may take to stop its shard
@@ -94,7 +95,6 @@ def pool_context(urls: Sequence[str]):
 
 def client_modules(urls: Sequence[str]) -> List[str]:
     """The modules that read these URLs' schemes (remote.SCHEMES), with fsspec; none for local shards."""
-    from ..remote import SCHEMES, scheme_of
     modules = sorted({SCHEMES[scheme][0] for scheme in map(scheme_of, urls) if scheme in SCHEMES})
     return ["fsspec", *modules] if modules else []
 

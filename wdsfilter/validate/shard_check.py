@@ -15,14 +15,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Union
 
-from ..census import KeyCensus
-from ..members import MemberCaps
-from ..reading import OVERSIZED, ShardEnd, group_samples, iter_tar, screen_member
-from ..remote_net import RemoteUnreachable
-from ..shards import close_shard, is_remote, open_shard, runs_command
-from ..specs import json_path_get, key_digest, split_name
-from ..stages import CaptionCleaner, select_sample
-from ..tally import Tally
+from ..stream.census import KeyCensus
+from ..stream.members import MemberCaps
+from ..stream.reading import OVERSIZED, ShardEnd, group_samples, iter_tar, screen_member
+from ..storage.remote_net import RemoteUnreachable
+from ..storage.shards import close_shard, is_remote, open_shard, runs_command
+from ..core.specs import json_path_get, key_digest, split_name
+from ..stream.stages import CaptionCleaner, select_sample
+from ..core.tally import Tally
 from . import tar_reader
 from .checks import safety
 from .checks.keys import KeyTracker

@@ -31,11 +31,12 @@ import re
 from collections import defaultdict
 from typing import Dict, List, Optional
 
-from ..publish import published
-from ..shards import is_pipe, is_remote, shard_stem, shown_url, web_path
-from ..shardstats import SIZES, update_sizes, write_stats_file
+from ..core.publish import published
+from ..storage.shards import is_pipe, is_remote, shard_stem, shown_url, web_path
+from ..storage.shardstats import SIZES, update_sizes, write_stats_file
 from .formats import escape_data
 from .report import SCHEMA_VERSION, Report
+from ..storage.remote import read_object
 
 TOOL = "wdsfilter validate"
 BESIDE = "_validate.json"  # our stats file's suffix where another tool's {shard}_stats.json is
@@ -101,7 +102,6 @@ def _read_dict(path: str, options=None) -> Optional[dict]:
     """The JSON object in `path`; {} when there is none or it is not one; None when no file is there."""
     try:
         if is_remote(path):
-            from ..remote import read_object
             raw = read_object(path, options)
             if raw is None:
                 return None

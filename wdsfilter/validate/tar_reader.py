@@ -24,10 +24,11 @@ import zlib
 from zlib import adler32
 from typing import IO, Iterator, Optional, Tuple
 
-from ..members import MemberCaps
-from ..decompress import DecompressionCapError, open_layers
-from ..reading import MAX_EXTENDED_HEADER, MAX_NAME, ShardEnd, oversized_member, special_member
-from ..remote import RemoteReadError
+from ..stream.members import MemberCaps
+from ..storage.decompress import DecompressionCapError, open_layers
+from ..stream.reading import ShardEnd, oversized_member, special_member
+from ..storage.tars import MAX_EXTENDED_HEADER, MAX_NAME
+from ..storage.remote import RemoteReadError
 
 BLOCK = 512
 _ZERO = bytes(BLOCK)

@@ -14,7 +14,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ...errors import ConfigError
+from ...core.errors import ConfigError
 from ..registry import build
 
 # name -> "module:Class" (imported when used: each pulls its own heavy dependency)

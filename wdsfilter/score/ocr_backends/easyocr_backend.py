@@ -33,10 +33,11 @@ from typing import List, NamedTuple, Optional
 
 import numpy as np
 
-from ...errors import ConfigError
+from ...core.errors import ConfigError
 from ..staging import Staging
 from .craft_boxes import det_boxes
 from .base import MIN_SIDE, DetectorBackend, Polygons, parse_device, working_scale
+from ...storage.atomic import file_lock
 
 log = logging.getLogger("wdsfilter")
 
@@ -200,7 +201,6 @@ class EasyOcrBackend(DetectorBackend):
         parent before model workers start; workers that still find them missing (a Ray actor on
         another node) take turns under a lock in the model folder and find them there after the
         first download."""
-        from ...atomic import file_lock
         source = self.weights_source()
         path = self.weights_path()
         if source.packaged:

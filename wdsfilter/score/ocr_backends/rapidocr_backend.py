@@ -22,7 +22,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from ...errors import ConfigError
+from ...core.errors import ConfigError
 from .base import MIN_SIDE, DetectorBackend, Polygons, parse_device, working_scale
 
 log = logging.getLogger("wdsfilter")

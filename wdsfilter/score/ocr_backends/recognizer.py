@@ -23,7 +23,8 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from ...errors import ConfigError
+from ...core.errors import ConfigError
+from .rapidocr_backend import onnx_session
 
 REC_MODEL = "ch_PP-OCRv4_rec_infer.onnx"
 
@@ -120,7 +121,6 @@ class BoxReader:
         from rapidocr_onnxruntime.ch_ppocr_rec.text_recognize import TextRecognizer
         from rapidocr_onnxruntime.ch_ppocr_rec.utils import CTCLabelDecode
 
-        from .rapidocr_backend import onnx_session
         path = self.weights_path()
         if not os.path.isfile(path):
             raise ConfigError(f"rapidocr recogniser model not found at {path}; reinstall rapidocr-onnxruntime, or "

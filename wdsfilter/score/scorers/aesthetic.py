@@ -26,8 +26,9 @@ import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from ...errors import ConfigError, DataError
+from ...core.errors import ConfigError, DataError
 from .base import Scorer, Upstream, reduce_frames
+from .clip import ClipScorer, IMAGE
 
 HEAD_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "aesthetic_heads")
 
@@ -113,7 +114,6 @@ class AestheticScorer(Scorer):
         return {"aesthetic": "float64", "aesthetic_frames": "list<float64>"}
 
     def bind(self, required: Dict[str, Scorer]) -> None:
-        from .clip import ClipScorer
         clip = required["clip"]
         if not isinstance(clip, ClipScorer):
             raise ConfigError("aesthetic needs the built-in clip scorer (ClipScorer)")
@@ -132,7 +132,6 @@ class AestheticScorer(Scorer):
 
     # -- model side ----------------------------------------------------------------------------
     def attach(self, prepared: Any, upstream: Dict[str, Upstream], probe: bool = False) -> Any:
-        from .clip import IMAGE
         return upstream["clip"].output[IMAGE]  # (frames, d) normalised, on the model's device
 
     def frame_count(self, prepared) -> int:

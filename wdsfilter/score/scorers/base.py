@@ -101,7 +101,7 @@ class Scorer(abc.ABC):
     @abc.abstractmethod
     def prepare(self, sample: Dict[str, Any]) -> Any:
         """CPU-side work for one decoded sample, in a DataLoader worker. Returns the model input
-        (picklable: tensors / numpy arrays). Raises wdsfilter.errors.DataError for a sample that
+        (picklable: tensors / numpy arrays). Raises wdsfilter.core.errors.DataError for a sample that
         cannot be scored (its reason goes into the sample's row); returns Noted(input, reason,
         message) for one scored from incomplete data (the row becomes "partial")."""
 

@@ -26,9 +26,10 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from ...config import StageConfig
-from ...errors import ConfigError, DataError
+from ...stream.config import StageConfig
+from ...core.errors import ConfigError, DataError
 from .base import FRAME_REDUCERS, Noted, Scorer, reduce_frames
+from ...media.frames import sample_frames
 
 SIDE = 256
 MAX_LONG = 4 * SIDE
@@ -100,7 +101,6 @@ class BlurScorer(Scorer):
         video = sample.get("video")
         if video is None:
             raise DataError("missing_image", "the blur scorer needs an image or a video (this sample has neither)")
-        from ...frames import sample_frames
         key, url = sample.get("__key__", "?"), sample.get("__url__", "")
         what = f"sample {key}.{sample.get('__media_ext__', 'video')}" + (f" of shard {url}" if url else "")
         sampled = sample_frames(video, self.frames, keyframes=self.keyframes, max_side=VIDEO_MAX_SIDE,

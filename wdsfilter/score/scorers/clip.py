@@ -18,13 +18,16 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Dict, List, Optional
 
-from ...config import StageConfig
-from ...errors import ConfigError, DataError
-from ...images import DEFERRED, FULL_SIZE, decode_image
-from ...stages import IMAGE_BYTES, CaptionCleaner
+from ...stream.config import StageConfig
+from ...core.errors import ConfigError, DataError
+from ...media.images import DEFERRED, FULL_SIZE, decode_image
+from ...stream.stages import IMAGE_BYTES, CaptionCleaner
 from ..fastdecode import DECODE_WORKSPACE, REDUCING_GAP, ImageTransform, device_pixels
 from ..models import PRECISIONS, ClipSource, check_model, load_model, resolve_precision, tokenize
 from .base import FRAME_REDUCERS, Noted, Scorer, reduce_frames
+from ...media.frames import sample_frames
+from ..staging import Staging
+from ...runfolder.embeddings import FIELD
 
 REDUCERS = FRAME_REDUCERS
 # Private output (scorers.base.private), once a dependent scorer asked (hand_text): the caption's
@@ -62,7 +65,7 @@ class ClipScorer(Scorer):
         its image token and extra tokens, which are stripped from captions (CLIP sees the pixels),
         and its max_pixels, which guards video frames. frames, frame_reduce, keyframes: how a video
         sample is scored (see the module docstring). save_embeddings: hand each row's image and
-        caption embeddings to the engine (wdsfilter/score/embeddings.py). reducing_gap: JPEGs are
+        caption embeddings to the engine (wdsfilter/runfolder/embeddings.py). reducing_gap: JPEGs are
         decoded at reduced scale down to this many times the model input (docs/clip.md; None: full
         decode, pixels within 1/255 of open_clip's own transform). decode_on_device: JPEGs cross to the
         model worker as their bytes and are decoded there, in batches on the model's device
@@ -171,7 +174,6 @@ class ClipScorer(Scorer):
 
     def _video_frames(self, sample: Dict[str, Any]):
         import torch
-        from ...frames import sample_frames
 
         key, url = sample.get("__key__", "?"), sample.get("__url__", "")
         what = f"sample {key}.{sample.get('__media_ext__', 'video')}" + (f" of shard {url}" if url else "")
@@ -190,7 +192,6 @@ class ClipScorer(Scorer):
     def load(self, device: str) -> None:
         import torch
 
-        from ..staging import Staging
 
         where = torch.device(device)
         precision = resolve_precision(self.precision, where)  # bf16 support checked on this device
@@ -245,7 +246,7 @@ class ClipScorer(Scorer):
         for n, x in zip(counts, inputs):
             frames = per_frame[start:start + n]
             start += n
-            rows.append({"clip_score": _reduce(frames, self.frame_reduce), "clip_score_frames": frames,
+            rows.append({"clip_score": reduce_frames(frames, self.frame_reduce), "clip_score_frames": frames,
                          "clip_frames": n, "clip_truncated": bool(x["truncated"])})
             if self._text:
                 rows[-1][TEXT] = per_sample_text[len(rows) - 1]
@@ -293,9 +294,8 @@ class ClipScorer(Scorer):
 
 
 def _attach_embeddings(rows, image_features, text_features, counts, how: str) -> None:
-    """Each row's float16 embeddings (wdsfilter/score/embeddings.py); a video's image embedding
+    """Each row's float16 embeddings (wdsfilter/runfolder/embeddings.py); a video's image embedding
     is reduced like its score (mean of the frames, or the max/min frame), so img . txt = clip_score."""
-    from ..embeddings import FIELD
     start = 0
     for row, n in zip(rows, counts):
         frames, scores = image_features[start:start + n], row["clip_score_frames"]
@@ -303,6 +303,3 @@ def _attach_embeddings(rows, image_features, text_features, counts, how: str) ->
         image = frames.mean(0) if pick is None else frames[pick]
         row[FIELD] = {"img": image.half().cpu().numpy(), "txt": text_features[start].half().cpu().numpy()}
         start += n
-
-
-_reduce = reduce_frames  # tmars reduces its masked frames by the same rule

@@ -1,6 +1,6 @@
 """Content hashes for dedup (`wdsfilter dedup`, docs/dedup.md), computed in the scoring pass so no
 shard is read twice: `sha256` of the image (or video) member's bytes and `phash`, a 64-bit
-perceptual hash of the decoded image (wdsfilter/hashes.py: imagehash's phash, as the 16 hex
+perceptual hash of the decoded image (wdsfilter/media/hashes.py: imagehash's phash, as the 16 hex
 digits imagehash prints, so every reader keeps its bits).
 
     scorer = HashScorer()
@@ -21,11 +21,12 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-from ...config import StageConfig
-from ...errors import ConfigError, DataError
-from ...hashes import INSTALL, majority, phash, phash_hex, sha256_hex
-from ...stages import IMAGE_BYTES
+from ...stream.config import StageConfig
+from ...core.errors import ConfigError, DataError, require
+from ...media.hashes import INSTALL, majority, phash, phash_hex, sha256_hex
+from ...stream.stages import IMAGE_BYTES
 from .base import Noted, Scorer
+from ...media.frames import sample_frames
 
 # Video frames are scaled to this long side while decoded: phash reduces them to 32x32 anyway.
 VIDEO_MAX_SIDE = 256
@@ -41,7 +42,6 @@ class HashScorer(Scorer):
         """frames, keyframes: how a video's frames are sampled for its frame-reduced phash."""
         if not isinstance(frames, int) or isinstance(frames, bool) or frames < 1:
             raise ConfigError(f"hash frames must be an integer >= 1, got {frames!r}")
-        from ...errors import require
         require("imagehash", "the hash scorer", INSTALL)  # at once, not in every decode worker
         self.frames, self.keyframes = frames, bool(keyframes)
         self.max_pixels = (config or StageConfig()).max_pixels
@@ -67,7 +67,6 @@ class HashScorer(Scorer):
         video = sample.get("video")
         if video is None:
             raise DataError("missing_image", "the hash scorer needs an image or a video (this sample has neither)")
-        from ...frames import sample_frames
         from PIL import Image
 
         key, url = sample.get("__key__", "?"), sample.get("__url__", "")

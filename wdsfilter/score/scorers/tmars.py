@@ -24,9 +24,11 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ...errors import ConfigError, DataError
-from ...masking import RING, Rect, box_rects, mask_frame
-from .base import Scorer, Upstream
+from ...core.errors import ConfigError, DataError
+from ...media.masking import RING, Rect, box_rects, mask_frame
+from .base import Scorer, Upstream, reduce_frames
+from .clip import ClipScorer, TEXT
+from .ocr import OcrScorer, BOXES
 
 COLUMNS = ("clip_score_masked", "clip_score_masked_frames", "masked_share", "masked_boxes")
 
@@ -75,8 +77,6 @@ class TmarsScorer(Scorer):
                 "masked_share": "float64", "masked_boxes": "list<float64>"}
 
     def bind(self, required: Dict[str, Scorer]) -> None:
-        from .clip import ClipScorer
-        from .ocr import OcrScorer
         clip, ocr = required["clip"], required["ocr"]
         if not isinstance(clip, ClipScorer) or not isinstance(ocr, OcrScorer):
             raise ConfigError("tmars needs the built-in clip and ocr scorers (ClipScorer, OcrScorer)")
@@ -102,8 +102,6 @@ class TmarsScorer(Scorer):
 
     # -- model side ----------------------------------------------------------------------------
     def attach(self, prepared: Any, upstream: Dict[str, Upstream], probe: bool = False) -> TmarsInput:
-        from .clip import TEXT
-        from .ocr import BOXES
         ocr, clip = upstream["ocr"], upstream["clip"].output
         frames = ocr.input.frames
         h, w = frames.shape[1:3]
@@ -125,7 +123,6 @@ class TmarsScorer(Scorer):
             raise RuntimeError("TmarsScorer.load before bind(): the run binds it to its clip and ocr scorers")
 
     def score_batch(self, inputs: List[TmarsInput]) -> List[Dict[str, Any]]:
-        from .clip import _reduce
         jobs: List[Tuple[int, int]] = []
         pixels = []
         shares = [[0.0] * len(x.rects) for x in inputs]
@@ -146,8 +143,8 @@ class TmarsScorer(Scorer):
             if x.full_size is not None:  # an image: its filled rectangles in original pixels
                 fx, fy = x.full_size[0] / x.frames.shape[2], x.full_size[1] / x.frames.shape[1]
                 boxes = [float(v * f) for r in x.rects[0] for v, f in zip(r, (fx, fy, fx, fy))]
-            rows.append({"clip_score_masked": _reduce(s, how), "clip_score_masked_frames": s,
-                         "masked_share": _reduce(share, how), "masked_boxes": boxes})
+            rows.append({"clip_score_masked": reduce_frames(s, how), "clip_score_masked_frames": s,
+                         "masked_share": reduce_frames(share, how), "masked_boxes": boxes})
         return rows
 
     def _encode(self, pixels: list, texts: list) -> List[float]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Set, Tuple, Union
 
-from ...specs import is_dotted, key_digest, reserved_ext, split_name
+from ...core.specs import is_dotted, key_digest, reserved_ext, split_name
 from ..findings import FindingLog
 
 

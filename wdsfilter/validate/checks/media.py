@@ -15,8 +15,8 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from ...errors import DataError
-from ...images import OversizedImage, check_size, decode_image, image_size
+from ...core.errors import DataError
+from ...media.images import OversizedImage, check_size, decode_image, image_size
 from ..findings import FindingLog
 from .jpeg_header import jpeg_size
 

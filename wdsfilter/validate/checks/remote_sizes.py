@@ -3,36 +3,32 @@ open_clip and img2dataset readers trust for the epoch length. An object replaced
 sizes.json was written reads as a clean tar with the wrong count: only this comparison shows it."""
 from __future__ import annotations
 
-import json
 from typing import Dict, Mapping, Optional, Sequence
 
-from ...shards import is_remote
+from ...storage.shards import is_remote
+from ...storage.shardstats import read_sizes
 from ..findings import Finding
 
 
 def check_remote_sizes(results: Sequence, storage_options: Optional[Mapping] = None) -> None:
     """Adds a remote_size_mismatch finding to each remote shard read to its end whose sample count
     differs from its folder's sizes.json (read once per folder; a folder without one is skipped)."""
-    folders: Dict[str, Optional[dict]] = {}
+    folders: Dict[str, dict] = {}
     for r in results:
         if r is None or not is_remote(r.shard) or r.error or "/" not in r.shard:
             continue
         folder, name = r.shard.rsplit("/", 1)
         if folder not in folders:
-            folders[folder] = _read_sizes(f"{folder}/sizes.json", storage_options)
-        recorded = (folders[folder] or {}).get(name)
+            folders[folder] = _sizes(folder, storage_options)
+        recorded = folders[folder].get(name)
         if isinstance(recorded, int) and recorded != r.samples:
             r.add([Finding("remote_size_mismatch", r.shard, "", "",
                            f"sizes.json beside it records {recorded} sample(s), the object holds {r.samples}: it "
                            f"was replaced or cut after sizes.json was written. Re-upload it or regenerate sizes.json")])
 
 
-def _read_sizes(url: str, storage_options: Optional[Mapping]) -> Optional[dict]:
-    from ...remote import filesystem
+def _sizes(folder: str, storage_options: Optional[Mapping]) -> dict:
     try:
-        fs, path = filesystem(url, storage_options)
-        with fs.open(path, "rb") as f:
-            data = json.loads(f.read(16 << 20))  # a sizes.json of a million shards is ~30 MB: enough
-    except Exception:  # noqa: BLE001 - none there, unreadable or not JSON: nothing to compare with
-        return None
-    return data if isinstance(data, dict) else None
+        return read_sizes(folder, storage_options)
+    except Exception:  # noqa: BLE001 - a folder that cannot be listed or read: nothing to compare with
+        return {}

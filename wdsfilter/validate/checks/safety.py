@@ -2,7 +2,7 @@
 only looks at their names; their bytes are dropped unread."""
 from __future__ import annotations
 
-from ...reading import is_unsafe_ext
+from ...stream.reading import is_unsafe_ext
 from ..findings import FindingLog
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ...specs import FieldRef, KeySpec, find_caption, parse_json_member
+from ...core.specs import FieldRef, KeySpec, find_caption, parse_json_member
 from ..findings import FindingLog
 
 TEXT_EXTS = frozenset({"txt", "text", "caption", "cap"})

@@ -6,15 +6,15 @@ decoded: the container is opened and the video stream's packets are read (demuxe
 files cut short in transfer that open cleanly (a Matroska/WebM header keeps the full duration, an
 MP4/MOV moov atom the full frame count) and counts frames where the header has no count.
 
-The opener and the reading rules (open, cut short, too large) are `wdsfilter/videos.py`'s,
+The opener and the reading rules (open, cut short, too large) are `wdsfilter/media/videos.py`'s,
 which the scorers' frame sampler (frames.py) uses too.
 """
 from __future__ import annotations
 
 from typing import Optional
 
-from ...errors import DataError
-from ...videos import cut_short, declared_duration, limit_decoder, open_video, packets, too_large, video_streams
+from ...core.errors import DataError
+from ...media.videos import cut_short, declared_duration, limit_decoder, open_video, packets, too_large, video_streams
 from ..findings import FindingLog
 from .media import MediaInfo
 
