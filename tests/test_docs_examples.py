@@ -27,7 +27,7 @@ FOREIGN = {
                     "--encode_format", "--resize_mode", "--incremental_mode"},
     "ray start": {"--head", "--num-gpus", "--address"},
     "open_clip_train": {"--train-data", "--train-num-samples"},
-    "pip": {"--index-url"},
+    "pip": {"--index-url", "--no-cache-dir", "--no-deps"},
     "uv pip": {"--compile-bytecode", "--no-cache"},
     "pytest": {"--dist"},  # pytest-xdist's
     "huggingface-cli": {"--repo-type", "--local-dir"},
