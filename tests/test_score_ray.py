@@ -356,3 +356,36 @@ def test_ray_retry_failed_finishes_when_samples_keep_failing(local_ray, tmp_path
     entries = read_entries(os.path.join(out, "failures.parquet"))
     assert sorted(e["key"] for e in entries) == [f"s0_{i:05d}" for i in failing]
     assert {e["attempts"] for e in entries} == {2}
+
+
+def test_ray_tracebacks_show_one_line_and_other_loggers_records_stay_whole(caplog):
+    # A console handler shared by the root logger and Ray Data's (a user's logging set-up) once
+    # shortened wdsfilter's own multi-line epoch summary to its first line: the one-line rule
+    # rewrote the record, and every later handler saw the rewritten one.
+    import io
+    import logging
+
+    import ray.data  # noqa: F401 - sets up Ray Data's loggers (it would drop a handler added before)
+    from wdsfilter.score import ray_runner
+
+    stream = io.StringIO()
+    shared = logging.StreamHandler(stream)
+    ray_logger = logging.getLogger("ray.data")
+    ray_logger.addHandler(shared)
+    logging.getLogger().addHandler(shared)
+    try:
+        ray_runner._one_line_errors()
+        ray_runner._one_line_errors()  # once: the second call wraps nothing again
+        try:
+            raise RuntimeError("the node died")
+        except RuntimeError:
+            ray_logger.error("a batch was lost", exc_info=True)
+        with caplog.at_level(logging.WARNING, logger="wdsfilter"):
+            logging.getLogger("wdsfilter").warning("finished an epoch:\n%s", "rejected: corrupt_image 1")
+    finally:
+        ray_logger.removeHandler(shared)
+        logging.getLogger().removeHandler(shared)
+    printed = stream.getvalue().splitlines()
+    assert printed == ["a batch was lost (the whole message: -v)", "finished an epoch:", "rejected: corrupt_image 1"]
+    assert [r.getMessage() for r in caplog.records if r.name == "wdsfilter"] == \
+        ["finished an epoch:\nrejected: corrupt_image 1"]

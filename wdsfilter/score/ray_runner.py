@@ -273,25 +273,31 @@ def _connect(ray, cfg, address, ray_init) -> bool:
     return started_here
 
 
-class _OneLine:
-    """A log filter: a record with a traceback (Ray Data logs a batch lost with its node, which
-    the run's summary names with its shard) is shown as its first line; -v shows it whole."""
+class _OneLineFormatter:
+    """Formats a Ray record with a traceback (Ray Data logs a batch lost with its node, which the
+    run's summary names with its shard) as its first line; -v shows it whole. A formatter, not a
+    filter: a filter that rewrote the record would shorten it for every later handler too (a
+    handler shared with the root logger gave wdsfilter's own summaries the one line)."""
 
-    def filter(self, record) -> bool:
-        if record.exc_info or record.exc_text or "\n" in record.getMessage():
-            record.msg, record.args = record.getMessage().splitlines()[0] + " (the whole message: -v)", ()
-            record.exc_info = record.exc_text = None
-        return True
+    def __init__(self, inner):
+        import logging
+        self.inner = inner or logging.Formatter()
+
+    def format(self, record) -> str:
+        text = self.inner.format(record)
+        if record.name.startswith("ray") and "\n" in text:
+            return text.splitlines()[0] + " (the whole message: -v)"
+        return text
 
 
 def _one_line_errors() -> None:
-    """Ray Data's console handler (its log file keeps every traceback) gets _OneLine, once."""
+    """Ray Data's console handler (its log file keeps every traceback) gets _OneLineFormatter, once."""
     import logging
 
     import ray.data  # noqa: F401 - configures the "ray.data" logger and its handlers
     for handler in logging.getLogger("ray.data").handlers:
-        if "File" not in type(handler).__name__ and not any(isinstance(f, _OneLine) for f in handler.filters):
-            handler.addFilter(_OneLine())
+        if "File" not in type(handler).__name__ and not isinstance(handler.formatter, _OneLineFormatter):
+            handler.setFormatter(_OneLineFormatter(handler.formatter))
 
 
 def _plan(ray, run, cfg, todo, actors, gpus_per_actor, batch_size, inputs=None) -> RayPlan:
