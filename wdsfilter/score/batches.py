@@ -49,15 +49,16 @@ def no_node() -> str:
 
 def read_shard(batch, cfg, scorers, rows_per_block: int = 64, only=None, node_inputs=None,
                block_bytes: int = BLOCK_BYTES, node: Callable[[], str] = no_node) -> Iterator[Dict[str, list]]:
-    """A generator over a batch of shard URLs (Ray Data's map_batches): every sample's row, with
-    its prepared inputs in the PAYLOAD columns (pack_payload) where a model still has to score it,
-    then one SHARD_END_ROW row whose message tells the driver how many rows the shard has, how the reader ended and the shard's
-    stage counts. Yields column batches of up to rows_per_block rows and block_bytes of prepared
-    inputs (one row alone where a row is bigger: a video's frames), so a big shard never sits
-    in memory whole. only: --retry-failed's stage (ledger.OnlyKeys, by the URLs the driver knows):
-    in its shards only the samples to retry are read on. node_inputs: engines/ray_files.NodeInputs
-    (the scorers' model files where this node lacks them: a tokenizer's config); node: the engine's
-    name of the node it runs on (its SHARD_END_ROW says who read the shard)."""
+    """A generator over a batch of shard URLs (Ray Data's map_batches): every sample's row, with its
+    prepared inputs in the PAYLOAD columns (pack_payload) where a model still has to score it, then
+    one SHARD_END_ROW row whose message tells the driver how many rows the shard has, how the reader
+    ended and the shard's stage counts. Yields column batches of up to rows_per_block rows and
+    block_bytes of prepared inputs (one row alone where a row is bigger: a video's frames), so a big
+    shard never sits in memory whole. only: --retry-failed's stage (ledger.OnlyKeys, by the URLs the
+    driver knows): in its shards only the samples to retry are read on. node_inputs:
+    engines/ray_files.NodeInputs (the scorers' model files where this node lacks them: a tokenizer's
+    config); node: the engine's name of the node it runs on (its SHARD_END_ROW says who read the
+    shard)."""
     from ..stream.pipeline import sample_pipeline
 
     if node_inputs is not None:

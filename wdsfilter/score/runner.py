@@ -1,7 +1,7 @@
 """What every engine (engines/: local, ray) shares about one scoring run, held by the engine (not
-extended): the shard URLs, the scorers and their columns, the run state on disk
-(resume.RunState), the summary, and how a run ends (the summary read back from the score files, histograms, summary.json, and the
-"nothing was scored" check).
+extended): the shard URLs, the scorers and their columns, the run state on disk (resume.RunState),
+the summary, and how a run ends (the summary read back from the score files, histograms,
+summary.json, and the "nothing was scored" check).
 """
 from __future__ import annotations
 

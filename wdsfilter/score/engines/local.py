@@ -53,8 +53,8 @@ class LocalEngine:
                 scorer.decode_on_device = on_device
 
     def _probe(self, pool, todo: List[str]) -> ProbeReport:
-        cfg = self.run.cfg
-        inputs, prep_seconds, scanned = collect_probe(todo, cfg.scoring_stage_config(self.run.scorers), self.run.scorers,
+        cfg, scorers = self.run.cfg, self.run.scorers
+        inputs, prep_seconds, scanned = collect_probe(todo, cfg.scoring_stage_config(scorers), scorers,
                                                       cfg.probe_samples, cfg.probe_scan, cfg.probe_seconds,
                                                       self.run.only_retried(), self.run.before)
         # The job's size, where it is known, bounds the probe's share of it (ModelRunner.probe):
