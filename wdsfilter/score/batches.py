@@ -7,9 +7,11 @@ the node's name it needs, and the engine's driver (engines/ray.py) only schedule
     BatchScorer  ─ the model side: the local engine's ModelRunner on one GPU share or CPU slot,
                    each scorer at its batch through its own out-of-memory back-off
     measure      ─ the task that loads and probes before planning (planner.make_plan on the driver)
+    ShardCollector, write_finished ─ on the driver: the rows back into their shards, each shard
+                   written (rows.write_shard) as soon as its rows are all in
 
-Nothing here writes the run folder: the rows come back to the driver, which writes every shard
-(rows.write_shard). Each row says which node scored it (NODE), each shard which node read it (its
+Nothing on the workers writes the run folder: the rows come back to the driver, which writes every
+shard. Each row says which node scored it (NODE), each shard which node read it (its
 SHARD_END_ROW), for its marker. An engine that pickles these by path (Ray) imports them from the
 package on every worker.
 """
@@ -23,7 +25,8 @@ from ..core.markers import MEMBER, STAGE, MARKER, SHARD_END, ShardEnd
 from ..runfolder.embeddings import FIELD as EMBEDDINGS
 from ..runfolder.tables import json_value
 from .payload import EMPTY, PAYLOAD, PAYLOAD_META, pack_payload, unpack_payload
-from .rows import BASE_FIELDS, complete_row, item_row, new_row
+from .retry import write_retried
+from .rows import BASE_FIELDS, complete_row, item_row, new_row, write_shard
 from ..core.tally import Tally
 from .transport import Prepare
 from .modelrunner import ModelRunner
@@ -175,6 +178,53 @@ def plain(v):
     on its way through Arrow and numpy -> None."""
     v = v.item() if hasattr(v, "item") and not isinstance(v, (bytes, str)) else v
     return None if isinstance(v, float) and v != v else v
+
+
+# -- driver side: rows in, finished shards out -----------------------------------------------------
+class ShardCollector:
+    """Driver side: rows arrive from the model workers in any order; a shard is complete when its
+    SHARD_END_ROW row has come and every row index it announced. Rows are kept by index, so a row
+    that a retried task (Ray's) sends twice is counted once."""
+
+    def __init__(self, columns: Sequence[str]):
+        self.columns = list(columns)
+        self.rows: Dict[str, Dict[int, dict]] = {}
+        self.ends: Dict[str, dict] = {}
+
+    def add(self, batch) -> List[tuple]:
+        """Rows of one batch in; (url, rows, end) of every shard this batch completed out."""
+        complete = []
+        for i in range(len(batch["key"])):
+            row = {f: plain(batch[f][i]) for f in (*BASE_FIELDS, *LEDGER_FIELDS, NODE)}
+            url = row["shard"]
+            if row["status"] == SHARD_END_ROW:
+                self.ends[url] = json.loads(row["message"])
+            else:
+                row.update({c: plain(batch[c][i]) for c in self.columns})
+                row[EMBEDDINGS] = pickle.loads(batch[EMBEDDINGS][i])
+                self.rows.setdefault(url, {})[row["index"]] = row
+            end = self.ends.get(url)
+            if end is not None and len(self.rows.get(url, ())) == end["rows"]:
+                complete.append((url, list(self.rows.pop(url, {}).values()), self.ends.pop(url)))
+        return complete
+
+
+def write_finished(url: str, rows: List[dict], end: dict, cfg, state, columns: Sequence[str],
+                   path: Optional[str] = None, retry: Optional[Dict[int, dict]] = None, *, engine: str) -> dict:
+    """On the driver: the score values back from JSON, rows in shard order, then rows.write_shard
+    (score file, embeddings, filtered shard from `path`, completion marker) as the local engine
+    does, with the engine and the nodes that read and scored the shard in its marker; with `retry`
+    (--retry-failed: the shard's samples read again), retry.write_retried."""
+    for row in rows:
+        for c in columns:
+            row[c] = json.loads(row[c])
+    rows.sort(key=lambda r: r["index"])
+    nodes = {"read": end.get("node"), "scored": sorted({r[NODE] for r in rows if r.get(NODE)})}
+    if retry is not None:
+        failed = write_retried(url, rows, end, cfg, state, columns, retry, source=path, engine=engine, nodes=nodes)
+    else:
+        failed = write_shard(url, rows, end, cfg, state, columns, source=path, engine=engine, nodes=nodes)
+    return {"shard": url, "rows": len(rows), **({"failed": failed} if failed else {})}
 
 
 # -- before planning: one task measures -----------------------------------------------------------

@@ -30,9 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
-import pickle
 import time
 import warnings
 from collections import Counter
@@ -41,15 +39,12 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from ...core.errors import ConfigError, require
 from ...storage.remote import is_fsspec_url
 from ...storage.shards import absolute_url
-from ...runfolder.embeddings import FIELD as EMBEDDINGS
 from ..faults import disk_full, is_disk_full, read_failed_reason
 from ..ledger import OnlyKeys
 from ..summary import RunSummary
-from ..retry import write_retried
 from .ray_files import NodeInputs, survey
 from .ray_workers import ActorRoster, ScoreActor, node_id
-from ..batches import LEDGER_FIELDS, NODE, SHARD_END_ROW, measure, plain, read_shard
-from ..rows import BASE_FIELDS, write_shard
+from ..batches import ShardCollector, measure, read_shard, write_finished
 from ..planner import make_plan
 from ..probe import collect_probe
 from ..outcome import Outcome
@@ -99,36 +94,6 @@ def plan_on_ray(ray, run, cfg, urls: Sequence[str], cluster: dict, inputs: Optio
     return make_plan(cfg, [m["report"]], m["probe"], host, len(urls))
 
 
-# -- driver side: rows in, finished shards out -----------------------------------------------------
-
-class _Collector:
-    """Driver side: rows arrive from the actors in any order; a shard is complete when its
-    SHARD_END_ROW row has come and every row index it announced. Rows are kept by index, so a row
-    that a retried Ray task sends twice is counted once."""
-
-    def __init__(self, columns: Sequence[str]):
-        self.columns = list(columns)
-        self.rows: Dict[str, Dict[int, dict]] = {}
-        self.ends: Dict[str, dict] = {}
-
-    def add(self, batch) -> List[tuple]:
-        """Rows of one batch in; (url, rows, end) of every shard this batch completed out."""
-        complete = []
-        for i in range(len(batch["key"])):
-            row = {f: plain(batch[f][i]) for f in (*BASE_FIELDS, *LEDGER_FIELDS, NODE)}
-            url = row["shard"]
-            if row["status"] == SHARD_END_ROW:
-                self.ends[url] = json.loads(row["message"])
-            else:
-                row.update({c: plain(batch[c][i]) for c in self.columns})
-                row[EMBEDDINGS] = pickle.loads(batch[EMBEDDINGS][i])
-                self.rows.setdefault(url, {})[row["index"]] = row
-            end = self.ends.get(url)
-            if end is not None and len(self.rows.get(url, ())) == end["rows"]:
-                complete.append((url, list(self.rows.pop(url, {}).values()), self.ends.pop(url)))
-        return complete
-
-
 # -- the run ---------------------------------------------------------------------------------------
 # Ray Data restarts a dead actor and retries its tasks forever by default: a batch that kills its
 # actor (a host OOM kill) loops. A task (a batch, or a shard's read) is retried once; a batch that
@@ -153,7 +118,7 @@ def end_actors(ray, roster) -> None:
             pass
 
 
-def _unfinished(url: str, collector: "_Collector") -> str:
+def _unfinished(url: str, collector: "ShardCollector") -> str:
     end, rows = collector.ends.get(url), collector.rows.get(url, {})
     if end is not None:
         return (f"{end['rows'] - len(rows)} of {end['rows']} row(s) lost: a batch failed twice (its model actor "
@@ -242,7 +207,7 @@ def _run_on_ray(run, cfg, actors, gpus_per_actor, cpus_per_actor, batch_size, ad
         # what the nodes see of the driver's disk: the local shards, the scorers' model files
         inputs = survey(ray, run.scorers, todo, run.echo) if todo else None
         plan = _plan(ray, run, cfg, todo, actors, gpus_per_actor, batch_size, inputs)
-        collector = _Collector(run.columns)
+        collector = ShardCollector(run.columns)
         streamed = Streamed()
         if todo:
             roster = ray.remote(num_cpus=0)(ActorRoster).remote()
@@ -381,7 +346,7 @@ def _dataset(ray, run, plan: RayPlan, todo, cpus_per_actor, roster, inputs: Opti
     return ds
 
 
-def _stream(ray, ds, run, cfg, collector: "_Collector", roster, streamed: Streamed) -> None:
+def _stream(ray, ds, run, cfg, collector: "ShardCollector", roster, streamed: Streamed) -> None:
     """The scored rows, shard by shard: the driver writes each shard whose rows are all in, as the
     local engine's main process does (write_finished: the run folder has one writer, and no node
     needs to reach it); a shard whose stream failed is listed failed."""
@@ -397,7 +362,7 @@ def _stream(ray, ds, run, cfg, collector: "_Collector", roster, streamed: Stream
                     failed.append({"url": url, "reason": read_failed_reason(end["failed"])})
                 else:  # a tar cut short is listed from its marker (Run.finish)
                     done.append(write_finished(url, rows, end, cfg, run.state, run.columns,
-                                               absolute_url(url), run.retry.get(url)))
+                                               absolute_url(url), run.retry.get(url), engine="ray"))
     finally:
         # The stream has ended: end its actors (see ActorRoster) so that their CPUs and
         # GPUs are free for the next run in this cluster.
@@ -406,25 +371,7 @@ def _stream(ray, ds, run, cfg, collector: "_Collector", roster, streamed: Stream
     done[:] = [r for r in done if not r.get("failed")]
 
 
-def write_finished(url: str, rows: List[dict], end: dict, cfg, state, columns: Sequence[str],
-                   path: Optional[str] = None, retry: Optional[Dict[int, dict]] = None) -> dict:
-    """On the driver: the score values back from JSON, rows in shard order, then rows.write_shard
-    (score file, embeddings, filtered shard from `path`, completion marker) as the local engine
-    does, with the nodes that read and scored the shard in its marker; with `retry`
-    (--retry-failed: the shard's samples read again), retry.write_retried."""
-    for row in rows:
-        for c in columns:
-            row[c] = json.loads(row[c])
-    rows.sort(key=lambda r: r["index"])
-    nodes = {"read": end.get("node"), "scored": sorted({r[NODE] for r in rows if r.get(NODE)})}
-    if retry is not None:
-        failed = write_retried(url, rows, end, cfg, state, columns, retry, source=path, engine="ray", nodes=nodes)
-    else:
-        failed = write_shard(url, rows, end, cfg, state, columns, source=path, engine="ray", nodes=nodes)
-    return {"shard": url, "rows": len(rows), **({"failed": failed} if failed else {})}
-
-
-def _outcome(run, todo, start: float, collector: "_Collector", streamed: Streamed) -> RunSummary:
+def _outcome(run, todo, start: float, collector: "ShardCollector", streamed: Streamed) -> RunSummary:
     """The run's Outcome, from which Run.finish builds the summary as it does for the local engine."""
     done, failed = streamed.done, streamed.failed
     seconds = time.perf_counter() - start

@@ -15,7 +15,7 @@ local inputs that node sees with the driver's bytes; `survey` (on the driver) de
                    (`Scorer.relocate`). A scorer that cannot relocate them is refused, naming the
                    file and the node.
     the run folder never leaves the driver: the rows come back and the driver writes every file
-                   (engines/ray.write_finished), so `--out` and `--write-shards` may be a folder
+                   (batches.write_finished), so `--out` and `--write-shards` may be a folder
                    only the driver has, or a bucket through the driver's staging copy.
 
 A `pipe:` command runs on the node of its read task: what it reads is its own business.
