@@ -4,8 +4,8 @@
                                    [--batch-size 256] [--workers 1] [--json out.json]
     python tools/bench_dispatch.py --quick   # 2 x 128 CLIP and 2 x 8 OCR samples, one run
 
-It runs the real local engine (engines/local.LocalEngine: DataLoader decode workers, Dispatcher, a ProcessPool
-with one model worker process) with a no-op model: scorers that prepare exactly as the real ones
+It runs the real local engine (engines/local.LocalEngine: DataLoader decode workers, Dispatcher, a
+ProcessPool with one model worker process) with a no-op model: scorers that prepare exactly as the real ones
 do (their prepare() is the real CLIP and OCR prepare) and whose score_batch returns zeros, so the
 model side costs nothing and what is left is moving samples. Inputs:
 
