@@ -329,6 +329,12 @@ class Resharder:
             yield _Member(src, groups[key], key, self.rekey, headers)
 
 
+def made_from(out: str) -> Optional[str]:
+    """The score folder the shards in OUT were resharded from (filter_run.json's identity), or None."""
+    previous, _ = Resharder._previous(os.path.join(out, RUN_FILE))
+    return previous.get("scores") if isinstance(previous, dict) else None
+
+
 def kept_keys(shard: ScoredShard, thresholds: Sequence, marks=None) -> List[str]:
     """The keys a shard's score file keeps by the rules (runfolder/judge.py), in the file's order."""
     dropped = marks.dropped(shard.name) if marks is not None else None
