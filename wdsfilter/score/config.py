@@ -2,6 +2,7 @@
 once, before any shard is read or any model is loaded)."""
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import InitVar, dataclass, field, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -46,8 +47,12 @@ class ScoreConfig:
     # its summary, report and thresholds.json; a row's `kept` column, written while scoring,
     # judges the other rules only (docs/score.md). dedup comes after scoring: not here.
     selection: Selection = field(default_factory=Selection)
-    # Filtered copies of the shards (original member bytes of kept samples) go here.
+    # Filtered copies of the shards (original member bytes of kept samples) go here: one per source
+    # shard, or with samples_per_shard new shards of N kept samples each, PREFIX-000000.tar, ...,
+    # written once at the end of the run by filter's resharder (runfolder/reshard.py).
     write_shards: Optional[str] = None
+    samples_per_shard: Optional[int] = None
+    prefix: Optional[str] = None  # [shard] with samples_per_shard
     # Model devices: "auto" (cuda when available, else cpu), "cpu", "cuda", "cuda:N".
     device: str = "auto"
     gpus: Optional[Tuple[int, ...]] = None
@@ -135,6 +140,7 @@ class ScoreConfig:
         check_output_dir(self.out, "--out", self.stage.storage_options)
         if self.write_shards:
             check_output_dir(self.write_shards, "--write-shards", self.stage.storage_options)
+        self._check_reshard()
 
     def _check_scorers(self) -> None:
         if isinstance(self.scorers, (str, bytes)) or not isinstance(self.scorers, Sequence):
@@ -204,6 +210,32 @@ class ScoreConfig:
         if self.devices is not None:
             self.devices = parse_devices(self.devices)
 
+    def _check_reshard(self) -> None:
+        """samples_per_shard and prefix: filter's --samples-per-shard and --prefix, with write_shards."""
+        n = self.samples_per_shard
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ConfigError(f"--samples-per-shard must be a whole number >= 1, got {n!r}")
+        if n is not None and not self.write_shards:
+            raise ConfigError("--samples-per-shard only applies with --write-shards DIR")
+        if self.prefix is not None and n is None:
+            raise ConfigError("--prefix names the shards --samples-per-shard writes; the copy of each source shard "
+                              "keeps the source's name: add --samples-per-shard N, or drop --prefix")
+        if self.prefix is not None and (not isinstance(self.prefix, str) or not self.prefix
+                                        or self.prefix != os.path.basename(self.prefix) or self.prefix in (".", "..")):
+            raise ConfigError(f"--prefix must be a file name's start (no folder), got {self.prefix!r}")
+        if n is not None and self.prefix is None:
+            self.prefix = "shard"  # filter's default
+
+    @property
+    def reshards(self) -> bool:
+        """--write-shards as new shards of N at the end of the run, not a copy of each source shard."""
+        return bool(self.write_shards and self.samples_per_shard)
+
+    @property
+    def copies_shards(self) -> bool:
+        """--write-shards as a filtered copy of each source shard, written with its score file."""
+        return bool(self.write_shards and not self.samples_per_shard)
+
     def _check_join(self) -> None:
         for name in ("task_index", "task_count"):
             value = getattr(self, name)
@@ -241,11 +273,12 @@ class ScoreConfig:
         if self.selection.dedup:
             raise ConfigError(f"dedup is decided after scoring: run `wdsfilter dedup {self.out or 'OUT'}`, then "
                               f"`wdsfilter filter {self.out or 'OUT'} --dedup` (or wdsfilter.loader(..., dedup=True))")
-        if self.write_shards and self.selection.shares:  # written as rows are scored, before the cut is known
+        if self.copies_shards and self.selection.shares:  # written as rows are scored, before the cut is known
             c, kind, _ = self.selection.shares[0]
             raise ConfigError(f"--write-shards with --{kind} {c}=...%: a share is known only when the whole run is "
-                              f"scored, after the shards are written; score without --write-shards, then run "
-                              f"`wdsfilter filter {self.out} --{kind} {c}=P% --write-shards DIR`")
+                              f"scored, after a copy of each shard is written; add --samples-per-shard N (the kept "
+                              f"samples resharded at the end of the run, the share resolved by then), or run "
+                              f"`wdsfilter filter {self.out} --{kind} {c}=P% --write-shards DIR` after scoring")
 
     @property
     def bounds(self) -> Thresholds:
