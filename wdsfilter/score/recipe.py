@@ -8,6 +8,7 @@ every run writes to OUT/run.yaml, so `wdsfilter score --config OUT/run.yaml` run
     thresholds: {min: {clip_score: 0.2}, max: {ocr_area: 0.1}, top: {clip_score: 30}}   # wdsfilter.Selection
     stage: {caption_key: "txt;json:description"}
     write_shards: filtered/
+    samples_per_shard: 1000                        # with a prefix: shard-000000.tar, ... (else a copy per shard)
     engine: local
     device: cpu                                    # and any other ScoreConfig option: batch_size, ...
 
@@ -38,8 +39,8 @@ from ..storage.writing import write_text_atomic
 # a recipe's value stays otherwise); run.yaml keeps what they set, so a replay sets the same.
 FLAGS = {**{name: name for name in (
     "scorers", "model", "pretrained", "precision", "frames", "frame_reduce", "keyframes", "ocr_backend",
-    "ocr_model_dir", "ocr_download", "write_shards", "save_embeddings", "device", "gpus", "decode_device",
-    "batch_size", "workers", "replicas", "max_memory", "headroom", "fit")},
+    "ocr_model_dir", "ocr_download", "write_shards", "samples_per_shard", "prefix", "save_embeddings", "device",
+    "gpus", "decode_device", "batch_size", "workers", "replicas", "max_memory", "headroom", "fit")},
     "scorer_opts": "scorer_options", "fmt": "format"}
 # The other flags: run.yaml keeps these under keys of their own (shards, out, engine) or as its
 # thresholds (a wdsfilter.Selection); the stage flags (stream/config.STAGE_OPTIONS) go under stage:,
