@@ -101,6 +101,7 @@ def test_a_replay_of_run_yaml_builds_the_same_configuration(fake_engine, tiny_cl
              "frames": ["--frames", "5"], "frame_reduce": ["--frame-reduce", "max"], "keyframes": ["--keyframes"],
              "ocr_backend": ["--ocr-backend", "easyocr"], "ocr_model_dir": ["--ocr-model-dir", str(models)],
              "ocr_download": ["--no-ocr-download"], "write_shards": ["--write-shards", str(tmp_path / "filtered")],
+             "samples_per_shard": ["--samples-per-shard", "3"], "prefix": ["--prefix", "kept-"],
              "save_embeddings": ["--save-embeddings"], "device": ["--device", "cpu"], "gpus": [],
              "decode_device": ["--decode-device", "cpu"], "batch_size": ["--batch-size", "8"],
              "workers": ["--workers", "1"], "replicas": ["--replicas", "1"], "max_memory": ["--max-memory", "4GB"],
@@ -119,6 +120,6 @@ def test_a_replay_of_run_yaml_builds_the_same_configuration(fake_engine, tiny_cl
     defaults = ScoreConfig(out=first)
     changed = {f.name for f in dataclasses.fields(ScoreConfig) if getattr(cfg, f.name) != getattr(defaults, f.name)}
     assert {"scorers", "scorer_options", "selection", "stage", "device", "decode_device", "batch_size", "workers",
-            "replicas", "max_memory", "headroom", "fit", "format", "write_shards"} <= changed
+            "replicas", "max_memory", "headroom", "fit", "format", "write_shards", "samples_per_shard", "prefix"} <= changed
     assert cfg.scorer_options["clip"]["frames"] == 5 and cfg.scorer_options["ocr"]["download"] is False
     assert dataclasses.replace(again, out=first, write_shards=cfg.write_shards) == cfg
