@@ -341,7 +341,7 @@ def _base_folders(root: str) -> Dict[str, str]:
             rows = [{"key": k, "shard": url, "index": i, "status": "failed" if i == 3 else "scored",
                      "reason": "x" if i == 3 else None, "kept": i != 3, "score": None if i == 3 else rng.random()}
                     for i, k in enumerate(keys)]
-            path = os.path.join(folder, layout.SCORES, names[url] + tables.EXTENSIONS[fmt])
+            path = os.path.join(folder, layout.SCORES, tables.table_name(names[url], fmt))
             tables.write_table(rows, {"score": "float64"}, path, fmt)
             layout.write_marker(folder, layout.Marker(
                 url=url, name=names[url], score_file=os.path.relpath(path, folder), rows=len(rows),
