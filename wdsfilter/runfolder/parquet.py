@@ -28,7 +28,7 @@ class Parquet:
     columnar: bool = True
 
     def write(self, rows: Sequence[dict], columns: Columns, path: str, writer: Optional[str] = None) -> None:
-        write_arrow(score_table(publish_rows(rows), columns, path, writer), path)
+        _write(score_table(publish_rows(rows), columns, path, writer), path)  # (scores/ is made with the run)
 
     def read(self, path: str, columns: Optional[Sequence[str]] = None) -> Dict[str, list]:
         import pyarrow.parquet as pq
@@ -83,8 +83,14 @@ class Parquet:
 
 def write_arrow(table, path: str) -> None:
     """An Arrow table as a Parquet file, atomically (storage/atomic.py: a temporary renamed over
-    `path` after the folder's guard, the folder made): every Parquet file of a run folder is
-    written here (score tables, the failure ledger, the embeddings' metadata, dedup's marks)."""
+    `path` after the folder's guard), its folder made: the Parquet files of a run folder beside
+    its score tables (the failure ledger, the embeddings' metadata, dedup's marks)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    _write(table, path)
+
+
+def _write(table, path: str) -> None:
+    """Every Parquet file of a run folder is written here, atomically."""
     import pyarrow.parquet as pq
     with atomic_path(path) as tmp:
         if table.num_rows:
