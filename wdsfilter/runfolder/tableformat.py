@@ -24,8 +24,9 @@ class DamagedRunFolder(ConfigError):
 
 
 def damaged(path: str, what: str) -> DamagedRunFolder:
-    return DamagedRunFolder(f"{path} is damaged ({what}): it is not the file `wdsfilter score` wrote; delete the "
-                            f"shard's marker in done/ and score it again (wdsfilter score ... --resume)")
+    """The one line saying so; `what` on one line too (pyarrow's messages span several)."""
+    return DamagedRunFolder(f"{path} is damaged ({' '.join(what.split())}): it is not the file `wdsfilter score` "
+                            f"wrote; delete the shard's marker in done/ and score it again (wdsfilter score ... --resume)")
 
 
 def audited(path: str) -> str:
