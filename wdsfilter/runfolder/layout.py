@@ -346,7 +346,8 @@ def written_by(marker: Marker, score_file: str) -> bool:
     """A joined run's score file is the one its marker's worker wrote (the Parquet file's writer,
     tables.WRITER_META, is the marker's WRITER): a worker stalled past its claim in the moment
     between its fence and its rename replaced it otherwise, and the marker vouches for it no more.
-    True where the marker names no writer (one process's run) or the file is JSONL or not here."""
+    True where the marker names no writer (one process's run), the file's format has no footer (JSONL)
+    or the file is not here."""
     writer = marker.extra.get(WRITER)
     if not writer or not os.path.exists(score_file):
         return True
@@ -354,7 +355,7 @@ def written_by(marker: Marker, score_file: str) -> bool:
         footer = format_for(score_file).footer(score_file)
     except (OSError, ValueError, DamagedRunFolder):  # a damaged file: not the marker's
         return False
-    return footer.rows is None or footer.metadata.get(WRITER_META, "") == writer  # (None: no footer, JSONL)
+    return footer.rows is None or footer.metadata.get(WRITER_META) == writer
 
 
 def write_marker(folder: str, marker: Marker) -> None:
@@ -395,8 +396,7 @@ def score_file(folder: str, marker: Marker, confine: Optional[Confinement] = Non
     if os.path.basename(head) != SCORES or base not in {marker.name + f.suffix for f in FORMATS.values()}:
         raise ConfigError(f"{marker_path(folder, marker.name)} names the score file {marker.score_file!r}, which is "
                           f"not the run's scores/{marker.name}{' or '.join(f.suffix for f in FORMATS.values())}; a run "
-                          f"folder's files stay "
-                          f"inside it: restore the marker or score the shard again")
+                          f"folder's files stay inside it: restore the marker or score the shard again")
     return (confine or Confinement(folder))(os.path.join(folder, SCORES, base))
 
 
