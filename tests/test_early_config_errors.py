@@ -82,3 +82,12 @@ def test_score_refuses_a_threshold_on_a_column_that_holds_no_numbers_before_scor
                                   value, "--device", "cpu", "--workers", "0", "--no-progress"])
     assert r.exit_code == 2 and "sha256" in r.output and "not hold numbers" in r.output, r.output
     assert not os.path.exists(tmp_path / "run" / "done") or not os.listdir(tmp_path / "run" / "done")
+
+
+def test_a_score_config_given_a_dict_for_its_stage_names_the_type_it_wants(tmp_path):
+    # The output checks read stage.storage_options first: a dict there was an AttributeError, a
+    # traceback instead of the configuration error the API promises.
+    from wdsfilter.core.errors import ConfigError
+    from wdsfilter.score.config import ScoreConfig
+    with pytest.raises(ConfigError, match=r"stage must be a StageConfig .*got dict"):
+        ScoreConfig(stage={}, out=str(tmp_path / "out"))

@@ -13,12 +13,13 @@ from ..core.selection import Selection, warn_renamed
 from ..core.thresholds import Thresholds
 from ..core.units import parse_size
 from ..storage.writing import check_output_dir
+from ..runfolder.tables import FORMATS as TABLE_FORMATS
 from .ledger import RETRY_MODES
 from .memory import DEVICE_KINDS
 from .fastdecode import combine_floors
 from .scorers.base import pixel_reader
 
-FORMATS = ("parquet", "jsonl")
+FORMATS = tuple(TABLE_FORMATS)  # the score tables' formats, by name (runfolder/tables.py)
 FIT_POLICIES = ("refuse", "clamp")
 def _auto_or_int(value, what: str, minimum: int) -> Union[str, int]:
     if value is None or value == "auto":
@@ -120,6 +121,8 @@ class ScoreConfig:
     def __post_init__(self, thresholds=None, max_thresholds=None, top_shares=None, bottom_shares=None):
         # one validator per group of options, in this order: the first wrong option is the one named
         self._take_old_names(thresholds, max_thresholds, top_shares, bottom_shares)
+        if not isinstance(self.stage, StageConfig):  # before the checks that read its options
+            raise ConfigError(f"stage must be a StageConfig (wdsfilter.StageConfig(...)), got {type(self.stage).__name__}")
         self._check_outputs()
         self._check_scorers()
         self._check_sizes()
@@ -129,8 +132,6 @@ class ScoreConfig:
         self._check_devices()
         self._check_selection()
         self.scorer_options = {str(k): dict(v) for k, v in dict(self.scorer_options).items()}
-        if not isinstance(self.stage, StageConfig):
-            raise ConfigError("stage must be a StageConfig")
 
     def _check_outputs(self) -> None:
         """--out and --write-shards: given, and writable before any work."""
