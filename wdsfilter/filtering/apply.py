@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 from ..runfolder import ScoredShard, ScoreRun, quantile  # its IN_MEMORY_ROWS read at each call (tests lower it)
@@ -53,6 +54,43 @@ def _check_outputs(run: ScoreRun, scores_dir: str, write_shards: Optional[str], 
 # The old keywords of filter_scores (the flags' texts, and thresholds= a Thresholds), taken with a
 # DeprecationWarning: name -> its Selection.parse keyword
 OLD_KEYWORDS = {"mins": "mins", "maxes": "maxes", "tops": "tops", "bottoms": "bottoms"}
+
+
+@dataclass(frozen=True)
+class FilterOptions:
+    """What filter_scores writes and how it reads the sources again (its keyword arguments but the
+    rules, which are a Selection): checked once, then handed through plan -> count -> write."""
+    write_shards: Optional[str] = None
+    samples_per_shard: int = 1000
+    prefix: str = "shard"
+    dry_run: bool = False
+    report: Optional[str] = ""
+    save: bool = False
+    overwrite: bool = False
+    save_thresholds: bool = True
+    source_root: Optional[str] = None
+    allow_pipe: bool = False
+    allow_remote: bool = False
+    stream_idle_seconds: float = StageConfig.stream_idle_seconds
+    unique_keys: bool = False
+    interleave: int = 0
+    export_uids: Optional[str] = None
+    progress: bool = False
+
+    def __post_init__(self):
+        if self.write_shards is not None and self.samples_per_shard < 1:
+            raise ConfigError(f"--samples-per-shard must be >= 1, got {self.samples_per_shard}")
+        if self.dry_run and self.export_uids is not None:
+            raise ConfigError("--dry-run writes nothing, --export-uids a file: drop one of them")
+
+    def report_path(self, scores_dir: str) -> Optional[str]:
+        """The report's path: as given, the default for "" (default_report), None for none."""
+        return default_report(scores_dir, self.write_shards, self.save) if self.report == "" else self.report
+
+    def writes_into(self, scores_dir: str, report: Optional[str]) -> bool:
+        """Whether this filter writes into the score folder (its lease is then held)."""
+        return not self.dry_run and ((self.save_thresholds and (self.save or self.write_shards is not None))
+                                     or _inside(report, scores_dir))
 
 
 def given_selection(selection, rules: dict, old: dict) -> Selection:
@@ -108,19 +146,20 @@ def filter_scores(scores_dir: str, selection: Optional[Selection] = None, *, wri
     rules = dict(min_scores=min_scores, max_scores=max_scores, top_shares=top_shares, bottom_shares=bottom_shares,
                  equal=equal, dedup=dedup, recipe=recipe, min_clip=min_clip, max_ocr_area=max_ocr_area)
     selection = given_selection(selection, rules, old)  # usage errors before any file is read
-    _check_options(write_shards, samples_per_shard, dry_run, export_uids)
+    opts = FilterOptions(write_shards=write_shards, samples_per_shard=samples_per_shard, prefix=prefix,
+                         dry_run=dry_run, report=report, save=save, overwrite=overwrite,
+                         save_thresholds=save_thresholds, source_root=source_root, allow_pipe=allow_pipe,
+                         allow_remote=allow_remote, stream_idle_seconds=stream_idle_seconds,
+                         unique_keys=unique_keys, interleave=interleave, export_uids=export_uids, progress=progress)
     run = ScoreRun.open(scores_dir, source_root)  # not a score folder: say so, before its report path is judged
-    report = default_report(scores_dir, write_shards, save) if report == "" else report
+    report = opts.report_path(scores_dir)
     if not dry_run and (write_shards is not None or report is not None):
         run.require_sources()  # sources only where the run's own record names them
     if not dry_run:  # an output that cannot be written is a usage error, found before any work
         _check_outputs(run, scores_dir, write_shards, report, allow_pipe, allow_remote, export_uids)
-    with _score_folder_lease(scores_dir, writes_there=not dry_run and (
-            (save_thresholds and (save or write_shards is not None)) or _inside(report, scores_dir))), \
+    with _score_folder_lease(scores_dir, writes_there=opts.writes_into(scores_dir, report)), \
             Passes(progress) as passes:
-        return _filter_run(run, scores_dir, selection, report, dry_run, export_uids, save, save_thresholds,
-                           write_shards, samples_per_shard, prefix, overwrite, echo, shard_echo, allow_pipe,
-                           allow_remote, stream_idle_seconds, unique_keys, interleave, passes)
+        return _filter_run(run, scores_dir, selection, report, opts, echo, shard_echo, passes)
 
 
 def _inside(path: Optional[str], folder: str) -> bool:
@@ -146,11 +185,11 @@ def _score_folder_lease(scores_dir: str, writes_there: bool):
     return held()
 
 
-def _filter_run(run, scores_dir, selection, report, dry_run, export_uids, save, save_thresholds, write_shards,
-                samples_per_shard, prefix, overwrite, echo, shard_echo, allow_pipe, allow_remote,
-                stream_idle_seconds, unique_keys, interleave, passes: Passes) -> FilterResult:
+def _filter_run(run: ScoreRun, scores_dir: str, selection: Selection, report: Optional[str], opts: FilterOptions,
+                echo, shard_echo, passes: Passes) -> FilterResult:
     """filter_scores once its options are checked (under the score folder's lease when it writes
-    there); each pass on its progress line (`passes`)."""
+    there): plan (the rules resolved), count, write; each pass on its progress line (`passes`)."""
+    dry_run = opts.dry_run
     counting = passes.start("counting", "score files", total=len(run.shards))
     # Counted column-wise (no report, no --dedup): each score file read once, its threshold columns
     # held for the shares too (judge.ShardTable), instead of a read to resolve and one to count.
@@ -164,48 +203,38 @@ def _filter_run(run, scores_dir, selection, report, dry_run, export_uids, save, 
     result.counts = [{"kept": 0, "dropped": 0, "no_score": 0} for _ in thresholds]
     collector = None
     if report is not None and not dry_run:
-        collector = ReportCollector(run, thresholds, allow_pipe, allow_remote, stream_idle_seconds)
+        collector = ReportCollector(run, thresholds, opts.allow_pipe, opts.allow_remote, opts.stream_idle_seconds)
     count_run(run, thresholds, collector, marks, result, tables, counting if tables is None else None)  # else counted there
     passes.end(counting)
     if dry_run:
         return result
-    if export_uids is not None:
-        result.uids = export_kept_uids(export_uids, run, thresholds, marks)
-    if save_thresholds and (save or write_shards is not None):
+    if opts.export_uids is not None:
+        result.uids = export_kept_uids(opts.export_uids, run, thresholds, marks)
+    if opts.save_thresholds and (opts.save or opts.write_shards is not None):
         result.files["thresholds (loader keyword arguments)"] = write_thresholds(
             os.path.join(scores_dir, THRESHOLDS), resolved.selection)
-    if write_shards is not None:
-        _write_shards(run, resolved, result, write_shards, samples_per_shard, prefix, overwrite, echo, shard_echo,
-                      allow_pipe, allow_remote, stream_idle_seconds, unique_keys, interleave, report,
-                      save_thresholds, passes)
+    if opts.write_shards is not None:
+        _write_shards(run, resolved, result, opts, report, echo, shard_echo, passes)
     if collector is not None:
         result.files["report"] = write_report(collector.finish(result), report)
     return result
 
 
-def _check_options(write_shards, samples_per_shard: int, dry_run: bool, export_uids) -> None:
-    if write_shards is not None and samples_per_shard < 1:
-        raise ConfigError(f"--samples-per-shard must be >= 1, got {samples_per_shard}")
-    if dry_run and export_uids is not None:
-        raise ConfigError("--dry-run writes nothing, --export-uids a file: drop one of them")
-
-
-def _write_shards(run: ScoreRun, resolved, result: FilterResult, write_shards: str, samples_per_shard: int,
-                  prefix: str, overwrite: bool, echo, shard_echo, allow_pipe: bool, allow_remote: bool,
-                  stream_idle_seconds: float, unique_keys: bool, interleave: int, report, save_thresholds: bool,
-                  passes: Passes):
+def _write_shards(run: ScoreRun, resolved, result: FilterResult, opts: FilterOptions, report: Optional[str],
+                  echo, shard_echo, passes: Passes):
     """The kept samples into new shards of N (runfolder/reshard.py), the rules beside them (thresholds.json)."""
-    scores_dir = result.scores_dir
-    writer = Resharder(write_shards, samples_per_shard, prefix, run.stage.get("rekey", "first-dot"), allow_pipe,
-                       allow_remote, stream_idle_seconds, shard_echo, unique_keys, interleave,
+    scores_dir, write_shards, samples_per_shard = result.scores_dir, opts.write_shards, opts.samples_per_shard
+    writer = Resharder(write_shards, samples_per_shard, opts.prefix, run.stage.get("rekey", "first-dot"),
+                       opts.allow_pipe, opts.allow_remote, opts.stream_idle_seconds, shard_echo, opts.unique_keys,
+                       opts.interleave,
                        writes_report=report is not None and _same_path(report, default_report(scores_dir, write_shards)))
     with writer.lock():
         def progress(kept: int):
             return passes.start("writing shards", "samples", total=kept, parts=-(-kept // samples_per_shard))
-        result.sizes = reshard_run(run, scores_dir, resolved.thresholds, resolved.marks, writer, overwrite=overwrite,
+        result.sizes = reshard_run(run, scores_dir, resolved.thresholds, resolved.marks, writer, overwrite=opts.overwrite,
                                    kept=result.kept, echo=echo, shown=write_shards, progress=progress)
         passes.end(writer.progress)
-        if save_thresholds:  # beside the shards: the loader call that keeps what they hold
+        if opts.save_thresholds:  # beside the shards: the loader call that keeps what they hold
             write_thresholds(os.path.join(writer.out, THRESHOLDS), resolved.selection)
     result.files["shards"] = write_shards
 
