@@ -52,4 +52,5 @@ def test_parts_of_one_quality_merge_and_the_table_is_per_set_and_quality(tmp_pat
     assert rows[("skimage", "85")][0]["load_avg"] == [5.0, 6.0, 5.0, 6.0]
     main(["--from-json", parts_file(tmp_path), "--gates", "default"])
     table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| skimage | q92")]
-    assert table == ["| skimage | q92 | 1/1 | 1/1 (cat) | 1000 | 601 MiB | 1/1 | 0/1 | 10000 | 2001 MiB | 10.0x | 20-21 |"]
+    assert table == [("| skimage | q92 | 1/1 | 1/1 (cat) | NO (0.050 <= 0.050) | 1000 | 601 MiB | 1/1 | 0/1 | yes (0.050 > 0.000) | 10000 "
+                     "| 2001 MiB | 10.0x | 20-21 |")]

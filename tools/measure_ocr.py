@@ -483,7 +483,8 @@ def print_side_by_side(results: Sequence[dict], gate: str = "default") -> None:
         return
     rows = side_by_side(results, gate)
     names = [r["backend"] for r in results]
-    head = ["set", "quality"] + [f"{b}: {c}" for b in names for c in ("recall", "false positives", "s/1000", "peak RSS")]
+    head = ["set", "quality"] + [f"{b}: {c}" for b in names
+                                 for c in ("recall", "false positives", "ranked (lowest text > highest other)", "s/1000", "peak RSS")]
     head += [f"{b} / {names[0]} s" for b in names[1:]] + ["load average"]
     print(f"\nside by side, gate {gate} (peak RSS: the backend's process at that quality):")
     print("| " + " | ".join(head) + " |\n|" + " --- |" * len(head))
@@ -492,7 +493,9 @@ def print_side_by_side(results: Sequence[dict], gate: str = "default") -> None:
         cells = [r["set"], q]
         for b in r["backends"]:
             fp = ", ".join(n.split("/", 1)[1] for n in b["false_positives"])
+            lo, hi = b["lowest_text"][1], b["highest_other"][1]
             cells += [f"{b['recall']}/{b['texts']}", f"{len(b['false_positives'])}/{b['others']}" + (f" ({fp})" if fp else ""),
+                      f"{'yes' if b['ranked'] else 'NO'} ({lo:.3f} {'>' if b['ranked'] else '<='} {hi:.3f})",
                       f"{b['s_per_1000']:.0f}", f"{b['peak_rss_mib']:.0f} MiB"]
         base = r["backends"][0]["s_per_1000"]
         cells += [f"{b['s_per_1000'] / base:.1f}x" if base else "-" for b in r["backends"][1:]]
