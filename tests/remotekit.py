@@ -459,3 +459,10 @@ def iam_s3_server(folder: str, prefix: str = "shards"):
         proc.terminate()
         proc.wait(timeout=30)
         _clear_fsspec_cache()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (a torch.distributed rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

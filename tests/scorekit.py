@@ -484,3 +484,38 @@ class LocalFileScorer(BrightnessScorer):
 
     def local_files(self):
         return [self.path] if self.path else []
+
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The command in-process behind a poisoned torch (sys.modules["torch"] = None: any import of it
+# raises), with its exit code and whether open_clip was imported written to a file.
+DRIVER = """
+import json, sys
+sys.modules["torch"] = None
+from wdsfilter.cli import main
+code = 0
+try:
+    main(sys.argv[2:], prog_name="wdsfilter")
+except SystemExit as e:
+    code = e.code
+with open(sys.argv[1], "w") as f:
+    json.dump({"code": code, "open_clip": "open_clip" in sys.modules}, f)
+"""
+
+
+def run_without_torch(tmp_path, *args):
+    result = tmp_path / "result.json"
+    env = dict(os.environ, PYTHONPATH=_REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", DRIVER, str(result), *args], capture_output=True, text=True,
+                          cwd=str(tmp_path), env=env, timeout=300)
+    outcome = json.loads(result.read_text())
+    return outcome["code"], proc.stdout + proc.stderr, outcome["open_clip"]
+
+
+def assert_one_line_error(output: str, *needles: str) -> None:
+    lines = [line for line in output.splitlines() if line.strip()]
+    errors = [line for line in lines if ": error: " in line]
+    assert len(errors) == 1 and "Traceback" not in output, output
+    for needle in needles:
+        assert needle in errors[0], output

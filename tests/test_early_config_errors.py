@@ -4,47 +4,14 @@ name checked by open_clip, a threshold column checked once the scorers are built
 wrong message. Nothing here is timed: what is slow is the import, and the test forbids it."""
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 
+from scorekit import assert_one_line_error, run_without_torch
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARDS = os.path.join(REPO, "sample_shards", "images-000000.tar")
-
-# The command in-process behind a poisoned torch (sys.modules["torch"] = None: any import of it
-# raises), with its exit code and whether open_clip was imported written to a file.
-DRIVER = """
-import json, sys
-sys.modules["torch"] = None
-from wdsfilter.cli import main
-code = 0
-try:
-    main(sys.argv[2:], prog_name="wdsfilter")
-except SystemExit as e:
-    code = e.code
-with open(sys.argv[1], "w") as f:
-    json.dump({"code": code, "open_clip": "open_clip" in sys.modules}, f)
-"""
-
-
-def run_without_torch(tmp_path, *args):
-    result = tmp_path / "result.json"
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-c", DRIVER, str(result), *args], capture_output=True, text=True,
-                          cwd=str(tmp_path), env=env, timeout=300)
-    outcome = json.loads(result.read_text())
-    return outcome["code"], proc.stdout + proc.stderr, outcome["open_clip"]
-
-
-def assert_one_line_error(output: str, *needles: str) -> None:
-    lines = [line for line in output.splitlines() if line.strip()]
-    errors = [line for line in lines if ": error: " in line]
-    assert len(errors) == 1 and "Traceback" not in output, output
-    for needle in needles:
-        assert needle in errors[0], output
 
 
 @pytest.mark.parametrize("args, needles", [
@@ -115,3 +82,12 @@ def test_score_refuses_a_threshold_on_a_column_that_holds_no_numbers_before_scor
                                   value, "--device", "cpu", "--workers", "0", "--no-progress"])
     assert r.exit_code == 2 and "sha256" in r.output and "not hold numbers" in r.output, r.output
     assert not os.path.exists(tmp_path / "run" / "done") or not os.listdir(tmp_path / "run" / "done")
+
+
+def test_a_score_config_given_a_dict_for_its_stage_names_the_type_it_wants(tmp_path):
+    # The output checks read stage.storage_options first: a dict there was an AttributeError, a
+    # traceback instead of the configuration error the API promises.
+    from wdsfilter.core.errors import ConfigError
+    from wdsfilter.score.config import ScoreConfig
+    with pytest.raises(ConfigError, match=r"stage must be a StageConfig .*got dict"):
+        ScoreConfig(stage={}, out=str(tmp_path / "out"))

@@ -46,8 +46,8 @@ def test_a_reshard_that_fails_half_way_closes_and_removes_its_open_shard(tmp_pat
     import warnings
 
     from shardkit import image_text_members
-    from wdsfilter.filtering.rename import ReshardError
-    from wdsfilter.filtering.reshard import Resharder, Source
+    from wdsfilter.runfolder.rename import ReshardError
+    from wdsfilter.runfolder.reshard import Resharder, Source
     a = write_shard(str(tmp_path / "a.tar"), image_text_members(3))
     b = write_shard(str(tmp_path / "b.tar"), image_text_members(2, start=3))
     out = tmp_path / "out"
@@ -75,8 +75,8 @@ def test_a_source_cut_inside_a_kept_member_is_named_with_its_sample(tmp_path, un
     since; no marker to compare with) stops the reshard with one line naming the shard, the sample
     and what to do, as stored or renamed (--unique-keys)."""
     from shardkit import image_text_members
-    from wdsfilter.filtering.rename import ReshardError
-    from wdsfilter.filtering.reshard import Resharder, Source
+    from wdsfilter.runfolder.rename import ReshardError
+    from wdsfilter.runfolder.reshard import Resharder, Source
     path = write_shard(str(tmp_path / "cut.tar"), image_text_members(3))
     import tarfile
     with tarfile.open(path) as tar:

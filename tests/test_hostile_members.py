@@ -119,10 +119,10 @@ def many_streams_mov(small_streams: int, real: int, declared: int) -> bytes:
     import fractions
 
     import av
-    from test_video_guards import _png
+    from videokit import black_png
 
     buf = io.BytesIO()
-    small, big = _png(16, 16), _png(real, real)
+    small, big = black_png(16, 16), black_png(real, real)
     with av.open(buf, "w", format="mov") as c:
         streams = []
         for size, frame in [(16, small)] * small_streams + [(declared, big)]:

@@ -399,9 +399,7 @@ def test_no_function_is_over_80_lines():
 MAX_COMPLEXITY = 30
 # "path:function" -> why it may be more complex for now (checked to be still needed)
 COMPLEX_FUNCTIONS = {
-    "wdsfilter/score/config.py:ScoreConfig.__post_init__": "to split into validators per group (issue 37 step 9)",
     "wdsfilter/score/runner.py:Run.__init__": "to split (issue 37 step 9)",
-    "wdsfilter/score/summary.py:RunSummary.format_text": "to split into a renderer per section (issue 37 step 9)",
 }
 
 

@@ -7,7 +7,6 @@ and fails the test as a hang. No assertion is about time."""
 import datetime
 import json
 import os
-import socket
 import time
 
 import pytest
@@ -16,18 +15,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import wdsfilter
+from remotekit import free_port
 from shardkit import image_text_members, write_shard
 from wdsfilter import ConfigError
 
 pytestmark = pytest.mark.slow  # starts processes and DataLoader workers
 
 HANG_SECONDS = 300
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank_main(rank, world, port, shards, kws, epochs, out):
@@ -74,7 +68,7 @@ def run_ranks_each(tmp_path, shards, kws, epochs=1):
     """run_ranks for several loader settings in one pair of rank processes (each spawned rank
     imports torch and wdsfilter: seconds of CPU): per rank, a result per settings."""
     out = str(tmp_path / "rank")
-    ctx = mp.spawn(_rank_main, args=(2, _free_port(), shards, kws, epochs, out), nprocs=2, join=False)
+    ctx = mp.spawn(_rank_main, args=(2, free_port(), shards, kws, epochs, out), nprocs=2, join=False)
     try:
         deadline = time.monotonic() + HANG_SECONDS
         while not ctx.join(timeout=5):  # False while a rank is still running

@@ -252,13 +252,13 @@ def test_two_ranks_two_workers_resume_gives_one_epoch_none_twice(tmp_path):
     from collections import Counter
 
     import torch.multiprocessing as mp
-    from test_loader_ddp import _free_port
+    from remotekit import free_port
 
     # 8 shards of 6: each of the 2 x 2 readers has 2 shards and gives 2 batches of 3 (epoch_samples=24), all
     # from its first pass (a shuffle buffer of 6 has not reached the second), so the epoch has no sample twice.
     shards = [write_shard(tmp_path / f"d{i}.tar", image_text_members(6, start=100 * i)) for i in range(8)]
     out = str(tmp_path / "rank")
-    ctx = mp.spawn(_rank_resume, args=(2, _free_port(), shards, 1, out), nprocs=2, join=False)
+    ctx = mp.spawn(_rank_resume, args=(2, free_port(), shards, 1, out), nprocs=2, join=False)
     try:
         deadline = time.monotonic() + 600  # a hang guard only (three loaders a rank, on a busy machine)
         while not ctx.join(timeout=5):

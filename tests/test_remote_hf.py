@@ -15,7 +15,7 @@ pytest.importorskip("huggingface_hub")
 
 from hubkit import HubServer, clear_hf_cache, hub_endpoint  # noqa: E402
 from remotekit import three_shards  # noqa: E402
-from test_early_config_errors import assert_one_line_error, run_without_torch  # noqa: E402
+from scorekit import assert_one_line_error, run_without_torch  # noqa: E402
 from wdsfilter.cli import main  # noqa: E402
 from wdsfilter.core.errors import ConfigError  # noqa: E402
 from wdsfilter.storage.remote import RemoteOptions  # noqa: E402

@@ -436,3 +436,24 @@ def test_resume_on_a_bucket_pulls_only_the_run_state_and_gives_a_local_resumes_r
                   "plan", "plan_text", "samples_per_second", "probe", "scorers"):
             s.pop(k, None)
     assert summaries[0] == summaries[1]
+
+
+def test_shards_resharded_into_a_bucket_are_the_bytes_of_local_ones(s3, local, tmp_path):
+    """score --write-shards s3://... --samples-per-shard N: resharded at the end of the run into the
+    bucket, the bytes of a local run's (filter_run.json names the run folder, here a bucket's);
+    a --resume with nothing left to score writes the same objects."""
+    _, client = s3
+    args = ["--min", "brightness=0.5", "--samples-per-shard", "3", "--prefix", "kept"]
+    assert _score(local[0], str(tmp_path / "here"), *args, "--write-shards", str(tmp_path / "kept")).exit_code == 0
+    url, kept = f"s3://{BUCKET}/runs/rs", f"s3://{BUCKET}/kept/rs"
+    r = _score(local[0], url, *args, "--write-shards", kept)
+    assert r.exit_code == 0, r.output
+    local_files = {os.path.basename(p): open(p, "rb").read() for p in glob.glob(str(tmp_path / "kept" / "*"))}
+    remote_files = {k.rsplit("/", 1)[1]: _get(client, k) for k in _keys(client, "kept/rs/")}
+    assert "kept-000000.tar" in local_files and not any(n.startswith("shard-") for n in local_files)
+    assert {k: v for k, v in remote_files.items() if k != "filter_run.json"} == \
+        {k: v for k, v in local_files.items() if k != "filter_run.json"}
+    assert json.loads(remote_files["filter_run.json"])["identity"]["scores"] == url
+    r = _score(local[0], url, *args, "--write-shards", kept, "--resume")
+    assert r.exit_code == 0 and "3 shard(s) were already done" in r.output, r.output
+    assert {k.rsplit("/", 1)[1]: _get(client, k) for k in _keys(client, "kept/rs/")} == remote_files

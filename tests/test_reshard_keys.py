@@ -198,7 +198,7 @@ def test_one_format_folder_loads_by_hf_inference_and_its_card_names_only_the_sha
 
 
 def test_card_declares_columns_only_where_it_can():
-    from wdsfilter.filtering.hfcard import card_text
+    from wdsfilter.runfolder.hfcard import card_text
     jpg = {"successes": 2, "fields": {"jpg": 2, "txt": 2}}
     png = {"successes": 1, "fields": {"png": 1, "txt": 1, "cls": 1}}
     mixed = card_text("shard", [jpg, png])
@@ -218,7 +218,7 @@ def test_unique_keys_renames_samples_whose_text_is_not_valid_unicode(tmp_path):
     import tarfile
 
     from shardkit import write_shard as _write_shard
-    from wdsfilter.filtering.reshard import Resharder, Source
+    from wdsfilter.runfolder.reshard import Resharder, Source
     members = [("000000.jpg", image_bytes()), ("000000.json", b'{"caption": "cut \\ud83d", "uid": "u0"}'),
                ("caf\udce9.jpg", image_bytes())]  # the byte 0xe9: no .json of its own
     path = _write_shard(str(tmp_path / "odd.tar"), members)

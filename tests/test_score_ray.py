@@ -142,6 +142,23 @@ def test_a_shard_that_cannot_be_opened_is_failed_not_done_and_the_stage_counts_a
         server.close()
 
 
+def test_ray_reshards_the_kept_samples_once_at_the_end_as_filter_does(local_ray, tmp_path):
+    """--write-shards with --samples-per-shard on Ray: the driver reshards at the end (Run.finish),
+    the bytes `filter --write-shards --samples-per-shard --prefix` writes from the same rows."""
+    from wdsfilter.filtering import filter_scores
+    out, rules = str(tmp_path / "ray"), dict(min_scores={"brightness": 0.2})
+    score_on_ray(SHARDS[:2], out=out, write_shards=str(tmp_path / "kept"), samples_per_shard=5, prefix="kept",
+                 batch_size=8, **rules, **LIGHT)
+    filter_scores(out, write_shards=str(tmp_path / "by-filter"), samples_per_shard=5, prefix="kept", report=None,
+                  **rules)
+
+    def files(folder):
+        return {n: (tmp_path / folder / n).read_bytes() for n in os.listdir(tmp_path / folder)
+                if not n.startswith(".lock")}
+    written = files("kept")
+    assert "kept-000000.tar" in written and written == files("by-filter")
+
+
 def test_a_shard_without_captions_after_the_first_is_scored_as_data(local_ray, tiny_clip, tmp_path):
     # Every Ray task reads one shard: none of them may treat its shard as the dataset's first.
     no_captions = os.path.join(SS, "videos-000000.tar")  # no .jpg: every sample misses the image

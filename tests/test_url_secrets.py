@@ -152,8 +152,8 @@ def test_reshard_errors_never_show_a_source_urls_password_or_query(web, tmp_path
     """A source URL's user:password@ and query string (a presigned signature) stay out of the
     reshard's error lines, as out of every other message (remote.redact_url)."""
     from shardkit import image_text_members
-    from wdsfilter.filtering.rename import ReshardError
-    from wdsfilter.filtering.reshard import Resharder, Source
+    from wdsfilter.runfolder.rename import ReshardError
+    from wdsfilter.runfolder.reshard import Resharder, Source
     path = write_shard(str(tmp_path / "a.tar"), image_text_members(2))
     # (the test server keeps the object under its path and query)
     url = web.put("a.tar?sig=t0ken", open(path, "rb").read()).replace("http://", "http://reader:s3cret@")

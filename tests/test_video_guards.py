@@ -5,18 +5,16 @@ import fractions
 import io
 import json
 import os
-import struct
 import subprocess
 import sys
 import textwrap
-import zlib
 
 import av
 import numpy as np
 import pytest
 
 from shardkit import write_shard
-from videokit import h264_mp4
+from videokit import black_png, h264_mp4
 from wdsfilter import StageConfig
 from wdsfilter.core.errors import DataError
 from wdsfilter.stream.pipeline import sample_pipeline
@@ -28,21 +26,10 @@ from wdsfilter.media import videos
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _png(w, h) -> bytes:
-    """A black RGB PNG of w x h, compressed row by row (never held uncompressed)."""
-    def chunk(kind, data):
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-    comp = zlib.compressobj(1)
-    rows = bytes(1 + 3 * w) * 256
-    idat = b"".join(comp.compress(rows[:len(rows) * min(256, h - y) // 256]) for y in range(0, h, 256)) + comp.flush()
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
-            + chunk(b"IDAT", idat) + chunk(b"IEND", b""))
-
-
 def png_mov(real: int, declared: int, frames: int = 3) -> bytes:
     """A QuickTime file of PNG frames `real` pixels square whose header declares `declared`."""
     buf = io.BytesIO()
-    frame = _png(real, real)
+    frame = black_png(real, real)
     with av.open(buf, "w", format="mov") as c:
         s = c.add_stream("png", rate=1)
         s.width = s.height = declared
@@ -127,7 +114,7 @@ def test_a_cut_short_faststart_mp4_is_corrupt_in_validate_and_partial_in_score(t
 
 def test_packets_read_per_video_are_capped(tmp_path):
     buf = io.BytesIO()
-    frame = _png(2, 2)
+    frame = black_png(2, 2)
     with av.open(buf, "w", format="mov") as c:
         s = c.add_stream("png", rate=1000)
         s.width = s.height = 2

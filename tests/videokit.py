@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import struct
+import zlib
 
 import av
 import numpy as np
@@ -115,3 +117,14 @@ def audio_with_cover(fmt="mp3") -> bytes:
             container.mux(packet)
         mux_silence(container, audio, 8)
     return buf.getvalue()
+
+
+def black_png(w, h) -> bytes:
+    """A black RGB PNG of w x h, compressed row by row (never held uncompressed)."""
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+    comp = zlib.compressobj(1)
+    rows = bytes(1 + 3 * w) * 256
+    idat = b"".join(comp.compress(rows[:len(rows) * min(256, h - y) // 256]) for y in range(0, h, 256)) + comp.flush()
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", idat) + chunk(b"IEND", b""))

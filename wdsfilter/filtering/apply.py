@@ -1,5 +1,5 @@
 """`wdsfilter filter`: judge every score row against thresholds chosen after scoring, count,
-and optionally write the kept samples into new shards (reshard.py) and a report (wdsfilter/report/).
+and optionally write the kept samples into new shards (runfolder/reshard.py) and a report (wdsfilter/report/).
 
     from wdsfilter.filtering import filter_scores
     result = filter_scores("scores/", top_shares={"clip_score": 30}, max_scores={"ocr_area": 0.2},
@@ -14,39 +14,26 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Optional
 
 from ..runfolder import ScoredShard, ScoreRun, quantile  # its IN_MEMORY_ROWS read at each call (tests lower it)
 from ..runfolder.names import FILTER_REPORT, THRESHOLDS
 from ..runfolder.lease import Lease
-from ..runfolder.judge import FilterResult, Threshold, count_run, judge_shard, read_shard_table
+from ..runfolder.judge import FilterResult, count_run, read_shard_table
 from ..runfolder.reader import check_sources
 from ..runfolder.shares import check_present
 from ..stream.config import StageConfig
 from ..core.progress import Passes
 from ..core.selection import Selection, selection_of, warn_renamed
 from .rules import resolve_selection, write_thresholds
-from ..runfolder.dedup import score_file_state
 from ..storage.writing import check_output_dir, check_output_file, refuse_writing_into_inputs
 from .uids import check_export, export_kept_uids
 from ..report.collect import ReportCollector
 from ..report.page import write_report
 from ..core.errors import ConfigError
-from ..storage.remote import is_fsspec_url, redact_url  # a bucket's folder by its URL (not abspath's)
-from .reshard import REPORT, Resharder, Source  # REPORT: one of the files filter owns in OUT, never one of the user's replaced
+from ..storage.remote import is_fsspec_url  # a bucket's folder by its URL (not abspath's)
+from ..runfolder.reshard import REPORT, Resharder, reshard_run  # REPORT: one of the files filter owns in OUT, never one of the user's replaced
 from ..runfolder.tables import in_threads
-
-
-def _file_state(path: str) -> list:
-    # what the file holds, not when it was written: a bucket's score folder is read through a local
-    # copy whose times are the copy's (another machine, a fresh cache); the dedup's rule for a copy
-    state = score_file_state(path)
-    return [os.path.basename(path), state["bytes"], state["sha256"]]
-
-
-def kept_keys(shard: ScoredShard, thresholds: Sequence[Threshold], marks=None) -> List[str]:
-    dropped = marks.dropped(shard.name) if marks is not None else None
-    return [row["key"] for row, reason in judge_shard(shard, thresholds, dropped=dropped) if reason is None]
 
 
 def _check_outputs(run: ScoreRun, scores_dir: str, write_shards: Optional[str], report: Optional[str],
@@ -207,27 +194,16 @@ def _write_shards(run: ScoreRun, resolved, result: FilterResult, write_shards: s
                   prefix: str, overwrite: bool, echo, shard_echo, allow_pipe: bool, allow_remote: bool,
                   stream_idle_seconds: float, unique_keys: bool, interleave: int, report, save_thresholds: bool,
                   passes: Passes):
-    """The kept samples into new shards of N (reshard.py), the rules beside them (thresholds.json)."""
-    scores_dir, thresholds, marks = result.scores_dir, resolved.thresholds, resolved.marks
+    """The kept samples into new shards of N (runfolder/reshard.py), the rules beside them (thresholds.json)."""
+    scores_dir = result.scores_dir
     writer = Resharder(write_shards, samples_per_shard, prefix, run.stage.get("rekey", "first-dot"), allow_pipe,
                        allow_remote, stream_idle_seconds, shard_echo, unique_keys, interleave,
                        writes_report=report is not None and _same_path(report, default_report(scores_dir, write_shards)))
-    identity = {"scores": scores_dir if is_fsspec_url(scores_dir) else os.path.abspath(scores_dir),
-                "thresholds": [[t.column, t.minimum, t.value] if t.numeric else [t.column, "equal", list(t.bound.values)]
-                               for t in thresholds],
-                **({"dedup": marks.summary.get("settings")} if marks is not None else {}),
-                "samples_per_shard": samples_per_shard, "prefix": prefix, **writer.layout(),
-                "sources": [redact_url(s.url) for s in run.shards],  # OUT is published: no password
-                # what the rows were: a shard scored again (score --resume) is other data
-                "score_files": [_file_state(s.score_file) for s in run.shards]}
     with writer.lock():
-        whole = writer.prepare(identity, overwrite, result.kept)
-        if whole:
-            echo(f"resume: {whole} shard(s) in {write_shards} are already whole")
-        sources = (Source(s.url, kept_keys(s, thresholds, marks), s.source) for s in run.shards)
-        writer.progress = passes.start("writing shards", "samples", total=result.kept,
-                                       parts=-(-result.kept // samples_per_shard))
-        result.sizes = writer.write(sources)
+        def progress(kept: int):
+            return passes.start("writing shards", "samples", total=kept, parts=-(-kept // samples_per_shard))
+        result.sizes = reshard_run(run, scores_dir, resolved.thresholds, resolved.marks, writer, overwrite=overwrite,
+                                   kept=result.kept, echo=echo, shown=write_shards, progress=progress)
         passes.end(writer.progress)
         if save_thresholds:  # beside the shards: the loader call that keeps what they hold
             write_thresholds(os.path.join(writer.out, THRESHOLDS), resolved.selection)

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .lease import Conflict, Lease, describe_holder, record_at, record_names, stale_reason
-from .names import CLAIMS, DONE, FINISH, WORKERS
+from .names import CLAIMS, DONE, FINISH, RUN_JSON, WORKERS
 
 
 def claim_order(urls: Sequence[str], token: str, index: Optional[int] = None, count: Optional[int] = None,
@@ -373,7 +373,7 @@ def run_status(folder: str, names: Sequence[str], stale: float, storage_options=
 
 
 def _run_id(folder: str, storage_options=None) -> Optional[str]:
-    return (record_at(folder, "run.json", storage_options).read_data() or {}).get("run_id")
+    return (record_at(folder, RUN_JSON, storage_options).read_data() or {}).get("run_id")
 
 
 def describe_worker(record: dict) -> str:

@@ -36,9 +36,9 @@ DEDUP_WORK = "tmp"  # dedup/tmp/, dedup's working files
 STATE_FILES = (RUN_JSON, SHARDS_FILE, RECIPE_FILE)
 STATE_FOLDERS = (DONE, FAILURES, DEDUP)
 
-# -- the folder `wdsfilter filter --write-shards OUT` writes (filtering/reshard.py) -----------------------
+# -- the folder `wdsfilter filter --write-shards OUT` writes (runfolder/reshard.py) -----------------------
 FILTER_RUN = "filter_run.json"  # what filter wrote there, so a rerun replaces only its own files
-CARD = "README.md"  # the dataset card (filtering/hfcard.py)
+CARD = "README.md"  # the dataset card (runfolder/hfcard.py)
 
 __all__ = ["RECIPE_FILE", "SIZES", "STATS_SUFFIX", "LEASE", "GUARD", "WORKERS", "CLAIMS", "FINISH", "RUN_JSON", "SHARDS_FILE", "SCORES", "DONE", "FAILURES",
            "FAILURES_MERGED", "EMBEDDINGS", "EMBEDDING_PARTS", "EMBEDDING_METADATA", "SUMMARY", "HISTOGRAMS",

@@ -121,15 +121,23 @@ class RemoteFolder:
         if version is not None:
             self.versions[rel] = version
 
+    def list_now(self) -> Dict[str, dict]:
+        """Every object under the folder as the bucket holds it now (not a listing fsspec cached
+        earlier), by key with its details; {} when there is none. Forbidden: RemoteOutputError."""
+        try:
+            self.fs.invalidate_cache(self.path)
+            return self.fs.find(self.path + "/", detail=True)
+        except FileNotFoundError:
+            return {}
+        except PermissionError as e:
+            raise RemoteOutputError(f"{self.shown()}: listing is forbidden ({describe(e)}); credentials: "
+                                    f"{credential_source(self.url, self.storage_options)}") from None
+
     def refresh(self, fetch: Tuple[str, ...] = ()) -> int:
         """What the bucket holds now, after other writers (a joined run's workers): every object
         not in staging is held (its size and version known), those under the `fetch` folders
         are brought into staging. Returns how many were downloaded."""
-        try:
-            self.fs.invalidate_cache(self.path)
-            found = self.fs.find(self.path + "/", detail=True)
-        except FileNotFoundError:
-            found = {}
+        found = self.list_now()
         paths = []
         for key, info in found.items():
             rel = key[len(self.path) + 1:]
@@ -163,14 +171,7 @@ class RemoteFolder:
         """Download the remote folder into staging; returns how many files. keep_in_bucket(rel):
         the objects left where they are (their sizes known, `held`: --resume needs no finished
         shard's score file or filtered shard, only its marker; `fetch` brings one when it is read)."""
-        try:
-            self.fs.invalidate_cache(self.path)  # what the bucket holds now, not a listing cached earlier
-            found = self.fs.find(self.path + "/", detail=True)
-        except FileNotFoundError:
-            found = {}
-        except PermissionError as e:
-            raise RemoteOutputError(f"{self.shown()}: listing is forbidden ({describe(e)}); credentials: "
-                                    f"{credential_source(self.url, self.storage_options)}") from None
+        found = self.list_now()
         n = 0
         for key in sorted(found):
             rel = key[len(self.path) + 1:]
@@ -419,14 +420,7 @@ def pulled(url: str, storage_options=None) -> str:
     with open(os.path.join(folder, ".lock"), "a+b") as lock:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
         remote = RemoteFolder(url, storage_options, staging=folder)
-        try:
-            remote.fs.invalidate_cache(remote.path)
-            listed = remote.fs.find(remote.path + "/", detail=True)
-        except FileNotFoundError:
-            listed = {}
-        except PermissionError as e:
-            raise RemoteOutputError(f"{remote.shown()}: listing is forbidden ({describe(e)}); credentials: "
-                                    f"{credential_source(url, storage_options)}") from None
+        listed = remote.list_now()
         if not listed:
             raise ConfigError(f"score folder {remote.shown()} does not exist (no object under it); pass the --out "
                               f"folder of a `wdsfilter score` run")

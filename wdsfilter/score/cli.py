@@ -49,7 +49,7 @@ HELP_GROUPS = {
     "Model and scorers": ("scorers", "model", "pretrained", "precision", "scorer_opts", "frames", "frame_reduce",
                           "keyframes", "ocr_backend", "ocr_model_dir", "ocr_download"),
     "Thresholds": ("min_clip", "max_ocr_area", "mins", "maxes", "tops", "bottoms", "equals", "recipes"),
-    "Output": ("out", "write_shards", "save_embeddings", "fmt"),
+    "Output": ("out", "write_shards", "samples_per_shard", "prefix", "save_embeddings", "fmt"),
     "Performance": ("device", "gpus", "decode_device", "batch_size", "workers", "replicas", "max_memory", "headroom",
                     "fit", "engine", "ray_address", "ray_actors", "ray_gpus_per_actor"),
     "Remote": STAGE_REMOTE,
@@ -94,7 +94,14 @@ HELP_GROUPS = {
 @click.option("--bottom", "bottoms", multiple=True, metavar="COLUMN=P%",
               help="Keep the P% of scored samples with the lowest COLUMN (as --top). Repeatable.")
 @text_and_recipe_options
-@click.option("--write-shards", default=None, metavar="DIR", help="Write filtered shards here: a copy of each source shard with its kept samples (original bytes, the source's name). To reshard them (--samples-per-shard, --prefix), run `wdsfilter filter RUN --write-shards DIR` after.")
+@click.option("--write-shards", default=None, metavar="DIR",
+              help="Write the kept samples here (original members and bytes): a copy of each source shard under its "
+                   "name, or with --samples-per-shard new shards of N, resharded at the end of the run.")
+@click.option("--samples-per-shard", type=int, default=None, metavar="N",
+              help="With --write-shards: new shards of N kept samples each (the last may be short), written once "
+                   "at the end of the run, as `wdsfilter filter RUN --write-shards DIR --samples-per-shard N` writes them.")
+@click.option("--prefix", default=None, metavar="PREFIX",
+              help="With --samples-per-shard: the written shards are PREFIX-000000.tar, ... [shard]")
 @click.option("--save-embeddings", is_flag=True, default=None,
               help="clip: also write float16 image/caption embeddings in clip-retrieval's layout: "
                    "RUN/embeddings/img_emb, text_emb and metadata.")
@@ -154,7 +161,7 @@ HELP_GROUPS = {
                    verbose="Say more: the whole plan (by default one line).")
 def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frames, frame_reduce, keyframes,
           ocr_backend, ocr_model_dir, ocr_download, min_clip, max_ocr_area, mins, maxes, tops, bottoms,
-          equals, recipes, write_shards,
+          equals, recipes, write_shards, samples_per_shard, prefix,
           save_embeddings, device, gpus, decode_device, batch_size, workers, replicas, max_memory, headroom, fit, fmt,
           resume, overwrite, retry_failed, dry_run, join, task_index, task_count, steal, status, caption_key,
           image_key, rekey, image_token, max_pixels, config_file, max_bytes, allow_pipe, allow_remote,
@@ -196,7 +203,8 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
     options = {"scorers": tuple(scorers), "scorer_options": scorer_options, "model": model, "pretrained": pretrained,
                "precision": precision, "frames": frames, "frame_reduce": frame_reduce, "keyframes": keyframes,
                "ocr_backend": ocr_backend, "ocr_model_dir": ocr_model_dir, "ocr_download": ocr_download,
-               "write_shards": write_shards, "save_embeddings": save_embeddings, "device": device, "gpus": gpus,
+               "write_shards": write_shards, "samples_per_shard": samples_per_shard, "prefix": prefix,
+               "save_embeddings": save_embeddings, "device": device, "gpus": gpus,
                "decode_device": decode_device,
                "batch_size": batch_size, "workers": workers, "replicas": replicas, "max_memory": max_memory,
                "headroom": headroom, "fit": fit, "format": fmt}

@@ -2,6 +2,7 @@
 once, before any shard is read or any model is loaded)."""
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import InitVar, dataclass, field, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -46,8 +47,12 @@ class ScoreConfig:
     # its summary, report and thresholds.json; a row's `kept` column, written while scoring,
     # judges the other rules only (docs/score.md). dedup comes after scoring: not here.
     selection: Selection = field(default_factory=Selection)
-    # Filtered copies of the shards (original member bytes of kept samples) go here.
+    # Filtered copies of the shards (original member bytes of kept samples) go here: one per source
+    # shard, or with samples_per_shard new shards of N kept samples each, PREFIX-000000.tar, ...,
+    # written once at the end of the run by filter's resharder (runfolder/reshard.py).
     write_shards: Optional[str] = None
+    samples_per_shard: Optional[int] = None
+    prefix: Optional[str] = None  # [shard] with samples_per_shard
     # Model devices: "auto" (cuda when available, else cpu), "cpu", "cuda", "cuda:N".
     device: str = "auto"
     gpus: Optional[Tuple[int, ...]] = None
@@ -113,18 +118,39 @@ class ScoreConfig:
     bottom_shares: InitVar[Optional[Dict[str, float]]] = None
 
     def __post_init__(self, thresholds=None, max_thresholds=None, top_shares=None, bottom_shares=None):
+        # one validator per group of options, in this order: the first wrong option is the one named
         self._take_old_names(thresholds, max_thresholds, top_shares, bottom_shares)
+        if not isinstance(self.stage, StageConfig):  # before the checks that read its options
+            raise ConfigError(f"stage must be a StageConfig (wdsfilter.StageConfig(...)), got {type(self.stage).__name__}")
+        self._check_outputs()
+        self._check_scorers()
+        self._check_sizes()
+        self._check_modes()
+        self._check_join()
+        self._check_limits()
+        self._check_devices()
+        self._check_selection()
+        self.scorer_options = {str(k): dict(v) for k, v in dict(self.scorer_options).items()}
+
+    def _check_outputs(self) -> None:
+        """--out and --write-shards: given, and writable before any work."""
         if not self.out or not isinstance(self.out, str):
             raise ConfigError("out: a folder for the score files is required (--out DIR)")
         # an s3:// --out: its bucket is checked here, the write itself when the lock object is taken
         check_output_dir(self.out, "--out", self.stage.storage_options)
         if self.write_shards:
             check_output_dir(self.write_shards, "--write-shards", self.stage.storage_options)
+        self._check_reshard()
+
+    def _check_scorers(self) -> None:
         if isinstance(self.scorers, (str, bytes)) or not isinstance(self.scorers, Sequence):
             self.scorers = (self.scorers,)
         self.scorers = tuple(self.scorers)
         if not self.scorers:
             raise ConfigError("at least one scorer is required (--scorer clip)")
+
+    def _check_sizes(self) -> None:
+        """The plan's settings: counts ('auto' or a number), byte sizes, the memory policy."""
         self.batch_size = _auto_or_int(self.batch_size, "batch_size", 1)
         self.workers = _auto_or_int(self.workers, "workers", 0)
         self.replicas = _auto_or_int(self.replicas, "replicas", 1)
@@ -135,6 +161,10 @@ class ScoreConfig:
             raise ConfigError(f"headroom must be in [0, 1), got {self.headroom}")
         if self.fit not in FIT_POLICIES:
             raise ConfigError(f"fit must be one of {FIT_POLICIES}, got {self.fit!r}")
+
+    def _check_modes(self) -> None:
+        """The score files' format and how the run treats an earlier one in --out (resume,
+        overwrite, retry_failed)."""
         if self.format not in FORMATS:
             raise ConfigError(f"format must be one of {FORMATS}, got {self.format!r}")
         self.retry_failed = {True: "transient", False: None, "": None}.get(self.retry_failed, self.retry_failed)
@@ -149,7 +179,9 @@ class ScoreConfig:
             self.resume = True
         if self.resume and self.overwrite:
             raise ConfigError("resume and overwrite exclude each other: resume continues a run, overwrite restarts it")
-        self._check_join()
+
+    def _check_limits(self) -> None:
+        """The ceilings of the plan and the probe, and what the run prints."""
         if self.max_batch < 1 or self.cpu_max_batch < 1:
             raise ConfigError("max_batch and cpu_max_batch must be >= 1")
         if not self.probe_seconds > 0:
@@ -160,6 +192,9 @@ class ScoreConfig:
             raise ConfigError(f"verbosity must be 0 (quiet), 1 or 2 (verbose), got {self.verbosity!r}")
         if self.histogram_bins < 1:
             raise ConfigError("histogram_bins must be >= 1")
+
+    def _check_devices(self) -> None:
+        """device, decode_device, gpus and devices: each well formed, and not contradicting another."""
         self.device = str(self.device)
         if self.decode_device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"decode_device must be auto, cpu or cuda, got {self.decode_device!r}")
@@ -173,20 +208,33 @@ class ScoreConfig:
             if self.device == "cpu":
                 raise ConfigError("gpus were given with device=cpu; drop one of them")
         if self.devices is not None:
-            if isinstance(self.devices, str):
-                self.devices = (self.devices,)
-            self.devices = tuple(str(d) for d in self.devices)
-            if not self.devices:
-                raise ConfigError("devices: empty list")
-            for d in self.devices:
-                if not (d == "cpu" or re.match(r"^cuda:\d+$", d) or re.match(r"^(\w+):\w+$", d)
-                        and d.partition(":")[0] in DEVICE_KINDS):
-                    raise ConfigError(f"devices: {d!r} is not cpu or cuda:N"
-                                      + "".join(f" or {k}:NAME" for k in DEVICE_KINDS))
-        self._check_selection()
-        self.scorer_options = {str(k): dict(v) for k, v in dict(self.scorer_options).items()}
-        if not isinstance(self.stage, StageConfig):
-            raise ConfigError("stage must be a StageConfig")
+            self.devices = parse_devices(self.devices)
+
+    def _check_reshard(self) -> None:
+        """samples_per_shard and prefix: filter's --samples-per-shard and --prefix, with write_shards."""
+        n = self.samples_per_shard
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ConfigError(f"--samples-per-shard must be a whole number >= 1, got {n!r}")
+        if n is not None and not self.write_shards:
+            raise ConfigError("--samples-per-shard only applies with --write-shards DIR")
+        if self.prefix is not None and n is None:
+            raise ConfigError("--prefix names the shards --samples-per-shard writes; the copy of each source shard "
+                              "keeps the source's name: add --samples-per-shard N, or drop --prefix")
+        if self.prefix is not None and (not isinstance(self.prefix, str) or not self.prefix
+                                        or self.prefix != os.path.basename(self.prefix) or self.prefix in (".", "..")):
+            raise ConfigError(f"--prefix must be a file name's start (no folder), got {self.prefix!r}")
+        if n is not None and self.prefix is None:
+            self.prefix = "shard"  # filter's default
+
+    @property
+    def reshards(self) -> bool:
+        """--write-shards as new shards of N at the end of the run, not a copy of each source shard."""
+        return bool(self.write_shards and self.samples_per_shard)
+
+    @property
+    def copies_shards(self) -> bool:
+        """--write-shards as a filtered copy of each source shard, written with its score file."""
+        return bool(self.write_shards and not self.samples_per_shard)
 
     def _check_join(self) -> None:
         for name in ("task_index", "task_count"):
@@ -225,11 +273,12 @@ class ScoreConfig:
         if self.selection.dedup:
             raise ConfigError(f"dedup is decided after scoring: run `wdsfilter dedup {self.out or 'OUT'}`, then "
                               f"`wdsfilter filter {self.out or 'OUT'} --dedup` (or wdsfilter.loader(..., dedup=True))")
-        if self.write_shards and self.selection.shares:  # written as rows are scored, before the cut is known
+        if self.copies_shards and self.selection.shares:  # written as rows are scored, before the cut is known
             c, kind, _ = self.selection.shares[0]
             raise ConfigError(f"--write-shards with --{kind} {c}=...%: a share is known only when the whole run is "
-                              f"scored, after the shards are written; score without --write-shards, then run "
-                              f"`wdsfilter filter {self.out} --{kind} {c}=P% --write-shards DIR`")
+                              f"scored, after a copy of each shard is written; add --samples-per-shard N (the kept "
+                              f"samples resharded at the end of the run, the share resolved by then), or run "
+                              f"`wdsfilter filter {self.out} --{kind} {c}=P% --write-shards DIR` after scoring")
 
     @property
     def bounds(self) -> Thresholds:
@@ -293,6 +342,19 @@ def parse_gpus(value) -> Tuple[int, ...]:
     if len(set(gpus)) != len(gpus):
         raise ConfigError(f"gpus lists a GPU twice ({value!r}); use replicas=N for several model processes per GPU")
     return gpus
+
+
+def parse_devices(value) -> Tuple[str, ...]:
+    """'cpu' or ["cuda:0", "cuda:1"] -> the model workers' devices, each cpu, cuda:N or a registered kind."""
+    devices = tuple(str(d) for d in ((value,) if isinstance(value, str) else value))
+    if not devices:
+        raise ConfigError("devices: empty list")
+    for d in devices:
+        if not (d == "cpu" or re.match(r"^cuda:\d+$", d) or re.match(r"^(\w+):\w+$", d)
+                and d.partition(":")[0] in DEVICE_KINDS):
+            raise ConfigError(f"devices: {d!r} is not cpu or cuda:N"
+                              + "".join(f" or {k}:NAME" for k in DEVICE_KINDS))
+    return devices
 
 
 def parse_option(text: str) -> Tuple[str, str, Any]:

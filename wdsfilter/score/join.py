@@ -444,7 +444,7 @@ def _write_sizes(engine) -> None:
     """sizes.json of --write-shards, once, from the markers (a worker writes only its shards'
     _stats.json)."""
     cfg, state = engine.cfg, engine.state
-    if not cfg.write_shards:
+    if not cfg.copies_shards:  # resharded shards: their sizes.json is the reshard's (Run.finish)
         return
     entries = {}
     for url in engine.urls:

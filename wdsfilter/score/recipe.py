@@ -8,6 +8,7 @@ every run writes to OUT/run.yaml, so `wdsfilter score --config OUT/run.yaml` run
     thresholds: {min: {clip_score: 0.2}, max: {ocr_area: 0.1}, top: {clip_score: 30}}   # wdsfilter.Selection
     stage: {caption_key: "txt;json:description"}
     write_shards: filtered/
+    samples_per_shard: 1000                        # with a prefix: shard-000000.tar, ... (else a copy per shard)
     engine: local
     device: cpu                                    # and any other ScoreConfig option: batch_size, ...
 
@@ -34,7 +35,7 @@ from ..storage.writing import write_text_atomic
 ENGINES = ("local", "ray")
 # ScoreConfig fields a recipe may set beside the ones it spells itself (never resume/overwrite/
 # dry_run: a replay says those on its command line).
-OPTIONS = ("write_shards", "device", "gpus", "decode_device", "devices", "batch_size", "workers", "replicas", "prefetch", "max_memory",
+OPTIONS = ("write_shards", "samples_per_shard", "prefix", "device", "gpus", "decode_device", "devices", "batch_size", "workers", "replicas", "prefetch", "max_memory",
            "headroom", "fit", "format", "max_batch", "cpu_max_batch", "min_free_host", "histogram_bins",
            "probe_samples", "probe_scan", "probe_seconds", "worker_start")
 KEYS = ("shards", "out", "scorers", "scorer_options", "thresholds", "stage", "engine", PATHS_FROM) + OPTIONS

@@ -86,7 +86,8 @@ class RunState:
         return layout.marker_path(self.out, self.names[url])
 
     def filtered_path(self, url: str) -> Optional[str]:
-        if not self.cfg.write_shards:
+        """The filtered copy of the shard; None where none is written (resharded at the end instead)."""
+        if not self.cfg.copies_shards:
             return None
         return os.path.join(self.cfg.write_shards, self.names[url] + split_suffix(url)[1])
 
@@ -253,7 +254,7 @@ class RunState:
     def _outputs(self, url: str, embeddings: Iterable[str], failures: Optional[str] = None) -> List[str]:
         """The files a marker vouches for; `failures`: the shard's failure ledger file, relative to
         --out (markers written before the ledger name none)."""
-        paths = [self.score_path(url)] + ([self.filtered_path(url)] if self.cfg.write_shards else [])
+        paths = [self.score_path(url)] + ([self.filtered_path(url)] if self.cfg.copies_shards else [])
         return paths + [os.path.join(self.out, p) for p in [*(embeddings or []), *([failures] if failures else [])]]
 
     def _changed(self, url: str, marker: Marker) -> bool:

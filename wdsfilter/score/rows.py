@@ -171,7 +171,7 @@ def write_shard(url: str, rows: List[dict], end: Union[ShardEnd, dict], cfg, sta
     write_table(rows, columns, state.score_path(url), cfg.format, writer=state.writer)
     embeddings = write_embeddings(cfg.out, state.names[url], rows) or {}
     filtered = None
-    if cfg.write_shards:
+    if cfg.copies_shards:  # (with --samples-per-shard the kept samples are resharded at the run's end)
         keep = {r["key"] for r in rows if r["kept"]}
         dest = state.filtered_path(url)
         try:

@@ -27,6 +27,7 @@ from .recipe import write_recipe
 from ..report import run_report
 from ..report.statistics import plot_histograms, summarize_files
 from .outcome import Outcome
+from .kept_shards import check_folder, reshard_kept
 from .summary import RunSummary, write_summary
 from .resume import RunState
 from .rows import NothingScoredError
@@ -75,6 +76,8 @@ class Run:
         try:
             if self.joined:  # a run without --join in the folder excludes its workers
                 self.joined.refuse_single_run()
+            if cfg.reshards and not cfg.dry_run:  # another folder's reshard in DIR: said before any scoring
+                check_folder(cfg.write_shards, self.remote.url if self.remote else cfg.out, cfg.overwrite)
             if cfg.retry_failed and not os.path.exists(os.path.join(cfg.out, RUN_JSON)):
                 raise ConfigError(f"--retry-failed: {cfg.out} holds no scoring run; score the shards there first")
             self.state = RunState(cfg, self.urls, size_of=self.remote.sizes() if self.remote else os.path.getsize,
@@ -232,6 +235,9 @@ class Run:
         if cfg.selection.shares and files:
             summary.files["thresholds"] = os.path.join(cfg.out, THRESHOLDS)
         summary.files["report"] = run_report(cfg.out, rules, cfg.stage.allow_pipe, cfg.stage.allow_remote)
+        if cfg.reshards and not cfg.dry_run and summary.scored:  # once, over every shard's rows (kept_shards.py)
+            reshard_kept(cfg, rules, self.remote.url if self.remote else cfg.out, len(files) == len(self.urls),
+                         self.echo, self.remote.shards.url if self.remote and self.remote.shards else None)
         if self.remote:  # the summary and report name the bucket's objects, not the staging copy
             self.remote.publish_text(summary.files["report"])
             summary.files = {k: self.remote.public(v) for k, v in summary.files.items()}

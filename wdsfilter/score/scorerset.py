@@ -219,6 +219,8 @@ def run_identity(cfg: ScoreConfig, scorers: Sequence[Scorer]) -> dict:
     rules = cfg.selection
     identity = {"scorers": described, "thresholds": dict(rules.minima), "stage": stage, "format": cfg.format,
                 "write_shards": os.path.abspath(cfg.write_shards) if cfg.write_shards else None}
+    if cfg.reshards:  # only when set, as maxima: new shards of N at the end, not a copy per shard
+        identity.update(samples_per_shard=cfg.samples_per_shard, prefix=cfg.prefix)
     if rules.maxima:  # only when set, so runs without maxima keep the identity they had
         identity["max_thresholds"] = dict(rules.maxima)
     if rules.equal:  # the same: the `kept` column judges them too

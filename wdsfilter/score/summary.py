@@ -80,70 +80,91 @@ class RunSummary:
     def format_text(self, histograms: bool = True, plan: bool = True, scorers: bool = True, quiet: bool = False) -> str:
         """The terminal summary. plan=False leaves out the scorers and the plan of a dry run (the
         command line has printed them already, as the run went); scorers=False the scorer lines of
-        a run (printed at its start); quiet (-q): the one-line result and what failed only."""
+        a run (printed at its start); quiet (-q): the one-line result and what failed only. Each
+        section is rendered by its own method, in the order of the page."""
         if self.dry_run:
-            return "\n".join((([f"scorer: {s}" for s in self.scorers] + [self.plan_text]) if plan else [])
-                             + ["dry run: nothing was scored",
-                                f"shards: {self.shards} ({self.shards_resumed} already done)"])
+            return self._dry_run_text(plan)
         if self.joined and not self.joined.get("finished"):
             return self._worker_text()
-        lines = [f"scored {self.scored} of {self.rows} samples in {self.shards} shard(s)"
-                 + (f" ({self.shards_resumed} shard(s) were already done)" if self.shards_resumed else "")
-                 + (f"; {len(self.shards_failed)} shard(s) FAILED" if self.shards_failed else "")
-                 + (f"; {len(self.shards_cut)} shard(s) CUT SHORT" if self.shards_cut else "")
-                 + (f"; kept {self.kept}" if quiet and (self.thresholds or self.max_thresholds) else "")]
         if quiet:
-            return "\n".join(lines + self._shard_lines())
-        for s in self.scorers if scorers else ():
-            lines.append(f"  scorer: {s}")
+            return "\n".join([self._headline(quiet)] + self._shard_lines())
+        return "\n".join([self._headline(quiet), *self._speed_lines(scorers), *self._batch_size_lines(),
+                          *self._status_lines(), *self._threshold_lines(), *self._retry_lines(),
+                          *summary_lines(self.failures, self.files.get("failures") or FAILURES_MERGED),
+                          *self._shard_lines(), *self._column_lines(histograms), *self._file_lines(),
+                          *self._joined_worker_lines()])
+
+    def _dry_run_text(self, plan: bool) -> str:
+        return "\n".join((([f"scorer: {s}" for s in self.scorers] + [self.plan_text]) if plan else [])
+                         + ["dry run: nothing was scored",
+                            f"shards: {self.shards} ({self.shards_resumed} already done)"])
+
+    def _headline(self, quiet: bool) -> str:
+        return (f"scored {self.scored} of {self.rows} samples in {self.shards} shard(s)"
+                + (f" ({self.shards_resumed} shard(s) were already done)" if self.shards_resumed else "")
+                + (f"; {len(self.shards_failed)} shard(s) FAILED" if self.shards_failed else "")
+                + (f"; {len(self.shards_cut)} shard(s) CUT SHORT" if self.shards_cut else "")
+                + (f"; kept {self.kept}" if quiet and (self.thresholds or self.max_thresholds) else ""))
+
+    def _speed_lines(self, scorers: bool) -> List[str]:
+        """The scorers (unless printed at the run's start) and this run's speed."""
+        lines = [f"  scorer: {s}" for s in (self.scorers if scorers else ())]
         if self.samples_this_run:
             rate = self.samples_this_run / self.scoring_seconds if self.scoring_seconds else 0.0
             lines.append(f"  this run: {self.samples_this_run} samples in {self.seconds:.1f}s = "
                          f"{self.samples_per_second:.1f} samples/s ({rate:.1f} samples/s while scoring, "
                          f"after start-up, model load and probe)")
+        return lines
+
+    def _batch_size_lines(self) -> List[str]:
+        lines = []
         for b in self.batch_sizes():
             extra = f", halved {b['halvings']}x ({', '.join(b['causes'])})" if b["halvings"] else ""
             extra += f", grown back {b['grown']}x" if b.get("grown") else ""
             lines.append(f"  batch size on {b['device']} (worker {b['worker']}, {b['scorer']}): "
                          f"planned {b['planned']}, final {b['final']}{extra}")
-        lines.append("  status: " + ", ".join(f"{k} {self.status.get(k, 0)}" for k in STATUSES))
+        return lines
+
+    def _status_lines(self) -> List[str]:
+        """Rows per status, and the samples not (or partly) scored per reason."""
+        lines = ["  status: " + ", ".join(f"{k} {self.status.get(k, 0)}" for k in STATUSES)]
         if self.reasons:
             lines.append("  not scored / partly scored, by reason:")
-            for reason, n in self.reasons.items():
-                lines.append(f"    {n:>8}  {reason}")
+            lines += [f"    {n:>8}  {reason}" for reason, n in self.reasons.items()]
+        return lines
+
+    def _threshold_lines(self) -> List[str]:
+        lines = []
         for col, th in [*self.thresholds.items(), *self.max_thresholds.items()]:
             bound = f">= {th['min']:g}" if "min" in th else f"<= {th['max']:g}"
             lines.append(f"  {col} {bound}: kept {th['kept']}, dropped {th['dropped']}"
                          + (f", no score {th['no_score']}" if th["no_score"] else ""))
         if self.thresholds or self.max_thresholds:
             lines.append(f"  kept {self.kept} of {self.rows} (all thresholds met)")
-        if self.retried:
-            lines.append(f"  retried {self.retried['samples']} failed sample(s): {self.retried['scored']} now scored, "
-                         f"{self.retried['samples'] - self.retried['scored']} still listed")
-        lines += summary_lines(self.failures, self.files.get("failures") or FAILURES_MERGED)
-        lines += self._shard_lines()
+        return lines
+
+    def _retry_lines(self) -> List[str]:
+        if not self.retried:
+            return []
+        return [f"  retried {self.retried['samples']} failed sample(s): {self.retried['scored']} now scored, "
+                f"{self.retried['samples'] - self.retried['scored']} still listed"]
+
+    def _column_lines(self, histograms: bool) -> List[str]:
+        lines = []
         for col, st in self.columns.items():
-            one = one_value_text(st["histogram"]) if st.get("kind") == "number" and st.get("histogram") else None
-            if one:  # a column of one value (clip_frames on an image-only set): one line, no statistics
-                lines.append(f"  {col}: {one}")
-            elif st.get("kind") == "number" and st.get("count"):
-                lines.append(f"  {col}: n={st['count']} min={st['min']:.4g} mean={st['mean']:.4g} max={st['max']:.4g}"
-                             + (f" (and {st['infinite']} infinite, left out)" if st.get("infinite") else ""))
-                if histograms and st.get("histogram"):
-                    lines.extend(text_histogram(st["histogram"]))
-            elif st.get("kind") == "bool":
-                lines.append(f"  {col}: true {st['true']}, false {st['false']}")
-            elif st.get("kind") in (None, "number"):  # only None/NaN (or infinities): said, not left out
-                lines.append(f"  {col}: no values" + (f" ({st['infinite']} infinite)" if st.get("infinite") else ""))
-        for name, path in self.files.items():
-            if path:
-                lines.append(f"  {name}: {path}")
-        for w in self.joined.get("workers") or ():
-            lines.append(f"  worker {w['token']} (pid {w['pid']} on {w['host']}"
-                         + (f", task {w['task']}" if w.get("task") else "")
-                         + f"): {w.get('shards_done') or 0} shard(s), {w.get('rows') or 0} samples"
-                         + (f", {w['shards_failed']} failed" if w.get("shards_failed") else ""))
-        return "\n".join(lines)
+            lines += column_lines(col, st, histograms)
+        return lines
+
+    def _file_lines(self) -> List[str]:
+        return [f"  {name}: {path}" for name, path in self.files.items() if path]
+
+    def _joined_worker_lines(self) -> List[str]:
+        """A joined run's end, written by its last worker: every worker's counts."""
+        return [f"  worker {w['token']} (pid {w['pid']} on {w['host']}"
+                + (f", task {w['task']}" if w.get("task") else "")
+                + f"): {w.get('shards_done') or 0} shard(s), {w.get('rows') or 0} samples"
+                + (f", {w['shards_failed']} failed" if w.get("shards_failed") else "")
+                for w in self.joined.get("workers") or ()]
 
     def _worker_text(self) -> str:
         """A joined run's worker that did not write the run's end: its own share, and where the
@@ -165,12 +186,27 @@ class RunSummary:
                          f"{f['reason']}")
         return "\n".join(lines)
 
-
     def _shard_lines(self) -> List[str]:
         lines = [f"  shard FAILED (no marker; --resume retries it): {shown_url(f['url'])}: {f['reason']}"
                  for f in self.shards_failed]
         return lines + [f"  shard CUT SHORT (the samples before the break were scored, the rest have no row; "
                         f"re-create or re-download it): {shown_url(f['url'])}: {f['reason']}" for f in self.shards_cut]
+
+
+def column_lines(col: str, st: dict, histograms: bool = True) -> List[str]:
+    """One score column's statistics as the terminal summary shows them (statistics.py's dict)."""
+    one = one_value_text(st["histogram"]) if st.get("kind") == "number" and st.get("histogram") else None
+    if one:  # a column of one value (clip_frames on an image-only set): one line, no statistics
+        return [f"  {col}: {one}"]
+    if st.get("kind") == "number" and st.get("count"):
+        return ([f"  {col}: n={st['count']} min={st['min']:.4g} mean={st['mean']:.4g} max={st['max']:.4g}"
+                 + (f" (and {st['infinite']} infinite, left out)" if st.get("infinite") else "")]
+                + (text_histogram(st["histogram"]) if histograms and st.get("histogram") else []))
+    if st.get("kind") == "bool":
+        return [f"  {col}: true {st['true']}, false {st['false']}"]
+    if st.get("kind") in (None, "number"):  # only None/NaN (or infinities): said, not left out
+        return [f"  {col}: no values" + (f" ({st['infinite']} infinite)" if st.get("infinite") else "")]
+    return []
 
 
 def write_summary(summary: RunSummary, path: str) -> None:

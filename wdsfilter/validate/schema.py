@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import sys
 
+from ..storage.shardstats import SIZES
 from .findings import KINDS, SEVERITIES
 from .report import SCHEMA_VERSION
 
@@ -126,7 +127,7 @@ STATS_FILE = dict(_object(dict(SHARD_PROPERTIES, **{
 }), required=[k for k in SHARD_PROPERTIES if k not in OPTIONAL_SHARD] + [
     "successes", "complete", "schema_version", "tool", "listed_findings"]), **{"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "wdsfilter validate shard stats"})
 
-SIZES_FILE = {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "sizes.json",
+SIZES_FILE = {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": SIZES,
               "type": "object", "additionalProperties": _INT}
 
 

@@ -33,7 +33,7 @@ from typing import Dict, List, Optional
 
 from ..core.publish import published
 from ..storage.shards import is_pipe, is_remote, shard_stem, shown_url, web_path
-from ..storage.shardstats import SIZES, update_sizes, write_stats_file
+from ..storage.shardstats import SIZES, STATS_SUFFIX, update_sizes, write_stats_file
 from .formats import escape_data
 from .report import SCHEMA_VERSION, Report
 from ..storage.remote import read_object
@@ -88,7 +88,7 @@ def write_stats(report: Report, folder: str) -> List[str]:
             data = dict(successes=r.samples, **r.stats(), schema_version=SCHEMA_VERSION, tool=TOOL,
                         complete=complete, listed_findings=[f.to_dict() for f in r.findings])
             data["shard"] = shown_url(r.shard)  # published beside the shards: no password, no signed query
-            path = join(out, f"{stem}_stats.json")
+            path = join(out, stem + STATS_SUFFIX)
             if _foreign(path, options):
                 path = join(out, stem + BESIDE)
             written.append(_write_json(path, data, options))

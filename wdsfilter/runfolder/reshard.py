@@ -1,4 +1,6 @@
-"""New shards of exactly N kept samples each, members copied byte for byte from the sources.
+"""New shards of exactly N kept samples each, members copied byte for byte from the sources: the
+one resharder of `filter --write-shards` and of `score --write-shards --samples-per-shard` (at
+the run's end, `reshard_run`), so the two write the same bytes from the same rows.
 
     OUT/shard-000000.tar, shard-000001.tar, ...   N samples each, the last may be short
     OUT/shard-000000_stats.json                   per shard: successes (samples), members, bytes, sources
@@ -27,12 +29,15 @@ import json
 import os
 from dataclasses import dataclass
 from itertools import islice
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from ..core.errors import ConfigError
 from ..storage.atomic import write_json as _atomic_json
-from ..runfolder import source_changed
-from ..runfolder.names import CARD, FILTER_RUN as RUN_FILE, REPORT, THRESHOLDS  # noqa: F401 - apply's too
+from .layout import source_changed
+from .names import CARD, FILTER_RUN as RUN_FILE, REPORT, THRESHOLDS  # noqa: F401 - apply's too
+from .dedup import score_file_state
+from .judge import FilterResult, count_run, judge_shard
+from .reader import ScoredShard, ScoreRun
 from ..storage.remote import redact_url, is_fsspec_url
 from ..storage.shardcopy import local_copy, streamed_source, streams
 from ..storage.shards import is_pipe, is_remote
@@ -41,8 +46,8 @@ from ..storage.tars import Headers, MemberCut, copy_range, member_ranges, tar_en
 from ..storage.writing import atomic_path
 from .hfcard import write_card
 from .rename import ReshardError, copy_renamed
-from ..runfolder.lease import Lease
-from ..runfolder.bucket import RemoteRunFolder
+from .lease import Lease
+from .bucket import RemoteRunFolder
 
 
 
@@ -115,10 +120,12 @@ class Resharder:
             remote.release()
 
     # -- run state --------------------------------------------------------------------------------
-    def prepare(self, identity: dict, overwrite: bool, kept: int) -> int:
+    def prepare(self, identity: dict, overwrite: bool, kept: int, replace_own: bool = False) -> int:
         """Check that OUT holds this same run, or nothing of ours, or (with overwrite) another run
         of ours; returns the shards already whole. Call under OUT's lock (lock()). `kept`: the
         samples to write, so the files this run will write are known before the first one is.
+        replace_own: another reshard of the same score folder is replaced without overwrite (a
+        scoring run's own, written again at the end of a resumed run).
 
         Nothing is deleted that `wdsfilter filter` did not write: --overwrite removes the files
         the earlier run's filter_run.json lists, and a file this run would write that it does not
@@ -139,7 +146,7 @@ class Resharder:
                               f"nothing is replaced that filter did not write: write the shards to another folder "
                               f"(or another --prefix)")
         if previous is not None and previous != identity:
-            if not overwrite:
+            if not overwrite and not (replace_own and previous.get("scores") == identity.get("scores")):
                 diff = sorted(k for k in set(previous) | set(identity) if previous.get(k) != identity.get(k))
                 why = (" (the score files changed since they were written: a shard was scored again)"
                        if diff == ["score_files"] else "")
@@ -320,6 +327,65 @@ class Resharder:
         headers = Headers(src) if self.unique_keys else None
         for key in sorted(source.keys, key=lambda k: groups[k][0][0]):
             yield _Member(src, groups[key], key, self.rekey, headers)
+
+
+def made_from(out: str) -> Optional[str]:
+    """The score folder the shards in OUT were resharded from (filter_run.json's identity), or None."""
+    previous, _ = Resharder._previous(os.path.join(out, RUN_FILE))
+    return previous.get("scores") if isinstance(previous, dict) else None
+
+
+def kept_keys(shard: ScoredShard, thresholds: Sequence, marks=None) -> List[str]:
+    """The keys a shard's score file keeps by the rules (runfolder/judge.py), in the file's order."""
+    dropped = marks.dropped(shard.name) if marks is not None else None
+    return [row["key"] for row, reason in judge_shard(shard, thresholds, dropped=dropped) if reason is None]
+
+
+def count_kept(run: ScoreRun, thresholds: Sequence, marks=None) -> int:
+    """How many rows of the run the rules keep (count_run, the counts filter prints)."""
+    result = FilterResult(scores_dir=run.folder, thresholds=list(thresholds))
+    result.counts = [{"kept": 0, "dropped": 0, "no_score": 0} for _ in thresholds]
+    count_run(run, thresholds, None, marks, result)
+    return result.kept
+
+
+def identity(run: ScoreRun, scores_dir: str, thresholds: Sequence, marks, writer: Resharder) -> dict:
+    """What the shards in OUT are made from (filter_run.json): the same for `filter RUN
+    --write-shards OUT` and `score --out RUN --write-shards OUT --samples-per-shard N` over the
+    same rows and rules, so either finds the other's shards whole."""
+    return {"scores": scores_dir if is_fsspec_url(scores_dir) else os.path.abspath(scores_dir),
+            "thresholds": [[t.column, t.minimum, t.value] if t.numeric else [t.column, "equal", list(t.bound.values)]
+                           for t in thresholds],
+            **({"dedup": marks.summary.get("settings")} if marks is not None else {}),
+            "samples_per_shard": writer.per_shard, "prefix": writer.prefix, **writer.layout(),
+            "sources": [redact_url(s.url) for s in run.shards],  # OUT is published: no password
+            # what the rows were: a shard scored again (score --resume) is other data
+            "score_files": [_file_state(s.score_file) for s in run.shards]}
+
+
+def _file_state(path: str) -> list:
+    # what the file holds, not when it was written: a bucket's score folder is read through a local
+    # copy whose times are the copy's (another machine, a fresh cache); the dedup's rule for a copy
+    state = score_file_state(path)
+    return [os.path.basename(path), state["bytes"], state["sha256"]]
+
+
+def reshard_run(run: ScoreRun, scores_dir: str, thresholds: Sequence, marks, writer: Resharder, *,
+                overwrite: bool = False, replace_own: bool = False, kept: Optional[int] = None,
+                echo: Optional[Callable[[str], None]] = None, shown: Optional[str] = None,
+                progress: Optional[Callable[[int], object]] = None) -> Dict[str, int]:
+    """The kept samples of every finished shard of `run` (the rows `thresholds` and `marks` keep)
+    into new shards of N in writer.out; returns sizes.json's table. Call under OUT's lock (or the
+    scoring run's lease, which fences writes into OUT). kept: the count, when the caller has it;
+    progress(kept): the progress line of the samples written, or None."""
+    kept = count_kept(run, thresholds, marks) if kept is None else kept
+    whole = writer.prepare(identity(run, scores_dir, thresholds, marks, writer), overwrite, kept, replace_own)
+    if whole and echo is not None:
+        echo(f"resume: {whole} shard(s) in {shown or writer.out} are already whole")
+    if progress is not None:
+        writer.progress = progress(kept)
+    sources = (Source(s.url, kept_keys(s, thresholds, marks), s.source) for s in run.shards)
+    return writer.write(sources)
 
 
 class _Member:
