@@ -21,7 +21,7 @@ from wdsfilter.core.errors import ConfigError, DataError
 from wdsfilter.media.images import decode_image
 from wdsfilter.stream.pipeline import sample_pipeline
 from wdsfilter.score.config import ScoreConfig
-from wdsfilter.score.engine import decode_on_device
+from wdsfilter.score.engines.local import decode_on_device
 from wdsfilter.score.fastdecode import ImageTransform, device_pixels
 from wdsfilter.score.scorers.clip import ClipScorer
 from tools import make_tiny_clip

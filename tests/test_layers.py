@@ -398,9 +398,7 @@ def test_no_function_is_over_80_lines():
 # is split by concept (validators per group, a renderer per section), not by lines.
 MAX_COMPLEXITY = 30
 # "path:function" -> why it may be more complex for now (checked to be still needed)
-COMPLEX_FUNCTIONS = {
-    "wdsfilter/score/runner.py:Run.__init__": "to split (issue 37 step 9)",
-}
+COMPLEX_FUNCTIONS: dict = {}  # none today
 
 
 def complex_functions(source: str, path: str):
@@ -439,3 +437,82 @@ def test_a_long_function_is_found_nested_or_not():
     assert long_functions(source, "m.py") == {"m.py:long": MAX_FUNCTION_LINES + 1}
     nested = "def outer():\n" + "".join("    " + line + "\n" for line in source.splitlines())
     assert set(long_functions(nested, "m.py")) == {"m.py:outer", "m.py:long"}
+
+
+# Table formats (issue 37 step 4): a score table's format is decided in runfolder/ alone, by
+# runfolder.tables.format_for (its suffix) and FORMATS (its name); no module outside runfolder/
+# tests a table file's suffix or a format's name, or builds a file name from a suffix literal, so
+# a new format is one module of runfolder/ and one line in FORMATS (the literals below are checked
+# against FORMATS: a format added there must be added here).
+TABLE_SUFFIXES = (".parquet", ".jsonl")
+TABLE_FORMAT_NAMES = ("parquet", "jsonl")
+SUFFIX_CALLS = {"endswith", "startswith", "removesuffix", "rsplit", "rpartition", "partition", "split", "len"}
+
+
+def _is_suffix(node) -> bool:
+    return isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.endswith(TABLE_SUFFIXES)
+
+
+def _holds(node, test) -> bool:
+    return any(test(n) for n in ast.walk(node))
+
+
+def table_suffix_tests(source: str, path: str):
+    """'path:line source' for each place that tests or builds a table file's suffix by a literal
+    (`.endswith(".parquet")`, `x == ".jsonl"`, `name + ".parquet"`, `f"{name}.parquet"`,
+    `len(".parquet")`, a bare ".parquet"), or compares a format's name (`fmt == "jsonl"`)."""
+    lines = source.splitlines()
+    for node in ast.walk(ast.parse(source)):
+        hit = False
+        if isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            hit = name in SUFFIX_CALLS and any(_holds(a, _is_suffix) for a in node.args)
+        elif isinstance(node, ast.Compare):
+            hit = any(_holds(n, lambda c: _is_suffix(c) or (isinstance(c, ast.Constant) and c.value in
+                                                            TABLE_FORMAT_NAMES)) for n in [node.left, *node.comparators])
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            hit = _is_suffix(node.left) or _is_suffix(node.right)
+        elif isinstance(node, ast.JoinedStr):
+            hit = bool(node.values) and _is_suffix(node.values[-1])
+        elif isinstance(node, ast.Constant):
+            hit = node.value in TABLE_SUFFIXES
+        if hit:
+            yield f"{path}:{node.lineno} {lines[node.lineno - 1].strip()}"
+
+
+def test_the_registry_names_the_suffixes_this_test_looks_for():
+    from wdsfilter.runfolder.tables import FORMATS
+    assert TABLE_SUFFIXES == tuple(f.suffix for f in FORMATS.values())
+    assert TABLE_FORMAT_NAMES == tuple(FORMATS)
+
+
+def test_no_module_outside_runfolder_tests_a_table_suffix():
+    found = []
+    for path, source in package_sources():
+        rel = os.path.relpath(path, ROOT).replace(os.sep, "/")
+        if not rel.startswith("wdsfilter/runfolder/"):
+            found += sorted(set(table_suffix_tests(source, rel)))
+    assert found == [], ("table suffixes tested outside runfolder/ (ask runfolder.tables.format_for, or build the "
+                         "name with table_name / the module that owns the file):\n" + "\n".join(found))
+
+
+@pytest.mark.parametrize("source", [
+    'def f(p):\n    return p.endswith(".parquet")\n',
+    'def f(p):\n    return p.endswith((".tar", ".jsonl"))\n',
+    'def f(p):\n    return os.path.splitext(p)[1] == ".parquet"\n',
+    'def f(fmt):\n    return fmt == "jsonl"\n',
+    'def f(name):\n    return name + ".parquet"\n',
+    'def f(name):\n    return f"scores/{name}.jsonl"\n',
+    'def f(name):\n    return name[:-len(".parquet")]\n',
+    'EXTENSIONS = {"parquet": ".parquet"}\n',
+])
+def test_a_table_suffix_test_is_found(source):
+    line = 1 + source.startswith("def")  # the line of the literal
+    assert {found.split(" ", 1)[0] for found in table_suffix_tests(source, "m.py")} == {f"m.py:{line}"}
+
+
+def test_a_suffix_in_text_is_not_a_test():
+    source = ('"""Writes scores/<name>.parquet."""\n'
+              'HELP = "the ledger (RUN/failures.parquet) lists them"\n'
+              'def f(name):\n    return f"{name} is not scores/{name}.parquet or .jsonl; score it again"\n')
+    assert list(table_suffix_tests(source, "m.py")) == []

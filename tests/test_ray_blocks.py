@@ -1,14 +1,10 @@
-"""A Ray read task's blocks are bounded in bytes, not only in rows (score/ray_tasks.read_shard):
-a block is one object in Ray's object store, which may be as small as 100 MB per node. Run here
-as the plain generator it is, without Ray."""
-import pytest
-
-pytest.importorskip("ray", reason="the Ray engine is tested where wdsfilter[ray] is installed")
-
-from scorekit import BrightnessScorer, make_shards  # noqa: E402
-from wdsfilter.score import build_config  # noqa: E402
-from wdsfilter.score.ray_payload import PAYLOAD, PAYLOAD_META  # noqa: E402
-from wdsfilter.score.ray_tasks import SHARD_END_ROW, read_shard  # noqa: E402
+"""A read task's blocks are bounded in bytes, not only in rows (score/batches.read_shard): on Ray
+a block is one object in its object store, which may be as small as 100 MB per node. Run here
+as the plain, engine-neutral generator it is, without Ray."""
+from scorekit import BrightnessScorer, make_shards
+from wdsfilter.score import build_config
+from wdsfilter.score.batches import SHARD_END_ROW, read_shard
+from wdsfilter.score.payload import PAYLOAD, PAYLOAD_META
 
 
 def test_a_read_task_cuts_its_blocks_at_a_byte_size(tmp_path):

@@ -1,5 +1,5 @@
 """What a scorer reads from this machine's disk, and reading it from a copy (Scorer.local_files and
-relocate, which the Ray engine uses on nodes that lack the files: score/ray_files.py); the
+relocate, which the Ray engine uses on nodes that lack the files: score/engines/ray_files.py); the
 content digest that tells the driver's bytes from others'. No Ray here: tests/test_ray_nodes.py
 runs them on a cluster."""
 import json
@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from wdsfilter.score.models import ClipSource
-from wdsfilter.score.ray_files import content_digest, folder_samples, shard_print
+from wdsfilter.score.engines.ray_files import content_digest, folder_samples, shard_print
 
 pytest.importorskip("open_clip")
 

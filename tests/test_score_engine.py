@@ -15,7 +15,7 @@ from scorekit import (BrightnessScorer, BrokenScorer, ByteLengthScorer, expected
 from wdsfilter import ConfigError
 from wdsfilter.score import score
 from wdsfilter.score.backoff import ScorerError
-from wdsfilter.score.engine import NothingScoredError
+from wdsfilter.score.rows import NothingScoredError
 from wdsfilter.runfolder.tables import read_rows
 
 

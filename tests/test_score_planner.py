@@ -338,7 +338,7 @@ def test_two_model_processes_on_a_simulated_gpu_with_room_and_one_on_a_gpu_witho
     cores allow 2 x 2 GPU processes; every sample is scored exactly once across the 3 processes."""
     import collections
 
-    from wdsfilter.score import engine
+    from wdsfilter.score.engines import local as engine
     from wdsfilter.score.memory import host_status
     urls, images = make_shards(tmp_path / "shards", [10, 10])
     SimulatedDevice.create("room", total=1000 * MiB)

@@ -1,4 +1,4 @@
-"""Scoring on Ray Data (wdsfilter/score/ray_runner.py), on a local Ray cluster: the same rows,
+"""Scoring on Ray Data (wdsfilter/score/engines/ray.py), on a local Ray cluster: the same rows,
 scores, filtered shards and output folder as the single-machine engine, resumable the same way."""
 import os
 import re
@@ -230,7 +230,7 @@ def test_prepared_inputs_travel_as_one_tensor_column_not_pickled():
     import torch
     from ray.data.block import BlockAccessor
 
-    from wdsfilter.score.ray_payload import EMPTY, PAYLOAD, PAYLOAD_META, pack_payload, unpack_payload
+    from wdsfilter.score.payload import EMPTY, PAYLOAD, PAYLOAD_META, pack_payload, unpack_payload
     from wdsfilter.score.scorers.ocr import OcrInput
     clip_image = {"image": torch.randint(0, 255, (3, 224, 224), dtype=torch.uint8),
                   "tokens": torch.arange(77, dtype=torch.int64), "truncated": False,
@@ -267,11 +267,11 @@ def test_a_batch_size_set_without_a_plan_counts_samples_as_on_the_local_engine()
     with 3-frame videos each scorer's sub-batch is 12 frames, as the local planner makes it from the
     probe's frames per sample (planner.frames_of_samples); before, it was 4 frames."""
     from wdsfilter.score import ScoreConfig
-    from wdsfilter.score.ray_payload import PAYLOAD, PAYLOAD_META, pack_payload
-    from wdsfilter.score.ray_tasks import PENDING, ScoreActor
+    from wdsfilter.score.payload import PAYLOAD, PAYLOAD_META, pack_payload
+    from wdsfilter.score.batches import PENDING, BatchScorer
     from wdsfilter.score.rows import new_row
     scorer = FrameCounter()
-    actor = ScoreActor(ScoreConfig(out="unused"), [scorer], ["n_frames"], batch_size=4, device="cpu")
+    actor = BatchScorer(ScoreConfig(out="unused"), [scorer], ["n_frames"], batch_size=4, device="cpu")
     video = pack_payload(({"frames": {"frames": 3}}, {}))  # (inputs, prepare errors) of a 3-frame video
     rows = [dict(new_row(f"k{i}", "shard.tar", i, PENDING), **dict(zip((PAYLOAD, PAYLOAD_META), video)))
             for i in range(8)]
@@ -285,7 +285,7 @@ def test_ray_uses_the_engines_planner_for_batch_sizes_and_actors_per_gpu(planned
     from wdsfilter.score.modelrunner import LoadReport
     from wdsfilter.score.planner import make_plan
     from wdsfilter.score.probe import ProbeReport
-    from wdsfilter.score.ray_runner import actor_pool
+    from wdsfilter.score.engines.ray import actor_pool
     GiB, MiB = 2**30, 2**20
     # Actors per GPU are the plan's model processes per GPU: two per GPU where two fit.
     report = LoadReport(device="cuda:0", kind="cuda", total=80 * GiB, free_before=80 * GiB,
@@ -325,7 +325,7 @@ def test_no_cluster_at_the_address_is_a_config_error(tmp_path, monkeypatch):
     # `--ray-address auto` with no cluster running ended as 'the run failed: ConnectionError: ...
     # setting `--address` flag' (exit 3, and a flag wdsfilter does not have).
     from scorekit import BrightnessScorer
-    from wdsfilter.score import ray_runner
+    from wdsfilter.score.engines import ray as ray_engine
 
     class NoCluster:
         @staticmethod
@@ -336,7 +336,7 @@ def test_no_cluster_at_the_address_is_a_config_error(tmp_path, monkeypatch):
         def init(**kwargs):
             raise ConnectionError("Could not find any running Ray instance.")
 
-    monkeypatch.setattr(ray_runner, "_ray", lambda: NoCluster)
+    monkeypatch.setattr(ray_engine, "_ray", lambda: NoCluster)
     with pytest.raises(ConfigError, match=r"no Ray cluster at address 'auto' \(--ray-address.*ray start --head"):
         score_on_ray([SHARDS[0]], out=str(tmp_path / "out"), scorers=[BrightnessScorer()], address="auto",
                      progress=False)
@@ -383,7 +383,7 @@ def test_ray_tracebacks_show_one_line_and_other_loggers_records_stay_whole(caplo
     import logging
 
     import ray.data  # noqa: F401 - sets up Ray Data's loggers (it would drop a handler added before)
-    from wdsfilter.score import ray_runner
+    from wdsfilter.score.engines import ray as ray_engine
 
     stream = io.StringIO()
     shared = logging.StreamHandler(stream)
@@ -391,8 +391,8 @@ def test_ray_tracebacks_show_one_line_and_other_loggers_records_stay_whole(caplo
     ray_logger.addHandler(shared)
     logging.getLogger().addHandler(shared)
     try:
-        ray_runner._one_line_errors()
-        ray_runner._one_line_errors()  # once: the second call wraps nothing again
+        ray_engine._one_line_errors()
+        ray_engine._one_line_errors()  # once: the second call wraps nothing again
         try:
             raise RuntimeError("the node died")
         except RuntimeError:

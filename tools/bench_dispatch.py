@@ -4,8 +4,8 @@
                                    [--batch-size 256] [--workers 1] [--json out.json]
     python tools/bench_dispatch.py --quick   # 2 x 128 CLIP and 2 x 8 OCR samples, one run
 
-It runs the real local engine (engine.Engine: DataLoader decode workers, Dispatcher, a ProcessPool
-with one model worker process) with a no-op model: scorers that prepare exactly as the real ones
+It runs the real local engine (engines/local.LocalEngine: DataLoader decode workers, Dispatcher, a
+ProcessPool with one model worker process) with a no-op model: scorers that prepare exactly as the real ones
 do (their prepare() is the real CLIP and OCR prepare) and whose score_batch returns zeros, so the
 model side costs nothing and what is left is moving samples. Inputs:
 
@@ -178,12 +178,12 @@ def _warm(folder: str, scorer) -> None:
 
 
 def dispatcher_rate(urls, scorer, stage, out: str, batch_size: int, workers: int) -> dict:
-    from wdsfilter.score import engine as engine_module
+    from wdsfilter.score.engines import local as engine_module
     from wdsfilter.score.config import ScoreConfig
-    from wdsfilter.score.engine import Engine
+    from wdsfilter.score.engines.local import LocalEngine
     from wdsfilter.score.modelworker import ProcessPool
 
-    class TimedEngine(Engine):
+    class TimedEngine(LocalEngine):
         def _loader(self, plan, todo, sink, *args, **kwargs):
             self.timed = _TimedLoader(super()._loader(plan, todo, sink, *args, **kwargs))
             return self.timed
@@ -202,7 +202,7 @@ def dispatcher_rate(urls, scorer, stage, out: str, batch_size: int, workers: int
     # One model worker process (a lone "cpu" device would score in the main process: LocalPool).
     make_pool, engine_module.make_pool = engine_module.make_pool, lambda devices, scorers, **_: ProcessPool(devices, scorers)
     try:
-        summary = engine.run()
+        summary = engine.execute()
     finally:
         engine_module.make_pool = make_pool
     if summary.shards_failed:

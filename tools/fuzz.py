@@ -341,7 +341,7 @@ def _base_folders(root: str) -> Dict[str, str]:
             rows = [{"key": k, "shard": url, "index": i, "status": "failed" if i == 3 else "scored",
                      "reason": "x" if i == 3 else None, "kept": i != 3, "score": None if i == 3 else rng.random()}
                     for i, k in enumerate(keys)]
-            path = os.path.join(folder, layout.SCORES, names[url] + tables.EXTENSIONS[fmt])
+            path = os.path.join(folder, layout.SCORES, tables.table_name(names[url], fmt))
             tables.write_table(rows, {"score": "float64"}, path, fmt)
             layout.write_marker(folder, layout.Marker(
                 url=url, name=names[url], score_file=os.path.relpath(path, folder), rows=len(rows),
@@ -449,12 +449,12 @@ def m_score_file(rng, folder, ctx):
         import pyarrow.parquet as pq
         pq.write_table(pa.table({rng.choice(("a", "key", "status")): [1, 2]}), path)
     elif how == "strings":
-        from wdsfilter.runfolder.tables import read_rows, write_table
+        from wdsfilter.runfolder.tables import format_for, read_rows, write_table
         rows = read_rows(path)
-        mixed = path.endswith(".jsonl")  # a Parquet column has one type: strings
+        mixed = not format_for(path).columnar  # a Parquet column has one type: strings
         for r in rows:
             r["score"] = rng.choice(("0.5", "high", None, float("nan"), float("inf")) if mixed else ("0.5", "high"))
-        write_table(rows, ["score"], path, "jsonl" if path.endswith(".jsonl") else "parquet")
+        write_table(rows, ["score"], path, format_for(path).name)
     else:
         with open(path, "ab") as f:
             f.write(rng.choice((b"not json\n", b"[1, 2]\n", b'{"key": 3}\n', b"\xff\xfe\n")))

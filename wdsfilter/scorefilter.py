@@ -32,7 +32,7 @@ from typing import Dict, Iterable, Iterator, Optional, Tuple
 from .core.errors import ConfigError
 from .core.markers import MARKER
 from .runfolder import DamagedRunFolder, ScoreRun, keep_reason, source_changed
-from .runfolder.tables import read_table
+from .runfolder.tables import read_table, table_stem
 from .storage.shards import is_local, local_path, shard_stem
 from .core.selection import Selection
 from .core.tally import Tally
@@ -122,7 +122,7 @@ class ScoreFilter:
         columns = ["status", "reason", *self.selection.columns()]
         try:
             t = read_table(path, ["key"] + columns)
-            dropped = self.dedup.dropped(_stem(path)) if self.dedup is not None else {}
+            dropped = self.dedup.dropped(table_stem(path)) if self.dedup is not None else {}
         except (DamagedRunFolder, ConfigError) as e:  # never an exception into the training loop: no scores
             self._why = str(e)
             return
@@ -171,12 +171,6 @@ def _drop_counted(drop, row: dict) -> tuple:
     if row.get("status") == "rejected":
         return (drop.reason,)
     return ("no_score" if drop.no_score else "filtered_by_score",)
-
-
-def _stem(score_file: str) -> str:
-    """A shard's output name: its score file's name without the extension."""
-    name = os.path.basename(score_file)
-    return name[:-len(".parquet")] if name.endswith(".parquet") else name.rsplit(".", 1)[0]
 
 
 def score_filter(scores_dir: str, min_scores: Optional[Dict[str, float]] = None, tally: Optional[Tally] = None,

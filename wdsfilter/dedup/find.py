@@ -20,7 +20,7 @@ import numpy as np
 from ..core.errors import ConfigError
 from .groups import KINDS, Groups, UnionFind
 from .spill import MEMORY_MB
-from ..runfolder.dedup import FOLDER, SUMMARY, score_file_state
+from ..runfolder.dedup import FOLDER, SUMMARY, marks_file, score_file_state
 from ..runfolder.embeddings import has_image_vectors
 from ..runfolder.names import REPORT
 from ..storage.remote import is_fsspec_url, filesystem, redact_url, refuse_hub_run_folder
@@ -33,7 +33,8 @@ from .semantic import semantic_pairs, cosines_to
 from .evalset import read_eval, clip_of_run, embed_eval
 from ..report.sections.dedup import write_report, MAX_MATCHES
 from .source import arrow_batches
-from ..storage.writing import atomic_path, write_text_atomic
+from ..runfolder.tables import write_arrow
+from ..storage.writing import write_text_atomic
 from ..core.progress import Progress
 
 NEAR_BITS = 5           # docs/dedup.md: re-encodes, resizes and PNG<->JPEG measured at <= 4 bits, distinct photos >= 16
@@ -378,7 +379,6 @@ def _write(rows, groups, matches, result: DedupResult, settings: dict) -> str:
     import json
 
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     folder = confined(rows.folder, os.path.join(rows.folder, FOLDER))  # never written through a link out
     os.makedirs(folder, exist_ok=True)
@@ -406,8 +406,7 @@ def _write(rows, groups, matches, result: DedupResult, settings: dict) -> str:
             "kind": kind_names.take(pa.array(np.maximum(kind, 0), pa.int8(), mask=kind < 0)),
             "survivor": pa.array(survivor, pa.bool_()),
             "eval_match": pa.nulls(hi - lo, pa.string()) if evals is None else pa.array(evals, pa.string())})
-        with atomic_path(os.path.join(folder, shard.name + ".parquet")) as tmp:
-            pq.write_table(table, tmp)
+        write_arrow(table, marks_file(folder, shard.name))
     for m in [m for g in result.largest for m in g["members"]] + result.semantic_skipped_rows:
         m["key"] = keys_of.get(m.pop("row"))
     summary = {"settings": settings, "rows": result.rows, "groups": result.groups, "per_kind": result.per_kind,

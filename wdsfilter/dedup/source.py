@@ -20,7 +20,7 @@ from .hashindex import HAS_PHASH, HAS_SHA, hex_prefix, sha_prefix
 from .spill import Column, Workspace
 from ..runfolder import ScoreRun
 from ..runfolder.layout import confined
-from ..runfolder.tables import parquet_errors, check_schema, damaged, open_parquet, read_batches
+from ..runfolder.tables import format_for
 from ..media.hashes import phash_int
 from .semantic import Embeddings
 from ..core.progress import Progress
@@ -138,19 +138,7 @@ def _read(run, folder: str, want_hashes: bool, space, progress=None) -> RunRows:
 
 def arrow_batches(path: str, columns: List[str]):
     """{column: arrow array} batches of one score file (a column it lacks: all null)."""
-    import pyarrow as pa
-
-    if not path.endswith(".parquet"):
-        for batch in read_batches(path, columns):
-            yield {c: pa.array(v) for c, v in batch.items()}
-        return
-    present = [c for c in columns if c in check_schema(path).names]
-    try:
-        for batch in open_parquet(path).iter_batches(columns=present):
-            n = batch.num_rows
-            yield {c: batch.column(c) if c in present else pa.nulls(n) for c in columns}
-    except parquet_errors() as e:
-        raise damaged(path, f"{type(e).__name__}: {e}") from None
+    return format_for(path).arrow_batches(path, columns)
 
 
 def _nulls(array) -> np.ndarray:

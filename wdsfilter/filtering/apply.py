@@ -33,7 +33,7 @@ from ..report.page import write_report
 from ..core.errors import ConfigError
 from ..storage.remote import is_fsspec_url  # a bucket's folder by its URL (not abspath's)
 from ..runfolder.reshard import REPORT, Resharder, reshard_run  # REPORT: one of the files filter owns in OUT, never one of the user's replaced
-from ..runfolder.tables import in_threads
+from ..runfolder.tables import format_for, in_threads
 
 
 def _check_outputs(run: ScoreRun, scores_dir: str, write_shards: Optional[str], report: Optional[str],
@@ -231,7 +231,7 @@ def _read_tables(run: ScoreRun, spec: Selection, progress=None) -> Optional[list
     count them, or as the reads find): its shares stream and its files are counted one by one."""
     import threading
 
-    if not all(s.score_file.endswith(".parquet") for s in run.shards) or spec.equal:
+    if not all(format_for(s.score_file).columnar for s in run.shards) or spec.equal:
         return None  # (a text column's rule is judged row by row)
     check_present(spec, run)  # a column the files lack: said before the reads
     if sum(s.rows for s in run.shards) > quantile.IN_MEMORY_ROWS:

@@ -24,7 +24,9 @@
 
 Modules, one job each, below score/ and filtering/ (no torch):
 
-    tables.py   score table I/O (write_table, read_table, read_batches, ...), DamagedRunFolder
+    tables.py   score table I/O (write_table, read_table, read_batches, ...) over FORMATS, format_for
+                (the one place a suffix decides a format), DamagedRunFolder; tableformat.py the
+                interface, parquet.py and jsonl.py the formats
     layout.py   the names, the Marker and ListedShard records, what a folder may point at
                 (score files inside it, sources its own record names), outputs_intact,
                 source_changed

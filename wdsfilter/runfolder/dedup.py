@@ -18,10 +18,15 @@ from typing import Dict, Iterator, Optional, Sequence, Tuple
 from ..core.errors import ConfigError
 from .names import DEDUP as FOLDER, DEDUP_SUMMARY as SUMMARY
 from .layout import confined, read_json
-from .tables import damaged, parquet_errors, audited
+from .tables import PARQUET, audited, damaged, parquet_errors
 
 DUPLICATE = "duplicate"
 EVAL_MATCH = "eval_match"
+
+
+def marks_file(folder: str, name: str) -> str:
+    """dedup/<name>.parquet: shard `name`'s marks in the dedup folder `folder`."""
+    return os.path.join(folder, name + PARQUET.suffix)
 
 
 def drop_reason(survivor, eval_match) -> Optional[str]:
@@ -100,7 +105,7 @@ class DedupMarks:
     def _rows(self, name: str) -> Iterator[tuple]:
         """The shard's marks; DamagedRunFolder when its file is missing (the summary names the
         shard: every row would be kept silently) or not as `wdsfilter dedup` wrote it."""
-        path = confined(self.run_dir, os.path.join(self.folder, name + ".parquet"))
+        path = confined(self.run_dir, marks_file(self.folder, name))
         if not os.path.exists(path):
             if name in self.summary.get("shards", {}):
                 raise damaged(path, "missing, though dedup/summary.json lists its shard; run `wdsfilter dedup` again")

@@ -33,10 +33,10 @@ from ..core.errors import ConfigError
 from ..storage.writing import atomic_path
 from .layout import confined
 from .names import EMBEDDING_METADATA as METADATA, EMBEDDING_PARTS as PARTS, EMBEDDINGS as FOLDER
-from .tables import TEXT_FIELDS, audited, damaged, parquet_errors, publish_rows
+from .tables import PARQUET, TEXT_FIELDS, audited, damaged, parquet_errors, publish_rows, write_arrow
 
 FIELD = "__embeddings__"
-METADATA_SUFFIX = ".parquet"
+METADATA_SUFFIX = PARQUET.suffix
 
 
 def folders(out: str) -> List[str]:
@@ -48,7 +48,6 @@ def write_embeddings(out: str, name: str, rows: List[dict]) -> Optional[Dict[str
     """Write the shard's files from its rows (in index order); None when no row has embeddings."""
     import numpy as np
     import pyarrow as pa
-    import pyarrow.parquet as pq
     embedded = [r for r in rows if r.get(FIELD) is not None]
     if not embedded:
         return None
@@ -65,8 +64,7 @@ def write_embeddings(out: str, name: str, rows: List[dict]) -> Optional[Dict[str
                      "clip_score": pa.array([r.get("clip_score") for r in embedded], pa.float64()),
                      **{f: pa.array([r.get(f) for r in embedded], pa.string()) for f in TEXT_FIELDS}})
     paths[METADATA] = _path(out, METADATA, name + METADATA_SUFFIX)
-    with atomic_path(paths[METADATA]) as tmp:
-        pq.write_table(meta, tmp)
+    write_arrow(meta, paths[METADATA])
     return paths
 
 

@@ -12,6 +12,7 @@ from typing import Dict, List, Optional, Sequence
 
 from .names import FAILURES as FOLDER, FAILURES_MERGED as MERGED  # noqa: F401 - the ledger's names, read here
 from .layout import confined
+from .tables import PARQUET
 
 # The reasons trying again can cure: out of memory after the back-off reached a batch of one, a
 # scorer that raised on the sample (score_batch, or prepare() with an error that is not a
@@ -29,7 +30,7 @@ def folder(out: str) -> str:
 
 
 def shard_file(out: str, name: str) -> str:
-    return os.path.join(out, FOLDER, name + ".parquet")
+    return os.path.join(out, FOLDER, name + PARQUET.suffix)
 
 
 def read_entries(path: str, folder: Optional[str] = None) -> List[dict]:

@@ -20,7 +20,8 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 from .keep import keep_reason, KEPT_STATUSES
 from .reader import ScoredShard, ScoreRun
 from .shares import Threshold, bounds  # noqa: F401 - judged here, resolved there
-from .tables import in_threads, read_batches, parquet_errors, check_schema, open_parquet, unique_keys, float_values
+from .tables import format_for, in_threads, read_batches
+from .parquet import check_schema, float_values, open_parquet, parquet_errors, unique_keys
 
 DUPLICATE = "duplicate key in shard"
 
@@ -357,7 +358,7 @@ def count_run(run: ScoreRun, thresholds: Sequence[Threshold], collector, marks, 
         tabled = [t.count(thresholds) if t is not None else None for t in tables]
     elif collector is None and marks is None:
         def counted(s: ScoredShard):
-            counts = count_table(s.score_file, thresholds) if s.score_file.endswith(".parquet") else None
+            counts = count_table(s.score_file, thresholds) if format_for(s.score_file).columnar else None
             if counts is not None:
                 tick()
             return counts

@@ -32,7 +32,7 @@ from ..core.errors import ConfigError
 from ..core.publish import published
 from ..storage.shards import absolute_url, is_local, local_path, split_suffix
 from .names import DONE, RUN_JSON, SCORES, SHARDS_FILE
-from .tables import EXTENSIONS, damaged, WRITER_META, DamagedRunFolder, parquet_metadata
+from .tables import FORMATS, WRITER_META, DamagedRunFolder, damaged, format_for
 
 RUN_ID = "run_id"  # run.json's: the run the folder holds (a --resume continues it, --overwrite starts another)
 JOINED = "joined"  # run.json's: a joined run's shard list (shard_list_digest), which every worker must be given
@@ -346,15 +346,16 @@ def written_by(marker: Marker, score_file: str) -> bool:
     """A joined run's score file is the one its marker's worker wrote (the Parquet file's writer,
     tables.WRITER_META, is the marker's WRITER): a worker stalled past its claim in the moment
     between its fence and its rename replaced it otherwise, and the marker vouches for it no more.
-    True where the marker names no writer (one process's run) or the file is JSONL or not here."""
+    True where the marker names no writer (one process's run), the file's format has no footer (JSONL)
+    or the file is not here."""
     writer = marker.extra.get(WRITER)
-    if not writer or not score_file.endswith(".parquet") or not os.path.exists(score_file):
+    if not writer or not os.path.exists(score_file):
         return True
     try:
-        meta = parquet_metadata(score_file).metadata or {}
+        footer = format_for(score_file).footer(score_file)
     except (OSError, ValueError, DamagedRunFolder):  # a damaged file: not the marker's
         return False
-    return meta.get(WRITER_META, b"").decode(errors="replace") == writer
+    return footer.rows is None or footer.metadata.get(WRITER_META) == writer
 
 
 def write_marker(folder: str, marker: Marker) -> None:
@@ -392,10 +393,10 @@ def shard_list_digest(urls: Sequence[str]) -> Dict[str, Any]:
 def score_file(folder: str, marker: Marker, confine: Optional[Confinement] = None) -> str:
     """The marker's score file, FOLDER/scores/<name>.<ext> (see the module docstring)."""
     head, base = os.path.split(os.path.normpath(marker.score_file.replace("\\", "/")))
-    if os.path.basename(head) != SCORES or base not in {marker.name + ext for ext in EXTENSIONS.values()}:
+    if os.path.basename(head) != SCORES or base not in {marker.name + f.suffix for f in FORMATS.values()}:
         raise ConfigError(f"{marker_path(folder, marker.name)} names the score file {marker.score_file!r}, which is "
-                          f"not the run's scores/{marker.name}.parquet or .jsonl; a run folder's files stay "
-                          f"inside it: restore the marker or score the shard again")
+                          f"not the run's scores/{marker.name}{' or '.join(f.suffix for f in FORMATS.values())}; a run "
+                          f"folder's files stay inside it: restore the marker or score the shard again")
     return (confine or Confinement(folder))(os.path.join(folder, SCORES, base))
 
 

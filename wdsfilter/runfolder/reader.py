@@ -17,7 +17,7 @@ from ..core.errors import ConfigError, UnsafeInputError
 from . import layout
 from .remote_out import pulled
 from ..core.thresholds import is_number
-from .tables import BASE_FIELDS, DamagedRunFolder, check_schema, read_batches, table_columns
+from .tables import BASE_FIELDS, NUMERIC_TYPES, DamagedRunFolder, format_for, read_batches, table_columns
 from ..storage.remote import is_fsspec_url, redact_url
 from ..storage.shards import is_pipe, is_remote
 
@@ -120,16 +120,12 @@ class ScoreRun:
         base fields, lists or flags). A JSON Lines column is numeric when it holds a number and
         no flag, list or object (a string in it counts as no value, keep.py)."""
         scores = [c for c in columns or self.columns if c in self.columns and c not in BASE_FIELDS]
-        if not self.shards[0].score_file.endswith(".parquet"):
-            return [c for c in scores if _jsonl_numeric(self.shards, c)]
-        import pyarrow as pa
-
-        def numeric(t) -> bool:
-            return pa.types.is_floating(t) or pa.types.is_integer(t) or pa.types.is_null(t)
+        if not format_for(self.shards[0].score_file).columnar:  # no column types: the rows say
+            return [c for c in scores if _numeric_in_rows(self.shards, c)]
         ok = set(scores)
         for s in self.shards:
-            schema = check_schema(s.score_file)
-            ok = {c for c in ok if c not in schema.names or numeric(schema.field(c).type)}
+            types = format_for(s.score_file).columns(s.score_file)
+            ok = {c for c in ok if c not in types or types[c] in NUMERIC_TYPES}
         return [c for c in scores if c in ok]
 
     def batches(self, columns: Sequence[str]) -> Iterator[tuple]:
@@ -139,7 +135,7 @@ class ScoreRun:
                 yield shard, batch
 
 
-def _jsonl_numeric(shards: Sequence[ScoredShard], column: str) -> bool:
+def _numeric_in_rows(shards: Sequence[ScoredShard], column: str) -> bool:
     for shard in shards:
         for batch in read_batches(shard.score_file, [column]):
             for v in batch[column]:

@@ -30,7 +30,7 @@ _LAZY = {
     "ClipScorer": "wdsfilter.score.scorers.clip",
     "OcrScorer": "wdsfilter.score.scorers.ocr",
     "DetectorBackend": "wdsfilter.score.ocr_backends.base",
-    "score_on_ray": "wdsfilter.score.ray_runner",
+    "score_on_ray": "wdsfilter.score.engines.ray",
     "NothingScoredError": "wdsfilter.score.rows",
 }
 
@@ -191,7 +191,7 @@ def score(shards, out: Optional[str] = None, scorers: Sequence = ("clip",), *, m
     Raises ConfigError at once for settings that cannot work, and NothingScoredError (with the
     counts) when the run finished without scoring a single sample. `echo` receives the lines the
     command line prints (plan, scorer descriptions)."""
-    from .engine import run_scoring
+    from .engines.local import run_scoring
     cfg = build_config(out, scorers, min_clip=min_clip, min_scores=min_scores, max_scores=max_scores,
                        max_ocr_area=max_ocr_area, config=config, **options)
     return run_scoring(shards, cfg, echo)

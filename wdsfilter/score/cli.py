@@ -10,6 +10,7 @@ from ..core.errors import EXIT_CLEAN, EXIT_RUN_FAILED, EXIT_USAGE, RunError
 from ..core.progress import progress_option, verbosity, verbosity_options
 from ..stream.config import STAGE_INPUT, STAGE_REMOTE, stage_options
 from ..core.selection import text_and_recipe_options
+from .engines import ENGINES
 
 
 def _echo(text: str) -> None:
@@ -31,15 +32,31 @@ def _print_status(folders, storage_options) -> None:
     click.echo(status_text(folders[0], parse_storage_options(storage_options or ()) or None))
 
 
-def _check_engine(cfg, engine: str, ray_address, ray_actors, ray_gpus_per_actor) -> None:
-    """The Ray options only with --engine ray; --join only without it."""
-    ray_given = [f for f, v in (("--ray-address", ray_address), ("--ray-actors", ray_actors),
-                                ("--ray-gpus-per-actor", ray_gpus_per_actor)) if v is not None]
-    if ray_given and engine != "ray":
-        raise click.UsageError(f"{', '.join(ray_given)} only apply with --engine ray")
-    if cfg.join and engine == "ray":
-        raise click.UsageError("--join makes this process one worker of many on --out (the local engine); a Ray run "
-                               "is one driver for the whole cluster: drop one of them (docs/scale.md)")
+class EngineChoice(click.Choice):
+    """--engine's choices: the names in ENGINES (score/engines/__init__.py) when the command runs."""
+
+    def __init__(self):
+        super().__init__(())
+
+    @property
+    def choices(self):
+        return tuple(ENGINES)
+
+    @choices.setter
+    def choices(self, _value) -> None:  # click's __init__ sets them; the registry is read instead
+        pass
+
+
+def _check_engine(cfg, engine: str, ctx: click.Context) -> None:
+    """An engine's own options only with that engine; --join only with an engine that joins."""
+    for name, other in ENGINES.items():
+        given = [f"--{p.replace('_', '-')}" for p in other.options if name != engine and ctx.params.get(p) is not None]
+        if given:
+            raise click.UsageError(f"{', '.join(given)} only apply with --engine {name}")
+    if cfg.join and not ENGINES[engine].joins:
+        raise click.UsageError(f"--join makes this process one worker of many on --out (--engine "
+                               f"{' or '.join(n for n, e in ENGINES.items() if e.joins)}); --engine {engine} is one "
+                               f"driver for the whole run: drop one of them (docs/scale.md)")
 
 
 # --help's groups (wdsfilter/core/clihelp.py): the caption and image keys, the scorer and model, and
@@ -145,9 +162,8 @@ HELP_GROUPS = {
 @click.option("--config", "config_file", default=None, metavar="FILE",
               help="A run recipe (YAML/JSON: shards, out, scorers, scorer_options, thresholds, stage, engine, ...; "
                    "every run writes its own to RUN/run.yaml), or stage options only. Options given here override it.")
-@click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
-              help="local: this machine's engine (memory planner); ray: Ray Data across a cluster "
-                   "(pip install 'wdsfilter[ray]'; no shared filesystem needed: the driver writes --out).")
+@click.option("--engine", type=EngineChoice(), default="local", show_default=True,
+              help="; ".join(f"{name}: {engine.help}" for name, engine in ENGINES.items()) + ".")
 @click.option("--ray-address", default=None, metavar="ADDRESS",
               help="ray: a running cluster (auto, ray://host:10001); default: start a local one.")
 @click.option("--ray-actors", type=click.IntRange(min=1), default=None,
@@ -172,10 +188,9 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
     or your own scorer; write per-shard score files, a summary and, optionally, filtered shards."""
     from ..stream.config import StageConfig, stage_overrides
     from . import SHORTCUTS, build_config
-    from .recipe import merge, read_recipe
+    from .recipe import FLAGS, merge, read_recipe
     from ..core.selection import Selection
     from .config import parse_option
-    from .engine import run_scoring
     from ..core.progress import library_logs_off
 
     logging.basicConfig(format="wdsfilter: warning: %(message)s", level=logging.WARNING)
@@ -200,16 +215,9 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
     selection = Selection.from_dict(recipe.get("thresholds"), f"--config {config_file}").merged(flags)
     # Only the options given on the command line override the recipe (click's defaults do not).
     ctx = click.get_current_context()
-    options = {"scorers": tuple(scorers), "scorer_options": scorer_options, "model": model, "pretrained": pretrained,
-               "precision": precision, "frames": frames, "frame_reduce": frame_reduce, "keyframes": keyframes,
-               "ocr_backend": ocr_backend, "ocr_model_dir": ocr_model_dir, "ocr_download": ocr_download,
-               "write_shards": write_shards, "samples_per_shard": samples_per_shard, "prefix": prefix,
-               "save_embeddings": save_embeddings, "device": device, "gpus": gpus,
-               "decode_device": decode_device,
-               "batch_size": batch_size, "workers": workers, "replicas": replicas, "max_memory": max_memory,
-               "headroom": headroom, "fit": fit, "format": fmt}
-    params = {"scorer_options": "scorer_opts", "format": "fmt"}
-    given = {k: v for k, v in options.items() if _given(ctx, params.get(k, k))}
+    given = {key: ctx.params[flag] for flag, key in FLAGS.items() if _given(ctx, flag)}  # recipe.FLAGS
+    if "scorer_options" in given:
+        given["scorer_options"] = scorer_options
     merged = merge(recipe, given, SHORTCUTS)
     shards = list(shards) or recipe.get("shards") or []
     out = merged.pop("out", None) if out is None else out
@@ -223,15 +231,11 @@ def score(shards, out, scorers, model, pretrained, precision, scorer_opts, frame
     cfg = build_config(out, tuple(merged.pop("scorers", ("clip",))), stage=stage, selection=selection, resume=resume,
                        overwrite=overwrite, retry_failed=retry_failed, dry_run=dry_run, progress=progress is not False,
                        verbosity=level, join=join, task_index=task_index, task_count=task_count, steal=steal, **merged)
-    _check_engine(cfg, engine, ray_address, ray_actors, ray_gpus_per_actor)
+    _check_engine(cfg, engine, ctx)
     # Errors are not caught here: the `wdsfilter` group prints one line and maps each to its exit
     # code (wdsfilter/core/errors.py): 2 for configuration errors, 3 for a failed run, never 1.
-    if engine == "ray":
-        from .ray_runner import run_on_ray
-        summary = run_on_ray(list(shards), cfg, actors=ray_actors, gpus_per_actor=ray_gpus_per_actor,
-                             address=ray_address, echo=_echo)
-    else:
-        summary = run_scoring(list(shards), cfg, echo=_echo)
+    chosen = ENGINES[engine]
+    summary = chosen.load()(list(shards), cfg, echo=_echo, **{kw: ctx.params[p] for p, kw in chosen.options.items()})
     # The scorer lines were printed as the run began, unless -q kept them back.
     click.echo(summary.format_text(histograms=not no_histograms and level > 0, plan=False, scorers=level == 0,
                                    quiet=level == 0))

@@ -13,12 +13,13 @@ from ..core.selection import Selection, warn_renamed
 from ..core.thresholds import Thresholds
 from ..core.units import parse_size
 from ..storage.writing import check_output_dir
+from ..runfolder.tables import FORMATS as TABLE_FORMATS
 from .ledger import RETRY_MODES
 from .memory import DEVICE_KINDS
 from .fastdecode import combine_floors
 from .scorers.base import pixel_reader
 
-FORMATS = ("parquet", "jsonl")
+FORMATS = tuple(TABLE_FORMATS)  # the score tables' formats, by name (runfolder/tables.py)
 FIT_POLICIES = ("refuse", "clamp")
 def _auto_or_int(value, what: str, minimum: int) -> Union[str, int]:
     if value is None or value == "auto":

@@ -253,15 +253,15 @@ def _run_shard_names(folder: str, storage_options=None) -> List[str]:
 
 # -- the run loop of a worker ------------------------------------------------------------------------------
 def run_joined(engine):
-    """The local engine's run as one worker of a joined run (engine.Engine._run): rounds of claimed
+    """The local engine's run as one worker of a joined run (engines/local.LocalEngine._run): rounds of claimed
     shards until none is left to claim or wait for, then the end of the run if it is this
     worker's to do. Returns the summary (the run's, or this worker's share)."""
-    cfg, worker, summary = engine.cfg, engine.joined, engine.summary
+    cfg, worker, summary = engine.run.cfg, engine.run.joined, engine.run.summary
     started = time.perf_counter()
     outcome, tally = Outcome(), Tally(0, 0, name="wdsfilter score")
     pool = plan = sizes = progress = None
     if worker.claims.done_at_start:
-        engine.echo(f"join: {len(worker.claims.done_at_start)} of {len(engine.urls)} shard(s) already done")
+        engine.run.echo(f"join: {len(worker.claims.done_at_start)} of {len(engine.run.urls)} shard(s) already done")
     try:
         while True:
             first = worker.claims.next()
@@ -271,8 +271,8 @@ def run_joined(engine):
                 break
             if pool is None:  # the models, the probe and the plan once the worker has a shard
                 pool = engine._pool()
-                probe_on = [first] + [u for u in engine.todo if u != first][:2]
-                plan = engine._plan(pool, probe_on, len(engine.todo) or 1)
+                probe_on = [first] + [u for u in engine.run.todo if u != first][:2]
+                plan = engine._plan(pool, probe_on, len(engine.run.todo) or 1)
                 sizes = engine._apply(pool, plan)
                 progress = _progress(cfg, worker)
             worker.report(idle=False, now=True)
@@ -307,7 +307,7 @@ def _progress(cfg, worker: Worker):
 def _settle(engine, handed: List[str], dispatcher, round_tally, outcome, tally) -> None:
     """After a round: the shards handed out are done or failed (each failure's entry in the
     ledger, then its claim says so), the counts go into the worker's record."""
-    worker, state = engine.joined, engine.state
+    worker, state = engine.run.joined, engine.run.state
     ended = {f["url"]: f["reason"] for f in dispatcher.failed + dispatcher.unfinished()}
     outcome.shards_scored += dispatcher.completed
     outcome.samples += dispatcher.rows_done
@@ -321,8 +321,8 @@ def _settle(engine, handed: List[str], dispatcher, round_tally, outcome, tally) 
         reason = ended.get(url) or unopened_reason(url, round_tally)
         write_shard_failures(state.out, state.names[url], [shard_entry(url, reason, not is_local(url))])
         failed.append({"url": url, "reason": reason})
-    if engine.remote is not None:  # the markers and ledger files in the bucket before the claims say so
-        engine.remote.sync()
+    if engine.run.remote is not None:  # the markers and ledger files in the bucket before the claims say so
+        engine.run.remote.sync()
     for f in failed:
         worker.claims.fail(f["url"], f["reason"])
     outcome.failed += failed
@@ -336,10 +336,10 @@ def _wait(engine) -> bool:
     """Between rounds: True as soon as something can be claimed (a stale worker's shards, a
     failure this worker may try again); False once every shard this worker answers for has ended.
     Shards live workers hold are waited for: their claims may go stale (a node that dies)."""
-    worker = engine.joined
+    worker = engine.run.joined
     interval = min(worker.lease.stale / 4, 5.0)
-    if engine.remote is not None:  # this worker's markers in the bucket before it looks at the others'
-        engine.remote.sync()
+    if engine.run.remote is not None:  # this worker's markers in the bucket before it looks at the others'
+        engine.run.remote.sync()
     survey = worker.claims.survey(worker.scope)
     said = False
     while True:
@@ -349,24 +349,24 @@ def _wait(engine) -> bool:
         if not survey.live:
             return False
         if not said:
-            engine.echo(f"join: {len(survey.live)} shard(s) left, claimed by {len(set(survey.live.values()))} other "
+            engine.run.echo(f"join: {len(survey.live)} shard(s) left, claimed by {len(set(survey.live.values()))} other "
                         f"live worker(s); waiting for them (a worker that stops is taken over)")
             said = True
         time.sleep(interval)
-        engine.check_lease()
+        engine.run.check_lease()
         survey = worker.claims.poll(survey, worker.scope)
 
 
 def _end(engine, outcome):
     """The end of this worker: the run's end-of-run work when every shard has ended and no other
     worker does it (the claim .finish.json), else this worker's share of the summary."""
-    worker, summary = engine.joined, engine.summary
+    worker, summary = engine.run.joined, engine.run.summary
     claims = worker.claims
     names = list(claims.names.values())
     survey = worker.last_survey  # the one that ended the rounds, where it looked at every shard
     if survey is None or worker.scope != names:
-        if engine.remote is not None:
-            engine.remote.sync()
+        if engine.run.remote is not None:
+            engine.run.remote.sync()
         survey = claims.survey()
     ended = survey.ended(names)
     done, failed = len(survey.done), len(survey.failed)
@@ -383,9 +383,9 @@ def _end(engine, outcome):
     written = False
     try:
         _wait_for_reports(worker)
-        if engine.remote is not None:  # every worker's markers, ledger files and sizes, from the bucket
-            engine.remote.refresh()
-            engine.state.size_of = engine.remote.sizes()
+        if engine.run.remote is not None:  # every worker's markers, ledger files and sizes, from the bucket
+            engine.run.remote.refresh()
+            engine.run.state.size_of = engine.run.remote.sizes()
         outcome.failed = [{"url": claims.urls[n], "reason": r} for n, r in survey.failed.items()]
         records = _records(worker)
         outcome.stage_counts = _stage_counts(records)
@@ -396,7 +396,7 @@ def _end(engine, outcome):
         _write_sizes(engine)
         _sweep_temporaries(engine)
         try:
-            result = engine.finish(outcome)
+            result = engine.run.finish(outcome)
         except NothingScoredError:
             written = True  # summary.json says so: done, for these shards
             raise
@@ -443,11 +443,11 @@ def _stage_counts(records: List[dict]) -> dict:
 def _write_sizes(engine) -> None:
     """sizes.json of --write-shards, once, from the markers (a worker writes only its shards'
     _stats.json)."""
-    cfg, state = engine.cfg, engine.state
+    cfg, state = engine.run.cfg, engine.run.state
     if not cfg.copies_shards:  # resharded shards: their sizes.json is the reshard's (Run.finish)
         return
     entries = {}
-    for url in engine.urls:
+    for url in engine.run.urls:
         marker = state._marker(url) if state.is_done(url) else None
         if marker is not None and marker.filtered:
             entries[os.path.basename(state.filtered_path(url))] = int(marker.filtered.get("samples", 0))
@@ -457,9 +457,9 @@ def _write_sizes(engine) -> None:
 def _sweep_temporaries(engine) -> None:
     """Temporaries left by killed workers (their pids mean nothing on another host): those older
     than two leases, when no live worker can still be writing them."""
-    cfg = engine.cfg
-    limit = time.time() - 2 * engine.joined.lease.stale
-    for folder in (cfg.out, engine.state.scores_dir, engine.state.done_dir, cfg.write_shards,
+    cfg = engine.run.cfg
+    limit = time.time() - 2 * engine.run.joined.lease.stale
+    for folder in (cfg.out, engine.run.state.scores_dir, engine.run.state.done_dir, cfg.write_shards,
                    *embedding_folders(cfg.out), ledger_folder(cfg.out)):
         if not folder or not os.path.isdir(folder):
             continue

@@ -30,11 +30,10 @@ from __future__ import annotations
 import os
 from typing import Dict, Iterable, List, Optional, Sequence
 
-from ..storage.writing import atomic_path
 from ..core.markers import MEMBER, STAGE, MARKER, SHARD_END  # noqa: F401 - a row's private fields: where it was dropped
 # the run folder's failures/ files, their reader and summary (runfolder/failures.py: the report reads them too)
 from ..runfolder.failures import FOLDER, MERGED, TRANSIENT, folder, read_entries, shard_file, summarize  # noqa: F401
-from ..runfolder.tables import publish_rows
+from ..runfolder.tables import publish_rows, write_arrow
 from ..storage.tarsubset import ReadOnly
 
 FIELDS = ("key", "shard", "index", "member", "stage", "status", "reason", "message", "attempts", "transient", "caption",
@@ -115,14 +114,7 @@ def _schema():
 
 def _write(entries: Sequence[dict], path: str) -> None:
     import pyarrow as pa
-    import pyarrow.parquet as pq
-    schema = _schema()
-    table = pa.Table.from_pylist(publish_rows(entries), schema=schema)
-    with atomic_path(path) as tmp:  # makes the folder
-        if table.num_rows:
-            pq.write_table(table, tmp)
-        else:  # no row group of 0 rows (HF datasets fails on it), as runfolder.tables.write_table
-            pq.ParquetWriter(tmp, schema).close()
+    write_arrow(pa.Table.from_pylist(publish_rows(entries), schema=_schema()), path)  # atomically
 
 
 def write_shard_failures(out: str, name: str, entries: Sequence[dict]) -> str:

@@ -29,15 +29,33 @@ from ..core.mapping import read_mapping
 from ..runfolder.runyaml import PATHS_FROM, RECIPE_FILE, resolve_recipe_paths  # run.yaml's name and paths
 from ..core.errors import ConfigError
 from .config import ScoreConfig
+from .engines import ENGINES
 from ..core.selection import Selection
 from ..storage.shards import absolute_url, is_local, local_path
 from ..storage.writing import write_text_atomic
-ENGINES = ("local", "ray")
-# ScoreConfig fields a recipe may set beside the ones it spells itself (never resume/overwrite/
-# dry_run: a replay says those on its command line).
-OPTIONS = ("write_shards", "samples_per_shard", "prefix", "device", "gpus", "decode_device", "devices", "batch_size", "workers", "replicas", "prefetch", "max_memory",
-           "headroom", "fit", "format", "max_batch", "cpu_max_batch", "min_free_host", "histogram_bins",
-           "probe_samples", "probe_scan", "probe_seconds", "worker_start")
+# `wdsfilter score`'s flags (click's parameter names) -> the build_config keyword each sets: a
+# ScoreConfig field (a run.yaml key of its own, OPTIONS) or a scorer shortcut (SHORTCUTS: in run.yaml
+# its scorer's option, under scorer_options). The command line passes the flags given (only those:
+# a recipe's value stays otherwise); run.yaml keeps what they set, so a replay sets the same.
+FLAGS = {**{name: name for name in (
+    "scorers", "model", "pretrained", "precision", "frames", "frame_reduce", "keyframes", "ocr_backend",
+    "ocr_model_dir", "ocr_download", "write_shards", "samples_per_shard", "prefix", "save_embeddings", "device",
+    "gpus", "decode_device", "batch_size", "workers", "replicas", "max_memory", "headroom", "fit")},
+    "scorer_opts": "scorer_options", "fmt": "format"}
+# The other flags: run.yaml keeps these under keys of their own (shards, out, engine) or as its
+# thresholds (a wdsfilter.Selection); the stage flags (stream/config.STAGE_OPTIONS) go under stage:,
+# an engine's own flags are its registry entry's (engines.ENGINES); run.yaml never keeps these, a
+# replay gives them again on its command line (the run's control, the terminal, the recipe itself).
+RECIPE_FLAGS = ("shards", "out", "engine", "min_clip", "max_ocr_area", "mins", "maxes", "tops", "bottoms", "equals",
+                "recipes")
+CLI_ONLY = ("config_file", "resume", "overwrite", "retry_failed", "dry_run", "join", "task_index", "task_count",
+            "steal", "status", "progress", "no_histograms", "quiet", "verbose")
+# ScoreConfig fields a recipe may set: the flags' (never resume/overwrite/dry_run: a replay says those
+# on its command line) and those of the Python API only.
+OPTIONS = tuple(key for key in FLAGS.values() if key in ScoreConfig.__dataclass_fields__
+                and key not in ("scorers", "scorer_options")) + (
+    "devices", "prefetch", "max_batch", "cpu_max_batch", "min_free_host", "histogram_bins", "probe_samples",
+    "probe_scan", "probe_seconds", "worker_start")
 KEYS = ("shards", "out", "scorers", "scorer_options", "thresholds", "stage", "engine", PATHS_FROM) + OPTIONS
 
 
@@ -52,7 +70,7 @@ def read_recipe(path: str) -> Dict[str, Any]:
         raise ConfigError(f"--config {path}: unknown key(s) {unknown}; a recipe has {', '.join(KEYS)} "
                           f"(stage options go under stage:)")
     if data.get("engine", "local") not in ENGINES:
-        raise ConfigError(f"--config {path}: engine must be one of {ENGINES}, got {data['engine']!r}")
+        raise ConfigError(f"--config {path}: engine must be one of {', '.join(ENGINES)}, got {data['engine']!r}")
     if not isinstance(data.get("thresholds") or {}, dict):
         raise ConfigError(f"--config {path}: thresholds is {{min: {{COLUMN: X}}, max: {{COLUMN: X}}, "
                           f"top: {{COLUMN: PERCENT}}, bottom: {{COLUMN: PERCENT}}, equal: {{COLUMN: VALUE}}}}")

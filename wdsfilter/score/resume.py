@@ -21,7 +21,7 @@ from ..core.errors import ConfigError
 from ..core.publish import published
 from ..runfolder import layout
 from ..runfolder.layout import Marker, output_sizes, outputs_intact, shard_names, source_changed, source_state
-from ..runfolder.tables import EXTENSIONS, DamagedRunFolder
+from ..runfolder.tables import DamagedRunFolder, table_name
 from ..storage.shards import split_suffix
 from .config import ScoreConfig
 from ..runfolder.embeddings import folders as embedding_folders
@@ -46,7 +46,6 @@ class RunState:
         self.out = cfg.out
         self.scores_dir = os.path.join(cfg.out, layout.SCORES)
         self.done_dir = os.path.join(cfg.out, layout.DONE)
-        self.ext = EXTENSIONS[cfg.format]
         self.identity: Optional[dict] = None
         self.writable = not cfg.dry_run
         self.resumed_from_markers = 0
@@ -80,7 +79,7 @@ class RunState:
 
     # -- paths ----------------------------------------------------------------------------------
     def score_path(self, url: str) -> str:
-        return os.path.join(self.scores_dir, self.names[url] + self.ext)
+        return os.path.join(self.scores_dir, table_name(self.names[url], self.cfg.format))
 
     def marker_path(self, url: str) -> str:
         return layout.marker_path(self.out, self.names[url])
@@ -293,7 +292,7 @@ class RunState:
         the sizes of the outputs, so --resume trusts neither a changed shard nor a damaged output."""
         name = self.names[url]
         known = {k: v for k, v in info.items() if k in Marker.__dataclass_fields__}
-        marker = Marker(**known, url=url, name=name, score_file=f"{layout.SCORES}/{name}{self.ext}",
+        marker = Marker(**known, url=url, name=name, score_file=f"{layout.SCORES}/{table_name(name, self.cfg.format)}",
                         filtered_shard=self._shown(self.filtered_path(url)), source=source_state(source or url),
                         run_id=self.run_id,
                         sizes=output_sizes(self.out, self._outputs(url, info.get("embeddings"), info.get("failures"))),

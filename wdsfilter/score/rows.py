@@ -1,5 +1,5 @@
 """A sample's row and a shard's completion: the row model that both runners share (the local
-engine, engine.py, and the Ray runner, ray_runner.py).
+engine, engines/local.py, and the Ray engine, engines/ray.py).
 
 Every sample gets one row: key, shard, index (order in the shard), status, reason, message,
 kept, caption, url, uid (what the sample said: `sample_text`), then one column per score. status:

@@ -1,7 +1,7 @@
-"""What both runners (the local engine and the Ray runner) share about one scoring run: the shard
-URLs, the scorers and their columns, the run state on disk (resume.RunState), the summary, and
-how a run ends (the summary read back from the score files, histograms, summary.json, and the
-"nothing was scored" check).
+"""What every engine (engines/: local, ray) shares about one scoring run, held by the engine (not
+extended): the shard URLs, the scorers and their columns, the run state on disk (resume.RunState),
+the summary, and how a run ends (the summary read back from the score files, histograms,
+summary.json, and the "nothing was scored" check).
 """
 from __future__ import annotations
 
@@ -45,6 +45,10 @@ class Run:
     """One scoring run's shards, scorers, state and summary; no model is loaded here."""
 
     def __init__(self, shards, cfg: ScoreConfig, echo: Optional[Callable[[str], None]] = None, engine: str = "local"):
+        """The run set up, in order: its shards; the checks that need no model; the run folder
+        taken (its lease); the run state read (what is left to score, the first shard's keys);
+        the scorers resolved; the run recorded on disk (run.json, run.yaml). `engine`: the name
+        (engines.ENGINES) run.yaml gives, so a replay runs on the same engine."""
         refuse_in_spawned_worker()
         self.cfg = cfg
         self.echo = echo or (lambda text: None)
@@ -56,61 +60,13 @@ class Run:
         # A joined run's worker (--join, join.py) holds its own lease, not the folder's, and claims
         # the shards one by one (runfolder/claims.py); a dry run plans only, as any.
         self.joined = self._worker(cfg)
-        # One run per --out, by a lease (runfolder/lease.py), taken before the run state, which
-        # deletes temporaries; every write into the folder is fenced by it. A remote --out: the
-        # lease in the bucket, then the run writes a local staging copy mirrored to the bucket.
-        self.remote = self._remote_out(cfg, self.joined)
         # The reads before scoring (the key check, the probe): their remote retries, for the summary
         self.before = Tally(0, 0, name="wdsfilter score (before scoring)")
-        if self.remote:
-            cfg = self.cfg = dataclasses.replace(cfg, out=self.remote.local, write_shards=(
-                self.remote.shards.local if self.remote.shards else cfg.write_shards))
+        fence = self._take_folder()
         try:
-            self.lock = None if cfg.dry_run or self.remote else (
-                self.joined.lease if self.joined else Lease(cfg.out)).acquire()
-            fence = self.remote.fence if self.remote else self.lock and self.lock.guard([cfg.out, cfg.write_shards])
-        except BaseException:
-            if self.remote:  # its lock object is not left to go stale
-                self.remote.release()
-            raise
-        try:
-            if self.joined:  # a run without --join in the folder excludes its workers
-                self.joined.refuse_single_run()
-            if cfg.reshards and not cfg.dry_run:  # another folder's reshard in DIR: said before any scoring
-                check_folder(cfg.write_shards, self.remote.url if self.remote else cfg.out, cfg.overwrite)
-            if cfg.retry_failed and not os.path.exists(os.path.join(cfg.out, RUN_JSON)):
-                raise ConfigError(f"--retry-failed: {cfg.out} holds no scoring run; score the shards there first")
-            self.state = RunState(cfg, self.urls, size_of=self.remote.sizes() if self.remote else os.path.getsize,
-                                  run_record=self.joined and self.joined.run_record())
-            self.state.fence = fence  # installed by rows.write_shard where a Ray worker writes
-            self.todo = self.state.pending()
-            # --retry-failed: url -> {index: ledger entry} of the samples of finished shards to score
-            # again (only those are read on, OnlyKeys); shards without a marker are in todo whole
-            self.retry = retry_plan(self.state, cfg.retry_failed) if cfg.retry_failed else {}
-            self.todo += [u for u in self.urls if u in self.retry and u not in self.todo]
-            if self.todo:  # no shard can be opened, for one reason (one line); a caption/image key no sample has
-                refuse_unreachable(self.todo, cfg.stage)
-                check_keys(self.todo[0], cfg.scoring_stage_config(), self.before)
-            if cfg.verbosity and (self.todo or cfg.dry_run):  # at once, before the imports and the models
-                names = [s if isinstance(s, str) else getattr(s, "name", type(s).__name__) for s in cfg.scorers]
-                self.echo(f"{len(self.todo)} shard(s) to score; loading {', '.join(names)} and measuring a probe batch")
-            require("torch", "scoring")  # before a scorer's own import asks for it less plainly
-            self.scorers = resolve_scorers(cfg)
-            self.columns = score_columns(self.scorers)
-            # The model side gets its own copies: a loaded model must never be pickled into a
-            # decode worker (spawn would copy the weights into every one of them).
-            self.model_scorers = [copy.deepcopy(s) for s in self.scorers]
-            if self.remote and self.remote.shards:  # what the bucket's markers name, not the staging folder
-                self.state.shown_write_shards = (self.remote.shards.local, self.remote.shards.url)
-            self.state.open(self._identity())
-            if self.joined:  # the run's shards now claimed one by one; those with a marker are done
-                self.todo = self._join_run()
-            if not cfg.dry_run and (self.joined is None or self.state.created):
-                # the resolved recipe: `wdsfilter score --config OUT/run.yaml` runs it again
-                write_recipe(cfg, self.urls, engine, self.remote and {
-                    "out": self.remote.url, "write_shards": self.remote.shards and self.remote.shards.url})
-            if self.remote:
-                self.remote.start()
+            self._read_state(fence)
+            self._resolve_scorers()
+            self._record(engine)
         except BaseException as e:
             self.release_lock()
             if self.remote and isinstance(e, ConfigError):  # "OUT already holds a run": the bucket's name
@@ -118,8 +74,79 @@ class Run:
             if is_disk_full(e):
                 raise disk_full(e, "the run state") from None
             raise
-        self.summary = RunSummary(out=self.remote.url if self.remote else cfg.out, shards=len(self.urls), dry_run=cfg.dry_run,
-                                  shards_resumed=self.state.resumed_from_markers)
+        self.summary = RunSummary(out=self.remote.url if self.remote else self.cfg.out, shards=len(self.urls),
+                                  dry_run=self.cfg.dry_run, shards_resumed=self.state.resumed_from_markers)
+
+    def _take_folder(self):
+        """One run per --out, by a lease (runfolder/lease.py), taken before the run state, which
+        deletes temporaries; every write into the folder is fenced by it. A remote --out: the
+        lease in the bucket, then the run writes a local staging copy mirrored to the bucket (and
+        self.cfg names the copy). Returns the fence."""
+        cfg = self.cfg
+        self.remote = self._remote_out(cfg, self.joined)
+        if self.remote:
+            cfg = self.cfg = dataclasses.replace(cfg, out=self.remote.local, write_shards=(
+                self.remote.shards.local if self.remote.shards else cfg.write_shards))
+        try:
+            self.lock = None if cfg.dry_run or self.remote else (
+                self.joined.lease if self.joined else Lease(cfg.out)).acquire()
+            return self.remote.fence if self.remote else self.lock and self.lock.guard([cfg.out, cfg.write_shards])
+        except BaseException:
+            if self.remote:  # its lock object is not left to go stale
+                self.remote.release()
+            raise
+
+    def _read_state(self, fence) -> None:
+        """The run state (resume.RunState) and the shards to score: those without a marker, and
+        with --retry-failed those with samples to score again; the first one's keys checked."""
+        cfg = self.cfg
+        if self.joined:  # a run without --join in the folder excludes its workers
+            self.joined.refuse_single_run()
+        if cfg.reshards and not cfg.dry_run:  # another folder's reshard in DIR: said before any scoring
+            check_folder(cfg.write_shards, self.remote.url if self.remote else cfg.out, cfg.overwrite)
+        if cfg.retry_failed and not os.path.exists(os.path.join(cfg.out, RUN_JSON)):
+            raise ConfigError(f"--retry-failed: {cfg.out} holds no scoring run; score the shards there first")
+        self.state = RunState(cfg, self.urls, size_of=self.remote.sizes() if self.remote else os.path.getsize,
+                              run_record=self.joined and self.joined.run_record())
+        self.state.fence = fence  # installed by rows.write_shard where a Ray worker writes
+        self.todo = self.state.pending()
+        # --retry-failed: url -> {index: ledger entry} of the samples of finished shards to score
+        # again (only those are read on, OnlyKeys); shards without a marker are in todo whole
+        self.retry = retry_plan(self.state, cfg.retry_failed) if cfg.retry_failed else {}
+        self.todo += [u for u in self.urls if u in self.retry and u not in self.todo]
+        if self.todo:  # no shard can be opened, for one reason (one line); a caption/image key no sample has
+            refuse_unreachable(self.todo, cfg.stage)
+            check_keys(self.todo[0], cfg.scoring_stage_config(), self.before)
+
+    def _resolve_scorers(self) -> None:
+        """The scorers (a CLIP scorer resolves its model: torch, open_clip), their columns, and the
+        model side's own copies."""
+        cfg = self.cfg
+        if cfg.verbosity and (self.todo or cfg.dry_run):  # at once, before the imports and the models
+            names = [s if isinstance(s, str) else getattr(s, "name", type(s).__name__) for s in cfg.scorers]
+            self.echo(f"{len(self.todo)} shard(s) to score; loading {', '.join(names)} and measuring a probe batch")
+        require("torch", "scoring")  # before a scorer's own import asks for it less plainly
+        self.scorers = resolve_scorers(cfg)
+        self.columns = score_columns(self.scorers)
+        # The model side gets its own copies: a loaded model must never be pickled into a
+        # decode worker (spawn would copy the weights into every one of them).
+        self.model_scorers = [copy.deepcopy(s) for s in self.scorers]
+
+    def _record(self, engine: str) -> None:
+        """The run on disk: run.json (created, or checked against this run's settings), a joined
+        run's claims, run.yaml (the resolved recipe), then the bucket's mirror started."""
+        cfg = self.cfg
+        if self.remote and self.remote.shards:  # what the bucket's markers name, not the staging folder
+            self.state.shown_write_shards = (self.remote.shards.local, self.remote.shards.url)
+        self.state.open(self._identity())
+        if self.joined:  # the run's shards now claimed one by one; those with a marker are done
+            self.todo = self._join_run()
+        if not cfg.dry_run and (self.joined is None or self.state.created):
+            # the resolved recipe: `wdsfilter score --config OUT/run.yaml` runs it again
+            write_recipe(cfg, self.urls, engine, self.remote and {
+                "out": self.remote.url, "write_shards": self.remote.shards and self.remote.shards.url})
+        if self.remote:
+            self.remote.start()
 
     @staticmethod
     def _worker(cfg: ScoreConfig):

@@ -282,7 +282,7 @@ def shared_buffer(nbytes: int):
 def pack(data, allocate: Callable[[int], Any] = None) -> Packed:
     """`data` with its CPU tensors and numeric numpy arrays written into one buffer: a uint8
     tensor from allocate(nbytes), by default in shared memory (the Ray runner's payload column
-    allocates a plain one: ray_payload.py)."""
+    allocates a plain one: payload.py)."""
     import torch
 
     leaves: List[Any] = []

@@ -39,7 +39,7 @@ class Ledger(Section):
     def render(self, result) -> List[str]:
         if not self.by_reason:
             return []
-        out = ["<h2>Failure ledger (failures.parquet)</h2><table><tr><th>samples</th><th>shards</th><th>reason</th>"
+        out = [f"<h2>Failure ledger ({ledger.MERGED})</h2><table><tr><th>samples</th><th>shards</th><th>reason</th>"
                "<th>kind</th></tr>"]
         out += [f"<tr><td class=n>{s['samples']}</td><td class=n>{s['shards']}</td><td>{escape(r)}</td>"
                 f"<td>{'transient: wdsfilter score --retry-failed' if s['transient'] else 'data'}</td></tr>"

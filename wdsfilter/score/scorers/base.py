@@ -112,7 +112,7 @@ class Scorer(abc.ABC):
     def local_files(self) -> List[str]:
         """The files and folders of this machine that load() or prepare() read (a checkpoint, a
         model folder), absolute; default none. On a Ray cluster, a node that does not hold the
-        same bytes at the same path gets a copy of them (score/ray_files.py) and relocate()."""
+        same bytes at the same path gets a copy of them (score/engines/ray_files.py) and relocate()."""
         return []
 
     def relocate(self, moved: Dict[str, str]) -> None:

@@ -115,7 +115,7 @@ class CaptionScorer(Scorer):
         return [self.model_path] if self.model_path else []  # the wheel's model is on every node
 
     def relocate(self, moved: Dict[str, str]) -> None:
-        """The fastText model read from a copy (a Ray node that lacked it: ray_files.py)."""
+        """The fastText model read from a copy (a Ray node that lacked it: engines/ray_files.py)."""
         if self.model_path in moved:
             self.model_path = moved[self.model_path]
             self.lid = LanguageId(self.model_path)

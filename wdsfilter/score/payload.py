@@ -1,10 +1,11 @@
-"""A row's prepared inputs as Ray Data columns, in the local engine's encoding (transport.py).
+"""A row's prepared inputs as table columns (an engine that moves rows as tables: Ray Data), in
+the local engine's encoding (transport.py).
 
-A row's prepared inputs cross from its read task to a model actor as two columns: PAYLOAD, every
+A row's prepared inputs cross from its read task to a model worker as two columns: PAYLOAD, every
 array of the row (numpy arrays, CPU tensors: pixels, tokens, OCR frames) copied once into one
 uint8 vector (transport.pack into a plain buffer), which Ray stores as an Arrow tensor column, so
-the pixels are not pickled; in the actor the arrays are views of one writable copy of the vector
-(transport.unpack). PAYLOAD_META is the small rest, pickled: the structure with a TensorSlot in
+the pixels are not pickled; in the model worker the arrays are views of one writable copy of the
+vector (transport.unpack). PAYLOAD_META is the small rest, pickled: the structure with a TensorSlot in
 each array's place, and the prepare() errors.
 """
 from __future__ import annotations

@@ -15,45 +15,48 @@ import logging
 import time
 from typing import Callable, List, Optional
 
-from ..core.errors import ConfigError
-from .config import ScoreConfig
-from .devices import make_pool, resolve_devices
-from .dispatch import Dispatcher, open_progress
-from .faults import RunFailedError, decode_worker_died, disk_full, is_disk_full
-from .memory import host_status
-from .modelworker import WorkerError
-from ..runfolder.tables import preload_writer
-from .summary import RunSummary
-from .plan import Plan
-from .planner import make_plan
-from ..storage.shardstats import sizes_samples
-from .probe import ProbeReport, collect_probe
-from .rows import NothingScoredError  # noqa: F401 - raised by run(); importable from here as before
-from .outcome import Outcome, unopened_reason
-from .runner import Run
-from .transport import Chunk, Prepare, keep_as_is
-from ..core.tally import Tally, StatsSink
-from .join import run_joined
+from ...core.errors import ConfigError
+from ..config import ScoreConfig
+from ..devices import make_pool, resolve_devices
+from ..dispatch import Dispatcher, open_progress
+from ..faults import RunFailedError, decode_worker_died, disk_full, is_disk_full
+from ..memory import host_status
+from ..modelworker import WorkerError
+from ...runfolder.tables import preload_writer
+from ..summary import RunSummary
+from ..plan import Plan
+from ..planner import make_plan
+from ...storage.shardstats import sizes_samples
+from ..probe import ProbeReport, collect_probe
+from ..outcome import Outcome, unopened_reason
+from ..runner import Run
+from ..transport import Chunk, Prepare, keep_as_is
+from ...core.tally import Tally, StatsSink
+from ..join import run_joined
 
 log = logging.getLogger("wdsfilter")
 
 
-class Engine(Run):
-    """A Run scored on this machine's devices."""
+class LocalEngine:
+    """A run scored on this machine's devices. It holds the run (runner.Run: shards, scorers,
+    lease, state, summary) and does the scoring: plan, decode workers, model workers."""
+
+    def __init__(self, shards, cfg: ScoreConfig, echo: Optional[Callable[[str], None]] = None):
+        self.run = Run(shards, cfg, echo, engine="local")
 
     # -- planning ---------------------------------------------------------------------------
     def _place_decoding(self, devices: List[str]) -> None:
         """--decode-device, resolved on the run's devices, before the scorers reach any worker."""
-        on_device = decode_on_device(self.cfg.decode_device, devices)
-        for scorer in list(self.scorers) + list(self.model_scorers):
+        on_device = decode_on_device(self.run.cfg.decode_device, devices)
+        for scorer in list(self.run.scorers) + list(self.run.model_scorers):
             if hasattr(scorer, "decode_on_device"):
                 scorer.decode_on_device = on_device
 
     def _probe(self, pool, todo: List[str]) -> ProbeReport:
-        cfg = self.cfg
-        inputs, prep_seconds, scanned = collect_probe(todo, cfg.scoring_stage_config(self.scorers), self.scorers,
+        cfg, scorers = self.run.cfg, self.run.scorers
+        inputs, prep_seconds, scanned = collect_probe(todo, cfg.scoring_stage_config(scorers), scorers,
                                                       cfg.probe_samples, cfg.probe_scan, cfg.probe_seconds,
-                                                      self.only_retried(), self.before)
+                                                      self.run.only_retried(), self.run.before)
         # The job's size, where it is known, bounds the probe's share of it (ModelRunner.probe):
         # sizes.json, or the probe itself read every sample before it had what it wanted.
         job = sizes_samples(todo)
@@ -72,7 +75,7 @@ class Engine(Run):
         batch_of = {dp.device: dp for dp in plan.devices}
         batch_size_of = {}
         # --retry-failed reads only samples that failed: the run's earlier successes say the scorers work
-        scored_before = self.state.scored_rows() if self.retry else 0
+        scored_before = self.run.state.scored_rows() if self.run.retry else 0
         for w in pool.workers:
             dp = batch_of[pool.device_of(w)]
             pool.configure(w, batch_size=dp.batch_size, threads=dp.threads, min_free_host=plan.min_free_host,
@@ -85,13 +88,13 @@ class Engine(Run):
         """The DataLoader over `todo`, or over the shards `source` yields (a joined run's worker:
         shards claimed as its readers ask, join.FedShards)."""
         import torch.utils.data
-        from ..stream.pipeline import sample_pipeline
-        cfg = self.cfg
+        from ...stream.pipeline import sample_pipeline
+        cfg = self.run.cfg
         tally = Tally(0, 0, name="wdsfilter score")
-        stage = cfg.scoring_stage_config(self.scorers)
-        pipeline = sample_pipeline(todo, stage, tally, extra=[Prepare(self.scorers, stage)],
-                                   sink=sink, before_decode=self.only_retried(),
-                                   shard_stages=[s.reader() for s in self.only_retried()], source=source)
+        stage = cfg.scoring_stage_config(self.run.scorers)
+        pipeline = sample_pipeline(todo, stage, tally, extra=[Prepare(self.run.scorers, stage)],
+                                   sink=sink, before_decode=self.run.only_retried(),
+                                   shard_stages=[s.reader() for s in self.run.only_retried()], source=source)
         pipeline.append(Chunk(plan.chunk))
         return torch.utils.data.DataLoader(
             pipeline, batch_size=None, shuffle=False, num_workers=plan.workers, collate_fn=keep_as_is,
@@ -104,12 +107,12 @@ class Engine(Run):
         sink = StatsSink()  # a working folder in $TMPDIR, removed here (or swept once this process is gone)
         own = progress is None
         if own:
-            progress = open_progress(self.cfg.progress and self.cfg.verbosity > 0, todo)
+            progress = open_progress(self.run.cfg.progress and self.run.cfg.verbosity > 0, todo)
         try:
-            dispatcher = Dispatcher(self, pool, batch_size_of, len(todo), progress)
+            dispatcher = Dispatcher(self.run, pool, batch_size_of, len(todo), progress)
             try:
                 dispatcher.run_loader(self._loader(plan, todo, sink, source),
-                                      then=lambda: preload_writer(self.cfg.format))
+                                      then=lambda: preload_writer(self.run.cfg.format))
             finally:
                 if own and progress is not None:
                     progress.close()
@@ -118,7 +121,7 @@ class Engine(Run):
             sink.remove()
 
     # -- the whole run ---------------------------------------------------------------------------
-    def run(self) -> RunSummary:
+    def execute(self) -> RunSummary:
         try:
             try:
                 return self._run()
@@ -132,27 +135,27 @@ class Engine(Run):
                     raise died from e
                 raise
         except (RunFailedError, WorkerError) as e:  # a dead worker or device: the ledger names what it left
-            if self.joined is None:  # a joined run's worker leaves its shards to the others (its claims go with it)
-                self.record_run_failure(self.todo, e)
+            if self.run.joined is None:  # a joined run's worker leaves its shards to the others (its claims go with it)
+                self.run.record_run_failure(self.run.todo, e)
             raise
         finally:
-            self.release_lock()
+            self.run.release_lock()
 
     def _pool(self):
         """The model workers' pool, not started; models fetched once, here."""
-        devices = resolve_devices(self.cfg)
+        devices = resolve_devices(self.run.cfg)
         self._place_decoding(devices)
-        for scorer in self.scorers:  # downloads once, here, not in every model worker at once
+        for scorer in self.run.scorers:  # downloads once, here, not in every model worker at once
             getattr(scorer, "fetch", lambda: None)()
-        return make_pool(devices, self.model_scorers, replicas=self.cfg.replicas)
+        return make_pool(devices, self.run.model_scorers, replicas=self.run.cfg.replicas)
 
     def _plan(self, pool, todo: List[str], n_shards: int) -> Plan:
         """Start the model workers, probe on `todo`'s samples, plan (said as the plan is shown)."""
-        cfg, summary = self.cfg, self.summary
+        cfg, summary = self.run.cfg, self.run.summary
         reports = pool.start()
         summary.scorers = list(dict.fromkeys(d for r in reports for d in r.descriptions))
         for d in summary.scorers if cfg.verbosity else ():
-            self.echo(f"scorer: {d}")
+            self.run.echo(f"scorer: {d}")
         probe = self._probe(pool, todo)
         for r in reports:  # a model in this process (one CPU or simulated device) cannot get replicas
             r.in_process = bool(pool.in_process)
@@ -160,35 +163,35 @@ class Engine(Run):
         summary.plan, summary.plan_text = plan.to_dict(), plan.describe()
         shown = cfg.plan_text(plan)
         if shown:
-            self.echo(shown)
+            self.run.echo(shown)
         for w in plan.warnings:
             log.warning(w)
         return plan
 
     def _run(self) -> RunSummary:
-        if self.joined is not None:
+        if self.run.joined is not None:
             return run_joined(self)
-        cfg, state, summary = self.cfg, self.state, self.summary
+        cfg, state, summary = self.run.cfg, self.run.state, self.run.summary
         start = time.perf_counter()
-        todo = self.pending()  # keys on the first of them were checked when the run was set up
+        todo = self.run.pending()  # keys on the first of them were checked when the run was set up
         if state.resumed_from_markers:
-            self.echo(f"resume: {state.resumed_from_markers} of {len(self.urls)} shard(s) already done, "
+            self.run.echo(f"resume: {state.resumed_from_markers} of {len(self.run.urls)} shard(s) already done, "
                       f"{len(todo)} to score")
         dispatcher = stage_tally = None
         if todo or cfg.dry_run:
             pool = self._pool()
             try:
-                plan = self._plan(pool, todo or self.urls, len(todo or self.urls))
+                plan = self._plan(pool, todo or self.run.urls, len(todo or self.run.urls))
                 if cfg.dry_run:
                     return summary
                 dispatcher, stage_tally = self._score(pool, plan, todo, self._apply(pool, plan))
             finally:
                 summary.workers = pool.close()
         else:
-            summary.scorers = [s.describe() for s in self.scorers]
+            summary.scorers = [s.describe() for s in self.run.scorers]
             for d in summary.scorers if cfg.verbosity else ():
-                self.echo(f"scorer: {d}")
-            self.echo(f"all {len(self.urls)} shard(s) are already scored; summarising")
+                self.run.echo(f"scorer: {d}")
+            self.run.echo(f"all {len(self.run.urls)} shard(s) are already scored; summarising")
         outcome = Outcome()
         if dispatcher is not None:
             outcome.failed = dispatcher.failed + dispatcher.unfinished()
@@ -202,7 +205,7 @@ class Engine(Run):
         outcome.seconds = time.perf_counter() - start
         if stage_tally is not None:
             outcome.stage_counts = {"dropped": dict(stage_tally.dropped), "notes": dict(stage_tally.notes)}
-        return self.finish(outcome)
+        return self.run.finish(outcome)
 
 
 def decode_on_device(setting: str, devices: List[str]) -> bool:
@@ -215,4 +218,5 @@ def decode_on_device(setting: str, devices: List[str]) -> bool:
 
 
 def run_scoring(shards, cfg: ScoreConfig, echo: Optional[Callable[[str], None]] = None) -> RunSummary:
-    return Engine(shards, cfg, echo).run()
+    """The local engine's run() (ENGINES["local"]): score `shards` on this machine."""
+    return LocalEngine(shards, cfg, echo).execute()

@@ -15,7 +15,7 @@ local inputs that node sees with the driver's bytes; `survey` (on the driver) de
                    (`Scorer.relocate`). A scorer that cannot relocate them is refused, naming the
                    file and the node.
     the run folder never leaves the driver: the rows come back and the driver writes every file
-                   (ray_runner.write_finished), so `--out` and `--write-shards` may be a folder
+                   (batches.write_finished), so `--out` and `--write-shards` may be a folder
                    only the driver has, or a bucket through the driver's staging copy.
 
 A `pipe:` command runs on the node of its read task: what it reads is its own business.
@@ -31,10 +31,10 @@ import socket
 import tempfile
 from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
 
-from ..core.errors import ConfigError
-from ..storage.shards import is_local, local_path
-from .ray_tasks import node_id
-from .scorers.base import Scorer
+from ...core.errors import ConfigError
+from ...storage.shards import is_local, local_path
+from .ray_workers import node_id
+from ..scorers.base import Scorer
 
 CHUNK = 16 * 2**20  # bytes per object of a shipped file: a big checkpoint never sits in memory whole
 HEAD = 64 * 2**10  # bytes of a shard compared (with its size) to tell the driver's shard from another
