@@ -20,9 +20,12 @@ TEXT_EXAMPLES = 3     # findings shown per kind in the text summary
 TEXT_SHARDS = 20      # shards listed in the text summary
 
 
-def render(report: Report, fmt: str) -> str:
-    """The report in one format, as text that always encodes to UTF-8 (see escape_names)."""
-    return {"text": to_text, "json": to_json, "junit": to_junit}[fmt](report)
+def render(report: Report, fmt: str, quiet: bool = False) -> str:
+    """The report in one format, as text that always encodes to UTF-8 (see escape_names); quiet
+    (-q): the text report is its verdict line only (JSON and JUnit, asked for, stay whole)."""
+    if fmt == "text":
+        return to_text(report, quiet)
+    return {"json": to_json, "junit": to_junit}[fmt](report)
 
 
 def write_report(report: Report, fmt: str, path: str) -> str:
@@ -76,7 +79,10 @@ def _common_folder(shards: List[str]) -> str:
         return ""
 
 
-def to_text(report: Report) -> str:
+def to_text(report: Report, quiet: bool = False) -> str:
+    """The terminal summary; quiet (-q): its last line, the verdict, alone."""
+    if quiet:
+        return escape_names(verdict_line(report) + "\n")
     o = report.options
     stage = o.stage
     rate = f", {report.bytes / report.seconds / 1e6:.1f} MB/s" if report.seconds > 0 else ""

@@ -169,9 +169,10 @@ class Report:
         return found
 
     # -- printed as the command line prints it ---------------------------------------------------------
-    def format_text(self) -> str:
-        """The text report `wdsfilter validate` prints (findings, shard table, suggestions, verdict)."""
-        return to_text(self)
+    def format_text(self, quiet: bool = False) -> str:
+        """The text report `wdsfilter validate` prints (findings, shard table, suggestions, verdict);
+        quiet: the verdict line only, as `validate -q` prints it."""
+        return to_text(self, quiet)
 
     def __repr__(self) -> str:
         """One line: the verdict and the counts (print(report) or report.format_text() for all of it)."""
