@@ -157,6 +157,29 @@ def test_score_is_one_line_with_q_and_rejected_rows_keep_what_the_sample_said(ru
         assert hamming(value, expected) <= 2 and len(value) == 16  # a reduced-scale decode may flip a bit
 
 
+@pytest.mark.parametrize("reader", ["pandas", "polars", "duckdb"])
+def test_phash_reads_the_same_in_every_dataframe_library_as_in_pyarrow(run, reader):
+    # Issue 35 item 11: a signed int64 phash with nulls became float64 in pandas and lost bits;
+    # stored as imagehash's 16 hex digits, each library reads exactly what pyarrow reads.
+    import pyarrow.parquet as pq
+    _, out, _ = run
+    files = sorted(os.path.join(out, "scores", f) for f in os.listdir(os.path.join(out, "scores")))
+    truth = [v for f in files for v in pq.read_table(f, columns=["key", "phash"]).to_pylist()]
+    truth = sorted((r["key"], r["phash"]) for r in truth)
+    if reader == "pandas":
+        import pandas as pd
+        frame = pd.concat([pd.read_parquet(f, columns=["key", "phash"]) for f in files])
+        got = [(k, None if pd.isna(v) else v) for k, v in zip(frame.key, frame.phash)]
+    elif reader == "polars":
+        polars = pytest.importorskip("polars")
+        got = polars.concat([polars.read_parquet(f, columns=["key", "phash"]) for f in files]).rows()
+    else:
+        duckdb = pytest.importorskip("duckdb")
+        got = duckdb.sql(f"SELECT key, phash FROM read_parquet({files!r})").fetchall()
+    assert sorted(got) == truth
+    assert sum(v is not None for _, v in truth) == 9 and all(len(v) == 16 for _, v in truth if v is not None)
+
+
 def test_dedup_then_filter_then_the_loader_keep_the_same_samples(run, tmp_path, caplog):
     import webdataset as wds
 
