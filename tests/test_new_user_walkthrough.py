@@ -21,6 +21,7 @@ import io
 import json
 import logging
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -189,8 +190,13 @@ def test_dedup_then_filter_then_the_loader_keep_the_same_samples(run, tmp_path, 
     assert r.exit_code == 0 and "kinds: exact, near" in r.output, r.output  # semantic is asked for
     assert "2 duplicate group(s)" in r.output and "2 row(s) are duplicates of a survivor" in r.output, r.output
     train = tmp_path / "train"
-    r = cli("filter", out, "--dedup", "--top", "brightness=50%", "--write-shards", train, "--no-report")
+    r = cli("filter", out, "--dedup", "--top", "brightness=50%", "--write-shards", train)
     assert r.exit_code == 0, r.output
+    # beside the shards: the rules (thresholds.json) and, in the report, the loader call that keeps them
+    import html
+    report = html.unescape((train / "report.html").read_text())
+    call = re.search(r"In training: <code>(wdsfilter\.loader\(.*?\))</code>", report)
+    assert call and "dedup=True" in call.group(1) and "brightness" in call.group(1), call
     written = sorted(s["__key__"] for s in wds.WebDataset(sorted(str(p) for p in train.glob("*.tar")),
                                                            shardshuffle=False))
     assert "s100" not in written or "s000" not in written  # never both copies
