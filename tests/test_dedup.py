@@ -174,6 +174,16 @@ def test_clip_score_picks_the_survivor_and_semantic_groups(tiny_clip, tmp_path):
     for g in summary["largest"]:  # each member's distance to its survivor, for the report's cards
         for m in g["members"]:
             assert m["bits"] <= 64 and -1 <= m["cosine"] <= 1.0001 and (not m["survivor"] or m["cosine"] > 0.999)
+    # ... shown on each duplicate's card of filter's report: its phash bits and cosine to the survivor
+    import html
+    page = tmp_path / "filter.html"
+    r = CliRunner().invoke(main, ["filter", run, "--dedup", "--report", str(page)])
+    assert r.exit_code == 0, r.output
+    shown = html.unescape(page.read_text())
+    duplicates = [m for g in summary["largest"] for m in g["members"] if not m["survivor"]]
+    assert duplicates
+    for m in duplicates:
+        assert f"{m['bits']} bit{'s' * (m['bits'] != 1)}, cosine {m['cosine']:.3f} from the survivor" in shown, m
     got = marks(run)
     by_group = {}
     for key, row in got.items():

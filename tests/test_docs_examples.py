@@ -151,3 +151,18 @@ def test_documented_python_calls_use_keywords_their_functions_take():
         parameters = inspect.signature(functions[name]).parameters
         wrong += [f"{where}: {name}({k}=...)" for k in keywords if k not in parameters]
     assert not wrong, "keywords the functions do not take:\n" + "\n".join(wrong)
+
+
+def test_readme_install_names_every_extra_of_setup_cfg():
+    # README's Install section once left out [scorers]: a user could not learn that the caption
+    # and nsfw scorers need it except from the error.
+    import configparser
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    extras = set(cfg["options.extras_require"])
+    install = README_INSTALL.search((ROOT / "README.md").read_text()).group(1)
+    named = set(re.findall(r"pip install '\.\[([a-z]+)\]'", install))
+    assert named == extras, f"README's Install section: missing {sorted(extras - named)}, unknown {sorted(named - extras)}"
+
+
+README_INSTALL = re.compile(r"^## Install\n(.*?)^## ", re.S | re.M)

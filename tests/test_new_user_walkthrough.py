@@ -21,6 +21,7 @@ import io
 import json
 import logging
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -157,6 +158,29 @@ def test_score_is_one_line_with_q_and_rejected_rows_keep_what_the_sample_said(ru
         assert hamming(value, expected) <= 2 and len(value) == 16  # a reduced-scale decode may flip a bit
 
 
+@pytest.mark.parametrize("reader", ["pandas", "polars", "duckdb"])
+def test_phash_reads_the_same_in_every_dataframe_library_as_in_pyarrow(run, reader):
+    # Issue 35 item 11: a signed int64 phash with nulls became float64 in pandas and lost bits;
+    # stored as imagehash's 16 hex digits, each library reads exactly what pyarrow reads.
+    import pyarrow.parquet as pq
+    _, out, _ = run
+    files = sorted(os.path.join(out, "scores", f) for f in os.listdir(os.path.join(out, "scores")))
+    truth = [v for f in files for v in pq.read_table(f, columns=["key", "phash"]).to_pylist()]
+    truth = sorted((r["key"], r["phash"]) for r in truth)
+    if reader == "pandas":
+        import pandas as pd
+        frame = pd.concat([pd.read_parquet(f, columns=["key", "phash"]) for f in files])
+        got = [(k, None if pd.isna(v) else v) for k, v in zip(frame.key, frame.phash)]
+    elif reader == "polars":
+        polars = pytest.importorskip("polars")
+        got = polars.concat([polars.read_parquet(f, columns=["key", "phash"]) for f in files]).rows()
+    else:
+        duckdb = pytest.importorskip("duckdb")
+        got = duckdb.sql(f"SELECT key, phash FROM read_parquet({files!r})").fetchall()
+    assert sorted(got) == truth
+    assert sum(v is not None for _, v in truth) == 9 and all(len(v) == 16 for _, v in truth if v is not None)
+
+
 def test_dedup_then_filter_then_the_loader_keep_the_same_samples(run, tmp_path, caplog):
     import webdataset as wds
 
@@ -166,8 +190,13 @@ def test_dedup_then_filter_then_the_loader_keep_the_same_samples(run, tmp_path, 
     assert r.exit_code == 0 and "kinds: exact, near" in r.output, r.output  # semantic is asked for
     assert "2 duplicate group(s)" in r.output and "2 row(s) are duplicates of a survivor" in r.output, r.output
     train = tmp_path / "train"
-    r = cli("filter", out, "--dedup", "--top", "brightness=50%", "--write-shards", train, "--no-report")
+    r = cli("filter", out, "--dedup", "--top", "brightness=50%", "--write-shards", train)
     assert r.exit_code == 0, r.output
+    # beside the shards: the rules (thresholds.json) and, in the report, the loader call that keeps them
+    import html
+    report = html.unescape((train / "report.html").read_text())
+    call = re.search(r"In training: <code>(wdsfilter\.loader\(.*?\))</code>", report)
+    assert call and "dedup=True" in call.group(1) and "brightness" in call.group(1), call
     written = sorted(s["__key__"] for s in wds.WebDataset(sorted(str(p) for p in train.glob("*.tar")),
                                                            shardshuffle=False))
     assert "s100" not in written or "s000" not in written  # never both copies
