@@ -127,3 +127,19 @@ def test_validate_verbose_prints_progress_lines_in_a_log(tmp_path):
     assert last.startswith("validate: 2/2 shards (100%)") and " shards/s, " in last and " samples/s" in last
     quiet = CliRunner().invoke(main, ["validate", *urls, "-j", "1", "-q"])
     assert "validate:" not in quiet.stderr
+
+
+def test_validate_quiet_prints_the_verdict_line_only():
+    """-q: the one-line verdict (the last line of the full report) and nothing else, on a clean set
+    (exit 0) and on one with findings (exit 1); the committed shards, one with two corrupt JPEGs."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    clean = [os.path.join(root, "sample_shards", f"images-00000{i}.tar") for i in (0, 1)]
+    broken = [*clean, os.path.join(root, "sample_shards", "broken", "corrupt-jpeg-000000.tar")]
+    for shards, code in ((clean, 0), (broken, 1)):
+        full = CliRunner().invoke(main, ["validate", *shards, "-j", "1"])
+        quiet = CliRunner().invoke(main, ["validate", *shards, "-j", "1", "-q"])
+        assert full.exit_code == quiet.exit_code == code, (full.output, quiet.output)
+        assert len(full.stdout.strip().splitlines()) > 5
+        assert quiet.output.splitlines() == [full.stdout.strip().splitlines()[-1]]
+        assert quiet.output.startswith("PASS; 0 error(s)" if code == 0 else "FAIL: 2 finding(s) at the failing level "
+                                       "(corrupt_image); 2 error(s)")

@@ -29,7 +29,7 @@ def test_per_sample_errors_pass_within_the_tolerance_and_fail_past_it():
     assert "within the tolerance: 2 corrupt_image (5.26%, --max-drop 6.00%); exit code 0" in within.format_text()
     past = wdsfilter.validate(CORRUPT, max_drop="5%")
     assert not past.passed and past.failing == {"too_many_dropped": 1} and not past.tolerated
-    assert "2 of 38 samples (5.26%) would be dropped, above --max-drop 5.00%" in past.format_text()
+    assert "2 of 38 samples (5.26%) would be dropped (corrupt_image 2, 5.26%), above --max-drop 5.00%" in past.format_text()
     per_kind = wdsfilter.validate(CORRUPT, max_drop={"corrupt_image": 5})
     assert not per_kind.passed and "2 corrupt_image in 38 samples (5.26%), above --max-drop corrupt_image=5.00%" \
         in per_kind.format_text()
@@ -57,12 +57,43 @@ def test_the_cli_json_and_junit_reports_carry_the_tolerance(tmp_path):
     data = json.loads(out.read_text())
     assert data["status"] == "pass" and data["summary"]["tolerated"] == {"corrupt_image": 2}
     assert data["options"]["max_drop"] is None and data["options"]["max_drop_by_reason"] == {"corrupt_image": 0.06}
-    junit = tmp_path / "r.xml"
-    r = CliRunner().invoke(main, ["validate", *CORRUPT, "--max-drop", "6%", "--format", "junit", "--output", str(junit)])
-    assert r.exit_code == 0
-    suite = ET.parse(junit).getroot()
-    assert suite.get("failures") == "0" and not suite.findall(".//failure")
-    assert "corrupt_image" in "".join(e.text or "" for e in suite.iter("system-out"))
+
+
+def junit_report(tmp_path, *max_drop):
+    """validate --format junit --output: (exit code, the <testsuites> root, {testcase name: element})."""
+    path = tmp_path / f"r{len(list(tmp_path.iterdir()))}.xml"
+    r = CliRunner().invoke(main, ["validate", *CORRUPT, *max_drop, "--format", "junit", "--output", str(path)])
+    root = ET.parse(path).getroot()
+    assert root.tag == "testsuites" and [s.tag for s in root] == ["testsuite"]
+    return r.exit_code, root, {case.get("name"): case for case in root.iter("testcase")}
+
+
+def test_the_junit_report_says_what_was_tolerated_and_what_was_too_many(tmp_path):
+    # within: a passing testcase for the tolerance whose <system-out> says what it let pass
+    code, root, cases = junit_report(tmp_path, "--max-drop", "6%")
+    assert code == 0 and root.get("failures") == root[0].get("failures") == "0" and not root.findall(".//failure")
+    tolerance = cases["sample drops (--max-drop)"]
+    lines = tolerance.find("system-out").text.splitlines()
+    assert "tolerated: corrupt_image 2 of 38 samples (5.26%) within --max-drop 6.00%" in lines
+    assert "2 of 38 samples (5.26%) would be dropped (corrupt_image 2, 5.26%), within --max-drop 6.00%" in lines
+    properties = {p.get("name"): p.get("value") for p in root[0].find("properties")}
+    assert json.loads(properties["tolerated"]) == {"corrupt_image": 2} and json.loads(properties["max_drop"]) == 0.06
+    # past it, overall: that testcase fails with too_many_dropped, naming the reason and the share
+    code, root, cases = junit_report(tmp_path, "--max-drop", "5%")
+    assert code == 1 and root.get("failures") == root[0].get("failures") == "1"
+    assert [name for name, case in cases.items() if case.find("failure") is not None] == ["sample drops (--max-drop)"]
+    failure = cases["sample drops (--max-drop)"].find("failure")
+    assert failure.get("type") == "too_many_dropped"
+    assert failure.get("message") == "2 of 38 samples (5.26%) would be dropped (corrupt_image 2, 5.26%), " \
+                                     "above --max-drop 5.00%"
+    # past it, per reason
+    code, root, cases = junit_report(tmp_path, "--max-drop", "corrupt_image=5%")
+    failure = cases["sample drops (--max-drop)"].find("failure")
+    assert code == 1 and failure.get("type") == "too_many_dropped"
+    assert failure.get("message") == "2 corrupt_image in 38 samples (5.26%), above --max-drop corrupt_image=5.00%"
+    # no tolerance asked for: no such testcase
+    code, root, cases = junit_report(tmp_path)
+    assert code == 1 and "sample drops (--max-drop)" not in cases
 
 
 def test_the_python_report_prints_like_the_cli():

@@ -54,7 +54,8 @@ HELP_GROUPS = {
 @click.option("--progress/--no-progress", default=None,
               help="Progress on stderr: a bar on a terminal, a line every 10 s in a log [default: when stderr is a "
                    "terminal, or with -v].")
-@verbosity_options(quiet="Say less: no progress, and no text summary when the report goes to --output.",
+@verbosity_options(quiet="Say less: no progress; the one-line verdict and errors instead of the text report "
+                         "(a --format json/junit report on stdout stays whole); with --output, nothing on stdout.",
                    verbose="Say more: progress in a log too (a line every 10 s).")
 def validate_command(paths, caption_key, image_key, rekey, image_token, config_file, max_pixels, max_side, min_side,
                      max_aspect, max_bytes, deep, ranks, loader_workers, allow_pipe, allow_remote, remote_speed_limit,
@@ -72,7 +73,7 @@ def validate_command(paths, caption_key, image_key, rekey, image_token, config_f
         raise click.UsageError("Missing argument 'PATHS...' (or --config RUN/run.yaml, a scoring run's shards)")
     if output:
         check_output_file(output, "--output", options)
-    level = verbosity(quiet, verbose)  # -q: no progress, and no text summary when the report goes to --output
+    level = verbosity(quiet, verbose)  # -q: no progress; the verdict line, or nothing when the report goes to --output
     if progress is None:
         progress = level == 2 or (level == 1 and sys.stderr.isatty())
     report = run_validate(
@@ -86,10 +87,10 @@ def validate_command(paths, caption_key, image_key, rekey, image_token, config_f
         max_drop=max_drop or None)
     if output:
         write_report(report, fmt, output)  # whole or not at all
-        if not quiet:
+        if level > 0:
             click.echo(render(report, "text"), nl=False)
     else:
-        click.echo(render(report, fmt), nl=False)
+        click.echo(render(report, fmt, quiet=level == 0), nl=False)
     sys.exit(report.exit_code)
 
 

@@ -7,7 +7,7 @@ import os
 import re
 import xml.etree.ElementTree as ET
 from collections import defaultdict
-from typing import TYPE_CHECKING, Dict, List
+from typing import TYPE_CHECKING, Dict, List, Tuple
 
 from ..storage.shards import shown_url
 from .findings import ERROR, KINDS
@@ -18,11 +18,15 @@ if TYPE_CHECKING:  # the type only: report.py renders itself through this module
 FORMATS = ("text", "json", "junit")
 TEXT_EXAMPLES = 3     # findings shown per kind in the text summary
 TEXT_SHARDS = 20      # shards listed in the text summary
+TOLERANCE_CASE = "sample drops (--max-drop)"  # the JUnit testcase of the --max-drop tolerance
 
 
-def render(report: Report, fmt: str) -> str:
-    """The report in one format, as text that always encodes to UTF-8 (see escape_names)."""
-    return {"text": to_text, "json": to_json, "junit": to_junit}[fmt](report)
+def render(report: Report, fmt: str, quiet: bool = False) -> str:
+    """The report in one format, as text that always encodes to UTF-8 (see escape_names); quiet
+    (-q): the text report is its verdict line only (JSON and JUnit, asked for, stay whole)."""
+    if fmt == "text":
+        return to_text(report, quiet)
+    return {"json": to_json, "junit": to_junit}[fmt](report)
 
 
 def write_report(report: Report, fmt: str, path: str) -> str:
@@ -76,7 +80,10 @@ def _common_folder(shards: List[str]) -> str:
         return ""
 
 
-def to_text(report: Report) -> str:
+def to_text(report: Report, quiet: bool = False) -> str:
+    """The terminal summary; quiet (-q): its last line, the verdict, alone."""
+    if quiet:
+        return escape_names(verdict_line(report) + "\n")
     o = report.options
     stage = o.stage
     rate = f", {report.bytes / report.seconds / 1e6:.1f} MB/s" if report.seconds > 0 else ""
@@ -117,15 +124,38 @@ def verdict_line(report: Report) -> str:
     level = "errors" if o.fail_on == ERROR else "warnings"
     verdict = (f"FAIL: {sum(failing.values())} finding(s) at the failing level ({', '.join(failing)})"
                if failing else "PASS")
-    tolerated = report.tolerated
+    tolerated = _tolerated(report)
     within = ""
     if tolerated:
-        n = report.samples or 1
-        parts = [f"{count} {kind} ({count / n:.2%}, --max-drop "
-                 f"{f'{kind}=' if kind in o.drop_limits else ''}{o.tolerance(kind):.2%})" for kind, count in tolerated.items()]
+        parts = [f"{count} {kind} ({share:.2%}, --max-drop {limit})" for kind, count, share, limit in tolerated]
         within = f"; within the tolerance: {', '.join(parts)}"
     return (f"{verdict}; {report.errors} error(s), {report.warnings} warning(s); failing on {level} "
             f"(--fail-on){within}; exit code {report.exit_code}")
+
+
+def _tolerated(report: Report) -> List[Tuple[str, int, float, str]]:
+    """(kind, count, share of the samples, the --max-drop that let it pass) per tolerated kind."""
+    o, n = report.options, report.samples or 1
+    return [(kind, count, count / n, f"{f'{kind}=' if kind in o.drop_limits else ''}{o.tolerance(kind):.2%}")
+            for kind, count in report.tolerated.items()]
+
+
+def tolerance_lines(report: Report) -> List[str]:
+    """What --max-drop let pass, a line per kind, and the overall share within its tolerance (past
+    a tolerance, a too_many_dropped finding says so); none without --max-drop."""
+    o, n = report.options, report.samples
+    lines = [f"tolerated: {kind} {count} of {n} samples ({share:.2%}) within --max-drop {limit}"
+             for kind, count, share, limit in _tolerated(report)]
+    counts, shown = report.counts, {kind for kind, *_ in _tolerated(report)}
+    lines += [f"{kind}: {counts.get(kind, 0)} of {n} samples ({counts.get(kind, 0) / (n or 1):.2%}), within --max-drop "
+              f"{kind}={limit:.2%}" for kind, limit in o.drop_limits.items()
+              if kind not in shown and counts.get(kind, 0) <= limit * n]
+    dropped = n - report.kept
+    if o.drop_limit is not None and dropped <= o.drop_limit * n:
+        reasons = f" ({report.drop_reasons()})" if dropped else ""
+        lines.append(f"{dropped} of {n} samples ({dropped / (n or 1):.2%}) would be dropped{reasons}, "
+                     f"within --max-drop {o.drop_limit:.2%}")
+    return lines
 
 
 def _shard_table(report: Report) -> List[str]:
@@ -175,35 +205,50 @@ def _x(text) -> str:
 
 
 def to_junit(report: Report) -> str:
-    """One testcase per shard (and one for the layout checks); findings at the failing level are a
-    <failure>, the others go to <system-out>."""
-    cases = [(shown_url(r.shard), r.findings, r.counts, r.seconds) for r in report.shards]
-    layout_counts: Dict[str, int] = defaultdict(int)
-    for f in report.layout:
-        layout_counts[f.kind] += 1
-    cases.append(("layout (shard count vs ranks x loader workers)", report.layout, layout_counts, 0.0))
-    failures = sum(1 for _, _, counts, _ in cases if any(report.is_failing(k) for k in counts))
+    """One testcase per shard, one for the layout checks and, with --max-drop, one for the
+    tolerance (what it let pass in <system-out>, or a too_many_dropped <failure> naming the reasons
+    and shares); findings at the failing level are a <failure>, the others go to <system-out>."""
+    cases = [(shown_url(r.shard), r.findings, r.counts, r.seconds, []) for r in report.shards]
+    drops = [f for f in report.layout if f.kind == "too_many_dropped"]
+    layout = [f for f in report.layout if f.kind != "too_many_dropped"]
+    cases.append(("layout (shard count vs ranks x loader workers)", layout, _counts(layout), 0.0, []))
+    o = report.options
+    if o.drop_limit is not None or o.drop_limits:  # its own testcase: what it let pass, or too_many_dropped
+        cases.append((TOLERANCE_CASE, drops, _counts(drops), 0.0, tolerance_lines(report)))
+    failures = sum(1 for _, _, counts, _, _ in cases if any(report.is_failing(k) for k in counts))
     suites = ET.Element("testsuites", name="wdsfilter validate", tests=str(len(cases)), failures=str(failures),
                         errors="0", time=f"{report.seconds:.3f}")
     suite = ET.SubElement(suites, "testsuite", name="wdsfilter validate", tests=str(len(cases)),
                           failures=str(failures), errors="0", skipped="0", time=f"{report.seconds:.3f}")
     props = ET.SubElement(suite, "properties")
-    for name, value in report.options.to_dict().items():
+    properties = report.options.to_dict()
+    if o.drop_limit is not None or o.drop_limits:
+        properties["tolerated"] = report.tolerated
+    for name, value in properties.items():
         text = value if isinstance(value, str) else json.dumps(value)  # null, false: not Python's None, False
         ET.SubElement(props, "property", name=name, value=_x(text))
-    for name, findings, counts, seconds in cases:
+    for name, findings, counts, seconds, notes in cases:
         case = ET.SubElement(suite, "testcase", classname="wdsfilter.validate", name=_x(name), time=f"{seconds:.3f}")
         failing = [f for f in findings if report.is_failing(f.kind)]
         other = [f for f in findings if not report.is_failing(f.kind)]
         failing_counts = {k: n for k, n in sorted(counts.items()) if report.is_failing(k)}
         if failing_counts:
             summary = ", ".join(f"{k} x{n}" for k, n in failing_counts.items())
+            if name == TOLERANCE_CASE:  # its findings say the counts and shares: CI shows the message first
+                summary = "; ".join(f.message for f in failing)
             failure = ET.SubElement(case, "failure", type=next(iter(failing_counts)), message=_x(summary))
             failure.text = _x(_lines(failing))
-        if other:
-            ET.SubElement(case, "system-out").text = _x(_lines(other))
+        if other or notes:
+            ET.SubElement(case, "system-out").text = _x("\n".join([*notes, _lines(other)] if other else notes))
     ET.indent(suites)
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
+
+
+def _counts(findings) -> Dict[str, int]:
+    counts: Dict[str, int] = defaultdict(int)
+    for f in findings:
+        counts[f.kind] += 1
+    return counts
 
 
 def _lines(findings) -> str:

@@ -42,7 +42,7 @@ class Report:
         dropped = n - self.kept
         if o.drop_limit is not None and dropped > o.drop_limit * n:
             out.append(Finding("too_many_dropped", "", message=f"{dropped} of {n} samples ({dropped / n:.2%}) would be "
-                               f"dropped, above --max-drop {o.drop_limit:.2%}"))
+                               f"dropped ({self.drop_reasons()}), above --max-drop {o.drop_limit:.2%}"))
         counts = self.counts
         for kind in SAMPLE_KINDS:
             limit = o.drop_limits.get(kind)
@@ -50,6 +50,11 @@ class Report:
                 out.append(Finding("too_many_dropped", "", message=f"{counts[kind]} {kind} in {n} samples "
                                    f"({counts[kind] / n:.2%}), above --max-drop {kind}={limit:.2%}"))
         return out
+
+    def drop_reasons(self) -> str:
+        """The stages' drop reasons with their counts and shares, most first ('corrupt_image 2, 5.26%')."""
+        n = self.samples or 1
+        return "; ".join(f"{reason} {count}, {count / n:.2%}" for reason, count in self.dropped.most_common())
 
     def is_failing(self, kind: str) -> bool:
         """A finding of this kind fails the run: at the --fail-on level, unless it costs one sample
@@ -169,9 +174,10 @@ class Report:
         return found
 
     # -- printed as the command line prints it ---------------------------------------------------------
-    def format_text(self) -> str:
-        """The text report `wdsfilter validate` prints (findings, shard table, suggestions, verdict)."""
-        return to_text(self)
+    def format_text(self, quiet: bool = False) -> str:
+        """The text report `wdsfilter validate` prints (findings, shard table, suggestions, verdict);
+        quiet: the verdict line only, as `validate -q` prints it."""
+        return to_text(self, quiet)
 
     def __repr__(self) -> str:
         """One line: the verdict and the counts (print(report) or report.format_text() for all of it)."""
