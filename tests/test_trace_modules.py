@@ -14,7 +14,7 @@ PER_SAMPLE_PATH = {"wdsfilter.stream.reading", "wdsfilter.core.specs", "wdsfilte
                    "wdsfilter.core.tally", "wdsfilter.score.transport", "wdsfilter.score.dispatch",
                    "wdsfilter.score.rows", "wdsfilter.runfolder.keep",
                    "wdsfilter.score.backoff", "wdsfilter.score.outputs", "wdsfilter.core.publish",
-                   "wdsfilter.storage.tars", "wdsfilter.core.urls", "wdsfilter.runfolder.tables"}
+                   "wdsfilter.storage.tars", "wdsfilter.core.urls", "wdsfilter.runfolder.parquet"}
 
 
 def test_the_trace_counts_every_module_a_sample_passes_and_none_it_does_not(capsys):
