@@ -25,6 +25,9 @@ from .remote_errors import (MAX_RETRY_AFTER, ObjectChanged, RangeIgnored, Remote
                             RemoteReadError, describe, status_of, strip_text)
 from ..core.urls import redact_url
 from .remote_net import check_reachable, reach_failure
+from . import remote_fork
+
+remote_fork.install()  # before any fork: a worker never unregisters its parent's sockets
 
 INSTALL = "pip install 'wdsfilter[remote]'"
 # scheme -> (the module that serves it, the fsspec protocol)
