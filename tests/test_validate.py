@@ -223,22 +223,31 @@ def test_json_captions_that_are_not_text_are_reported(tmp_path):
 POOL = """
 import multiprocessing, sys
 multiprocessing.set_start_method(sys.argv[1])
+from wdsfilter.storage.remote_options import RemoteOptions
 from wdsfilter.validate.runner import pool_context
-before = {m: m in sys.modules for m in ("s3fs", "wdsfilter.validate.shard_check")}
-context = pool_context(["s3://bucket/a.tar", "s3://bucket/b.tar"])
+before = {m: m in sys.modules for m in ("s3fs", "botocore.session", "wdsfilter.validate.shard_check")}
+options = {"requester_pays": True} if sys.argv[2] == "s3fs" else {}  # an option only s3fs reads
+context = pool_context(["s3://bucket/a.tar", "s3://bucket/b.tar"], RemoteOptions(storage_options=options))
 preload = getattr(__import__("multiprocessing.forkserver").forkserver._forkserver, "_preload_modules", None)
 print(before, {m: m in sys.modules for m in before}, context.get_start_method(), preload)
 """
 
 
+@pytest.mark.parametrize("stack", ["botocore", "s3fs"])
 @pytest.mark.parametrize("method", ["fork", "forkserver"])
-def test_validate_workers_inherit_the_remote_client_stack(method):
+def test_validate_workers_inherit_the_remote_client_stack(method, stack):
     # Each worker imported s3fs (aiobotocore, aiohttp: ~1 s of a core) for itself, and the main process
     # again for the sizes.json check: a forked pool now inherits the imports, a forkserver preloads them.
+    # S3 with plain options is read through botocore itself (storage/remote_s3.py): s3fs is not imported.
     import subprocess
     import sys
-    out = subprocess.run([sys.executable, "-c", POOL, method], capture_output=True, text=True, check=True).stdout
+    env = dict(os.environ, AWS_ACCESS_KEY_ID="k", AWS_SECRET_ACCESS_KEY="s", AWS_EC2_METADATA_DISABLED="true")
+    out = subprocess.run([sys.executable, "-c", POOL, method, stack], capture_output=True, text=True,
+                         check=True, env=env).stdout
+    module = "'botocore.session'" if stack == "botocore" else "'s3fs'"
     if method == "fork":
-        assert out.startswith("{'s3fs': False, ") and "{'s3fs': True, " in out and " fork " in out, out
+        assert out.startswith("{'s3fs': False, 'botocore.session': False, ") and f"{module}: True, " in out, out
+        assert " fork " in out and (stack == "s3fs" or "{'s3fs': False, 'botocore.session': True" in out), out
     else:
-        assert "forkserver ['wdsfilter.validate.shard_check', 'fsspec', 's3fs']" in out, out
+        preload = "'botocore.session'" if stack == "botocore" else "'fsspec', 's3fs'"
+        assert f"forkserver ['wdsfilter.validate.shard_check', {preload}]" in out, out

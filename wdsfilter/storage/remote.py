@@ -25,7 +25,7 @@ from .remote_errors import (MAX_RETRY_AFTER, ObjectChanged, RangeIgnored, Remote
                             RemoteReadError, describe, status_of, strip_text)
 from ..core.urls import redact_url
 from .remote_net import check_reachable, reach_failure
-from . import remote_fork
+from . import remote_fork, remote_s3
 
 remote_fork.install()  # before any fork: a worker never unregisters its parent's sockets
 
@@ -201,7 +201,8 @@ def list_shards(url: str, suffixes: Sequence[str], storage_options: Optional[Map
     if scheme in ("http", "https"):
         raise ConfigError(f"{shown}: a web server cannot be listed; name each shard (a brace pattern: "
                           f"https://host/shards-{{000..099}}.tar)")
-    fs, path = filesystem(url, storage_options)
+    botocore = not magic and remote_s3.serves(url, storage_options)  # a prefix of S3's: botocore itself
+    fs, path = (None, url) if botocore else filesystem(url, storage_options)
     try:
         found = _listing(fs, path, url, shown, magic, storage_options)
     except PermissionError as e:
@@ -222,7 +223,8 @@ def list_shards(url: str, suffixes: Sequence[str], storage_options: Optional[Map
         found = list(found)
     shards = sorted(p for p in found if p.endswith(tuple(suffixes)))
     if not shards:
-        raise ConfigError(f"no shards found at {shown}: {_missing_why(fs, path, scheme)}; expected objects "
+        why = _bucket_missing_why(url, storage_options) if fs is None else _missing_why(fs, path, scheme)
+        raise ConfigError(f"no shards found at {shown}: {why}; expected objects "
                           f"ending in {', '.join(suffixes)}")
     return [f"{scheme}://{p}" for p in shards]
 
@@ -232,6 +234,8 @@ def _listing(fs, path: str, url: str, shown: str, magic: bool, storage_options) 
     in one line: the run cannot start."""
     try:
         check_reachable(url, shown, storage_options)
+        if fs is None:
+            return remote_s3.list_prefix(url, storage_options)
         return fs.glob(path) if magic else fs.find(path.rstrip("/") + ("/" if url.endswith("/") else ""))
     except Exception as e:  # noqa: BLE001 - botocore's errors are no OSError
         reach = reach_failure(e, shown)
@@ -249,6 +253,16 @@ def _missing_why(fs, path: str, scheme: str) -> str:
             return f"the bucket {root!r} does not exist"
     except OSError as e:
         return f"the bucket {root!r} cannot be read ({type(e).__name__})"
+    return "the prefix is empty or matches nothing"
+
+
+def _bucket_missing_why(url: str, storage_options) -> str:
+    bucket = remote_s3.split(url)[0]
+    try:
+        if not remote_s3.bucket_exists(bucket, storage_options):
+            return f"the bucket {bucket!r} does not exist"
+    except Exception as e:  # noqa: BLE001 - botocore's errors are no OSError
+        return f"the bucket {bucket!r} cannot be read ({type(e).__name__})"
     return "the prefix is empty or matches nothing"
 
 
@@ -344,6 +358,8 @@ def _discard(f) -> None:
 
 def read_object(url: str, storage_options: Optional[Mapping] = None, limit: int = 64 << 20) -> Optional[bytes]:
     """A small object's bytes (a sizes.json, a lock), or None when there is none."""
+    if remote_s3.serves(url, storage_options):
+        return remote_s3.read_whole(url, storage_options, limit)
     fs, path = filesystem(url, storage_options)
     try:
         with fs.open(path, "rb") as f:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import queue
 import random
 import threading
 import time
@@ -18,6 +19,7 @@ from .remote_errors import (MAX_RETRY_AFTER, ObjectChanged, RangeIgnored, Remote
                             status_of, strip_text)
 from .remote_net import check_reachable, endpoint_host, reach_failure, access_reason
 from .remote_pace import NOTHING, Pace, SlowRead
+from . import remote_s3
 from .remote_version import Identity, Prefix
 from ..core.urls import redact_url
 
@@ -27,7 +29,10 @@ def open_remote(url: str, options: Optional[RemoteOptions] = None,
     """A binary stream of a remote shard. A missing or forbidden object raises FileNotFoundError
     or PermissionError (naming the credential source); a missing extra raises ConfigError."""
     options = options or RemoteOptions()
-    fs, path = filesystem(url, options.storage_options)
+    if remote_s3.serves(url, options.storage_options):  # botocore itself: no asyncio stack (remote_s3.py)
+        fs, path = remote_s3.Objects(options.storage_options, options.answer_seconds), url
+    else:
+        fs, path = filesystem(url, options.storage_options)
     # a host with no address, or that refuses or ignores a connection, fails at once
     check_reachable(url, redact_url(url), options.storage_options, options.answer_seconds)
     return RemoteShard(url, fs, path, options, on_retry)
@@ -71,7 +76,7 @@ def _getter(url: str, fs, options: RemoteOptions):
     because RemoteShard retries them itself (resumed at the byte reached, counted in
     remote_retries, Retry-After honoured); botocore would retry a 503 or a 429 unseen, from the
     start of its range, ignoring Retry-After. Listing and HEAD keep the store's own retries."""
-    if scheme_of(url) != "s3":
+    if scheme_of(url) != "s3" or isinstance(fs, remote_s3.Objects):  # Objects' reads are sent without retries
         return fs
     storage = dict(options.storage_options)
     storage["config_kwargs"] = dict(storage.get("config_kwargs") or {}, retries={"total_max_attempts": 1})
@@ -110,7 +115,7 @@ class RemoteShard:
         # S3 and HTTP: one GET from the byte reached to the end, its body handed over in chunks
         # through a bounded queue (readahead * block_bytes); after a failure, a new GET from the
         # byte reached. Others (gs://, hf://): ranged reads of block_bytes, readahead in flight.
-        self._feed: Optional[_Feed] = None
+        self._feed = None  # a _Feed, or a _ThreadFeed (remote_s3)
         self.pos = 0              # bytes handed to the reader
         self._next = 0            # first byte not yet asked for
         self._pending: deque = deque()  # [start, end, future]
@@ -263,13 +268,15 @@ class RemoteShard:
             self._failures = 0
             return item
 
-    def _open_feed(self) -> "_Feed":
+    def _open_feed(self):
         """A streaming GET from the byte reached (an S3 or web object). A web object whose first
         answer gave no strong validator is asked again from byte 0: the bytes already read must
         come again (remote_version.Prefix) before the rest is handed over."""
         chunk_bytes = min(self.options.block_bytes, 1 << 20)
         depth = max(1, self.options.block_bytes * self.options.readahead // chunk_bytes)
         self.pace.restart()
+        if isinstance(self.get_fs, remote_s3.Objects):
+            return _ThreadFeed(self.get_fs.stream(self.path, self.pos, self.etag, chunk_bytes, self.pace.add), depth)
         if self.kind == "s3":
             chunks = _s3_stream(self.get_fs, self.path, self.pos, self.etag, chunk_bytes, self.pace.add)
         else:
@@ -490,6 +497,47 @@ class _Feed:
         self.task.cancel()
         if self._waiting is not None:
             self._waiting.cancel()
+
+
+class _ThreadFeed:
+    """One streaming GET sent by a thread of its own (botocore's blocking client, remote_s3.py), its
+    chunks handed over through a queue of `depth` chunks (the bounded read-ahead: the thread waits
+    while it is full). Cancelled, the thread stops at its next chunk and closes the connection."""
+
+    def __init__(self, chunks, depth: int):
+        self.queue: queue.Queue = queue.Queue(depth)
+        self.cancelled = threading.Event()
+        threading.Thread(target=self._pump, args=(chunks,), name="wdsfilter-s3-read", daemon=True).start()
+
+    def _pump(self, chunks) -> None:
+        try:
+            for chunk in chunks:
+                if not self._put(chunk):
+                    return
+            self._put(_END)
+        except BaseException as e:  # noqa: BLE001 - handed to the reader, which sorts it
+            self._put(e)
+        finally:
+            chunks.close()
+
+    def _put(self, item) -> bool:
+        while not self.cancelled.is_set():
+            try:
+                self.queue.put(item, timeout=0.5)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def get(self, timeout: float):
+        """The next chunk (or _END, or the failure), NOTHING when none came within `timeout`."""
+        try:
+            return self.queue.get(timeout=timeout)
+        except queue.Empty:
+            return NOTHING
+
+    def cancel(self) -> None:
+        self.cancelled.set()
 
 
 async def _make_queue(depth: int) -> asyncio.Queue:

@@ -14,14 +14,16 @@ import signal
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from ..core.errors import Terminated
 from ..storage.shards import kill_command
 from .findings import Finding
 from .options import ValidateOptions
 from .shard_check import ShardResult, check_shard
+from ..storage import remote_s3
 from ..storage.remote import SCHEMES, scheme_of
+from ..storage.remote_options import RemoteOptions
 
 
 STRAGGLER_SECONDS = 30.0  # after Ctrl-C or SIGTERM, how long a worker may take to stop its shard
@@ -35,7 +37,7 @@ def run_checks(urls: Sequence[str], options: ValidateOptions) -> Iterator[Tuple[
             yield i, check_shard(url, options)
         return
     retry: List[int] = []
-    pool = ProcessPoolExecutor(jobs, mp_context=pool_context(urls))
+    pool = ProcessPoolExecutor(jobs, mp_context=pool_context(urls, options.stage.remote_options()))
     futures: dict = {}
     try:
         for i, url in enumerate(urls):
@@ -71,16 +73,19 @@ def run_checks(urls: Sequence[str], options: ValidateOptions) -> Iterator[Tuple[
         yield i, _isolated(urls[i], options)
 
 
-def pool_context(urls: Sequence[str]):
+def pool_context(urls: Sequence[str], remote: Optional[RemoteOptions] = None):
     """The workers' start method, with what each of them would import first already imported: the
-    shard check and, for remote shards, the client stack (fsspec and s3fs with aiobotocore, gcsfs,
-    huggingface_hub or aiohttp: ~1 s of one core each for s3). Forked workers inherit this process's
-    imports; a forkserver (Python 3.14's default) is given them to preload. Imported in each worker
+    shard check and, for remote shards, the client stack (botocore for S3 where storage/remote_s3.py
+    reads it, else fsspec and s3fs with aiobotocore, gcsfs, huggingface_hub or aiohttp: ~1 s of one
+    core each for s3fs). Forked workers inherit this process's imports, and remote_s3's botocore
+    clients, made here (their connections not: remote_s3); a forkserver (Python 3.14's default) is
+    given the imports to preload. Imported in each worker
     instead, they cost every worker that import again, in parallel on the cores the shards need, and
     this process once more for the sizes.json check after the pool. A client stack that will not
     import is left to the worker's own error (one line naming the shard and the install)."""
     context = multiprocessing.get_context()
-    modules = [f"{__package__}.shard_check"] + client_modules(urls)
+    storage_options = remote.storage_options if remote is not None else None
+    modules = [f"{__package__}.shard_check"] + client_modules(urls, storage_options)
     method = context.get_start_method()
     if method == "forkserver":
         context.set_forkserver_preload(modules)
@@ -90,13 +95,17 @@ def pool_context(urls: Sequence[str]):
                 importlib.import_module(module)
             except ImportError:
                 pass
+        remote_s3.warm(urls, storage_options, (remote or RemoteOptions()).answer_seconds)
     return context
 
 
-def client_modules(urls: Sequence[str]) -> List[str]:
-    """The modules that read these URLs' schemes (remote.SCHEMES), with fsspec; none for local shards."""
-    modules = sorted({SCHEMES[scheme][0] for scheme in map(scheme_of, urls) if scheme in SCHEMES})
-    return ["fsspec", *modules] if modules else []
+def client_modules(urls: Sequence[str], storage_options: Optional[Mapping] = None) -> List[str]:
+    """The modules that read these URLs: botocore for S3 objects remote_s3 reads, else their
+    scheme's (remote.SCHEMES) with fsspec; none for local shards."""
+    direct = sorted({"botocore.session" for url in urls if remote_s3.serves(url, storage_options)})
+    modules = sorted({SCHEMES[scheme_of(url)][0] for url in urls
+                      if scheme_of(url) in SCHEMES and not remote_s3.serves(url, storage_options)})
+    return direct + (["fsspec", *modules] if modules else [])
 
 
 def _stop_stragglers(processes, seconds: Optional[float] = None) -> None:
@@ -112,7 +121,7 @@ def _stop_stragglers(processes, seconds: Optional[float] = None) -> None:
 
 
 def _isolated(url: str, options: ValidateOptions) -> ShardResult:
-    with ProcessPoolExecutor(1, mp_context=pool_context([url])) as pool:
+    with ProcessPoolExecutor(1, mp_context=pool_context([url], options.stage.remote_options())) as pool:
         try:
             return pool.submit(check_shard, url, options).result()
         except BrokenProcessPool:
