@@ -92,6 +92,7 @@ def client(storage_options: Optional[Mapping] = None, reads: bool = False, timeo
     environment (a test or a user that changes AWS_* gets a new one), inherited by forked workers
     without its connections (_after_fork_in_child)."""
     options = dict(storage_options or {})
+    timeout = timeout or NO_ANSWER_SECONDS  # a listing's (no timeout given) and a HEAD's default: one client
     env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
     key = (reads, timeout, repr(sorted(options.items())), env)
     with _lock:
@@ -118,7 +119,7 @@ def clear_clients() -> None:
         _clients.clear()
 
 
-def _make_client(options: dict, reads: bool, timeout: Optional[float]):
+def _make_client(options: dict, reads: bool, timeout: float):
     import botocore.config
     import botocore.loaders
     import botocore.session
@@ -129,9 +130,9 @@ def _make_client(options: dict, reads: bool, timeout: Optional[float]):
         loader = _loaders[data_path] = botocore.loaders.create_loader(data_path)
     session.register_component("data_loader", loader)
     client_kwargs = dict(options.get("client_kwargs") or {})
-    config = {"connect_timeout": timeout or NO_ANSWER_SECONDS,
+    config = {"connect_timeout": timeout,
               # a read's stall is the transfer floor's to judge (remote_pace.py): the socket waits longer
-              "read_timeout": max(NO_ANSWER_SECONDS, 2 * (timeout or 0)) if reads else timeout or NO_ANSWER_SECONDS}
+              "read_timeout": max(NO_ANSWER_SECONDS, 2 * timeout) if reads else timeout}
     if reads:
         config["retries"] = {"total_max_attempts": 1}
     if options.get("anon"):
