@@ -148,6 +148,11 @@ class RemoteShard:
         return True
 
     def read(self, n: int = -1) -> bytes:
+        start = self._offset
+        if 0 < n <= len(self._block) - start:  # inside the chunk in hand: a tar reader's every header and member
+            self._offset = start + n
+            self.pos += n
+            return self._block[start:start + n]
         if self.closed:
             raise ValueError("read of a closed shard stream")
         if self._stream is not None:
