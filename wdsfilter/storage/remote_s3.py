@@ -250,11 +250,12 @@ def bucket_exists(bucket: str, storage_options: Optional[Mapping] = None) -> boo
         raise error from None
 
 
-def read_whole(url: str, storage_options: Optional[Mapping] = None, limit: int = 64 << 20) -> Optional[bytes]:
+def read_whole(url: str, storage_options: Optional[Mapping] = None, limit: int = 64 << 20,
+               timeout: Optional[float] = None) -> Optional[bytes]:
     """A small object's bytes (at most `limit`), or None when there is none."""
     bucket, key = split(url)
     try:
-        body = client(storage_options).get_object(Bucket=bucket, Key=key)["Body"]
+        body = client(storage_options, timeout=timeout).get_object(Bucket=bucket, Key=key)["Body"]
     except Exception as e:  # noqa: BLE001 - botocore's errors are no OSError
         error = translated(e, url)
         if isinstance(error, FileNotFoundError):
