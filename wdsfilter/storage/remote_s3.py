@@ -14,6 +14,8 @@ PermissionError, as s3fs translates them). Reads are sent with botocore's retrie
 retries them, resumed at the byte reached); HEAD and listing keep botocore's own."""
 from __future__ import annotations
 
+import atexit
+import gc
 import importlib.util
 import os
 import sys
@@ -28,6 +30,7 @@ NO_ANSWER_SECONDS = 60.0  # botocore's own timeouts where the options give none
 _clients: Dict[tuple, object] = {}
 _loaders: Dict[Optional[str], object] = {}  # data_path -> botocore's loader, service models parsed once
 _lock = threading.Lock()
+_freeze_at_exit: list = []
 
 
 def _after_fork_in_child() -> None:
@@ -120,6 +123,10 @@ def clear_clients() -> None:
 
 
 def _make_client(options: dict, reads: bool, timeout: float):
+    if not _freeze_at_exit:
+        # The interpreter's last collection walked botocore's objects (its parsed service model,
+        # ~10^5 of them): 0.1-0.2 s at each command's exit. At exit they are left to the process's end.
+        _freeze_at_exit.append(atexit.register(gc.freeze))
     import botocore.config
     import botocore.loaders
     import botocore.session
