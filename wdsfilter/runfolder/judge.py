@@ -21,7 +21,7 @@ from .keep import keep_reason, KEPT_STATUSES
 from .reader import ScoredShard, ScoreRun
 from .shares import Threshold, bounds  # noqa: F401 - judged here, resolved there
 from .tables import format_for, in_threads, read_batches
-from .parquet import check_schema, float_values, open_parquet, parquet_errors, unique_keys
+from .parquet import ColumnFile, float_values, parquet_errors
 
 DUPLICATE = "duplicate key in shard"
 
@@ -182,25 +182,24 @@ def _read_shard_table(path: str, columns: Sequence[str]) -> Optional[ShardTable]
 
     # a Parquet file of another schema is the reader's one-line error (check_schema); strings as
     # codes: no Python str per row; the footer read by this open (once)
-    pf = open_parquet(path, dictionary=["key", "status", "reason"])
-    schema = check_schema(path)  # the footer's, as checked (kept: pf.schema_arrow converts it again)
+    file = ColumnFile(path, dictionary=["key", "status", "reason"])
     # The keys are read only when the writer did not record that none repeats (most of the read),
     # the status only when the footer's statistics do not say every row has one kept status.
-    read_keys = not unique_keys(path)
-    by_footer = _footer_all_kept(pf.metadata, schema)
+    read_keys = not file.unique_keys
+    by_footer = _footer_all_kept(file.metadata, file.schema)
     # (with the status, its reason: what a row not kept is dropped for, in the same read)
-    wanted = list(dict.fromkeys([*(["key"] if read_keys else []), *([] if by_footer else ["status", "reason"]),
-                                 *columns]))
-    wanted = wanted or ["status"]
-    present = set(schema.names)
-    table = pf.read(columns=[c for c in wanted if c in present], use_threads=False)
-    n = table.num_rows
-    if read_keys and ("key" not in table.column_names or table.column("key").null_count):
+    wanted = [*(["key"] if read_keys else []), *([] if by_footer else ["status", "reason"]), *columns]
+    table = file.read(wanted or ["status"])
+    n = file.metadata.num_rows
+    if any(len(c) != n for c in table.values()):
+        return None  # rows the footer does not count: the row by row way names the damage
+    if read_keys and ("key" not in table or table["key"].null_count):
         return None  # rows without a key: judge_shard's own way (each such row a duplicate of the first)
-    if "reason" in table.column_names and not _is_dictionary(table.column("reason")):
+    if "reason" in table and not _is_dictionary(table["reason"]):
         return None  # reasons that are not strings (not what `wdsfilter score` writes): row by row
-    if any(table.column(c).num_chunks > 1 for c in ("key", "status", "reason") if c in table.column_names):
-        table = table.unify_dictionaries()  # one dictionary per column for _codes
+    for c in ("key", "status", "reason"):
+        if c in table and table[c].num_chunks > 1:
+            table[c] = table[c].unify_dictionaries()  # one dictionary per column for _codes
     first_seen: List[Tuple[int, str, int]] = []  # (first row, reason, rows)
     # A key repeated in a shard is judged once, at its first row (as judge_shard does).
     open_rows = np.ones(n, dtype=bool)
@@ -209,7 +208,7 @@ def _read_shard_table(path: str, columns: Sequence[str]) -> Optional[ShardTable]
         open_rows[:] = False
         open_rows[np.unique(keys, return_index=True)[1]] = True
         first_seen.append((int(np.argmin(open_rows)), DUPLICATE, int(n - open_rows.sum())))
-    if by_footer or _all_kept(table):  # every status this file holds keeps its row: no code per row looked at
+    if by_footer or _all_kept(table, n):  # every status this file holds keeps its row: no code per row looked at
         usable, not_kept = True, ()
     else:
         status, values = _codes(table, "status", n)
@@ -244,12 +243,12 @@ def _footer_all_kept(metadata, schema) -> bool:
     return True
 
 
-def _all_kept(table) -> bool:
+def _all_kept(table: dict, n: int) -> bool:
     """No row's status is null and every value of the status dictionaries is a kept status."""
-    if "status" not in table.column_names:
-        return table.num_rows == 0
+    if "status" not in table:
+        return n == 0
     import pyarrow as pa
-    column = table.column("status")
+    column = table["status"]
     return pa.types.is_dictionary(column.type) and column.null_count == 0 and all(v in KEPT_STATUSES for c in column.chunks
                                           for v in c.dictionary.to_pylist())
 
@@ -284,7 +283,7 @@ def _codes(table, column: str, n: int):
     dictionaries unified."""
     import numpy as np
 
-    chunks = table.column(column).chunks if column in table.column_names else []
+    chunks = table[column].chunks if column in table else []
     if not chunks:  # no such column (or no rows): every row null
         return np.full(n, np.nan), None
     codes = np.concatenate([float_values(c.indices) for c in chunks])
@@ -295,9 +294,9 @@ def _numbers(table, column: str, n: int):
     """The column as float64, a missing value (null, NaN, no such column) as NaN."""
     import numpy as np
 
-    if column not in table.column_names:
+    if column not in table:
         return np.full(n, np.nan)
-    return float_values(table.column(column))  # as the quantile reads them (read_numbers)
+    return float_values(table[column])  # as the quantile reads them (read_numbers)
 
 
 def drop_reason(row: dict, thresholds: Sequence[Threshold]) -> Optional[str]:
