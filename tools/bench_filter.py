@@ -13,6 +13,7 @@ with the load: the CPU seconds say what each side costs, whatever else runs.
     python tools/bench_filter.py --root /path/to/other/checkout         # time another version
     python tools/bench_filter.py --before /path/to/old/checkout         # and an older one beside it
     python tools/bench_filter.py --rejected 0.01                        # 1% rejected rows in every file
+    python tools/bench_filter.py --rows 40000000 --folder /tmp/run40m   # kept for the next runs
 
 Goal (issue 21): ratio wdsfilter / duckdb time = R <= 1.0, at no more peak memory. Needs duckdb
 (pip install 'wdsfilter[bench]'). Results and history: docs/dev.md.
@@ -104,15 +105,19 @@ def main() -> None:
     ap.add_argument("--rejected", type=float, default=0.0,
                     help="the share of rows (in every file) the stages rejected: 0, the default, a clean run whose "
                          "footers say every row is scored (the status column is then not read)")
+    ap.add_argument("--folder", default=None,
+                    help="the score folder to time: made there when missing (--rows, --files, --rejected), used as it "
+                         "is when present (a 40 M-row folder takes a while to make)")
     ap.add_argument("--make", nargs=4, metavar=("FOLDER", "ROWS", "FILES", "REJECTED"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.make:
         return make_run(args.make[0], int(args.make[1]), int(args.make[2]), rejected=float(args.make[3]))
     with tempfile.TemporaryDirectory() as tmp:
-        folder = os.path.join(tmp, "run")
+        folder = args.folder or os.path.join(tmp, "run")
         # Made in a child: this process stays small, so no child inherits its peak RSS when forked.
-        subprocess.run([sys.executable, __file__, "--make", folder, str(args.rows), str(args.files), str(args.rejected)],
-                       check=True)
+        if not os.path.isdir(folder):
+            subprocess.run([sys.executable, __file__, "--make", folder, str(args.rows), str(args.files),
+                            str(args.rejected)], check=True)
         best: dict = {}
         for _ in range(args.runs):
             sides = [("wdsfilter", [a.format(run=folder) for a in WDSFILTER], args.root),

@@ -21,7 +21,6 @@ from ..runfolder import ScoredShard, ScoreRun, quantile  # its IN_MEMORY_ROWS re
 from ..runfolder.names import FILTER_REPORT, REPORT
 from ..runfolder.judge import FilterResult, count_run, read_shard_table
 from ..runfolder.shares import check_present
-from ..stream.config import StageConfig
 from ..core.progress import Passes
 from ..core.selection import Selection, selection_of, warn_renamed
 from .rules import resolve_selection
@@ -50,7 +49,7 @@ class FilterOptions:
     source_root: Optional[str] = None
     allow_pipe: bool = False
     allow_remote: bool = False
-    stream_idle_seconds: float = StageConfig.stream_idle_seconds
+    stream_idle_seconds: Optional[float] = None  # None: StageConfig's (write.idle_seconds)
     unique_keys: bool = False
     interleave: int = 0
     export_uids: Optional[str] = None
@@ -97,7 +96,7 @@ def filter_scores(scores_dir: str, selection: Optional[Selection] = None, *, wri
                   report: Optional[str] = "", save: bool = False, overwrite: bool = False,
                   echo: Optional[Callable[[str], None]] = None, save_thresholds: bool = True,
                   source_root: Optional[str] = None, allow_pipe: bool = False, allow_remote: bool = False,
-                  stream_idle_seconds: float = StageConfig.stream_idle_seconds, shard_echo: Optional[Callable] = None,
+                  stream_idle_seconds: Optional[float] = None, shard_echo: Optional[Callable] = None,
                   unique_keys: bool = False, interleave: int = 0, export_uids: Optional[str] = None,
                   min_scores: Optional[dict] = None, max_scores: Optional[dict] = None,
                   top_shares: Optional[dict] = None, bottom_shares: Optional[dict] = None,
@@ -118,7 +117,8 @@ def filter_scores(scores_dir: str, selection: Optional[Selection] = None, *, wri
     where the folder says. allow_pipe, allow_remote: read source shards that are `pipe:` commands
     or remote URLs again (for write_shards and the report's thumbnails); what the score folder says
     (run.json) never allows them. stream_idle_seconds: such a source that sends nothing this long
-    is killed (0: never), as in every other read of a shard (shards.IdleGuard). progress: a
+    is killed (0: never; None: StageConfig's default), as in every other read of a shard
+    (shards.IdleGuard). progress: a
     progress line on stderr (wdsfilter/progress.py) while the score files are counted and while
     the shards are written (the CLI's default; off here)."""
     echo = echo or (lambda line: None)

@@ -24,6 +24,13 @@ from ..report.collect import ReportCollector
 from ..report.page import write_report
 from ..storage.remote import is_fsspec_url
 from ..runfolder.reshard import Resharder, reshard_run
+from ..stream.config import StageConfig
+
+
+def idle_seconds(opts) -> float:
+    """How long a source shard read again may send nothing before it is killed: the option, or
+    StageConfig's default (apply.py leaves it None: a count never imports the stage options)."""
+    return StageConfig.stream_idle_seconds if opts.stream_idle_seconds is None else opts.stream_idle_seconds
 
 
 def check_outputs(run: ScoreRun, scores_dir: str, report: Optional[str], opts) -> None:
@@ -72,7 +79,7 @@ class Writes:
         """What the report shows, gathered while the rows are judged (None: no report)."""
         if report is None:
             return None
-        return ReportCollector(run, thresholds, opts.allow_pipe, opts.allow_remote, opts.stream_idle_seconds)
+        return ReportCollector(run, thresholds, opts.allow_pipe, opts.allow_remote, idle_seconds(opts))
 
     def write(self, run: ScoreRun, resolved, result: FilterResult, opts, report: Optional[str], collector,
               passes: Passes) -> None:
@@ -93,7 +100,7 @@ class Writes:
         """The kept samples into new shards of N (runfolder/reshard.py), the rules beside them (thresholds.json)."""
         scores_dir, write_shards, samples_per_shard = result.scores_dir, opts.write_shards, opts.samples_per_shard
         writer = Resharder(write_shards, samples_per_shard, opts.prefix, run.stage.get("rekey", "first-dot"),
-                           opts.allow_pipe, opts.allow_remote, opts.stream_idle_seconds, self.shard_echo,
+                           opts.allow_pipe, opts.allow_remote, idle_seconds(opts), self.shard_echo,
                            opts.unique_keys, opts.interleave,
                            writes_report=report is not None and _same_path(report, os.path.join(write_shards, REPORT)))
         with writer.lock():

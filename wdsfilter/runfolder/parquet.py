@@ -299,12 +299,11 @@ def _remember(version: Optional[tuple], metadata) -> list:
 def _footer(path: str) -> list:
     """[FileMetaData, None or the Arrow schema check_schema accepted], read once per version of
     the file (path, size, modification time); DamagedRunFolder when it is not Parquet."""
-    import pyarrow.parquet as pq
     version = _version(path)
     entry = _FOOTERS.get(version) if version else None
     if entry is None:
-        try:
-            entry = _remember(version, pq.read_metadata(audited(path)))
+        try:  # (pq.read_metadata's reader, without importing pyarrow.parquet: a count never needs it)
+            entry = _remember(version, _reader(audited(path), None, ()).metadata)
         except parquet_errors() as e:
             raise damaged(path, f"not a Parquet file: {type(e).__name__}: {e}") from None
     return entry
@@ -395,7 +394,8 @@ class ColumnFile:
 
 def _reader(source: str, metadata, dictionary: Sequence[str]):
     """pyarrow's Parquet reader of `source` (the one ParquetFile holds), pre_buffer off as in
-    open_parquet."""
+    open_parquet. pyarrow._parquet alone: pyarrow.parquet's import (its filesystems, ~15 ms) is
+    more than a count's reads of a small run need."""
     from pyarrow._parquet import ParquetReader
     reader = ParquetReader()
     reader.open(source, metadata=metadata, read_dictionary=list(dictionary) or None, pre_buffer=False)
