@@ -140,14 +140,14 @@ class ShardTable:
     file once into these, resolves its shares from `numbers` and counts from them."""
     rows: int
     first_seen: List[Tuple[int, str, int]]  # (first row, reason, rows) of the drops before the thresholds
-    open_rows: object  # bool numpy array: rows still kept after status and duplicate keys
+    open_rows: object  # bool numpy array: rows still kept after status and duplicate keys; None: every row
     numbers: Dict[str, object]  # threshold column -> float64 numpy array, NaN where missing
 
     def count(self, thresholds: Sequence) -> ShardCounts:
         """ShardCounts of this file against resolved thresholds (rules.Threshold)."""
         import numpy as np
         n = self.rows
-        open_rows, first_seen = self.open_rows.copy(), list(self.first_seen)
+        open_rows, first_seen = self.open_rows, list(self.first_seen)
         out = ShardCounts(rows=n)
         for t in thresholds:
             values = self.numbers[t.column]
@@ -156,14 +156,19 @@ class ShardTable:
                 passes = values >= t.value if t.minimum else values <= t.value
             kept, no_score = int(np.count_nonzero(passes)), int(np.count_nonzero(missing))
             out.thresholds.append({"kept": kept, "dropped": n - kept - no_score, "no_score": no_score})
-            failing = open_rows & ~passes
-            for rows, value in ((failing & missing, None), (failing & ~missing, True)):
-                count = int(np.count_nonzero(rows))
+            if open_rows is None:  # every row still open: the failing rows are the missing ones and the rest
+                drops = [(missing, None, no_score), (~(passes | missing), True, n - kept - no_score)]
+                open_rows = passes
+            else:
+                failing = open_rows & ~passes
+                drops = [(failing & missing, None, None), (failing & ~missing, True, None)]
+                open_rows = open_rows & passes
+            for rows, value, count in drops:
+                count = int(np.count_nonzero(rows)) if count is None else count
                 if count:
                     i = int(np.argmax(rows))
                     first_seen.append((i, t.bound.drop_reason(None if value is None else values[i].item()), count))
-            open_rows &= passes
-        out.kept = int(np.count_nonzero(open_rows))
+        out.kept = n if open_rows is None else int(np.count_nonzero(open_rows))
         out.reasons = [(reason, rows) for _, reason, rows in sorted(first_seen, key=lambda x: x[0])]
         return out
 
@@ -202,22 +207,20 @@ def _read_shard_table(path: str, columns: Sequence[str]) -> Optional[ShardTable]
             table[c] = table[c].unify_dictionaries()  # one dictionary per column for _codes
     first_seen: List[Tuple[int, str, int]] = []  # (first row, reason, rows)
     # A key repeated in a shard is judged once, at its first row (as judge_shard does).
-    open_rows = np.ones(n, dtype=bool)
+    open_rows = None  # every row (no array for the common case: unique keys, every status kept)
     keys, names = _codes(table, "key", n) if read_keys else (None, None)
     if read_keys and (names is None or len(names) < n):
-        open_rows[:] = False
+        open_rows = np.zeros(n, dtype=bool)
         open_rows[np.unique(keys, return_index=True)[1]] = True
         first_seen.append((int(np.argmin(open_rows)), DUPLICATE, int(n - open_rows.sum())))
-    if by_footer or _all_kept(table, n):  # every status this file holds keeps its row: no code per row looked at
-        usable, not_kept = True, ()
-    else:
+    if not (by_footer or _all_kept(table, n)):  # else every status this file holds keeps its row
         status, values = _codes(table, "status", n)
         values = values.to_pylist() if values is not None else []  # a few distinct statuses
         usable = np.isin(status, [i for i, v in enumerate(values) if v in KEPT_STATUSES])
-        not_kept = np.flatnonzero(open_rows & ~usable)
-    if len(not_kept):  # rows not kept by their status: the one rule's reason, once per distinct (status, reason)
-        first_seen += _status_drops(not_kept, status[not_kept], values, table, n)
-    open_rows &= usable
+        not_kept = np.flatnonzero(~usable if open_rows is None else open_rows & ~usable)
+        if len(not_kept):  # rows not kept by their status: the one rule's reason, once per distinct (status, reason)
+            first_seen += _status_drops(not_kept, status[not_kept], values, table, n)
+        open_rows = usable if open_rows is None else open_rows & usable
     numbers = {c: _numbers(table, c, n) for c in dict.fromkeys(columns)}
     return ShardTable(n, first_seen, open_rows, numbers)
 
