@@ -1,4 +1,5 @@
-"""A Ray cluster of several nodes on this machine (ray.cluster_utils.Cluster) whose worker nodes do
+"""Ray for the tests: `local_ray`, the one-node Ray of this process every Ray test but the
+multi-node ones starts; and a Ray cluster of several nodes on this machine (ray.cluster_utils.Cluster) whose worker nodes do
 not share the driver's disk: the tests of the Ray engine without a shared filesystem.
 
 Every node has its own resources, object store and temporary folder (TMPDIR too). In the
@@ -19,7 +20,7 @@ import re
 import shutil
 import tempfile
 import time
-from typing import Dict, Iterator, List, Sequence
+from typing import Dict, Iterator, List, Mapping, Optional, Sequence
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -139,6 +140,21 @@ class MultiNodeCluster:
             else:
                 os.environ[k] = v
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def local_ray(env: Optional[Mapping[str, str]] = None, num_cpus: int = 2) -> Iterator[None]:
+    """A one-node Ray of this process (address="local": never a cluster found on the machine), quiet,
+    whose workers import the test kits (tests/ and the checkout on their PYTHONPATH) and get `env`
+    (an S3 endpoint, an emulator's host); shut down after the block."""
+    import ray
+    env_vars = {"PYTHONPATH": os.pathsep.join([HERE, REPO]), **(env or {})}
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+             configure_logging=False, runtime_env={"env_vars": env_vars})
+    try:
+        yield
+    finally:
+        ray.shutdown()
 
 
 @contextlib.contextmanager

@@ -11,6 +11,7 @@ from dedupkit import build  # noqa: E402
 from wdsfilter.dedup import dedup  # noqa: E402
 from wdsfilter.score import score  # noqa: E402
 from wdsfilter.score.ray_runner import score_on_ray  # noqa: E402
+from raykit import local_ray  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -23,13 +24,8 @@ def marks(run):
 def test_ray_and_local_runs_dedup_alike(tmp_path):
     shards, truth = build(tmp_path / "shards", bases=("coffee", "rocket", "camera"),
                           variants=("copy", "jpeg_q30", "resize_50", "png"), alikes=["brick", "grass"])
-    here = os.path.dirname(os.path.abspath(__file__))
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
-             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([here, os.path.dirname(here)])}})
-    try:
+    with local_ray():
         score_on_ray(shards, out=str(tmp_path / "ray"), scorers=["hash"], image_key="jpg;png", progress=False)
-    finally:
-        ray.shutdown()
     score(shards, out=str(tmp_path / "local"), scorers=["hash"], image_key="jpg;png", progress=False, workers=0,
           device="cpu")
     on_ray, local = dedup(str(tmp_path / "ray")), dedup(str(tmp_path / "local"))

@@ -10,6 +10,7 @@ ray = pytest.importorskip("ray", reason="the Ray engine is tested where wdsfilte
 from filterkit import run_cli  # noqa: E402
 from wdsfilter.score import score  # noqa: E402
 from wdsfilter.score.ray_runner import score_on_ray  # noqa: E402
+from raykit import local_ray  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SS = os.path.join(REPO, "sample_shards")
@@ -23,11 +24,8 @@ pytestmark = pytest.mark.slow
 def test_filter_reads_a_ray_run_like_a_local_one(tiny_clip, tmp_path):
     model = "local-dir:" + tiny_clip
     score(SHARDS, out=str(tmp_path / "local"), model=model, device="cpu", workers=0, **OPTIONS)
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    try:
+    with local_ray():
         score_on_ray(SHARDS, out=str(tmp_path / "ray"), model=model, batch_size=8, **OPTIONS)
-    finally:
-        ray.shutdown()
     outputs = {}
     for engine in ("local", "ray"):
         folder = str(tmp_path / engine)

@@ -110,13 +110,11 @@ def test_keep_reason_says_why():
 @pytest.mark.slow
 def test_the_ray_engine_keeps_what_filter_and_the_loader_keep(shards, tmp_path):
     """The same run on Ray: its `kept` column is the one rule's, with and without thresholds."""
-    ray = pytest.importorskip("ray")
+    pytest.importorskip("ray")
+    from raykit import local_ray
     from wdsfilter.filtering import filter_scores
     from wdsfilter.score import score_on_ray
-    here = os.path.dirname(os.path.abspath(__file__))
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
-             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([here, ROOT])}})
-    try:
+    with local_ray():
         for n, (mins, maxes) in enumerate((THRESHOLDS[0], THRESHOLDS[3])):
             out = str(tmp_path / f"ray{n}")
             score_on_ray([str(s) for s in shards], out=out, scorers=SCORERS, progress=False, batch_size=16,
@@ -128,8 +126,6 @@ def test_the_ray_engine_keeps_what_filter_and_the_loader_keep(shards, tmp_path):
                                    report=None)
             assert tar_keys(str(tmp_path / f"f{n}")) == by_score and result.kept == len(by_score)
             assert loader_kept(shards, out, mins, maxes) == by_score
-    finally:
-        ray.shutdown()
 
 
 @pytest.mark.parametrize("tops,bottoms,mins", [({"brightness": 40}, {}, {}),

@@ -184,6 +184,65 @@ def test_transforms_draw_from_generators_seeded_per_sample_and_the_loops_are_kep
     assert torch.equal(after[0], loop_state[0]) and after[1] == loop_state[1] and (after[2] == loop_state[2]).all()
 
 
+def test_between_batches_the_loop_draws_from_its_own_generators_at_its_own_thread_count(shards):
+    # num_workers=0: the loader keeps the loop's generators and torch's thread count around each batch
+    # (once per batch, not per sample); inside, the transform runs at one thread, as in a DataLoader
+    # worker. What the loop draws between batches is what it would draw with no loader drawing at all.
+    import random
+
+    import numpy as np
+    seen_threads = []
+
+    def drawing(img):
+        seen_threads.append(torch.get_num_threads())
+        return draws(img)
+
+    def loop(transform):
+        torch.manual_seed(5)
+        random.seed(6)
+        np.random.seed(7)
+        threads_between, loop_draws = [], []
+        for _batch in wdsfilter.loader(shards, batch_size=8, transform=transform, seed=11):
+            threads_between.append(torch.get_num_threads())
+            loop_draws.append((torch.rand(1).item(), random.random(), np.random.rand()))
+        return loop_draws, threads_between
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        quiet, _ = loop(to_tensor)
+        drawn, threads_between = loop(drawing)
+    finally:
+        torch.set_num_threads(threads)
+    assert len(drawn) == 5 and drawn == quiet
+    assert threads_between == [3] * 5 and seen_threads == [1] * 40
+
+
+class _CollateInWorker(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        from wdsfilter.stream.collate import collate_tuples
+        images, captions = collate_tuples([(torch.ones(3, 4, 4), "a"), (torch.zeros(3, 4, 4), "b")])
+        yield images.is_shared(), images.sum().item(), captions
+
+
+def test_batches_are_stacked_into_shared_memory_in_a_worker_as_webdatasets_values():
+    # In a DataLoader worker the batch's tensors are stacked straight into shared memory (torch's
+    # default_collate), so sending the batch copies nothing; the values are webdataset's.
+    import numpy as np
+    import webdataset as wds
+
+    from wdsfilter.stream.collate import collate_tuples
+    (shared, total, captions), = list(torch.utils.data.DataLoader(_CollateInWorker(), batch_size=None, num_workers=1))
+    assert shared and total == 48 and captions == ["a", "b"]
+    samples = [(torch.ones(2), "a", 1, np.zeros(2), 1.5), (torch.zeros(2), "b", 2, np.ones(2), 2.5)]
+    ours, theirs = collate_tuples(samples), wds.filters.default_collation_fn(samples)
+    assert isinstance(ours, tuple) and [type(x) for x in ours] == [type(x) for x in theirs]
+    assert torch.equal(ours[0], theirs[0]) and ours[1] == theirs[1]
+    assert all(np.array_equal(a, b) for a, b in zip(ours[2:], theirs[2:]))
+    with pytest.raises(AssertionError, match="shapes must be equal"):
+        collate_tuples([(torch.ones(2),), (torch.ones(3),)])
+
+
 def test_the_shuffle_buffer_holds_samples_undecoded(tmp_path):
     # Decoded before the shuffle, the buffer held min(shuffle, 1000) decoded images (open_clip's 5000
     # of 512 px: GBs per worker) and the first batch waited for them all; decoded after it, as

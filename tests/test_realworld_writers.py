@@ -232,9 +232,9 @@ def test_sizes_json_merge_keeps_entries_of_other_shards(tmp_path):
 
 def test_ray_write_webdataset_output_passes_and_is_sized(tmp_path):
     ray = pytest.importorskip("ray")
+    from raykit import local_ray
     out = tmp_path / "ray"
-    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    try:
+    with local_ray(num_cpus=1):
         import numpy as np
         from PIL import Image
         # Ray's default encoder turns an image array (what read_images gives) into JPEG bytes.
@@ -242,8 +242,6 @@ def test_ray_write_webdataset_output_passes_and_is_sized(tmp_path):
         rows = [{"__key__": f"r{i:04d}", "jpg": pixels, "txt": f"caption {i}",
                  "json": {"description": f"caption {i}", "id": i}} for i in range(12)]
         ray.data.from_items(rows).repartition(2).write_webdataset(str(out))
-    finally:
-        ray.shutdown()
     shards = sorted(os.listdir(out))
     assert len(shards) == 2 and all(s.endswith(".tar") for s in shards)
     stats = tmp_path / "stats"

@@ -17,6 +17,7 @@ from scorekit import make_shards  # noqa: E402
 from wdsfilter.runfolder.tables import read_rows  # noqa: E402
 from wdsfilter.score import score  # noqa: E402
 from wdsfilter.score.ray_runner import score_on_ray  # noqa: E402
+from raykit import local_ray  # noqa: E402
 
 pytestmark = pytest.mark.slow
 SCORER = "scorekit:BrightnessScorer"
@@ -31,7 +32,6 @@ def _rows(out):
 def test_ray_workers_read_their_shards_from_gs_and_hf(tmp_path, monkeypatch):
     folder = str(tmp_path / "shards")
     paths, _ = make_shards(folder, [10, 7, 5], bad={1: (2,)})
-    here = os.path.dirname(os.path.abspath(__file__))
     local = score(folder, out=str(tmp_path / "local"), scorers=[SCORER], device="cpu", workers=0, progress=False,
                   batch_size=4, format="jsonl")
     with gcs_server() as (endpoint, fs), HubServer(token=TOKEN) as hub, hub_endpoint(hub.url):
@@ -42,16 +42,14 @@ def test_ray_workers_read_their_shards_from_gs_and_hf(tmp_path, monkeypatch):
         monkeypatch.setenv("HF_TOKEN", TOKEN)
         clear_hf_cache()
         env = {"STORAGE_EMULATOR_HOST": endpoint, "HF_ENDPOINT": hub.url, "HF_TOKEN": TOKEN,
-               "HF_HUB_DISABLE_TELEMETRY": "1", "PYTHONPATH": os.pathsep.join([here, os.path.dirname(here)])}
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
-                 runtime_env={"env_vars": env})
+               "HF_HUB_DISABLE_TELEMETRY": "1"}
         try:
-            # one run over both stores (one Ray start): shard-000N from gs://, hf-000N from hf://
-            summary = score_on_ray([f"gs://{BUCKET}/set/", "hf://datasets/wdsf-org/set/data/"],
-                                   out=str(tmp_path / "ray"), scorers=[SCORER], progress=False, batch_size=4,
-                                   format="jsonl", remote_backoff_seconds=0.01)
+            with local_ray(env):
+                # one run over both stores (one Ray start): shard-000N from gs://, hf-000N from hf://
+                summary = score_on_ray([f"gs://{BUCKET}/set/", "hf://datasets/wdsf-org/set/data/"],
+                                       out=str(tmp_path / "ray"), scorers=[SCORER], progress=False, batch_size=4,
+                                       format="jsonl", remote_backoff_seconds=0.01)
         finally:
-            ray.shutdown()
             clear_hf_cache()
         auth = set(hub.auth)
     assert hub.requests and all(p.startswith(("/api/datasets/wdsf-org/set", "/datasets/wdsf-org/set/"))

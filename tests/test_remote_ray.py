@@ -15,6 +15,7 @@ from scorekit import make_shards  # noqa: E402
 from wdsfilter.score import score  # noqa: E402
 from wdsfilter.runfolder.tables import read_rows  # noqa: E402
 from wdsfilter.score.ray_runner import score_on_ray  # noqa: E402
+from raykit import local_ray  # noqa: E402
 
 pytestmark = pytest.mark.slow
 SCORER = "scorekit:BrightnessScorer"
@@ -23,14 +24,9 @@ SCORER = "scorekit:BrightnessScorer"
 def test_ray_workers_read_their_shards_from_s3(tmp_path):
     folder = str(tmp_path / "shards")
     make_shards(folder, [10, 7, 5], bad={1: (2,)})
-    here = os.path.dirname(os.path.abspath(__file__))
     with s3_server() as (endpoint, client):
         upload(client, folder, "set")
-        env = {k: os.environ[k] for k in os.environ if k.startswith("AWS_")}
-        env["PYTHONPATH"] = os.pathsep.join([here, os.path.dirname(here)])
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
-                 runtime_env={"env_vars": env})
-        try:
+        with local_ray({k: os.environ[k] for k in os.environ if k.startswith("AWS_")}):
             on_ray = score_on_ray(f"s3://{BUCKET}/set/", out=str(tmp_path / "ray"), scorers=[SCORER],
                                   progress=False, batch_size=4, format="jsonl", remote_backoff_seconds=0.01)
             # the run folder and filtered shards in the bucket too (written through the driver's staging)
@@ -40,8 +36,6 @@ def test_ray_workers_read_their_shards_from_s3(tmp_path):
             objects = {o["Key"]: client.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read()
                        for o in client.list_objects_v2(Bucket=BUCKET, Prefix="runs/ray/")["Contents"]}
             kept = [o["Key"] for o in client.list_objects_v2(Bucket=BUCKET, Prefix="kept/ray/")["Contents"]]
-        finally:
-            ray.shutdown()
     local = score(folder, out=str(tmp_path / "local"), scorers=[SCORER], device="cpu", workers=0, progress=False,
                   batch_size=4, format="jsonl")
     assert on_ray.shards_failed == [] and on_ray.rows == local.rows == 22

@@ -172,3 +172,18 @@ def test_library_log_lines_stay_off_the_terminal_unless_debug(tmp_path):
     finally:
         logging.getLogger().removeHandler(handler)
         library_logs_off(debug=False)
+
+
+def test_a_small_object_from_a_server_that_never_answers_is_given_up_in_its_time():
+    # sizes.json beside remote shards (validate's size check, the loader's epoch size) was read with
+    # the client's own timeouts: a server that takes the connection and never answers held the
+    # command for aiohttp's 5 minutes. The read now has the answer time of every other request.
+    import time
+
+    from wdsfilter.storage.remote import read_object
+    _clear_clients()
+    with _silent_server() as silent:
+        started = time.monotonic()
+        with pytest.raises(TimeoutError, match=f"127.0.0.1:{silent}/set/sizes.json: no answer in 1s"):
+            read_object(f"http://127.0.0.1:{silent}/set/sizes.json", seconds=1)
+        assert time.monotonic() - started < 30  # the client's own wait is 300 s

@@ -14,6 +14,7 @@ from wdsfilter.score import score  # noqa: E402
 from wdsfilter.runfolder.tables import read_rows  # noqa: E402
 from wdsfilter.score.ray_runner import score_on_ray  # noqa: E402
 from wdsfilter.scorefilter import score_filter  # noqa: E402
+import raykit  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SS = os.path.join(REPO, "sample_shards")
@@ -33,11 +34,8 @@ def local_ray():
     # The test scorers live in tests/: the workers import them from there (as test_score_ray_faults'
     # do); registering the kits for pickling by value instead leaks into every later test of the
     # session (devicekit's SimulatedDevice, rebuilt by value in a worker, lost its registry).
-    here = os.path.dirname(os.path.abspath(__file__))
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
-             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([here, os.path.dirname(here)])}})
-    yield
-    ray.shutdown()
+    with raykit.local_ray():
+        yield
 
 
 def rows_by_shard(out):

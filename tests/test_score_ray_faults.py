@@ -12,6 +12,7 @@ ray = pytest.importorskip("ray", reason="the Ray engine is tested where wdsfilte
 
 from scorekit import make_shards  # noqa: E402
 from wdsfilter.score.ray_runner import score_on_ray  # noqa: E402
+import raykit  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -31,11 +32,8 @@ def cpus_free_within(cpus: float, seconds: float) -> bool:
 @pytest.fixture(scope="module")
 def local_ray():
     # The test scorers live in tests/: the workers import them from there.
-    path = os.pathsep.join([HERE, os.path.dirname(HERE)])
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
-             runtime_env={"env_vars": {"PYTHONPATH": path}})
-    yield
-    ray.shutdown()
+    with raykit.local_ray():
+        yield
 
 
 def test_a_batch_that_kills_its_actor_twice_fails_its_shard_and_resume_completes_it(local_ray, tmp_path,

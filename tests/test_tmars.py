@@ -294,15 +294,13 @@ def test_the_report_shows_the_largest_drops_original_beside_masked(run, tmp_path
 
 
 def test_ray_gives_the_local_engines_masked_scores(run, tiny_clip, tmp_path):
-    ray = pytest.importorskip("ray")
+    pytest.importorskip("ray")
+    from raykit import local_ray
     from wdsfilter.score.ray_runner import score_on_ray
     _, rows, shard = run
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    try:
+    with local_ray():
         score_on_ray([shard], out=str(tmp_path / "ray"), scorers=("tmars",), model="local-dir:" + tiny_clip,
                      progress=False)
-    finally:
-        ray.shutdown()
     (name,) = os.listdir(tmp_path / "ray" / "scores")
     got = {r["key"]: r for r in read_rows(str(tmp_path / "ray" / "scores" / name))}
     assert sorted(got) == sorted(rows)

@@ -134,16 +134,13 @@ def test_resume_and_back_off_stay_per_scorer_with_a_dependent(tmp_path):
 
 @pytest.mark.slow
 def test_a_users_dependent_scorer_gets_the_required_outputs_on_ray(tmp_path):
-    ray = pytest.importorskip("ray")
+    pytest.importorskip("ray")
+    from raykit import local_ray
     from wdsfilter.score.ray_runner import score_on_ray
     urls, images = make_shards(str(tmp_path / "in"), [4, 2])
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
-             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([HERE, os.path.dirname(HERE)])}})
-    try:
+    with local_ray():
         score_on_ray(urls, out=str(tmp_path / "ray"), scorers=("test_tmars_deps:CaptionHash",), caption_key="txt",
                      progress=False)
-    finally:
-        ray.shutdown()
     rows = [r for f in sorted(os.listdir(tmp_path / "ray" / "scores"))
             for r in read_rows(str(tmp_path / "ray" / "scores" / f))]
     expected = _expected(images)

@@ -25,6 +25,11 @@ def load_layer_test(root: str):
     return module
 
 
+# The walkers (imports inside functions, private imports, circles) are the layer test's own, from
+# this tool's checkout: one implementation, whichever checkout is measured (its floors are its own).
+WALKERS = load_layer_test(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
 def sources(root: str):
     for folder, _, files in os.walk(os.path.join(root, "wdsfilter")):
         for name in sorted(files):
@@ -32,66 +37,6 @@ def sources(root: str):
                 path = os.path.join(folder, name)
                 with open(path, encoding="utf-8") as f:
                     yield path, f.read()
-
-
-def function_imports(tree: ast.AST):
-    """The lines of the import statements that sit inside a function body."""
-    lines = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            for inner in ast.walk(node):
-                if isinstance(inner, (ast.Import, ast.ImportFrom)):
-                    lines.add(inner.lineno)
-    return lines
-
-
-def private_imports(tree: ast.AST):
-    """`from x import _name` of a wdsfilter module (relative or absolute)."""
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("wdsfilter")):
-            found += [(node.lineno, a.name) for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
-    return found
-
-
-def circles(graph: dict) -> list:
-    """Strongly connected components of more than one module (Tarjan, iterative)."""
-    index, low, on_stack, stack, found, counter = {}, {}, set(), [], [], [0]
-    for start in graph:
-        if start in index:
-            continue
-        work = [(start, iter(graph.get(start, ())))]
-        index[start] = low[start] = counter[0]
-        counter[0] += 1
-        stack.append(start)
-        on_stack.add(start)
-        while work:
-            node, children = work[-1]
-            for child in children:
-                if child not in index:
-                    index[child] = low[child] = counter[0]
-                    counter[0] += 1
-                    stack.append(child)
-                    on_stack.add(child)
-                    work.append((child, iter(graph.get(child, ()))))
-                    break
-                if child in on_stack:
-                    low[node] = min(low[node], index[child])
-            else:
-                work.pop()
-                if work:
-                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
-                if low[node] == index[node]:
-                    group = []
-                    while True:
-                        member = stack.pop()
-                        on_stack.discard(member)
-                        group.append(member)
-                        if member == node:
-                            break
-                    if len(group) > 1:
-                        found.append(sorted(group))
-    return sorted(found)
 
 
 def is_command(node) -> bool:
@@ -132,7 +77,7 @@ def measure(root: str) -> dict:
         floor = floor_of(module)
         count, lines = per_floor.get(floor, (0, 0))
         per_floor[floor] = (count + 1, lines + len(source.splitlines()))
-        lazy = function_imports(tree)
+        lazy = WALKERS.function_import_lines(tree)
         statements = set()
         for line, target in layers.imports(module, source, path.endswith("__init__.py")):
             statements.add(line)
@@ -142,12 +87,13 @@ def measure(root: str) -> dict:
                 upward.append(f"{module}:{line} -> {target}")
         total += len(statements)
         inside += len(statements & lazy)
-        privates += [f"{module}:{line} {name}" for line, name in private_imports(tree)]
+        privates += [f"{module}:{line} {name}" for line, name in
+                     WALKERS.private_imports(module, source, path.endswith("__init__.py"))]
         found = grade_ef(path, source)
         grades = None if found is None or grades is None else grades + [f"{module}.{n} ({c})" for n, c in found]
         function, click_command = widest_public_functions(tree, module)
         widest, command = max(widest, function), max(command, click_command)
-    return {"floors": [(names[i], *per_floor[i]) for i in sorted(per_floor)], "circles": circles(graph),
+    return {"floors": [(names[i], *per_floor[i]) for i in sorted(per_floor)], "circles": sorted(WALKERS.circles(graph)),
             "upward": upward, "inside": inside, "total": total, "privates": privates, "grades": grades,
             "widest": widest, "command": command}
 

@@ -20,10 +20,12 @@ from typing import Callable, Optional, Sequence
 from .stream.config import StageConfig, config_or_options
 from .core.errors import ConfigError, StarvationError, require
 from .stream.loaderstate import VERSION as STATE_VERSION, Progress, check_settings, check_state, settings
+from .stream.generators import batches_in_training_loop
 from .stream.pipeline import Place, SeededTransform, sample_pipeline, set_epoch, worker_batches
 from .core.selection import DEPRECATED as DEPRECATED_RULES, Selection, selection_of
 from .storage.shardstats import sizes_samples
 from .storage.shards import expand_urls
+from .stream.collate import collate_tuples
 from .stream.stages import map_dict
 from .core.tally import StatsSink, Tally
 from .runfolder.shares import loader_selection
@@ -119,7 +121,9 @@ class WdsLoader:
         progress = self._begin_epoch()
         out_before = self.stats.samples_out if self.watchdog else 0
         batches_before = progress.batches  # given before a restore
-        for batch, worker, decoded in self.dataloader:
+        batches = self.dataloader if self.dataloader.num_workers \
+            else batches_in_training_loop(self.dataloader, self.pipeline.place)
+        for batch, worker, decoded in batches:
             progress.took(worker, decoded)
             yield batch
         self._progress = None
@@ -414,8 +418,7 @@ def _output_stages(opts: LoaderOptions, place: Place) -> list:
 
 
 def _collate(opts: LoaderOptions) -> Callable:
-    import webdataset as wds
-    return opts.collate_fn or (wds.filters.default_collation_fn if opts.output == "tuple" else _as_list)
+    return opts.collate_fn or (collate_tuples if opts.output == "tuple" else _as_list)
 
 
 def _batched(data, size: int, collate: Callable, partial: bool):

@@ -60,7 +60,7 @@ class ShardEnd:
 def shard_end_marker(url: str, members: int, error: Optional[str], failed: bool = False,
                      not_a_tar: bool = False) -> dict:
     """failed: the shard's stream failed (a pipe: command, a cut download): it is not done.
-    not_a_tar: no member header could be read (reading.ShardEnd.not_a_tar): it is not done either."""
+    not_a_tar: no member header could be read (reading.TarEnd.not_a_tar): it is not done either."""
     return {MARKER: SHARD_END, "__url__": url, "__key__": "",
             **ShardEnd(members, error, failed, not_a_tar).to_dict()}
 

@@ -11,6 +11,7 @@ from ..core.progress import progress_option, verbosity, verbosity_options
 from ..stream.config import STAGE_INPUT, STAGE_REMOTE, stage_options
 from ..core.selection import text_and_recipe_options
 from .engines import ENGINES
+from ..runfolder.tables import FORMATS
 
 
 def _echo(text: str) -> None:
@@ -134,7 +135,7 @@ HELP_GROUPS = {
 @click.option("--headroom", type=float, default=0.10, show_default=True, help="Share of memory kept free.")
 @click.option("--fit", type=click.Choice(["refuse", "clamp"]), default="refuse", show_default=True,
               help="A setting that cannot fit: refuse it with the numbers, or clamp it with a warning.")
-@click.option("--format", "fmt", type=click.Choice(["parquet", "jsonl"]), default="parquet", show_default=True,
+@click.option("--format", "fmt", type=click.Choice(list(FORMATS)), default="parquet", show_default=True,
               help="The score files' format.")
 @click.option("--resume", is_flag=True, help="Continue a run in --out: skip shards with a completion marker.")
 @click.option("--overwrite", is_flag=True, help="Start over in an --out that holds a previous run.")

@@ -22,7 +22,8 @@ import hashlib
 import logging
 import mimetypes
 import os
-from typing import BinaryIO, Optional
+from contextlib import contextmanager
+from typing import BinaryIO, Iterator, Optional
 
 PART_BYTES = 16 << 20
 log = logging.getLogger("wdsfilter")
@@ -58,18 +59,10 @@ def put_file(fs, path: str, local: str, expect: Optional[str], part: int = PART_
 
 
 def _put(fs, path: str, f: BinaryIO, size: int, expect: Optional[str], part: int) -> str:
-    try:
+    with _refused_as_conflict(fs, path, f"{_condition(expect)} failed"):  # gone: the version expected is too
         if is_gcs(fs):
             return _gcs_put(fs, path, f, size, expect, part)
         return _s3_put(fs, path, f, size, expect, part)
-    except (FileExistsError, FileNotFoundError) as e:  # 412, or the version expected is gone
-        raise Conflict(f"{path}: {_condition(expect)} failed ({type(e).__name__})") from None
-    except OSError as e:
-        if _precondition_failed(e):
-            raise Conflict(f"{path}: {_condition(expect)} failed") from None
-        raise
-    finally:
-        fs.invalidate_cache(path)
 
 
 def delete(fs, path: str, expect: str) -> None:
@@ -77,26 +70,36 @@ def delete(fs, path: str, expect: str) -> None:
     Conflict when another writer replaced it. A store that does not take the condition on a
     delete (S3-compatible stores without conditional deletes) gets a plain delete: the writer's
     ownership was checked just before (runfolder/lease.py)."""
-    try:
+    with _refused_as_conflict(fs, path, f"the delete of version {expect} failed: it was replaced", gone_is_done=True):
+        bucket, key, _ = fs.split_path(path)
         if is_gcs(fs):
-            bucket, key, _ = fs.split_path(path)
             fs.call("DELETE", f"{fs._location}/storage/v1/b/{{}}/o/{{}}", bucket, key, ifGenerationMatch=expect)
-        else:
-            bucket, key, _ = fs.split_path(path)
-            try:
-                fs.call_s3("delete_object", Bucket=bucket, Key=key, IfMatch=expect)
-            except OSError as e:
-                if not _not_implemented(e):
-                    raise
-                log.debug(f"{path}: the store takes no condition on a delete ({e}); deleted plainly")
-                fs.call_s3("delete_object", Bucket=bucket, Key=key)
-    except FileNotFoundError:
-        pass
-    except FileExistsError:
-        raise Conflict(f"{path}: the delete of version {expect} failed: it was replaced") from None
+            return
+        try:
+            fs.call_s3("delete_object", Bucket=bucket, Key=key, IfMatch=expect)
+        except OSError as e:
+            if not _not_implemented(e):
+                raise
+            log.debug(f"{path}: the store takes no condition on a delete ({e}); deleted plainly")
+            fs.call_s3("delete_object", Bucket=bucket, Key=key)
+
+
+@contextmanager
+def _refused_as_conflict(fs, path: str, failed: str, gone_is_done: bool = False) -> Iterator[None]:
+    """The one reading of a refused condition: HTTP 412 as each client raises it (FileExistsError,
+    botocore's PreconditionFailed in an OSError, a status of 412) becomes Conflict("path: failed");
+    a missing object too, unless `gone_is_done` (a delete). The cached listing of `path` is dropped
+    either way: the object may have changed."""
+    try:
+        yield
+    except FileNotFoundError as e:
+        if not gone_is_done:
+            raise Conflict(f"{path}: {failed} ({type(e).__name__})") from None
+    except FileExistsError as e:
+        raise Conflict(f"{path}: {failed} ({type(e).__name__})") from None
     except OSError as e:
         if _precondition_failed(e):
-            raise Conflict(f"{path}: the delete of version {expect} failed: it was replaced") from None
+            raise Conflict(f"{path}: {failed}") from None
         raise
     finally:
         fs.invalidate_cache(path)

@@ -342,11 +342,39 @@ def _discard(f) -> None:
     f.closed = True  # close() would upload what was buffered
 
 
-def read_object(url: str, storage_options: Optional[Mapping] = None, limit: int = 64 << 20) -> Optional[bytes]:
-    """A small object's bytes (a sizes.json, a lock), or None when there is none."""
+def read_object(url: str, storage_options: Optional[Mapping] = None, limit: int = 64 << 20,
+                seconds: Optional[float] = None) -> Optional[bytes]:
+    """A small object's bytes (a sizes.json, a lock), or None when there is none. Within `seconds`
+    (default: RemoteOptions' answer_seconds) or a TimeoutError: a server that takes the connection
+    and never answers held the read for the client's own timeouts (aiohttp's: 5 minutes)."""
     fs, path = filesystem(url, storage_options)
-    try:
+    seconds = RemoteOptions().answer_seconds if seconds is None else seconds
+
+    def read() -> bytes:
         with fs.open(path, "rb") as f:
             return f.read(limit)
+    try:
+        if not seconds:
+            return read()
+        return _within(read, seconds, redact_url(url))
     except FileNotFoundError:
         return None
+
+
+def _within(call, seconds: float, shown: str):
+    """call() in a daemon thread, its result or exception, or a TimeoutError after `seconds` (the
+    thread is left to the client's own timeout: a blocking read cannot be interrupted)."""
+    import concurrent.futures
+    import threading
+    future: concurrent.futures.Future = concurrent.futures.Future()
+
+    def run():
+        try:
+            future.set_result(call())
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            future.set_exception(e)
+    threading.Thread(target=run, name="wdsfilter-read-object", daemon=True).start()
+    try:
+        return future.result(timeout=seconds)
+    except concurrent.futures.TimeoutError:
+        raise TimeoutError(f"{shown}: no answer in {seconds:g}s") from None

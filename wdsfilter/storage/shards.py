@@ -94,25 +94,17 @@ def _check_brace_count(pattern: str) -> None:
 def brace_count(pattern: str) -> int:
     """How many names braceexpand would make of `pattern`, counted without making them (its own
     grammar: ranges {a..b..step}, sequences {x,y}, nesting, backslash escapes)."""
-    total, start, pos, depth = 1, 0, 0, 0
-    while pos < len(pattern):
-        c = pattern[pos]
-        if c == "\\":
-            pos += 2
-            continue
-        if c == "{":
-            if depth == 0:
-                start = pos
-            depth += 1
-        elif c == "}":
-            depth -= 1
-            if depth == 0:
-                expr = pattern[start + 1:pos]
-                n = _expression_count(expr)
-                total *= brace_count(expr) if n is None else n
-        pos += 1
+    total, start = 1, 0
+    tokens, depth = _brace_tokens(pattern)
     if depth != 0:
         raise braceexpand.UnbalancedBracesError(f"Unbalanced braces: '{pattern}'")
+    for pos, c, level in tokens:
+        if level == 0 and c == "{":
+            start = pos
+        elif level == 0 and c == "}":
+            expr = pattern[start + 1:pos]
+            n = _expression_count(expr)
+            total *= brace_count(expr) if n is None else n
     return total
 
 
@@ -126,24 +118,31 @@ def _expression_count(expr: str):
         alphabet = braceexpand.alphabet
         a, b, step = alphabet.index(m.group(1)), alphabet.index(m.group(2)), abs(int(m.group(3) or 1)) or 1
         return abs(b - a) // step + 1
-    parts, start, pos, depth = [], 0, 0, 0
-    while pos < len(expr):
-        c = expr[pos]
+    tokens, depth = _brace_tokens(expr)
+    commas = [pos for pos, c, level in tokens if c == "," and level == 0]
+    if depth != 0 or not commas:
+        return None  # not a sequence: braceexpand keeps the braces and expands inside
+    bounds = [-1] + commas + [len(expr)]
+    return sum(brace_count(expr[a + 1:b]) for a, b in zip(bounds, bounds[1:]))
+
+
+def _brace_tokens(text: str) -> Tuple[List[Tuple[int, str, int]], int]:
+    """Each unescaped brace and comma of `text` as (position, character, nesting level outside it:
+    0 for a top-level pair and its commas), and the nesting left open at the end (0 when balanced)."""
+    tokens, pos, depth = [], 0, 0
+    while pos < len(text):
+        c = text[pos]
         if c == "\\":
             pos += 2
             continue
+        if c == "}":
+            depth -= 1
+        if c in "{},":
+            tokens.append((pos, c, depth))
         if c == "{":
             depth += 1
-        elif c == "}":
-            depth -= 1
-        elif c == "," and depth == 0:
-            parts.append(expr[start:pos])
-            start = pos + 1
         pos += 1
-    if depth != 0 or not parts:
-        return None  # not a sequence: braceexpand keeps the braces and expands inside
-    parts.append(expr[start:])
-    return sum(brace_count(p) for p in parts)
+    return tokens, depth
 
 
 def _on_disk(path: str) -> str:

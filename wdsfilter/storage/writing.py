@@ -59,12 +59,7 @@ def check_output_file(path: str, option: str, storage_options=None) -> None:
             os.close(os.open(path, os.O_WRONLY | os.O_APPEND))
         except OSError as e:
             raise OutputError(f"{option} {path!r} exists and is not writable ({e.strerror})") from None
-    parent = _existing_parent(path)
-    if not os.path.isdir(parent):
-        raise OutputError(f"{option} {path!r}: {parent!r} is a file, not a folder")
-    why = _probe(parent)
-    if why:
-        raise OutputError(f"{option} {path!r}: cannot write in {parent!r} ({why})")
+    _check_parent(path, option, "write")
 
 
 def check_output_dir(path: str, option: str, storage_options=None) -> None:
@@ -78,12 +73,17 @@ def check_output_dir(path: str, option: str, storage_options=None) -> None:
         if why:
             raise OutputError(f"{option} {path!r} is not writable ({why})")
         return
+    _check_parent(path, option, "create it")
+
+
+def _check_parent(path: str, option: str, doing: str) -> None:
+    """The nearest existing folder above `path` takes new files (`doing` says what for)."""
     parent = _existing_parent(path)
     if not os.path.isdir(parent):
         raise OutputError(f"{option} {path!r}: {parent!r} is a file, not a folder")
     why = _probe(parent)
     if why:
-        raise OutputError(f"{option} {path!r}: cannot create it in {parent!r} ({why})")
+        raise OutputError(f"{option} {path!r}: cannot {doing} in {parent!r} ({why})")
 
 
 def refuse_writing_into_inputs(write_shards: Optional[str], urls: Sequence[str]) -> None:

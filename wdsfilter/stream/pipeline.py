@@ -12,6 +12,7 @@ from .config import StageConfig
 from ..core.errors import StarvationError
 from ..core.markers import MARKER
 from ..storage.shards import expand_urls
+from .generators import generators, seed_all
 from .stages import decode_sample, sample_stages, watch
 from ..core.tally import StatsSink, Tally
 
@@ -78,6 +79,7 @@ class Place:
         self.epoch = -1  # the next pass adds one, as webdataset's seeded stages do
         self.worker = 0
         self.in_worker = False  # the reader is a DataLoader worker (not the training loop's process)
+        self.guarded = False  # the loader keeps the training loop's generators around each batch
         self.rank: Optional[int] = None  # this reader's rank, read when a pass starts
         self.index = 0  # samples this reader passed to the user's transforms this epoch (replayed included)
         self.passes = 0  # passes over its shards this reader finished this epoch (cycle_shards)
@@ -139,15 +141,13 @@ class Place:
 
 
 class SeededTransform:
-    """The user's image transform with the random generators it may draw from (torch's CPU generator,
-    Python's and numpy's global ones) seeded per sample from (seed, epoch, rank, worker, sample index):
-    a random crop is the same on every run and after a restore (whose replayed samples never reach the
-    transform). Each generator is seeded directly (torch.manual_seed also queues a seed for every CUDA,
-    XPU and MTIA generator, recording a stack each time when none is initialised: ~100x the cost, and on
-    a GPU it reseeded the training loop's CUDA generator). In the main process (num_workers=0) the
-    generators are the training loop's: they are given back as they were after each sample. A DataLoader
-    worker's are its own (no other stage draws from them: the shuffles have their own), so they are
-    only seeded."""
+    """The user's image transform with the random generators it may draw from seeded per sample from
+    (seed, epoch, rank, worker, sample index): a random crop is the same on every run and after a
+    restore (whose replayed samples never reach the transform). A DataLoader worker's generators are
+    its own (no other stage draws from them: the shuffles have their own), so they are only seeded. In
+    the training loop's process (num_workers=0) they are the loop's: the loader keeps them around each
+    batch (`place.guarded`, generators.batches_in_training_loop); a pipeline iterated bare gives them
+    back after each sample."""
 
     def __init__(self, transform: Callable, place: Place, seed: int):
         self.transform, self.place, self.seed = transform, place, seed
@@ -155,39 +155,18 @@ class SeededTransform:
     def __call__(self, image):
         place = self.place
         seed = place.seed(self.seed, place.index)
-        generators = _generators()
-        if place.in_worker:
-            _seed(generators, seed)
+        if place.in_worker or place.guarded:
+            seed_all(seed)
             return self.transform(image)
-        cpu, np_random = generators
+        cpu, np_random = generators()
         saved = cpu.get_state(), random.getstate(), np_random.get_state()
         try:
-            _seed(generators, seed)
+            seed_all(seed)
             return self.transform(image)
         finally:
             cpu.set_state(saved[0])
             random.setstate(saved[1])
             np_random.set_state(saved[2])
-
-
-_GENERATORS: Optional[tuple] = None
-
-
-def _generators() -> tuple:
-    """(torch's CPU generator, numpy.random), imported once (a transform's process has torch)."""
-    global _GENERATORS
-    if _GENERATORS is None:
-        import numpy as np
-        import torch
-        _GENERATORS = torch.default_generator, np.random
-    return _GENERATORS
-
-
-def _seed(generators: tuple, seed: int) -> None:
-    cpu, np_random = generators
-    cpu.manual_seed(seed)
-    random.seed(seed)
-    np_random.seed(seed)
 
 
 class PlacedSource(wds.PipelineStage):

@@ -35,8 +35,9 @@ _CHUNK = 1 << 20  # members past this are read (or streamed past) in chunks of t
 
 
 @dataclass
-class ShardEnd:
-    """Marker after the last member of a shard; `error` is set when the shard broke off."""
+class TarEnd:
+    """The tar reader's last item of a shard (iter_tar): how many members it read, and where the tar
+    broke off (`error`). group_samples turns it into the stream's shard_end marker (core.markers)."""
 
     url: str
     members: int
@@ -135,8 +136,8 @@ def _stream_past(tar, info, tick) -> None:
 
 
 def iter_tar(stream, url: str, caps: Optional[MemberCaps] = None,
-             tick: Optional[Callable[[str], None]] = None) -> Iterator["dict | ShardEnd"]:
-    """Yield {"fname", "data", "__url__"} for each regular member, then a ShardEnd. A member over
+             tick: Optional[Callable[[str], None]] = None) -> Iterator["dict | TarEnd"]:
+    """Yield {"fname", "data", "__url__"} for each regular member, then a TarEnd. A member over
     its cap in `caps`, and a link, device or FIFO member, comes with no bytes and a "__skip__"
     (reason, message). `tick(member)` is called as reading goes on (the stages' watchdog)."""
     count = 0
@@ -177,15 +178,15 @@ def iter_tar(stream, url: str, caps: Optional[MemberCaps] = None,
                        f"shard, or a second tar appended to it: re-create the shard; members after it are not read)")
         if end != "end-of-archive":
             last = info.name if count else ""
-            yield ShardEnd(url, count, f"ReadError: tar {end} after member {last or '(none)'}", last)
+            yield TarEnd(url, count, f"ReadError: tar {end} after member {last or '(none)'}", last)
             return
     except (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError) as e:
         message = f"{type(e).__name__}: {e} at member {current or '(header)'}"
         # An OSError is the stream's (gzip's BadGzipFile is bad bytes in a file read to its end).
         stream_failed = isinstance(e, OSError) and not isinstance(e, gzip.BadGzipFile)
-        yield ShardEnd(url, count, message, current, failed=message if stream_failed else None)
+        yield TarEnd(url, count, message, current, failed=message if stream_failed else None)
         return
-    yield ShardEnd(url, count)
+    yield TarEnd(url, count)
 
 
 def _close_failure(url: str, stream, e: OSError) -> str:
@@ -198,8 +199,8 @@ def _close_failure(url: str, stream, e: OSError) -> str:
     return f"{type(e).__name__}: {e or 'closing the stream failed'}; check the command or URL"
 
 
-def tar_members(src: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator["dict | ShardEnd"]:
-    """dict(url=...) -> members of each shard, ending each shard with a ShardEnd marker."""
+def tar_members(src: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator["dict | TarEnd"]:
+    """dict(url=...) -> members of each shard, ending each shard with a TarEnd marker."""
     caps = MemberCaps(cfg)
     for item in src:
         url = item["url"]
@@ -220,7 +221,7 @@ def tar_members(src: Iterable[dict], cfg: StageConfig, tally: Tally) -> Iterator
         abandoned = False
         try:
             for item in iter_tar(stream, url, caps, tick):
-                if isinstance(item, ShardEnd):
+                if isinstance(item, TarEnd):
                     end = item  # held until the stream is closed: closing reports a failed command
                 else:
                     yield item
@@ -282,7 +283,7 @@ def _empty(sample: dict, why: str) -> None:
     sample[OVERSIZED] = why
 
 
-def _count_broken_shard(end: ShardEnd, tally: Tally) -> None:
+def _count_broken_shard(end: TarEnd, tally: Tally) -> None:
     if end.not_a_tar:
         tally.drop("unreadable_shard", STAGE, end.url, end.member,
                    f"{end.error}; no member could be read. Is it a tar (a git-lfs pointer file, an "
@@ -330,7 +331,7 @@ def _add_member(sample: dict, m: dict, lext: str, caps: MemberCaps, allow_unsafe
     return data
 
 
-def group_samples(members: Iterable["dict | ShardEnd"], cfg: StageConfig, tally: Tally) -> Iterator[dict]:
+def group_samples(members: Iterable["dict | TarEnd"], cfg: StageConfig, tally: Tally) -> Iterator[dict]:
     """Members -> samples {"__key__", "__url__", ext: bytes, ...}, extensions lower-cased.
 
     Holds up to cfg.group_window open samples (and cfg.group_bytes of their members) so that
@@ -353,7 +354,7 @@ def group_samples(members: Iterable["dict | ShardEnd"], cfg: StageConfig, tally:
     emitted: set = set()  # digests of the keys whose sample is complete (specs.key_digest)
     last_key = None
     for m in members:
-        if isinstance(m, ShardEnd):
+        if isinstance(m, TarEnd):
             for sample in open_samples.values():
                 tally.sample_read()
                 yield sample

@@ -17,7 +17,7 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional, Union
 
 from ..stream.census import KeyCensus
 from ..stream.members import MemberCaps
-from ..stream.reading import OVERSIZED, ShardEnd, group_samples, iter_tar, screen_member
+from ..stream.reading import OVERSIZED, TarEnd, group_samples, iter_tar, screen_member
 from ..storage.remote_net import RemoteUnreachable
 from ..storage.shards import close_shard, is_remote, open_shard, runs_command
 from ..core.specs import json_path_get, key_digest, split_name
@@ -142,7 +142,7 @@ class _ShardCheck:
         self.json_exts = {"json"} | {a.ext for a in caption_alts if a.path}
         self.caps = MemberCaps(stage)
         self.consumed: Dict[str, set] = {}  # key -> extensions of its empty or unsafe members
-        self.end: Optional[ShardEnd] = None
+        self.end: Optional[TarEnd] = None
         self.members = 0
         # key -> None when a sample of the key would be kept, else the drop reason of its first
         # sample. Samples are counted as distinct keys: a key whose members are too far apart for
@@ -195,7 +195,7 @@ class _ShardCheck:
     def _members(self, items: Iterable) -> Iterator:
         keys, log, options = self.keys, self.log, self.options
         for m in items:
-            if isinstance(m, ShardEnd):
+            if isinstance(m, TarEnd):
                 self.end = m
                 yield m
                 continue

@@ -13,7 +13,7 @@ failed copy, or two tars concatenated). tarfile stops there as if the shard were
 members after it are lost to training, so the validator says so.
 
 Yields the same items as reading.iter_tar: {"fname", "data", "__url__"} per regular member, then
-a reading.ShardEnd. Members over their byte cap (members.MemberCaps) and link, device and FIFO
+a reading.TarEnd. Members over their byte cap (members.MemberCaps) and link, device and FIFO
 members come as the stages' reader gives them: no bytes, a "__skip__" reason. A member whose
 declared size runs past the end of the file is never allocated (Unusual: iter_tar reports it).
 """
@@ -26,7 +26,7 @@ from typing import IO, Iterator, Optional, Tuple
 
 from ..stream.members import MemberCaps
 from ..storage.decompress import DecompressionCapError, open_layers
-from ..stream.reading import ShardEnd, oversized_member, special_member
+from ..stream.reading import TarEnd, oversized_member, special_member
 from ..storage.tars import MAX_EXTENDED_HEADER, MAX_NAME
 from ..storage.remote import RemoteReadError
 
@@ -108,7 +108,7 @@ def _file_size(stream: IO[bytes]) -> Optional[int]:
         return size if isinstance(size, int) else None
 
 
-def iter_members(stream: IO[bytes], url: str, caps: Optional[MemberCaps] = None) -> Iterator["dict | ShardEnd"]:
+def iter_members(stream: IO[bytes], url: str, caps: Optional[MemberCaps] = None) -> Iterator["dict | TarEnd"]:
     try:
         import lzma
         opened = open_layers(stream, caps.decompressed if caps else 1 << 62)
@@ -120,14 +120,14 @@ def iter_members(stream: IO[bytes], url: str, caps: Optional[MemberCaps] = None)
         raise Unusual(str(e)) from None
 
 
-def _remote_failed(url: str, error: RemoteReadError, items: int, name: str) -> ShardEnd:
+def _remote_failed(url: str, error: RemoteReadError, items: int, name: str) -> TarEnd:
     """The store failed for good, not the tar (reading it again would not help): the shard ends
     after the `items` items yielded, the last one `name`."""
     message = f"{type(error).__name__}: {error} at member {name or '(header)'}"
-    return ShardEnd(url, items, message, name, failed=message)
+    return TarEnd(url, items, message, name, failed=message)
 
 
-def _members(f: IO[bytes], url: str, caps: Optional[MemberCaps], file_size: Optional[int]) -> Iterator["dict | ShardEnd"]:
+def _members(f: IO[bytes], url: str, caps: Optional[MemberCaps], file_size: Optional[int]) -> Iterator["dict | TarEnd"]:
     read = f.read
     count, offset, last = 0, 0, ""
     items, named = 0, ""  # the items yielded and the last one's name: where a remote read failed
@@ -138,7 +138,7 @@ def _members(f: IO[bytes], url: str, caps: Optional[MemberCaps], file_size: Opti
                 yield _end(f, url, count, offset, last)
                 return
             if header is _CORRUPT:
-                yield ShardEnd(url, count, _corrupt_header_text(offset, last), last)
+                yield TarEnd(url, count, _corrupt_header_text(offset, last), last)
                 return
             kind, name, link, size, blocks = header
             if kind in _REGULAR:
@@ -262,13 +262,13 @@ def _skip(f: IO[bytes], n: int) -> None:
         n -= len(chunk)
 
 
-def _end(f: IO[bytes], url: str, count: int, offset: int, last: str) -> ShardEnd:
+def _end(f: IO[bytes], url: str, count: int, offset: int, last: str) -> TarEnd:
     """At the first end-of-archive block (at `offset`): the rest must be zeros (the second block,
     then padding to the record size), or readers lose what follows."""
     rest, first = _after_end(f)
     if first is None:
-        return ShardEnd(url, count, None, "")
-    return ShardEnd(url, count, f"ReadError: the tar ends at byte {offset} (after member {last or '(none)'}) but "
+        return TarEnd(url, count, None, "")
+    return TarEnd(url, count, f"ReadError: the tar ends at byte {offset} (after member {last or '(none)'}) but "
                                 f"{rest - first} more byte(s) of data follow from byte {offset + BLOCK + first}: tar "
                                 f"readers stop at the end-of-archive block and lose them (a hole of zeros from a "
                                 f"failed copy, or tars concatenated?)", last)
