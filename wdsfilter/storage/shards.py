@@ -13,7 +13,7 @@ import os
 import stat
 import threading
 import time
-from typing import IO, List, Mapping, Optional, Sequence, Union
+from typing import IO, List, Mapping, Optional, Sequence, Tuple, Union
 
 import braceexpand
 
