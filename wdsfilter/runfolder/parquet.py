@@ -349,33 +349,30 @@ def open_parquet(path: str, dictionary: Sequence[str] = ()):
 class ColumnFile:
     """One Parquet score file opened once to read whole columns (filter's count: judge.ShardTable):
     its footer (read by this open unless kept from an earlier one), the schema check_schema
-    accepted, what its writer recorded, and `read`, its columns in one read without threads. One
-    stat and one open a file; pyarrow's reader without ParquetFile's filesystem resolution and
-    nested-path index, which cost as much as the read of a shard's score column (400 files:
-    tools/bench_filter.py). DamagedRunFolder when it is not a score file."""
+    accepted, what its writer recorded, and `read`, its columns in one read without threads (then
+    the file is closed). One stat and one open a file; pyarrow's reader without ParquetFile's
+    filesystem resolution and nested-path index, which cost as much as the read of a shard's score
+    column (400 files: tools/bench_filter.py). DamagedRunFolder when it is not a score file."""
 
     def __init__(self, path: str, dictionary: Sequence[str] = ()):
         version = _version(path)
         entry = _FOOTERS.get(version) if version else None
         self.path = path
         try:
-            self._reader = _reader(audited(path), entry[0] if entry else None, dictionary)
+            try:
+                self._reader = _reader(audited(path), entry[0] if entry else None, dictionary)
+            except KeyError:  # pyarrow refuses a `dictionary` column the file lacks: opened again without it
+                entry = entry or _footer(path)
+                names = set(entry[0].schema.names)
+                if all(c in names for c in dictionary):
+                    raise
+                self._reader = _reader(audited(path), entry[0], [c for c in dictionary if c in names])
         except parquet_errors() as e:
             raise damaged(path, f"{'' if entry else 'not a Parquet file: '}{type(e).__name__}: {e}") from None
-        except KeyError:  # pyarrow refuses a `dictionary` column the file lacks: opened again without it
-            names = set(self._reader_footer(path, entry).schema.names)
-            if all(c in names for c in dictionary):
-                raise
-            self.__init__(path, [c for c in dictionary if c in names])
-            return
         if entry is None:
             entry = _remember(version, self._reader.metadata)
         self.metadata = entry[0]
         self.schema = _checked_schema(path, entry)
-
-    @staticmethod
-    def _reader_footer(path: str, entry: Optional[list]):
-        return entry[0] if entry else _footer(path)[0]
 
     @property
     def unique_keys(self) -> bool:
@@ -389,6 +386,8 @@ class ColumnFile:
             table = self._reader.read_all([self._reader.column_name_idx(c) for c in names], use_threads=False)
         except parquet_errors() as e:
             raise damaged(self.path, f"{type(e).__name__}: {e}") from None
+        finally:
+            self._reader.close()
         return dict(zip(names, table.columns))
 
 
