@@ -240,6 +240,25 @@ def test_no_torch_is_imported(run, tmp_path):
     assert " kept" in r.stdout and os.path.exists(tmp_path / "k" / "sizes.json")
 
 
+def test_a_dry_run_imports_no_write_side_and_no_shard_opener(run):
+    """A count (--dry-run) imports what it reads with, not what writes or opens shards: its imports
+    were most of what set `filter` behind duckdb at 4 M rows (tools/bench_filter.py, docs/dev.md).
+    The same counts as a run that may write."""
+    code = ("import sys\n"
+            "from wdsfilter.cli import main\n"
+            f"main(['filter', {run[1]!r}, '--top', 'brightness=40%', '--dry-run'], standalone_mode=False)\n"
+            "print('LOADED', sorted(m for m in ('wdsfilter.filtering.write', 'wdsfilter.report.collect', "
+            "'wdsfilter.runfolder.reshard', 'wdsfilter.storage.shards', 'wdsfilter.stream.config', 'pyarrow.parquet', "
+            "'asyncio', 'PIL', 'pandas', 'torch') if m in sys.modules))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == "LOADED []", r.stdout
+    counted = run_cli("filter", run[1], "--top", "brightness=40%")  # not a dry run: nothing written either
+    assert counted.returncode == 0, counted.stderr
+    kept = [line for line in r.stdout.splitlines() if "(--top brightness=40%)" in line]
+    assert kept and kept == [line for line in counted.stdout.splitlines() if "(--top brightness=40%)" in line]
+
+
 def test_loader_keeps_what_filter_keeps(run, tmp_path):
     shards, out, rows = run
     r = run_cli("filter", out, "--top", "brightness=40%", "--bottom", "brightness=90%", "--write-shards",

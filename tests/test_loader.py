@@ -184,10 +184,10 @@ def test_transforms_draw_from_generators_seeded_per_sample_and_the_loops_are_kep
     assert torch.equal(after[0], loop_state[0]) and after[1] == loop_state[1] and (after[2] == loop_state[2]).all()
 
 
-def test_between_batches_the_loop_draws_from_its_own_generators_at_its_own_thread_count(shards):
-    # num_workers=0: the loader keeps the loop's generators and torch's thread count around each batch
-    # (once per batch, not per sample); inside, the transform runs at one thread, as in a DataLoader
-    # worker. What the loop draws between batches is what it would draw with no loader drawing at all.
+def test_without_workers_batches_are_made_at_one_thread_and_the_loop_keeps_its_count(shards):
+    # num_workers=0: the batch is made at one torch thread, as in a DataLoader worker; the loop's
+    # count is given back before the loop sees the batch. The loop's draws between batches are those
+    # it would draw with no loader drawing at all.
     import random
 
     import numpy as np
@@ -218,11 +218,65 @@ def test_between_batches_the_loop_draws_from_its_own_generators_at_its_own_threa
     assert threads_between == [3] * 5 and seen_threads == [1] * 40
 
 
+def test_without_workers_a_drawing_tokenizer_and_collate_draw_anew_each_batch_the_same_each_run(shards):
+    # The pipeline's generators in the loop's process are its own and continue from batch to batch,
+    # as a worker's do (seeded per epoch): a tokenizer or collate_fn that draws, with no transform
+    # seeding per sample, gets new draws each batch (given the loop's state back after each batch,
+    # they repeated the first batch's), the same on every run, and the loop's draws are its own.
+    import random
+
+    import numpy as np
+
+    def tokenizer(text):
+        return torch.tensor([random.randrange(1 << 30), int(np.random.randint(1 << 30)), torch.randint(1 << 30, ()).item()])
+
+    def mixup(samples):
+        return float(np.random.beta(0.4, 0.4)), len(samples)
+
+    def loop(loop_draws: bool = False, **options):
+        torch.manual_seed(5)
+        random.seed(6)
+        np.random.seed(7)
+        got, drawn = [], []
+        for batch in wdsfilter.loader(shards, batch_size=8, seed=11, **options):
+            got.append(batch)
+            if loop_draws:  # a loop that draws between batches moved the state the batches started from
+                drawn.append((torch.rand(1).item(), random.random(), np.random.rand()))
+        return got, drawn
+
+    first, _ = loop(tokenizer=tokenizer)
+    again, _ = loop(tokenizer=tokenizer)
+    tokens = torch.cat([captions for _, captions in first])
+    assert tokens.shape == (40, 3) and len({tuple(t.tolist()) for t in tokens}) == 40
+    assert all(torch.equal(a[1], b[1]) for a, b in zip(first, again))
+    mixes, _ = loop(collate_fn=mixup)
+    assert [n for _, n in mixes] == [8] * 5 and len({m for m, _ in mixes}) == 5
+    assert loop(loop_draws=True, tokenizer=tokenizer)[1] == loop(loop_draws=True)[1]
+
+
+def test_a_pipeline_iterated_bare_gives_the_loop_its_generators_back_after_each_sample(shards):
+    # Iterated without the loader's batches (loader.pipeline, in the loop's process), the transform's
+    # per-sample seeding still gives the loop's generators back.
+    import random
+
+    import numpy as np
+    loader = wdsfilter.loader(shards, batch_size=8, transform=draws, seed=11)
+    torch.manual_seed(5)
+    random.seed(6)
+    np.random.seed(7)
+    before = torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy()
+    batch, _, _ = next(iter(loader.pipeline))
+    assert batch[0].shape == (8, 3) and len({tuple(x.tolist()) for x in batch[0]}) == 8
+    assert torch.equal(torch.get_rng_state(), before[0]) and random.getstate() == before[1]
+    assert (np.random.get_state()[1] == before[2]).all()
+
+
 class _CollateInWorker(torch.utils.data.IterableDataset):
     def __iter__(self):
         from wdsfilter.stream.collate import collate_tuples
         images, captions = collate_tuples([(torch.ones(3, 4, 4), "a"), (torch.zeros(3, 4, 4), "b")])
-        yield images.is_shared(), images.sum().item(), captions
+        mixed, = collate_tuples([(torch.ones(2, dtype=torch.uint8),), (torch.full((2,), 0.5),)])
+        yield images.is_shared(), images.sum().item(), captions, mixed
 
 
 def test_batches_are_stacked_into_shared_memory_in_a_worker_as_webdatasets_values():
@@ -232,8 +286,10 @@ def test_batches_are_stacked_into_shared_memory_in_a_worker_as_webdatasets_value
     import webdataset as wds
 
     from wdsfilter.stream.collate import collate_tuples
-    (shared, total, captions), = list(torch.utils.data.DataLoader(_CollateInWorker(), batch_size=None, num_workers=1))
+    (shared, total, captions, mixed), = list(torch.utils.data.DataLoader(_CollateInWorker(), batch_size=None,
+                                                                        num_workers=1))
     assert shared and total == 48 and captions == ["a", "b"]
+    assert mixed.dtype == torch.float32 and mixed.tolist() == [[1, 1], [0.5, 0.5]]  # promoted, as webdataset's stack
     samples = [(torch.ones(2), "a", 1, np.zeros(2), 1.5), (torch.zeros(2), "b", 2, np.ones(2), 2.5)]
     ours, theirs = collate_tuples(samples), wds.filters.default_collation_fn(samples)
     assert isinstance(ours, tuple) and [type(x) for x in ours] == [type(x) for x in theirs]

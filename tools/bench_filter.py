@@ -13,6 +13,7 @@ with the load: the CPU seconds say what each side costs, whatever else runs.
     python tools/bench_filter.py --root /path/to/other/checkout         # time another version
     python tools/bench_filter.py --before /path/to/old/checkout         # and an older one beside it
     python tools/bench_filter.py --rejected 0.01                        # 1% rejected rows in every file
+    python tools/bench_filter.py --rows 40000000 --folder /tmp/run40m   # kept for the next runs
 
 Goal (issue 21): ratio wdsfilter / duckdb time = R <= 1.0, at no more peak memory. Needs duckdb
 (pip install 'wdsfilter[bench]'). Results and history: docs/dev.md.
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -104,27 +106,36 @@ def main() -> None:
     ap.add_argument("--rejected", type=float, default=0.0,
                     help="the share of rows (in every file) the stages rejected: 0, the default, a clean run whose "
                          "footers say every row is scored (the status column is then not read)")
+    ap.add_argument("--folder", default=None,
+                    help="the score folder to time: made there when missing (--rows, --files, --rejected), used as it "
+                         "is when present (a 40 M-row folder takes a while to make)")
     ap.add_argument("--make", nargs=4, metavar=("FOLDER", "ROWS", "FILES", "REJECTED"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.make:
         return make_run(args.make[0], int(args.make[1]), int(args.make[2]), rejected=float(args.make[3]))
     with tempfile.TemporaryDirectory() as tmp:
-        folder = os.path.join(tmp, "run")
+        folder = args.folder or os.path.join(tmp, "run")
         # Made in a child: this process stays small, so no child inherits its peak RSS when forked.
-        subprocess.run([sys.executable, __file__, "--make", folder, str(args.rows), str(args.files), str(args.rejected)],
-                       check=True)
+        if not os.path.isdir(folder):
+            subprocess.run([sys.executable, __file__, "--make", folder, str(args.rows), str(args.files),
+                            str(args.rejected)], check=True)
         best: dict = {}
+        ratios: dict = {}  # side -> its time / duckdb's in each run (the two ran one after the other)
         for _ in range(args.runs):
+            got_now = {}
             sides = [("wdsfilter", [a.format(run=folder) for a in WDSFILTER], args.root),
                      ("duckdb", [sys.executable, "-c", DUCKDB, folder], args.root)]
             if args.before:
                 sides.append(("before", [a.format(run=folder) for a in WDSFILTER], args.before))
             for name, command, root in sides:
                 got = child(command, root)
+                got_now[name] = got
                 cpu = min(got["cpu"], best[name]["cpu"]) if name in best else got["cpu"]
                 if name not in best or got["seconds"] < best[name]["seconds"]:
                     best[name] = got
                 best[name]["cpu"] = cpu  # the least CPU of the runs (the wall time's run may be another)
+            for name in got_now:
+                ratios.setdefault(name, []).append(got_now[name]["seconds"] / got_now["duckdb"]["seconds"])
     w, d = best["wdsfilter"], best["duckdb"]
     print(f"{args.rows} rows in {args.files} score files ({args.rejected:.0%} rejected), --top clip_score=30% "
           f"--dry-run, best of {args.runs}")
@@ -133,10 +144,14 @@ def main() -> None:
               f"{got['said']}")
     print(f"ratio wdsfilter / duckdb time = {w['seconds'] / d['seconds']:.2f} (goal <= 1.0)")
     print(f"ratio wdsfilter / duckdb CPU = {w['cpu'] / d['cpu']:.2f}")
+    # Each side's best time may come from runs at different loads; the ratio within each run, its
+    # median over the runs, is steadier on a shared machine.
+    print(f"ratio wdsfilter / duckdb time, median of the runs' own ratios = {statistics.median(ratios['wdsfilter']):.2f}")
     if args.before:
         b = best["before"]
         print(f"ratio before / duckdb time = {b['seconds'] / d['seconds']:.2f}, CPU = {b['cpu'] / d['cpu']:.2f}, "
-              f"peak RSS = {b['peak_mib'] / d['peak_mib']:.2f}")
+              f"peak RSS = {b['peak_mib'] / d['peak_mib']:.2f}, median of the runs' time ratios = "
+              f"{statistics.median(ratios['before']):.2f}")
     print(f"ratio wdsfilter / duckdb peak RSS = {w['peak_mib'] / d['peak_mib']:.2f}")
 
 

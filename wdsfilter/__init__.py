@@ -8,11 +8,7 @@ level) maps every module.
 
 __version__ = "0.1.0"
 
-from .stream.config import StageConfig  # noqa: E402
 from .core.errors import ConfigError, DataError, StarvationError, UnsafeInputError, WdsFilterError  # noqa: E402
-from .core.selection import Selection  # noqa: E402
-from .core.specs import KeySpec  # noqa: E402
-from .core.tally import Tally  # noqa: E402
 from .core.publish import RedactedRecords
 
 
@@ -29,7 +25,11 @@ _redact_log_lines()
 
 # Imported on first use, so `import wdsfilter` (and the validator) needs neither webdataset nor
 # torch; what is returned is the function itself, with its real signature and help.
-_LAZY = {"loader": (".dataloader", "loader"), "sample_pipeline": (".stream.pipeline", "sample_pipeline")}
+# Imported on first use: every command imports this package first, and `wdsfilter filter` needs
+# none of these (StageConfig and Tally alone cost a tenth of a dry run's start: tools/bench_filter.py).
+_LAZY = {"loader": (".dataloader", "loader"), "sample_pipeline": (".stream.pipeline", "sample_pipeline"),
+         "StageConfig": (".stream.config", "StageConfig"), "Selection": (".core.selection", "Selection"),
+         "KeySpec": (".core.specs", "KeySpec"), "Tally": (".core.tally", "Tally")}
 
 
 def __getattr__(name):

@@ -65,6 +65,13 @@ def _check_world(sized_for: int) -> None:
             f"set), and pass world_size= only when it is that world.")
 
 
+def _epoch_seed(seed: int, epoch: int) -> int:
+    """The seed of the pipeline's own generators in the training loop's process for one epoch (the
+    per-sample seeds of SeededTransform are (seed, epoch, rank, worker, sample index))."""
+    import webdataset as wds
+    return wds.utils.make_seed(seed, epoch, _rank(), -1)
+
+
 class _Tokenize:
     """Picklable wrapper (a closure would not survive spawn workers)."""
 
@@ -92,8 +99,9 @@ class WdsLoader:
 
     def __init__(self, dataloader, pipeline, sink: StatsSink, num_batches: Optional[int],
                  num_samples: Optional[int] = None, watchdog: bool = True, batch_size: int = 0,
-                 world: int = 1, settings: Optional[dict] = None, readers: int = 1):
+                 world: int = 1, settings: Optional[dict] = None, readers: int = 1, seed: int = 0):
         self.dataloader = dataloader
+        self.seed = seed  # the pipeline's generators in the training loop's process: seeded per epoch from it
         self.world = world  # the ranks num_batches and num_samples were sized for
         self.batch_size = batch_size
         self.watchdog = watchdog  # raise on an epoch that yields nothing (starvation_* not 0)
@@ -122,7 +130,7 @@ class WdsLoader:
         out_before = self.stats.samples_out if self.watchdog else 0
         batches_before = progress.batches  # given before a restore
         batches = self.dataloader if self.dataloader.num_workers \
-            else batches_in_training_loop(self.dataloader, self.pipeline.place)
+            else batches_in_training_loop(self.dataloader, self.pipeline.place, _epoch_seed(self.seed, progress.epoch))
         for batch, worker, decoded in batches:
             progress.took(worker, decoded)
             yield batch
@@ -373,7 +381,7 @@ def build_loader(urls, config: StageConfig, opts: LoaderOptions) -> WdsLoader:
         multiprocessing_context=opts.multiprocessing_context if workers > 0 else None, **extra_args)
     return WdsLoader(dataloader, pipeline, sink, num_batches, num_samples,
                      watchdog=bool(config.starvation_samples or config.starvation_seconds),
-                     batch_size=opts.batch_size, world=world, readers=opts.readers,
+                     batch_size=opts.batch_size, world=world, readers=opts.readers, seed=opts.seed,
                      settings=settings(shard_urls, opts, world, epoch_samples, config.to_dict(), rules))
 
 

@@ -1,5 +1,6 @@
 """`wdsfilter filter`: judge every score row against thresholds chosen after scoring, count,
-and optionally write the kept samples into new shards (runfolder/reshard.py) and a report (wdsfilter/report/).
+and optionally write the kept samples into new shards (runfolder/reshard.py) and a report
+(wdsfilter/report/): write.py, imported only when something may be written.
 
     from wdsfilter.filtering import filter_scores
     result = filter_scores("scores/", top_shares={"clip_score": 30}, max_scores={"ocr_area": 0.2},
@@ -12,43 +13,20 @@ number of rows.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 from ..runfolder import ScoredShard, ScoreRun, quantile  # its IN_MEMORY_ROWS read at each call (tests lower it)
-from ..runfolder.names import FILTER_REPORT, THRESHOLDS
-from ..runfolder.lease import Lease
+from ..runfolder.names import FILTER_REPORT, REPORT
 from ..runfolder.judge import FilterResult, count_run, read_shard_table
-from ..runfolder.reader import check_sources
 from ..runfolder.shares import check_present
-from ..stream.config import StageConfig
 from ..core.progress import Passes
 from ..core.selection import Selection, selection_of, warn_renamed
-from .rules import resolve_selection, write_thresholds
-from ..storage.writing import check_output_dir, check_output_file, refuse_writing_into_inputs
-from .uids import check_export, export_kept_uids
-from ..report.collect import ReportCollector
-from ..report.page import write_report
+from .rules import resolve_selection
 from ..core.errors import ConfigError
 from ..storage.remote import is_fsspec_url  # a bucket's folder by its URL (not abspath's)
-from ..runfolder.reshard import REPORT, Resharder, reshard_run  # REPORT: one of the files filter owns in OUT, never one of the user's replaced
 from ..runfolder.tables import format_for, in_threads
-
-
-def _check_outputs(run: ScoreRun, scores_dir: str, write_shards: Optional[str], report: Optional[str],
-                   allow_pipe: bool, allow_remote: bool, export_uids: Optional[str] = None) -> None:
-    """What filter writes can be written, and the sources it reads again may be: before any work."""
-    if export_uids is not None:
-        check_export(export_uids, run)
-    if write_shards is not None:  # a bucket's folder too (reshard.Resharder.lock)
-        check_output_dir(write_shards, "--write-shards")
-        refuse_writing_into_inputs(write_shards, [s.url for s in run.shards])
-    if report is not None:
-        check_output_file(report, "--report")
-    if write_shards is not None or report is not None:  # the sources are read again: refused before any work
-        check_sources([s.url for s in run.shards], allow_pipe, allow_remote, scores_dir)
 
 
 # The old keywords of filter_scores (the flags' texts, and thresholds= a Thresholds), taken with a
@@ -71,7 +49,7 @@ class FilterOptions:
     source_root: Optional[str] = None
     allow_pipe: bool = False
     allow_remote: bool = False
-    stream_idle_seconds: float = StageConfig.stream_idle_seconds
+    stream_idle_seconds: Optional[float] = None  # None: StageConfig's (write.idle_seconds)
     unique_keys: bool = False
     interleave: int = 0
     export_uids: Optional[str] = None
@@ -118,7 +96,7 @@ def filter_scores(scores_dir: str, selection: Optional[Selection] = None, *, wri
                   report: Optional[str] = "", save: bool = False, overwrite: bool = False,
                   echo: Optional[Callable[[str], None]] = None, save_thresholds: bool = True,
                   source_root: Optional[str] = None, allow_pipe: bool = False, allow_remote: bool = False,
-                  stream_idle_seconds: float = StageConfig.stream_idle_seconds, shard_echo: Optional[Callable] = None,
+                  stream_idle_seconds: Optional[float] = None, shard_echo: Optional[Callable] = None,
                   unique_keys: bool = False, interleave: int = 0, export_uids: Optional[str] = None,
                   min_scores: Optional[dict] = None, max_scores: Optional[dict] = None,
                   top_shares: Optional[dict] = None, bottom_shares: Optional[dict] = None,
@@ -139,7 +117,8 @@ def filter_scores(scores_dir: str, selection: Optional[Selection] = None, *, wri
     where the folder says. allow_pipe, allow_remote: read source shards that are `pipe:` commands
     or remote URLs again (for write_shards and the report's thumbnails); what the score folder says
     (run.json) never allows them. stream_idle_seconds: such a source that sends nothing this long
-    is killed (0: never), as in every other read of a shard (shards.IdleGuard). progress: a
+    is killed (0: never; None: StageConfig's default), as in every other read of a shard
+    (shards.IdleGuard). progress: a
     progress line on stderr (wdsfilter/progress.py) while the score files are counted and while
     the shards are written (the CLI's default; off here)."""
     echo = echo or (lambda line: None)
@@ -153,13 +132,14 @@ def filter_scores(scores_dir: str, selection: Optional[Selection] = None, *, wri
                          unique_keys=unique_keys, interleave=interleave, export_uids=export_uids, progress=progress)
     run = ScoreRun.open(scores_dir, source_root)  # not a score folder: say so, before its report path is judged
     report = opts.report_path(scores_dir)
-    if not dry_run and (write_shards is not None or report is not None):
-        run.require_sources()  # sources only where the run's own record names them
-    if not dry_run:  # an output that cannot be written is a usage error, found before any work
-        _check_outputs(run, scores_dir, write_shards, report, allow_pipe, allow_remote, export_uids)
-    with _score_folder_lease(scores_dir, writes_there=opts.writes_into(scores_dir, report)), \
+    if dry_run:  # a count: the write side (report, resharder, lease) is not even imported (tools/bench_filter.py)
+        with Passes(progress) as passes:
+            return _filter_run(run, scores_dir, selection, report, opts, passes)
+    from . import write
+    write.check_outputs(run, scores_dir, report, opts)  # an output that cannot be written: before any work
+    with write.score_folder_lease(scores_dir, writes_there=opts.writes_into(scores_dir, report)), \
             Passes(progress) as passes:
-        return _filter_run(run, scores_dir, selection, report, opts, echo, shard_echo, passes)
+        return _filter_run(run, scores_dir, selection, report, opts, passes, write.Writes(echo, shard_echo))
 
 
 def _inside(path: Optional[str], folder: str) -> bool:
@@ -168,80 +148,29 @@ def _inside(path: Optional[str], folder: str) -> bool:
     return os.path.dirname(os.path.abspath(path)) == os.path.abspath(folder)
 
 
-def _score_folder_lease(scores_dir: str, writes_there: bool):
-    """The score folder's lease while filter writes into it (thresholds.json, filter_report.html):
-    refused while a score run (or a worker of a joined run) holds the folder, and every write
-    fenced on a local disk, as score's and dedup's are (runfolder/lease.py). In a bucket the lease
-    excludes a score run as well; the one-object writes there are not conditional on it."""
-    if not writes_there:
-        return contextlib.nullcontext()
-
-    @contextlib.contextmanager
-    def held():
-        with Lease(scores_dir, command="filter", option="RUN") as lease:
-            if not is_fsspec_url(scores_dir):
-                lease.guard([scores_dir])
-            yield
-    return held()
-
-
 def _filter_run(run: ScoreRun, scores_dir: str, selection: Selection, report: Optional[str], opts: FilterOptions,
-                echo, shard_echo, passes: Passes) -> FilterResult:
+                passes: Passes, writes=None) -> FilterResult:
     """filter_scores once its options are checked (under the score folder's lease when it writes
-    there): plan (the rules resolved), count, write; each pass on its progress line (`passes`)."""
-    dry_run = opts.dry_run
+    there): plan (the rules resolved), count, then, unless a dry run, what `writes`
+    (write.Writes) writes; each pass on its progress line (`passes`)."""
     counting = passes.start("counting", "score files", total=len(run.shards))
     # Counted column-wise (no report, no --dedup): each score file read once, its threshold columns
     # held for the shares too (judge.ShardTable), instead of a read to resolve and one to count.
-    tables = _read_tables(run, selection, counting) if not selection.dedup and (report is None or dry_run) else None
+    tables = _read_tables(run, selection, counting) if not selection.dedup and (report is None or writes is None) \
+        else None
     held = ({c: [t.numbers[c] for t in tables] for c in selection.numeric_columns()}
             if tables is not None and all(t is not None for t in tables) else None)
     resolved = resolve_selection(selection, run, held=held)  # every rule resolved, shares included; dedup's marks
     thresholds, marks = resolved.thresholds, resolved.marks
     result = FilterResult(scores_dir=scores_dir, thresholds=thresholds, shards=len(run.shards),
-                          unfinished=run.unfinished, dry_run=dry_run, selection=resolved.selection)
+                          unfinished=run.unfinished, dry_run=writes is None, selection=resolved.selection)
     result.counts = [{"kept": 0, "dropped": 0, "no_score": 0} for _ in thresholds]
-    collector = None
-    if report is not None and not dry_run:
-        collector = ReportCollector(run, thresholds, opts.allow_pipe, opts.allow_remote, opts.stream_idle_seconds)
+    collector = writes.collector(run, thresholds, report, opts) if writes is not None else None
     count_run(run, thresholds, collector, marks, result, tables, counting if tables is None else None)  # else counted there
     passes.end(counting)
-    if dry_run:
-        return result
-    if opts.export_uids is not None:
-        result.uids = export_kept_uids(opts.export_uids, run, thresholds, marks)
-    if opts.save_thresholds and (opts.save or opts.write_shards is not None):
-        result.files["thresholds (loader keyword arguments)"] = write_thresholds(
-            os.path.join(scores_dir, THRESHOLDS), resolved.selection)
-    if opts.write_shards is not None:
-        _write_shards(run, resolved, result, opts, report, echo, shard_echo, passes)
-    if collector is not None:
-        result.files["report"] = write_report(collector.finish(result), report)
+    if writes is not None:
+        writes.write(run, resolved, result, opts, report, collector, passes)
     return result
-
-
-def _write_shards(run: ScoreRun, resolved, result: FilterResult, opts: FilterOptions, report: Optional[str],
-                  echo, shard_echo, passes: Passes):
-    """The kept samples into new shards of N (runfolder/reshard.py), the rules beside them (thresholds.json)."""
-    scores_dir, write_shards, samples_per_shard = result.scores_dir, opts.write_shards, opts.samples_per_shard
-    writer = Resharder(write_shards, samples_per_shard, opts.prefix, run.stage.get("rekey", "first-dot"),
-                       opts.allow_pipe, opts.allow_remote, opts.stream_idle_seconds, shard_echo, opts.unique_keys,
-                       opts.interleave,
-                       writes_report=report is not None and _same_path(report, default_report(scores_dir, write_shards)))
-    with writer.lock():
-        def progress(kept: int):
-            return passes.start("writing shards", "samples", total=kept, parts=-(-kept // samples_per_shard))
-        result.sizes = reshard_run(run, scores_dir, resolved.thresholds, resolved.marks, writer, overwrite=opts.overwrite,
-                                   kept=result.kept, echo=echo, shown=write_shards, progress=progress)
-        passes.end(writer.progress)
-        if opts.save_thresholds:  # beside the shards: the loader call that keeps what they hold
-            write_thresholds(os.path.join(writer.out, THRESHOLDS), resolved.selection)
-    result.files["shards"] = write_shards
-
-
-def _same_path(a: str, b: str) -> bool:
-    return a.rstrip("/") == b.rstrip("/") if is_fsspec_url(a) or is_fsspec_url(b) else \
-        os.path.abspath(a) == os.path.abspath(b)
 
 
 def default_report(scores_dir: str, write_shards: Optional[str], save: bool = True) -> Optional[str]:
@@ -277,9 +206,28 @@ def _read_tables(run: ScoreRun, spec: Selection, progress=None) -> Optional[list
             progress.update()
         return table
     columns = spec.numeric_columns()
-    tables = in_threads(read, run.shards)
+    tables = in_threads(read, run.shards, threads=0 if _large_files(run) else 1)
     # resolve() checks every file's column types (check_selection; the footers read by now): a column
     # that does not hold numbers in one file made its table None, and is named there
     if left[0] < 0 and progress is not None:
         progress.n = 0  # counted again, one by one (count_run)
     return None if left[0] < 0 else tables
+
+
+# Reading in threads pays where pyarrow's decoding (which releases the GIL) outweighs each file's
+# Python (the open, the footer, the float64 copies), which holds it. Measured with a free core
+# (tools/bench_filter.py, load ~2): 400 files of 10 k rows (~250 KB) in two threads took the same
+# wall time as in one and 60% more CPU; 400 files of 100 k rows (~2.3 MB), two threads cut the
+# reads' wall time by a third for 5% more CPU.
+THREADED_FILE_BYTES = 1 << 20
+
+
+def _large_files(run: ScoreRun) -> bool:
+    """The run's score files average THREADED_FILE_BYTES or more (their sizes on disk)."""
+    total = 0
+    for s in run.shards:
+        try:
+            total += os.path.getsize(s.score_file)
+        except OSError:
+            pass  # its read names the problem
+    return total >= THREADED_FILE_BYTES * len(run.shards)

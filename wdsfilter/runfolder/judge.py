@@ -21,7 +21,7 @@ from .keep import keep_reason, KEPT_STATUSES
 from .reader import ScoredShard, ScoreRun
 from .shares import Threshold, bounds  # noqa: F401 - judged here, resolved there
 from .tables import format_for, in_threads, read_batches
-from .parquet import check_schema, float_values, open_parquet, parquet_errors, unique_keys
+from .parquet import ColumnFile, float_values, parquet_errors
 
 DUPLICATE = "duplicate key in shard"
 
@@ -140,14 +140,14 @@ class ShardTable:
     file once into these, resolves its shares from `numbers` and counts from them."""
     rows: int
     first_seen: List[Tuple[int, str, int]]  # (first row, reason, rows) of the drops before the thresholds
-    open_rows: object  # bool numpy array: rows still kept after status and duplicate keys
+    open_rows: object  # bool numpy array: rows still kept after status and duplicate keys; None: every row
     numbers: Dict[str, object]  # threshold column -> float64 numpy array, NaN where missing
 
     def count(self, thresholds: Sequence) -> ShardCounts:
         """ShardCounts of this file against resolved thresholds (rules.Threshold)."""
         import numpy as np
         n = self.rows
-        open_rows, first_seen = self.open_rows.copy(), list(self.first_seen)
+        open_rows, first_seen = self.open_rows, list(self.first_seen)
         out = ShardCounts(rows=n)
         for t in thresholds:
             values = self.numbers[t.column]
@@ -156,14 +156,19 @@ class ShardTable:
                 passes = values >= t.value if t.minimum else values <= t.value
             kept, no_score = int(np.count_nonzero(passes)), int(np.count_nonzero(missing))
             out.thresholds.append({"kept": kept, "dropped": n - kept - no_score, "no_score": no_score})
-            failing = open_rows & ~passes
-            for rows, value in ((failing & missing, None), (failing & ~missing, True)):
-                count = int(np.count_nonzero(rows))
+            if open_rows is None:  # every row still open: the failing rows are the missing ones and the rest
+                drops = [(missing, None, no_score), (~(passes | missing), True, n - kept - no_score)]
+                open_rows = passes
+            else:
+                failing = open_rows & ~passes
+                drops = [(failing & missing, None, None), (failing & ~missing, True, None)]
+                open_rows = open_rows & passes
+            for rows, value, count in drops:
+                count = int(np.count_nonzero(rows)) if count is None else count
                 if count:
                     i = int(np.argmax(rows))
                     first_seen.append((i, t.bound.drop_reason(None if value is None else values[i].item()), count))
-            open_rows &= passes
-        out.kept = int(np.count_nonzero(open_rows))
+        out.kept = n if open_rows is None else int(np.count_nonzero(open_rows))
         out.reasons = [(reason, rows) for _, reason, rows in sorted(first_seen, key=lambda x: x[0])]
         return out
 
@@ -182,43 +187,40 @@ def _read_shard_table(path: str, columns: Sequence[str]) -> Optional[ShardTable]
 
     # a Parquet file of another schema is the reader's one-line error (check_schema); strings as
     # codes: no Python str per row; the footer read by this open (once)
-    pf = open_parquet(path, dictionary=["key", "status", "reason"])
-    schema = check_schema(path)  # the footer's, as checked (kept: pf.schema_arrow converts it again)
+    file = ColumnFile(path, dictionary=["key", "status", "reason"])
     # The keys are read only when the writer did not record that none repeats (most of the read),
     # the status only when the footer's statistics do not say every row has one kept status.
-    read_keys = not unique_keys(path)
-    by_footer = _footer_all_kept(pf.metadata, schema)
+    read_keys = not file.unique_keys
+    by_footer = _footer_all_kept(file.metadata, file.schema)
     # (with the status, its reason: what a row not kept is dropped for, in the same read)
-    wanted = list(dict.fromkeys([*(["key"] if read_keys else []), *([] if by_footer else ["status", "reason"]),
-                                 *columns]))
-    wanted = wanted or ["status"]
-    present = set(schema.names)
-    table = pf.read(columns=[c for c in wanted if c in present], use_threads=False)
-    n = table.num_rows
-    if read_keys and ("key" not in table.column_names or table.column("key").null_count):
+    wanted = [*(["key"] if read_keys else []), *([] if by_footer else ["status", "reason"]), *columns]
+    table = file.read(wanted or ["status"])
+    n = file.metadata.num_rows
+    if any(len(c) != n for c in table.values()):
+        return None  # rows the footer does not count: the row by row way names the damage
+    if read_keys and ("key" not in table or table["key"].null_count):
         return None  # rows without a key: judge_shard's own way (each such row a duplicate of the first)
-    if "reason" in table.column_names and not _is_dictionary(table.column("reason")):
+    if "reason" in table and not _is_dictionary(table["reason"]):
         return None  # reasons that are not strings (not what `wdsfilter score` writes): row by row
-    if any(table.column(c).num_chunks > 1 for c in ("key", "status", "reason") if c in table.column_names):
-        table = table.unify_dictionaries()  # one dictionary per column for _codes
+    for c in ("key", "status", "reason"):
+        if c in table and table[c].num_chunks > 1:
+            table[c] = table[c].unify_dictionaries()  # one dictionary per column for _codes
     first_seen: List[Tuple[int, str, int]] = []  # (first row, reason, rows)
     # A key repeated in a shard is judged once, at its first row (as judge_shard does).
-    open_rows = np.ones(n, dtype=bool)
+    open_rows = None  # every row (no array for the common case: unique keys, every status kept)
     keys, names = _codes(table, "key", n) if read_keys else (None, None)
     if read_keys and (names is None or len(names) < n):
-        open_rows[:] = False
+        open_rows = np.zeros(n, dtype=bool)
         open_rows[np.unique(keys, return_index=True)[1]] = True
         first_seen.append((int(np.argmin(open_rows)), DUPLICATE, int(n - open_rows.sum())))
-    if by_footer or _all_kept(table):  # every status this file holds keeps its row: no code per row looked at
-        usable, not_kept = True, ()
-    else:
+    if not (by_footer or _all_kept(table, n)):  # else every status this file holds keeps its row
         status, values = _codes(table, "status", n)
         values = values.to_pylist() if values is not None else []  # a few distinct statuses
         usable = np.isin(status, [i for i, v in enumerate(values) if v in KEPT_STATUSES])
-        not_kept = np.flatnonzero(open_rows & ~usable)
-    if len(not_kept):  # rows not kept by their status: the one rule's reason, once per distinct (status, reason)
-        first_seen += _status_drops(not_kept, status[not_kept], values, table, n)
-    open_rows &= usable
+        not_kept = np.flatnonzero(~usable if open_rows is None else open_rows & ~usable)
+        if len(not_kept):  # rows not kept by their status: the one rule's reason, once per distinct (status, reason)
+            first_seen += _status_drops(not_kept, status[not_kept], values, table, n)
+        open_rows = usable if open_rows is None else open_rows & usable
     numbers = {c: _numbers(table, c, n) for c in dict.fromkeys(columns)}
     return ShardTable(n, first_seen, open_rows, numbers)
 
@@ -244,12 +246,12 @@ def _footer_all_kept(metadata, schema) -> bool:
     return True
 
 
-def _all_kept(table) -> bool:
+def _all_kept(table: dict, n: int) -> bool:
     """No row's status is null and every value of the status dictionaries is a kept status."""
-    if "status" not in table.column_names:
-        return table.num_rows == 0
+    if "status" not in table:
+        return n == 0
     import pyarrow as pa
-    column = table.column("status")
+    column = table["status"]
     return pa.types.is_dictionary(column.type) and column.null_count == 0 and all(v in KEPT_STATUSES for c in column.chunks
                                           for v in c.dictionary.to_pylist())
 
@@ -284,7 +286,7 @@ def _codes(table, column: str, n: int):
     dictionaries unified."""
     import numpy as np
 
-    chunks = table.column(column).chunks if column in table.column_names else []
+    chunks = table[column].chunks if column in table else []
     if not chunks:  # no such column (or no rows): every row null
         return np.full(n, np.nan), None
     codes = np.concatenate([float_values(c.indices) for c in chunks])
@@ -295,9 +297,9 @@ def _numbers(table, column: str, n: int):
     """The column as float64, a missing value (null, NaN, no such column) as NaN."""
     import numpy as np
 
-    if column not in table.column_names:
+    if column not in table:
         return np.full(n, np.nan)
-    return float_values(table.column(column))  # as the quantile reads them (read_numbers)
+    return float_values(table[column])  # as the quantile reads them (read_numbers)
 
 
 def drop_reason(row: dict, thresholds: Sequence[Threshold]) -> Optional[str]:

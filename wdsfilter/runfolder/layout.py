@@ -30,7 +30,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 from ..storage.atomic import write_json, check_guards, temporary_path
 from ..core.errors import ConfigError
 from ..core.publish import published
-from ..storage.shards import absolute_url, is_local, local_path, split_suffix
+from ..storage.shardurls import absolute_url, is_local, local_path, split_suffix
 from .names import DONE, RUN_JSON, SCORES, SHARDS_FILE
 from .tables import FORMATS, WRITER_META, DamagedRunFolder, damaged, format_for
 

@@ -299,12 +299,11 @@ def _remember(version: Optional[tuple], metadata) -> list:
 def _footer(path: str) -> list:
     """[FileMetaData, None or the Arrow schema check_schema accepted], read once per version of
     the file (path, size, modification time); DamagedRunFolder when it is not Parquet."""
-    import pyarrow.parquet as pq
     version = _version(path)
     entry = _FOOTERS.get(version) if version else None
     if entry is None:
-        try:
-            entry = _remember(version, pq.read_metadata(audited(path)))
+        try:  # (pq.read_metadata's reader, without importing pyarrow.parquet: a count never needs it)
+            entry = _remember(version, _reader(audited(path), None, ()).metadata)
         except parquet_errors() as e:
             raise damaged(path, f"not a Parquet file: {type(e).__name__}: {e}") from None
     return entry
@@ -347,10 +346,69 @@ def open_parquet(path: str, dictionary: Sequence[str] = ()):
     return pf
 
 
+class ColumnFile:
+    """One Parquet score file opened once to read whole columns (filter's count: judge.ShardTable):
+    its footer (read by this open unless kept from an earlier one), the schema check_schema
+    accepted, what its writer recorded, and `read`, its columns in one read without threads (then
+    the file is closed). One stat and one open a file; pyarrow's reader without ParquetFile's
+    filesystem resolution and nested-path index, which cost as much as the read of a shard's score
+    column (400 files: tools/bench_filter.py). DamagedRunFolder when it is not a score file."""
+
+    def __init__(self, path: str, dictionary: Sequence[str] = ()):
+        version = _version(path)
+        entry = _FOOTERS.get(version) if version else None
+        self.path = path
+        try:
+            try:
+                self._reader = _reader(audited(path), entry[0] if entry else None, dictionary)
+            except KeyError:  # pyarrow refuses a `dictionary` column the file lacks: opened again without it
+                entry = entry or _footer(path)
+                names = set(entry[0].schema.names)
+                if all(c in names for c in dictionary):
+                    raise
+                self._reader = _reader(audited(path), entry[0], [c for c in dictionary if c in names])
+        except parquet_errors() as e:
+            raise damaged(path, f"{'' if entry else 'not a Parquet file: '}{type(e).__name__}: {e}") from None
+        if entry is None:
+            entry = _remember(version, self._reader.metadata)
+        self.metadata = entry[0]
+        self.schema = _checked_schema(path, entry)
+
+    @property
+    def unique_keys(self) -> bool:
+        """The writer recorded that no key of the file repeats (KEYS_META)."""
+        return (self.schema.metadata or {}).get(KEYS_META.encode()) == UNIQUE_KEYS.encode()
+
+    def read(self, columns: Sequence[str]) -> Dict[str, Any]:
+        """Column name -> Arrow ChunkedArray of the `columns` the file has, in one read."""
+        names = [c for c in dict.fromkeys(columns) if c in self.schema.names]
+        try:
+            table = self._reader.read_all([self._reader.column_name_idx(c) for c in names], use_threads=False)
+        except parquet_errors() as e:
+            raise damaged(self.path, f"{type(e).__name__}: {e}") from None
+        finally:
+            self._reader.close()
+        return dict(zip(names, table.columns))
+
+
+def _reader(source: str, metadata, dictionary: Sequence[str]):
+    """pyarrow's Parquet reader of `source` (the one ParquetFile holds), pre_buffer off as in
+    open_parquet. pyarrow._parquet alone: pyarrow.parquet's import (its filesystems, ~15 ms) is
+    more than a count's reads of a small run need."""
+    from pyarrow._parquet import ParquetReader
+    reader = ParquetReader()
+    reader.open(source, metadata=metadata, read_dictionary=list(dictionary) or None, pre_buffer=False)
+    return reader
+
+
 def check_schema(path: str):
     """The Arrow schema of a Parquet score file; DamagedRunFolder when it is not Parquet or lacks
     a base field with its type (a Parquet file of another schema put in its place)."""
-    entry = _footer(path)
+    return _checked_schema(path, _footer(path))
+
+
+def _checked_schema(path: str, entry: list):
+    """check_schema of the footer `entry` (_footer's) of `path`."""
     if entry[1] is not None:  # this version of the file was checked already
         return entry[1]
     try:

@@ -160,7 +160,7 @@ def share_of_chunks(chunks, percent: float, top: bool) -> Tuple[float, int, int]
     step = max(1, total // SAMPLE)
     sample = np.concatenate([c[::step] for c in chunks] or [np.empty(0)])
     sample = np.sort(sample[~np.isnan(sample)])
-    counted = [(int(np.count_nonzero(~np.isnan(c))), c) for c in chunks]
+    counted = [(len(c) - int(np.count_nonzero(np.isnan(c))), c) for c in chunks]
     n = sum(m for m, _ in counted)
     if not n:
         return math.nan, 0, 0

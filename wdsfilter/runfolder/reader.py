@@ -19,7 +19,7 @@ from .remote_out import pulled
 from ..core.thresholds import is_number
 from .tables import BASE_FIELDS, NUMERIC_TYPES, DamagedRunFolder, format_for, read_batches, table_columns
 from ..storage.remote import is_fsspec_url, redact_url
-from ..storage.shards import is_pipe, is_remote
+from ..storage.shardurls import is_pipe, is_remote
 
 
 PERMISSIONS = ("allow_pipe", "allow_remote")

@@ -44,13 +44,18 @@ log = logging.getLogger("wdsfilter")
 class Run:
     """One scoring run's shards, scorers, state and summary; no model is loaded here."""
 
-    def __init__(self, shards, cfg: ScoreConfig, echo: Optional[Callable[[str], None]] = None, engine: str = "local"):
+    def __init__(self, shards, cfg: ScoreConfig, echo: Optional[Callable[[str], None]] = None, engine: str = "local",
+                 check_devices: Optional[Callable[[ScoreConfig], None]] = None):
         """The run set up, in order: its shards; the checks that need no model; the run folder
         taken (its lease); the run state read (what is left to score, the first shard's keys);
         the scorers resolved; the run recorded on disk (run.json, run.yaml). `engine`: the name
-        (engines.ENGINES) run.yaml gives, so a replay runs on the same engine."""
+        (engines.ENGINES) run.yaml gives, so a replay runs on the same engine. `check_devices`: the
+        engine's check of the devices it will score on (ConfigError), run once torch is imported
+        and before the scorers are (a CUDA device asked for and absent answers without importing
+        open_clip)."""
         refuse_in_spawned_worker()
         self.cfg = cfg
+        self.check_devices = check_devices
         self.echo = echo or (lambda text: None)
         self.urls = self._shard_urls(shards, cfg)
         # The checks that need no model come first: a wrong scorer name, output folder or caption
@@ -126,6 +131,8 @@ class Run:
             names = [s if isinstance(s, str) else getattr(s, "name", type(s).__name__) for s in cfg.scorers]
             self.echo(f"{len(self.todo)} shard(s) to score; loading {', '.join(names)} and measuring a probe batch")
         require("torch", "scoring")  # before a scorer's own import asks for it less plainly
+        if self.check_devices is not None and (self.todo or cfg.dry_run):  # as the engine will use them
+            self.check_devices(cfg)
         self.scorers = resolve_scorers(cfg)
         self.columns = score_columns(self.scorers)
         # The model side gets its own copies: a loaded model must never be pickled into a

@@ -21,30 +21,17 @@ from ..core.errors import ConfigError, UnsafeInputError, RunError, Terminated
 from .remote import is_fsspec_url, list_shards, redact_url
 from .remote_options import RemoteOptions
 from .remote_read import common_access_failure, open_remote
+from .shardurls import (REMOTE_SCHEMES, SHARD_SUFFIXES, absolute_url, is_local, is_pipe, is_remote,  # noqa: F401
+                        local_path, shard_stem, split_suffix, web_path)  # what a URL is: their home
 
-SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 # A brace pattern naming more shards than this is a mistake (x-{0..99999999}.tar): refused before
 # it is expanded, since braceexpand materialises every range it multiplies.
 MAX_BRACE_URLS = 1_000_000
-REMOTE_SCHEMES = ("http://", "https://", "s3://", "gs://", "gcs://", "hf://", "ais://")
-
-
-def is_pipe(url: str) -> bool:
-    return url.startswith("pipe:")
-
-
-def is_remote(url: str) -> bool:
-    return url.startswith(REMOTE_SCHEMES)
 
 
 def runs_command(url: str) -> bool:
     """A pipe: command, or a remote URL webdataset fetches with a command (ais://): read once only."""
     return is_pipe(url) or (is_remote(url) and not is_fsspec_url(url))
-
-
-def is_local(url: str) -> bool:
-    """A path on this machine (or file:PATH), not a pipe: command or a remote URL."""
-    return not (is_pipe(url) or is_remote(url))
 
 
 def _check_allowed(url: str, allow_pipe: bool, allow_remote: bool) -> None:
@@ -164,13 +151,6 @@ def _on_disk(path: str) -> str:
     if path.startswith(("pipe:", "file:")) or is_remote(path):
         return os.path.join(".", path)
     return path
-
-
-def web_path(url: str) -> str:
-    """An http(s) URL without its query string (a presigned URL's signature): the part that names
-    the object, where its shard suffix is, and the only part that could hold a glob. Other URLs
-    and paths are returned as they are."""
-    return url.split("?", 1)[0] if url.lower().startswith(("http://", "https://")) else url
 
 
 def shown_url(url: str) -> str:
@@ -330,29 +310,3 @@ def close_shard(stream) -> None:
         raise OSError(f"exit status {status}")
     if getattr(stream, "stalled", None):  # killed by IdleGuard, whatever status its kill left
         raise OSError(stream.stalled)
-
-
-def split_suffix(url: str) -> Tuple[str, str]:
-    """'a/b/00.tar.gz' -> ('00', '.tar.gz'): the shard's file name and its shard suffix ('.tar'
-    when it has none of SHARD_SUFFIXES). The stem names a shard's outputs (score file, marker,
-    stats file, filtered copy)."""
-    base = os.path.basename(web_path(url).rstrip("/"))
-    for suffix in sorted(SHARD_SUFFIXES, key=len, reverse=True):
-        if base.endswith(suffix):
-            return base[: -len(suffix)], suffix
-    return base, ".tar"
-
-
-def shard_stem(url: str) -> str:
-    return split_suffix(url)[0]
-
-
-def local_path(url: str) -> str:
-    """A local shard's path (without a `file:` prefix); pipe: and remote URLs are returned as is."""
-    return url[len("file:"):] if url.startswith("file:") else url
-
-
-def absolute_url(url: str) -> str:
-    """A local shard as an absolute path (what a Ray worker elsewhere, or `wdsfilter filter` run
-    from another folder, can open); pipe: and remote URLs unchanged."""
-    return os.path.abspath(local_path(url)) if is_local(url) else url

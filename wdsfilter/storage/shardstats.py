@@ -23,7 +23,7 @@ from typing import Dict, Iterable, Iterator, Optional
 
 from .atomic import write_json
 from .remote import read_object
-from .shards import is_local, is_remote, local_path, shard_stem
+from .shardurls import is_local, is_remote, local_path, shard_stem
 from .writing import write_text_atomic
 
 SIZES = "sizes.json"

@@ -14,7 +14,7 @@ from typing import Iterator, Optional, Sequence
 
 from . import atomic
 from ..core.errors import ConfigError, OutputError
-from .shards import is_local, local_path
+from .shardurls import is_local, local_path
 from .remote import check_output_url, is_fsspec_url, write_object
 from ..core.publish import redact_text
 

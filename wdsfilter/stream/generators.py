@@ -1,6 +1,6 @@
 """The random generators a user's transform may draw from (torch's CPU generator, Python's and numpy's
-global ones), seeded per sample, and the training loop's own state kept around the sample pipeline
-when it runs in the training loop's process (num_workers=0)."""
+global ones), seeded per sample, and the training loop's own state kept apart from the sample
+pipeline's when the pipeline runs in the training loop's process (num_workers=0)."""
 from __future__ import annotations
 
 import random
@@ -29,44 +29,67 @@ def seed_all(seed: int) -> None:
     np_random.seed(seed)
 
 
-class TrainingLoopState:
-    """What the sample pipeline must give back to a training loop it runs inside: the generators'
-    states, and torch's intra-op thread count, which the pipeline runs at 1, as torch sets it in a
-    DataLoader worker (a 224 px image's tensor ops split over the loop's threads cost several times
-    their work in OpenMP hand-offs, and far more on a loaded machine). Saved once per batch, around the
-    DataLoader's next(), rather than around each sample (numpy's get/set_state alone is ~100 us)."""
+def saved_states() -> tuple:
+    """The three generators' states, to give back with restore_states."""
+    cpu, np_random = generators()
+    return cpu.get_state(), random.getstate(), np_random.get_state()
 
-    def __init__(self):
-        self.saved: Optional[tuple] = None
+
+def restore_states(states: tuple) -> None:
+    cpu, np_random = generators()
+    cpu.set_state(states[0])
+    random.setstate(states[1])
+    np_random.set_state(states[2])
+
+
+class TrainingLoopState:
+    """The sample pipeline's generators and torch thread count, swapped in for the training loop's
+    around each batch the pipeline makes in the loop's process (num_workers=0), as a DataLoader
+    worker has its own:
+
+    - generators: the loop's are saved before the batch and given back after it, so what the loop
+      draws between batches is what it would draw without the loader; the pipeline's continue from
+      batch to batch (a tokenizer or collate_fn that draws gets new draws each batch), seeded once
+      per epoch from `seed` (SeededTransform seeds them per sample besides). Once per batch: numpy's
+      get/set_state alone is ~100 us, per sample it was ~7% of a 224 px sample's cost.
+    - threads: 1, as torch sets it in a DataLoader worker (a 224 px image's tensor ops split over
+      the loop's threads cost several times their work in OpenMP hand-offs, far more on a loaded
+      machine), the loop's count given back after. torch's thread count is per thread: iterate the
+      loader in the training thread (the generators are the process's: a second thread drawing
+      while a batch is made would see the pipeline's)."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+        self.pipeline: Optional[tuple] = None  # the pipeline's generator states after its last batch
+        self.loop: Optional[tuple] = None
+        self.threads = 1
 
     def __enter__(self):
         import torch
-        cpu, np_random = generators()
-        threads = torch.get_num_threads()
-        self.saved = cpu.get_state(), random.getstate(), np_random.get_state(), threads
-        if threads != 1:
+        self.loop, self.threads = saved_states(), torch.get_num_threads()
+        if self.pipeline is None:
+            seed_all(self.seed)
+        else:
+            restore_states(self.pipeline)
+        if self.threads != 1:
             torch.set_num_threads(1)
         return self
 
     def __exit__(self, *exc):
         import torch
-        cpu, np_random = generators()
-        state, python_state, numpy_state, threads = self.saved
-        cpu.set_state(state)
-        random.setstate(python_state)
-        np_random.set_state(numpy_state)
-        if torch.get_num_threads() != threads:
-            torch.set_num_threads(threads)
-        self.saved = None
+        self.pipeline = saved_states()
+        restore_states(self.loop)
+        self.loop = None
+        if torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)
         return False
 
 
-def batches_in_training_loop(dataloader, place):
-    """The batches of a DataLoader without workers, each made under TrainingLoopState; the pipeline's
-    SeededTransform then only seeds (`place.guarded`). Anything the loop draws between batches comes
-    from its own generators, as if no transform had drawn."""
+def batches_in_training_loop(dataloader, place, seed: int):
+    """The batches of a DataLoader without workers, each made under TrainingLoopState (seeded from
+    `seed`, the epoch's); the pipeline's SeededTransform then only seeds (`place.guarded`)."""
     iterator = iter(dataloader)  # torch draws its base seed from the loop's generator here, as without us
-    state = TrainingLoopState()
+    state = TrainingLoopState(seed)
     place.guarded = True
     try:
         while True:

@@ -12,7 +12,7 @@ from .config import StageConfig
 from ..core.errors import StarvationError
 from ..core.markers import MARKER
 from ..storage.shards import expand_urls
-from .generators import generators, seed_all
+from .generators import restore_states, saved_states, seed_all
 from .stages import decode_sample, sample_stages, watch
 from ..core.tally import StatsSink, Tally
 
@@ -158,15 +158,12 @@ class SeededTransform:
         if place.in_worker or place.guarded:
             seed_all(seed)
             return self.transform(image)
-        cpu, np_random = generators()
-        saved = cpu.get_state(), random.getstate(), np_random.get_state()
+        saved = saved_states()
         try:
             seed_all(seed)
             return self.transform(image)
         finally:
-            cpu.set_state(saved[0])
-            random.setstate(saved[1])
-            np_random.set_state(saved[2])
+            restore_states(saved)
 
 
 class PlacedSource(wds.PipelineStage):

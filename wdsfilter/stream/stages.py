@@ -370,9 +370,11 @@ def _watch(data: Iterable[dict], tally: Tally, sink=None, report_every: int = 25
             tally.waiting()  # the clock of starvation_seconds runs only while the stages work
         tally.check_starvation(stream_ended=True)
     finally:
-        # A generator left open is closed when the interpreter exits, after `open` is gone:
-        # a worker that is being torn down has no parent left to read the tally anyway.
-        if sink is not None and not sys.is_finalizing():
+        # A generator left open is closed when the interpreter exits, after `open` is gone (and
+        # the module's globals, `sys` among them, may be None by then): a worker that is being
+        # torn down has no parent left to read the tally anyway.
+        finalizing = getattr(sys, "is_finalizing", None)
+        if sink is not None and finalizing is not None and not finalizing():
             sink.write(tally)
 
 

@@ -42,7 +42,7 @@ class LocalEngine:
     lease, state, summary) and does the scoring: plan, decode workers, model workers."""
 
     def __init__(self, shards, cfg: ScoreConfig, echo: Optional[Callable[[str], None]] = None):
-        self.run = Run(shards, cfg, echo, engine="local")
+        self.run = Run(shards, cfg, echo, engine="local", check_devices=check_devices)
 
     # -- planning ---------------------------------------------------------------------------
     def _place_decoding(self, devices: List[str]) -> None:
@@ -206,6 +206,12 @@ class LocalEngine:
         if stage_tally is not None:
             outcome.stage_counts = {"dropped": dict(stage_tally.dropped), "notes": dict(stage_tally.notes)}
         return self.run.finish(outcome)
+
+
+def check_devices(cfg: ScoreConfig) -> None:
+    """--device/--gpus and --decode-device against the devices at hand, as _pool resolves them
+    (ConfigError): asked by the run once torch is imported, before the scorers import open_clip."""
+    decode_on_device(cfg.decode_device, resolve_devices(cfg))
 
 
 def decode_on_device(setting: str, devices: List[str]) -> bool:
