@@ -2,9 +2,10 @@
 GET, a small object read whole. botocore is what s3fs runs on (through aiobotocore); without the
 asyncio stack a command imports 0.14 s of a core instead of s3fs's 0.36 s (aiohttp's connector
 builds SSL contexts at import, aiobotocore imports httpx), a read needs no event-loop thread, and
-every client of the process tree parses botocore's service model once: the data loader is shared
-by the process's sessions and inherited by forked workers (a client then costs ~0.03 s, not the
-0.26 s of s3fs's two aiobotocore clients per worker). docs/dev.md has the measurements.
+botocore's service model is parsed once per process (one data loader for every session). Clients
+made before a fork (validate's pool: validate/runner.pool_context) are used by the forked workers,
+each with connections of its own, instead of the 0.26 s of CPU each worker spent on s3fs's two
+aiobotocore clients. docs/dev.md has the measurements.
 
 Used only where it reads exactly what s3fs would: storage options among OPTIONS (the rest, and any
 fsspec configuration for s3, keep s3fs), a key without `?`. The same AWS chain (botocore's own:
