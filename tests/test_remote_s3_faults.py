@@ -147,3 +147,27 @@ def test_retries_of_the_reads_before_scoring_are_counted_in_the_summary(s3, loca
     assert first == 0 and again <= 700
     assert summary.shards_failed == [] and summary.shards_scored == 3
     assert summary.stage_counts["notes"]["remote_retries"] == 1
+
+
+def test_a_bucket_sizes_json_that_cannot_be_read_is_left_as_it_was_not_merged_with_nothing(s3):
+    # sizes.json in a bucket is read, merged and put whole. A read that failed (access denied, a
+    # store that does not answer) was taken for "none": the other shards' entries were lost.
+    import json
+
+    import fsspec
+
+    from wdsfilter.core.errors import OutputError
+    from wdsfilter.storage.shardstats import read_sizes, update_sizes
+    proxy, urls, paths = s3
+    folder = urls[0].rsplit("/", 1)[0]
+    options = {"endpoint_url": proxy.url}
+    fs = fsspec.filesystem("s3", **options)
+    fs.pipe_file(f"{folder}/sizes.json", json.dumps({"a.tar": 5, "b.tar": 7}).encode())
+    path = paths[0].rsplit("/", 1)[0] + "/sizes.json"
+    proxy.fail(path, ("status", 403))
+    with pytest.raises(OutputError, match=r"sizes\.json could not be read .*left as it was"):
+        update_sizes(folder, {"c.tar": 3}, options)
+    assert json.loads(fs.cat_file(f"{folder}/sizes.json")) == {"a.tar": 5, "b.tar": 7}
+    proxy.fail(path, ("status", 403))
+    assert read_sizes(folder, options) == {}  # a reader skips it, as before
+    assert update_sizes(folder, {"c.tar": 3}, options) == {"a.tar": 5, "b.tar": 7, "c.tar": 3}

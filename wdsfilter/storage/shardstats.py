@@ -21,6 +21,8 @@ import os
 from contextlib import contextmanager
 from typing import Dict, Iterable, Iterator, Optional
 
+from ..core.errors import OutputError
+from ..core.urls import redact_url
 from .atomic import write_json
 from .remote import read_object
 from .shardurls import is_local, is_remote, local_path, shard_stem
@@ -69,19 +71,41 @@ def _folder_lock(folder: str) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def read_sizes(folder: str, storage_options=None) -> Dict[str, int]:
+def read_sizes(folder: str, storage_options=None, seconds: Optional[float] = None) -> Dict[str, int]:
     """The table in `folder`/sizes.json, a local folder or an s3://, gs:// URL's; {} when there is
-    none, it cannot be read or it is not a JSON object. The one reader of sizes.json."""
+    none, it cannot be read or it is not a JSON object. The one reader of sizes.json (`seconds`:
+    the remote read's bound, remote.read_object's)."""
+    try:
+        return _sizes_table(folder, storage_options, seconds)
+    except OSError:
+        return {}
+
+
+def _sizes_table(folder: str, storage_options=None, seconds: Optional[float] = None) -> Dict[str, int]:
+    """As read_sizes, but a sizes.json that is there and cannot be read (a store that does not
+    answer, access denied) raises its OSError: a writer must not take it for none and put back
+    only its own entries."""
     try:
         if is_remote(folder):
-            raw = read_object(folder.rstrip("/") + "/" + SIZES, storage_options)
+            raw = read_object(folder.rstrip("/") + "/" + SIZES, storage_options, seconds=seconds)
             data = json.loads(raw) if raw is not None else {}
         else:
             with open(os.path.join(folder, SIZES), "rb") as f:
                 data = json.load(f)
-    except (OSError, ValueError):
+    except FileNotFoundError:
+        return {}
+    except ValueError:  # not JSON: nothing in it to keep
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def _readable_sizes(folder: str, storage_options=None, seconds: Optional[float] = None) -> Dict[str, int]:
+    try:
+        return _sizes_table(folder, storage_options, seconds)
+    except OSError as e:
+        where = redact_url(folder.rstrip("/") + "/" + SIZES) if is_remote(folder) else os.path.join(folder, SIZES)
+        raise OutputError(f"{where} could not be read ({e}); it is left as it was rather than replaced by this "
+                          f"run's entries alone: check the store or the file's permissions and run again") from None
 
 
 def sizes_samples(urls: Iterable[str]) -> Optional[int]:
@@ -109,16 +133,19 @@ def sizes_samples(urls: Iterable[str]) -> Optional[int]:
     return total
 
 
-def update_sizes(folder: str, entries: Dict[str, Optional[int]], storage_options=None) -> Dict[str, int]:
+def update_sizes(folder: str, entries: Dict[str, Optional[int]], storage_options=None,
+                 seconds: Optional[float] = None) -> Dict[str, int]:
     """Set `entries` ({shard file name: samples}) in `folder`/sizes.json, keeping the other
     entries (None: remove that entry); returns the whole table. The one writer of sizes.json.
     `folder` may be an s3://, gs:// URL: an object store has no folder lock, so the object is read,
-    merged and put whole (the last writer wins)."""
+    merged and put whole (the last writer wins). A sizes.json that is there and cannot be read is
+    left as it is: an OutputError says so (merged with nothing, the other entries would be lost)."""
     if is_remote(folder):
-        table = {k: v for k, v in {**read_sizes(folder, storage_options), **entries}.items() if v is not None}
+        table = {k: v for k, v in {**_readable_sizes(folder, storage_options, seconds), **entries}.items()
+                 if v is not None}
         write_stats_file(folder.rstrip("/") + "/" + SIZES, table, storage_options)
         return table
     with _folder_lock(folder):
-        table = {k: v for k, v in {**read_sizes(folder), **entries}.items() if v is not None}
+        table = {k: v for k, v in {**_readable_sizes(folder), **entries}.items() if v is not None}
         write_json(os.path.join(folder, SIZES), dict(sorted(table.items())), fsync=True)
     return table

@@ -125,7 +125,7 @@ def validate_urls(urls: Sequence[str], options: ValidateOptions, progress: bool 
             bar.close()
     if any(is_remote(u) for u in urls):
         from .checks.remote_sizes import check_remote_sizes
-        check_remote_sizes(results, options.stage.storage_options)
+        check_remote_sizes(results, options.stage.storage_options, options.stage.remote_options().answer_seconds)
     return Report.build(results, options, time.perf_counter() - started)
 
 

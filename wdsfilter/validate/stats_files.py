@@ -69,6 +69,7 @@ def write_stats(report: Report, folder: str) -> List[str]:
         groups[os.path.dirname(web_path(r.shard))].append(r)
     written = []
     options = report.options.stage.storage_options
+    seconds = report.options.stage.remote_options().answer_seconds  # a remote read's bound, the user's
     remote = is_remote(folder)
     join = posixpath.join if remote else os.path.join
     for source, sub in _subfolders(list(groups)).items():
@@ -89,20 +90,20 @@ def write_stats(report: Report, folder: str) -> List[str]:
                         complete=complete, listed_findings=[f.to_dict() for f in r.findings])
             data["shard"] = shown_url(r.shard)  # published beside the shards: no password, no signed query
             path = join(out, stem + STATS_SUFFIX)
-            if _foreign(path, options):
+            if _foreign(path, options, seconds):
                 path = join(out, stem + BESIDE)
             written.append(_write_json(path, data, options))
             sizes[shard_basename(r.shard)] = r.samples if complete else None
-        update_sizes(out, sizes, options)  # merged as the shard writers merge it (under the folder lock)
+        update_sizes(out, sizes, options, seconds)  # merged as the shard writers merge it (under the folder lock)
         written.append(join(out, SIZES))
     return written
 
 
-def _read_dict(path: str, options=None) -> Optional[dict]:
+def _read_dict(path: str, options=None, seconds: Optional[float] = None) -> Optional[dict]:
     """The JSON object in `path`; {} when there is none or it is not one; None when no file is there."""
     try:
         if is_remote(path):
-            raw = read_object(path, options)
+            raw = read_object(path, options, seconds=seconds)
             if raw is None:
                 return None
             data = json.loads(raw)
@@ -116,10 +117,10 @@ def _read_dict(path: str, options=None) -> Optional[dict]:
     return data if isinstance(data, dict) else {}
 
 
-def _foreign(path: str, options=None) -> bool:
+def _foreign(path: str, options=None, seconds: Optional[float] = None) -> bool:
     """True when `path` exists and was not written by this validator (img2dataset's stats, or
     anything that is not our JSON): we must not overwrite it."""
-    data: Optional[dict] = _read_dict(path, options)
+    data: Optional[dict] = _read_dict(path, options, seconds)
     if data is None:
         return False
     ours = data.get("tool") == TOOL or ("listed_findings" in data and "schema_version" in data)
