@@ -366,7 +366,12 @@ def read_object(url: str, storage_options: Optional[Mapping] = None, limit: int 
         remote_s3.client(storage_options, timeout=seconds)
 
         def read() -> Optional[bytes]:
-            return remote_s3.read_whole(url, storage_options, limit, seconds)
+            try:
+                return remote_s3.read_whole(url, storage_options, limit, seconds)
+            except Exception as e:  # noqa: BLE001 - botocore's failures without an answer are no OSError
+                if isinstance(e, OSError) or no_credentials(e):
+                    raise
+                raise OSError(describe(e)) from e  # a store not reached: cannot be read, as s3fs says it
     else:
         fs, path = filesystem(url, storage_options)
 
