@@ -184,10 +184,10 @@ def test_transforms_draw_from_generators_seeded_per_sample_and_the_loops_are_kep
     assert torch.equal(after[0], loop_state[0]) and after[1] == loop_state[1] and (after[2] == loop_state[2]).all()
 
 
-def test_without_workers_batches_are_made_at_one_thread_and_the_loop_keeps_its_count(shards):
-    # num_workers=0: the batch is made at one torch thread, as in a DataLoader worker; the loop's
-    # count is given back before the loop sees the batch. The loop's draws between batches are those
-    # it would draw with no loader drawing at all.
+def test_without_workers_samples_are_made_at_one_thread_and_the_loop_keeps_its_count(shards):
+    # num_workers=0: the samples are made at one torch thread, as in a DataLoader worker, and stacked
+    # into a batch at the loop's count; the loop's count is given back before the loop sees the
+    # batch. The loop's draws between batches are those it would draw with no loader drawing at all.
     import random
 
     import numpy as np
@@ -197,12 +197,18 @@ def test_without_workers_batches_are_made_at_one_thread_and_the_loop_keeps_its_c
         seen_threads.append(torch.get_num_threads())
         return draws(img)
 
+    collating_threads = []
+
+    def collate(samples):  # the batch's one large copy is made at the loop's count
+        collating_threads.append(torch.get_num_threads())
+        return torch.stack([image for image, _ in samples])
+
     def loop(transform):
         torch.manual_seed(5)
         random.seed(6)
         np.random.seed(7)
         threads_between, loop_draws = [], []
-        for _batch in wdsfilter.loader(shards, batch_size=8, transform=transform, seed=11):
+        for _batch in wdsfilter.loader(shards, batch_size=8, transform=transform, seed=11, collate_fn=collate):
             threads_between.append(torch.get_num_threads())
             loop_draws.append((torch.rand(1).item(), random.random(), np.random.rand()))
         return loop_draws, threads_between
@@ -215,7 +221,7 @@ def test_without_workers_batches_are_made_at_one_thread_and_the_loop_keeps_its_c
     finally:
         torch.set_num_threads(threads)
     assert len(drawn) == 5 and drawn == quiet
-    assert threads_between == [3] * 5 and seen_threads == [1] * 40
+    assert threads_between == [3] * 5 and seen_threads == [1] * 40 and collating_threads == [3] * 10
 
 
 def test_without_workers_a_drawing_tokenizer_and_collate_draw_anew_each_batch_the_same_each_run(shards):

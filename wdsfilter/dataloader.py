@@ -20,7 +20,7 @@ from typing import Callable, Optional, Sequence
 from .stream.config import StageConfig, config_or_options
 from .core.errors import ConfigError, StarvationError, require
 from .stream.loaderstate import VERSION as STATE_VERSION, Progress, check_settings, check_state, settings
-from .stream.generators import batches_in_training_loop
+from .stream.generators import CollateAtLoopThreads, batches_in_training_loop
 from .stream.pipeline import Place, SeededTransform, sample_pipeline, set_epoch, worker_batches
 from .core.selection import DEPRECATED as DEPRECATED_RULES, Selection, selection_of
 from .storage.shardstats import sizes_samples
@@ -362,7 +362,7 @@ def build_loader(urls, config: StageConfig, opts: LoaderOptions) -> WdsLoader:
                                seed=opts.seed, extra=_output_stages(opts, place), sink=sink,
                                before_decode=_score_stages(opts, rules, tally, config.storage_options), cycle=epoch_samples is not None,
                                place=place)
-    pipeline.append(batched(opts.batch_size, _collate(opts), partial=not opts.drop_last))
+    pipeline.append(batched(opts.batch_size, CollateAtLoopThreads(_collate(opts), place), partial=not opts.drop_last))
     num_batches = num_samples = per_worker = None
     if epoch_samples is not None:
         # open_clip's rule (get_wds_dataset): batches per worker rounded up, the epoch is that many

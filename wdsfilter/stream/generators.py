@@ -52,14 +52,17 @@ class TrainingLoopState:
       batch to batch (a tokenizer or collate_fn that draws gets new draws each batch), seeded once
       per epoch from `seed` (SeededTransform seeds them per sample besides). Once per batch: numpy's
       get/set_state alone is ~100 us, per sample it was ~7% of a 224 px sample's cost.
-    - threads: 1, as torch sets it in a DataLoader worker (a 224 px image's tensor ops split over
-      the loop's threads cost several times their work in OpenMP hand-offs, far more on a loaded
-      machine), the loop's count given back after. torch's thread count is per thread: iterate the
-      loader in the training thread (the generators are the process's: a second thread drawing
-      while a batch is made would see the pipeline's)."""
+    - threads: 1 for the samples, as torch sets it in a DataLoader worker (a 224 px image's tensor
+      ops split over the loop's threads cost more in OpenMP hand-offs than they save: 1.6x the CPU
+      on an idle machine, several times the wall time on a loaded one); the batch's collation at the
+      loop's count (`place.loop_threads`, CollateAtLoopThreads: one 38 MB copy for 64 such images,
+      which threads do speed up); the loop's count given back after. torch's thread count is per
+      thread: iterate the loader in the training thread (the generators are the process's: a
+      second thread drawing while a batch is made would see the pipeline's)."""
 
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, place=None):
         self.seed = seed
+        self.place = place  # where the collation finds the loop's thread count
         self.pipeline: Optional[tuple] = None  # the pipeline's generator states after its last batch
         self.loop: Optional[tuple] = None
         self.threads = 1
@@ -71,6 +74,8 @@ class TrainingLoopState:
             seed_all(self.seed)
         else:
             restore_states(self.pipeline)
+        if self.place is not None:
+            self.place.loop_threads = self.threads
         if self.threads != 1:
             torch.set_num_threads(1)
         return self
@@ -80,6 +85,8 @@ class TrainingLoopState:
         self.pipeline = saved_states()
         restore_states(self.loop)
         self.loop = None
+        if self.place is not None:
+            self.place.loop_threads = 0
         if torch.get_num_threads() != self.threads:
             torch.set_num_threads(self.threads)
         return False
@@ -89,7 +96,7 @@ def batches_in_training_loop(dataloader, place, seed: int):
     """The batches of a DataLoader without workers, each made under TrainingLoopState (seeded from
     `seed`, the epoch's); the pipeline's SeededTransform then only seeds (`place.guarded`)."""
     iterator = iter(dataloader)  # torch draws its base seed from the loop's generator here, as without us
-    state = TrainingLoopState(seed)
+    state = TrainingLoopState(seed, place)
     place.guarded = True
     try:
         while True:
@@ -101,3 +108,22 @@ def batches_in_training_loop(dataloader, place, seed: int):
             yield item
     finally:
         place.guarded = False
+
+
+class CollateAtLoopThreads:
+    """A batch's collation at the training loop's torch thread count while the pipeline runs in the
+    loop's process at one (TrainingLoopState); as it is elsewhere (a worker's, or a bare pipeline's)."""
+
+    def __init__(self, collate, place):
+        self.collate, self.place = collate, place
+
+    def __call__(self, samples):
+        threads = self.place.loop_threads
+        if threads <= 1:
+            return self.collate(samples)
+        import torch
+        torch.set_num_threads(threads)
+        try:
+            return self.collate(samples)
+        finally:
+            torch.set_num_threads(1)

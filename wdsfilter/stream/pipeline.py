@@ -80,6 +80,7 @@ class Place:
         self.worker = 0
         self.in_worker = False  # the reader is a DataLoader worker (not the training loop's process)
         self.guarded = False  # the loader keeps the training loop's generators around each batch
+        self.loop_threads = 0  # meanwhile, the loop's torch thread count (the batch's collation takes it)
         self.rank: Optional[int] = None  # this reader's rank, read when a pass starts
         self.index = 0  # samples this reader passed to the user's transforms this epoch (replayed included)
         self.passes = 0  # passes over its shards this reader finished this epoch (cycle_shards)
