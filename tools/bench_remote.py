@@ -179,7 +179,10 @@ def compare_commands(label: str, prefix: str, tmp: str, endpoint: str, runs: int
     for name, t in times.items():
         print(f"  {label}: {name:15s} median {medians[name]:.2f} s ({', '.join(f'{x:.2f}' for x in t)})")
     for name in ("boto3+validate", "s5cmd+validate"):
-        print(f"{label}: ratio {name} / wdsfilter time = {medians[name] / medians['wdsfilter']:.2f} (goal >= 1.0)")
+        # issue 36's three goals; a small set against s5cmd (a Go binary that imports nothing) is not one
+        goal = "(not a goal: s5cmd starts as no Python client can)" if (label, name) == ("small", "s5cmd+validate") \
+            else "(goal >= 1.0)"
+        print(f"{label}: ratio {name} / wdsfilter time = {medians[name] / medians['wdsfilter']:.2f} {goal}")
         if before:
             print(f"{label}: ratio {name} / before time = {medians[name] / medians['before']:.2f}")
 
