@@ -33,6 +33,7 @@ FOREIGN = {
     "huggingface-cli": {"--repo-type", "--local-dir"},
     "curl": {"--speed-limit", "--speed-time"},  # what --remote-speed-limit/--remote-speed-time follow
     "DataComp's resharder.py": {"--subset-file"},
+    "py-spy record": {"--subprocesses"},  # how docs/dev.md's profiles were taken
 }
 OPTION = re.compile(r"(?<![\w-])(--?[a-zA-Z][\w-]*)")
 
