@@ -488,29 +488,37 @@ class LocalFileScorer(BrightnessScorer):
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# The command in-process behind a poisoned torch (sys.modules["torch"] = None: any import of it
-# raises), with its exit code and whether open_clip was imported written to a file.
+# The command in-process with some modules poisoned (sys.modules[name] = None: any import of them
+# raises), its exit code and which of WATCHED it imported written to a file.
+WATCHED = ("open_clip", "pyarrow", "pandas")
 DRIVER = """
 import json, sys
-sys.modules["torch"] = None
+for name in json.loads(sys.argv[2]):
+    sys.modules[name] = None
 from wdsfilter.cli import main
 code = 0
 try:
-    main(sys.argv[2:], prog_name="wdsfilter")
+    main(sys.argv[3:], prog_name="wdsfilter")
 except SystemExit as e:
     code = e.code
 with open(sys.argv[1], "w") as f:
-    json.dump({"code": code, "open_clip": "open_clip" in sys.modules}, f)
-"""
+    json.dump({"code": code, "loaded": [m for m in %r if sys.modules.get(m) is not None]}, f)
+""" % (WATCHED,)
+
+
+def run_with_blocked_imports(tmp_path, blocked, *args):
+    """(exit code, output, the modules of WATCHED imported) of `wdsfilter ARGS` with `blocked` unimportable."""
+    result = tmp_path / "result.json"
+    env = dict(os.environ, PYTHONPATH=_REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", DRIVER, str(result), json.dumps(list(blocked)), *args],
+                          capture_output=True, text=True, cwd=str(tmp_path), env=env, timeout=300)
+    outcome = json.loads(result.read_text())
+    return outcome["code"], proc.stdout + proc.stderr, outcome["loaded"]
 
 
 def run_without_torch(tmp_path, *args):
-    result = tmp_path / "result.json"
-    env = dict(os.environ, PYTHONPATH=_REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-c", DRIVER, str(result), *args], capture_output=True, text=True,
-                          cwd=str(tmp_path), env=env, timeout=300)
-    outcome = json.loads(result.read_text())
-    return outcome["code"], proc.stdout + proc.stderr, outcome["open_clip"]
+    code, output, loaded = run_with_blocked_imports(tmp_path, ("torch",), *args)
+    return code, output, "open_clip" in loaded
 
 
 def assert_one_line_error(output: str, *needles: str) -> None:

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from scorekit import assert_one_line_error, run_without_torch
+from scorekit import assert_one_line_error, run_with_blocked_imports, run_without_torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARDS = os.path.join(REPO, "sample_shards", "images-000000.tar")
@@ -93,19 +93,6 @@ def test_a_score_config_given_a_dict_for_its_stage_names_the_type_it_wants(tmp_p
         ScoreConfig(stage={}, out=str(tmp_path / "out"))
 
 
-WITHOUT_MODELS = """
-import json, sys
-for name in ("open_clip", "torchvision"):
-    sys.modules[name] = None  # importing them fails: an error found after the scorers are built shows as theirs
-from wdsfilter.cli import main
-code = 0
-try:
-    main(sys.argv[2:], prog_name="wdsfilter")
-except SystemExit as e:
-    code = e.code
-with open(sys.argv[1], "w") as f:
-    json.dump({"code": code, "loaded": [m for m in ("pyarrow", "pandas") if m in sys.modules]}, f)
-"""
 
 
 def test_a_cuda_device_that_is_not_there_answers_before_the_models_are_imported(tmp_path):
@@ -113,19 +100,11 @@ def test_a_cuda_device_that_is_not_there_answers_before_the_models_are_imported(
     open_clip: the local engine checks its devices once torch is imported, before the scorers
     import open_clip and torchvision (with torch._dynamo, which imports pandas: ~10 s at load 1,
     issue 36 item 4). Before, the check ran when the model workers started, after them."""
-    import json
-    import subprocess
-    import sys
-    result = tmp_path / "result.json"
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-c", WITHOUT_MODELS, str(result), "score", SHARDS, "--out",
-                           str(tmp_path / "out"), "--device", "cuda:99", "--no-progress"],
-                          capture_output=True, text=True, cwd=str(tmp_path), env=env, timeout=300)
-    output = proc.stdout + proc.stderr
-    outcome = json.loads(result.read_text())
-    assert outcome["code"] == 2, output
+    code, output, loaded = run_with_blocked_imports(tmp_path, ("open_clip", "torchvision"), "score", SHARDS, "--out",
+                                                    str(tmp_path / "out"), "--device", "cuda:99", "--no-progress")
+    assert code == 2, output
     # no GPU here: "no CUDA device is available"; on a GPU machine: "GPU(s) [99] requested but only N visible"
     assert_one_line_error(output, "99")
     assert "open_clip" not in output and "torchvision" not in output, output
-    assert outcome["loaded"] == [], output  # nor pyarrow (the score columns' types), nor pandas
+    assert loaded == [], output  # nor pyarrow (the score columns' types), nor pandas
     assert not os.path.exists(tmp_path / "out" / "scores")
