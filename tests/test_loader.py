@@ -305,6 +305,176 @@ def test_batches_are_stacked_into_shared_memory_in_a_worker_as_webdatasets_value
         collate_tuples([(torch.ones(2),), (torch.ones(3),)])
 
 
+def _batch_of(samples, size, memory=None):
+    """What the loader's batching makes of `samples` (stream/collate.py's TupleBatch)."""
+    from wdsfilter.stream.collate import BatchMemory, TupleBatch, collate_tuples
+    from wdsfilter.stream.pipeline import Place
+    batch = TupleBatch(size, collate_tuples, memory or BatchMemory(Place()))
+    for sample in samples:
+        batch.add(sample)
+    return batch.finish()
+
+
+def _same_batches(ours, theirs) -> bool:
+    import numpy as np
+    if type(ours) is not type(theirs) or len(ours) != len(theirs):
+        return False
+    for a, b in zip(ours, theirs):
+        if type(a) is not type(b):
+            return False
+        if isinstance(a, torch.Tensor):
+            if a.dtype != b.dtype or a.shape != b.shape or not torch.equal(a, b) or not a.is_contiguous():
+                return False
+        elif isinstance(a, np.ndarray):
+            if a.dtype != b.dtype or not np.array_equal(a, b):
+                return False
+        elif a != b:
+            return False
+    return True
+
+
+def test_batches_made_as_samples_come_are_collate_tuples_batches():
+    # Each tensor is copied into its row as its sample comes; the batch is what collate_tuples (and
+    # webdataset's default_collation_fn) makes of the same samples, whatever the samples hold.
+    import numpy as np
+    import webdataset as wds
+
+    from wdsfilter.stream.collate import collate_tuples
+    g = torch.Generator().manual_seed(0)
+
+    def sample(i, image=None, tokens=None):
+        return (torch.rand(3, 5, 4, generator=g) if image is None else image,
+                torch.randint(0, 9, (7,), generator=g) if tokens is None else tokens, f"caption {i}", i, i / 2)
+
+    cases = {
+        "same shapes": [sample(i) for i in range(6)],
+        "a non-contiguous image": [sample(0), sample(1, image=torch.rand(5, 4, 3, generator=g).permute(2, 0, 1))]
+        + [sample(i) for i in range(2, 6)],
+        "a dtype that differs mid-batch": [sample(i) for i in range(3)] + [sample(3, tokens=torch.ones(7))]
+        + [sample(i) for i in range(4, 6)],
+        "arrays, not tensors": [(np.full(3, i), f"c{i}") for i in range(6)],
+        "tensors that need grad": [(torch.ones(2, requires_grad=True) * i, i) for i in range(6)],
+    }
+    for name, samples in cases.items():
+        theirs = collate_tuples(samples)
+        assert _same_batches(_batch_of(samples, 6), theirs), name
+        assert _same_batches(theirs, wds.filters.default_collation_fn(samples)) or name == "tensors that need grad"
+    mixed = _batch_of(cases["a dtype that differs mid-batch"], 6)[1]
+    assert mixed.dtype == torch.float32 and mixed[3].tolist() == [1.0] * 7  # promoted, as webdataset's stack
+    short = cases["same shapes"][:4]  # the last batch of an epoch: stacked at its own size
+    assert _same_batches(_batch_of(short, 6), collate_tuples(short))
+    assert _batch_of(short, 6)[0].untyped_storage().nbytes() == 4 * 3 * 5 * 4 * 4
+    with pytest.raises(AssertionError, match="shapes must be equal"):
+        _batch_of([sample(0), sample(1, image=torch.ones(3, 5, 5))], 2)
+    with pytest.raises(AssertionError, match="keys don't match"):
+        _batch_of([sample(0), sample(1)[:2]], 2)
+
+
+def test_a_sample_tensor_is_let_go_as_soon_as_it_is_in_its_batch(shards):
+    # The batch holds its samples' tensors no longer than their copy: at most one image tensor of
+    # the batch is alive at a time (stacking at the end held all of them beside the stack).
+    import gc
+    import weakref
+    alive, most = [0], [0]
+
+    def gone():
+        alive[0] -= 1
+
+    def transform(img):
+        out = to_tensor(img)
+        alive[0] += 1
+        most[0] = max(most[0], alive[0])
+        weakref.finalize(out, gone)
+        return out
+    for num_workers in (0, 1):
+        alive[0] = most[0] = 0
+        gc.disable()  # freed by their count of references, as they are: no collector run helps
+        try:
+            batches = list(wdsfilter.loader(shards, batch_size=8, transform=transform, num_workers=num_workers,
+                                            persistent_workers=False))
+        finally:
+            gc.enable()
+        assert [len(b[1]) for b in batches] == [8] * 5
+        if num_workers == 0:  # (a worker's counts stay in the worker)
+            assert most[0] <= 2 and alive[0] == 0
+
+
+class _BatchInWorker(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        from wdsfilter.stream.collate import BatchMemory, TupleBatch, collate_tuples
+        from wdsfilter.stream.pipeline import Place
+        place = Place()
+        place.start()  # a DataLoader worker's pass
+        batch = TupleBatch(2, collate_tuples, BatchMemory(place))
+        batch.add((torch.ones(3, 4, 4), "a"))
+        batch.add((torch.zeros(3, 4, 4), "b"))
+        images, captions = batch.finish()
+        yield place.in_worker, images.is_shared(), images.sum().item(), captions
+
+
+def test_a_workers_batch_is_made_in_shared_memory():
+    # In a DataLoader worker the batch's tensors are made in shared memory, as torch's default_collate
+    # makes them there: sending the batch copies nothing.
+    (in_worker, shared, total, captions), = list(torch.utils.data.DataLoader(_BatchInWorker(), batch_size=None,
+                                                                              num_workers=1))
+    assert in_worker and shared and total == 48 and captions == ["a", "b"]
+
+
+def test_without_workers_batch_memory_is_made_ready_by_a_helper_thread_that_draws_nothing():
+    # In the loop's process (a loader without workers) the next batch's tensor is allocated and
+    # its pages touched by a helper thread while this batch is made; it draws no random number,
+    # and a copy of the stage (pickled into a worker) takes no thread or tensor with it.
+    import pickle
+    import random
+    import threading
+
+    from wdsfilter.stream.collate import BatchMemory
+    from wdsfilter.stream.pipeline import Place
+    place = Place()
+    place.guarded = True  # as TrainingLoopState sets it
+    memory = BatchMemory(place)
+    like = torch.zeros(3, 8, 8)
+    torch.manual_seed(1)
+    random.seed(1)
+    before = torch.get_rng_state(), random.getstate()
+    first = memory.empty(0, (4, 3, 8, 8), like)
+    prepared = memory._ready[0][1].result()  # the helper's, for the next batch
+    second = memory.empty(0, (4, 3, 8, 8), like)
+    assert second is prepared and second.shape == (4, 3, 8, 8) and second.dtype == torch.float32
+    assert first.data_ptr() != second.data_ptr()
+    assert any(t.name.startswith("wdsfilter-batch-memory") for t in threading.enumerate())
+    other = memory.empty(0, (2, 3, 8, 8), like)  # another shape: a tensor of its own, not the one prepared
+    assert other.shape == (2, 3, 8, 8) and other.data_ptr() != memory._ready[0][1].result().data_ptr()
+    assert torch.equal(torch.get_rng_state(), before[0]) and random.getstate() == before[1]
+    copy = pickle.loads(pickle.dumps(memory))
+    assert copy._ready == {} and copy._pool is None and copy.place.guarded
+
+
+_ONE_BATCH_THEN_EXIT = """
+import sys
+import torchvision.transforms as T
+import wdsfilter
+loader = wdsfilter.loader(sys.argv[1:], batch_size=4, num_workers=0,
+                          transform=T.Compose([T.Resize(16), T.CenterCrop(16), T.ToTensor()]))
+epoch = iter(loader)
+next(epoch)
+print("one batch")
+"""
+
+
+def test_a_script_that_leaves_an_epoch_open_exits_without_tracebacks(tmp_path):
+    # A loop that breaks out of an epoch (without workers) and ends: the shard readers are closed
+    # while the modules are still there. Left to the interpreter's teardown they printed
+    # "Exception ignored in: <generator object tar_members ...>" tracebacks from their cleanup.
+    import subprocess
+    import sys
+    urls = [write_shard(tmp_path / f"s{i}.tar", image_text_members(300, start=1000 * i)) for i in range(2)]
+    done = subprocess.run([sys.executable, "-c", _ONE_BATCH_THEN_EXIT, *urls], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "one batch", done.stderr
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
+
+
 def test_the_shuffle_buffer_holds_samples_undecoded(tmp_path):
     # Decoded before the shuffle, the buffer held min(shuffle, 1000) decoded images (open_clip's 5000
     # of 512 px: GBs per worker) and the first batch waited for them all; decoded after it, as

@@ -20,12 +20,12 @@ from typing import Callable, Optional, Sequence
 from .stream.config import StageConfig, config_or_options
 from .core.errors import ConfigError, StarvationError, require
 from .stream.loaderstate import VERSION as STATE_VERSION, Progress, check_settings, check_state, settings
-from .stream.generators import CollateAtLoopThreads, batches_in_training_loop
+from .stream.generators import CollateAtLoopThreads, batches_in_training_loop, close_at_exit
 from .stream.pipeline import Place, SeededTransform, sample_pipeline, set_epoch, worker_batches
 from .core.selection import DEPRECATED as DEPRECATED_RULES, Selection, selection_of
 from .storage.shardstats import sizes_samples
 from .storage.shards import expand_urls
-from .stream.collate import collate_tuples
+from .stream.collate import BatchMemory, Collated, TupleBatches, collate_tuples
 from .stream.stages import map_dict
 from .core.tally import StatsSink, Tally
 from .runfolder.shares import loader_selection
@@ -123,6 +123,12 @@ class WdsLoader:
         self.epoch = epoch
 
     def __iter__(self):
+        epoch = self._epoch_batches()
+        if not self.dataloader.num_workers:  # its shard readers are in this process
+            close_at_exit(epoch)
+        return epoch
+
+    def _epoch_batches(self):
         # Per epoch, not per loader: persistent workers keep their counts across epochs, so what
         # this epoch gave is its batches, and what came out is the growth of the merged tally.
         _check_world(self.world)
@@ -362,7 +368,7 @@ def build_loader(urls, config: StageConfig, opts: LoaderOptions) -> WdsLoader:
                                seed=opts.seed, extra=_output_stages(opts, place), sink=sink,
                                before_decode=_score_stages(opts, rules, tally, config.storage_options), cycle=epoch_samples is not None,
                                place=place)
-    pipeline.append(batched(opts.batch_size, CollateAtLoopThreads(_collate(opts), place), partial=not opts.drop_last))
+    pipeline.append(batched(opts.batch_size, _batches(opts, place), partial=not opts.drop_last))
     num_batches = num_samples = per_worker = None
     if epoch_samples is not None:
         # open_clip's rule (get_wds_dataset): batches per worker rounded up, the epoch is that many
@@ -425,27 +431,32 @@ def _output_stages(opts: LoaderOptions, place: Place) -> list:
     return stages
 
 
-def _collate(opts: LoaderOptions) -> Callable:
-    return opts.collate_fn or (collate_tuples if opts.output == "tuple" else _as_list)
+def _batches(opts: LoaderOptions, place: Place) -> Callable:
+    """How the pipeline's batches are made: the loader's own tuples as their samples come
+    (stream/collate.py's TupleBatch), a collate_fn's or a dict output's from the list of samples."""
+    if opts.collate_fn is None and opts.output == "tuple":
+        return TupleBatches(CollateAtLoopThreads(collate_tuples, place), BatchMemory(place))
+    return Collated(CollateAtLoopThreads(opts.collate_fn or _as_list, place))
 
 
-def _batched(data, size: int, collate: Callable, partial: bool):
+def _batched(data, size: int, new_batch: Callable, partial: bool):
     """webdataset's batched, less its read-ahead: it takes a batch's first sample before it yields the
     batch before, so on a sized (endless, cut) stream each worker decoded one sample per epoch that
-    no batch carried, and the tally counted it as given to training."""
-    batch = []
+    no batch carried, and the tally counted it as given to training. new_batch(size): an empty
+    batch (add, len, finish), stream/collate.py's."""
+    batch = new_batch(size)
     for sample in data:
-        batch.append(sample)
+        batch.add(sample)
         if len(batch) == size:
-            yield collate(batch)
-            batch = []
-    if batch and partial:
-        yield collate(batch)
+            yield batch.finish()
+            batch = new_batch(size)
+    if len(batch) and partial:
+        yield batch.finish()
 
 
-def batched(size: int, collate: Callable, partial: bool = True):
+def batched(size: int, new_batch: Callable, partial: bool = True):
     import webdataset as wds
-    return wds.pipelinefilter(_batched)(size, collate, partial)
+    return wds.pipelinefilter(_batched)(size, new_batch, partial)
 
 
 def _as_list(samples):

@@ -3,7 +3,9 @@ global ones), seeded per sample, and the training loop's own state kept apart fr
 pipeline's when the pipeline runs in the training loop's process (num_workers=0)."""
 from __future__ import annotations
 
+import atexit
 import random
+import weakref
 from typing import Optional
 
 _GENERATORS: Optional[tuple] = None
@@ -54,9 +56,11 @@ class TrainingLoopState:
       get/set_state alone is ~100 us, per sample it was ~7% of a 224 px sample's cost.
     - threads: 1 for the samples, as torch sets it in a DataLoader worker (a 224 px image's tensor
       ops split over the loop's threads cost more in OpenMP hand-offs than they save: 1.6x the CPU
-      on an idle machine, several times the wall time on a loaded one); the batch's collation at the
-      loop's count (`place.loop_threads`, CollateAtLoopThreads: one 38 MB copy for 64 such images,
-      which threads do speed up); the loop's count given back after. torch's thread count is per
+      on an idle machine, several times the wall time on a loaded one); a collate_fn's collation at
+      the loop's count (`place.loop_threads`, CollateAtLoopThreads: a batch's one large copy, which
+      threads do speed up; the loader's own batches are copied row by row as samples come, into
+      memory a helper thread prepared: stream/collate.py's BatchMemory); the loop's count given
+      back after. torch's thread count is per
       thread: iterate the loader in the training thread (the generators are the process's: a
       second thread drawing while a batch is made would see the pipeline's)."""
 
@@ -127,3 +131,23 @@ class CollateAtLoopThreads:
             return self.collate(samples)
         finally:
             torch.set_num_threads(1)
+
+
+_OPEN_EPOCHS: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def close_at_exit(epoch) -> None:
+    """Close the generator `epoch` (a loader's epoch read in this process) when the interpreter
+    exits, if it is still open then: a loop that broke out of an epoch and ended left its shard
+    readers suspended, and the interpreter's teardown closed them after their modules' globals were
+    gone, printing their cleanup's failures as tracebacks. Closed here, while every module is
+    still there, the readers close their shards as at any epoch's end."""
+    if not _OPEN_EPOCHS:
+        atexit.unregister(_close_open_epochs)
+        atexit.register(_close_open_epochs)
+    _OPEN_EPOCHS.add(epoch)
+
+
+def _close_open_epochs() -> None:
+    for epoch in list(_OPEN_EPOCHS):
+        epoch.close()
