@@ -155,6 +155,17 @@ def main():
     """Validate, filter and score WebDataset shards for image-text and video-text training."""
 
 
+def run() -> None:
+    """The `wdsfilter` process (its console script and `python -m wdsfilter`): main, ended without
+    the interpreter's teardown when the command wrote nothing (core/process_exit.py)."""
+    from .core.process_exit import end_now_if_nothing_to_close
+    try:
+        main()
+    except SystemExit as done:
+        end_now_if_nothing_to_close(done.code)
+        raise
+
+
 def _not_yet(name: str, issue: str) -> click.Command:
     def command():
         raise click.UsageError(f"'wdsfilter {name}' is not implemented yet ({issue}).")
@@ -163,4 +174,4 @@ def _not_yet(name: str, issue: str) -> click.Command:
 
 
 if __name__ == "__main__":
-    main()
+    run()

@@ -8,6 +8,7 @@ import click
 
 from ..core import clihelp
 from ..core.errors import EXIT_CLEAN, EXIT_RUN_FAILED, EXIT_USAGE, RunError
+from ..core.process_exit import wrote_nothing
 from ..core.progress import TERMINAL_ONLY, progress_on, progress_option, verbosity, verbosity_options
 from ..core.selection import text_and_recipe_options, Selection
 from ..core.thresholds import shorthand_options
@@ -117,6 +118,8 @@ def filter_command(scores_dir, mins, maxes, tops, bottoms, equals, recipes, writ
     elif result.unfinished:  # -q hides counts, never that part of the run was left out
         click.echo(f"wdsfilter filter: {len(result.unfinished)} shard(s) of the scoring run in {scores_dir} are not "
                    f"finished and were left out", err=True)
+    if dry_run:  # a count: nothing written, no thread left (the process ends without teardown)
+        wrote_nothing()
     if result.unfinished and not allow_incomplete:  # thresholds and shards from part of the data: loud
         raise RunError(f"{len(result.unfinished)} shard(s) of the scoring run in {scores_dir} are not finished "
                        f"(listed above): finish them with `wdsfilter score ... --resume`, or pass --allow-incomplete")

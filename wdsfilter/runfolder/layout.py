@@ -20,7 +20,6 @@ is opened. The rules:
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import stat
@@ -49,6 +48,7 @@ def shard_names(urls: Sequence[str]) -> Dict[str, str]:
     names = {}
     for url, stem in stems.items():
         if counts[stem] > 1:
+            import hashlib
             stem = f"{stem}-{hashlib.sha1(os.path.abspath(url).encode()).hexdigest()[:8]}"
         names[url] = stem
     return names
@@ -386,6 +386,7 @@ def create_marker(folder: str, marker: Marker) -> bool:
 def shard_list_digest(urls: Sequence[str]) -> Dict[str, Any]:
     """A run's shard list as a joined run's run.json records it: how many, and a digest of the
     set (local shards by absolute path), which every worker's list must match."""
+    import hashlib
     listed = sorted({absolute_url(u) if is_local(u) else u for u in urls})
     return {"shards": len(listed), "digest": hashlib.sha1("\n".join(listed).encode()).hexdigest()}
 

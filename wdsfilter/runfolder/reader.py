@@ -15,7 +15,6 @@ from typing import Dict, Iterator, List, Optional, Sequence
 
 from ..core.errors import ConfigError, UnsafeInputError
 from . import layout
-from .remote_out import pulled
 from ..core.thresholds import is_number
 from .tables import BASE_FIELDS, NUMERIC_TYPES, DamagedRunFolder, format_for, read_batches, table_columns
 from ..storage.remote import is_fsspec_url, redact_url
@@ -52,6 +51,7 @@ class ScoreRun:
         folder in a bucket (s3://...) is read from its local copy, brought up to date
         (remote_out.pulled), by the same rules."""
         if is_fsspec_url(folder):
+            from .remote_out import pulled  # (a bucket's client side: not imported for a local folder)
             folder = pulled(folder, storage_options)
         if not os.path.exists(folder):
             raise ConfigError(f"score folder {folder} does not exist; pass the --out folder of a `wdsfilter score` run")
