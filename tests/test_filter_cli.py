@@ -279,6 +279,17 @@ def test_a_dry_run_process_ends_without_teardown_and_loses_no_output(run):
     assert dry.stdout.splitlines()[-1].startswith("  in training: wdsfilter.loader(")
 
 
+def test_a_quiet_dry_run_started_with_stdout_closed_exits_clean(run):
+    # Python gives a process started with descriptor 1 closed no sys.stdout (None): the end without
+    # teardown flushes what there is, and the exit status is the command's.
+    import shlex
+    command = " ".join(shlex.quote(a) for a in (sys.executable, "-m", "wdsfilter", "filter", run[1], "--top",
+                                                "brightness=40%", "--dry-run", "-q"))
+    r = subprocess.run(command + " >&-", shell=True, capture_output=False, stderr=subprocess.PIPE, text=True,
+                       cwd=REPO, timeout=300)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+
+
 def test_loader_keeps_what_filter_keeps(run, tmp_path):
     shards, out, rows = run
     r = run_cli("filter", out, "--top", "brightness=40%", "--bottom", "brightness=90%", "--write-shards",

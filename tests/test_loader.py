@@ -354,6 +354,7 @@ def test_batches_made_as_samples_come_are_collate_tuples_batches():
         + [sample(i) for i in range(4, 6)],
         "arrays, not tensors": [(np.full(3, i), f"c{i}") for i in range(6)],
         "tensors that need grad": [(torch.ones(2, requires_grad=True) * i, i) for i in range(6)],
+        "a tensor subclass (a torchvision v2 transform's)": [(_tv_image(i), torch.ones(2) * i) for i in range(6)],
     }
     for name, samples in cases.items():
         theirs = collate_tuples(samples)
@@ -399,6 +400,11 @@ def test_a_sample_tensor_is_let_go_as_soon_as_it_is_in_its_batch(shards):
             assert most[0] <= 2 and alive[0] == 0
 
 
+def _tv_image(i):
+    from torchvision import tv_tensors
+    return tv_tensors.Image(torch.full((3, 4, 4), float(i)))
+
+
 class _BatchInWorker(torch.utils.data.IterableDataset):
     def __iter__(self):
         from wdsfilter.stream.collate import BatchMemory, TupleBatch, collate_tuples
@@ -406,18 +412,19 @@ class _BatchInWorker(torch.utils.data.IterableDataset):
         place = Place()
         place.start()  # a DataLoader worker's pass
         batch = TupleBatch(2, collate_tuples, BatchMemory(place))
-        batch.add((torch.ones(3, 4, 4), "a"))
-        batch.add((torch.zeros(3, 4, 4), "b"))
-        images, captions = batch.finish()
-        yield place.in_worker, images.is_shared(), images.sum().item(), captions
+        batch.add((torch.ones(3, 4, 4), _tv_image(1), "a"))
+        batch.add((torch.zeros(3, 4, 4), _tv_image(2), "b"))
+        images, v2_images, captions = batch.finish()
+        yield place.in_worker, images.is_shared(), v2_images.is_shared(), images.sum().item(), captions
 
 
 def test_a_workers_batch_is_made_in_shared_memory():
     # In a DataLoader worker the batch's tensors are made in shared memory, as torch's default_collate
-    # makes them there: sending the batch copies nothing.
-    (in_worker, shared, total, captions), = list(torch.utils.data.DataLoader(_BatchInWorker(), batch_size=None,
-                                                                              num_workers=1))
-    assert in_worker and shared and total == 48 and captions == ["a", "b"]
+    # makes them there (a tensor subclass, such as a torchvision v2 transform's tv_tensors.Image,
+    # too): sending the batch copies nothing.
+    (in_worker, shared, v2_shared, total, captions), = list(
+        torch.utils.data.DataLoader(_BatchInWorker(), batch_size=None, num_workers=1))
+    assert in_worker and shared and v2_shared and total == 48 and captions == ["a", "b"]
 
 
 def test_without_workers_batch_memory_is_made_ready_by_a_helper_thread_that_draws_nothing():
@@ -460,6 +467,28 @@ epoch = iter(loader)
 next(epoch)
 print("one batch")
 """
+
+
+_AN_EPOCH_AT_EXIT = """
+import atexit, sys
+import torchvision.transforms as T
+import wdsfilter
+loader = wdsfilter.loader(sys.argv[1:], batch_size=4, num_workers=0,
+                          transform=T.Compose([T.Resize(16), T.CenterCrop(16), T.ToTensor()]))
+# Run once the main thread has ended (thread pools are shut down by then), as a loop in a thread
+# the main thread left running would be.
+atexit.register(lambda: print("samples", sum(len(captions) for _, captions in loader)))
+"""
+
+
+def test_a_loader_without_workers_still_gives_its_batches_after_the_main_thread_ended(tmp_path):
+    # The helper that prepares batch memory is gone then: the batches are made without it.
+    import subprocess
+    import sys
+    urls = [write_shard(tmp_path / f"s{i}.tar", image_text_members(6, start=100 * i)) for i in range(2)]
+    done = subprocess.run([sys.executable, "-c", _AN_EPOCH_AT_EXIT, *urls], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "samples 12", done.stderr
 
 
 def test_a_script_that_leaves_an_epoch_open_exits_without_tracebacks(tmp_path):

@@ -30,11 +30,16 @@ def end_now_if_nothing_to_close(code) -> None:
     elif isinstance(code, int):
         status = code
     else:  # sys.exit("message"): printed, status 1
-        print(code, file=sys.stderr)
         status = 1
+        if sys.stderr is not None:
+            try:
+                print(code, file=sys.stderr)
+            except (OSError, ValueError):
+                pass
     for stream in (sys.stdout, sys.stderr):
         try:
-            stream.flush()
+            if stream is not None:  # (None: the process was started with that descriptor closed)
+                stream.flush()
         except (OSError, ValueError):  # a closed pipe: as the usual exit, which cannot write either
             pass
     os._exit(status & 0xFF)

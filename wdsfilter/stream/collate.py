@@ -21,11 +21,15 @@ from typing import Callable, List, Optional, Sequence
 
 
 def collate_tuples(samples: Sequence[tuple]) -> tuple:
-    import webdataset as wds
     if len({len(sample) for sample in samples}) > 1:
         raise AssertionError("keys don't match in different samples")  # webdataset's words (also under -O)
-    return tuple(_stack_tensors(field) if _is_tensor(field[0]) else wds.filters.combine_values(field)
-                 for field in zip(*samples))
+    return tuple(_collate_field(field) for field in zip(*samples))
+
+
+def _collate_field(field: Sequence):
+    """One field of a batch's samples: tensors stacked, anything else as webdataset combines it."""
+    import webdataset as wds
+    return _stack_tensors(field) if _is_tensor(field[0]) else wds.filters.combine_values(field)
 
 
 def _is_tensor(value) -> bool:
@@ -124,8 +128,7 @@ class TupleBatch:
             self._unpack()  # a short last batch: stacked at its own size
         if not self.fits:
             return self.collate([tuple(row) for row in self.rows])
-        import webdataset as wds
-        return tuple(out if out is not None else wds.filters.combine_values([row[i] for row in self.rows])
+        return tuple(out if out is not None else _collate_field([row[i] for row in self.rows])
                      for i, out in enumerate(self.out))
 
 
@@ -174,7 +177,10 @@ class BatchMemory:
             self._pool, self._ready, self._pid = ThreadPoolExecutor(1, thread_name_prefix="wdsfilter-batch-memory"), {}, os.getpid()
         spec = (shape, like.dtype)
         ready = self._ready.pop(field, None)
-        self._ready[field] = (spec, self._pool.submit(_faulted_in, shape, like.dtype))
+        try:
+            self._ready[field] = (spec, self._pool.submit(_faulted_in, shape, like.dtype))
+        except RuntimeError:  # thread pools are shut down once the main thread ends: no helper any more
+            pass
         if ready is not None and ready[0] == spec:
             return ready[1].result()
         return torch.empty(shape, dtype=like.dtype)

@@ -150,4 +150,7 @@ def close_at_exit(epoch) -> None:
 
 def _close_open_epochs() -> None:
     for epoch in list(_OPEN_EPOCHS):
-        epoch.close()
+        try:
+            epoch.close()
+        except Exception:  # noqa: BLE001 - one that cannot close (running in another thread) leaves the rest to close
+            pass
