@@ -60,9 +60,9 @@ class TrainingLoopState:
       the loop's count (`place.loop_threads`, CollateAtLoopThreads: a batch's one large copy, which
       threads do speed up; the loader's own batches are copied row by row as samples come, into
       memory a helper thread prepared: stream/collate.py's BatchMemory); the loop's count given
-      back after. torch's thread count is per
-      thread: iterate the loader in the training thread (the generators are the process's: a
-      second thread drawing while a batch is made would see the pipeline's)."""
+      back after. torch's thread count is per thread: iterate the loader in the training thread
+      (the generators are the process's: a second thread drawing while a batch is made would see
+      the pipeline's)."""
 
     def __init__(self, seed: int, place=None):
         self.seed = seed
